@@ -1,0 +1,9 @@
+"""dali_mesh: each rank of a torch DeviceMesh reads only its part of every sample.
+
+Importing this package imports neither torch nor DALI: DALI's worker processes re-import it.
+"""
+from dali_mesh.mesh import MeshInfo
+from dali_mesh.partition import Layout, Region, sample_order
+
+__version__ = "0.1.0"
+__all__ = ["MeshInfo", "Layout", "Region", "sample_order", "__version__"]

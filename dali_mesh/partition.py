@@ -1,0 +1,635 @@
+"""Pure index math: split rules, ``Layout``, ``Region`` and the sample order.
+
+Nothing here knows of files, processes, torch or DALI; numpy at most. Every function takes tuples
+and returns tuples, so that readers, DALI worker processes and the C++ ``mesh_roi`` operator can all
+follow the same rules (a test holds the C++ side to this one).
+
+Example: an ERA5 field ``(8, 721, 1440)`` on a ``data_parallel=2 x model_parallel=4`` mesh, latitude
+sharded, one cell of halo, periodic in longitude::
+
+    >>> mesh = MeshInfo((2, 4), ("data_parallel", "model_parallel"), (0, 1))
+    >>> layout = Layout(mesh, shard={"model_parallel": 1}, halo={1: 1, 2: 1},
+    ...                 boundary={1: "constant", 2: "periodic"})
+    >>> layout.region((8, 721, 1440)).window_start
+    (0, 180, -1)
+
+    every rank (split "chunk", 721 over 4 = 181, 181, 181, 178):
+    rank0 -- coordinate (0, 0) owned [0:8, 0:181, 0:1440]   window [0:8, -1:182, -1:1441]
+    rank1 -- coordinate (0, 1) owned [0:8, 181:362, 0:1440] window [0:8, 180:363, -1:1441]
+    rank2 -- coordinate (0, 2) owned [0:8, 362:543, 0:1440] window [0:8, 361:544, -1:1441]
+    rank3 -- coordinate (0, 3) owned [0:8, 543:721, 0:1440] window [0:8, 542:722, -1:1441]
+    ranks 4..7 (data_parallel=1) have the same regions and the other half of the samples.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from dali_mesh.mesh import MeshError, MeshInfo
+
+__all__ = [
+    "BOUNDARIES",
+    "SPLITS",
+    "LayoutError",
+    "Layout",
+    "Region",
+    "boundary_index",
+    "sample_order",
+    "shard_extent",
+    "split_sizes",
+    "take_window",
+]
+
+#: Boundary rules, numpy's names and meanings (``periodic`` is numpy's ``wrap``); ``trim`` clips.
+BOUNDARIES = ("constant", "periodic", "reflect", "symmetric", "edge", "trim")
+#: Split rules: torch.chunk / DTensor, PhysicsNeMo's compute_split_shapes, numpy's array_split.
+SPLITS = ("chunk", "physicsnemo", "even")
+
+
+class LayoutError(ValueError):
+    """A layout, or a layout applied to a sample shape, is invalid."""
+
+
+# ---- split rules --------------------------------------------------------------------------------
+def _check_split(rule: str) -> None:
+    if rule not in SPLITS:
+        raise LayoutError(f"unknown split {rule!r}; expected one of {', '.join(SPLITS)}")
+
+
+def shard_extent(n: int, k: int, i: int, rule: str = "chunk") -> tuple[int, int]:
+    """``(offset, size)`` of shard ``i`` of ``k`` of an axis of ``n`` cells, in O(1).
+
+    ``chunk``: ceil(n/k) each, trailing shards smaller or empty (torch.chunk, DTensor ``Shard``).
+    ``physicsnemo``: ceil(n/k) each and the last gets the rest; if the last would be empty,
+    floor(n/k) each and the last gets the rest (PhysicsNeMo ``compute_split_shapes``).
+    ``even``: the first ``n mod k`` get floor(n/k)+1, the rest floor(n/k) (numpy ``array_split``).
+    """
+    _check_split(rule)
+    if n < 0 or k <= 0 or not 0 <= i < k:
+        raise LayoutError(f"shard {i} of {k} of an axis of {n} cells is not defined")
+    if rule == "chunk":
+        c = -(-n // k)
+        offset = min(i * c, n)
+        return offset, min(c, n - offset)
+    if rule == "physicsnemo":
+        c = -(-n // k)
+        if n - c * (k - 1) <= 0:
+            c = n // k
+        offset = i * c
+        return offset, (n - offset if i == k - 1 else c)
+    q, r = divmod(n, k)
+    return i * q + min(i, r), q + (1 if i < r else 0)
+
+
+def split_sizes(n: int, k: int, rule: str = "chunk") -> tuple[int, ...]:
+    """Sizes of the ``k`` shards of an axis of ``n`` cells.
+
+    >>> split_sizes(5, 4, "chunk"), split_sizes(5, 4, "physicsnemo"), split_sizes(5, 4, "even")
+    ((2, 2, 1, 0), (1, 1, 1, 2), (2, 1, 1, 1))
+    """
+    return tuple(shard_extent(n, k, i, rule)[1] for i in range(k))
+
+
+# ---- boundary rules ------------------------------------------------------------------------------
+def _check_boundary(mode: str) -> None:
+    if mode not in BOUNDARIES:
+        raise LayoutError(f"unknown boundary {mode!r}; expected one of {', '.join(BOUNDARIES)}")
+
+
+def boundary_index(r, n: int, mode: str):
+    """Index in ``[0, n)`` that ``np.pad(..., mode)`` copies to position ``r`` (relative to the domain
+    start), or ``-1`` where ``constant`` (or ``trim``) has no source cell. ``r`` may be an int or an
+    integer ndarray; any number of periods.
+
+    ``periodic``: period n. ``reflect`` (edge not repeated): period 2n-2 (n == 1 repeats the value).
+    ``symmetric`` (edge repeated): period 2n. ``edge``: clamped.
+    """
+    _check_boundary(mode)
+    if n <= 0:
+        raise LayoutError(f"boundary index on an axis of {n} cells")
+    scalar = np.ndim(r) == 0
+    r = np.asarray(r, dtype=np.int64)
+    if mode == "periodic":
+        out = np.mod(r, n)
+    elif mode == "reflect":
+        if n == 1:
+            out = np.zeros_like(r)
+        else:
+            m = np.mod(r, 2 * n - 2)
+            out = np.where(m < n, m, 2 * n - 2 - m)
+    elif mode == "symmetric":
+        m = np.mod(r, 2 * n)
+        out = np.where(m < n, m, 2 * n - 1 - m)
+    elif mode == "edge":
+        out = np.clip(r, 0, n - 1)
+    else:  # constant, trim
+        out = np.where((r >= 0) & (r < n), r, -1)
+    return int(out) if scalar else out
+
+
+# ---- regions ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Region:
+    """The part of one sample that one rank owns, and the window it reads.
+
+    All coordinates are sample coordinates (a crop does not shift them).
+
+    Attributes:
+        domain_start, domain_stop: the domain (the crop box; the whole sample without a crop).
+        start, stop: the owned cells, inside the domain.
+        window_start, window_stop: owned cells +- halo. May lie outside the domain; those cells are
+            filled by the boundary rule (``trim`` axes are clipped instead). A rank whose owned region
+            is empty gets no halo: its window is its owned region.
+        boundary: the boundary rule of each axis.
+        fill_value: the value of ``constant`` cells.
+    """
+
+    domain_start: tuple[int, ...]
+    domain_stop: tuple[int, ...]
+    start: tuple[int, ...]
+    stop: tuple[int, ...]
+    window_start: tuple[int, ...]
+    window_stop: tuple[int, ...]
+    boundary: tuple[str, ...]
+    fill_value: float = 0
+
+    def __post_init__(self) -> None:
+        fields = ("domain_start", "domain_stop", "start", "stop", "window_start", "window_stop")
+        for f in fields:
+            object.__setattr__(self, f, tuple(int(v) for v in getattr(self, f)))
+        b = self.boundary
+        object.__setattr__(self, "boundary", (b,) * len(self.start) if isinstance(b, str) else tuple(b))
+        lengths = {len(getattr(self, f)) for f in fields + ("boundary",)}
+        if len(lengths) != 1:
+            raise LayoutError(f"region fields disagree in length: {self}")
+        for mode in self.boundary:
+            _check_boundary(mode)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.start)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of the owned region."""
+        return tuple(b - a for a, b in zip(self.start, self.stop))
+
+    @property
+    def window_shape(self) -> tuple[int, ...]:
+        return tuple(b - a for a, b in zip(self.window_start, self.window_stop))
+
+    @property
+    def domain_shape(self) -> tuple[int, ...]:
+        return tuple(b - a for a, b in zip(self.domain_start, self.domain_stop))
+
+    @property
+    def window_slices(self) -> tuple[slice, ...]:
+        """The window as slices in sample coordinates (bounds may be negative or past the end)."""
+        return tuple(slice(a, b) for a, b in zip(self.window_start, self.window_stop))
+
+    @property
+    def owned_in_window(self) -> tuple[slice, ...]:
+        """Slices of the window array that hold the owned cells (strip the halo with them)."""
+        return tuple(
+            slice(s - ws, e - ws) for s, e, ws in zip(self.start, self.stop, self.window_start)
+        )
+
+    @property
+    def halo(self) -> tuple[tuple[int, int], ...]:
+        """Cells of halo below and above the owned region on each axis."""
+        return tuple(
+            (s - ws, we - e)
+            for s, e, ws, we in zip(self.start, self.stop, self.window_start, self.window_stop)
+        )
+
+    @property
+    def pads(self) -> tuple[tuple[int, int], ...]:
+        """Cells of the window outside the domain, below and above, on each axis."""
+        return tuple(
+            (max(0, min(d0, we) - ws), max(0, we - max(d1, ws)))
+            for ws, we, d0, d1 in zip(self.window_start, self.window_stop, self.domain_start, self.domain_stop)
+        )
+
+    @property
+    def inside(self) -> tuple[slice, ...]:
+        """The part of the window inside the domain, as slices in sample coordinates."""
+        return tuple(
+            slice(min(max(ws, d0), d1), max(min(we, d1), d0))
+            for ws, we, d0, d1 in zip(self.window_start, self.window_stop, self.domain_start, self.domain_stop)
+        )
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.window_shape)
+
+
+def take_window(sample: np.ndarray, region: Region) -> np.ndarray:
+    """The window of a whole sample, with boundary fills (numpy reference implementation).
+
+    Equals ``np.pad(sample[domain], pads, mode)[window]``, one mode per axis.
+    """
+    sample = np.asarray(sample)
+    if sample.ndim != region.ndim:
+        raise LayoutError(f"sample has {sample.ndim} dims, region has {region.ndim}")
+    index, fill_mask = [], []
+    for a in range(region.ndim):
+        d0, d1 = region.domain_start[a], region.domain_stop[a]
+        pos = np.arange(region.window_start[a], region.window_stop[a], dtype=np.int64) - d0
+        idx = boundary_index(pos, d1 - d0, region.boundary[a]) if d1 > d0 else np.full(pos.shape, -1)
+        fill_mask.append(idx < 0)
+        index.append(np.where(idx < 0, 0, idx) + d0)
+    if region.size == 0:
+        return np.empty(region.window_shape, dtype=sample.dtype)
+    out = sample[np.ix_(*index)]
+    for a, mask in enumerate(fill_mask):
+        if mask.any():
+            sel = [slice(None)] * region.ndim
+            sel[a] = mask
+            out[tuple(sel)] = np.asarray(region.fill_value).astype(sample.dtype)
+    return out
+
+
+# ---- layouts -------------------------------------------------------------------------------------
+def _normalize_axis(axis: int, ndim: int, what: str) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise LayoutError(f"{what}: axis {axis!r} is not an integer")
+    if not -ndim <= axis < ndim:
+        raise LayoutError(f"{what}: axis {axis} is out of range for a sample of {ndim} dims")
+    return int(axis) % ndim
+
+
+def _per_axis(value, ndim: int, default, what: str) -> list:
+    """Expand a scalar, a per-axis sequence or an ``{axis: value}`` mapping to one value per axis."""
+    if isinstance(value, Mapping):
+        out = [default] * ndim
+        seen = set()
+        for axis, v in value.items():
+            a = _normalize_axis(axis, ndim, what)
+            if a in seen:
+                raise LayoutError(f"{what}: axis {axis} is given twice")
+            seen.add(a)
+            out[a] = v
+        return out
+    if isinstance(value, (list, tuple)):
+        if len(value) != ndim:
+            raise LayoutError(f"{what} {value!r} has {len(value)} entries for a sample of {ndim} dims")
+        return list(value)
+    return [value] * ndim
+
+
+def _halo_pair(v, axis: int) -> tuple[int, int]:
+    if isinstance(v, (list, tuple)):
+        if len(v) != 2:
+            raise LayoutError(f"halo of axis {axis} must be an int or (low, high), got {v!r}")
+        lo, hi = v
+    else:
+        lo = hi = v
+    for h in (lo, hi):
+        if isinstance(h, bool) or not isinstance(h, (int, np.integer)):
+            raise LayoutError(f"halo of axis {axis} must be integers, got {v!r}")
+        if h < 0:
+            raise LayoutError(f"negative halo {v!r} on axis {axis}: halos count cells and must be >= 0")
+    return int(lo), int(hi)
+
+
+class Layout:
+    """How one sample is split over a mesh.
+
+    Args:
+        mesh: this rank's ``MeshInfo``.
+        shard: mesh dim name -> sample axis it splits (negative axes allowed). Two mesh dims may
+            split one axis: nested, the outer (earlier) mesh dim first, as DTensor does.
+        batch: mesh dims that split the dataset (a name or a sequence). If omitted and exactly one
+            mesh dim shards nothing, that dim is the batch dim; if no mesh dim is left, there is no
+            batch dim; otherwise ``batch`` must be given. Other mesh dims that shard nothing are
+            replica dims (same samples, same window).
+        crop: ``None`` or one ``(start, stop)`` (or ``slice``, or ``None`` for the whole axis) per axis,
+            applied before splitting: the crop is the domain; data outside it is never read.
+        halo: cells on each side: an int for every axis, one entry per axis, or ``{axis: int | (lo, hi)}``.
+        boundary: a rule for every axis, one per axis, or ``{axis: rule}`` (others ``constant``):
+            ``constant`` (+ ``fill_value``), ``periodic``, ``reflect``, ``symmetric``, ``edge``, ``trim``.
+        fill_value: the value of ``constant`` cells.
+        split: ``chunk`` (torch.chunk, DTensor), ``physicsnemo`` or ``even`` (numpy array_split).
+    """
+
+    def __init__(
+        self,
+        mesh: MeshInfo,
+        shard: Mapping[str | int, int] | None = None,
+        batch: str | Sequence[str] | None = None,
+        crop: Sequence[Any] | None = None,
+        halo: int | Sequence | Mapping = 0,
+        boundary: str | Sequence[str] | Mapping[int, str] = "constant",
+        fill_value: float = 0,
+        split: str = "chunk",
+    ) -> None:
+        if not isinstance(mesh, MeshInfo):
+            raise LayoutError(f"mesh must be a MeshInfo, got {type(mesh).__name__}")
+        self.mesh = mesh
+        _check_split(split)
+        self.split = split
+        self.fill_value = fill_value
+
+        # shard: mesh dim -> axis, kept in mesh-dim order (outer first)
+        shard = dict(shard or {})
+        by_dim: dict[int, int] = {}
+        for name, axis in shard.items():
+            try:
+                d = mesh.dim_index(name)
+            except MeshError as e:
+                raise LayoutError(f"shard: {e}") from None
+            if d in by_dim:
+                raise LayoutError(f"shard: mesh dim {mesh.names[d]!r} is used twice")
+            if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+                raise LayoutError(f"shard: axis {axis!r} of mesh dim {mesh.names[d]!r} is not an integer")
+            by_dim[d] = int(axis)
+        self._shard = tuple(sorted(by_dim.items()))  # ((mesh_dim, axis), ...)
+
+        # batch dims
+        if batch is None:
+            free = [d for d in range(mesh.ndim) if d not in by_dim]
+            if len(free) > 1:
+                names = [mesh.names[d] for d in free]
+                raise LayoutError(
+                    f"batch is required: mesh dims {names} shard no axis, so say which of them split "
+                    f"the dataset (e.g. batch={names[0]!r}); the others are replicas"
+                )
+            batch_dims = free
+        else:
+            names = [batch] if isinstance(batch, (str, int)) else list(batch)
+            batch_dims = []
+            for name in names:
+                try:
+                    d = mesh.dim_index(name)
+                except MeshError as e:
+                    raise LayoutError(f"batch: {e}") from None
+                if d in by_dim:
+                    raise LayoutError(f"mesh dim {mesh.names[d]!r} is used twice: in shard and in batch")
+                if d in batch_dims:
+                    raise LayoutError(f"batch: mesh dim {mesh.names[d]!r} is used twice")
+                batch_dims.append(d)
+            batch_dims.sort()
+        self._batch_dims = tuple(batch_dims)
+
+        self._crop = None if crop is None else list(crop)
+        # halo and boundary are checked against the sample's ndim in region(); check what we can now.
+        self._halo = halo
+        self._boundary = boundary
+        for mode in ([boundary] if isinstance(boundary, str) else
+                     (boundary.values() if isinstance(boundary, Mapping) else boundary)):
+            _check_boundary(mode)
+        if isinstance(halo, (int, np.integer)) and not isinstance(halo, bool):
+            _halo_pair(halo, 0)
+
+    # ---- mesh-side facts --------------------------------------------------------------------------
+    @property
+    def shard_dims(self) -> dict[str, int]:
+        """Mesh dim name -> the sample axis it shards, as given (not normalised)."""
+        return {self.mesh.names[d]: a for d, a in self._shard}
+
+    @property
+    def batch_dims(self) -> tuple[str, ...]:
+        return tuple(self.mesh.names[d] for d in self._batch_dims)
+
+    @property
+    def replica_dims(self) -> tuple[str, ...]:
+        used = {d for d, _ in self._shard} | set(self._batch_dims)
+        return tuple(n for d, n in enumerate(self.mesh.names) if d not in used)
+
+    def shard_axes(self, ndim: int | None = None) -> tuple[int, ...]:
+        """Per mesh dim: the sample axis it shards (normalised when ``ndim`` is given), or -1."""
+        out = [-1] * self.mesh.ndim
+        for d, a in self._shard:
+            out[d] = _normalize_axis(a, ndim, "shard") if ndim is not None else a
+        return tuple(out)
+
+    def batch_index_of(self, coordinate: Sequence[int]) -> int:
+        """Row-major index of a coordinate's batch coordinate over the batch dims (mesh order)."""
+        b = 0
+        for d in self._batch_dims:
+            b = b * self.mesh.shape[d] + coordinate[d]
+        return b
+
+    @property
+    def batch_index(self) -> int:
+        """This rank's sample group."""
+        return self.batch_index_of(self.mesh.coordinate)
+
+    @property
+    def num_batch_groups(self) -> int:
+        return math.prod(self.mesh.shape[d] for d in self._batch_dims)
+
+    def sample_order(self, num_samples: int, epoch: int, *, seed: int = 0, shuffle: bool = True,
+                     batch_size: int = 1, drop_last: bool = False):
+        """This rank's sample ids and pad flags for one epoch (see :func:`sample_order`)."""
+        return sample_order(num_samples, epoch, seed=seed, shuffle=shuffle, batch_size=batch_size,
+                            drop_last=drop_last, batch_index=self.batch_index,
+                            num_batch_groups=self.num_batch_groups)
+
+    # ---- per-axis settings for a sample of ndim dims ------------------------------------------------
+    def halo_pairs(self, ndim: int) -> tuple[tuple[int, int], ...]:
+        values = _per_axis(self._halo, ndim, 0, "halo")
+        return tuple(_halo_pair(v, a) for a, v in enumerate(values))
+
+    def boundaries(self, ndim: int) -> tuple[str, ...]:
+        values = _per_axis(self._boundary, ndim, "constant", "boundary")
+        for v in values:
+            _check_boundary(v)
+        return tuple(values)
+
+    def domain(self, global_shape: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """``(domain_start, domain_stop)``: the crop box, checked against the sample shape."""
+        shape = _check_shape(global_shape)
+        if self._crop is None:
+            return (0,) * len(shape), shape
+        if len(self._crop) != len(shape):
+            raise LayoutError(f"crop {self._crop!r} has {len(self._crop)} entries for a sample of shape {shape}")
+        lo, hi = [], []
+        for a, (c, n) in enumerate(zip(self._crop, shape)):
+            if c is None:
+                s, e = 0, n
+            elif isinstance(c, slice):
+                if c.step not in (None, 1):
+                    raise LayoutError(f"crop of axis {a}: step {c.step} is not supported")
+                s = 0 if c.start is None else c.start
+                e = n if c.stop is None else c.stop
+            else:
+                try:
+                    s, e = c
+                except (TypeError, ValueError):
+                    raise LayoutError(f"crop of axis {a} must be (start, stop), a slice or None, got {c!r}") from None
+            if not (0 <= s < e <= n):
+                raise LayoutError(
+                    f"crop {s}:{e} of axis {a} lies outside the sample (axis size {n}) or is empty"
+                )
+            lo.append(int(s))
+            hi.append(int(e))
+        return tuple(lo), tuple(hi)
+
+    # ---- regions ------------------------------------------------------------------------------------
+    def region(self, global_shape: Sequence[int], coordinate: Sequence[int] | None = None) -> Region:
+        """The region of the rank at ``coordinate`` (this rank by default). O(ndim), whatever the
+        mesh size."""
+        shape = _check_shape(global_shape)
+        ndim = len(shape)
+        if coordinate is None:
+            coordinate = self.mesh.coordinate
+        else:
+            coordinate = tuple(coordinate)
+            if len(coordinate) != self.mesh.ndim or any(
+                isinstance(c, bool) or not 0 <= c < s for c, s in zip(coordinate, self.mesh.shape)
+            ):
+                raise LayoutError(f"coordinate {coordinate} is out of range for mesh shape {self.mesh.shape}")
+        d0, d1 = self.domain(shape)
+        halo = self.halo_pairs(ndim)
+        boundary = self.boundaries(ndim)
+        axes = self.shard_axes(ndim)
+        start, stop = list(d0), list(d1)
+        for mesh_dim, axis in enumerate(axes):  # mesh-dim order: outer first
+            if axis < 0:
+                continue
+            offset, size = shard_extent(stop[axis] - start[axis], self.mesh.shape[mesh_dim],
+                                        coordinate[mesh_dim], self.split)
+            start[axis] += offset
+            stop[axis] = start[axis] + size
+        ws, we = [], []
+        for a in range(ndim):
+            if stop[a] == start[a]:  # an empty shard sits at the domain end (torch's convention)
+                start[a] = stop[a] = d1[a]
+        # an empty owned region gets no halo: its window is its owned region
+        empty = any(s == e for s, e in zip(start, stop))
+        for a in range(ndim):
+            if empty:
+                ws.append(start[a])
+                we.append(stop[a])
+                continue
+            lo, hi = halo[a]
+            w0, w1 = start[a] - lo, stop[a] + hi
+            if boundary[a] == "trim":
+                w0, w1 = max(w0, d0[a]), min(w1, d1[a])
+            ws.append(w0)
+            we.append(w1)
+        return Region(d0, d1, tuple(start), tuple(stop), tuple(ws), tuple(we), boundary, self.fill_value)
+
+    def regions(self, global_shape: Sequence[int]) -> list[Region]:
+        """The region of every rank, in rank order."""
+        return [self.region(global_shape, c) for c in self.mesh.coordinates()]
+
+    # ---- torch / PhysicsNeMo --------------------------------------------------------------------------
+    def placement_spec(self, ndim: int) -> tuple[tuple[str, int | None], ...]:
+        """Placements of the batched tensor ``(batch, *sample)`` per mesh dim, as plain data:
+        ``("shard", 0)`` for batch dims, ``("shard", axis + 1)`` for shard dims, ``("replicate", None)``
+        otherwise. Valid only for DTensor: ``split="chunk"`` and no halo."""
+        if self.split != "chunk":
+            raise LayoutError(
+                f"no DTensor for split={self.split!r}: DTensor's Shard sizes follow torch.chunk; use the "
+                "local tensor and its region, or a PhysicsNeMo ShardTensor with sharding_shapes"
+            )
+        if any(lo or hi for lo, hi in self.halo_pairs(ndim)):
+            raise LayoutError(
+                "no DTensor for a window with halo: strip the halo first (region.owned_in_window) "
+                "or use the local tensor and its region"
+            )
+        axes = self.shard_axes(ndim)
+        out = []
+        for d in range(self.mesh.ndim):
+            if d in self._batch_dims:
+                out.append(("shard", 0))
+            elif axes[d] >= 0:
+                out.append(("shard", axes[d] + 1))
+            else:
+                out.append(("replicate", None))
+        return tuple(out)
+
+    def dtensor_placements(self, ndim: int):
+        """torch DTensor placements of the batched tensor (imports torch)."""
+        from torch.distributed.tensor import Replicate, Shard  # noqa: PLC0415
+
+        return [Shard(d) if kind == "shard" else Replicate() for kind, d in self.placement_spec(ndim)]
+
+    def sharding_shapes(self, global_shape: Sequence[int], batch_size: int | None = None
+                        ) -> dict[int, tuple[tuple[int, ...], ...]]:
+        """For ``ShardTensor.from_local(..., sharding_shapes=...)``: per mesh dim that shards an axis,
+        the owned shapes of the ranks along that mesh dim (this rank's coordinate elsewhere). With
+        ``batch_size`` the shapes are of the batched tensor ``(batch_size, *shape)``."""
+        axes = self.shard_axes(len(_check_shape(global_shape)))
+        out = {}
+        for d, axis in enumerate(axes):
+            if axis < 0:
+                continue
+            shapes = []
+            for i in range(self.mesh.shape[d]):
+                c = list(self.mesh.coordinate)
+                c[d] = i
+                s = self.region(global_shape, c).shape
+                shapes.append(((batch_size,) + s) if batch_size is not None else s)
+            out[d] = tuple(shapes)
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"Layout(mesh={self.mesh}, shard={self.shard_dims}, batch={self.batch_dims}, "
+            f"crop={self._crop}, halo={self._halo!r}, boundary={self._boundary!r}, "
+            f"fill_value={self.fill_value!r}, split={self.split!r})"
+        )
+
+
+def _check_shape(global_shape: Sequence[int]) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(s) for s in global_shape)
+    except (TypeError, ValueError):
+        raise LayoutError(f"sample shape {global_shape!r} is not a sequence of integers") from None
+    if not shape:
+        raise LayoutError("sample shape is empty: a sample has at least one axis")
+    if any(s <= 0 for s in shape):
+        raise LayoutError(f"sample shape {shape} has a size <= 0: every axis needs at least one cell")
+    return shape
+
+
+# ---- sample order --------------------------------------------------------------------------------
+def sample_order(
+    num_samples: int,
+    epoch: int,
+    *,
+    seed: int = 0,
+    shuffle: bool = True,
+    batch_size: int = 1,
+    drop_last: bool = False,
+    batch_index: int = 0,
+    num_batch_groups: int = 1,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The sample ids one sample group takes in one epoch, and which of them are padding.
+
+    One permutation per ``(seed, epoch)`` (the identity without ``shuffle``), the same on every rank.
+    Group ``b`` of ``B`` takes ``perm[b::B]``. Without ``drop_last`` the permutation is extended by
+    wrapping around so that every group gets the same whole number of batches; the wrapped entries
+    are flagged as padding and every sample appears each epoch. With ``drop_last`` each group keeps
+    the whole batches of ``floor(N / B)`` samples. Every group returns the same length, so no rank
+    takes fewer steps than another.
+
+    Returns ``(sample_ids, is_pad)``: int64 and bool arrays of equal length, a multiple of
+    ``batch_size``.
+    """
+    for name, v in (("num_samples", num_samples), ("batch_size", batch_size), ("num_batch_groups", num_batch_groups)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+            raise LayoutError(f"{name} must be a positive integer, got {v!r}")
+    if not 0 <= batch_index < num_batch_groups:
+        raise LayoutError(f"batch_index {batch_index} is out of range for {num_batch_groups} sample groups")
+    if epoch < 0:
+        raise LayoutError(f"epoch must be >= 0, got {epoch}")
+    n, b, k = int(num_samples), int(batch_index), int(num_batch_groups)
+    if shuffle:
+        perm = np.random.default_rng([int(seed) & 0xFFFFFFFFFFFFFFFF, int(epoch)]).permutation(n)
+    else:
+        perm = np.arange(n, dtype=np.int64)
+    if drop_last:
+        length = (n // k) // batch_size * batch_size
+    else:
+        length = -(-(-(-n // k)) // batch_size) * batch_size
+    positions = b + k * np.arange(length, dtype=np.int64)  # positions in the wrapped permutation
+    ids = perm[positions % n].astype(np.int64)
+    return ids, positions >= n
+

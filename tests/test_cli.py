@@ -1,0 +1,95 @@
+"""`dali-mesh plan`: table, JSON, PNG, and one-line errors with exit code 2."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dali_mesh import Layout, MeshInfo
+from dali_mesh.cli import main
+
+ERA5 = ["plan", "--shape", "8,721,1440", "--mesh", "data_parallel=2,model_parallel=4", "--shard", "model_parallel=1"]
+
+
+def test_plan_json_matches_layout(capsys):
+    assert main(ERA5 + ["--halo", "1=2", "--boundary", "1=periodic", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 8
+    mesh = MeshInfo((2, 4), ("data_parallel", "model_parallel"))
+    layout = Layout(mesh, shard={"model_parallel": 1}, halo={1: 2}, boundary={1: "periodic"})
+    for row, coordinate, region in zip(rows, mesh.coordinates(), layout.regions((8, 721, 1440))):
+        assert set(row) == {"rank", "coordinate", "start", "stop", "window_start", "window_stop", "window_shape", "bytes"}
+        assert row["coordinate"] == {"data_parallel": coordinate[0], "model_parallel": coordinate[1]}
+        assert (tuple(row["start"]), tuple(row["stop"])) == (region.start, region.stop)
+        assert (tuple(row["window_start"]), tuple(row["window_stop"])) == (region.window_start, region.window_stop)
+        assert row["bytes"] == 4 * int(np.prod(region.window_shape))
+    assert rows[1]["window_start"] == [0, 179, 0] and rows[1]["window_shape"] == [8, 185, 1440]
+
+
+def test_plan_table(capsys):
+    assert main(ERA5 + ["--split", "even", "--dtype", "float64"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "rank" in lines[1] and "fraction" in lines[1]
+    assert len(lines) == 3 + 8
+    assert "[0:8, 181:361, 0:1440]" in lines[4]  # rank 1, even split: 181, 180, 180, 180
+    assert "8x180x1440" in lines[4] and "25.0%" in lines[4] or "24.9%" in lines[4]
+
+
+def test_plan_boundary_for_every_axis_and_halo_pairs(capsys):
+    assert main(["plan", "--shape", "4,6", "--mesh", "2", "--shard", "dim0=0", "--halo", "1:2",
+                 "--boundary", "periodic", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["window_start"] == [-1, -1] and rows[0]["window_stop"] == [4, 8]
+
+
+def test_plan_png(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "plan.png"
+    assert main(ERA5 + ["--halo", "1=20", "--png", str(out)]) == 0
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--shape", "8,x,1440", "--mesh", "dp=2,mp=4", "--shard", "mp=1"], "malformed --shape '8,x,1440'"),
+    (["--shape", "8,721", "--mesh", "dp=2,4", "--shard", "mp=1"], "name every dim or none"),
+    (["--shape", "8,721", "--mesh", "dp=2,mp=four", "--shard", "mp=1"], "'four' is not an integer"),
+    (["--shape", "8,721", "--mesh", "dp=2,mp=4", "--shard", "tp=1"], "unknown mesh dim 'tp'"),
+    (["--shape", "8,721", "--mesh", "dp=2,mp=4", "--shard", "mp=1", "--batch", "mp"], "'mp' is used twice"),
+    (["--shape", "8,721", "--mesh", "dp=2,mp=4", "--shard", "mp=2"], "axis 2 is out of range"),
+    (["--shape", "8,721", "--mesh", "dp=2,mp=4", "--shard", "mp=1", "--halo", "1=-2"], "negative halo -2"),
+    (["--shape", "8,721", "--mesh", "dp=2,mp=4", "--shard", "mp=1", "--boundary", "wrap"], "unknown boundary 'wrap'"),
+    (["--shape", "8,721", "--mesh", "dp=2,mp=4", "--shard", "mp=1", "--split", "ceil"], "unknown split 'ceil'"),
+    (["--shape", "8,0", "--mesh", "dp=2,mp=4", "--shard", "mp=1"], "has a size <= 0"),
+    (["--shape", "8,721", "--mesh", "dp=2,mp=0", "--shard", "mp=1"], "has a size 0"),
+    (["--shape", "8,721", "--mesh", "dp=-1,mp=-1", "--shard", "mp=1", "--world-size", "8"], "more than one -1"),
+    (["--shape", "8,721", "--mesh", "dp=2,mp=4", "--shard", "mp=1", "--world-size", "6"], "but WORLD_SIZE=6"),
+    (["--shape", "8,721", "--mesh", "dp=2,tp=2,mp=4", "--shard", "mp=1"], "batch is required"),
+    (["--shape", "8,721", "--mesh", "dp=2,mp=4", "--shard", "mp=1", "--crop", ":,0:800"], "crop 0:800 of axis 1 lies outside"),
+    (["--shape", "8,721", "--mesh", "dp=2,mp=4", "--shard", "mp"], "malformed --shard 'mp'"),
+    (["--shape", "8,721", "--mesh", "dp=2,mp=4", "--shard", "mp=1", "--dtype", "float33"], "unknown --dtype 'float33'"),
+])
+def test_plan_errors_one_line_exit_2(args, message, capsys):
+    assert main(["plan"] + args) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    err = captured.err.strip()
+    assert "\n" not in err and err.startswith("dali-mesh: error: ") and message in err, err
+
+
+def test_console_script_exit_code_and_no_traceback():
+    proc = subprocess.run([sys.executable, "-m", "dali_mesh.cli", "plan", "--shape", "8,721", "--mesh", "dp=2,mp=4",
+                           "--shard", "tp=1"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "unknown mesh dim 'tp'" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "dali_mesh.cli", "plan", "--mesh", "2"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--shape" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_import_is_light():
+    code = ("import sys, dali_mesh, dali_mesh.cli; "
+            "bad = [m for m in ('torch', 'nvidia.dali', 'h5py', 'zarr') if m in sys.modules]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
