@@ -32,7 +32,7 @@ $(INSTALLED): $(STAMP) $(PLUGIN_SOURCES)
 install: $(INSTALLED)
 
 demo: install
-	$(VENV)/bin/dali-mesh plan --shape 8,721,1440 --mesh data_parallel=2,model_parallel=4 --shard model_parallel=1 --halo 1=1,2=1 --boundary 2=periodic
+	$(VENV)/bin/dali-mesh demo
 
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -183,10 +183,10 @@ def format_table(rows: list[dict], layout: Layout, shape: tuple[int, ...], dtype
         f"sample {'x'.join(map(str, shape))} {dtype} ({_fmt_bytes(int(np.prod(shape)) * np.dtype(dtype).itemsize)}), "
         f"mesh {dict(zip(layout.mesh.names, layout.mesh.shape))}, shard {layout.shard_dims}, "
         f"batch {list(layout.batch_dims)}, replicas {list(layout.replica_dims)}, split {layout.split}",
-        "  ".join(h.ljust(w) for h, w in zip(header, widths)),
+        "  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(),
         "  ".join("-" * w for w in widths),
     ]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)).rstrip() for b in body]
     return "\n".join(lines)
 
 

@@ -4,7 +4,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dist_utils import run_ranks  # noqa: E402
+from dali_mesh.launch import RankFailure, run_ranks  # noqa: E402
 
 
 def _dtensor_round_trip(rank, world_size, global_shape, shard, split):
@@ -50,5 +50,5 @@ def _fails_on_rank_1(rank, world_size):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_failing_rank_fails_the_test_without_hanging(tmp_path):
-    with pytest.raises(AssertionError, match="deliberate failure on rank 1"):
+    with pytest.raises(RankFailure, match="deliberate failure on rank 1"):
         run_ranks(_fails_on_rank_1, 4, tmp_path, timeout_s=20)

@@ -1,4 +1,5 @@
-"""Run a function on N real processes with a gloo process group on the CPU.
+"""Run a function on N local processes, each a rank of one process group (gloo on the CPU, NCCL
+with one GPU per rank when ``backend="nccl"``).
 
 Rendezvous goes through a file store in a fresh temporary folder, so ports never collide; every
 process group has a short timeout and is destroyed in ``finally``; a process that hangs past the
@@ -12,14 +13,14 @@ import os
 import traceback
 
 
-def _rank_main(fn, rank, world_size, store_path, result_dir, args, timeout_s):
+def _rank_main(fn, rank, world_size, store_path, result_dir, args, timeout_s, backend):
     import torch.distributed as dist
 
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
                        "OMP_NUM_THREADS": "1"})
     status = os.path.join(result_dir, f"rank{rank}.txt")
     try:
-        dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size,
+        dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         try:
             fn(rank, world_size, *args)
@@ -33,13 +34,18 @@ def _rank_main(fn, rank, world_size, store_path, result_dir, args, timeout_s):
         f.write("ok")
 
 
-def run_ranks(fn, world_size: int, tmp_path, *args, timeout_s: float = 60.0) -> None:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; raise if any fails."""
+class RankFailure(RuntimeError):
+    """One or more ranks failed or hung; the message holds what each of them reported."""
+
+
+def run_ranks(fn, world_size: int, tmp_path, *args, timeout_s: float = 60.0, backend: str = "gloo") -> None:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; raise ``RankFailure``
+    with every failing rank's traceback if any fails or outlives ``timeout_s``."""
     ctx = mp.get_context("spawn")
     store = os.path.join(str(tmp_path), "pg_store")
     results = os.path.join(str(tmp_path), "ranks")
     os.makedirs(results, exist_ok=True)
-    procs = [ctx.Process(target=_rank_main, args=(fn, r, world_size, store, results, args, timeout_s / 2))
+    procs = [ctx.Process(target=_rank_main, args=(fn, r, world_size, store, results, args, timeout_s / 2, backend))
              for r in range(world_size)]
     for p in procs:
         p.start()
@@ -58,6 +64,6 @@ def run_ranks(fn, world_size: int, tmp_path, *args, timeout_s: float = 60.0) -> 
         if text != "ok":
             reports.append(f"--- rank {r} ---\n{text}")
     if hung:
-        raise AssertionError(f"ranks {hung} did not finish within {timeout_s} s\n" + "\n".join(reports))
+        raise RankFailure(f"ranks {hung} did not finish within {timeout_s} s\n" + "\n".join(reports))
     if reports:
-        raise AssertionError("\n".join(reports))
+        raise RankFailure("\n".join(reports))
