@@ -112,6 +112,8 @@ class _FailingSource:
         self.source = source
 
     def __getattr__(self, name):
+        if name == "source":  # not yet set while unpickling in a worker
+            raise AttributeError(name)
         return getattr(self.source, name)
 
     def __call__(self, sample_info):

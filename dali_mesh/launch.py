@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import multiprocessing as mp
 import os
+import time
 import traceback
 
 
@@ -38,9 +39,11 @@ class RankFailure(RuntimeError):
     """One or more ranks failed or hung; the message holds what each of them reported."""
 
 
-def run_ranks(fn, world_size: int, tmp_path, *args, timeout_s: float = 60.0, backend: str = "gloo") -> None:
+def run_ranks(fn, world_size: int, tmp_path, *args, timeout_s: float = 60.0, backend: str = "gloo",
+              grace_s: float = 3.0) -> None:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; raise ``RankFailure``
-    with every failing rank's traceback if any fails or outlives ``timeout_s``."""
+    with every failing rank's traceback if any fails or outlives ``timeout_s``. Once one rank fails,
+    the others get ``grace_s`` seconds before they are stopped."""
     ctx = mp.get_context("spawn")
     store = os.path.join(str(tmp_path), "pg_store")
     results = os.path.join(str(tmp_path), "ranks")
@@ -49,14 +52,22 @@ def run_ranks(fn, world_size: int, tmp_path, *args, timeout_s: float = 60.0, bac
              for r in range(world_size)]
     for p in procs:
         p.start()
-    deadline = datetime.datetime.now() + datetime.timedelta(seconds=timeout_s)
-    for p in procs:
-        p.join(max(0.0, (deadline - datetime.datetime.now()).total_seconds()))
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    # wait; once a rank has failed, give the others a moment to fail too, then stop them: a peer
+    # blocked in a collective on a dead rank would otherwise wait for the group's timeout
+    deadline = time.monotonic() + timeout_s
+    hung: list[int] = []
+    while any(p.is_alive() for p in procs):
+        failed = any(p.exitcode not in (None, 0) for p in procs)
+        if failed:
+            deadline = min(deadline, time.monotonic() + grace_s)
+        if time.monotonic() > deadline:
+            hung = [r for r, p in enumerate(procs) if p.is_alive()] if not failed else []
+            break
+        time.sleep(0.05)
     for p in procs:
         if p.is_alive():
             p.kill()
-            p.join()
+        p.join()
     reports = []
     for r, p in enumerate(procs):
         path = os.path.join(results, f"rank{r}.txt")

@@ -19,7 +19,7 @@ from dali_mesh.partition import (
     take_window,
 )
 
-NP_MODE = {"constant": "constant", "periodic": "wrap", "reflect": "reflect", "symmetric": "symmetric", "edge": "edge"}
+from oracles import NP_MODE, np_pad_window
 
 
 # ---- reference split rules, written from their sources ------------------------------------------
@@ -184,25 +184,6 @@ def test_owned_regions_tile_the_domain(rule, mesh_shape, names, shard, shape, cr
 
 
 # ---- windows against np.pad -------------------------------------------------------------------------
-def np_pad_window(domain_array, region):
-    """The oracle: np.pad the domain, one axis at a time with that axis's numpy mode, then slice."""
-    padded = domain_array
-    pads = region.pads
-    for a, mode in enumerate(region.boundary):
-        if mode == "trim":
-            assert pads[a] == (0, 0)
-            continue
-        width = [(0, 0)] * padded.ndim
-        width[a] = pads[a]
-        kwargs = {"constant_values": region.fill_value} if mode == "constant" else {}
-        padded = np.pad(padded, width, mode=NP_MODE[mode], **kwargs)
-    index = []
-    for a in range(region.ndim):
-        lo = region.window_start[a] - region.domain_start[a] + pads[a][0]
-        index.append(slice(lo, lo + region.window_shape[a]))
-    return padded[tuple(index)]
-
-
 @pytest.mark.parametrize("mode", BOUNDARIES)
 def test_boundary_index_matches_np_pad(mode):
     if mode == "trim":
