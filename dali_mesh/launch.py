@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import multiprocessing as mp
 import os
+import signal
 import time
 import traceback
 
@@ -17,6 +18,7 @@ import traceback
 def _rank_main(fn, rank, world_size, store_path, result_dir, args, timeout_s, backend):
     import torch.distributed as dist
 
+    os.setpgid(0, 0)  # this rank and its helpers (DALI workers) form one group the parent can stop
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
                        "OMP_NUM_THREADS": "1"})
     status = os.path.join(result_dir, f"rank{rank}.txt")
@@ -65,7 +67,12 @@ def run_ranks(fn, world_size: int, tmp_path, *args, timeout_s: float = 60.0, bac
             break
         time.sleep(0.05)
     for p in procs:
-        if p.is_alive():
+        # stop the rank and whatever it started (DALI workers would otherwise outlive it)
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if p.is_alive():  # killed before it made its group
             p.kill()
         p.join()
     reports = []
