@@ -1,0 +1,168 @@
+"""From a ``Region`` to what a reader must read, copy and fill (shared by every reader).
+
+The value at window position ``p`` is ``sample[idx_0(p_0), idx_1(p_1), ...]``, or ``fill_value`` when
+any ``idx_a`` is -1 (a ``constant`` cell): the boundary rules are separable per axis, which is what
+``np.pad`` applied axis by axis computes. So each axis is planned on its own:
+
+- **reads**: window positions whose source cell is read from storage, as runs ``(dst, src, length)``
+  where window and file indices both step by one. Each source cell is read once: in-domain cells
+  first (they map onto themselves), then the halo cells whose sources lie elsewhere (the far side of
+  a periodic domain, or mirrored cells beyond a small owned part).
+- **copies**: window positions whose source cell is already read elsewhere in the window (reflect,
+  symmetric, edge, and periodic halos wider than the domain): copied from that position.
+- **fills**: ``constant`` positions.
+
+A reader reads the product of every axis's read runs (one box per combination) into the output,
+then :meth:`WindowPlan.finish` does copies and fills axis by axis; a slab copied along axis ``a``
+may carry not-yet-valid cells of later axes, which those axes' passes then overwrite.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Iterator, Mapping, Sequence
+
+import numpy as np
+
+from dali_mesh.partition import Region, boundary_index
+
+__all__ = ["AxisPlan", "WindowPlan", "plan_window"]
+
+
+@dataclass(frozen=True)
+class AxisPlan:
+    size: int
+    reads: tuple[tuple[int, int, int], ...]  # (window position, file index, length)
+    copy_dst: np.ndarray  # window positions filled by copy ...
+    copy_src: np.ndarray  # ... from these window positions (which are read)
+    fill: np.ndarray  # window positions holding fill_value
+
+    @property
+    def read_cells(self) -> int:
+        return sum(r[2] for r in self.reads)
+
+
+def _runs(dst: np.ndarray, src: np.ndarray) -> tuple[tuple[int, int, int], ...]:
+    """Split parallel index arrays into runs where both step by +1."""
+    if dst.size == 0:
+        return ()
+    breaks = np.flatnonzero((np.diff(dst) != 1) | (np.diff(src) != 1)) + 1
+    bounds = np.concatenate(([0], breaks, [dst.size]))
+    return tuple(
+        (int(dst[a]), int(src[a]), int(b - a)) for a, b in zip(bounds[:-1], bounds[1:])
+    )
+
+
+def plan_axis(
+    window_start: int,
+    window_stop: int,
+    domain_start: int,
+    domain_stop: int,
+    mode: str,
+    index_map: np.ndarray | None = None,
+) -> AxisPlan:
+    """Plan one axis. ``index_map`` maps a sample index to a file index (a channel subset)."""
+    size = window_stop - window_start
+    empty = np.empty(0, np.int64)
+    if size <= 0:
+        return AxisPlan(0, (), empty, empty, empty)
+    n = domain_stop - domain_start
+    pos = np.arange(size, dtype=np.int64)
+    rel = pos + (window_start - domain_start)
+    idx = boundary_index(rel, n, mode)  # -1: constant (or trim, whose windows never leave the domain)
+    valid = idx >= 0
+    # in-domain positions map onto themselves: read them first, so halos copy from them
+    core = valid & (idx == rel)
+    read_pos = [pos[core]]
+    read_src = [idx[core]]
+    rest = valid & ~core
+    if rest.any():
+        cand_pos, cand_src = pos[rest], idx[rest]
+        new = ~np.isin(cand_src, read_src[0])
+        # among sources not in the core, read each once (first occurrence)
+        src_new, first = np.unique(cand_src[new], return_index=True)
+        read_pos.append(cand_pos[new][first])
+        read_src.append(src_new)
+    rpos = np.concatenate(read_pos)
+    rsrc = np.concatenate(read_src)
+    order = np.argsort(rpos, kind="stable")
+    rpos, rsrc = rpos[order], rsrc[order]
+    # copies: every valid position not read takes the read position holding its source
+    is_read = np.zeros(size, bool)
+    is_read[rpos] = True
+    copy_dst = pos[valid & ~is_read]
+    if copy_dst.size:
+        by_src = np.argsort(rsrc)
+        k = np.searchsorted(rsrc[by_src], idx[copy_dst])
+        copy_src = rpos[by_src][k]
+    else:
+        copy_src = empty
+    file_idx = rsrc + domain_start
+    if index_map is not None:
+        file_idx = np.asarray(index_map, dtype=np.int64)[file_idx]
+    return AxisPlan(size, _runs(rpos, file_idx), copy_dst, copy_src, pos[~valid])
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    axes: tuple[AxisPlan, ...]
+    fill_value: float
+
+    @property
+    def window_shape(self) -> tuple[int, ...]:
+        return tuple(a.size for a in self.axes)
+
+    @property
+    def empty(self) -> bool:
+        return any(a.size == 0 for a in self.axes)
+
+    @property
+    def read_cells(self) -> int:
+        return math.prod(a.read_cells for a in self.axes)
+
+    def boxes(self) -> Iterator[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
+        """``(window_start, file_start, lengths)`` of every box to read (none if the window is empty
+        or wholly filled)."""
+        if self.empty:
+            return
+        for combo in itertools.product(*(a.reads for a in self.axes)):
+            yield (
+                tuple(c[0] for c in combo),
+                tuple(c[1] for c in combo),
+                tuple(c[2] for c in combo),
+            )
+
+    def finish(self, out: np.ndarray) -> None:
+        """Copies and fills, axis by axis, after every box is read into ``out``."""
+        if self.empty:
+            return
+        fill = None
+        for a, ap in enumerate(self.axes):
+            lead = (slice(None),) * a
+            if ap.copy_dst.size:
+                out[lead + (ap.copy_dst,)] = out[lead + (ap.copy_src,)]
+            if ap.fill.size:
+                if fill is None:
+                    fill = np.asarray(self.fill_value).astype(out.dtype)
+                out[lead + (ap.fill,)] = fill
+
+
+def plan_window(
+    region: Region, index_maps: Mapping[int, Sequence[int]] | None = None
+) -> WindowPlan:
+    """Plan the read of ``region`` (see the module docstring). ``index_maps``: sample axis -> array
+    mapping a sample index on that axis to a file index (e.g. a channel subset)."""
+    index_maps = index_maps or {}
+    axes = tuple(
+        plan_axis(
+            region.window_start[a],
+            region.window_stop[a],
+            region.domain_start[a],
+            region.domain_stop[a],
+            region.boundary[a],
+            None if index_maps.get(a) is None else np.asarray(index_maps[a]),
+        )
+        for a in range(region.ndim)
+    )
+    return WindowPlan(axes, region.fill_value)

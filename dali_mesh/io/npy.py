@@ -1,0 +1,502 @@
+"""Read a window of a ``.npy`` file, reading only the bytes the window needs.
+
+- Own header parser (format 1.0, 2.0, 3.0): the header dict is parsed with ``ast.literal_eval``
+  (literals only, nothing is ever unpickled); object, structured and string dtypes are refused.
+- The window's boxes (see :mod:`dali_mesh.io._plan`) become byte ranges; ranges whose gap is at most
+  ``merge_gap`` bytes are merged into one read (the gap lands in a scratch buffer). Each read is one
+  ``os.preadv`` whose buffers are the destination's own memory, so bytes go straight from the page
+  cache (or the disk) into the window: no staging copy for C-order files and C-contiguous outputs.
+- The file is opened read-only and ``POSIX_FADV_RANDOM`` is set, so that kernel readahead pulls no
+  bytes that were not asked for. ``direct=True`` opens with ``O_DIRECT`` (page cache bypassed; reads
+  are widened to 4 KiB alignment through an aligned bounce buffer).
+- Fortran-order files are read as the C-order array of reversed shape (then transposed); big-endian
+  data is byte-swapped in place: the output always holds native-endian values.
+"""
+from __future__ import annotations
+
+import ast
+import logging
+import math
+import mmap
+import os
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from dali_mesh.io._common import (
+    DataFileError,
+    HeaderError,
+    IOStats,
+    ShapeMismatchError,
+    TruncatedFileError,
+    UnsupportedDtypeError,
+    _account,
+)
+from dali_mesh.io._plan import WindowPlan, plan_window
+from dali_mesh.partition import Region
+
+__all__ = [
+    "DEFAULT_MERGE_GAP",
+    "NpyHeader",
+    "read_npy_header",
+    "read_npy_window",
+    "plan_npy_reads",
+]
+
+log = logging.getLogger(__name__)
+
+#: Merge byte ranges whose gap is at most this many bytes (besides gaps that add no page, which are
+#: always merged). Chosen by ``benchmarks/read_bench.py --only-sweep`` (2 KiB windows per row): up to
+#: a 4 KiB gap, merged reads were faster warm (1.5-1.7x) and cold (2-17x) and read no more bytes
+#: from storage; at 8-16 KiB they were still faster but read 1.7-3x the bytes of separate reads; at
+#: 64 KiB they were slower warm (4x). So 4 KiB: the largest gap that never costs storage bytes.
+DEFAULT_MERGE_GAP = 4096
+#: Largest header accepted (numpy's own limit is 10000 bytes; a larger one is corrupt or hostile).
+MAX_HEADER_BYTES = 65536
+_MAGIC = b"\x93NUMPY"
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+_DIRECT_ALIGN = 4096
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_WILLNEED_CHUNK = 512 << 10
+_DIRECT_CHUNK = 16 << 20  # largest O_DIRECT bounce read
+_ALLOWED_KINDS = "biufcmM"  # bool, ints, uints, floats, complex, timedelta, datetime
+
+
+@dataclass(frozen=True)
+class NpyHeader:
+    """What a ``.npy`` header says.
+
+    ``dtype`` is the stored dtype (its byte order as in the file); ``data_offset`` is where the array
+    data starts; ``file_size`` the size of the file when it was parsed.
+    """
+
+    path: str
+    version: tuple[int, int]
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fortran_order: bool
+    data_offset: int
+    file_size: int
+
+    @property
+    def native_dtype(self) -> np.dtype:
+        return self.dtype.newbyteorder("=") if self.dtype.byteorder not in "=|" else self.dtype
+
+    @property
+    def data_bytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def _open(path: str | os.PathLike, direct: bool = False) -> int:
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+    if direct:
+        if not hasattr(os, "O_DIRECT"):
+            raise OSError(f"{path}: O_DIRECT is not available on this platform; use direct=False")
+        flags |= os.O_DIRECT
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            2, "no such .npy file; check the path and the file list", str(path)
+        ) from None
+    except OSError as e:
+        if direct and e.errno == 22:  # EINVAL: the file system refuses O_DIRECT (tmpfs, ...)
+            raise OSError(
+                e.errno, "the file system does not support O_DIRECT; use direct=False", str(path)
+            ) from None
+        raise
+    if hasattr(os, "posix_fadvise"):
+        # no readahead: the kernel reads only the pages we ask for
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+    return fd
+
+
+def _parse_header(path: str, head: bytes, file_size: int) -> NpyHeader:
+    """Parse the header bytes at the start of a ``.npy`` file (``head`` holds at least the header)."""
+    if len(head) < 10 or head[:6] != _MAGIC:
+        raise HeaderError(path, "not a .npy file (bad magic string); was it written by numpy.save?")
+    major, minor = head[6], head[7]
+    if major == 1:
+        hlen_size, encoding = 2, "latin1"
+    elif major in (2, 3):
+        hlen_size, encoding = 4, ("latin1" if major == 2 else "utf8")
+    else:
+        raise HeaderError(path, f".npy format version {major}.{minor} is not supported (1.0, 2.0, 3.0 are)")
+    hlen = int.from_bytes(head[8 : 8 + hlen_size], "little")
+    offset = 8 + hlen_size + hlen
+    if hlen > MAX_HEADER_BYTES:
+        raise HeaderError(path, f"header of {hlen} bytes is larger than the {MAX_HEADER_BYTES} allowed; the file is corrupt")
+    if offset > file_size:
+        raise HeaderError(path, f"header claims {hlen} bytes but the file has only {file_size}; the file is truncated or corrupt")
+    raw = head[8 + hlen_size : offset]
+    if len(raw) < hlen:
+        raise HeaderError(path, "header is cut short")
+    try:
+        text = raw.decode(encoding)
+        meta = ast.literal_eval(text)  # literals only: never evaluates code, never unpickles
+    except (UnicodeDecodeError, ValueError, SyntaxError, MemoryError, RecursionError) as e:
+        raise HeaderError(path, f"header is not a valid dict literal ({type(e).__name__}); the file is corrupt") from None
+    if not isinstance(meta, dict) or set(meta) != {"descr", "fortran_order", "shape"}:
+        keys = sorted(meta) if isinstance(meta, dict) else type(meta).__name__
+        raise HeaderError(path, f"header must be a dict with keys descr, fortran_order, shape; got {keys}")
+    descr, fortran, shape = meta["descr"], meta["fortran_order"], meta["shape"]
+    if not isinstance(fortran, bool):
+        raise HeaderError(path, f"fortran_order must be True or False, got {fortran!r}")
+    if not isinstance(shape, tuple) or not all(
+        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
+    ):
+        raise HeaderError(path, f"shape must be a tuple of non-negative integers, got {shape!r}")
+    if not isinstance(descr, str):
+        raise UnsupportedDtypeError(path, f"structured dtype {descr!r} is not supported; store plain numeric arrays")
+    try:
+        dtype = np.dtype(descr)
+    except (TypeError, ValueError):
+        raise HeaderError(path, f"dtype descr {descr!r} is not understood") from None
+    if dtype.kind == "O" or dtype.hasobject:
+        raise UnsupportedDtypeError(path, "object dtype is refused (it would need unpickling); store a numeric array")
+    if dtype.kind not in _ALLOWED_KINDS or dtype.fields is not None or dtype.subdtype is not None:
+        raise UnsupportedDtypeError(path, f"dtype {dtype} is not a plain numeric type; store a numeric array")
+    header = NpyHeader(path, (major, minor), shape, dtype, fortran, offset, file_size)
+    expected = offset + header.data_bytes
+    if file_size != expected:
+        what = "truncated" if file_size < expected else "longer than its header says"
+        cls = TruncatedFileError if file_size < expected else HeaderError
+        raise cls(
+            path,
+            f"file is {what}: header says shape {shape} of {dtype} ({header.data_bytes} data bytes "
+            f"after a {offset}-byte header = {expected} bytes) but the file has {file_size} bytes",
+        )
+    return header
+
+
+def _read_header_fd(fd: int, path: str, stats: IOStats) -> NpyHeader:
+    size = os.fstat(fd).st_size
+    head = os.pread(fd, 512, 0)
+    stats.read_calls += 1
+    stats.bytes_read += len(head)
+    if len(head) >= 12 and head[:6] == _MAGIC and head[6] in (2, 3):
+        need = 12 + int.from_bytes(head[8:12], "little")
+    elif len(head) >= 10 and head[:6] == _MAGIC:
+        need = 10 + int.from_bytes(head[8:10], "little")
+    else:
+        need = 0
+    if len(head) < need <= min(size, MAX_HEADER_BYTES + 12):
+        more = os.pread(fd, need - len(head), len(head))
+        stats.read_calls += 1
+        stats.bytes_read += len(more)
+        head += more
+    return _parse_header(path, head, size)
+
+
+def read_npy_header(path: str | os.PathLike) -> NpyHeader:
+    """Parse and check the header of a ``.npy`` file (shape, dtype, order, size against the data)."""
+    stats = IOStats(files_opened=1)
+    fd = _open(path)
+    try:
+        return _read_header_fd(fd, str(path), stats)
+    finally:
+        os.close(fd)
+        _account(None, stats)
+
+
+# ---- byte-range plan -----------------------------------------------------------------------------
+def _units(file_shape, dst_shape, itemsize, data_offset, file_start, dst_start, lengths):
+    """Byte units of one box: ``(file offsets, dest offsets, unit bytes)``; each unit is contiguous
+    both in the C-order file and in the C-contiguous destination."""
+    nd = len(file_shape)
+    k = nd - 1  # merge trailing axes that are whole in both file and destination
+    while k > 0 and lengths[k] == file_shape[k] == dst_shape[k]:
+        k -= 1
+    unit_cells = lengths[k] * math.prod(file_shape[k + 1 :])
+    fstride = [math.prod(file_shape[i + 1 :]) for i in range(nd)]
+    dstride = [math.prod(dst_shape[i + 1 :]) for i in range(nd)]
+    f0 = sum(s * st for s, st in zip(file_start, fstride))
+    d0 = sum(s * st for s, st in zip(dst_start, dstride))
+    foff = np.array([f0], np.int64)
+    doff = np.array([d0], np.int64)
+    for i in range(k):  # outer axes, C order
+        steps = np.arange(lengths[i], dtype=np.int64)
+        foff = (foff[:, None] + steps * fstride[i]).ravel()
+        doff = (doff[:, None] + steps * dstride[i]).ravel()
+    return data_offset + foff * itemsize, doff * itemsize, unit_cells * itemsize
+
+
+def plan_npy_reads(header: NpyHeader, plan: WindowPlan, prefix: Sequence[int] = (),
+                   merge_gap: int = DEFAULT_MERGE_GAP, page_merge: bool = True):
+    """Byte ranges to read for ``plan`` from a file with ``header``.
+
+    Two neighbouring ranges are read in one call when their gap is at most ``merge_gap`` bytes or,
+    with ``page_merge``, when the gap holds no page that the two ranges do not touch already (the
+    kernel reads whole pages: such a gap costs a copy but no storage bytes).
+
+    Returns ``(file_offsets, dest_offsets, unit_bytes, groups)``: units sorted by file offset, and
+    ``groups``, a list of ``(first_unit, last_unit_exclusive)`` merged into one read each. Offsets
+    into the destination are for the C-order (file-order) staging of the window.
+    """
+    file_shape = tuple(header.shape)
+    full_window = (1,) * len(prefix) + plan.window_shape
+    boxes = []
+    for wst, fst, ln in plan.boxes():
+        boxes.append(((0,) * len(prefix) + wst, tuple(prefix) + fst, (1,) * len(prefix) + ln))
+    if header.fortran_order:  # the file is the C-order array of reversed shape
+        file_shape = file_shape[::-1]
+        full_window = full_window[::-1]
+        boxes = [(w[::-1], f[::-1], l[::-1]) for w, f, l in boxes]
+    fo, do, ub = [], [], []
+    for wst, fst, ln in boxes:
+        f, d, u = _units(file_shape, full_window, header.dtype.itemsize, header.data_offset, fst, wst, ln)
+        fo.append(f)
+        do.append(d)
+        ub.append(np.full(f.shape, u, np.int64))
+    if not fo:
+        e = np.empty(0, np.int64)
+        return e, e, e, []
+    fo, do, ub = np.concatenate(fo), np.concatenate(do), np.concatenate(ub)
+    order = np.argsort(fo, kind="stable")
+    fo, do, ub = fo[order], do[order], ub[order]
+    ends = fo[:-1] + ub[:-1]
+    gaps = fo[1:] - ends
+    split = gaps > merge_gap
+    if page_merge:
+        # a gap holding no page that neither neighbour touches costs no storage bytes: merge it too
+        page = _PAGE
+        split &= (fo[1:] // page) > ((ends - 1) // page) + 1
+    cut = np.flatnonzero(split) + 1
+    bounds = np.concatenate(([0], cut, [fo.size]))
+    groups = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+    return fo, do, ub, groups
+
+
+def _preadv_all(fd: int, bufs: list, lens: list, offset: int, path: str, stats: IOStats) -> None:
+    """``preadv`` every buffer (``lens``: their sizes), looping over short reads and ``IOV_MAX``; a
+    read that ends early means the file shrank: an error naming it."""
+    i = 0
+    while i < len(bufs):
+        j = min(i + _IOV_MAX, len(bufs))
+        want = sum(lens[i:j])
+        got = os.preadv(fd, bufs[i:j], offset)
+        stats.read_calls += 1
+        stats.bytes_read += got
+        offset += got
+        if got == want:
+            i = j
+            continue
+        if got == 0:
+            raise TruncatedFileError(path, f"read at byte {offset} returned nothing: the file was truncated while reading")
+        # drop the buffers filled, trim the partly filled one, and go on
+        while got >= lens[i]:
+            got -= lens[i]
+            i += 1
+        if got:
+            bufs = bufs[:i] + [bufs[i][got:]] + bufs[i + 1 :]
+            lens = lens[:i] + [lens[i] - got] + lens[i + 1 :]
+
+
+def _aligned_buffer(size: int) -> mmap.mmap:
+    return mmap.mmap(-1, max(size, _DIRECT_ALIGN))  # anonymous maps are page aligned
+
+
+def _read_groups(fd, path, dest: memoryview, fo, do, ub, groups, stats, direct: bool) -> None:
+    fo_l, do_l, ub_l = fo.tolist(), do.tolist(), ub.tolist()
+    if direct:  # reads widen to pages: merge groups whose widened spans touch
+        merged = []
+        for g0, g1 in groups:
+            if merged and fo_l[g0] // _DIRECT_ALIGN <= -(-(fo_l[merged[-1][1] - 1] + ub_l[merged[-1][1] - 1]) // _DIRECT_ALIGN):
+                merged[-1] = (merged[-1][0], g1)
+            else:
+                merged.append((g0, g1))
+        groups = merged
+    else:
+        max_gap = 0
+        if fo.size > 1:
+            max_gap = int(max(0, (fo[1:] - fo[:-1] - ub[:-1]).max()))
+        scratch = memoryview(bytearray(max_gap)) if max_gap else None
+        gap_views: dict[int, memoryview] = {}
+        for g0, g1 in groups:
+            bufs, lens = [dest[do_l[g0] : do_l[g0] + ub_l[g0]]], [ub_l[g0]]
+            end = fo_l[g0] + ub_l[g0]
+            for f, d, n in zip(fo_l[g0 + 1 : g1], do_l[g0 + 1 : g1], ub_l[g0 + 1 : g1]):
+                gap = f - end
+                if gap:
+                    view = gap_views.get(gap)
+                    if view is None:
+                        view = gap_views[gap] = scratch[:gap]
+                    bufs.append(view)
+                    lens.append(gap)
+                bufs.append(dest[d : d + n])
+                lens.append(n)
+                end = f + n
+            _preadv_all(fd, bufs, lens, fo_l[g0], path, stats)
+        return
+    bounce = None
+    for g0, g1 in groups:
+        lo = fo_l[g0] // _DIRECT_ALIGN * _DIRECT_ALIGN
+        hi_group = fo_l[g1 - 1] + ub_l[g1 - 1]
+        u = g0
+        while lo < hi_group:
+            hi = min(-(-hi_group // _DIRECT_ALIGN) * _DIRECT_ALIGN, lo + _DIRECT_CHUNK)
+            if bounce is None or len(bounce) < hi - lo:
+                bounce = _aligned_buffer(hi - lo)
+            view = memoryview(bounce)[: hi - lo]
+            got = os.preadv(fd, [view], lo)
+            stats.read_calls += 1
+            stats.bytes_read += got
+            # copy every unit (or unit part) inside [lo, lo + got)
+            while u < g1 and fo_l[u] < lo + got:
+                a, b = max(fo_l[u], lo), min(fo_l[u] + ub_l[u], lo + got)
+                d = do_l[u] + (a - fo_l[u])
+                dest[d : d + b - a] = view[a - lo : b - lo]
+                if b < fo_l[u] + ub_l[u]:
+                    break
+                u += 1
+            if got < hi - lo and lo + got < hi_group:
+                raise TruncatedFileError(path, f"O_DIRECT read at byte {lo} ended early: the file was truncated while reading")
+            view.release()
+            lo = hi
+
+
+def _read_mmap(fd, header: NpyHeader, plan: WindowPlan, prefix, out, stats: IOStats,
+               willneed: bool = True) -> None:
+    """Copy every box out of a read-only mapping of the file (no readahead: ``MADV_RANDOM``; the
+    pages needed are announced with ``MADV_WILLNEED`` so that cold reads go out as large requests
+    instead of one synchronous page fault per page)."""
+    mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    try:
+        if hasattr(mm, "madvise") and hasattr(mmap, "MADV_RANDOM"):
+            mm.madvise(mmap.MADV_RANDOM)
+        fo, _, ub, groups = plan_npy_reads(header, plan, prefix, merge_gap=0, page_merge=True)
+        if willneed and hasattr(mmap, "MADV_WILLNEED"):
+            # start reading exactly the pages needed, in large requests, before faulting them in
+            fo_l, ub_l = fo.tolist(), ub.tolist()
+            for g0, g1 in groups:
+                lo = fo_l[g0] // _PAGE * _PAGE
+                hi = fo_l[g1 - 1] + ub_l[g1 - 1]
+                # the kernel caps one WILLNEED at the device's readahead size: announce in pieces
+                for a in range(lo, hi, _WILLNEED_CHUNK):
+                    mm.madvise(mmap.MADV_WILLNEED, a, min(_WILLNEED_CHUNK, hi - a))
+        arr = np.ndarray(header.shape, dtype=header.dtype, buffer=mm, offset=header.data_offset,
+                         order="F" if header.fortran_order else "C")
+        pre = tuple(int(p) for p in prefix)
+        for wst, fst, ln in plan.boxes():
+            out[tuple(slice(s, s + n) for s, n in zip(wst, ln))] = arr[
+                pre + tuple(slice(s, s + n) for s, n in zip(fst, ln))]
+            stats.read_calls += 1
+        del arr
+        # bytes: the pages the boxes touch
+        if fo.size:
+            first, last = fo // _PAGE, (fo + ub - 1) // _PAGE
+            order = np.argsort(first)
+            first, last = first[order], np.maximum.accumulate(last[order])
+            new_pages = np.minimum(last - first + 1, last - np.concatenate(([first[0] - 1], last[:-1])))
+            stats.bytes_read += int(np.clip(new_pages, 0, None).sum()) * _PAGE
+    finally:
+        mm.close()
+
+
+def read_npy_window(
+    path: str | os.PathLike,
+    region: Region,
+    out: np.ndarray | None = None,
+    *,
+    prefix: Sequence[int] = (),
+    index_maps: Mapping[int, Sequence[int]] | None = None,
+    merge_gap: int = DEFAULT_MERGE_GAP,
+    page_merge: bool = True,
+    direct: bool = False,
+    method: str = "preadv",
+    expected_shape: Sequence[int] | None = None,
+    expected_dtype=None,
+    stats: IOStats | None = None,
+) -> np.ndarray:
+    """Fill ``out`` (shape ``region.window_shape``, the file's dtype in native byte order) with the
+    window of the sample in ``path``, reading only the bytes the window needs.
+
+    Args:
+        region: the window and its domain, in sample coordinates (``Layout.region``).
+        out: destination; allocated when ``None``. Any strides: a C-contiguous ``out`` of a C-order
+            file is read into directly, anything else through one staging buffer.
+        prefix: indices of leading file axes that select the sample (the sample is
+            ``file[prefix]``); empty for one sample per file.
+        index_maps: sample axis -> file indices of that axis (a channel subset).
+        merge_gap: byte ranges whose gap is at most this are read in one call.
+        page_merge: also merge gaps that hold no page the neighbouring ranges do not touch.
+        direct: open with ``O_DIRECT`` (bypass the page cache).
+        method: ``"preadv"`` (default: exact byte ranges, fast cold, any file system) or ``"mmap"``
+            (map the file with ``MADV_RANDOM`` and copy the boxes: faster when the file is in the
+            page cache and the window is many small pieces, e.g. an innermost-axis split; cold, every
+            page is a synchronous fault). ``bytes_read`` then counts the pages the boxes touch.
+        expected_shape, expected_dtype: the sample shape (after prefix and index maps) and dtype the
+            caller expects; a file that differs raises :class:`ShapeMismatchError` naming it.
+        stats: counters to add this read to (the process-wide counters are always updated).
+
+    Returns ``out``, equal to ``take_window(np.load(path)[prefix], region)``.
+    """
+    path = str(path)
+    if method not in ("preadv", "mmap"):
+        raise ValueError(f"method must be 'preadv' or 'mmap', got {method!r}")
+    if method == "mmap" and direct:
+        raise ValueError("direct=True (O_DIRECT) reads with preadv; it cannot be combined with method='mmap'")
+    local = IOStats(files_opened=1)
+    fd = _open(path, direct=direct)
+    try:
+        header = _read_header_fd(fd, path, local) if not direct else None
+        if direct:  # O_DIRECT needs aligned reads even for the header: read it through a plain open
+            header = read_npy_header(path)
+        shape = list(header.shape[len(prefix) :])
+        if len(prefix) > len(header.shape) or any(
+            not 0 <= p < s for p, s in zip(prefix, header.shape)
+        ):
+            raise DataFileError(path, f"sample index {tuple(prefix)} is out of range for shape {header.shape}")
+        for a, m in (index_maps or {}).items():
+            m = np.asarray(m)
+            if m.size and (m.min() < 0 or m.max() >= shape[a]):
+                raise DataFileError(path, f"indices {m.tolist()} of axis {a} are out of range for size {shape[a]}")
+            shape[a] = len(m)
+        shape = tuple(shape)
+        native = header.native_dtype
+        if expected_shape is not None and tuple(expected_shape) != shape:
+            raise ShapeMismatchError(
+                path, f"sample shape {shape} differs from the expected {tuple(expected_shape)} "
+                "(the first file's); make every file the same shape, or ask for per-sample shapes")
+        if expected_dtype is not None and np.dtype(expected_dtype) != native:
+            raise ShapeMismatchError(path, f"dtype {native} differs from the expected {np.dtype(expected_dtype)}")
+        if region.ndim != len(shape):
+            raise DataFileError(path, f"region has {region.ndim} axes but the sample has shape {shape}")
+        if any(e > s for e, s in zip(region.domain_stop, shape)) or any(d < 0 for d in region.domain_start):
+            raise DataFileError(
+                path, f"domain {region.domain_start}..{region.domain_stop} lies outside the sample of shape {shape}")
+        window_shape = region.window_shape
+        if out is None:
+            out = np.empty(window_shape, native)
+        elif tuple(out.shape) != window_shape or out.dtype != native:
+            raise ValueError(
+                f"{path}: out has shape {out.shape} and dtype {out.dtype}; expected {window_shape} {native}")
+        local.window_bytes += out.nbytes
+        plan = plan_window(region, index_maps)
+        if out.size == 0:
+            return out
+        if method == "mmap":
+            _read_mmap(fd, header, plan, prefix, out, local)
+            plan.finish(out)
+            return out
+        fo, do, ub, groups = plan_npy_reads(header, plan, prefix, merge_gap, page_merge)
+        if header.fortran_order:
+            direct_ok = out.T.flags.c_contiguous
+            stage = out.T if direct_ok else np.empty(window_shape[::-1], native)
+        else:
+            direct_ok = out.flags.c_contiguous
+            stage = out if direct_ok else np.empty(window_shape, native)
+        if groups:
+            dest = memoryview(stage.reshape(-1).view(np.uint8))
+            _read_groups(fd, path, dest, fo, do, ub, groups, local, direct)
+            dest.release()
+        if header.dtype.byteorder not in "=|":
+            stage.byteswap(inplace=True)  # the file is foreign-endian: make the values native
+        if not direct_ok:
+            out[...] = stage.T if header.fortran_order else stage
+        plan.finish(out)
+        return out
+    finally:
+        os.close(fd)
+        _account(stats, local)

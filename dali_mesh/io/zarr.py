@@ -1,0 +1,154 @@
+"""Read a window of one sample of a Zarr array (format v2 or v3, zarr-python >= 3).
+
+Each box of the read plan is one region selection ``array[prefix, box]``: zarr fetches and decodes
+only the chunks the box touches. The store is wrapped in a counter, so ``bytes_read`` and
+``read_calls`` are the bytes and ``get`` calls the store really served. zarr is imported on first use.
+"""
+from __future__ import annotations
+
+import os
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from dali_mesh.io._common import (
+    DataFileError,
+    IOStats,
+    MissingArrayError,
+    ShapeMismatchError,
+    UnsupportedDtypeError,
+    _account,
+)
+from dali_mesh.io._plan import plan_window
+from dali_mesh.partition import Region
+
+__all__ = ["open_zarr_array", "read_zarr_window"]
+
+_ALLOWED_KINDS = "biufc"
+_counting_store_cls = None
+
+
+def _counting_store(store):
+    """Wrap a zarr store so that every ``get`` is counted (bytes and calls)."""
+    global _counting_store_cls
+    if _counting_store_cls is None:
+        from zarr.storage import WrapperStore
+
+        class CountingStore(WrapperStore):
+            def __init__(self, store, counter=None):
+                super().__init__(store)
+                self.counter = counter if counter is not None else IOStats()
+
+            def _with_store(self, store):
+                return type(self)(store, self.counter)
+
+            async def get(self, key, prototype, byte_range=None):
+                buf = await self._store.get(key, prototype, byte_range)
+                self.counter.read_calls += 1
+                if buf is not None:
+                    self.counter.bytes_read += len(buf)
+                return buf
+
+            async def get_partial_values(self, prototype, key_ranges):
+                key_ranges = list(key_ranges)
+                bufs = await self._store.get_partial_values(prototype, key_ranges)
+                self.counter.read_calls += len(key_ranges)
+                self.counter.bytes_read += sum(len(b) for b in bufs if b is not None)
+                return bufs
+
+        _counting_store_cls = CountingStore
+    return _counting_store_cls(store)
+
+
+def open_zarr_array(path: str | os.PathLike, name: str | None = None):
+    """Open a Zarr array read-only, its store wrapped in a byte counter; errors name the path.
+
+    ``path`` is a directory store (v2 or v3); ``name`` the array's path inside it (``None``: the
+    store is the array).
+    """
+    import zarr
+    from zarr.storage import LocalStore
+
+    path = str(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(2, "no such Zarr store; check the path and the file list", path)
+    store = _counting_store(LocalStore(path, read_only=True))
+    try:
+        arr = zarr.open_array(store=store, path=name or "", mode="r")
+    except Exception as e:  # zarr raises several kinds for a missing node
+        names = []
+        try:
+            grp = zarr.open_group(store=store, mode="r")
+            names = sorted(k for k, _ in grp.arrays())
+        except Exception:
+            pass
+        what = f"array {name!r}" if name else "a Zarr array at its root"
+        raise MissingArrayError(path, f"has no {what} ({type(e).__name__}); arrays in the store: {names}") from None
+    if arr.dtype.kind not in _ALLOWED_KINDS:
+        raise UnsupportedDtypeError(path, f"array {name!r} has dtype {arr.dtype}; only plain numeric dtypes are read")
+    return arr
+
+
+def read_zarr_window(
+    array,
+    region: Region,
+    out: np.ndarray | None = None,
+    *,
+    prefix: Sequence[int] = (),
+    index_maps: Mapping[int, Sequence[int]] | None = None,
+    expected_shape: Sequence[int] | None = None,
+    expected_dtype=None,
+    stats: IOStats | None = None,
+) -> np.ndarray:
+    """Fill ``out`` with the window of sample ``array[prefix]`` (a ``zarr.Array`` from
+    :func:`open_zarr_array`). Arguments as :func:`dali_mesh.io.read_npy_window`."""
+    store = array.store
+    path = str(getattr(getattr(store, "_store", store), "root", store))
+    counter = getattr(store, "counter", None)
+    before = counter.copy() if counter is not None else None
+    local = IOStats()
+    try:
+        full = tuple(array.shape)
+        native = np.dtype(array.dtype)
+        native = native.newbyteorder("=") if native.byteorder not in "=|" else native
+        if len(prefix) > len(full) or any(not 0 <= p < s for p, s in zip(prefix, full)):
+            raise DataFileError(path, f"sample index {tuple(prefix)} is out of range for array shape {full}")
+        shape = list(full[len(prefix) :])
+        for a, m in (index_maps or {}).items():
+            m = np.asarray(m)
+            if m.size and (m.min() < 0 or m.max() >= shape[a]):
+                raise DataFileError(path, f"indices {m.tolist()} of axis {a} are out of range for size {shape[a]}")
+            shape[a] = len(m)
+        shape = tuple(shape)
+        if expected_shape is not None and tuple(expected_shape) != shape:
+            raise ShapeMismatchError(
+                path, f"sample shape {shape} differs from the expected {tuple(expected_shape)} "
+                "(the first store's); make every store the same shape, or ask for per-sample shapes")
+        if expected_dtype is not None and np.dtype(expected_dtype) != native:
+            raise ShapeMismatchError(path, f"dtype {native} differs from the expected {np.dtype(expected_dtype)}")
+        if region.ndim != len(shape) or any(e > s for e, s in zip(region.domain_stop, shape)):
+            raise DataFileError(path, f"region {region.domain_start}..{region.domain_stop} does not fit the sample shape {shape}")
+        if out is None:
+            out = np.empty(region.window_shape, native)
+        elif tuple(out.shape) != region.window_shape or out.dtype != native:
+            raise ValueError(f"{path}: out has shape {out.shape} and dtype {out.dtype}; expected {region.window_shape} {native}")
+        local.window_bytes += out.nbytes
+        if out.size == 0:
+            return out
+        plan = plan_window(region, index_maps)
+        pre = tuple(int(p) for p in prefix)
+        for wst, fst, ln in plan.boxes():
+            src = pre + tuple(slice(s, s + n) for s, n in zip(fst, ln))
+            dst = tuple(slice(s, s + n) for s, n in zip(wst, ln))
+            try:
+                out[dst] = array[src]
+            except (OSError, ValueError, RuntimeError, TypeError) as e:
+                raise DataFileError(path, f"reading array {array.path or '/'} failed ({type(e).__name__}: {e}); "
+                                    "a chunk is corrupt or unreadable") from None
+        plan.finish(out)
+        return out
+    finally:
+        if counter is not None:
+            local.bytes_read += counter.bytes_read - before.bytes_read
+            local.read_calls += counter.read_calls - before.read_calls
+        _account(stats, local)

@@ -1,0 +1,422 @@
+"""Stateless, picklable external sources: each call returns this rank's window of one sample.
+
+A source is called by DALI's ``fn.external_source(source, batch=False, parallel=True)`` with a
+``SampleInfo``; ``(epoch_idx, idx_in_epoch)`` goes through the sample order
+(:func:`dali_mesh.sample_order`, with the layout's ``batch_index`` and ``num_batch_groups``) to a
+sample id, and the source returns ``(window[s]..., sample_id, is_pad)``. The answer is a pure function
+of the source's settings and those two numbers, so DALI's worker processes and DALI checkpointing
+need nothing else. ``StopIteration`` is raised at ``idx_in_epoch == len(source)``: the end of the last
+whole batch (every rank of every sample group gets the same number of batches).
+
+This module imports numpy and dali_mesh only: DALI's ``spawn`` workers import nothing heavy (h5py
+or zarr only when an HDF5 or Zarr source reads).
+
+Sources:
+    NumpySource(files, layout)                 one sample per ``.npy`` file
+    HDF5Source(files, dataset, layout)         samples along axis 0 of a dataset, across files
+    ZarrSource(stores, array, layout)          the same for Zarr arrays (v2 or v3)
+HDF5Source and ZarrSource take ``forecast=ForecastSpec(history=k, lead=m)``: the sample at step t is
+the input steps ``t-k .. t`` and the target steps ``t+1 .. t+m`` (crossing files where needed), both
+windows of the same region; and ``channels=[...]`` (a subset of ``channel_axis`` of each step).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from dali_mesh.io._common import DataFileError, ShapeMismatchError
+from dali_mesh.io.npy import DEFAULT_MERGE_GAP, read_npy_header, read_npy_window
+from dali_mesh.partition import Layout, Region, sample_order
+
+__all__ = ["ForecastSpec", "NumpySource", "HDF5Source", "ZarrSource", "WindowSource"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ForecastSpec:
+    """Input steps ``t-history .. t`` and target steps ``t+1 .. t+lead`` of a sample at step ``t``."""
+
+    history: int = 0
+    lead: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("history", "lead"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise ValueError(f"ForecastSpec.{name} must be an integer >= 0, got {v!r}")
+
+
+class WindowSource:
+    """Base of the sources: the sample order and the DALI call protocol.
+
+    Subclasses set ``num_samples``, ``sample_shape`` (``None`` with per-sample shapes), ``dtype``, and
+    implement ``_read(sample_id) -> tuple of windows``.
+    """
+
+    window_names: tuple[str, ...] = ("window",)
+
+    def __init__(self, layout: Layout, *, batch_size: int = 1, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = False, per_sample_shapes: bool = False) -> None:
+        if not isinstance(layout, Layout):
+            raise TypeError(f"layout must be a dali_mesh.Layout, got {type(layout).__name__}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        self.layout = layout
+        self.batch_size = int(batch_size)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        self.per_sample_shapes = bool(per_sample_shapes)
+        self._memo: dict[str, Any] = {}
+
+    # ---- pickling: caches and open handles stay behind ---------------------------------------------
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_memo"] = {}
+        return state
+
+    # ---- sample order -------------------------------------------------------------------------------
+    def order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's ``(sample_ids, is_pad)`` for ``epoch`` (see :func:`dali_mesh.sample_order`)."""
+        memo = self._memo.get("order")
+        if memo is not None and memo[0] == epoch:
+            return memo[1]
+        res = sample_order(
+            self.num_samples, epoch, seed=self.seed, shuffle=self.shuffle, batch_size=self.batch_size,
+            drop_last=self.drop_last, batch_index=self.layout.batch_index,
+            num_batch_groups=self.layout.num_batch_groups,
+        )
+        self._memo["order"] = (epoch, res)
+        return res
+
+    def __len__(self) -> int:
+        """Samples per epoch for this rank (a whole number of batches, the same on every rank)."""
+        return len(self.order(0)[0])
+
+    @property
+    def num_batches(self) -> int:
+        return len(self) // self.batch_size
+
+    # ---- regions --------------------------------------------------------------------------------------
+    @property
+    def region(self) -> Region | None:
+        """This rank's region of every sample (``None`` with per-sample shapes)."""
+        if self.sample_shape is None:
+            return None
+        reg = self._memo.get("region")
+        if reg is None:
+            reg = self._memo["region"] = self.layout.region(self.sample_shape)
+        return reg
+
+    def region_of(self, shape: Sequence[int]) -> Region:
+        return self.layout.region(tuple(shape))
+
+    # ---- outputs --------------------------------------------------------------------------------------
+    @property
+    def num_outputs(self) -> int:
+        return len(self.window_names) + 2
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return self.window_names + ("sample_id", "is_pad")
+
+    @property
+    def output_dtypes(self) -> tuple[np.dtype, ...]:
+        return (np.dtype(self.dtype),) * len(self.window_names) + (np.dtype(np.int64), np.dtype(bool))
+
+    @property
+    def output_ndims(self) -> tuple[int, ...]:
+        return self._window_ndims() + (0, 0)
+
+    def _window_ndims(self) -> tuple[int, ...]:
+        return (self.sample_ndim,) * len(self.window_names)
+
+    def read_sample(self, sample_id: int) -> tuple[np.ndarray, ...]:
+        """This rank's window(s) of sample ``sample_id`` (no DALI needed)."""
+        if not 0 <= sample_id < self.num_samples:
+            raise IndexError(f"sample id {sample_id} is out of range for {self.num_samples} samples")
+        return self._read(int(sample_id))
+
+    def __call__(self, sample_info) -> tuple[np.ndarray, ...]:
+        ids, pads = self.order(int(sample_info.epoch_idx))
+        i = int(sample_info.idx_in_epoch)
+        if i >= len(ids):
+            raise StopIteration
+        sample_id = int(ids[i])
+        return self._read(sample_id) + (np.array(sample_id, np.int64), np.array(bool(pads[i])))
+
+    def _read(self, sample_id: int) -> tuple[np.ndarray, ...]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+def _channel_maps(channels, channel_axis):
+    if channels is None:
+        return None
+    ch = np.asarray(channels, dtype=np.int64).reshape(-1)
+    if ch.size == 0:
+        raise ValueError("channels is empty: give at least one channel index, or None for all")
+    return {int(channel_axis): ch}
+
+
+def _apply_maps(shape: tuple[int, ...], maps, path) -> tuple[int, ...]:
+    shape = list(shape)
+    for a, m in (maps or {}).items():
+        if not -len(shape) <= a < len(shape):
+            raise DataFileError(path, f"channel axis {a} is out of range for sample shape {tuple(shape)}")
+        if m.min() < 0 or m.max() >= shape[a]:
+            raise DataFileError(path, f"channels {m.tolist()} are out of range for axis {a} of size {shape[a]}")
+        shape[a] = len(m)
+    return tuple(shape)
+
+
+# ---- one sample per .npy file ---------------------------------------------------------------------
+class NumpySource(WindowSource):
+    """One sample per ``.npy`` file; this rank's window of it.
+
+    Args:
+        files: the ``.npy`` paths; the sample id is the index in this list.
+        layout: the ``Layout`` (its mesh coordinate decides the window and the sample group).
+        batch_size: the pipeline's batch size (the sample order pads to whole batches).
+        shuffle, seed, drop_last: the sample order (:func:`dali_mesh.sample_order`).
+        channels, channel_axis: read only these indices of ``channel_axis`` (the sample shape then
+            has ``len(channels)`` there; the layout applies to that shape).
+        per_sample_shapes: allow files of different shapes (the region is computed per file);
+            otherwise every file must match the first (shape and dtype), or an error names it.
+        merge_gap, direct, method: passed to :func:`dali_mesh.io.read_npy_window` (``method="mmap"``
+            is faster for innermost-axis splits of files in the page cache).
+        check_files: read every header now (errors name the first bad file) instead of on first use.
+    """
+
+    def __init__(self, files: Sequence[str | os.PathLike], layout: Layout, *, batch_size: int = 1,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+                 channels: Sequence[int] | None = None, channel_axis: int = 0,
+                 per_sample_shapes: bool = False, merge_gap: int = DEFAULT_MERGE_GAP,
+                 direct: bool = False, method: str = "preadv", check_files: bool = False) -> None:
+        super().__init__(layout, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                         drop_last=drop_last, per_sample_shapes=per_sample_shapes)
+        self.files = [os.fspath(f) for f in files]
+        if not self.files:
+            raise ValueError("NumpySource needs at least one file")
+        self.num_samples = len(self.files)
+        self.index_maps = _channel_maps(channels, channel_axis)
+        self.merge_gap = int(merge_gap)
+        self.direct = bool(direct)
+        if method not in ("preadv", "mmap"):
+            raise ValueError(f"method must be 'preadv' or 'mmap', got {method!r}")
+        self.method = method
+        first = read_npy_header(self.files[0])
+        shape = _apply_maps(first.shape, self.index_maps, self.files[0])
+        self.sample_ndim = len(shape)
+        self.dtype = first.native_dtype
+        self.sample_shape = None if per_sample_shapes else shape
+        if self.sample_shape is not None:
+            self.region  # fail now if the layout does not fit the data
+        if check_files:
+            for f in self.files[1:]:
+                h = read_npy_header(f)
+                s = _apply_maps(h.shape, self.index_maps, f)
+                if h.native_dtype != self.dtype or (not per_sample_shapes and s != shape):
+                    raise ShapeMismatchError(
+                        f, f"shape {s} {h.native_dtype} differs from the first file's ({self.files[0]}) "
+                        f"{shape} {self.dtype}; make every file the same, or pass per_sample_shapes=True")
+
+    def _read(self, sample_id: int) -> tuple[np.ndarray, ...]:
+        path = self.files[sample_id]
+        if self.sample_shape is None:
+            h = read_npy_header(path)
+            region = self.region_of(_apply_maps(h.shape, self.index_maps, path))
+            expected = None
+        else:
+            region, expected = self.region, self.sample_shape
+        out = read_npy_window(path, region, prefix=(), index_maps=self.index_maps,
+                              merge_gap=self.merge_gap, direct=self.direct, method=self.method,
+                              expected_shape=expected, expected_dtype=self.dtype)
+        return (out,)
+
+
+# ---- samples along axis 0 of arrays in several files ------------------------------------------------
+class _TimeSeriesSource(WindowSource):
+    """Samples along axis 0 (time) of one array per file; time runs across the files in order."""
+
+    _kind = "file"
+
+    def __init__(self, files, name, layout, *, batch_size=1, shuffle=True, seed=0, drop_last=False,
+                 forecast: ForecastSpec | None = None, channels=None, channel_axis=0,
+                 time_range: tuple[int, int] | None = None, per_sample_shapes=False) -> None:
+        super().__init__(layout, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                         drop_last=drop_last, per_sample_shapes=per_sample_shapes)
+        self.files = [os.fspath(f) for f in files]
+        if not self.files:
+            raise ValueError(f"{type(self).__name__} needs at least one {self._kind}")
+        self.name = name
+        self.forecast = forecast
+        self.index_maps = _channel_maps(channels, channel_axis)
+        if forecast is not None and not isinstance(forecast, ForecastSpec):
+            raise TypeError(f"forecast must be a ForecastSpec, got {type(forecast).__name__}")
+        self.window_names = ("input", "target") if forecast is not None and forecast.lead else (
+            ("input",) if forecast is not None else ("window",))
+        lengths, shapes = [], []
+        dtype0 = None
+        for f in self.files:  # metadata only; handles are closed again (workers open their own)
+            length, frame, dtype = self._meta(f)
+            frame = _apply_maps(frame, self.index_maps, f)
+            if dtype0 is None:
+                dtype0, frame0 = dtype, frame
+            elif dtype != dtype0 or (frame != frame0 and not per_sample_shapes):
+                raise ShapeMismatchError(
+                    f, f"{self._what()} has steps of shape {frame} {dtype}, the first {self._kind} "
+                    f"({self.files[0]}) {frame0} {dtype0}; make them the same, or pass per_sample_shapes=True")
+            lengths.append(length)
+            shapes.append(frame)
+        self.dtype = dtype0
+        self.sample_ndim = len(frame0)
+        self.sample_shape = None if per_sample_shapes else frame0
+        self._frame_shapes = shapes
+        self._offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+        total = int(self._offsets[-1])
+        start, stop = (0, total) if time_range is None else (int(time_range[0]), int(time_range[1]))
+        if not 0 <= start <= stop or stop > total:
+            raise DataFileError(
+                self.files[-1], f"time range {start}:{stop} runs past the data: the {self._kind}s hold "
+                f"{total} steps ({', '.join(f'{os.path.basename(f)}: {n}' for f, n in zip(self.files, lengths))})")
+        k = forecast.history if forecast else 0
+        m = forecast.lead if forecast else 0
+        self.time_start = start + k  # step t of sample id 0
+        self.num_samples = stop - start - k - m
+        if self.num_samples <= 0:
+            raise DataFileError(
+                self.files[-1], f"a sample needs {k + m + 1} consecutive steps (history {k}, lead {m}) "
+                f"but the time range {start}:{stop} holds {stop - start}: the time window runs past the data")
+        if self.sample_shape is not None:
+            self.region
+
+    def _what(self) -> str:
+        return f"{self._kind_name()} {self.name!r}"
+
+    def _kind_name(self) -> str:
+        return "dataset"
+
+    def _window_ndims(self):
+        extra = 1 if self.forecast is not None else 0
+        return (self.sample_ndim + extra,) * len(self.window_names)
+
+    def step_of(self, sample_id: int) -> int:
+        """The global step ``t`` of a sample id."""
+        return self.time_start + int(sample_id)
+
+    def locate(self, step: int) -> tuple[int, int]:
+        """``(file index, index in that file)`` of a global step."""
+        fi = int(np.searchsorted(self._offsets, step, side="right") - 1)
+        return fi, int(step - self._offsets[fi])
+
+    def _handle(self, fi: int):
+        handles = self._memo.setdefault("handles", {})
+        h = handles.get(fi)
+        if h is None:
+            h = handles[fi] = self._open(self.files[fi])
+        return h
+
+    def _read_step(self, step: int, region: Region, out: np.ndarray, shape) -> None:
+        fi, local = self.locate(step)
+        self._read_into(self._handle(fi), region, out, local, shape)
+
+    def _read(self, sample_id: int) -> tuple[np.ndarray, ...]:
+        t = self.step_of(sample_id)
+        if self.sample_shape is None:
+            shape = self._frame_shapes[self.locate(t)[0]]
+            region = self.region_of(shape)
+        else:
+            shape, region = self.sample_shape, self.region
+        if self.forecast is None:
+            out = np.empty(region.window_shape, self.dtype)
+            self._read_step(t, region, out, shape)
+            return (out,)
+        k, m = self.forecast.history, self.forecast.lead
+        inp = np.empty((k + 1,) + region.window_shape, self.dtype)
+        for j, s in enumerate(range(t - k, t + 1)):
+            self._read_step(s, region, inp[j], shape)
+        if not m:
+            return (inp,)
+        tgt = np.empty((m,) + region.window_shape, self.dtype)
+        for j, s in enumerate(range(t + 1, t + m + 1)):
+            self._read_step(s, region, tgt[j], shape)
+        return inp, tgt
+
+
+class HDF5Source(_TimeSeriesSource):
+    """Samples along axis 0 of dataset ``dataset`` in each HDF5 file (one file per year, say).
+
+    Every step is one hyperslab read per box of this rank's window (``read_direct``). Arguments as
+    :class:`NumpySource`, plus ``forecast`` (:class:`ForecastSpec`), ``time_range`` (global steps
+    ``start:stop`` to draw samples from) and ``h5_kwargs`` (for ``h5py.File``, e.g. ``rdcc_nbytes``;
+    and ``random_access=True``: see :func:`dali_mesh.io.hdf5.open_hdf5_dataset`).
+    """
+
+    _kind = "file"
+
+    def __init__(self, files, dataset: str, layout: Layout, *, h5_kwargs: dict | None = None, **kw) -> None:
+        self.h5_kwargs = dict(h5_kwargs or {})
+        super().__init__(files, dataset, layout, **kw)
+
+    def _meta(self, path):
+        from dali_mesh.io.hdf5 import hdf5_sample_info, open_hdf5_dataset
+
+        f, ds = open_hdf5_dataset(path, self.name, **self.h5_kwargs)
+        try:
+            if ds.ndim < 2:
+                raise DataFileError(path, f"dataset {self.name!r} has shape {ds.shape}: need (step, ...) with at least 2 axes")
+            frame, dtype, length = hdf5_sample_info(ds, 1)
+            return length, frame, dtype
+        finally:
+            f.close()
+
+    def _open(self, path):
+        from dali_mesh.io.hdf5 import open_hdf5_dataset
+
+        return open_hdf5_dataset(path, self.name, **self.h5_kwargs) + (path,)
+
+    def _read_into(self, handle, region, out, local, shape) -> None:
+        from dali_mesh.io.hdf5 import read_hdf5_window
+
+        read_hdf5_window(handle[1], region, out, prefix=(local,), index_maps=self.index_maps,
+                         expected_shape=shape, expected_dtype=self.dtype, path=handle[2])
+
+
+class ZarrSource(_TimeSeriesSource):
+    """Samples along axis 0 of array ``array`` in each Zarr store (v2 or v3; ``None``: the store is the
+    array). Region reads fetch only the chunks this rank's window touches. Arguments as
+    :class:`HDF5Source`."""
+
+    _kind = "store"
+
+    def __init__(self, stores, array: str | None, layout: Layout, **kw) -> None:
+        super().__init__(stores, array, layout, **kw)
+
+    def _kind_name(self) -> str:
+        return "array"
+
+    def _meta(self, path):
+        from dali_mesh.io.zarr import open_zarr_array
+
+        arr = open_zarr_array(path, self.name)
+        if arr.ndim < 2:
+            raise DataFileError(path, f"array {self.name!r} has shape {arr.shape}: need (step, ...) with at least 2 axes")
+        dt = np.dtype(arr.dtype)
+        native = dt.newbyteorder("=") if dt.byteorder not in "=|" else dt
+        return arr.shape[0], tuple(arr.shape[1:]), native
+
+    def _open(self, path):
+        from dali_mesh.io.zarr import open_zarr_array
+
+        return open_zarr_array(path, self.name)
+
+    def _read_into(self, handle, region, out, local, shape) -> None:
+        from dali_mesh.io.zarr import read_zarr_window
+
+        read_zarr_window(handle, region, out, prefix=(local,), index_maps=self.index_maps,
+                         expected_shape=shape, expected_dtype=self.dtype)

@@ -1,0 +1,157 @@
+"""HDF5 (h5py hyperslabs) and Zarr (v2, v3 region reads) readers against the numpy oracle."""
+from __future__ import annotations
+
+import itertools
+import os
+
+import numpy as np
+import pytest
+
+from dali_mesh.io import DataFileError, IOStats, MissingArrayError, ShapeMismatchError
+from dali_mesh.mesh import MeshInfo
+from dali_mesh.partition import BOUNDARIES, Layout, Region, take_window
+
+h5py = pytest.importorskip("h5py")
+zarr = pytest.importorskip("zarr")
+from dali_mesh.io.hdf5 import open_hdf5_dataset, read_hdf5_window  # noqa: E402
+from dali_mesh.io.zarr import open_zarr_array, read_zarr_window  # noqa: E402
+
+DATA = np.random.default_rng(0).standard_normal((3, 4, 10, 12)).astype(">f4")  # (time, channel, lat, lon)
+CHUNKS = (1, 2, 5, 4)
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    d = tmp_path_factory.mktemp("stores")
+    h5 = str(d / "a.h5")
+    with h5py.File(h5, "w") as f:
+        f.create_dataset("contiguous", data=DATA)
+        f.create_dataset("chunked", data=DATA, chunks=CHUNKS, compression="gzip")
+    z2 = str(d / "v2.zarr")
+    a = zarr.create_array(store=z2, shape=DATA.shape, chunks=CHUNKS, dtype="<f4", zarr_format=2)
+    a[:] = DATA
+    z3 = str(d / "v3.zarr")
+    g = zarr.open_group(z3, mode="w")
+    a = g.create_array("fields", shape=DATA.shape, chunks=CHUNKS, dtype="<f4")
+    a[:] = DATA
+    arrays = {
+        "h5-contiguous": open_hdf5_dataset(h5, "contiguous")[1],
+        "h5-chunked": open_hdf5_dataset(h5, "chunked")[1],
+        "zarr-v2": open_zarr_array(z2),
+        "zarr-v3": open_zarr_array(z3, "fields"),
+    }
+    yield {"h5": h5, "z2": z2, "z3": z3, "arrays": arrays}
+    for k in ("h5-contiguous", "h5-chunked"):
+        arrays[k].file.close()
+
+
+def _reader(kind):
+    return read_hdf5_window if kind.startswith("h5") else read_zarr_window
+
+
+@pytest.mark.parametrize("kind", ["h5-contiguous", "h5-chunked", "zarr-v2", "zarr-v3"])
+@pytest.mark.parametrize("mode", BOUNDARIES)
+def test_random_windows_match_take_window(stores, kind, mode):
+    rng = np.random.default_rng(len(kind) * 7 + BOUNDARIES.index(mode))
+    arr = stores["arrays"][kind]
+    for _ in range(6):
+        t = int(rng.integers(0, 3))
+        channels = sorted(rng.choice(4, size=int(rng.integers(1, 5)), replace=False).tolist())
+        shape = (len(channels), 10, 12)
+        ds, de, ws, we = [], [], [], []
+        for n in shape:
+            a = int(rng.integers(0, n))
+            b = int(rng.integers(a + 1, n + 1))
+            u, v = (a, b) if mode == "trim" else (a - int(rng.integers(0, 7)), b + int(rng.integers(0, 7)))
+            ds.append(a), de.append(b), ws.append(u), we.append(v)
+        region = Region(ds, de, ds, de, ws, we, mode, fill_value=3)
+        out = _reader(kind)(arr, region, prefix=(t,), index_maps={0: channels})
+        assert out.dtype == np.dtype("float32")
+        np.testing.assert_array_equal(out, take_window(DATA[t][channels].astype("<f4"), region))
+
+
+def test_zarr_fetches_only_the_chunks_the_window_touches(stores):
+    arr = stores["arrays"]["zarr-v3"]
+    # lat rows 5..10 (chunk row 1 of 2), lon 0..12 (+1 periodic halo each side: lon 11 and 0),
+    # channels 0..2 (chunk 0 of 2): 1 x 1 x 1 x 3 chunks
+    region = Region((0, 0, 0), (4, 10, 12), (0, 5, 0), (2, 10, 12), (0, 5, -1), (2, 10, 13),
+                    ("constant", "constant", "periodic"))
+    stats = IOStats()
+    out = read_zarr_window(arr, region, prefix=(1,), stats=stats)
+    np.testing.assert_array_equal(out, take_window(DATA[1].astype("<f4"), region))
+    assert stats.read_calls == 3
+    assert 0 < stats.bytes_read <= 3 * np.prod(CHUNKS) * 4 + 3 * 64
+
+
+def test_hdf5_chunk_bytes_counted(stores):
+    ds = stores["arrays"]["h5-chunked"]
+    region = Region((0, 0, 0), (4, 10, 12), (0, 0, 0), (2, 5, 4), (0, 0, 0), (2, 5, 4), "constant")
+    stats = IOStats()
+    read_hdf5_window(ds, region, prefix=(0,), stats=stats)
+    info = ds.id.get_chunk_info_by_coord((0, 0, 0, 0))
+    assert stats.read_calls == 1 and stats.bytes_read == info.size
+    contiguous = IOStats()
+    read_hdf5_window(stores["arrays"]["h5-contiguous"], region, prefix=(0,), stats=contiguous)
+    assert contiguous.bytes_read == contiguous.window_bytes == 2 * 5 * 4 * 4
+
+
+def test_layout_regions_tile_the_sample(stores):
+    mesh = MeshInfo((2, 3), ("x", "y"), (0, 0))
+    layout = Layout(mesh, shard={"x": 1, "y": 2}, halo={1: 1, 2: 2}, boundary={1: "symmetric", 2: "periodic"})
+    for kind, arr in stores["arrays"].items():
+        got = np.zeros((4, 10, 12), np.float32)
+        for region in layout.regions((4, 10, 12)):
+            win = _reader(kind)(arr, region, prefix=(2,))
+            np.testing.assert_array_equal(win, take_window(DATA[2].astype("<f4"), region))
+            got[tuple(slice(s, e) for s, e in zip(region.start, region.stop))] = win[region.owned_in_window]
+        np.testing.assert_array_equal(got, DATA[2])
+
+
+def test_missing_names_and_files(stores, tmp_path):
+    with pytest.raises(MissingArrayError, match=r"a\.h5.*'nope'.*\['chunked', 'contiguous'\]"):
+        open_hdf5_dataset(stores["h5"], "nope")
+    with pytest.raises(MissingArrayError, match=r"v3\.zarr.*'nope'.*\['fields'\]"):
+        open_zarr_array(stores["z3"], "nope")
+    with pytest.raises(FileNotFoundError, match="missing.h5"):
+        open_hdf5_dataset(str(tmp_path / "missing.h5"), "x")
+    with pytest.raises(FileNotFoundError, match="missing.zarr"):
+        open_zarr_array(str(tmp_path / "missing.zarr"), "x")
+    noth5 = tmp_path / "not.h5"
+    noth5.write_bytes(b"hello")
+    with pytest.raises(ValueError, match=r"not\.h5.*cannot be opened as HDF5"):
+        open_hdf5_dataset(str(noth5), "x")
+
+
+def test_shape_mismatch_names_the_file(stores):
+    region = Region((0, 0, 0), (4, 10, 12), (0, 0, 0), (4, 10, 12), (0, 0, 0), (4, 10, 12), "constant")
+    with pytest.raises(ShapeMismatchError, match=r"a\.h5.*\(4, 10, 12\).*\(4, 10, 13\)"):
+        read_hdf5_window(stores["arrays"]["h5-chunked"], region, prefix=(0,), expected_shape=(4, 10, 13))
+    with pytest.raises(ShapeMismatchError, match=r"v2\.zarr.*\(4, 10, 12\).*\(4, 9, 12\)"):
+        read_zarr_window(stores["arrays"]["zarr-v2"], region, prefix=(0,), expected_shape=(4, 9, 12))
+
+
+def test_truncated_hdf5_and_corrupt_zarr_chunk_name_the_file(tmp_path):
+    h5 = str(tmp_path / "cut.h5")
+    with h5py.File(h5, "w") as f:
+        f.create_dataset("x", data=np.arange(64 * 256, dtype=np.float64).reshape(64, 256))
+    size = os.path.getsize(h5)
+    with open(h5, "r+b") as f:
+        f.truncate(size // 2)
+    region = Region((0,), (256,), (0,), (256,), (0,), (256,), "constant")
+    with pytest.raises(DataFileError, match=r"cut\.h5"):
+        f, ds = open_hdf5_dataset(h5, "x")
+        try:
+            read_hdf5_window(ds, region, prefix=(63,))
+        finally:
+            f.close()
+    z = str(tmp_path / "bad.zarr")
+    arr = zarr.create_array(store=z, shape=(4, 8), chunks=(2, 8), dtype="f4")
+    arr[:] = 1
+    chunk = os.path.join(z, "c", "1", "0")
+    with open(chunk, "wb") as f:
+        f.write(b"not a zstd frame at all")
+    region = Region((0,), (8,), (0,), (8,), (0,), (8,), "constant")
+    a = open_zarr_array(z)
+    np.testing.assert_array_equal(read_zarr_window(a, region, prefix=(0,)), np.ones(8, np.float32))
+    with pytest.raises(DataFileError, match=r"bad\.zarr.*corrupt"):
+        read_zarr_window(a, region, prefix=(3,))

@@ -1,0 +1,223 @@
+"""Sources without DALI: the sample order, windows against the oracle, forecasting, bad input."""
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from dali_mesh import Layout, MeshInfo, sample_order
+from dali_mesh.io import DataFileError, ShapeMismatchError, TruncatedFileError
+from dali_mesh.partition import take_window
+from dali_mesh.source import ForecastSpec, HDF5Source, NumpySource, ZarrSource
+
+
+def info(idx, epoch=0):
+    return SimpleNamespace(idx_in_epoch=idx, idx_in_batch=0, iteration=0, epoch_idx=epoch)
+
+
+def _npy_files(tmp_path, n=7, shape=(6, 10), dtype=np.float32):
+    files = []
+    for i in range(n):
+        p = str(tmp_path / f"s{i:02d}.npy")
+        np.save(p, (np.arange(np.prod(shape)).reshape(shape) + 1000 * i).astype(dtype))
+        files.append(p)
+    return files
+
+
+def _layout(coordinate, **kw):
+    mesh = MeshInfo((2, 2), ("data_parallel", "model_parallel"), coordinate)
+    kw.setdefault("shard", {"model_parallel": 1})
+    return Layout(mesh, **kw)
+
+
+def test_numpy_source_follows_sample_order_and_stops_on_a_batch_boundary(tmp_path):
+    files = _npy_files(tmp_path)
+    for coordinate in [(0, 0), (0, 1), (1, 0), (1, 1)]:
+        layout = _layout(coordinate, halo={1: 3}, boundary={1: "periodic"})
+        src = NumpySource(files, layout, batch_size=3, seed=5)
+        for epoch in (0, 1):
+            ids, pads = sample_order(7, epoch, seed=5, batch_size=3, batch_index=coordinate[0],
+                                     num_batch_groups=2)
+            assert len(src) == len(ids) == 6  # ceil(7 / 2) = 4 -> padded to 2 batches of 3
+            for i in range(len(src)):
+                window, sid, pad = src(info(i, epoch))
+                assert int(sid) == ids[i] and bool(pad) == pads[i]
+                assert sid.dtype == np.int64 and pad.dtype == bool and sid.ndim == pad.ndim == 0
+                np.testing.assert_array_equal(window, take_window(np.load(files[ids[i]]), src.region))
+            with pytest.raises(StopIteration):
+                src(info(len(src), epoch))
+    assert src.output_ndims == (2, 0, 0) and src.num_outputs == 3
+
+
+def test_sample_groups_split_the_data_and_replicas_agree(tmp_path):
+    files = _npy_files(tmp_path, n=8)
+    seen = []
+    for b in (0, 1):
+        left = NumpySource(files, _layout((b, 0)), batch_size=2, seed=1)
+        right = NumpySource(files, _layout((b, 1)), batch_size=2, seed=1)
+        ids_left = [int(left(info(i, 3))[1]) for i in range(len(left))]
+        ids_right = [int(right(info(i, 3))[1]) for i in range(len(right))]
+        assert ids_left == ids_right  # same sample group: same samples, different windows
+        seen += ids_left
+    assert sorted(seen) == list(range(8))
+
+
+def test_drop_last_and_no_shuffle(tmp_path):
+    files = _npy_files(tmp_path, n=7)
+    src = NumpySource(files, _layout((1, 0)), batch_size=2, shuffle=False, drop_last=True)
+    assert len(src) == 2  # floor(7 / 2) = 3 samples per group: one whole batch of 2
+    assert [int(src(info(i))[1]) for i in range(2)] == [1, 3]
+    with pytest.raises(StopIteration):
+        src(info(2))
+
+
+def test_pickle_round_trip_reads_the_same(tmp_path):
+    files = _npy_files(tmp_path)
+    src = NumpySource(files, _layout((0, 1), halo=1, boundary="reflect"), batch_size=2, channels=[5, 0, 2])
+    first = src(info(1))
+    back = pickle.loads(pickle.dumps(src))
+    again = back(info(1))
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(first[0], take_window(np.load(files[int(first[1])])[[5, 0, 2]], src.region))
+
+
+def test_shape_mismatch_names_the_file_unless_per_sample_shapes(tmp_path):
+    files = _npy_files(tmp_path, n=3)
+    odd = str(tmp_path / "odd.npy")
+    np.save(odd, np.zeros((6, 12), np.float32))
+    files.append(odd)
+    src = NumpySource(files, _layout((0, 1)), batch_size=1, shuffle=False)
+    with pytest.raises(ShapeMismatchError, match=r"odd\.npy.*\(6, 12\).*\(6, 10\)"):
+        src.read_sample(3)
+    with pytest.raises(ShapeMismatchError, match=r"odd\.npy"):
+        NumpySource(files, _layout((0, 1)), check_files=True)
+    per = NumpySource(files, _layout((0, 1), halo=1), per_sample_shapes=True)
+    assert per.region is None
+    (window,) = per.read_sample(3)
+    region = per.region_of((6, 12))
+    assert window.shape == region.window_shape == (8, 8)  # (6 + 2 halo, 12 / 2 + 2 halo)
+
+
+def test_missing_and_truncated_files_name_the_file(tmp_path):
+    files = _npy_files(tmp_path, n=3)
+    os.remove(files[1])
+    with open(files[2], "r+b") as f:
+        f.truncate(200)
+    src = NumpySource(files, _layout((0, 0)), shuffle=False)
+    with pytest.raises(FileNotFoundError, match=r"s01\.npy"):
+        src.read_sample(1)
+    with pytest.raises(TruncatedFileError, match=r"s02\.npy.*truncated"):
+        src.read_sample(2)
+    with pytest.raises(FileNotFoundError, match=r"nope\.npy"):
+        NumpySource([str(tmp_path / "nope.npy")], _layout((0, 0)))
+
+
+def test_trim_rank_with_nothing_gets_an_empty_window(tmp_path):
+    files = _npy_files(tmp_path, n=2, shape=(3, 4))
+    mesh = MeshInfo((8,), ("model_parallel",), (6,))
+    src = NumpySource(files, Layout(mesh, shard={"model_parallel": 1}, halo=1, boundary="trim"))
+    window, _, _ = src(info(0))
+    assert window.shape == (3, 0)
+
+
+# ---- time series across files: HDF5 and Zarr ------------------------------------------------------
+YEARS = [np.random.default_rng(y).standard_normal((n, 3, 8, 10)).astype(np.float32)
+         for y, n in ((2000, 5), (2001, 4), (2002, 6))]
+ALL = np.concatenate(YEARS)
+
+
+@pytest.fixture(scope="module")
+def year_files(tmp_path_factory):
+    import h5py
+    import zarr
+
+    d = tmp_path_factory.mktemp("years")
+    h5, zs = [], []
+    for y, arr in zip((2000, 2001, 2002), YEARS):
+        p = str(d / f"{y}.h5")
+        with h5py.File(p, "w") as f:
+            f.create_dataset("fields", data=arr, chunks=(1, 1, 4, 10))
+        h5.append(p)
+        z = str(d / f"{y}.zarr")
+        g = zarr.open_group(z, mode="w", zarr_format=2 if y == 2001 else 3)
+        g.create_array("fields", shape=arr.shape, chunks=(1, 3, 4, 5), dtype="f4")[:] = arr
+        zs.append(z)
+    return h5, zs
+
+
+@pytest.mark.parametrize("kind", ["hdf5", "zarr"])
+def test_forecast_crosses_year_files(year_files, kind):
+    files = year_files[0] if kind == "hdf5" else year_files[1]
+    cls = HDF5Source if kind == "hdf5" else ZarrSource
+    layout = _layout((1, 1), shard={"model_parallel": 1}, halo={1: 1, 2: 2},
+                     boundary={1: "reflect", 2: "periodic"})
+    src = cls(files, "fields", layout, batch_size=2, seed=2, forecast=ForecastSpec(history=2, lead=3),
+              channels=[2, 0])
+    assert src.num_samples == 15 - 2 - 3 and src.output_names == ("input", "target", "sample_id", "is_pad")
+    assert src.output_ndims == (4, 4, 0, 0)
+    region = src.region
+    for i in range(len(src)):
+        inp, tgt, sid, pad = src(info(i, 1))
+        t = src.step_of(int(sid))
+        exp_in = np.stack([take_window(ALL[s][[2, 0]], region) for s in range(t - 2, t + 1)])
+        exp_tg = np.stack([take_window(ALL[s][[2, 0]], region) for s in range(t + 1, t + 4)])
+        np.testing.assert_array_equal(inp, exp_in)
+        np.testing.assert_array_equal(tgt, exp_tg)
+    assert {src.locate(s)[0] for s in range(15)} == {0, 1, 2}
+    assert pickle.loads(pickle.dumps(src)).read_sample(4)[1].shape == (3,) + region.window_shape
+
+
+def test_plain_samples_and_time_range(year_files):
+    h5, _ = year_files
+    src = HDF5Source(h5, "fields", _layout((0, 0)), shuffle=False, time_range=(3, 12))
+    assert src.num_samples == 9 and src.output_names == ("window", "sample_id", "is_pad")
+    (w,) = src.read_sample(0)
+    np.testing.assert_array_equal(w, take_window(ALL[3], src.region))
+    src = HDF5Source(h5, "fields", _layout((0, 0)), forecast=ForecastSpec(history=1, lead=0))
+    assert src.output_names == ("input", "sample_id", "is_pad") and src.read_sample(0)[0].shape[0] == 2
+
+
+def test_time_window_past_the_data(year_files):
+    h5, zs = year_files
+    with pytest.raises(DataFileError, match=r"2002\.h5.*time range 0:16 runs past the data.*15 steps"):
+        HDF5Source(h5, "fields", _layout((0, 0)), time_range=(0, 16))
+    with pytest.raises(DataFileError, match=r"2002\.zarr.*needs 17 consecutive steps"):
+        ZarrSource(zs, "fields", _layout((0, 0)), forecast=ForecastSpec(history=10, lead=6))
+
+
+def test_time_series_bad_files(year_files, tmp_path):
+    import h5py
+
+    h5, zs = year_files
+    odd = str(tmp_path / "odd.h5")
+    with h5py.File(odd, "w") as f:
+        f.create_dataset("fields", data=np.zeros((2, 3, 8, 11), np.float32))
+        f.create_dataset("other", data=np.zeros((2, 3, 8, 10), np.float32))
+    with pytest.raises(ShapeMismatchError, match=r"odd\.h5.*\(3, 8, 11\)"):
+        HDF5Source(h5 + [odd], "fields", _layout((0, 0)))
+    with pytest.raises(DataFileError, match=r"2000\.h5.*no dataset 'temperature'"):
+        HDF5Source(h5, "temperature", _layout((0, 0)))
+    with pytest.raises(DataFileError, match=r"2000\.zarr.*no array 'temperature'"):
+        ZarrSource(zs, "temperature", _layout((0, 0)))
+    with pytest.raises(FileNotFoundError, match=r"gone\.h5"):
+        HDF5Source([str(tmp_path / "gone.h5")], "fields", _layout((0, 0)))
+    per = HDF5Source(h5 + [odd], "fields", _layout((0, 0), halo=1), per_sample_shapes=True, shuffle=False)
+    (w,) = per.read_sample(15)
+    assert w.shape == per.region_of((3, 8, 11)).window_shape
+
+
+def test_import_is_light():
+    """DALI's spawn workers unpickle sources: importing them must not pull torch, DALI, h5py, zarr."""
+    code = ("import sys, dali_mesh, dali_mesh.io, dali_mesh.source, dali_mesh._external; "
+            "bad = [m for m in ('torch', 'nvidia.dali', 'h5py', 'zarr') if m in sys.modules]; "
+            "sys.exit(f'imported {bad}' if bad else 0)")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    res = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": root})
+    assert res.returncode == 0, res.stderr + res.stdout
