@@ -74,18 +74,25 @@ def to_dtensor(local: torch.Tensor, layout: Layout, sample_shape: Sequence[int],
 
 def to_shard_tensor(local: torch.Tensor, layout: Layout, sample_shape: Sequence[int], device_mesh):
     """Wrap this rank's batched window (halo stripped) as a PhysicsNeMo ``ShardTensor`` with explicit
-    ``sharding_shapes``, correct for every split rule."""
+    ``sharding_shapes`` (mesh dim -> the local shapes along it), correct for every split rule."""
     try:
         from physicsnemo.domain_parallel import ShardTensor  # noqa: PLC0415
-    except ImportError as e:
-        raise ImportError("output='shard_tensor' needs PhysicsNeMo (pip install nvidia-physicsnemo)") from e
+    except ImportError:
+        try:
+            from physicsnemo.distributed.shard_tensor import ShardTensor  # noqa: PLC0415 (older releases)
+        except ImportError as e:
+            raise ImportError("output='shard_tensor' needs PhysicsNeMo (pip install nvidia-physicsnemo)") from e
     region = layout.region(sample_shape)
     if tuple(local.shape[1:]) == region.window_shape:
         local = local[(slice(None),) + region.owned_in_window]
     spec = _spec_without_halo(layout, len(sample_shape), any_split=True)
     placements = [_placement(kind, d) for kind, d in spec]
-    shapes = {d: tuple(torch.Size(s) for s in v)
-              for d, v in layout.sharding_shapes(sample_shape, batch_size=local.shape[0]).items()}
+    by_dim = layout.sharding_shapes(sample_shape, batch_size=local.shape[0])
+    shapes = {}
+    for d, (kind, _) in enumerate(spec):
+        if kind == "shard":  # batch dims: every sample group holds a whole local batch
+            along = by_dim.get(d) or (tuple(local.shape),) * layout.mesh.shape[d]
+            shapes[d] = [torch.Size(s) for s in along]
     return ShardTensor.from_local(local.contiguous(), device_mesh, placements, sharding_shapes=shapes)
 
 
