@@ -35,7 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--halo", help="cells each side, e.g. 1=2,2=2")
     p.add_argument("--boundary", help="e.g. 1=constant,2=periodic")
     p.add_argument("--split", default="chunk", help="chunk|physicsnemo|even")
-    p.add_argument("--data", help="folder of .npy files (default: write a synthetic ERA5-like set)")
+    p.add_argument("--data", help="a folder of .npy files (one sample each), or HDF5 (.h5) / Zarr (.zarr) files or "
+                                   "a folder of them, samples along axis 0 (default: write a synthetic ERA5-like set)")
+    p.add_argument("--dataset", help="HDF5 dataset or Zarr array name (default: the only one there)")
     p.add_argument("--samples", type=int, default=32, help="synthetic samples (default 32)")
     p.add_argument("--shape", default=",".join(map(str, DEFAULT_SHAPE)), help="synthetic sample shape")
     p.add_argument("--batch-size", type=int, default=2, help="samples per batch per rank (default 2)")
@@ -64,6 +66,83 @@ def write_synthetic(folder: str, num_samples: int, shape, seed: int = 0) -> list
         np.save(f, field)
     json.dump(want, open(meta, "w"))
     return files
+
+
+def find_data(path: str) -> tuple[str, list[str]]:
+    """``(kind, files)`` of ``--data``: ``.npy`` files (one sample each), or HDF5 / Zarr files."""
+    from dali_mesh.cli import UsageError  # noqa: PLC0415
+
+    def kind_of(p):
+        if p.endswith(".npy"):
+            return "npy"
+        if p.endswith((".h5", ".hdf5", ".hdf")):
+            return "hdf5"
+        if p.rstrip("/").endswith(".zarr"):
+            return "zarr"
+        return None
+
+    if not os.path.exists(path):
+        raise UsageError(f"--data {path!r} does not exist")
+    if kind_of(path) and not (os.path.isdir(path) and kind_of(path) != "zarr"):
+        return kind_of(path), [path]
+    entries = sorted(os.path.join(path, e) for e in os.listdir(path))
+    for kind in ("npy", "hdf5", "zarr"):
+        files = [e for e in entries if kind_of(e) == kind]
+        if files:
+            return kind, files
+    raise UsageError(f"--data {path!r} holds no .npy, .h5 or .zarr files")
+
+
+def _make_source(kind, files, dataset, layout, batch_size):
+    from dali_mesh import Layout, MeshInfo  # noqa: PLC0415
+    from dali_mesh.source import HDF5Source, NumpySource, ZarrSource  # noqa: PLC0415
+
+    if layout is None:  # the whole sample, to read metadata
+        layout = Layout(MeshInfo((1,), ("data_parallel",)))
+    if kind == "npy":
+        return NumpySource(files, layout, batch_size=batch_size, shuffle=True, seed=0)
+    if kind == "hdf5":
+        if dataset is None:
+            import h5py  # noqa: PLC0415
+
+            with h5py.File(files[0], "r") as f:
+                names = [k for k in f if isinstance(f[k], h5py.Dataset)]
+            if len(names) != 1:
+                from dali_mesh.cli import UsageError  # noqa: PLC0415
+
+                raise UsageError(f"{files[0]} holds datasets {names}: name one with --dataset")
+            dataset = names[0]
+        return HDF5Source(files, dataset, layout, batch_size=batch_size, shuffle=True, seed=0)
+    return ZarrSource(files, dataset, layout, batch_size=batch_size, shuffle=True, seed=0)
+
+
+def _full_sample(source, sample_id: int) -> np.ndarray:
+    """The whole sample, read plainly (the oracle the demo checks windows against)."""
+    if hasattr(source, "locate"):
+        fi, local = source.locate(source.step_of(sample_id))
+        path = source.files[fi]
+        if path.rstrip("/").endswith(".zarr"):
+            import zarr  # noqa: PLC0415
+
+            node = zarr.open(path, mode="r")
+            arr = node if source.name is None else node[source.name]
+            return np.asarray(arr[local])
+        import h5py  # noqa: PLC0415
+
+        with h5py.File(path, "r") as f:
+            return f[source.name][local]
+    return np.load(source.files[sample_id])
+
+
+def _all_files(files) -> list[str]:
+    """Every regular file under ``files`` (a Zarr store is a folder of chunk files)."""
+    out = []
+    for f in files:
+        if os.path.isdir(f):
+            out += [os.path.join(d, n) for d, _, names in os.walk(f) for n in names]
+        else:
+            out.append(f)
+    return out
 
 
 def _descendant_pids(pid: int) -> list[int]:
@@ -100,6 +179,7 @@ def _evict(files) -> None:
     for f in files:
         fd = os.open(f, os.O_RDONLY)
         try:
+            os.fsync(fd)  # dirty pages cannot be dropped
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
@@ -130,7 +210,6 @@ def _rank(rank, world_size, cfg, out_dir):
     from dali_mesh._external import partitioned_source
     from dali_mesh.cli import parse_boundary, parse_halo, parse_shard
     from dali_mesh.mesh import parse_mesh_shape, resolve_mesh_shape
-    from dali_mesh.source import NumpySource
     from dali_mesh.torch import MeshLoader, to_dtensor
 
     shape, names = parse_mesh_shape(cfg["mesh"])
@@ -143,12 +222,12 @@ def _rank(rank, world_size, cfg, out_dir):
                     halo=halo, boundary=parse_boundary(cfg["boundary"]), split=cfg["split"])
     files = cfg["files"]
     bs = cfg["batch_size"]
-    source = NumpySource(files, layout, batch_size=bs, shuffle=True, seed=0)
+    source = _make_source(cfg["kind"], files, cfg["dataset"], layout, bs)
     if cfg["fail_rank"] == rank:
         source = _FailingSource(source)
     region = layout.region(source.sample_shape)
 
-    _evict(files)  # cold files: count what the readers pull from storage
+    _evict(_all_files(files))  # cold files: count what the readers pull from storage
     dist.barrier()
 
     @pipeline_def(batch_size=bs, num_threads=1, device_id=rank if use_gpu else None,
@@ -187,9 +266,9 @@ def _rank(rank, world_size, cfg, out_dir):
     verified = 0
     for step_ids, step_pads, step_windows in zip(ids, pads, windows):
         for sid, w in zip(step_ids, step_windows):
-            expected = take_window(np.load(files[sid], mmap_mode="r"), region)
+            expected = take_window(_full_sample(source, sid), region)
             if not np.array_equal(w, expected):
-                raise AssertionError(f"rank {rank}: window of sample {sid} ({files[sid]}) differs from the file")
+                raise AssertionError(f"rank {rank}: window of sample {sid} differs from the file's contents")
             verified += 1
 
     # the first batch as a DTensor of the global batch, gathered
@@ -199,7 +278,7 @@ def _rank(rank, world_size, cfg, out_dir):
         dt = to_dtensor(first.cuda() if use_gpu else first, layout, source.sample_shape, device_mesh)
         full = dt.full_tensor().cpu().numpy()
         group_ids = sorted({(b, tuple(o[0])) for b, o in all_ids})
-        expected = np.concatenate([np.stack([np.load(files[s]) for s in sids]) for _, sids in group_ids])
+        expected = np.concatenate([np.stack([_full_sample(source, s) for s in sids]) for _, sids in group_ids])
         if not np.array_equal(full, expected):
             raise AssertionError(f"rank {rank}: gathered DTensor differs from the global batch")
         dtensor_checked = True
@@ -211,8 +290,8 @@ def _rank(rank, world_size, cfg, out_dir):
         "window": [list(region.window_start), list(region.window_stop)],
         "window_shape": list(region.window_shape), "steps": steps, "samples": int(ids.size), "real_ids": real_ids,
         "verified": verified, "dtensor": dtensor_checked, "seconds": elapsed,
-        "read_bytes": read_bytes, "window_bytes": int(ids.size) * int(np.prod(region.window_shape)) * 4,
-        "full_bytes": int(ids.size) * int(np.prod(source.sample_shape)) * source.dtype.itemsize,
+        "read_bytes": read_bytes, "window_bytes": int(ids.size) * int(np.prod(region.window_shape)) * np.dtype(source.dtype).itemsize,
+        "full_bytes": int(ids.size) * int(np.prod(source.sample_shape)) * np.dtype(source.dtype).itemsize,
     }
     with open(os.path.join(out_dir, f"stats{rank}.json"), "w") as f:
         json.dump(stats, f)
@@ -231,10 +310,9 @@ def run(args: argparse.Namespace) -> int:
         gpu = torch.cuda.is_available() and torch.cuda.device_count() >= args.nproc
     except ImportError:
         raise UsageError("the demo needs torch (pip install torch)") from None
+    kind = "npy"
     if args.data:
-        files = sorted(glob.glob(os.path.join(args.data, "*.npy")))
-        if not files:
-            raise UsageError(f"--data {args.data!r} holds no .npy files")
+        kind, files = find_data(args.data)
     else:
         folder = os.path.join(os.getcwd(), "demo_data")
         shape = parse_ints(args.shape, "--shape")
@@ -242,9 +320,12 @@ def run(args: argparse.Namespace) -> int:
         files = write_synthetic(folder, args.samples, shape)
     cfg = {"mesh": args.mesh, "shard": args.shard, "batch": args.batch, "halo": args.halo,
            "boundary": args.boundary, "split": args.split, "files": files, "batch_size": args.batch_size,
-           "workers": args.workers, "gpu": gpu, "fail_rank": args.fail_rank}
+           "workers": args.workers, "gpu": gpu, "fail_rank": args.fail_rank, "kind": kind, "dataset": args.dataset}
+    probe = _make_source(kind, files, args.dataset, None, args.batch_size)
+    num_samples = probe.num_samples
     print(f"{args.nproc} ranks ({'NCCL, one GPU each' if gpu else 'gloo on the CPU'}), mesh {args.mesh}, "
-          f"shard {args.shard}, {len(files)} samples, batch {args.batch_size} per rank")
+          f"shard {args.shard}, {num_samples} samples of {probe.sample_shape} {probe.dtype} ({kind}), "
+          f"batch {args.batch_size} per rank")
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dali_mesh_demo_") as tmp:
         try:
@@ -266,12 +347,14 @@ def run(args: argparse.Namespace) -> int:
     seen = {sid for s in stats for sid in s["real_ids"]}
     checked = sum(s["verified"] for s in stats)
     dtensor = all(s["dtensor"] for s in stats)
-    source_note = "cold /proc/<pid>/io read_bytes" if all(s["read_bytes"] is not None for s in stats) else "planned window bytes"
+    source_note = ("cold /proc/<pid>/io read_bytes of each rank's DALI workers (local ranks share one page cache: "
+                   "a page one rank pulled is not read again by another)"
+                   if all(s["read_bytes"] is not None for s in stats) else "planned window bytes")
     print(f"bytes: {source_note}; {checked} windows checked against the files"
           f"{', first batch gathered as a DTensor on every rank' if dtensor else ''}; {wall:.1f} s in all")
-    if seen != set(range(len(files))):
-        print(f"dali-mesh demo: samples {sorted(set(range(len(files))) - seen)} were never delivered", file=sys.stderr)
+    if seen != set(range(num_samples)):
+        print(f"dali-mesh demo: samples {sorted(set(range(num_samples)) - seen)} were never delivered", file=sys.stderr)
         return 1
     print(f"each rank read {100 * float(np.median(fractions)):.1f}% of the bytes of full-sample loading; "
-          f"all {len(files)} samples verified")
+          f"all {num_samples} samples verified")
     return 0
