@@ -1,9 +1,166 @@
 """Build and install dali_mesh.
 
-Install with ``pip install --no-build-isolation .`` so that the plugin is built against the DALI
-already installed in this environment (see README).
+Install with ``pip install --no-build-isolation .`` (or ``-e .``) so that the plugin is built against
+the DALI already installed in this environment (see README): an isolated build environment would
+fetch a second DALI.
+
+The C++/CUDA plugin is built by CMake (CMakeLists.txt) with the flags of ``nvidia.dali.sysconfig`` of
+the Python running this build (``sys.executable``), in ``build/cmake`` (incremental: re-running
+rebuilds only what changed). It installs, inside the package ``dali_mesh/``:
+
+* ``libdali_mesh.so``          the DALI plugin (``fn.dali_mesh.strided_slice``, ``mesh_roi``)
+* ``libdali_mesh_kernels.so``  the same kernels without DALI, with a C entry point (ctypes)
+* ``_build_info.py``           the DALI version built against (checked when the plugin loads)
+
+Environment:
+  DALI_MESH_CUDA=auto|0|1     GPU operator: when nvcc is found (default) / never / required
+  DALI_MESH_CUDA_ARCHS=...    CUDA architectures (default "75-real;80-real;86-real;89-real;90")
+  CMAKE_BUILD_PARALLEL_LEVEL  compile jobs (default 2)
+  CUDACXX=/path/to/nvcc       the CUDA compiler, when not on PATH
 """
-from setuptools import find_packages, setup
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+CMAKE_BUILD_DIR = ROOT / "build" / "cmake"
+LIBS = {"dali_mesh.libdali_mesh": "libdali_mesh.so",
+        "dali_mesh.libdali_mesh_kernels": "libdali_mesh_kernels.so"}
+
+
+def _dali_info() -> dict:
+    """Flags and versions of the DALI importable by *this* interpreter."""
+    try:
+        import nvidia.dali as dali  # noqa: PLC0415
+        import nvidia.dali.sysconfig as sysconfig  # noqa: PLC0415
+    except ImportError as e:
+        raise SystemExit(
+            f"dali_mesh: cannot build the DALI plugin: DALI is not importable by {sys.executable} "
+            f"({e}). Install it first (pip install nvidia-dali-cuda120==2.4.0), then run "
+            "`pip install --no-build-isolation -e .` (without --no-build-isolation pip builds in a "
+            "fresh environment without DALI)."
+        ) from None
+    cuda_major = ""
+    try:
+        import nvidia.dali.backend as backend  # noqa: PLC0415
+
+        cuda_major = str(int(backend.__cuda_version__) // 1000)
+    except (ImportError, AttributeError, ValueError):
+        pass
+    return {
+        "version": dali.__version__,
+        "compile_flags": sysconfig.get_compile_flags(),
+        "link_flags": sysconfig.get_link_flags(),
+        "cuda_major": cuda_major,
+    }
+
+
+def _tool(name: str) -> str | None:
+    """A tool next to this interpreter (the venv's cmake/ninja) first, then on PATH."""
+    local = Path(sys.executable).parent / name
+    return str(local) if local.exists() else shutil.which(name)
+
+
+class CMakeBuild(build_ext):
+    """Runs CMake once for both libraries and puts them inside the package."""
+
+    def get_ext_filename(self, fullname: str) -> str:
+        # called with the full dotted name and (by get_ext_fullpath) with its last part
+        for name, lib in LIBS.items():
+            if fullname == name:
+                return os.path.join(*name.split(".")[:-1], lib)
+            if fullname == name.rsplit(".", 1)[1]:
+                return lib
+        return super().get_ext_filename(fullname)
+
+    def run(self) -> None:
+        self._built = False
+        super().run()
+
+    def build_extension(self, ext: Extension) -> None:
+        if not self._built:
+            self._cmake()
+            self._built = True
+        target = Path(self.get_ext_fullpath(ext.name))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _replace(CMAKE_BUILD_DIR / LIBS[ext.name], target)
+        # _build_info.py next to the library; in editable mode also in the source tree (setuptools
+        # copies only the libraries there)
+        _replace_text(target.parent / "_build_info.py", self._build_info)
+        if self.inplace or getattr(self, "editable_mode", False):
+            _replace_text(ROOT / "dali_mesh" / "_build_info.py", self._build_info)
+
+    def _cmake(self) -> None:
+        cmake = _tool("cmake")
+        if not cmake:
+            raise SystemExit("dali_mesh: cmake not found: pip install cmake (or install it system-wide)")
+        dali = _dali_info()
+        cuda_mode = os.environ.get("DALI_MESH_CUDA", "auto").strip().lower() or "auto"
+        if cuda_mode not in ("auto", "0", "1", "on", "off", "true", "false"):
+            raise SystemExit(f"dali_mesh: DALI_MESH_CUDA={cuda_mode!r}: expected auto, 0 or 1")
+        cuda_mode = {"1": "ON", "on": "ON", "true": "ON", "0": "OFF", "off": "OFF",
+                     "false": "OFF"}.get(cuda_mode, "AUTO")
+        args = [
+            cmake, "-S", str(ROOT), "-B", str(CMAKE_BUILD_DIR),
+            "-DCMAKE_BUILD_TYPE=Release",
+            f"-DDALI_COMPILE_FLAGS={';'.join(dali['compile_flags'])}",
+            f"-DDALI_LINK_FLAGS={';'.join(dali['link_flags'])}",
+            f"-DDALI_VERSION={dali['version']}",
+            f"-DDALI_CUDA_MAJOR={dali['cuda_major']}",
+            f"-DDALI_MESH_CUDA={cuda_mode}",
+        ]
+        archs = os.environ.get("DALI_MESH_CUDA_ARCHS")
+        if archs:
+            args += [f"-DDALI_MESH_CUDA_ARCHS={archs}", f"-DCMAKE_CUDA_ARCHITECTURES={archs}"]
+        else:  # back to the default after a run with an override
+            args += ["-UCMAKE_CUDA_ARCHITECTURES", "-UDALI_MESH_CUDA_ARCHS"]
+        ninja = _tool("ninja")
+        if not (CMAKE_BUILD_DIR / "CMakeCache.txt").exists() and ninja:
+            args += ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}"]
+        jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", "2")
+        t0 = time.monotonic()
+        subprocess.run(args, check=True)
+        subprocess.run([cmake, "--build", str(CMAKE_BUILD_DIR), "-j", jobs], check=True)
+        info = dict(line.split("=", 1) for line in
+                    (CMAKE_BUILD_DIR / "dali_mesh_build.txt").read_text().splitlines() if "=" in line)
+        with_cuda = info.get("cuda", "OFF").upper() in ("ON", "TRUE", "1")
+        self._build_info = (
+            '"""Written by setup.py at build time; checked by dali_mesh.fn when the plugin loads."""\n'
+            f"DALI_VERSION = {dali['version']!r}\n"
+            f"DALI_CUDA_MAJOR = {dali['cuda_major']!r}\n"
+            f"WITH_CUDA = {with_cuda!r}\n"
+            f"CUDA_VERSION = {info.get('cuda_version', '')!r}\n"
+            f"CUDA_ARCHS = {info.get('cuda_archs', '')!r}\n"
+            f"PYTHON = {sys.executable!r}\n"
+        )
+        print(f"dali_mesh: plugin built in {time.monotonic() - t0:.1f} s "
+              f"({'CPU + GPU' if with_cuda else 'CPU only'}, DALI {dali['version']})")
+
+
+def _replace(src: Path, dst: Path) -> None:
+    """Atomic copy: a process that has the old library loaded keeps a valid mapping."""
+    if dst.exists() and dst.stat().st_size == src.stat().st_size and dst.read_bytes() == src.read_bytes():
+        return
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.copy2(src, tmp)
+    os.replace(tmp, dst)
+
+
+def _replace_text(dst: Path, text: str) -> None:
+    if dst.exists() and dst.read_text() == text:
+        return
+    tmp = dst.with_name(dst.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, dst)
+
 
 setup(
     name="dali_mesh",
@@ -19,5 +176,8 @@ setup(
         "gpu": ["cupy-cuda12x"],
         "test": ["pytest", "pytest-timeout", "hypothesis"],
     },
+    ext_modules=[Extension(name, sources=[]) for name in LIBS],
+    cmdclass={"build_ext": CMakeBuild},
     entry_points={"console_scripts": ["dali-mesh=dali_mesh.cli:main"]},
+    zip_safe=False,
 )

@@ -1,0 +1,203 @@
+// dali_mesh: the C entry points of libdali_mesh_kernels.so, a DALI-free library that runs the same
+// host code and kernels as the DALI operators. Used through ctypes by the tests (CPU kernel, host
+// emulation of the GPU kernel, and on a GPU machine the CUDA kernel on torch/cupy memory) and by
+// benchmarks/kernel_bench.py.
+//
+// Every function returns 0 on success, or -1 with a message in err[0..errlen).
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "mesh_roi.h"
+#include "slice_args.h"
+#include "slice_cpu.h"
+#include "slice_gpu.h"
+
+#define DM_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+int Fail(const std::string &msg, char *err, int errlen) {
+  if (err && errlen > 0) {
+    size_t n = std::min(msg.size(), static_cast<size_t>(errlen - 1));
+    std::memcpy(err, msg.data(), n);
+    err[n] = '\0';
+  }
+  return -1;
+}
+
+}  // namespace
+
+DM_EXPORT int dm_abi_version(void) { return 1; }
+
+DM_EXPORT int dm_has_cuda(void) {
+#ifdef DALI_MESH_WITH_CUDA
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+DM_EXPORT int64_t dm_boundary_index(int64_t r, int64_t n, int mode) {
+  return dali_mesh::BoundaryIndex(r, n, mode);
+}
+
+DM_EXPORT uint64_t dm_fast_div(uint64_t divisor, uint64_t n) {
+  dali_mesh::FastDivU64 f;
+  f.Init(divisor);
+  return f.Div(n);
+}
+
+// The software float -> float16 conversion (used where the CPU lacks F16C), for tests.
+DM_EXPORT void dm_floats_to_half(const float *in, uint16_t *out, int64_t n) {
+  for (int64_t k = 0; k < n; k++) out[k] = dali_mesh::FloatToHalf(in[k]);
+}
+
+DM_EXPORT int dm_mesh_roi(const int64_t *shape, int ndim, int mesh_ndim, const int64_t *mesh_shape,
+                          const int64_t *coordinate, const int64_t *shard_axes, int nhalo,
+                          const int64_t *halo_lo, const int64_t *halo_hi, int nboundary,
+                          const int32_t *boundary, int split, const int64_t *crop_start,
+                          const int64_t *crop_stop, int64_t *window_start, int64_t *window_shape,
+                          char *err, int errlen) {
+  dali_mesh::MeshRoiArgs a;
+  a.mesh_shape.assign(mesh_shape, mesh_shape + mesh_ndim);
+  a.coordinate.assign(coordinate, coordinate + mesh_ndim);
+  a.shard_axes.assign(shard_axes, shard_axes + mesh_ndim);
+  a.halo_lo.assign(halo_lo, halo_lo + nhalo);
+  a.halo_hi.assign(halo_hi, halo_hi + nhalo);
+  a.boundary.assign(boundary, boundary + nboundary);
+  a.split = split;
+  if (crop_start && crop_stop) {
+    a.crop_start.assign(crop_start, crop_start + ndim);
+    a.crop_stop.assign(crop_stop, crop_stop + ndim);
+  }
+  std::string e = dali_mesh::ComputeMeshRoi(shape, ndim, a, window_start, window_shape);
+  return e.empty() ? 0 : Fail(e, err, errlen);
+}
+
+// A batch of `nsamples` samples of `ndim` dims, every axis listed; per-sample arrays are flattened
+// [nsamples * ndim]. domain_starts/domain_shapes may be null (the whole sample).
+//   backend 0: the CPU kernel (as the DALI CPU operator runs it, on one thread)
+//   backend 1: the GPU kernel body emulated on the host (host pointers)
+//   backend 2: the CUDA kernel (device pointers; `launcher` from dm_cuda_launcher_create or null,
+//              `stream` a cudaStream_t or null for the default stream); asynchronous.
+DM_EXPORT int dm_strided_slice(int backend, void *launcher, int nsamples, int ndim,
+                               const void *const *in, void *const *out, const int64_t *in_shapes,
+                               const int64_t *starts, const int64_t *shapes, const int64_t *steps,
+                               const int32_t *boundaries, const int64_t *domain_starts,
+                               const int64_t *domain_shapes, int in_type, int out_type,
+                               double fill_value, int has_channel_axis, int channel_axis, int nch,
+                               const float *mean, const float *stddev, void *stream, char *err,
+                               int errlen) {
+  using namespace dali_mesh;  // NOLINT
+  SliceParams p;
+  p.in_type = in_type;
+  p.out_type = out_type;
+  p.fill_value = fill_value;
+  if (nch > 0) {
+    p.mean.assign(mean, mean + nch);
+    p.stddev.assign(stddev, stddev + nch);
+  }
+  std::string e = CheckSliceParams(p);
+  if (!e.empty()) return Fail(e, err, errlen);
+  std::vector<SliceSample> samples(nsamples);
+  for (int i = 0; i < nsamples; i++) {
+    SliceUserArgs u;
+    const size_t o = static_cast<size_t>(i) * ndim;
+    u.in_shape.assign(in_shapes + o, in_shapes + o + ndim);
+    u.start.assign(starts + o, starts + o + ndim);
+    u.shape.assign(shapes + o, shapes + o + ndim);
+    u.step.assign(steps + o, steps + o + ndim);
+    u.boundary.assign(boundaries + o, boundaries + o + ndim);
+    if (domain_starts && domain_shapes) {
+      u.domain_start.assign(domain_starts + o, domain_starts + o + ndim);
+      u.domain_shape.assign(domain_shapes + o, domain_shapes + o + ndim);
+    }
+    u.has_channel_axis = has_channel_axis != 0;
+    u.channel_axis = channel_axis;
+    e = MakeSliceSample(u, p, &samples[i]);
+    if (!e.empty()) return Fail("sample " + std::to_string(i) + ": " + e, err, errlen);
+  }
+  if (backend == 0) {
+    CpuElementOps ops = MakeCpuElementOps(p);
+    for (int i = 0; i < nsamples; i++) {
+      CpuSlicePlan plan;
+      PrepareCpuSlice(CollapseAxes(samples[i]), in[i], out[i], DTypeSize(in_type), &plan);
+      RunCpuSlice(plan, ops, p, 0, plan.s.OutVolume());
+    }
+    return 0;
+  }
+  GpuPlan plan;
+  e = BuildGpuPlan(samples, in, out, p, &plan);
+  if (!e.empty()) return Fail(e, err, errlen);
+  if (backend == 1) {
+    EmulateGpuPlan(plan);
+    return 0;
+  }
+#ifdef DALI_MESH_WITH_CUDA
+  if (backend == 2) {
+    GpuSliceLauncher tmp;
+    GpuSliceLauncher *l = launcher ? static_cast<GpuSliceLauncher *>(launcher) : &tmp;
+    e = l->Run(plan, stream);
+    // a temporary launcher frees its buffers on return: cudaFree waits for the kernel
+    return e.empty() ? 0 : Fail(e, err, errlen);
+  }
+#endif
+  (void)launcher;
+  (void)stream;
+  return Fail("backend " + std::to_string(backend) +
+                  " is not available: this library was built without CUDA (rebuild with nvcc on "
+                  "PATH, or DALI_MESH_CUDA=1)",
+              err, errlen);
+}
+
+// Plan statistics of the GPU path (for tests and benchmarks): elem_size, need_pad, convert,
+// num_blocks, in that order, into out4.
+DM_EXPORT int dm_gpu_plan_info(int nsamples, int ndim, const void *const *in, void *const *out,
+                               const int64_t *in_shapes, const int64_t *starts,
+                               const int64_t *shapes, const int64_t *steps,
+                               const int32_t *boundaries, int in_type, int out_type,
+                               int64_t *out4, char *err, int errlen) {
+  using namespace dali_mesh;  // NOLINT
+  SliceParams p;
+  p.in_type = in_type;
+  p.out_type = out_type;
+  std::vector<SliceSample> samples(nsamples);
+  for (int i = 0; i < nsamples; i++) {
+    SliceUserArgs u;
+    const size_t o = static_cast<size_t>(i) * ndim;
+    u.in_shape.assign(in_shapes + o, in_shapes + o + ndim);
+    u.start.assign(starts + o, starts + o + ndim);
+    u.shape.assign(shapes + o, shapes + o + ndim);
+    u.step.assign(steps + o, steps + o + ndim);
+    u.boundary.assign(boundaries + o, boundaries + o + ndim);
+    std::string e = MakeSliceSample(u, p, &samples[i]);
+    if (!e.empty()) return Fail(e, err, errlen);
+  }
+  GpuPlan plan;
+  std::string e = BuildGpuPlan(samples, in, out, p, &plan);
+  if (!e.empty()) return Fail(e, err, errlen);
+  out4[0] = plan.elem_size;
+  out4[1] = plan.need_pad;
+  out4[2] = plan.convert;
+  out4[3] = plan.num_blocks;
+  return 0;
+}
+
+DM_EXPORT void *dm_cuda_launcher_create(void) {
+#ifdef DALI_MESH_WITH_CUDA
+  return new dali_mesh::GpuSliceLauncher();
+#else
+  return nullptr;
+#endif
+}
+
+DM_EXPORT void dm_cuda_launcher_destroy(void *launcher) {
+#ifdef DALI_MESH_WITH_CUDA
+  delete static_cast<dali_mesh::GpuSliceLauncher *>(launcher);
+#else
+  (void)launcher;
+#endif
+}

@@ -1,0 +1,166 @@
+// dali_mesh: the window of one rank (see mesh_roi.h). Follows dali_mesh/partition.py line by line:
+// shard_extent, Layout.domain and Layout.region.
+#include "mesh_roi.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "index_math.h"
+
+namespace dali_mesh {
+
+namespace {
+
+template <typename T>
+std::string ListStr(const std::vector<T> &v) {
+  std::ostringstream s;
+  s << "[";
+  for (size_t i = 0; i < v.size(); i++) s << (i ? ", " : "") << v[i];
+  s << "]";
+  return s.str();
+}
+
+std::string ShapeStr(const int64_t *shape, int ndim) {
+  std::ostringstream s;
+  s << "(";
+  for (int i = 0; i < ndim; i++) s << (i ? ", " : "") << shape[i];
+  if (ndim == 1) s << ",";
+  s << ")";
+  return s.str();
+}
+
+int64_t CeilDivPos(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+int ParseSplit(const std::string &name) {
+  if (name == "chunk") return kSplitChunk;
+  if (name == "physicsnemo") return kSplitPhysicsNemo;
+  if (name == "even") return kSplitEven;
+  return -1;
+}
+
+void ShardExtent(int64_t n, int64_t k, int64_t i, int split, int64_t *offset, int64_t *size) {
+  if (split == kSplitChunk) {
+    int64_t c = CeilDivPos(n, k);
+    int64_t off = std::min(i * c, n);
+    *offset = off;
+    *size = std::min(c, n - off);
+  } else if (split == kSplitPhysicsNemo) {
+    int64_t c = CeilDivPos(n, k);
+    if (n - c * (k - 1) <= 0) c = n / k;
+    int64_t off = i * c;
+    *offset = off;
+    *size = i == k - 1 ? n - off : c;
+  } else {  // even
+    int64_t q = n / k, r = n % k;
+    *offset = i * q + std::min(i, r);
+    *size = q + (i < r ? 1 : 0);
+  }
+}
+
+std::string CheckMeshRoiArgs(const MeshRoiArgs &a) {
+  const size_t m = a.mesh_shape.size();
+  if (m == 0) return "mesh_shape is empty: a mesh has at least one dim";
+  for (int64_t s : a.mesh_shape)
+    if (s <= 0) return "mesh_shape " + ListStr(a.mesh_shape) + " has a size <= 0";
+  if (a.coordinate.size() != m)
+    return "coordinate " + ListStr(a.coordinate) + " needs one entry per mesh dim of mesh_shape " +
+           ListStr(a.mesh_shape);
+  for (size_t d = 0; d < m; d++)
+    if (a.coordinate[d] < 0 || a.coordinate[d] >= a.mesh_shape[d])
+      return "coordinate " + ListStr(a.coordinate) + " is out of range for mesh_shape " +
+             ListStr(a.mesh_shape);
+  if (a.shard_axes.size() != m)
+    return "shard_axes " + ListStr(a.shard_axes) + " needs one entry per mesh dim of mesh_shape " +
+           ListStr(a.mesh_shape) + " (the sample axis it shards, or -1)";
+  for (int64_t ax : a.shard_axes)
+    if (ax < -1)
+      return "shard_axes " + ListStr(a.shard_axes) +
+             ": entries are a sample axis (>= 0) or -1 (shards nothing)";
+  if (a.split < kSplitChunk || a.split > kSplitEven) return "unknown split";
+  for (auto *h : {&a.halo_lo, &a.halo_hi})
+    for (int64_t v : *h)
+      if (v < 0) return "halo " + ListStr(*h) + " is negative: halos count cells and must be >= 0";
+  if (a.boundary.empty()) return "boundary is empty";
+  if (a.crop_start.size() != a.crop_stop.size())
+    return "crop_start " + ListStr(a.crop_start) + " and crop_stop " + ListStr(a.crop_stop) +
+           " differ in length";
+  return "";
+}
+
+std::string ComputeMeshRoi(const int64_t *shape, int ndim, const MeshRoiArgs &a,
+                           int64_t *window_start, int64_t *window_shape, int64_t *domain_start,
+                           int64_t *domain_shape) {
+  std::string err = CheckMeshRoiArgs(a);
+  if (!err.empty()) return err;
+  if (ndim <= 0) return "the sample shape is empty: a sample has at least one axis";
+  for (int d = 0; d < ndim; d++)
+    if (shape[d] <= 0)
+      return "sample shape " + ShapeStr(shape, ndim) +
+             " has a size <= 0: every axis needs at least one cell";
+  auto per_axis = [ndim](const auto &v, const char *what, std::string *e) {
+    if (!(v.size() == 1 || v.size() == static_cast<size_t>(ndim)))
+      *e = std::string(what) + " " + ListStr(v) + " needs one value, or one per axis of the " +
+           std::to_string(ndim) + "-dim sample";
+  };
+  per_axis(a.halo_lo, "halo_lo", &err);
+  if (err.empty()) per_axis(a.halo_hi, "halo_hi", &err);
+  if (err.empty()) per_axis(a.boundary, "boundary", &err);
+  if (!err.empty()) return err;
+  for (int64_t ax : a.shard_axes)
+    if (ax >= ndim)
+      return "shard_axes " + ListStr(a.shard_axes) + ": axis " + std::to_string(ax) +
+             " is out of range for a sample of shape " + ShapeStr(shape, ndim);
+
+  std::vector<int64_t> d0(ndim, 0), d1(shape, shape + ndim);
+  if (!a.crop_start.empty()) {
+    if (a.crop_start.size() != static_cast<size_t>(ndim))
+      return "crop has " + std::to_string(a.crop_start.size()) + " entries for a sample of shape " +
+             ShapeStr(shape, ndim);
+    for (int d = 0; d < ndim; d++) {
+      int64_t s = a.crop_start[d], e = a.crop_stop[d] == -1 ? shape[d] : a.crop_stop[d];
+      if (!(0 <= s && s < e && e <= shape[d]))
+        return "crop " + std::to_string(s) + ":" + std::to_string(e) + " of axis " +
+               std::to_string(d) + " lies outside the sample (axis size " +
+               std::to_string(shape[d]) + ") or is empty";
+      d0[d] = s;
+      d1[d] = e;
+    }
+  }
+  std::vector<int64_t> start(d0), stop(d1);
+  for (size_t md = 0; md < a.mesh_shape.size(); md++) {  // mesh-dim order: outer first
+    int64_t axis = a.shard_axes[md];
+    if (axis < 0) continue;
+    int64_t offset, size;
+    ShardExtent(stop[axis] - start[axis], a.mesh_shape[md], a.coordinate[md], a.split, &offset,
+                &size);
+    start[axis] += offset;
+    stop[axis] = start[axis] + size;
+  }
+  bool empty = false;
+  for (int d = 0; d < ndim; d++) {
+    if (stop[d] == start[d]) {  // an empty shard sits at the domain end (torch's convention)
+      start[d] = stop[d] = d1[d];
+      empty = true;
+    }
+  }
+  for (int d = 0; d < ndim; d++) {
+    int64_t w0 = start[d], w1 = stop[d];
+    if (!empty) {  // an empty owned region gets no halo: its window is its owned region
+      w0 -= a.halo_lo[a.halo_lo.size() == 1 ? 0 : d];
+      w1 += a.halo_hi[a.halo_hi.size() == 1 ? 0 : d];
+      if (a.boundary[a.boundary.size() == 1 ? 0 : d] == kTrim) {
+        w0 = std::max(w0, d0[d]);
+        w1 = std::min(w1, d1[d]);
+      }
+    }
+    window_start[d] = w0;
+    window_shape[d] = w1 - w0;
+    if (domain_start) domain_start[d] = d0[d];
+    if (domain_shape) domain_shape[d] = d1[d] - d0[d];
+  }
+  return "";
+}
+
+}  // namespace dali_mesh

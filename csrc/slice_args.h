@@ -1,0 +1,83 @@
+// dali_mesh: plain argument structs of the strided slice, their validation and the collapsing of
+// axes. Host only, DALI-free (the DALI operators, the CPU kernel, the GPU plan and the C API all
+// start from these).
+#ifndef DALI_MESH_SLICE_ARGS_H_
+#define DALI_MESH_SLICE_ARGS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "index_math.h"
+
+namespace dali_mesh {
+
+// One sample, every axis described (axes not listed by the user are taken whole).
+// Positions (start) are relative to the domain start; the boundary rule applies at the domain's
+// edges. The domain is a box inside the input sample (the whole sample by default).
+struct SliceSample {
+  int ndim = 0;
+  int64_t in_extent[kMaxDims] = {};  // extents of the domain
+  int64_t in_stride[kMaxDims] = {};  // element strides of the input sample
+  int64_t in_offset = 0;             // element offset of the domain start in the input sample
+  int64_t start[kMaxDims] = {};
+  int64_t out_extent[kMaxDims] = {};
+  int64_t step[kMaxDims] = {};
+  uint8_t boundary[kMaxDims] = {};
+  int channel_axis = -1;       // axis whose source index selects mean/std, or -1
+  int64_t channel_offset = 0;  // domain start along the channel axis (channel = offset + source)
+
+  int64_t OutVolume() const {
+    int64_t v = 1;
+    for (int d = 0; d < ndim; d++) v *= out_extent[d];
+    return v;
+  }
+  // Whether any output position of any axis lies outside the domain.
+  bool NeedPad() const;
+};
+
+// Arguments shared by every sample of a batch.
+struct SliceParams {
+  int in_type = kFloat32;
+  int out_type = kFloat32;
+  double fill_value = 0;
+  std::vector<float> mean;    // empty: no normalisation
+  std::vector<float> stddev;  // same length as mean
+  bool Normalize() const { return !mean.empty(); }
+  bool Convert() const { return Normalize() || in_type != out_type; }
+};
+
+// The user's arguments for one sample, as given (lists over `axes`).
+struct SliceUserArgs {
+  std::vector<int64_t> in_shape;      // the sample's shape
+  std::vector<int> axes;              // empty + all_axes: every axis in order
+  bool all_axes = true;
+  std::vector<int64_t> start, shape, step;  // step may be empty (1) or one value for all axes
+  std::vector<int> boundary;          // one for all axes or one per listed axis
+  std::vector<int64_t> domain_start, domain_shape;  // empty: the whole sample (per listed axis)
+  bool has_channel_axis = false;
+  int channel_axis = 0;  // may be negative (from the end)
+};
+
+// Builds the sample's plain arguments; returns an error message naming the value ("" when valid).
+std::string MakeSliceSample(const SliceUserArgs &args, const SliceParams &params,
+                            SliceSample *out);
+
+// Checks batch-wide arguments (types, fill value, mean/std); "" when valid.
+std::string CheckSliceParams(const SliceParams &params);
+
+// Merges adjacent axes where the inner one is taken whole (and the outer one's rule allows it),
+// so kernels see as few axes as possible. The channel axis is never merged.
+SliceSample CollapseAxes(const SliceSample &s);
+
+// Parses a boundary name ("constant", "periodic", "reflect", "symmetric", "edge"; "trim" for
+// mesh_roi). Returns -1 when unknown.
+int ParseBoundary(const std::string &name);
+const char *BoundaryName(int mode);
+
+// The fill value as the bytes of the output type (checked by CheckSliceParams).
+void FillBytes(double fill_value, int out_type, uint8_t bytes[8]);
+
+}  // namespace dali_mesh
+
+#endif  // DALI_MESH_SLICE_ARGS_H_

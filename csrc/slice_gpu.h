@@ -1,0 +1,257 @@
+// dali_mesh: the GPU strided slice: descriptors, the kernel body and the host plan.
+//
+// DALI-free. The kernel body (RunBlock) is __host__ __device__: the CUDA kernel runs it with
+// threadIdx/blockDim, and EmulateGpuPlan runs the very same code on the host, thread by thread, so
+// the descriptor building, axis collapsing, vectorisation and index math that ship to the GPU are
+// tested on machines without one.
+//
+// One launch per batch: one descriptor per sample and one per block of output elements, uploaded in
+// one copy. Kernels are templated on the element size (1, 2, 4, 8 or 16 bytes: a window inside the
+// sample with step 1 on the innermost axis moves 16 bytes per thread where extent and alignment
+// allow), on whether any sample needs padding (chosen at compile time: the plain path has no
+// boundary code), and a conversion kernel (cast and/or normalisation, types dispatched at run time).
+#ifndef DALI_MESH_SLICE_GPU_H_
+#define DALI_MESH_SLICE_GPU_H_
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "index_math.h"
+#include "slice_args.h"
+
+namespace dali_mesh {
+
+constexpr int kBlockDim = 256;
+
+struct alignas(16) GpuSampleDesc {
+  const void *in;  // the domain start
+  void *out;
+  int32_t ndim;
+  int32_t channel_axis;  // -1: none (normalisation without channels uses channel 0)
+  int64_t channel_offset;
+  int32_t need_pad;
+  uint8_t boundary[kMaxDims];
+  int64_t in_extent[kMaxDims];
+  int64_t in_stride[kMaxDims];
+  int64_t start[kMaxDims];
+  int64_t step[kMaxDims];
+  int64_t out_extent[kMaxDims];
+  FastDivU64 out_div[kMaxDims];
+  alignas(16) uint8_t fill[16];  // the fill value's bytes, repeated to the element size
+};
+
+struct GpuBlockDesc {
+  int64_t sample;
+  uint64_t begin;  // flat output elements [begin, end) of that sample
+  uint64_t end;
+};
+
+struct GpuBatchArgs {
+  const GpuSampleDesc *samples;
+  const GpuBlockDesc *blocks;
+  const float *mean;  // nullptr: no normalisation
+  const float *stddev;
+  int32_t in_type;
+  int32_t out_type;
+};
+
+// ---- kernel body (host and device) ---------------------------------------------------------------
+
+// Coordinates of the flat output index `idx`: the innermost coordinate, and the outer axes' input
+// offset, fill flag and channel.
+template <bool kNeedPad>
+DM_HD DM_FORCEINLINE void LocateRow(const GpuSampleDesc &s, uint64_t idx, int64_t &inner,
+                                    int64_t &offset, bool &fill, int64_t &channel) {
+  const int D = s.ndim;
+  uint64_t q = s.out_div[D - 1].Div(idx);
+  inner = static_cast<int64_t>(idx - q * static_cast<uint64_t>(s.out_extent[D - 1]));
+  uint64_t rest = q;
+  offset = 0;
+  fill = false;
+  channel = 0;
+  for (int d = D - 2; d >= 0; d--) {
+    int64_t c;
+    if (d > 0) {
+      uint64_t q2 = s.out_div[d].Div(rest);
+      c = static_cast<int64_t>(rest - q2 * static_cast<uint64_t>(s.out_extent[d]));
+      rest = q2;
+    } else {
+      c = static_cast<int64_t>(rest);
+    }
+    int64_t r = s.start[d] + c * s.step[d];
+    int64_t si = kNeedPad ? BoundaryIndex(r, s.in_extent[d], s.boundary[d]) : r;
+    if (kNeedPad && si < 0) fill = true;
+    offset += si * s.in_stride[d];
+    if (d == s.channel_axis) channel = s.channel_offset + si;
+  }
+}
+
+template <typename Elem, bool kNeedPad>
+DM_HD void CopyBlock(const GpuSampleDesc &s, uint64_t begin, uint64_t end, unsigned tid,
+                     unsigned nthreads) {
+  uint64_t idx = begin + tid;
+  if (idx >= end) return;
+  const Elem *__restrict__ in = static_cast<const Elem *>(s.in);
+  Elem *__restrict__ out = static_cast<Elem *>(s.out);
+  const int D = s.ndim;
+  const int64_t L = s.out_extent[D - 1];
+  const int64_t start = s.start[D - 1], step = s.step[D - 1], stride = s.in_stride[D - 1];
+  const int64_t n = s.in_extent[D - 1];
+  const int mode = s.boundary[D - 1];
+  Elem fill;
+  memcpy(&fill, s.fill, sizeof(Elem));
+  int64_t inner, offset, channel;
+  bool row_fill;
+  LocateRow<kNeedPad>(s, idx, inner, offset, row_fill, channel);
+  for (;;) {
+    const int64_t r = start + inner * step;
+    if (kNeedPad) {
+      const int64_t si = BoundaryIndex(r, n, mode);
+      Elem v = fill;
+      if (!row_fill && si >= 0) v = in[offset + si * stride];
+      out[idx] = v;
+    } else {
+      out[idx] = in[offset + r * stride];
+    }
+    idx += nthreads;
+    if (idx >= end) break;
+    inner += nthreads;
+    if (inner >= L) LocateRow<kNeedPad>(s, idx, inner, offset, row_fill, channel);
+  }
+}
+
+template <typename T>
+DM_HD DM_FORCEINLINE void StoreConverted(void *out, int kind, int64_t i, uint64_t u, double f) {
+  T v = kind == kKindInt ? Convert<T>::FromInt64(i)
+                         : (kind == kKindUInt ? Convert<T>::FromUInt64(u) : Convert<T>::FromDouble(f));
+  memcpy(out, &v, sizeof(T));
+}
+
+DM_HD DM_FORCEINLINE void Assign(int64_t v, int64_t &i, uint64_t &, double &) { i = v; }
+DM_HD DM_FORCEINLINE void Assign(uint64_t v, int64_t &, uint64_t &u, double &) { u = v; }
+DM_HD DM_FORCEINLINE void Assign(double v, int64_t &, uint64_t &, double &f) { f = v; }
+
+// out = cast(in) or cast((float(in) - mean[c]) / std[c]); types dispatched at run time (uniform
+// over a launch, so the branches do not diverge).
+DM_HD inline void ConvertElement(const void *in, int in_type, void *out, int out_type,
+                                 const float *mean, const float *stddev, int64_t channel) {
+  int kind = kKindInt;
+  int64_t i = 0;
+  uint64_t u = 0;
+  double f = 0;
+  DM_TYPE_SWITCH(in_type, T, {
+    T x;
+    memcpy(&x, in, sizeof(T));
+    kind = Load<T>::kind;
+    Assign(Load<T>::Get(&x), i, u, f);
+  });
+  if (mean) {
+    float x = kind == kKindInt ? ToFloat(i) : (kind == kKindUInt ? ToFloat(u) : ToFloat(f));
+    x = (x - mean[channel]) / stddev[channel];
+    kind = kKindFloat;
+    f = static_cast<double>(x);
+  }
+  DM_TYPE_SWITCH(out_type, T, { StoreConverted<T>(out, kind, i, u, f); });
+}
+
+template <bool kNeedPad>
+DM_HD void ConvertBlock(const GpuSampleDesc &s, const GpuBatchArgs &b, uint64_t begin,
+                        uint64_t end, unsigned tid, unsigned nthreads) {
+  uint64_t idx = begin + tid;
+  if (idx >= end) return;
+  const int in_size = DTypeSize(b.in_type), out_size = DTypeSize(b.out_type);
+  const uint8_t *in = static_cast<const uint8_t *>(s.in);
+  uint8_t *out = static_cast<uint8_t *>(s.out);
+  const int D = s.ndim;
+  const int64_t L = s.out_extent[D - 1];
+  const int64_t start = s.start[D - 1], step = s.step[D - 1], stride = s.in_stride[D - 1];
+  const int64_t n = s.in_extent[D - 1];
+  const int mode = s.boundary[D - 1];
+  const bool channel_inner = s.channel_axis == D - 1;
+  int64_t inner, offset, channel;
+  bool row_fill;
+  LocateRow<kNeedPad>(s, idx, inner, offset, row_fill, channel);
+  for (;;) {
+    const int64_t r = start + inner * step;
+    const int64_t si = kNeedPad ? BoundaryIndex(r, n, mode) : r;
+    uint8_t *o = out + idx * out_size;
+    if (kNeedPad && (row_fill || si < 0)) {
+      memcpy(o, s.fill, out_size);
+    } else {
+      ConvertElement(in + (offset + si * stride) * in_size, b.in_type, o, b.out_type, b.mean,
+                     b.stddev, channel_inner ? s.channel_offset + si : channel);
+    }
+    idx += nthreads;
+    if (idx >= end) break;
+    inner += nthreads;
+    if (inner >= L) LocateRow<kNeedPad>(s, idx, inner, offset, row_fill, channel);
+  }
+}
+
+// The body of one CUDA block (tid = threadIdx.x, nthreads = blockDim.x).
+template <typename Elem, bool kNeedPad, bool kConvert>
+DM_HD void RunBlock(const GpuBatchArgs &b, int64_t block, unsigned tid, unsigned nthreads) {
+  const GpuBlockDesc blk = b.blocks[block];
+  const GpuSampleDesc &s = b.samples[blk.sample];
+  if constexpr (kConvert) {
+    if (kNeedPad && s.need_pad)
+      ConvertBlock<true>(s, b, blk.begin, blk.end, tid, nthreads);
+    else
+      ConvertBlock<false>(s, b, blk.begin, blk.end, tid, nthreads);
+  } else {
+    if (kNeedPad && s.need_pad)
+      CopyBlock<Elem, true>(s, blk.begin, blk.end, tid, nthreads);
+    else
+      CopyBlock<Elem, false>(s, blk.begin, blk.end, tid, nthreads);
+  }
+}
+
+// ---- host plan -------------------------------------------------------------------------------------
+
+struct GpuPlan {
+  std::vector<uint8_t> blob;  // [sample descs][block descs][mean][std], one upload
+  size_t samples_offset = 0, blocks_offset = 0, mean_offset = 0, std_offset = 0;
+  int64_t num_samples = 0, num_blocks = 0;
+  int elem_size = 1;  // bytes moved per element by the copy kernels (1, 2, 4, 8, 16)
+  bool need_pad = false;
+  bool convert = false;
+  bool normalize = false;
+  int in_type = 0, out_type = 0;
+
+  // The kernel arguments with the blob at `base` (device memory, or blob.data() to emulate).
+  GpuBatchArgs Args(const void *base) const;
+};
+
+// Builds the plan of a batch. `samples` are uncollapsed (this collapses them); in[i] / out[i] are
+// the samples' first elements. Returns "" or an error message.
+std::string BuildGpuPlan(const std::vector<SliceSample> &samples, const void *const *in,
+                         void *const *out, const SliceParams &params, GpuPlan *plan);
+
+// Runs the plan's kernel body on the host, block by block and thread by thread (pointers are host
+// pointers). Exact: the kernel has no shared memory and no thread cooperation.
+void EmulateGpuPlan(const GpuPlan &plan);
+
+// Runs the plan on the GPU (defined in slice_gpu.cu; only when built with CUDA).
+class GpuSliceLauncher {
+ public:
+  GpuSliceLauncher() = default;
+  ~GpuSliceLauncher();
+  GpuSliceLauncher(const GpuSliceLauncher &) = delete;
+  GpuSliceLauncher &operator=(const GpuSliceLauncher &) = delete;
+  // Uploads the descriptors and launches on `stream` (a cudaStream_t). Returns "" or the error.
+  std::string Run(const GpuPlan &plan, void *stream);
+
+ private:
+  void *device_ = nullptr;
+  void *pinned_ = nullptr;
+  size_t capacity_ = 0;
+  void *copy_done_ = nullptr;    // cudaEvent_t: the last upload from pinned_ has finished
+  void *kernel_done_ = nullptr;  // cudaEvent_t: the last kernel reading device_ has finished
+  int device_id_ = -1;
+};
+
+}  // namespace dali_mesh
+
+#endif  // DALI_MESH_SLICE_GPU_H_

@@ -1,0 +1,369 @@
+"""ctypes access to ``libdali_mesh_kernels.so``, the DALI-free library built with the plugin.
+
+It runs the same host code and kernels as the DALI operators ``strided_slice`` and ``mesh_roi``:
+
+* ``backend="cpu"``: the CPU kernel, as the DALI CPU operator runs it (one thread);
+* ``backend="emulate"``: the GPU kernel body run on the host thread by thread (the descriptors,
+  vectorisation and index math that ship to the GPU, checked without one);
+* ``backend="cuda"``: the CUDA kernel on device pointers (torch or cupy memory), see
+  :func:`strided_slice_device`.
+
+Used by the tests and ``benchmarks/kernel_bench.py``; numpy only (no DALI, no torch).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+__all__ = [
+    "DTYPE_IDS",
+    "BOUNDARY_IDS",
+    "SPLIT_IDS",
+    "KernelsError",
+    "library_path",
+    "load",
+    "has_cuda",
+    "strided_slice_host",
+    "strided_slice_device",
+    "mesh_roi",
+    "boundary_index",
+    "fast_div",
+    "gpu_plan_info",
+    "CudaLauncher",
+]
+
+LIB_NAME = "libdali_mesh_kernels.so"
+#: numpy dtype -> DALI type id (the ids the C API takes)
+DTYPE_IDS = {
+    np.dtype(np.uint8): 0, np.dtype(np.uint16): 1, np.dtype(np.uint32): 2, np.dtype(np.uint64): 3,
+    np.dtype(np.int8): 4, np.dtype(np.int16): 5, np.dtype(np.int32): 6, np.dtype(np.int64): 7,
+    np.dtype(np.float16): 8, np.dtype(np.float32): 9, np.dtype(np.float64): 10, np.dtype(np.bool_): 11,
+}
+BOUNDARY_IDS = {"constant": 0, "periodic": 1, "reflect": 2, "symmetric": 3, "edge": 4, "trim": 5}
+SPLIT_IDS = {"chunk": 0, "physicsnemo": 1, "even": 2}
+
+_lib = None
+
+
+class KernelsError(RuntimeError):
+    """The kernels library refused the arguments or is missing."""
+
+
+def library_path() -> Path:
+    """Where the library is: ``$DALI_MESH_KERNELS_LIB`` or next to this file."""
+    env = os.environ.get("DALI_MESH_KERNELS_LIB")
+    return Path(env) if env else Path(__file__).with_name(LIB_NAME)
+
+
+def load() -> ctypes.CDLL:
+    global _lib
+    if _lib is not None:
+        return _lib
+    path = library_path()
+    if not path.exists():
+        raise KernelsError(
+            f"{path} is missing: build the plugin with `pip install --no-build-isolation -e .` (or "
+            "`make`) from the repository root"
+        )
+    lib = ctypes.CDLL(str(path))
+    i64p = ctypes.POINTER(ctypes.c_int64)
+    i32p = ctypes.POINTER(ctypes.c_int32)
+    f32p = ctypes.POINTER(ctypes.c_float)
+    vpp = ctypes.POINTER(ctypes.c_void_p)
+    lib.dm_abi_version.restype = ctypes.c_int
+    lib.dm_has_cuda.restype = ctypes.c_int
+    lib.dm_boundary_index.restype = ctypes.c_int64
+    lib.dm_boundary_index.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+    lib.dm_fast_div.restype = ctypes.c_uint64
+    lib.dm_fast_div.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
+    lib.dm_mesh_roi.restype = ctypes.c_int
+    lib.dm_mesh_roi.argtypes = [
+        i64p, ctypes.c_int, ctypes.c_int, i64p, i64p, i64p, ctypes.c_int, i64p, i64p, ctypes.c_int,
+        i32p, ctypes.c_int, i64p, i64p, i64p, i64p, ctypes.c_char_p, ctypes.c_int,
+    ]
+    lib.dm_strided_slice.restype = ctypes.c_int
+    lib.dm_strided_slice.argtypes = [
+        ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, vpp, vpp, i64p, i64p, i64p, i64p,
+        i32p, i64p, i64p, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_int, ctypes.c_int,
+        ctypes.c_int, f32p, f32p, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int,
+    ]
+    lib.dm_gpu_plan_info.restype = ctypes.c_int
+    lib.dm_gpu_plan_info.argtypes = [
+        ctypes.c_int, ctypes.c_int, vpp, vpp, i64p, i64p, i64p, i64p, i32p, ctypes.c_int,
+        ctypes.c_int, i64p, ctypes.c_char_p, ctypes.c_int,
+    ]
+    lib.dm_floats_to_half.restype = None
+    lib.dm_floats_to_half.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    lib.dm_cuda_launcher_create.restype = ctypes.c_void_p
+    lib.dm_cuda_launcher_destroy.argtypes = [ctypes.c_void_p]
+    if lib.dm_abi_version() != 1:
+        raise KernelsError(f"{path} has ABI version {lib.dm_abi_version()}, expected 1: rebuild it")
+    _lib = lib
+    return lib
+
+
+def has_cuda() -> bool:
+    """Whether the library was built with the CUDA kernels."""
+    return bool(load().dm_has_cuda())
+
+
+def _i64(values) -> ctypes.Array:
+    v = [int(x) for x in values]
+    return (ctypes.c_int64 * max(len(v), 1))(*v)
+
+
+def _i32(values) -> ctypes.Array:
+    v = [int(x) for x in values]
+    return (ctypes.c_int32 * max(len(v), 1))(*v)
+
+
+def _f32(values) -> ctypes.Array:
+    v = [float(x) for x in values]
+    return (ctypes.c_float * max(len(v), 1))(*v)
+
+
+def _per_sample(value, n: int, ndim: int, name: str) -> list[list[int]]:
+    """One list of ndim ints per sample, from one list for all samples or one per sample."""
+    arr = np.asarray(value, dtype=object)
+    if arr.ndim == 1 or (arr.ndim == 0):
+        rows = [list(np.broadcast_to(np.asarray(value), (ndim,)))] * n
+    else:
+        rows = [list(r) for r in value]
+    if len(rows) != n or any(len(r) != ndim for r in rows):
+        raise KernelsError(f"{name} {value!r} needs {ndim} values per sample for {n} samples")
+    return rows
+
+
+def _boundary_ids(boundary, n: int, ndim: int) -> list[list[int]]:
+    if isinstance(boundary, str):
+        boundary = [boundary] * ndim
+    if boundary and isinstance(boundary[0], str):
+        boundary = [list(boundary)] * n
+    return [[BOUNDARY_IDS[b] for b in row] for row in boundary]
+
+
+def _call_slice(backend: int, launcher, ptrs_in, ptrs_out, shapes, start, shape, step, boundary,
+                domain_start, domain_shape, in_dtype, out_dtype, fill_value, channel_axis, mean,
+                std, stream) -> None:
+    lib = load()
+    n = len(ptrs_in)
+    ndim = len(shapes[0]) if n else 0
+    err = ctypes.create_string_buffer(1024)
+    flat = lambda rows: [v for r in rows for v in r]  # noqa: E731
+    vin = (ctypes.c_void_p * max(n, 1))(*ptrs_in)
+    vout = (ctypes.c_void_p * max(n, 1))(*ptrs_out)
+    has_dom = domain_start is not None
+    nch = 0 if mean is None else len(mean)
+    rc = lib.dm_strided_slice(
+        backend, launcher, n, ndim, vin, vout, _i64(flat(shapes)),
+        _i64(flat(_per_sample(start, n, ndim, "start"))),
+        _i64(flat(_per_sample(shape, n, ndim, "shape"))),
+        _i64(flat(_per_sample(step, n, ndim, "step"))),
+        _i32(flat(_boundary_ids(boundary, n, ndim))),
+        _i64(flat(_per_sample(domain_start, n, ndim, "domain_start"))) if has_dom else None,
+        _i64(flat(_per_sample(domain_shape, n, ndim, "domain_shape"))) if has_dom else None,
+        DTYPE_IDS[np.dtype(in_dtype)], DTYPE_IDS[np.dtype(out_dtype)], float(fill_value),
+        int(channel_axis is not None), int(channel_axis or 0), nch,
+        _f32(mean or []), _f32(std or []), stream, err, len(err),
+    )
+    if rc != 0:
+        raise KernelsError(err.value.decode())
+
+
+def strided_slice_host(samples: Sequence[np.ndarray], start, shape, step=1, boundary="constant", *,
+                       dtype=None, fill_value=0, channel_axis=None, mean=None, std=None,
+                       domain_start=None, domain_shape=None, backend: str = "cpu",
+                       out: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+    """Strided slice of host arrays (every axis listed); ``start``/``shape``/``step`` are one list
+    for all samples or one list per sample; ``boundary`` one name, one per axis, or per sample.
+    ``out``: preallocated C-contiguous outputs of the right shapes and dtype."""
+    samples = [np.ascontiguousarray(s) for s in samples]
+    n = len(samples)
+    if n == 0:
+        return []
+    in_dtype = samples[0].dtype
+    out_dtype = np.dtype(dtype) if dtype is not None else (
+        np.dtype(np.float32) if mean is not None else in_dtype)
+    ndim = samples[0].ndim
+    shapes = [list(s.shape) for s in samples]
+    out_shapes = _per_sample(shape, n, ndim, "shape")
+    if out is None:
+        outs = [np.empty([max(int(v), 0) for v in sh], dtype=out_dtype) for sh in out_shapes]
+    else:
+        outs = list(out)
+        for o, sh in zip(outs, out_shapes):
+            if o.dtype != out_dtype or list(o.shape) != [int(v) for v in sh] or not o.flags.c_contiguous:
+                raise KernelsError(f"out array {o.dtype}{o.shape} does not match {out_dtype}{tuple(sh)}")
+    _call_slice({"cpu": 0, "emulate": 1}[backend], None,
+                [s.ctypes.data for s in samples], [o.ctypes.data for o in outs], shapes, start,
+                shape, step, boundary, domain_start, domain_shape, in_dtype, out_dtype, fill_value,
+                channel_axis, mean, std, None)
+    return outs
+
+
+def strided_slice_device(in_ptrs, out_ptrs, in_shapes, start, shape, step=1, boundary="constant",
+                         *, in_dtype, out_dtype=None, fill_value=0, channel_axis=None, mean=None,
+                         std=None, domain_start=None, domain_shape=None, stream=None,
+                         launcher: "CudaLauncher | None" = None) -> None:
+    """Launches the CUDA kernel on device pointers (asynchronous on ``stream``, an int handle)."""
+    out_dtype = out_dtype if out_dtype is not None else (np.float32 if mean is not None else in_dtype)
+    _call_slice(2, launcher.handle if launcher else None, list(in_ptrs), list(out_ptrs),
+                [list(s) for s in in_shapes], start, shape, step, boundary, domain_start,
+                domain_shape, in_dtype, out_dtype, fill_value, channel_axis, mean, std, stream)
+
+
+class CudaLauncher:
+    """Keeps the descriptor buffers between launches (as the DALI GPU operator does)."""
+
+    def __init__(self) -> None:
+        self.handle = load().dm_cuda_launcher_create()
+        if not self.handle:
+            raise KernelsError("this kernels library was built without CUDA")
+
+    def close(self) -> None:
+        if self.handle:
+            load().dm_cuda_launcher_destroy(self.handle)
+            self.handle = None
+
+    def __enter__(self) -> "CudaLauncher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def gpu_plan_info(samples: Sequence[np.ndarray], start, shape, step=1, boundary="constant",
+                  dtype=None) -> dict:
+    """What the GPU path would launch for host arrays: element size, padding, conversion, blocks."""
+    lib = load()
+    n = len(samples)
+    ndim = samples[0].ndim
+    err = ctypes.create_string_buffer(1024)
+    flat = lambda rows: [v for r in rows for v in r]  # noqa: E731
+    out_dtype = np.dtype(dtype) if dtype is not None else samples[0].dtype
+    outs = [np.empty([int(v) for v in sh], out_dtype) for sh in _per_sample(shape, n, ndim, "shape")]
+    res = (ctypes.c_int64 * 4)()
+    rc = lib.dm_gpu_plan_info(
+        n, ndim, (ctypes.c_void_p * n)(*[s.ctypes.data for s in samples]),
+        (ctypes.c_void_p * n)(*[o.ctypes.data for o in outs]),
+        _i64(flat([list(s.shape) for s in samples])), _i64(flat(_per_sample(start, n, ndim, "start"))),
+        _i64(flat(_per_sample(shape, n, ndim, "shape"))), _i64(flat(_per_sample(step, n, ndim, "step"))),
+        _i32(flat(_boundary_ids(boundary, n, ndim))), DTYPE_IDS[samples[0].dtype],
+        DTYPE_IDS[out_dtype], res, err, len(err))
+    if rc != 0:
+        raise KernelsError(err.value.decode())
+    return {"elem_size": res[0], "need_pad": bool(res[1]), "convert": bool(res[2]), "num_blocks": res[3]}
+
+
+def mesh_roi(shape, *, mesh_shape, coordinate, shard_axes, halo_lo, halo_hi, boundary,
+             split="chunk", crop_start=None, crop_stop=None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(window_start, window_shape)`` by the C++ rules (the DALI ``mesh_roi`` operator's code)."""
+    lib = load()
+    ndim, m = len(shape), len(mesh_shape)
+    boundary = [boundary] if isinstance(boundary, str) else list(boundary)
+    ws, wsh = (ctypes.c_int64 * ndim)(), (ctypes.c_int64 * ndim)()
+    err = ctypes.create_string_buffer(1024)
+    rc = lib.dm_mesh_roi(
+        _i64(shape), ndim, m, _i64(mesh_shape), _i64(coordinate), _i64(shard_axes), len(halo_lo),
+        _i64(halo_lo), _i64(halo_hi), len(boundary), _i32([BOUNDARY_IDS[b] for b in boundary]),
+        SPLIT_IDS[split], _i64(crop_start) if crop_start is not None else None,
+        _i64(crop_stop) if crop_stop is not None else None, ws, wsh, err, len(err))
+    if rc != 0:
+        raise KernelsError(err.value.decode())
+    return tuple(ws), tuple(wsh)
+
+
+def floats_to_half(x: np.ndarray) -> np.ndarray:
+    """float32 -> float16 by the kernels' software conversion (used where the CPU lacks F16C)."""
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.empty(x.shape, np.float16)
+    load().dm_floats_to_half(x.ctypes.data, out.ctypes.data, x.size)
+    return out
+
+
+def boundary_index(r: int, n: int, mode: str) -> int:
+    return int(load().dm_boundary_index(int(r), int(n), BOUNDARY_IDS[mode]))
+
+
+def fast_div(divisor: int, n: int) -> int:
+    """``n // divisor`` computed by the kernels' multiply-high division (for tests)."""
+    return int(load().dm_fast_div(int(divisor), int(n)))
+
+
+# ---- numpy reference (the oracle of the tests) ------------------------------------------------------
+def cast_saturate(values: np.ndarray, dtype) -> np.ndarray:
+    """The operator's cast: to integers rounded to nearest (ties to even), NaN -> 0, saturated;
+    to floats IEEE rounding (numpy's astype); to bool ``!= 0``."""
+    dtype = np.dtype(dtype)
+    values = np.asarray(values)
+    if dtype == np.bool_:
+        return values != 0
+    if dtype.kind == "f":
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow -> inf, as the kernels
+            return values.astype(dtype)
+    info = np.iinfo(dtype)
+    if values.dtype.kind == "f":
+        v = np.rint(values.astype(np.float64))
+        v = np.where(np.isnan(v), 0.0, v)
+        out = np.empty(v.shape, dtype)
+        lo, hi = v <= float(info.min), v >= float(info.max)
+        mid = ~(lo | hi)
+        out[mid] = v[mid].astype(dtype)
+        out[lo] = info.min
+        out[hi] = info.max
+        return out
+    v = values.astype(object) if values.dtype != np.bool_ else values.astype(np.int64).astype(object)
+    v = np.minimum(np.maximum(v, int(info.min)), int(info.max)) if v.size else v
+    return np.asarray(v, dtype=object).astype(dtype).reshape(values.shape)
+
+
+def reference_strided_slice(x: np.ndarray, start, shape, step=1, boundary="constant", *,
+                            dtype=None, fill_value=0, channel_axis=None, mean=None, std=None,
+                            domain_start=None, domain_shape=None) -> np.ndarray:
+    """numpy oracle: normalise, crop to the domain, pad per axis (``np.pad`` rules, through
+    :func:`dali_mesh.partition.boundary_index`), step, cast. Every axis listed."""
+    from dali_mesh.partition import boundary_index  # noqa: PLC0415
+
+    x = np.asarray(x)
+    ndim = x.ndim
+    step = [step] * ndim if np.ndim(step) == 0 else list(step)
+    boundary = [boundary] * ndim if isinstance(boundary, str) else list(boundary)
+    out_dtype = np.dtype(dtype) if dtype is not None else (
+        np.dtype(np.float32) if mean is not None else x.dtype)
+    vals = x
+    if mean is not None:
+        m = np.asarray(mean, np.float32)
+        s = np.asarray(std, np.float32)
+        if channel_axis is not None:
+            bshape = [1] * ndim
+            bshape[channel_axis] = -1
+            m, s = m.reshape(bshape), s.reshape(bshape)
+        vals = (x.astype(np.float32) - m) / s
+    d0 = [0] * ndim if domain_start is None else list(domain_start)
+    dn = list(x.shape) if domain_shape is None else list(domain_shape)
+    vals = vals[tuple(slice(a, a + n) for a, n in zip(d0, dn))]
+    index, fill = [], []
+    for a in range(ndim):
+        pos = int(start[a]) - d0[a] + np.arange(int(shape[a]), dtype=np.int64) * int(step[a])
+        if dn[a] == 0:
+            idx = np.full(pos.shape, -1, np.int64)
+        else:
+            idx = np.asarray(boundary_index(pos, dn[a], boundary[a]), np.int64).reshape(pos.shape)
+        fill.append(idx < 0)
+        index.append(np.where(idx < 0, 0, idx))
+    out_shape = tuple(int(v) for v in shape)
+    if any(v == 0 for v in out_shape):
+        return np.empty(out_shape, out_dtype)
+    if any(v == 0 for v in vals.shape):  # empty domain, constant everywhere
+        return np.full(out_shape, fill_value, dtype=out_dtype)
+    out = cast_saturate(vals[np.ix_(*index)], out_dtype)
+    for a, mask in enumerate(fill):
+        if mask.any():
+            sel = [slice(None)] * ndim
+            sel[a] = mask
+            out[tuple(sel)] = np.asarray(fill_value).astype(out_dtype)
+    return out

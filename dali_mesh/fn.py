@@ -1,0 +1,249 @@
+"""Pipeline helpers: the dali_mesh DALI plugin's operators, and the partitioned source.
+
+Importing this module imports DALI (``dali_mesh`` itself does not import this module). The compiled
+plugin ``libdali_mesh.so`` (built by ``pip install --no-build-isolation -e .`` or ``make``, installed
+inside this package) is loaded on the first use of one of its operators:
+
+* :func:`strided_slice` -- ``fn.dali_mesh.strided_slice``: a strided window of each sample with a
+  boundary rule per axis, an optional cast and per-channel normalisation, in one pass (CPU or GPU).
+* :func:`mesh_roi` -- ``fn.dali_mesh.mesh_roi``: this rank's window for each sample's shape, by the
+  rules of :meth:`dali_mesh.Layout.region` (CPU).
+* :func:`mesh_slice` -- the two together: crops this rank's window (halo and boundaries included) of
+  data already in the pipeline.
+* :func:`partitioned_source` -- a dali_mesh source as a DALI parallel external source.
+
+Example (ERA5-like ``(C, 721, 1440)`` samples, latitude split over 4 ranks, periodic longitude)::
+
+    layout = Layout(mesh, shard={"model_parallel": 1}, halo={1: 1, 2: 1},
+                    boundary={1: "constant", 2: "periodic"})
+    window = dali_mesh.fn.mesh_slice(x, layout, ndim=3, dtype=types.FLOAT,
+                                     channel_axis=0, mean=means, std=stds)
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+import nvidia.dali as dali
+import nvidia.dali.fn as dali_fn
+import nvidia.dali.types as types
+
+try:
+    from dali_mesh._external import partitioned_source
+except ModuleNotFoundError as _e:  # written by another part of the project; keep fn importable
+    if _e.name != "dali_mesh._external":
+        raise
+
+    def partitioned_source(*args, **kwargs):  # type: ignore[no-redef]
+        raise ImportError("dali_mesh._external is missing from this installation")
+
+__all__ = [
+    "PLUGIN_PATH",
+    "load_plugin",
+    "strided_slice",
+    "mesh_roi",
+    "mesh_slice",
+    "mesh_roi_args",
+    "partitioned_source",
+]
+
+log = logging.getLogger(__name__)
+
+PLUGIN_PATH = Path(__file__).with_name("libdali_mesh.so")
+_REBUILD = "rebuild it with `pip install --no-build-isolation -e .` (or `make`) from the repository root"
+_lock = threading.Lock()
+_ops_module = None
+
+
+def load_plugin() -> Any:
+    """Loads ``libdali_mesh.so`` into DALI once; returns ``nvidia.dali.fn.dali_mesh``.
+
+    Raises ``ImportError`` when the library is missing, was built against another DALI version than
+    the one installed, or DALI refuses it; the message says how to rebuild.
+    """
+    global _ops_module
+    with _lock:
+        if _ops_module is not None:
+            return _ops_module
+        if not PLUGIN_PATH.exists():
+            raise ImportError(f"the dali_mesh DALI plugin {PLUGIN_PATH} is missing: {_REBUILD}")
+        try:
+            from dali_mesh import _build_info
+        except ImportError:
+            raise ImportError(
+                f"{PLUGIN_PATH.with_name('_build_info.py')} is missing, so the DALI version the "
+                f"plugin was built against is unknown: {_REBUILD}") from None
+        if _build_info.DALI_VERSION != dali.__version__:
+            raise ImportError(
+                f"the dali_mesh plugin {PLUGIN_PATH} was built against DALI {_build_info.DALI_VERSION} "
+                f"but DALI {dali.__version__} is installed: {_REBUILD}")
+        from nvidia.dali import plugin_manager
+
+        try:
+            plugin_manager.load_library(str(PLUGIN_PATH))
+        except RuntimeError as e:
+            raise ImportError(f"DALI could not load the dali_mesh plugin {PLUGIN_PATH} ({e}): "
+                              f"{_REBUILD}") from e
+        ops = getattr(dali_fn, "dali_mesh", None)
+        if ops is None or not hasattr(ops, "strided_slice") or not hasattr(ops, "mesh_roi"):
+            raise ImportError(f"{PLUGIN_PATH} loaded but registered no dali_mesh operators: {_REBUILD}")
+        log.debug("loaded %s (DALI %s, CUDA kernels: %s)", PLUGIN_PATH, dali.__version__,
+                  getattr(_build_info, "WITH_CUDA", None))
+        cuda = getattr(_build_info, "CUDA_VERSION", "")
+        dali_cuda = getattr(_build_info, "DALI_CUDA_MAJOR", "")
+        if getattr(_build_info, "WITH_CUDA", False) and cuda and dali_cuda and cuda.split(".")[0] != dali_cuda:
+            log.info("the dali_mesh GPU operator was built with CUDA %s, DALI with CUDA %s: the GPU "
+                     "operator needs a driver for CUDA %s (>= 580 for CUDA 13)", cuda, dali_cuda,
+                     cuda.split(".")[0])
+        _ops_module = ops
+        return ops
+
+
+def _as_list(value, name: str) -> Any:
+    """A DataNode (per-sample argument input) as is; an int or a sequence as a list of ints."""
+    if isinstance(value, dali.data_node.DataNode):
+        return value
+    if isinstance(value, (int,)) or hasattr(value, "__index__"):
+        return [int(value)]
+    try:
+        return [int(v) for v in value]
+    except TypeError:
+        raise TypeError(f"{name} must be an int, a sequence of ints or a DataNode, got {value!r}") from None
+
+
+def _dali_dtype(dtype):
+    if dtype is None or isinstance(dtype, types.DALIDataType):
+        return dtype
+    return types.to_dali_type(dtype)
+
+
+def strided_slice(input, start, shape, step=1, axes: Sequence[int] | None = None,
+                  boundary: str | Sequence[str] = "constant", fill_value: float = 0, dtype=None,
+                  channel_axis: int | None = None, mean: Sequence[float] | None = None,
+                  std: Sequence[float] | None = None, *, domain_start=None, domain_shape=None,
+                  device: str | None = None, **kwargs):
+    """``out[i] = in[b(start + i * step)]`` on each listed axis (``fn.dali_mesh.strided_slice``).
+
+    Args:
+        input: DataNode, CPU or GPU.
+        start, shape, step: one value per listed axis (``step`` may be one value for all): lists of
+            ints, or per-sample argument inputs (CPU DataNodes, e.g. from :func:`mesh_roi`).
+        axes: the axes they refer to (default: every axis).
+        boundary: ``constant`` (``fill_value``), ``periodic``, ``reflect``, ``symmetric``, ``edge``;
+            one for all listed axes or one per listed axis (numpy ``np.pad`` meanings).
+        dtype: output type (default: the input's; float32 when normalising).
+        channel_axis, mean, std: ``(x - mean[c]) / std[c]`` in float32, ``c`` the input's index on
+            ``channel_axis``; constant cells hold ``fill_value`` unnormalised.
+        domain_start, domain_shape: a box inside the sample where the boundary applies (a crop).
+    """
+    ops = load_plugin()
+    args: dict[str, Any] = {
+        "start": _as_list(start, "start"),
+        "shape": _as_list(shape, "shape"),
+        "step": _as_list(step, "step"),
+        "boundary": [boundary] if isinstance(boundary, str) else list(boundary),
+        "fill_value": float(fill_value),
+    }
+    if axes is not None:
+        args["axes"] = [int(a) for a in axes]
+    if dtype is not None:
+        args["dtype"] = _dali_dtype(dtype)
+    if channel_axis is not None:
+        args["channel_axis"] = int(channel_axis)
+    if mean is not None:
+        args["mean"] = [float(m) for m in mean]
+    if std is not None:
+        args["std"] = [float(s) for s in std]
+    if (domain_start is None) != (domain_shape is None):
+        raise ValueError("give both domain_start and domain_shape, or neither")
+    if domain_start is not None:
+        args["domain_start"] = _as_list(domain_start, "domain_start")
+        args["domain_shape"] = _as_list(domain_shape, "domain_shape")
+    if device is not None:
+        args["device"] = device
+    return ops.strided_slice(input, **args, **kwargs)
+
+
+def mesh_roi(shape, *, mesh_shape: Sequence[int], coordinate: Sequence[int],
+             shard_axes: Sequence[int], halo_lo: int | Sequence[int] = 0,
+             halo_hi: int | Sequence[int] = 0, boundary: str | Sequence[str] = "constant",
+             split: str = "chunk", crop_start: Sequence[int] | None = None,
+             crop_stop: Sequence[int] | None = None, output_domain: bool = False, **kwargs):
+    """This rank's ``(window_start, window_shape)`` per sample (``fn.dali_mesh.mesh_roi``, CPU).
+
+    ``shape`` is a per-sample shape (``x.shape()``, ``fn.peek_image_shape(jpegs)``); ``shard_axes``
+    has one entry per mesh dim (the sample axis it shards, or -1); ``halo_lo``/``halo_hi``/
+    ``boundary`` one value or one per axis; ``crop_start``/``crop_stop`` the domain box (a stop of -1:
+    to the end of the axis). With ``output_domain`` two more outputs give the domain's start and
+    shape (for :func:`strided_slice`'s ``domain_start``/``domain_shape``).
+    """
+    ops = load_plugin()
+    args: dict[str, Any] = {
+        "mesh_shape": [int(v) for v in mesh_shape],
+        "coordinate": [int(v) for v in coordinate],
+        "shard_axes": [int(v) for v in shard_axes],
+        "halo_lo": _as_list(halo_lo, "halo_lo"),
+        "halo_hi": _as_list(halo_hi, "halo_hi"),
+        "boundary": [boundary] if isinstance(boundary, str) else list(boundary),
+        "split": split,
+        "output_domain": bool(output_domain),
+    }
+    if (crop_start is None) != (crop_stop is None):
+        raise ValueError("give both crop_start and crop_stop, or neither")
+    if crop_start is not None:
+        args["crop_start"] = [int(v) for v in crop_start]
+        args["crop_stop"] = [int(v) for v in crop_stop]
+    return ops.mesh_roi(shape, **args, **kwargs)
+
+
+_BIG = 1 << 62  # a stand-in axis size to read a layout's crop box without a sample shape
+
+
+def mesh_roi_args(layout, ndim: int, coordinate: Sequence[int] | None = None) -> dict:
+    """The :func:`mesh_roi` arguments of a :class:`dali_mesh.Layout` for ``ndim``-dim samples."""
+    if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 1:
+        raise ValueError(f"ndim must be a positive int (the samples' number of axes), got {ndim!r}")
+    halo = layout.halo_pairs(ndim)
+    start, stop = layout.domain((_BIG,) * ndim)
+    args = {
+        "mesh_shape": tuple(layout.mesh.shape),
+        "coordinate": tuple(layout.mesh.coordinate if coordinate is None else coordinate),
+        "shard_axes": tuple(layout.shard_axes(ndim)),
+        "halo_lo": [lo for lo, _ in halo],
+        "halo_hi": [hi for _, hi in halo],
+        "boundary": list(layout.boundaries(ndim)),
+        "split": layout.split,
+    }
+    if any(s != 0 for s in start) or any(e != _BIG for e in stop):
+        args["crop_start"] = list(start)
+        args["crop_stop"] = [-1 if e == _BIG else e for e in stop]
+    return args
+
+
+def mesh_slice(x, layout, *, ndim: int, dtype=None, channel_axis: int | None = None,
+               mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
+               coordinate: Sequence[int] | None = None, device: str | None = None):
+    """This rank's window (halo and boundaries included) of data already in the pipeline.
+
+    ``mesh_roi(x.shape(), ...)`` from the layout's numbers, then :func:`strided_slice` with the
+    layout's boundary per axis (``trim`` axes are clipped by ``mesh_roi``) and ``fill_value``; the
+    crop box, if any, is the domain the boundary applies to. Works on CPU and GPU data; the result
+    equals ``dali_mesh.partition.take_window(sample, layout.region(sample.shape))``.
+
+    Args:
+        x: DataNode of ``ndim``-dim samples (shapes may differ per sample).
+        layout: a :class:`dali_mesh.Layout`.
+        ndim: the samples' number of axes (the layout's per-axis settings need it).
+        dtype, channel_axis, mean, std: as for :func:`strided_slice`.
+        coordinate: another rank's mesh coordinate (default: the layout's mesh coordinate).
+    """
+    args = mesh_roi_args(layout, ndim, coordinate)
+    has_crop = "crop_start" in args
+    roi = mesh_roi(x.shape(), output_domain=has_crop, **args)
+    boundary = ["constant" if b == "trim" else b for b in args["boundary"]]
+    dom = {"domain_start": roi[2], "domain_shape": roi[3]} if has_crop else {}
+    return strided_slice(x, roi[0], roi[1], boundary=boundary, fill_value=layout.fill_value,
+                         dtype=dtype, channel_axis=channel_axis, mean=mean, std=std, device=device,
+                         **dom)

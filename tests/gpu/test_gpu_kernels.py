@@ -1,0 +1,151 @@
+"""The CUDA strided slice (the code the DALI GPU operator launches), through the DALI-free library
+on torch/cupy device memory, against numpy and against its own host emulation. Skipped without a
+GPU. Random data each run; the seed is in failure messages (DALI_MESH_TEST_SEED replays)."""
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+
+from dali_mesh import _kernels as K
+
+pytestmark = pytest.mark.gpu
+
+SEED = int(os.environ.get("DALI_MESH_TEST_SEED", random.SystemRandom().randrange(2**31)))
+MODES = ("constant", "periodic", "reflect", "symmetric", "edge")
+DTYPES = [np.uint8, np.uint16, np.uint32, np.uint64, np.int8, np.int16, np.int32, np.int64,
+          np.float16, np.float32, np.float64, np.bool_]
+
+
+def rand(rng, shape, dtype):
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, shape).astype(bool)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+    x = rng.normal(0, 3e4 if dtype == np.float16 else 1e3, shape)
+    if dtype != np.float16 and x.size:
+        x.reshape(-1)[:: max(1, x.size // 7)] *= 1e17  # beyond integer ranges: saturation
+    with np.errstate(over="ignore"):  # values beyond float16: inf, on purpose
+        return x.astype(dtype)
+
+
+def run_cuda(device, samples, start, shape, step, boundary, *, dtype=None, in_offset=0,
+             out_offset=0, launcher=None, **kw):
+    """Copies samples to the device, runs the kernel, returns host outputs (and the emulation's)."""
+    n = len(samples)
+    out_dtype = np.dtype(dtype) if dtype is not None else (
+        np.dtype(np.float32) if kw.get("mean") is not None else samples[0].dtype)
+    starts = start if np.ndim(start) == 2 else [start] * n
+    shapes = shape if np.ndim(shape) == 2 else [shape] * n
+    steps = step if np.ndim(step) == 2 else [[step] * samples[0].ndim if np.ndim(step) == 0 else step] * n
+    bounds = boundary if isinstance(boundary, list) and boundary and isinstance(boundary[0], list) else (
+        [[boundary] * samples[0].ndim] * n if isinstance(boundary, str) else [boundary] * n)
+    ins = [device.to_device(x, in_offset) for x in samples]
+    outs = [device.empty(int(np.prod(sh)) * out_dtype.itemsize + out_offset) for sh in shapes]
+    K.strided_slice_device([device.ptr(b, in_offset) for b in ins], [device.ptr(o, out_offset) for o in outs],
+                           [x.shape for x in samples], starts, shapes, steps, bounds,
+                           in_dtype=samples[0].dtype, out_dtype=out_dtype, stream=device.stream(),
+                           launcher=launcher, **kw)
+    device.sync()
+    got = [device.to_host(o, out_offset, tuple(sh), out_dtype) for o, sh in zip(outs, shapes)]
+    emu = K.strided_slice_host(samples, starts, shapes, steps, bounds, dtype=out_dtype,
+                               backend="emulate", **kw)
+    return got, emu, starts, shapes, steps, bounds, out_dtype
+
+
+def check(samples, got, emu, starts, shapes, steps, bounds, out_dtype, msg, **kw):
+    for i, x in enumerate(samples):
+        ref = K.reference_strided_slice(x, starts[i], shapes[i], steps[i], bounds[i], dtype=out_dtype, **kw)
+        np.testing.assert_array_equal(got[i], ref, err_msg=f"{msg} sample {i} (vs numpy)")
+        np.testing.assert_array_equal(got[i], emu[i], err_msg=f"{msg} sample {i} (vs host emulation)")
+
+
+def test_random_windows_every_mode_and_dtype(device):
+    rng = np.random.default_rng(SEED)
+    with K.CudaLauncher() as launcher:  # reused across batches of growing size
+        for case in range(200):
+            ndim = int(rng.integers(1, 6))
+            in_dt = DTYPES[rng.integers(len(DTYPES))]
+            out_dt = in_dt if rng.random() < 0.5 else DTYPES[rng.integers(len(DTYPES))]
+            modes = [MODES[rng.integers(5)] for _ in range(ndim)]
+            samples, starts, shapes, steps, bounds = [], [], [], [], []
+            for _ in range(int(rng.integers(1, 5))):
+                sh = [int(rng.integers(1, 9)) for _ in range(ndim)]
+                samples.append(rand(rng, sh, in_dt))
+                starts.append([int(rng.integers(-3 * n - 3, 3 * n + 3)) for n in sh])
+                shapes.append([int(rng.integers(0 if rng.random() < 0.05 else 1, 12)) for _ in sh])
+                steps.append([int(rng.integers(1, 4)) for _ in sh])
+                bounds.append(modes)
+            fill = 1.0 if np.dtype(out_dt) == np.bool_ else float(rng.integers(-5, 100))
+            if np.dtype(out_dt).kind == "u":
+                fill = abs(fill)
+            got, emu, *rest = run_cuda(device, samples, starts, shapes, steps, bounds, dtype=out_dt,
+                                       fill_value=fill, launcher=launcher)
+            check(samples, got, emu, *rest,
+                  f"seed {SEED} case {case} {np.dtype(in_dt)}->{np.dtype(out_dt)} {starts} {shapes} {steps} {modes}",
+                  fill_value=fill)
+
+
+@pytest.mark.parametrize("in_offset,out_offset", [(0, 0), (4, 0), (0, 8), (2, 6)])
+def test_vector_paths_and_alignment(device, in_offset, out_offset):
+    """16-byte moves where extent and alignment allow, narrower where they do not."""
+    rng = np.random.default_rng(SEED)
+    cases = [
+        (np.float32, (6, 40, 96), [1, 3, 8], [4, 30, 80], "constant"),
+        (np.float32, (6, 40, 96), [-2, -3, 8], [10, 46, 80], ["periodic", "reflect", "constant"]),
+        (np.uint8, (5, 33, 64), [0, 0, 16], [5, 33, 32], "constant"),
+        (np.float64, (3, 20, 30), [0, 2, 2], [3, 16, 26], "edge"),
+        (np.int16, (7, 50), [-9, -13], [25, 77], ["symmetric", "periodic"]),
+    ]
+    for dtype, shape, start, wshape, bnd in cases:
+        samples = [rand(rng, shape, dtype) for _ in range(3)]
+        if in_offset % np.dtype(dtype).itemsize or out_offset % np.dtype(dtype).itemsize:
+            continue  # elements themselves must stay aligned
+        got, emu, *rest = run_cuda(device, samples, start, wshape, 1, bnd if isinstance(bnd, str) else [bnd] * 3,
+                                   in_offset=in_offset, out_offset=out_offset, fill_value=2)
+        check(samples, got, emu, *rest, f"seed {SEED} {np.dtype(dtype)} {shape} {start} {wshape}",
+              fill_value=2)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.uint8, np.int32])
+def test_normalise_and_cast(device, dtype):
+    rng = np.random.default_rng(SEED)
+    x = rand(rng, (3, 17, 40), dtype)
+    if np.dtype(dtype).kind == "f":
+        x = np.clip(x, -6e4, 6e4).astype(dtype)
+    mean, std = [1.5, -2.0, 100.0], [2.0, 0.5, 30.0]
+    for out_dt in (np.float32, np.float16, np.uint8, np.int16):
+        got, emu, *rest = run_cuda(device, [x], [0, -2, -5], [3, 21, 50], 1,
+                                   ["constant", "constant", "periodic"], dtype=out_dt,
+                                   fill_value=7, channel_axis=0, mean=mean, std=std)
+        check([x], got, emu, *rest, f"seed {SEED} {np.dtype(dtype)}->{np.dtype(out_dt)}",
+              fill_value=7, channel_axis=0, mean=mean, std=std)
+    # channel axis innermost (HWC) with a reflected window
+    y = rand(rng, (9, 11, 3), dtype)
+    got, emu, *rest = run_cuda(device, [y], [-2, -3, -2], [13, 17, 7], [1, 2, 1], "reflect",
+                               channel_axis=-1, mean=mean, std=std, fill_value=0)
+    check([y], got, emu, *rest, f"seed {SEED} HWC", channel_axis=-1, mean=mean, std=std, fill_value=0)
+
+
+def test_large_batch_many_blocks(device):
+    rng = np.random.default_rng(SEED)
+    samples = [rng.normal(size=(8, 361, 720)).astype(np.float32) for _ in range(3)]
+    for start, wshape, bnd in (([0, 90, 0], [8, 93, 720], "constant"),
+                               ([0, 89, -2], [8, 95, 724], ["constant", "constant", "periodic"]),
+                               ([-1, -300, -800], [10, 961, 2300], ["reflect", "symmetric", "periodic"])):
+        got, emu, *rest = run_cuda(device, samples, start, wshape, 1, bnd if isinstance(bnd, str) else bnd,
+                                   fill_value=-1)
+        check(samples, got, emu, *rest, f"seed {SEED} {start} {wshape}", fill_value=-1)
+
+
+def test_domain_box(device):
+    rng = np.random.default_rng(SEED)
+    x = rand(rng, (6, 9, 10), np.int32)
+    got, emu, *rest = run_cuda(device, [x], [0, -1, -3], [6, 9, 14], 1, ["edge", "periodic", "reflect"],
+                               domain_start=[1, 1, 2], domain_shape=[4, 7, 6], fill_value=0)
+    check([x], got, emu, *rest, f"seed {SEED} domain", domain_start=[1, 1, 2], domain_shape=[4, 7, 6],
+          fill_value=0)
