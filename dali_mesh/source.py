@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -61,7 +62,8 @@ class WindowSource:
     window_names: tuple[str, ...] = ("window",)
 
     def __init__(self, layout: Layout, *, batch_size: int = 1, shuffle: bool = True, seed: int = 0,
-                 drop_last: bool = False, per_sample_shapes: bool = False) -> None:
+                 drop_last: bool = False, per_sample_shapes: bool = False,
+                 reuse_buffers: bool = True) -> None:
         if not isinstance(layout, Layout):
             raise TypeError(f"layout must be a dali_mesh.Layout, got {type(layout).__name__}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
@@ -72,7 +74,33 @@ class WindowSource:
         self.seed = int(seed)
         self.drop_last = bool(drop_last)
         self.per_sample_shapes = bool(per_sample_shapes)
+        self.reuse_buffers = bool(reuse_buffers)
         self._memo: dict[str, Any] = {}
+
+    # ---- output buffers -----------------------------------------------------------------------------
+    def _empty(self, shape, dtype) -> np.ndarray:
+        """An output array, recycled from earlier calls when nobody holds it any more.
+
+        Fresh large arrays cost a page fault per page (glibc hands 16 MiB blocks back to the kernel
+        when they are freed); DALI's worker copies each batch into shared memory and drops it, so a
+        window returned two batches ago is free again. An array is reused only when its reference
+        count shows that the pool alone holds it (a caller's reference, a view or a memoryview of it
+        keeps it out), so no one ever sees their array overwritten. At most ``batch_size + 2``
+        arrays are kept per process.
+        """
+        if not self.reuse_buffers:
+            return np.empty(shape, dtype)
+        pool = self._memo.setdefault("buffers", [])
+        shape, dtype = tuple(shape), np.dtype(dtype)
+        for buf in pool:
+            # held by: the pool list, this loop variable and getrefcount's argument
+            if sys.getrefcount(buf) <= 3 and buf.shape == shape and buf.dtype == dtype:
+                return buf
+        buf = np.empty(shape, dtype)
+        if len(pool) >= self.batch_size + 2:
+            pool.pop(0)
+        pool.append(buf)
+        return buf
 
     # ---- pickling: caches and open handles stay behind ---------------------------------------------
     def __getstate__(self):
@@ -187,18 +215,19 @@ class NumpySource(WindowSource):
             has ``len(channels)`` there; the layout applies to that shape).
         per_sample_shapes: allow files of different shapes (the region is computed per file);
             otherwise every file must match the first (shape and dtype), or an error names it.
-        merge_gap, direct, method: passed to :func:`dali_mesh.io.read_npy_window` (``method="mmap"``
-            is faster for innermost-axis splits of files in the page cache).
+        merge_gap, direct, method: passed to :func:`dali_mesh.io.read_npy_window`.
         check_files: read every header now (errors name the first bad file) instead of on first use.
+        reuse_buffers: recycle output arrays that nobody holds any more (see ``_empty``).
     """
 
     def __init__(self, files: Sequence[str | os.PathLike], layout: Layout, *, batch_size: int = 1,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False,
                  channels: Sequence[int] | None = None, channel_axis: int = 0,
                  per_sample_shapes: bool = False, merge_gap: int = DEFAULT_MERGE_GAP,
-                 direct: bool = False, method: str = "preadv", check_files: bool = False) -> None:
-        super().__init__(layout, batch_size=batch_size, shuffle=shuffle, seed=seed,
-                         drop_last=drop_last, per_sample_shapes=per_sample_shapes)
+                 direct: bool = False, method: str = "auto", check_files: bool = False,
+                 reuse_buffers: bool = True) -> None:
+        super().__init__(layout, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
+                         per_sample_shapes=per_sample_shapes, reuse_buffers=reuse_buffers)
         self.files = [os.fspath(f) for f in files]
         if not self.files:
             raise ValueError("NumpySource needs at least one file")
@@ -206,8 +235,8 @@ class NumpySource(WindowSource):
         self.index_maps = _channel_maps(channels, channel_axis)
         self.merge_gap = int(merge_gap)
         self.direct = bool(direct)
-        if method not in ("preadv", "mmap"):
-            raise ValueError(f"method must be 'preadv' or 'mmap', got {method!r}")
+        if method not in ("auto", "preadv", "mmap"):
+            raise ValueError(f"method must be 'auto', 'preadv' or 'mmap', got {method!r}")
         self.method = method
         first = read_npy_header(self.files[0])
         shape = _apply_maps(first.shape, self.index_maps, self.files[0])
@@ -233,7 +262,8 @@ class NumpySource(WindowSource):
             expected = None
         else:
             region, expected = self.region, self.sample_shape
-        out = read_npy_window(path, region, prefix=(), index_maps=self.index_maps,
+        out = read_npy_window(path, region, self._empty(region.window_shape, self.dtype),
+                              prefix=(), index_maps=self.index_maps,
                               merge_gap=self.merge_gap, direct=self.direct, method=self.method,
                               expected_shape=expected, expected_dtype=self.dtype)
         return (out,)
@@ -247,9 +277,10 @@ class _TimeSeriesSource(WindowSource):
 
     def __init__(self, files, name, layout, *, batch_size=1, shuffle=True, seed=0, drop_last=False,
                  forecast: ForecastSpec | None = None, channels=None, channel_axis=0,
-                 time_range: tuple[int, int] | None = None, per_sample_shapes=False) -> None:
-        super().__init__(layout, batch_size=batch_size, shuffle=shuffle, seed=seed,
-                         drop_last=drop_last, per_sample_shapes=per_sample_shapes)
+                 time_range: tuple[int, int] | None = None, per_sample_shapes=False,
+                 reuse_buffers=True) -> None:
+        super().__init__(layout, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
+                         per_sample_shapes=per_sample_shapes, reuse_buffers=reuse_buffers)
         self.files = [os.fspath(f) for f in files]
         if not self.files:
             raise ValueError(f"{type(self).__name__} needs at least one {self._kind}")
@@ -333,16 +364,16 @@ class _TimeSeriesSource(WindowSource):
         else:
             shape, region = self.sample_shape, self.region
         if self.forecast is None:
-            out = np.empty(region.window_shape, self.dtype)
+            out = self._empty(region.window_shape, self.dtype)
             self._read_step(t, region, out, shape)
             return (out,)
         k, m = self.forecast.history, self.forecast.lead
-        inp = np.empty((k + 1,) + region.window_shape, self.dtype)
+        inp = self._empty((k + 1,) + region.window_shape, self.dtype)
         for j, s in enumerate(range(t - k, t + 1)):
             self._read_step(s, region, inp[j], shape)
         if not m:
             return (inp,)
-        tgt = np.empty((m,) + region.window_shape, self.dtype)
+        tgt = self._empty((m,) + region.window_shape, self.dtype)
         for j, s in enumerate(range(t + 1, t + m + 1)):
             self._read_step(s, region, tgt[j], shape)
         return inp, tgt

@@ -1,7 +1,6 @@
 """HDF5 (h5py hyperslabs) and Zarr (v2, v3 region reads) readers against the numpy oracle."""
 from __future__ import annotations
 
-import itertools
 import os
 
 import numpy as np

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import itertools
 import os
 
 import numpy as np
@@ -67,10 +66,11 @@ def test_every_dtype_and_endianness_native_output(tmp_path, dtype):
     path = _save(tmp_path / "a.npy", arr)
     for mode in ("constant", "periodic", "reflect"):
         region = _random_region(rng, arr.shape, mode)
-        out = read_npy_window(path, region)
-        assert out.dtype.isnative and out.dtype == arr.dtype.newbyteorder("=")
         expected = take_window(arr, region)
-        np.testing.assert_array_equal(out, expected)
+        for method in ("preadv", "mmap"):
+            out = read_npy_window(path, region, method=method)
+            assert out.dtype.isnative and out.dtype == arr.dtype.newbyteorder("=")
+            np.testing.assert_array_equal(out, expected)
 
 
 @pytest.mark.parametrize("version", [(1, 0), (2, 0), (3, 0)])
@@ -84,7 +84,8 @@ def test_versions_and_orders(tmp_path, version, fortran):
     assert h.version == version and h.fortran_order == fortran and h.shape == (3, 4, 5)
     assert h.data_offset + 3 * 4 * 5 * 4 == os.path.getsize(path)
     region = Region((0, 0, 0), (3, 4, 5), (1, 1, 1), (2, 3, 4), (0, -1, 0), (3, 5, 6), "periodic")
-    np.testing.assert_array_equal(read_npy_window(path, region), take_window(arr, region))
+    for method in ("preadv", "mmap"):
+        np.testing.assert_array_equal(read_npy_window(path, region, method=method), take_window(arr, region))
 
 
 def test_version3_utf8_header(tmp_path):
@@ -107,9 +108,27 @@ def test_random_windows_match_take_window(tmp_path, mode, order):
         region = _random_region(rng, arr.shape, mode, max_halo=12)
         expected = take_window(arr, region)
         for gap in (0, 64, 1 << 30):
-            np.testing.assert_array_equal(read_npy_window(path, region, merge_gap=gap), expected)
-        np.testing.assert_array_equal(read_npy_window(path, region, page_merge=False), expected)
+            np.testing.assert_array_equal(read_npy_window(path, region, merge_gap=gap, method="preadv"), expected)
+        np.testing.assert_array_equal(read_npy_window(path, region, page_merge=False, method="preadv"), expected)
         np.testing.assert_array_equal(read_npy_window(path, region, method="mmap"), expected)
+        np.testing.assert_array_equal(read_npy_window(path, region), expected)
+
+
+def test_auto_method_picks_mmap_for_small_pieces_only(tmp_path):
+    arr = np.arange(64 * 4096, dtype=np.uint8).reshape(64, 4096)
+    path = _save(tmp_path / "a.npy", arr)
+    narrow = Region((0, 0), (64, 4096), (0, 0), (64, 100), (0, 0), (64, 100), "constant")
+    wide = Region((0, 0), (64, 4096), (8, 0), (16, 4096), (8, 0), (16, 4096), "constant")
+    for region, calls in ((narrow, 1 + 1), (wide, 1 + 1)):
+        stats = IOStats()
+        np.testing.assert_array_equal(read_npy_window(path, region, stats=stats), take_window(arr, region))
+        assert stats.read_calls == calls  # header + one box copied (mmap) / one range read (preadv)
+    stats = IOStats()
+    read_npy_window(path, narrow, stats=stats)
+    assert stats.bytes_read == 512 + 64 * 4096  # mmap: pages touched, one per row
+    stats = IOStats()
+    read_npy_window(path, wide, stats=stats)
+    assert stats.bytes_read == 512 + 8 * 4096  # preadv: exactly the bytes
 
 
 def test_mmap_method_counts_pages_touched(tmp_path):
@@ -121,7 +140,7 @@ def test_mmap_method_counts_pages_touched(tmp_path):
     assert stats.bytes_read == 512 + 64 * 4096  # header read + one page per row
     with pytest.raises(ValueError, match="method"):
         read_npy_window(path, region, method="mmap", direct=True)
-    with pytest.raises(ValueError, match="'preadv' or 'mmap'"):
+    with pytest.raises(ValueError, match="'auto', 'preadv' or 'mmap'"):
         read_npy_window(path, region, method="aio")
 
 
@@ -162,7 +181,7 @@ def test_bytes_read_is_the_window(tmp_path, axis):
     layout = Layout(MeshInfo((4,), ("mp",), (1,)), shard={"mp": axis})
     region = layout.region(shape)
     stats = IOStats()
-    out = read_npy_window(path, region, merge_gap=0, page_merge=False, stats=stats)
+    out = read_npy_window(path, region, merge_gap=0, page_merge=False, method="preadv", stats=stats)
     np.testing.assert_array_equal(out, take_window(arr, region))
     window = out.nbytes
     header_read = min(512, os.path.getsize(path))
@@ -172,7 +191,7 @@ def test_bytes_read_is_the_window(tmp_path, axis):
     assert stats.read_calls == 1 + rows
     # merging every gap reads one range: more bytes, one call
     merged = IOStats()
-    read_npy_window(path, region, merge_gap=1 << 30, stats=merged)
+    read_npy_window(path, region, merge_gap=1 << 30, method="preadv", stats=merged)
     assert merged.read_calls == 2
     span = {0: window, 1: (4 - 1) * 16 * 64 * 4 + 4 * 64 * 4, 2: (4 * 16 - 1) * 64 * 4 + 16 * 4}[axis]
     assert merged.bytes_read == span + header_read
@@ -184,7 +203,7 @@ def test_many_iovecs_split_at_iov_max(tmp_path):
     path = _save(tmp_path / "a.npy", arr)
     region = Region((0, 0), (3000, 8), (0, 2), (3000, 4), (0, 2), (3000, 4), "constant")
     stats = IOStats()
-    out = read_npy_window(path, region, merge_gap=4096, stats=stats)
+    out = read_npy_window(path, region, merge_gap=4096, method="preadv", stats=stats)
     np.testing.assert_array_equal(out, arr[:, 2:4])
     assert stats.read_calls == 1 + -(-(2 * 3000 - 1) // os.sysconf("SC_IOV_MAX"))
 

@@ -221,3 +221,26 @@ def test_import_is_light():
     res = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": root})
     assert res.returncode == 0, res.stderr + res.stdout
+
+
+def test_output_buffers_are_recycled_only_when_nobody_holds_them(tmp_path):
+    files = _npy_files(tmp_path, n=4)
+    src = NumpySource(files, _layout((0, 1)), batch_size=2, shuffle=False)
+    held = src.read_sample(0)[0]
+    address = held.__array_interface__["data"][0]
+    second = src.read_sample(1)[0]
+    assert second.__array_interface__["data"][0] != address  # `held` is still ours: not reused
+    np.testing.assert_array_equal(held, take_window(np.load(files[0]), src.region))
+    view = second[1:]
+    del second
+    third = src.read_sample(2)[0]  # `view` keeps the second buffer alive, so a third one is made
+    np.testing.assert_array_equal(view, take_window(np.load(files[1]), src.region)[1:])
+    del held
+    again = src.read_sample(3)[0]  # the first buffer is free again
+    assert again.__array_interface__["data"][0] == address
+    np.testing.assert_array_equal(again, take_window(np.load(files[3]), src.region))
+    np.testing.assert_array_equal(third, take_window(np.load(files[2]), src.region))
+    fresh = NumpySource(files, _layout((0, 1)), reuse_buffers=False)
+    a = fresh.read_sample(0)[0]
+    b = fresh.read_sample(0)[0]
+    assert a is not b

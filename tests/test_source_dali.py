@@ -119,3 +119,43 @@ def test_batch_size_must_match_the_pipeline(tmp_path):
 
     with pytest.raises(ValueError, match="batch_size is 3 but the source was built with batch_size=2"):
         pipe()
+
+
+def test_hdf5_forecast_source_in_a_pipeline(tmp_path):
+    """Four outputs (input, target, sample id, pad), h5py opened inside the worker process."""
+    h5py = pytest.importorskip("h5py")
+    from dali_mesh.source import ForecastSpec, HDF5Source
+
+    years = [np.arange(n * 2 * 6 * 8, dtype=np.float32).reshape(n, 2, 6, 8) + 1000 * y for y, n in ((0, 3), (1, 4))]
+    files = []
+    for y, arr in enumerate(years):
+        p = str(tmp_path / f"{2000 + y}.h5")
+        with h5py.File(p, "w") as f:
+            f.create_dataset("fields", data=arr)
+        files.append(p)
+    mesh = MeshInfo((1, 2), ("data_parallel", "model_parallel"), (0, 1))
+    layout = Layout(mesh, shard={"model_parallel": 1}, halo={2: 1}, boundary={2: "periodic"})
+    src = HDF5Source(files, "fields", layout, batch_size=BATCH, seed=1, forecast=ForecastSpec(history=1, lead=2))
+    assert src.num_samples == 7 - 1 - 2
+
+    @pipeline_def(batch_size=BATCH, num_threads=1, device_id=None, py_num_workers=1, py_start_method="spawn")
+    def pipe():
+        return partitioned_source(src, layout="FCHW")
+
+    p = pipe()
+    p.build()
+    every = np.concatenate(years)
+    seen = []
+    for _ in range(2):
+        inp, tgt, sid, pad = p.run()
+        assert inp.layout() == "FCHW"
+        for k in range(BATCH):
+            t = src.step_of(int(np.array(sid[k])))
+            seen.append(int(np.array(sid[k])))
+            expected_in = np.stack([take_window(every[s], src.region) for s in (t - 1, t)])
+            expected_tg = np.stack([take_window(every[s], src.region) for s in (t + 1, t + 2)])
+            np.testing.assert_array_equal(np.array(inp[k]), expected_in)
+            np.testing.assert_array_equal(np.array(tgt[k]), expected_tg)
+    assert sorted(seen) == [0, 1, 2, 3]
+    with pytest.raises(StopIteration):
+        p.run()

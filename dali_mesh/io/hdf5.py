@@ -24,7 +24,7 @@ from dali_mesh.io._common import (
     UnsupportedDtypeError,
     _account,
 )
-from dali_mesh.io._plan import WindowPlan, plan_window
+from dali_mesh.io._plan import plan_window
 from dali_mesh.partition import Region
 
 __all__ = ["open_hdf5_dataset", "read_hdf5_window", "hdf5_sample_info"]

@@ -3,9 +3,12 @@
 - Own header parser (format 1.0, 2.0, 3.0): the header dict is parsed with ``ast.literal_eval``
   (literals only, nothing is ever unpickled); object, structured and string dtypes are refused.
 - The window's boxes (see :mod:`dali_mesh.io._plan`) become byte ranges; ranges whose gap is at most
-  ``merge_gap`` bytes are merged into one read (the gap lands in a scratch buffer). Each read is one
-  ``os.preadv`` whose buffers are the destination's own memory, so bytes go straight from the page
-  cache (or the disk) into the window: no staging copy for C-order files and C-contiguous outputs.
+  ``merge_gap`` bytes, or whose gap holds no page they do not touch anyway, are merged into one read
+  (the gap lands in a scratch buffer). Each read is one ``os.preadv`` whose buffers are the
+  destination's own memory, so bytes go straight from the page cache (or the disk) into the window:
+  no staging copy for C-order files and C-contiguous outputs.
+- ``method="auto"`` (default) switches to a ``MADV_RANDOM`` mapping when the contiguous pieces are
+  small (an innermost-axis split): the same pages are read, with fewer copies.
 - The file is opened read-only and ``POSIX_FADV_RANDOM`` is set, so that kernel readahead pulls no
   bytes that were not asked for. ``direct=True`` opens with ``O_DIRECT`` (page cache bypassed; reads
   are widened to 4 KiB alignment through an aligned bounce buffer).
@@ -47,10 +50,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: Merge byte ranges whose gap is at most this many bytes (besides gaps that add no page, which are
-#: always merged). Chosen by ``benchmarks/read_bench.py --only-sweep`` (2 KiB windows per row): up to
-#: a 4 KiB gap, merged reads were faster warm (1.5-1.7x) and cold (2-17x) and read no more bytes
-#: from storage; at 8-16 KiB they were still faster but read 1.7-3x the bytes of separate reads; at
-#: 64 KiB they were slower warm (4x). So 4 KiB: the largest gap that never costs storage bytes.
+#: always merged). Chosen by ``benchmarks/read_bench.py --only-sweep`` (2 KiB windows per row, see
+#: benchmarks/read_bench_results.md): up to a 4 KiB gap, merged reads were ~2x faster warm and 10-13x
+#: faster cold and read no more bytes from storage; at 8-16 KiB they were still faster but read
+#: 1.7-3x the bytes of separate reads; at 64 KiB they were 4x slower warm. So 4 KiB: the largest gap
+#: that never costs storage bytes.
 DEFAULT_MERGE_GAP = 4096
 #: Largest header accepted (numpy's own limit is 10000 bytes; a larger one is corrupt or hostile).
 MAX_HEADER_BYTES = 65536
@@ -59,6 +63,7 @@ _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 _DIRECT_ALIGN = 4096
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _WILLNEED_CHUNK = 512 << 10
+_MMAP_BELOW = 16 << 10  # method="auto": mmap when the contiguous pieces average less than this
 _DIRECT_CHUNK = 16 << 20  # largest O_DIRECT bounce read
 _ALLOWED_KINDS = "biufcmM"  # bool, ints, uints, floats, complex, timedelta, datetime
 
@@ -255,17 +260,20 @@ def plan_npy_reads(header: NpyHeader, plan: WindowPlan, prefix: Sequence[int] = 
     fo, do, ub = np.concatenate(fo), np.concatenate(do), np.concatenate(ub)
     order = np.argsort(fo, kind="stable")
     fo, do, ub = fo[order], do[order], ub[order]
+    return fo, do, ub, _group(fo, ub, merge_gap, page_merge)
+
+
+def _group(fo: np.ndarray, ub: np.ndarray, merge_gap: int, page_merge: bool) -> list[tuple[int, int]]:
+    """Runs of units (sorted by offset) to read in one call each."""
+    if fo.size == 0:
+        return []
     ends = fo[:-1] + ub[:-1]
-    gaps = fo[1:] - ends
-    split = gaps > merge_gap
+    split = fo[1:] - ends > merge_gap
     if page_merge:
         # a gap holding no page that neither neighbour touches costs no storage bytes: merge it too
-        page = _PAGE
-        split &= (fo[1:] // page) > ((ends - 1) // page) + 1
-    cut = np.flatnonzero(split) + 1
-    bounds = np.concatenate(([0], cut, [fo.size]))
-    groups = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
-    return fo, do, ub, groups
+        split &= (fo[1:] // _PAGE) > ((ends - 1) // _PAGE) + 1
+    bounds = np.concatenate(([0], np.flatnonzero(split) + 1, [fo.size]))
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
 
 
 def _preadv_all(fd: int, bufs: list, lens: list, offset: int, path: str, stats: IOStats) -> None:
@@ -357,7 +365,7 @@ def _read_groups(fd, path, dest: memoryview, fo, do, ub, groups, stats, direct: 
 
 
 def _read_mmap(fd, header: NpyHeader, plan: WindowPlan, prefix, out, stats: IOStats,
-               willneed: bool = True) -> None:
+               units=None, willneed: bool = True) -> None:
     """Copy every box out of a read-only mapping of the file (no readahead: ``MADV_RANDOM``; the
     pages needed are announced with ``MADV_WILLNEED`` so that cold reads go out as large requests
     instead of one synchronous page fault per page)."""
@@ -365,7 +373,11 @@ def _read_mmap(fd, header: NpyHeader, plan: WindowPlan, prefix, out, stats: IOSt
     try:
         if hasattr(mm, "madvise") and hasattr(mmap, "MADV_RANDOM"):
             mm.madvise(mmap.MADV_RANDOM)
-        fo, _, ub, groups = plan_npy_reads(header, plan, prefix, merge_gap=0, page_merge=True)
+        if units is None:
+            fo, _, ub, _ = plan_npy_reads(header, plan, prefix)
+        else:
+            fo, ub = units
+        groups = _group(fo, ub, 0, True)  # exactly the pages needed
         if willneed and hasattr(mmap, "MADV_WILLNEED"):
             # start reading exactly the pages needed, in large requests, before faulting them in
             fo_l, ub_l = fo.tolist(), ub.tolist()
@@ -384,7 +396,7 @@ def _read_mmap(fd, header: NpyHeader, plan: WindowPlan, prefix, out, stats: IOSt
             stats.read_calls += 1
         del arr
         # bytes: the pages the boxes touch
-        if fo.size:
+        if len(fo):
             first, last = fo // _PAGE, (fo + ub - 1) // _PAGE
             order = np.argsort(first)
             first, last = first[order], np.maximum.accumulate(last[order])
@@ -404,7 +416,7 @@ def read_npy_window(
     merge_gap: int = DEFAULT_MERGE_GAP,
     page_merge: bool = True,
     direct: bool = False,
-    method: str = "preadv",
+    method: str = "auto",
     expected_shape: Sequence[int] | None = None,
     expected_dtype=None,
     stats: IOStats | None = None,
@@ -422,10 +434,12 @@ def read_npy_window(
         merge_gap: byte ranges whose gap is at most this are read in one call.
         page_merge: also merge gaps that hold no page the neighbouring ranges do not touch.
         direct: open with ``O_DIRECT`` (bypass the page cache).
-        method: ``"preadv"`` (default: exact byte ranges, fast cold, any file system) or ``"mmap"``
-            (map the file with ``MADV_RANDOM`` and copy the boxes: faster when the file is in the
-            page cache and the window is many small pieces, e.g. an innermost-axis split; cold, every
-            page is a synchronous fault). ``bytes_read`` then counts the pages the boxes touch.
+        method: ``"preadv"`` (exact byte ranges straight into ``out``), ``"mmap"`` (map the file
+            with ``MADV_RANDOM``, announce exactly the pages needed with ``MADV_WILLNEED``, copy the
+            boxes; ``bytes_read`` then counts the pages touched) or ``"auto"`` (default): mmap when
+            the contiguous pieces average under 16 KiB (an innermost-axis split: pages are shared
+            with other ranks anyway, and a mapping copies the pieces without preadv's per-piece
+            buffers and gap bytes), else preadv. Both read the same pages from storage.
         expected_shape, expected_dtype: the sample shape (after prefix and index maps) and dtype the
             caller expects; a file that differs raises :class:`ShapeMismatchError` naming it.
         stats: counters to add this read to (the process-wide counters are always updated).
@@ -433,8 +447,8 @@ def read_npy_window(
     Returns ``out``, equal to ``take_window(np.load(path)[prefix], region)``.
     """
     path = str(path)
-    if method not in ("preadv", "mmap"):
-        raise ValueError(f"method must be 'preadv' or 'mmap', got {method!r}")
+    if method not in ("auto", "preadv", "mmap"):
+        raise ValueError(f"method must be 'auto', 'preadv' or 'mmap', got {method!r}")
     if method == "mmap" and direct:
         raise ValueError("direct=True (O_DIRECT) reads with preadv; it cannot be combined with method='mmap'")
     local = IOStats(files_opened=1)
@@ -476,11 +490,16 @@ def read_npy_window(
         plan = plan_window(region, index_maps)
         if out.size == 0:
             return out
+        fo, do, ub, groups = plan_npy_reads(header, plan, prefix, merge_gap, page_merge)
+        if method == "auto":
+            # many small pieces (an innermost-axis split): a mapping copies them without the
+            # per-piece buffers and the gap bytes of preadv; large pieces: preadv straight in
+            small = fo.size > 0 and ub.sum() < _MMAP_BELOW * fo.size
+            method = "mmap" if small and not direct else "preadv"
         if method == "mmap":
-            _read_mmap(fd, header, plan, prefix, out, local)
+            _read_mmap(fd, header, plan, prefix, out, local, units=(fo, ub))
             plan.finish(out)
             return out
-        fo, do, ub, groups = plan_npy_reads(header, plan, prefix, merge_gap, page_merge)
         if header.fortran_order:
             direct_ok = out.T.flags.c_contiguous
             stage = out.T if direct_ok else np.empty(window_shape[::-1], native)
