@@ -295,6 +295,13 @@ def _halo_pair(v, axis: int) -> tuple[int, int]:
     return int(lo), int(hi)
 
 
+def _mesh_dim(mesh: MeshInfo, name, what: str) -> int:
+    try:
+        return mesh.dim_index(name)
+    except MeshError as e:
+        raise LayoutError(f"{what}: {e}") from None
+
+
 class Layout:
     """How one sample is split over a mesh.
 
@@ -337,10 +344,7 @@ class Layout:
         shard = dict(shard or {})
         by_dim: dict[int, int] = {}
         for name, axis in shard.items():
-            try:
-                d = mesh.dim_index(name)
-            except MeshError as e:
-                raise LayoutError(f"shard: {e}") from None
+            d = _mesh_dim(mesh, name, "shard")
             if d in by_dim:
                 raise LayoutError(f"shard: mesh dim {mesh.names[d]!r} is used twice")
             if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
@@ -362,10 +366,7 @@ class Layout:
             names = [batch] if isinstance(batch, (str, int)) else list(batch)
             batch_dims = []
             for name in names:
-                try:
-                    d = mesh.dim_index(name)
-                except MeshError as e:
-                    raise LayoutError(f"batch: {e}") from None
+                d = _mesh_dim(mesh, name, "batch")
                 if d in by_dim:
                     raise LayoutError(f"mesh dim {mesh.names[d]!r} is used twice: in shard and in batch")
                 if d in batch_dims:
