@@ -335,14 +335,17 @@ def run(args: argparse.Namespace) -> int:
             return 1
         stats = [json.load(open(os.path.join(tmp, f"stats{r}.json"))) for r in range(args.nproc)]
     wall = time.perf_counter() - t0
-    names = ",".join(stats[0]["coordinate"])
-    print(f"{'rank':>4}  {'(' + names + ')':<28} {'window':<28} {'read':>12} {'of full':>8} {'samples/s':>9}")
+    rows = []
     for s in stats:
-        box = "[" + ", ".join(f"{a}:{b}" for a, b in zip(*s["window"])) + "]"
         read = s["read_bytes"] if s["read_bytes"] is not None else s["window_bytes"]
-        coordinate = "(" + ", ".join(str(c) for c in s["coordinate"].values()) + ")"
-        print(f"{s['rank']:>4}  {coordinate:<28} {box:<28} {read / 2**20:>9.1f} MiB "
-              f"{100 * read / s['full_bytes']:>7.1f}% {s['samples'] / s['seconds']:>9.1f}")
+        rows.append([str(s["rank"]), "(" + ", ".join(str(c) for c in s["coordinate"].values()) + ")",
+                     "[" + ", ".join(f"{a}:{b}" for a, b in zip(*s["window"])) + "]",
+                     f"{read / 2**20:.1f} MiB", f"{100 * read / s['full_bytes']:.1f}%",
+                     f"{s['samples'] / s['seconds']:.1f}"])
+    header = ["rank", "(" + ", ".join(stats[0]["coordinate"]) + ")", "window", "read", "of full", "samples/s"]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    for r in [header] + rows:
+        print("  ".join(c.rjust(w) if i in (0, 3, 4, 5) else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
     fractions = [(s["read_bytes"] if s["read_bytes"] is not None else s["window_bytes"]) / s["full_bytes"] for s in stats]
     seen = {sid for s in stats for sid in s["real_ids"]}
     checked = sum(s["verified"] for s in stats)
