@@ -28,6 +28,26 @@ int Fail(const std::string &msg, char *err, int errlen) {
   return -1;
 }
 
+// The arguments of sample i of a batch whose per-sample arrays are flattened [nsamples * ndim];
+// domain_starts/domain_shapes may be null (the whole sample).
+dali_mesh::SliceUserArgs SampleArgs(int i, int ndim, const int64_t *in_shapes, const int64_t *starts,
+                                    const int64_t *shapes, const int64_t *steps,
+                                    const int32_t *boundaries, const int64_t *domain_starts,
+                                    const int64_t *domain_shapes) {
+  dali_mesh::SliceUserArgs u;
+  const size_t o = static_cast<size_t>(i) * ndim;
+  u.in_shape.assign(in_shapes + o, in_shapes + o + ndim);
+  u.start.assign(starts + o, starts + o + ndim);
+  u.shape.assign(shapes + o, shapes + o + ndim);
+  u.step.assign(steps + o, steps + o + ndim);
+  u.boundary.assign(boundaries + o, boundaries + o + ndim);
+  if (domain_starts && domain_shapes) {
+    u.domain_start.assign(domain_starts + o, domain_starts + o + ndim);
+    u.domain_shape.assign(domain_shapes + o, domain_shapes + o + ndim);
+  }
+  return u;
+}
+
 }  // namespace
 
 DM_EXPORT int dm_abi_version(void) { return 1; }
@@ -104,17 +124,8 @@ DM_EXPORT int dm_strided_slice(int backend, void *launcher, int nsamples, int nd
   if (!e.empty()) return Fail(e, err, errlen);
   std::vector<SliceSample> samples(nsamples);
   for (int i = 0; i < nsamples; i++) {
-    SliceUserArgs u;
-    const size_t o = static_cast<size_t>(i) * ndim;
-    u.in_shape.assign(in_shapes + o, in_shapes + o + ndim);
-    u.start.assign(starts + o, starts + o + ndim);
-    u.shape.assign(shapes + o, shapes + o + ndim);
-    u.step.assign(steps + o, steps + o + ndim);
-    u.boundary.assign(boundaries + o, boundaries + o + ndim);
-    if (domain_starts && domain_shapes) {
-      u.domain_start.assign(domain_starts + o, domain_starts + o + ndim);
-      u.domain_shape.assign(domain_shapes + o, domain_shapes + o + ndim);
-    }
+    SliceUserArgs u = SampleArgs(i, ndim, in_shapes, starts, shapes, steps, boundaries,
+                                 domain_starts, domain_shapes);
     u.has_channel_axis = has_channel_axis != 0;
     u.channel_axis = channel_axis;
     e = MakeSliceSample(u, p, &samples[i]);
@@ -166,13 +177,8 @@ DM_EXPORT int dm_gpu_plan_info(int nsamples, int ndim, const void *const *in, vo
   p.out_type = out_type;
   std::vector<SliceSample> samples(nsamples);
   for (int i = 0; i < nsamples; i++) {
-    SliceUserArgs u;
-    const size_t o = static_cast<size_t>(i) * ndim;
-    u.in_shape.assign(in_shapes + o, in_shapes + o + ndim);
-    u.start.assign(starts + o, starts + o + ndim);
-    u.shape.assign(shapes + o, shapes + o + ndim);
-    u.step.assign(steps + o, steps + o + ndim);
-    u.boundary.assign(boundaries + o, boundaries + o + ndim);
+    SliceUserArgs u = SampleArgs(i, ndim, in_shapes, starts, shapes, steps, boundaries, nullptr,
+                                 nullptr);
     std::string e = MakeSliceSample(u, p, &samples[i]);
     if (!e.empty()) return Fail(e, err, errlen);
   }

@@ -6,28 +6,11 @@
 #include <sstream>
 
 #include "index_math.h"
+#include "str_format.h"
 
 namespace dali_mesh {
 
 namespace {
-
-template <typename T>
-std::string ListStr(const std::vector<T> &v) {
-  std::ostringstream s;
-  s << "[";
-  for (size_t i = 0; i < v.size(); i++) s << (i ? ", " : "") << v[i];
-  s << "]";
-  return s.str();
-}
-
-std::string ShapeStr(const int64_t *shape, int ndim) {
-  std::ostringstream s;
-  s << "(";
-  for (int i = 0; i < ndim; i++) s << (i ? ", " : "") << shape[i];
-  if (ndim == 1) s << ",";
-  s << ")";
-  return s.str();
-}
 
 int64_t CeilDivPos(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

@@ -5,27 +5,11 @@
 #include <cstring>
 #include <sstream>
 
+#include "str_format.h"
+
 namespace dali_mesh {
 
 namespace {
-
-template <typename T>
-std::string ListStr(const std::vector<T> &v) {
-  std::ostringstream s;
-  s << "[";
-  for (size_t i = 0; i < v.size(); i++) s << (i ? ", " : "") << v[i];
-  s << "]";
-  return s.str();
-}
-
-std::string ShapeStr(const std::vector<int64_t> &v) {
-  std::ostringstream s;
-  s << "(";
-  for (size_t i = 0; i < v.size(); i++) s << (i ? ", " : "") << v[i];
-  if (v.size() == 1) s << ",";
-  s << ")";
-  return s.str();
-}
 
 // Whether `value` is held exactly by `type` (NaN and +-inf only by floating types).
 bool Representable(double value, int type) {

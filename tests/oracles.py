@@ -1,4 +1,7 @@
-"""numpy oracles shared by the tests."""
+"""numpy oracles and random test data shared by the tests."""
+import os
+import random
+
 import numpy as np
 
 NP_MODE = {"constant": "constant", "periodic": "wrap", "reflect": "reflect", "symmetric": "symmetric", "edge": "edge"}
@@ -27,3 +30,30 @@ def np_pad_sample(sample, region):
     """The window of a whole sample by np.pad of its domain (the crop box)."""
     domain = sample[tuple(slice(a, b) for a, b in zip(region.domain_start, region.domain_stop))]
     return np_pad_window(domain, region)
+
+
+# ---- random test data of the kernel and operator tests ------------------------------------------
+#: Random data each run; the seed is in every failure message (set DALI_MESH_TEST_SEED to replay).
+SEED = int(os.environ.get("DALI_MESH_TEST_SEED", random.SystemRandom().randrange(2**31)))
+MODES = ("constant", "periodic", "reflect", "symmetric", "edge")
+DTYPES = [np.uint8, np.uint16, np.uint32, np.uint64, np.int8, np.int16, np.int32, np.int64,
+          np.float16, np.float32, np.float64, np.bool_]
+
+
+def random_array(rng: np.random.Generator, shape, dtype, *, beyond_int: bool = True) -> np.ndarray:
+    """Random values of ``dtype``: integers over the dtype's whole range, floats normal (wider for
+    float16, some beyond its range: inf); ``beyond_int``: a few float values beyond every integer
+    range (to test saturating casts)."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, shape).astype(bool)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+    scale = 3e4 if dtype == np.float16 else 1e3
+    x = rng.normal(0, scale, shape)
+    if beyond_int and x.size and dtype != np.float16:
+        flat = x.reshape(-1)
+        flat[rng.integers(0, flat.size, max(1, flat.size // 16))] *= 1e17
+    with np.errstate(over="ignore"):  # values beyond float16: inf, on purpose
+        return x.astype(dtype)

@@ -3,9 +3,6 @@
 (set DALI_MESH_TEST_SEED to replay)."""
 from __future__ import annotations
 
-import os
-import random
-
 import numpy as np
 import pytest
 
@@ -16,14 +13,10 @@ from nvidia.dali import fn, pipeline_def, types  # noqa: E402
 import dali_mesh.fn as dfn  # noqa: E402
 from dali_mesh import Layout, MeshInfo, partition  # noqa: E402
 from dali_mesh._kernels import reference_strided_slice  # noqa: E402
+from oracles import DTYPES, MODES, SEED, random_array  # noqa: E402
 
 if not dfn.PLUGIN_PATH.exists():
     pytest.skip("libdali_mesh.so not built (pip install --no-build-isolation -e .)", allow_module_level=True)
-
-SEED = int(os.environ.get("DALI_MESH_TEST_SEED", random.SystemRandom().randrange(2**31)))
-MODES = ("constant", "periodic", "reflect", "symmetric", "edge")
-DTYPES = [np.uint8, np.uint16, np.uint32, np.uint64, np.int8, np.int16, np.int32, np.int64,
-          np.float16, np.float32, np.float64, np.bool_]
 
 
 def _constant(b):
@@ -46,17 +39,6 @@ def run_pipeline(graph, batch, num_threads=2, n_outputs=None):
     return [[np.array(o[i]) for i in range(len(batch[0]))] for o in outs]
 
 
-def rand(rng, shape, dtype):
-    dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return rng.integers(0, 2, shape).astype(bool)
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
-    with np.errstate(over="ignore"):  # values beyond float16: inf, on purpose
-        return rng.normal(0, 1e3 if dtype != np.float16 else 3e4, shape).astype(dtype)
-
-
 # ---- strided_slice ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_per_sample_shapes_and_argument_inputs(dtype):
@@ -67,7 +49,7 @@ def test_per_sample_shapes_and_argument_inputs(dtype):
     xs, starts, shapes, steps = [], [], [], []
     for _ in range(5):
         sh = [int(rng.integers(1, 7)) for _ in range(ndim)]
-        xs.append(rand(rng, sh, dtype))
+        xs.append(random_array(rng, sh, dtype, beyond_int=False))
         starts.append(np.array([rng.integers(-2 * n - 3, 2 * n + 3) for n in sh], np.int64))
         shapes.append(np.array([rng.integers(0 if rng.random() < 0.1 else 1, 9) for _ in sh], np.int32))
         steps.append(np.array([rng.integers(1, 4) for _ in sh], np.int64))

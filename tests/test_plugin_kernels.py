@@ -8,38 +8,16 @@ Random data each run; the seed is in every failure message (set DALI_MESH_TEST_S
 from __future__ import annotations
 
 import itertools
-import os
-import random
 
 import numpy as np
 import pytest
 
 from dali_mesh import partition
 from dali_mesh import _kernels as K
+from oracles import DTYPES, MODES, SEED, random_array
 
 pytestmark = pytest.mark.skipif(not K.library_path().exists(),
                                 reason="libdali_mesh_kernels.so not built (pip install --no-build-isolation -e .)")
-
-SEED = int(os.environ.get("DALI_MESH_TEST_SEED", random.SystemRandom().randrange(2**31)))
-MODES = ("constant", "periodic", "reflect", "symmetric", "edge")
-DTYPES = [np.uint8, np.uint16, np.uint32, np.uint64, np.int8, np.int16, np.int32, np.int64,
-          np.float16, np.float32, np.float64, np.bool_]
-
-
-def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
-    dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return rng.integers(0, 2, shape).astype(bool)
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
-    scale = 3e4 if dtype == np.float16 else 1e3
-    x = rng.normal(0, scale, shape)
-    if x.size and dtype != np.float16:  # a few values beyond every integer range (saturation)
-        flat = x.reshape(-1)
-        flat[rng.integers(0, flat.size, max(1, flat.size // 16))] *= 1e17
-    with np.errstate(over="ignore"):  # values beyond float16: inf, on purpose
-        return x.astype(dtype)
 
 
 def random_fill(rng, dtype) -> float:

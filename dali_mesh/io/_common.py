@@ -1,8 +1,12 @@
-"""What every reader shares: I/O counters and the errors readers raise."""
+"""What every reader shares: I/O counters, the errors readers raise and the checks of a window
+read's arguments against the stored array."""
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, fields
+from typing import Mapping, Sequence
+
+import numpy as np
 
 __all__ = [
     "IOStats",
@@ -113,3 +117,67 @@ class ShapeMismatchError(DataFileError):
 
 class MissingArrayError(DataFileError):
     """The HDF5 dataset or Zarr array named does not exist in the file."""
+
+
+# ---- argument checks shared by the readers (npy, HDF5, Zarr) -------------------------------------
+def native_dtype(dtype) -> np.dtype:
+    """``dtype`` in native byte order (the dtype every reader fills its output with)."""
+    dtype = np.dtype(dtype)
+    return dtype.newbyteorder("=") if dtype.byteorder not in "=|" else dtype
+
+
+def sample_shape(
+    path: str,
+    full_shape: Sequence[int],
+    prefix: Sequence[int],
+    index_maps: Mapping[int, Sequence[int]] | None,
+    what: str,
+) -> tuple[int, ...]:
+    """Shape of the sample ``array[prefix]`` of an array of ``full_shape``, each axis of
+    ``index_maps`` cut to its map's length; :class:`DataFileError` for a ``prefix`` out of range
+    (the message names ``what``: the array and its shape) or a map index out of range."""
+    if len(prefix) > len(full_shape) or any(not 0 <= p < s for p, s in zip(prefix, full_shape)):
+        raise DataFileError(path, f"sample index {tuple(prefix)} is out of range for {what}")
+    shape = list(full_shape[len(prefix) :])
+    for a, m in (index_maps or {}).items():
+        m = np.asarray(m)
+        if m.size and (m.min() < 0 or m.max() >= shape[a]):
+            raise DataFileError(path, f"indices {m.tolist()} of axis {a} are out of range for size {shape[a]}")
+        shape[a] = len(m)
+    return tuple(shape)
+
+
+def check_expected(
+    path: str,
+    shape: tuple[int, ...],
+    dtype: np.dtype,
+    expected_shape: Sequence[int] | None,
+    expected_dtype,
+    *,
+    label: str = "",
+    unit: str = "file",
+) -> None:
+    """:class:`ShapeMismatchError` when the sample's shape or dtype differs from the expected one.
+    ``label`` starts the message (e.g. the dataset's name); ``unit`` is what the caller reads
+    (``"file"`` or ``"store"``)."""
+    if expected_shape is not None and tuple(expected_shape) != shape:
+        raise ShapeMismatchError(
+            path, f"{label}sample shape {shape} differs from the expected {tuple(expected_shape)} "
+            f"(the first {unit}'s); make every {unit} the same shape, or ask for per-sample shapes")
+    if expected_dtype is not None and np.dtype(expected_dtype) != dtype:
+        raise ShapeMismatchError(path, f"{label}dtype {dtype} differs from the expected {np.dtype(expected_dtype)}")
+
+
+def check_region_fits(path: str, region, shape: tuple[int, ...]) -> None:
+    """:class:`DataFileError` unless ``region``'s domain lies within a sample of ``shape``."""
+    if region.ndim != len(shape) or any(e > s for e, s in zip(region.domain_stop, shape)):
+        raise DataFileError(path, f"region {region.domain_start}..{region.domain_stop} does not fit the sample shape {shape}")
+
+
+def window_out(path: str, region, out: np.ndarray | None, dtype: np.dtype) -> np.ndarray:
+    """``out`` checked against ``region.window_shape`` and ``dtype``, or a new array when ``None``."""
+    if out is None:
+        return np.empty(region.window_shape, dtype)
+    if tuple(out.shape) != region.window_shape or out.dtype != dtype:
+        raise ValueError(f"{path}: out has shape {out.shape} and dtype {out.dtype}; expected {region.window_shape} {dtype}")
+    return out

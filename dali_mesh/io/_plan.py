@@ -133,6 +133,14 @@ class WindowPlan:
                 tuple(c[2] for c in combo),
             )
 
+    def slices(self, prefix: Sequence[int] = ()) -> Iterator[tuple[tuple[slice, ...], tuple]]:
+        """``(window index, array index)`` of every box of :meth:`boxes`: the box in the window and
+        in the stored array, whose leading axes ``prefix`` select the sample."""
+        pre = tuple(int(p) for p in prefix)
+        for wst, fst, ln in self.boxes():
+            yield (tuple(slice(s, s + n) for s, n in zip(wst, ln)),
+                   pre + tuple(slice(s, s + n) for s, n in zip(fst, ln)))
+
     def finish(self, out: np.ndarray) -> None:
         """Copies and fills, axis by axis, after every box is read into ``out``."""
         if self.empty:

@@ -20,9 +20,13 @@ from dali_mesh.io._common import (
     DataFileError,
     IOStats,
     MissingArrayError,
-    ShapeMismatchError,
     UnsupportedDtypeError,
     _account,
+    check_expected,
+    check_region_fits,
+    native_dtype,
+    sample_shape,
+    window_out,
 )
 from dali_mesh.io._plan import plan_window
 from dali_mesh.partition import Region
@@ -78,9 +82,7 @@ def hdf5_sample_info(dataset, num_prefix: int) -> tuple[tuple[int, ...], np.dtyp
     """``(sample shape, native dtype, samples along the first axis)`` of a dataset whose leading
     ``num_prefix`` axes index samples."""
     shape = tuple(dataset.shape)
-    dt = dataset.dtype
-    native = dt.newbyteorder("=") if dt.byteorder not in "=|" else dt
-    return shape[num_prefix:], native, (shape[0] if num_prefix else 1)
+    return shape[num_prefix:], native_dtype(dataset.dtype), (shape[0] if num_prefix else 1)
 
 
 def _chunk_bytes(dataset, prefix, boxes) -> int:
@@ -130,45 +132,25 @@ def read_hdf5_window(
     path = path or dataset.file.filename
     local = IOStats()
     try:
-        shape, native, _ = hdf5_sample_info(dataset, len(prefix))
-        if len(prefix) > len(dataset.shape) or any(not 0 <= p < s for p, s in zip(prefix, dataset.shape)):
-            raise DataFileError(path, f"sample index {tuple(prefix)} is out of range for dataset {dataset.name} of shape {dataset.shape}")
-        shape = list(shape)
-        for a, m in (index_maps or {}).items():
-            m = np.asarray(m)
-            if m.size and (m.min() < 0 or m.max() >= shape[a]):
-                raise DataFileError(path, f"indices {m.tolist()} of axis {a} are out of range for size {shape[a]}")
-            shape[a] = len(m)
-        shape = tuple(shape)
-        if expected_shape is not None and tuple(expected_shape) != shape:
-            raise ShapeMismatchError(
-                path, f"dataset {dataset.name}: sample shape {shape} differs from the expected "
-                f"{tuple(expected_shape)} (the first file's); make every file the same shape, or ask for per-sample shapes")
-        if expected_dtype is not None and np.dtype(expected_dtype) != native:
-            raise ShapeMismatchError(path, f"dataset {dataset.name}: dtype {native} differs from the expected {np.dtype(expected_dtype)}")
-        if region.ndim != len(shape) or any(e > s for e, s in zip(region.domain_stop, shape)):
-            raise DataFileError(path, f"region {region.domain_start}..{region.domain_stop} does not fit the sample shape {shape}")
-        if out is None:
-            out = np.empty(region.window_shape, native)
-        elif tuple(out.shape) != region.window_shape or out.dtype != native:
-            raise ValueError(f"{path}: out has shape {out.shape} and dtype {out.dtype}; expected {region.window_shape} {native}")
+        _, native, _ = hdf5_sample_info(dataset, len(prefix))
+        shape = sample_shape(path, dataset.shape, prefix, index_maps,
+                             f"dataset {dataset.name} of shape {dataset.shape}")
+        check_expected(path, shape, native, expected_shape, expected_dtype, label=f"dataset {dataset.name}: ")
+        check_region_fits(path, region, shape)
+        out = window_out(path, region, out, native)
         local.window_bytes += out.nbytes
         if out.size == 0:
             return out
         plan = plan_window(region, index_maps)
-        boxes = list(plan.boxes())
         stage = out if out.flags.c_contiguous else np.empty(out.shape, native)
-        pre = tuple(int(p) for p in prefix)
-        for wst, fst, ln in boxes:
-            src = pre + tuple(slice(s, s + n) for s, n in zip(fst, ln))
-            dst = tuple(slice(s, s + n) for s, n in zip(wst, ln))
+        for dst, src in plan.slices(prefix):
             try:
                 dataset.read_direct(stage, source_sel=src, dest_sel=dst)
             except OSError as e:
                 raise DataFileError(path, f"reading dataset {dataset.name} failed ({e}); the file is truncated or corrupt") from None
             local.read_calls += 1
         if count_chunks:
-            local.bytes_read += _chunk_bytes(dataset, pre, boxes)
+            local.bytes_read += _chunk_bytes(dataset, tuple(int(p) for p in prefix), plan.boxes())
         if stage is not out:
             out[...] = stage
         plan.finish(out)

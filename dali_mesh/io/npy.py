@@ -31,10 +31,13 @@ from dali_mesh.io._common import (
     DataFileError,
     HeaderError,
     IOStats,
-    ShapeMismatchError,
     TruncatedFileError,
     UnsupportedDtypeError,
     _account,
+    check_expected,
+    native_dtype,
+    sample_shape,
+    window_out,
 )
 from dali_mesh.io._plan import WindowPlan, plan_window
 from dali_mesh.partition import Region
@@ -86,7 +89,7 @@ class NpyHeader:
 
     @property
     def native_dtype(self) -> np.dtype:
-        return self.dtype.newbyteorder("=") if self.dtype.byteorder not in "=|" else self.dtype
+        return native_dtype(self.dtype)
 
     @property
     def data_bytes(self) -> int:
@@ -389,10 +392,8 @@ def _read_mmap(fd, header: NpyHeader, plan: WindowPlan, prefix, out, stats: IOSt
                     mm.madvise(mmap.MADV_WILLNEED, a, min(_WILLNEED_CHUNK, hi - a))
         arr = np.ndarray(header.shape, dtype=header.dtype, buffer=mm, offset=header.data_offset,
                          order="F" if header.fortran_order else "C")
-        pre = tuple(int(p) for p in prefix)
-        for wst, fst, ln in plan.boxes():
-            out[tuple(slice(s, s + n) for s, n in zip(wst, ln))] = arr[
-                pre + tuple(slice(s, s + n) for s, n in zip(fst, ln))]
+        for dst, src in plan.slices(prefix):
+            out[dst] = arr[src]
             stats.read_calls += 1
         del arr
         # bytes: the pages the boxes touch
@@ -457,35 +458,16 @@ def read_npy_window(
         header = _read_header_fd(fd, path, local) if not direct else None
         if direct:  # O_DIRECT needs aligned reads even for the header: read it through a plain open
             header = read_npy_header(path)
-        shape = list(header.shape[len(prefix) :])
-        if len(prefix) > len(header.shape) or any(
-            not 0 <= p < s for p, s in zip(prefix, header.shape)
-        ):
-            raise DataFileError(path, f"sample index {tuple(prefix)} is out of range for shape {header.shape}")
-        for a, m in (index_maps or {}).items():
-            m = np.asarray(m)
-            if m.size and (m.min() < 0 or m.max() >= shape[a]):
-                raise DataFileError(path, f"indices {m.tolist()} of axis {a} are out of range for size {shape[a]}")
-            shape[a] = len(m)
-        shape = tuple(shape)
+        shape = sample_shape(path, header.shape, prefix, index_maps, f"shape {header.shape}")
         native = header.native_dtype
-        if expected_shape is not None and tuple(expected_shape) != shape:
-            raise ShapeMismatchError(
-                path, f"sample shape {shape} differs from the expected {tuple(expected_shape)} "
-                "(the first file's); make every file the same shape, or ask for per-sample shapes")
-        if expected_dtype is not None and np.dtype(expected_dtype) != native:
-            raise ShapeMismatchError(path, f"dtype {native} differs from the expected {np.dtype(expected_dtype)}")
+        check_expected(path, shape, native, expected_shape, expected_dtype)
         if region.ndim != len(shape):
             raise DataFileError(path, f"region has {region.ndim} axes but the sample has shape {shape}")
         if any(e > s for e, s in zip(region.domain_stop, shape)) or any(d < 0 for d in region.domain_start):
             raise DataFileError(
                 path, f"domain {region.domain_start}..{region.domain_stop} lies outside the sample of shape {shape}")
         window_shape = region.window_shape
-        if out is None:
-            out = np.empty(window_shape, native)
-        elif tuple(out.shape) != window_shape or out.dtype != native:
-            raise ValueError(
-                f"{path}: out has shape {out.shape} and dtype {out.dtype}; expected {window_shape} {native}")
+        out = window_out(path, region, out, native)
         local.window_bytes += out.nbytes
         plan = plan_window(region, index_maps)
         if out.size == 0:

@@ -15,9 +15,13 @@ from dali_mesh.io._common import (
     DataFileError,
     IOStats,
     MissingArrayError,
-    ShapeMismatchError,
     UnsupportedDtypeError,
     _account,
+    check_expected,
+    check_region_fits,
+    native_dtype,
+    sample_shape,
+    window_out,
 )
 from dali_mesh.io._plan import plan_window
 from dali_mesh.partition import Region
@@ -109,37 +113,16 @@ def read_zarr_window(
     local = IOStats()
     try:
         full = tuple(array.shape)
-        native = np.dtype(array.dtype)
-        native = native.newbyteorder("=") if native.byteorder not in "=|" else native
-        if len(prefix) > len(full) or any(not 0 <= p < s for p, s in zip(prefix, full)):
-            raise DataFileError(path, f"sample index {tuple(prefix)} is out of range for array shape {full}")
-        shape = list(full[len(prefix) :])
-        for a, m in (index_maps or {}).items():
-            m = np.asarray(m)
-            if m.size and (m.min() < 0 or m.max() >= shape[a]):
-                raise DataFileError(path, f"indices {m.tolist()} of axis {a} are out of range for size {shape[a]}")
-            shape[a] = len(m)
-        shape = tuple(shape)
-        if expected_shape is not None and tuple(expected_shape) != shape:
-            raise ShapeMismatchError(
-                path, f"sample shape {shape} differs from the expected {tuple(expected_shape)} "
-                "(the first store's); make every store the same shape, or ask for per-sample shapes")
-        if expected_dtype is not None and np.dtype(expected_dtype) != native:
-            raise ShapeMismatchError(path, f"dtype {native} differs from the expected {np.dtype(expected_dtype)}")
-        if region.ndim != len(shape) or any(e > s for e, s in zip(region.domain_stop, shape)):
-            raise DataFileError(path, f"region {region.domain_start}..{region.domain_stop} does not fit the sample shape {shape}")
-        if out is None:
-            out = np.empty(region.window_shape, native)
-        elif tuple(out.shape) != region.window_shape or out.dtype != native:
-            raise ValueError(f"{path}: out has shape {out.shape} and dtype {out.dtype}; expected {region.window_shape} {native}")
+        native = native_dtype(array.dtype)
+        shape = sample_shape(path, full, prefix, index_maps, f"array shape {full}")
+        check_expected(path, shape, native, expected_shape, expected_dtype, unit="store")
+        check_region_fits(path, region, shape)
+        out = window_out(path, region, out, native)
         local.window_bytes += out.nbytes
         if out.size == 0:
             return out
         plan = plan_window(region, index_maps)
-        pre = tuple(int(p) for p in prefix)
-        for wst, fst, ln in plan.boxes():
-            src = pre + tuple(slice(s, s + n) for s, n in zip(fst, ln))
-            dst = tuple(slice(s, s + n) for s, n in zip(wst, ln))
+        for dst, src in plan.slices(prefix):
             try:
                 out[dst] = array[src]
             except (OSError, ValueError, RuntimeError, TypeError) as e:

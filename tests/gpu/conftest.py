@@ -6,8 +6,14 @@ with CUDA or cupy. Without them every test here is skipped. DALI is not needed.
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
+
+# tests/ holds the shared oracles and random data (tests/oracles.py), also when tests/gpu runs alone
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 class Device:

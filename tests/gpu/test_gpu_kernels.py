@@ -3,34 +3,13 @@ on torch/cupy device memory, against numpy and against its own host emulation. S
 GPU. Random data each run; the seed is in failure messages (DALI_MESH_TEST_SEED replays)."""
 from __future__ import annotations
 
-import os
-import random
-
 import numpy as np
 import pytest
 
 from dali_mesh import _kernels as K
+from oracles import DTYPES, MODES, SEED, random_array
 
 pytestmark = pytest.mark.gpu
-
-SEED = int(os.environ.get("DALI_MESH_TEST_SEED", random.SystemRandom().randrange(2**31)))
-MODES = ("constant", "periodic", "reflect", "symmetric", "edge")
-DTYPES = [np.uint8, np.uint16, np.uint32, np.uint64, np.int8, np.int16, np.int32, np.int64,
-          np.float16, np.float32, np.float64, np.bool_]
-
-
-def rand(rng, shape, dtype):
-    dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return rng.integers(0, 2, shape).astype(bool)
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
-    x = rng.normal(0, 3e4 if dtype == np.float16 else 1e3, shape)
-    if dtype != np.float16 and x.size:
-        x.reshape(-1)[:: max(1, x.size // 7)] *= 1e17  # beyond integer ranges: saturation
-    with np.errstate(over="ignore"):  # values beyond float16: inf, on purpose
-        return x.astype(dtype)
 
 
 def run_cuda(device, samples, start, shape, step, boundary, *, dtype=None, in_offset=0,
@@ -75,7 +54,7 @@ def test_random_windows_every_mode_and_dtype(device):
             samples, starts, shapes, steps, bounds = [], [], [], [], []
             for _ in range(int(rng.integers(1, 5))):
                 sh = [int(rng.integers(1, 9)) for _ in range(ndim)]
-                samples.append(rand(rng, sh, in_dt))
+                samples.append(random_array(rng, sh, in_dt))
                 starts.append([int(rng.integers(-3 * n - 3, 3 * n + 3)) for n in sh])
                 shapes.append([int(rng.integers(0 if rng.random() < 0.05 else 1, 12)) for _ in sh])
                 steps.append([int(rng.integers(1, 4)) for _ in sh])
@@ -102,7 +81,7 @@ def test_vector_paths_and_alignment(device, in_offset, out_offset):
         (np.int16, (7, 50), [-9, -13], [25, 77], ["symmetric", "periodic"]),
     ]
     for dtype, shape, start, wshape, bnd in cases:
-        samples = [rand(rng, shape, dtype) for _ in range(3)]
+        samples = [random_array(rng, shape, dtype) for _ in range(3)]
         if in_offset % np.dtype(dtype).itemsize or out_offset % np.dtype(dtype).itemsize:
             continue  # elements themselves must stay aligned
         got, emu, *rest = run_cuda(device, samples, start, wshape, 1, bnd if isinstance(bnd, str) else [bnd] * 3,
@@ -114,7 +93,7 @@ def test_vector_paths_and_alignment(device, in_offset, out_offset):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.uint8, np.int32])
 def test_normalise_and_cast(device, dtype):
     rng = np.random.default_rng(SEED)
-    x = rand(rng, (3, 17, 40), dtype)
+    x = random_array(rng, (3, 17, 40), dtype)
     if np.dtype(dtype).kind == "f":
         x = np.clip(x, -6e4, 6e4).astype(dtype)
     mean, std = [1.5, -2.0, 100.0], [2.0, 0.5, 30.0]
@@ -125,7 +104,7 @@ def test_normalise_and_cast(device, dtype):
         check([x], got, emu, *rest, f"seed {SEED} {np.dtype(dtype)}->{np.dtype(out_dt)}",
               fill_value=7, channel_axis=0, mean=mean, std=std)
     # channel axis innermost (HWC) with a reflected window
-    y = rand(rng, (9, 11, 3), dtype)
+    y = random_array(rng, (9, 11, 3), dtype)
     got, emu, *rest = run_cuda(device, [y], [-2, -3, -2], [13, 17, 7], [1, 2, 1], "reflect",
                                channel_axis=-1, mean=mean, std=std, fill_value=0)
     check([y], got, emu, *rest, f"seed {SEED} HWC", channel_axis=-1, mean=mean, std=std, fill_value=0)
@@ -144,7 +123,7 @@ def test_large_batch_many_blocks(device):
 
 def test_domain_box(device):
     rng = np.random.default_rng(SEED)
-    x = rand(rng, (6, 9, 10), np.int32)
+    x = random_array(rng, (6, 9, 10), np.int32)
     got, emu, *rest = run_cuda(device, [x], [0, -1, -3], [6, 9, 14], 1, ["edge", "periodic", "reflect"],
                                domain_start=[1, 1, 2], domain_shape=[4, 7, 6], fill_value=0)
     check([x], got, emu, *rest, f"seed {SEED} domain", domain_start=[1, 1, 2], domain_shape=[4, 7, 6],
