@@ -14,6 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
+from dali_mesh.io._common import DataFileError
 from dali_mesh.mesh import MeshError, MeshInfo, parse_mesh_shape, resolve_mesh_shape
 from dali_mesh.partition import BOUNDARIES, SPLITS, Layout, LayoutError
 
@@ -287,9 +288,11 @@ def _add_demo_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     try:
-        np.dtype(args.dtype)
+        dtype = np.dtype(args.dtype)
     except TypeError:
         raise UsageError(f"unknown --dtype {args.dtype!r}") from None
+    if dtype.kind not in "biufc":
+        raise UsageError(f"--dtype {args.dtype!r} is not a numeric dtype")
     layout, shape = build_layout(args)
     rows = plan_rows(layout, shape, args.dtype)
     if args.json:
@@ -299,7 +302,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         print(format_table(rows, layout, shape, args.dtype))
     if args.png:
-        draw_png(args.png, layout, shape)
+        try:
+            draw_png(args.png, layout, shape)
+        except OSError as e:
+            raise UsageError(f"cannot write --png {args.png!r}: {e.strerror or e}") from None
         if not args.json:
             print(f"wrote {args.png}")
     return 0
@@ -316,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from dali_mesh.demo import run  # noqa: PLC0415
 
             return run(args)
-    except (UsageError, MeshError, LayoutError) as e:
+    except (UsageError, MeshError, LayoutError, DataFileError) as e:
         print(f"dali-mesh: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:

@@ -200,26 +200,39 @@ class _FailingSource:
         raise OSError(f"cannot read {self.source.files[0]}: deliberate failure (--fail-rank)")
 
 
+def mesh_of(cfg, world_size: int):
+    from dali_mesh.mesh import parse_mesh_shape, resolve_mesh_shape  # noqa: PLC0415
+
+    shape, names = parse_mesh_shape(cfg["mesh"])
+    return resolve_mesh_shape(shape, world_size), names
+
+
+def layout_of(cfg, mesh):
+    """The demo's ``Layout`` from its command-line strings (``--halo LOW:HIGH`` applies to every axis)."""
+    from dali_mesh import Layout  # noqa: PLC0415
+    from dali_mesh.cli import parse_boundary, parse_halo, parse_shard  # noqa: PLC0415
+
+    halo = parse_halo(cfg["halo"])
+    if isinstance(halo, tuple):
+        halo = {a: halo for a in range(cfg["ndim"])}
+    return Layout(mesh, shard=parse_shard(cfg["shard"]), batch=cfg["batch"].split(",") if cfg["batch"] else None,
+                  halo=halo, boundary=parse_boundary(cfg["boundary"]), split=cfg["split"])
+
+
 def _rank(rank, world_size, cfg, out_dir):
     import torch
     import torch.distributed as dist
     from nvidia.dali import pipeline_def
     from torch.distributed.device_mesh import init_device_mesh
 
-    from dali_mesh import Layout, MeshInfo
+    from dali_mesh import MeshInfo
     from dali_mesh._external import partitioned_source
-    from dali_mesh.cli import parse_boundary, parse_halo, parse_shard
-    from dali_mesh.mesh import parse_mesh_shape, resolve_mesh_shape
     from dali_mesh.torch import MeshLoader, to_dtensor
 
-    shape, names = parse_mesh_shape(cfg["mesh"])
-    shape = resolve_mesh_shape(shape, world_size)
+    mesh_shape, names = mesh_of(cfg, world_size)
     use_gpu = cfg["gpu"]
-    device_mesh = init_device_mesh("cuda" if use_gpu else "cpu", shape, mesh_dim_names=names or None)
-    mesh = MeshInfo.from_device_mesh(device_mesh)
-    halo = parse_halo(cfg["halo"])
-    layout = Layout(mesh, shard=parse_shard(cfg["shard"]), batch=cfg["batch"].split(",") if cfg["batch"] else None,
-                    halo=halo, boundary=parse_boundary(cfg["boundary"]), split=cfg["split"])
+    device_mesh = init_device_mesh("cuda" if use_gpu else "cpu", mesh_shape, mesh_dim_names=names or None)
+    layout = layout_of(cfg, MeshInfo.from_device_mesh(device_mesh))
     files = cfg["files"]
     bs = cfg["batch_size"]
     source = _make_source(cfg["kind"], files, cfg["dataset"], layout, bs)
@@ -286,7 +299,7 @@ def _rank(rank, world_size, cfg, out_dir):
     pads = np.stack(pads)
     real_ids = sorted({int(i) for i in ids[~pads]})
     stats = {
-        "rank": rank, "coordinate": dict(zip(mesh.names, mesh.coordinate)),
+        "rank": rank, "coordinate": dict(zip(layout.mesh.names, layout.mesh.coordinate)),
         "window": [list(region.window_start), list(region.window_stop)],
         "window_shape": list(region.window_shape), "steps": steps, "samples": int(ids.size), "real_ids": real_ids,
         "verified": verified, "dtensor": dtensor_checked, "seconds": elapsed,
@@ -310,18 +323,34 @@ def run(args: argparse.Namespace) -> int:
         gpu = torch.cuda.is_available() and torch.cuda.device_count() >= args.nproc
     except ImportError:
         raise UsageError("the demo needs torch (pip install torch)") from None
-    kind = "npy"
+    if args.batch_size <= 0:
+        raise UsageError(f"--batch-size must be positive, got {args.batch_size}")
+    from dali_mesh import MeshInfo  # noqa: PLC0415
+
+    cfg = {"mesh": args.mesh, "shard": args.shard, "batch": args.batch, "halo": args.halo,
+           "boundary": args.boundary, "split": args.split, "batch_size": args.batch_size,
+           "workers": args.workers, "gpu": gpu, "fail_rank": args.fail_rank, "dataset": args.dataset}
+    # check the mesh and the layout here, before writing data or starting ranks
+    mesh = MeshInfo(*mesh_of(cfg, args.nproc))
     if args.data:
         kind, files = find_data(args.data)
+        probe = _make_source(kind, files, args.dataset, None, args.batch_size)
+        cfg["ndim"] = len(probe.sample_shape)
+        probe = _make_source(kind, files, args.dataset, layout_of(cfg, mesh), args.batch_size)
     else:
-        folder = os.path.join(os.getcwd(), "demo_data")
+        kind, folder = "npy", os.path.join(os.getcwd(), "demo_data")
         shape = parse_ints(args.shape, "--shape")
+        if any(s <= 0 for s in shape) or args.samples <= 0:
+            raise UsageError(f"--shape {args.shape} and --samples {args.samples} must be positive")
+        cfg["ndim"] = len(shape)
+        layout_of(cfg, mesh).region(shape)
         print(f"writing {args.samples} synthetic samples {'x'.join(map(str, shape))} float32 to {folder} ...")
         files = write_synthetic(folder, args.samples, shape)
-    cfg = {"mesh": args.mesh, "shard": args.shard, "batch": args.batch, "halo": args.halo,
-           "boundary": args.boundary, "split": args.split, "files": files, "batch_size": args.batch_size,
-           "workers": args.workers, "gpu": gpu, "fail_rank": args.fail_rank, "kind": kind, "dataset": args.dataset}
-    probe = _make_source(kind, files, args.dataset, None, args.batch_size)
+        probe = _make_source(kind, files, None, layout_of(cfg, mesh), args.batch_size)
+    cfg.update(files=files, kind=kind)
+    if len(probe) == 0:
+        raise UsageError(f"{probe.num_samples} samples make no whole batch of {args.batch_size} per sample group: "
+                         "lower --batch-size")
     num_samples = probe.num_samples
     print(f"{args.nproc} ranks ({'NCCL, one GPU each' if gpu else 'gloo on the CPU'}), mesh {args.mesh}, "
           f"shard {args.shard}, {num_samples} samples of {probe.sample_shape} {probe.dtype} ({kind}), "

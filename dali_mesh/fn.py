@@ -101,16 +101,28 @@ def load_plugin() -> Any:
         return ops
 
 
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+
+
 def _as_list(value, name: str) -> Any:
-    """A DataNode (per-sample argument input) as is; an int or a sequence as a list of ints."""
+    """A DataNode (per-sample argument input) as is; an int or a sequence as a list of ints.
+
+    Constant arguments travel as DALI int32 vectors: larger values must come as per-sample int64
+    argument inputs (e.g. ``fn.constant`` or ``mesh_roi``'s outputs), so they are refused here."""
     if isinstance(value, dali.data_node.DataNode):
         return value
     if isinstance(value, (int,)) or hasattr(value, "__index__"):
-        return [int(value)]
-    try:
-        return [int(v) for v in value]
-    except TypeError:
-        raise TypeError(f"{name} must be an int, a sequence of ints or a DataNode, got {value!r}") from None
+        values = [int(value)]
+    else:
+        try:
+            values = [int(v) for v in value]
+        except TypeError:
+            raise TypeError(f"{name} must be an int, a sequence of ints or a DataNode, got {value!r}") from None
+    for v in values:
+        if not _INT32[0] <= v <= _INT32[1]:
+            raise ValueError(f"{name} value {v} does not fit a 32-bit constant argument: pass it as a per-sample "
+                             "int64 argument input (a DataNode) instead")
+    return values
 
 
 def _dali_dtype(dtype):

@@ -44,6 +44,10 @@ class MeshInfo:
     coordinate: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        for what in ("shape", "coordinate"):
+            for v in getattr(self, what):
+                if isinstance(v, bool) or not hasattr(v, "__index__"):
+                    raise MeshError(f"mesh {what} {tuple(getattr(self, what))} holds {v!r}: expected integers")
         shape = tuple(int(s) for s in self.shape)
         if not shape:
             raise MeshError("mesh shape is empty: a mesh has at least one dim")

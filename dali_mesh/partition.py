@@ -37,6 +37,7 @@ __all__ = [
     "Layout",
     "Region",
     "boundary_index",
+    "check_fill_value",
     "sample_order",
     "shard_extent",
     "split_sizes",
@@ -226,6 +227,26 @@ class Region:
         return math.prod(self.window_shape)
 
 
+def check_fill_value(fill_value, dtype, where: str = "") -> None:
+    """Raise if ``fill_value`` cannot be held exactly by ``dtype`` (e.g. -1 or 0.5 in uint8)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind not in "biuf":
+        return
+    value = np.asarray(fill_value)
+    if dtype.kind == "f":
+        ok = not np.isfinite(value) or np.isfinite(value.astype(dtype))
+    else:
+        with np.errstate(invalid="ignore", over="ignore"):
+            ok = np.isfinite(value) and value.astype(dtype).astype(np.float64) == float(value) and (
+                dtype.kind != "b" or float(value) in (0.0, 1.0))
+        if ok and dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            ok = info.min <= float(value) <= info.max
+    if not ok:
+        raise LayoutError(f"fill_value {fill_value!r} cannot be held by {dtype}{where}: "
+                          "choose a value the sample's dtype can hold")
+
+
 def take_window(sample: np.ndarray, region: Region) -> np.ndarray:
     """The window of a whole sample, with boundary fills (numpy reference implementation).
 
@@ -234,6 +255,8 @@ def take_window(sample: np.ndarray, region: Region) -> np.ndarray:
     sample = np.asarray(sample)
     if sample.ndim != region.ndim:
         raise LayoutError(f"sample has {sample.ndim} dims, region has {region.ndim}")
+    if any(b == "constant" for b in region.boundary):
+        check_fill_value(region.fill_value, sample.dtype)
     index, fill_mask = [], []
     for a in range(region.ndim):
         d0, d1 = region.domain_start[a], region.domain_stop[a]
@@ -520,16 +543,23 @@ class Layout:
         return [self.region(global_shape, c) for c in self.mesh.coordinates()]
 
     # ---- torch / PhysicsNeMo --------------------------------------------------------------------------
-    def placement_spec(self, ndim: int) -> tuple[tuple[str, int | None], ...]:
-        """Placements of the batched tensor ``(batch, *sample)`` per mesh dim, as plain data:
-        ``("shard", 0)`` for batch dims, ``("shard", axis + 1)`` for shard dims, ``("replicate", None)``
-        otherwise. Valid only for DTensor: ``split="chunk"`` and no halo."""
-        if self.split != "chunk":
+    def placement_spec(self, ndim: int, *, halo_stripped: bool = False, lead_axes: int = 0,
+                       any_split: bool = False) -> tuple[tuple[str, int | None], ...]:
+        """Placements of the batched tensor ``(batch, *lead, *sample)`` per mesh dim, as plain data:
+        ``("shard", 0)`` for batch dims, ``("shard", 1 + lead_axes + axis)`` for shard dims,
+        ``("replicate", None)`` otherwise.
+
+        DTensor describes the batch only for ``split="chunk"`` and windows without halo (or with the
+        halo stripped: ``halo_stripped=True``); anything else raises. ``lead_axes`` counts unsplit
+        axes between the batch and the sample (the steps of a forecast). ``any_split=True`` skips the
+        split check, for PhysicsNeMo ``ShardTensor``, which carries explicit shard shapes.
+        """
+        if self.split != "chunk" and not any_split:
             raise LayoutError(
                 f"no DTensor for split={self.split!r}: DTensor's Shard sizes follow torch.chunk; use the "
                 "local tensor and its region, or a PhysicsNeMo ShardTensor with sharding_shapes"
             )
-        if any(lo or hi for lo, hi in self.halo_pairs(ndim)):
+        if not halo_stripped and any(lo or hi for lo, hi in self.halo_pairs(ndim)):
             raise LayoutError(
                 "no DTensor for a window with halo: strip the halo first (region.owned_in_window) "
                 "or use the local tensor and its region"
@@ -540,16 +570,17 @@ class Layout:
             if d in self._batch_dims:
                 out.append(("shard", 0))
             elif axes[d] >= 0:
-                out.append(("shard", axes[d] + 1))
+                out.append(("shard", 1 + lead_axes + axes[d]))
             else:
                 out.append(("replicate", None))
         return tuple(out)
 
-    def dtensor_placements(self, ndim: int):
-        """torch DTensor placements of the batched tensor (imports torch)."""
+    def dtensor_placements(self, ndim: int, **kwargs):
+        """torch DTensor placements of the batched tensor (imports torch); arguments as
+        :meth:`placement_spec`."""
         from torch.distributed.tensor import Replicate, Shard  # noqa: PLC0415
 
-        return [Shard(d) if kind == "shard" else Replicate() for kind, d in self.placement_spec(ndim)]
+        return [Shard(d) if kind == "shard" else Replicate() for kind, d in self.placement_spec(ndim, **kwargs)]
 
     def sharding_shapes(self, global_shape: Sequence[int], batch_size: int | None = None
                         ) -> dict[int, tuple[tuple[int, ...], ...]]:

@@ -130,6 +130,14 @@ class WindowSource:
     def num_batches(self) -> int:
         return len(self) // self.batch_size
 
+    def _check_batches(self) -> None:
+        """A source that makes no whole batch would end every epoch before it starts."""
+        if len(self) == 0:
+            raise ValueError(
+                f"{type(self).__name__}: {self.num_samples} samples over {self.layout.num_batch_groups} sample "
+                f"groups make no whole batch of {self.batch_size} with drop_last=True: lower batch_size, or "
+                "keep drop_last=False (padded batches)")
+
     # ---- regions --------------------------------------------------------------------------------------
     @property
     def region(self) -> Region | None:
@@ -245,6 +253,7 @@ class NumpySource(WindowSource):
         self.sample_shape = None if per_sample_shapes else shape
         if self.sample_shape is not None:
             self.region  # fail now if the layout does not fit the data
+        self._check_batches()
         if check_files:
             for f in self.files[1:]:
                 h = read_npy_header(f)
@@ -325,6 +334,7 @@ class _TimeSeriesSource(WindowSource):
                 f"but the time range {start}:{stop} holds {stop - start}: the time window runs past the data")
         if self.sample_shape is not None:
             self.region
+        self._check_batches()
 
     def _what(self) -> str:
         return f"{self._kind_name()} {self.name!r}"

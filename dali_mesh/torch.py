@@ -45,34 +45,40 @@ def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(stride))
 
 
-def to_dtensor(local: torch.Tensor, layout: Layout, sample_shape: Sequence[int], device_mesh):
-    """Wrap this rank's batched window (halo included or not) as a DTensor of the global batch.
+def _owned_part(local: torch.Tensor, layout: Layout, sample_shape: Sequence[int], lead_axes: int):
+    """This rank's batched window ``(batch, *lead, *window)`` with the halo stripped."""
+    region = layout.region(sample_shape)
+    shape = tuple(local.shape[1 + lead_axes:])
+    if shape == region.window_shape:
+        return local[(slice(None),) * (1 + lead_axes) + region.owned_in_window], region
+    if shape != region.shape:
+        raise LayoutError(f"local batch of shape {tuple(local.shape)} holds neither the window {region.window_shape} "
+                          f"nor the owned region {region.shape} of rank {layout.mesh.rank} after {lead_axes} "
+                          "leading axes")
+    return local, region
+
+
+def to_dtensor(local: torch.Tensor, layout: Layout, sample_shape: Sequence[int], device_mesh, *, lead_axes: int = 0):
+    """Wrap this rank's batched window ``(batch, *lead, *window)`` (halo included or not) as a DTensor of
+    the global batch.
 
     The halo is stripped first; placements come from the layout (``Shard(0)`` for batch dims,
-    ``Shard(axis + 1)`` for shard dims, ``Replicate()`` otherwise). Only ``split="chunk"``: the
-    global shape and stride are given explicitly, which DTensor gets right only for torch.chunk
-    shard sizes.
+    ``Shard(1 + lead_axes + axis)`` for shard dims, ``Replicate()`` otherwise). ``lead_axes`` counts
+    unsplit axes after the batch (a forecast's steps). Only ``split="chunk"``: the global shape and
+    stride are given explicitly, which DTensor gets right only for torch.chunk shard sizes.
     """
     from torch.distributed.tensor import DTensor  # noqa: PLC0415
 
-    region = layout.region(sample_shape)
-    if layout.split != "chunk":
-        raise LayoutError(
-            f"no DTensor for split={layout.split!r}: DTensor's Shard sizes follow torch.chunk; use "
-            "output='local' (tensor + region) or output='shard_tensor' (PhysicsNeMo ShardTensor)"
-        )
-    if tuple(local.shape[1:]) == region.window_shape:
-        local = local[(slice(None),) + region.owned_in_window]
-    elif tuple(local.shape[1:]) != region.shape:
-        raise LayoutError(f"local batch of shape {tuple(local.shape)} is neither the window {region.window_shape} "
-                          f"nor the owned region {region.shape} of rank {layout.mesh.rank}")
-    placements = [_placement(kind, d) for kind, d in _spec_without_halo(layout, len(sample_shape))]
-    global_shape = (local.shape[0] * layout.num_batch_groups,) + region.domain_shape
+    ndim = len(sample_shape)
+    placements = layout.dtensor_placements(ndim, halo_stripped=True, lead_axes=lead_axes)
+    local, region = _owned_part(local, layout, sample_shape, lead_axes)
+    global_shape = (local.shape[0] * layout.num_batch_groups,) + tuple(local.shape[1:1 + lead_axes]) + region.domain_shape
     return DTensor.from_local(local.contiguous(), device_mesh, placements, run_check=False,
                               shape=torch.Size(global_shape), stride=_contiguous_stride(global_shape))
 
 
-def to_shard_tensor(local: torch.Tensor, layout: Layout, sample_shape: Sequence[int], device_mesh):
+def to_shard_tensor(local: torch.Tensor, layout: Layout, sample_shape: Sequence[int], device_mesh, *,
+                    lead_axes: int = 0):
     """Wrap this rank's batched window (halo stripped) as a PhysicsNeMo ``ShardTensor`` with explicit
     ``sharding_shapes`` (mesh dim -> the local shapes along it), correct for every split rule."""
     try:
@@ -82,41 +88,19 @@ def to_shard_tensor(local: torch.Tensor, layout: Layout, sample_shape: Sequence[
             from physicsnemo.distributed.shard_tensor import ShardTensor  # noqa: PLC0415 (older releases)
         except ImportError as e:
             raise ImportError("output='shard_tensor' needs PhysicsNeMo (pip install nvidia-physicsnemo)") from e
-    region = layout.region(sample_shape)
-    if tuple(local.shape[1:]) == region.window_shape:
-        local = local[(slice(None),) + region.owned_in_window]
-    spec = _spec_without_halo(layout, len(sample_shape), any_split=True)
-    placements = [_placement(kind, d) for kind, d in spec]
-    by_dim = layout.sharding_shapes(sample_shape, batch_size=local.shape[0])
+    ndim = len(sample_shape)
+    spec = layout.placement_spec(ndim, halo_stripped=True, lead_axes=lead_axes, any_split=True)
+    placements = layout.dtensor_placements(ndim, halo_stripped=True, lead_axes=lead_axes, any_split=True)
+    local, _ = _owned_part(local, layout, sample_shape, lead_axes)
+    lead = tuple(local.shape[1:1 + lead_axes])
+    by_dim = layout.sharding_shapes(sample_shape)
     shapes = {}
     for d, (kind, _) in enumerate(spec):
         if kind == "shard":  # batch dims: every sample group holds a whole local batch
-            along = by_dim.get(d) or (tuple(local.shape),) * layout.mesh.shape[d]
+            along = [(local.shape[0],) + lead + s for s in by_dim[d]] if d in by_dim else \
+                [tuple(local.shape)] * layout.mesh.shape[d]
             shapes[d] = [torch.Size(s) for s in along]
     return ShardTensor.from_local(local.contiguous(), device_mesh, placements, sharding_shapes=shapes)
-
-
-def _placement(kind, d):
-    from torch.distributed.tensor import Replicate, Shard  # noqa: PLC0415
-
-    return Shard(d) if kind == "shard" else Replicate()
-
-
-def _spec_without_halo(layout: Layout, ndim: int, any_split: bool = False):
-    """Placements of the halo-stripped batched tensor."""
-    axes = layout.shard_axes(ndim)
-    batch = set(layout.batch_dims)
-    if not any_split and layout.split != "chunk":
-        layout.placement_spec(ndim)  # raises the explanatory error
-    out = []
-    for d, name in enumerate(layout.mesh.names):
-        if name in batch:
-            out.append(("shard", 0))
-        elif axes[d] >= 0:
-            out.append(("shard", axes[d] + 1))
-        else:
-            out.append(("replicate", None))
-    return out
 
 
 class MeshLoader:
@@ -164,8 +148,8 @@ class MeshLoader:
                 raise ValueError(f"output={output!r} is not possible with per-sample shapes: use output='local'")
             if drop_padded:
                 raise ValueError("drop_padded would make ranks' batches differ in size: use it with output='local'")
-            if output == "dtensor":
-                _spec_without_halo(layout, len(sample_shape))  # fail now, not at the first batch
+            if output == "dtensor":  # fail now, not at the first batch
+                layout.placement_spec(len(sample_shape), halo_stripped=True)
         self.layout = layout
         self.output = output
         self.device_mesh = device_mesh
@@ -214,21 +198,20 @@ class MeshLoader:
                     batch[name] = [value[i] for i in idx.tolist()]
                 else:
                     batch[name] = value[idx.to(value.device)]
-        if self.output == "dtensor":
+        if self.output != "local":
+            wrap = to_dtensor if self.output == "dtensor" else to_shard_tensor
             for name in self.window_outputs:
-                batch[name] = to_dtensor(batch[name], self.layout, self._shape_of(batch, name), self.device_mesh)
-        elif self.output == "shard_tensor":
-            for name in self.window_outputs:
-                batch[name] = to_shard_tensor(batch[name], self.layout, self._shape_of(batch, name), self.device_mesh)
+                batch[name] = wrap(batch[name], self.layout, self.sample_shape, self.device_mesh,
+                                   lead_axes=self._lead_axes(batch[name], name))
         return batch
 
-    def _shape_of(self, batch, name) -> tuple[int, ...]:
-        # forecast outputs carry a leading steps axis that the layout does not split
-        ndim = batch[name].ndim - 1
-        if ndim == len(self.sample_shape):
-            return self.sample_shape
-        raise LayoutError(f"output {name!r} has {ndim} sample dims, sample_shape {self.sample_shape} has "
-                          f"{len(self.sample_shape)}")
+    def _lead_axes(self, value, name) -> int:
+        """Unsplit axes between the batch and the sample: a forecast's steps axis, or none."""
+        lead = value.ndim - 1 - len(self.sample_shape)
+        if lead < 0:
+            raise LayoutError(f"output {name!r} has {value.ndim - 1} sample dims, fewer than sample_shape "
+                              f"{self.sample_shape}")
+        return lead
 
     def reset(self) -> None:
         """Start the next epoch (after ``StopIteration``)."""
@@ -251,6 +234,7 @@ class MeshLoader:
         checkpoints = state["dali_checkpoints"]
         if len(checkpoints) != 1:
             raise ValueError(f"expected one DALI checkpoint, got {len(checkpoints)}")
+        self._iterator = self._pipeline = None  # let the old pipeline and its workers go first
         self._pipeline = self._factory(checkpoint=checkpoints[0])
         self._iterator = self._make_iterator(self._pipeline)
         self.steps_taken = int(state.get("steps_taken", 0))

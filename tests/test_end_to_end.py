@@ -151,3 +151,56 @@ def test_demo_fails_when_a_reader_fails(tmp_path):
                            "--timeout", "100"], capture_output=True, text=True, timeout=110, cwd=tmp_path)
     assert proc.returncode != 0
     assert "deliberate failure (--fail-rank)" in proc.stderr and "sample_00000.npy" in proc.stderr
+
+
+def _dtensor_loader_rank(rank, world_size, files, batch_size):
+    import h5py
+    import torch.distributed as dist
+    from nvidia.dali import pipeline_def
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from dali_mesh import ForecastSpec, HDF5Source, Layout, MeshInfo
+    from dali_mesh._external import partitioned_source
+    from dali_mesh.torch import MeshLoader
+
+    device_mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("data_parallel", "model_parallel"))
+    layout = Layout(MeshInfo.from_device_mesh(device_mesh), shard={"model_parallel": 2}, halo={1: 1, 2: 2},
+                    boundary={2: "periodic"})
+    source = HDF5Source(files, "fields", layout, batch_size=batch_size, seed=5,
+                        forecast=ForecastSpec(history=1, lead=2))
+
+    @pipeline_def(batch_size=batch_size, num_threads=1, device_id=None, py_num_workers=1, py_start_method="spawn",
+                  prefetch_queue_depth=1)
+    def pipe():
+        return partitioned_source(source)
+
+    loader = MeshLoader(pipe(), layout, output_map=source.output_names, output="dtensor",
+                        device_mesh=device_mesh, sample_shape=source.sample_shape)
+    steps = 0
+    series = np.concatenate([h5py.File(f, "r")["fields"][:] for f in files])  # time runs across the files
+    for batch in loader:
+        steps += 1
+        ids = [None] * world_size
+        dist.all_gather_object(ids, (layout.batch_index, batch["sample_id"].tolist()))
+        groups = [i for b, i in sorted(set((b, tuple(i)) for b, i in ids))]
+        t = [[source.step_of(s) for s in g] for g in groups]
+        expected_in = np.concatenate([np.stack([series[s - 1:s + 1] for s in g]) for g in t])
+        expected_tg = np.concatenate([np.stack([series[s + 1:s + 3] for s in g]) for g in t])
+        np.testing.assert_array_equal(batch["input"].full_tensor().numpy(), expected_in)
+        np.testing.assert_array_equal(batch["target"].full_tensor().numpy(), expected_tg)
+    assert steps == len(source) // batch_size
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_world4_meshloader_dtensor_output_with_forecast_steps(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    rng = np.random.default_rng(0)
+    files = []
+    for year, steps in ((2020, 4), (2021, 5)):  # a forecast sample may cross the two files
+        f = str(tmp_path / f"{year}.h5")
+        with h5py.File(f, "w") as h:
+            h.create_dataset("fields", data=rng.standard_normal((steps, 2, 6, 10)).astype(np.float32),
+                             chunks=(1, 2, 3, 5))
+        files.append(f)
+    run_ranks(_dtensor_loader_rank, 4, tmp_path, files, 2, timeout_s=200)

@@ -31,7 +31,7 @@ def _save(path, arr, version=None):
     return str(path)
 
 
-def _random_region(rng, shape, mode, max_halo=6):
+def _random_region(rng, shape, mode, max_halo=6, dtype=None):
     ds, de, ws, we = [], [], [], []
     for n in shape:
         a = int(rng.integers(0, n))
@@ -43,7 +43,9 @@ def _random_region(rng, shape, mode, max_halo=6):
             u = int(rng.integers(a - max_halo, b))
             v = int(rng.integers(u + 1, b + max_halo + 1))
         ds.append(a), de.append(b), ws.append(u), we.append(v)
-    return Region(ds, de, ds, de, ws, we, mode, fill_value=-7)
+    kind = np.dtype(dtype).kind if dtype is not None else "f"
+    fill = {"b": 1, "u": 7}.get(kind, -7)  # a value the dtype holds
+    return Region(ds, de, ds, de, ws, we, mode, fill_value=fill)
 
 
 def _sample(dtype, shape, rng):
@@ -65,7 +67,7 @@ def test_every_dtype_and_endianness_native_output(tmp_path, dtype):
     arr = _sample(dtype, (4, 5, 6), rng)
     path = _save(tmp_path / "a.npy", arr)
     for mode in ("constant", "periodic", "reflect"):
-        region = _random_region(rng, arr.shape, mode)
+        region = _random_region(rng, arr.shape, mode, dtype=arr.dtype)
         expected = take_window(arr, region)
         for method in ("preadv", "mmap"):
             out = read_npy_window(path, region, method=method)

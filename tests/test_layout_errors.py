@@ -51,3 +51,17 @@ def test_coordinate_out_of_range():
 def test_not_a_mesh():
     with pytest.raises(LayoutError, match="mesh must be a MeshInfo"):
         Layout((2, 4), shard={})
+
+
+def test_fill_value_the_dtype_cannot_hold():
+    import numpy as np
+
+    from dali_mesh.partition import take_window
+
+    region = Layout(MeshInfo((2,), ("mp",)), shard={"mp": 0}, halo=2, fill_value=-1).region((6,))
+    with pytest.raises(LayoutError, match="fill_value -1 cannot be held by uint8"):
+        take_window(np.arange(6, dtype=np.uint8), region)
+    region = Layout(MeshInfo((2,), ("mp",)), shard={"mp": 0}, halo=2, fill_value=0.5).region((6,))
+    with pytest.raises(LayoutError, match="fill_value 0.5 cannot be held by int32"):
+        take_window(np.arange(6, dtype=np.int32), region)
+    assert take_window(np.arange(6, dtype=np.float16), region)[0] == np.float16(0.5)

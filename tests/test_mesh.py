@@ -105,3 +105,9 @@ def test_parse_mesh_shape():
         with pytest.raises(MeshError, match=match):
             parse_mesh_shape(bad)
     assert resolve_mesh_shape((-1, 2), 8) == (4, 2)
+
+
+def test_non_integer_sizes_are_refused():
+    for args in [((2.5, 2),), ((True, 2),), ((2, 2), ("a", "b"), (0.0, 1))]:
+        with pytest.raises(MeshError, match="expected integers"):
+            MeshInfo(*args)

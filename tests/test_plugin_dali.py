@@ -234,3 +234,13 @@ def test_mesh_slice_needs_ndim():
     layout = Layout(MeshInfo((2,), ("mp",), (0,)), shard={"mp": 0})
     with pytest.raises(ValueError, match="ndim"):
         dfn.mesh_roi_args(layout, 0)
+
+
+def test_constant_arguments_beyond_int32_are_refused():
+    @pipeline_def(batch_size=1, num_threads=1, device_id=None)
+    def pipe():
+        return dfn.strided_slice(fn.constant(idata=[1.0, 2.0, 3.0], dtype=types.FLOAT), [2**31], [2],
+                                 boundary="periodic")
+
+    with pytest.raises(ValueError, match="start value 2147483648 does not fit a 32-bit constant argument"):
+        pipe()

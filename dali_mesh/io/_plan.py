@@ -25,7 +25,7 @@ from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from dali_mesh.partition import Region, boundary_index
+from dali_mesh.partition import Region, boundary_index, check_fill_value
 
 __all__ = ["AxisPlan", "WindowPlan", "plan_window"]
 
@@ -152,6 +152,7 @@ class WindowPlan:
                 out[lead + (ap.copy_dst,)] = out[lead + (ap.copy_src,)]
             if ap.fill.size:
                 if fill is None:
+                    check_fill_value(self.fill_value, out.dtype)
                     fill = np.asarray(self.fill_value).astype(out.dtype)
                 out[lead + (ap.fill,)] = fill
 
