@@ -27,8 +27,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from dali_mesh import Layout, MeshInfo  # noqa: E402
-from dali_mesh.demo import _descendant_pids, _evict, _read_bytes  # noqa: E402
 from dali_mesh.io import global_stats, reset_global_stats  # noqa: E402
+from dali_mesh.io.pagecache import descendant_pids, evict, read_bytes  # noqa: E402
 from dali_mesh.source import NumpySource  # noqa: E402
 
 
@@ -59,8 +59,8 @@ def epoch(files, source, workers, batch_size):
         def pipe():
             return partitioned_source(source)[0]
 
-    _evict(files)
-    before = _read_bytes([os.getpid()])
+    evict(files)
+    before = read_bytes()
     p = pipe()
     p.build()
     samples = len(p.run()[0])  # the first batch overlaps start-up: time the rest of the epoch
@@ -73,7 +73,7 @@ def epoch(files, source, workers, batch_size):
     except StopIteration:
         pass
     seconds = (time.perf_counter() - t0) * len(files) / max(1, samples - first)
-    read = _read_bytes([os.getpid()] + _descendant_pids(os.getpid())) - before
+    read = read_bytes([os.getpid()] + descendant_pids(os.getpid())) - before
     del p
     return seconds, read, samples
 

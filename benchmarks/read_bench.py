@@ -39,35 +39,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dali_mesh import Layout, MeshInfo  # noqa: E402
 from dali_mesh.io import DEFAULT_MERGE_GAP, IOStats, read_npy_window  # noqa: E402
+from dali_mesh.io.pagecache import evict, read_bytes, walk_files  # noqa: E402
 from dali_mesh.partition import take_window  # noqa: E402
 
 
 # ---- measuring ----------------------------------------------------------------------------------
 def proc_read_bytes() -> int:
-    with open("/proc/self/io") as f:
-        for line in f:
-            if line.startswith("read_bytes:"):
-                return int(line.split()[1])
-    raise RuntimeError("/proc/self/io has no read_bytes")
-
-
-def all_files(paths):
-    for p in paths:
-        if os.path.isdir(p):
-            for root, _, names in os.walk(p):
-                for n in names:
-                    yield os.path.join(root, n)
-        else:
-            yield p
-
-
-def evict(paths) -> None:
-    for p in all_files(paths):
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    value = read_bytes()
+    if value is None:
+        raise RuntimeError("/proc/self/io has no read_bytes")
+    return value
 
 
 def measure_cold(method, paths):
@@ -365,7 +346,7 @@ def bench_chunked(args, files, rows):
     paths = {names[0]: h5, names[1]: h5, names[2]: zs}
     sub = []
     _bench(axis, entries, lambda n: paths.get(n, files), window,
-           lambda n: sum(os.path.getsize(p) for p in all_files(paths.get(n, files))), args, sub)
+           lambda n: sum(os.path.getsize(p) for p in walk_files(paths.get(n, files))), args, sub)
     rows += sub[1:]  # the reference row repeats the .npy table's
     for p in h5:
         os.remove(p)

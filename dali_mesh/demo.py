@@ -10,7 +10,6 @@ samples/s.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import sys
@@ -19,6 +18,7 @@ import time
 
 import numpy as np
 
+from dali_mesh.io.pagecache import descendant_pids, evict, read_bytes
 from dali_mesh.partition import take_window
 
 __all__ = ["add_arguments", "run", "write_synthetic"]
@@ -134,57 +134,6 @@ def _full_sample(source, sample_id: int) -> np.ndarray:
     return np.load(source.files[sample_id])
 
 
-def _all_files(files) -> list[str]:
-    """Every regular file under ``files`` (a Zarr store is a folder of chunk files)."""
-    out = []
-    for f in files:
-        if os.path.isdir(f):
-            out += [os.path.join(d, n) for d, _, names in os.walk(f) for n in names]
-        else:
-            out.append(f)
-    return out
-
-
-def _descendant_pids(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for task in glob.glob(f"/proc/{p}/task/*/children"):
-            try:
-                kids = [int(k) for k in open(task).read().split()]
-            except OSError:
-                continue
-            out += kids
-            todo += kids
-    return out
-
-
-def _read_bytes(pids) -> int | None:
-    """Bytes these processes pulled from storage (``read_bytes`` of ``/proc/PID/io``), or None where
-    the kernel does not say."""
-    if not os.path.exists("/proc/self/io"):
-        return None
-    total = 0
-    for pid in pids:
-        try:
-            for line in open(f"/proc/{pid}/io"):
-                if line.startswith("read_bytes:"):
-                    total += int(line.split()[1])
-        except OSError:
-            continue  # a helper process that has exited read nothing we need
-    return total
-
-
-def _evict(files) -> None:
-    for f in files:
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # dirty pages cannot be dropped
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 class _FailingSource:
     """Wraps a source so that its reads fail (the demo's failure test)."""
 
@@ -240,7 +189,7 @@ def _rank(rank, world_size, cfg, out_dir):
         source = _FailingSource(source)
     region = layout.region(source.sample_shape)
 
-    _evict(_all_files(files))  # cold files: count what the readers pull from storage
+    evict(files)  # cold files: count what the readers pull from storage
     dist.barrier()
 
     @pipeline_def(batch_size=bs, num_threads=1, device_id=rank if use_gpu else None,
@@ -262,7 +211,7 @@ def _rank(rank, world_size, cfg, out_dir):
             sys.stderr.write(f"\r  epoch [{'#' * done}{'.' * (30 - done)}] {steps}/{num_steps} steps")
             sys.stderr.flush()
     elapsed = time.perf_counter() - t0
-    read_bytes = _read_bytes(_descendant_pids(os.getpid()))
+    worker_bytes = read_bytes(descendant_pids(os.getpid()))
     if rank == 0:
         sys.stderr.write("\n")
     del loader
@@ -303,7 +252,7 @@ def _rank(rank, world_size, cfg, out_dir):
         "window": [list(region.window_start), list(region.window_stop)],
         "window_shape": list(region.window_shape), "steps": steps, "samples": int(ids.size), "real_ids": real_ids,
         "verified": verified, "dtensor": dtensor_checked, "seconds": elapsed,
-        "read_bytes": read_bytes, "window_bytes": int(ids.size) * int(np.prod(region.window_shape)) * np.dtype(source.dtype).itemsize,
+        "read_bytes": worker_bytes, "window_bytes": int(ids.size) * int(np.prod(region.window_shape)) * np.dtype(source.dtype).itemsize,
         "full_bytes": int(ids.size) * int(np.prod(source.sample_shape)) * np.dtype(source.dtype).itemsize,
     }
     with open(os.path.join(out_dir, f"stats{rank}.json"), "w") as f:
@@ -364,9 +313,10 @@ def run(args: argparse.Namespace) -> int:
             return 1
         stats = [json.load(open(os.path.join(tmp, f"stats{r}.json"))) for r in range(args.nproc)]
     wall = time.perf_counter() - t0
+    measured = all(s["read_bytes"] is not None for s in stats)
+    reads = [s["read_bytes"] if measured else s["window_bytes"] for s in stats]
     rows = []
-    for s in stats:
-        read = s["read_bytes"] if s["read_bytes"] is not None else s["window_bytes"]
+    for s, read in zip(stats, reads):
         rows.append([str(s["rank"]), "(" + ", ".join(str(c) for c in s["coordinate"].values()) + ")",
                      "[" + ", ".join(f"{a}:{b}" for a, b in zip(*s["window"])) + "]",
                      f"{read / 2**20:.1f} MiB", f"{100 * read / s['full_bytes']:.1f}%",
@@ -375,13 +325,13 @@ def run(args: argparse.Namespace) -> int:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     for r in [header] + rows:
         print("  ".join(c.rjust(w) if i in (0, 3, 4, 5) else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
-    fractions = [(s["read_bytes"] if s["read_bytes"] is not None else s["window_bytes"]) / s["full_bytes"] for s in stats]
+    fractions = [read / s["full_bytes"] for s, read in zip(stats, reads)]
     seen = {sid for s in stats for sid in s["real_ids"]}
     checked = sum(s["verified"] for s in stats)
     dtensor = all(s["dtensor"] for s in stats)
     source_note = ("cold /proc/<pid>/io read_bytes of each rank's DALI workers (local ranks share one page cache: "
                    "a page one rank pulled is not read again by another)"
-                   if all(s["read_bytes"] is not None for s in stats) else "planned window bytes")
+                   if measured else "planned window bytes")
     print(f"bytes: {source_note}; {checked} windows checked against the files"
           f"{', first batch gathered as a DTensor on every rank' if dtensor else ''}; {wall:.1f} s in all")
     if seen != set(range(num_samples)):
