@@ -118,20 +118,19 @@ def _make_source(kind, files, dataset, layout, batch_size):
 
 def _full_sample(source, sample_id: int) -> np.ndarray:
     """The whole sample, read plainly (the oracle the demo checks windows against)."""
-    if hasattr(source, "locate"):
-        fi, local = source.locate(source.step_of(sample_id))
-        path = source.files[fi]
-        if path.rstrip("/").endswith(".zarr"):
-            import zarr  # noqa: PLC0415
+    if not hasattr(source, "locate"):
+        return np.load(source.files[sample_id])
+    fi, local = source.locate(source.step_of(sample_id))
+    path = source.files[fi]
+    if path.rstrip("/").endswith(".zarr"):
+        from dali_mesh.io.zarr import open_zarr_array  # noqa: PLC0415
 
-            node = zarr.open(path, mode="r")
-            arr = node if source.name is None else node[source.name]
-            return np.asarray(arr[local])
-        import h5py  # noqa: PLC0415
+        return np.asarray(open_zarr_array(path, source.name)[local])
+    from dali_mesh.io.hdf5 import open_hdf5_dataset  # noqa: PLC0415
 
-        with h5py.File(path, "r") as f:
-            return f[source.name][local]
-    return np.load(source.files[sample_id])
+    f, dataset = open_hdf5_dataset(path, source.name)
+    with f:
+        return dataset[local]
 
 
 class _FailingSource:

@@ -30,14 +30,7 @@ import nvidia.dali as dali
 import nvidia.dali.fn as dali_fn
 import nvidia.dali.types as types
 
-try:
-    from dali_mesh._external import partitioned_source
-except ModuleNotFoundError as _e:  # written by another part of the project; keep fn importable
-    if _e.name != "dali_mesh._external":
-        raise
-
-    def partitioned_source(*args, **kwargs):  # type: ignore[no-redef]
-        raise ImportError("dali_mesh._external is missing from this installation")
+from dali_mesh._external import partitioned_source
 
 __all__ = [
     "PLUGIN_PATH",
@@ -46,6 +39,7 @@ __all__ = [
     "mesh_roi",
     "mesh_slice",
     "mesh_roi_args",
+    "slice_boundaries",
     "partitioned_source",
 ]
 
@@ -234,6 +228,12 @@ def mesh_roi_args(layout, ndim: int, coordinate: Sequence[int] | None = None) ->
     return args
 
 
+def slice_boundaries(boundaries: Sequence[str]) -> list[str]:
+    """The layout's boundary rules as ``strided_slice`` takes them: ``mesh_roi`` already clipped the
+    window of ``trim`` axes to the domain, so the slice reads nothing outside them (``constant``)."""
+    return ["constant" if b == "trim" else b for b in boundaries]
+
+
 def mesh_slice(x, layout, *, ndim: int, dtype=None, channel_axis: int | None = None,
                mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
                coordinate: Sequence[int] | None = None, device: str | None = None):
@@ -254,7 +254,7 @@ def mesh_slice(x, layout, *, ndim: int, dtype=None, channel_axis: int | None = N
     args = mesh_roi_args(layout, ndim, coordinate)
     has_crop = "crop_start" in args
     roi = mesh_roi(x.shape(), output_domain=has_crop, **args)
-    boundary = ["constant" if b == "trim" else b for b in args["boundary"]]
+    boundary = slice_boundaries(args["boundary"])
     dom = {"domain_start": roi[2], "domain_shape": roi[3]} if has_crop else {}
     return strided_slice(x, roi[0], roi[1], boundary=boundary, fill_value=layout.fill_value,
                          dtype=dtype, channel_axis=channel_axis, mean=mean, std=std, device=device,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import nvidia.dali.math as dmath
 from nvidia.dali import fn, types
 
-from dali_mesh.fn import mesh_roi, mesh_roi_args, strided_slice
+from dali_mesh.fn import mesh_roi, mesh_roi_args, slice_boundaries, strided_slice
 from dali_mesh.partition import LayoutError
 
 __all__ = ["decode_tile", "IMAGE_BOUNDARIES"]
@@ -70,6 +70,6 @@ def decode_tile(jpegs, layout, *, device: str = "cpu", output_type=types.RGB, dt
     hi = dmath.min(shape, dmath.max(dmath.min(window_stop, shape), 1 - window_start))
     tile = fn.decoders.image_slice(jpegs, lo[0:2], (hi - lo)[0:2], axes=[0, 1], device=device,
                                    output_type=output_type, **decoder_kwargs)
-    slice_boundary = ["constant" if b == "trim" else b for b in boundary[:2]]
-    return strided_slice(tile, (window_start - lo)[0:2], window_shape[0:2], axes=[0, 1], boundary=slice_boundary,
+    return strided_slice(tile, (window_start - lo)[0:2], window_shape[0:2], axes=[0, 1],
+                         boundary=slice_boundaries(boundary[:2]),
                          fill_value=layout.fill_value, dtype=dtype)

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dali_mesh.io._common import DataFileError, ShapeMismatchError
+from dali_mesh.io._common import DataFileError, ShapeMismatchError, native_dtype
 from dali_mesh.io.npy import DEFAULT_MERGE_GAP, read_npy_header, read_npy_window
 from dali_mesh.partition import Layout, Region, sample_order
 
@@ -447,9 +447,7 @@ class ZarrSource(_TimeSeriesSource):
         arr = open_zarr_array(path, self.name)
         if arr.ndim < 2:
             raise DataFileError(path, f"array {self.name!r} has shape {arr.shape}: need (step, ...) with at least 2 axes")
-        dt = np.dtype(arr.dtype)
-        native = dt.newbyteorder("=") if dt.byteorder not in "=|" else dt
-        return arr.shape[0], tuple(arr.shape[1:]), native
+        return arr.shape[0], tuple(arr.shape[1:]), native_dtype(arr.dtype)
 
     def _open(self, path):
         from dali_mesh.io.zarr import open_zarr_array

@@ -88,15 +88,14 @@ def to_shard_tensor(local: torch.Tensor, layout: Layout, sample_shape: Sequence[
             from physicsnemo.distributed.shard_tensor import ShardTensor  # noqa: PLC0415 (older releases)
         except ImportError as e:
             raise ImportError("output='shard_tensor' needs PhysicsNeMo (pip install nvidia-physicsnemo)") from e
-    ndim = len(sample_shape)
-    spec = layout.placement_spec(ndim, halo_stripped=True, lead_axes=lead_axes, any_split=True)
-    placements = layout.dtensor_placements(ndim, halo_stripped=True, lead_axes=lead_axes, any_split=True)
+    placements = layout.dtensor_placements(len(sample_shape), halo_stripped=True, lead_axes=lead_axes,
+                                           any_split=True)
     local, _ = _owned_part(local, layout, sample_shape, lead_axes)
     lead = tuple(local.shape[1:1 + lead_axes])
     by_dim = layout.sharding_shapes(sample_shape)
     shapes = {}
-    for d, (kind, _) in enumerate(spec):
-        if kind == "shard":  # batch dims: every sample group holds a whole local batch
+    for d, placement in enumerate(placements):
+        if placement.is_shard():  # batch dims: every sample group holds a whole local batch
             along = [(local.shape[0],) + lead + s for s in by_dim[d]] if d in by_dim else \
                 [tuple(local.shape)] * layout.mesh.shape[d]
             shapes[d] = [torch.Size(s) for s in along]
@@ -238,9 +237,3 @@ class MeshLoader:
         self._pipeline = self._factory(checkpoint=checkpoints[0])
         self._iterator = self._make_iterator(self._pipeline)
         self.steps_taken = int(state.get("steps_taken", 0))
-
-
-def global_batch_size(local_batch_size: int, layout: Layout) -> int:
-    """Samples in one step over all sample groups."""
-    return local_batch_size * layout.num_batch_groups
-
