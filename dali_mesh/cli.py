@@ -1,6 +1,8 @@
 """``dali-mesh``: the command line.
 
     dali-mesh plan --shape 8,721,1440 --mesh data_parallel=2,model_parallel=4 --shard model_parallel=1
+    dali-mesh plan --data era5.npy --mesh model_parallel=4 --shard model_parallel=2   # layout advice
+    dali-mesh convert src_dir/ dst.zarr --mesh model_parallel=4 --shard model_parallel=2
     dali-mesh demo [--nproc 4] ...
 
 Bad input gets one line on stderr and exit code 2, never a traceback.
@@ -9,140 +11,89 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
+from dali_mesh._args import (
+    UsageError,
+    make_layout,
+    parse_boundary,
+    parse_dtype,
+    parse_halo,
+    parse_ints,
+    parse_mesh,
+    parse_pairs,
+    parse_shard,
+    positive_int,
+)
 from dali_mesh.io._common import DataFileError
-from dali_mesh.mesh import MeshError, MeshInfo, parse_mesh_shape, resolve_mesh_shape
+from dali_mesh.mesh import MeshError, MeshInfo
 from dali_mesh.partition import BOUNDARIES, SPLITS, Layout, LayoutError
 
-__all__ = ["main"]
+__all__ = ["main", "MAX_ROWS", "UsageError", "parse_boundary", "parse_halo", "parse_ints", "parse_pairs",
+           "parse_shard"]
+
+#: ``plan`` prints at most this many ranks unless ``--all`` is given (a mesh of 2**40 ranks must not
+#: print, or hold, 2**40 rows by accident); ``--rank`` / ``--ranks`` pick the rows wanted.
+MAX_ROWS = 4096
 
 
-class UsageError(ValueError):
-    """Bad command-line input."""
-
-
-def parse_ints(text: str, what: str) -> tuple[int, ...]:
-    """``"8,721,1440"`` -> ``(8, 721, 1440)``."""
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise UsageError(f"malformed {what} {text!r}: expected comma-separated integers, e.g. 8,721,1440") from None
-    return values
-
-
-def parse_pairs(text: str | None, what: str) -> dict[str, str]:
-    """``"1=2,2=1"`` -> ``{"1": "2", "2": "1"}``."""
-    if not text:
-        return {}
-    out = {}
-    for part in text.split(","):
-        key, sep, value = part.partition("=")
-        if not sep or not key.strip() or not value.strip():
-            raise UsageError(f"malformed {what} {text!r}: expected KEY=VALUE pairs separated by commas")
-        if key.strip() in out:
-            raise UsageError(f"malformed {what} {text!r}: {key.strip()!r} is given twice")
-        out[key.strip()] = value.strip()
-    return out
-
-
-def _axis(key: str, what: str) -> int:
-    try:
-        return int(key)
-    except ValueError:
-        raise UsageError(f"{what}: axis {key!r} is not an integer") from None
-
-
-def parse_halo(text: str | None) -> dict[int, int | tuple[int, int]] | int:
-    """``"1=2,2=1"``, ``"1=2:3"`` (low:high) or a bare ``"2"`` for every axis."""
-    if not text:
-        return 0
-    if "=" not in text:
-        return _halo_value(text, "every axis")
-    out: dict[int, int | tuple[int, int]] = {}
-    for key, value in parse_pairs(text, "--halo").items():
-        out[_axis(key, "--halo")] = _halo_value(value, f"axis {key}")
-    return out
-
-
-def _halo_value(value: str, where: str) -> int | tuple[int, int]:
-    try:
-        if ":" in value:
-            lo, hi = value.split(":")
-            return int(lo), int(hi)
-        return int(value)
-    except ValueError:
-        raise UsageError(f"--halo: {value!r} for {where} is not an integer or LOW:HIGH") from None
-
-
-def parse_boundary(text: str | None) -> str | dict[int, str]:
-    """``"periodic"`` for every axis, or ``"1=constant,2=periodic"``."""
-    if not text:
-        return "constant"
-    if "=" not in text:
-        return text
-    return {_axis(k, "--boundary"): v for k, v in parse_pairs(text, "--boundary").items()}
-
-
-def parse_shard(text: str | None) -> dict[str, int]:
-    return {name: _axis(axis, "--shard") for name, axis in parse_pairs(text, "--shard").items()}
-
-
-def build_layout(args: argparse.Namespace, coordinate: Sequence[int] | None = None) -> tuple[Layout, tuple[int, ...]]:
+def build_layout(args: argparse.Namespace, coordinate: Sequence[int] | None = None,
+                 shape: tuple[int, ...] | None = None, dtype: np.dtype | None = None
+                 ) -> tuple[Layout, tuple[int, ...]]:
     """The ``Layout`` and sample shape that ``--mesh --shard --batch --halo --boundary --split --crop`` describe."""
-    shape = parse_ints(args.shape, "--shape")
-    mesh_shape, names = parse_mesh_shape(args.mesh)
-    if -1 in mesh_shape:
-        if args.world_size is None:
-            raise UsageError(f"--mesh {args.mesh!r} has a -1: give --world-size to infer it")
-        mesh_shape = resolve_mesh_shape(mesh_shape, args.world_size)
-    elif args.world_size is not None:
-        resolve_mesh_shape(mesh_shape, args.world_size)
+    if shape is None:
+        shape = parse_ints(args.shape, "--shape")
+    mesh_shape, names = parse_mesh(args.mesh, args.world_size)
     mesh = MeshInfo(mesh_shape, names, coordinate or ())
-    batch = args.batch.split(",") if args.batch else None
-    crop = None
-    if getattr(args, "crop", None):
-        crop = []
-        for part in args.crop.split(","):
-            if part in ("", ":"):
-                crop.append(None)
-                continue
-            lo, sep, hi = part.partition(":")
-            if not sep:
-                raise UsageError(f"malformed --crop {args.crop!r}: expected START:STOP per axis")
-            try:
-                crop.append((int(lo), int(hi)))
-            except ValueError:
-                raise UsageError(f"malformed --crop {args.crop!r}: {part!r} is not START:STOP") from None
-    halo = parse_halo(args.halo)
-    if isinstance(halo, tuple):  # LOW:HIGH for every axis
-        halo = {a: halo for a in range(len(shape))}
-    layout = Layout(
-        mesh,
-        shard=parse_shard(args.shard),
-        batch=batch,
-        crop=crop,
-        halo=halo,
-        boundary=parse_boundary(args.boundary),
-        fill_value=args.fill_value,
-        split=args.split,
-    )
+    layout = make_layout(mesh, len(shape), shard=args.shard, batch=args.batch, halo=args.halo,
+                         boundary=args.boundary, split=args.split, crop=getattr(args, "crop", None),
+                         fill_value=args.fill_value, dtype=dtype)
     layout.region(shape)  # check the layout against the shape now, before any output
     return layout, shape
 
 
-def plan_rows(layout: Layout, shape: tuple[int, ...], dtype: str) -> list[dict]:
+def selected_ranks(args: argparse.Namespace, size: int) -> range:
+    """The ranks ``--rank`` / ``--ranks A:B`` / ``--all`` ask for; more than ``MAX_ROWS`` only with ``--all``."""
+    if args.rank is not None and args.ranks is not None:
+        raise UsageError("give --rank or --ranks, not both")
+    if args.rank is not None:
+        if not 0 <= args.rank < size:
+            raise UsageError(f"--rank {args.rank} is out of range for a mesh of {size} ranks (0..{size - 1})")
+        return range(args.rank, args.rank + 1)
+    if args.ranks is not None:
+        lo, sep, hi = args.ranks.partition(":")
+        try:
+            a = int(lo) if lo.strip() else 0
+            b = int(hi) if hi.strip() else size
+        except ValueError:
+            a = b = None
+        if not sep or a is None or not 0 <= a < b <= size:
+            raise UsageError(f"--ranks {args.ranks!r}: expected START:STOP with 0 <= START < STOP <= {size}")
+        chosen = range(a, b)
+    else:
+        chosen = range(size)
+    if len(chosen) > MAX_ROWS and not args.all:
+        raise UsageError(f"the mesh has {size} ranks and {len(chosen)} rows were asked for; plan prints at most "
+                         f"{MAX_ROWS} rows: pick some with --rank R or --ranks A:B, or give --all")
+    return chosen
+
+
+def plan_rows(layout: Layout, shape: tuple[int, ...], dtype, ranks: Sequence[int] | None = None) -> Iterator[dict]:
+    """One row per rank in ``ranks`` (every rank by default), computed one at a time: O(1) per rank."""
     itemsize = np.dtype(dtype).itemsize
-    rows = []
     sample_cells = int(np.prod(shape))
-    for rank, (coordinate, region) in enumerate(zip(layout.mesh.coordinates(), layout.regions(shape))):
+    mesh = layout.mesh
+    for rank in (range(mesh.size) if ranks is None else ranks):
+        coordinate = mesh.coordinate_of(rank)
+        region = layout.region(shape, coordinate)
         cells = int(np.prod(region.window_shape))
-        rows.append({
+        yield {
             "rank": rank,
-            "coordinate": dict(zip(layout.mesh.names, coordinate)),
+            "coordinate": dict(zip(mesh.names, coordinate)),
             "start": list(region.start),
             "stop": list(region.stop),
             "window_start": list(region.window_start),
@@ -150,8 +101,7 @@ def plan_rows(layout: Layout, shape: tuple[int, ...], dtype: str) -> list[dict]:
             "window_shape": list(region.window_shape),
             "bytes": cells * itemsize,
             "fraction": cells / sample_cells,
-        })
-    return rows
+        }
 
 
 def _fmt_box(lo: Sequence[int], hi: Sequence[int]) -> str:
@@ -159,39 +109,58 @@ def _fmt_box(lo: Sequence[int], hi: Sequence[int]) -> str:
 
 
 def _fmt_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
 
 
-def format_table(rows: list[dict], layout: Layout, shape: tuple[int, ...], dtype: str) -> str:
-    header = ["rank", "coordinate", "owned start:stop", "window", "window shape", "bytes", "fraction"]
-    body = []
-    for r in rows:
-        body.append([
-            str(r["rank"]),
-            "(" + ", ".join(str(c) for c in r["coordinate"].values()) + ")",
-            _fmt_box(r["start"], r["stop"]),
-            _fmt_box(r["window_start"], r["window_stop"]),
-            "x".join(str(s) for s in r["window_shape"]),
-            _fmt_bytes(r["bytes"]),
-            f"{100 * r['fraction']:.1f}%",
-        ])
-    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
-    lines = [
-        f"sample {'x'.join(map(str, shape))} {dtype} ({_fmt_bytes(int(np.prod(shape)) * np.dtype(dtype).itemsize)}), "
-        f"mesh {dict(zip(layout.mesh.names, layout.mesh.shape))}, shard {layout.shard_dims}, "
-        f"batch {list(layout.batch_dims)}, replicas {list(layout.replica_dims)}, split {layout.split}",
-        "  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(),
-        "  ".join("-" * w for w in widths),
+_HEADER = ["rank", "coordinate", "owned start:stop", "window", "window shape", "bytes", "fraction"]
+_ADVICE_HEADER = ["cold read", "x window"]
+
+
+def _cells(r: dict) -> list[str]:
+    cells = [
+        str(r["rank"]),
+        "(" + ", ".join(str(c) for c in r["coordinate"].values()) + ")",
+        _fmt_box(r["start"], r["stop"]),
+        _fmt_box(r["window_start"], r["window_stop"]),
+        "x".join(str(s) for s in r["window_shape"]),
+        _fmt_bytes(r["bytes"]),
+        f"{100 * r['fraction']:.1f}%",
     ]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)).rstrip() for b in body]
-    return "\n".join(lines)
+    if "cold_bytes" in r:
+        cells += [_fmt_bytes(r["cold_bytes"]), f"{r['cold_bytes'] / r['needed_bytes']:.2f}x" if r["needed_bytes"] else "-"]
+    return cells
 
 
-def draw_png(path: str, layout: Layout, shape: tuple[int, ...]) -> None:
+def format_title(layout: Layout, shape: tuple[int, ...], dtype) -> str:
+    return (f"sample {'x'.join(map(str, shape))} {np.dtype(dtype)} "
+            f"({_fmt_bytes(int(np.prod(shape)) * np.dtype(dtype).itemsize)}), "
+            f"mesh {dict(zip(layout.mesh.names, layout.mesh.shape))}, shard {layout.shard_dims}, "
+            f"batch {list(layout.batch_dims)}, replicas {list(layout.replica_dims)}, split {layout.split}")
+
+
+def format_table(rows: list[dict], layout: Layout, shape: tuple[int, ...], dtype) -> str:
+    """The whole table as one string (rows already computed)."""
+    return "\n".join(_table_lines(iter(rows), layout, shape, dtype, rows))
+
+
+def _table_lines(rows: Iterator[dict], layout, shape, dtype, sizing: list[dict]) -> Iterator[str]:
+    """Table lines; column widths come from ``sizing`` (a few rows: all of them when they are few,
+    the first and last ones otherwise; a longer cell only shifts its own line)."""
+    body = [_cells(r) for r in sizing]
+    header = _HEADER + (_ADVICE_HEADER if sizing and "cold_bytes" in sizing[0] else [])
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
+    yield format_title(layout, shape, dtype)
+    yield "  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()
+    yield "  ".join("-" * w for w in widths)
+    for r in rows:
+        yield "  ".join(c.ljust(w) for c, w in zip(_cells(r), widths)).rstrip()
+
+
+def draw_png(path: str, layout: Layout, shape: tuple[int, ...], ranks: Sequence[int] | None = None) -> None:
     """Draw the decomposition of the sharded axes: one colour per rank, halos hatched."""
     try:
         import matplotlib  # noqa: PLC0415
@@ -212,7 +181,8 @@ def draw_png(path: str, layout: Layout, shape: tuple[int, ...]) -> None:
     fig, plot = plt.subplots(figsize=(8, 6))
     cmap = plt.get_cmap("tab20")
     seen = set()
-    for rank, region in enumerate(layout.regions(shape)):
+    for rank in (range(layout.mesh.size) if ranks is None else ranks):
+        region = layout.region(shape, layout.mesh.coordinate_of(rank))
         key = (region.start, region.stop)
         if key in seen:  # replicas and other sample groups share the same region
             continue
@@ -240,8 +210,20 @@ def draw_png(path: str, layout: Layout, shape: tuple[int, ...]) -> None:
     plot.set_ylabel(f"axis {ay}")
     plot.set_title(f"{'x'.join(map(str, shape))} over mesh {dict(zip(layout.mesh.names, layout.mesh.shape))}"
                    f" ({layout.split}); hatched: halo")
-    fig.savefig(path, dpi=100, bbox_inches="tight")
+    # format="png" and a path ending in .png (checked before): matplotlib writes exactly `path`
+    fig.savefig(path, format="png", dpi=100, bbox_inches="tight")
     plt.close(fig)
+
+
+def check_png_path(path: str) -> None:
+    """``--png`` writes exactly the path given: a file ending in ``.png`` whose folder exists."""
+    if os.path.isdir(path):
+        raise UsageError(f"--png {path!r} is a directory: give a file name ending in .png, e.g. {os.path.join(path, 'plan.png')}")
+    if not path.lower().endswith(".png"):
+        raise UsageError(f"--png {path!r} does not end in .png: give a file name ending in .png")
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        raise UsageError(f"--png {path!r}: folder {folder!r} does not exist")
 
 
 def _add_layout_args(p: argparse.ArgumentParser, *, shape_required: bool) -> None:
@@ -252,7 +234,8 @@ def _add_layout_args(p: argparse.ArgumentParser, *, shape_required: bool) -> Non
     p.add_argument("--halo", help="cells each side: 2 for every axis, or 1=2,2=1, or 1=LOW:HIGH")
     p.add_argument("--boundary", help=f"{'|'.join(BOUNDARIES)} for every axis, or 1=constant,2=periodic")
     p.add_argument("--fill-value", type=float, default=0.0, help="value of constant boundary cells")
-    p.add_argument("--split", default="chunk", help=f"{'|'.join(SPLITS)} (default chunk)")
+    p.add_argument("--split", default="chunk",
+                   help=f"{'|'.join(SPLITS)} (default chunk), or explicit sizes: model_parallel=181/181/181/178")
     p.add_argument("--crop", help="START:STOP per axis, e.g. :,0:720,: (the crop is the domain)")
     p.add_argument("--world-size", type=int, help="check the mesh against this world size (and infer a -1)")
 
@@ -266,11 +249,31 @@ def make_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="dali-mesh", description="Partition-aware data loading for DALI and torch DeviceMesh")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    plan = sub.add_parser("plan", help="print every rank's region of a sample")
-    _add_layout_args(plan, shape_required=True)
-    plan.add_argument("--dtype", default="float32", help="sample dtype, for the byte counts")
+    plan = sub.add_parser("plan", help="print every rank's region of a sample (and, with --data, its cold read)")
+    _add_layout_args(plan, shape_required=False)
+    plan.add_argument("--dtype", default=None, help="sample dtype, for the byte counts (default float32)")
     plan.add_argument("--json", action="store_true", help="print a JSON list, one object per rank")
-    plan.add_argument("--png", metavar="FILE", help="draw the decomposition of the sharded axes")
+    plan.add_argument("--png", metavar="FILE.png", help="draw the decomposition of the sharded axes to exactly this file")
+    plan.add_argument("--rank", type=int, help="print only this rank")
+    plan.add_argument("--ranks", metavar="A:B", help="print ranks A..B-1")
+    plan.add_argument("--all", action="store_true", help=f"print every rank even when there are more than {MAX_ROWS}")
+    plan.add_argument("--data", metavar="FILE",
+                      help="a .npy file, HDF5 file or Zarr store (or a folder of them): take the sample shape and "
+                           "dtype from it and add, per rank, the bytes a cold read pulls and a chunk shape that fits")
+    plan.add_argument("--dataset", help="HDF5 dataset or Zarr array name (default: the only one there)")
+
+    conv = sub.add_parser("convert", help="copy data to HDF5 or Zarr with chunks aligned to the layout's shards")
+    conv.add_argument("src", help=".npy file, folder of per-sample .npy files, HDF5 file or Zarr store")
+    conv.add_argument("dst", help="output: a .h5/.hdf5 file or a .zarr store")
+    _add_layout_args(conv, shape_required=False)
+    conv.add_argument("--dataset", help="source HDF5 dataset or Zarr array name (default: the only one there)")
+    conv.add_argument("--name", default="data", help="dataset / array name in DST (default data)")
+    conv.add_argument("--chunks", default="auto",
+                      help="auto (one chunk per rank's owned region per sample, finer above 64 MiB) or a shape, "
+                           "e.g. 1,8,721,360")
+    conv.add_argument("--workers", type=positive_int, default=4, help="parallel copy threads (default 4)")
+    conv.add_argument("--overwrite", action="store_true", help="replace an existing DST")
+    conv.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
     demo = sub.add_parser("demo", help="run one epoch on local ranks and verify every sample")
     _add_demo_args(demo)
@@ -287,27 +290,65 @@ def _add_demo_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    try:
-        dtype = np.dtype(args.dtype)
-    except TypeError:
-        raise UsageError(f"unknown --dtype {args.dtype!r}") from None
-    if dtype.kind not in "biufc":
-        raise UsageError(f"--dtype {args.dtype!r} is not a numeric dtype")
-    layout, shape = build_layout(args)
-    rows = plan_rows(layout, shape, args.dtype)
-    if args.json:
-        for r in rows:
-            del r["fraction"]
-        print(json.dumps(rows))
+    advice = None
+    if args.png:
+        check_png_path(args.png)
+    if args.data:
+        from dali_mesh.advice import open_layout_target  # noqa: PLC0415
+
+        target = open_layout_target(args.data, args.dataset)
+        shape, dtype = target.sample_shape, target.dtype
+        if args.shape and parse_ints(args.shape, "--shape") != shape:
+            raise UsageError(f"--shape {args.shape} disagrees with --data {args.data!r} (samples of {shape}): "
+                             "leave --shape out")
+        if args.dtype and parse_dtype(args.dtype) != dtype:
+            raise UsageError(f"--dtype {args.dtype} disagrees with --data {args.data!r} ({dtype}): leave --dtype out")
+        advice = target
     else:
-        print(format_table(rows, layout, shape, args.dtype))
+        if not args.shape:
+            raise UsageError("plan needs --shape (e.g. --shape 8,721,1440) or --data FILE")
+        if args.dataset:
+            raise UsageError("--dataset goes with --data")
+        dtype = parse_dtype(args.dtype or "float32")
+        shape = None
+    layout, shape = build_layout(args, shape=shape, dtype=dtype)
+    ranks = selected_ranks(args, layout.mesh.size)
+    rows: Iterator[dict] = plan_rows(layout, shape, dtype, ranks)
+    if advice is not None:
+        rows = advice.annotate(layout, rows)
+    if args.json:
+        out = sys.stdout
+        out.write("[")
+        for i, r in enumerate(rows):  # streamed: memory does not grow with the number of rows
+            del r["fraction"]
+            out.write((", " if i else "") + json.dumps(r))
+        out.write("]\n")
+    else:
+        head = list(plan_rows(layout, shape, dtype, ranks[:64]))
+        if len(ranks) > 128:
+            head += list(plan_rows(layout, shape, dtype, ranks[-64:]))
+        if advice is not None:
+            head = list(advice.annotate(layout, iter(head)))
+        for line in _table_lines(rows, layout, shape, dtype, head):
+            print(line)
+        if advice is not None:
+            for line in advice.summary(layout):
+                print(line)
     if args.png:
         try:
-            draw_png(args.png, layout, shape)
+            draw_png(args.png, layout, shape, ranks)
         except OSError as e:
             raise UsageError(f"cannot write --png {args.png!r}: {e.strerror or e}") from None
         if not args.json:
             print(f"wrote {args.png}")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from dali_mesh.convert import convert  # noqa: PLC0415
+
+    report = convert(args)
+    print(report)
     return 0
 
 
@@ -316,6 +357,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "plan":
             return cmd_plan(args)
+        if args.command == "convert":
+            return cmd_convert(args)
         if args.command == "demo":
             if getattr(args, "demo_missing", False):
                 raise UsageError("the demo is not available in this build")

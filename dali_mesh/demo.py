@@ -18,16 +18,21 @@ import time
 
 import numpy as np
 
+from dali_mesh._args import UsageError, find_data, make_layout, parse_ints, positive_float, positive_int
 from dali_mesh.io.pagecache import descendant_pids, evict, read_bytes
 from dali_mesh.partition import take_window
 
-__all__ = ["add_arguments", "run", "write_synthetic"]
+__all__ = ["add_arguments", "run", "write_synthetic", "MARKER"]
 
 DEFAULT_SHAPE = (8, 256, 512)
+#: The file by which the demo knows a folder as its own: it lists the files the demo wrote there.
+#: The demo writes only into an empty (or new) folder or one that holds this marker, and never
+#: over a file the marker does not list.
+MARKER = ".dali_mesh_demo.json"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nproc", type=int, default=4, help="local ranks to start (default 4)")
+    p.add_argument("--nproc", type=positive_int, default=4, help="local ranks to start (default 4)")
     p.add_argument("--mesh", default="data_parallel=-1,model_parallel=4",
                    help="mesh; one dim may be -1 (default data_parallel=-1,model_parallel=4)")
     p.add_argument("--shard", default="model_parallel=1", help="mesh dim -> sample axis (default model_parallel=1)")
@@ -38,22 +43,65 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="a folder of .npy files (one sample each), or HDF5 (.h5) / Zarr (.zarr) files or "
                                    "a folder of them, samples along axis 0 (default: write a synthetic ERA5-like set)")
     p.add_argument("--dataset", help="HDF5 dataset or Zarr array name (default: the only one there)")
-    p.add_argument("--samples", type=int, default=32, help="synthetic samples (default 32)")
+    p.add_argument("--samples", type=positive_int, default=32, help="synthetic samples (default 32)")
     p.add_argument("--shape", default=",".join(map(str, DEFAULT_SHAPE)), help="synthetic sample shape")
-    p.add_argument("--batch-size", type=int, default=2, help="samples per batch per rank (default 2)")
-    p.add_argument("--workers", type=int, default=1, help="DALI worker processes per rank (default 1)")
-    p.add_argument("--timeout", type=float, default=300, help="seconds before the demo gives up")
+    p.add_argument("--batch-size", type=positive_int, default=2, help="samples per batch per rank (default 2)")
+    p.add_argument("--workers", type=positive_int, default=1, help="DALI worker processes per rank (default 1)")
+    p.add_argument("--timeout", type=positive_float, default=300, help="seconds before the demo gives up")
     p.add_argument("--fail-rank", type=int, help=argparse.SUPPRESS)  # tests: this rank's reader fails
 
 
-def write_synthetic(folder: str, num_samples: int, shape, seed: int = 0) -> list[str]:
-    """ERA5-like fields: smooth waves in (lat, lon) per channel plus noise; one ``.npy`` per sample."""
+def _claim_folder(folder: str, names: list[str]) -> dict:
+    """Make sure the demo may write ``names`` into ``folder``; return its marker's record.
+
+    A folder that exists, is not empty and has no marker, or a marked folder holding one of
+    ``names`` that the marker does not list, is refused: the demo never overwrites files it did not
+    write."""
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise UsageError(f"{folder} exists and is not a folder: the demo will not replace it; pass --data, or "
+                         "run from another folder")
     os.makedirs(folder, exist_ok=True)
-    files = [os.path.join(folder, f"sample_{i:05d}.npy") for i in range(num_samples)]
+    marker = os.path.join(folder, MARKER)
+    entries = sorted(os.listdir(folder))
+    if not entries:
+        record = {"written": []}
+        with open(marker, "w") as f:  # first, so that a folder half written by a crash is still ours
+            json.dump(record, f)
+        return record
+    try:
+        with open(marker) as f:
+            record = json.load(f)
+        written = set(record["written"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UsageError(f"{folder} holds files the demo did not write ({', '.join(entries[:3])}"
+                         f"{', ...' if len(entries) > 3 else ''}): the demo writes only into a new folder or one "
+                         f"it made; pass --data {folder} to use those files, or run from another folder") from None
+    foreign = [n for n in names if n in entries and n not in written]
+    if foreign:
+        raise UsageError(f"{os.path.join(folder, foreign[0])} was not written by the demo: it will not be "
+                         "overwritten; remove it, pass --data, or run from another folder")
+    return record
+
+
+def write_synthetic(folder: str, num_samples: int, shape, seed: int = 0) -> list[str]:
+    """ERA5-like fields: smooth waves in (lat, lon) per channel plus noise; one ``.npy`` per sample.
+
+    Writes only into a new or empty folder, or one the demo wrote before (it holds :data:`MARKER`);
+    raises :class:`~dali_mesh._args.UsageError` rather than overwrite a file it did not write."""
+    names = [f"sample_{i:05d}.npy" for i in range(num_samples)] + ["meta.json"]
+    record = _claim_folder(folder, names)
+    files = [os.path.join(folder, n) for n in names[:-1]]
     meta = os.path.join(folder, "meta.json")
     want = {"num_samples": num_samples, "shape": list(shape), "dtype": "float32", "seed": seed}
-    if os.path.exists(meta) and json.load(open(meta)) == want and all(os.path.exists(f) for f in files):
+    try:
+        same = json.load(open(meta)) == want and all(os.path.exists(f) for f in files)
+    except (OSError, ValueError):
+        same = False
+    if same:
         return files
+    record["written"] = sorted(set(record["written"]) | set(names))
+    with open(os.path.join(folder, MARKER), "w") as f:  # before writing: a crash leaves the files ours
+        json.dump(record, f)
     rng = np.random.default_rng(seed)
     c, h, w = shape[0], shape[-2], shape[-1]
     lat = np.linspace(-np.pi / 2, np.pi / 2, h, dtype=np.float32)[:, None]
@@ -64,33 +112,53 @@ def write_synthetic(folder: str, num_samples: int, shape, seed: int = 0) -> list
             field[ch] = (np.cos(lat * (ch + 1)) * np.sin(lon * (ch % 3 + 1) + 0.1 * i)).reshape(field[ch].shape)
         field += rng.standard_normal(shape, dtype=np.float32) * 0.01
         np.save(f, field)
-    json.dump(want, open(meta, "w"))
+    with open(meta, "w") as f:
+        json.dump(want, f)
     return files
 
 
-def find_data(path: str) -> tuple[str, list[str]]:
-    """``(kind, files)`` of ``--data``: ``.npy`` files (one sample each), or HDF5 / Zarr files."""
-    from dali_mesh.cli import UsageError  # noqa: PLC0415
+def check_files(kind: str, files: list[str], dataset: str | None) -> None:
+    """Every file of ``--data`` must be readable, whole and hold samples of one shape and dtype:
+    checked here (headers only) so that a bad file is one line naming it, not a failed rank."""
+    seen = None
+    for path in files:
+        if kind == "npy":
+            from dali_mesh.io.npy import read_npy_header  # noqa: PLC0415
 
-    def kind_of(p):
-        if p.endswith(".npy"):
-            return "npy"
-        if p.endswith((".h5", ".hdf5", ".hdf")):
-            return "hdf5"
-        if p.rstrip("/").endswith(".zarr"):
-            return "zarr"
-        return None
+            header = read_npy_header(path)
+            shape, dtype = tuple(header.shape), header.native_dtype
+        elif kind == "hdf5":
+            from dali_mesh.io.hdf5 import open_hdf5_dataset  # noqa: PLC0415
 
-    if not os.path.exists(path):
-        raise UsageError(f"--data {path!r} does not exist")
-    if kind_of(path) and not (os.path.isdir(path) and kind_of(path) != "zarr"):
-        return kind_of(path), [path]
-    entries = sorted(os.path.join(path, e) for e in os.listdir(path))
-    for kind in ("npy", "hdf5", "zarr"):
-        files = [e for e in entries if kind_of(e) == kind]
-        if files:
-            return kind, files
-    raise UsageError(f"--data {path!r} holds no .npy, .h5 or .zarr files")
+            f, ds = open_hdf5_dataset(path, dataset)
+            with f:
+                shape, dtype = tuple(ds.shape[1:]), ds.dtype.newbyteorder("=")
+        else:
+            from dali_mesh.io.zarr import open_zarr_array  # noqa: PLC0415
+
+            arr = open_zarr_array(path, dataset)
+            shape, dtype = tuple(arr.shape[1:]), np.dtype(arr.dtype).newbyteorder("=")
+        if seen is None:
+            seen = (path, shape, dtype)
+        elif (shape, dtype) != seen[1:]:
+            raise UsageError(f"--data: {path} holds samples of {shape} {dtype} but {seen[0]} holds {seen[1]} "
+                             f"{seen[2]}: every file must hold samples of one shape and dtype")
+
+
+def _hdf5_dataset_name(path: str) -> str:
+    import h5py  # noqa: PLC0415
+
+    from dali_mesh.io._common import DataFileError  # noqa: PLC0415
+
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise DataFileError(path, f"cannot be opened as HDF5 ({e}); is it an HDF5 file, and whole?") from None
+    with f:
+        names = [k for k in f if isinstance(f[k], h5py.Dataset)]
+    if len(names) != 1:
+        raise UsageError(f"{path} holds datasets {names}: name one with --dataset")
+    return names[0]
 
 
 def _make_source(kind, files, dataset, layout, batch_size):
@@ -103,15 +171,7 @@ def _make_source(kind, files, dataset, layout, batch_size):
         return NumpySource(files, layout, batch_size=batch_size, shuffle=True, seed=0)
     if kind == "hdf5":
         if dataset is None:
-            import h5py  # noqa: PLC0415
-
-            with h5py.File(files[0], "r") as f:
-                names = [k for k in f if isinstance(f[k], h5py.Dataset)]
-            if len(names) != 1:
-                from dali_mesh.cli import UsageError  # noqa: PLC0415
-
-                raise UsageError(f"{files[0]} holds datasets {names}: name one with --dataset")
-            dataset = names[0]
+            dataset = _hdf5_dataset_name(files[0])
         return HDF5Source(files, dataset, layout, batch_size=batch_size, shuffle=True, seed=0)
     return ZarrSource(files, dataset, layout, batch_size=batch_size, shuffle=True, seed=0)
 
@@ -157,14 +217,8 @@ def mesh_of(cfg, world_size: int):
 
 def layout_of(cfg, mesh):
     """The demo's ``Layout`` from its command-line strings (``--halo LOW:HIGH`` applies to every axis)."""
-    from dali_mesh import Layout  # noqa: PLC0415
-    from dali_mesh.cli import parse_boundary, parse_halo, parse_shard  # noqa: PLC0415
-
-    halo = parse_halo(cfg["halo"])
-    if isinstance(halo, tuple):
-        halo = {a: halo for a in range(cfg["ndim"])}
-    return Layout(mesh, shard=parse_shard(cfg["shard"]), batch=cfg["batch"].split(",") if cfg["batch"] else None,
-                  halo=halo, boundary=parse_boundary(cfg["boundary"]), split=cfg["split"])
+    return make_layout(mesh, cfg["ndim"], shard=cfg["shard"], batch=cfg["batch"], halo=cfg["halo"],
+                       boundary=cfg["boundary"], split=cfg["split"])
 
 
 def _rank(rank, world_size, cfg, out_dir):
@@ -259,7 +313,6 @@ def _rank(rank, world_size, cfg, out_dir):
 
 
 def run(args: argparse.Namespace) -> int:
-    from dali_mesh.cli import UsageError, parse_ints  # noqa: PLC0415
     from dali_mesh.launch import RankFailure, run_ranks  # noqa: PLC0415
 
     if args.nproc <= 0:
@@ -273,6 +326,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("the demo needs torch (pip install torch)") from None
     if args.batch_size <= 0:
         raise UsageError(f"--batch-size must be positive, got {args.batch_size}")
+    if args.workers <= 0 or not args.timeout > 0:  # run() may be called without the parser's checks
+        raise UsageError(f"--workers ({args.workers}) and --timeout ({args.timeout}) must be above 0")
     from dali_mesh import MeshInfo  # noqa: PLC0415
 
     cfg = {"mesh": args.mesh, "shard": args.shard, "batch": args.batch, "halo": args.halo,
@@ -282,6 +337,9 @@ def run(args: argparse.Namespace) -> int:
     mesh = MeshInfo(*mesh_of(cfg, args.nproc))
     if args.data:
         kind, files = find_data(args.data)
+        if kind == "hdf5" and args.dataset is None:
+            args.dataset = cfg["dataset"] = _hdf5_dataset_name(files[0])
+        check_files(kind, files, args.dataset)
         probe = _make_source(kind, files, args.dataset, None, args.batch_size)
         cfg["ndim"] = len(probe.sample_shape)
         probe = _make_source(kind, files, args.dataset, layout_of(cfg, mesh), args.batch_size)
@@ -292,8 +350,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--shape {args.shape} and --samples {args.samples} must be positive")
         cfg["ndim"] = len(shape)
         layout_of(cfg, mesh).region(shape)
-        print(f"writing {args.samples} synthetic samples {'x'.join(map(str, shape))} float32 to {folder} ...")
         files = write_synthetic(folder, args.samples, shape)
+        print(f"synthetic data: {args.samples} samples {'x'.join(map(str, shape))} float32 in {folder}")
         probe = _make_source(kind, files, None, layout_of(cfg, mesh), args.batch_size)
     cfg.update(files=files, kind=kind)
     if len(probe) == 0:

@@ -1,5 +1,6 @@
 """`dali-mesh plan`: table, JSON, PNG, and one-line errors with exit code 2."""
 import json
+import os
 import subprocess
 import sys
 
@@ -93,3 +94,92 @@ def test_import_is_light():
             "bad = [m for m in ('torch', 'nvidia.dali', 'h5py', 'zarr') if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_plan_png_writes_exactly_the_path_given(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "decomposition.png"
+    assert main(ERA5 + ["--png", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"wrote {out}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["decomposition.png"]
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--dtype", ",f4"], "unknown --dtype ',f4'"),
+    (["--dtype", "f4,f4"], "is not a plain numeric dtype"),
+    (["--dtype", "S3"], "is not a plain numeric dtype"),
+    (["--png", "p.xyz"], "--png 'p.xyz' does not end in .png"),
+    (["--png", "no_such_folder/p.png"], "folder 'no_such_folder' does not exist"),
+    (["--fill-value", "0.5", "--dtype", "uint8"], "fill_value 0.5 cannot be held by uint8"),
+    (["--fill-value", "-1", "--dtype", "uint16"], "fill_value -1.0 cannot be held by uint16"),
+    (["--rank", "8"], "--rank 8 is out of range for a mesh of 8 ranks"),
+    (["--ranks", "3:2"], "--ranks '3:2': expected START:STOP"),
+    (["--ranks", "0:9"], "--ranks '0:9'"),
+    (["--rank", "1", "--ranks", "0:2"], "give --rank or --ranks, not both"),
+    (["--split", "model_parallel=1/x"], "sizes of 'model_parallel' must be integers"),
+])
+def test_plan_more_errors_one_line_exit_2(extra, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(ERA5 + extra) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and os.listdir(tmp_path) == []
+    err = captured.err.strip()
+    assert "\n" not in err and err.startswith("dali-mesh: error: ") and message in err, err
+
+
+def test_plan_png_refuses_a_directory(tmp_path, capsys):
+    assert main(ERA5 + ["--png", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [] and not os.path.exists(str(tmp_path) + ".png")
+
+
+def test_plan_rank_and_ranks_select_rows(capsys):
+    assert main(ERA5 + ["--json"]) == 0
+    every = json.loads(capsys.readouterr().out)
+    assert main(ERA5 + ["--json", "--rank", "5"]) == 0
+    assert json.loads(capsys.readouterr().out) == [every[5]]
+    assert main(ERA5 + ["--json", "--ranks", "2:6"]) == 0
+    assert json.loads(capsys.readouterr().out) == every[2:6]
+    assert main(ERA5 + ["--ranks", "6:"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 + 2 and lines[3].startswith("6 ") and lines[4].startswith("7 ")
+
+
+def _run_limited(args, timeout=60):
+    """The CLI in a subprocess with 1 GiB of address space: a command that grows memory with the
+    mesh size dies instead of taking the machine."""
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
+            "from dali_mesh.cli import main; sys.exit(main(sys.argv[1:]))")
+    return subprocess.run([sys.executable, "-c", code] + args, capture_output=True, text=True, timeout=timeout)
+
+
+def test_plan_huge_meshes_are_bounded():
+    from dali_mesh.cli import MAX_ROWS
+
+    proc = _run_limited(["plan", "--shape", "4,8", "--mesh", "a=1099511627776", "--shard", "a=1"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"plan prints at most {MAX_ROWS} rows: pick some with --rank R or --ranks A:B, or give --all" in proc.stderr
+    proc = _run_limited(["plan", "--shape", "4,8", "--mesh", "a=3000000", "--shard", "a=1", "--json"])
+    assert proc.returncode == 2 and "3000000 ranks" in proc.stderr
+    proc = _run_limited(["plan", "--shape", "4,8", "--mesh", "a=1099511627776", "--shard", "a=1", "--json",
+                         "--rank", "1099511627775"])
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(proc.stdout)
+    assert row["start"] == [0, 8] and row["window_shape"] == [4, 0]  # torch's empty trailing shard
+    proc = _run_limited(["plan", "--shape", "4,3000000", "--mesh", "a=3000000", "--shard", "a=1", "--json",
+                         "--ranks", "2999998:3000000"])
+    assert proc.returncode == 0, proc.stderr
+    assert [r["start"] for r in json.loads(proc.stdout)] == [[0, 2999998], [0, 2999999]]
+
+
+def test_plan_all_streams_many_rows(capsys):
+    from dali_mesh.cli import MAX_ROWS
+
+    n = MAX_ROWS + 3
+    assert main(["plan", "--shape", f"2,{n}", "--mesh", f"a={n}", "--shard", "a=1", "--all", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["start"][1] for r in rows] == list(range(n))
+    assert main(["plan", "--shape", f"2,{n}", "--mesh", f"a={n}", "--shard", "a=1", "--all"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 + n and lines[-1].split()[0] == str(n - 1)

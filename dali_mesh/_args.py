@@ -1,0 +1,254 @@
+"""Command-line argument helpers shared by ``dali-mesh plan``, ``demo`` and ``convert``.
+
+One home for turning the strings of ``--shape --mesh --shard --batch --halo --boundary --split
+--crop --fill-value --dtype`` into values, so that :mod:`dali_mesh.cli` and :mod:`dali_mesh.demo`
+import this module and not each other. Every bad value raises :class:`UsageError`, whose text names
+the option, the value and what to give instead; the CLI prints it as one line and exits with 2.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from typing import Sequence
+
+import numpy as np
+
+from dali_mesh.mesh import MeshInfo, parse_mesh_shape, resolve_mesh_shape
+from dali_mesh.partition import Layout, check_fill_value
+
+__all__ = [
+    "UsageError",
+    "parse_ints",
+    "parse_pairs",
+    "parse_halo",
+    "parse_boundary",
+    "parse_shard",
+    "parse_split",
+    "parse_crop",
+    "parse_dtype",
+    "parse_mesh",
+    "positive_int",
+    "positive_float",
+    "make_layout",
+    "data_kind",
+    "find_data",
+]
+
+
+class UsageError(ValueError):
+    """Bad command-line input."""
+
+
+def parse_ints(text: str, what: str) -> tuple[int, ...]:
+    """``"8,721,1440"`` -> ``(8, 721, 1440)``."""
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise UsageError(f"malformed {what} {text!r}: expected comma-separated integers, e.g. 8,721,1440") from None
+    return values
+
+
+def parse_pairs(text: str | None, what: str) -> dict[str, str]:
+    """``"1=2,2=1"`` -> ``{"1": "2", "2": "1"}``."""
+    if not text:
+        return {}
+    out = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise UsageError(f"malformed {what} {text!r}: expected KEY=VALUE pairs separated by commas")
+        if key.strip() in out:
+            raise UsageError(f"malformed {what} {text!r}: {key.strip()!r} is given twice")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _axis(key: str, what: str) -> int:
+    try:
+        return int(key)
+    except ValueError:
+        raise UsageError(f"{what}: axis {key!r} is not an integer") from None
+
+
+def parse_halo(text: str | None) -> dict[int, int | tuple[int, int]] | int | tuple[int, int]:
+    """``"1=2,2=1"``, ``"1=2:3"`` (low:high) or a bare ``"2"`` / ``"1:2"`` for every axis."""
+    if not text:
+        return 0
+    if "=" not in text:
+        return _halo_value(text, "every axis")
+    out: dict[int, int | tuple[int, int]] = {}
+    for key, value in parse_pairs(text, "--halo").items():
+        out[_axis(key, "--halo")] = _halo_value(value, f"axis {key}")
+    return out
+
+
+def _halo_value(value: str, where: str) -> int | tuple[int, int]:
+    try:
+        if ":" in value:
+            lo, hi = value.split(":")
+            return int(lo), int(hi)
+        return int(value)
+    except ValueError:
+        raise UsageError(f"--halo: {value!r} for {where} is not an integer or LOW:HIGH") from None
+
+
+def parse_boundary(text: str | None) -> str | dict[int, str]:
+    """``"periodic"`` for every axis, or ``"1=constant,2=periodic"``."""
+    if not text:
+        return "constant"
+    if "=" not in text:
+        return text
+    return {_axis(k, "--boundary"): v for k, v in parse_pairs(text, "--boundary").items()}
+
+
+def parse_shard(text: str | None) -> dict[str, int]:
+    """``"model_parallel=1"`` -> ``{"model_parallel": 1}``."""
+    return {name: _axis(axis, "--shard") for name, axis in parse_pairs(text, "--shard").items()}
+
+
+def parse_split(text: str | None) -> str | dict[str, list[int]]:
+    """A rule name (``chunk``, ``physicsnemo``, ``even``) or explicit shard sizes per mesh dim:
+    ``model_parallel=181/181/181/178`` (several dims separated by commas)."""
+    if not text:
+        return "chunk"
+    if "=" not in text:
+        return text
+    out = {}
+    for name, sizes in parse_pairs(text, "--split").items():
+        try:
+            out[name] = [int(s) for s in sizes.split("/")]
+        except ValueError:
+            raise UsageError(f"malformed --split {text!r}: sizes of {name!r} must be integers separated by '/', "
+                             "e.g. model_parallel=181/181/181/178") from None
+    return out
+
+
+def parse_crop(text: str | None) -> list | None:
+    """``":,0:720,:"`` -> ``[None, (0, 720), None]`` (START:STOP per axis, ``:`` for the whole axis)."""
+    if not text:
+        return None
+    crop: list = []
+    for part in text.split(","):
+        if part in ("", ":"):
+            crop.append(None)
+            continue
+        lo, sep, hi = part.partition(":")
+        if not sep:
+            raise UsageError(f"malformed --crop {text!r}: expected START:STOP per axis")
+        try:
+            crop.append((int(lo), int(hi)))
+        except ValueError:
+            raise UsageError(f"malformed --crop {text!r}: {part!r} is not START:STOP") from None
+    return crop
+
+
+def parse_dtype(text: str, what: str = "--dtype") -> np.dtype:
+    """A plain numeric dtype (bool, integers, floats, complex) from its numpy name."""
+    try:
+        dtype = np.dtype(text)
+    except (TypeError, SyntaxError, ValueError):  # numpy parses ',f4' with Python's parser: SyntaxError
+        raise UsageError(f"unknown {what} {text!r}: give a numpy dtype name such as float32, uint8, <f4") from None
+    if dtype.kind not in "biufc" or dtype.fields is not None or dtype.subdtype is not None:
+        raise UsageError(f"{what} {text!r} is not a plain numeric dtype: give e.g. float32, int16, uint8")
+    return dtype
+
+
+def parse_mesh(text: str, world_size: int | None = None) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """``--mesh`` (and ``--world-size`` to check it and infer one ``-1``) -> ``(shape, names)``."""
+    mesh_shape, names = parse_mesh_shape(text)
+    if -1 in mesh_shape:
+        if world_size is None:
+            raise UsageError(f"--mesh {text!r} has a -1: give --world-size to infer it")
+        mesh_shape = resolve_mesh_shape(mesh_shape, world_size)
+    elif world_size is not None:
+        resolve_mesh_shape(mesh_shape, world_size)
+    return mesh_shape, names
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type=`` for counts that must be at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse ``type=`` for durations that must be finite and above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds above 0")
+    return value
+
+
+def make_layout(
+    mesh: MeshInfo,
+    ndim: int,
+    *,
+    shard: str | None,
+    batch: str | None = None,
+    halo: str | None = None,
+    boundary: str | None = None,
+    split: str | None = None,
+    crop: str | None = None,
+    fill_value: float = 0.0,
+    dtype: np.dtype | None = None,
+) -> Layout:
+    """The ``Layout`` that the command-line strings describe, for samples of ``ndim`` axes
+    (``--halo LOW:HIGH`` applies to every axis). ``dtype``: check ``fill_value`` against it."""
+    halo_value = parse_halo(halo)
+    if isinstance(halo_value, tuple):  # LOW:HIGH for every axis
+        halo_value = {a: halo_value for a in range(ndim)}
+    if dtype is not None:
+        check_fill_value(fill_value, dtype, " (--fill-value against --dtype)")
+    return Layout(
+        mesh,
+        shard=parse_shard(shard),
+        batch=batch.split(",") if batch else None,
+        crop=parse_crop(crop),
+        halo=halo_value,
+        boundary=parse_boundary(boundary),
+        fill_value=fill_value,
+        split=parse_split(split),
+    )
+
+
+def sample_count(shape: Sequence[int]) -> int:
+    return math.prod(int(s) for s in shape)
+
+
+def data_kind(path: str) -> str | None:
+    """``"npy"``, ``"hdf5"`` or ``"zarr"`` by the name's suffix, else ``None``."""
+    p = str(path).rstrip("/")
+    if p.endswith(".npy"):
+        return "npy"
+    if p.endswith((".h5", ".hdf5", ".hdf")):
+        return "hdf5"
+    if p.endswith(".zarr"):
+        return "zarr"
+    return None
+
+
+def find_data(path: str, what: str = "--data") -> tuple[str, list[str]]:
+    """``(kind, files)`` of a data path: one ``.npy``/HDF5 file or Zarr store, or a folder of them
+    (the first kind found, files sorted by name)."""
+    if not os.path.exists(path):
+        raise UsageError(f"{what} {path!r} does not exist")
+    kind = data_kind(path)
+    if kind == "zarr" or (kind is not None and not os.path.isdir(path)):
+        return kind, [path]
+    if not os.path.isdir(path):
+        raise UsageError(f"{what} {path!r} is neither a .npy, .h5/.hdf5 or .zarr file nor a folder of them")
+    entries = sorted(os.path.join(path, e) for e in os.listdir(path))
+    for kind in ("npy", "hdf5", "zarr"):
+        files = [e for e in entries if data_kind(e) == kind]
+        if files:
+            return kind, files
+    raise UsageError(f"{what} {path!r} holds no .npy, .h5 or .zarr files")

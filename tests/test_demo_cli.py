@@ -1,0 +1,116 @@
+"""`dali-mesh demo`: it never overwrites files it did not write, and bad input is one line, exit 2."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dali_mesh.cli import main
+from dali_mesh.demo import MARKER, write_synthetic
+
+
+def _one_line_error(capsys, argv, message):
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert "\n" not in err and err.startswith("dali-mesh: error: ") and message in err, err
+    assert "Traceback" not in captured.out + captured.err
+    return err
+
+
+def test_demo_refuses_to_overwrite_a_foreign_sample(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    os.makedirs("demo_data")
+    foreign = tmp_path / "demo_data" / "sample_00000.npy"
+    np.save(foreign, np.arange(7, dtype=np.int16))
+    before = foreign.read_bytes()
+    _one_line_error(capsys, ["demo", "--nproc", "2", "--mesh", "model_parallel=2", "--samples", "4",
+                             "--shape", "2,8,8"], "demo_data holds files the demo did not write (sample_00000.npy)")
+    assert foreign.read_bytes() == before
+    assert sorted(os.listdir(tmp_path / "demo_data")) == ["sample_00000.npy"]
+
+
+def test_write_synthetic_marks_its_folder_and_keeps_foreign_files(tmp_path):
+    folder = str(tmp_path / "d")
+    files = write_synthetic(folder, 3, (2, 4, 6))
+    record = json.load(open(os.path.join(folder, MARKER)))
+    assert set(record["written"]) == {os.path.basename(f) for f in files} | {"meta.json"}
+    first = np.load(files[0])
+    assert first.shape == (2, 4, 6) and first.dtype == np.float32
+    # its own folder is reused (same data), and rewritten for another shape
+    assert write_synthetic(folder, 3, (2, 4, 6)) == files
+    np.testing.assert_array_equal(np.load(files[0]), first)
+    write_synthetic(folder, 3, (2, 4, 8))
+    assert np.load(files[0]).shape == (2, 4, 8)
+    # a file the demo did not write, dropped into its folder under a name it would use: refused, kept
+    foreign = os.path.join(folder, "sample_00003.npy")
+    np.save(foreign, np.ones(3))
+    data = open(foreign, "rb").read()
+    from dali_mesh._args import UsageError
+
+    with pytest.raises(UsageError, match="sample_00003.npy was not written by the demo"):
+        write_synthetic(folder, 4, (2, 4, 8))
+    assert open(foreign, "rb").read() == data
+    # a folder with other files and no marker is refused; an empty one is taken
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="holds files the demo did not write"):
+        write_synthetic(str(other), 1, (1, 2, 2))
+    assert sorted(os.listdir(other)) == ["notes.txt"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert len(write_synthetic(str(empty), 1, (1, 2, 2))) == 1
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    return d
+
+
+def test_demo_data_mixed_shapes(data_dir, capsys):
+    np.save(data_dir / "a.npy", np.zeros((2, 8, 8), np.float32))
+    np.save(data_dir / "b.npy", np.zeros((2, 8, 9), np.float32))
+    _one_line_error(capsys, ["demo", "--data", str(data_dir)], f"{data_dir / 'b.npy'} holds samples of (2, 8, 9) float32")
+
+
+def test_demo_data_mixed_dtypes(data_dir, capsys):
+    np.save(data_dir / "a.npy", np.zeros((2, 8, 8), np.float32))
+    np.save(data_dir / "b.npy", np.zeros((2, 8, 8), np.float64))
+    _one_line_error(capsys, ["demo", "--data", str(data_dir)], "float64 but")
+
+
+def test_demo_data_truncated_file(data_dir, capsys):
+    np.save(data_dir / "a.npy", np.zeros((2, 8, 8), np.float32))
+    np.save(data_dir / "b.npy", np.zeros((2, 8, 8), np.float32))
+    with open(data_dir / "b.npy", "r+b") as f:
+        f.truncate(200)
+    err = _one_line_error(capsys, ["demo", "--data", str(data_dir)], "b.npy")
+    assert "trunc" in err.lower() or "short" in err.lower() or "size" in err.lower(), err
+
+
+def test_demo_data_not_a_data_file(tmp_path, capsys):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("hello")
+    _one_line_error(capsys, ["demo", "--data", str(notes)], "is neither a .npy, .h5/.hdf5 or .zarr file")
+    _one_line_error(capsys, ["demo", "--data", str(tmp_path / "missing")], "does not exist")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--workers", "0"], "argument --workers: '0' must be at least 1"),
+    (["--timeout", "0"], "argument --timeout: '0' must be a finite number of seconds above 0"),
+    (["--timeout", "nan"], "argument --timeout: 'nan'"),
+    (["--nproc", "-1"], "argument --nproc: '-1' must be at least 1"),
+    (["--batch-size", "x"], "argument --batch-size: 'x' is not an integer"),
+])
+def test_demo_bad_numbers(argv, message, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "dali_mesh.cli", "demo"] + argv, capture_output=True, text=True,
+                          cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2
+    err = proc.stderr.strip()
+    assert "\n" not in err and message in err, err
+    assert os.listdir(tmp_path) == []  # nothing written
