@@ -1,15 +1,232 @@
-"""``partitioned_source``: a dali_mesh source as a DALI parallel external source.
+"""``partitioned_source``: a dali_mesh source as a DALI parallel external source; and a watchdog that
+turns a dead or stuck DALI worker process into an error instead of a hang.
 
-Needs DALI (imported when called), not the compiled plugin; re-exported as
-``dali_mesh.fn.partitioned_source``.
+Needs DALI (imported when called), not the compiled plugin; ``partitioned_source`` is re-exported as
+``dali_mesh.fn.partitioned_source``. Importing this module imports neither DALI nor torch.
+
+Why a watchdog: with two or more worker processes, DALI's ``pipe.run()`` waits for ever when one
+worker is killed (SIGKILL) or stopped (SIGSTOP) (DALI issues #4963, #5623; with one worker DALI
+raises at once). :class:`Watchdog` runs each call (``pipe.run()``, an iterator's ``next``) on one
+helper thread and, while it waits, checks the pools' worker processes every ``poll_s`` seconds:
+
+* a worker that has exited or been stopped: :class:`WorkerError` within about a second, naming its
+  pid, how it ended, and the file it was reading (sources write ``reading <file>`` to a small
+  per-worker status file before each read);
+* no batch within ``timeout`` seconds (a worker blocked in a read, a hung file system):
+  :class:`WorkerError` naming every worker and what it was doing.
+
+After a ``WorkerError`` the pipeline is unusable: the watchdog kills its remaining workers (so no
+process lingers and DALI's own shutdown does not wait on a stopped worker), and every later call
+raises at once. Build a new pipeline (``MeshLoader.load_state_dict`` resumes from a checkpoint).
 """
 from __future__ import annotations
 
+import atexit
+import concurrent.futures
 import logging
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
 
-__all__ = ["partitioned_source"]
+__all__ = ["DEFAULT_TIMEOUT_S", "Watchdog", "WorkerError", "partitioned_source", "status_dir"]
 
 log = logging.getLogger(__name__)
+
+#: Seconds without a batch before :class:`Watchdog` gives up. Generous: the first batch includes
+#: building the pipeline and starting its worker processes (seconds on a loaded 2-core machine), and
+#: a cold read of a large sample from network storage can take tens of seconds.
+DEFAULT_TIMEOUT_S = 120.0
+
+_status_lock = threading.Lock()
+_status_dir: str | None = None
+
+
+class WorkerError(RuntimeError):
+    """A DALI worker process died, was stopped, or made no progress before the deadline. The
+    pipeline that raised it is unusable."""
+
+
+def status_dir() -> str:
+    """This process's folder of per-worker status files (created on first use, removed at exit):
+    in ``/dev/shm`` where it exists, so a status write never touches storage."""
+    global _status_dir
+    with _status_lock:
+        if _status_dir is None or not os.path.isdir(_status_dir):
+            base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+            _status_dir = tempfile.mkdtemp(prefix=f"dali_mesh_status_{os.getpid()}_", dir=base)
+            atexit.register(shutil.rmtree, _status_dir, True)
+        return _status_dir
+
+
+def _read_status(folder: str | None, pid: int) -> str | None:
+    if folder is None:
+        return None
+    try:
+        with open(os.path.join(folder, str(pid)), "rb") as f:
+            text = f.read().rstrip(b"\0 \n").decode("utf-8", "replace")
+    except OSError:
+        return None
+    return text or None
+
+
+def _proc_state(pid: int) -> str | None:
+    """The kernel's one-letter state of ``pid`` (``R``, ``S``, ``D``, ``T`` stopped, ``t`` traced,
+    ``Z`` zombie), or None when it no longer exists."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2:][:1] or None  # the name in parentheses may hold spaces
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _pool_processes(pipe) -> list:
+    """The ``multiprocessing.Process`` objects of a DALI pipeline's worker pool (DALI 2.x keeps them
+    in ``pipe._py_pool.pool._processes``), or ``[]`` before the pipeline is built."""
+    pool = getattr(pipe, "_py_pool", None)
+    procs = getattr(getattr(pool, "pool", None), "_processes", None)
+    return list(procs) if procs else []
+
+
+class Watchdog:
+    """Runs calls into DALI pipelines with a progress deadline and a check of their worker processes.
+
+    Args:
+        pipelines: a callable returning the DALI pipelines whose workers to watch (called at every
+            check: a pipeline's pool exists only once it is built).
+        timeout: seconds a call may wait for a batch; ``None`` or ``0`` turns the watchdog off (calls
+            run on the caller's thread, nothing is checked: a dead worker then hangs, as in DALI).
+        poll_s: seconds between worker checks.
+        status_folder: where the sources write their per-worker status (default: :func:`status_dir`).
+
+    Example::
+
+        dog = Watchdog(lambda: [pipe], timeout=60)
+        outputs = dog.call(pipe.run)
+    """
+
+    def __init__(self, pipelines, timeout: float | None = DEFAULT_TIMEOUT_S, *, poll_s: float = 0.2,
+                 status_folder: str | None = None) -> None:
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0 \
+                    or timeout == float("inf"):
+                raise ValueError(f"timeout must be a finite number of seconds >= 0 (0 or None: no watchdog), "
+                                 f"got {timeout!r}")
+        self.timeout = float(timeout) if timeout else None
+        self.poll_s = float(poll_s)
+        self._pipelines = pipelines
+        self._status_folder = status_folder
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._broken: str | None = None
+
+    @property
+    def broken(self) -> str | None:
+        """Why the watched pipeline is unusable, or None."""
+        return self._broken
+
+    def call(self, fn, *args, what: str = "the next batch"):
+        """``fn(*args)`` on the helper thread (always the same one, as DALI expects one caller),
+        waiting at most ``timeout`` seconds; exceptions of ``fn`` (``StopIteration`` included) pass
+        through."""
+        if self._broken is not None:
+            raise WorkerError(f"the pipeline is unusable after an earlier failure ({self._broken}); "
+                              "build a new one (MeshLoader.load_state_dict resumes from a checkpoint)")
+        if self.timeout is None:
+            return fn(*args)
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dali_mesh_watchdog")
+        future = self._executor.submit(fn, *args)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return future.result(timeout=self.poll_s)
+            except concurrent.futures.TimeoutError:
+                pass
+            problem = self._check_workers()
+            if problem is None and time.monotonic() > deadline:
+                problem = (f"no progress for {self.timeout:g} s while waiting for {what} "
+                           f"(timeout={self.timeout:g}); workers: {self._describe_all()}")
+            if problem is not None:
+                self._fail(problem)
+
+    def _processes(self) -> list:
+        procs = []
+        for pipe in self._pipelines() or ():
+            procs += _pool_processes(pipe)
+        return procs
+
+    def _status(self, pid: int) -> str:
+        text = _read_status(self._status_folder or _status_dir, pid)
+        return f"; it was {text}" if text else ""
+
+    def _check_workers(self) -> str | None:
+        problems = []
+        for proc in self._processes():
+            pid = proc.pid
+            if pid is None:
+                continue
+            code = proc.exitcode
+            state = _proc_state(pid)
+            if code is not None or state in (None, "Z"):
+                how = (f"was killed by {_signal_name(code)}" if code is not None and code < 0 else
+                       f"exited with code {code}" if code is not None else "exited")
+                problems.append(f"DALI worker process {pid} {how}{self._status(pid)}")
+            elif state in ("T", "t"):
+                problems.append(f"DALI worker process {pid} is stopped (SIGSTOP or a debugger; state "
+                                f"{state}){self._status(pid)}")
+        if not problems:
+            return None
+        # DALI stops the other workers once one exits (SIGTERM): name those last
+        problems.sort(key=lambda p: "SIGTERM" in p)
+        return "; ".join(problems)
+
+    def _describe_all(self) -> str:
+        out = []
+        for proc in self._processes():
+            if proc.pid is not None:
+                text = _read_status(self._status_folder or _status_dir, proc.pid)
+                out.append(f"pid {proc.pid} {text or 'no status'}")
+        return ", ".join(out) or "none started"
+
+    def _fail(self, problem: str) -> None:
+        self._broken = problem
+        # the pipeline cannot recover: kill its workers so that none lingers and DALI's shutdown
+        # (which terminates and joins them) cannot wait on a stopped one
+        for proc in self._processes():
+            if proc.pid is not None and proc.exitcode is None:
+                try:
+                    os.kill(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        log.error("dali_mesh watchdog: %s", problem)
+        raise WorkerError(f"{problem}. The pipeline is unusable now (its workers were stopped): build a "
+                          "new one; MeshLoader.load_state_dict resumes from a checkpoint")
+
+    def close(self) -> None:
+        """Let the helper thread go (a call stuck in a dead pipeline keeps it until the process exits)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+
+
+def watched_run(pipe, timeout: float | None = DEFAULT_TIMEOUT_S):
+    """``pipe.run()`` under a :class:`Watchdog` kept on the pipeline: raises :class:`WorkerError`
+    instead of waiting for ever on a dead or stopped worker (see the module docstring)."""
+    dog = getattr(pipe, "_dali_mesh_watchdog", None)
+    if dog is None or dog.timeout != (float(timeout) if timeout else None):
+        dog = Watchdog(lambda: [pipe], timeout)
+        pipe._dali_mesh_watchdog = dog
+    return dog.call(pipe.run, what="pipe.run()")
 
 
 def partitioned_source(source, device: str = "cpu", *, name: str | None = None,
@@ -19,6 +236,10 @@ def partitioned_source(source, device: str = "cpu", *, name: str | None = None,
     Wraps ``fn.external_source(source, batch=False, parallel=True, num_outputs=...)`` with each
     output's dtype and ndim declared. The pipeline needs ``py_num_workers >= 1`` (use
     ``py_start_method="spawn"`` when CUDA is initialised) and ``batch_size == source.batch_size``.
+
+    The source is registered on the pipeline (``MeshLoader`` reads it for its checkpoint fingerprint)
+    and writes a per-worker status (``reading <file>``) that the watchdog of ``MeshLoader`` and
+    :func:`watched_run` name when a worker dies or hangs.
 
     Args:
         device: ``"cpu"``, or ``"gpu"``: workers still return CPU arrays (parallel external sources
@@ -49,6 +270,10 @@ def partitioned_source(source, device: str = "cpu", *, name: str | None = None,
             f"the pipeline's batch_size is {pipe.max_batch_size} but the source was built with "
             f"batch_size={source.batch_size}: pass the same value to both (the sample order pads "
             "each rank's share to whole batches)")
+    if hasattr(source, "_status_dir"):
+        source._status_dir = status_dir()  # pickled into the workers with the source
+    if pipe is not None:
+        pipe._dali_mesh_sources = getattr(pipe, "_dali_mesh_sources", []) + [source]
     nwin = source.num_outputs - 2
     layouts = [layout] * nwin + [None, None] if layout is not None else None
     outs = fn.external_source(

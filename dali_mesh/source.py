@@ -37,6 +37,10 @@ __all__ = ["ForecastSpec", "NumpySource", "HDF5Source", "ZarrSource", "WindowSou
 
 log = logging.getLogger(__name__)
 
+#: seeds are integers in [0, SEED_LIMIT): the sample order's generator takes 64 bits
+SEED_LIMIT = 1 << 64
+_STATUS_BYTES = 1024
+
 
 @dataclass(frozen=True)
 class ForecastSpec:
@@ -66,8 +70,11 @@ class WindowSource:
                  reuse_buffers: bool = True) -> None:
         if not isinstance(layout, Layout):
             raise TypeError(f"layout must be a dali_mesh.Layout, got {type(layout).__name__}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
+        if not _is_int(batch_size) or batch_size <= 0:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if not _is_int(seed) or not 0 <= seed < SEED_LIMIT:
+            raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}: the sample order's "
+                             "generator takes 64 bits, so other values would repeat or truncate a seed")
         self.layout = layout
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
@@ -75,6 +82,7 @@ class WindowSource:
         self.drop_last = bool(drop_last)
         self.per_sample_shapes = bool(per_sample_shapes)
         self.reuse_buffers = bool(reuse_buffers)
+        self._status_dir: str | None = None  # set by partitioned_source: where workers say what they read
         self._memo: dict[str, Any] = {}
 
     # ---- output buffers -----------------------------------------------------------------------------
@@ -107,6 +115,25 @@ class WindowSource:
         state = self.__dict__.copy()
         state["_memo"] = {}
         return state
+
+    # ---- what a checkpoint is valid for -------------------------------------------------------------
+    def fingerprint(self) -> dict[str, Any]:
+        """Plain data that decides which sample comes at ``(epoch, idx_in_epoch)``: a checkpoint taken
+        with one fingerprint resumes at another position under another (see ``MeshLoader``)."""
+        fp = {"class": type(self).__name__, "files": list(getattr(self, "files", [])),
+              "num_samples": int(self.num_samples), "seed": self.seed, "shuffle": self.shuffle,
+              "drop_last": self.drop_last, "batch_size": self.batch_size,
+              "sample_shape": None if self.sample_shape is None else list(self.sample_shape),
+              "dtype": str(np.dtype(self.dtype)), "layout": repr(self.layout),
+              "channels": None if not getattr(self, "index_maps", None) else
+              {int(a): m.tolist() for a, m in self.index_maps.items()}}
+        for attr in ("name", "time_start"):
+            if hasattr(self, attr):
+                fp[attr] = getattr(self, attr)
+        forecast = getattr(self, "forecast", None)
+        if forecast is not None:
+            fp["forecast"] = [forecast.history, forecast.lead]
+        return fp
 
     # ---- sample order -------------------------------------------------------------------------------
     def order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -184,19 +211,90 @@ class WindowSource:
         if i >= len(ids):
             raise StopIteration
         sample_id = int(ids[i])
-        return self._read(sample_id) + (np.array(sample_id, np.int64), np.array(bool(pads[i])))
+        self._note(f"reading sample {sample_id} from {self._files_of(sample_id)}")
+        out = self._read(sample_id) + (np.array(sample_id, np.int64), np.array(bool(pads[i])))
+        self._note(f"idle (last read sample {sample_id} from {self._files_of(sample_id)})")
+        return out
+
+    def _files_of(self, sample_id: int) -> str:
+        """The file(s) sample ``sample_id`` is read from, for status and error messages."""
+        return "?"
+
+    def _note(self, text: str) -> None:
+        """Write what this worker process is doing to its status file (``<status dir>/<pid>``), so that
+        a watchdog in the main process can name the file a dead or stuck worker was reading. One
+        ``pwrite`` to ``/dev/shm``; nothing when no status folder was set."""
+        if self._status_dir is None:
+            return
+        pid = os.getpid()
+        memo = self._memo.get("status")
+        if memo is None or memo[0] != pid:  # a forked worker must not write to its parent's file
+            try:
+                fd = os.open(os.path.join(self._status_dir, str(pid)), os.O_WRONLY | os.O_CREAT, 0o600)
+            except OSError as e:  # diagnostics only: never fail a read for them
+                log.debug("no worker status file in %s: %s", self._status_dir, e)
+                self._status_dir = None
+                return
+            memo = self._memo["status"] = (pid, fd)
+        data = text.encode("utf-8", "replace")[:_STATUS_BYTES - 1]
+        os.pwrite(memo[1], data + b"\0" * (_STATUS_BYTES - len(data)), 0)
 
     def _read(self, sample_id: int) -> tuple[np.ndarray, ...]:  # pragma: no cover - abstract
         raise NotImplementedError
 
 
+def _is_int(v) -> bool:
+    """A Python or numpy integer, not a bool (``True`` is no sample count)."""
+    return not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, np.integer))
+
+
 def _channel_maps(channels, channel_axis):
     if channels is None:
         return None
-    ch = np.asarray(channels, dtype=np.int64).reshape(-1)
+    if not _is_int(channel_axis):
+        raise ValueError(f"channel_axis must be an integer, got {channel_axis!r}")
+    values = [channels] if _is_int(channels) else channels
+    try:
+        values = list(np.asarray(values, dtype=object).reshape(-1))
+    except (TypeError, ValueError):
+        raise ValueError(f"channels must be a sequence of integers, got {channels!r}") from None
+    bad = [v for v in values if not _is_int(v)]
+    if bad:
+        raise ValueError(f"channels must be integers, got {bad[0]!r} in {channels!r}")
+    ch = np.asarray([int(v) for v in values], dtype=np.int64)
     if ch.size == 0:
         raise ValueError("channels is empty: give at least one channel index, or None for all")
     return {int(channel_axis): ch}
+
+
+def check_sample_shape(shape, what: str = "sample_shape") -> tuple[int, ...]:
+    """``shape`` as a tuple of ints: integers (numpy's too) > 0 only; ``8.5``, ``True`` or strings are
+    refused (they would silently become 8 or 1)."""
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+        raise ValueError(f"{what} must be a sequence of positive integers, got {shape!r}")
+    shape = tuple(shape)
+    bad = [s for s in shape if not _is_int(s) or s <= 0]
+    if bad or not shape:
+        raise ValueError(f"{what} must be a non-empty sequence of positive integers, got {shape!r}"
+                         + (f" ({bad[0]!r} is not one)" if bad else ""))
+    return tuple(int(s) for s in shape)
+
+
+def _check_frame(shape, path) -> None:
+    """A sample needs at least one axis and one cell: a 0-d or empty array is no sample."""
+    if len(shape) == 0:
+        raise DataFileError(path, "holds a 0-d array (shape ()): a sample needs at least one axis")
+    if any(s == 0 for s in shape):
+        raise DataFileError(path, f"holds an empty array (shape {tuple(shape)}): a sample needs at least one cell")
+
+
+def _file_list(files, who: str, kind: str) -> list[str]:
+    if isinstance(files, (str, bytes, os.PathLike)):  # one path would otherwise be read as its letters
+        raise TypeError(f"{who} takes a list of {kind}s, got one path {os.fspath(files)!r}: pass [path]")
+    out = [os.fspath(f) for f in files]
+    if not out:
+        raise ValueError(f"{who} needs at least one {kind}")
+    return out
 
 
 def _apply_maps(shape: tuple[int, ...], maps, path) -> tuple[int, ...]:
@@ -236,17 +334,18 @@ class NumpySource(WindowSource):
                  reuse_buffers: bool = True) -> None:
         super().__init__(layout, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                          per_sample_shapes=per_sample_shapes, reuse_buffers=reuse_buffers)
-        self.files = [os.fspath(f) for f in files]
-        if not self.files:
-            raise ValueError("NumpySource needs at least one file")
+        self.files = _file_list(files, "NumpySource", "file")
         self.num_samples = len(self.files)
         self.index_maps = _channel_maps(channels, channel_axis)
+        if not _is_int(merge_gap) or merge_gap < 0:
+            raise ValueError(f"merge_gap must be an integer >= 0 (bytes), got {merge_gap!r}")
         self.merge_gap = int(merge_gap)
         self.direct = bool(direct)
         if method not in ("auto", "preadv", "mmap"):
             raise ValueError(f"method must be 'auto', 'preadv' or 'mmap', got {method!r}")
         self.method = method
         first = read_npy_header(self.files[0])
+        _check_frame(first.shape, self.files[0])
         shape = _apply_maps(first.shape, self.index_maps, self.files[0])
         self.sample_ndim = len(shape)
         self.dtype = first.native_dtype
@@ -257,6 +356,7 @@ class NumpySource(WindowSource):
         if check_files:
             for f in self.files[1:]:
                 h = read_npy_header(f)
+                _check_frame(h.shape, f)
                 s = _apply_maps(h.shape, self.index_maps, f)
                 if h.native_dtype != self.dtype or (not per_sample_shapes and s != shape):
                     raise ShapeMismatchError(
@@ -267,6 +367,7 @@ class NumpySource(WindowSource):
         path = self.files[sample_id]
         if self.sample_shape is None:
             h = read_npy_header(path)
+            _check_frame(h.shape, path)
             region = self.region_of(_apply_maps(h.shape, self.index_maps, path))
             expected = None
         else:
@@ -276,6 +377,9 @@ class NumpySource(WindowSource):
                               merge_gap=self.merge_gap, direct=self.direct, method=self.method,
                               expected_shape=expected, expected_dtype=self.dtype)
         return (out,)
+
+    def _files_of(self, sample_id: int) -> str:
+        return self.files[sample_id]
 
 
 # ---- samples along axis 0 of arrays in several files ------------------------------------------------
@@ -290,9 +394,7 @@ class _TimeSeriesSource(WindowSource):
                  reuse_buffers=True) -> None:
         super().__init__(layout, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                          per_sample_shapes=per_sample_shapes, reuse_buffers=reuse_buffers)
-        self.files = [os.fspath(f) for f in files]
-        if not self.files:
-            raise ValueError(f"{type(self).__name__} needs at least one {self._kind}")
+        self.files = _file_list(files, type(self).__name__, self._kind)
         self.name = name
         self.forecast = forecast
         self.index_maps = _channel_maps(channels, channel_axis)
@@ -304,6 +406,7 @@ class _TimeSeriesSource(WindowSource):
         dtype0 = None
         for f in self.files:  # metadata only; handles are closed again (workers open their own)
             length, frame, dtype = self._meta(f)
+            _check_frame(frame, f)
             frame = _apply_maps(frame, self.index_maps, f)
             if dtype0 is None:
                 dtype0, frame0 = dtype, frame
@@ -319,7 +422,16 @@ class _TimeSeriesSource(WindowSource):
         self._frame_shapes = shapes
         self._offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
         total = int(self._offsets[-1])
-        start, stop = (0, total) if time_range is None else (int(time_range[0]), int(time_range[1]))
+        if time_range is None:
+            start, stop = 0, total
+        else:
+            try:
+                start, stop = time_range
+            except (TypeError, ValueError):
+                raise ValueError(f"time_range must be (start, stop), got {time_range!r}") from None
+            if not (_is_int(start) and _is_int(stop)):
+                raise ValueError(f"time_range must be two integers (start, stop), got {time_range!r}")
+            start, stop = int(start), int(stop)
         if not 0 <= start <= stop or stop > total:
             raise DataFileError(
                 self.files[-1], f"time range {start}:{stop} runs past the data: the {self._kind}s hold "
@@ -349,6 +461,14 @@ class _TimeSeriesSource(WindowSource):
     def step_of(self, sample_id: int) -> int:
         """The global step ``t`` of a sample id."""
         return self.time_start + int(sample_id)
+
+    def _files_of(self, sample_id: int) -> str:
+        t = self.step_of(sample_id)
+        k, m = (self.forecast.history, self.forecast.lead) if self.forecast else (0, 0)
+        first, last = self.locate(t - k), self.locate(t + m)
+        if first[0] == last[0]:
+            return f"{self.files[first[0]]} steps {first[1]}..{last[1]}"
+        return f"{self.files[first[0]]} step {first[1]} .. {self.files[last[0]]} step {last[1]}"
 
     def locate(self, step: int) -> tuple[int, int]:
         """``(file index, index in that file)`` of a global step."""

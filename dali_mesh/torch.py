@@ -26,13 +26,18 @@ Example::
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import logging
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from dali_mesh._external import DEFAULT_TIMEOUT_S, Watchdog, WorkerError
+from dali_mesh.mesh import MeshError, MeshInfo
 from dali_mesh.partition import Layout, LayoutError
 
-__all__ = ["MeshLoader", "to_dtensor", "to_shard_tensor"]
+__all__ = ["MeshLoader", "WorkerError", "check_like", "like_spec", "to_dtensor", "to_shard_tensor"]
+
+log = logging.getLogger(__name__)
 
 OUTPUTS = ("local", "dtensor", "shard_tensor")
 
@@ -102,42 +107,193 @@ def to_shard_tensor(local: torch.Tensor, layout: Layout, sample_shape: Sequence[
     return ShardTensor.from_local(local.contiguous(), device_mesh, placements, sharding_shapes=shapes)
 
 
+# ---- checks of what the caller passed against what the layout says -------------------------------------
+def _device_mesh_info(device_mesh, layout: Layout) -> MeshInfo:
+    """The device mesh as a ``MeshInfo``, refused unless it is the layout's mesh (shape, names where the
+    device mesh has any, and this rank's coordinate): a DTensor over another mesh would claim a global
+    shape its shards do not hold."""
+    try:
+        from torch.distributed.device_mesh import DeviceMesh  # noqa: PLC0415
+    except ImportError:  # torch without distributed
+        DeviceMesh = None  # noqa: N806
+    if DeviceMesh is not None and not isinstance(device_mesh, DeviceMesh):
+        raise TypeError(f"device_mesh must be a torch DeviceMesh (init_device_mesh(...)), "
+                        f"got {type(device_mesh).__name__}")
+    try:
+        info = MeshInfo.from_device_mesh(device_mesh)
+    except MeshError as e:
+        raise LayoutError(f"device_mesh: {e}") from None
+    mesh = layout.mesh
+    named = bool(getattr(device_mesh, "mesh_dim_names", None))
+    if info.shape != mesh.shape or (named and info.names != mesh.names) or info.coordinate != mesh.coordinate:
+        raise LayoutError(
+            f"device_mesh disagrees with layout.mesh: the device mesh has shape {info.shape}, names "
+            f"{info.names if named else '(none)'}, this rank at {info.coordinate}; the layout's mesh has shape "
+            f"{mesh.shape}, names {mesh.names}, this rank at {mesh.coordinate}. Build the layout from the "
+            "same mesh: Layout(MeshInfo.from_device_mesh(device_mesh), ...)")
+    return info
+
+
+def like_spec(like) -> dict[str, Any]:
+    """What a model expects of its input, from a DTensor (``model_input``) or a ``DTensorSpec``:
+    ``{"mesh", "placements", "shape", "stride", "local_shape"}``."""
+    from torch.distributed.tensor import DTensor  # noqa: PLC0415
+
+    if isinstance(like, DTensor):
+        return {"mesh": like.device_mesh, "placements": tuple(like.placements), "shape": tuple(like.shape),
+                "stride": tuple(like.stride()), "local_shape": tuple(like.to_local().shape)}
+    mesh = getattr(like, "mesh", None)
+    placements = getattr(like, "placements", None)
+    meta = getattr(like, "tensor_meta", None)
+    if mesh is None or placements is None:
+        raise TypeError(f"like must be a DTensor (the model's input) or its DTensorSpec, got {type(like).__name__}")
+    if meta is None:
+        raise ValueError("like: the DTensorSpec has no tensor_meta (shape and stride); pass the DTensor itself")
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: PLC0415
+
+    local, _ = compute_local_shape_and_global_offset(meta.shape, mesh, placements)
+    return {"mesh": mesh, "placements": tuple(placements), "shape": tuple(meta.shape),
+            "stride": tuple(meta.stride), "local_shape": tuple(local)}
+
+
+def _mesh_str(mesh) -> str:
+    names = getattr(mesh, "mesh_dim_names", None)
+    return f"DeviceMesh(shape {tuple(mesh.shape)}, names {tuple(names) if names else None}, " \
+           f"ranks {mesh.mesh.flatten().tolist()})"
+
+
+def check_like(dtensor, like, name: str = "window") -> None:
+    """Raise ``LayoutError`` unless ``dtensor`` has the mesh, placements, global shape, stride and local
+    shape the model expects (``like``: a DTensor or a ``DTensorSpec``); the message names both sides."""
+    want = like if isinstance(like, dict) else like_spec(like)
+    got = like_spec(dtensor)
+    diffs = []
+    if got["mesh"] != want["mesh"]:
+        diffs.append(f"mesh {_mesh_str(got['mesh'])} vs {_mesh_str(want['mesh'])}")
+    for key in ("placements", "shape", "stride", "local_shape"):
+        if tuple(got[key]) != tuple(want[key]):
+            diffs.append(f"{key} {_plain(got[key])} vs {_plain(want[key])}")
+    if diffs:
+        raise LayoutError(f"the loader's {name!r} does not match the model's input (loader vs model): "
+                          + "; ".join(diffs))
+
+
+def _plain(value) -> str:
+    return "(" + ", ".join(str(v) for v in value) + ")" if isinstance(value, (tuple, list)) else str(value)
+
+
+def _diff(old: Any, new: Any, path: str, out: list[str]) -> None:
+    """Where two fingerprints differ, as ``path: checkpoint X, this loader Y`` lines (short values)."""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        for k in sorted(set(old) | set(new), key=str):
+            _diff(old.get(k, "<missing>"), new.get(k, "<missing>"), f"{path}.{k}" if path else str(k), out)
+        return
+    if isinstance(old, (list, tuple)) and isinstance(new, (list, tuple)) and len(old) == len(new) and len(old) > 3:
+        for i, (a, b) in enumerate(zip(old, new)):
+            if a != b:
+                _diff(a, b, f"{path}[{i}]", out)
+                return  # the first difference is enough to act on
+        return
+    if old != new:
+        def short(v):
+            r = repr(v)
+            return r if len(r) <= 200 else r[:197] + "..."
+        out.append(f"{path}: checkpoint {short(old)}, this loader {short(new)}")
+
+
 class MeshLoader:
     """Iterate a DALI pipeline of this rank's windows as torch tensors.
 
     Args:
         pipeline: a DALI ``Pipeline``, or a callable ``make_pipeline(checkpoint=None) -> Pipeline``
             (needed for ``load_state_dict``: a restored pipeline is built from a checkpoint).
-        layout: the ``Layout`` the pipeline's source reads with.
-        output_map: names of the pipeline outputs, in order (default: ``window, sample_id, is_pad``).
+        layout: the ``Layout`` the pipeline's source reads with (may be omitted with ``like``, once
+            ``Layout.from_dtensor`` exists).
+        like: the model's input, a DTensor (or its ``DTensorSpec``; a dict ``{output name: ...}`` for
+            several window outputs; otherwise it describes the first window output). Implies
+            ``output="dtensor"``, ``device_mesh=like.device_mesh`` and ``sample_shape=like.shape[1:]``
+            unless given. At construction the layout's placements and sample shape are checked against
+            it; on the first batch the DTensor yielded must have exactly its mesh, placements, global
+            shape, stride and local shape, or ``LayoutError`` names both sides.
+        output_map: names of the pipeline outputs, in order (default: ``window, sample_id, is_pad``);
+            one name per pipeline output, checked when the pipeline is built.
         window_outputs: which outputs are windows (default: those not named ``sample_id``/``is_pad``).
         output: ``"local"`` (windows as they are, halo kept; ``loader.region`` says where they lie),
             ``"dtensor"`` (halo stripped, ``split="chunk"`` only) or ``"shard_tensor"`` (PhysicsNeMo).
-        device_mesh: the torch ``DeviceMesh`` (for ``dtensor``/``shard_tensor``).
+            Default: ``"dtensor"`` with ``like``, else ``"local"``.
+        device_mesh: the torch ``DeviceMesh`` (for ``dtensor``/``shard_tensor``); it must be the
+            layout's mesh (shape, names, this rank's coordinate), checked at construction.
         sample_shape: the sample (domain) shape, for the region and the global DTensor shape.
         drop_padded: drop padded samples from each batch (``output="local"`` only; batches may then
             be shorter than the batch size). By default they are kept and flagged in ``is_pad``.
         per_sample_shapes: samples differ in shape: windows come as lists of per-sample tensors
             (DALI's ``DALIRaggedIterator``); no DTensor.
+        timeout: seconds to wait for a batch before raising :class:`WorkerError` (default
+            ``DEFAULT_TIMEOUT_S`` = 120: the first batch includes starting the workers); ``None`` or
+            ``0`` turns the watchdog off. With the watchdog on, a DALI worker process that dies or is
+            stopped raises ``WorkerError`` within about a second, naming its pid and the file it was
+            reading; the pipeline is unusable afterwards (its workers are killed): build a new
+            loader or call ``load_state_dict``.
 
     Every rank takes the same number of steps per epoch (the sources pad to whole batches).
+    ``sample_id`` must come out as int64 and ``is_pad`` as bool (as ``partitioned_source`` makes them);
+    anything else (an ``output_map`` naming them in the wrong order, say) is refused.
     """
 
     def __init__(
         self,
         pipeline,
-        layout: Layout,
+        layout: Layout | None = None,
         *,
+        like=None,
         output_map: Sequence[str] = ("window", "sample_id", "is_pad"),
         window_outputs: Sequence[str] | None = None,
-        output: str = "local",
+        output: str | None = None,
         device_mesh=None,
         sample_shape: Sequence[int] | None = None,
         drop_padded: bool = False,
         per_sample_shapes: bool = False,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
     ) -> None:
+        from dali_mesh.source import check_sample_shape  # noqa: PLC0415
+
+        if output is None:
+            output = "dtensor" if like is not None else "local"
         if output not in OUTPUTS:
             raise ValueError(f"unknown output {output!r}; expected one of {', '.join(OUTPUTS)}")
+        self.output_map = self._check_names(output_map, "output_map")
+        if window_outputs is not None:
+            window_outputs = self._check_names(window_outputs, "window_outputs")
+            unknown = [n for n in window_outputs if n not in self.output_map]
+            if unknown:
+                raise ValueError(f"window_outputs names {unknown} which output_map {list(self.output_map)} "
+                                 "does not have")
+            self.window_outputs = window_outputs
+        else:
+            self.window_outputs = tuple(n for n in self.output_map if n not in ("sample_id", "is_pad"))
+        for special in ("sample_id", "is_pad"):
+            if special in self.window_outputs:
+                raise ValueError(f"window_outputs names {special!r}, which is the sample id / pad flag, not a window")
+
+        self._like = self._like_specs(like) if like is not None else None
+        if like is not None:
+            if output != "dtensor":
+                raise ValueError(f"like= describes a DTensor input: use output='dtensor', not {output!r}")
+            first = next(iter(self._like.values()))
+            if device_mesh is None:
+                device_mesh = first["mesh"]
+            if sample_shape is None:
+                sample_shape = first["shape"][1:]
+            if layout is None:
+                from_dtensor = getattr(Layout, "from_dtensor", None)
+                if from_dtensor is None:
+                    raise LayoutError("like= without layout= needs Layout.from_dtensor, which this version of "
+                                      "dali_mesh lacks: pass layout= as well (it is checked against like)")
+                layout = from_dtensor(like if not isinstance(like, Mapping) else next(iter(like.values())))
+        if not isinstance(layout, Layout):
+            raise TypeError(f"layout must be a dali_mesh.Layout (or give like=), got {type(layout).__name__}")
+        if sample_shape is not None:
+            sample_shape = check_sample_shape(sample_shape)
         if output != "local":
             if device_mesh is None:
                 raise ValueError(f"output={output!r} needs device_mesh=")
@@ -149,19 +305,109 @@ class MeshLoader:
                 raise ValueError("drop_padded would make ranks' batches differ in size: use it with output='local'")
             if output == "dtensor":  # fail now, not at the first batch
                 layout.placement_spec(len(sample_shape), halo_stripped=True)
+        if device_mesh is not None:
+            _device_mesh_info(device_mesh, layout)
         self.layout = layout
         self.output = output
         self.device_mesh = device_mesh
-        self.sample_shape = None if sample_shape is None else tuple(int(s) for s in sample_shape)
-        self.output_map = tuple(output_map)
-        self.window_outputs = tuple(window_outputs) if window_outputs is not None else tuple(
-            n for n in self.output_map if n not in ("sample_id", "is_pad"))
+        self.sample_shape = sample_shape
+        if self._like is not None:
+            self._check_like_layout()
         self.drop_padded = bool(drop_padded)
         self.per_sample_shapes = bool(per_sample_shapes)
+        self.timeout = timeout
         self._factory: Callable[..., Any] | None = pipeline if callable(pipeline) and not hasattr(pipeline, "build") else None
-        self._pipeline = self._factory() if self._factory else pipeline
-        self._iterator = self._make_iterator(self._pipeline)
+        self._start(self._factory() if self._factory else pipeline)
         self.steps_taken = 0
+
+    # ---- construction helpers ---------------------------------------------------------------------------
+    @staticmethod
+    def _check_names(names, what: str) -> tuple[str, ...]:
+        if isinstance(names, (str, bytes)):
+            raise TypeError(f"{what} must be a sequence of output names, got one string {names!r}: pass [{names!r}]")
+        names = tuple(names)
+        bad = [n for n in names if not isinstance(n, str) or not n]
+        if bad:
+            raise TypeError(f"{what} must hold non-empty strings, got {bad[0]!r} in {list(names)}")
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"{what} names {dup} more than once: {list(names)}")
+        return names
+
+    def _like_specs(self, like) -> dict[str, dict]:
+        if isinstance(like, Mapping):
+            unknown = [n for n in like if n not in self.window_outputs]
+            if unknown:
+                raise ValueError(f"like names outputs {unknown} that are not window outputs {list(self.window_outputs)}")
+            return {n: like_spec(v) for n, v in like.items()}
+        if not self.window_outputs:
+            raise ValueError("like= needs a window output to describe; output_map has none")
+        return {self.window_outputs[0]: like_spec(like)}
+
+    def _check_like_layout(self) -> None:
+        """What can be checked before any data: the layout's placements and domain against the model's."""
+        region = self.layout.region(self.sample_shape)
+        for name, want in self._like.items():
+            lead = len(want["shape"]) - 1 - len(self.sample_shape)
+            got_sample = region.domain_shape
+            if lead < 0 or tuple(want["shape"][1 + lead:]) != got_sample:
+                raise LayoutError(f"the model's input {name!r} has shape {want['shape']} but the loader's samples "
+                                  f"have domain shape {got_sample} (sample_shape {self.sample_shape}, crop applied)")
+            placements = tuple(self.layout.dtensor_placements(len(self.sample_shape), halo_stripped=True,
+                                                              lead_axes=lead))
+            if placements != tuple(want["placements"]):
+                raise LayoutError(f"the layout gives {name!r} placements {_plain(placements)} but the model's input "
+                                  f"has {_plain(want['placements'])} (layout {self.layout})")
+            if want["mesh"] != self.device_mesh:
+                raise LayoutError(f"the model's input {name!r} lives on {_mesh_str(want['mesh'])}, the loader on "
+                                  f"{_mesh_str(self.device_mesh)}")
+
+    def _start(self, pipe) -> None:
+        """Build ``pipe`` and its iterator under a fresh watchdog (the build starts the workers and the
+        iterator runs the first batch), after checking ``output_map`` against the pipeline's outputs."""
+        self._pipeline = pipe
+        self._watchdog = Watchdog(lambda: [self._pipeline] if self._pipeline is not None else [], self.timeout)
+        self._stream = None
+        if getattr(pipe, "device_id", None) is not None and torch.cuda.is_available():
+            # the helper thread copies into torch tensors: use the caller's stream, not its own default
+            self._stream = torch.cuda.current_stream(pipe.device_id)
+        self._call(pipe.build, what="the pipeline to build and start its workers")
+        dtypes = pipe.output_dtype()
+        if len(dtypes) != len(self.output_map):
+            raise ValueError(f"output_map {list(self.output_map)} names {len(self.output_map)} outputs but the pipeline "
+                             f"has {len(dtypes)} (dtypes {[str(d) for d in dtypes]}): one name per output, in order")
+        from nvidia.dali import types  # noqa: PLC0415
+
+        for name, want in (("sample_id", types.INT64), ("is_pad", types.BOOL)):
+            if name in self.output_map:
+                got = dtypes[self.output_map.index(name)]
+                if got is not None and got != want:
+                    raise ValueError(self._dtype_message(name, got, want))
+        if self._like is not None:
+            groups = self.layout.num_batch_groups
+            for name, want in self._like.items():
+                if want["shape"][0] != pipe.max_batch_size * groups:
+                    raise LayoutError(
+                        f"the model's input {name!r} has a global batch of {want['shape'][0]} but the loader "
+                        f"yields {pipe.max_batch_size * groups} (batch_size {pipe.max_batch_size} x {groups} "
+                        "sample groups)")
+        self._iterator = self._call(self._make_iterator, pipe, what="the first batch")
+        self._checked_like = False
+
+    def _dtype_message(self, name, got, want) -> str:
+        return (f"output {name!r} has dtype {got}, expected {want}: output_map {list(self.output_map)} does not "
+                "follow the pipeline's outputs (partitioned_source returns window(s), sample_id, is_pad: use "
+                "source.output_names)")
+
+    def _call(self, fn, *args, what: str = "the next batch"):
+        if self._stream is None:
+            return self._watchdog.call(fn, *args, what=what)
+
+        def on_stream():
+            with torch.cuda.stream(self._stream):
+                return fn(*args)
+
+        return self._watchdog.call(on_stream, what=what)
 
     @property
     def region(self):
@@ -183,10 +429,14 @@ class MeshLoader:
         return self
 
     def __next__(self) -> dict[str, Any]:
-        batch = next(self._iterator)[0]
+        batch = self._call(next, self._iterator)[0]
         self.steps_taken += 1
+        for name, want in (("sample_id", torch.int64), ("is_pad", torch.bool)):
+            value = batch.get(name)
+            if value is not None and getattr(value, "dtype", want) != want:
+                raise ValueError(self._dtype_message(name, value.dtype, want))
         if "is_pad" in batch:
-            batch["is_pad"] = batch["is_pad"].reshape(-1).bool()
+            batch["is_pad"] = batch["is_pad"].reshape(-1)
         if "sample_id" in batch:
             batch["sample_id"] = batch["sample_id"].reshape(-1)
         if self.drop_padded and "is_pad" in batch:
@@ -202,6 +452,10 @@ class MeshLoader:
             for name in self.window_outputs:
                 batch[name] = wrap(batch[name], self.layout, self.sample_shape, self.device_mesh,
                                    lead_axes=self._lead_axes(batch[name], name))
+        if self._like is not None and not self._checked_like:
+            for name, want in self._like.items():
+                check_like(batch[name], want, name)
+            self._checked_like = True
         return batch
 
     def _lead_axes(self, value, name) -> int:
@@ -214,26 +468,64 @@ class MeshLoader:
 
     def reset(self) -> None:
         """Start the next epoch (after ``StopIteration``)."""
-        self._iterator.reset()
+        self._call(self._iterator.reset, what="the next epoch to start")
         self.steps_taken = 0
 
     def __len__(self) -> int:
         raise TypeError("MeshLoader has no length: the source ends the epoch (size=-1)")
 
+    def close(self) -> None:
+        """Let the watchdog's helper thread go; the pipeline closes its workers when it is collected."""
+        self._watchdog.close()
+
     # ---- checkpoints --------------------------------------------------------------------------------
+    def fingerprint(self) -> dict[str, Any]:
+        """What a checkpoint of this loader is only valid for: the layout, the batch size, the output
+        names and the sources registered on the pipeline by ``partitioned_source`` (class, files,
+        dataset, sample count and shape, seed, shuffle, drop_last, ...)."""
+        fp: dict[str, Any] = {"layout": repr(self.layout), "batch_size": int(self._pipeline.max_batch_size),
+                              "output_map": list(self.output_map)}
+        sources = getattr(self._pipeline, "_dali_mesh_sources", None)
+        if sources:
+            fp["sources"] = [s.fingerprint() if hasattr(s, "fingerprint") else type(s).__name__ for s in sources]
+        return fp
+
     def state_dict(self) -> dict[str, Any]:
-        """DALI's checkpoint of the pipeline (build it with ``enable_checkpointing=True``)."""
-        return {"dali_checkpoints": self._iterator.checkpoints(), "steps_taken": self.steps_taken}
+        """DALI's checkpoint of the pipeline (build it with ``enable_checkpointing=True``), the steps
+        taken this epoch and the loader's :meth:`fingerprint`."""
+        return {"dali_checkpoints": self._call(self._iterator.checkpoints, what="the checkpoint"),
+                "steps_taken": self.steps_taken, "fingerprint": self.fingerprint()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Rebuild the pipeline from a checkpoint: the next batch is the one after the checkpoint."""
+        """Rebuild the pipeline from a checkpoint: the next batch is the one after the checkpoint.
+
+        Refused (``ValueError`` naming what differs) when the checkpoint was taken by a loader with
+        another source, layout, batch size or output names: it would resume at another position.
+        Also the way back after a :class:`WorkerError`, from a state saved before it.
+        """
         if self._factory is None:
             raise ValueError("load_state_dict needs the loader to be built from make_pipeline(checkpoint=None), "
                              "not from a built pipeline")
+        if not isinstance(state, Mapping) or "dali_checkpoints" not in state:
+            got = sorted(state) if isinstance(state, Mapping) else type(state).__name__
+            raise ValueError(f"load_state_dict(state): state must be a dict from MeshLoader.state_dict() with "
+                             f"'dali_checkpoints', got {got}")
         checkpoints = state["dali_checkpoints"]
-        if len(checkpoints) != 1:
-            raise ValueError(f"expected one DALI checkpoint, got {len(checkpoints)}")
+        if not isinstance(checkpoints, (list, tuple)) or len(checkpoints) != 1:
+            raise ValueError(f"load_state_dict(state): expected one DALI checkpoint in state['dali_checkpoints'], "
+                             f"got {checkpoints!r:.200}")
+        saved = state.get("fingerprint")
+        if saved is None:
+            log.warning("load_state_dict: the checkpoint carries no fingerprint (saved by an older dali_mesh); "
+                        "its source, layout and batch size cannot be checked")
+        else:
+            diffs: list[str] = []
+            _diff(saved, self.fingerprint(), "", diffs)
+            if diffs:
+                raise ValueError("load_state_dict(state): the checkpoint was taken by a loader with another "
+                                 "source, layout or batch size, so it would resume at another position: "
+                                 + "; ".join(diffs[:5]) + ("; ..." if len(diffs) > 5 else ""))
+        self.close()
         self._iterator = self._pipeline = None  # let the old pipeline and its workers go first
-        self._pipeline = self._factory(checkpoint=checkpoints[0])
-        self._iterator = self._make_iterator(self._pipeline)
+        self._start(self._factory(checkpoint=checkpoints[0]))
         self.steps_taken = int(state.get("steps_taken", 0))
