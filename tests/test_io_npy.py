@@ -8,8 +8,11 @@ import numpy as np
 import pytest
 
 from dali_mesh.io import (
+    DataFileError,
     HeaderError,
     IOStats,
+    MissingFileError,
+    NotRegularFileError,
     ShapeMismatchError,
     TruncatedFileError,
     UnsupportedDtypeError,
@@ -22,7 +25,9 @@ from dali_mesh.partition import BOUNDARIES, Layout, Region, take_window
 from dali_mesh.mesh import MeshInfo
 
 DTYPES = ["?", "i1", "u1", "<i2", ">u2", "<i4", ">i4", "<u4", "<i8", ">u8", "<f2", ">f2", "<f4",
-          ">f4", "<f8", ">f8", "<c8", ">c16", "<M8[s]", ">m8[ms]"]
+          ">f4", "<f8", ">f8"]
+# what DALI cannot carry: refused at header time, naming the file and the dtype
+REFUSED_DTYPES = ["<c8", ">c16", "<M8[s]", ">m8[ms]", np.dtype(np.longdouble).str]
 
 
 def _save(path, arr, version=None):
@@ -75,6 +80,17 @@ def test_every_dtype_and_endianness_native_output(tmp_path, dtype):
             np.testing.assert_array_equal(out, expected)
 
 
+@pytest.mark.parametrize("dtype", REFUSED_DTYPES)
+def test_dtypes_the_pipeline_cannot_carry_are_refused_at_header_time(tmp_path, dtype):
+    arr = np.zeros((4, 4), dtype)
+    path = _save(tmp_path / "a.npy", arr)
+    for read in (lambda: read_npy_header(path), lambda: read_npy_window(path, REGION_2D)):
+        with pytest.raises(UnsupportedDtypeError) as info:
+            read()
+        assert info.value.path == path and path in str(info.value)
+        assert f"dtype {np.dtype(dtype)} is" in str(info.value)
+
+
 @pytest.mark.parametrize("version", [(1, 0), (2, 0), (3, 0)])
 @pytest.mark.parametrize("fortran", [False, True])
 def test_versions_and_orders(tmp_path, version, fortran):
@@ -116,21 +132,22 @@ def test_random_windows_match_take_window(tmp_path, mode, order):
         np.testing.assert_array_equal(read_npy_window(path, region), expected)
 
 
-def test_auto_method_picks_mmap_for_small_pieces_only(tmp_path):
+@pytest.mark.parametrize("method", [None, "auto"])
+def test_default_and_auto_never_mmap(tmp_path, method):
+    """An innermost-axis window of small pieces (where the old "auto" mapped the file): the default
+    reads with preadv, whose counters are the exact bytes of the merged ranges, not whole pages."""
     arr = np.arange(64 * 4096, dtype=np.uint8).reshape(64, 4096)
     path = _save(tmp_path / "a.npy", arr)
     narrow = Region((0, 0), (64, 4096), (0, 0), (64, 100), (0, 0), (64, 100), "constant")
-    wide = Region((0, 0), (64, 4096), (8, 0), (16, 4096), (8, 0), (16, 4096), "constant")
-    for region, calls in ((narrow, 1 + 1), (wide, 1 + 1)):
-        stats = IOStats()
-        np.testing.assert_array_equal(read_npy_window(path, region, stats=stats), take_window(arr, region))
-        assert stats.read_calls == calls  # header + one box copied (mmap) / one range read (preadv)
+    kw = {} if method is None else {"method": method}
     stats = IOStats()
-    read_npy_window(path, narrow, stats=stats)
-    assert stats.bytes_read == 512 + 64 * 4096  # mmap: pages touched, one per row
-    stats = IOStats()
-    read_npy_window(path, wide, stats=stats)
-    assert stats.bytes_read == 512 + 8 * 4096  # preadv: exactly the bytes
+    np.testing.assert_array_equal(read_npy_window(path, narrow, merge_gap=0, page_merge=False, stats=stats, **kw),
+                                  arr[:, :100])
+    assert stats.read_calls == 1 + 64  # the header, then one preadv per row
+    assert stats.bytes_read == 512 + 64 * 100
+    mm = IOStats()
+    read_npy_window(path, narrow, method="mmap", stats=mm)
+    assert mm.bytes_read == 512 + 64 * 4096  # mmap counts pages: it ran only because it was asked
 
 
 def test_mmap_method_counts_pages_touched(tmp_path):
@@ -309,6 +326,13 @@ def _write_raw(path, header: bytes, data: bytes = b"", version=(1, 0)):
     return str(path)
 
 
+def _patch(path, offset: int, data: bytes) -> str:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+    return str(path)
+
+
 def _header(d: str) -> bytes:
     h = d.encode("latin1")
     return h + b" " * ((64 - (10 + len(h) + 1) % 64) % 64) + b"\n"
@@ -335,6 +359,28 @@ def _header(d: str) -> bytes:
         ("structured", lambda p: np.save(p, np.zeros((4, 4), dtype=[("a", "<f4"), ("b", "<i4")])) or str(p),
          UnsupportedDtypeError, "structured"),
         ("string", lambda p: np.save(p, np.array([["ab"] * 4] * 4)) or str(p), UnsupportedDtypeError, "not a plain numeric"),
+        # issue 9, item 13: each of these raised something other than a DataFileError, or was accepted
+        ("unhashable key", lambda p: _write_raw(p, _header("{['descr']: '<f4', 'fortran_order': False, 'shape': (4, 4)}")),
+         HeaderError, "not a valid dict"),
+        ("non-string key", lambda p: _write_raw(p, _header("{1: 'x', 'descr': '<f4', 'fortran_order': False, 'shape': (4, 4)}")),
+         HeaderError, "keys descr, fortran_order, shape; got 1, 'descr'"),
+        ("descr comma", lambda p: _write_raw(p, _header("{'descr': ',<f4', 'fortran_order': False, 'shape': (4, 4), }"), b"\0" * 64),
+         HeaderError, "',<f4' is not understood"),
+        ("descr paren", lambda p: _write_raw(p, _header("{'descr': '(1e9,)f4', 'fortran_order': False, 'shape': (4, 4), }"), b"\0" * 64),
+         HeaderError, "'(1e9,)f4' is not understood"),
+        ("subarray", lambda p: _write_raw(p, _header("{'descr': '(2,)<f4', 'fortran_order': False, 'shape': (4, 4), }"), b"\0" * 128),
+         UnsupportedDtypeError, "subarray"),
+        ("70 dims", lambda p: _write_raw(p, _header("{'descr': '<f4', 'fortran_order': False, 'shape': %r, }" % ((1,) * 70,)), b"\0" * 4),
+         HeaderError, "70 axes; numpy allows at most 64"),
+        ("1000 dims", lambda p: _write_raw(p, _header("{'descr': '<f4', 'fortran_order': False, 'shape': %r, }" % ((1,) * 1000,)), b"\0" * 4),
+         HeaderError, "1000 axes"),
+        ("version 1.9", lambda p: _write_raw(p, _header("{'descr': '<f4', 'fortran_order': False, 'shape': (4, 4), }"), b"\0" * 64)
+         and _patch(p, 7, b"\x09"), HeaderError, "version 1.9"),
+        # a tiny file claiming 2**40 elements: refused from the header and the file size alone
+        ("2**40 elements", lambda p: _write_raw(p, _header("{'descr': '<f8', 'fortran_order': False, 'shape': (1048576, 1048576), }"), b"\0" * 64),
+         TruncatedFileError, "8796093022208 data bytes"),
+        ("2**124 elements", lambda p: _write_raw(p, _header("{'descr': '<f8', 'fortran_order': False, 'shape': (%d, %d), }" % (2**62, 2**62))),
+         TruncatedFileError, "truncated"),
     ],
 )
 def test_bad_files_raise_naming_the_file(tmp_path, name, make, cls, words):
@@ -350,8 +396,23 @@ def test_bad_files_raise_naming_the_file(tmp_path, name, make, cls, words):
 
 def test_missing_file_names_it(tmp_path):
     path = str(tmp_path / "nope.npy")
-    with pytest.raises(FileNotFoundError, match="nope.npy"):
-        read_npy_window(path, REGION_2D)
+    for read in (read_npy_header, lambda p: read_npy_window(p, REGION_2D)):
+        with pytest.raises(FileNotFoundError, match="nope.npy") as info:
+            read(path)
+        # a DataFileError (one except clause for every reader error) that is still a FileNotFoundError
+        assert isinstance(info.value, MissingFileError) and isinstance(info.value, DataFileError)
+        assert info.value.path == path
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_directory_named_like_a_file(tmp_path, direct):
+    """Before: IsADirectoryError, and with direct=True a wrong "no O_DIRECT" message."""
+    path = str(tmp_path / "x.npy")
+    os.mkdir(path)
+    with pytest.raises(NotRegularFileError, match=r"x\.npy: is a directory, not a regular \.npy file"):
+        read_npy_window(path, REGION_2D, direct=direct)
+    with pytest.raises(NotRegularFileError, match="directory"):
+        read_npy_header(path)
 
 
 def test_expected_shape_and_dtype(tmp_path):

@@ -8,9 +8,12 @@ h5py and zarr are imported only when their readers are used.
 """
 from dali_mesh.io._common import (
     DataFileError,
+    ExternalStorageError,
     HeaderError,
     IOStats,
     MissingArrayError,
+    MissingFileError,
+    NotRegularFileError,
     ShapeMismatchError,
     TruncatedFileError,
     UnsupportedDtypeError,
@@ -23,9 +26,12 @@ from dali_mesh.io.npy import DEFAULT_MERGE_GAP, NpyHeader, read_npy_header, read
 __all__ = [
     "DEFAULT_MERGE_GAP",
     "DataFileError",
+    "ExternalStorageError",
     "HeaderError",
     "IOStats",
     "MissingArrayError",
+    "MissingFileError",
+    "NotRegularFileError",
     "NpyHeader",
     "ShapeMismatchError",
     "TruncatedFileError",

@@ -2,6 +2,10 @@
 read's arguments against the stored array."""
 from __future__ import annotations
 
+import errno
+import fcntl
+import os
+import stat
 import threading
 from dataclasses import dataclass, fields
 from typing import Mapping, Sequence
@@ -16,6 +20,8 @@ __all__ = [
     "TruncatedFileError",
     "ShapeMismatchError",
     "MissingArrayError",
+    "MissingFileError",
+    "NotRegularFileError",
     "global_stats",
     "reset_global_stats",
 ]
@@ -119,7 +125,124 @@ class MissingArrayError(DataFileError):
     """The HDF5 dataset or Zarr array named does not exist in the file."""
 
 
+class MissingFileError(DataFileError, FileNotFoundError):
+    """The file (or store) does not exist. Also a :class:`FileNotFoundError`, so that code catching
+    that keeps working."""
+
+
+class NotRegularFileError(DataFileError):
+    """The path is a directory, FIFO, socket or device, not a regular file: reading a FIFO would
+    block for ever, a directory cannot hold an array."""
+
+
+class ExternalStorageError(DataFileError):
+    """An HDF5 dataset whose bytes live in another file (external raw storage, an external link, a
+    virtual dataset): refused unless ``allow_external=True``."""
+
+
+# ---- opening files -------------------------------------------------------------------------------
+def _kind_of(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    return "not a regular file"
+
+
+def _not_regular(path, mode: int, what: str) -> NotRegularFileError:
+    return NotRegularFileError(
+        path, f"is {_kind_of(mode)}, not a regular {what}; a data file list may name regular files only")
+
+
+def check_regular_file(path, what: str = "file") -> os.stat_result:
+    """``os.stat`` of ``path`` (symlinks followed); :class:`MissingFileError` when it does not exist,
+    :class:`NotRegularFileError` unless it is a regular file. For readers that hand the path to a
+    library (HDF5, zarr) that would block for ever opening a FIFO."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise MissingFileError(path, f"no such {what}; check the path and the file list") from None
+    except OSError as e:
+        raise DataFileError(path, f"cannot be read ({e.strerror or e}); check its permissions") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_regular(path, st.st_mode, what)
+    return st
+
+
+def open_regular_file(path, what: str = "file") -> int:
+    """Open ``path`` read-only and return its descriptor; refuse anything but a regular file.
+
+    The open is non-blocking (opening a FIFO with no writer would block for ever), the kind is taken
+    from ``fstat`` of the descriptor itself (no race with a rename), then the descriptor is switched
+    back to blocking reads.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise MissingFileError(path, f"no such {what}; check the path and the file list") from None
+    except IsADirectoryError:
+        raise NotRegularFileError(path, f"is a directory, not a regular {what}") from None
+    except OSError as e:
+        raise DataFileError(path, f"cannot be opened ({e.strerror or e}); check the path and its permissions") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, mode, what)
+        fl = fcntl.fcntl(fd, fcntl.F_GETFL)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fl & ~getattr(os, "O_NONBLOCK", 0))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def set_direct(fd: int, path) -> None:
+    """Switch an open descriptor to ``O_DIRECT``; a clear error where the platform or the file
+    system refuses it."""
+    if not hasattr(os, "O_DIRECT"):
+        raise DataFileError(path, "O_DIRECT is not available on this platform; use direct=False")
+    try:
+        fl = fcntl.fcntl(fd, fcntl.F_GETFL)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fl | os.O_DIRECT)
+    except OSError as e:
+        if e.errno == errno.EINVAL:  # the file system refuses O_DIRECT (tmpfs, some FUSE ...)
+            raise DataFileError(path, "its file system does not support O_DIRECT; use direct=False") from None
+        raise DataFileError(path, f"cannot switch to O_DIRECT ({e.strerror or e}); use direct=False") from None
+
+
 # ---- argument checks shared by the readers (npy, HDF5, Zarr) -------------------------------------
+def check_dtype(path, dtype, label: str = "") -> np.dtype:
+    """``dtype`` if the pipeline can carry it, else :class:`UnsupportedDtypeError` naming the file.
+
+    DALI tensors hold bool, integers up to 64 bits and float16/32/64; complex, datetime64,
+    timedelta64 and long double (float96/float128) would be read here only to fail later at
+    pipeline build, naming no file. ``label`` starts the message (e.g. the dataset's name)."""
+    dtype = np.dtype(dtype)
+    what = None
+    if dtype.fields is not None or dtype.subdtype is not None:
+        what = "a structured or subarray dtype"
+    elif dtype.kind == "c":
+        what = "complex"
+    elif dtype.kind in "mM":
+        what = "a datetime64/timedelta64 dtype"
+    elif dtype.kind == "f" and dtype.itemsize > 8:
+        what = "long double (wider than float64)"
+    elif dtype.kind not in "biuf":
+        what = "not a plain numeric dtype"
+    if what is not None:
+        raise UnsupportedDtypeError(
+            path, f"{label}dtype {dtype} is {what}, which the pipeline cannot carry; store bool, "
+            "integers or float16/32/64 (e.g. real and imaginary parts as two channels, times as int64)")
+    return dtype
+
+
 def native_dtype(dtype) -> np.dtype:
     """``dtype`` in native byte order (the dtype every reader fills its output with)."""
     dtype = np.dtype(dtype)

@@ -101,6 +101,20 @@ def plan_axis(
     file_idx = rsrc + domain_start
     if index_map is not None:
         file_idx = np.asarray(index_map, dtype=np.int64)[file_idx]
+        # a map may name one file index twice (channels [4, 2, 4]): read it once, at its first
+        # position, and copy it to the others. Two reads of one file range would overlap, which a
+        # single preadv cannot express.
+        uniq, first, inverse = np.unique(file_idx, return_index=True, return_inverse=True)
+        if uniq.size < file_idx.size:
+            canon = rpos[first][inverse]  # the read position holding each read's file index
+            dup = canon != rpos
+            # copies planned above may take from a position that is now itself a copy: redirect
+            if copy_dst.size:
+                where = np.searchsorted(rpos, copy_src)
+                copy_src = canon[where]
+            copy_dst = np.concatenate((copy_dst, rpos[dup]))
+            copy_src = np.concatenate((copy_src, canon[dup]))
+            rpos, file_idx = rpos[~dup], file_idx[~dup]
     return AxisPlan(size, _runs(rpos, file_idx), copy_dst, copy_src, pos[~valid])
 
 

@@ -7,22 +7,37 @@ converts big-endian data to the destination's native dtype. h5py is imported on 
 
 A sample is ``dataset[prefix]``: e.g. one time step ``t`` of an ERA5-style ``(time, channel, lat,
 lon)`` dataset is ``prefix=(t,)``; ``index_maps={0: channels}`` selects a channel subset.
+
+What :func:`open_hdf5_dataset` refuses, naming the file and the dataset: a path that is not a
+regular file (a FIFO would block HDF5's open for ever); by default, a dataset whose bytes live in
+another file (external raw storage, an external link on its path, a virtual dataset), since a file
+could otherwise make the loader deliver any file on the host as a sample (``allow_external=True``
+for files you trust); a filter HDF5 cannot apply here (e.g. a plugin compressor that is not
+installed); a contiguous dataset whose storage lies past the end of the file; dtypes the pipeline
+cannot carry.
 """
 from __future__ import annotations
 
 import itertools
+import math
 import os
+import posixpath
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from dali_mesh.io._common import (
     DataFileError,
+    ExternalStorageError,
+    HeaderError,
     IOStats,
     MissingArrayError,
+    TruncatedFileError,
     UnsupportedDtypeError,
     _account,
+    check_dtype,
     check_expected,
+    check_regular_file,
     check_region_fits,
     native_dtype,
     sample_shape,
@@ -33,22 +48,102 @@ from dali_mesh.partition import Region
 
 __all__ = ["open_hdf5_dataset", "read_hdf5_window", "hdf5_sample_info"]
 
-_ALLOWED_KINDS = "biufc"
+_MAX_LINK_HOPS = 32  # soft links followed while resolving a dataset's path (a loop ends here)
 
 
-def open_hdf5_dataset(path: str | os.PathLike, name: str, *, random_access: bool = False, **file_kwargs):
+def _resolve_links(h5py, f, path: str, name: str, allow_external: bool):
+    """The object at ``name``, walking its path one link at a time so that an external link is
+    seen before HDF5 opens the file it points at. Soft links are followed (at most
+    ``_MAX_LINK_HOPS``); ``None`` when a component does not exist."""
+    if allow_external:  # h5py's own resolution, external links followed
+        return f.get(name)
+    todo = [c for c in name.split("/") if c]
+    node, where, hops = f, "/", 0
+    while todo:
+        if not isinstance(node, h5py.Group):
+            return None
+        comp = todo.pop(0)
+        link = node.get(comp, getlink=True)
+        if link is None:
+            return None
+        here = posixpath.join(where, comp)
+        if isinstance(link, h5py.SoftLink):
+            hops += 1
+            if hops > _MAX_LINK_HOPS:
+                raise HeaderError(path, f"dataset {name!r}: more than {_MAX_LINK_HOPS} soft links (a loop?)")
+            target = link.path
+            base = "/" if target.startswith("/") else where
+            todo = [c for c in target.split("/") if c] + todo
+            node, where = (f if base == "/" else f[base]), base
+            continue
+        if isinstance(link, h5py.ExternalLink):
+            raise ExternalStorageError(
+                path, f"dataset {name!r}: {here} is an external link to {link.path!r} in file "
+                f"{link.filename!r}; refused by default (a file must not make the loader read other "
+                "files); pass allow_external=True if you trust it")
+        node, where = node[comp], here
+    return node
+
+
+def _check_storage(h5py, path: str, ds, allow_external: bool) -> None:
+    """Refuse what would read other files, filters HDF5 cannot apply, and contiguous storage that
+    lies past the end of the file; each error names the dataset."""
+    name = ds.name
+    if not allow_external:
+        ext = ds.external
+        if ext:
+            files = sorted({str(e[0]) for e in ext})
+            raise ExternalStorageError(
+                path, f"dataset {name} keeps its raw data in external file(s) {files}; refused by default "
+                "(a file must not make the loader read other files); pass allow_external=True if you trust it")
+        if ds.is_virtual:
+            srcs = sorted({f"{v.file_name}:{v.dset_name}" for v in ds.virtual_sources()})
+            raise ExternalStorageError(
+                path, f"dataset {name} is a virtual dataset mapping {srcs}; refused by default (its "
+                "sources are other files, and a missing source reads as fill values); pass "
+                "allow_external=True if you trust it")
+    dcpl = ds.id.get_create_plist()
+    for i in range(dcpl.get_nfilters()):
+        code, _, _, fname = dcpl.get_filter(i)[:4]
+        if not h5py.h5z.filter_avail(code):
+            label = fname.decode("latin1", "replace") if isinstance(fname, bytes) else str(fname)
+            raise UnsupportedDtypeError(
+                path, f"dataset {name} needs HDF5 filter {code} ({label or 'unnamed'}), which is not available "
+                "here; install its plugin (e.g. `pip install hdf5plugin` and `import hdf5plugin`) or "
+                "rewrite the file without it")
+    if ds.chunks is None and not ds.external and not ds.is_virtual:
+        offset = ds.id.get_offset()  # None: never written (reads as fill values), or compact
+        need = math.prod(ds.shape) * ds.dtype.itemsize
+        if offset is not None:
+            size = os.path.getsize(path)
+            if offset + need > size:
+                raise TruncatedFileError(
+                    path, f"dataset {name} of shape {ds.shape} {ds.dtype} claims {need} bytes at byte "
+                    f"{offset}, past the end of the {size}-byte file; the file is truncated or corrupt")
+
+
+def open_hdf5_dataset(path: str | os.PathLike, name: str, *, random_access: bool = False,
+                      allow_external: bool = False, **file_kwargs):
     """Open ``path`` read-only and return ``(h5py.File, Dataset)``; errors name the file.
 
     ``random_access=True`` opens the file in Python with ``POSIX_FADV_RANDOM`` and hands h5py the
     file object: the kernel then reads no pages beyond those HDF5 asks for (HDF5's own file
     descriptor gets readahead, which pulls neighbouring chunks of other ranks), at some cost in
     speed (every HDF5 read goes through Python).
+
+    ``allow_external=False`` (default) refuses, with :class:`ExternalStorageError`, a dataset whose
+    bytes live in other files: external raw storage (``dataset.external``), an external link on the
+    dataset's path, a virtual dataset. ``True`` follows them, as h5py does; do that only for files
+    you trust (such a file can make the loader deliver the bytes of any file on the host).
+
+    Raises :class:`DataFileError` subclasses naming the file: missing, not a regular file, not
+    HDF5, no such dataset, a dtype the pipeline cannot carry, a filter that is not available,
+    storage past the end of the file.
     """
     import h5py
 
     path = str(path)
-    if not os.path.exists(path):
-        raise FileNotFoundError(2, "no such HDF5 file; check the path and the file list", path)
+    check_regular_file(path, "HDF5 file")
     fobj = None
     try:
         if random_access:
@@ -63,13 +158,24 @@ def open_hdf5_dataset(path: str | os.PathLike, name: str, *, random_access: bool
             fobj.close()
         raise DataFileError(path, f"cannot be opened as HDF5 ({e}); is it an HDF5 file, and whole?") from None
     try:
-        obj = f.get(name)
+        try:
+            obj = _resolve_links(h5py, f, path, name, allow_external)
+        except (KeyError, OSError, ValueError, RuntimeError) as e:
+            if isinstance(e, DataFileError):
+                raise
+            # HDF5's own checks (e.g. "invalid dataset size, likely file corruption" for a header
+            # claiming 2**40 elements in a 2 KiB file) arrive as KeyError/OSError naming no file
+            raise HeaderError(path, f"dataset {name!r} cannot be opened ({e}); the file is corrupt") from None
         if obj is None or not isinstance(obj, h5py.Dataset):
             names = []
             f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
             raise MissingArrayError(path, f"has no dataset {name!r}; datasets in the file: {names}")
-        if obj.dtype.kind not in _ALLOWED_KINDS or obj.dtype.fields is not None:
-            raise UnsupportedDtypeError(path, f"dataset {name!r} has dtype {obj.dtype}; only plain numeric dtypes are read")
+        try:
+            obj.dtype
+        except (OSError, ValueError, TypeError) as e:
+            raise UnsupportedDtypeError(path, f"dataset {name!r} has a type h5py cannot map ({e})") from None
+        check_dtype(path, obj.dtype, label=f"dataset {name!r}: ")
+        _check_storage(h5py, path, obj, allow_external)
     except BaseException:
         f.close()
         if fobj is not None:
@@ -147,6 +253,9 @@ def read_hdf5_window(
             try:
                 dataset.read_direct(stage, source_sel=src, dest_sel=dst)
             except OSError as e:
+                if "filter" in str(e).lower():  # a filter missing or failing is not truncation
+                    raise DataFileError(path, f"reading dataset {dataset.name} failed in an HDF5 filter ({e}); "
+                                        "install the filter's plugin, or the chunk is corrupt") from None
                 raise DataFileError(path, f"reading dataset {dataset.name} failed ({e}); the file is truncated or corrupt") from None
             local.read_calls += 1
         if count_chunks:

@@ -7,11 +7,18 @@
   (the gap lands in a scratch buffer). Each read is one ``os.preadv`` whose buffers are the
   destination's own memory, so bytes go straight from the page cache (or the disk) into the window:
   no staging copy for C-order files and C-contiguous outputs.
-- ``method="auto"`` (default) switches to a ``MADV_RANDOM`` mapping when the contiguous pieces are
-  small (an innermost-axis split): the same pages are read, with fewer copies.
-- The file is opened read-only and ``POSIX_FADV_RANDOM`` is set, so that kernel readahead pulls no
-  bytes that were not asked for. ``direct=True`` opens with ``O_DIRECT`` (page cache bypassed; reads
-  are widened to 4 KiB alignment through an aligned bounce buffer).
+- The default method is ``preadv``: a file truncated or rewritten while it is read gives a
+  :class:`TruncatedFileError` naming it. ``method="mmap"`` (only when asked: it is never chosen
+  automatically) copies out of a ``MADV_RANDOM`` mapping, which reads the same pages with fewer
+  copies for innermost-axis splits, but a file truncated under the mapping kills the process with
+  SIGBUS.
+- The file is opened read-only and non-blocking (a FIFO never blocks the open), anything but a
+  regular file is refused, and ``POSIX_FADV_RANDOM`` is set, so that kernel readahead pulls no bytes
+  that were not asked for. ``direct=True`` switches the descriptor to ``O_DIRECT`` (page cache
+  bypassed; reads are widened to 4 KiB alignment through an aligned bounce buffer).
+- The header is checked as strictly as numpy checks it (versions 1.0, 2.0, 3.0; at most 64 axes;
+  the data size must equal the file's), and dtypes the pipeline cannot carry (complex, datetime64,
+  timedelta64, long double, structured, strings, objects) are refused at header time.
 - Fortran-order files are read as the C-order array of reversed shape (then transposed); big-endian
   data is byte-swapped in place: the output always holds native-endian values.
 """
@@ -22,6 +29,7 @@ import logging
 import math
 import mmap
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -34,8 +42,11 @@ from dali_mesh.io._common import (
     TruncatedFileError,
     UnsupportedDtypeError,
     _account,
+    check_dtype,
     check_expected,
     native_dtype,
+    open_regular_file,
+    set_direct,
     sample_shape,
     window_out,
 )
@@ -66,9 +77,9 @@ _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 _DIRECT_ALIGN = 4096
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _WILLNEED_CHUNK = 512 << 10
-_MMAP_BELOW = 16 << 10  # method="auto": mmap when the contiguous pieces average less than this
 _DIRECT_CHUNK = 16 << 20  # largest O_DIRECT bounce read
-_ALLOWED_KINDS = "biufcmM"  # bool, ints, uints, floats, complex, timedelta, datetime
+#: numpy's own limit on the number of axes (NPY_MAXDIMS in numpy 2); numpy refuses more.
+MAX_NDIM = 64
 
 
 @dataclass(frozen=True)
@@ -96,27 +107,19 @@ class NpyHeader:
         return math.prod(self.shape) * self.dtype.itemsize
 
 
-def _open(path: str | os.PathLike, direct: bool = False) -> int:
-    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-    if direct:
-        if not hasattr(os, "O_DIRECT"):
-            raise OSError(f"{path}: O_DIRECT is not available on this platform; use direct=False")
-        flags |= os.O_DIRECT
+def _open(path: str, direct: bool = False) -> int:
+    # the kind of file is checked before O_DIRECT is asked for, so that a directory or FIFO is named
+    # as such rather than as a file system without O_DIRECT
+    fd = open_regular_file(path, ".npy file")
     try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        raise FileNotFoundError(
-            2, "no such .npy file; check the path and the file list", str(path)
-        ) from None
-    except OSError as e:
-        if direct and e.errno == 22:  # EINVAL: the file system refuses O_DIRECT (tmpfs, ...)
-            raise OSError(
-                e.errno, "the file system does not support O_DIRECT; use direct=False", str(path)
-            ) from None
+        if direct:
+            set_direct(fd, path)
+        if hasattr(os, "posix_fadvise"):
+            # no readahead: the kernel reads only the pages we ask for
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+    except BaseException:
+        os.close(fd)
         raise
-    if hasattr(os, "posix_fadvise"):
-        # no readahead: the kernel reads only the pages we ask for
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
     return fd
 
 
@@ -125,11 +128,11 @@ def _parse_header(path: str, head: bytes, file_size: int) -> NpyHeader:
     if len(head) < 10 or head[:6] != _MAGIC:
         raise HeaderError(path, "not a .npy file (bad magic string); was it written by numpy.save?")
     major, minor = head[6], head[7]
-    if major == 1:
+    if (major, minor) == (1, 0):
         hlen_size, encoding = 2, "latin1"
-    elif major in (2, 3):
+    elif (major, minor) in ((2, 0), (3, 0)):
         hlen_size, encoding = 4, ("latin1" if major == 2 else "utf8")
-    else:
+    else:  # numpy refuses every other version (1.9 included)
         raise HeaderError(path, f".npy format version {major}.{minor} is not supported (1.0, 2.0, 3.0 are)")
     hlen = int.from_bytes(head[8 : 8 + hlen_size], "little")
     offset = 8 + hlen_size + hlen
@@ -142,29 +145,38 @@ def _parse_header(path: str, head: bytes, file_size: int) -> NpyHeader:
         raise HeaderError(path, "header is cut short")
     try:
         text = raw.decode(encoding)
-        meta = ast.literal_eval(text)  # literals only: never evaluates code, never unpickles
-    except (UnicodeDecodeError, ValueError, SyntaxError, MemoryError, RecursionError) as e:
+        # literals only: never evaluates code, never unpickles. TypeError: an unhashable key
+        # ({[1]: 2}); MemoryError/RecursionError: absurdly nested literals
+        meta = ast.literal_eval(text)
+    except (UnicodeDecodeError, ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as e:
         raise HeaderError(path, f"header is not a valid dict literal ({type(e).__name__}); the file is corrupt") from None
-    if not isinstance(meta, dict) or set(meta) != {"descr", "fortran_order", "shape"}:
-        keys = sorted(meta) if isinstance(meta, dict) else type(meta).__name__
-        raise HeaderError(path, f"header must be a dict with keys descr, fortran_order, shape; got {keys}")
+    keys = {"descr", "fortran_order", "shape"}
+    if not isinstance(meta, dict) or meta.keys() != keys:
+        # repr, not sorted(): keys may be of mixed, unorderable types
+        got = ", ".join(_short(k) for k in meta) if isinstance(meta, dict) else type(meta).__name__
+        raise HeaderError(path, f"header must be a dict with keys descr, fortran_order, shape; got {got}")
     descr, fortran, shape = meta["descr"], meta["fortran_order"], meta["shape"]
     if not isinstance(fortran, bool):
-        raise HeaderError(path, f"fortran_order must be True or False, got {fortran!r}")
+        raise HeaderError(path, f"fortran_order must be True or False, got {_short(fortran)}")
     if not isinstance(shape, tuple) or not all(
         isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
     ):
-        raise HeaderError(path, f"shape must be a tuple of non-negative integers, got {shape!r}")
+        raise HeaderError(path, f"shape must be a tuple of non-negative integers, got {_short(shape)}")
+    if len(shape) > MAX_NDIM:
+        raise HeaderError(path, f"shape has {len(shape)} axes; numpy allows at most {MAX_NDIM}: the file is corrupt")
     if not isinstance(descr, str):
-        raise UnsupportedDtypeError(path, f"structured dtype {descr!r} is not supported; store plain numeric arrays")
+        raise UnsupportedDtypeError(path, f"structured dtype {_short(descr)} is not supported; store plain numeric arrays")
     try:
-        dtype = np.dtype(descr)
-    except (TypeError, ValueError):
-        raise HeaderError(path, f"dtype descr {descr!r} is not understood") from None
+        with warnings.catch_warnings():
+            # a deprecated alias is not worth a warning per read: refuse it like any unknown descr
+            warnings.simplefilter("error")
+            dtype = np.dtype(descr)
+    except Exception as e:  # np.dtype raises TypeError, ValueError, SyntaxError (',<f4'), warnings ...
+        raise HeaderError(path, f"dtype descr {_short(descr)} is not understood ({type(e).__name__}); "
+                          "the file is corrupt or not written by numpy") from None
     if dtype.kind == "O" or dtype.hasobject:
         raise UnsupportedDtypeError(path, "object dtype is refused (it would need unpickling); store a numeric array")
-    if dtype.kind not in _ALLOWED_KINDS or dtype.fields is not None or dtype.subdtype is not None:
-        raise UnsupportedDtypeError(path, f"dtype {dtype} is not a plain numeric type; store a numeric array")
+    check_dtype(path, dtype)
     header = NpyHeader(path, (major, minor), shape, dtype, fortran, offset, file_size)
     expected = offset + header.data_bytes
     if file_size != expected:
@@ -176,6 +188,12 @@ def _parse_header(path: str, head: bytes, file_size: int) -> NpyHeader:
             f"after a {offset}-byte header = {expected} bytes) but the file has {file_size} bytes",
         )
     return header
+
+
+def _short(value, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters (header values may be huge or hostile)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _read_header_fd(fd: int, path: str, stats: IOStats) -> NpyHeader:
@@ -198,7 +216,11 @@ def _read_header_fd(fd: int, path: str, stats: IOStats) -> NpyHeader:
 
 
 def read_npy_header(path: str | os.PathLike) -> NpyHeader:
-    """Parse and check the header of a ``.npy`` file (shape, dtype, order, size against the data)."""
+    """Parse and check the header of a ``.npy`` file (shape, dtype, order, size against the data).
+
+    Every failure is a :class:`DataFileError` naming the file: missing file, not a regular file,
+    corrupt header, a data size that differs from the file's, a dtype the pipeline cannot carry."""
+    path = str(path)
     stats = IOStats(files_opened=1)
     fd = _open(path)
     try:
@@ -275,6 +297,9 @@ def _group(fo: np.ndarray, ub: np.ndarray, merge_gap: int, page_merge: bool) -> 
     if page_merge:
         # a gap holding no page that neither neighbour touches costs no storage bytes: merge it too
         split &= (fo[1:] // _PAGE) > ((ends - 1) // _PAGE) + 1
+    # units that overlap (the plan reads each file cell once, so this is a safeguard) can never share
+    # one preadv: its buffers follow each other in the file
+    split |= fo[1:] < ends
     bounds = np.concatenate(([0], np.flatnonzero(split) + 1, [fo.size]))
     return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
 
@@ -371,8 +396,22 @@ def _read_mmap(fd, header: NpyHeader, plan: WindowPlan, prefix, out, stats: IOSt
                units=None, willneed: bool = True) -> None:
     """Copy every box out of a read-only mapping of the file (no readahead: ``MADV_RANDOM``; the
     pages needed are announced with ``MADV_WILLNEED`` so that cold reads go out as large requests
-    instead of one synchronous page fault per page)."""
-    mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    instead of one synchronous page fault per page).
+
+    A file truncated after this check and while the boxes are copied raises SIGBUS in the process:
+    that is why this path runs only when the caller asks for ``method="mmap"``."""
+    path = header.path
+    size = os.fstat(fd).st_size
+    if size != header.file_size:
+        raise TruncatedFileError(path, f"file changed size while opening ({header.file_size} -> {size} bytes); "
+                                 "it is being rewritten: read it again once it is whole")
+    try:
+        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    except (ValueError, OSError) as e:  # "cannot mmap an empty file", ENODEV ...
+        raise DataFileError(path, f"cannot be memory-mapped ({e}); use method='preadv'") from None
+    if len(mm) < header.file_size:  # shrank between fstat and mmap
+        mm.close()
+        raise TruncatedFileError(path, f"file shrank to {len(mm)} bytes while opening; it is being rewritten")
     try:
         if hasattr(mm, "madvise") and hasattr(mmap, "MADV_RANDOM"):
             mm.madvise(mmap.MADV_RANDOM)
@@ -434,18 +473,21 @@ def read_npy_window(
         index_maps: sample axis -> file indices of that axis (a channel subset).
         merge_gap: byte ranges whose gap is at most this are read in one call.
         page_merge: also merge gaps that hold no page the neighbouring ranges do not touch.
-        direct: open with ``O_DIRECT`` (bypass the page cache).
-        method: ``"preadv"`` (exact byte ranges straight into ``out``), ``"mmap"`` (map the file
-            with ``MADV_RANDOM``, announce exactly the pages needed with ``MADV_WILLNEED``, copy the
-            boxes; ``bytes_read`` then counts the pages touched) or ``"auto"`` (default): mmap when
-            the contiguous pieces average under 16 KiB (an innermost-axis split: pages are shared
-            with other ranks anyway, and a mapping copies the pieces without preadv's per-piece
-            buffers and gap bytes), else preadv. Both read the same pages from storage.
+        direct: switch the descriptor to ``O_DIRECT`` (bypass the page cache).
+        method: ``"preadv"`` (exact byte ranges straight into ``out``); ``"auto"`` (default) is
+            preadv. ``"mmap"`` (only when asked) maps the file with ``MADV_RANDOM``, announces
+            exactly the pages needed with ``MADV_WILLNEED`` and copies the boxes (``bytes_read``
+            then counts the pages touched): for an innermost-axis split it reads the same pages with
+            fewer copies. **Risk:** if another process truncates or rewrites the file while the
+            boxes are copied, the kernel kills this process (or the DALI worker) with SIGBUS, with
+            no Python error and no file named; preadv turns the same race into a
+            :class:`TruncatedFileError`. Use mmap only for files nothing rewrites while training.
         expected_shape, expected_dtype: the sample shape (after prefix and index maps) and dtype the
             caller expects; a file that differs raises :class:`ShapeMismatchError` naming it.
         stats: counters to add this read to (the process-wide counters are always updated).
 
-    Returns ``out``, equal to ``take_window(np.load(path)[prefix], region)``.
+    Returns ``out``, equal to ``take_window(np.load(path)[prefix], region)``. Every problem with the
+    file is a :class:`DataFileError` naming it (see :func:`read_npy_header`).
     """
     path = str(path)
     if method not in ("auto", "preadv", "mmap"):
@@ -473,11 +515,7 @@ def read_npy_window(
         if out.size == 0:
             return out
         fo, do, ub, groups = plan_npy_reads(header, plan, prefix, merge_gap, page_merge)
-        if method == "auto":
-            # many small pieces (an innermost-axis split): a mapping copies them without the
-            # per-piece buffers and the gap bytes of preadv; large pieces: preadv straight in
-            small = fo.size > 0 and ub.sum() < _MMAP_BELOW * fo.size
-            method = "mmap" if small and not direct else "preadv"
+        # never mmap unless asked: a file rewritten under a mapping kills the process (SIGBUS)
         if method == "mmap":
             _read_mmap(fd, header, plan, prefix, out, local, units=(fo, ub))
             plan.finish(out)

@@ -3,20 +3,27 @@
 Each box of the read plan is one region selection ``array[prefix, box]``: zarr fetches and decodes
 only the chunks the box touches. The store is wrapped in a counter, so ``bytes_read`` and
 ``read_calls`` are the bytes and ``get`` calls the store really served. zarr is imported on first use.
+
+Every key the store serves must be a regular file (a FIFO in place of a chunk or of the metadata
+would block zarr for ever); a missing chunk reads as the array's fill value, as zarr defines it.
 """
 from __future__ import annotations
 
 import os
+import stat
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from dali_mesh.io._common import (
     DataFileError,
+    HeaderError,
     IOStats,
     MissingArrayError,
-    UnsupportedDtypeError,
+    MissingFileError,
+    NotRegularFileError,
     _account,
+    check_dtype,
     check_expected,
     check_region_fits,
     native_dtype,
@@ -28,8 +35,23 @@ from dali_mesh.partition import Region
 
 __all__ = ["open_zarr_array", "read_zarr_window"]
 
-_ALLOWED_KINDS = "biufc"
 _counting_store_cls = None
+_METADATA_KEYS = ("zarr.json", ".zarray")
+
+
+def _check_key(store, key: str) -> None:
+    """Refuse a key whose file exists but is not a regular file (zarr would block on a FIFO)."""
+    root = getattr(store, "root", None)
+    if root is None:  # not a local store: nothing on this file system to check
+        return
+    full = os.path.join(str(root), key)
+    try:
+        mode = os.stat(full).st_mode
+    except OSError:
+        return  # missing: zarr's own answer (None, a fill-value chunk)
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+        raise NotRegularFileError(full, f"Zarr key {key!r} is {kind}; a store holds regular files only")
 
 
 def _counting_store(store):
@@ -47,6 +69,7 @@ def _counting_store(store):
                 return type(self)(store, self.counter)
 
             async def get(self, key, prototype, byte_range=None):
+                _check_key(self._store, key)
                 buf = await self._store.get(key, prototype, byte_range)
                 self.counter.read_calls += 1
                 if buf is not None:
@@ -55,6 +78,8 @@ def _counting_store(store):
 
             async def get_partial_values(self, prototype, key_ranges):
                 key_ranges = list(key_ranges)
+                for key, _ in key_ranges:
+                    _check_key(self._store, key)
                 bufs = await self._store.get_partial_values(prototype, key_ranges)
                 self.counter.read_calls += len(key_ranges)
                 self.counter.bytes_read += sum(len(b) for b in bufs if b is not None)
@@ -74,23 +99,46 @@ def open_zarr_array(path: str | os.PathLike, name: str | None = None):
     from zarr.storage import LocalStore
 
     path = str(path)
-    if not os.path.exists(path):
-        raise FileNotFoundError(2, "no such Zarr store; check the path and the file list", path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise MissingFileError(path, "no such Zarr store; check the path and the file list") from None
+    if not stat.S_ISDIR(mode):
+        raise NotRegularFileError(path, "is not a directory: a Zarr store is a directory holding zarr.json or "
+                                  ".zarray; check the path and the file list")
     store = _counting_store(LocalStore(path, read_only=True))
+    what = f"array {name!r}" if name else "the array at the store's root"
     try:
         arr = zarr.open_array(store=store, path=name or "", mode="r")
-    except Exception as e:  # zarr raises several kinds for a missing node
+    except DataFileError:
+        raise
+    except Exception as e:  # zarr raises several kinds, for a missing node and for corrupt metadata
+        node = os.path.join(path, *(name or "").split("/"))
+        meta = [os.path.join(node, k) for k in _METADATA_KEYS if os.path.isfile(os.path.join(node, k))]
+        if meta:  # the metadata is there, so it is corrupt, not missing
+            raise HeaderError(path, f"metadata of {what} ({', '.join(meta)}) cannot be read "
+                              f"({type(e).__name__}: {_short(e)}); the store is corrupt") from None
         names = []
         try:
             grp = zarr.open_group(store=store, mode="r")
             names = sorted(k for k, _ in grp.arrays())
         except Exception:
             pass
-        what = f"array {name!r}" if name else "a Zarr array at its root"
         raise MissingArrayError(path, f"has no {what} ({type(e).__name__}); arrays in the store: {names}") from None
-    if arr.dtype.kind not in _ALLOWED_KINDS:
-        raise UnsupportedDtypeError(path, f"array {name!r} has dtype {arr.dtype}; only plain numeric dtypes are read")
+    check_dtype(path, arr.dtype, label=f"{what}: ")
+    try:
+        chunks = tuple(arr.chunks)
+    except Exception:  # sharded arrays describe their chunks otherwise; zarr checked those
+        chunks = ()
+    if any(not isinstance(c, int) or c < 1 for c in chunks):
+        raise HeaderError(path, f"{what} has chunk shape {chunks}; every chunk side must be at least 1: "
+                          "the metadata is corrupt")
     return arr
+
+
+def _short(value, limit: int = 200) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def read_zarr_window(
@@ -125,7 +173,9 @@ def read_zarr_window(
         for dst, src in plan.slices(prefix):
             try:
                 out[dst] = array[src]
-            except (OSError, ValueError, RuntimeError, TypeError) as e:
+            except DataFileError:
+                raise
+            except (OSError, ValueError, RuntimeError, TypeError, ZeroDivisionError) as e:
                 raise DataFileError(path, f"reading array {array.path or '/'} failed ({type(e).__name__}: {e}); "
                                     "a chunk is corrupt or unreadable") from None
         plan.finish(out)
