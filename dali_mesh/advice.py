@@ -1,0 +1,344 @@
+"""Layout advice: what a cold read of each rank's window costs with the file's layout, and a chunk
+shape that would make it cost no more than the window (``dali-mesh plan --data FILE``).
+
+Everything here is computed from metadata, never from the data: the ``.npy`` header and the byte
+ranges of :func:`dali_mesh.io.npy.plan_npy_reads` merged as the reader merges them; an HDF5
+dataset's chunk index (or, contiguous, its hyperslab bytes); a Zarr array's chunk objects and their
+sizes. The numbers are those the readers count in :class:`dali_mesh.io.IOStats` ``bytes_read`` for
+the same window (the byte ranges a read asks storage for, header included for ``.npy``; the kernel
+pulls whole pages, which adds at most a page at each end of a range).
+
+Samples: a ``.npy`` file is one sample; HDF5 and Zarr arrays hold samples along axis 0 (as
+:class:`~dali_mesh.HDF5Source` and :class:`~dali_mesh.ZarrSource` read them); sample 0 is planned
+(every sample of a chunked array is laid out alike when chunks do not span samples).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import os
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from dali_mesh._args import UsageError, data_kind, find_data
+from dali_mesh.io._plan import WindowPlan, plan_window
+from dali_mesh.partition import Layout, LayoutError, Region
+
+__all__ = [
+    "MAX_CHUNK_BYTES",
+    "LayoutTarget",
+    "aligned_chunks",
+    "chunked_cold_bytes",
+    "open_layout_target",
+]
+
+log = logging.getLogger(__name__)
+
+#: Largest chunk :func:`aligned_chunks` proposes: a bigger one is split further (a chunk is read
+#: and, compressed, decoded whole; tens of MiB keep per-chunk overheads small and memory bounded).
+MAX_CHUNK_BYTES = 64 << 20
+#: Above this ratio of cold bytes to window bytes the advice proposes another chunk shape.
+ADVICE_RATIO = 1.1
+#: Most shard coordinates walked to find the shard boundaries of one axis.
+_MAX_BOUNDARY_WALK = 1 << 16
+
+
+# ---- chunk shapes that follow the shards ------------------------------------------------------------
+def _shard_mesh_dims(layout: Layout, ndim: int) -> dict[int, list[int]]:
+    """Sample axis -> the mesh dims that shard it."""
+    out: dict[int, list[int]] = {}
+    for mesh_dim, axis in enumerate(layout.shard_axes(ndim)):
+        if axis >= 0:
+            out.setdefault(axis, []).append(mesh_dim)
+    return out
+
+
+def shard_boundaries(layout: Layout, sample_shape: Sequence[int]) -> dict[int, list[tuple[int, int]]]:
+    """Sample axis -> the owned ``(start, stop)`` of every shard along it (empty shards left out)."""
+    shape = tuple(sample_shape)
+    ndim = len(shape)
+    out = {}
+    for axis, dims in _shard_mesh_dims(layout, ndim).items():
+        count = math.prod(layout.mesh.shape[d] for d in dims)
+        if count > _MAX_BOUNDARY_WALK:
+            raise UsageError(f"axis {axis} is split into {count} shards; chunk advice walks at most "
+                             f"{_MAX_BOUNDARY_WALK}: give --chunks explicitly")
+        coordinate = [0] * layout.mesh.ndim
+        spans = set()
+        for combo in itertools.product(*(range(layout.mesh.shape[d]) for d in dims)):
+            for d, c in zip(dims, combo):
+                coordinate[d] = c
+            r = layout.region(shape, coordinate)
+            if r.stop[axis] > r.start[axis]:
+                spans.add((r.start[axis], r.stop[axis]))
+        out[axis] = sorted(spans)
+    return out
+
+
+def aligned_chunks(layout: Layout, sample_shape: Sequence[int], itemsize: int,
+                   max_bytes: int = MAX_CHUNK_BYTES, lead: int = 1) -> tuple[int, ...]:
+    """The chunk shape, ``lead`` sample axes of 1 first, whose chunk grid follows the layout's shard
+    boundaries: along a sharded axis the largest size that divides every shard boundary (one chunk
+    per rank's owned region for ``chunk``/``physicsnemo`` splits); other axes whole. Halved (other
+    axes first) while a chunk exceeds ``max_bytes``. A split whose boundaries share no useful common
+    size (``even`` splits: 181, 180, 180, 180) gets the largest shard size: a window then touches at
+    most two chunks along that axis."""
+    shape = tuple(int(s) for s in sample_shape)
+    chunks = list(shape)
+    spans = shard_boundaries(layout, shape)
+    for axis, owned in spans.items():
+        edges = {e for span in owned for e in span if 0 < e < shape[axis]}
+        sizes = [b - a for a, b in owned]
+        step = 0
+        for e in edges:
+            step = math.gcd(step, e)
+        if not edges:
+            chunks[axis] = shape[axis]
+        elif step * 4 >= min(sizes):
+            chunks[axis] = step
+        else:
+            log.info("shards of axis %d (%s) share no chunk size; chunks of %d span a boundary", axis,
+                     sizes, max(sizes))
+            chunks[axis] = max(sizes)
+    sharded = set(spans)
+    while math.prod(chunks) * itemsize > max_bytes:
+        free = [a for a in range(len(shape)) if a not in sharded and chunks[a] > 1]
+        pool = free or [a for a in sharded if chunks[a] > 1 and chunks[a] % 2 == 0] or \
+            [a for a in range(len(shape)) if chunks[a] > 1]
+        if not pool:
+            break
+        a = max(pool, key=lambda i: chunks[i])
+        chunks[a] = -(-chunks[a] // 2)
+    return (1,) * lead + tuple(chunks)
+
+
+def _chunk_ranges(file_start: Sequence[int], lengths: Sequence[int], chunks: Sequence[int]):
+    return [range(s // c, (s + n - 1) // c + 1) for s, n, c in zip(file_start, lengths, chunks)]
+
+
+def chunked_cold_bytes(plan: WindowPlan, chunks: Sequence[int], itemsize: int, prefix: Sequence[int] = ()) -> int:
+    """Bytes of the (uncompressed) chunks of shape ``chunks`` that the boxes of ``plan`` touch,
+    each chunk counted once."""
+    chunk_bytes = math.prod(chunks) * itemsize
+    seen = set()
+    for _, fst, ln in plan.boxes():
+        full_start = tuple(prefix) + tuple(fst)
+        full_len = (1,) * len(prefix) + tuple(ln)
+        seen.update(itertools.product(*_chunk_ranges(full_start, full_len, chunks)))
+    return len(seen) * chunk_bytes
+
+
+# ---- what a cold read of a window costs, per format ------------------------------------------------------
+class LayoutTarget:
+    """A data file whose layout is judged against a split. ``cost(region)`` gives
+    ``(needed_bytes, cold_bytes)`` of one sample's window."""
+
+    kind = ""
+
+    def __init__(self, path: str, sample_shape: tuple[int, ...], dtype: np.dtype, chunks: tuple[int, ...] | None,
+                 prefix: tuple[int, ...]) -> None:
+        self.path = path
+        self.sample_shape = tuple(int(s) for s in sample_shape)
+        self.dtype = np.dtype(dtype)
+        self.chunks = chunks  # stored chunk shape (prefix axes included), None: contiguous
+        self.prefix = prefix
+        self._cache: dict = {}
+        self._worst: tuple[float, int] | None = None
+        self._totals = [0, 0]
+
+    def _cold(self, plan: WindowPlan) -> int:  # pragma: no cover - per format
+        raise NotImplementedError
+
+    def cost(self, region: Region) -> tuple[int, int]:
+        """``(needed_bytes, cold_bytes)``: the bytes of the window cells read from storage (halo
+        cells copied or filled inside the window excluded), and the bytes a cold read asks for."""
+        key = (region.window_start, region.window_stop, region.domain_start, region.domain_stop, region.boundary)
+        hit = self._cache.get(key)
+        if hit is None:
+            plan = plan_window(region)
+            needed = 0 if plan.empty else plan.read_cells * self.dtype.itemsize
+            hit = (needed, self._cold(plan))  # .npy: the header is read even for an empty window
+            if len(self._cache) < 4096:  # replicas and sample groups repeat the same few windows
+                self._cache[key] = hit
+        return hit
+
+    def annotate(self, layout: Layout, rows: Iterable[dict]) -> Iterator[dict]:
+        """Add ``needed_bytes`` and ``cold_bytes`` to plan rows (one sample's window each)."""
+        for r in rows:
+            region = layout.region(self.sample_shape, layout.mesh.coordinate_of(r["rank"]))
+            needed, cold = self.cost(region)
+            r["needed_bytes"], r["cold_bytes"] = needed, cold
+            self._totals[0] += needed
+            self._totals[1] += cold
+            ratio = cold / needed if needed else 0.0
+            if self._worst is None or ratio > self._worst[0]:
+                self._worst = (ratio, r["rank"])
+            yield r
+
+    def suggestion(self, layout: Layout) -> tuple[tuple[int, ...], float]:
+        """A chunk shape aligned with the shards (sample axis first) and the worst cold/needed ratio
+        it would give over the ranks' windows."""
+        chunks = aligned_chunks(layout, self.sample_shape, self.dtype.itemsize)
+        worst = 0.0
+        seen = set()
+        # the windows differ only along sharded axes: walk the shard coordinates, as the boundaries do
+        dims = [d for d, a in enumerate(layout.shard_axes(len(self.sample_shape))) if a >= 0]
+        count = math.prod(layout.mesh.shape[d] for d in dims)
+        if count > _MAX_BOUNDARY_WALK:
+            return chunks, float("nan")
+        coordinate = [0] * layout.mesh.ndim
+        for combo in itertools.product(*(range(layout.mesh.shape[d]) for d in dims)):
+            for d, c in zip(dims, combo):
+                coordinate[d] = c
+            region = layout.region(self.sample_shape, coordinate)
+            key = (region.window_start, region.window_stop)
+            if key in seen:
+                continue
+            seen.add(key)
+            plan = plan_window(region)
+            if plan.empty:
+                continue
+            needed = plan.read_cells * self.dtype.itemsize
+            worst = max(worst, chunked_cold_bytes(plan, chunks, self.dtype.itemsize, (0,)) / needed)
+        return chunks, worst
+
+    def summary(self, layout: Layout) -> list[str]:
+        """Lines after the table: totals, the worst rank, and a chunk shape when the ratio is high."""
+        needed, cold = self._totals
+        if not needed:
+            return [f"{self.path}: the windows read nothing from storage"]
+        worst, rank = self._worst
+        what = {"npy": ".npy file", "hdf5": "HDF5 dataset", "zarr": "Zarr array"}[self.kind]
+        layout_text = "contiguous" if self.chunks is None else f"chunks {self.chunks}"
+        lines = [f"cold read of one sample per rank: {cold / needed:.2f}x the window bytes in all "
+                 f"({what} {self.path}, {layout_text}); worst rank {rank}: {worst:.2f}x"]
+        if worst > ADVICE_RATIO:
+            chunks, after = self.suggestion(layout)
+            lines.append(f"advice: store the data chunked {chunks} (sample axis first; HDF5 or Zarr) to read "
+                         f"~{after:.2f}x: dali-mesh convert {self.path} OUT.zarr (or OUT.h5) with the same "
+                         "--mesh/--shard/--split")
+        return lines
+
+
+class _NpyTarget(LayoutTarget):
+    kind = "npy"
+
+    def __init__(self, path: str) -> None:
+        from dali_mesh.io.npy import read_npy_header  # noqa: PLC0415
+
+        self.header = read_npy_header(path)
+        super().__init__(path, self.header.shape, self.header.native_dtype, None, ())
+        # the reader reads the first 512 bytes, then the rest of the header if it is longer
+        self.header_bytes = max(min(512, self.header.file_size), self.header.data_offset)
+
+    def _cold(self, plan: WindowPlan) -> int:
+        from dali_mesh.io.npy import plan_npy_reads  # noqa: PLC0415
+
+        fo, _, ub, groups = plan_npy_reads(self.header, plan)
+        fo_l, ub_l = fo.tolist(), ub.tolist()
+        # one preadv per group of merged ranges: it reads from the first byte to the last, gaps included
+        spans = sum(fo_l[g1 - 1] + ub_l[g1 - 1] - fo_l[g0] for g0, g1 in groups)
+        return self.header_bytes + spans
+
+
+class _HDF5Target(LayoutTarget):
+    kind = "hdf5"
+
+    def __init__(self, path: str, name: str | None) -> None:
+        from dali_mesh.io.hdf5 import open_hdf5_dataset  # noqa: PLC0415
+
+        name = name or _only_hdf5_dataset(path)
+        self.name = name
+        f, ds = open_hdf5_dataset(path, name)
+        try:
+            if ds.ndim < 2:
+                raise UsageError(f"{path}: dataset {name!r} has shape {ds.shape}: samples lie along axis 0, so it "
+                                 "needs at least 2 axes")
+            chunks = None if ds.chunks is None else tuple(ds.chunks)
+            self._sizes: dict[tuple[int, ...], int] = {}
+            if chunks is not None:  # stored size of every chunk of sample 0
+                grid = [range(-(-n // c)) for n, c in zip(ds.shape[1:], chunks[1:])]
+                dsid = ds.id
+                for idx in itertools.product(*grid):
+                    offset = (0,) + tuple(i * c for i, c in zip(idx, chunks[1:]))
+                    try:
+                        info = dsid.get_chunk_info_by_coord(offset)
+                        self._sizes[(0,) + idx] = info.size or 0
+                    except Exception:  # an unwritten chunk (fill value): nothing stored, nothing read
+                        self._sizes[(0,) + idx] = 0
+            super().__init__(path, tuple(ds.shape[1:]), np.dtype(ds.dtype).newbyteorder("="), chunks, (0,))
+        finally:
+            f.close()
+
+    def _cold(self, plan: WindowPlan) -> int:
+        itemsize = self.dtype.itemsize
+        if self.chunks is None:  # contiguous: HDF5 reads the hyperslab's byte runs
+            return sum(math.prod(ln) for _, _, ln in plan.boxes()) * itemsize
+        seen = set()
+        for _, fst, ln in plan.boxes():
+            seen.update(itertools.product(*_chunk_ranges((0,) + tuple(fst), (1,) + tuple(ln), self.chunks)))
+        return sum(self._sizes.get(idx, 0) for idx in seen)
+
+
+class _ZarrTarget(LayoutTarget):
+    kind = "zarr"
+
+    def __init__(self, path: str, name: str | None) -> None:
+        from dali_mesh.io.zarr import open_zarr_array  # noqa: PLC0415
+
+        arr = open_zarr_array(path, name)
+        if arr.ndim < 2:
+            raise UsageError(f"{path}: array {name or '/'} has shape {arr.shape}: samples lie along axis 0, so it "
+                             "needs at least 2 axes")
+        self._root = os.path.join(path, arr.path) if arr.path else path
+        self._metadata = arr.metadata
+        super().__init__(path, tuple(arr.shape[1:]), np.dtype(arr.dtype).newbyteorder("="), tuple(arr.chunks), (0,))
+
+    def _chunk_size(self, idx) -> int:
+        key = self._metadata.encode_chunk_key(tuple(idx))
+        try:
+            return os.path.getsize(os.path.join(self._root, *key.split("/")))
+        except OSError:  # a chunk never written: zarr returns the fill value, reading nothing
+            return 0
+
+    def _cold(self, plan: WindowPlan) -> int:
+        # the reader selects box by box: a chunk two boxes touch is fetched twice
+        total = 0
+        for _, fst, ln in plan.boxes():
+            for idx in itertools.product(*_chunk_ranges((0,) + tuple(fst), (1,) + tuple(ln), self.chunks)):
+                total += self._chunk_size(idx)
+        return total
+
+
+def _only_hdf5_dataset(path: str) -> str:
+    import h5py  # noqa: PLC0415
+
+    from dali_mesh.io._common import DataFileError  # noqa: PLC0415
+
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise DataFileError(path, f"cannot be opened as HDF5 ({e}); is it an HDF5 file, and whole?") from None
+    with f:
+        names = []
+        f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+    if len(names) != 1:
+        raise UsageError(f"{path} holds datasets {names}: name one with --dataset")
+    return names[0]
+
+
+def open_layout_target(path: str, dataset: str | None = None) -> LayoutTarget:
+    """The :class:`LayoutTarget` of ``--data`` (a folder: its first data file, by name)."""
+    kind, files = find_data(path)
+    first = files[0]
+    if kind == "npy":
+        if dataset:
+            raise UsageError("--dataset names an HDF5 dataset or Zarr array; a .npy file has none")
+        return _NpyTarget(first)
+    if kind == "hdf5":
+        return _HDF5Target(first, dataset)
+    if data_kind(first) == "zarr":
+        return _ZarrTarget(first, dataset)
+    raise LayoutError(f"--data {path!r}: unknown kind {kind}")  # pragma: no cover - find_data knows three
