@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -154,3 +155,157 @@ def test_truncated_hdf5_and_corrupt_zarr_chunk_name_the_file(tmp_path):
     np.testing.assert_array_equal(read_zarr_window(a, region, prefix=(0,)), np.ones(8, np.float32))
     with pytest.raises(DataFileError, match=r"bad\.zarr.*corrupt"):
         read_zarr_window(a, region, prefix=(3,))
+
+
+# ---- issue 9: reads of files the user did not name, corrupt metadata, dtypes the pipeline cannot carry
+ROW = Region((0,), (16,), (0,), (16,), (0,), (16,), "constant")
+
+
+@pytest.fixture
+def external_files(tmp_path):
+    """One HDF5 file whose datasets read other files: raw storage in a plain file, an external
+    link (and a soft link to it), a virtual dataset; plus the files they point at."""
+    raw = tmp_path / "secret.bin"
+    raw.write_bytes(bytes(range(64)))
+    other = str(tmp_path / "other.h5")
+    with h5py.File(other, "w") as f:
+        f["x"] = np.arange(64, dtype="u1").reshape(4, 16) + 100
+    h5 = str(tmp_path / "hostile.h5")
+    layout = h5py.VirtualLayout(shape=(4, 16), dtype="u1")
+    layout[:] = h5py.VirtualSource(other, "x", shape=(4, 16))
+    with h5py.File(h5, "w") as f:
+        f.create_dataset("raw", shape=(4, 16), dtype="u1", external=[(str(raw), 0, 64)])
+        f["grp/link"] = h5py.ExternalLink(other, "/x")
+        f["soft"] = h5py.SoftLink("/grp/link")
+        f["ext_group"] = h5py.ExternalLink(other, "/")  # a group on the path is external
+        f.create_virtual_dataset("virtual", layout, fillvalue=7)
+        f["plain"] = np.arange(64, dtype="u1").reshape(4, 16)
+    return h5, str(raw), other
+
+
+@pytest.mark.parametrize("name, words", [
+    ("raw", r"dataset /raw keeps its raw data in external file\(s\) \['.*secret\.bin'\]"),
+    ("grp/link", r"dataset 'grp/link': /grp/link is an external link to '/x' in file '.*other\.h5'"),
+    ("soft", r"dataset 'soft': /grp/link is an external link to '/x' in file '.*other\.h5'"),
+    ("ext_group/x", r"/ext_group is an external link to '/' in file '.*other\.h5'"),
+    ("virtual", r"dataset /virtual is a virtual dataset mapping \['.*other\.h5:x'\]"),
+])
+def test_hdf5_external_data_refused_by_default(external_files, name, words):
+    h5, raw, other = external_files
+    from dali_mesh.io import ExternalStorageError
+
+    with pytest.raises(ExternalStorageError, match=words) as info:
+        open_hdf5_dataset(h5, name)
+    assert info.value.path == h5 and str(info.value).startswith(h5 + ": ")
+    assert "allow_external=True" in str(info.value)
+    # the user who means it opts in, and gets exactly what h5py would give
+    f, ds = open_hdf5_dataset(h5, name, allow_external=True)
+    try:
+        expected = np.arange(64, dtype="u1").reshape(4, 16) + (0 if name == "raw" else 100)
+        np.testing.assert_array_equal(read_hdf5_window(ds, ROW, prefix=(2,)), expected[2])
+    finally:
+        f.close()
+
+
+def test_hdf5_plain_dataset_and_internal_soft_link_still_open(external_files, tmp_path):
+    h5, _, _ = external_files
+    with h5py.File(h5, "a") as f:
+        f["alias"] = h5py.SoftLink("plain")  # relative, inside the file
+        f["grp/up"] = h5py.SoftLink("/plain")
+    for name in ("plain", "alias", "grp/up", "/plain"):
+        f, ds = open_hdf5_dataset(h5, name)
+        try:
+            np.testing.assert_array_equal(read_hdf5_window(ds, ROW, prefix=(1,)), np.arange(16, 32, dtype="u1"))
+        finally:
+            f.close()
+    loop = str(tmp_path / "loop.h5")
+    with h5py.File(loop, "w") as f:
+        f["a"] = h5py.SoftLink("/b")
+        f["b"] = h5py.SoftLink("/a")
+    with pytest.raises(DataFileError, match=r"loop\.h5"):
+        open_hdf5_dataset(loop, "a")
+
+
+def _lzf_file_with_unknown_filter(path):
+    """A chunked dataset whose filter pipeline names filter 32123 (not registered anywhere): the
+    lzf filter's id (32000) patched in the file."""
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=np.arange(1000, dtype="f4"), chunks=(100,), compression="lzf")
+    data = bytearray(open(path, "rb").read())
+    at = data.find(b"lzf\x00")
+    assert data.count(b"lzf\x00") == 1 and data[at - 8 : at - 6] == (32000).to_bytes(2, "little")
+    data[at - 8 : at - 6] = (32123).to_bytes(2, "little")
+    open(path, "wb").write(bytes(data))
+
+
+def test_hdf5_filter_not_available_is_named_not_truncation(tmp_path):
+    from dali_mesh.io import UnsupportedFilterError
+
+    path = str(tmp_path / "filtered.h5")
+    _lzf_file_with_unknown_filter(path)
+    assert not h5py.h5z.filter_avail(32123)
+    with pytest.raises(UnsupportedFilterError, match=r"filtered\.h5: dataset /x needs HDF5 filter 32123 \(lzf\)") as info:
+        open_hdf5_dataset(path, "x")
+    assert "truncated" not in str(info.value)
+
+
+def test_hdf5_header_claiming_2_40_elements_names_the_file(tmp_path):
+    """A 3 KiB file whose dataspace claims 2**40 elements (dims and max dims patched): a DataFileError
+    naming the file and the dataset before anything is allocated (before: a KeyError naming no file)."""
+    path = str(tmp_path / "claims.h5")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("c", data=np.arange(1337, dtype="u1"))
+    data = bytearray(open(path, "rb").read())
+    dims = (1337).to_bytes(8, "little")
+    at = data.find(b"\x01\x01\x01\x00\x00\x00\x00\x00" + dims + dims)  # dataspace v1: rank 1, max dims
+    assert at > 0
+    data[at + 8 : at + 24] = (2**40).to_bytes(8, "little") * 2
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(DataFileError, match=r"claims\.h5: dataset 'c' cannot be opened .*corrupt"):
+        open_hdf5_dataset(path, "c")
+
+
+@pytest.mark.parametrize("dtype", ["<c8", ">c16", np.longdouble])
+def test_hdf5_and_zarr_refuse_dtypes_the_pipeline_cannot_carry(tmp_path, dtype):
+    from dali_mesh.io import UnsupportedDtypeError
+
+    h5 = str(tmp_path / "a.h5")
+    with h5py.File(h5, "w") as f:
+        f["x"] = np.zeros((2, 3), dtype)
+    with pytest.raises(UnsupportedDtypeError, match=rf"a\.h5: dataset 'x': dtype {re.escape(str(np.dtype(dtype)))} is"):
+        open_hdf5_dataset(h5, "x")
+    if np.dtype(dtype).kind == "c":
+        z = str(tmp_path / "a.zarr")
+        zarr.create_array(store=z, shape=(2, 3), chunks=(2, 3), dtype=np.dtype(dtype).newbyteorder("<"))
+        with pytest.raises(UnsupportedDtypeError, match=r"a\.zarr: .*dtype complex"):
+            open_zarr_array(z)
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_zarr_corrupt_metadata_is_not_reported_missing(tmp_path, fmt):
+    z = str(tmp_path / "s.zarr")
+    zarr.create_array(store=z, shape=(4, 8), chunks=(2, 8), dtype="f4", zarr_format=fmt)
+    meta = os.path.join(z, ".zarray" if fmt == 2 else "zarr.json")
+    with open(meta, "w") as f:
+        f.write('{"shape": [4, 8], "chunks": ')
+    from dali_mesh.io import HeaderError
+
+    with pytest.raises(HeaderError, match=rf"s\.zarr: metadata of the array at the store's root \({re.escape(meta)}\) "
+                                          r"cannot be read .*corrupt") as info:
+        open_zarr_array(z)
+    assert not isinstance(info.value, MissingArrayError)
+
+
+def test_zarr_zero_chunks_are_refused(tmp_path):
+    """Before: ZeroDivisionError at the first read."""
+    import json
+
+    z = str(tmp_path / "zero.zarr")
+    zarr.create_array(store=z, shape=(4, 8), chunks=(2, 8), dtype="f4", zarr_format=2)
+    meta = json.load(open(os.path.join(z, ".zarray")))
+    meta["chunks"] = [0, 8]
+    json.dump(meta, open(os.path.join(z, ".zarray"), "w"))
+    from dali_mesh.io import HeaderError
+
+    with pytest.raises(HeaderError, match=r"zero\.zarr: the array at the store's root has chunk shape \(0, 8\)"):
+        open_zarr_array(z)

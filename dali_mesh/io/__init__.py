@@ -17,6 +17,7 @@ from dali_mesh.io._common import (
     ShapeMismatchError,
     TruncatedFileError,
     UnsupportedDtypeError,
+    UnsupportedFilterError,
     global_stats,
     reset_global_stats,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "ShapeMismatchError",
     "TruncatedFileError",
     "UnsupportedDtypeError",
+    "UnsupportedFilterError",
     "WindowPlan",
     "global_stats",
     "plan_window",

@@ -22,6 +22,8 @@ __all__ = [
     "MissingArrayError",
     "MissingFileError",
     "NotRegularFileError",
+    "ExternalStorageError",
+    "UnsupportedFilterError",
     "global_stats",
     "reset_global_stats",
 ]
@@ -123,6 +125,10 @@ class ShapeMismatchError(DataFileError):
 
 class MissingArrayError(DataFileError):
     """The HDF5 dataset or Zarr array named does not exist in the file."""
+
+
+class UnsupportedFilterError(DataFileError):
+    """An HDF5 dataset needs a filter (compressor) that is not available in this process."""
 
 
 class MissingFileError(DataFileError, FileNotFoundError):

@@ -13,13 +13,12 @@ regular file (a FIFO would block HDF5's open for ever); by default, a dataset wh
 another file (external raw storage, an external link on its path, a virtual dataset), since a file
 could otherwise make the loader deliver any file on the host as a sample (``allow_external=True``
 for files you trust); a filter HDF5 cannot apply here (e.g. a plugin compressor that is not
-installed); a contiguous dataset whose storage lies past the end of the file; dtypes the pipeline
-cannot carry.
+installed); dtypes the pipeline cannot carry. HDF5's own refusals (a truncated file, a header
+claiming more data than the file holds) are reported naming the file and the dataset.
 """
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import posixpath
 from typing import Mapping, Sequence
@@ -32,8 +31,8 @@ from dali_mesh.io._common import (
     HeaderError,
     IOStats,
     MissingArrayError,
-    TruncatedFileError,
     UnsupportedDtypeError,
+    UnsupportedFilterError,
     _account,
     check_dtype,
     check_expected,
@@ -86,8 +85,9 @@ def _resolve_links(h5py, f, path: str, name: str, allow_external: bool):
 
 
 def _check_storage(h5py, path: str, ds, allow_external: bool) -> None:
-    """Refuse what would read other files, filters HDF5 cannot apply, and contiguous storage that
-    lies past the end of the file; each error names the dataset."""
+    """Refuse what would read other files and filters HDF5 cannot apply; each error names the
+    dataset. (Contiguous storage past the end of the file HDF5 refuses itself when the dataset is
+    opened: "invalid dataset size", or "truncated file" at the file's open.)"""
     name = ds.name
     if not allow_external:
         ext = ds.external
@@ -107,19 +107,10 @@ def _check_storage(h5py, path: str, ds, allow_external: bool) -> None:
         code, _, _, fname = dcpl.get_filter(i)[:4]
         if not h5py.h5z.filter_avail(code):
             label = fname.decode("latin1", "replace") if isinstance(fname, bytes) else str(fname)
-            raise UnsupportedDtypeError(
+            raise UnsupportedFilterError(
                 path, f"dataset {name} needs HDF5 filter {code} ({label or 'unnamed'}), which is not available "
                 "here; install its plugin (e.g. `pip install hdf5plugin` and `import hdf5plugin`) or "
                 "rewrite the file without it")
-    if ds.chunks is None and not ds.external and not ds.is_virtual:
-        offset = ds.id.get_offset()  # None: never written (reads as fill values), or compact
-        need = math.prod(ds.shape) * ds.dtype.itemsize
-        if offset is not None:
-            size = os.path.getsize(path)
-            if offset + need > size:
-                raise TruncatedFileError(
-                    path, f"dataset {name} of shape {ds.shape} {ds.dtype} claims {need} bytes at byte "
-                    f"{offset}, past the end of the {size}-byte file; the file is truncated or corrupt")
 
 
 def open_hdf5_dataset(path: str | os.PathLike, name: str, *, random_access: bool = False,
@@ -137,8 +128,8 @@ def open_hdf5_dataset(path: str | os.PathLike, name: str, *, random_access: bool
     you trust (such a file can make the loader deliver the bytes of any file on the host).
 
     Raises :class:`DataFileError` subclasses naming the file: missing, not a regular file, not
-    HDF5, no such dataset, a dtype the pipeline cannot carry, a filter that is not available,
-    storage past the end of the file.
+    HDF5, no such dataset or a corrupt one (e.g. a dataset claiming 2**40 elements in a 2 KiB file),
+    a dtype the pipeline cannot carry, a filter that is not available.
     """
     import h5py
 
