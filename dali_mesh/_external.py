@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import logging
+import queue
 import os
 import shutil
 import signal
@@ -42,6 +43,37 @@ DEFAULT_TIMEOUT_S = 120.0
 
 _status_lock = threading.Lock()
 _status_dir: str | None = None
+
+
+class _HelperThread:
+    """One daemon thread that runs submitted calls in order. Daemon, unlike ``ThreadPoolExecutor``'s
+    threads (joined at interpreter exit): a call stuck for ever must not keep the process alive."""
+
+    def __init__(self) -> None:
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="dali_mesh_watchdog", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            task = self._tasks.get()
+            if task is None:
+                return
+            future, fn, args = task
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
+                future.set_exception(e)
+
+    def submit(self, fn, *args) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._tasks.put((future, fn, args))
+        return future
+
+    def shutdown(self) -> None:
+        self._tasks.put(None)
 
 
 class WorkerError(RuntimeError):
@@ -126,7 +158,7 @@ class Watchdog:
         self.poll_s = float(poll_s)
         self._pipelines = pipelines
         self._status_folder = status_folder
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._executor: _HelperThread | None = None
         self._broken: str | None = None
 
     @property
@@ -144,7 +176,7 @@ class Watchdog:
         if self.timeout is None:
             return fn(*args)
         if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dali_mesh_watchdog")
+            self._executor = _HelperThread()
         future = self._executor.submit(fn, *args)
         deadline = time.monotonic() + self.timeout
         while True:
@@ -152,6 +184,15 @@ class Watchdog:
                 return future.result(timeout=self.poll_s)
             except concurrent.futures.TimeoutError:
                 pass
+            except StopIteration:
+                raise
+            except Exception as e:
+                # DALI sometimes notices a dead worker itself ("Worker data receiving interrupted",
+                # naming no worker and no file): say which worker, and what it was reading
+                problem = self._check_workers()
+                if problem is None:
+                    raise
+                self._fail(problem, cause=e)
             problem = self._check_workers()
             if problem is None and time.monotonic() > deadline:
                 problem = (f"no progress for {self.timeout:g} s while waiting for {what} "
@@ -198,7 +239,7 @@ class Watchdog:
                 out.append(f"pid {proc.pid} {text or 'no status'}")
         return ", ".join(out) or "none started"
 
-    def _fail(self, problem: str) -> None:
+    def _fail(self, problem: str, cause: BaseException | None = None) -> None:
         self._broken = problem
         # the pipeline cannot recover: kill its workers so that none lingers and DALI's shutdown
         # (which terminates and joins them) cannot wait on a stopped one
@@ -210,12 +251,12 @@ class Watchdog:
                     pass
         log.error("dali_mesh watchdog: %s", problem)
         raise WorkerError(f"{problem}. The pipeline is unusable now (its workers were stopped): build a "
-                          "new one; MeshLoader.load_state_dict resumes from a checkpoint")
+                          "new one; MeshLoader.load_state_dict resumes from a checkpoint") from cause
 
     def close(self) -> None:
         """Let the helper thread go (a call stuck in a dead pipeline keeps it until the process exits)."""
         if self._executor is not None:
-            self._executor.shutdown(wait=False)
+            self._executor.shutdown()
             self._executor = None
 
 

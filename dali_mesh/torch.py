@@ -410,6 +410,19 @@ class MeshLoader:
         return self._watchdog.call(on_stream, what=what)
 
     @property
+    def timeout(self) -> float | None:
+        """Seconds to wait for a batch (``None``: no watchdog); may be changed between batches."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, value: float | None) -> None:
+        Watchdog(lambda: [], value)  # checks the value
+        self._timeout = value
+        watchdog = getattr(self, "_watchdog", None)
+        if watchdog is not None:
+            watchdog.timeout = float(value) if value else None
+
+    @property
     def region(self):
         """This rank's region of a sample (needs ``sample_shape``)."""
         if self.sample_shape is None:
