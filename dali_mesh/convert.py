@@ -1,0 +1,362 @@
+"""``dali-mesh convert SRC DST``: copy data into HDF5 or Zarr whose chunks follow the layout's shards.
+
+A ``.npy`` file stores each sample row after row: a split along the innermost axis (longitude in
+ERA5) puts window bytes of every rank on every page, so each rank reads the whole file cold. The
+copy written here is chunked one chunk per rank's owned region per sample (the chunk grid of
+:func:`dali_mesh.advice.aligned_chunks`, finer when a chunk would exceed 64 MiB), uncompressed, so
+that a rank's cold read is its window.
+
+- SRC: a ``.npy`` file (one sample), a folder of per-sample ``.npy`` files (one array with a
+  leading sample axis, files in name order), or HDF5 / Zarr arrays with samples along axis 0 (a file
+  or store, or a folder of them, concatenated in name order).
+- DST: ``.h5``/``.hdf5`` (an HDF5 dataset) or ``.zarr`` (a Zarr v3 group holding the array); the
+  dataset / array is named ``--name`` (default ``data``). Read it back with ``HDF5Source`` /
+  ``ZarrSource`` and that name.
+- Samples are copied by a few threads (the readers release the GIL while reading; HDF5 calls are
+  serialised by one lock, as h5py serialises them anyway), with a plain-text progress bar on stderr.
+- Nothing is written at DST until the copy is complete and verified: the copy goes to a sibling
+  ``DST.partial-PID`` first, every sample is read back and compared bit for bit with the source, and
+  only then is it renamed to DST. An existing DST is refused unless ``--overwrite``; even then a
+  folder that is not a Zarr store is never removed.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import shutil
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from dali_mesh._args import UsageError, data_kind, find_data, make_layout, parse_ints, parse_mesh
+from dali_mesh.io._common import DataFileError
+from dali_mesh.mesh import MeshInfo
+from dali_mesh.partition import Layout
+
+__all__ = ["ConvertResult", "SampleReader", "convert", "convert_array", "open_samples"]
+
+log = logging.getLogger(__name__)
+
+
+# ---- the source: samples by index ---------------------------------------------------------------------
+class SampleReader:
+    """Samples ``0 .. num_samples-1`` of a source, each a native-endian array of ``sample_shape``."""
+
+    def __init__(self, kind: str, files: list[str], sample_shape: tuple[int, ...], dtype: np.dtype,
+                 counts: list[int], read_one: Callable[[int, int], np.ndarray], close: Callable[[], None]) -> None:
+        self.kind = kind
+        self.files = files
+        self.sample_shape = sample_shape
+        self.dtype = dtype
+        self._starts = np.cumsum([0] + counts)
+        self._read_one = read_one
+        self._close = close
+
+    @property
+    def num_samples(self) -> int:
+        return int(self._starts[-1])
+
+    def read(self, i: int) -> np.ndarray:
+        fi = int(np.searchsorted(self._starts, i, side="right")) - 1
+        out = np.asarray(self._read_one(fi, i - int(self._starts[fi])))
+        return out.astype(self.dtype.newbyteorder("="), copy=False)
+
+    def close(self) -> None:
+        self._close()
+
+
+def _same(first: tuple, path: str, shape, dtype, what: str) -> None:
+    if (tuple(shape), np.dtype(dtype)) != first[1:]:
+        raise UsageError(f"{what}: {path} holds samples of {tuple(shape)} {np.dtype(dtype)} but {first[0]} holds "
+                         f"{first[1]} {first[2]}: every file must hold samples of one shape and dtype")
+
+
+def open_samples(src: str, dataset: str | None = None, lock: threading.Lock | None = None) -> SampleReader:
+    """A :class:`SampleReader` over ``src`` (see the module docstring); every file's metadata is
+    checked now (shape, dtype, size), so a bad file fails before anything is written."""
+    kind, files = find_data(src, "SRC")
+    lock = lock or threading.Lock()
+    if kind == "npy":
+        if dataset:
+            raise UsageError("--dataset names an HDF5 dataset or Zarr array; .npy files have none")
+        from dali_mesh.io.npy import read_npy_header  # noqa: PLC0415
+
+        headers = [read_npy_header(f) for f in files]
+        first = (files[0], tuple(headers[0].shape), headers[0].native_dtype)
+        for f, h in zip(files, headers):
+            _same(first, f, h.shape, h.native_dtype, "SRC")
+
+        def read_npy(fi, _):
+            return np.load(files[fi], allow_pickle=False)  # no mmap: a file rewritten meanwhile must not SIGBUS
+
+        return SampleReader(kind, files, first[1], first[2], [1] * len(files), read_npy, lambda: None)
+    if kind == "hdf5":
+        from dali_mesh.advice import _only_hdf5_dataset  # noqa: PLC0415
+        from dali_mesh.io.hdf5 import open_hdf5_dataset  # noqa: PLC0415
+
+        name = dataset or _only_hdf5_dataset(files[0])
+        handles = [open_hdf5_dataset(f, name) for f in files]
+        arrays = [ds for _, ds in handles]
+
+        def close_hdf5():
+            for f, _ in handles:
+                f.close()
+
+        def read_hdf5(fi, j):
+            with lock:
+                return arrays[fi][j]
+    else:
+        from dali_mesh.io.zarr import open_zarr_array  # noqa: PLC0415
+
+        arrays = [open_zarr_array(f, dataset) for f in files]
+        close_hdf5 = lambda: None  # noqa: E731
+
+        def read_hdf5(fi, j):
+            return arrays[fi][j]
+    try:
+        for f, a in zip(files, arrays):
+            if len(a.shape) < 2:
+                raise UsageError(f"SRC: {f} holds an array of shape {tuple(a.shape)}: samples lie along axis 0, so "
+                                 "it needs at least 2 axes")
+        first = (files[0], tuple(arrays[0].shape[1:]), np.dtype(arrays[0].dtype).newbyteorder("="))
+        for f, a in zip(files, arrays):
+            _same(first, f, a.shape[1:], np.dtype(a.dtype).newbyteorder("="), "SRC")
+    except BaseException:
+        close_hdf5()
+        raise
+    return SampleReader(kind, files, first[1], first[2], [int(a.shape[0]) for a in arrays], read_hdf5, close_hdf5)
+
+
+# ---- progress --------------------------------------------------------------------------------------------------
+class _Progress:
+    """``label [#####.....] 12/32 samples, 40.1 MiB/s`` on one line of stderr (plain text)."""
+
+    def __init__(self, label: str, total: int, nbytes_each: int, enabled: bool, stream=None) -> None:
+        self.label, self.total, self.each = label, total, nbytes_each
+        self.enabled = enabled
+        self.stream = stream or sys.stderr
+        self.done = 0
+        self.t0 = self.last = time.perf_counter()
+        self.lock = threading.Lock()
+
+    def step(self) -> None:
+        with self.lock:
+            self.done += 1
+            now = time.perf_counter()
+            if self.enabled and (now - self.last > 0.2 or self.done == self.total):
+                self.last = now
+                width = 30
+                filled = width * self.done // max(self.total, 1)
+                rate = self.done * self.each / max(now - self.t0, 1e-9) / 2**20
+                self.stream.write(f"\r  {self.label} [{'#' * filled}{'.' * (width - filled)}] "
+                                  f"{self.done}/{self.total} samples, {rate:.1f} MiB/s")
+                if self.done == self.total:
+                    self.stream.write("\n")
+                self.stream.flush()
+
+
+def _run_parallel(fn: Callable[[int], None], n: int, workers: int, progress: _Progress) -> None:
+    """``fn(i)`` for every i, on ``workers`` threads, at most ``2 * workers`` samples in flight (memory
+    stays bounded); the first error stops the rest and is raised."""
+    if workers <= 1:
+        for i in range(n):
+            fn(i)
+            progress.step()
+        return
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dali-mesh-convert") as pool:
+        pending = []
+        for i in range(n):
+            pending.append(pool.submit(fn, i))
+            if len(pending) >= 2 * workers:
+                pending.pop(0).result()
+                progress.step()
+        for fut in pending:
+            fut.result()
+            progress.step()
+
+
+# ---- the destination --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ConvertResult:
+    dst: str
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    chunks: tuple[int, ...]
+    seconds: float
+    bytes_written: int
+
+    def __str__(self) -> str:
+        mib = self.bytes_written / 2**20
+        return (f"wrote {self.dst} ({'Zarr array' if data_kind(self.dst) == 'zarr' else 'HDF5 dataset'} "
+                f"{self.name!r}: {'x'.join(map(str, self.shape))} {self.dtype}, chunks {self.chunks}, uncompressed), "
+                f"{mib:.1f} MiB in {self.seconds:.1f} s; every sample verified against the source")
+
+
+def _is_zarr_store(path: str) -> bool:
+    return any(os.path.exists(os.path.join(path, m)) for m in ("zarr.json", ".zarray", ".zgroup"))
+
+
+def _check_dst(dst: str, src_files: Sequence[str], overwrite: bool) -> str:
+    kind = data_kind(dst)
+    if kind not in ("hdf5", "zarr"):
+        raise UsageError(f"DST {dst!r} must end in .h5, .hdf5 or .zarr (the format is taken from the name)")
+    real = os.path.realpath(dst)
+    if any(os.path.realpath(f) == real for f in src_files):
+        raise UsageError(f"DST {dst!r} is also the source: write the copy elsewhere")
+    if os.path.lexists(dst):
+        if not overwrite:
+            raise UsageError(f"DST {dst!r} exists: pass --overwrite to replace it, or choose another name")
+        if os.path.isdir(dst) and not (kind == "zarr" and _is_zarr_store(dst)):
+            raise UsageError(f"DST {dst!r} is a folder that is not a Zarr store: it is never removed, even with "
+                             "--overwrite; remove it yourself or choose another name")
+    folder = os.path.dirname(os.path.abspath(dst))
+    if not os.path.isdir(folder):
+        raise UsageError(f"DST {dst!r}: folder {folder!r} does not exist")
+    return kind
+
+
+def _parse_chunks(text: str | Sequence[int], layout: Layout, sample_shape, itemsize: int) -> tuple[int, ...]:
+    from dali_mesh.advice import aligned_chunks  # noqa: PLC0415
+
+    if isinstance(text, str) and text == "auto":
+        return aligned_chunks(layout, sample_shape, itemsize)
+    chunks = parse_ints(text, "--chunks") if isinstance(text, str) else tuple(int(c) for c in text)
+    if len(chunks) != len(sample_shape) + 1 or any(c <= 0 for c in chunks):
+        raise UsageError(f"--chunks {text!r}: give {len(sample_shape) + 1} positive sizes (the sample axis first, "
+                         f"then the sample's {tuple(sample_shape)}), or auto")
+    return chunks
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
+def convert_array(
+    src: str,
+    dst: str,
+    layout: Layout,
+    *,
+    dataset: str | None = None,
+    name: str = "data",
+    chunks: str | Sequence[int] = "auto",
+    workers: int = 4,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> ConvertResult:
+    """Copy ``src`` to ``dst`` chunked for ``layout`` (see the module docstring); returns what was written."""
+    if not isinstance(workers, int) or workers < 1:
+        raise UsageError(f"workers must be an integer >= 1, got {workers!r}")
+    lock = threading.Lock()
+    source = open_samples(src, dataset, lock)
+    try:
+        kind = _check_dst(dst, source.files, overwrite)
+        sample_shape, dtype = source.sample_shape, source.dtype
+        layout.region(sample_shape)  # the layout fits the sample
+        chunk_shape = _parse_chunks(chunks, layout, sample_shape, dtype.itemsize)
+        n = source.num_samples
+        shape = (n,) + tuple(sample_shape)
+        tmp = os.path.join(os.path.dirname(os.path.abspath(dst)), f".{os.path.basename(dst.rstrip('/'))}.partial-{os.getpid()}")
+        _remove(tmp)
+        t0 = time.perf_counter()
+        sample_bytes = math.prod(sample_shape) * dtype.itemsize
+        try:
+            if kind == "hdf5":
+                import h5py  # noqa: PLC0415
+
+                out_file = h5py.File(tmp, "w")
+                try:
+                    out = out_file.create_dataset(name, shape=shape, dtype=dtype, chunks=chunk_shape)
+
+                    def write(i):
+                        sample = source.read(i)
+                        with lock:
+                            out[i] = sample
+                    _run_parallel(write, n, workers, _Progress("copy  ", n, sample_bytes, progress))
+                finally:
+                    out_file.close()
+            else:
+                import zarr  # noqa: PLC0415
+
+                group = zarr.open_group(tmp, mode="w")
+                # every chunk is stored (also all-zero ones) so that each rank's read is the same size
+                out = group.create_array(name, shape=shape, chunks=chunk_shape, dtype=dtype, compressors=None,
+                                         fill_value=0, config={"write_empty_chunks": True})
+
+                def write(i):
+                    out[i] = source.read(i)
+                _run_parallel(write, n, workers, _Progress("copy  ", n, sample_bytes, progress))
+            _verify(source, tmp, kind, name, workers, lock, progress, sample_bytes)
+            seconds = time.perf_counter() - t0
+            if os.path.lexists(dst):  # --overwrite, checked above
+                _remove(dst)
+            os.replace(tmp, dst)
+        except BaseException:
+            _remove(tmp)
+            raise
+    finally:
+        source.close()
+    return ConvertResult(dst, name, shape, dtype, chunk_shape, seconds, n * sample_bytes)
+
+
+def _verify(source: SampleReader, path: str, kind: str, name: str, workers: int, lock, progress: bool,
+            sample_bytes: int) -> None:
+    """Every sample of the copy equals the source's, bit for bit (NaN payloads and -0.0 included)."""
+    if kind == "hdf5":
+        import h5py  # noqa: PLC0415
+
+        f = h5py.File(path, "r")
+        arr = f[name]
+
+        def read(i):
+            with lock:
+                return arr[i]
+    else:
+        import zarr  # noqa: PLC0415
+
+        f = None
+        arr = zarr.open_array(path, path=name, mode="r")
+
+        def read(i):
+            return arr[i]
+
+    def check(i):
+        want = np.ascontiguousarray(source.read(i))
+        got = np.ascontiguousarray(read(i)).astype(want.dtype, copy=False)
+        if got.shape != want.shape or not np.array_equal(got.view(np.uint8), want.view(np.uint8)):
+            raise DataFileError(path, f"sample {i} of the copy differs from the source; the copy is removed "
+                                "(is the source being rewritten?)")
+    try:
+        _run_parallel(check, source.num_samples, workers, _Progress("verify", source.num_samples, sample_bytes, progress))
+    finally:
+        if f is not None:
+            f.close()
+
+
+def convert(args: argparse.Namespace) -> ConvertResult:
+    """``dali-mesh convert``: the layout from ``--mesh --shard --batch --split --crop`` (the sample
+    shape from SRC), then :func:`convert_array`."""
+    source = open_samples(args.src, args.dataset)
+    try:
+        sample_shape = source.sample_shape
+    finally:
+        source.close()
+    if args.shape and parse_ints(args.shape, "--shape") != sample_shape:
+        raise UsageError(f"--shape {args.shape} disagrees with SRC {args.src!r} (samples of {sample_shape}): "
+                         "leave --shape out")
+    mesh_shape, names = parse_mesh(args.mesh, args.world_size)
+    layout = make_layout(MeshInfo(mesh_shape, names), len(sample_shape), shard=args.shard, batch=args.batch,
+                         halo=args.halo, boundary=args.boundary, split=args.split, crop=args.crop,
+                         fill_value=args.fill_value)
+    return convert_array(args.src, args.dst, layout, dataset=args.dataset, name=args.name, chunks=args.chunks,
+                         workers=args.workers, overwrite=args.overwrite, progress=not args.no_progress)
