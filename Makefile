@@ -13,7 +13,20 @@ STAMP := $(VENV)/.deps-$(shell echo $(DEPS) $(TEST_DEPS) | cksum | cut -d' ' -f1
 PLUGIN_SOURCES := $(wildcard csrc/* csrc/*/*) CMakeLists.txt setup.py
 INSTALLED := $(VENV)/.installed
 
-.PHONY: all install demo test bench clean
+# `make kernels` builds only the DALI-free libdali_mesh_kernels.so (CPU kernel, host emulation of the
+# GPU kernel, and the CUDA kernels when nvcc is found) into $(KERNELS_DEST): for a machine with a GPU
+# and no DALI. It needs CMake >= 3.24 (a system CMake is fine), a C++20 compiler and, for the GPU
+# code, nvcc (its sources compile as C++17); no venv, no DALI, nothing downloaded.
+#   make kernels DALI_MESH_CUDA_ARCHS=native   the local GPU (default: SASS 75..90 + PTX of 90)
+#   make kernels DALI_MESH_CUDA=0              CPU only;  KERNELS_DEST=/tmp/k  elsewhere
+# `make gpu-check` runs the GPU check (benchmarks/gpu_check.py) with $(PYTHON) as it is: it creates
+# no venv and installs nothing (PYTHON=/path/to/python3 to choose the interpreter).
+CMAKE ?= cmake
+KERNELS_BUILD ?= build/kernels
+KERNELS_DEST ?= dali_mesh
+DALI_MESH_CUDA ?= AUTO
+
+.PHONY: all install demo test bench clean kernels gpu-check
 all: test
 
 $(PY):
@@ -39,6 +52,18 @@ test: install
 
 bench: install
 	$(PY) benchmarks/region_bench.py
+
+kernels:
+	$(CMAKE) -S . -B $(KERNELS_BUILD) -DCMAKE_BUILD_TYPE=Release -DDALI_MESH_KERNELS_ONLY=ON \
+	  -DDALI_MESH_CUDA=$(DALI_MESH_CUDA) \
+	  $(if $(DALI_MESH_CUDA_ARCHS),"-DDALI_MESH_CUDA_ARCHS=$(DALI_MESH_CUDA_ARCHS)" "-DCMAKE_CUDA_ARCHITECTURES=$(DALI_MESH_CUDA_ARCHS)")
+	$(CMAKE) --build $(KERNELS_BUILD) --target dali_mesh_kernels -j $(or $(CMAKE_BUILD_PARALLEL_LEVEL),2)
+	mkdir -p $(KERNELS_DEST)
+	cp $(KERNELS_BUILD)/libdali_mesh_kernels.so $(KERNELS_DEST)/libdali_mesh_kernels.so.tmp
+	mv -f $(KERNELS_DEST)/libdali_mesh_kernels.so.tmp $(KERNELS_DEST)/libdali_mesh_kernels.so
+
+gpu-check:
+	$(PYTHON) benchmarks/gpu_check.py
 
 clean:
 	rm -rf build *.egg-info dali_mesh/*.so dali_mesh/_build_info.py

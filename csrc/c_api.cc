@@ -50,7 +50,7 @@ dali_mesh::SliceUserArgs SampleArgs(int i, int ndim, const int64_t *in_shapes, c
 
 }  // namespace
 
-DM_EXPORT int dm_abi_version(void) { return 1; }
+DM_EXPORT int dm_abi_version(void) { return 2; }
 
 DM_EXPORT int dm_has_cuda(void) {
 #ifdef DALI_MESH_WITH_CUDA
@@ -103,19 +103,28 @@ DM_EXPORT int dm_mesh_roi(const int64_t *shape, int ndim, int mesh_ndim, const i
 //   backend 1: the GPU kernel body emulated on the host (host pointers)
 //   backend 2: the CUDA kernel (device pointers; `launcher` from dm_cuda_launcher_create or null,
 //              `stream` a cudaStream_t or null for the default stream); asynchronous.
+// The fill value is exact: fill_kind 0 takes fill_value (a double), 1 fill_int (an int64), 2
+// fill_int's bits as a uint64.
 DM_EXPORT int dm_strided_slice(int backend, void *launcher, int nsamples, int ndim,
                                const void *const *in, void *const *out, const int64_t *in_shapes,
                                const int64_t *starts, const int64_t *shapes, const int64_t *steps,
                                const int32_t *boundaries, const int64_t *domain_starts,
                                const int64_t *domain_shapes, int in_type, int out_type,
-                               double fill_value, int has_channel_axis, int channel_axis, int nch,
+                               double fill_value, int fill_kind, int64_t fill_int,
+                               int has_channel_axis, int channel_axis, int nch,
                                const float *mean, const float *stddev, void *stream, char *err,
                                int errlen) {
   using namespace dali_mesh;  // NOLINT
   SliceParams p;
   p.in_type = in_type;
   p.out_type = out_type;
-  p.fill_value = fill_value;
+  // fill_kind: 0 the double fill_value, 1 the int64 fill_int, 2 fill_int's bits as a uint64
+  if (fill_kind == 1)
+    p.SetFillInt(fill_int);
+  else if (fill_kind == 2)
+    p.SetFillUInt(static_cast<uint64_t>(fill_int));
+  else
+    p.SetFill(fill_value);
   if (nch > 0) {
     p.mean.assign(mean, mean + nch);
     p.stddev.assign(stddev, stddev + nch);

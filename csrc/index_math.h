@@ -2,8 +2,9 @@
 // every function is __host__ __device__ (the CPU kernel, the GPU kernel and the host emulation of
 // the GPU kernel all call these).
 //
-// Positions are relative to the domain start of an axis of n cells. A position r outside [0, n) is
-// mapped as numpy's np.pad maps it (any number of periods):
+// Positions are relative to the domain start of an axis of n cells; callers keep |r| and n below
+// 2**62 (kMaxPosition, checked by MakeSliceSample), so r +- n and 2 * n cannot overflow. A
+// position r outside [0, n) is mapped as numpy's np.pad maps it (any number of periods):
 //   constant  -> -1 (the fill value)         periodic  -> r mod n        (np.pad "wrap")
 //   reflect   -> period 2n-2, edge not repeated (n == 1 repeats the value)
 //   symmetric -> period 2n, edge repeated     edge      -> clamp to [0, n-1]
@@ -112,7 +113,8 @@ struct AxisRun {
   int64_t src_step;
 };
 
-DM_HD DM_FORCEINLINE int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// ceil(a / b) for a >= 0, b >= 1, without forming a + b - 1 (b may be a step near 2**62).
+DM_HD DM_FORCEINLINE int64_t CeilDiv(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
 // The longest run starting at output position i of an axis: positions r = start + i * step (step >=
 // 1), n >= 1 cells (n == 0 only with constant). Returns the run; its length is >= 1 while i < count.

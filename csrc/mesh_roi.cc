@@ -12,7 +12,8 @@ namespace dali_mesh {
 
 namespace {
 
-int64_t CeilDivPos(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// ceil(a / b) for a >= 0, b >= 1, without forming a + b - 1 (a may be near 2**63).
+int64_t CeilDivPos(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
 }  // namespace
 
@@ -23,16 +24,19 @@ int ParseSplit(const std::string &name) {
   return -1;
 }
 
+// The products i * c and c * (k - 1) can exceed int64 for axes near 2**63 cells: they are formed in
+// 128 bits; every result (an offset or size within [0, n]) fits int64.
 void ShardExtent(int64_t n, int64_t k, int64_t i, int split, int64_t *offset, int64_t *size) {
+  using i128 = __int128;
   if (split == kSplitChunk) {
     int64_t c = CeilDivPos(n, k);
-    int64_t off = std::min(i * c, n);
+    int64_t off = static_cast<int64_t>(std::min<i128>(i128(i) * c, n));
     *offset = off;
     *size = std::min(c, n - off);
   } else if (split == kSplitPhysicsNemo) {
     int64_t c = CeilDivPos(n, k);
-    if (n - c * (k - 1) <= 0) c = n / k;
-    int64_t off = i * c;
+    if (i128(n) - i128(c) * (k - 1) <= 0) c = n / k;
+    int64_t off = static_cast<int64_t>(i128(i) * c);  // <= c * (k - 1) < n here
     *offset = off;
     *size = i == k - 1 ? n - off : c;
   } else {  // even
@@ -131,15 +135,23 @@ std::string ComputeMeshRoi(const int64_t *shape, int ndim, const MeshRoiArgs &a,
   for (int d = 0; d < ndim; d++) {
     int64_t w0 = start[d], w1 = stop[d];
     if (!empty) {  // an empty owned region gets no halo: its window is its owned region
-      w0 -= a.halo_lo[a.halo_lo.size() == 1 ? 0 : d];
-      w1 += a.halo_hi[a.halo_hi.size() == 1 ? 0 : d];
+      const int64_t lo = a.halo_lo[a.halo_lo.size() == 1 ? 0 : d];
+      const int64_t hi = a.halo_hi[a.halo_hi.size() == 1 ? 0 : d];
+      if (__builtin_sub_overflow(w0, lo, &w0) || __builtin_add_overflow(w1, hi, &w1))
+        return "halo " + std::to_string(lo) + "/" + std::to_string(hi) + " around cells " +
+               std::to_string(start[d]) + ":" + std::to_string(stop[d]) + " of axis " +
+               std::to_string(d) + " reaches beyond the int64 range; use smaller halos";
       if (a.boundary[a.boundary.size() == 1 ? 0 : d] == kTrim) {
         w0 = std::max(w0, d0[d]);
         w1 = std::min(w1, d1[d]);
       }
     }
+    int64_t extent;
+    if (__builtin_sub_overflow(w1, w0, &extent))
+      return "the window " + std::to_string(w0) + ":" + std::to_string(w1) + " of axis " +
+             std::to_string(d) + " has more than 2**63 - 1 cells; use smaller halos";
     window_start[d] = w0;
-    window_shape[d] = w1 - w0;
+    window_shape[d] = extent;
     if (domain_start) domain_start[d] = d0[d];
     if (domain_shape) domain_shape[d] = d1[d] - d0[d];
   }

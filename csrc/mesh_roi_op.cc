@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "dali/pipeline/operator/checkpointing/stateless_operator.h"
 #include "dali/pipeline/operator/operator.h"
 #include "index_math.h"
 #include "mesh_roi.h"
@@ -10,9 +11,10 @@
 
 namespace dali_mesh {
 
-class MeshRoiCPU : public dali::Operator<dali::CPUBackend> {
+// Stateless (a function of its input shapes and arguments): DALI's checkpoints need nothing from it.
+class MeshRoiCPU : public dali::StatelessOperator<dali::CPUBackend> {
  public:
-  explicit MeshRoiCPU(const dali::OpSpec &spec) : dali::Operator<dali::CPUBackend>(spec) {
+  explicit MeshRoiCPU(const dali::OpSpec &spec) : dali::StatelessOperator<dali::CPUBackend>(spec) {
     for (int v : spec.GetRepeatedArgument<int>("mesh_shape")) args_.mesh_shape.push_back(v);
     for (int v : spec.GetRepeatedArgument<int>("coordinate")) args_.coordinate.push_back(v);
     for (int v : spec.GetRepeatedArgument<int>("shard_axes")) args_.shard_axes.push_back(v);
@@ -75,7 +77,13 @@ class MeshRoiCPU : public dali::Operator<dali::CPUBackend> {
           for (int d = 0; d < ndim; d++) shape[d] = static_cast<const int32_t *>(p)[d];
           break;
         case DALI_UINT64:
-          for (int d = 0; d < ndim; d++) shape[d] = static_cast<int64_t>(static_cast<const uint64_t *>(p)[d]);
+          for (int d = 0; d < ndim; d++) {
+            uint64_t x = static_cast<const uint64_t *>(p)[d];
+            DALI_ENFORCE(x <= static_cast<uint64_t>(INT64_MAX),
+                         dali::make_string("mesh_roi, sample ", i, ": shape value ", x,
+                                           " is beyond the int64 range"));
+            shape[d] = static_cast<int64_t>(x);
+          }
           break;
         case DALI_UINT32:
           for (int d = 0; d < ndim; d++) shape[d] = static_cast<const uint32_t *>(p)[d];

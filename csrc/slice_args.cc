@@ -1,7 +1,10 @@
 // dali_mesh: validation and collapsing of strided-slice arguments (see slice_args.h).
 #include "slice_args.h"
 
+#include <cerrno>
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -11,31 +14,47 @@ namespace dali_mesh {
 
 namespace {
 
-// Whether `value` is held exactly by `type` (NaN and +-inf only by floating types).
-bool Representable(double value, int type) {
-  switch (type) {
-    case kFloat64: return true;
-    case kFloat32: return std::isnan(value) || std::isinf(value) ||
-                          static_cast<double>(static_cast<float>(value)) == value;
-    case kFloat16: {
-      if (std::isnan(value) || std::isinf(value)) return true;
-      return static_cast<double>(HalfToFloat(DoubleToHalf(value))) == value;
+// Whether the fill value can be held by `type`, as dali_mesh.partition.check_fill_value decides for
+// the readers: integer types hold exactly the integers of their range; floating types hold any
+// value that does not overflow to inf (it is rounded to nearest), and NaN / +-inf.
+bool Representable(const SliceParams &p, int type) {
+  if (IsFloatDType(type)) {
+    if (p.fill_kind != kKindFloat) {
+      // |integer| < 2**64 never overflows float32/64; float16 tops out at 65504
+      if (type != kFloat16) return true;
+      double v = p.fill_kind == kKindInt ? static_cast<double>(p.fill_int)
+                                         : static_cast<double>(p.fill_uint);
+      return !std::isinf(HalfToFloat(DoubleToHalf(v)));
     }
-    default: break;
+    const double value = p.fill_value;
+    if (std::isnan(value) || std::isinf(value) || type == kFloat64) return true;
+    if (type == kFloat32) return !std::isinf(static_cast<float>(value));
+    return !std::isinf(HalfToFloat(DoubleToHalf(value)));
   }
-  if (std::isnan(value) || std::isinf(value) || value != std::floor(value)) return false;
-  switch (type) {
-    case kBool: return value == 0 || value == 1;
-    case kUInt8: return value >= 0 && value <= 255;
-    case kUInt16: return value >= 0 && value <= 65535;
-    case kUInt32: return value >= 0 && value <= 4294967295.0;
-    case kUInt64: return value >= 0 && value < 18446744073709551616.0;
-    case kInt8: return value >= -128 && value <= 127;
-    case kInt16: return value >= -32768 && value <= 32767;
-    case kInt32: return value >= -2147483648.0 && value <= 2147483647.0;
-    case kInt64: return value >= -9223372036854775808.0 && value < 9223372036854775808.0;
-    default: return false;
+  // integer and bool outputs: the exact integer, within range
+  bool neg = false;
+  uint64_t mag = 0;
+  if (p.fill_kind == kKindInt) {
+    neg = p.fill_int < 0;
+    mag = neg ? uint64_t(0) - static_cast<uint64_t>(p.fill_int) : static_cast<uint64_t>(p.fill_int);
+  } else if (p.fill_kind == kKindUInt) {
+    mag = p.fill_uint;
+  } else {
+    const double value = p.fill_value;
+    if (std::isnan(value) || std::isinf(value) || value != std::floor(value)) return false;
+    if (!(value > -18446744073709551616.0 && value < 18446744073709551616.0)) return false;
+    neg = value < 0;
+    mag = static_cast<uint64_t>(neg ? -value : value);
   }
+  if (type == kBool) return !neg && mag <= 1;
+  const int bits = DTypeSize(type) * 8;
+  const bool is_signed = type == kInt8 || type == kInt16 || type == kInt32 || type == kInt64;
+  if (!is_signed) {
+    if (neg && mag != 0) return false;
+    return bits == 64 || mag < (uint64_t(1) << bits);
+  }
+  const uint64_t limit = uint64_t(1) << (bits - 1);  // |min|; max = limit - 1
+  return neg ? mag <= limit : mag < limit;
 }
 
 }  // namespace
@@ -70,6 +89,54 @@ void FillBytes(double fill_value, int out_type, uint8_t bytes[8]) {
   });
 }
 
+void FillBytes(const SliceParams &p, uint8_t bytes[8]) {
+  std::memset(bytes, 0, 8);
+  DM_TYPE_SWITCH(p.out_type, T, {
+    T v = p.fill_kind == kKindInt    ? Convert<T>::FromInt64(p.fill_int)
+          : p.fill_kind == kKindUInt ? Convert<T>::FromUInt64(p.fill_uint)
+                                     : Convert<T>::FromDouble(p.fill_value);
+    std::memcpy(bytes, &v, sizeof(T));
+  });
+}
+
+std::string FillValueStr(const SliceParams &p) {
+  if (p.fill_kind == kKindInt) return std::to_string(p.fill_int);
+  if (p.fill_kind == kKindUInt) return std::to_string(p.fill_uint);
+  std::ostringstream s;
+  s.precision(17);
+  s << p.fill_value;
+  return s.str();
+}
+
+std::string ParseFillValue(const std::string &text, SliceParams *p) {
+  const char *c = text.c_str();
+  char *end = nullptr;
+  size_t k = (c[0] == '-' || c[0] == '+') ? 1 : 0;
+  bool integer = text.size() > k;
+  for (size_t i = k; i < text.size(); i++) integer = integer && text[i] >= '0' && text[i] <= '9';
+  errno = 0;
+  if (integer && c[0] == '-') {
+    long long v = std::strtoll(c, &end, 10);
+    if (errno == ERANGE)
+      return "fill_value " + text + " is below the int64 range; no output type can hold it";
+    p->SetFillInt(v);
+  } else if (integer) {
+    unsigned long long v = std::strtoull(c, &end, 10);
+    if (errno == ERANGE)
+      return "fill_value " + text + " is above the uint64 range; no integer type can hold it";
+    if (v <= static_cast<unsigned long long>(INT64_MAX))
+      p->SetFillInt(static_cast<int64_t>(v));
+    else
+      p->SetFillUInt(v);
+  } else {
+    double v = std::strtod(c, &end);
+    if (end == c || *end != '\0')
+      return "fill_value \"" + text + "\" is not a number; pass an int or a float";
+    p->SetFill(v);  // out of double range: strtod gives +-inf, refused below for finite types
+  }
+  return "";
+}
+
 bool SliceSample::NeedPad() const {
   for (int d = 0; d < ndim; d++) {
     if (out_extent[d] == 0) return false;  // nothing to write at all
@@ -88,20 +155,22 @@ std::string CheckSliceParams(const SliceParams &p) {
   if (DTypeSize(p.out_type) == 0)
     return "unsupported output dtype (id " + std::to_string(p.out_type) +
            "); expected a numeric type or bool";
-  if (!Representable(p.fill_value, p.out_type)) {
-    std::ostringstream s;
-    s.precision(17);
-    s << "fill_value " << p.fill_value << " cannot be held by the output type "
-      << DTypeName(p.out_type) << "; pass a value of that type's range (integers for integer types)";
-    return s.str();
-  }
+  if (!Representable(p, p.out_type))
+    return "fill_value " + FillValueStr(p) + " cannot be held by the output type " +
+           DTypeName(p.out_type) +
+           "; pass a value of that type's range (integers for integer types)";
   if (p.mean.size() != p.stddev.size())
     return "mean has " + std::to_string(p.mean.size()) + " values and std " +
            std::to_string(p.stddev.size()) + "; give both with one value per channel";
   for (size_t c = 0; c < p.stddev.size(); c++) {
-    if (p.stddev[c] == 0 || std::isnan(p.stddev[c]))
+    if (p.stddev[c] == 0 || !std::isfinite(p.stddev[c]))
       return "std[" + std::to_string(c) + "] is " + std::to_string(p.stddev[c]) +
-             ": a standard deviation must be nonzero";
+             ": a standard deviation must be finite and nonzero";
+  }
+  for (size_t c = 0; c < p.mean.size(); c++) {
+    if (!std::isfinite(p.mean[c]))
+      return "mean[" + std::to_string(c) + "] is " + std::to_string(p.mean[c]) +
+             ": a mean must be finite";
   }
   return "";
 }
@@ -182,20 +251,52 @@ std::string MakeSliceSample(const SliceUserArgs &a, const SliceParams &params, S
     if (!a.domain_start.empty()) {
       d0 = a.domain_start[k];
       dn = a.domain_shape[k];
-      if (d0 < 0 || dn < 0 || d0 + dn > s.in_extent[d])
-        return "domain " + std::to_string(d0) + ":" + std::to_string(d0 + dn) + " of axis " +
-               std::to_string(d) + " lies outside the sample of shape " + ShapeStr(a.in_shape);
+      // d0 + dn may overflow: compare dn with what is left of the axis instead
+      if (d0 < 0 || dn < 0 || d0 > s.in_extent[d] || dn > s.in_extent[d] - d0)
+        return "domain_start " + std::to_string(d0) + " and domain_shape " + std::to_string(dn) +
+               " of axis " + std::to_string(d) + " do not lie inside the sample of shape " +
+               ShapeStr(a.in_shape) + "; the domain box must be within the sample";
     }
     s.in_offset += d0 * s.in_stride[d];
     s.in_extent[d] = dn;
-    s.start[d] = a.start[k] - d0;
+    if (__builtin_sub_overflow(a.start[k], d0, &s.start[d]))
+      return "start " + std::to_string(a.start[k]) + " on axis " + std::to_string(d) +
+             " minus domain_start " + std::to_string(d0) + " overflows int64; give a start "
+             "within 2**62 of the domain";
     s.out_extent[d] = a.shape[k];
     s.step[d] = step;
     s.boundary[d] = static_cast<uint8_t>(mode);
     if (a.has_channel_axis && (d == a.channel_axis || d == a.channel_axis + ndim))
       s.channel_offset = d0;
   }
-  if (s.OutVolume() > 0) {
+  // The output volume, without overflow (an argument input may carry any int64).
+  int64_t volume = 1;
+  for (int d = 0; d < s.ndim; d++)
+    if (s.out_extent[d] == 0) volume = 0;
+  for (int d = 0; d < s.ndim && volume > 0; d++) {
+    if (__builtin_mul_overflow(volume, s.out_extent[d], &volume) || volume > kMaxPosition)
+      return "shape " + ListStr(a.shape) + ": the window has more than 2**62 elements; give a "
+             "window that fits in memory";
+  }
+  if (volume > 0) {
+    // Bound every position the kernels compute (see kMaxPosition); the last position of an axis
+    // is start + (shape - 1) * step, computed here without overflow.
+    for (int d = 0; d < s.ndim; d++) {
+      if (s.in_extent[d] >= kMaxPosition)
+        return "axis " + std::to_string(d) + " of the domain has " +
+               std::to_string(s.in_extent[d]) + " cells; at most 2**62 - 1 are supported";
+      int64_t span, last;
+      bool overflow = __builtin_mul_overflow(s.out_extent[d] - 1, s.step[d], &span) ||
+                      __builtin_add_overflow(s.start[d], span, &last);
+      if (overflow || s.start[d] <= -kMaxPosition || s.start[d] >= kMaxPosition ||
+          last >= kMaxPosition)
+        return "start " + std::to_string(s.start[d]) + ", shape " +
+               std::to_string(s.out_extent[d]) + " and step " + std::to_string(s.step[d]) +
+               " on axis " + std::to_string(d) + " (relative to the domain start) reach " +
+               (overflow ? std::string("beyond the int64 range") : std::to_string(last)) +
+               ": window positions must lie within +-2**62 of the domain start (a NaN cast to "
+               "int64 gives -2**63); check the window arguments";
+    }
     for (int d = 0; d < s.ndim; d++) {
       if (s.in_extent[d] == 0 && s.boundary[d] != kConstant)
         return std::string("axis ") + std::to_string(d) + " of the domain is empty: boundary \"" +
@@ -258,11 +359,23 @@ SliceSample CollapseAxes(const SliceSample &in) {
     bool outer_ok = s.step[d] == 1 && d != s.channel_axis &&
                     (s.boundary[d] == kConstant || s.boundary[d] == kPeriodic ||
                      (s.start[d] >= 0 && s.start[d] + s.out_extent[d] <= s.in_extent[d]));
+    // the merged axis must keep its positions and extent within kMaxPosition (far windows of a
+    // constant or periodic axis could overflow when scaled by the row length)
+    int64_t m_extent = 0, m_start = 0, m_out = 0, m_last = 0;
     if (inner_whole && contiguous && outer_ok) {
-      int64_t k = ax_in_extent[n - 1];
-      ax_in_extent[n - 1] = s.in_extent[d] * k;
-      ax_start[n - 1] = s.start[d] * k;
-      ax_out[n - 1] = s.out_extent[d] * k;
+      const int64_t k = ax_in_extent[n - 1];
+      const bool fits = !__builtin_mul_overflow(s.in_extent[d], k, &m_extent) &&
+                        !__builtin_mul_overflow(s.start[d], k, &m_start) &&
+                        !__builtin_mul_overflow(s.out_extent[d], k, &m_out) &&
+                        !__builtin_add_overflow(m_start, m_out, &m_last) &&
+                        m_extent < kMaxPosition && m_start > -kMaxPosition &&
+                        m_last < kMaxPosition;
+      if (!fits) outer_ok = false;
+    }
+    if (inner_whole && contiguous && outer_ok) {
+      ax_in_extent[n - 1] = m_extent;
+      ax_start[n - 1] = m_start;
+      ax_out[n - 1] = m_out;
       ax_step[n - 1] = 1;
       // in range windows keep any rule: merged positions stay in range
       ax_mode[n - 1] = s.boundary[d] == kPeriodic ? kPeriodic : kConstant;

@@ -12,6 +12,12 @@
 
 namespace dali_mesh {
 
+// Window positions (relative to the domain start) lie in (-kMaxPosition, kMaxPosition) and domain
+// extents below kMaxPosition, so that every index computation of the kernels (r - n, 2 * n,
+// start + i * step, ...) fits an int64 without checks in the hot loops. MakeSliceSample refuses
+// anything beyond (e.g. the INT64_MIN a NaN becomes when cast to an integer).
+constexpr int64_t kMaxPosition = int64_t(1) << 62;
+
 // One sample, every axis described (axes not listed by the user are taken whole).
 // Positions (start) are relative to the domain start; the boundary rule applies at the domain's
 // edges. The domain is a box inside the input sample (the whole sample by default).
@@ -40,7 +46,15 @@ struct SliceSample {
 struct SliceParams {
   int in_type = kFloat32;
   int out_type = kFloat32;
+  // The fill value, exactly: fill_kind says which member holds it (a double holds integers only
+  // up to 2**53; the integer members carry any int64 / uint64).
   double fill_value = 0;
+  int fill_kind = kKindFloat;  // kKindFloat: fill_value; kKindInt: fill_int; kKindUInt: fill_uint
+  int64_t fill_int = 0;
+  uint64_t fill_uint = 0;
+  void SetFill(double v) { fill_kind = kKindFloat; fill_value = v; }
+  void SetFillInt(int64_t v) { fill_kind = kKindInt; fill_int = v; fill_value = static_cast<double>(v); }
+  void SetFillUInt(uint64_t v) { fill_kind = kKindUInt; fill_uint = v; fill_value = static_cast<double>(v); }
   std::vector<float> mean;    // empty: no normalisation
   std::vector<float> stddev;  // same length as mean
   bool Normalize() const { return !mean.empty(); }
@@ -77,6 +91,14 @@ const char *BoundaryName(int mode);
 
 // The fill value as the bytes of the output type (checked by CheckSliceParams).
 void FillBytes(double fill_value, int out_type, uint8_t bytes[8]);
+void FillBytes(const SliceParams &params, uint8_t bytes[8]);
+
+// Parses a fill value written as text ("16777217", "-3", "1e+39", "nan", "-inf"): integers exactly
+// (int64 or uint64), anything else as a double. Returns "" or an error naming the text.
+std::string ParseFillValue(const std::string &text, SliceParams *params);
+
+// A fill value as text, exactly (for error messages).
+std::string FillValueStr(const SliceParams &params);
 
 }  // namespace dali_mesh
 

@@ -232,7 +232,7 @@ CpuElementOps MakeCpuElementOps(const SliceParams &params) {
   ops.out_size = DTypeSize(params.out_type);
   ops.convert = params.Convert();
   ops.normalize = params.Normalize();
-  FillBytes(params.fill_value, params.out_type, ops.fill);
+  FillBytes(params, ops.fill);
   switch (ops.in_size) {
     case 1: ops.copy = &CopyElems<1>; break;
     case 2: ops.copy = &CopyElems<2>; break;
@@ -323,7 +323,8 @@ void RunCpuSlice(const CpuSlicePlan &plan, const CpuElementOps &ops, const Slice
         } else {
           const int64_t src0 = run.src_begin + (c - run.out_begin) * run.src_step;
           const uint8_t *in = plan.in + (off + src0 * inner_stride) * in_size;
-          const int64_t step = run.src_step * inner_stride;
+          // one element needs no step (and a lone position's step may be near 2**62)
+          const int64_t step = n > 1 ? run.src_step * inner_stride : 0;
           if (!st) {
             ops.copy(out, in, n, step);
           } else if (ops.normalize) {

@@ -104,7 +104,7 @@ std::string BuildGpuPlan(const std::vector<SliceSample> &samples, const void *co
   plan->elem_size = plan->convert ? 0 : width;
 
   uint8_t fill1[8];
-  FillBytes(params.fill_value, params.out_type, fill1);
+  FillBytes(params, fill1);
   const int out_size = DTypeSize(params.out_type);
 
   std::vector<GpuSampleDesc> descs(n);

@@ -71,8 +71,11 @@ the input's index on ``channel_axis``); ``constant`` cells hold ``fill_value`` a
                                       nullptr)
     .AddOptionalArg("boundary", "Boundary rule, one for all listed axes or one per listed axis.",
         std::vector<std::string>{"constant"})
-    .AddOptionalArg("fill_value", "Value of constant cells (a float32; it must be representable in "
-                    "the output type).", 0.0f)
+    .AddOptionalArg("fill_value", "Value of constant cells (a float32; the output type must hold "
+                    "it: integers of its range, or a float that does not overflow).", 0.0f)
+    .AddOptionalArg("fill_value_text", "The fill value written as text, exactly (an integer or a "
+                    "float, e.g. \"16777217\"); replaces fill_value when not empty. "
+                    "dali_mesh.fn.strided_slice passes it.", std::string(""))
     .AddOptionalTypeArg("dtype", "Output type (default: the input's; float32 when normalising).")
     .AddOptionalArg<int>("channel_axis", "Axis whose index selects mean[c] and std[c].", nullptr)
     .AddOptionalArg<std::vector<float>>("mean", "Per-channel mean (or one value).", nullptr)

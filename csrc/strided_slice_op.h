@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dali/pipeline/operator/checkpointing/stateless_operator.h"
 #include "dali/pipeline/operator/operator.h"
 #include "slice_args.h"
 
@@ -43,8 +44,18 @@ inline std::vector<int64_t> IntsArg(const dali::OpSpec &spec, const dali::Worksp
       DM_CASE(DALI_UINT8, uint8_t)
       DM_CASE(DALI_UINT16, uint16_t)
       DM_CASE(DALI_UINT32, uint32_t)
-      DM_CASE(DALI_UINT64, uint64_t)
 #undef DM_CASE
+      case DALI_UINT64:
+        for (int64_t k = 0; k < n; k++) {
+          uint64_t x = static_cast<const uint64_t *>(p)[k];
+          // a cast would turn 2**64 - 1 into -1: refuse what int64 cannot hold
+          DALI_ENFORCE(x <= static_cast<uint64_t>(INT64_MAX),
+                       dali::make_string("argument input \"", name, "\" of sample ", sample,
+                                         " holds the uint64 value ", x, ", beyond the int64 range; "
+                                         "pass values below 2**63"));
+          v[k] = static_cast<int64_t>(x);
+        }
+        break;
       default:
         DALI_FAIL(dali::make_string("argument input \"", name, "\" has type ", t.type(),
                                     "; expected an integer type"));
@@ -58,10 +69,11 @@ inline std::vector<int64_t> IntsArg(const dali::OpSpec &spec, const dali::Worksp
 
 }  // namespace detail
 
+// Stateless (a function of its inputs and arguments): DALI's checkpoints need nothing from it.
 template <typename Backend>
-class StridedSliceBase : public dali::Operator<Backend> {
+class StridedSliceBase : public dali::StatelessOperator<Backend> {
  public:
-  explicit StridedSliceBase(const dali::OpSpec &spec) : dali::Operator<Backend>(spec) {
+  explicit StridedSliceBase(const dali::OpSpec &spec) : dali::StatelessOperator<Backend>(spec) {
     if (spec.HasArgument("axes")) {
       all_axes_ = false;
       axes_ = spec.GetRepeatedArgument<int>("axes");
@@ -76,7 +88,15 @@ class StridedSliceBase : public dali::Operator<Backend> {
       boundary_.push_back(mode);
     }
     DALI_ENFORCE(!boundary_.empty(), "boundary is empty; give one name, or one per axis");
-    params_.fill_value = spec.GetArgument<float>("fill_value");
+    // fill_value travels as a float32 (DALI's float arguments); dali_mesh.fn also passes it as
+    // text, exactly (an int32 16777217 or a float32 overflow stays what the user wrote)
+    std::string fill_text;
+    if (spec.TryGetArgument(fill_text, "fill_value_text") && !fill_text.empty()) {
+      std::string err = ParseFillValue(fill_text, &params_);
+      DALI_ENFORCE(err.empty(), "strided_slice: " + err);
+    } else {
+      params_.SetFill(spec.GetArgument<float>("fill_value"));
+    }
     has_dtype_ = spec.TryGetArgument(dtype_, "dtype");
     if (spec.HasArgument("channel_axis")) {
       has_channel_axis_ = true;

@@ -37,6 +37,8 @@ __all__ = [
 ]
 
 LIB_NAME = "libdali_mesh_kernels.so"
+#: the C API this module calls (csrc/c_api.cc dm_abi_version)
+ABI_VERSION = 2
 #: numpy dtype -> DALI type id (the ids the C API takes)
 DTYPE_IDS = {
     np.dtype(np.uint8): 0, np.dtype(np.uint16): 1, np.dtype(np.uint32): 2, np.dtype(np.uint64): 3,
@@ -88,8 +90,9 @@ def load() -> ctypes.CDLL:
     lib.dm_strided_slice.restype = ctypes.c_int
     lib.dm_strided_slice.argtypes = [
         ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, vpp, vpp, i64p, i64p, i64p, i64p,
-        i32p, i64p, i64p, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_int, ctypes.c_int,
-        ctypes.c_int, f32p, f32p, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int,
+        i32p, i64p, i64p, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_int, ctypes.c_int64,
+        ctypes.c_int, ctypes.c_int, ctypes.c_int, f32p, f32p, ctypes.c_void_p, ctypes.c_char_p,
+        ctypes.c_int,
     ]
     lib.dm_gpu_plan_info.restype = ctypes.c_int
     lib.dm_gpu_plan_info.argtypes = [
@@ -100,8 +103,9 @@ def load() -> ctypes.CDLL:
     lib.dm_floats_to_half.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     lib.dm_cuda_launcher_create.restype = ctypes.c_void_p
     lib.dm_cuda_launcher_destroy.argtypes = [ctypes.c_void_p]
-    if lib.dm_abi_version() != 1:
-        raise KernelsError(f"{path} has ABI version {lib.dm_abi_version()}, expected 1: rebuild it")
+    if lib.dm_abi_version() != ABI_VERSION:
+        raise KernelsError(f"{path} has ABI version {lib.dm_abi_version()}, expected {ABI_VERSION}: "
+                           "rebuild it (`pip install --no-build-isolation -e .`, or `make kernels`)")
     _lib = lib
     return lib
 
@@ -146,6 +150,25 @@ def _boundary_ids(boundary, n: int, ndim: int) -> list[list[int]]:
     return [[BOUNDARY_IDS[b] for b in row] for row in boundary]
 
 
+def fill_value_args(fill_value) -> tuple[float, int, int]:
+    """``(fill_value, fill_kind, fill_int)`` of the C API: integers travel exactly as an int64 (kind
+    1) or a uint64's bits (kind 2), floats as a double (kind 0)."""
+    if isinstance(fill_value, (bool, np.bool_)):
+        fill_value = int(fill_value)
+    if isinstance(fill_value, (int, np.integer)):
+        v = int(fill_value)
+        if -(1 << 63) <= v < (1 << 63):
+            return float(v), 1, v
+        if 0 <= v < (1 << 64):
+            return float(v), 2, v - (1 << 64)
+        raise KernelsError(f"fill_value {v} is beyond the int64 and uint64 ranges: no output type "
+                           "can hold it")
+    try:
+        return float(fill_value), 0, 0
+    except (TypeError, ValueError):
+        raise KernelsError(f"fill_value {fill_value!r} is not a number: pass an int or a float") from None
+
+
 def _call_slice(backend: int, launcher, ptrs_in, ptrs_out, shapes, start, shape, step, boundary,
                 domain_start, domain_shape, in_dtype, out_dtype, fill_value, channel_axis, mean,
                 std, stream) -> None:
@@ -158,6 +181,7 @@ def _call_slice(backend: int, launcher, ptrs_in, ptrs_out, shapes, start, shape,
     vout = (ctypes.c_void_p * max(n, 1))(*ptrs_out)
     has_dom = domain_start is not None
     nch = 0 if mean is None else len(mean)
+    fill_double, fill_kind, fill_int = fill_value_args(fill_value)
     rc = lib.dm_strided_slice(
         backend, launcher, n, ndim, vin, vout, _i64(flat(shapes)),
         _i64(flat(_per_sample(start, n, ndim, "start"))),
@@ -166,8 +190,8 @@ def _call_slice(backend: int, launcher, ptrs_in, ptrs_out, shapes, start, shape,
         _i32(flat(_boundary_ids(boundary, n, ndim))),
         _i64(flat(_per_sample(domain_start, n, ndim, "domain_start"))) if has_dom else None,
         _i64(flat(_per_sample(domain_shape, n, ndim, "domain_shape"))) if has_dom else None,
-        DTYPE_IDS[np.dtype(in_dtype)], DTYPE_IDS[np.dtype(out_dtype)], float(fill_value),
-        int(channel_axis is not None), int(channel_axis or 0), nch,
+        DTYPE_IDS[np.dtype(in_dtype)], DTYPE_IDS[np.dtype(out_dtype)], fill_double, fill_kind,
+        fill_int, int(channel_axis is not None), int(channel_axis or 0), nch,
         _f32(mean or []), _f32(std or []), stream, err, len(err),
     )
     if rc != 0:

@@ -26,6 +26,7 @@ import threading
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 import nvidia.dali as dali
 import nvidia.dali.fn as dali_fn
 import nvidia.dali.types as types
@@ -98,25 +99,75 @@ def load_plugin() -> Any:
 _INT32 = (-(1 << 31), (1 << 31) - 1)
 
 
+def _int(value, name: str) -> int:
+    """An integer argument: a Python or numpy integer (not a bool, a float or a string)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer (a Python or numpy int), got {value!r} of type "
+                        f"{type(value).__name__}")
+    return int(value)
+
+
 def _as_list(value, name: str) -> Any:
     """A DataNode (per-sample argument input) as is; an int or a sequence as a list of ints.
 
     Constant arguments travel as DALI int32 vectors: larger values must come as per-sample int64
-    argument inputs (e.g. ``fn.constant`` or ``mesh_roi``'s outputs), so they are refused here."""
+    argument inputs (e.g. ``fn.constant`` or ``mesh_roi``'s outputs), so they are refused here.
+    Floats (``1.7``), bools and strings are refused, not truncated."""
     if isinstance(value, dali.data_node.DataNode):
         return value
-    if isinstance(value, (int,)) or hasattr(value, "__index__"):
-        values = [int(value)]
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{name} must be an int, a sequence of ints or a DataNode, got {value!r}")
+    if isinstance(value, (int, np.integer, bool, np.bool_, float, np.floating)):
+        values = [_int(value, name)]
     else:
         try:
-            values = [int(v) for v in value]
+            items = list(value)
         except TypeError:
             raise TypeError(f"{name} must be an int, a sequence of ints or a DataNode, got {value!r}") from None
+        values = [_int(v, f"{name} entry") for v in items]
     for v in values:
         if not _INT32[0] <= v <= _INT32[1]:
             raise ValueError(f"{name} value {v} does not fit a 32-bit constant argument: pass it as a per-sample "
                              "int64 argument input (a DataNode) instead")
     return values
+
+
+def _floats(values, name: str, *, nonzero: bool = False) -> list[float]:
+    """Finite real numbers (one value or a sequence): NaN, inf, bools and strings are refused."""
+    if isinstance(values, (int, float, np.integer, np.floating, bool, np.bool_)):
+        values = [values]
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"{name} must be a sequence of numbers, got {values!r}")
+    out = []
+    for k, v in enumerate(values):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise TypeError(f"{name}[{k}] must be a number, got {v!r} of type {type(v).__name__}")
+        f = float(v)
+        if not np.isfinite(f):
+            raise ValueError(f"{name}[{k}] is {f}: {name} values must be finite")
+        if nonzero and f == 0:
+            raise ValueError(f"{name}[{k}] is 0: a standard deviation must be nonzero")
+        with np.errstate(over="ignore"):
+            overflows = not np.isfinite(np.float32(f))
+        if overflows:
+            raise ValueError(f"{name}[{k}] = {f} overflows float32, the type it travels as")
+        out.append(f)
+    if not out:
+        raise ValueError(f"{name} is empty: give one value per channel")
+    return out
+
+
+def _fill_value_text(fill_value) -> str:
+    """The fill value as exact text for the operator's ``fill_value_text`` argument: an integer in
+    decimal, a float by ``repr`` (which round-trips), so no float32 rounding on the way."""
+    if isinstance(fill_value, (bool, np.bool_)):
+        raise TypeError(f"fill_value must be an int or a float, got the bool {fill_value!r}")
+    if isinstance(fill_value, (int, np.integer)):
+        return str(int(fill_value))
+    if isinstance(fill_value, (float, np.floating)):
+        return repr(float(fill_value))
+    raise TypeError(f"fill_value must be an int or a float, got {fill_value!r} of type "
+                    f"{type(fill_value).__name__}")
 
 
 def _dali_dtype(dtype):
@@ -139,9 +190,12 @@ def strided_slice(input, start, shape, step=1, axes: Sequence[int] | None = None
         axes: the axes they refer to (default: every axis).
         boundary: ``constant`` (``fill_value``), ``periodic``, ``reflect``, ``symmetric``, ``edge``;
             one for all listed axes or one per listed axis (numpy ``np.pad`` meanings).
+        fill_value: an int or a float, carried exactly (``16777217`` into int32 stays 16777217);
+            the output type must hold it (integers of its range; floats that do not overflow).
         dtype: output type (default: the input's; float32 when normalising).
         channel_axis, mean, std: ``(x - mean[c]) / std[c]`` in float32, ``c`` the input's index on
-            ``channel_axis``; constant cells hold ``fill_value`` unnormalised.
+            ``channel_axis``; constant cells hold ``fill_value`` unnormalised. Finite values only;
+            ``channel_axis`` needs ``mean`` or ``std``.
         domain_start, domain_shape: a box inside the sample where the boundary applies (a crop).
     """
     ops = load_plugin()
@@ -150,18 +204,21 @@ def strided_slice(input, start, shape, step=1, axes: Sequence[int] | None = None
         "shape": _as_list(shape, "shape"),
         "step": _as_list(step, "step"),
         "boundary": [boundary] if isinstance(boundary, str) else list(boundary),
-        "fill_value": float(fill_value),
+        "fill_value_text": _fill_value_text(fill_value),
     }
     if axes is not None:
-        args["axes"] = [int(a) for a in axes]
+        args["axes"] = [_int(a, "axes entry") for a in axes]
     if dtype is not None:
         args["dtype"] = _dali_dtype(dtype)
     if channel_axis is not None:
-        args["channel_axis"] = int(channel_axis)
+        if mean is None and std is None:
+            raise ValueError(f"channel_axis={channel_axis!r} is given without mean or std: it only "
+                             "selects the normalisation values; pass mean/std, or drop channel_axis")
+        args["channel_axis"] = _int(channel_axis, "channel_axis")
     if mean is not None:
-        args["mean"] = [float(m) for m in mean]
+        args["mean"] = _floats(mean, "mean")
     if std is not None:
-        args["std"] = [float(s) for s in std]
+        args["std"] = _floats(std, "std", nonzero=True)
     if (domain_start is None) != (domain_shape is None):
         raise ValueError("give both domain_start and domain_shape, or neither")
     if domain_start is not None:
