@@ -1,0 +1,374 @@
+// dali_mesh: loading and executing byte-range read plans (see read_plan.h). Host only, DALI-free.
+#include "read_plan.h"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+#include <utility>
+
+#include "str_format.h"
+
+namespace dali_mesh {
+
+namespace {
+
+constexpr char kMagic[9] = "DMPLAN01";
+constexpr int kMaxDims = 32;
+
+[[noreturn]] void Fail(const std::string &msg) { throw std::runtime_error("read_windows: " + msg); }
+
+// Cursor over the plan file's little-endian int64 words; every read is bounds-checked so that a
+// corrupt or foreign file gives an error, never a wild pointer.
+class Reader {
+ public:
+  Reader(const std::string &data, const std::string &path) : data_(data), path_(path) {}
+  int64_t Int() {
+    Need(8);
+    int64_t v;
+    std::memcpy(&v, data_.data() + pos_, 8);
+    pos_ += 8;
+    return v;
+  }
+  int64_t Count(int64_t limit, const char *what) {
+    int64_t n = Int();
+    if (n < 0 || n > limit) Bad(std::string(what) + " count " + std::to_string(n) + " is out of range");
+    return n;
+  }
+  std::vector<int64_t> Ints(int64_t n) {
+    Need(n * 8);
+    std::vector<int64_t> v(n);
+    if (n) std::memcpy(v.data(), data_.data() + pos_, n * 8);
+    pos_ += n * 8;
+    return v;
+  }
+  std::string Bytes() {
+    int64_t n = Count(int64_t(1) << 30, "byte string");
+    Need((n + 7) / 8 * 8);
+    std::string s(data_.data() + pos_, n);
+    pos_ += (n + 7) / 8 * 8;
+    return s;
+  }
+  bool AtEnd() const { return pos_ == data_.size(); }
+  [[noreturn]] void Bad(const std::string &what) const {
+    Fail(path_ + ": the plan file is corrupt (" + what + " at byte " + std::to_string(pos_) +
+         "); it is written by dali_mesh.native: rebuild the pipeline");
+  }
+
+ private:
+  void Need(int64_t n) const {
+    if (n < 0 || pos_ + static_cast<size_t>(n) > data_.size()) Bad("it ends early");
+  }
+  const std::string &data_;
+  const std::string &path_;
+  size_t pos_ = 8;
+};
+
+int64_t Prod(const std::vector<int64_t> &v, size_t b, size_t e) {
+  int64_t p = 1;
+  for (size_t i = b; i < e; i++) p *= v[i];
+  return p;
+}
+
+void ReadPlanBody(Reader &r, ReadPlan *p) {
+  p->ndim = static_cast<int>(r.Count(kMaxDims, "ndim"));
+  p->itemsize = r.Int();
+  p->swap_unit = r.Int();
+  p->fortran = r.Int() != 0;
+  if (p->itemsize < 1 || p->itemsize > 16) r.Bad("itemsize " + std::to_string(p->itemsize));
+  if (p->swap_unit < 0 || p->swap_unit > p->itemsize || (p->swap_unit && p->itemsize % p->swap_unit))
+    r.Bad("byte swap unit " + std::to_string(p->swap_unit));
+  p->shape = r.Ints(p->ndim);
+  for (int64_t s : p->shape)
+    if (s < 0) r.Bad("negative window extent");
+  const int64_t total = p->bytes();
+  int64_t n_units = r.Count(int64_t(1) << 40, "unit");
+  int64_t n_groups = r.Count(n_units, "group");
+  p->file_off = r.Ints(n_units);
+  p->dst_off = r.Ints(n_units);
+  p->unit_bytes = r.Ints(n_units);
+  p->group_begin = r.Ints(n_groups);
+  p->group_end = r.Ints(n_groups);
+  for (int64_t u = 0; u < n_units; u++) {
+    if (p->file_off[u] < 0 || p->unit_bytes[u] <= 0 || p->dst_off[u] < 0 ||
+        p->dst_off[u] + p->unit_bytes[u] > total)
+      r.Bad("unit " + std::to_string(u) + " lies outside the window");
+    if (u && p->file_off[u] < p->file_off[u - 1] + p->unit_bytes[u - 1]) {
+      // units of one group must be sorted and disjoint; across groups this holds too
+      r.Bad("units are not sorted by file offset");
+    }
+  }
+  p->max_gap = 0;
+  int64_t prev_end = 0;
+  for (int64_t g = 0; g < n_groups; g++) {
+    int64_t b = p->group_begin[g], e = p->group_end[g];
+    if (b != prev_end || e <= b || e > n_units) r.Bad("group " + std::to_string(g));
+    for (int64_t u = b + 1; u < e; u++)
+      p->max_gap = std::max(p->max_gap, p->file_off[u] - p->file_off[u - 1] - p->unit_bytes[u - 1]);
+    prev_end = e;
+  }
+  if (prev_end != n_units) r.Bad("groups do not cover the units");
+  p->check = r.Bytes();
+  p->fill = r.Bytes();
+  p->copy_dst.resize(p->ndim);
+  p->copy_src.resize(p->ndim);
+  p->fills.resize(p->ndim);
+  for (int a = 0; a < p->ndim; a++) {
+    int64_t nc = r.Count(p->shape[a], "copy");
+    p->copy_dst[a] = r.Ints(nc);
+    p->copy_src[a] = r.Ints(nc);
+    int64_t nf = r.Count(p->shape[a], "fill");
+    p->fills[a] = r.Ints(nf);
+    auto in_axis = [&](int64_t v) { return v >= 0 && v < p->shape[a]; };
+    for (int64_t k = 0; k < nc; k++)
+      if (!in_axis(p->copy_dst[a][k]) || !in_axis(p->copy_src[a][k])) r.Bad("copy position");
+    for (int64_t v : p->fills[a])
+      if (!in_axis(v)) r.Bad("fill position");
+    if (nf && static_cast<int64_t>(p->fill.size()) != p->itemsize) r.Bad("fill value size");
+  }
+}
+
+std::string Errno(int e) { return std::strerror(e); }
+
+void FillPattern(char *dst, int64_t nbytes, const char *value, int64_t itemsize) {
+  if (nbytes <= 0) return;
+  std::memcpy(dst, value, itemsize);
+  int64_t done = itemsize;
+  while (done < nbytes) {  // doubling copies: log2(n) memcpy calls
+    int64_t n = std::min(done, nbytes - done);
+    std::memcpy(dst + done, dst, n);
+    done += n;
+  }
+}
+
+template <int N>
+void SwapBytes(char *p, int64_t n_values) {
+  for (int64_t i = 0; i < n_values; i++, p += N) std::reverse(p, p + N);
+}
+
+template <int S>
+void TransposeT(const char *stage, char *out, const std::vector<int64_t> &shape, int64_t itemsize) {
+  // out (C order, `shape`) [i_0..i_{n-1}] = stage (C order, reversed shape) [i_{n-1}..i_0]: the
+  // stage stride of out axis k is prod(shape[:k]) elements (out's Fortran strides)
+  const int n = static_cast<int>(shape.size());
+  const int64_t es = S ? S : itemsize;
+  std::vector<int64_t> stride(n), idx(n, 0);
+  int64_t st = 1;
+  for (int k = 0; k < n; k++) {
+    stride[k] = st;
+    st *= shape[k];
+  }
+  const int64_t inner = shape[n - 1], inner_stride = stride[n - 1] * es;
+  const int64_t rows = Prod(shape, 0, n - 1);
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t off = 0;
+    for (int k = 0; k < n - 1; k++) off += idx[k] * stride[k];
+    const char *src = stage + off * es;
+    for (int64_t i = 0; i < inner; i++, src += inner_stride, out += es) std::memcpy(out, src, es);
+    for (int k = n - 2; k >= 0; k--) {  // odometer over the outer axes
+      if (++idx[k] < shape[k]) break;
+      idx[k] = 0;
+    }
+  }
+}
+
+}  // namespace
+
+int64_t ReadPlan::volume() const { return Prod(shape, 0, shape.size()); }
+
+PlanSet LoadPlanSet(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) Fail(path + ": cannot open the plan file (" + Errno(errno) + "); it is written by "
+                "dali_mesh.native.read_windows when the pipeline is defined: define it again");
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (data.size() < 8 || data.compare(0, 8, kMagic) != 0)
+    Fail(path + ": not a dali_mesh plan file (bad magic); it is written by dali_mesh.native");
+  Reader r(data, path);
+  PlanSet set;
+  set.source = path;
+  int64_t n_plans = r.Count(int64_t(1) << 32, "plan");
+  int64_t n_files = r.Count(int64_t(1) << 40, "file");
+  int64_t n_items = r.Count(int64_t(1) << 40, "item");
+  set.files.resize(n_files);
+  for (auto &f : set.files) {
+    f.path = r.Bytes();
+    f.expected_size = r.Int();
+  }
+  set.plans.resize(n_plans);
+  for (auto &p : set.plans) ReadPlanBody(r, &p);
+  set.items.resize(n_items);
+  for (auto &it : set.items) {
+    it.file = r.Int();
+    it.plan = r.Int();
+    it.base = r.Int();
+    if (it.file < 0 || it.file >= n_files || it.plan < 0 || it.plan >= n_plans || it.base < 0)
+      r.Bad("item");
+  }
+  if (!r.AtEnd()) r.Bad("trailing bytes");
+  return set;
+}
+
+OpenFile &OpenFile::operator=(OpenFile &&o) noexcept {
+  if (this != &o) {
+    Close();
+    fd_ = o.fd_;
+    path_ = std::move(o.path_);
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+void OpenFile::Close() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+void OpenFile::Open(const PlanFile &file, const ReadPlan &plan, const std::string &first_path) {
+  Close();
+  path_ = file.path;
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below)
+  int fd = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    int e = errno;
+    if (e == ENOENT) Fail(path_ + ": no such file; check the path and the file list");
+    Fail(path_ + ": cannot be opened (" + Errno(e) + ")");
+  }
+  fd_ = fd;
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) Fail(path_ + ": fstat failed (" + Errno(errno) + ")");
+  if (!S_ISREG(st.st_mode))
+    Fail(path_ + ": not a regular file (a directory, FIFO, socket or device); give data files");
+  if (file.expected_size >= 0 && st.st_size != file.expected_size) {
+    if (st.st_size < file.expected_size)
+      Fail(path_ + ": the file is truncated: " + std::to_string(st.st_size) + " bytes, but its " +
+           "layout (planned from " + first_path + ") needs " + std::to_string(file.expected_size) +
+           "; rewrite it");
+    Fail(path_ + ": the file is " + std::to_string(st.st_size) + " bytes, but the plan (made from " +
+         first_path + ") expects " + std::to_string(file.expected_size) + ": it changed since " +
+         "the plan was made, or its shape or dtype differs; define the pipeline again, or use " +
+         "per-sample shapes");
+  }
+  // no readahead: the kernel reads only the pages asked for
+  ::posix_fadvise(fd_, 0, 0, POSIX_FADV_RANDOM);
+  if (!plan.check.empty()) {
+    std::string head(plan.check.size(), '\0');
+    ssize_t got = ::pread(fd_, head.data(), head.size(), 0);
+    if (got != static_cast<ssize_t>(head.size()) || head != plan.check)
+      Fail(path_ + ": its header differs from the one planned for (" + first_path + "): shape, " +
+           "dtype or order changed; make every file the same, or use per-sample shapes");
+  }
+}
+
+void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_t g0, int64_t g1,
+                char *dst, std::vector<char> *scratch) {
+  if (static_cast<int64_t>(scratch->size()) < plan.max_gap) scratch->resize(plan.max_gap);
+  static const int kIovMax = [] {
+    long v = ::sysconf(_SC_IOV_MAX);
+    return v > 0 ? static_cast<int>(std::min<long>(v, 1024)) : 1024;
+  }();
+  std::vector<struct iovec> iov;
+  for (int64_t g = g0; g < g1; g++) {
+    const int64_t b = plan.group_begin[g], e = plan.group_end[g];
+    iov.clear();
+    for (int64_t u = b; u < e; u++) {
+      if (u > b) {
+        int64_t gap = plan.file_off[u] - plan.file_off[u - 1] - plan.unit_bytes[u - 1];
+        if (gap) iov.push_back({scratch->data(), static_cast<size_t>(gap)});
+      }
+      iov.push_back({dst + plan.dst_off[u], static_cast<size_t>(plan.unit_bytes[u])});
+    }
+    int64_t offset = base + plan.file_off[b];
+    size_t i = 0;
+    while (i < iov.size()) {
+      int cnt = static_cast<int>(std::min<size_t>(kIovMax, iov.size() - i));
+      ssize_t got = ::preadv(file.fd(), iov.data() + i, cnt, offset);
+      if (got < 0) {
+        if (errno == EINTR || errno == EAGAIN) continue;
+        Fail(file.path() + ": read at byte " + std::to_string(offset) + " failed (" + Errno(errno) + ")");
+      }
+      if (got == 0)
+        Fail(file.path() + ": read at byte " + std::to_string(offset) + " returned nothing: the " +
+             "file was truncated while reading");
+      offset += got;
+      // drop the buffers filled, trim a partly filled one, go on
+      while (got > 0 && i < iov.size()) {
+        if (static_cast<size_t>(got) >= iov[i].iov_len) {
+          got -= iov[i].iov_len;
+          i++;
+        } else {
+          iov[i].iov_base = static_cast<char *>(iov[i].iov_base) + got;
+          iov[i].iov_len -= got;
+          got = 0;
+        }
+      }
+    }
+  }
+}
+
+void FinishWindow(const ReadPlan &plan, char *staging, char *out) {
+  const int64_t vol = plan.volume();
+  if (vol == 0) return;
+  const int64_t es = plan.itemsize;
+  if (plan.swap_unit > 1) {
+    const int64_t n = vol * es / plan.swap_unit;
+    switch (plan.swap_unit) {
+      case 2: SwapBytes<2>(staging, n); break;
+      case 4: SwapBytes<4>(staging, n); break;
+      case 8: SwapBytes<8>(staging, n); break;
+      default:
+        for (int64_t i = 0; i < n; i++)
+          std::reverse(staging + i * plan.swap_unit, staging + (i + 1) * plan.swap_unit);
+    }
+  }
+  if (plan.fortran && staging != out) {
+    switch (es) {
+      case 1: TransposeT<1>(staging, out, plan.shape, es); break;
+      case 2: TransposeT<2>(staging, out, plan.shape, es); break;
+      case 4: TransposeT<4>(staging, out, plan.shape, es); break;
+      case 8: TransposeT<8>(staging, out, plan.shape, es); break;
+      default: TransposeT<0>(staging, out, plan.shape, es);
+    }
+  } else if (staging != out) {
+    std::memcpy(out, staging, vol * es);
+  }
+  // axis by axis, copies then fills (as dali_mesh.io._plan.WindowPlan.finish): a slab copied along
+  // axis a may carry not-yet-valid cells of later axes, which their own passes overwrite
+  for (int a = 0; a < plan.ndim; a++) {
+    const int64_t outer = Prod(plan.shape, 0, a), n_a = plan.shape[a];
+    const int64_t inner = Prod(plan.shape, a + 1, plan.shape.size()) * es;
+    const auto &cd = plan.copy_dst[a], &cs = plan.copy_src[a], &fl = plan.fills[a];
+    for (int64_t o = 0; o < outer; o++) {
+      char *slab = out + o * n_a * inner;
+      for (size_t k = 0; k < cd.size(); k++)
+        std::memcpy(slab + cd[k] * inner, slab + cs[k] * inner, inner);
+      for (int64_t p : fl) FillPattern(slab + p * inner, inner, plan.fill.data(), es);
+    }
+  }
+}
+
+std::vector<std::pair<int64_t, int64_t>> SplitGroups(const ReadPlan &plan, int64_t task_bytes) {
+  std::vector<std::pair<int64_t, int64_t>> tasks;
+  const int64_t n = plan.group_begin.size();
+  int64_t start = 0, acc = 0;
+  for (int64_t g = 0; g < n; g++) {
+    const int64_t b = plan.group_begin[g], e = plan.group_end[g];
+    acc += plan.file_off[e - 1] + plan.unit_bytes[e - 1] - plan.file_off[b];
+    if (acc >= task_bytes) {
+      tasks.emplace_back(start, g + 1);
+      start = g + 1;
+      acc = 0;
+    }
+  }
+  if (start < n) tasks.emplace_back(start, n);
+  return tasks;
+}
+
+}  // namespace dali_mesh

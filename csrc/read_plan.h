@@ -1,0 +1,90 @@
+// dali_mesh: byte-range read plans (made in Python by dali_mesh/native.py) and their executor,
+// DALI-free. A plan turns one file layout (shape, dtype, header, byte order, C/Fortran order) and
+// one rank's window into
+//   - units: (file offset, destination offset, bytes), grouped into merged reads (one preadv each;
+//     the gaps between units of a group land in a scratch buffer),
+//   - a finishing program: byte swap, Fortran transpose, then per axis copies (reflect, symmetric,
+//     edge, periodic halos wider than the domain) and constant fills, as dali_mesh.io._plan does.
+// A plan set holds the distinct plans, the file table (path, expected size) and the items (one per
+// sample id: file, plan, base offset added to every file offset). Errors are std::runtime_error
+// whose text names the file and says what to do.
+#ifndef DALI_MESH_READ_PLAN_H_
+#define DALI_MESH_READ_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dali_mesh {
+
+struct ReadPlan {
+  int ndim = 0;
+  int64_t itemsize = 0;
+  int64_t swap_unit = 0;       // bytes of each value to reverse (0: native byte order)
+  bool fortran = false;        // units address a C-order staging of the reversed window shape
+  std::vector<int64_t> shape;  // window shape (output, C order)
+  std::vector<int64_t> file_off, dst_off, unit_bytes;  // sorted by file offset
+  std::vector<int64_t> group_begin, group_end;         // units [begin, end) read in one call
+  std::string check;           // bytes expected at file offset 0 (the .npy header), may be empty
+  std::string fill;            // fill value in the output type's bytes (itemsize), may be empty
+  // per axis: positions copied (dst <- src) and filled
+  std::vector<std::vector<int64_t>> copy_dst, copy_src, fills;
+
+  int64_t volume() const;
+  int64_t bytes() const { return volume() * itemsize; }
+  int64_t max_gap = 0;  // largest gap inside a group (scratch size)
+};
+
+struct PlanFile {
+  std::string path;
+  int64_t expected_size = -1;  // -1: not checked
+};
+
+struct PlanItem {
+  int64_t file = 0, plan = 0, base = 0;
+};
+
+struct PlanSet {
+  std::string source;  // the plan file it was loaded from (for messages)
+  std::vector<ReadPlan> plans;
+  std::vector<PlanFile> files;
+  std::vector<PlanItem> items;
+};
+
+// Loads a plan file written by dali_mesh.native (format "DMPLAN01", little-endian int64 words).
+PlanSet LoadPlanSet(const std::string &path);
+
+// An open, checked file (O_RDONLY | O_NONBLOCK, regular, expected size, header bytes, no
+// readahead). Closes on destruction.
+class OpenFile {
+ public:
+  OpenFile() = default;
+  OpenFile(const OpenFile &) = delete;
+  OpenFile &operator=(const OpenFile &) = delete;
+  OpenFile(OpenFile &&o) noexcept : fd_(o.fd_), path_(std::move(o.path_)) { o.fd_ = -1; }
+  OpenFile &operator=(OpenFile &&o) noexcept;
+  ~OpenFile() { Close(); }
+  void Open(const PlanFile &file, const ReadPlan &plan, const std::string &first_path);
+  void Close();
+  int fd() const { return fd_; }
+  const std::string &path() const { return path_; }
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+};
+
+// Reads units' groups [g0, g1) of `plan` from `file` at `base` into `dst` (the staging buffer: the
+// output itself for C-order files). `scratch` is grown to the largest gap.
+void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_t g0, int64_t g1,
+                char *dst, std::vector<char> *scratch);
+
+// Byte swap, Fortran transpose (staging -> out; staging == out for C order), copies and fills.
+void FinishWindow(const ReadPlan &plan, char *staging, char *out);
+
+// Splits a plan's groups into tasks of about `task_bytes` bytes each: [g_begin, g_end) pairs.
+std::vector<std::pair<int64_t, int64_t>> SplitGroups(const ReadPlan &plan, int64_t task_bytes);
+
+}  // namespace dali_mesh
+
+#endif  // DALI_MESH_READ_PLAN_H_

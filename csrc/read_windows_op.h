@@ -1,0 +1,153 @@
+// dali_mesh: the DALI operator dali_mesh__ReadWindows (fn.dali_mesh.read_windows), shared part:
+// the plan set (loaded once from the plan file that dali_mesh.native writes), the per-sample
+// output shapes, and the three-phase execution on host memory (open and check every file; read
+// the byte ranges, split into tasks of about `task_bytes`; swap, transpose and fill per sample).
+// The CPU operator reads straight into its output; the mixed operator into pinned staging.
+#ifndef DALI_MESH_READ_WINDOWS_OP_H_
+#define DALI_MESH_READ_WINDOWS_OP_H_
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dali/pipeline/operator/checkpointing/stateless_operator.h"
+#include "dali/pipeline/operator/operator.h"
+#include "read_plan.h"
+
+namespace dali_mesh {
+
+template <typename Backend>
+class ReadWindowsBase : public dali::StatelessOperator<Backend> {
+ public:
+  explicit ReadWindowsBase(const dali::OpSpec &spec) : dali::StatelessOperator<Backend>(spec) {
+    plans_ = LoadPlanSet(spec.GetArgument<std::string>("plan_file"));
+    dtype_ = spec.GetArgument<dali::DALIDataType>("dtype");
+    task_bytes_ = std::max<int64_t>(4096, spec.GetArgument<int64_t>("task_bytes"));
+    const int64_t size = dali::TypeTable::GetTypeInfo(dtype_).size();
+    for (size_t p = 0; p < plans_.plans.size(); p++) {
+      DALI_ENFORCE(plans_.plans[p].itemsize == size,
+                   dali::make_string("read_windows: ", plans_.source, ": plan ", p, " has items of ",
+                                     plans_.plans[p].itemsize, " bytes but dtype ", dtype_, " has ",
+                                     size, "; define the pipeline again"));
+      DALI_ENFORCE(plans_.plans[p].ndim == plans_.plans[0].ndim,
+                   "read_windows: the plans have different numbers of axes");
+    }
+    // the first file of each plan, named in messages about files that differ from it
+    first_path_.assign(plans_.plans.size(), std::string());
+    for (const auto &it : plans_.items)
+      if (first_path_[it.plan].empty()) first_path_[it.plan] = plans_.files[it.file].path;
+  }
+
+ protected:
+  bool SetupImpl(std::vector<dali::OutputDesc> &output_desc, const dali::Workspace &ws) override {
+    const auto &ids = ws.Input<dali::CPUBackend>(0);
+    const int n = ids.num_samples();
+    items_.resize(n);
+    const int ndim = plans_.plans.empty() ? 0 : plans_.plans[0].ndim;
+    dali::TensorListShape<> shape(n, ndim);
+    for (int i = 0; i < n; i++) {
+      DALI_ENFORCE(dali::volume(ids.tensor_shape(i)) == 1,
+                   dali::make_string("read_windows: sample ", i, ": the input must be one sample id "
+                                     "per sample, got shape ", ids.tensor_shape(i)));
+      int64_t id = 0;
+      switch (ids.type()) {
+        case DALI_INT64: id = *static_cast<const int64_t *>(ids.raw_tensor(i)); break;
+        case DALI_INT32: id = *static_cast<const int32_t *>(ids.raw_tensor(i)); break;
+        default:
+          DALI_FAIL(dali::make_string("read_windows: sample ids have type ", ids.type(),
+                                      "; expected int32 or int64"));
+      }
+      DALI_ENFORCE(id >= 0 && id < static_cast<int64_t>(plans_.items.size()),
+                   dali::make_string("read_windows: sample id ", id, " is out of range for the ",
+                                     plans_.items.size(), " samples of ", plans_.source));
+      items_[i] = plans_.items[id];
+      const auto &plan = plans_.plans[items_[i].plan];
+      auto sh = shape.tensor_shape_span(i);
+      for (int d = 0; d < ndim; d++) sh[d] = plan.shape[d];
+    }
+    output_desc.resize(1);
+    output_desc[0].shape = shape;
+    output_desc[0].type = dtype_;
+    return true;
+  }
+
+  // Reads every sample's window into `out[i]` (host memory of the output's size). `pool` may be
+  // null (serial). Files are opened and closed within the call.
+  void ReadAll(const std::vector<char *> &out, dali::ThreadPool *pool) {
+    const int n = static_cast<int>(items_.size());
+    files_.clear();
+    files_.resize(n);
+    staging_.resize(n);
+    auto run = [&](auto &&fn, int64_t tasks, auto &&cost) {
+      if (pool == nullptr) {
+        for (int64_t t = 0; t < tasks; t++) fn(t);
+        return;
+      }
+      for (int64_t t = 0; t < tasks; t++) pool->AddWork([&fn, t](int) { fn(t); }, cost(t));
+      pool->RunAll();
+    };
+    try {
+      ReadAllImpl(out, run);
+    } catch (...) {
+      files_.clear();  // close what is open: the error reaches pipe.run()
+      throw;
+    }
+  }
+
+  template <typename Run>
+  void ReadAllImpl(const std::vector<char *> &out, Run &run) {
+    const int n = static_cast<int>(items_.size());
+    // 1: open and check every file
+    run([&](int64_t i) {
+          const auto &it = items_[i];
+          files_[i].Open(plans_.files[it.file], plans_.plans[it.plan], first_path_[it.plan]);
+        },
+        n, [&](int64_t) { return 0; });
+    // 2: the byte ranges, in tasks of about task_bytes_ (one large sample uses every thread)
+    tasks_.clear();
+    dsts_.resize(n);
+    for (int i = 0; i < n; i++) {
+      const auto &plan = plans_.plans[items_[i].plan];
+      char *dst = out[i];
+      if (plan.fortran && plan.volume() > 0) {
+        staging_[i].resize(plan.bytes());
+        dst = staging_[i].data();
+      }
+      dsts_[i] = dst;
+      for (auto &g : SplitGroups(plan, task_bytes_)) tasks_.push_back({i, g.first, g.second});
+    }
+    run([&](int64_t t) {
+          const auto &task = tasks_[t];
+          const auto &it = items_[task.sample];
+          thread_local std::vector<char> scratch;
+          ReadGroups(files_[task.sample], plans_.plans[it.plan], it.base, task.g0, task.g1,
+                     dsts_[task.sample], &scratch);
+        },
+        static_cast<int64_t>(tasks_.size()), [&](int64_t t) { return tasks_[t].g1 - tasks_[t].g0; });
+    // 3: close, then byte swap, transpose and boundary fills
+    run([&](int64_t i) {
+          files_[i].Close();
+          FinishWindow(plans_.plans[items_[i].plan], dsts_[i], out[i]);
+        },
+        n, [&](int64_t) { return 0; });
+  }
+
+  struct Task {
+    int sample;
+    int64_t g0, g1;
+  };
+  PlanSet plans_;
+  std::vector<std::string> first_path_;
+  dali::DALIDataType dtype_ = DALI_NO_TYPE;
+  int64_t task_bytes_ = 4 << 20;
+  std::vector<PlanItem> items_;
+  std::vector<OpenFile> files_;
+  std::vector<std::vector<char>> staging_;
+  std::vector<char *> dsts_;
+  std::vector<Task> tasks_;
+};
+
+}  // namespace dali_mesh
+
+#endif  // DALI_MESH_READ_WINDOWS_OP_H_

@@ -1,0 +1,347 @@
+"""The native reader: plan in Python, read in C++ (``fn.dali_mesh.read_windows``).
+
+:func:`read_windows` puts a dali_mesh source's windows into the pipeline without Python on the hot
+path: the format-specific work (parse a header, find a dataset's offset) turns each distinct file
+layout and this rank's :class:`~dali_mesh.Region` into a byte-range plan once
+(:func:`dali_mesh.io._plan.plan_window`, :func:`dali_mesh.io.npy.plan_npy_reads`); the plans, the
+file table and one item per sample id (file, plan, base offset) go to the operator in a plan file
+written once. Per batch, a cheap batch-mode ``fn.external_source`` gives the sample ids and pad
+flags from the stateless sample order (so checkpoint and resume behave as with
+``partitioned_source``), and the operator ``preadv``-s the ranges on DALI's threads straight into
+its output (CPU), or into pinned staging copied to the GPU (``device="gpu"``), then does the byte
+swap, the Fortran-order transpose and the boundary cells (copies and constant fills).
+
+Which sources take the native path:
+
+======================================  ===================================================
+source                                  path
+======================================  ===================================================
+``NumpySource`` (C or Fortran order,    native; files that share the first file's header share
+either byte order, channel subsets,     its plan, and each file's header bytes and size are
+per-sample shapes)                      checked when read
+``HDF5Source``, contiguous dataset,     native; one plan per file layout, a base offset per step
+no filters, no forecast
+everything else (``direct=True``,       ``partitioned_source`` (a one-line log says why)
+chunked or compressed HDF5, Zarr,
+forecasts)
+======================================  ===================================================
+
+Importing this module imports DALI (as :mod:`dali_mesh.fn` does).
+"""
+from __future__ import annotations
+
+import atexit
+import hashlib
+import logging
+import os
+import struct
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Sequence
+
+import numpy as np
+
+from dali_mesh.io._plan import WindowPlan, plan_window
+from dali_mesh.io.npy import DEFAULT_MERGE_GAP, read_npy_header, plan_npy_reads
+from dali_mesh.partition import check_fill_value
+
+__all__ = ["NotNativeError", "NativePlan", "plan_source", "read_windows", "PLAN_MAGIC"]
+
+log = logging.getLogger(__name__)
+
+PLAN_MAGIC = b"DMPLAN01"
+# dtypes DALI carries (complex, datetime and timedelta have no DALI type)
+_NATIVE_KINDS = "biuf"
+_written: set[str] = set()
+_written_lock = threading.Lock()
+
+
+class NotNativeError(ValueError):
+    """The source (or one of its files) cannot be read by the native operator; the message says
+    why. :func:`read_windows` then falls back to ``partitioned_source`` (unless told not to)."""
+
+
+@dataclass
+class NativePlan:
+    """Everything the operator needs: the distinct plans (encoded), the file table, one item per
+    sample id, and the output dtype (native byte order) and number of axes."""
+
+    dtype: np.dtype
+    ndim: int
+    plans: list[bytes] = field(default_factory=list)
+    files: list[tuple[str, int]] = field(default_factory=list)  # (path, expected size or -1)
+    items: list[tuple[int, int, int]] = field(default_factory=list)  # (file, plan, base offset)
+    window_shapes: list[tuple[int, ...]] = field(default_factory=list)  # per plan
+    _plan_index: dict = field(default_factory=dict, repr=False)
+
+    def add_plan(self, key, build) -> int:
+        """Index of the plan for ``key``; ``build()`` makes ``(encoded, window_shape)`` the first time."""
+        idx = self._plan_index.get(key)
+        if idx is None:
+            body, shape = build()
+            idx = self._plan_index[key] = len(self.plans)
+            self.plans.append(body)
+            self.window_shapes.append(tuple(shape))
+        return idx
+
+    def to_bytes(self) -> bytes:
+        out = [PLAN_MAGIC, _ints(len(self.plans), len(self.files), len(self.items))]
+        for path, size in self.files:
+            out += [_bytes(os.fsencode(path)), _ints(size)]
+        out += self.plans
+        out.append(np.asarray(self.items, np.int64).reshape(-1, 3).astype("<i8").tobytes())
+        return b"".join(out)
+
+    def write(self, directory: str | None = None) -> str:
+        """Write the plan file (content-addressed, so equal plans share one file; removed when this
+        process exits) and return its path."""
+        data = self.to_bytes()
+        directory = directory or os.path.join(tempfile.gettempdir(), f"dali_mesh_plans_{os.getuid()}")
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        path = os.path.join(directory, hashlib.sha256(data).hexdigest()[:32] + ".dmplan")
+        if not os.path.exists(path):
+            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)  # atomic: a reader never sees half a plan
+        with _written_lock:
+            if not _written:
+                atexit.register(_remove_written)
+            _written.add(path)
+        return path
+
+
+def _remove_written() -> None:
+    for p in list(_written):
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+
+
+def _ints(*values) -> bytes:
+    return np.asarray(values, np.int64).astype("<i8").tobytes()
+
+
+def _arr(a) -> bytes:
+    return np.asarray(a, np.int64).astype("<i8").tobytes()
+
+
+def _bytes(b: bytes) -> bytes:
+    pad = -len(b) % 8
+    return _ints(len(b)) + b + b"\0" * pad
+
+
+def _swap_unit(dtype: np.dtype) -> int:
+    if dtype.byteorder in "=|" or dtype.itemsize == 1:
+        return 0
+    return dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
+
+
+def encode_plan(plan: WindowPlan, file_layout, *, check: bytes = b"", merge_gap: int = DEFAULT_MERGE_GAP,
+                prefix: Sequence[int] = ()) -> bytes:
+    """One plan's bytes: the window ``plan`` read from an array stored as ``file_layout`` (``shape``,
+    stored ``dtype``, ``fortran_order``, ``data_offset``: the offset of element 0 relative to the
+    item's base offset), with ``check`` the bytes expected at file offset 0."""
+    dtype = np.dtype(file_layout.dtype)
+    native = dtype.newbyteorder("=") if dtype.byteorder not in "=|" else dtype
+    fo, do, ub, groups = plan_npy_reads(file_layout, plan, prefix, merge_gap)
+    gb = [g[0] for g in groups]
+    ge = [g[1] for g in groups]
+    fill = b""
+    if any(a.fill.size for a in plan.axes):
+        check_fill_value(plan.fill_value, native, " (the planned files' dtype)")
+        fill = np.asarray(plan.fill_value).astype(native).tobytes()
+    fortran = bool(file_layout.fortran_order) and len(plan.axes) > 1
+    out = [_ints(len(plan.axes), dtype.itemsize, _swap_unit(dtype), int(fortran)),
+           _arr(plan.window_shape), _ints(len(fo), len(groups)), _arr(fo), _arr(do), _arr(ub),
+           _arr(gb), _arr(ge), _bytes(check), _bytes(fill)]
+    for a in plan.axes:
+        out += [_ints(a.copy_dst.size), _arr(a.copy_dst), _arr(a.copy_src), _ints(a.fill.size), _arr(a.fill)]
+    return b"".join(out)
+
+
+def _check_dtype(dtype: np.dtype, path: str) -> np.dtype:
+    native = dtype.newbyteorder("=") if dtype.byteorder not in "=|" else dtype
+    if native.kind not in _NATIVE_KINDS:
+        raise NotNativeError(f"{path}: dtype {dtype} has no DALI type")
+    return native
+
+
+# ---- planners per source kind ---------------------------------------------------------------------
+def _plan_numpy(source, merge_gap: int) -> NativePlan:
+    from dali_mesh.io._common import ShapeMismatchError
+    from dali_mesh.source import _apply_maps
+
+    if source.direct:
+        raise NotNativeError("NumpySource(direct=True) asks for O_DIRECT, which the native reader does not do")
+    files = source.files
+    first = read_npy_header(files[0])
+    native = _check_dtype(first.dtype, files[0])
+    headers = [first] if source.sample_shape is not None else [read_npy_header(f) for f in files]
+    if source.sample_shape is not None:
+        shape = _apply_maps(first.shape, source.index_maps, files[0])
+        if shape != source.sample_shape or native != source.dtype:
+            raise ShapeMismatchError(
+                files[0], f"shape {shape} {native} differs from the {source.sample_shape} {source.dtype} "
+                "the source was made with: the file changed; make the source again")
+    plans = NativePlan(native, source.sample_ndim)
+
+    def head_bytes(h) -> bytes:
+        with open(h.path, "rb") as f:
+            return f.read(h.data_offset)
+
+    plan_of_header: dict = {}
+    for i, h in enumerate(headers):
+        if h.native_dtype != native:
+            raise ShapeMismatchError(h.path, f"dtype {h.native_dtype} differs from the first file's ({files[0]}) {native}")
+        check = head_bytes(h)
+        if check not in plan_of_header:
+            shape = _apply_maps(h.shape, source.index_maps, h.path)
+            region = source.region if source.sample_shape is not None else source.region_of(shape)
+            wplan = plan_window(region, source.index_maps)
+            lay = SimpleNamespace(shape=h.shape, dtype=h.dtype, fortran_order=h.fortran_order,
+                                  data_offset=h.data_offset)
+            plan_of_header[check] = plans.add_plan(
+                check, lambda: (encode_plan(wplan, lay, check=check, merge_gap=merge_gap), wplan.window_shape))
+        plans.files.append((files[i], h.file_size))
+    if source.sample_shape is not None:
+        # every file is read by the first file's plan; its header bytes and size are checked per read
+        size = first.file_size
+        plans.files = [(f, size) for f in files]
+        plans.items = [(i, 0, 0) for i in range(len(files))]
+    else:
+        plans.items = [(i, plan_of_header[head_bytes(h)], 0) for i, h in enumerate(headers)]
+    return plans
+
+
+def _plan_hdf5(source, merge_gap: int) -> NativePlan:
+    import h5py
+
+    from dali_mesh.io.hdf5 import open_hdf5_dataset
+
+    if source.forecast is not None:
+        raise NotNativeError("HDF5Source with a forecast (two windows per sample) is read by partitioned_source")
+    plans = None
+    file_base: list[tuple[int, int, int]] = []  # per file: (plan, data offset, step bytes)
+    for fi, path in enumerate(source.files):
+        f, ds = open_hdf5_dataset(path, source.name, **source.h5_kwargs)
+        try:
+            dcpl = ds.id.get_create_plist()
+            if dcpl.get_layout() != h5py.h5d.CONTIGUOUS or ds.chunks is not None:
+                raise NotNativeError(f"{path}: dataset {source.name!r} is chunked (chunks {ds.chunks}); "
+                                     "only contiguous datasets are read natively")
+            if dcpl.get_nfilters() or ds.external or ds.is_virtual:
+                raise NotNativeError(f"{path}: dataset {source.name!r} has filters or external storage")
+            offset = ds.id.get_offset()
+            if offset is None:
+                raise NotNativeError(f"{path}: dataset {source.name!r} has no stored data (never written)")
+            native = _check_dtype(ds.dtype, path)
+            frame = tuple(ds.shape[1:])
+            if plans is None:
+                plans = NativePlan(native, source.sample_ndim)
+            region = source.region if source.sample_shape is not None else source.region_of(
+                source._frame_shapes[fi])
+            key = (frame, ds.dtype.str)
+            wplan = plan_window(region, source.index_maps)
+            lay = SimpleNamespace(shape=frame, dtype=ds.dtype, fortran_order=False, data_offset=0)
+            pidx = plans.add_plan(key, lambda: (encode_plan(wplan, lay, merge_gap=merge_gap), wplan.window_shape))
+            step_bytes = int(np.prod(frame, dtype=np.int64)) * ds.dtype.itemsize
+            plans.files.append((path, os.path.getsize(path)))
+            file_base.append((pidx, int(offset), step_bytes))
+        finally:
+            f.close()
+    for sid in range(source.num_samples):
+        fi, local = source.locate(source.step_of(sid))
+        pidx, off, step = file_base[fi]
+        plans.items.append((fi, pidx, off + local * step))
+    return plans
+
+
+def plan_source(source, *, merge_gap: int = DEFAULT_MERGE_GAP) -> NativePlan:
+    """The native plan of ``source`` for this rank, or :class:`NotNativeError` saying why not."""
+    from dali_mesh.source import HDF5Source, NumpySource
+
+    if isinstance(source, NumpySource):
+        return _plan_numpy(source, merge_gap)
+    if isinstance(source, HDF5Source):
+        return _plan_hdf5(source, merge_gap)
+    raise NotNativeError(f"{type(source).__name__} is not read natively (NumpySource and contiguous "
+                         "HDF5Source are)")
+
+
+# ---- the pipeline side ---------------------------------------------------------------------------
+class _SampleIds:
+    """Batch-mode external source: this rank's sample ids and pad flags of one batch, from the
+    source's stateless sample order (``BatchInfo``: iteration and epoch), so DALI's checkpoints
+    resume it exactly. ``StopIteration`` after the last whole batch."""
+
+    def __init__(self, source) -> None:
+        self.source = source
+
+    def __call__(self, info):
+        ids, pads = self.source.order(int(info.epoch_idx))
+        bs = self.source.batch_size
+        i0 = int(info.iteration) * bs
+        if i0 >= len(ids):
+            raise StopIteration
+        return ([np.array(int(s), np.int64) for s in ids[i0:i0 + bs]],
+                [np.array(bool(p)) for p in pads[i0:i0 + bs]])
+
+
+def read_windows(source, device: str = "cpu", *, name: str | None = None, layout: str | None = None,
+                 fallback: bool = True, task_bytes: int = 4 << 20,
+                 merge_gap: int = DEFAULT_MERGE_GAP, plan_dir: str | None = None, **kwargs):
+    """This rank's windows of ``source``, read by the native operator (``fn.dali_mesh.read_windows``).
+
+    Outputs as :func:`dali_mesh.fn.partitioned_source`: ``(window, sample_id, is_pad)``; the sample
+    order, padding and checkpointing are the same. Needs no Python worker processes
+    (``py_num_workers`` is unused); reads run on the pipeline's ``num_threads``.
+
+    Args:
+        source: a :class:`~dali_mesh.NumpySource` or contiguous :class:`~dali_mesh.HDF5Source`.
+        device: ``"cpu"``, or ``"gpu"``: the window lands in GPU memory (pinned staging, one
+            asynchronous copy; the sample id and pad flag stay on the CPU).
+        name: the sample-id external source's name.
+        layout: DALI layout string of the window (e.g. ``"CHW"``).
+        fallback: when the source cannot be read natively, log one line why and return
+            ``partitioned_source(source, device, ...)`` (``False``: raise :class:`NotNativeError`).
+        task_bytes: bytes per thread-pool task (a large window is read by every thread).
+        merge_gap: byte ranges at most this far apart are read in one call (as the Python reader).
+        plan_dir: where to write the plan file (default: a per-user temp directory).
+        kwargs: passed to the ``partitioned_source`` fallback.
+    """
+    from nvidia.dali import fn, types
+    from nvidia.dali.pipeline import Pipeline
+
+    if device not in ("cpu", "gpu"):
+        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+    pipe = Pipeline.current()
+    if pipe is not None and pipe.max_batch_size != source.batch_size:
+        raise ValueError(
+            f"the pipeline's batch_size is {pipe.max_batch_size} but the source was built with "
+            f"batch_size={source.batch_size}: pass the same value to both (the sample order pads "
+            "each rank's share to whole batches)")
+    try:
+        plans = plan_source(source, merge_gap=merge_gap)
+    except NotNativeError as e:
+        if not fallback:
+            raise
+        from dali_mesh._external import partitioned_source
+
+        log.info("read_windows: %s; using partitioned_source", e)
+        return partitioned_source(source, device, name=name, layout=layout, **kwargs)
+    from dali_mesh.fn import load_plugin
+
+    ops = load_plugin()
+    path = plans.write(plan_dir)
+    ids, pads = fn.external_source(source=_SampleIds(source), num_outputs=2, batch=True,
+                                   batch_info=True, dtype=[types.INT64, types.BOOL], ndim=[0, 0],
+                                   name=name)
+    win = ops.read_windows(ids, plan_file=path, dtype=types.to_dali_type(plans.dtype),
+                           task_bytes=int(task_bytes), device="mixed" if device == "gpu" else "cpu")
+    if layout is not None:
+        win = fn.reshape(win, layout=layout)
+    return win, ids, pads

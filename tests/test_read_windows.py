@@ -1,0 +1,335 @@
+"""The native reader (dali_mesh.native.read_windows, fn.dali_mesh.read_windows) in DALI CPU pipelines.
+
+Windows are checked against take_window of the whole sample (np.load / h5py), over boundary rules,
+dtypes, byte orders, C and Fortran order, halos wider than the axis and empty windows; then against
+partitioned_source over two shuffled epochs, checkpoint resume, and the errors for bad files.
+No worker processes (the native path needs none), except the one partitioned_source comparison.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from dali_mesh import Layout, MeshInfo
+from dali_mesh.partition import take_window
+from dali_mesh.source import HDF5Source, NumpySource
+
+dali = pytest.importorskip("nvidia.dali")
+from nvidia.dali import pipeline_def  # noqa: E402
+
+from dali_mesh import native  # noqa: E402
+from tests.oracles import SEED, random_array  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODES = ("constant", "periodic", "reflect", "symmetric", "edge")
+
+
+def _plugin_or_skip():
+    from dali_mesh.fn import load_plugin
+
+    try:
+        ops = load_plugin()
+    except ImportError as e:
+        pytest.skip(f"plugin not built: {e}")
+    if not hasattr(ops, "read_windows"):
+        pytest.skip("the plugin has no read_windows operator: rebuild it")
+
+
+@pytest.fixture(autouse=True)
+def _plugin():
+    _plugin_or_skip()
+
+
+def _pipe(src, batch, *, threads=2, checkpoint=None, **kw):
+    @pipeline_def(batch_size=batch, num_threads=threads, device_id=None, enable_checkpointing=True,
+                  prefetch_queue_depth=1)
+    def pipe():
+        return native.read_windows(src, fallback=False, **kw)
+
+    p = pipe(checkpoint=checkpoint) if checkpoint is not None else pipe()
+    p.build()
+    return p
+
+
+def _epoch(p, batch):
+    """Every batch of one epoch as (windows, ids, pads) lists; resets the pipeline at the end."""
+    out = []
+    while True:
+        try:
+            w, ids, pads = p.run()
+        except StopIteration:
+            p.reset()
+            return out
+        out.append(([np.array(w[k]) for k in range(batch)], [int(np.array(ids[k])) for k in range(batch)],
+                    [bool(np.array(pads[k])) for k in range(batch)]))
+
+
+def _save(path, arr, *, fortran=False, byteorder="="):
+    a = arr.astype(arr.dtype.newbyteorder(byteorder)) if arr.dtype.itemsize > 1 else arr
+    np.save(path, np.asfortranarray(a) if fortran else a)
+    return str(path)
+
+
+def _check_all(files, layout, batch=2, **kw):
+    """Read one unshuffled epoch natively; every window equals take_window of the whole sample."""
+    src = NumpySource(files, layout, batch_size=batch, shuffle=False, **kw)
+    p = _pipe(src, batch)
+    seen = 0
+    for wins, ids, _ in _epoch(p, batch):
+        for w, sid in zip(wins, ids):
+            full = np.load(files[sid])
+            if src.index_maps:
+                a, m = next(iter(src.index_maps.items()))
+                full = np.take(full, m, axis=a)
+            region = src.layout.region(full.shape)
+            expect = take_window(full, region)
+            assert w.dtype == expect.dtype.newbyteorder("=") and w.shape == expect.shape, (w.shape, expect.shape)
+            np.testing.assert_array_equal(w, expect, err_msg=f"{files[sid]} seed {SEED}")
+            seen += 1
+    assert seen >= len(files)
+    return src
+
+
+def _mesh(shape, coord):
+    names = ("data_parallel",) + tuple(f"m{i}" for i in range(len(shape) - 1))
+    return MeshInfo(shape, names, coord)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_boundary_mode_matches_take_window(tmp_path, mode):
+    rng = np.random.default_rng(SEED)
+    files = [_save(tmp_path / f"s{i}.npy", random_array(rng, (3, 10, 9), np.float32)) for i in range(3)]
+    for coord in [(0, 0), (0, 2), (0, 3)]:  # first, middle and last band of 4
+        layout = Layout(_mesh((1, 4), coord), shard={"m0": 1}, halo={1: 2, 2: 1}, boundary=mode,
+                        fill_value=-7)
+        _check_all(files, layout)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.uint32, np.int64, np.float16, np.float64, np.bool_])
+@pytest.mark.parametrize("byteorder,fortran", [("=", False), (">", False), ("<", True), (">", True)])
+def test_dtypes_byte_orders_and_fortran_order(tmp_path, dtype, byteorder, fortran):
+    rng = np.random.default_rng(SEED)
+    files = [_save(tmp_path / f"s{i}.npy", random_array(rng, (4, 7, 6), dtype), fortran=fortran,
+                   byteorder=byteorder) for i in range(2)]
+    layout = Layout(_mesh((1, 2, 2), (0, 1, 0)), shard={"m0": 1, "m1": 2}, halo={1: 1, 2: 2},
+                    boundary={0: "constant", 1: "periodic", 2: "symmetric"}, fill_value=1)
+    _check_all(files, layout)
+
+
+def test_mixed_modes_crop_and_channels(tmp_path):
+    rng = np.random.default_rng(SEED)
+    files = [_save(tmp_path / f"s{i}.npy", random_array(rng, (5, 11, 13), np.int32)) for i in range(3)]
+    layout = Layout(_mesh((1, 3, 2), (0, 1, 1)), shard={"m0": 1, "m1": 2}, crop=(None, slice(1, 10), None),
+                    halo={1: (3, 1), 2: 2}, boundary={1: "reflect", 2: "edge"}, split="even")
+    _check_all(files, layout, channels=[4, 0, 2], channel_axis=0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_halo_wider_than_the_axis(tmp_path, mode):
+    rng = np.random.default_rng(SEED)
+    files = [_save(tmp_path / f"s{i}.npy", random_array(rng, (3, 4), np.float32), fortran=i == 1)
+             for i in range(2)]
+    layout = Layout(_mesh((1, 2), (0, 1)), shard={"m0": 1}, halo={0: 5, 1: 9}, boundary=mode, fill_value=3)
+    # one C-order and one Fortran-order file: two headers, two plans
+    _check_all(files, layout, per_sample_shapes=True)
+
+
+def test_empty_windows(tmp_path):
+    rng = np.random.default_rng(SEED)
+    files = [_save(tmp_path / f"s{i}.npy", random_array(rng, (2, 5), np.float32)) for i in range(2)]
+    # chunk of 2 over 3: the last rank owns nothing (and gets no halo)
+    layout = Layout(_mesh((1, 3), (0, 2)), shard={"m0": 0}, halo={0: 1}, boundary="periodic")
+    src = _check_all(files, layout)
+    assert src.region.window_shape[0] == 0
+
+
+def test_per_sample_shapes_share_plans_by_header(tmp_path):
+    rng = np.random.default_rng(SEED)
+    shapes = [(3, 8), (3, 10), (3, 8), (3, 10)]
+    files = [_save(tmp_path / f"s{i}.npy", random_array(rng, s, np.float64)) for i, s in enumerate(shapes)]
+    layout = Layout(_mesh((1, 2), (0, 1)), shard={"m0": 1}, halo={1: 1}, boundary="reflect")
+    src = NumpySource(files, layout, batch_size=1, shuffle=False, per_sample_shapes=True)
+    plans = native.plan_source(src)
+    assert len(plans.plans) == 2 and [it[1] for it in plans.items] == [0, 1, 0, 1]
+    p = _pipe(src, 1)
+    for wins, ids, _ in _epoch(p, 1):
+        full = np.load(files[ids[0]])
+        np.testing.assert_array_equal(wins[0], take_window(full, layout.region(full.shape)))
+
+
+def test_plan_reads_only_the_window(tmp_path):
+    # rank 1 of 4 over H: one read group per channel, together exactly the window's bytes
+    files = [_save(tmp_path / "s.npy", np.zeros((2, 64, 256), np.float32))]
+    layout = Layout(_mesh((1, 4), (0, 1)), shard={"m0": 1})
+    src = NumpySource(files, layout, batch_size=1)
+    plan = native.plan_source(src)
+    assert plan.window_shapes == [(2, 16, 256)]
+    body = np.frombuffer(plan.plans[0], "<i8")
+    n_units, n_groups = body[4 + 3], body[4 + 3 + 1]
+    ub = body[4 + 3 + 2 + 2 * n_units: 4 + 3 + 2 + 3 * n_units]
+    assert (n_units, n_groups) == (2, 2) and ub.sum() == 2 * 16 * 256 * 4
+
+
+# ---- HDF5 -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("byteorder", ["<", ">"])
+def test_hdf5_contiguous(tmp_path, byteorder):
+    h5py = pytest.importorskip("h5py")
+    rng = np.random.default_rng(SEED)
+    files, data = [], []
+    for i, steps in enumerate((3, 4)):
+        arr = random_array(rng, (steps, 2, 9, 8), np.float32)
+        p = str(tmp_path / f"y{i}.h5")
+        with h5py.File(p, "w") as f:
+            f.create_dataset("fields", data=arr, dtype=np.dtype("f4").newbyteorder(byteorder))
+        files.append(p)
+        data.append(arr)
+    full = np.concatenate(data)
+    layout = Layout(_mesh((1, 4), (0, 3)), shard={"m0": 1}, halo={1: 2, 2: 3},
+                    boundary={1: "symmetric", 2: "periodic"})
+    src = HDF5Source(files, "fields", layout, batch_size=2, shuffle=False, time_range=(1, 7))
+    p = _pipe(src, 2)
+    n = 0
+    for wins, ids, pads in _epoch(p, 2):
+        for w, sid in zip(wins, ids):
+            t = src.step_of(sid)
+            np.testing.assert_array_equal(w, take_window(full[t], src.region), err_msg=f"step {t}")
+            n += 1
+    assert n == 6
+
+
+def test_not_native_sources_fall_back_or_raise(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    p = str(tmp_path / "c.h5")
+    with h5py.File(p, "w") as f:
+        f.create_dataset("x", data=np.zeros((4, 6, 6), np.float32), chunks=(1, 3, 3), compression="gzip")
+    src = HDF5Source([p], "x", Layout(_mesh((1, 2), (0, 0)), shard={"m0": 1}), batch_size=1)
+    with pytest.raises(native.NotNativeError, match="chunked"):
+        native.plan_source(src)
+
+
+# ---- against partitioned_source, checkpoints --------------------------------------------------------
+def _files(tmp_path, n=7):
+    return [_save(tmp_path / f"sample{i}.npy", np.arange(5 * 12, dtype=np.float32).reshape(5, 12) + 100 * i)
+            for i in range(n)]
+
+
+def _source(files, **kw):
+    mesh = MeshInfo((2, 3), ("data_parallel", "model_parallel"), (1, 2))
+    layout = Layout(mesh, shard={"model_parallel": 1}, halo={1: 2}, boundary={1: "periodic"})
+    return NumpySource(files, layout, batch_size=2, seed=4, **kw)
+
+
+def test_same_outputs_as_partitioned_source_over_two_shuffled_epochs(tmp_path, monkeypatch):
+    from dali_mesh._external import partitioned_source
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    files = _files(tmp_path)
+    src = _source(files)
+
+    @pipeline_def(batch_size=2, num_threads=1, device_id=None, py_num_workers=1, py_start_method="spawn")
+    def ref_pipe():
+        return partitioned_source(src)
+
+    ref = ref_pipe()
+    ref.build()
+    p = _pipe(src, 2)
+    for epoch in range(2):
+        got, want = _epoch(p, 2), _epoch(ref, 2)
+        assert len(got) == len(want) == len(src) // 2
+        for (gw, gi, gp), (ww, wi, wp) in zip(got, want):
+            assert gi == wi and gp == wp
+            for a, b in zip(gw, ww):
+                np.testing.assert_array_equal(a, b)
+        if epoch == 0:
+            first_ids = [i for _, ids, _ in got for i in ids]
+    assert first_ids != [i for _, ids, _ in got for i in ids]  # shuffled: epochs differ
+
+
+def test_checkpoint_mid_epoch_resumes_the_same_batches(tmp_path):
+    files = _files(tmp_path)
+    src = _source(files)
+    p = _pipe(src, 2)
+    p.run()
+    ck = p.checkpoint()
+    rest = _epoch(p, 2) + _epoch(p, 2)[:1]
+    q = _pipe(src, 2, checkpoint=ck)
+    again = _epoch(q, 2) + _epoch(q, 2)[:1]
+    assert [ids for _, ids, _ in rest] == [ids for _, ids, _ in again]
+    for (a, _, _), (b, _, _) in zip(rest, again):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+
+
+# ---- bad files ------------------------------------------------------------------------------------
+def _expect_error(src, match):
+    p = _pipe(src, 2)
+    with pytest.raises(Exception, match=match):
+        for _ in range(len(src) // 2):
+            p.run()
+
+
+def test_missing_file_is_named(tmp_path):
+    files = _files(tmp_path, 4)
+    src = _source(files, shuffle=False)
+    os.unlink(files[1])
+    _expect_error(src, f"{files[1]}: no such file")
+
+
+def test_truncated_file_is_named(tmp_path):
+    files = _files(tmp_path, 4)
+    src = _source(files, shuffle=False)
+    with open(files[3], "r+b") as f:  # this rank reads samples 1 and 3
+        f.truncate(os.path.getsize(files[3]) - 8)
+    _expect_error(src, f"{files[3]}: the file is truncated")
+
+
+def test_resized_file_is_named(tmp_path):
+    files = _files(tmp_path, 4)
+    src = _source(files, shuffle=False)
+    np.save(files[3], np.zeros((5, 13), np.float32))
+    _expect_error(src, f"{files[3]}: the file is .* bytes, but the plan")
+
+
+def test_same_size_other_shape_is_named(tmp_path):
+    files = _files(tmp_path, 4)
+    src = _source(files, shuffle=False)
+    np.save(files[1], np.zeros((12, 5), np.float32))  # same bytes, transposed shape: header differs
+    _expect_error(src, f"{files[1]}: its header differs")
+
+
+def test_first_file_changed_since_the_source_was_made(tmp_path):
+    files = _files(tmp_path, 4)
+    src = _source(files, shuffle=False)
+    np.save(files[0], np.zeros((12, 5), np.float32))
+    with pytest.raises(ValueError, match=f"{files[0]}: shape"):
+        native.plan_source(src)
+
+
+def test_fifo_is_named(tmp_path):
+    files = _files(tmp_path, 4)
+    src = _source(files, shuffle=False)
+    os.unlink(files[1])
+    os.mkfifo(files[1])
+    _expect_error(src, f"{files[1]}: not a regular file")
+
+
+def test_corrupt_plan_file_is_refused(tmp_path):
+    files = _files(tmp_path, 2)
+    src = _source(files, shuffle=False)
+    plan = native.plan_source(src)
+    bad = tmp_path / "bad.dmplan"
+    bad.write_bytes(plan.to_bytes()[:-16])
+    from dali_mesh.fn import load_plugin
+    from nvidia.dali import fn, types
+
+    @pipeline_def(batch_size=1, num_threads=1, device_id=None)
+    def pipe():
+        ids = fn.constant(idata=0, dtype=types.INT64)
+        return load_plugin().read_windows(ids, plan_file=str(bad), dtype=types.FLOAT)
+
+    with pytest.raises(Exception, match="plan file is corrupt"):
+        p = pipe()
+        p.build()
+        p.run()
