@@ -1,7 +1,7 @@
 """One rank's epoch through DALI: its window (model-parallel size 4, H split) against full-sample
 loading, measured in the same run, on cold files.
 
-    python benchmarks/e2e_bench.py [--files 16] [--shape 8,1024,2048] [--runs 3] [--workers 2]
+    python benchmarks/e2e_bench.py [--files 16] [--shape 8,1024,2048] [--runs 3] [--workers 2] [--tiny]
 
 For each loader and run: the files are evicted from the page cache (posix_fadvise DONTNEED), a DALI
 CPU pipeline is built and runs one epoch; bytes pulled from storage are the ``read_bytes`` of
@@ -86,7 +86,10 @@ def main():
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=2)
     ap.add_argument("--dir", default="/tmp/dali_mesh_e2e_bench")
+    ap.add_argument("--tiny", action="store_true", help="4 files of (2, 32, 256), 1 run, 1 worker: a smoke test")
     args = ap.parse_args()
+    if args.tiny:
+        args.files, args.shape, args.runs, args.workers = 4, "2,32,256", 1, 1
     shape = tuple(int(s) for s in args.shape.split(","))
     files = make_data(args.dir, args.files, shape)
     sample_bytes = int(np.prod(shape)) * 4

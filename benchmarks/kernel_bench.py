@@ -10,9 +10,10 @@ same run (``dst.copy_(src)`` of the same byte count, read + written), for batche
   halo cells in longitude; target >= 75%;
 * ``normalise_f16``: the same window, per-channel normalisation and a cast to float16 (for info).
 
-Each result is checked against the host emulation of the kernel on a small sample first.
+Each result is checked against the CPU kernel (GPU) or numpy (``--host``) on one sample first.
 
     python benchmarks/kernel_bench.py [--iters 20] [--json out.json]
+    python benchmarks/kernel_bench.py --host --tiny     # no GPU: the CPU kernel vs np.copyto (CI)
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -28,15 +30,81 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from dali_mesh import _kernels as K  # noqa: E402
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--json")
-    args = ap.parse_args()
+def cases(tiny: bool):
+    """``(name, shape, nsamples, start, window shape, boundary, out dtype, kwargs)`` of each case;
+    ``tiny`` keeps the geometry (row band of rank 1 of 4, periodic halo) at a few KiB."""
+    c, h, w = (2, 64, 64) if tiny else (16, 1024, 1024)
+    ec, eh, ew = (2, 21, 40) if tiny else (16, 721, 1440)  # ERA5-like
+    n = 2 if tiny else 6
+    r0 = -(-eh // 4)  # rows of one rank of 4 (chunk)
+    era_start, era_shape = [0, r0 - 1, -2], [ec, r0 + 2, ew + 4]
+    bnd = ["constant", "constant", "periodic"]
+    mean = [float(v) for v in np.linspace(-1, 1, ec)]
+    std = [float(v) for v in np.linspace(0.5, 2, ec)]
+    return [
+        ("inside", (c, h, w), n, [0, h // 8, 0], [c, 3 * h // 4, w], "constant", np.float32, {}),
+        ("inside_cols", (c, h, w), n, [0, h // 8, w // 4], [c, 3 * h // 4, w // 2], "constant", np.float32, {}),
+        ("periodic_halo", (ec, eh, ew), n + 2, era_start, era_shape, bnd, np.float32, {}),
+        ("periodic_halo_full", (ec, eh, ew), max(2, n - 2), [0, -1, -2], [ec, eh + 2, ew + 4], bnd, np.float32, {}),
+        ("normalise_f16", (ec, eh, ew), n + 2, era_start, era_shape, bnd, np.float16,
+         dict(channel_axis=0, mean=mean, std=std)),
+    ]
+
+
+def record(results, name, shape, nsamples, start, wshape, boundary, out_dtype, t, t_copy, copy_bytes):
+    out_bytes = int(np.prod(wshape)) * np.dtype(out_dtype).itemsize * nsamples
+    read_bytes = int(np.prod(wshape)) * 4 * nsamples  # each window cell read once
+    moved = read_bytes + out_bytes
+    gbs, copy_gbs = moved / t / 1e9, copy_bytes / t_copy / 1e9
+    results["cases"][name] = {
+        "batch": f"{nsamples} x float32 {tuple(shape)} = {nsamples * np.prod(shape) * 4 / 2**20:.0f} MiB",
+        "window": f"start {start} shape {wshape} {boundary} -> {np.dtype(out_dtype).name}",
+        "kernel_s": t, "kernel_GBps": gbs, "d2d_copy_GBps": copy_gbs, "fraction_of_copy": gbs / copy_gbs,
+    }
+    return moved
+
+
+def run_host(args) -> dict:
+    """The CPU kernel (the DALI CPU operator's code, one thread) on host memory vs ``np.copyto``:
+    keeps the cases and their checks running where there is no GPU (CI)."""
+    results = {"device": "host: CPU kernel, one thread (no GPU)", "iters": args.iters, "cases": {}}
+    rng = np.random.default_rng(0)
+
+    def timed(fn) -> float:
+        fn()
+        times = []
+        for _ in range(args.iters):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    for name, shape, nsamples, start, wshape, boundary, out_dtype, kw in cases(args.tiny):
+        samples = [rng.standard_normal(shape, dtype=np.float32) for _ in range(nsamples)]
+        outs = [np.empty(wshape, out_dtype) for _ in range(nsamples)]
+        bnd = [boundary] * len(shape) if isinstance(boundary, str) else boundary
+
+        def run():
+            K.strided_slice_host(samples, start, wshape, 1, bnd, dtype=out_dtype, backend="cpu", out=outs, **kw)
+
+        run()
+        ref = K.reference_strided_slice(samples[0], start, wshape, 1, bnd, dtype=out_dtype, **kw)
+        np.testing.assert_array_equal(outs[0], ref, err_msg=f"{name}: CPU kernel vs numpy")
+        t = timed(run)
+        moved = (int(np.prod(wshape)) * (4 + np.dtype(out_dtype).itemsize)) * nsamples
+        src = np.ones(moved // 2, np.uint8)
+        dst = np.empty_like(src)
+        t_copy = timed(lambda: np.copyto(dst, src))
+        record(results, name, shape, nsamples, start, wshape, boundary, out_dtype, t, t_copy, 2 * src.size)
+    return results
+
+
+def run_gpu(args) -> dict:
     import torch
 
     if not torch.cuda.is_available():
-        raise SystemExit("kernel_bench.py needs a CUDA GPU (torch.cuda.is_available() is False)")
+        raise SystemExit("kernel_bench.py needs a CUDA GPU (torch.cuda.is_available() is False); "
+                         "--host runs the same cases with the CPU kernel")
     if not K.has_cuda():
         raise SystemExit(f"{K.library_path()} was built without CUDA: rebuild with nvcc on PATH")
     dev = torch.device("cuda")
@@ -56,8 +124,7 @@ def main() -> None:
 
     results = {"device": torch.cuda.get_device_name(), "iters": args.iters, "cases": {}}
     launcher = K.CudaLauncher()
-
-    def bench(name, shape, nsamples, start, wshape, boundary, out_dtype=np.float32, **kw):
+    for name, shape, nsamples, start, wshape, boundary, out_dtype, kw in cases(args.tiny):
         samples = [torch.randn(shape, device=dev, dtype=torch.float32) for _ in range(nsamples)]
         tdt = {np.float32: torch.float32, np.float16: torch.float16}[out_dtype]
         outs = [torch.empty(wshape, device=dev, dtype=tdt) for _ in range(nsamples)]
@@ -76,32 +143,26 @@ def main() -> None:
                                    backend="cpu", **kw)[0]
         np.testing.assert_array_equal(outs[0].cpu().numpy(), ref)
         t = timed(run)
-        out_bytes = int(np.prod(wshape)) * np.dtype(out_dtype).itemsize * nsamples
-        read_bytes = int(np.prod(wshape)) * 4 * nsamples  # each window cell read once
-        moved = read_bytes + out_bytes
+        moved = (int(np.prod(wshape)) * (4 + np.dtype(out_dtype).itemsize)) * nsamples
         src = torch.empty(moved // 2, dtype=torch.uint8, device=dev)
         dst = torch.empty_like(src)
         t_copy = timed(lambda: dst.copy_(src))
-        gbs, copy_gbs = moved / t / 1e9, 2 * src.numel() / t_copy / 1e9
-        results["cases"][name] = {
-            "batch": f"{nsamples} x float32 {tuple(shape)} = {nsamples * np.prod(shape) * 4 / 2**20:.0f} MiB",
-            "window": f"start {start} shape {wshape} {boundary} -> {np.dtype(out_dtype).name}",
-            "kernel_s": t, "kernel_GBps": gbs, "d2d_copy_GBps": copy_gbs, "fraction_of_copy": gbs / copy_gbs,
-        }
+        record(results, name, shape, nsamples, start, wshape, boundary, out_dtype, t, t_copy, 2 * src.numel())
         del samples, outs, src, dst
         torch.cuda.empty_cache()
-
-    bench("inside", (16, 1024, 1024), 6, [0, 128, 0], [16, 768, 1024], "constant")
-    bench("inside_cols", (16, 1024, 1024), 6, [0, 128, 256], [16, 768, 512], "constant")
-    era_start, era_shape = [0, 180, -2], [16, 183, 1444]
-    bnd = ["constant", "constant", "periodic"]
-    bench("periodic_halo", (16, 721, 1440), 8, era_start, [16, 183, 1444], bnd)
-    bench("periodic_halo_full", (16, 721, 1440), 4, [0, -1, -2], [16, 723, 1444], bnd)
-    mean = [float(v) for v in np.linspace(-1, 1, 16)]
-    std = [float(v) for v in np.linspace(0.5, 2, 16)]
-    bench("normalise_f16", (16, 721, 1440), 8, era_start, era_shape, bnd, out_dtype=np.float16,
-          channel_axis=0, mean=mean, std=std)
     launcher.close()
+    return results
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--json")
+    ap.add_argument("--host", action="store_true",
+                    help="no GPU: the same cases with the CPU kernel on host memory vs np.copyto")
+    ap.add_argument("--tiny", action="store_true", help="a few KiB per case (a smoke test)")
+    args = ap.parse_args(argv)
+    results = run_host(args) if args.host else run_gpu(args)
     print(json.dumps(results, indent=2))
     if args.json:
         with open(args.json, "w") as f:

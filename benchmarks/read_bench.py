@@ -17,7 +17,7 @@ Data: ``--files`` .npy files of float32 ``--shape`` (default 16 x (8, 1024, 2048
 
 Writes a markdown table to ``--out`` (default benchmarks/read_bench_results.md) and prints it.
 Run: ``python benchmarks/read_bench.py`` (about 3 minutes on 2 cores; needs ~3.5 GiB free in
-``--dir``; the data is deleted afterwards unless ``--keep``).
+``--dir``; the data is deleted afterwards unless ``--keep``). ``--tiny --out /tmp/r.md``: a smoke test.
 """
 from __future__ import annotations
 
@@ -403,7 +403,12 @@ def main(argv=None):
     ap.add_argument("--only-sweep", action="store_true", help="run the merge-gap sweep only")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "read_bench_results.md"))
+    ap.add_argument("--tiny", action="store_true",
+                    help="2 files of (2, 16, 1024), axis 1, 1 repeat, no parallel source, no HDF5/Zarr: a smoke test")
     args = ap.parse_args(argv)
+    if args.tiny:
+        args.files, args.shape, args.axes, args.repeats = 2, [2, 16, 1024], [1], 1
+        args.via_dali = args.chunked = False
 
     need = args.files * math.prod(args.shape) * 4 * 3.5
     os.makedirs(args.dir, exist_ok=True)
