@@ -333,3 +333,26 @@ def test_corrupt_plan_file_is_refused(tmp_path):
         p = pipe()
         p.build()
         p.run()
+
+
+def test_outputs_held_by_the_user_are_never_overwritten(tmp_path):
+    # the operator recycles its output buffers: only those nobody holds any more
+    files = _files(tmp_path, 8)
+    src = NumpySource(files, Layout(_mesh((1, 2), (0, 1)), shard={"m0": 1}), batch_size=2, shuffle=False)
+    p = _pipe(src, 2)
+    expect = [take_window(np.load(f), src.region) for f in files]
+    held = [p.run() for _ in range(4)]  # the whole epoch, every batch kept
+    with pytest.raises(StopIteration):
+        p.run()
+    p.reset()
+    for f in files:  # new contents, same layout: a recycled held buffer would show them
+        np.save(f, -np.load(f) - 1)
+    for _ in range(2):
+        for wins, ids, _ in _epoch(p, 2):
+            for w, sid in zip(wins, ids):
+                np.testing.assert_array_equal(w, -expect[sid] - 1)
+    for b, (w, ids, _) in enumerate(held):
+        for k in range(2):
+            sid = int(np.array(ids[k]))
+            assert sid == 2 * b + k
+            np.testing.assert_array_equal(np.array(w[k]), expect[sid])

@@ -1,0 +1,154 @@
+"""The native reader (fn.dali_mesh.read_windows) against DALI's fn.readers.numpy with the same ROI and
+against partitioned_source, side by side in one run, warm and cold.
+
+    python benchmarks/native_read_bench.py [--files 16] [--shape 8,1024,2048] [--runs 3] [--threads 1,2]
+
+Rank 1 of 4, H (axis 1) split, batch 2, CPU pipelines (device_id=None). Per run, thread count and
+loader: a pipeline is built; cold: the files are evicted (posix_fadvise DONTNEED after fsync) and
+one epoch is timed, bytes from storage = ``read_bytes`` of this process and its DALI workers; warm:
+the next epochs (files now cached) are timed, median of ``--warm-epochs``. Epoch time = first
+``run()`` to the last batch (pipeline build excluded). Loaders:
+  native       dali_mesh.native.read_windows(NumpySource): ``num_threads`` = threads
+  dali_roi     fn.readers.numpy(roi_start, roi_end) (default mmap): ``num_threads`` = threads
+  partitioned  dali_mesh partitioned_source (parallel external source): ``py_num_workers`` = threads
+Medians over ``--runs``; the ratio column is the median of per-run ratios to dali_roi.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from dali_mesh import Layout, MeshInfo  # noqa: E402
+from dali_mesh.io.pagecache import descendant_pids, evict, read_bytes  # noqa: E402
+from dali_mesh.partition import take_window  # noqa: E402
+from dali_mesh.source import NumpySource  # noqa: E402
+
+
+def make_data(folder, n, shape):
+    os.makedirs(folder, exist_ok=True)
+    files = [os.path.join(folder, f"s{i:03d}.npy") for i in range(n)]
+    for i, f in enumerate(files):
+        if not os.path.exists(f) or np.load(f, mmap_mode="r").shape != tuple(shape):
+            np.save(f, np.random.default_rng(i).standard_normal(shape, dtype=np.float32))
+        fd = os.open(f, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    return files
+
+
+def build(loader, files, source, region, threads, batch):
+    from nvidia.dali import fn, pipeline_def
+
+    from dali_mesh import native
+    from dali_mesh._external import partitioned_source
+
+    if loader == "native":
+        @pipeline_def(batch_size=batch, num_threads=threads, device_id=None, prefetch_queue_depth=1)
+        def pipe():
+            return native.read_windows(source, fallback=False)[0]
+    elif loader == "dali_roi":
+        @pipeline_def(batch_size=batch, num_threads=threads, device_id=None, prefetch_queue_depth=1)
+        def pipe():
+            return fn.readers.numpy(file_root=os.path.dirname(files[0]),
+                                    files=[os.path.basename(f) for f in files],
+                                    roi_start=list(region.start), roi_end=list(region.stop),
+                                    random_shuffle=False, name="r")
+    else:
+        @pipeline_def(batch_size=batch, num_threads=1, device_id=None, py_num_workers=threads,
+                      py_start_method="spawn", prefetch_queue_depth=1)
+        def pipe():
+            return partitioned_source(source)[0]
+    p = pipe()
+    p.build()
+    return p
+
+
+def run_epoch(p, loader, n_batches):
+    """Seconds for one epoch; the first batch of every loader is checked for shape."""
+    t0 = time.perf_counter()
+    for _ in range(n_batches):
+        out = p.run()
+    if loader != "dali_roi":  # sources end their epoch: DALI needs the StopIteration and a reset
+        try:
+            p.run()
+            raise RuntimeError(f"{loader}: the epoch did not end after {n_batches} batches")
+        except StopIteration:
+            p.reset()
+    seconds = time.perf_counter() - t0
+    return seconds, out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--files", type=int, default=16)
+    ap.add_argument("--shape", default="8,1024,2048")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--warm-epochs", type=int, default=3)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--batch-size", type=int, default=2)
+    ap.add_argument("--loaders", default="native,dali_roi,partitioned")
+    ap.add_argument("--dir", default="/tmp/dali_mesh_native_bench")
+    args = ap.parse_args()
+    os.environ["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(__file__), ".."),
+                                                os.environ.get("PYTHONPATH", "")])
+    shape = tuple(int(s) for s in args.shape.split(","))
+    files = make_data(args.dir, args.files, shape)
+    layout = Layout(MeshInfo((4,), ("model_parallel",), (1,)), shard={"model_parallel": 1})
+    region = layout.region(shape)
+    source = NumpySource(files, layout, batch_size=args.batch_size, shuffle=False)
+    window_bytes = int(np.prod(region.window_shape)) * 4 * len(files)
+    n_batches = len(files) // args.batch_size
+    loaders = args.loaders.split(",")
+    threads = [int(t) for t in args.threads.split(",")]
+
+    # correctness first: the native window of the first batch equals the numpy oracle
+    p = build("native", files, source, region, 1, args.batch_size)
+    out = p.run()
+    np.testing.assert_array_equal(np.array(out[0][0]), take_window(np.load(files[0]), region))
+    del p
+
+    res = {}  # (threads, loader) -> list of (cold s, cold bytes, warm s)
+    for run in range(args.runs):
+        for t in threads:
+            for loader in loaders:
+                p = build(loader, files, source, region, t, args.batch_size)
+                evict(files)
+                before = read_bytes([os.getpid()] + descendant_pids(os.getpid()))
+                cold, _ = run_epoch(p, loader, n_batches)
+                got = read_bytes([os.getpid()] + descendant_pids(os.getpid())) - before
+                warm = statistics.median(run_epoch(p, loader, n_batches)[0] for _ in range(args.warm_epochs))
+                del p
+                res.setdefault((t, loader), []).append((cold, got, warm))
+                print(f"run {run} threads {t} {loader}: cold {cold:.3f} s {got / window_bytes:.3f}x window, "
+                      f"warm {warm:.3f} s", file=sys.stderr)
+
+    print(f"{len(files)} x float32 {shape} .npy, rank 1 of 4 (H split, window {region.window_shape}), batch "
+          f"{args.batch_size}; medians of {args.runs} runs (warm: median of {args.warm_epochs} epochs per run); "
+          f"load average at the end {os.getloadavg()[0]:.1f}")
+    print("| threads | loader | cold epoch s | cold bytes / window | warm epoch s | cold vs dali_roi | warm vs dali_roi |")
+    print("|---|---|---|---|---|---|---|")
+    for t in threads:
+        base = res.get((t, "dali_roi"))
+        for loader in loaders:
+            r = res[(t, loader)]
+            cold = statistics.median(x[0] for x in r)
+            got = statistics.median(x[1] for x in r)
+            warm = statistics.median(x[2] for x in r)
+            if base:
+                rc = statistics.median(x[0] / b[0] for x, b in zip(r, base))
+                rw = statistics.median(x[2] / b[2] for x, b in zip(r, base))
+                ratio = f"{rc:.2f}x | {rw:.2f}x"
+            else:
+                ratio = "- | -"
+            print(f"| {t} | {loader} | {cold:.3f} | {got / window_bytes:.3f}x | {warm:.3f} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()
