@@ -20,10 +20,11 @@ source                                  path
 either byte order, channel subsets,     its plan, and each file's header bytes and size are
 per-sample shapes)                      checked when read
 ``HDF5Source``, contiguous dataset,     native; one plan per file layout, a base offset per step
-no filters, no forecast
+no forecast
+``HDF5Source``, chunked without         native; per step the ranges inside the chunks touched
+filters (uncompressed), no forecast     (steps at equal relative offsets share one plan)
 everything else (``direct=True``,       ``partitioned_source`` (a one-line log says why)
-chunked or compressed HDF5, Zarr,
-forecasts)
+compressed HDF5, Zarr, forecasts)
 ======================================  ===================================================
 
 Importing this module imports DALI (as :mod:`dali_mesh.fn` does).
@@ -32,9 +33,10 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import itertools
 import logging
+import math
 import os
-import struct
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -44,7 +46,7 @@ from typing import Sequence
 import numpy as np
 
 from dali_mesh.io._plan import WindowPlan, plan_window
-from dali_mesh.io.npy import DEFAULT_MERGE_GAP, read_npy_header, plan_npy_reads
+from dali_mesh.io.npy import DEFAULT_MERGE_GAP, _group, plan_npy_reads, read_npy_header
 from dali_mesh.partition import check_fill_value
 
 __all__ = ["NotNativeError", "NativePlan", "plan_source", "read_windows", "PLAN_MAGIC"]
@@ -145,16 +147,23 @@ def encode_plan(plan: WindowPlan, file_layout, *, check: bytes = b"", merge_gap:
     """One plan's bytes: the window ``plan`` read from an array stored as ``file_layout`` (``shape``,
     stored ``dtype``, ``fortran_order``, ``data_offset``: the offset of element 0 relative to the
     item's base offset), with ``check`` the bytes expected at file offset 0."""
-    dtype = np.dtype(file_layout.dtype)
-    native = dtype.newbyteorder("=") if dtype.byteorder not in "=|" else dtype
     fo, do, ub, groups = plan_npy_reads(file_layout, plan, prefix, merge_gap)
+    return encode_units(plan, np.dtype(file_layout.dtype), bool(file_layout.fortran_order), fo, do, ub,
+                        groups, check)
+
+
+def encode_units(plan: WindowPlan, dtype: np.dtype, fortran: bool, fo, do, ub, groups,
+                 check: bytes = b"") -> bytes:
+    """One plan's bytes from its units (file offsets, window offsets, bytes; sorted by file offset,
+    disjoint), their read groups, and the boundary program of ``plan``."""
+    native = dtype.newbyteorder("=") if dtype.byteorder not in "=|" else dtype
     gb = [g[0] for g in groups]
     ge = [g[1] for g in groups]
     fill = b""
     if any(a.fill.size for a in plan.axes):
         check_fill_value(plan.fill_value, native, " (the planned files' dtype)")
         fill = np.asarray(plan.fill_value).astype(native).tobytes()
-    fortran = bool(file_layout.fortran_order) and len(plan.axes) > 1
+    fortran = fortran and len(plan.axes) > 1
     out = [_ints(len(plan.axes), dtype.itemsize, _swap_unit(dtype), int(fortran)),
            _arr(plan.window_shape), _ints(len(fo), len(groups)), _arr(fo), _arr(do), _arr(ub),
            _arr(gb), _arr(ge), _bytes(check), _bytes(fill)]
@@ -217,7 +226,65 @@ def _plan_numpy(source, merge_gap: int) -> NativePlan:
     return plans
 
 
+class _Boxes:
+    """A window plan's boxes cut to one chunk: what :func:`plan_npy_reads` needs of a plan."""
+
+    def __init__(self, boxes, window_shape):
+        self._boxes, self.window_shape = boxes, window_shape
+
+    def boxes(self):
+        return iter(self._boxes)
+
+
+def _pieces(start: int, length: int, chunk: int):
+    """``(offset in the box, chunk index, start in the chunk, length)`` of a run cut by a chunk grid."""
+    out, pos = [], start
+    while pos < start + length:
+        c = pos // chunk
+        n = min(start + length, (c + 1) * chunk) - pos
+        out.append((pos - start, c, pos - c * chunk, n))
+        pos += n
+    return out
+
+
+def _chunk_units(ds, path, wplan: WindowPlan, local: int, merge_gap: int):
+    """Units of step ``local`` of a chunked, unfiltered dataset: every box of the window cut to the
+    chunks it touches; each chunk is a C-order array of the full chunk shape at its file offset."""
+    chunks = tuple(ds.chunks)
+    ct = chunks[0]
+    fo_all, do_all, ub_all = [], [], []
+    for wst, fst, ln in wplan.boxes():
+        per_axis = [_pieces(f, n, c) for f, n, c in zip(fst, ln, chunks[1:])]
+        for combo in itertools.product(*per_axis):
+            coord = (local // ct * ct,) + tuple(p[1] * c for p, c in zip(combo, chunks[1:]))
+            info = ds.id.get_chunk_info_by_coord(coord)
+            if info.byte_offset is None:
+                raise NotNativeError(f"{path}: chunk {coord} of dataset {ds.name} was never written "
+                                     "(it reads as fill values)")
+            if info.size != math.prod(chunks) * ds.dtype.itemsize:
+                raise NotNativeError(f"{path}: chunk {coord} of dataset {ds.name} is stored in "
+                                     f"{info.size} bytes, not as raw data")
+            box = (tuple(w + p[0] for w, p in zip(wst, combo)), tuple(p[2] for p in combo),
+                   tuple(p[3] for p in combo))
+            lay = SimpleNamespace(shape=chunks, dtype=ds.dtype, fortran_order=False,
+                                  data_offset=int(info.byte_offset))
+            fo, do, ub, _ = plan_npy_reads(lay, _Boxes([box], wplan.window_shape), (local % ct,), 0)
+            fo_all.append(fo)
+            do_all.append(do)
+            ub_all.append(ub)
+    if not fo_all:
+        e = np.empty(0, np.int64)
+        return e, e, e, []
+    fo, do, ub = np.concatenate(fo_all), np.concatenate(do_all), np.concatenate(ub_all)
+    order = np.argsort(fo, kind="stable")
+    fo, do, ub = fo[order], do[order], ub[order]
+    return fo, do, ub, _group(fo, ub, merge_gap, True)
+
+
 def _plan_hdf5(source, merge_gap: int) -> NativePlan:
+    """Contiguous datasets: one plan per frame layout, a base offset per step. Chunked datasets
+    without filters: per step, the units of the chunks touched; steps whose units lie at the same
+    relative offsets share a plan (the usual case for files written step by step)."""
     import h5py
 
     from dali_mesh.io.hdf5 import open_hdf5_dataset
@@ -225,38 +292,48 @@ def _plan_hdf5(source, merge_gap: int) -> NativePlan:
     if source.forecast is not None:
         raise NotNativeError("HDF5Source with a forecast (two windows per sample) is read by partitioned_source")
     plans = None
-    file_base: list[tuple[int, int, int]] = []  # per file: (plan, data offset, step bytes)
+    steps_of_file: dict[int, list[tuple[int, int]]] = {}
+    for sid in range(source.num_samples):
+        fi, local = source.locate(source.step_of(sid))
+        steps_of_file.setdefault(fi, []).append((sid, local))
+    items: dict[int, tuple[int, int, int]] = {}
     for fi, path in enumerate(source.files):
         f, ds = open_hdf5_dataset(path, source.name, **source.h5_kwargs)
         try:
             dcpl = ds.id.get_create_plist()
-            if dcpl.get_layout() != h5py.h5d.CONTIGUOUS or ds.chunks is not None:
-                raise NotNativeError(f"{path}: dataset {source.name!r} is chunked (chunks {ds.chunks}); "
-                                     "only contiguous datasets are read natively")
-            if dcpl.get_nfilters() or ds.external or ds.is_virtual:
-                raise NotNativeError(f"{path}: dataset {source.name!r} has filters or external storage")
-            offset = ds.id.get_offset()
-            if offset is None:
-                raise NotNativeError(f"{path}: dataset {source.name!r} has no stored data (never written)")
+            if dcpl.get_nfilters():
+                raise NotNativeError(f"{path}: dataset {source.name!r} is compressed or filtered "
+                                     f"({dcpl.get_nfilters()} filters); it is decoded by partitioned_source")
+            if ds.external or ds.is_virtual:
+                raise NotNativeError(f"{path}: dataset {source.name!r} has external or virtual storage")
             native = _check_dtype(ds.dtype, path)
             frame = tuple(ds.shape[1:])
             if plans is None:
                 plans = NativePlan(native, source.sample_ndim)
             region = source.region if source.sample_shape is not None else source.region_of(
                 source._frame_shapes[fi])
-            key = (frame, ds.dtype.str)
             wplan = plan_window(region, source.index_maps)
-            lay = SimpleNamespace(shape=frame, dtype=ds.dtype, fortran_order=False, data_offset=0)
-            pidx = plans.add_plan(key, lambda: (encode_plan(wplan, lay, merge_gap=merge_gap), wplan.window_shape))
-            step_bytes = int(np.prod(frame, dtype=np.int64)) * ds.dtype.itemsize
             plans.files.append((path, os.path.getsize(path)))
-            file_base.append((pidx, int(offset), step_bytes))
+            if ds.chunks is None:
+                offset = ds.id.get_offset()
+                if offset is None:
+                    raise NotNativeError(f"{path}: dataset {source.name!r} has no stored data (never written)")
+                lay = SimpleNamespace(shape=frame, dtype=ds.dtype, fortran_order=False, data_offset=0)
+                pidx = plans.add_plan(("contiguous", frame, ds.dtype.str), lambda: (
+                    encode_plan(wplan, lay, merge_gap=merge_gap), wplan.window_shape))
+                step_bytes = math.prod(frame) * ds.dtype.itemsize
+                for sid, local in steps_of_file.get(fi, []):
+                    items[sid] = (fi, pidx, int(offset) + local * step_bytes)
+            else:
+                for sid, local in steps_of_file.get(fi, []):
+                    fo, do, ub, groups = _chunk_units(ds, path, wplan, local, merge_gap)
+                    base = int(fo[0]) if fo.size else 0
+                    body = encode_units(wplan, ds.dtype, False, fo - base, do, ub, groups)
+                    pidx = plans.add_plan(body, lambda: (body, wplan.window_shape))
+                    items[sid] = (fi, pidx, base)
         finally:
             f.close()
-    for sid in range(source.num_samples):
-        fi, local = source.locate(source.step_of(sid))
-        pidx, off, step = file_base[fi]
-        plans.items.append((fi, pidx, off + local * step))
+    plans.items = [items[sid] for sid in range(source.num_samples)]
     return plans
 
 
