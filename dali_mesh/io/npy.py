@@ -29,7 +29,6 @@ import logging
 import math
 import mmap
 import os
-import warnings
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -167,11 +166,8 @@ def _parse_header(path: str, head: bytes, file_size: int) -> NpyHeader:
     if not isinstance(descr, str):
         raise UnsupportedDtypeError(path, f"structured dtype {_short(descr)} is not supported; store plain numeric arrays")
     try:
-        with warnings.catch_warnings():
-            # a deprecated alias is not worth a warning per read: refuse it like any unknown descr
-            warnings.simplefilter("error")
-            dtype = np.dtype(descr)
-    except Exception as e:  # np.dtype raises TypeError, ValueError, SyntaxError (',<f4'), warnings ...
+        dtype = np.dtype(descr)
+    except Exception as e:  # np.dtype raises TypeError, ValueError, SyntaxError (',<f4'), ...
         raise HeaderError(path, f"dtype descr {_short(descr)} is not understood ({type(e).__name__}); "
                           "the file is corrupt or not written by numpy") from None
     if dtype.kind == "O" or dtype.hasobject:
