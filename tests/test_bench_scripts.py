@@ -1,0 +1,259 @@
+"""CI smoke runs of the benchmark scripts and of the GPU check's CPU-side logic, so that the code a GPU
+machine runs does not rot where there is none: each script runs on tiny data (a few seconds) and
+its output is checked; the GPU check's planning, JUnit counting, time bounds and summary are checked
+on fake results."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+LAST_LINE = ("gpu-check: {p} passed, {f} failed, {s} skipped; kernel {k} of D2D copy; "
+             "dali_mesh {r} samples/s into GPU memory")
+
+
+def _run(args, tmp_path, timeout=120, env=None):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+               **(env or {}))
+    return subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _module(name):
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _needs_plugin():
+    pytest.importorskip("nvidia.dali")
+    from dali_mesh import fn as dfn
+
+    if not dfn.PLUGIN_PATH.exists():
+        pytest.skip("libdali_mesh.so not built (pip install --no-build-isolation -e .)")
+
+
+def _needs_kernels():
+    from dali_mesh import _kernels as K
+
+    try:
+        K.load()
+    except K.KernelsError as e:
+        pytest.skip(str(e))
+
+
+# ---- gpu_bench.py ------------------------------------------------------------------------------------------
+def test_gpu_bench_cpu_tiny_runs_every_loader(tmp_path):
+    _needs_plugin()
+    r = _run([str(BENCH / "gpu_bench.py"), "--device", "cpu", "--tiny", "--dir", str(tmp_path / "data"),
+              "--json", str(tmp_path / "b.json"), "--out", str(tmp_path / "b.md")], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert data["ok"] is True
+    (case,) = data["cases"]
+    assert case["shape"] == [2, 21, 40]
+    assert sorted(case["results"]) == ["a", "b", "c", "d"]
+    for key, res in case["results"].items():
+        assert res["error"] == "" and res["mismatch"] == "", (key, res)
+        assert len(res["cold_s"]) == 1 and len(res["warm_s"]) == 1 and res["warm_samples_per_s"] > 0, (key, res)
+    assert data["headline_samples_per_s"] == case["results"]["d"]["warm_samples_per_s"]
+    md = (tmp_path / "b.md").read_text()
+    assert md.count("equal to numpy") == 4 and "CPU pipelines (`--device cpu`)" in md
+    assert not (tmp_path / "data").exists()  # data removed without --keep
+
+
+def test_gpu_bench_check_finds_a_wrong_batch(tmp_path):
+    """The benchmark's own check of the first batch: equal passes, one wrong value is reported."""
+    gb = _module("gpu_bench")
+    files = gb.make_data(str(tmp_path), 2, (2, 9, 12))
+    args = type("Args", (), {"device": "cpu", "batch_size": 2, "threads": 1, "workers": 1})()
+    case = gb.Case(files, (2, 9, 12), args)
+    from dali_mesh._kernels import reference_strided_slice
+    from dali_mesh.partition import take_window
+
+    owned = [take_window(np.load(f), case.region) for f in files]
+    assert case.check("b", [owned]) == ""
+    owned[1] = owned[1].copy()
+    owned[1][0, 0, 3] += 1
+    assert case.check("b", [owned]).startswith("sample 1:")
+    d = [reference_strided_slice(take_window(np.load(f), case.halo_region), case.d_start, case.d_shape, 1,
+                                 ["constant", "constant", "periodic"], dtype=np.float16, channel_axis=0,
+                                 mean=case.mean, std=case.std) for f in files[::-1]]
+    assert case.check("d", [d, [1, 0]]) == ""  # sample ids say which file each window is
+    assert case.check("d", [d, [0, 1]]).startswith("sample 0:")
+    assert case.d_shape == [2, case.halo_region.window_shape[1], 12 + 2 * gb.LON_HALO]
+
+
+# ---- gpu_check.py ------------------------------------------------------------------------------------------
+def test_gpu_check_without_a_gpu_says_so(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: run `make gpu-check`")
+    out = tmp_path / "out"
+    r = _run([str(BENCH / "gpu_check.py")], tmp_path, env={"GPU_CHECK_OUT": str(out)})
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "no CUDA GPU visible" in r.stderr
+    lines = r.stdout.strip().splitlines()
+    skipped = len(json.loads((out / "results.json").read_text())["steps"])
+    assert lines[-1] == LAST_LINE.format(p=0, f=0, s=skipped, k="n/a", r="n/a")
+    assert (out / "summary.md").read_text().rstrip().endswith(lines[-1] + "\n```")
+
+
+def _fake_info(**kw):
+    info = {"python_path": "/opt/py/bin/python3", "cpus": 16, "gpus": 1, "gpu_name": "NVIDIA H200",
+            "torch": "2.11", "tools": {"nvcc": "/usr/local/cuda/bin/nvcc", "compute-sanitizer": "/cs",
+                                       "cmake": "/usr/bin/cmake", "make": "/usr/bin/make", "nvidia-smi": None},
+            "make_kernels_target": True}
+    info.update(kw)
+    return info
+
+
+def test_gpu_check_plans_each_setting(tmp_path, monkeypatch, capsys):
+    gc = _module("gpu_check")
+    assert gc.setting_of(_fake_info()) == "kernels"
+    assert gc.setting_of(_fake_info(dali="2.4.0")) == "dali"
+    assert gc.setting_of(_fake_info(gpus=0)) == "none"
+
+    steps = {s.name: s for s in gc.plan(_fake_info(), "kernels", tmp_path, 16)}
+    build = steps["build-kernels"]
+    assert build.cmd[1:] == ["kernels", "DALI_MESH_CUDA=1", "DALI_MESH_CUDA_ARCHS=native"]
+    assert "--ignore=tests/gpu/test_gpu_dali.py" in steps["gpu-tests"].cmd
+    assert steps["stress"].cmd[-1] == "tests/gpu/test_gpu_stress.py"
+    assert steps["memcheck"].cmd[:3] == ["/cs", "--tool", "memcheck"] and steps["memcheck"].last
+    assert steps["memcheck"].env == {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    for name in ("dali-tests", "demo-1rank", "demo-2ranks", "gpu-bench"):
+        assert steps[name].cmd is None and "DALI is not importable" in steps[name].reason
+    assert all(0 < s.timeout <= 300 for s in steps.values() if s.cmd)  # each step bounded,
+    assert gc.DEFAULT_BUDGET < 8 * 60  # and the whole check
+
+    no_make = gc.plan(_fake_info(make_kernels_target=False), "kernels", tmp_path, 4)
+    assert no_make[0].cmd[0] == "bash" and "-DDALI_MESH_KERNELS_ONLY=ON" in no_make[0].cmd[2]
+    assert "-DCMAKE_CUDA_ARCHITECTURES=native" in no_make[0].cmd[2]
+    no_sanitizer = gc.plan(_fake_info(tools={"compute-sanitizer": None}), "kernels", tmp_path, 4)
+    assert no_sanitizer[-1].cmd is None and "compute-sanitizer" in no_sanitizer[-1].reason
+
+    steps = {s.name: s for s in gc.plan(_fake_info(dali="2.4.0"), "dali", tmp_path, 16)}
+    assert "build-kernels" not in steps
+    assert steps["build-plugin"].cmd[1:] == ["-m", "pip", "install", "--no-index", "--no-build-isolation",
+                                             "--no-deps", "-e", "."]
+    assert steps["build-plugin"].env["DALI_MESH_CUDA_ARCHS"] == "native"
+    assert steps["dali-tests"].cmd[-1] == "tests/gpu/test_gpu_dali.py"
+    assert steps["demo-1rank"].cmd[2:4] == ["dali_mesh.cli", "demo"] and "1" in steps["demo-1rank"].cmd
+    assert "benchmarks/gpu_bench.py" in steps["gpu-bench"].cmd
+
+    # --dry-run prints the plan of the forced setting and runs nothing
+    monkeypatch.setattr(gc, "detect", lambda python: _fake_info(python_path=python, gpus=0, dali="2.4.0"))
+    assert gc.main(["--dry-run", "--setting", "dali", "--out", str(tmp_path / "o")]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("gpu-check plan: setting dali")
+    assert "--no-index" in text and "tests/gpu/test_gpu_dali.py" in text and "compute-sanitizer" in text
+    assert not (tmp_path / "o").exists()
+
+
+def test_gpu_check_runs_steps_counts_tests_and_bounds_time(tmp_path):
+    gc = _module("gpu_check")
+    (tmp_path / "test_fake.py").write_text(
+        "import pytest\n"
+        "def test_ok():\n    assert 1\n"
+        "def test_bad():\n    assert 0, 'wrong window'\n"
+        "def test_skip():\n    pytest.skip('no GPU here')\n")
+    cmd, junit = gc._pytest(sys.executable, tmp_path, "fake", [str(tmp_path / "test_fake.py")])
+    with open(tmp_path / "log", "w") as log:
+        res = gc.run_step(gc.Step("fake", "three tests", cmd, 60, junit=junit, cwd=str(tmp_path)), log, 100)
+        assert (res.status, res.passed, res.failed, res.skipped) == ("failed", 1, 1, 1)
+        assert "test_bad" in res.failed_tests[0] and "wrong window" in res.failed_tests[0]
+        assert "no GPU here" in res.skipped_tests[0]
+
+        slow = gc.Step("slow", "sleeps", [sys.executable, "-c", "import time; time.sleep(60)"], 1)
+        res = gc.run_step(slow, log, 100)
+        assert (res.status, res.failed) == ("failed", 1) and "timed out after 1 s" in res.detail
+        assert res.seconds < 30
+
+        res = gc.run_step(gc.Step("late", "no budget", [sys.executable, "-c", "pass"], 60), log, 5)
+        assert (res.status, res.skipped) == ("skipped", 1) and "budget" in res.detail
+        res = gc.run_step(gc.Step("bench", "one check", [sys.executable, "-c", "pass"], 60), log, 100)
+        assert (res.status, res.passed, res.failed) == ("passed", 1, 0)
+    assert "===== slow: sleeps" in (tmp_path / "log").read_text()
+
+
+def test_gpu_check_summary_and_last_line_from_fake_results(tmp_path):
+    gc = _module("gpu_check")
+    (tmp_path / "kernel_bench.json").write_text(json.dumps({"cases": {
+        "inside": {"window": "w", "kernel_GBps": 3900.0, "d2d_copy_GBps": 4400.0, "fraction_of_copy": 0.886},
+        "periodic_halo": {"window": "w", "kernel_GBps": 3000.0, "d2d_copy_GBps": 4400.0, "fraction_of_copy": 0.68},
+        "inside_cols": {"window": "w", "kernel_GBps": 3500.0, "d2d_copy_GBps": 4400.0, "fraction_of_copy": 0.79}}}))
+    (tmp_path / "gpu_bench.json").write_text(json.dumps({"headline_samples_per_s": 412.34, "markdown": "| t |"}))
+    results = [gc.Result("build-kernels", "b", "passed", 40, passed=1),
+               gc.Result("gpu-tests", "t", "failed", 20, passed=12, failed=1, failed_tests=["x::test_y: boom"]),
+               gc.Result("memcheck", "m", "skipped", detail="compute-sanitizer is not installed", skipped=1)]
+    frac, rows = gc.kernel_figures(tmp_path / "kernel_bench.json")
+    rate, md = gc.loader_figure(tmp_path / "gpu_bench.json")
+    totals = gc.totals_of(results)
+    line = gc.last_line(totals, frac, rate)
+    assert line == LAST_LINE.format(p=13, f=1, s=1, k="89%", r="412.3")
+    assert gc.last_line({"passed": 3, "failed": 0, "skipped": 0}, None, None) == LAST_LINE.format(
+        p=3, f=0, s=0, k="n/a", r="n/a")
+    assert [(r["case"], r["met"]) for r in rows] == [("inside", True), ("periodic_halo", False), ("inside_cols", None)]
+    summary = gc.summary_markdown(_fake_info(dali="2.4.0"), "dali", results, rows, md,
+                                  {"demo-2ranks": "passed; backend: gloo on the CPU"}, line, "python gpu_check.py")
+    assert "- gpu-tests: FAILED x::test_y: boom" in summary
+    assert "- memcheck: not run (compute-sanitizer is not installed)" in summary
+    assert "- kernel periodic_halo: 68% of D2D copy, target 75%: MISSED" in summary
+    assert "| inside | w | 3900 | 4400 | 89% | 85% met |" in summary
+    assert "demo-2ranks: passed; backend: gloo on the CPU" in summary and "| t |" in summary
+    assert summary.rstrip().endswith(line + "\n```")
+    assert gc.kernel_figures(tmp_path / "missing.json") == (None, [])
+
+
+# ---- the other benchmark scripts ----------------------------------------------------------------------------
+def test_kernel_bench_host_tiny(tmp_path):
+    _needs_kernels()
+    r = _run([str(BENCH / "kernel_bench.py"), "--host", "--tiny", "--iters", "2", "--json", str(tmp_path / "k.json")],
+             tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    cases = json.loads((tmp_path / "k.json").read_text())["cases"]
+    assert sorted(cases) == sorted(["inside", "inside_cols", "periodic_halo", "periodic_halo_full", "normalise_f16"])
+    assert all(c["fraction_of_copy"] > 0 for c in cases.values())
+    assert cases["periodic_halo"]["window"].startswith("start [0, 5, -2] shape [2, 8, 44]")  # rank 1 of 4, 21 rows
+
+
+def test_kernel_bench_without_a_gpu_exits_with_a_clear_message(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    r = _run([str(BENCH / "kernel_bench.py"), "--tiny"], tmp_path)
+    assert r.returncode != 0 and "needs a CUDA GPU" in r.stderr and "--host" in r.stderr
+
+
+def test_read_bench_tiny(tmp_path):
+    pytest.importorskip("nvidia.dali")
+    r = _run([str(BENCH / "read_bench.py"), "--tiny", "--dir", str(tmp_path / "d"), "--out", str(tmp_path / "r.md")],
+             tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    md = (tmp_path / "r.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("| 1 |")]
+    assert len(rows) == 6 and any("dali_mesh read_npy_window" in row for row in rows)
+
+
+def test_e2e_bench_tiny(tmp_path):
+    pytest.importorskip("nvidia.dali")
+    r = _run([str(BENCH / "e2e_bench.py"), "--tiny", "--dir", str(tmp_path / "d")], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = {line.split("|")[1].strip(): line for line in r.stdout.splitlines() if line.startswith("| ")}
+    assert {"window", "full", "dali"} <= set(rows)
+
+
+def test_region_bench_quick(tmp_path):
+    r = _run([str(BENCH / "region_bench.py"), "--quick"], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [line.split()[-3] for line in r.stdout.splitlines()[1:]] == ["8", "1024", "262144", "1048576", "1048576"]
