@@ -462,3 +462,18 @@ def test_short_reads_continue_and_a_shrunk_file_is_named(tmp_path):
         assert bytes(d[:40]) == bytes(range(60, 100))
     finally:
         os.close(fd)
+
+
+def test_a_failing_read_is_named(tmp_path, monkeypatch):
+    """EIO from the storage (faked here) arrives as a DataFileError naming the file, not a bare OSError."""
+    import errno
+
+    path = _save(tmp_path / "disk.npy", np.zeros((4, 4), np.float32))
+
+    def failing_preadv(fd, buffers, offset):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "preadv", failing_preadv)
+    with pytest.raises(DataFileError, match=r"disk\.npy: reading failed \(Input/output error\)") as info:
+        read_npy_window(path, REGION_2D, method="preadv")
+    assert info.value.path == path

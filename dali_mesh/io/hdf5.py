@@ -62,6 +62,8 @@ def _resolve_links(h5py, f, path: str, name: str, allow_external: bool):
         if not isinstance(node, h5py.Group):
             return None
         comp = todo.pop(0)
+        if comp == ".":
+            continue
         link = node.get(comp, getlink=True)
         if link is None:
             return None

@@ -221,9 +221,19 @@ def read_npy_header(path: str | os.PathLike) -> NpyHeader:
     fd = _open(path)
     try:
         return _read_header_fd(fd, str(path), stats)
+    except OSError as e:
+        raise _io_error(path, e) from None
     finally:
         os.close(fd)
         _account(None, stats)
+
+
+def _io_error(path: str, e: OSError) -> Exception:
+    """A read's ``OSError`` (EIO from a failing disk, ESTALE on NFS ...) as a :class:`DataFileError`
+    naming the file; errors that already are one pass through."""
+    if isinstance(e, DataFileError):
+        return e
+    return DataFileError(path, f"reading failed ({e.strerror or e}); check the file and its storage")
 
 
 # ---- byte-range plan -----------------------------------------------------------------------------
@@ -532,6 +542,8 @@ def read_npy_window(
             out[...] = stage.T if header.fortran_order else stage
         plan.finish(out)
         return out
+    except OSError as e:
+        raise _io_error(path, e) from None
     finally:
         os.close(fd)
         _account(stats, local)
