@@ -99,7 +99,10 @@ def test_regular_file_check_does_not_block_in_process(tmp_path):
     link = str(tmp_path / "x.npy")
     os.symlink(fifo, link)
     # a writer that is never there would block a blocking open; if the open blocked, the alarm ends it
-    old = signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("open blocked")))
+    def blocked(signum, frame):
+        raise TimeoutError("the open of a FIFO blocked")
+
+    old = signal.signal(signal.SIGALRM, blocked)
     signal.alarm(10)
     try:
         with pytest.raises(NotRegularFileError, match=r"x\.npy: is a FIFO"):
