@@ -173,31 +173,38 @@ DM_EXPORT int dm_strided_slice(int backend, void *launcher, int nsamples, int nd
               err, errlen);
 }
 
-// Plan statistics of the GPU path (for tests and benchmarks): elem_size, need_pad, convert,
-// num_blocks, in that order, into out4.
+// Plan statistics of the GPU path (for tests and benchmarks), into info[5 + nsamples]: the widest
+// elem_size, need_pad, convert, num_blocks, the conversion kernel (ConvKind), then each sample's
+// elem_size (the copy kernel's bytes per move; 0 when converting). Normalisation: nch > 0.
 DM_EXPORT int dm_gpu_plan_info(int nsamples, int ndim, const void *const *in, void *const *out,
                                const int64_t *in_shapes, const int64_t *starts,
                                const int64_t *shapes, const int64_t *steps,
-                               const int32_t *boundaries, int in_type, int out_type,
-                               int64_t *out4, char *err, int errlen) {
+                               const int32_t *boundaries, int in_type, int out_type, int nch,
+                               int64_t *info, char *err, int errlen) {
   using namespace dali_mesh;  // NOLINT
   SliceParams p;
   p.in_type = in_type;
   p.out_type = out_type;
+  p.mean.assign(std::max(nch, 0), 0.f);
+  p.stddev.assign(std::max(nch, 0), 1.f);
   std::vector<SliceSample> samples(nsamples);
   for (int i = 0; i < nsamples; i++) {
     SliceUserArgs u = SampleArgs(i, ndim, in_shapes, starts, shapes, steps, boundaries, nullptr,
                                  nullptr);
+    u.has_channel_axis = nch > 1;
+    u.channel_axis = 0;
     std::string e = MakeSliceSample(u, p, &samples[i]);
     if (!e.empty()) return Fail(e, err, errlen);
   }
   GpuPlan plan;
   std::string e = BuildGpuPlan(samples, in, out, p, &plan);
   if (!e.empty()) return Fail(e, err, errlen);
-  out4[0] = plan.elem_size;
-  out4[1] = plan.need_pad;
-  out4[2] = plan.convert;
-  out4[3] = plan.num_blocks;
+  info[0] = plan.elem_size;
+  info[1] = plan.need_pad;
+  info[2] = plan.convert;
+  info[3] = plan.num_blocks;
+  info[4] = plan.conv;
+  for (int i = 0; i < nsamples; i++) info[5 + i] = plan.sample_elem_size[i];
   return 0;
 }
 

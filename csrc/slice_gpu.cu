@@ -2,6 +2,9 @@
 // operator and the C entry point (dm_strided_slice_cuda) both launch through GpuSliceLauncher.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <string>
 
 #include "slice_gpu.h"
@@ -10,33 +13,83 @@ namespace dali_mesh {
 
 namespace {
 
-template <typename Elem, bool kNeedPad, bool kConvert>
-__global__ void __launch_bounds__(kBlockDim) StridedSliceKernel(GpuBatchArgs b) {
-  RunBlock<Elem, kNeedPad, kConvert>(b, blockIdx.x, threadIdx.x, blockDim.x);
-}
-
-template <typename Elem, bool kConvert>
-void LaunchPad(const GpuPlan &p, const GpuBatchArgs &b, cudaStream_t stream) {
-  dim3 grid(static_cast<unsigned>(p.num_blocks));
-  if (p.need_pad)
-    StridedSliceKernel<Elem, true, kConvert><<<grid, kBlockDim, 0, stream>>>(b);
-  else
-    StridedSliceKernel<Elem, false, kConvert><<<grid, kBlockDim, 0, stream>>>(b);
+// A grid sized to the GPU strides over the block descriptors (a batch may have many more).
+template <bool kNeedPad, int kConv, bool kNorm>
+__global__ void __launch_bounds__(kBlockDim) StridedSliceKernel(GpuBatchArgs b, int64_t num_blocks) {
+  for (int64_t blk = blockIdx.x; blk < num_blocks; blk += gridDim.x)
+    RunBlock<kNeedPad, kConv, kNorm>(b, blk, threadIdx.x, blockDim.x);
 }
 
 std::string CudaError(const char *what, cudaError_t e) {
   return std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
 }
 
+// Resident blocks per SM of a kernel, from the occupancy calculator, once per kernel and device
+// (a launcher stays on one device; a few ints per instantiation).
+template <bool kNeedPad, int kConv, bool kNorm>
+int BlocksPerSM(int device) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices];  // zero-initialised (static storage)
+  if (device >= 0 && device < kMaxDevices && cache[device].load() > 0) return cache[device].load();
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &blocks, StridedSliceKernel<kNeedPad, kConv, kNorm>, kBlockDim, 0) != cudaSuccess ||
+      blocks <= 0) {
+    cudaGetLastError();  // clear it: a fallback grid is still correct
+    blocks = 4;
+  }
+  if (device >= 0 && device < kMaxDevices) cache[device].store(blocks);
+  return blocks;
+}
+
+template <bool kNeedPad, int kConv, bool kNorm>
+void Launch(const GpuPlan &p, const GpuBatchArgs &b, cudaStream_t stream, int device, int sms) {
+  const int64_t resident = static_cast<int64_t>(sms) * BlocksPerSM<kNeedPad, kConv, kNorm>(device);
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(p.num_blocks, resident));
+  StridedSliceKernel<kNeedPad, kConv, kNorm>
+      <<<static_cast<unsigned>(grid), kBlockDim, 0, stream>>>(b, p.num_blocks);
+}
+
+template <int kConv, bool kNorm>
+void LaunchPad(const GpuPlan &p, const GpuBatchArgs &b, cudaStream_t stream, int device, int sms) {
+  if (p.need_pad)
+    Launch<true, kConv, kNorm>(p, b, stream, device, sms);
+  else
+    Launch<false, kConv, kNorm>(p, b, stream, device, sms);
+}
+
+template <int kConv>
+void LaunchNorm(const GpuPlan &p, const GpuBatchArgs &b, cudaStream_t stream, int device, int sms) {
+  if (p.normalize)
+    LaunchPad<kConv, true>(p, b, stream, device, sms);
+  else
+    LaunchPad<kConv, false>(p, b, stream, device, sms);
+}
+
 }  // namespace
 
-GpuSliceLauncher::~GpuSliceLauncher() {
-  // Freeing synchronises with the device, so a kernel still reading device_ has finished.
-  if (device_) cudaFree(device_);
-  if (pinned_) cudaFreeHost(pinned_);
-  if (copy_done_) cudaEventDestroy(static_cast<cudaEvent_t>(copy_done_));
-  if (kernel_done_) cudaEventDestroy(static_cast<cudaEvent_t>(kernel_done_));
+void GpuSliceLauncher::Release() {
+  if (device_id_ < 0) return;
+  // free on the device the buffers belong to, then give the caller its device back
+  int prev = -1;
+  cudaGetDevice(&prev);
+  if (prev != device_id_) cudaSetDevice(device_id_);
+  for (int k = 0; k < kRing; k++) {
+    if (done_[k]) {
+      cudaEventSynchronize(static_cast<cudaEvent_t>(done_[k]));  // its kernel has read the slot
+      cudaEventDestroy(static_cast<cudaEvent_t>(done_[k]));
+    }
+    if (device_[k]) cudaFree(device_[k]);
+    if (pinned_[k]) cudaFreeHost(pinned_[k]);
+    device_[k] = pinned_[k] = done_[k] = nullptr;
+    capacity_[k] = 0;
+  }
+  if (prev >= 0 && prev != device_id_) cudaSetDevice(prev);
+  device_id_ = -1;
+  next_ = 0;
 }
+
+GpuSliceLauncher::~GpuSliceLauncher() { Release(); }
 
 std::string GpuSliceLauncher::Run(const GpuPlan &plan, void *stream_handle) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
@@ -44,55 +97,55 @@ std::string GpuSliceLauncher::Run(const GpuPlan &plan, void *stream_handle) {
   cudaError_t e;
   int dev = -1;
   if ((e = cudaGetDevice(&dev)) != cudaSuccess) return CudaError("cudaGetDevice", e);
-  if (device_id_ != dev || plan.blob.size() > capacity_) {
-    // (re)allocate: cudaFree waits for the device, so the old buffers are no longer in use
-    if (device_) cudaFree(device_);
-    if (pinned_) cudaFreeHost(pinned_);
-    if (copy_done_) cudaEventDestroy(static_cast<cudaEvent_t>(copy_done_));
-    if (kernel_done_) cudaEventDestroy(static_cast<cudaEvent_t>(kernel_done_));
-    device_ = pinned_ = copy_done_ = kernel_done_ = nullptr;
-    capacity_ = 0;
-    size_t cap = plan.blob.size() < 4096 ? 4096 : plan.blob.size() * 2;
-    if ((e = cudaMalloc(&device_, cap)) != cudaSuccess) return CudaError("cudaMalloc", e);
-    if ((e = cudaMallocHost(&pinned_, cap)) != cudaSuccess) return CudaError("cudaMallocHost", e);
-    cudaEvent_t ev1, ev2;
-    if ((e = cudaEventCreateWithFlags(&ev1, cudaEventDisableTiming)) != cudaSuccess)
-      return CudaError("cudaEventCreate", e);
-    copy_done_ = ev1;
-    if ((e = cudaEventCreateWithFlags(&ev2, cudaEventDisableTiming)) != cudaSuccess)
-      return CudaError("cudaEventCreate", e);
-    kernel_done_ = ev2;
-    capacity_ = cap;
+  if (dev != device_id_) {  // first use, or another device: start over there
+    Release();
+    if ((e = cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
+      return CudaError("cudaDeviceGetAttribute(MultiProcessorCount)", e);
     device_id_ = dev;
-  } else {
-    // pinned_ may still be the source of the previous upload (usually long finished)
-    if ((e = cudaEventSynchronize(static_cast<cudaEvent_t>(copy_done_))) != cudaSuccess)
-      return CudaError("cudaEventSynchronize", e);
-    // device_ may still be read by the previous kernel on another stream
-    if ((e = cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(kernel_done_), 0)) != cudaSuccess)
-      return CudaError("cudaStreamWaitEvent", e);
   }
-  std::memcpy(pinned_, plan.blob.data(), plan.blob.size());
-  if ((e = cudaMemcpyAsync(device_, pinned_, plan.blob.size(), cudaMemcpyHostToDevice, stream)) !=
+  const int k = next_;
+  next_ = (next_ + 1) % kRing;
+  if (done_[k]) {
+    // the slot's previous batch (kRing launches ago) must have been uploaded and read; a host wait
+    // only when the GPU is that far behind
+    if ((e = cudaEventSynchronize(static_cast<cudaEvent_t>(done_[k]))) != cudaSuccess)
+      return CudaError("cudaEventSynchronize", e);
+  } else {
+    cudaEvent_t ev;
+    if ((e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)) != cudaSuccess)
+      return CudaError("cudaEventCreate", e);
+    done_[k] = ev;
+  }
+  const size_t size = plan.blob.size();
+  if (size > capacity_[k]) {
+    // grow geometrically: allocation and cudaFree synchronise the device, so rarely
+    const size_t cap = std::max<size_t>({size, 2 * capacity_[k], 64 << 10});
+    if (device_[k]) cudaFree(device_[k]);
+    if (pinned_[k]) cudaFreeHost(pinned_[k]);
+    device_[k] = pinned_[k] = nullptr;
+    capacity_[k] = 0;
+    if ((e = cudaMalloc(&device_[k], cap)) != cudaSuccess) return CudaError("cudaMalloc", e);
+    if ((e = cudaMallocHost(&pinned_[k], cap)) != cudaSuccess) return CudaError("cudaMallocHost", e);
+    capacity_[k] = cap;
+  }
+  std::memcpy(pinned_[k], plan.blob.data(), size);
+  if ((e = cudaMemcpyAsync(device_[k], pinned_[k], size, cudaMemcpyHostToDevice, stream)) !=
       cudaSuccess)
     return CudaError("cudaMemcpyAsync", e);
-  if ((e = cudaEventRecord(static_cast<cudaEvent_t>(copy_done_), stream)) != cudaSuccess)
-    return CudaError("cudaEventRecord", e);
 
-  const GpuBatchArgs b = plan.Args(device_);
-  if (plan.convert) {
-    LaunchPad<uint8_t, true>(plan, b, stream);
-  } else {
-    switch (plan.elem_size) {
-      case 1: LaunchPad<uint8_t, false>(plan, b, stream); break;
-      case 2: LaunchPad<uint16_t, false>(plan, b, stream); break;
-      case 4: LaunchPad<uint32_t, false>(plan, b, stream); break;
-      case 8: LaunchPad<uint64_t, false>(plan, b, stream); break;
-      default: LaunchPad<uint4, false>(plan, b, stream); break;
-    }
+  const GpuBatchArgs b = plan.Args(device_[k]);
+  const int sms = sm_count_;
+  switch (plan.conv) {
+    case kCopy: LaunchPad<kCopy, false>(plan, b, stream, dev, sms); break;
+    case kConvF32ToF16: LaunchNorm<kConvF32ToF16>(plan, b, stream, dev, sms); break;
+    case kConvF32ToF32: LaunchNorm<kConvF32ToF32>(plan, b, stream, dev, sms); break;
+    case kConvU8ToF32: LaunchNorm<kConvU8ToF32>(plan, b, stream, dev, sms); break;
+    case kConvF16ToF32: LaunchNorm<kConvF16ToF32>(plan, b, stream, dev, sms); break;
+    default: LaunchPad<kConvGeneric, false>(plan, b, stream, dev, sms); break;
   }
   if ((e = cudaGetLastError()) != cudaSuccess) return CudaError("strided_slice kernel launch", e);
-  if ((e = cudaEventRecord(static_cast<cudaEvent_t>(kernel_done_), stream)) != cudaSuccess)
+  // after the kernel: the upload from pinned_[k] and the reads of device_[k] are both done
+  if ((e = cudaEventRecord(static_cast<cudaEvent_t>(done_[k]), stream)) != cudaSuccess)
     return CudaError("cudaEventRecord", e);
   return "";
 }

@@ -6,16 +6,19 @@
 // tested on machines without one.
 //
 // One launch per batch: one descriptor per sample and one per block of output elements, uploaded in
-// one copy. Kernels are templated on the element size (1, 2, 4, 8 or 16 bytes: a window inside the
-// sample with step 1 on the innermost axis moves 16 bytes per thread where extent and alignment
-// allow), on whether any sample needs padding (chosen at compile time: the plain path has no
-// boundary code), and a conversion kernel (cast and/or normalisation, types dispatched at run time).
+// one copy; the grid is sized to the GPU (a grid-stride loop over the block descriptors). Copies move
+// 1, 2, 4, 8 or 16 bytes per thread, chosen per sample (a window inside the sample with step 1 on
+// the innermost axis moves 16 bytes where its extent and alignment allow; one misaligned sample does
+// not slow the others). Padding is chosen at compile time (the plain path has no boundary code).
+// Casts and normalisation run typed kernels for the common pairs (float->half, float->float,
+// uint8->float, half->float) and a generic kernel (types dispatched at run time) for the rest.
 #ifndef DALI_MESH_SLICE_GPU_H_
 #define DALI_MESH_SLICE_GPU_H_
 
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "index_math.h"
@@ -25,6 +28,26 @@ namespace dali_mesh {
 
 constexpr int kBlockDim = 256;
 
+// 16-byte moves: CUDA's uint4 (one 128-bit load/store) on the device, a plain struct on the host.
+#if defined(__CUDACC__)
+using Vec16 = uint4;
+#else
+struct alignas(16) Vec16 {
+  uint32_t v[4];
+};
+#endif
+
+// Which kernel converts (cast and/or normalisation); kCopy: no conversion.
+enum ConvKind : int {
+  kCopy = -1,
+  kConvGeneric = 0,   // any pair, types dispatched at run time
+  kConvF32ToF16 = 1,
+  kConvF32ToF32 = 2,  // normalisation only
+  kConvU8ToF32 = 3,
+  kConvF16ToF32 = 4,
+};
+const char *ConvKindName(int conv);
+
 struct alignas(16) GpuSampleDesc {
   const void *in;  // the domain start
   void *out;
@@ -32,6 +55,7 @@ struct alignas(16) GpuSampleDesc {
   int32_t channel_axis;  // -1: none (normalisation without channels uses channel 0)
   int64_t channel_offset;
   int32_t need_pad;
+  int32_t elem_size;  // bytes per element moved by the copy kernel for this sample (1 .. 16)
   uint8_t boundary[kMaxDims];
   int64_t in_extent[kMaxDims];
   int64_t in_stride[kMaxDims];
@@ -190,21 +214,117 @@ DM_HD void ConvertBlock(const GpuSampleDesc &s, const GpuBatchArgs &b, uint64_t 
   }
 }
 
-// The body of one CUDA block (tid = threadIdx.x, nthreads = blockDim.x).
-template <typename Elem, bool kNeedPad, bool kConvert>
+// ---- typed conversions (the common pairs; the same results as ConvertElement) --------------------
+template <typename T>
+DM_HD DM_FORCEINLINE float ValueAsFloat(T x) { return ToFloat(Load<T>::Get(&x)); }
+template <>
+DM_HD DM_FORCEINLINE float ValueAsFloat<float>(float x) { return x; }
+template <>
+DM_HD DM_FORCEINLINE float ValueAsFloat<uint8_t>(uint8_t x) { return static_cast<float>(x); }
+template <>
+DM_HD DM_FORCEINLINE float ValueAsFloat<f16>(f16 x) { return HalfToFloat(x.bits); }
+
+template <typename Out>
+DM_HD DM_FORCEINLINE Out FloatTo(float v) { return Convert<Out>::FromDouble(static_cast<double>(v)); }
+template <>
+DM_HD DM_FORCEINLINE float FloatTo<float>(float v) { return v; }
+// FloatToHalf(f) == DoubleToHalf((double)f) for every float, in 32-bit integer ops
+template <>
+DM_HD DM_FORCEINLINE f16 FloatTo<f16>(float v) { return f16{FloatToHalf(v)}; }
+
+template <typename In, typename Out, bool kNorm>
+DM_HD DM_FORCEINLINE Out ConvertOne(In x, const float *mean, const float *stddev, int64_t c) {
+  if constexpr (kNorm) {
+    return FloatTo<Out>((ValueAsFloat(x) - mean[c]) / stddev[c]);
+  } else if constexpr (std::is_same_v<In, float> || std::is_same_v<In, f16>) {
+    return FloatTo<Out>(ValueAsFloat(x));  // exact as a float
+  } else {
+    return ConvertValue<Out>(Load<In>::Get(&x));
+  }
+}
+
+template <int kConv>
+struct ConvTypes;
+template <>
+struct ConvTypes<kConvF32ToF16> { using In = float; using Out = f16; };
+template <>
+struct ConvTypes<kConvF32ToF32> { using In = float; using Out = float; };
+template <>
+struct ConvTypes<kConvU8ToF32> { using In = uint8_t; using Out = float; };
+template <>
+struct ConvTypes<kConvF16ToF32> { using In = f16; using Out = float; };
+
+template <typename In, typename Out, bool kNeedPad, bool kNorm>
+DM_HD void ConvertBlockTyped(const GpuSampleDesc &s, const GpuBatchArgs &b, uint64_t begin,
+                             uint64_t end, unsigned tid, unsigned nthreads) {
+  uint64_t idx = begin + tid;
+  if (idx >= end) return;
+  const In *__restrict__ in = static_cast<const In *>(s.in);
+  Out *__restrict__ out = static_cast<Out *>(s.out);
+  const int D = s.ndim;
+  const int64_t L = s.out_extent[D - 1];
+  const int64_t start = s.start[D - 1], step = s.step[D - 1], stride = s.in_stride[D - 1];
+  const int64_t n = s.in_extent[D - 1];
+  const int mode = s.boundary[D - 1];
+  const bool channel_inner = s.channel_axis == D - 1;
+  Out fill;
+  memcpy(&fill, s.fill, sizeof(Out));
+  int64_t inner, offset, channel;
+  bool row_fill;
+  LocateRow<kNeedPad>(s, idx, inner, offset, row_fill, channel);
+  for (;;) {
+    const int64_t r = start + inner * step;
+    const int64_t si = kNeedPad ? BoundaryIndex(r, n, mode) : r;
+    if (kNeedPad && (row_fill || si < 0)) {
+      out[idx] = fill;
+    } else {
+      out[idx] = ConvertOne<In, Out, kNorm>(in[offset + si * stride], b.mean, b.stddev,
+                                            channel_inner ? s.channel_offset + si : channel);
+    }
+    idx += nthreads;
+    if (idx >= end) break;
+    inner += nthreads;
+    if (inner >= L) LocateRow<kNeedPad>(s, idx, inner, offset, row_fill, channel);
+  }
+}
+
+// A copy with the sample's own element size (uniform over a block: no divergence).
+template <bool kNeedPad>
+DM_HD void CopySample(const GpuSampleDesc &s, uint64_t begin, uint64_t end, unsigned tid,
+                      unsigned nthreads) {
+  switch (s.elem_size) {
+    case 1: CopyBlock<uint8_t, kNeedPad>(s, begin, end, tid, nthreads); break;
+    case 2: CopyBlock<uint16_t, kNeedPad>(s, begin, end, tid, nthreads); break;
+    case 4: CopyBlock<uint32_t, kNeedPad>(s, begin, end, tid, nthreads); break;
+    case 8: CopyBlock<uint64_t, kNeedPad>(s, begin, end, tid, nthreads); break;
+    default: CopyBlock<Vec16, kNeedPad>(s, begin, end, tid, nthreads); break;
+  }
+}
+
+// The body of one block descriptor (tid = threadIdx.x, nthreads = blockDim.x). kNeedPad: some
+// sample of the batch pads (each sample still takes the plain path when it does not).
+template <bool kNeedPad, int kConv, bool kNorm>
 DM_HD void RunBlock(const GpuBatchArgs &b, int64_t block, unsigned tid, unsigned nthreads) {
   const GpuBlockDesc blk = b.blocks[block];
   const GpuSampleDesc &s = b.samples[blk.sample];
-  if constexpr (kConvert) {
-    if (kNeedPad && s.need_pad)
-      ConvertBlock<true>(s, b, blk.begin, blk.end, tid, nthreads);
+  const bool pad = kNeedPad && s.need_pad;
+  if constexpr (kConv == kCopy) {
+    if (pad)
+      CopySample<kNeedPad>(s, blk.begin, blk.end, tid, nthreads);
+    else
+      CopySample<false>(s, blk.begin, blk.end, tid, nthreads);
+  } else if constexpr (kConv == kConvGeneric) {
+    if (pad)
+      ConvertBlock<kNeedPad>(s, b, blk.begin, blk.end, tid, nthreads);
     else
       ConvertBlock<false>(s, b, blk.begin, blk.end, tid, nthreads);
   } else {
-    if (kNeedPad && s.need_pad)
-      CopyBlock<Elem, true>(s, blk.begin, blk.end, tid, nthreads);
+    using In = typename ConvTypes<kConv>::In;
+    using Out = typename ConvTypes<kConv>::Out;
+    if (pad)
+      ConvertBlockTyped<In, Out, kNeedPad, kNorm>(s, b, blk.begin, blk.end, tid, nthreads);
     else
-      CopyBlock<Elem, false>(s, blk.begin, blk.end, tid, nthreads);
+      ConvertBlockTyped<In, Out, false, kNorm>(s, b, blk.begin, blk.end, tid, nthreads);
   }
 }
 
@@ -214,7 +334,9 @@ struct GpuPlan {
   std::vector<uint8_t> blob;  // [sample descs][block descs][mean][std], one upload
   size_t samples_offset = 0, blocks_offset = 0, mean_offset = 0, std_offset = 0;
   int64_t num_samples = 0, num_blocks = 0;
-  int elem_size = 1;  // bytes moved per element by the copy kernels (1, 2, 4, 8, 16)
+  int elem_size = 1;  // the widest element moved by the copy kernel over the samples (0: convert)
+  std::vector<int> sample_elem_size;  // per sample (the copy kernel; 0 when converting)
+  int conv = kCopy;   // ConvKind
   bool need_pad = false;
   bool convert = false;
   bool normalize = false;
@@ -230,12 +352,21 @@ std::string BuildGpuPlan(const std::vector<SliceSample> &samples, const void *co
                          void *const *out, const SliceParams &params, GpuPlan *plan);
 
 // Runs the plan's kernel body on the host, block by block and thread by thread (pointers are host
-// pointers). Exact: the kernel has no shared memory and no thread cooperation.
-void EmulateGpuPlan(const GpuPlan &plan);
+// pointers), with a grid of `grid` blocks striding over the block descriptors as on the GPU (0: a
+// small grid, so the stride loop is exercised). Exact: the kernel has no shared memory and no
+// thread cooperation.
+void EmulateGpuPlan(const GpuPlan &plan, int64_t grid = 0);
 
-// Runs the plan on the GPU (defined in slice_gpu.cu; only when built with CUDA).
+// Runs plans on the GPU (defined in slice_gpu.cu; only when built with CUDA).
+//
+// The descriptors go through a ring of kRing slots, each a pinned staging buffer, a device buffer
+// and an event recorded after the kernel that reads them: a launch waits on the host only when the
+// slot it reuses is still in flight (kRing batches behind), so DALI's executor can run ahead.
+// Buffers grow geometrically (cudaMalloc synchronises the device: it happens a few times, not per
+// batch). Not thread-safe: one launcher per operator instance.
 class GpuSliceLauncher {
  public:
+  static constexpr int kRing = 4;
   GpuSliceLauncher() = default;
   ~GpuSliceLauncher();
   GpuSliceLauncher(const GpuSliceLauncher &) = delete;
@@ -244,12 +375,15 @@ class GpuSliceLauncher {
   std::string Run(const GpuPlan &plan, void *stream);
 
  private:
-  void *device_ = nullptr;
-  void *pinned_ = nullptr;
-  size_t capacity_ = 0;
-  void *copy_done_ = nullptr;    // cudaEvent_t: the last upload from pinned_ has finished
-  void *kernel_done_ = nullptr;  // cudaEvent_t: the last kernel reading device_ has finished
+  void Release();  // waits for and frees every slot, with the launcher's device current
+
+  void *device_[kRing] = {};
+  void *pinned_[kRing] = {};
+  size_t capacity_[kRing] = {};
+  void *done_[kRing] = {};  // cudaEvent_t: the last kernel that read slot k has finished
+  int next_ = 0;
   int device_id_ = -1;
+  int sm_count_ = 0;
 };
 
 }  // namespace dali_mesh

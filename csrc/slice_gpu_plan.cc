@@ -9,10 +9,6 @@ namespace dali_mesh {
 
 namespace {
 
-struct alignas(16) Vec16 {
-  uint32_t v[4];
-};
-
 size_t AlignUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 // Whether a collapsed sample can move `width`-byte vectors of `esize`-byte elements.
@@ -43,22 +39,62 @@ SliceSample Widen(const SliceSample &s, int64_t k) {
   return w;
 }
 
-template <typename Elem, bool kNeedPad, bool kConvert>
-void EmulateAll(const GpuBatchArgs &b, int64_t num_blocks) {
-  for (int64_t blk = 0; blk < num_blocks; blk++)
-    for (unsigned tid = 0; tid < static_cast<unsigned>(kBlockDim); tid++)
-      RunBlock<Elem, kNeedPad, kConvert>(b, blk, tid, kBlockDim);
+// The grid-stride loop of the kernel, run on the host.
+template <bool kNeedPad, int kConv, bool kNorm>
+void EmulateAll(const GpuBatchArgs &b, int64_t num_blocks, int64_t grid) {
+  for (int64_t g = 0; g < grid; g++)
+    for (int64_t blk = g; blk < num_blocks; blk += grid)
+      for (unsigned tid = 0; tid < static_cast<unsigned>(kBlockDim); tid++)
+        RunBlock<kNeedPad, kConv, kNorm>(b, blk, tid, kBlockDim);
 }
 
-template <typename Elem>
-void EmulateElem(const GpuPlan &p, const GpuBatchArgs &b) {
+template <int kConv, bool kNorm>
+void EmulatePad(const GpuPlan &p, const GpuBatchArgs &b, int64_t grid) {
   if (p.need_pad)
-    EmulateAll<Elem, true, false>(b, p.num_blocks);
+    EmulateAll<true, kConv, kNorm>(b, p.num_blocks, grid);
   else
-    EmulateAll<Elem, false, false>(b, p.num_blocks);
+    EmulateAll<false, kConv, kNorm>(b, p.num_blocks, grid);
+}
+
+template <int kConv>
+void EmulateNorm(const GpuPlan &p, const GpuBatchArgs &b, int64_t grid) {
+  if (p.normalize)
+    EmulatePad<kConv, true>(p, b, grid);
+  else
+    EmulatePad<kConv, false>(p, b, grid);
+}
+
+// The typed conversion kernel for a pair of types, or the generic one; typed kernels dereference
+// typed pointers, so misaligned samples (possible through the C API) take the generic kernel.
+int ChooseConv(const SliceParams &params, const std::vector<GpuSampleDesc> &descs) {
+  if (!params.Convert()) return kCopy;
+  int conv = kConvGeneric;
+  const int in = params.in_type, out = params.out_type;
+  if (in == kFloat32 && out == kFloat16) conv = kConvF32ToF16;
+  else if (in == kFloat32 && out == kFloat32) conv = kConvF32ToF32;
+  else if (in == kUInt8 && out == kFloat32) conv = kConvU8ToF32;
+  else if (in == kFloat16 && out == kFloat32) conv = kConvF16ToF32;
+  if (conv == kConvGeneric) return conv;
+  const uintptr_t ia = DTypeSize(in), oa = DTypeSize(out);
+  for (const GpuSampleDesc &g : descs)
+    if (reinterpret_cast<uintptr_t>(g.in) % ia || reinterpret_cast<uintptr_t>(g.out) % oa)
+      return kConvGeneric;
+  return conv;
 }
 
 }  // namespace
+
+const char *ConvKindName(int conv) {
+  switch (conv) {
+    case kCopy: return "copy";
+    case kConvGeneric: return "generic";
+    case kConvF32ToF16: return "float32->float16";
+    case kConvF32ToF32: return "float32->float32";
+    case kConvU8ToF32: return "uint8->float32";
+    case kConvF16ToF32: return "float16->float32";
+    default: return "unknown";
+  }
+}
 
 GpuBatchArgs GpuPlan::Args(const void *base) const {
   const uint8_t *p = static_cast<const uint8_t *>(base);
@@ -87,21 +123,25 @@ std::string BuildGpuPlan(const std::vector<SliceSample> &samples, const void *co
   std::vector<SliceSample> c(n);
   for (int64_t i = 0; i < n; i++) c[i] = CollapseAxes(samples[i]);
 
-  // widest vector every sample allows (copies only)
-  int width = plan->convert ? DTypeSize(params.out_type) : esize;
+  // copies: the widest vector each sample allows, per sample (an odd-sized or misaligned sample
+  // takes element moves without slowing the others)
+  plan->sample_elem_size.assign(n, 0);
+  plan->elem_size = 0;
   if (!plan->convert) {
-    for (int w = 16; w > esize; w /= 2) {
-      bool ok = true;
-      for (int64_t i = 0; i < n && ok; i++) ok = Vectorizable(c[i], in[i], out[i], esize, w);
-      if (ok) {
-        width = w;
-        break;
+    for (int64_t i = 0; i < n; i++) {
+      int width = esize;
+      for (int w = 16; w > esize; w /= 2) {
+        if (Vectorizable(c[i], in[i], out[i], esize, w)) {
+          width = w;
+          break;
+        }
       }
+      if (width > esize) c[i] = Widen(c[i], width / esize);
+      plan->sample_elem_size[i] = width;
+      plan->elem_size = std::max(plan->elem_size, width);
     }
-    if (width > esize)
-      for (int64_t i = 0; i < n; i++) c[i] = Widen(c[i], width / esize);
+    if (n == 0) plan->elem_size = esize;
   }
-  plan->elem_size = plan->convert ? 0 : width;
 
   uint8_t fill1[8];
   FillBytes(params, fill1);
@@ -120,6 +160,7 @@ std::string BuildGpuPlan(const std::vector<SliceSample> &samples, const void *co
     g.channel_axis = s.channel_axis;
     g.channel_offset = s.channel_offset;
     g.need_pad = s.NeedPad() ? 1 : 0;
+    g.elem_size = plan->convert ? 0 : plan->sample_elem_size[i];
     plan->need_pad |= g.need_pad != 0;
     for (int d = 0; d < s.ndim; d++) {
       g.boundary[d] = s.boundary[d];
@@ -133,6 +174,8 @@ std::string BuildGpuPlan(const std::vector<SliceSample> &samples, const void *co
     for (int b = 0; b < 16; b += out_size) std::memcpy(g.fill + b, fill1, out_size);
     total += static_cast<uint64_t>(s.OutVolume());
   }
+
+  plan->conv = ChooseConv(params, descs);
 
   // blocks: 4 to 64 elements per thread, about 2048 blocks for large batches
   uint64_t per_thread = (total + kBlockDim * 2048ull - 1) / (kBlockDim * 2048ull);
@@ -167,22 +210,18 @@ std::string BuildGpuPlan(const std::vector<SliceSample> &samples, const void *co
   return "";
 }
 
-void EmulateGpuPlan(const GpuPlan &p) {
+void EmulateGpuPlan(const GpuPlan &p, int64_t grid) {
   if (p.num_blocks == 0) return;
   const GpuBatchArgs b = p.Args(p.blob.data());
-  if (p.convert) {
-    if (p.need_pad)
-      EmulateAll<uint8_t, true, true>(b, p.num_blocks);
-    else
-      EmulateAll<uint8_t, false, true>(b, p.num_blocks);
-    return;
-  }
-  switch (p.elem_size) {
-    case 1: EmulateElem<uint8_t>(p, b); break;
-    case 2: EmulateElem<uint16_t>(p, b); break;
-    case 4: EmulateElem<uint32_t>(p, b); break;
-    case 8: EmulateElem<uint64_t>(p, b); break;
-    default: EmulateElem<Vec16>(p, b); break;
+  if (grid <= 0) grid = 3;  // a few blocks striding over all descriptors, as on a busy GPU
+  grid = std::min(grid, p.num_blocks);
+  switch (p.conv) {
+    case kCopy: EmulatePad<kCopy, false>(p, b, grid); break;
+    case kConvF32ToF16: EmulateNorm<kConvF32ToF16>(p, b, grid); break;
+    case kConvF32ToF32: EmulateNorm<kConvF32ToF32>(p, b, grid); break;
+    case kConvU8ToF32: EmulateNorm<kConvU8ToF32>(p, b, grid); break;
+    case kConvF16ToF32: EmulateNorm<kConvF16ToF32>(p, b, grid); break;
+    default: EmulatePad<kConvGeneric, false>(p, b, grid); break;
   }
 }
 

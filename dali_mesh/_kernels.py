@@ -97,7 +97,7 @@ def load() -> ctypes.CDLL:
     lib.dm_gpu_plan_info.restype = ctypes.c_int
     lib.dm_gpu_plan_info.argtypes = [
         ctypes.c_int, ctypes.c_int, vpp, vpp, i64p, i64p, i64p, i64p, i32p, ctypes.c_int,
-        ctypes.c_int, i64p, ctypes.c_char_p, ctypes.c_int,
+        ctypes.c_int, ctypes.c_int, i64p, ctypes.c_char_p, ctypes.c_int,
     ]
     lib.dm_floats_to_half.restype = None
     lib.dm_floats_to_half.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
@@ -260,27 +260,40 @@ class CudaLauncher:
         self.close()
 
 
+#: the conversion kernels of the GPU plan (csrc/slice_gpu.h ConvKind)
+CONV_KINDS = {-1: "copy", 0: "generic", 1: "float32->float16", 2: "float32->float32",
+              3: "uint8->float32", 4: "float16->float32"}
+
+
 def gpu_plan_info(samples: Sequence[np.ndarray], start, shape, step=1, boundary="constant",
-                  dtype=None) -> dict:
-    """What the GPU path would launch for host arrays: element size, padding, conversion, blocks."""
+                  dtype=None, *, normalize_channels: int = 0, outs: Sequence[np.ndarray] | None = None) -> dict:
+    """What the GPU path would launch for host arrays: ``elem_size`` (the widest over the samples),
+    ``sample_elem_sizes`` (bytes per move of each sample; 0 when converting), ``need_pad``,
+    ``convert``, ``conv`` (the conversion kernel: ``copy``, ``generic`` or a typed pair) and
+    ``num_blocks``. ``normalize_channels``: plan with normalisation over that many channels of
+    axis 0. ``outs``: output arrays (their alignment matters), allocated when omitted."""
     lib = load()
     n = len(samples)
     ndim = samples[0].ndim
     err = ctypes.create_string_buffer(1024)
     flat = lambda rows: [v for r in rows for v in r]  # noqa: E731
-    out_dtype = np.dtype(dtype) if dtype is not None else samples[0].dtype
-    outs = [np.empty([int(v) for v in sh], out_dtype) for sh in _per_sample(shape, n, ndim, "shape")]
-    res = (ctypes.c_int64 * 4)()
+    out_dtype = np.dtype(dtype) if dtype is not None else (
+        np.dtype(np.float32) if normalize_channels else samples[0].dtype)
+    if outs is None:
+        outs = [np.empty([int(v) for v in sh], out_dtype) for sh in _per_sample(shape, n, ndim, "shape")]
+    res = (ctypes.c_int64 * (5 + n))()
     rc = lib.dm_gpu_plan_info(
         n, ndim, (ctypes.c_void_p * n)(*[s.ctypes.data for s in samples]),
         (ctypes.c_void_p * n)(*[o.ctypes.data for o in outs]),
         _i64(flat([list(s.shape) for s in samples])), _i64(flat(_per_sample(start, n, ndim, "start"))),
         _i64(flat(_per_sample(shape, n, ndim, "shape"))), _i64(flat(_per_sample(step, n, ndim, "step"))),
         _i32(flat(_boundary_ids(boundary, n, ndim))), DTYPE_IDS[samples[0].dtype],
-        DTYPE_IDS[out_dtype], res, err, len(err))
+        DTYPE_IDS[out_dtype], int(normalize_channels), res, err, len(err))
     if rc != 0:
         raise KernelsError(err.value.decode())
-    return {"elem_size": res[0], "need_pad": bool(res[1]), "convert": bool(res[2]), "num_blocks": res[3]}
+    return {"elem_size": res[0], "need_pad": bool(res[1]), "convert": bool(res[2]),
+            "num_blocks": res[3], "conv": CONV_KINDS[res[4]],
+            "sample_elem_sizes": [res[5 + i] for i in range(n)]}
 
 
 def mesh_roi(shape, *, mesh_shape, coordinate, shard_axes, halo_lo, halo_hi, boundary,

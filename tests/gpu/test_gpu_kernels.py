@@ -128,3 +128,62 @@ def test_domain_box(device):
                                domain_start=[1, 1, 2], domain_shape=[4, 7, 6], fill_value=0)
     check([x], got, emu, *rest, f"seed {SEED} domain", domain_start=[1, 1, 2], domain_shape=[4, 7, 6],
           fill_value=0)
+
+
+def test_launcher_ring_many_batches_without_a_sync(device):
+    """One launcher, more batches than its ring of staging slots, growing descriptor blobs, no sync
+    between launches: every output is right (a slot is reused only after its kernel ran)."""
+    rng = np.random.default_rng(SEED)
+    batches = []
+    with K.CudaLauncher() as launcher:
+        for b in range(11):
+            n = 1 + b % 4 + b // 3  # the blob grows: more samples, more blocks
+            samples = [random_array(rng, (3, 20 + 7 * b, 33), np.float32) for _ in range(n)]
+            start, wshape, bnd = [-1, -2, -3], [5, 24 + 7 * b, 40], ["reflect", "constant", "periodic"]
+            ins = [device.to_device(x) for x in samples]
+            outs = [device.empty(int(np.prod(wshape)) * 4) for _ in samples]
+            K.strided_slice_device([device.ptr(i) for i in ins], [device.ptr(o) for o in outs],
+                                   [x.shape for x in samples], start, wshape, 1, bnd,
+                                   in_dtype=np.float32, fill_value=-1, stream=device.stream(),
+                                   launcher=launcher)
+            batches.append((samples, ins, outs, start, wshape, bnd))
+        device.sync()
+    for b, (samples, _ins, outs, start, wshape, bnd) in enumerate(batches):
+        for i, x in enumerate(samples):
+            got = device.to_host(outs[i], 0, tuple(wshape), np.float32)
+            ref = K.reference_strided_slice(x, start, wshape, 1, bnd, fill_value=-1)
+            np.testing.assert_array_equal(got, ref, err_msg=f"seed {SEED} batch {b} sample {i}")
+
+
+def test_mixed_vector_widths_in_one_batch(device):
+    """An aligned sample (16-byte moves) and an odd-sized, misaligned one (1-byte moves) together."""
+    rng = np.random.default_rng(SEED)
+    a = rng.integers(0, 255, (8, 64)).astype(np.uint8)
+    b = rng.integers(0, 255, (7, 33)).astype(np.uint8)
+    ins = [device.to_device(a), device.to_device(b, 1)]
+    shapes = [[6, 32], [5, 29]]
+    outs = [device.empty(6 * 32), device.empty(5 * 29)]
+    K.strided_slice_device([device.ptr(ins[0]), device.ptr(ins[1], 1)], [device.ptr(o) for o in outs],
+                           [a.shape, b.shape], [[1, 16], [1, 3]], shapes, 1, "constant",
+                           in_dtype=np.uint8, stream=device.stream())
+    device.sync()
+    np.testing.assert_array_equal(device.to_host(outs[0], 0, (6, 32), np.uint8), a[1:7, 16:48])
+    np.testing.assert_array_equal(device.to_host(outs[1], 0, (5, 29), np.uint8), b[1:6, 3:32])
+
+
+@pytest.mark.parametrize("in_dt, out_dt, norm", [
+    (np.float32, np.float16, False), (np.float32, np.float16, True), (np.float32, np.float32, True),
+    (np.uint8, np.float32, False), (np.uint8, np.float32, True), (np.float16, np.float32, False),
+    (np.float16, np.float32, True),
+])
+def test_typed_conversion_kernels_bit_exact(device, in_dt, out_dt, norm):
+    """The typed cast/normalise kernels equal the host emulation bit for bit and numpy."""
+    rng = np.random.default_rng(SEED)
+    x = random_array(rng, (3, 40, 70), in_dt, beyond_int=False)
+    kw = dict(mean=[1.5, -2.0, 100.0], std=[2.0, 0.5, 30.0], channel_axis=0) if norm else {}
+    got, emu, *rest = run_cuda(device, [x], [0, -2, -5], [3, 45, 80], 1,
+                               ["constant", "reflect", "periodic"], dtype=out_dt, fill_value=7, **kw)
+    assert got[0].tobytes() == emu[0].tobytes(), f"seed {SEED} {np.dtype(in_dt)}->{np.dtype(out_dt)}"
+    with np.errstate(over="ignore", invalid="ignore"):
+        check([x], got, emu, *rest, f"seed {SEED} {np.dtype(in_dt)}->{np.dtype(out_dt)}",
+              fill_value=7, **kw)
