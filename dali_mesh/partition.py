@@ -22,6 +22,7 @@ sharded, one cell of halo, periodic in longitude::
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
@@ -277,8 +278,12 @@ def take_window(sample: np.ndarray, region: Region) -> np.ndarray:
 
 
 # ---- layouts -------------------------------------------------------------------------------------
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
 def _normalize_axis(axis: int, ndim: int, what: str) -> int:
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+    if not _is_int(axis):
         raise LayoutError(f"{what}: axis {axis!r} is not an integer")
     if not -ndim <= axis < ndim:
         raise LayoutError(f"{what}: axis {axis} is out of range for a sample of {ndim} dims")
@@ -304,7 +309,7 @@ def _per_axis(value, ndim: int, default, what: str) -> list:
     return [value] * ndim
 
 
-def _halo_pair(v, axis: int) -> tuple[int, int]:
+def _halo_pair(v, axis) -> tuple[int, int]:
     if isinstance(v, (list, tuple)):
         if len(v) != 2:
             raise LayoutError(f"halo of axis {axis} must be an int or (low, high), got {v!r}")
@@ -312,7 +317,7 @@ def _halo_pair(v, axis: int) -> tuple[int, int]:
     else:
         lo = hi = v
     for h in (lo, hi):
-        if isinstance(h, bool) or not isinstance(h, (int, np.integer)):
+        if not _is_int(h):
             raise LayoutError(f"halo of axis {axis} must be integers, got {v!r}")
         if h < 0:
             raise LayoutError(f"negative halo {v!r} on axis {axis}: halos count cells and must be >= 0")
@@ -324,6 +329,134 @@ def _mesh_dim(mesh: MeshInfo, name, what: str) -> int:
         return mesh.dim_index(name)
     except MeshError as e:
         raise LayoutError(f"{what}: {e}") from None
+
+
+def _normalize_halo(halo) -> tuple:
+    """A hashable normal form of ``halo``, checked as far as it can be without the sample's ndim."""
+    if isinstance(halo, Mapping):
+        items = []
+        for axis, v in halo.items():
+            if not _is_int(axis):
+                raise LayoutError(f"halo: axis {axis!r} is not an integer")
+            pair = _halo_pair(v, axis)
+            if pair != (0, 0):
+                items.append((int(axis), pair))
+        return ("map", tuple(sorted(items))) if items else ("all", (0, 0))
+    if isinstance(halo, (list, tuple)):
+        return ("per_axis", tuple(_halo_pair(v, a) for a, v in enumerate(halo)))
+    if not _is_int(halo):
+        raise LayoutError(f"halo must be an int, one entry per axis or {{axis: int | (low, high)}}, "
+                          f"got {halo!r} ({type(halo).__name__})")
+    return ("all", _halo_pair(halo, "*"))
+
+
+def _normalize_boundary(boundary) -> tuple:
+    """A hashable normal form of ``boundary``, every rule checked."""
+    if isinstance(boundary, str):
+        _check_boundary(boundary)
+        return ("all", boundary)
+    if isinstance(boundary, Mapping):
+        items = []
+        for axis, mode in boundary.items():
+            if not _is_int(axis):
+                raise LayoutError(f"boundary: axis {axis!r} is not an integer")
+            _check_boundary(mode)
+            if mode != "constant":
+                items.append((int(axis), mode))
+        return ("map", tuple(sorted(items))) if items else ("all", "constant")
+    if isinstance(boundary, (list, tuple)):
+        for mode in boundary:
+            _check_boundary(mode)
+        return ("per_axis", tuple(boundary))
+    raise LayoutError(f"boundary must be a rule name ({', '.join(BOUNDARIES)}), one per axis or "
+                      f"{{axis: rule}}, got {boundary!r}")
+
+
+def _normalize_crop(crop) -> tuple | None:
+    """``crop`` as one ``(start, stop)`` per axis (``stop`` None: to the end of the axis), integers checked."""
+    if crop is None:
+        return None
+    if isinstance(crop, (str, bytes)) or not isinstance(crop, Sequence):
+        raise LayoutError(f"crop must be None or one (start, stop), slice or None per axis, got {crop!r}")
+    out = []
+    for a, c in enumerate(crop):
+        if c is None:
+            s, e = 0, None
+        elif isinstance(c, slice):
+            if c.step not in (None, 1):
+                raise LayoutError(f"crop of axis {a}: step {c.step} is not supported")
+            s = 0 if c.start is None else c.start
+            e = c.stop
+        else:
+            try:
+                s, e = c
+            except (TypeError, ValueError):
+                raise LayoutError(f"crop of axis {a} must be (start, stop), a slice or None, got {c!r}") from None
+        for what, v in (("start", s), ("stop", e)):
+            if v is not None and not _is_int(v):
+                raise LayoutError(f"crop of axis {a}: {what} {v!r} is not an integer")
+        out.append((int(s), None if e is None else int(e)))
+    return tuple(out)
+
+
+def _check_fill_type(fill_value):
+    if not isinstance(fill_value, (int, float, np.integer, np.floating, np.bool_)):
+        raise LayoutError(f"fill_value must be a real number, got {fill_value!r} ({type(fill_value).__name__})")
+    return fill_value
+
+
+def _check_explicit_split(split: Mapping, mesh: MeshInfo, shard: Sequence[tuple[int, int]]
+                          ) -> dict[int, tuple[int, ...]]:
+    """Explicit shard sizes ``{mesh dim: sizes}`` checked against the shard dims; keyed by mesh dim index."""
+    out: dict[int, tuple[int, ...]] = {}
+    shard_dims = dict(shard)
+    for name, sizes in split.items():
+        d = _mesh_dim(mesh, name, "split")
+        if d not in shard_dims:
+            raise LayoutError(f"split: mesh dim {mesh.names[d]!r} shards no axis; explicit sizes are given "
+                              f"only for mesh dims in shard ({[mesh.names[k] for k in shard_dims]})")
+        if d in out:
+            raise LayoutError(f"split: mesh dim {mesh.names[d]!r} is given twice")
+        if isinstance(sizes, (str, bytes)) or not isinstance(sizes, (Sequence, np.ndarray)):
+            raise LayoutError(f"split: sizes of mesh dim {mesh.names[d]!r} must be a list of integers, got {sizes!r}")
+        for s in sizes:
+            if not _is_int(s):
+                raise LayoutError(f"split: size {s!r} of mesh dim {mesh.names[d]!r} is not an integer")
+            if s < 0:
+                raise LayoutError(f"split: size {s} of mesh dim {mesh.names[d]!r} is negative")
+        out[d] = tuple(int(s) for s in sizes)
+    _check_explicit_groups(out, mesh, shard, None)
+    return out
+
+
+def _axis_groups(shard: Sequence[tuple[int, int]], ndim: int | None) -> dict[int, list[int]]:
+    """Sample axis -> the mesh dims that shard it, outer (earlier) first."""
+    groups: dict[int, list[int]] = {}
+    for d, a in shard:
+        groups.setdefault(a if ndim is None else _normalize_axis(a, ndim, "shard"), []).append(d)
+    return groups
+
+
+def _check_explicit_groups(sizes: Mapping[int, tuple[int, ...]], mesh: MeshInfo,
+                           shard: Sequence[tuple[int, int]], ndim: int | None) -> None:
+    for axis, dims in _axis_groups(shard, ndim).items():
+        inner = dims[-1]
+        names = [mesh.names[d] for d in dims]
+        for d in dims[:-1]:
+            if d in sizes:
+                raise LayoutError(
+                    f"split: mesh dims {names} shard axis {axis} together; give the sizes of all "
+                    f"{math.prod(mesh.shape[k] for k in dims)} combined shards on the innermost, "
+                    f"{mesh.names[inner]!r} (row-major over {names}), not on {mesh.names[d]!r}")
+        if inner not in sizes:
+            raise LayoutError(f"split: no sizes for mesh dim {mesh.names[inner]!r} (it shards axis {axis}); "
+                              "explicit splits give sizes for every sharded axis")
+        count = math.prod(mesh.shape[k] for k in dims)
+        if len(sizes[inner]) != count:
+            what = (f"mesh dim {mesh.names[inner]!r} has {count} ranks" if len(dims) == 1 else
+                    f"mesh dims {names} make {count} combined shards of axis {axis}")
+            raise LayoutError(f"split: {len(sizes[inner])} sizes {list(sizes[inner])} given but {what}: "
+                              "give one size per shard")
 
 
 class Layout:
@@ -342,8 +475,20 @@ class Layout:
         halo: cells on each side: an int for every axis, one entry per axis, or ``{axis: int | (lo, hi)}``.
         boundary: a rule for every axis, one per axis, or ``{axis: rule}`` (others ``constant``):
             ``constant`` (+ ``fill_value``), ``periodic``, ``reflect``, ``symmetric``, ``edge``, ``trim``.
-        fill_value: the value of ``constant`` cells.
-        split: ``chunk`` (torch.chunk, DTensor), ``physicsnemo`` or ``even`` (numpy array_split).
+        fill_value: the value of ``constant`` cells (a real number).
+        split: a rule, ``chunk`` (torch.chunk, DTensor), ``physicsnemo`` or ``even`` (numpy
+            array_split), or explicit shard sizes ``{mesh dim: [sizes...]}``: one list for every
+            sharded axis, one size per rank along that mesh dim, summing to the axis length (the
+            crop length with a crop). When several mesh dims shard one axis, the list is given on
+            the innermost of them and holds the sizes of all their combined shards, row-major over
+            their coordinates (outer first): the rank at coordinates ``(i, j)`` of mesh dims of
+            sizes ``(k1, k2)`` owns shard ``i * k2 + j``. Shards are laid out in that order, so
+            shard ``c`` starts at ``sum(sizes[:c])``. ``layout.split`` is then ``"explicit"`` and
+            ``layout.split_sizes`` holds the sizes.
+
+    Two layouts are equal when their mesh, shard dims, batch dims and normalised crop, halo,
+    boundary, fill value and split are equal (halo and boundary as given: ``halo=1`` and
+    ``halo=[1, 1]`` are different layouts, though equal on 2-d samples).
     """
 
     def __init__(
@@ -355,26 +500,38 @@ class Layout:
         halo: int | Sequence | Mapping = 0,
         boundary: str | Sequence[str] | Mapping[int, str] = "constant",
         fill_value: float = 0,
-        split: str = "chunk",
+        split: str | Mapping[str | int, Sequence[int]] = "chunk",
     ) -> None:
         if not isinstance(mesh, MeshInfo):
             raise LayoutError(f"mesh must be a MeshInfo, got {type(mesh).__name__}")
         self.mesh = mesh
-        _check_split(split)
-        self.split = split
-        self.fill_value = fill_value
+        self.fill_value = _check_fill_type(fill_value)
 
         # shard: mesh dim -> axis, kept in mesh-dim order (outer first)
+        if shard is not None and not isinstance(shard, Mapping):
+            raise LayoutError(f"shard must be a mapping {{mesh dim: sample axis}}, got {shard!r}")
         shard = dict(shard or {})
         by_dim: dict[int, int] = {}
         for name, axis in shard.items():
             d = _mesh_dim(mesh, name, "shard")
             if d in by_dim:
                 raise LayoutError(f"shard: mesh dim {mesh.names[d]!r} is used twice")
-            if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+            if not _is_int(axis):
                 raise LayoutError(f"shard: axis {axis!r} of mesh dim {mesh.names[d]!r} is not an integer")
             by_dim[d] = int(axis)
         self._shard = tuple(sorted(by_dim.items()))  # ((mesh_dim, axis), ...)
+
+        # split: a rule name, or explicit sizes with their prefix sums (O(1) offsets per rank)
+        if isinstance(split, Mapping):
+            self._split_sizes = _check_explicit_split(split, mesh, self._shard)
+            self._split_prefix = {d: tuple(itertools.accumulate(s, initial=0)) for d, s in self._split_sizes.items()}
+            self.split = "explicit"
+        elif isinstance(split, str):
+            _check_split(split)
+            self._split_sizes = self._split_prefix = None
+            self.split = split
+        else:
+            raise LayoutError(f"split must be a rule ({', '.join(SPLITS)}) or {{mesh dim: [sizes...]}}, got {split!r}")
 
         # batch dims
         if batch is None:
@@ -387,7 +544,7 @@ class Layout:
                 )
             batch_dims = free
         else:
-            names = [batch] if isinstance(batch, (str, int)) else list(batch)
+            names = [batch] if isinstance(batch, (str, int, np.integer)) else list(batch)
             batch_dims = []
             for name in names:
                 d = _mesh_dim(mesh, name, "batch")
@@ -400,20 +557,41 @@ class Layout:
         self._batch_dims = tuple(batch_dims)
 
         self._crop = None if crop is None else list(crop)
+        self._crop_key = _normalize_crop(crop)
         # halo and boundary are checked against the sample's ndim in region(); check what we can now.
         self._halo = halo
         self._boundary = boundary
-        for mode in ([boundary] if isinstance(boundary, str) else
-                     (boundary.values() if isinstance(boundary, Mapping) else boundary)):
-            _check_boundary(mode)
-        if isinstance(halo, (int, np.integer)) and not isinstance(halo, bool):
-            _halo_pair(halo, 0)
+        self._halo_key = _normalize_halo(halo)
+        self._boundary_key = _normalize_boundary(boundary)
+
+    # ---- equality ----------------------------------------------------------------------------------
+    def _key(self) -> tuple:
+        fill = ("nan",) if isinstance(self.fill_value, (float, np.floating)) and np.isnan(self.fill_value) \
+            else self.fill_value
+        sizes = None if self._split_sizes is None else tuple(sorted(self._split_sizes.items()))
+        return (self.mesh, self._shard, self._batch_dims, self._crop_key, self._halo_key, self._boundary_key,
+                fill, self.split, sizes)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Layout):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
     # ---- mesh-side facts --------------------------------------------------------------------------
     @property
     def shard_dims(self) -> dict[str, int]:
         """Mesh dim name -> the sample axis it shards, as given (not normalised)."""
         return {self.mesh.names[d]: a for d, a in self._shard}
+
+    @property
+    def split_sizes(self) -> dict[str, tuple[int, ...]] | None:
+        """Explicit shard sizes, mesh dim name -> sizes (``split == "explicit"``), else None."""
+        if self._split_sizes is None:
+            return None
+        return {self.mesh.names[d]: s for d, s in sorted(self._split_sizes.items())}
 
     @property
     def batch_dims(self) -> tuple[str, ...]:
@@ -474,58 +652,63 @@ class Layout:
     def domain(self, global_shape: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """``(domain_start, domain_stop)``: the crop box, checked against the sample shape."""
         shape = _check_shape(global_shape)
-        if self._crop is None:
+        if self._crop_key is None:
             return (0,) * len(shape), shape
-        if len(self._crop) != len(shape):
-            raise LayoutError(f"crop {self._crop!r} has {len(self._crop)} entries for a sample of shape {shape}")
+        if len(self._crop_key) != len(shape):
+            raise LayoutError(f"crop {self._crop!r} has {len(self._crop_key)} entries for a sample of shape {shape}")
         lo, hi = [], []
-        for a, (c, n) in enumerate(zip(self._crop, shape)):
-            if c is None:
-                s, e = 0, n
-            elif isinstance(c, slice):
-                if c.step not in (None, 1):
-                    raise LayoutError(f"crop of axis {a}: step {c.step} is not supported")
-                s = 0 if c.start is None else c.start
-                e = n if c.stop is None else c.stop
-            else:
-                try:
-                    s, e = c
-                except (TypeError, ValueError):
-                    raise LayoutError(f"crop of axis {a} must be (start, stop), a slice or None, got {c!r}") from None
+        for a, ((s, e), n) in enumerate(zip(self._crop_key, shape)):
+            e = n if e is None else e
             if not (0 <= s < e <= n):
                 raise LayoutError(
                     f"crop {s}:{e} of axis {a} lies outside the sample (axis size {n}) or is empty"
                 )
-            lo.append(int(s))
-            hi.append(int(e))
+            lo.append(s)
+            hi.append(e)
         return tuple(lo), tuple(hi)
 
     # ---- regions ------------------------------------------------------------------------------------
+    def _check_coordinate(self, coordinate) -> tuple[int, ...]:
+        coordinate = tuple(coordinate)
+        if len(coordinate) != self.mesh.ndim or any(
+            not _is_int(c) or not 0 <= c < s for c, s in zip(coordinate, self.mesh.shape)
+        ):
+            raise LayoutError(f"coordinate {coordinate} is out of range for mesh shape {self.mesh.shape}: "
+                              "one integer per mesh dim, 0 <= c < size")
+        return tuple(int(c) for c in coordinate)
+
     def region(self, global_shape: Sequence[int], coordinate: Sequence[int] | None = None) -> Region:
         """The region of the rank at ``coordinate`` (this rank by default). O(ndim), whatever the
-        mesh size."""
+        mesh size (explicit sizes: offsets from prefix sums made once)."""
         shape = _check_shape(global_shape)
         ndim = len(shape)
-        if coordinate is None:
-            coordinate = self.mesh.coordinate
-        else:
-            coordinate = tuple(coordinate)
-            if len(coordinate) != self.mesh.ndim or any(
-                isinstance(c, bool) or not 0 <= c < s for c, s in zip(coordinate, self.mesh.shape)
-            ):
-                raise LayoutError(f"coordinate {coordinate} is out of range for mesh shape {self.mesh.shape}")
+        coordinate = self.mesh.coordinate if coordinate is None else self._check_coordinate(coordinate)
         d0, d1 = self.domain(shape)
         halo = self.halo_pairs(ndim)
         boundary = self.boundaries(ndim)
-        axes = self.shard_axes(ndim)
         start, stop = list(d0), list(d1)
-        for mesh_dim, axis in enumerate(axes):  # mesh-dim order: outer first
-            if axis < 0:
+        groups = _axis_groups(self._shard, ndim)
+        if self._split_sizes is not None:
+            _check_explicit_groups(self._split_sizes, self.mesh, self._shard, ndim)
+        for axis, dims in groups.items():
+            if self._split_sizes is None:
+                for mesh_dim in dims:  # mesh-dim order: outer first, each splits the previous shard
+                    offset, size = shard_extent(stop[axis] - start[axis], self.mesh.shape[mesh_dim],
+                                                coordinate[mesh_dim], self.split)
+                    start[axis] += offset
+                    stop[axis] = start[axis] + size
                 continue
-            offset, size = shard_extent(stop[axis] - start[axis], self.mesh.shape[mesh_dim],
-                                        coordinate[mesh_dim], self.split)
-            start[axis] += offset
-            stop[axis] = start[axis] + size
+            prefix = self._split_prefix[dims[-1]]
+            if prefix[-1] != d1[axis] - d0[axis]:
+                raise LayoutError(
+                    f"split sizes {list(self._split_sizes[dims[-1]])} of mesh dim {self.mesh.names[dims[-1]]!r} "
+                    f"sum to {prefix[-1]} but axis {axis} has {d1[axis] - d0[axis]} cells"
+                    + (" (its crop)" if self._crop_key is not None else "") + ": the sizes must tile the axis")
+            c = 0
+            for mesh_dim in dims:  # the combined shard index, row-major over the nested dims
+                c = c * self.mesh.shape[mesh_dim] + coordinate[mesh_dim]
+            start[axis] = d0[axis] + prefix[c]
+            stop[axis] = d0[axis] + prefix[c + 1]
         ws, we = [], []
         for a in range(ndim):
             if stop[a] == start[a]:  # an empty shard sits at the domain end (torch's convention)
@@ -608,19 +791,228 @@ class Layout:
             out[d] = tuple(shapes)
         return out
 
+    # ---- the way back: a layout from the model's input spec -------------------------------------------
+    @classmethod
+    def from_placements(cls, mesh, placements: Sequence, *, batched: bool = True, ndim: int | None = None,
+                        lead_axes: int = 0, batch: str | Sequence[str] | None = None, crop=None,
+                        halo=0, boundary="constant", fill_value: float = 0,
+                        split: str | Mapping = "chunk") -> "Layout":
+        """The layout whose :meth:`dtensor_placements` are ``placements``: the inverse of that method.
+
+        Args:
+            mesh: a ``MeshInfo`` or a torch ``DeviceMesh`` (this rank's coordinate is read from it).
+            placements: one per mesh dim: torch ``Shard(d)`` / ``Replicate()``, or the plain data
+                of :meth:`placement_spec` (``("shard", d)`` / ``("replicate", None)``).
+            batched: the tensor is a batch ``(batch, *lead, *sample)``: ``Shard(0)`` marks a batch
+                dim and ``Shard(1 + lead_axes + a)`` shards sample axis ``a``. Unbatched:
+                ``Shard(a)`` shards sample axis ``a``, and ``batch`` names the batch dims among the
+                replicated ones (by default as ``Layout``: the one mesh dim that shards nothing).
+            ndim: the tensor's number of dims; needed only to resolve negative ``Shard`` dims.
+            lead_axes: unsplit axes between batch and sample (the steps of a forecast).
+            batch: batched: the mesh dims expected on the batch axis (checked against the
+                ``Shard(0)`` dims); unbatched: the batch dims.
+            crop, halo, boundary, fill_value, split: as for ``Layout`` (they are not in placements).
+
+        Several mesh dims sharding one tensor dim nest in mesh-dim order, as DTensor does and as
+        ``Layout`` does. ``Partial`` (a pending reduction, not data) and ``_StridedShard`` (an
+        interleaved order no reader can serve) are refused, naming the mesh dim and placement.
+        """
+        if not isinstance(mesh, MeshInfo):
+            if not hasattr(mesh, "get_coordinate"):
+                raise LayoutError(f"mesh must be a MeshInfo or a torch DeviceMesh, got {type(mesh).__name__}")
+            mesh = MeshInfo.from_device_mesh(mesh)
+        batched = _check_bool("batched", batched)
+        lead_axes = _check_int("lead_axes", lead_axes, 0)
+        if ndim is not None:
+            ndim = _check_int("ndim", ndim, 1)
+        placements = list(placements)
+        if len(placements) != mesh.ndim:
+            raise LayoutError(f"{len(placements)} placements {placements} for a mesh of {mesh.ndim} dims "
+                              f"{list(mesh.names)}: give one placement per mesh dim")
+        offset = 1 + lead_axes if batched else 0
+        shard, on_batch_axis = {}, []
+        for d, p in enumerate(placements):
+            kind, tensor_dim = _placement_kind(p, mesh.names[d])
+            if kind == "replicate":
+                continue
+            if tensor_dim < 0:
+                if ndim is None:
+                    raise LayoutError(f"placement {p!r} of mesh dim {mesh.names[d]!r} counts from the end: "
+                                      "pass ndim (the tensor's number of dims) to resolve it")
+                tensor_dim += ndim
+            if ndim is not None and not 0 <= tensor_dim < ndim:
+                raise LayoutError(f"placement {p!r} of mesh dim {mesh.names[d]!r} is out of range for a "
+                                  f"tensor of {ndim} dims")
+            if batched and tensor_dim == 0:
+                on_batch_axis.append(mesh.names[d])
+            elif batched and tensor_dim < offset:
+                raise LayoutError(f"placement {p!r} of mesh dim {mesh.names[d]!r} shards lead axis "
+                                  f"{tensor_dim - 1} (one of the {lead_axes} unsplit axes between batch "
+                                  "and sample): a loader cannot split those")
+            else:
+                shard[mesh.names[d]] = tensor_dim - offset
+        if batched:
+            if batch is not None:
+                expected = [batch] if isinstance(batch, str) else list(batch)
+                for name in on_batch_axis:
+                    if name not in expected:
+                        raise LayoutError(
+                            f"placement Shard(0) of mesh dim {name!r} shards the batch axis, but {name!r} is "
+                            f"not a batch dim (batch={expected}): a model-parallel dim cannot split the "
+                            "batch; give it Replicate() or Shard(1 + axis)")
+                for name in expected:
+                    if name not in on_batch_axis:
+                        raise LayoutError(f"batch dim {name!r} has no Shard(0) placement in {placements}: "
+                                          "a batch dim splits the batch axis (Shard(0))")
+            batch = on_batch_axis
+        return cls(mesh, shard=shard, batch=batch, crop=crop, halo=halo, boundary=boundary,
+                   fill_value=fill_value, split=split)
+
+    @classmethod
+    def from_dtensor(cls, tensor_or_spec, **kwargs) -> "Layout":
+        """The layout of a DTensor (e.g. a model's example input) or of its ``DTensorSpec``
+        (``tensor._spec``): mesh and placements from it, ``split="chunk"`` (DTensor's ``Shard``);
+        other arguments as :meth:`from_placements`. A PhysicsNeMo ``ShardTensor`` goes to
+        :meth:`from_shard_tensor`."""
+        if "split" in kwargs:
+            raise LayoutError("from_dtensor: a DTensor is split by torch.chunk; for other sizes use "
+                              "from_shard_tensor or from_placements(..., split=...)")
+        spec = getattr(tensor_or_spec, "_spec", tensor_or_spec)
+        if hasattr(spec, "sharding_shapes"):
+            return cls.from_shard_tensor(tensor_or_spec, **kwargs)
+        mesh = getattr(tensor_or_spec, "device_mesh", None) or getattr(spec, "mesh", None)
+        placements = getattr(tensor_or_spec, "placements", None)
+        if mesh is None or placements is None:
+            raise LayoutError(f"from_dtensor needs a DTensor or DTensorSpec, got {type(tensor_or_spec).__name__}")
+        if "ndim" not in kwargs:
+            meta = getattr(spec, "tensor_meta", None)
+            ndim = getattr(tensor_or_spec, "ndim", None)
+            if ndim is None and meta is not None and getattr(meta, "shape", None) is not None:
+                ndim = len(meta.shape)
+            kwargs["ndim"] = ndim
+        return cls.from_placements(mesh, placements, **kwargs)
+
+    @classmethod
+    def from_shard_tensor(cls, tensor, **kwargs) -> "Layout":
+        """The layout of a PhysicsNeMo ``ShardTensor`` (or its ``ShardTensorSpec``): mesh,
+        placements and ``sharding_shapes()`` (its documented API; gathering them may communicate
+        once) become explicit sizes, or the rule they equal; see :meth:`from_sharding_shapes`."""
+        spec = getattr(tensor, "_spec", tensor)
+        if not hasattr(spec, "sharding_shapes"):
+            raise LayoutError(f"from_shard_tensor needs a PhysicsNeMo ShardTensor or ShardTensorSpec, "
+                              f"got {type(tensor).__name__}")
+        shapes = spec.sharding_shapes()
+        return cls.from_sharding_shapes(spec.mesh, spec.placements, shapes, **kwargs)
+
+    @classmethod
+    def from_sharding_shapes(cls, mesh, placements: Sequence, sharding_shapes: Mapping[int, Sequence[Sequence[int]]],
+                             *, batched: bool = True, **kwargs) -> "Layout":
+        """A layout from PhysicsNeMo ``ShardTensor`` sharding shapes: ``{mesh dim index: (shape of
+        each rank's shard along that mesh dim, ...)}``, as ``ShardTensorSpec.sharding_shapes()``
+        gives them (a local shape per rank along the mesh dim, this rank's coordinate elsewhere).
+
+        The sizes of each sharded tensor dim become explicit shard sizes; when the sizes of every
+        sharded axis equal one named rule (``chunk`` first, then ``physicsnemo``, ``even``), the
+        layout uses that rule, so that ``chunk`` keeps DTensor output. A batch dim (``Shard(0)``)
+        must give every rank the same batch size. ``ShardTensor`` records one mesh dim per tensor
+        dim: two mesh dims sharding one axis are refused here (give ``split`` sizes by hand).
+        Other arguments as :meth:`from_placements`; ``split`` comes from the shapes.
+        """
+        if "split" in kwargs:
+            raise LayoutError("from_sharding_shapes: the split comes from sharding_shapes; do not pass split")
+        layout = cls.from_placements(mesh, placements, batched=batched, **kwargs)
+        mesh = layout.mesh
+        if not isinstance(sharding_shapes, Mapping):
+            raise LayoutError(f"sharding_shapes must be a mapping {{mesh dim: shapes}}, got {sharding_shapes!r}")
+        shapes_by_dim = {}
+        for key, shapes in sharding_shapes.items():
+            d = _mesh_dim(mesh, key, "sharding_shapes")
+            shapes = [tuple(s) for s in shapes]
+            if len(shapes) != mesh.shape[d]:
+                raise LayoutError(f"sharding_shapes of mesh dim {mesh.names[d]!r} hold {len(shapes)} shapes "
+                                  f"for {mesh.shape[d]} ranks")
+            shapes_by_dim[d] = shapes
+        offset = (1 + kwargs.get("lead_axes", 0)) if batched else 0
+        # the batch axis: every sample group holds the same number of samples
+        for d in layout._batch_dims:
+            if d in shapes_by_dim:
+                sizes = {s[0] for s in shapes_by_dim[d]}
+                if len(sizes) > 1:
+                    raise LayoutError(f"sharding_shapes of batch dim {mesh.names[d]!r} give the ranks batch "
+                                      f"sizes {sorted(sizes)}: a loader gives every sample group the same")
+        groups = _axis_groups(layout._shard, None)
+        sizes_by_dim = {}
+        for axis, dims in groups.items():
+            if len(dims) > 1:
+                raise LayoutError(
+                    f"mesh dims {[mesh.names[d] for d in dims]} shard axis {axis} together: ShardTensor's "
+                    "sharding_shapes describe one mesh dim per tensor dim; build the Layout with split= sizes "
+                    "of the combined shards instead")
+            (d,) = dims
+            if d not in shapes_by_dim:
+                raise LayoutError(f"sharding_shapes have no entry for mesh dim {mesh.names[d]!r}, which shards "
+                                  f"axis {axis} ({placements[d]!r})")
+            tensor_dim = axis + offset
+            for s in shapes_by_dim[d]:
+                if not -len(s) <= tensor_dim < len(s):
+                    raise LayoutError(f"sharding shape {s} of mesh dim {mesh.names[d]!r} has no dim {tensor_dim}")
+            sizes_by_dim[d] = tuple(s[tensor_dim] for s in shapes_by_dim[d])
+        for d, sizes in sizes_by_dim.items():
+            for s in sizes:
+                if not _is_int(s) or s < 0:
+                    raise LayoutError(f"sharding_shapes of mesh dim {mesh.names[d]!r}: size {s!r} is not a "
+                                      "non-negative integer")
+        split = {mesh.names[d]: [int(s) for s in sizes] for d, sizes in sizes_by_dim.items()}
+        for rule in SPLITS:
+            if all(tuple(split_sizes(sum(sizes), mesh.shape[d], rule)) == tuple(sizes)
+                   for d, sizes in sizes_by_dim.items()):
+                split = rule
+                break
+        return cls(mesh, shard=layout.shard_dims, batch=layout.batch_dims, crop=layout._crop, halo=layout._halo,
+                   boundary=layout._boundary, fill_value=layout.fill_value, split=split if sizes_by_dim else "chunk")
+
     def __repr__(self) -> str:
         return (
             f"Layout(mesh={self.mesh}, shard={self.shard_dims}, batch={self.batch_dims}, "
             f"crop={self._crop}, halo={self._halo!r}, boundary={self._boundary!r}, "
-            f"fill_value={self.fill_value!r}, split={self.split!r})"
+            f"fill_value={self.fill_value!r}, "
+            f"split={self.split_sizes if self._split_sizes is not None else self.split!r})"
         )
 
 
+def _placement_kind(p, mesh_dim_name: str) -> tuple[str, int | None]:
+    """``("shard", tensor dim)`` or ``("replicate", None)`` of a torch placement or of the plain data
+    of ``Layout.placement_spec``; anything a loader cannot honour is refused, named."""
+    if isinstance(p, tuple) and len(p) == 2 and p[0] in ("shard", "replicate"):
+        kind, tensor_dim = p
+        if kind == "replicate":
+            return "replicate", None
+        if not _is_int(tensor_dim):
+            raise LayoutError(f"placement {p!r} of mesh dim {mesh_dim_name!r}: the tensor dim is not an integer")
+        return "shard", int(tensor_dim)
+    name = type(p).__name__
+    if name == "_StridedShard" or hasattr(p, "split_factor"):
+        raise LayoutError(f"placement {p!r} of mesh dim {mesh_dim_name!r} is a _StridedShard (an interleaved "
+                          "shard order, as FSDP with tensor parallel makes): a loader cannot read it; use Shard(d)")
+    if "Partial" in name or (hasattr(p, "is_partial") and p.is_partial()):
+        raise LayoutError(f"placement {p!r} of mesh dim {mesh_dim_name!r} is Partial (a pending reduction, "
+                          "not data): a loader yields data; use Shard(d) or Replicate()")
+    if hasattr(p, "is_shard") and p.is_shard():
+        return "shard", int(p.dim)
+    if hasattr(p, "is_replicate") and p.is_replicate():
+        return "replicate", None
+    raise LayoutError(f"placement {p!r} of mesh dim {mesh_dim_name!r} is not Shard(d) or Replicate()")
+
+
 def _check_shape(global_shape: Sequence[int]) -> tuple[int, ...]:
-    try:
-        shape = tuple(int(s) for s in global_shape)
-    except (TypeError, ValueError):
-        raise LayoutError(f"sample shape {global_shape!r} is not a sequence of integers") from None
+    if isinstance(global_shape, (str, bytes)) or not isinstance(global_shape, Iterable):
+        raise LayoutError(f"sample shape {global_shape!r} is not a sequence of integers")
+    global_shape = tuple(global_shape)
+    for s in global_shape:
+        if not _is_int(s):
+            raise LayoutError(f"sample shape {global_shape!r} holds {s!r} ({type(s).__name__}): "
+                              "sizes must be integers")
+    shape = tuple(int(s) for s in global_shape)
     if not shape:
         raise LayoutError("sample shape is empty: a sample has at least one axis")
     if any(s <= 0 for s in shape):
