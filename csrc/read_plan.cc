@@ -206,11 +206,24 @@ PlanSet LoadPlanSet(const std::string &path) {
   for (auto &p : set.plans) ReadPlanBody(r, &p);
   set.items.resize(n_items);
   for (auto &it : set.items) {
-    it.file = r.Int();
-    it.plan = r.Int();
-    it.base = r.Int();
-    if (it.file < 0 || it.file >= n_files || it.plan < 0 || it.plan >= n_plans || it.base < 0)
-      r.Bad("item");
+    it.finish = r.Int();
+    int64_t n_parts = r.Count(int64_t(1) << 32, "part");
+    if (it.finish < 0 || it.finish >= n_plans) r.Bad("item's plan");
+    it.part_begin = set.parts.size();
+    for (int64_t k = 0; k < n_parts; k++) {
+      PlanPart part;
+      part.file = r.Int();
+      part.plan = r.Int();
+      part.base = r.Int();
+      if (part.file < 0 || part.file >= n_files || part.plan < 0 || part.plan >= n_plans ||
+          part.base < 0)
+        r.Bad("item part");
+      // the part's units address the item's window: the shapes must agree
+      if (set.plans[part.plan].shape != set.plans[it.finish].shape)
+        r.Bad("item part of another window shape");
+      set.parts.push_back(part);
+    }
+    it.part_end = set.parts.size();
   }
   if (!r.AtEnd()) r.Bad("trailing bytes");
   return set;

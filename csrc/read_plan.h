@@ -6,7 +6,7 @@
 //   - a finishing program: byte swap, Fortran transpose, then per axis copies (reflect, symmetric,
 //     edge, periodic halos wider than the domain) and constant fills, as dali_mesh.io._plan does.
 // A plan set holds the distinct plans, the file table (path, expected size) and the items (one per
-// sample id: file, plan, base offset added to every file offset). Errors are std::runtime_error
+// sample id: its parts and finishing plan). Errors are std::runtime_error
 // whose text names the file and says what to do.
 #ifndef DALI_MESH_READ_PLAN_H_
 #define DALI_MESH_READ_PLAN_H_
@@ -40,14 +40,23 @@ struct PlanFile {
   int64_t expected_size = -1;  // -1: not checked
 };
 
-struct PlanItem {
+// One read into a sample's window: the units of `plan` from `file`, at `base` added to every file
+// offset. A sample of one file has one part; a Zarr sample has one per chunk file touched.
+struct PlanPart {
   int64_t file = 0, plan = 0, base = 0;
+};
+
+// A sample id: its parts [part_begin, part_end), then the finishing program of plan `finish`
+// (which also gives the window shape; every part's plan has the same shape).
+struct PlanItem {
+  int64_t finish = 0, part_begin = 0, part_end = 0;
 };
 
 struct PlanSet {
   std::string source;  // the plan file it was loaded from (for messages)
   std::vector<ReadPlan> plans;
   std::vector<PlanFile> files;
+  std::vector<PlanPart> parts;
   std::vector<PlanItem> items;
 };
 

@@ -32,7 +32,7 @@ class ReadWindowsMixed : public ReadWindowsBase<dali::MixedBackend> {
     constexpr int64_t kAlign = 256;
     std::vector<int64_t> offset(n + 1, 0), bytes(n);
     for (int i = 0; i < n; i++) {
-      bytes[i] = plans_.plans[items_[i].plan].bytes();
+      bytes[i] = plans_.plans[items_[i].finish].bytes();
       offset[i + 1] = offset[i] + (bytes[i] + kAlign - 1) / kAlign * kAlign;
     }
     if (event_ == nullptr) CUDA_CALL(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));

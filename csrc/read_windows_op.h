@@ -35,8 +35,8 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
     }
     // the first file of each plan, named in messages about files that differ from it
     first_path_.assign(plans_.plans.size(), std::string());
-    for (const auto &it : plans_.items)
-      if (first_path_[it.plan].empty()) first_path_[it.plan] = plans_.files[it.file].path;
+    for (const auto &part : plans_.parts)
+      if (first_path_[part.plan].empty()) first_path_[part.plan] = plans_.files[part.file].path;
   }
 
  protected:
@@ -62,7 +62,7 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
                    dali::make_string("read_windows: sample id ", id, " is out of range for the ",
                                      plans_.items.size(), " samples of ", plans_.source));
       items_[i] = plans_.items[id];
-      const auto &plan = plans_.plans[items_[i].plan];
+      const auto &plan = plans_.plans[items_[i].finish];
       auto sh = shape.tensor_shape_span(i);
       for (int d = 0; d < ndim; d++) sh[d] = plan.shape[d];
     }
@@ -75,10 +75,6 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
   // Reads every sample's window into `out[i]` (host memory of the output's size). `pool` may be
   // null (serial). Files are opened and closed within the call.
   void ReadAll(const std::vector<char *> &out, dali::ThreadPool *pool) {
-    const int n = static_cast<int>(items_.size());
-    files_.clear();
-    files_.resize(n);
-    staging_.resize(n);
     auto run = [&](auto &&fn, int64_t tasks, auto &&cost) {
       if (pool == nullptr) {
         for (int64_t t = 0; t < tasks; t++) fn(t);
@@ -98,43 +94,55 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
   template <typename Run>
   void ReadAllImpl(const std::vector<char *> &out, Run &run) {
     const int n = static_cast<int>(items_.size());
+    // the parts of this batch: (sample, part index in plans_.parts)
+    batch_parts_.clear();
+    for (int i = 0; i < n; i++)
+      for (int64_t k = items_[i].part_begin; k < items_[i].part_end; k++) batch_parts_.push_back({i, k});
+    const int64_t np = batch_parts_.size();
+    files_.clear();
+    files_.resize(np);
+    staging_.resize(n);
     // 1: open and check every file
-    run([&](int64_t i) {
-          const auto &it = items_[i];
-          files_[i].Open(plans_.files[it.file], plans_.plans[it.plan], first_path_[it.plan]);
+    run([&](int64_t j) {
+          const auto &part = plans_.parts[batch_parts_[j].part];
+          files_[j].Open(plans_.files[part.file], plans_.plans[part.plan], first_path_[part.plan]);
         },
-        n, [&](int64_t) { return 0; });
+        np, [&](int64_t) { return 0; });
     // 2: the byte ranges, in tasks of about task_bytes_ (one large sample uses every thread)
-    tasks_.clear();
     dsts_.resize(n);
     for (int i = 0; i < n; i++) {
-      const auto &plan = plans_.plans[items_[i].plan];
-      char *dst = out[i];
-      if (plan.fortran && plan.volume() > 0) {
+      const auto &plan = plans_.plans[items_[i].finish];
+      dsts_[i] = out[i];
+      if (plan.fortran && plan.volume() > 0) {  // read the file order, transposed in step 3
         staging_[i].resize(plan.bytes());
-        dst = staging_[i].data();
+        dsts_[i] = staging_[i].data();
       }
-      dsts_[i] = dst;
-      for (auto &g : SplitGroups(plan, task_bytes_)) tasks_.push_back({i, g.first, g.second});
     }
+    tasks_.clear();
+    for (int64_t j = 0; j < np; j++)
+      for (auto &g : SplitGroups(plans_.plans[plans_.parts[batch_parts_[j].part].plan], task_bytes_))
+        tasks_.push_back({j, g.first, g.second});
     run([&](int64_t t) {
           const auto &task = tasks_[t];
-          const auto &it = items_[task.sample];
+          const auto &bp = batch_parts_[task.part];
+          const auto &part = plans_.parts[bp.part];
           thread_local std::vector<char> scratch;
-          ReadGroups(files_[task.sample], plans_.plans[it.plan], it.base, task.g0, task.g1,
-                     dsts_[task.sample], &scratch);
+          ReadGroups(files_[task.part], plans_.plans[part.plan], part.base, task.g0, task.g1,
+                     dsts_[bp.sample], &scratch);
         },
         static_cast<int64_t>(tasks_.size()), [&](int64_t t) { return tasks_[t].g1 - tasks_[t].g0; });
-    // 3: close, then byte swap, transpose and boundary fills
-    run([&](int64_t i) {
-          files_[i].Close();
-          FinishWindow(plans_.plans[items_[i].plan], dsts_[i], out[i]);
-        },
+    files_.clear();
+    // 3: byte swap, transpose and boundary fills
+    run([&](int64_t i) { FinishWindow(plans_.plans[items_[i].finish], dsts_[i], out[i]); },
         n, [&](int64_t) { return 0; });
   }
 
-  struct Task {
+  struct BatchPart {
     int sample;
+    int64_t part;
+  };
+  struct Task {
+    int64_t part;  // index into batch_parts_
     int64_t g0, g1;
   };
   PlanSet plans_;
@@ -145,6 +153,7 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
   std::vector<OpenFile> files_;
   std::vector<std::vector<char>> staging_;
   std::vector<char *> dsts_;
+  std::vector<BatchPart> batch_parts_;
   std::vector<Task> tasks_;
 };
 

@@ -74,7 +74,10 @@ class NativePlan:
     ndim: int
     plans: list[bytes] = field(default_factory=list)
     files: list[tuple[str, int]] = field(default_factory=list)  # (path, expected size or -1)
-    items: list[tuple[int, int, int]] = field(default_factory=list)  # (file, plan, base offset)
+    # per sample id: (finishing plan, [(file, plan, base offset), ...]): the parts read into its
+    # window (one per file touched), then the plan whose byte swap, transpose and boundary cells
+    # finish it
+    items: list[tuple[int, list[tuple[int, int, int]]]] = field(default_factory=list)
     window_shapes: list[tuple[int, ...]] = field(default_factory=list)  # per plan
     _plan_index: dict = field(default_factory=dict, repr=False)
 
@@ -93,7 +96,8 @@ class NativePlan:
         for path, size in self.files:
             out += [_bytes(os.fsencode(path)), _ints(size)]
         out += self.plans
-        out.append(np.asarray(self.items, np.int64).reshape(-1, 3).astype("<i8").tobytes())
+        for finish, parts in self.items:
+            out += [_ints(finish, len(parts)), _arr(parts)]
         return b"".join(out)
 
     def write(self, directory: str | None = None) -> str:
@@ -220,9 +224,9 @@ def _plan_numpy(source, merge_gap: int) -> NativePlan:
         # every file is read by the first file's plan; its header bytes and size are checked per read
         size = first.file_size
         plans.files = [(f, size) for f in files]
-        plans.items = [(i, 0, 0) for i in range(len(files))]
+        plans.items = [(0, [(i, 0, 0)]) for i in range(len(files))]
     else:
-        plans.items = [(i, plan_of_header[head_bytes(h)], 0) for i, h in enumerate(headers)]
+        plans.items = [(k, [(i, k, 0)]) for i, k in enumerate(plan_of_header[head_bytes(h)] for h in headers)]
     return plans
 
 
@@ -323,14 +327,14 @@ def _plan_hdf5(source, merge_gap: int) -> NativePlan:
                     encode_plan(wplan, lay, merge_gap=merge_gap), wplan.window_shape))
                 step_bytes = math.prod(frame) * ds.dtype.itemsize
                 for sid, local in steps_of_file.get(fi, []):
-                    items[sid] = (fi, pidx, int(offset) + local * step_bytes)
+                    items[sid] = (pidx, [(fi, pidx, int(offset) + local * step_bytes)])
             else:
                 for sid, local in steps_of_file.get(fi, []):
                     fo, do, ub, groups = _chunk_units(ds, path, wplan, local, merge_gap)
                     base = int(fo[0]) if fo.size else 0
                     body = encode_units(wplan, ds.dtype, False, fo - base, do, ub, groups)
                     pidx = plans.add_plan(body, lambda: (body, wplan.window_shape))
-                    items[sid] = (fi, pidx, base)
+                    items[sid] = (pidx, [(fi, pidx, base)])
         finally:
             f.close()
     plans.items = [items[sid] for sid in range(source.num_samples)]

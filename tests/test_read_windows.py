@@ -152,7 +152,7 @@ def test_per_sample_shapes_share_plans_by_header(tmp_path):
     layout = Layout(_mesh((1, 2), (0, 1)), shard={"m0": 1}, halo={1: 1}, boundary="reflect")
     src = NumpySource(files, layout, batch_size=1, shuffle=False, per_sample_shapes=True)
     plans = native.plan_source(src)
-    assert len(plans.plans) == 2 and [it[1] for it in plans.items] == [0, 1, 0, 1]
+    assert len(plans.plans) == 2 and [it[0] for it in plans.items] == [0, 1, 0, 1]
     p = _pipe(src, 1)
     for wins, ids, _ in _epoch(p, 1):
         full = np.load(files[ids[0]])
