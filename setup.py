@@ -14,7 +14,10 @@ rebuilds only what changed). It installs, inside the package ``dali_mesh/``:
 
 Environment:
   DALI_MESH_CUDA=auto|0|1     GPU operator: when nvcc is found (default) / never / required
-  DALI_MESH_CUDA_ARCHS=...    CUDA architectures (default "75-real;80-real;86-real;89-real;90")
+  DALI_MESH_CUDA_ARCHS=...    CUDA architectures (default "75-real;80-real;86-real;89-real;90";
+                              "native": the GPUs of this machine)
+
+Without DALI, ``make kernels`` builds ``libdali_mesh_kernels.so`` alone (see the Makefile).
   CMAKE_BUILD_PARALLEL_LEVEL  compile jobs (default 2)
   CUDACXX=/path/to/nvcc       the CUDA compiler, when not on PATH
 """
@@ -46,7 +49,9 @@ def _dali_info() -> dict:
             f"dali_mesh: cannot build the DALI plugin: DALI is not importable by {sys.executable} "
             f"({e}). Install it first (pip install nvidia-dali-cuda120==2.4.0), then run "
             "`pip install --no-build-isolation -e .` (without --no-build-isolation pip builds in a "
-            "fresh environment without DALI)."
+            "fresh environment without DALI). To build only the DALI-free kernels library "
+            "(libdali_mesh_kernels.so, e.g. on a GPU machine without DALI), run `make kernels` "
+            "(add DALI_MESH_CUDA_ARCHS=native for the local GPU)."
         ) from None
     cuda_major = ""
     try:
