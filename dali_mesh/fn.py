@@ -142,7 +142,10 @@ def _floats(values, name: str, *, nonzero: bool = False) -> list[float]:
     for k, v in enumerate(values):
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
             raise TypeError(f"{name}[{k}] must be a number, got {v!r} of type {type(v).__name__}")
-        f = float(v)
+        try:
+            f = float(v)
+        except OverflowError:  # a Python int beyond any float
+            raise ValueError(f"{name}[{k}] = {v} overflows float32, the type it travels as") from None
         if not np.isfinite(f):
             raise ValueError(f"{name}[{k}] is {f}: {name} values must be finite")
         if nonzero and f == 0:
@@ -168,6 +171,19 @@ def _fill_value_text(fill_value) -> str:
         return repr(float(fill_value))
     raise TypeError(f"fill_value must be an int or a float, got {fill_value!r} of type "
                     f"{type(fill_value).__name__}")
+
+
+def _boundary_names(boundary) -> list[str]:
+    """One boundary name or a sequence of names (the operator checks that the names are known)."""
+    names = [boundary] if isinstance(boundary, str) else boundary
+    try:
+        names = list(names)
+    except TypeError:
+        raise TypeError(f"boundary must be a name or a sequence of names, got {boundary!r}") from None
+    if not names or not all(isinstance(b, str) for b in names):
+        raise TypeError(f"boundary must be a name or a non-empty sequence of names (constant, "
+                        f"periodic, reflect, symmetric, edge), got {boundary!r}")
+    return names
 
 
 def _dali_dtype(dtype):
@@ -203,7 +219,7 @@ def strided_slice(input, start, shape, step=1, axes: Sequence[int] | None = None
         "start": _as_list(start, "start"),
         "shape": _as_list(shape, "shape"),
         "step": _as_list(step, "step"),
-        "boundary": [boundary] if isinstance(boundary, str) else list(boundary),
+        "boundary": _boundary_names(boundary),
         "fill_value_text": _fill_value_text(fill_value),
     }
     if axes is not None:

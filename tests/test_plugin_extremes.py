@@ -332,6 +332,9 @@ def test_fill_value_with_a_cast_is_held_by_the_output_type():
     (dict(fill_value="abc"), TypeError, "fill_value must be an int or a float"),
     (dict(fill_value=None), TypeError, "fill_value must be an int or a float"),
     (dict(fill_value=True), TypeError, "fill_value must be an int or a float"),
+    (dict(boundary=None), TypeError, "boundary must be a name or a sequence of names"),
+    (dict(boundary=["edge", 3]), TypeError, "boundary must be a name"),
+    (dict(mean=[10**400]), ValueError, "mean\\[0\\].*overflows float32"),
 ])
 def test_strided_slice_wrapper_refuses_coercions(kwargs, exc, match):
     args = dict(start=[0, 0], shape=[2, 2])
