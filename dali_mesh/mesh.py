@@ -19,6 +19,11 @@ class MeshError(ValueError):
     """A mesh, a coordinate or the environment describing them is invalid."""
 
 
+def _is_int(v) -> bool:
+    """A Python or numpy integer, not a bool (``True`` is not a size)."""
+    return hasattr(v, "__index__") and not isinstance(v, bool) and type(v).__name__ != "bool_"
+
+
 def _default_names(ndim: int) -> tuple[str, ...]:
     return tuple(f"dim{i}" for i in range(ndim))
 
@@ -45,8 +50,10 @@ class MeshInfo:
 
     def __post_init__(self) -> None:
         for what in ("shape", "coordinate"):
+            if isinstance(getattr(self, what), (str, bytes)):
+                raise MeshError(f"mesh {what} {getattr(self, what)!r} is a string: expected integers")
             for v in getattr(self, what):
-                if isinstance(v, bool) or not hasattr(v, "__index__"):
+                if not _is_int(v):
                     raise MeshError(f"mesh {what} {tuple(getattr(self, what))} holds {v!r}: expected integers")
         shape = tuple(int(s) for s in self.shape)
         if not shape:
@@ -54,6 +61,8 @@ class MeshInfo:
         for s in shape:
             if s <= 0:
                 raise MeshError(f"mesh shape {shape} has a size {s}: every mesh dim needs at least one rank")
+        if isinstance(self.names, str):
+            raise MeshError(f"mesh names {self.names!r} is one string: give one name per dim, e.g. ({self.names!r},)")
         names = tuple(self.names) if self.names else _default_names(len(shape))
         if len(names) != len(shape):
             raise MeshError(f"mesh names {names} do not match mesh shape {shape} (one name per dim)")
@@ -89,7 +98,9 @@ class MeshInfo:
 
     def rank_of(self, coordinate: Sequence[int]) -> int:
         coordinate = tuple(coordinate)
-        if len(coordinate) != self.ndim or any(not 0 <= c < s for c, s in zip(coordinate, self.shape)):
+        if len(coordinate) != self.ndim or any(
+            not _is_int(c) or not 0 <= c < s for c, s in zip(coordinate, self.shape)
+        ):
             raise MeshError(f"coordinate {coordinate} is out of range for mesh shape {self.shape}")
         r = 0
         for c, s in zip(coordinate, self.shape):
@@ -97,6 +108,9 @@ class MeshInfo:
         return r
 
     def coordinate_of(self, rank: int) -> tuple[int, ...]:
+        if not _is_int(rank):
+            raise MeshError(f"rank {rank!r} is not an integer")
+        rank = int(rank)
         if not 0 <= rank < self.size:
             raise MeshError(f"rank {rank} is out of range for a mesh of {self.size} ranks {self.shape}")
         out = []
@@ -118,10 +132,12 @@ class MeshInfo:
 
     def dim_index(self, name: str | int) -> int:
         """The index of a mesh dim given by name (or by index)."""
-        if isinstance(name, int) and not isinstance(name, bool):
+        if _is_int(name):
             if not -self.ndim <= name < self.ndim:
                 raise MeshError(f"mesh dim {name} is out of range for a mesh of {self.ndim} dims {self.names}")
-            return name % self.ndim
+            return int(name) % self.ndim
+        if not isinstance(name, str):
+            raise MeshError(f"mesh dim {name!r} is neither a name nor an index; this mesh has {list(self.names)}")
         try:
             return self.names.index(name)
         except ValueError:
@@ -199,6 +215,12 @@ class MeshInfo:
 
 def resolve_mesh_shape(shape: Sequence[int], world_size: int) -> tuple[int, ...]:
     """Replace one ``-1`` in ``shape`` so that the product equals ``world_size``, and check it."""
+    if isinstance(shape, (str, bytes)):
+        raise MeshError(f"mesh shape {shape!r} is a string: expected integers (or parse it with parse_mesh_shape)")
+    shape = tuple(shape)
+    for s in shape:
+        if not _is_int(s):
+            raise MeshError(f"mesh shape {shape} holds {s!r}: expected integers (one may be -1)")
     shape = tuple(int(s) for s in shape)
     unknown = [i for i, s in enumerate(shape) if s == -1]
     if len(unknown) > 1:
