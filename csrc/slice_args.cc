@@ -2,6 +2,7 @@
 #include "slice_args.h"
 
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -129,10 +130,15 @@ std::string ParseFillValue(const std::string &text, SliceParams *p) {
     else
       p->SetFillUInt(v);
   } else {
-    double v = std::strtod(c, &end);
-    if (end == c || *end != '\0')
+    // from_chars: the same text gives the same double whatever the process's locale
+    double v = 0;
+    const char *last = c + text.size();
+    auto [ptr, ec] = std::from_chars(c[0] == '+' ? c + 1 : c, last, v);
+    if (ec == std::errc::result_out_of_range)
+      return "fill_value " + text + " is beyond the float64 range; no output type can hold it";
+    if (ec != std::errc() || ptr != last)
       return "fill_value \"" + text + "\" is not a number; pass an int or a float";
-    p->SetFill(v);  // out of double range: strtod gives +-inf, refused below for finite types
+    p->SetFill(v);
   }
   return "";
 }
