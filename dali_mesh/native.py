@@ -23,8 +23,12 @@ per-sample shapes)                      checked when read
 no forecast
 ``HDF5Source``, chunked without         native; per step the ranges inside the chunks touched
 filters (uncompressed), no forecast     (steps at equal relative offsets share one plan)
+``ZarrSource`` v2/v3, uncompressed,     native; one part per chunk file touched, then one
+local store, every chunk written,       finishing plan (byte swap, boundary cells)
+no forecast
 everything else (``direct=True``,       ``partitioned_source`` (a one-line log says why)
-compressed HDF5, Zarr, forecasts)
+compressed HDF5 or Zarr, sharded Zarr,
+missing Zarr chunks, forecasts)
 ======================================  ===================================================
 
 Importing this module imports DALI (as :mod:`dali_mesh.fn` does).
@@ -141,7 +145,7 @@ def _bytes(b: bytes) -> bytes:
 
 
 def _swap_unit(dtype: np.dtype) -> int:
-    if dtype.byteorder in "=|" or dtype.itemsize == 1:
+    if dtype.isnative or dtype.itemsize == 1:  # isnative: also an explicit '<' on a little-endian host
         return 0
     return dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
 
@@ -160,7 +164,7 @@ def encode_units(plan: WindowPlan, dtype: np.dtype, fortran: bool, fo, do, ub, g
                  check: bytes = b"") -> bytes:
     """One plan's bytes from its units (file offsets, window offsets, bytes; sorted by file offset,
     disjoint), their read groups, and the boundary program of ``plan``."""
-    native = dtype.newbyteorder("=") if dtype.byteorder not in "=|" else dtype
+    native = dtype if dtype.isnative else dtype.newbyteorder("=")
     gb = [g[0] for g in groups]
     ge = [g[1] for g in groups]
     fill = b""
@@ -177,7 +181,7 @@ def encode_units(plan: WindowPlan, dtype: np.dtype, fortran: bool, fo, do, ub, g
 
 
 def _check_dtype(dtype: np.dtype, path: str) -> np.dtype:
-    native = dtype.newbyteorder("=") if dtype.byteorder not in "=|" else dtype
+    native = dtype if dtype.isnative else dtype.newbyteorder("=")
     if native.kind not in _NATIVE_KINDS:
         raise NotNativeError(f"{path}: dtype {dtype} has no DALI type")
     return native
@@ -341,16 +345,108 @@ def _plan_hdf5(source, merge_gap: int) -> NativePlan:
     return plans
 
 
+def _no_finish(window_shape):
+    """A stand-in plan with no boundary program: the parts of a multi-file sample only read."""
+    empty = np.empty(0, np.int64)
+    axis = SimpleNamespace(copy_dst=empty, copy_src=empty, fill=empty)
+    return SimpleNamespace(axes=[axis] * len(window_shape), window_shape=tuple(window_shape), fill_value=0)
+
+
+def _zarr_stored_dtype(arr, path) -> np.dtype:
+    """The dtype of the bytes in an uncompressed chunk file, or :class:`NotNativeError`."""
+    md = arr.metadata
+    if md.zarr_format == 2:
+        if md.compressor is not None or md.filters:
+            raise NotNativeError(f"{path}: Zarr array {arr.path!r} is compressed or filtered; it is decoded by "
+                                 "partitioned_source")
+        if md.order != "C":
+            raise NotNativeError(f"{path}: Zarr array {arr.path!r} stores chunks in order {md.order!r}")
+        return np.dtype(arr.dtype)
+    codecs = list(md.codecs)
+    if len(codecs) != 1 or type(codecs[0]).__name__ != "BytesCodec" or type(md.chunk_grid).__name__ != "RegularChunkGrid":
+        raise NotNativeError(f"{path}: Zarr array {arr.path!r} has codecs {[type(c).__name__ for c in codecs]} "
+                             "(compression, sharding or transposition); it is decoded by partitioned_source")
+    endian = getattr(codecs[0].endian, "value", None)
+    dtype = np.dtype(arr.dtype)
+    if dtype.itemsize > 1 and endian in ("little", "big"):
+        dtype = dtype.newbyteorder("<" if endian == "little" else ">")
+    return dtype
+
+
+def _plan_zarr(source, merge_gap: int) -> NativePlan:
+    """Uncompressed Zarr v2/v3 arrays in local stores: a sample is one part per box and chunk file
+    touched (every chunk file is a raw C-order array of the full chunk shape), then a finishing plan
+    (byte swap and boundary cells). Parts at the same place in their chunks share a plan."""
+    from dali_mesh.io.zarr import open_zarr_array
+
+    if source.forecast is not None:
+        raise NotNativeError("ZarrSource with a forecast (two windows per sample) is read by partitioned_source")
+    plans = None
+    file_index: dict[str, int] = {}
+    items: dict[int, tuple] = {}
+    steps_of_store: dict[int, list[tuple[int, int]]] = {}
+    for sid in range(source.num_samples):
+        fi, local = source.locate(source.step_of(sid))
+        steps_of_store.setdefault(fi, []).append((sid, local))
+    for fi, store in enumerate(source.files):
+        arr = open_zarr_array(store, source.name)  # a local directory store (LocalStore) at `store`
+        root = os.fspath(store)
+        stored = _zarr_stored_dtype(arr, store)
+        native = _check_dtype(stored, store)
+        if plans is None:
+            plans = NativePlan(native, source.sample_ndim)
+        chunks = tuple(arr.chunks)
+        ct = chunks[0]
+        chunk_bytes = math.prod(chunks) * stored.itemsize
+        region = source.region if source.sample_shape is not None else source.region_of(
+            source._frame_shapes[fi])
+        wplan = plan_window(region, source.index_maps)
+        shape = wplan.window_shape
+        finish = plans.add_plan(("finish", encode_units(wplan, stored, False, [], [], [], [])), lambda: (
+            encode_units(wplan, stored, False, [], [], [], []), shape))
+        for sid, local in steps_of_store.get(fi, []):
+            parts = []
+            for wst, fst, ln in wplan.boxes():
+                per_axis = [_pieces(f, n, c) for f, n, c in zip(fst, ln, chunks[1:])]
+                for combo in itertools.product(*per_axis):
+                    key = arr.metadata.encode_chunk_key((local // ct,) + tuple(p[1] for p in combo))
+                    path = os.path.join(root, *arr.path.split("/"), *key.split("/")) if arr.path else \
+                        os.path.join(root, *key.split("/"))
+                    try:
+                        size = os.stat(path).st_size
+                    except FileNotFoundError:
+                        raise NotNativeError(f"{path}: chunk file missing (it reads as fill values)") from None
+                    if size != chunk_bytes:
+                        raise NotNativeError(f"{path}: chunk file of {size} bytes, not the {chunk_bytes} of a "
+                                             "raw chunk")
+                    box = (tuple(w + p[0] for w, p in zip(wst, combo)), tuple(p[2] for p in combo),
+                           tuple(p[3] for p in combo))
+                    lay = SimpleNamespace(shape=chunks, dtype=native, fortran_order=False, data_offset=0)
+                    fo, do, ub, groups = plan_npy_reads(lay, _Boxes([box], shape), (local % ct,), merge_gap)
+                    body = encode_units(_no_finish(shape), native, False, fo, do, ub, groups)
+                    pidx = plans.add_plan(body, lambda: (body, shape))
+                    fidx = file_index.get(path)
+                    if fidx is None:
+                        fidx = file_index[path] = len(plans.files)
+                        plans.files.append((path, chunk_bytes))
+                    parts.append((fidx, pidx, 0))
+            items[sid] = (finish, parts)
+    plans.items = [items[sid] for sid in range(source.num_samples)]
+    return plans
+
+
 def plan_source(source, *, merge_gap: int = DEFAULT_MERGE_GAP) -> NativePlan:
     """The native plan of ``source`` for this rank, or :class:`NotNativeError` saying why not."""
-    from dali_mesh.source import HDF5Source, NumpySource
+    from dali_mesh.source import HDF5Source, NumpySource, ZarrSource
 
     if isinstance(source, NumpySource):
         return _plan_numpy(source, merge_gap)
     if isinstance(source, HDF5Source):
         return _plan_hdf5(source, merge_gap)
-    raise NotNativeError(f"{type(source).__name__} is not read natively (NumpySource and contiguous "
-                         "HDF5Source are)")
+    if isinstance(source, ZarrSource):
+        return _plan_zarr(source, merge_gap)
+    raise NotNativeError(f"{type(source).__name__} is not read natively (NumpySource, HDF5Source and "
+                         "ZarrSource are, for uncompressed data)")
 
 
 # ---- the pipeline side ---------------------------------------------------------------------------

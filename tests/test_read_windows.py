@@ -227,6 +227,51 @@ def test_hdf5_chunked_uncompressed(tmp_path, chunks):
     assert n == 9
 
 
+@pytest.mark.parametrize("fmt,endian", [(2, "<"), (2, ">"), (3, "little"), (3, "big")])
+def test_zarr_uncompressed(tmp_path, fmt, endian):
+    zarr = pytest.importorskip("zarr")
+    from dali_mesh.source import ZarrSource
+
+    rng = np.random.default_rng(SEED)
+    stores, data = [], []
+    for i, steps in enumerate((3, 4)):
+        arr = random_array(rng, (steps, 3, 9, 10), np.int32)
+        p = str(tmp_path / f"z{i}.zarr")
+        if fmt == 2:
+            z = zarr.create_array(p, shape=arr.shape, chunks=(2, 2, 4, 3), dtype=np.dtype("i4").newbyteorder(endian),
+                                  compressors=None, zarr_format=2)
+        else:
+            z = zarr.create_array(p, shape=arr.shape, chunks=(2, 2, 4, 3), dtype="i4", compressors=None,
+                                  serializer=zarr.codecs.BytesCodec(endian=endian), zarr_format=3)
+        z[:] = arr
+        stores.append(p)
+        data.append(arr)
+    full = np.concatenate(data)
+    layout = Layout(_mesh((1, 2, 2), (0, 1, 1)), shard={"m0": 1, "m1": 2}, halo={1: 2, 2: 4},
+                    boundary={1: "edge", 2: "periodic"})
+    src = ZarrSource(stores, None, layout, batch_size=2, shuffle=False, channels=[2, 0])
+    p = _pipe(src, 2)
+    n = 0
+    for wins, ids, _ in _epoch(p, 2):
+        for w, sid in zip(wins, ids):
+            t = src.step_of(sid)
+            np.testing.assert_array_equal(w, take_window(full[t][[2, 0]], src.region), err_msg=f"step {t}")
+            n += 1
+    assert n == len(src) == 8  # 7 steps, padded to whole batches
+
+
+def test_compressed_zarr_is_not_native(tmp_path):
+    zarr = pytest.importorskip("zarr")
+    from dali_mesh.source import ZarrSource
+
+    p = str(tmp_path / "c.zarr")
+    z = zarr.create_array(p, shape=(4, 6, 6), chunks=(1, 3, 3), dtype="f4")  # default codecs compress
+    z[:] = 1
+    src = ZarrSource([p], None, Layout(_mesh((1, 2), (0, 0)), shard={"m0": 1}), batch_size=1)
+    with pytest.raises(native.NotNativeError, match="compress"):
+        native.plan_source(src)
+
+
 def test_not_native_sources_fall_back_or_raise(tmp_path):
     h5py = pytest.importorskip("h5py")
     p = str(tmp_path / "c.h5")
@@ -419,3 +464,26 @@ def test_gpu_windows_equal_the_cpu_ones(tmp_path, fortran, byteorder):
         for k in range(2):
             sid = int(np.array(ids[k]))
             np.testing.assert_array_equal(np.array(w[k]), take_window(np.load(files[sid]), src.region))
+
+
+def test_layout_string_and_fallback_to_partitioned_source(tmp_path, monkeypatch, caplog):
+    import logging
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    files = _files(tmp_path, 4)
+    src = _source(files, shuffle=False, direct=True)  # O_DIRECT: not native, read by partitioned_source
+
+    @pipeline_def(batch_size=2, num_threads=1, device_id=None, py_num_workers=1, py_start_method="spawn")
+    def pipe():
+        return native.read_windows(src, layout="HW")
+
+    with caplog.at_level(logging.INFO, logger="dali_mesh.native"):
+        p = pipe()
+        p.build()
+    assert "using partitioned_source" in caplog.text and "O_DIRECT" in caplog.text
+    w, ids, _ = p.run()
+    assert w.layout() == "HW"
+    sid = int(np.array(ids[0]))
+    np.testing.assert_array_equal(np.array(w[0]), take_window(np.load(files[sid]), src.region))
+    q = _pipe(_source(files, shuffle=False), 2, layout="HW")
+    assert q.run()[0].layout() == "HW"
