@@ -111,3 +111,35 @@ def test_non_integer_sizes_are_refused():
     for args in [((2.5, 2),), ((True, 2),), ((2, 2), ("a", "b"), (0.0, 1))]:
         with pytest.raises(MeshError, match="expected integers"):
             MeshInfo(*args)
+
+
+@pytest.mark.parametrize("args,match", [
+    (((2, 4), ("a", "b"), (0, 1.5)), r"mesh coordinate \(0, 1.5\) holds 1.5: expected integers"),
+    (((2, 4), ("a", "b"), (0, "1")), "holds '1': expected integers"),
+    ((("2", 4),), "holds '2': expected integers"),
+    (("24",), "mesh shape '24' is a string"),
+    (((2,), "a"), r"mesh names 'a' is one string: give one name per dim, e.g. \('a',\)"),
+    (((2, 2), ("a", 3)), "mesh dim names must be non-empty strings, got 3"),
+])
+def test_no_silent_coercions(args, match):
+    with pytest.raises(MeshError, match=match):
+        MeshInfo(*args)
+
+
+def test_numpy_integers_are_integers_and_queries_are_strict():
+    import numpy as np
+
+    m = MeshInfo((np.int64(2), np.uint8(4)), ("a", "b"), (np.int32(1), np.int64(3)))
+    assert m == MeshInfo((2, 4), ("a", "b"), (1, 3)) and type(m.shape[0]) is int
+    assert m.dim_index(np.int64(1)) == 1 and m.coordinate_of(np.int64(5)) == (1, 1)
+    assert m.rank_of((np.int8(1), 1)) == 5
+    with pytest.raises(MeshError, match="rank 1.5 is not an integer"):
+        m.coordinate_of(1.5)
+    with pytest.raises(MeshError, match=r"coordinate \(0, 1.5\) is out of range"):
+        m.rank_of((0, 1.5))
+    with pytest.raises(MeshError, match=r"mesh dim 1.0 is neither a name nor an index"):
+        m.dim_index(1.0)
+    with pytest.raises(MeshError, match=r"mesh shape \(2.5, -1\) holds 2.5"):
+        resolve_mesh_shape((2.5, -1), 8)
+    with pytest.raises(MeshError, match="mesh shape '2,4' is a string"):
+        MeshInfo.from_env("2,4", env={"RANK": "0", "WORLD_SIZE": "8"})
