@@ -514,6 +514,8 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
 
     ops = load_plugin()
     path = plans.write(plan_dir)
+    if pipe is not None:  # as partitioned_source does: MeshLoader checks it and fingerprints checkpoints
+        pipe._dali_mesh_sources = getattr(pipe, "_dali_mesh_sources", []) + [source]
     ids, pads = fn.external_source(source=_SampleIds(source), num_outputs=2, batch=True,
                                    batch_info=True, dtype=[types.INT64, types.BOOL], ndim=[0, 0],
                                    name=name)
