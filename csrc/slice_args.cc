@@ -236,7 +236,10 @@ std::string MakeSliceSample(const SliceUserArgs &a, const SliceParams &params, S
     s.out_extent[d] = n;
     s.step[d] = 1;
     s.boundary[d] = kConstant;
-    stride *= n;
+    // (an empty sample may claim any extents: its strides must still fit an int64)
+    if (d > 0 && __builtin_mul_overflow(stride, n, &stride))
+      return "the sample shape " + ShapeStr(a.in_shape) + " has more than 2**63 elements per "
+             "outer index; its strides do not fit an int64";
   }
   s.in_offset = 0;
   for (size_t k = 0; k < na; k++) {

@@ -181,6 +181,24 @@ def test_int64_extremes_are_refused_by_the_kernels_library(backend, start, shape
         K.strided_slice_host([x], start, shape, step, boundary, backend=backend, **kw)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "emulate"])
+def test_empty_sample_with_huge_extents(backend):
+    """An empty sample may claim any extents: strides that do not fit int64 are refused, an empty
+    sample whose strides fit gives a constant window."""
+    # numpy refuses such arrays: call the library with the shapes (the data is never read)
+    dummy = np.zeros(16, np.uint8)
+    out = np.zeros((2, 1, 3, 4), np.uint8)
+    bid = {"cpu": 0, "emulate": 1}[backend]
+    K._call_slice(bid, None, [dummy.ctypes.data], [out.ctypes.data], [[2**30, 2**30, 0, 4]],
+                  [-1, 5, 0, 0], [2, 1, 3, 4], 1, "constant", None, None, np.uint8, np.uint8, 9,
+                  None, None, None, None)
+    np.testing.assert_array_equal(out, np.full((2, 1, 3, 4), 9, np.uint8))
+    with pytest.raises(K.KernelsError, match="strides do not fit"):  # 2**80 elements per index
+        K._call_slice(bid, None, [dummy.ctypes.data], [out.ctypes.data], [[0, 2**40, 2**40, 2**40]],
+                      [0, 0, 0, 0], [1, 1, 1, 1], 1, "constant", None, None, np.uint8, np.uint8, 0,
+                      None, None, None, None)
+
+
 @pytest.mark.parametrize("boundary", ["constant", "periodic", "reflect", "symmetric", "edge"])
 def test_far_windows_just_inside_the_bound_are_exact(boundary):
     """Positions near +-2**62 (the largest allowed) and steps near 2**62 compute the right cells."""
