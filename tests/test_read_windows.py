@@ -487,3 +487,25 @@ def test_layout_string_and_fallback_to_partitioned_source(tmp_path, monkeypatch,
     np.testing.assert_array_equal(np.array(w[0]), take_window(np.load(files[sid]), src.region))
     q = _pipe(_source(files, shuffle=False), 2, layout="HW")
     assert q.run()[0].layout() == "HW"
+
+
+def test_mesh_loader_reads_through_the_native_path(tmp_path):
+    torch = pytest.importorskip("torch")  # noqa: F841
+    from dali_mesh.torch import MeshLoader
+
+    files = _files(tmp_path, 5)
+    layout = Layout(MeshInfo((2, 2), ("dp", "mp"), (1, 0)), shard={"mp": 1}, halo={1: 1},
+                    boundary={1: "symmetric"})
+    src = NumpySource(files, layout, batch_size=2, shuffle=False)
+    ids, pads = src.order(0)
+
+    @pipeline_def(batch_size=2, num_threads=2, device_id=None)
+    def pipe():
+        return native.read_windows(src, fallback=False)
+
+    batches = list(MeshLoader(pipe(), layout, sample_shape=src.sample_shape))
+    assert [b["sample_id"].tolist() for b in batches] == [ids[i:i + 2].tolist() for i in range(0, len(ids), 2)]
+    assert [b["is_pad"].tolist() for b in batches] == [pads[i:i + 2].tolist() for i in range(0, len(pads), 2)]
+    for b in batches:
+        for sid, w in zip(b["sample_id"].tolist(), b["window"].numpy()):
+            np.testing.assert_array_equal(w, take_window(np.load(files[sid]), src.region))
