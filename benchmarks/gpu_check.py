@@ -148,6 +148,7 @@ class Step:
     cwd: str | None = None
     reason: str = ""
     last: bool = False  # runs with whatever budget is left, after the rest
+    needs: tuple = ()  # steps (builds) that must have passed
 
 
 def _pytest(python: str, out: Path, name: str, targets: list[str], extra: list[str] = ()) -> tuple[list[str], str]:
@@ -164,11 +165,8 @@ def plan(info: dict, setting: str, out: Path, jobs: int) -> list[Step]:
         build_env["CUDACXX"] = tools["nvcc"]  # found under CUDA_HOME, not on PATH
     steps: list[Step] = []
     dali = setting == "dali"
-    if dali:
-        steps.append(Step("build-plugin", "the DALI plugin and kernels library for the local GPU",
-                          [py, "-m", "pip", "install", "--no-index", "--no-build-isolation", "--no-deps", "-e", "."],
-                          300, build_env))
-    elif info.get("make_kernels_target"):
+    # the DALI-free library first, in both settings: its checks do not depend on the plugin's build
+    if info.get("make_kernels_target"):
         steps.append(Step("build-kernels", "the DALI-free kernels library for the local GPU (make kernels)",
                           [tools.get("make") or "make", "kernels", "DALI_MESH_CUDA=1", "DALI_MESH_CUDA_ARCHS=native"],
                           240, build_env))
@@ -182,15 +180,22 @@ def plan(info: dict, setting: str, out: Path, jobs: int) -> list[Step]:
                   "dali_mesh/libdali_mesh_kernels.so")
         steps.append(Step("build-kernels", "the DALI-free kernels library for the local GPU (CMake, "
                           "the Makefile has no kernels target)", ["bash", "-c", script], 240, build_env))
+    if dali:
+        steps.append(Step("build-plugin", "the DALI plugin (and the kernels library again) for the local GPU",
+                          [py, "-m", "pip", "install", "--no-index", "--no-build-isolation", "--no-deps", "-e", "."],
+                          300, build_env))
+    kernel_needs = ("build-kernels",)
+    dali_needs = ("build-plugin",)
     cmd, junit = _pytest(py, out, "gpu", ["tests/gpu"], ["--ignore=tests/gpu/test_gpu_stress.py",
                                                          "--ignore=tests/gpu/test_gpu_dali.py"])
     steps.append(Step("gpu-tests", "tests/gpu: the CUDA kernel against numpy and its host emulation", cmd, 180,
-                      junit=junit))
+                      junit=junit, needs=kernel_needs))
     cmd, junit = _pytest(py, out, "stress", ["tests/gpu/test_gpu_stress.py"])
     steps.append(Step("stress", "two streams without a sync, a misaligned sample, > 2**32-byte samples", cmd, 180,
-                      junit=junit))
+                      junit=junit, needs=kernel_needs))
     steps.append(Step("kernel-bench", "the kernel alone vs device-to-device copy",
-                      [py, "benchmarks/kernel_bench.py", "--json", str(out / "kernel_bench.json")], 150))
+                      [py, "benchmarks/kernel_bench.py", "--json", str(out / "kernel_bench.json")], 150,
+                      needs=kernel_needs))
     dali_steps = [
         ("dali-tests", "tests/gpu/test_gpu_dali.py: the GPU operators, sources, decoder and loader in DALI"),
         ("demo-1rank", "dali-mesh demo, 1 rank on the GPU"),
@@ -199,17 +204,18 @@ def plan(info: dict, setting: str, out: Path, jobs: int) -> list[Step]:
     ]
     if dali:
         cmd, junit = _pytest(py, out, "dali", ["tests/gpu/test_gpu_dali.py"])
-        steps.append(Step(dali_steps[0][0], dali_steps[0][1], cmd, 240, junit=junit))
+        steps.append(Step(dali_steps[0][0], dali_steps[0][1], cmd, 240, junit=junit, needs=dali_needs))
         demo = [py, "-m", "dali_mesh.cli", "demo", "--samples", "16", "--timeout", "100"]
         steps.append(Step(dali_steps[1][0], dali_steps[1][1], demo + ["--nproc", "1", "--mesh", "model_parallel=1",
                                                                         "--shard", "model_parallel=1"],
-                          120, cwd=str(out)))
+                          120, cwd=str(out), needs=dali_needs))
         steps.append(Step(dali_steps[2][0], dali_steps[2][1], demo + ["--nproc", "2", "--mesh", "model_parallel=2",
                                                                         "--shard", "model_parallel=1"],
-                          120, cwd=str(out)))
+                          120, cwd=str(out), needs=dali_needs))
         steps.append(Step(dali_steps[3][0], dali_steps[3][1],
                           [py, "benchmarks/gpu_bench.py", "--runs", "3", "--dir", str(out / "gpu_bench_data"),
-                           "--out", str(out / "gpu_bench.md"), "--json", str(out / "gpu_bench.json")], 240))
+                           "--out", str(out / "gpu_bench.md"), "--json", str(out / "gpu_bench.json")], 240,
+                          needs=dali_needs))
     else:
         why = f"DALI is not importable by {py} ({info.get('dali_error', 'not installed')})"
         steps += [Step(n, w, None, 0, reason=why) for n, w in dali_steps]
@@ -218,7 +224,8 @@ def plan(info: dict, setting: str, out: Path, jobs: int) -> list[Step]:
         cmd, junit = _pytest(py, out, "memcheck", list(MEMCHECK_TESTS), ["-k", MEMCHECK_SELECT])
         steps.append(Step("memcheck", "a subset of tests/gpu under compute-sanitizer --tool memcheck",
                           [sanitizer, "--tool", "memcheck", "--error-exitcode", "97", "--print-limit", "20", *cmd],
-                          240, {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, junit=junit, last=True))
+                          240, {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, junit=junit, last=True,
+                          needs=kernel_needs))
     else:
         steps.append(Step("memcheck", "a subset of tests/gpu under compute-sanitizer --tool memcheck", None, 0,
                           reason="compute-sanitizer is not installed (CUDA_HOME/bin or PATH)", last=True))
@@ -265,7 +272,7 @@ def run_step(step: Step, log, budget_left: float) -> Result:
         res.detail, res.skipped = step.reason, 1
         return res
     if budget_left < min(20, step.timeout):
-        res.detail, res.skipped = f"not run: {budget_left:.0f} s of the check's budget left", 1
+        res.detail, res.skipped = f"only {budget_left:.0f} s of the check's budget left", 1
         return res
     timeout = min(step.timeout, budget_left)
     env = dict(os.environ, **step.env)
@@ -451,16 +458,16 @@ def main(argv=None) -> int:
         with open(log_path, "w") as log:
             log.write(f"{command}\n{json.dumps(info, indent=2)}\n")
             ordered = [s for s in steps if not s.last] + [s for s in steps if s.last]
-            build_failed = False
+            status: dict[str, str] = {}
             for s in ordered:
-                if build_failed and s.cmd is not None:
+                failed_needs = [n for n in s.needs if status.get(n, "passed") != "passed"]
+                if failed_needs and s.cmd is not None:
                     res = Result(s.name, s.what, "skipped", command=shlex.join(s.cmd),
-                                 detail=f"not run: {ordered[0].name} failed", skipped=1)
+                                 detail=f"{', '.join(failed_needs)} did not pass", skipped=1)
                 else:
                     print(f"gpu-check: {s.name} ...", flush=True)
                     res = run_step(s, log, t_end - time.monotonic())
-                    if s is ordered[0] and res.status == "failed":
-                        build_failed = True
+                status[s.name] = res.status
                 print(f"gpu-check: {s.name}: {res.status} ({res.passed} passed, {res.failed} failed, "
                       f"{res.skipped} skipped; {res.seconds:.0f} s){' - ' + res.detail if res.detail else ''}",
                       flush=True)

@@ -142,8 +142,10 @@ def test_gpu_check_plans_each_setting(tmp_path, monkeypatch, capsys):
     no_sanitizer = gc.plan(_fake_info(tools={"compute-sanitizer": None}), "kernels", tmp_path, 4)
     assert no_sanitizer[-1].cmd is None and "compute-sanitizer" in no_sanitizer[-1].reason
 
-    steps = {s.name: s for s in gc.plan(_fake_info(dali="2.4.0"), "dali", tmp_path, 16)}
-    assert "build-kernels" not in steps
+    plan = gc.plan(_fake_info(dali="2.4.0"), "dali", tmp_path, 16)
+    assert [s.name for s in plan][:3] == ["build-kernels", "build-plugin", "gpu-tests"]
+    steps = {s.name: s for s in plan}
+    assert steps["gpu-tests"].needs == ("build-kernels",) and steps["dali-tests"].needs == ("build-plugin",)
     assert steps["build-plugin"].cmd[1:] == ["-m", "pip", "install", "--no-index", "--no-build-isolation",
                                              "--no-deps", "-e", "."]
     assert steps["build-plugin"].env["DALI_MESH_CUDA_ARCHS"] == "native"
@@ -257,3 +259,29 @@ def test_region_bench_quick(tmp_path):
     r = _run([str(BENCH / "region_bench.py"), "--quick"], tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert [line.split()[-3] for line in r.stdout.splitlines()[1:]] == ["8", "1024", "262144", "1048576", "1048576"]
+
+
+def test_gpu_check_main_skips_what_a_failed_build_would_feed(tmp_path, monkeypatch, capsys):
+    """The whole run on fake steps: a failed build skips the steps that need it, others still run,
+    the step marked last runs last, and the exit status says something failed."""
+    gc = _module("gpu_check")
+    py = sys.executable
+
+    def fake_plan(info, setting, out, jobs):
+        return [gc.Step("sanitizer", "runs last", [py, "-c", "pass"], 30, last=True),
+                gc.Step("build-kernels", "fails", [py, "-c", "raise SystemExit(3)"], 30),
+                gc.Step("build-plugin", "works", [py, "-c", "pass"], 30),
+                gc.Step("gpu-tests", "needs kernels", [py, "-c", "pass"], 30, needs=("build-kernels",)),
+                gc.Step("dali-tests", "needs the plugin", [py, "-c", "pass"], 30, needs=("build-plugin",))]
+
+    monkeypatch.setattr(gc, "detect", lambda python: _fake_info(python_path=python))
+    monkeypatch.setattr(gc, "plan", fake_plan)
+    assert gc.main(["--out", str(tmp_path)]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1] == LAST_LINE.format(p=3, f=1, s=1, k="n/a", r="n/a")
+    steps = json.loads((tmp_path / "results.json").read_text())["steps"]
+    assert [(r["name"], r["status"]) for r in steps] == [
+        ("build-kernels", "failed"), ("build-plugin", "passed"), ("gpu-tests", "skipped"),
+        ("dali-tests", "passed"), ("sanitizer", "passed")]
+    assert steps[0]["detail"] == "exit status 3" and "build-kernels did not pass" in steps[2]["detail"]
+    assert "- gpu-tests: not run (build-kernels did not pass)" in (tmp_path / "summary.md").read_text()
