@@ -556,8 +556,8 @@ class Layout:
             batch_dims.sort()
         self._batch_dims = tuple(batch_dims)
 
-        self._crop = None if crop is None else list(crop)
         self._crop_key = _normalize_crop(crop)
+        self._crop = None if crop is None else list(crop)
         # halo and boundary are checked against the sample's ndim in region(); check what we can now.
         self._halo = halo
         self._boundary = boundary
@@ -880,7 +880,9 @@ class Layout:
         spec = getattr(tensor_or_spec, "_spec", tensor_or_spec)
         if hasattr(spec, "sharding_shapes"):
             return cls.from_shard_tensor(tensor_or_spec, **kwargs)
-        mesh = getattr(tensor_or_spec, "device_mesh", None) or getattr(spec, "mesh", None)
+        mesh = getattr(tensor_or_spec, "device_mesh", None)
+        if mesh is None:
+            mesh = getattr(spec, "mesh", None)
         placements = getattr(tensor_or_spec, "placements", None)
         if mesh is None or placements is None:
             raise LayoutError(f"from_dtensor needs a DTensor or DTensorSpec, got {type(tensor_or_spec).__name__}")
@@ -902,6 +904,9 @@ class Layout:
             raise LayoutError(f"from_shard_tensor needs a PhysicsNeMo ShardTensor or ShardTensorSpec, "
                               f"got {type(tensor).__name__}")
         shapes = spec.sharding_shapes()
+        meta = getattr(spec, "tensor_meta", None)
+        if "ndim" not in kwargs and getattr(meta, "shape", None) is not None:
+            kwargs["ndim"] = len(meta.shape)  # resolves negative Shard dims
         return cls.from_sharding_shapes(spec.mesh, spec.placements, shapes, **kwargs)
 
     @classmethod

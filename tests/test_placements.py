@@ -29,7 +29,9 @@ def layouts(draw, split=None):
     boundary = draw(st.one_of(st.sampled_from(BOUNDARIES),
                               st.dictionaries(st.integers(0, ndim - 1), st.sampled_from(BOUNDARIES))))
     fill_value = draw(st.sampled_from([0, -1, 2.5]))
-    kwargs = dict(shard=shard, batch=batch, halo=halo, boundary=boundary, fill_value=fill_value)
+    crop = draw(st.one_of(st.none(), st.lists(st.one_of(st.none(), st.tuples(st.integers(0, 1), st.integers(2, 5))),
+                                              min_size=ndim, max_size=ndim)))
+    kwargs = dict(shard=shard, batch=batch, halo=halo, boundary=boundary, fill_value=fill_value, crop=crop)
     return Layout(mesh, **kwargs), ndim, kwargs
 
 
@@ -39,7 +41,7 @@ def test_round_trip_through_plain_placements(case):
     layout, ndim, kwargs = case
     spec = layout.placement_spec(ndim, halo_stripped=True)
     back = Layout.from_placements(layout.mesh, spec, halo=kwargs["halo"], boundary=kwargs["boundary"],
-                                  fill_value=kwargs["fill_value"])
+                                  fill_value=kwargs["fill_value"], crop=kwargs["crop"])
     assert back == layout and hash(back) == hash(layout)
     assert back.batch_dims == layout.batch_dims and back.replica_dims == layout.replica_dims
     sample = tuple(range(5, 5 + ndim))
@@ -53,7 +55,7 @@ def test_round_trip_through_torch_placements(case):
     layout, ndim, kwargs = case
     placements = layout.dtensor_placements(ndim, halo_stripped=True)
     back = Layout.from_placements(layout.mesh, placements, halo=kwargs["halo"], boundary=kwargs["boundary"],
-                                  fill_value=kwargs["fill_value"])
+                                  fill_value=kwargs["fill_value"], crop=kwargs["crop"])
     assert back == layout
     assert back.dtensor_placements(ndim, halo_stripped=True) == placements
 
@@ -240,3 +242,13 @@ def test_sharding_shapes_errors():
         Layout.from_sharding_shapes(mesh, spec, {1: [(1, 3)] * 3})
     with pytest.raises(LayoutError, match="the split comes from sharding_shapes"):
         Layout.from_sharding_shapes(mesh, spec, {1: [(1, 3)] * 2}, split="even")
+
+
+def test_round_trip_with_explicit_sizes_and_sharding_shapes():
+    mesh = MeshInfo((2, 3), ("dp", "mp"), (1, 1))
+    layout = Layout(mesh, shard={"mp": 0}, split={"mp": [4, 1, 2]}, halo=1, boundary="edge")
+    spec = layout.placement_spec(2, any_split=True)
+    assert Layout.from_placements(mesh, spec, split={"mp": [4, 1, 2]}, halo=1, boundary="edge") == layout
+    shapes = physicsnemo_sharding_shapes(layout, (7, 3), batch_size=5)
+    assert shapes[1] == ((5, 4, 3), (5, 1, 3), (5, 2, 3))
+    assert Layout.from_sharding_shapes(mesh, spec, shapes, halo=1, boundary="edge") == layout
