@@ -9,6 +9,7 @@ one epoch is timed, bytes from storage = ``read_bytes`` of this process and its 
 the next epochs (files now cached) are timed, median of ``--warm-epochs``. Epoch time = first
 ``run()`` to the last batch (pipeline build excluded). Loaders:
   native       dali_mesh.native.read_windows(NumpySource): ``num_threads`` = threads
+  native_noprefetch  the same with prefetch=False (no POSIX_FADV_WILLNEED of the batch's ranges)
   dali_roi     fn.readers.numpy(roi_start, roi_end) (default mmap): ``num_threads`` = threads
   partitioned  dali_mesh partitioned_source (parallel external source): ``py_num_workers`` = threads
 Medians over ``--runs``; the ratio column is the median of per-run ratios to dali_roi.
@@ -49,10 +50,10 @@ def build(loader, files, source, region, threads, batch):
     from dali_mesh import native
     from dali_mesh._external import partitioned_source
 
-    if loader == "native":
+    if loader.startswith("native"):
         @pipeline_def(batch_size=batch, num_threads=threads, device_id=None, prefetch_queue_depth=1)
         def pipe():
-            return native.read_windows(source, fallback=False)[0]
+            return native.read_windows(source, fallback=False, prefetch=loader != "native_noprefetch")[0]
     elif loader == "dali_roi":
         @pipeline_def(batch_size=batch, num_threads=threads, device_id=None, prefetch_queue_depth=1)
         def pipe():

@@ -88,6 +88,10 @@ class OpenFile {
 void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_t g0, int64_t g1,
                 char *dst, std::vector<char> *scratch);
 
+// Asks the kernel to start reading every group of `plan` (POSIX_FADV_WILLNEED, in pieces the
+// kernel does not cap): cold, the ranges of all files of a batch are then in flight at once.
+void Prefetch(const OpenFile &file, const ReadPlan &plan, int64_t base);
+
 // Byte swap, Fortran transpose (staging -> out; staging == out for C order), copies and fills.
 void FinishWindow(const ReadPlan &plan, char *staging, char *out);
 

@@ -133,7 +133,10 @@ Stateless: checkpointing works.)")
     .AddArg("plan_file", "Path of the plan file written by dali_mesh.native.", DALI_STRING)
     .AddArg("dtype", "Output type (the planned files' dtype, native byte order).", DALI_DATA_TYPE)
     .AddOptionalArg<int64_t>("task_bytes", "Bytes read per thread-pool task (large windows are "
-                             "split across threads).", int64_t(4) << 20);
+                             "split across threads).", int64_t(4) << 20)
+    .AddOptionalArg("prefetch", "Announce every range of the batch to the kernel "
+                    "(POSIX_FADV_WILLNEED) when the files are opened, so that cold reads of all "
+                    "files run at once; exactly the ranges read, no readahead beyond them.", true);
 
 DALI_REGISTER_OPERATOR(dali_mesh__ReadWindows, ::dali_mesh::ReadWindowsCPU, CPU);
 

@@ -24,6 +24,7 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
     plans_ = LoadPlanSet(spec.GetArgument<std::string>("plan_file"));
     dtype_ = spec.GetArgument<dali::DALIDataType>("dtype");
     task_bytes_ = std::max<int64_t>(4096, spec.GetArgument<int64_t>("task_bytes"));
+    prefetch_ = spec.GetArgument<bool>("prefetch");
     const int64_t size = dali::TypeTable::GetTypeInfo(dtype_).size();
     for (size_t p = 0; p < plans_.plans.size(); p++) {
       DALI_ENFORCE(plans_.plans[p].itemsize == size,
@@ -106,6 +107,7 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
     run([&](int64_t j) {
           const auto &part = plans_.parts[batch_parts_[j].part];
           files_[j].Open(plans_.files[part.file], plans_.plans[part.plan], first_path_[part.plan]);
+          if (prefetch_) Prefetch(files_[j], plans_.plans[part.plan], part.base);
         },
         np, [&](int64_t) { return 0; });
     // 2: the byte ranges, in tasks of about task_bytes_ (one large sample uses every thread)
@@ -149,6 +151,7 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
   std::vector<std::string> first_path_;
   dali::DALIDataType dtype_ = DALI_NO_TYPE;
   int64_t task_bytes_ = 4 << 20;
+  bool prefetch_ = true;
   std::vector<PlanItem> items_;
   std::vector<OpenFile> files_;
   std::vector<std::vector<char>> staging_;

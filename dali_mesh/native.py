@@ -469,7 +469,7 @@ class _SampleIds:
 
 
 def read_windows(source, device: str = "cpu", *, name: str | None = None, layout: str | None = None,
-                 fallback: bool = True, task_bytes: int = 4 << 20,
+                 fallback: bool = True, task_bytes: int = 4 << 20, prefetch: bool = True,
                  merge_gap: int = DEFAULT_MERGE_GAP, plan_dir: str | None = None, **kwargs):
     """This rank's windows of ``source``, read by the native operator (``fn.dali_mesh.read_windows``).
 
@@ -486,6 +486,8 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
         fallback: when the source cannot be read natively, log one line why and return
             ``partitioned_source(source, device, ...)`` (``False``: raise :class:`NotNativeError`).
         task_bytes: bytes per thread-pool task (a large window is read by every thread).
+        prefetch: announce every range of a batch to the kernel (``POSIX_FADV_WILLNEED``) when its
+            files are opened: cold, all of them are read at once (exactly the ranges, no more).
         merge_gap: byte ranges at most this far apart are read in one call (as the Python reader).
         plan_dir: where to write the plan file (default: a per-user temp directory).
         kwargs: passed to the ``partitioned_source`` fallback.
@@ -520,7 +522,8 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
                                    batch_info=True, dtype=[types.INT64, types.BOOL], ndim=[0, 0],
                                    name=name)
     win = ops.read_windows(ids, plan_file=path, dtype=types.to_dali_type(plans.dtype),
-                           task_bytes=int(task_bytes), device="mixed" if device == "gpu" else "cpu")
+                           task_bytes=int(task_bytes), prefetch=bool(prefetch),
+                           device="mixed" if device == "gpu" else "cpu")
     if layout is not None:
         win = fn.reshape(win, layout=layout)
     return win, ids, pads
