@@ -51,7 +51,8 @@ KERNEL_TARGETS = {"inside": 0.85, "periodic_halo": 0.75, "normalise_f16": 0.70}
 HEADLINE_KERNEL_CASE = "inside"
 HEADLINE_LOADER = "dali_mesh"
 MEMCHECK_TESTS = ("tests/gpu/test_gpu_kernels.py", "tests/gpu/test_gpu_stress.py")
-MEMCHECK_SELECT = ("vector_paths or domain_box or normalise_and_cast or two_streams or misaligned")
+MEMCHECK_SELECT = ("vector_paths or domain_box or normalise_and_cast or mixed_vector_widths or two_streams "
+                   "or misaligned")
 
 PROBE = r"""
 import json, sys
@@ -81,6 +82,11 @@ except Exception as e: info["cupy_error"] = repr(e).splitlines()[0][:200]
 try:
     import nvidia.dali as dali
     info["dali"] = dali.__version__
+    from importlib import metadata
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name.startswith("nvidia-dali-cuda"):
+            info["dali_wheel"] = name  # e.g. nvidia-dali-cuda130: the CUDA major DALI was built for
 except Exception as e: info["dali_error"] = repr(e).splitlines()[0][:200]
 print(json.dumps(info))
 """
@@ -331,6 +337,17 @@ def _pct(x) -> str:
     return "n/a" if x is None else f"{100 * x:.0f}%"
 
 
+def _cuda_match(info: dict) -> str:
+    """Whether the DALI wheel's CUDA major is the toolkit's (the plugin's GPU code needs the driver
+    of the toolkit it was built with)."""
+    m = re.search(r"cuda(\d+?)0$", info.get("dali_wheel", ""))
+    if not m or not info.get("nvcc"):
+        return "CUDA majors not compared"
+    same = m.group(1) == info["nvcc"].split(".")[0]
+    return (f"CUDA {m.group(1)} as the toolkit's {info['nvcc']}" if same else
+            f"CUDA {m.group(1)}, toolkit {info['nvcc']}: the plugin's GPU code needs the toolkit's driver")
+
+
 def last_line(totals: dict, kernel_fraction, loader_rate) -> str:
     rate = "n/a" if loader_rate is None else f"{loader_rate:.1f}"
     return (f"gpu-check: {totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped; "
@@ -375,6 +392,7 @@ def summary_markdown(info: dict, setting: str, results: list[Result], kernel_row
         f"- CUDA toolkit (nvcc) {info.get('nvcc', 'none')}; torch {info.get('torch', 'none')} (CUDA "
         f"{info.get('torch_cuda', '-')}), cupy {info.get('cupy', 'none')}, DALI {info.get('dali', 'none')}, "
         f"numpy {info.get('numpy', '?')}, Python {info.get('python', '?')} ({info.get('python_path')})",
+        f"- DALI wheel {info.get('dali_wheel', '-')}: {_cuda_match(info)}",
         f"- setting: **{setting}** ({'GPU + DALI' if setting == 'dali' else 'GPU, no DALI' if setting == 'kernels' else 'no GPU'})",
     ]
     if info.get("no_gpu"):
