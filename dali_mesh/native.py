@@ -105,12 +105,13 @@ class NativePlan:
         return b"".join(out)
 
     def write(self, directory: str | None = None) -> str:
-        """Write the plan file (content-addressed, so equal plans share one file; removed when this
-        process exits) and return its path."""
+        """Write the plan file and return its path. Named by content and process (equal plans of one
+        process share a file; another process, e.g. a replica rank with the same window, writes
+        its own, since each removes its files when it exits)."""
         data = self.to_bytes()
         directory = directory or os.path.join(tempfile.gettempdir(), f"dali_mesh_plans_{os.getuid()}")
         os.makedirs(directory, mode=0o700, exist_ok=True)
-        path = os.path.join(directory, hashlib.sha256(data).hexdigest()[:32] + ".dmplan")
+        path = os.path.join(directory, f"{hashlib.sha256(data).hexdigest()[:32]}.{os.getpid()}.dmplan")
         if not os.path.exists(path):
             tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
             with open(tmp, "wb") as f:
@@ -211,6 +212,7 @@ def _plan_numpy(source, merge_gap: int) -> NativePlan:
             return f.read(h.data_offset)
 
     plan_of_header: dict = {}
+    plan_of_file: list[int] = []
     for i, h in enumerate(headers):
         if h.native_dtype != native:
             raise ShapeMismatchError(h.path, f"dtype {h.native_dtype} differs from the first file's ({files[0]}) {native}")
@@ -223,6 +225,7 @@ def _plan_numpy(source, merge_gap: int) -> NativePlan:
                                   data_offset=h.data_offset)
             plan_of_header[check] = plans.add_plan(
                 check, lambda: (encode_plan(wplan, lay, check=check, merge_gap=merge_gap), wplan.window_shape))
+        plan_of_file.append(plan_of_header[check])
         plans.files.append((files[i], h.file_size))
     if source.sample_shape is not None:
         # every file is read by the first file's plan; its header bytes and size are checked per read
@@ -230,7 +233,7 @@ def _plan_numpy(source, merge_gap: int) -> NativePlan:
         plans.files = [(f, size) for f in files]
         plans.items = [(0, [(i, 0, 0)]) for i in range(len(files))]
     else:
-        plans.items = [(k, [(i, k, 0)]) for i, k in enumerate(plan_of_header[head_bytes(h)] for h in headers)]
+        plans.items = [(k, [(i, k, 0)]) for i, k in enumerate(plan_of_file)]
     return plans
 
 
