@@ -593,6 +593,16 @@ class Layout:
             return None
         return {self.mesh.names[d]: s for d, s in sorted(self._split_sizes.items())}
 
+    def split_sizes_flat(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Explicit sizes as plain numbers for the C++ ``mesh_roi``: ``(counts, sizes)``, ``counts``
+        one per mesh dim (how many sizes it gives: 0, or its combined shard count on the innermost
+        dim of an axis), ``sizes`` all lists concatenated in mesh-dim order. ``((), ())`` for a rule."""
+        if self._split_sizes is None:
+            return (), ()
+        counts = tuple(len(self._split_sizes.get(d, ())) for d in range(self.mesh.ndim))
+        sizes = tuple(v for d in range(self.mesh.ndim) for v in self._split_sizes.get(d, ()))
+        return counts, sizes
+
     @property
     def batch_dims(self) -> tuple[str, ...]:
         return tuple(self.mesh.names[d] for d in self._batch_dims)

@@ -148,3 +148,10 @@ def test_numpy_sizes_are_integers():
     assert layout.split_sizes == {"mp": (4, 0, 3, 1)}
     assert layout == Layout(MESH, shard={"mp": 1}, split={1: [4, 0, 3, 1]})
     assert all(type(s) is int for s in layout.split_sizes["mp"])
+
+
+def test_split_sizes_flat_for_the_plugin():
+    mesh = MeshInfo((2, 2, 3), ("dp", "a", "b"))
+    layout = Layout(mesh, shard={"a": 0, "b": 1}, split={"b": [1, 1, 1], "a": [2, 0]})
+    assert layout.split_sizes_flat() == ((0, 2, 3), (2, 0, 1, 1, 1))
+    assert Layout(mesh, shard={"a": 0, "b": 1}).split_sizes_flat() == ((), ())
