@@ -139,6 +139,9 @@ def test_gpu_check_plans_each_setting(tmp_path, monkeypatch, capsys):
     no_make = gc.plan(_fake_info(make_kernels_target=False), "kernels", tmp_path, 4)
     assert no_make[0].cmd[0] == "bash" and "-DDALI_MESH_KERNELS_ONLY=ON" in no_make[0].cmd[2]
     assert "-DCMAKE_CUDA_ARCHITECTURES=native" in no_make[0].cmd[2]
+    no_torch = {s.name: s for s in gc.plan(_fake_info(torch=None, cupy="13.6"), "kernels", tmp_path, 4)}
+    assert no_torch["kernel-bench"].cmd is None and "torch" in no_torch["kernel-bench"].reason
+    assert no_torch["gpu-tests"].cmd is not None  # the tests run on cupy memory
     no_sanitizer = gc.plan(_fake_info(tools={"compute-sanitizer": None}), "kernels", tmp_path, 4)
     assert no_sanitizer[-1].cmd is None and "compute-sanitizer" in no_sanitizer[-1].reason
 
