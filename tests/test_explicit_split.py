@@ -1,7 +1,6 @@
 """Explicit shard sizes: ``split={mesh dim: [sizes...]}``. Regions tile the domain, equal the
 prefix sums of the sizes, nest as combined shards on the innermost mesh dim, and bad sizes are
 refused naming the mesh dim and the sizes."""
-import itertools
 
 import numpy as np
 import pytest

@@ -1,6 +1,5 @@
 """Layouts from the model's input spec: DTensor placements (the exact inverse of
 ``dtensor_placements``), real DTensors and their specs, and PhysicsNeMo ShardTensor sharding shapes."""
-import itertools
 
 import numpy as np
 import pytest
