@@ -19,6 +19,11 @@ sharded, one cell of halo, periodic in longitude::
     rank2 -- coordinate (0, 2) owned [0:8, 362:543, 0:1440] window [0:8, 361:544, -1:1441]
     rank3 -- coordinate (0, 3) owned [0:8, 543:721, 0:1440] window [0:8, 542:722, -1:1441]
     ranks 4..7 (data_parallel=1) have the same regions and the other half of the samples.
+
+The layout can also come from the model: ``Layout.from_placements(mesh, placements)`` (the inverse
+of ``dtensor_placements``), ``Layout.from_dtensor(t)``, ``Layout.from_shard_tensor(t)`` (PhysicsNeMo
+sharding shapes become explicit sizes, ``split={mesh dim: [sizes...]}``, or the rule they equal).
+The sample order (``SampleOrder``) is computed per index in O(1): no table of the epoch is needed.
 """
 from __future__ import annotations
 
