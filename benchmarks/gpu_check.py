@@ -477,6 +477,8 @@ def main(argv=None) -> int:
         results = [Result(s.name, s.what, "skipped", detail="no CUDA GPU", skipped=1) for s in steps]
     else:
         t_end = time.monotonic() + args.budget
+        for stale in ("kernel_bench.json", "gpu_bench.json", "gpu_bench.md"):  # never report a past run
+            (out / stale).unlink(missing_ok=True)
         with open(log_path, "w") as log:
             log.write(f"{command}\n{json.dumps(info, indent=2)}\n")
             ordered = [s for s in steps if not s.last] + [s for s in steps if s.last]
