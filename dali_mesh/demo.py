@@ -267,6 +267,8 @@ def _rank(rank, world_size, cfg, out_dir):
     worker_bytes = read_bytes(descendant_pids(os.getpid()))
     if rank == 0:
         sys.stderr.write("\n")
+    if hasattr(loader, "close"):  # the loader's watchdog thread must let go of the pipeline, or the
+        loader.close()              # process waits at exit for DALI workers that were never told to stop
     del loader
 
     # every rank of a sample group saw the same samples at every step; every rank took `steps` steps

@@ -183,3 +183,22 @@ def test_plan_all_streams_many_rows(capsys):
     assert main(["plan", "--shape", f"2,{n}", "--mesh", f"a={n}", "--shard", "a=1", "--all"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3 + n and lines[-1].split()[0] == str(n - 1)
+
+
+def test_plan_split_explicit_sizes(capsys):
+    from dali_mesh.partition import LayoutError
+
+    mesh = MeshInfo((4,), ("model_parallel",))
+    try:
+        layout = Layout(mesh, shard={"model_parallel": 1}, split={"model_parallel": [200, 181, 181, 159]})
+        layout.region((8, 721))
+    except (LayoutError, TypeError):
+        pytest.skip("dali_mesh.partition does not take explicit split sizes yet")
+    assert main(["plan", "--shape", "8,721", "--mesh", "model_parallel=4", "--shard", "model_parallel=1",
+                 "--split", "model_parallel=200/181/181/159", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["start"][1] for r in rows] == [0, 200, 381, 562]
+    assert [r["stop"][1] for r in rows] == [200, 381, 562, 721]
+    assert main(["plan", "--shape", "8,721", "--mesh", "model_parallel=4", "--shard", "model_parallel=1",
+                 "--split", "model_parallel=200/181/181/158"]) == 2
+    assert "721" in capsys.readouterr().err
