@@ -139,7 +139,14 @@ def format_title(layout: Layout, shape: tuple[int, ...], dtype) -> str:
     return (f"sample {'x'.join(map(str, shape))} {np.dtype(dtype)} "
             f"({_fmt_bytes(int(np.prod(shape)) * np.dtype(dtype).itemsize)}), "
             f"mesh {dict(zip(layout.mesh.names, layout.mesh.shape))}, shard {layout.shard_dims}, "
-            f"batch {list(layout.batch_dims)}, replicas {list(layout.replica_dims)}, split {layout.split}")
+            f"batch {list(layout.batch_dims)}, replicas {list(layout.replica_dims)}, split {_split_text(layout)}")
+
+
+def _split_text(layout: Layout) -> str:
+    sizes = getattr(layout, "split_sizes", None)
+    if not sizes:
+        return str(layout.split)
+    return ",".join(f"{name}={'/'.join(map(str, s))}" for name, s in sizes.items())
 
 
 def format_table(rows: list[dict], layout: Layout, shape: tuple[int, ...], dtype) -> str:

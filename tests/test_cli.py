@@ -200,5 +200,9 @@ def test_plan_split_explicit_sizes(capsys):
     assert [r["start"][1] for r in rows] == [0, 200, 381, 562]
     assert [r["stop"][1] for r in rows] == [200, 381, 562, 721]
     assert main(["plan", "--shape", "8,721", "--mesh", "model_parallel=4", "--shard", "model_parallel=1",
+                 "--split", "model_parallel=200/181/181/159"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("split model_parallel=200/181/181/159") and "[0:8, 200:381]" in out[4]
+    assert main(["plan", "--shape", "8,721", "--mesh", "model_parallel=4", "--shard", "model_parallel=1",
                  "--split", "model_parallel=200/181/181/158"]) == 2
     assert "721" in capsys.readouterr().err
