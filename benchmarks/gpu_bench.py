@@ -288,9 +288,10 @@ def report(cases_res, info, args, command) -> tuple[str, float | None, bool]:
              "; ".join(f"{k}: {v}" for k, v in info.items()), ""]
     if not gpu:
         lines += ["**CPU pipelines (`--device cpu`)**: the code paths of the GPU run, numbers of no GPU meaning.", ""]
-    lines += [f"Rank {RANK} of {RANKS}, axis {AXIS} split (chunk); batch {args.batch_size}, {args.threads} DALI threads, "
-              f"{args.workers} source workers; medians of {args.runs} cold and {args.runs} warm epochs. GB/s = bytes "
-              "of the delivered windows per second ((a)-(c): owned rows, float32; (d): owned rows + halo, float16).", "",
+    lines += [f"Rank {RANK} of {RANKS}, axis {AXIS} split (chunk); batch {args.batch_size}, {args.threads} DALI "
+              f"threads, {args.workers} source workers; medians of {args.runs} cold and {args.runs} warm epochs. "
+              "GB/s = bytes of the delivered windows per second ((a)-(c): owned rows, float32; (d): owned rows "
+              "+ halo, float16).", "",
               "| shape | loader | cold samples/s | cold GB/s | cold bytes from storage / window | warm samples/s | "
               "warm GB/s | checked |", "|---|---|---|---|---|---|---|---|"]
     headline, ok = None, True

@@ -50,6 +50,7 @@ KERNEL_TARGETS = {"inside": 0.85, "periodic_halo": 0.75, "normalise_f16": 0.70}
 #: the kernel fraction and the loader rate of the last line
 HEADLINE_KERNEL_CASE = "inside"
 HEADLINE_LOADER = "dali_mesh"
+SETTING_WORDS = {"dali": "GPU + DALI", "kernels": "GPU, no DALI", "none": "no GPU"}
 MEMCHECK_TESTS = ("tests/gpu/test_gpu_kernels.py", "tests/gpu/test_gpu_stress.py")
 MEMCHECK_SELECT = ("vector_paths or domain_box or normalise_and_cast or mixed_vector_widths or two_streams "
                    "or misaligned")
@@ -267,7 +268,8 @@ def parse_junit(path: str) -> dict:
         if case.find("failure") is not None or case.find("error") is not None:
             out["failed"] += 1
             bad = case.find("failure") if case.find("failure") is not None else case.find("error")
-            out["failed_tests"].append(f"{name}: {(bad.get('message') or '').splitlines()[0][:300] if bad.get('message') else ''}")
+            message = (bad.get("message") or "").splitlines()
+            out["failed_tests"].append(f"{name}: {message[0][:300] if message else ''}")
         elif case.find("skipped") is not None:
             out["skipped"] += 1
             out["skipped_tests"].append(f"{name}: {(case.find('skipped').get('message') or '')[:300]}")
@@ -397,7 +399,7 @@ def summary_markdown(info: dict, setting: str, results: list[Result], kernel_row
         f"{info.get('torch_cuda', '-')}), cupy {info.get('cupy', 'none')}, DALI {info.get('dali', 'none')}, "
         f"numpy {info.get('numpy', '?')}, Python {info.get('python', '?')} ({info.get('python_path')})",
         f"- DALI wheel {info.get('dali_wheel', '-')}: {_cuda_match(info)}",
-        f"- setting: **{setting}** ({'GPU + DALI' if setting == 'dali' else 'GPU, no DALI' if setting == 'kernels' else 'no GPU'})",
+        f"- setting: **{setting}** ({SETTING_WORDS[setting]})",
     ]
     if info.get("no_gpu"):
         lines.append(f"- {info['no_gpu']}: nothing ran")
@@ -436,7 +438,8 @@ def print_plan(info: dict, setting: str, steps: list[Step], out: Path, budget: f
     print(f"gpu-check plan: setting {setting}; output {out}; budget {budget:.0f} s; Python {info['python_path']}")
     print(f"  GPU: {info.get('smi_gpu') or info.get('gpu_name') or 'none visible to torch or cupy'}; "
           f"torch {info.get('torch', 'no')}, cupy {info.get('cupy', 'no')}, DALI {info.get('dali', 'no')}; "
-          f"nvcc {info['tools'].get('nvcc') or 'no'}, compute-sanitizer {info['tools'].get('compute-sanitizer') or 'no'}")
+          f"nvcc {info['tools'].get('nvcc') or 'no'}, "
+          f"compute-sanitizer {info['tools'].get('compute-sanitizer') or 'no'}")
     for s in steps:
         if s.cmd is None:
             print(f"  - {s.name}: not run ({s.reason})")
@@ -458,7 +461,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="compile jobs")
     args = ap.parse_args(argv)
     out = Path(args.out).resolve()
-    command = shlex.join([Path(sys.executable).name, "benchmarks/gpu_check.py", *(argv if argv is not None else sys.argv[1:])])
+    given = argv if argv is not None else sys.argv[1:]
+    command = shlex.join([Path(sys.executable).name, "benchmarks/gpu_check.py", *given])
     info = detect(sys.executable)
     detected = setting_of(info)
     setting = detected if args.setting == "auto" else args.setting
@@ -470,7 +474,8 @@ def main(argv=None) -> int:
     log_path = out / "log"
     results: list[Result] = []
     if detected == "none" and args.setting == "auto":
-        why = (f"no CUDA GPU visible to {sys.executable} (torch: {info.get('torch', info.get('torch_error', 'missing'))}; "
+        torch = info.get("torch", info.get("torch_error", "missing"))
+        why = (f"no CUDA GPU visible to {sys.executable} (torch: {torch}; "
                f"cupy: {info.get('cupy', info.get('cupy_error', 'missing'))})")
         print(f"gpu-check: {why}: nothing to check", file=sys.stderr)
         info["no_gpu"] = why
