@@ -1043,7 +1043,7 @@ def _check_shape(global_shape: Sequence[int]) -> tuple[int, ...]:
 # ---- sample order --------------------------------------------------------------------------------
 _M64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
-_FEISTEL_ROUNDS = 6  # even, so the two halves end at their starting widths
+_FEISTEL_ROUNDS = 10  # even, so the two halves end at their starting widths; 6 left small domains skewed
 
 
 def _check_int(name: str, value, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -1085,7 +1085,7 @@ class SampleOrder:
     per index in O(1) time and memory (2**40 samples need no table).
 
     The permutation of ``range(num_samples)`` is a keyed bijection evaluated per position: a
-    6-round Feistel network on the ``bits`` = max(2, ceil(log2(num_samples))) bit integers (two
+    10-round Feistel network on the ``bits`` = max(2, ceil(log2(num_samples))) bit integers (two
     halves of ``bits // 2`` and ``bits - bits // 2`` bits, round function splitmix64 of the half plus
     a round key derived from ``(seed, epoch)``), with cycle walking: a value ``>= num_samples`` is
     encrypted again until it falls inside (fewer than 2 steps on average, as the power of two is
