@@ -13,6 +13,11 @@ the next epochs (files now cached) are timed, median of ``--warm-epochs``. Epoch
   dali_roi     fn.readers.numpy(roi_start, roi_end) (default mmap): ``num_threads`` = threads
   partitioned  dali_mesh partitioned_source (parallel external source): ``py_num_workers`` = threads
 Medians over ``--runs``; the ratio column is the median of per-run ratios to dali_roi.
+
+``--era5``: instead, an ERA5-like HDF5 file ``(T, C, 721, 1440)`` float32 (contiguous), latitude
+split over 4 (rank 1), against a PhysicsNeMo-style loader (a parallel external source reading
+``f["fields"][t]`` whole with h5py, then keeping the band) and HDF5Source via partitioned_source:
+    python benchmarks/native_read_bench.py --era5 [--steps 16] [--channels 4]
 """
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from dali_mesh import Layout, MeshInfo  # noqa: E402
 from dali_mesh.io.pagecache import descendant_pids, evict, read_bytes  # noqa: E402
 from dali_mesh.partition import take_window  # noqa: E402
-from dali_mesh.source import NumpySource  # noqa: E402
+from dali_mesh.source import HDF5Source, NumpySource  # noqa: E402
 
 
 def make_data(folder, n, shape):
@@ -44,8 +49,29 @@ def make_data(folder, n, shape):
     return files
 
 
+class PhysicsNeMoStyle:
+    """A parallel external source as PhysicsNeMo's ERA5 datapipe reads: the whole step, then the band."""
+
+    def __init__(self, path, region, steps, batch):
+        self.path, self.region, self.steps, self.batch = path, region, steps, batch
+        self._f = None
+
+    def __getstate__(self):
+        return {**self.__dict__, "_f": None}
+
+    def __call__(self, info):
+        import h5py
+
+        if info.idx_in_epoch >= self.steps:
+            raise StopIteration
+        if self._f is None:
+            self._f = h5py.File(self.path, "r")
+        full = self._f["fields"][info.idx_in_epoch]
+        return np.ascontiguousarray(take_window(full, self.region))
+
+
 def build(loader, files, source, region, threads, batch):
-    from nvidia.dali import fn, pipeline_def
+    from nvidia.dali import fn, pipeline_def, types
 
     from dali_mesh import native
     from dali_mesh._external import partitioned_source
@@ -61,6 +87,12 @@ def build(loader, files, source, region, threads, batch):
                                     files=[os.path.basename(f) for f in files],
                                     roi_start=list(region.start), roi_end=list(region.stop),
                                     random_shuffle=False, name="r")
+    elif loader == "physicsnemo":
+        @pipeline_def(batch_size=batch, num_threads=1, device_id=None, py_num_workers=threads,
+                      py_start_method="spawn", prefetch_queue_depth=1)
+        def pipe():
+            return fn.external_source(PhysicsNeMoStyle(files[0], region, source.num_samples, batch),
+                                      batch=False, parallel=True, dtype=types.FLOAT, ndim=3)
     else:
         @pipeline_def(batch_size=batch, num_threads=1, device_id=None, py_num_workers=threads,
                       py_start_method="spawn", prefetch_queue_depth=1)
@@ -69,6 +101,29 @@ def build(loader, files, source, region, threads, batch):
     p = pipe()
     p.build()
     return p
+
+
+def make_era5(folder, steps, channels):
+    import h5py
+
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"era5_{steps}x{channels}.h5")
+    if not os.path.exists(path):
+        with h5py.File(path, "w") as f:
+            ds = f.create_dataset("fields", (steps, channels, 721, 1440), np.float32)
+            for t in range(steps):
+                ds[t] = np.random.default_rng(t).standard_normal((channels, 721, 1440), dtype=np.float32)
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    return path
+
+
+def h5py_step(path, t):
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        return f["fields"][t]
 
 
 def run_epoch(p, loader, n_batches):
@@ -96,23 +151,36 @@ def main():
     ap.add_argument("--batch-size", type=int, default=2)
     ap.add_argument("--loaders", default="native,dali_roi,partitioned")
     ap.add_argument("--dir", default="/tmp/dali_mesh_native_bench")
+    ap.add_argument("--era5", action="store_true", help="ERA5-like HDF5 instead of .npy files")
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--channels", type=int, default=4)
     args = ap.parse_args()
     os.environ["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(__file__), ".."),
                                                 os.environ.get("PYTHONPATH", "")])
-    shape = tuple(int(s) for s in args.shape.split(","))
-    files = make_data(args.dir, args.files, shape)
     layout = Layout(MeshInfo((4,), ("model_parallel",), (1,)), shard={"model_parallel": 1})
-    region = layout.region(shape)
-    source = NumpySource(files, layout, batch_size=args.batch_size, shuffle=False)
-    window_bytes = int(np.prod(region.window_shape)) * 4 * len(files)
-    n_batches = len(files) // args.batch_size
-    loaders = args.loaders.split(",")
+    if args.era5:
+        files, shape = [make_era5(args.dir, args.steps, args.channels)], (args.channels, 721, 1440)
+        region = layout.region(shape)
+        source = HDF5Source(files, "fields", layout, batch_size=args.batch_size, shuffle=False)
+        loaders = ["native", "partitioned", "physicsnemo"] if args.loaders == ap.get_default("loaders") \
+            else args.loaders.split(",")
+        n_samples = args.steps
+    else:
+        shape = tuple(int(s) for s in args.shape.split(","))
+        files = make_data(args.dir, args.files, shape)
+        region = layout.region(shape)
+        source = NumpySource(files, layout, batch_size=args.batch_size, shuffle=False)
+        loaders = args.loaders.split(",")
+        n_samples = len(files)
+    window_bytes = int(np.prod(region.window_shape)) * 4 * n_samples
+    n_batches = n_samples // args.batch_size
     threads = [int(t) for t in args.threads.split(",")]
 
     # correctness first: the native window of the first batch equals the numpy oracle
     p = build("native", files, source, region, 1, args.batch_size)
     out = p.run()
-    np.testing.assert_array_equal(np.array(out[0][0]), take_window(np.load(files[0]), region))
+    first = h5py_step(files[0], 0) if args.era5 else np.load(files[0])
+    np.testing.assert_array_equal(np.array(out[0][0]), take_window(first, region))
     del p
 
     res = {}  # (threads, loader) -> list of (cold s, cold bytes, warm s)
@@ -130,13 +198,16 @@ def main():
                 print(f"run {run} threads {t} {loader}: cold {cold:.3f} s {got / window_bytes:.3f}x window, "
                       f"warm {warm:.3f} s", file=sys.stderr)
 
-    print(f"{len(files)} x float32 {shape} .npy, rank 1 of 4 (H split, window {region.window_shape}), batch "
+    what = f"ERA5-like HDF5 ({args.steps}, {args.channels}, 721, 1440) float32 contiguous" if args.era5 else \
+        f"{len(files)} x float32 {shape} .npy"
+    print(f"{what}, rank 1 of 4 (H split, window {region.window_shape}), batch "
           f"{args.batch_size}; medians of {args.runs} runs (warm: median of {args.warm_epochs} epochs per run); "
           f"load average at the end {os.getloadavg()[0]:.1f}")
-    print("| threads | loader | cold epoch s | cold bytes / window | warm epoch s | cold vs dali_roi | warm vs dali_roi |")
+    ref = "physicsnemo" if args.era5 else "dali_roi"
+    print(f"| threads | loader | cold epoch s | cold bytes / window | warm epoch s | cold vs {ref} | warm vs {ref} |")
     print("|---|---|---|---|---|---|---|")
     for t in threads:
-        base = res.get((t, "dali_roi"))
+        base = res.get((t, "dali_roi")) or res.get((t, "physicsnemo"))
         for loader in loaders:
             r = res[(t, loader)]
             cold = statistics.median(x[0] for x in r)
