@@ -296,7 +296,6 @@ def _plan_hdf5(source, merge_gap: int) -> NativePlan:
     """Contiguous datasets: one plan per frame layout, a base offset per step. Chunked datasets
     without filters: per step, the units of the chunks touched; steps whose units lie at the same
     relative offsets share a plan (the usual case for files written step by step)."""
-    import h5py
 
     from dali_mesh.io.hdf5 import open_hdf5_dataset
 
