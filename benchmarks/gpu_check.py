@@ -519,7 +519,8 @@ def main(argv=None) -> int:
                                      "cases": kernel_rows},
         "loader": {"name": HEADLINE_LOADER, "samples_per_s": loader_rate}, "demo": demo_backends,
         "last_line": line}, indent=2))
-    print(f"gpu-check: log, results.json and summary.md in {out}")
+    print(f"gpu-check: log, results.json and summary.md in {out}"
+          + ("" if detected == "none" else f" (to record the run: cp {out / 'summary.md'} benchmarks/gpu_results.md)"))
     print(line)
     if detected == "none" and args.setting == "auto":
         return 2
