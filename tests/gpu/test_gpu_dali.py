@@ -328,8 +328,9 @@ def test_mesh_loader_on_cuda_local_and_dtensor(tmp_path):
         dist.destroy_process_group()
 
 
-# Fallback JPEGs for machines without Pillow, written by Pillow (quality 90) from the same formula
-# as _jpegs(): (h, w, subsampling) -> base64
+# JPEGs of odd sizes, 4:4:4 (subsampling 0) and 4:2:0 (2), written by Pillow (quality 90) from RGB =
+# (255 x / w, 255 y / h, x y mod 256); embedded because GPU machines often have no Pillow.
+# (h, w, subsampling) -> base64
 _JPEG_B64 = {
     (37, 53, 0): (
         "/9j/4AAQSkZJRgABAQAAAQABAAD/2wBDAAMCAgMCAgMDAwMEAwMEBQgFBQQEBQoHBwYIDAoMDAsKCwsNDhIQDQ4RDgsLEBYQ"
