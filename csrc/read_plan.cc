@@ -215,12 +215,14 @@ PlanSet LoadPlanSet(const std::string &path) {
       part.file = r.Int();
       part.plan = r.Int();
       part.base = r.Int();
+      part.dst_base = r.Int();
       if (part.file < 0 || part.file >= n_files || part.plan < 0 || part.plan >= n_plans ||
-          part.base < 0)
+          part.base < 0 || part.dst_base < 0)
         r.Bad("item part");
-      // the part's units address the item's window: the shapes must agree
-      if (set.plans[part.plan].shape != set.plans[it.finish].shape)
-        r.Bad("item part of another window shape");
+      // the part's window must lie inside the item's window
+      if (part.dst_base + set.plans[part.plan].bytes() > set.plans[it.finish].bytes() ||
+          set.plans[part.plan].itemsize != set.plans[it.finish].itemsize)
+        r.Bad("item part outside its window");
       set.parts.push_back(part);
     }
     it.part_end = set.parts.size();
@@ -323,6 +325,20 @@ void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_
         }
       }
     }
+    if (plan.swap_unit > 1) {  // the file holds the other byte order: swap what was just read
+      for (int64_t u = b; u < e; u++) {
+        char *p = dst + plan.dst_off[u];
+        const int64_t n = plan.unit_bytes[u] / plan.swap_unit;
+        switch (plan.swap_unit) {
+          case 2: SwapBytes<2>(p, n); break;
+          case 4: SwapBytes<4>(p, n); break;
+          case 8: SwapBytes<8>(p, n); break;
+          default:
+            for (int64_t i = 0; i < n; i++)
+              std::reverse(p + i * plan.swap_unit, p + (i + 1) * plan.swap_unit);
+        }
+      }
+    }
   }
 }
 
@@ -342,17 +358,6 @@ void FinishWindow(const ReadPlan &plan, char *staging, char *out) {
   const int64_t vol = plan.volume();
   if (vol == 0) return;
   const int64_t es = plan.itemsize;
-  if (plan.swap_unit > 1) {
-    const int64_t n = vol * es / plan.swap_unit;
-    switch (plan.swap_unit) {
-      case 2: SwapBytes<2>(staging, n); break;
-      case 4: SwapBytes<4>(staging, n); break;
-      case 8: SwapBytes<8>(staging, n); break;
-      default:
-        for (int64_t i = 0; i < n; i++)
-          std::reverse(staging + i * plan.swap_unit, staging + (i + 1) * plan.swap_unit);
-    }
-  }
   if (plan.fortran && staging != out) {
     switch (es) {
       case 1: TransposeT<1>(staging, out, plan.shape, es); break;

@@ -3,8 +3,9 @@
 // one rank's window into
 //   - units: (file offset, destination offset, bytes), grouped into merged reads (one preadv each;
 //     the gaps between units of a group land in a scratch buffer),
-//   - a finishing program: byte swap, Fortran transpose, then per axis copies (reflect, symmetric,
-//     edge, periodic halos wider than the domain) and constant fills, as dali_mesh.io._plan does.
+//   - a byte-swap flag (the units read are swapped in place, as soon as they are read),
+//   - a finishing program: Fortran transpose, then per axis copies (reflect, symmetric, edge,
+//     periodic halos wider than the domain) and constant fills, as dali_mesh.io._plan does.
 // A plan set holds the distinct plans, the file table (path, expected size) and the items (one per
 // sample id: its parts and finishing plan). Errors are std::runtime_error
 // whose text names the file and says what to do.
@@ -20,7 +21,7 @@ namespace dali_mesh {
 struct ReadPlan {
   int ndim = 0;
   int64_t itemsize = 0;
-  int64_t swap_unit = 0;       // bytes of each value to reverse (0: native byte order)
+  int64_t swap_unit = 0;       // bytes of each value to reverse after reading (0: native order)
   bool fortran = false;        // units address a C-order staging of the reversed window shape
   std::vector<int64_t> shape;  // window shape (output, C order)
   std::vector<int64_t> file_off, dst_off, unit_bytes;  // sorted by file offset
@@ -44,10 +45,12 @@ struct PlanFile {
 // offset. A sample of one file has one part; a Zarr sample has one per chunk file touched.
 struct PlanPart {
   int64_t file = 0, plan = 0, base = 0;
+  int64_t dst_base = 0;  // bytes into the item's window where this part's window starts (a step)
 };
 
 // A sample id: its parts [part_begin, part_end), then the finishing program of plan `finish`
-// (which also gives the window shape; every part's plan has the same shape).
+// (which also gives the window shape; a part's window lies inside it, at its dst_base: one step of
+// a forecast's stacked steps, or the whole window).
 struct PlanItem {
   int64_t finish = 0, part_begin = 0, part_end = 0;
 };
@@ -84,7 +87,8 @@ class OpenFile {
 };
 
 // Reads units' groups [g0, g1) of `plan` from `file` at `base` into `dst` (the staging buffer: the
-// output itself for C-order files). `scratch` is grown to the largest gap.
+// output itself for C-order files) and byte-swaps them if the plan says so. `scratch` is grown to
+// the largest gap.
 void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_t g0, int64_t g1,
                 char *dst, std::vector<char> *scratch);
 
@@ -92,7 +96,7 @@ void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_
 // kernel does not cap): cold, the ranges of all files of a batch are then in flight at once.
 void Prefetch(const OpenFile &file, const ReadPlan &plan, int64_t base);
 
-// Byte swap, Fortran transpose (staging -> out; staging == out for C order), copies and fills.
+// Fortran transpose (staging -> out; staging == out for C order), copies and fills.
 void FinishWindow(const ReadPlan &plan, char *staging, char *out);
 
 // Splits a plan's groups into tasks of about `task_bytes` bytes each: [g_begin, g_end) pairs.

@@ -31,9 +31,13 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
                    dali::make_string("read_windows: ", plans_.source, ": plan ", p, " has items of ",
                                      plans_.plans[p].itemsize, " bytes but dtype ", dtype_, " has ",
                                      size, "; define the pipeline again"));
-      DALI_ENFORCE(plans_.plans[p].ndim == plans_.plans[0].ndim,
-                   "read_windows: the plans have different numbers of axes");
     }
+    // every sample's window (its finishing plan) has the same number of axes: the output's
+    ndim_ = plans_.items.empty() ? 0 : plans_.plans[plans_.items[0].finish].ndim;
+    for (const auto &it : plans_.items)
+      DALI_ENFORCE(plans_.plans[it.finish].ndim == ndim_,
+                   dali::make_string("read_windows: ", plans_.source, ": the samples' windows have "
+                                     "different numbers of axes; define the pipeline again"));
     // the first file of each plan, named in messages about files that differ from it
     first_path_.assign(plans_.plans.size(), std::string());
     for (const auto &part : plans_.parts)
@@ -45,7 +49,7 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
     const auto &ids = ws.Input<dali::CPUBackend>(0);
     const int n = ids.num_samples();
     items_.resize(n);
-    const int ndim = plans_.plans.empty() ? 0 : plans_.plans[0].ndim;
+    const int ndim = ndim_;
     dali::TensorListShape<> shape(n, ndim);
     for (int i = 0; i < n; i++) {
       DALI_ENFORCE(dali::volume(ids.tensor_shape(i)) == 1,
@@ -130,11 +134,11 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
           const auto &part = plans_.parts[bp.part];
           thread_local std::vector<char> scratch;
           ReadGroups(files_[task.part], plans_.plans[part.plan], part.base, task.g0, task.g1,
-                     dsts_[bp.sample], &scratch);
+                     dsts_[bp.sample] + part.dst_base, &scratch);
         },
         static_cast<int64_t>(tasks_.size()), [&](int64_t t) { return tasks_[t].g1 - tasks_[t].g0; });
     files_.clear();
-    // 3: byte swap, transpose and boundary fills
+    // 3: transpose and boundary fills
     run([&](int64_t i) { FinishWindow(plans_.plans[items_[i].finish], dsts_[i], out[i]); },
         n, [&](int64_t) { return 0; });
   }
@@ -152,6 +156,7 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
   dali::DALIDataType dtype_ = DALI_NO_TYPE;
   int64_t task_bytes_ = 4 << 20;
   bool prefetch_ = true;
+  int ndim_ = 0;
   std::vector<PlanItem> items_;
   std::vector<OpenFile> files_;
   std::vector<std::vector<char>> staging_;

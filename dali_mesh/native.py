@@ -9,7 +9,8 @@ written once. Per batch, a cheap batch-mode ``fn.external_source`` gives the sam
 flags from the stateless sample order (so checkpoint and resume behave as with
 ``partitioned_source``), and the operator ``preadv``-s the ranges on DALI's threads straight into
 its output (CPU), or into pinned staging copied to the GPU (``device="gpu"``), then does the byte
-swap, the Fortran-order transpose and the boundary cells (copies and constant fills).
+swap (as the ranges land), the Fortran-order transpose and the boundary cells (copies and constant
+fills).
 
 Which sources take the native path:
 
@@ -19,16 +20,17 @@ source                                  path
 ``NumpySource`` (C or Fortran order,    native; files that share the first file's header share
 either byte order, channel subsets,     its plan, and each file's header bytes and size are
 per-sample shapes)                      checked when read
-``HDF5Source``, contiguous dataset,     native; one plan per file layout, a base offset per step
-no forecast
+``HDF5Source``, contiguous dataset      native; one plan per file layout, a base offset per step
 ``HDF5Source``, chunked without         native; per step the ranges inside the chunks touched
-filters (uncompressed), no forecast     (steps at equal relative offsets share one plan)
+filters (uncompressed)                  (steps at equal relative offsets share one plan)
 ``ZarrSource`` v2/v3, uncompressed,     native; one part per chunk file touched, then one
-local store, every chunk written,       finishing plan (byte swap, boundary cells)
-no forecast
+local store, every chunk written        finishing plan (boundary cells)
+forecasts of the two above              native; one operator per output (input, target), each
+                                        step a part at its place in the stacked window
 everything else (``direct=True``,       ``partitioned_source`` (a one-line log says why)
 compressed HDF5 or Zarr, sharded Zarr,
-missing Zarr chunks, forecasts)
+missing Zarr chunks, forecasts with
+per-sample shapes)
 ======================================  ===================================================
 
 Importing this module imports DALI (as :mod:`dali_mesh.fn` does).
@@ -53,7 +55,7 @@ from dali_mesh.io._plan import WindowPlan, plan_window
 from dali_mesh.io.npy import DEFAULT_MERGE_GAP, _group, plan_npy_reads, read_npy_header
 from dali_mesh.partition import check_fill_value
 
-__all__ = ["NotNativeError", "NativePlan", "plan_source", "read_windows", "PLAN_MAGIC"]
+__all__ = ["NotNativeError", "NativePlan", "plan_source", "plan_windows", "read_windows", "PLAN_MAGIC"]
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +80,13 @@ class NativePlan:
     ndim: int
     plans: list[bytes] = field(default_factory=list)
     files: list[tuple[str, int]] = field(default_factory=list)  # (path, expected size or -1)
-    # per sample id: (finishing plan, [(file, plan, base offset), ...]): the parts read into its
-    # window (one per file touched), then the plan whose byte swap, transpose and boundary cells
-    # finish it
-    items: list[tuple[int, list[tuple[int, int, int]]]] = field(default_factory=list)
+    # per sample id: (finishing plan, [(file, plan, base offset, window byte offset), ...]): the
+    # parts read into its window (one per file touched, per step of a forecast), then the plan
+    # whose transpose and boundary cells finish it
+    items: list[tuple[int, list[tuple[int, int, int, int]]]] = field(default_factory=list)
     window_shapes: list[tuple[int, ...]] = field(default_factory=list)  # per plan
     _plan_index: dict = field(default_factory=dict, repr=False)
+    file_index: dict = field(default_factory=dict, repr=False)  # path -> index in files
 
     def add_plan(self, key, build) -> int:
         """Index of the plan for ``key``; ``build()`` makes ``(encoded, window_shape)`` the first time."""
@@ -231,9 +234,9 @@ def _plan_numpy(source, merge_gap: int) -> NativePlan:
         # every file is read by the first file's plan; its header bytes and size are checked per read
         size = first.file_size
         plans.files = [(f, size) for f in files]
-        plans.items = [(0, [(i, 0, 0)]) for i in range(len(files))]
+        plans.items = [(0, [(i, 0, 0, 0)]) for i in range(len(files))]
     else:
-        plans.items = [(k, [(i, k, 0)]) for i, k in enumerate(plan_of_file)]
+        plans.items = [(k, [(i, k, 0, 0)]) for i, k in enumerate(plan_of_file)]
     return plans
 
 
@@ -292,22 +295,18 @@ def _chunk_units(ds, path, wplan: WindowPlan, local: int, merge_gap: int):
     return fo, do, ub, _group(fo, ub, merge_gap, True)
 
 
-def _plan_hdf5(source, merge_gap: int) -> NativePlan:
-    """Contiguous datasets: one plan per frame layout, a base offset per step. Chunked datasets
-    without filters: per step, the units of the chunks touched; steps whose units lie at the same
-    relative offsets share a plan (the usual case for files written step by step)."""
-
+def _hdf5_steps(source, merge_gap: int, plans_of, need):
+    """Parts of every needed step of an HDF5Source: ``{(file, local): (parts, finish, wplan)}``.
+    Contiguous datasets: one plan per frame layout, a base offset per step. Chunked datasets without
+    filters: per step, the units of the chunks touched; steps whose units lie at the same relative
+    offsets share a plan (the usual case for files written step by step)."""
     from dali_mesh.io.hdf5 import open_hdf5_dataset
 
-    if source.forecast is not None:
-        raise NotNativeError("HDF5Source with a forecast (two windows per sample) is read by partitioned_source")
-    plans = None
-    steps_of_file: dict[int, list[tuple[int, int]]] = {}
-    for sid in range(source.num_samples):
-        fi, local = source.locate(source.step_of(sid))
-        steps_of_file.setdefault(fi, []).append((sid, local))
-    items: dict[int, tuple[int, int, int]] = {}
+    out = {}
     for fi, path in enumerate(source.files):
+        locals_ = sorted(loc for f, loc in need if f == fi)
+        if not locals_:
+            continue
         f, ds = open_hdf5_dataset(path, source.name, **source.h5_kwargs)
         try:
             dcpl = ds.id.get_create_plist()
@@ -316,35 +315,33 @@ def _plan_hdf5(source, merge_gap: int) -> NativePlan:
                                      f"({dcpl.get_nfilters()} filters); it is decoded by partitioned_source")
             if ds.external or ds.is_virtual:
                 raise NotNativeError(f"{path}: dataset {source.name!r} has external or virtual storage")
-            native = _check_dtype(ds.dtype, path)
+            plans = plans_of(_check_dtype(ds.dtype, path))
             frame = tuple(ds.shape[1:])
-            if plans is None:
-                plans = NativePlan(native, source.sample_ndim)
             region = source.region if source.sample_shape is not None else source.region_of(
                 source._frame_shapes[fi])
             wplan = plan_window(region, source.index_maps)
+            fidx = len(plans.files)
             plans.files.append((path, os.path.getsize(path)))
             if ds.chunks is None:
                 offset = ds.id.get_offset()
                 if offset is None:
                     raise NotNativeError(f"{path}: dataset {source.name!r} has no stored data (never written)")
                 lay = SimpleNamespace(shape=frame, dtype=ds.dtype, fortran_order=False, data_offset=0)
-                pidx = plans.add_plan(("contiguous", frame, ds.dtype.str), lambda: (
+                pidx = plans.add_plan(("contiguous", frame, ds.dtype.str, wplan.window_shape), lambda: (
                     encode_plan(wplan, lay, merge_gap=merge_gap), wplan.window_shape))
                 step_bytes = math.prod(frame) * ds.dtype.itemsize
-                for sid, local in steps_of_file.get(fi, []):
-                    items[sid] = (pidx, [(fi, pidx, int(offset) + local * step_bytes)])
+                for local in locals_:
+                    out[fi, local] = ([(fidx, pidx, int(offset) + local * step_bytes)], pidx, wplan)
             else:
-                for sid, local in steps_of_file.get(fi, []):
+                for local in locals_:
                     fo, do, ub, groups = _chunk_units(ds, path, wplan, local, merge_gap)
                     base = int(fo[0]) if fo.size else 0
                     body = encode_units(wplan, ds.dtype, False, fo - base, do, ub, groups)
                     pidx = plans.add_plan(body, lambda: (body, wplan.window_shape))
-                    items[sid] = (pidx, [(fi, pidx, base)])
+                    out[fi, local] = ([(fidx, pidx, base)], pidx, wplan)
         finally:
             f.close()
-    plans.items = [items[sid] for sid in range(source.num_samples)]
-    return plans
+    return out
 
 
 def _no_finish(window_shape):
@@ -375,28 +372,22 @@ def _zarr_stored_dtype(arr, path) -> np.dtype:
     return dtype
 
 
-def _plan_zarr(source, merge_gap: int) -> NativePlan:
-    """Uncompressed Zarr v2/v3 arrays in local stores: a sample is one part per box and chunk file
-    touched (every chunk file is a raw C-order array of the full chunk shape), then a finishing plan
-    (byte swap and boundary cells). Parts at the same place in their chunks share a plan."""
+def _zarr_steps(source, merge_gap: int, plans_of, need):
+    """Parts of every needed step of a ZarrSource (uncompressed v2/v3, local stores):
+    ``{(store, local): (parts, finish, wplan)}``, one part per box and chunk file touched (every
+    chunk file is a raw C-order array of the full chunk shape), then a finishing plan (boundary
+    cells). Parts at the same place in their chunks share a plan."""
     from dali_mesh.io.zarr import open_zarr_array
 
-    if source.forecast is not None:
-        raise NotNativeError("ZarrSource with a forecast (two windows per sample) is read by partitioned_source")
-    plans = None
-    file_index: dict[str, int] = {}
-    items: dict[int, tuple] = {}
-    steps_of_store: dict[int, list[tuple[int, int]]] = {}
-    for sid in range(source.num_samples):
-        fi, local = source.locate(source.step_of(sid))
-        steps_of_store.setdefault(fi, []).append((sid, local))
+    out = {}
     for fi, store in enumerate(source.files):
+        locals_ = sorted(loc for f, loc in need if f == fi)
+        if not locals_:
+            continue
         arr = open_zarr_array(store, source.name)  # a local directory store (LocalStore) at `store`
         root = os.fspath(store)
         stored = _zarr_stored_dtype(arr, store)
-        native = _check_dtype(stored, store)
-        if plans is None:
-            plans = NativePlan(native, source.sample_ndim)
+        plans = plans_of(_check_dtype(stored, store))
         chunks = tuple(arr.chunks)
         ct = chunks[0]
         chunk_bytes = math.prod(chunks) * stored.itemsize
@@ -404,9 +395,9 @@ def _plan_zarr(source, merge_gap: int) -> NativePlan:
             source._frame_shapes[fi])
         wplan = plan_window(region, source.index_maps)
         shape = wplan.window_shape
-        finish = plans.add_plan(("finish", encode_units(wplan, stored, False, [], [], [], [])), lambda: (
-            encode_units(wplan, stored, False, [], [], [], []), shape))
-        for sid, local in steps_of_store.get(fi, []):
+        fin_body = encode_units(wplan, stored, False, [], [], [], [])
+        finish = plans.add_plan(fin_body, lambda: (fin_body, shape))
+        for local in locals_:
             parts = []
             for wst, fst, ln in wplan.boxes():
                 per_axis = [_pieces(f, n, c) for f, n, c in zip(fst, ln, chunks[1:])]
@@ -423,30 +414,86 @@ def _plan_zarr(source, merge_gap: int) -> NativePlan:
                                              "raw chunk")
                     box = (tuple(w + p[0] for w, p in zip(wst, combo)), tuple(p[2] for p in combo),
                            tuple(p[3] for p in combo))
-                    lay = SimpleNamespace(shape=chunks, dtype=native, fortran_order=False, data_offset=0)
+                    lay = SimpleNamespace(shape=chunks, dtype=stored, fortran_order=False, data_offset=0)
                     fo, do, ub, groups = plan_npy_reads(lay, _Boxes([box], shape), (local % ct,), merge_gap)
-                    body = encode_units(_no_finish(shape), native, False, fo, do, ub, groups)
+                    body = encode_units(_no_finish(shape), stored, False, fo, do, ub, groups)
                     pidx = plans.add_plan(body, lambda: (body, shape))
-                    fidx = file_index.get(path)
+                    fidx = plans.file_index.get(path)
                     if fidx is None:
-                        fidx = file_index[path] = len(plans.files)
+                        fidx = plans.file_index[path] = len(plans.files)
                         plans.files.append((path, chunk_bytes))
                     parts.append((fidx, pidx, 0))
-            items[sid] = (finish, parts)
-    plans.items = [items[sid] for sid in range(source.num_samples)]
-    return plans
+            out[fi, local] = (parts, finish, wplan)
+    return out
+
+
+def _plan_time_series(source, merge_gap: int, steps_of) -> tuple[NativePlan, ...]:
+    """The plans of an HDF5Source or ZarrSource: one :class:`NativePlan` per output window (the
+    window; or a forecast's input and, with a lead, target: steps stacked on a new leading axis).
+    They share the plan and file tables."""
+    fc = source.forecast
+    if fc is not None and source.sample_shape is None:
+        raise NotNativeError("a forecast with per-sample shapes is read by partitioned_source")
+    spans = [(0, 0)] if fc is None else [(-fc.history, 0)] + ([(1, fc.lead)] if fc.lead else [])
+    need = set()
+    for sid in range(source.num_samples):
+        t = source.step_of(sid)
+        for lo, hi in spans:
+            need.update(source.locate(s) for s in range(t + lo, t + hi + 1))
+    shared: list[NativePlan] = []
+
+    def plans_of(native_dtype) -> NativePlan:
+        if not shared:
+            shared.append(NativePlan(native_dtype, source.sample_ndim))
+        return shared[0]
+
+    steps = steps_of(source, merge_gap, plans_of, need)
+    base = shared[0]
+    outs = []
+    for lo, hi in spans:
+        out = NativePlan(base.dtype, source.sample_ndim + (fc is not None))
+        out.plans, out.files, out.window_shapes, out._plan_index = (base.plans, base.files, base.window_shapes,
+                                                                    base._plan_index)
+        for sid in range(source.num_samples):
+            t = source.step_of(sid)
+            if fc is None:
+                parts, finish, _ = steps[source.locate(t)]
+                out.items.append((finish, [p + (0,) for p in parts]))
+                continue
+            n = hi - lo + 1
+            parts = []
+            for j, s in enumerate(range(t + lo, t + hi + 1)):
+                p, _, wplan = steps[source.locate(s)]
+                step_bytes = math.prod(wplan.window_shape) * base.dtype.itemsize
+                parts += [q + (j * step_bytes,) for q in p]
+            # the stacked window: a leading step axis without boundary cells, then the step's axes
+            empty = np.empty(0, np.int64)
+            stacked = SimpleNamespace(
+                axes=[SimpleNamespace(copy_dst=empty, copy_src=empty, fill=empty)] + list(wplan.axes),
+                window_shape=(n,) + wplan.window_shape, fill_value=wplan.fill_value)
+            body = encode_units(stacked, base.dtype, False, [], [], [], [])
+            finish = base.add_plan(body, lambda: (body, stacked.window_shape))
+            out.items.append((finish, parts))
+        outs.append(out)
+    return tuple(outs)
 
 
 def plan_source(source, *, merge_gap: int = DEFAULT_MERGE_GAP) -> NativePlan:
-    """The native plan of ``source`` for this rank, or :class:`NotNativeError` saying why not."""
+    """The native plan of ``source``'s first window for this rank (see :func:`plan_windows`)."""
+    return plan_windows(source, merge_gap=merge_gap)[0]
+
+
+def plan_windows(source, *, merge_gap: int = DEFAULT_MERGE_GAP) -> tuple[NativePlan, ...]:
+    """The native plans of ``source`` for this rank, one per window output (``source.window_names``:
+    the window, or a forecast's input and target), or :class:`NotNativeError` saying why not."""
     from dali_mesh.source import HDF5Source, NumpySource, ZarrSource
 
     if isinstance(source, NumpySource):
-        return _plan_numpy(source, merge_gap)
+        return (_plan_numpy(source, merge_gap),)
     if isinstance(source, HDF5Source):
-        return _plan_hdf5(source, merge_gap)
+        return _plan_time_series(source, merge_gap, _hdf5_steps)
     if isinstance(source, ZarrSource):
-        return _plan_zarr(source, merge_gap)
+        return _plan_time_series(source, merge_gap, _zarr_steps)
     raise NotNativeError(f"{type(source).__name__} is not read natively (NumpySource, HDF5Source and "
                          "ZarrSource are, for uncompressed data)")
 
@@ -475,7 +522,8 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
                  merge_gap: int = DEFAULT_MERGE_GAP, plan_dir: str | None = None, **kwargs):
     """This rank's windows of ``source``, read by the native operator (``fn.dali_mesh.read_windows``).
 
-    Outputs as :func:`dali_mesh.fn.partitioned_source`: ``(window, sample_id, is_pad)``; the sample
+    Outputs as :func:`dali_mesh.fn.partitioned_source`: ``(window, sample_id, is_pad)``, or with a
+    forecast ``(input, target, sample_id, is_pad)`` (steps stacked on a leading axis); the sample
     order, padding and checkpointing are the same. Needs no Python worker processes
     (``py_num_workers`` is unused); reads run on the pipeline's ``num_threads``.
 
@@ -506,7 +554,7 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
             f"batch_size={source.batch_size}: pass the same value to both (the sample order pads "
             "each rank's share to whole batches)")
     try:
-        plans = plan_source(source, merge_gap=merge_gap)
+        plans = plan_windows(source, merge_gap=merge_gap)
     except NotNativeError as e:
         if not fallback:
             raise
@@ -517,15 +565,18 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
     from dali_mesh.fn import load_plugin
 
     ops = load_plugin()
-    path = plans.write(plan_dir)
+    paths = [p.write(plan_dir) for p in plans]
     if pipe is not None:  # as partitioned_source does: MeshLoader checks it and fingerprints checkpoints
         pipe._dali_mesh_sources = getattr(pipe, "_dali_mesh_sources", []) + [source]
     ids, pads = fn.external_source(source=_SampleIds(source), num_outputs=2, batch=True,
                                    batch_info=True, dtype=[types.INT64, types.BOOL], ndim=[0, 0],
                                    name=name)
-    win = ops.read_windows(ids, plan_file=path, dtype=types.to_dali_type(plans.dtype),
-                           task_bytes=int(task_bytes), prefetch=bool(prefetch),
-                           device="mixed" if device == "gpu" else "cpu")
-    if layout is not None:
-        win = fn.reshape(win, layout=layout)
-    return win, ids, pads
+    wins = []
+    for plan, path in zip(plans, paths):
+        win = ops.read_windows(ids, plan_file=path, dtype=types.to_dali_type(plan.dtype),
+                               task_bytes=int(task_bytes), prefetch=bool(prefetch),
+                               device="mixed" if device == "gpu" else "cpu")
+        if layout is not None:
+            win = fn.reshape(win, layout=layout)
+        wins.append(win)
+    return (*wins, ids, pads)

@@ -509,3 +509,50 @@ def test_mesh_loader_reads_through_the_native_path(tmp_path):
     for b in batches:
         for sid, w in zip(b["sample_id"].tolist(), b["window"].numpy()):
             np.testing.assert_array_equal(w, take_window(np.load(files[sid]), src.region))
+
+
+@pytest.mark.parametrize("kind", ["hdf5", "hdf5_chunked", "zarr"])
+def test_forecast_windows_stack_the_steps(tmp_path, kind):
+    from dali_mesh.source import ForecastSpec, ZarrSource
+
+    rng = np.random.default_rng(SEED)
+    files, data = [], []
+    for i, steps in enumerate((4, 3)):  # samples cross the file boundary; the files' byte orders differ
+        arr = random_array(rng, (steps, 2, 7, 6), np.float32)
+        if kind == "zarr":
+            zarr = pytest.importorskip("zarr")
+            p = str(tmp_path / f"z{i}.zarr")
+            z = zarr.create_array(p, shape=arr.shape, chunks=(1, 2, 3, 4), dtype=np.dtype("f4").newbyteorder("<>"[i]),
+                                  compressors=None, zarr_format=2)
+            z[:] = arr
+        else:
+            h5py = pytest.importorskip("h5py")
+            p = str(tmp_path / f"y{i}.h5")
+            with h5py.File(p, "w") as f:
+                f.create_dataset("fields", data=arr, dtype="<>"[i] + "f4",
+                                 chunks=(2, 1, 4, 3) if kind == "hdf5_chunked" else None)
+        files.append(p)
+        data.append(arr)
+    full = np.concatenate(data)
+    layout = Layout(_mesh((1, 3), (0, 2)), shard={"m0": 1}, halo={1: 1, 2: 2},
+                    boundary={1: "symmetric", 2: "periodic"})
+    kw = dict(batch_size=2, shuffle=True, seed=3, forecast=ForecastSpec(history=1, lead=2))
+    src = ZarrSource(files, None, layout, **kw) if kind == "zarr" else HDF5Source(files, "fields", layout, **kw)
+
+    @pipeline_def(batch_size=2, num_threads=2, device_id=None)
+    def pipe():
+        return native.read_windows(src, fallback=False)
+
+    p = pipe()
+    p.build()
+    n = 0
+    for _ in range(len(src) // 2):
+        inp, tgt, ids, _ = p.run()
+        for k in range(2):
+            t = src.step_of(int(np.array(ids[k])))
+            want_in = np.stack([take_window(full[s], src.region) for s in (t - 1, t)])
+            want_tgt = np.stack([take_window(full[s], src.region) for s in (t + 1, t + 2)])
+            np.testing.assert_array_equal(np.array(inp[k]), want_in, err_msg=f"step {t}")
+            np.testing.assert_array_equal(np.array(tgt[k]), want_tgt, err_msg=f"step {t}")
+            n += 1
+    assert n == len(src) == 4  # steps 1..4 of 7 (history 1, lead 2)
