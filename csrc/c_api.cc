@@ -50,7 +50,7 @@ dali_mesh::SliceUserArgs SampleArgs(int i, int ndim, const int64_t *in_shapes, c
 
 }  // namespace
 
-DM_EXPORT int dm_abi_version(void) { return 2; }
+DM_EXPORT int dm_abi_version(void) { return 3; }  // 3: dm_mesh_roi takes explicit split sizes
 
 DM_EXPORT int dm_has_cuda(void) {
 #ifdef DALI_MESH_WITH_CUDA
@@ -75,12 +75,15 @@ DM_EXPORT void dm_floats_to_half(const float *in, uint16_t *out, int64_t n) {
   for (int64_t k = 0; k < n; k++) out[k] = dali_mesh::FloatToHalf(in[k]);
 }
 
+// split 3 (explicit): split_size_counts has mesh_ndim entries and split_sizes nsplit_sizes (see
+// MeshRoiArgs); both may be null for the named rules.
 DM_EXPORT int dm_mesh_roi(const int64_t *shape, int ndim, int mesh_ndim, const int64_t *mesh_shape,
                           const int64_t *coordinate, const int64_t *shard_axes, int nhalo,
                           const int64_t *halo_lo, const int64_t *halo_hi, int nboundary,
-                          const int32_t *boundary, int split, const int64_t *crop_start,
-                          const int64_t *crop_stop, int64_t *window_start, int64_t *window_shape,
-                          char *err, int errlen) {
+                          const int32_t *boundary, int split, const int64_t *split_size_counts,
+                          int64_t nsplit_sizes, const int64_t *split_sizes,
+                          const int64_t *crop_start, const int64_t *crop_stop,
+                          int64_t *window_start, int64_t *window_shape, char *err, int errlen) {
   dali_mesh::MeshRoiArgs a;
   a.mesh_shape.assign(mesh_shape, mesh_shape + mesh_ndim);
   a.coordinate.assign(coordinate, coordinate + mesh_ndim);
@@ -89,6 +92,8 @@ DM_EXPORT int dm_mesh_roi(const int64_t *shape, int ndim, int mesh_ndim, const i
   a.halo_hi.assign(halo_hi, halo_hi + nhalo);
   a.boundary.assign(boundary, boundary + nboundary);
   a.split = split;
+  if (split_size_counts) a.split_size_counts.assign(split_size_counts, split_size_counts + mesh_ndim);
+  if (split_sizes && nsplit_sizes > 0) a.split_sizes.assign(split_sizes, split_sizes + nsplit_sizes);
   if (crop_start && crop_stop) {
     a.crop_start.assign(crop_start, crop_start + ndim);
     a.crop_stop.assign(crop_stop, crop_stop + ndim);

@@ -3,7 +3,10 @@
 #include "mesh_roi.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "index_math.h"
 #include "str_format.h"
@@ -15,12 +18,106 @@ namespace {
 // ceil(a / b) for a >= 0, b >= 1, without forming a + b - 1 (a may be near 2**63).
 int64_t CeilDivPos(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
+// The sizes mesh dim `md` gives (split_size_counts[md] entries of split_sizes), as "[a, b, c]".
+// Call only after CheckExplicitSizes has passed the counts.
+std::vector<int64_t> SizesOf(const MeshRoiArgs &a, size_t md) {
+  size_t first = 0;
+  for (size_t d = 0; d < md; d++) first += static_cast<size_t>(a.split_size_counts[d]);
+  auto b = a.split_sizes.begin() + static_cast<std::ptrdiff_t>(first);
+  return std::vector<int64_t>(b, b + a.split_size_counts[md]);
+}
+
+// Whether a later mesh dim than `md` shards the same axis (then `md` is an outer dim of a nest and
+// gives no sizes: the innermost one lists all combined shards).
+bool HasInnerDim(const MeshRoiArgs &a, size_t md) {
+  for (size_t e = md + 1; e < a.shard_axes.size(); e++)
+    if (a.shard_axes[e] == a.shard_axes[md]) return true;
+  return false;
+}
+
+// The sample-independent checks of explicit sizes (Python's _check_explicit_groups): counts and
+// sizes agree, sizes >= 0, the innermost mesh dim of each sharded axis lists one size per combined
+// shard, other mesh dims none. The sums are checked per sample, against the domain.
+std::string CheckExplicitSizes(const MeshRoiArgs &a) {
+  const size_t m = a.mesh_shape.size();
+  const std::string counts = "split_size_counts " + ListStr(a.split_size_counts);
+  if (a.split_size_counts.size() != m)
+    return counts + " needs one entry per mesh dim of mesh_shape " + ListStr(a.mesh_shape) +
+           " (how many sizes each mesh dim gives, 0 for none)";
+  size_t total = 0;
+  for (int64_t c : a.split_size_counts) {
+    if (c < 0 || static_cast<uint64_t>(c) > a.split_sizes.size() - total)
+      return counts + " does not match the " + std::to_string(a.split_sizes.size()) +
+             " entries of split_sizes: the counts are >= 0 and add up to its length";
+    total += static_cast<size_t>(c);
+  }
+  if (total != a.split_sizes.size())
+    return counts + " adds up to " + std::to_string(total) + " but split_sizes has " +
+           std::to_string(a.split_sizes.size()) + " entries: give the counts of every list";
+  for (size_t md = 0; md < m; md++) {
+    const int64_t axis = a.shard_axes[md];
+    const int64_t count = a.split_size_counts[md];
+    const std::string dim = "mesh dim " + std::to_string(md);
+    if (axis < 0) {
+      if (count != 0)
+        return dim + " shards no axis (shard_axes " + ListStr(a.shard_axes) + ") but " + counts +
+               " gives it " + std::to_string(count) + " sizes; explicit sizes belong to sharding "
+               "mesh dims";
+      continue;
+    }
+    for (int64_t s : SizesOf(a, md))
+      if (s < 0)
+        return "split_sizes " + ListStr(SizesOf(a, md)) + " of " + dim + " has the negative size " +
+               std::to_string(s) + ": sizes count cells and must be >= 0";
+    if (HasInnerDim(a, md)) {
+      if (count != 0)
+        return dim + " is an outer mesh dim of the nest sharding axis " + std::to_string(axis) +
+               " (shard_axes " + ListStr(a.shard_axes) + ") but " + counts + " gives it " +
+               std::to_string(count) + " sizes: give the sizes of all combined shards on the "
+               "innermost mesh dim of that axis (row-major, outer first)";
+      continue;
+    }
+    // innermost: prod(mesh_shape) over the nest, capped (the count is at most split_sizes' length)
+    std::vector<int64_t> nest;
+    unsigned __int128 shards = 1;
+    for (size_t e = 0; e <= md; e++) {
+      if (a.shard_axes[e] != axis) continue;
+      nest.push_back(static_cast<int64_t>(e));
+      shards = std::min<unsigned __int128>(shards * static_cast<uint64_t>(a.mesh_shape[e]),
+                                           static_cast<unsigned __int128>(INT64_MAX) + 1);
+    }
+    if (shards != static_cast<unsigned __int128>(count)) {
+      std::string want = shards > static_cast<unsigned __int128>(INT64_MAX)
+                             ? std::string("more than 2**63 - 1")
+                             : std::to_string(static_cast<int64_t>(shards));
+      std::string what = nest.size() == 1
+                             ? dim + " has " + want + " ranks"
+                             : "mesh dims " + ListStr(nest) + " make " + want +
+                                   " combined shards of axis " + std::to_string(axis);
+      return counts + " gives " + std::to_string(count) + " sizes " + ListStr(SizesOf(a, md)) +
+             " for " + dim + " but " + what + ": give one size per shard";
+    }
+  }
+  return "";
+}
+
+// A nonnegative 128-bit count as text (sums of sizes may pass 2**63 before they are refused).
+std::string U128Str(unsigned __int128 v) {
+  std::string s;
+  do {
+    s.insert(s.begin(), static_cast<char>('0' + static_cast<int>(v % 10)));
+    v /= 10;
+  } while (v != 0);
+  return s;
+}
+
 }  // namespace
 
 int ParseSplit(const std::string &name) {
   if (name == "chunk") return kSplitChunk;
   if (name == "physicsnemo") return kSplitPhysicsNemo;
   if (name == "even") return kSplitEven;
+  if (name == "explicit") return kSplitExplicit;
   return -1;
 }
 
@@ -65,7 +162,15 @@ std::string CheckMeshRoiArgs(const MeshRoiArgs &a) {
     if (ax < -1)
       return "shard_axes " + ListStr(a.shard_axes) +
              ": entries are a sample axis (>= 0) or -1 (shards nothing)";
-  if (a.split < kSplitChunk || a.split > kSplitEven) return "unknown split";
+  if (a.split < kSplitChunk || a.split > kSplitExplicit) return "unknown split";
+  if (a.split == kSplitExplicit) {
+    std::string err = CheckExplicitSizes(a);
+    if (!err.empty()) return err;
+  } else if (!a.split_size_counts.empty() || !a.split_sizes.empty()) {
+    return "split_sizes " + ListStr(a.split_sizes) + " (split_size_counts " +
+           ListStr(a.split_size_counts) + ") given with a named split rule: explicit sizes need "
+           "split \"explicit\"";
+  }
   for (auto *h : {&a.halo_lo, &a.halo_hi})
     for (int64_t v : *h)
       if (v < 0) return "halo " + ListStr(*h) + " is negative: halos count cells and must be >= 0";
@@ -119,6 +224,33 @@ std::string ComputeMeshRoi(const int64_t *shape, int ndim, const MeshRoiArgs &a,
   for (size_t md = 0; md < a.mesh_shape.size(); md++) {  // mesh-dim order: outer first
     int64_t axis = a.shard_axes[md];
     if (axis < 0) continue;
+    if (a.split == kSplitExplicit) {
+      if (HasInnerDim(a, md)) continue;  // the innermost mesh dim of the nest lists every shard
+      // c: the combined shard index, row-major over the nested mesh dims (< count, fits int64)
+      int64_t c = 0;
+      for (size_t e = 0; e <= md; e++)
+        if (a.shard_axes[e] == axis) c = c * a.mesh_shape[e] + a.coordinate[e];
+      size_t first = 0;
+      for (size_t e = 0; e < md; e++) first += static_cast<size_t>(a.split_size_counts[e]);
+      const int64_t *sizes = a.split_sizes.data() + first;
+      const int64_t count = a.split_size_counts[md];
+      // 128 bits: each size is < 2**63, so neither sum overflows before it is compared
+      unsigned __int128 total = 0, prefix = 0;
+      for (int64_t j = 0; j < count; j++) {
+        total += static_cast<uint64_t>(sizes[j]);
+        if (j < c) prefix += static_cast<uint64_t>(sizes[j]);
+      }
+      const int64_t n = d1[axis] - d0[axis];
+      if (total != static_cast<unsigned __int128>(n))
+        return "split_sizes " + ListStr(SizesOf(a, md)) + " of mesh dim " + std::to_string(md) +
+               " sum to " + U128Str(total) + " but axis " + std::to_string(axis) + " has " +
+               std::to_string(n) + " cells" + (a.crop_start.empty() ? "" : " (its crop)") +
+               " in the sample of shape " + ShapeStr(shape, ndim) +
+               ": the sizes must tile the axis";
+      start[axis] = d0[axis] + static_cast<int64_t>(prefix);  // prefix <= total == n
+      stop[axis] = start[axis] + sizes[c];
+      continue;
+    }
     int64_t offset, size;
     ShardExtent(stop[axis] - start[axis], a.mesh_shape[md], a.coordinate[md], a.split, &offset,
                 &size);

@@ -9,7 +9,9 @@
 
 namespace dali_mesh {
 
-enum Split : int { kSplitChunk = 0, kSplitPhysicsNemo = 1, kSplitEven = 2 };
+// kSplitExplicit: the sizes of every shard are given (MeshRoiArgs::split_sizes), as Python's
+// Layout(split={mesh dim: [sizes...]}).
+enum Split : int { kSplitChunk = 0, kSplitPhysicsNemo = 1, kSplitEven = 2, kSplitExplicit = 3 };
 
 int ParseSplit(const std::string &name);  // -1 when unknown
 
@@ -21,6 +23,11 @@ struct MeshRoiArgs {
   std::vector<int64_t> halo_hi;
   std::vector<int> boundary;         // one rule for all axes, or one per axis (Boundary values)
   int split = kSplitChunk;
+  // split == kSplitExplicit only (Layout.split_sizes_flat()): per mesh dim, how many sizes it gives
+  // (0, or on the innermost mesh dim sharding an axis the prod(k) combined shards of that axis, in
+  // row-major order over the nested dims, outer first); split_sizes all lists in mesh-dim order.
+  std::vector<int64_t> split_size_counts;
+  std::vector<int64_t> split_sizes;
   std::vector<int64_t> crop_start;   // empty, or one per axis: the domain box
   std::vector<int64_t> crop_stop;    // -1: to the end of the axis
 };

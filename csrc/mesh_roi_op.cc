@@ -30,7 +30,14 @@ class MeshRoiCPU : public dali::StatelessOperator<dali::CPUBackend> {
     std::string split = spec.GetArgument<std::string>("split");
     args_.split = ParseSplit(split);
     DALI_ENFORCE(args_.split >= 0, dali::make_string("mesh_roi: split \"", split, "\" is not known; "
-                                                     "expected chunk, physicsnemo or even"));
+                                                     "expected chunk, physicsnemo, even or "
+                                                     "explicit"));
+    if (spec.HasArgument("split_size_counts") || spec.HasArgument("split_sizes")) {
+      DALI_ENFORCE(spec.HasArgument("split_size_counts") && spec.HasArgument("split_sizes"),
+                   "mesh_roi: give both split_size_counts and split_sizes, or neither");
+      args_.split_size_counts = spec.GetRepeatedArgument<int64_t>("split_size_counts");
+      args_.split_sizes = spec.GetRepeatedArgument<int64_t>("split_sizes");
+    }
     if (spec.HasArgument("crop_start") || spec.HasArgument("crop_stop")) {
       DALI_ENFORCE(spec.HasArgument("crop_start") && spec.HasArgument("crop_stop"),
                    "mesh_roi: give both crop_start and crop_stop, or neither");
@@ -137,8 +144,22 @@ or the whole sample).)")
                                       std::vector<int>{0})
     .AddOptionalArg("boundary", "Boundary rule, one or one per axis (trim clips the window to the domain).",
         std::vector<std::string>{"constant"})
-    .AddOptionalArg("split", "chunk (torch.chunk, DTensor), physicsnemo or even.",
+    .AddOptionalArg("split",
+                    "chunk (torch.chunk, DTensor), physicsnemo, even, or explicit (the sizes of "
+                    "every shard in split_size_counts/split_sizes).",
                     std::string("chunk"))
+    .AddOptionalArg<std::vector<int64_t>>(
+        "split_size_counts",
+        "split=explicit: per mesh dim, how many sizes it gives in split_sizes: 0, or on the "
+        "innermost mesh dim sharding an axis the number of combined shards of that axis (the "
+        "product of the sizes of the mesh dims sharding it).",
+        nullptr)
+    .AddOptionalArg<std::vector<int64_t>>(
+        "split_sizes",
+        "split=explicit: the shard sizes of every list in mesh-dim order; a list holds the combined "
+        "shards of one axis, row-major over its mesh dims (outer first), and sums to the axis (or "
+        "crop) length.",
+        nullptr)
     .AddOptionalArg<std::vector<int>>("crop_start", "Domain box start per axis.", nullptr)
     .AddOptionalArg<std::vector<int>>("crop_stop", "Domain box stop per axis.", nullptr)
     .AddOptionalArg("output_domain", "Also output domain_start and domain_shape.", false);

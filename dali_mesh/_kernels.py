@@ -38,7 +38,7 @@ __all__ = [
 
 LIB_NAME = "libdali_mesh_kernels.so"
 #: the C API this module calls (csrc/c_api.cc dm_abi_version)
-ABI_VERSION = 2
+ABI_VERSION = 3
 #: numpy dtype -> DALI type id (the ids the C API takes)
 DTYPE_IDS = {
     np.dtype(np.uint8): 0, np.dtype(np.uint16): 1, np.dtype(np.uint32): 2, np.dtype(np.uint64): 3,
@@ -46,7 +46,7 @@ DTYPE_IDS = {
     np.dtype(np.float16): 8, np.dtype(np.float32): 9, np.dtype(np.float64): 10, np.dtype(np.bool_): 11,
 }
 BOUNDARY_IDS = {"constant": 0, "periodic": 1, "reflect": 2, "symmetric": 3, "edge": 4, "trim": 5}
-SPLIT_IDS = {"chunk": 0, "physicsnemo": 1, "even": 2}
+SPLIT_IDS = {"chunk": 0, "physicsnemo": 1, "even": 2, "explicit": 3}
 
 _lib = None
 
@@ -85,7 +85,8 @@ def load() -> ctypes.CDLL:
     lib.dm_mesh_roi.restype = ctypes.c_int
     lib.dm_mesh_roi.argtypes = [
         i64p, ctypes.c_int, ctypes.c_int, i64p, i64p, i64p, ctypes.c_int, i64p, i64p, ctypes.c_int,
-        i32p, ctypes.c_int, i64p, i64p, i64p, i64p, ctypes.c_char_p, ctypes.c_int,
+        i32p, ctypes.c_int, i64p, ctypes.c_int64, i64p, i64p, i64p, i64p, i64p, ctypes.c_char_p,
+        ctypes.c_int,
     ]
     lib.dm_strided_slice.restype = ctypes.c_int
     lib.dm_strided_slice.argtypes = [
@@ -297,17 +298,32 @@ def gpu_plan_info(samples: Sequence[np.ndarray], start, shape, step=1, boundary=
 
 
 def mesh_roi(shape, *, mesh_shape, coordinate, shard_axes, halo_lo, halo_hi, boundary,
-             split="chunk", crop_start=None, crop_stop=None) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """``(window_start, window_shape)`` by the C++ rules (the DALI ``mesh_roi`` operator's code)."""
+             split="chunk", split_size_counts=None, split_sizes=None, crop_start=None,
+             crop_stop=None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(window_start, window_shape)`` by the C++ rules (the DALI ``mesh_roi`` operator's code).
+
+    ``split="explicit"`` takes ``split_size_counts`` (one per mesh dim) and ``split_sizes``, as
+    :meth:`dali_mesh.Layout.split_sizes_flat` gives them."""
     lib = load()
     ndim, m = len(shape), len(mesh_shape)
+    if split not in SPLIT_IDS:
+        raise KernelsError(f"split {split!r} is not known; expected one of {', '.join(SPLIT_IDS)}")
+    if (split_size_counts is None) != (split_sizes is None):
+        raise KernelsError("give both split_size_counts and split_sizes, or neither")
+    if split_size_counts is not None and len(split_size_counts) != m:
+        # the C side reads one count per mesh dim: a shorter list would be read past its end
+        raise KernelsError(f"split_size_counts {list(split_size_counts)} needs one entry per mesh dim of "
+                           f"mesh_shape {list(mesh_shape)}")
     boundary = [boundary] if isinstance(boundary, str) else list(boundary)
     ws, wsh = (ctypes.c_int64 * ndim)(), (ctypes.c_int64 * ndim)()
     err = ctypes.create_string_buffer(1024)
     rc = lib.dm_mesh_roi(
         _i64(shape), ndim, m, _i64(mesh_shape), _i64(coordinate), _i64(shard_axes), len(halo_lo),
         _i64(halo_lo), _i64(halo_hi), len(boundary), _i32([BOUNDARY_IDS[b] for b in boundary]),
-        SPLIT_IDS[split], _i64(crop_start) if crop_start is not None else None,
+        SPLIT_IDS[split], _i64(split_size_counts) if split_size_counts is not None else None,
+        len(split_sizes) if split_sizes is not None else 0,
+        _i64(split_sizes) if split_sizes is not None else None,
+        _i64(crop_start) if crop_start is not None else None,
         _i64(crop_stop) if crop_stop is not None else None, ws, wsh, err, len(err))
     if rc != 0:
         raise KernelsError(err.value.decode())

@@ -248,7 +248,8 @@ def strided_slice(input, start, shape, step=1, axes: Sequence[int] | None = None
 def mesh_roi(shape, *, mesh_shape: Sequence[int], coordinate: Sequence[int],
              shard_axes: Sequence[int], halo_lo: int | Sequence[int] = 0,
              halo_hi: int | Sequence[int] = 0, boundary: str | Sequence[str] = "constant",
-             split: str = "chunk", crop_start: Sequence[int] | None = None,
+             split: str = "chunk", split_size_counts: Sequence[int] | None = None,
+             split_sizes: Sequence[int] | None = None, crop_start: Sequence[int] | None = None,
              crop_stop: Sequence[int] | None = None, output_domain: bool = False, **kwargs):
     """This rank's ``(window_start, window_shape)`` per sample (``fn.dali_mesh.mesh_roi``, CPU).
 
@@ -257,6 +258,10 @@ def mesh_roi(shape, *, mesh_shape: Sequence[int], coordinate: Sequence[int],
     ``boundary`` one value or one per axis; ``crop_start``/``crop_stop`` the domain box (a stop of -1:
     to the end of the axis). With ``output_domain`` two more outputs give the domain's start and
     shape (for :func:`strided_slice`'s ``domain_start``/``domain_shape``).
+
+    ``split="explicit"`` takes the size of every shard: ``split_size_counts`` (per mesh dim, how
+    many sizes it gives) and ``split_sizes`` (int64), as :meth:`dali_mesh.Layout.split_sizes_flat`
+    gives them; the operator checks them (counts, sums against each sample's axis or crop length).
     """
     ops = load_plugin()
     args: dict[str, Any] = {
@@ -274,14 +279,38 @@ def mesh_roi(shape, *, mesh_shape: Sequence[int], coordinate: Sequence[int],
     if crop_start is not None:
         args["crop_start"] = [int(v) for v in crop_start]
         args["crop_stop"] = [int(v) for v in crop_stop]
+    if (split_size_counts is None) != (split_sizes is None):
+        raise ValueError("give both split_size_counts and split_sizes, or neither")
+    if split_sizes is not None:
+        args["split_size_counts"] = _int64_list(split_size_counts, "split_size_counts")
+        args["split_sizes"] = _int64_list(split_sizes, "split_sizes")
     return ops.mesh_roi(shape, **args, **kwargs)
+
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _int64_list(values, name: str) -> list[int]:
+    """A sequence of integers for an int64 vector argument (the operator checks their meaning)."""
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"{name} must be a sequence of ints, got {values!r}")
+    try:
+        items = list(values)
+    except TypeError:
+        raise TypeError(f"{name} must be a sequence of ints, got {values!r}") from None
+    out = [_int(v, f"{name} entry") for v in items]
+    for v in out:
+        if not _INT64[0] <= v <= _INT64[1]:
+            raise ValueError(f"{name} value {v} is beyond the int64 range: no axis has that many cells")
+    return out
 
 
 _BIG = 1 << 62  # a stand-in axis size to read a layout's crop box without a sample shape
 
 
 def mesh_roi_args(layout, ndim: int, coordinate: Sequence[int] | None = None) -> dict:
-    """The :func:`mesh_roi` arguments of a :class:`dali_mesh.Layout` for ``ndim``-dim samples."""
+    """The :func:`mesh_roi` arguments of a :class:`dali_mesh.Layout` for ``ndim``-dim samples
+    (explicit split sizes included)."""
     if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 1:
         raise ValueError(f"ndim must be a positive int (the samples' number of axes), got {ndim!r}")
     halo = layout.halo_pairs(ndim)
@@ -295,6 +324,10 @@ def mesh_roi_args(layout, ndim: int, coordinate: Sequence[int] | None = None) ->
         "boundary": list(layout.boundaries(ndim)),
         "split": layout.split,
     }
+    if layout.split == "explicit":
+        counts, sizes = layout.split_sizes_flat()
+        args["split_size_counts"] = list(counts)
+        args["split_sizes"] = list(sizes)
     if any(s != 0 for s in start) or any(e != _BIG for e in stop):
         args["crop_start"] = list(start)
         args["crop_stop"] = [-1 if e == _BIG else e for e in stop]
