@@ -313,3 +313,69 @@ def test_mesh_roi_bad_arguments():
         K.mesh_roi((4, 5), **kw, crop_start=[0, 3], crop_stop=[4, 3])
     with pytest.raises(K.KernelsError, match="negative"):
         K.mesh_roi((4, 5), **{**kw, "halo_lo": [-1]})
+    with pytest.raises(K.KernelsError, match="split 'rows' is not known"):
+        K.mesh_roi((4, 5), **kw, split="rows")
+    with pytest.raises(K.KernelsError, match="both split_size_counts and split_sizes"):
+        K.mesh_roi((4, 5), **kw, split="explicit", split_sizes=[2, 2])
+    with pytest.raises(K.KernelsError, match=r"split_size_counts \[2, 0\] needs one entry per mesh dim"):
+        K.mesh_roi((4, 5), **kw, split="explicit", split_size_counts=[2, 0], split_sizes=[2, 2])
+
+
+def _explicit_twin(layout, mesh, shape):
+    """The layout with its named rule written out as explicit sizes: for each sharded axis, the
+    owned length of every combined shard (row-major over its mesh dims), read from the regions."""
+    from dali_mesh import Layout
+
+    ndim = len(shape)
+    groups: dict[int, list[int]] = {}
+    for d, a in enumerate(layout.shard_axes(ndim)):
+        if a >= 0:
+            groups.setdefault(a, []).append(d)
+    split = {}
+    for axis, dims in groups.items():
+        sizes = []
+        for combined in itertools.product(*(range(mesh.shape[d]) for d in dims)):
+            c = [0] * mesh.ndim
+            for d, i in zip(dims, combined):
+                c[d] = i
+            r = layout.region(shape, c)
+            sizes.append(r.stop[axis] - r.start[axis])
+        split[mesh.names[dims[-1]]] = sizes
+    crop = [(s, e) for s, e in zip(*layout.domain(shape))]
+    return Layout(mesh, shard={mesh.names[d]: a for d, a in enumerate(layout.shard_axes(ndim)) if a >= 0},
+                  batch=layout.batch_dims or None, crop=crop, halo=layout.halo_pairs(ndim),
+                  boundary=layout.boundaries(ndim), split=split)
+
+
+def test_mesh_roi_explicit_sizes_of_a_named_rule_give_its_windows():
+    """Explicit sizes equal to a named rule's shards (nested mesh dims included) give the rule's
+    windows in C++, at every rank: the two split paths of ComputeMeshRoi agree."""
+    from dali_mesh import Layout
+
+    rng = np.random.default_rng(SEED)
+    cases = 0
+    for case in range(300):
+        ndim = int(rng.integers(1, 4))
+        layout, mesh = random_layout(rng, ndim)
+        if not any(a >= 0 for a in layout.shard_axes(ndim)):
+            continue
+        shape = tuple(int(rng.integers(1, 12)) for _ in range(ndim))
+        if rng.random() < 0.4:
+            layout = Layout(mesh, shard=layout.shard_dims, batch=layout.batch_dims or None,
+                            crop=random_crop(rng, shape), halo=layout.halo_pairs(ndim),
+                            boundary=layout.boundaries(ndim), split=layout.split)
+        twin = _explicit_twin(layout, mesh, shape)
+        counts, sizes = twin.split_sizes_flat()
+        start, stop = twin.domain(shape)
+        halo = twin.halo_pairs(ndim)
+        for c in list(mesh.coordinates())[:12]:
+            region = layout.region(shape, c)
+            got = K.mesh_roi(shape, mesh_shape=mesh.shape, coordinate=c, shard_axes=twin.shard_axes(ndim),
+                             halo_lo=[h[0] for h in halo], halo_hi=[h[1] for h in halo],
+                             boundary=twin.boundaries(ndim), split="explicit", split_size_counts=counts,
+                             split_sizes=sizes, crop_start=list(start), crop_stop=list(stop))
+            assert got == (region.window_start, region.window_shape), (
+                f"seed {SEED} case {case}: {layout!r} as {twin!r} shape {shape} coordinate {c}: C++ {got}, "
+                f"python {region.window_start} {region.window_shape}")
+        cases += 1
+    assert cases > 100
