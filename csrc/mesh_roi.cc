@@ -40,6 +40,9 @@ bool HasInnerDim(const MeshRoiArgs &a, size_t md) {
 // shard, other mesh dims none. The sums are checked per sample, against the domain.
 std::string CheckExplicitSizes(const MeshRoiArgs &a) {
   const size_t m = a.mesh_shape.size();
+  if (a.split_size_counts.empty() && a.split_sizes.empty())
+    return "split \"explicit\" needs split_size_counts (one per mesh dim) and split_sizes (the "
+           "shard sizes), e.g. from Layout.split_sizes_flat()";
   const std::string counts = "split_size_counts " + ListStr(a.split_size_counts);
   if (a.split_size_counts.size() != m)
     return counts + " needs one entry per mesh dim of mesh_shape " + ListStr(a.mesh_shape) +
