@@ -263,6 +263,17 @@ def test_operator_refuses_bad_sizes_at_build(change, match):
         _run(lambda s: dfn.mesh_roi(s, **kw), [np.array([3, 721, 10], np.int64)])
 
 
+def test_operator_takes_int64_sizes():
+    # the sizes travel as an int64 vector argument: an axis of 2**63 - 1 cells splits exactly
+    dfn = _dali()
+    kw = dict(mesh_shape=[2], shard_axes=[0], split="explicit", split_size_counts=[2],
+              split_sizes=[I64_MAX - 5, 5])
+    shape = [np.array([I64_MAX, 3], np.int64)]
+    for c, want in ((0, ((0, 0), (I64_MAX - 5, 3))), (1, ((I64_MAX - 5, 0), (5, 3)))):
+        out = _run(lambda s: dfn.mesh_roi(s, coordinate=[c], **kw), shape)
+        assert (tuple(out[0][0]), tuple(out[1][0])) == want
+
+
 def test_operator_refuses_a_sample_the_sizes_do_not_tile():
     dfn = _dali()
     kw = dict(_GOOD, boundary="constant")
