@@ -92,8 +92,10 @@ DM_EXPORT int dm_mesh_roi(const int64_t *shape, int ndim, int mesh_ndim, const i
   a.halo_hi.assign(halo_hi, halo_hi + nhalo);
   a.boundary.assign(boundary, boundary + nboundary);
   a.split = split;
-  if (split_size_counts) a.split_size_counts.assign(split_size_counts, split_size_counts + mesh_ndim);
-  if (split_sizes && nsplit_sizes > 0) a.split_sizes.assign(split_sizes, split_sizes + nsplit_sizes);
+  if (split_size_counts)
+    a.split_size_counts.assign(split_size_counts, split_size_counts + mesh_ndim);
+  if (split_sizes && nsplit_sizes > 0)
+    a.split_sizes.assign(split_sizes, split_sizes + nsplit_sizes);
   if (crop_start && crop_stop) {
     a.crop_start.assign(crop_start, crop_start + ndim);
     a.crop_stop.assign(crop_stop, crop_stop + ndim);

@@ -158,7 +158,8 @@ _BAD = [
     (dict(split_size_counts=[0, 2]), r"split_size_counts \[0, 2\] adds up to 2 but split_sizes has 4 entries"),
     (dict(split_size_counts=[-1, 5]), r"split_size_counts \[-1, 5\] does not match"),
     (dict(split="chunk"), r"given with a named split rule: explicit sizes need split \"explicit\""),
-    (dict(split_size_counts=None, split_sizes=None), r"split \"explicit\" needs split_size_counts \(one per mesh dim\)"),
+    (dict(split_size_counts=None, split_sizes=None),
+     r"split \"explicit\" needs split_size_counts \(one per mesh dim\)"),
     # nested: m0 and m1 both shard axis 1; the sizes belong on the innermost, m1
     (dict(shard_axes=[1, 1], split_size_counts=[4, 0]), r"mesh dim 0 is an outer mesh dim of the nest sharding axis 1"),
     (dict(shard_axes=[1, 1]), r"mesh dims \[0, 1\] make 8 combined shards of axis 1: give one size per shard"),
