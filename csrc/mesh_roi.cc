@@ -18,7 +18,7 @@ namespace {
 // ceil(a / b) for a >= 0, b >= 1, without forming a + b - 1 (a may be near 2**63).
 int64_t CeilDivPos(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
-// The sizes mesh dim `md` gives (split_size_counts[md] entries of split_sizes), as "[a, b, c]".
+// The sizes mesh dim `md` gives (split_size_counts[md] entries of split_sizes), for messages.
 // Call only after CheckExplicitSizes has passed the counts.
 std::vector<int64_t> SizesOf(const MeshRoiArgs &a, size_t md) {
   size_t first = 0;
