@@ -10,7 +10,13 @@ inside this package) is loaded on the first use of one of its operators:
   rules of :meth:`dali_mesh.Layout.region` (CPU).
 * :func:`mesh_slice` -- the two together: crops this rank's window (halo and boundaries included) of
   data already in the pipeline.
-* :func:`partitioned_source` -- a dali_mesh source as a DALI parallel external source.
+* :func:`read_windows` -- ``fn.dali_mesh.read_windows``: this rank's windows of a dali_mesh source read
+  by the native operator (byte-range plans, ``preadv`` on DALI's threads, CPU or GPU output), with
+  the same outputs, sample order and checkpointing as :func:`partitioned_source`. The recommended
+  way in; sources it cannot serve (see :mod:`dali_mesh.native`) fall back to :func:`partitioned_source`
+  with a one-line log saying why.
+* :func:`partitioned_source` -- a dali_mesh source as a DALI parallel external source (Python readers
+  in DALI's worker processes).
 
 Example (ERA5-like ``(C, 721, 1440)`` samples, latitude split over 4 ranks, periodic longitude)::
 
@@ -32,6 +38,8 @@ import nvidia.dali.fn as dali_fn
 import nvidia.dali.types as types
 
 from dali_mesh._external import partitioned_source
+# native imports load_plugin from this module only when called, so this import makes no cycle
+from dali_mesh.native import read_windows
 
 __all__ = [
     "PLUGIN_PATH",
@@ -42,6 +50,7 @@ __all__ = [
     "mesh_roi_args",
     "slice_boundaries",
     "partitioned_source",
+    "read_windows",
 ]
 
 log = logging.getLogger(__name__)
