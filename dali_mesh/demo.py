@@ -6,6 +6,11 @@ files, or HDF5/Zarr with ``--dataset``), runs one epoch through a DALI pipeline 
 every window against the file contents (and gathers the first batch as a DTensor when the layout
 allows), and prints per rank: mesh coordinate, window, bytes read against full-sample loading,
 samples/s.
+
+The pipeline reads through the native operator (:func:`dali_mesh.fn.read_windows`: byte-range
+plans executed on DALI's ``--workers`` threads, no Python on the hot path); a source it cannot
+serve (compressed HDF5/Zarr, say) is read by ``partitioned_source`` in ``--workers`` DALI worker
+processes instead. The demo prints which path it took, and why.
 """
 from __future__ import annotations
 
@@ -46,7 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=positive_int, default=32, help="synthetic samples (default 32)")
     p.add_argument("--shape", default=",".join(map(str, DEFAULT_SHAPE)), help="synthetic sample shape")
     p.add_argument("--batch-size", type=positive_int, default=2, help="samples per batch per rank (default 2)")
-    p.add_argument("--workers", type=positive_int, default=1, help="DALI worker processes per rank (default 1)")
+    p.add_argument("--workers", type=positive_int, default=1,
+                   help="DALI threads per rank for the native reader, or DALI worker processes where a source "
+                        "falls back to partitioned_source (default 1)")
     p.add_argument("--timeout", type=positive_float, default=300, help="seconds before the demo gives up")
     p.add_argument("--fail-rank", type=int, help=argparse.SUPPRESS)  # tests: this rank's reader fails
 
@@ -221,6 +228,18 @@ def layout_of(cfg, mesh):
                        boundary=cfg["boundary"], split=cfg["split"])
 
 
+def reader_path(source) -> tuple[str, str]:
+    """``("native", "")`` when :func:`dali_mesh.fn.read_windows` reads ``source`` with the native
+    operator, else ``("partitioned_source", why)``."""
+    from dali_mesh.native import NotNativeError, plan_windows  # noqa: PLC0415
+
+    try:
+        plan_windows(source)
+    except NotNativeError as e:
+        return "partitioned_source", str(e)
+    return "native", ""
+
+
 def _rank(rank, world_size, cfg, out_dir):
     import torch
     import torch.distributed as dist
@@ -229,6 +248,7 @@ def _rank(rank, world_size, cfg, out_dir):
 
     from dali_mesh import MeshInfo
     from dali_mesh._external import partitioned_source
+    from dali_mesh.native import read_windows
     from dali_mesh.torch import MeshLoader, to_dtensor
 
     mesh_shape, names = mesh_of(cfg, world_size)
@@ -241,15 +261,24 @@ def _rank(rank, world_size, cfg, out_dir):
     if cfg["fail_rank"] == rank:
         source = _FailingSource(source)
     region = layout.region(source.sample_shape)
+    path, why = reader_path(source)
+    device = "gpu" if use_gpu else "cpu"
+    if path == "native":
+        # the reads run on the pipeline's threads: no worker processes
+        @pipeline_def(batch_size=bs, num_threads=cfg["workers"], device_id=rank if use_gpu else None,
+                      prefetch_queue_depth=1)
+        def pipe():
+            return read_windows(source, device=device, fallback=False)
+    else:
+        @pipeline_def(batch_size=bs, num_threads=1, device_id=rank if use_gpu else None,
+                      py_num_workers=cfg["workers"], py_start_method="spawn", prefetch_queue_depth=1)
+        def pipe():
+            return partitioned_source(source, device=device)
 
     evict(files)  # cold files: count what the readers pull from storage
     dist.barrier()
-
-    @pipeline_def(batch_size=bs, num_threads=1, device_id=rank if use_gpu else None,
-                  py_num_workers=cfg["workers"], py_start_method="spawn", prefetch_queue_depth=1)
-    def pipe():
-        return partitioned_source(source, device="gpu" if use_gpu else "cpu")
-
+    # the native reader reads in this process, partitioned_source in its workers: count both, from here
+    before = read_bytes([os.getpid()])
     t0 = time.perf_counter()
     loader = MeshLoader(pipe(), layout, sample_shape=source.sample_shape)
     steps, ids, pads, windows = 0, [], [], []
@@ -264,7 +293,9 @@ def _rank(rank, world_size, cfg, out_dir):
             sys.stderr.write(f"\r  epoch [{'#' * done}{'.' * (30 - done)}] {steps}/{num_steps} steps")
             sys.stderr.flush()
     elapsed = time.perf_counter() - t0
-    worker_bytes = read_bytes(descendant_pids(os.getpid()))
+    worker_bytes = read_bytes([os.getpid()] + descendant_pids(os.getpid()))
+    if worker_bytes is not None:
+        worker_bytes -= before
     if rank == 0:
         sys.stderr.write("\n")
     if hasattr(loader, "close"):  # the loader's watchdog thread must let go of the pipeline, or the
@@ -306,7 +337,7 @@ def _rank(rank, world_size, cfg, out_dir):
         "rank": rank, "coordinate": dict(zip(layout.mesh.names, layout.mesh.coordinate)),
         "window": [list(region.window_start), list(region.window_stop)],
         "window_shape": list(region.window_shape), "steps": steps, "samples": int(ids.size), "real_ids": real_ids,
-        "verified": verified, "dtensor": dtensor_checked, "seconds": elapsed,
+        "verified": verified, "dtensor": dtensor_checked, "seconds": elapsed, "path": path, "why": why,
         "read_bytes": worker_bytes, "window_bytes": int(ids.size) * int(np.prod(region.window_shape)) * np.dtype(source.dtype).itemsize,
         "full_bytes": int(ids.size) * int(np.prod(source.sample_shape)) * np.dtype(source.dtype).itemsize,
     }
@@ -388,9 +419,18 @@ def run(args: argparse.Namespace) -> int:
     seen = {sid for s in stats for sid in s["real_ids"]}
     checked = sum(s["verified"] for s in stats)
     dtensor = all(s["dtensor"] for s in stats)
-    source_note = ("cold /proc/<pid>/io read_bytes of each rank's DALI workers (local ranks share one page cache: "
-                   "a page one rank pulled is not read again by another)"
+    source_note = ("cold /proc/<pid>/io read_bytes of each rank and its DALI workers during the epoch (local ranks "
+                   "share one page cache: a page one rank pulled is not read again by another)"
                    if measured else "planned window bytes")
+    paths = sorted({(s["path"], s["why"]) for s in stats})
+    for path, why in paths:
+        ranks = [s["rank"] for s in stats if (s["path"], s["why"]) == (path, why)]
+        who = "every rank" if len(ranks) == len(stats) else "ranks " + ",".join(map(str, ranks))
+        if path == "native":
+            print(f"reader: native (fn.dali_mesh.read_windows, {args.workers} DALI thread(s) per rank) on {who}")
+        else:
+            print(f"reader: partitioned_source ({args.workers} DALI worker process(es) per rank) on {who}, "
+                  f"because {why}")
     print(f"bytes: {source_note}; {checked} windows checked against the files"
           f"{', first batch gathered as a DTensor on every rank' if dtensor else ''}; {wall:.1f} s in all")
     if seen != set(range(num_samples)):
