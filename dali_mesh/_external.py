@@ -60,12 +60,14 @@ class _HelperThread:
             if task is None:
                 return
             future, fn, args = task
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn(*args))
-            except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
-                future.set_exception(e)
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
+                    future.set_exception(e)
+            # drop this call's references while waiting for the next one: an exception's traceback
+            # holds the pipeline's frames, and a held pipeline keeps its worker processes alive
+            task = future = fn = args = None
 
     def submit(self, fn, *args) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -181,18 +183,22 @@ class Watchdog:
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                return future.result(timeout=self.poll_s)
+                error = future.exception(timeout=self.poll_s)
             except concurrent.futures.TimeoutError:
                 pass
-            except StopIteration:
-                raise
-            except Exception as e:
-                # DALI sometimes notices a dead worker itself ("Worker data receiving interrupted",
-                # naming no worker and no file): say which worker, and what it was reading
-                problem = self._check_workers()
-                if problem is None:
-                    raise
-                self._fail(problem, cause=e)
+            else:
+                if error is None:
+                    return future.result()
+                try:
+                    if not isinstance(error, StopIteration) and isinstance(error, Exception):
+                        # DALI sometimes notices a dead worker itself ("Worker data receiving
+                        # interrupted", naming no worker and no file): say which, and what it read
+                        problem = self._check_workers()
+                        if problem is not None:
+                            self._fail(problem, cause=error)
+                    raise error
+                finally:  # no cycle error -> traceback -> this frame -> error: free it by refcount
+                    error = future = None
             problem = self._check_workers()
             if problem is None and time.monotonic() > deadline:
                 problem = (f"no progress for {self.timeout:g} s while waiting for {what} "

@@ -179,7 +179,7 @@ def check_like(dtensor, like, name: str = "window") -> None:
 
 
 def _plain(value) -> str:
-    return "(" + ", ".join(str(v) for v in value) + ")" if isinstance(value, (tuple, list)) else str(value)
+    return "(" + ", ".join(repr(v) for v in value) + ")" if isinstance(value, (tuple, list)) else repr(value)
 
 
 def _diff(old: Any, new: Any, path: str, out: list[str]) -> None:
@@ -370,11 +370,22 @@ class MeshLoader:
         """Build ``pipe`` and its iterator under a fresh watchdog (the build starts the workers and the
         iterator runs the first batch), after checking ``output_map`` against the pipeline's outputs."""
         self._pipeline = pipe
-        self._watchdog = Watchdog(lambda: [self._pipeline] if self._pipeline is not None else [], self.timeout)
+        # the watchdog sees the pipeline through a box, not through self: no reference cycle, so a
+        # dropped loader frees its pipeline (and DALI stops its workers) without waiting for gc
+        box = [pipe]
+        self._watched = box
+        self._watchdog = Watchdog(lambda: box, self.timeout)
         self._stream = None
         if getattr(pipe, "device_id", None) is not None and torch.cuda.is_available():
             # the helper thread copies into torch tensors: use the caller's stream, not its own default
             self._stream = torch.cuda.current_stream(pipe.device_id)
+        try:
+            self._start_checked(pipe)
+        except BaseException:
+            self.close()  # a loader that failed to start leaves no worker processes behind
+            raise
+
+    def _start_checked(self, pipe) -> None:
         self._call(pipe.build, what="the pipeline to build and start its workers")
         num_outputs = pipe.num_outputs
         if num_outputs != len(self.output_map):
@@ -382,6 +393,8 @@ class MeshLoader:
                              f"has {num_outputs}: one name per output, in order")
         # DALI 2.4 reports no dtype for external source outputs before they run: the dtypes of
         # sample_id and is_pad are checked on every batch instead (__next__)
+        for src in getattr(pipe, "_dali_mesh_sources", None) or ():
+            self._check_source(src)
         if self._like is not None:
             groups = self.layout.num_batch_groups
             for name, want in self._like.items():
@@ -392,6 +405,24 @@ class MeshLoader:
                         "sample groups)")
         self._iterator = self._call(self._make_iterator, pipe, what="the first batch")
         self._checked_like = False
+
+    def _check_source(self, src) -> None:
+        """A source registered on the pipeline by ``partitioned_source`` must read with this loader's
+        layout and sample shape: otherwise the windows are wrapped as parts of another tensor."""
+        what = f"{type(src).__name__} over {src.files[0]!r}" if getattr(src, "files", None) else type(src).__name__
+        src_layout = getattr(src, "layout", None)
+        if src_layout is not None and src_layout is not self.layout and repr(src_layout) != repr(self.layout):
+            raise LayoutError(f"the pipeline's source ({what}) reads with layout {src_layout!r}, the loader was given "
+                              f"{self.layout!r}: pass the source's layout")
+        shape = getattr(src, "sample_shape", None)
+        if shape is None:
+            return
+        if self.sample_shape is None:
+            self.sample_shape = tuple(shape)
+        elif tuple(shape) != self.sample_shape:
+            given = "like.shape[1:]" if self._like is not None else "sample_shape"
+            raise LayoutError(f"the loader's sample shape {self.sample_shape} (from {given}) differs from the "
+                              f"shape {tuple(shape)} of the samples of the pipeline's source ({what})")
 
     def _dtype_message(self, name, got, want) -> str:
         return (f"output {name!r} has dtype {got}, expected {want}: output_map {list(self.output_map)} does not "
@@ -487,8 +518,16 @@ class MeshLoader:
         raise TypeError("MeshLoader has no length: the source ends the epoch (size=-1)")
 
     def close(self) -> None:
-        """Let the watchdog's helper thread go; the pipeline closes its workers when it is collected."""
+        """Stop the pipeline's worker processes and the watchdog's helper thread; the loader is unusable
+        afterwards (``load_state_dict`` starts a new pipeline)."""
+        pool = getattr(self._pipeline, "_py_pool", None)
+        if pool is not None and self._watchdog.broken is None:
+            try:
+                pool.close()  # DALI's own finalizer does the same when the pipeline is collected
+            except Exception as e:  # noqa: BLE001 - closing is best effort
+                log.debug("closing the DALI worker pool: %s", e)
         self._watchdog.close()
+        self._watched.clear()
 
     # ---- checkpoints --------------------------------------------------------------------------------
     def fingerprint(self) -> dict[str, Any]:
