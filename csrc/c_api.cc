@@ -180,9 +180,11 @@ DM_EXPORT int dm_strided_slice(int backend, void *launcher, int nsamples, int nd
               err, errlen);
 }
 
-// Plan statistics of the GPU path (for tests and benchmarks), into info[5 + nsamples]: the widest
-// elem_size, need_pad, convert, num_blocks, the conversion kernel (ConvKind), then each sample's
-// elem_size (the copy kernel's bytes per move; 0 when converting). Normalisation: nch > 0.
+// Plan statistics of the GPU path (for tests and benchmarks), into info[6 + nsamples]: the widest
+// elem_size, need_pad, convert, num_blocks, the conversion kernel (ConvKind), each sample's
+// elem_size (the copy kernel's bytes per move in its largest piece, its in-bounds box unless the
+// halo outweighs it; 0 when converting), then the number of pieces (in-bounds boxes and halo
+// strips; last, so that callers of the 5 + nsamples layout still work). Normalisation: nch > 0.
 DM_EXPORT int dm_gpu_plan_info(int nsamples, int ndim, const void *const *in, void *const *out,
                                const int64_t *in_shapes, const int64_t *starts,
                                const int64_t *shapes, const int64_t *steps,
@@ -212,6 +214,7 @@ DM_EXPORT int dm_gpu_plan_info(int nsamples, int ndim, const void *const *in, vo
   info[3] = plan.num_blocks;
   info[4] = plan.conv;
   for (int i = 0; i < nsamples; i++) info[5 + i] = plan.sample_elem_size[i];
+  info[5 + nsamples] = plan.num_pieces;
   return 0;
 }
 

@@ -5,11 +5,15 @@
 // the descriptor building, axis collapsing, vectorisation and index math that ship to the GPU are
 // tested on machines without one.
 //
-// One launch per batch: one descriptor per sample and one per block of output elements, uploaded in
-// one copy; the grid is sized to the GPU (a grid-stride loop over the block descriptors). Copies move
-// 1, 2, 4, 8 or 16 bytes per thread, chosen per sample (a window inside the sample with step 1 on
-// the innermost axis moves 16 bytes where its extent and alignment allow; one misaligned sample does
-// not slow the others). Padding is chosen at compile time (the plain path has no boundary code).
+// One launch per batch: one descriptor per piece of a sample and one per block of output elements,
+// uploaded in one copy; the grid is sized to the GPU (a grid-stride loop over the block
+// descriptors). A sample whose window leaves the domain is cut into pieces: its in-bounds box
+// (planned like an unpadded copy, no boundary code) and the strips around it (the halo: few cells,
+// boundary rule per element), each a box of the sample's output with the output's strides. Copies
+// move 1, 2, 4, 8 or 16 bytes per thread, chosen per piece (a piece with step 1 on the innermost
+// axis and no padding there moves 16 bytes where its extent and alignment allow; one misaligned
+// sample does not slow the others, and a halo does not slow its sample's box). Padding is chosen at
+// compile time (the plain path has no boundary code).
 // Casts and normalisation run typed kernels for the common pairs (float->half, float->float,
 // uint8->float, half->float) and a generic kernel (types dispatched at run time) for the rest.
 #ifndef DALI_MESH_SLICE_GPU_H_
@@ -48,9 +52,12 @@ enum ConvKind : int {
 };
 const char *ConvKindName(int conv);
 
+// One piece of a sample: a box of the sample's output (`out` is its first element, `out_stride` the
+// output's element strides; the innermost axis is contiguous) and the positions it takes from the
+// domain (start, step, boundary per axis, as a whole sample would).
 struct alignas(16) GpuSampleDesc {
   const void *in;  // the domain start
-  void *out;
+  void *out;       // the piece's first output element
   int32_t ndim;
   int32_t channel_axis;  // -1: none (normalisation without channels uses channel 0)
   int64_t channel_offset;
@@ -62,13 +69,14 @@ struct alignas(16) GpuSampleDesc {
   int64_t start[kMaxDims];
   int64_t step[kMaxDims];
   int64_t out_extent[kMaxDims];
+  int64_t out_stride[kMaxDims];  // output elements between neighbours on each axis (the innermost: 1)
   FastDivU64 out_div[kMaxDims];
   alignas(16) uint8_t fill[16];  // the fill value's bytes, repeated to the element size
 };
 
 struct GpuBlockDesc {
-  int64_t sample;
-  uint64_t begin;  // flat output elements [begin, end) of that sample
+  int64_t sample;  // the piece (index into the sample descriptors)
+  uint64_t begin;  // flat elements [begin, end) of that piece (row-major over its out_extent)
   uint64_t end;
 };
 
@@ -83,16 +91,18 @@ struct GpuBatchArgs {
 
 // ---- kernel body (host and device) ---------------------------------------------------------------
 
-// Coordinates of the flat output index `idx`: the innermost coordinate, and the outer axes' input
-// offset, fill flag and channel.
+// Coordinates of the piece's flat index `idx`: the innermost coordinate, and the outer axes' input
+// offset, output offset (of the row's first element), fill flag and channel.
 template <bool kNeedPad>
 DM_HD DM_FORCEINLINE void LocateRow(const GpuSampleDesc &s, uint64_t idx, int64_t &inner,
-                                    int64_t &offset, bool &fill, int64_t &channel) {
+                                    int64_t &offset, int64_t &out_row, bool &fill,
+                                    int64_t &channel) {
   const int D = s.ndim;
   uint64_t q = s.out_div[D - 1].Div(idx);
   inner = static_cast<int64_t>(idx - q * static_cast<uint64_t>(s.out_extent[D - 1]));
   uint64_t rest = q;
   offset = 0;
+  out_row = 0;
   fill = false;
   channel = 0;
   for (int d = D - 2; d >= 0; d--) {
@@ -108,6 +118,7 @@ DM_HD DM_FORCEINLINE void LocateRow(const GpuSampleDesc &s, uint64_t idx, int64_
     int64_t si = kNeedPad ? BoundaryIndex(r, s.in_extent[d], s.boundary[d]) : r;
     if (kNeedPad && si < 0) fill = true;
     offset += si * s.in_stride[d];
+    out_row += c * s.out_stride[d];
     if (d == s.channel_axis) channel = s.channel_offset + si;
   }
 }
@@ -126,23 +137,23 @@ DM_HD void CopyBlock(const GpuSampleDesc &s, uint64_t begin, uint64_t end, unsig
   const int mode = s.boundary[D - 1];
   Elem fill;
   memcpy(&fill, s.fill, sizeof(Elem));
-  int64_t inner, offset, channel;
+  int64_t inner, offset, out_row, channel;
   bool row_fill;
-  LocateRow<kNeedPad>(s, idx, inner, offset, row_fill, channel);
+  LocateRow<kNeedPad>(s, idx, inner, offset, out_row, row_fill, channel);
   for (;;) {
     const int64_t r = start + inner * step;
     if (kNeedPad) {
       const int64_t si = BoundaryIndex(r, n, mode);
       Elem v = fill;
       if (!row_fill && si >= 0) v = in[offset + si * stride];
-      out[idx] = v;
+      out[out_row + inner] = v;
     } else {
-      out[idx] = in[offset + r * stride];
+      out[out_row + inner] = in[offset + r * stride];
     }
     idx += nthreads;
     if (idx >= end) break;
     inner += nthreads;
-    if (inner >= L) LocateRow<kNeedPad>(s, idx, inner, offset, row_fill, channel);
+    if (inner >= L) LocateRow<kNeedPad>(s, idx, inner, offset, out_row, row_fill, channel);
   }
 }
 
@@ -194,13 +205,13 @@ DM_HD void ConvertBlock(const GpuSampleDesc &s, const GpuBatchArgs &b, uint64_t 
   const int64_t n = s.in_extent[D - 1];
   const int mode = s.boundary[D - 1];
   const bool channel_inner = s.channel_axis == D - 1;
-  int64_t inner, offset, channel;
+  int64_t inner, offset, out_row, channel;
   bool row_fill;
-  LocateRow<kNeedPad>(s, idx, inner, offset, row_fill, channel);
+  LocateRow<kNeedPad>(s, idx, inner, offset, out_row, row_fill, channel);
   for (;;) {
     const int64_t r = start + inner * step;
     const int64_t si = kNeedPad ? BoundaryIndex(r, n, mode) : r;
-    uint8_t *o = out + idx * out_size;
+    uint8_t *o = out + (out_row + inner) * out_size;
     if (kNeedPad && (row_fill || si < 0)) {
       memcpy(o, s.fill, out_size);
     } else {
@@ -210,7 +221,7 @@ DM_HD void ConvertBlock(const GpuSampleDesc &s, const GpuBatchArgs &b, uint64_t 
     idx += nthreads;
     if (idx >= end) break;
     inner += nthreads;
-    if (inner >= L) LocateRow<kNeedPad>(s, idx, inner, offset, row_fill, channel);
+    if (inner >= L) LocateRow<kNeedPad>(s, idx, inner, offset, out_row, row_fill, channel);
   }
 }
 
@@ -269,22 +280,22 @@ DM_HD void ConvertBlockTyped(const GpuSampleDesc &s, const GpuBatchArgs &b, uint
   const bool channel_inner = s.channel_axis == D - 1;
   Out fill;
   memcpy(&fill, s.fill, sizeof(Out));
-  int64_t inner, offset, channel;
+  int64_t inner, offset, out_row, channel;
   bool row_fill;
-  LocateRow<kNeedPad>(s, idx, inner, offset, row_fill, channel);
+  LocateRow<kNeedPad>(s, idx, inner, offset, out_row, row_fill, channel);
   for (;;) {
     const int64_t r = start + inner * step;
     const int64_t si = kNeedPad ? BoundaryIndex(r, n, mode) : r;
     if (kNeedPad && (row_fill || si < 0)) {
-      out[idx] = fill;
+      out[out_row + inner] = fill;
     } else {
-      out[idx] = ConvertOne<In, Out, kNorm>(in[offset + si * stride], b.mean, b.stddev,
+      out[out_row + inner] = ConvertOne<In, Out, kNorm>(in[offset + si * stride], b.mean, b.stddev,
                                             channel_inner ? s.channel_offset + si : channel);
     }
     idx += nthreads;
     if (idx >= end) break;
     inner += nthreads;
-    if (inner >= L) LocateRow<kNeedPad>(s, idx, inner, offset, row_fill, channel);
+    if (inner >= L) LocateRow<kNeedPad>(s, idx, inner, offset, out_row, row_fill, channel);
   }
 }
 
@@ -331,11 +342,13 @@ DM_HD void RunBlock(const GpuBatchArgs &b, int64_t block, unsigned tid, unsigned
 // ---- host plan -------------------------------------------------------------------------------------
 
 struct GpuPlan {
-  std::vector<uint8_t> blob;  // [sample descs][block descs][mean][std], one upload
+  std::vector<uint8_t> blob;  // [piece descs][block descs][mean][std], one upload
   size_t samples_offset = 0, blocks_offset = 0, mean_offset = 0, std_offset = 0;
-  int64_t num_samples = 0, num_blocks = 0;
-  int elem_size = 1;  // the widest element moved by the copy kernel over the samples (0: convert)
-  std::vector<int> sample_elem_size;  // per sample (the copy kernel; 0 when converting)
+  int64_t num_samples = 0, num_pieces = 0, num_blocks = 0;
+  int elem_size = 1;  // the widest element moved by the copy kernel over the pieces (0: convert)
+  // per sample: the bytes per move of its largest piece (its in-bounds box when it has one; the
+  // copy kernel; 0 when converting)
+  std::vector<int> sample_elem_size;
   int conv = kCopy;   // ConvKind
   bool need_pad = false;
   bool convert = false;

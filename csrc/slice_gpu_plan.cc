@@ -11,32 +11,157 @@ namespace {
 
 size_t AlignUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-// Whether a collapsed sample can move `width`-byte vectors of `esize`-byte elements.
-bool Vectorizable(const SliceSample &s, const void *in, const void *out, int esize, int width) {
-  if (s.OutVolume() == 0) return true;
+// One piece of a sample (see slice_gpu.h): a box of the sample's output, as a SliceSample of its
+// own (start, out_extent, boundary per axis; the domain and input strides of its sample) plus where
+// the box lies in the output.
+struct Piece {
+  int64_t sample = 0;
+  SliceSample s;
+  int64_t out_offset = 0;               // output elements from the sample's first output element
+  int64_t out_stride[kMaxDims] = {};    // the sample's output strides (innermost 1)
+  int width = 0;                        // bytes per move of the copy kernel (0: converting)
+};
+
+// Output positions [lo, hi) of an axis whose sources lie inside the domain: r = start + i * step
+// in [0, n) for i in [0, count). lo == hi when there are none.
+void InRangeSpan(int64_t start, int64_t step, int64_t count, int64_t n, int64_t *lo, int64_t *hi) {
+  int64_t l = start >= 0 ? 0 : CeilDiv(-start, step);
+  int64_t h = n - start > 0 ? CeilDiv(n - start, step) : 0;  // |start|, n < 2**62: no overflow
+  l = std::min(l, count);
+  h = std::min(std::max(h, l), count);
+  *lo = l;
+  *hi = h;
+}
+
+// Cuts a sample into its in-bounds box and the strips around it (a partition of its output: strip
+// d takes the positions outside the span of axis d and inside the spans of the axes before it). A
+// sample inside its domain is one piece. Pieces are uncollapsed; empty pieces are left out.
+void CutSample(int64_t sample, const SliceSample &u, std::vector<Piece> *pieces) {
+  if (u.OutVolume() == 0) return;
+  const int D = u.ndim;
+  int64_t os[kMaxDims];
+  os[D - 1] = 1;
+  for (int d = D - 2; d >= 0; d--) os[d] = os[d + 1] * u.out_extent[d + 1];
+  int64_t lo[kMaxDims], hi[kMaxDims];
+  bool inside = true;
+  for (int d = 0; d < D; d++) {
+    InRangeSpan(u.start[d], u.step[d], u.out_extent[d], u.in_extent[d], &lo[d], &hi[d]);
+    inside &= lo[d] == 0 && hi[d] == u.out_extent[d];
+  }
+  auto add = [&](const int64_t *first, const int64_t *extent) {
+    Piece p;
+    p.sample = sample;
+    p.s = u;
+    for (int d = 0; d < D; d++) {
+      if (extent[d] == 0) return;
+      p.s.start[d] = u.start[d] + first[d] * u.step[d];
+      p.s.out_extent[d] = extent[d];
+      p.out_offset += first[d] * os[d];
+      p.out_stride[d] = os[d];
+    }
+    pieces->push_back(p);
+  };
+  int64_t first[kMaxDims], extent[kMaxDims];
+  for (int d = 0; d < D; d++) {
+    first[d] = inside ? 0 : lo[d];
+    extent[d] = inside ? u.out_extent[d] : hi[d] - lo[d];
+  }
+  add(first, extent);  // the box (the whole sample when inside)
+  if (inside) return;
+  for (int d = 0; d < D; d++) {
+    for (int e = 0; e < D; e++) {
+      first[e] = e < d ? lo[e] : 0;
+      extent[e] = e < d ? hi[e] - lo[e] : u.out_extent[e];
+    }
+    extent[d] = lo[d];  // below the span
+    add(first, extent);
+    first[d] = hi[d];  // above it
+    extent[d] = u.out_extent[d] - hi[d];
+    add(first, extent);
+  }
+}
+
+// Merges adjacent axes of a piece where the inner one is taken whole, both are contiguous in the
+// input and in the output, and the outer one's positions lie inside the domain. Unlike
+// CollapseAxes, a padded outer axis is never merged: kept apart, its rows pad (or fill) whole while
+// the axis inside them still moves vectors. The channel axis is never merged.
+void CollapsePiece(Piece *p) {
+  const SliceSample &s = p->s;
+  SliceSample r = s;
+  int n = 0;  // merged axes, innermost first
+  int64_t in_extent[kMaxDims], in_stride[kMaxDims], start[kMaxDims], out[kMaxDims], step[kMaxDims],
+      ostride[kMaxDims];
+  uint8_t mode[kMaxDims];
+  int channel = -1;
+  for (int d = s.ndim - 1; d >= 0; d--) {
+    const bool merge =
+        n > 0 && start[n - 1] == 0 && step[n - 1] == 1 && out[n - 1] == in_extent[n - 1] &&
+        channel != n - 1 && s.in_stride[d] == in_extent[n - 1] * in_stride[n - 1] &&
+        p->out_stride[d] == out[n - 1] * ostride[n - 1] && s.step[d] == 1 &&
+        d != s.channel_axis && s.start[d] >= 0 && s.start[d] + s.out_extent[d] <= s.in_extent[d];
+    // the merged axis keeps its extent below kMaxPosition (its positions lie inside it)
+    int64_t m_extent = 0;
+    if (merge && !__builtin_mul_overflow(s.in_extent[d], in_extent[n - 1], &m_extent) &&
+        m_extent < kMaxPosition) {
+      const int64_t k = in_extent[n - 1];
+      in_extent[n - 1] = m_extent;
+      start[n - 1] = s.start[d] * k;
+      out[n - 1] = s.out_extent[d] * k;
+      mode[n - 1] = kConstant;  // never consulted: every position is inside
+      continue;
+    }
+    in_extent[n] = s.in_extent[d];
+    in_stride[n] = s.in_stride[d];
+    start[n] = s.start[d];
+    out[n] = s.out_extent[d];
+    step[n] = s.step[d];
+    ostride[n] = p->out_stride[d];
+    mode[n] = s.boundary[d];
+    if (d == s.channel_axis) channel = n;
+    n++;
+  }
+  r.ndim = n;
+  for (int i = 0; i < n; i++) {  // reverse: outermost first
+    const int d = n - 1 - i;
+    r.in_extent[d] = in_extent[i];
+    r.in_stride[d] = in_stride[i];
+    r.start[d] = start[i];
+    r.out_extent[d] = out[i];
+    r.step[d] = step[i];
+    r.boundary[d] = mode[i];
+    p->out_stride[d] = ostride[i];
+  }
+  r.channel_axis = channel < 0 ? -1 : n - 1 - channel;
+  p->s = r;
+}
+
+// Whether a collapsed piece can move `width`-byte vectors of `esize`-byte elements (`in`: the
+// sample's first element; `out`: the piece's).
+bool Vectorizable(const Piece &p, const void *in, const void *out, int esize, int width) {
+  const SliceSample &s = p.s;
   const int64_t k = width / esize;
-  const int D = s.ndim;
-  const int d = D - 1;
+  const int d = s.ndim - 1;
   if (s.step[d] != 1 || s.in_stride[d] != 1) return false;
   if (s.start[d] < 0 || s.start[d] + s.out_extent[d] > s.in_extent[d]) return false;  // inner pads
   if (s.start[d] % k || s.out_extent[d] % k) return false;
-  for (int a = 0; a < D - 1; a++)
-    if (s.in_stride[a] % k) return false;
+  for (int a = 0; a < d; a++)
+    if (s.in_stride[a] % k || p.out_stride[a] % k) return false;
   auto in_addr = reinterpret_cast<uintptr_t>(in) + static_cast<uintptr_t>(s.in_offset * esize);
   if (in_addr % width || reinterpret_cast<uintptr_t>(out) % width) return false;
   return true;
 }
 
-// Re-expresses a sample in elements of k = width / esize original elements.
-SliceSample Widen(const SliceSample &s, int64_t k) {
-  SliceSample w = s;
-  const int d = s.ndim - 1;
-  w.in_extent[d] = s.in_extent[d] / k;
-  w.start[d] = s.start[d] / k;
-  w.out_extent[d] = s.out_extent[d] / k;
-  for (int a = 0; a < d; a++) w.in_stride[a] = s.in_stride[a] / k;
-  w.in_offset = s.in_offset / k;  // only the pointer matters below; in_offset * esize is aligned
-  return w;
+// Re-expresses a piece in elements of k = width / esize original elements.
+void Widen(Piece *p, int64_t k) {
+  SliceSample &w = p->s;
+  const int d = w.ndim - 1;
+  w.in_extent[d] /= k;
+  w.start[d] /= k;
+  w.out_extent[d] /= k;
+  for (int a = 0; a < d; a++) {
+    w.in_stride[a] /= k;
+    p->out_stride[a] /= k;
+  }
 }
 
 // The grid-stride loop of the kernel, run on the host.
@@ -120,47 +245,66 @@ std::string BuildGpuPlan(const std::vector<SliceSample> &samples, const void *co
   plan->convert = params.Convert();
   plan->normalize = params.Normalize();
 
-  std::vector<SliceSample> c(n);
-  for (int64_t i = 0; i < n; i++) c[i] = CollapseAxes(samples[i]);
+  // pieces: each sample's in-bounds box and the strips of its halo, collapsed
+  std::vector<Piece> pieces;
+  pieces.reserve(n);
+  for (int64_t i = 0; i < n; i++) CutSample(i, samples[i], &pieces);
+  for (Piece &p : pieces) CollapsePiece(&p);
+  const int out_size = DTypeSize(params.out_type);
+  auto piece_out = [&](const Piece &p) {
+    return static_cast<uint8_t *>(out[p.sample]) + p.out_offset * out_size;
+  };
 
-  // copies: the widest vector each sample allows, per sample (an odd-sized or misaligned sample
-  // takes element moves without slowing the others)
-  plan->sample_elem_size.assign(n, 0);
+  // copies: the widest vector each piece allows (an odd-sized or misaligned sample, or a halo
+  // strip, takes element moves without slowing the others)
   plan->elem_size = 0;
   if (!plan->convert) {
-    for (int64_t i = 0; i < n; i++) {
-      int width = esize;
+    for (Piece &p : pieces) {
+      p.width = esize;
       for (int w = 16; w > esize; w /= 2) {
-        if (Vectorizable(c[i], in[i], out[i], esize, w)) {
-          width = w;
+        if (Vectorizable(p, in[p.sample], piece_out(p), esize, w)) {
+          p.width = w;
           break;
         }
       }
-      if (width > esize) c[i] = Widen(c[i], width / esize);
-      plan->sample_elem_size[i] = width;
-      plan->elem_size = std::max(plan->elem_size, width);
+      if (p.width > esize) Widen(&p, p.width / esize);
+      plan->elem_size = std::max(plan->elem_size, p.width);
     }
-    if (n == 0) plan->elem_size = esize;
+    if (pieces.empty()) plan->elem_size = esize;
+  }
+  // per sample: the width of its largest piece (the in-bounds box unless the halo outweighs it)
+  plan->sample_elem_size.assign(n, plan->convert ? 0 : esize);
+  {
+    std::vector<int64_t> largest(n, -1);
+    for (const Piece &p : pieces) {
+      const int64_t vol = p.s.OutVolume() * (plan->convert ? 1 : p.width);
+      if (vol > largest[p.sample]) {
+        largest[p.sample] = vol;
+        plan->sample_elem_size[p.sample] = p.width;
+      }
+    }
   }
 
   uint8_t fill1[8];
   FillBytes(params, fill1);
-  const int out_size = DTypeSize(params.out_type);
 
-  std::vector<GpuSampleDesc> descs(n);
+  const int64_t np = static_cast<int64_t>(pieces.size());
+  plan->num_pieces = np;
+  std::vector<GpuSampleDesc> descs(np);
   uint64_t total = 0;
   plan->need_pad = false;
-  for (int64_t i = 0; i < n; i++) {
-    const SliceSample &s = c[i];
-    GpuSampleDesc &g = descs[i];
+  for (int64_t j = 0; j < np; j++) {
+    const Piece &p = pieces[j];
+    const SliceSample &s = p.s;
+    GpuSampleDesc &g = descs[j];
     std::memset(&g, 0, sizeof(g));
-    g.in = static_cast<const uint8_t *>(in[i]) + samples[i].in_offset * esize;
-    g.out = out[i];
+    g.in = static_cast<const uint8_t *>(in[p.sample]) + samples[p.sample].in_offset * esize;
+    g.out = piece_out(p);
     g.ndim = s.ndim;
     g.channel_axis = s.channel_axis;
     g.channel_offset = s.channel_offset;
     g.need_pad = s.NeedPad() ? 1 : 0;
-    g.elem_size = plan->convert ? 0 : plan->sample_elem_size[i];
+    g.elem_size = p.width;
     plan->need_pad |= g.need_pad != 0;
     for (int d = 0; d < s.ndim; d++) {
       g.boundary[d] = s.boundary[d];
@@ -169,6 +313,7 @@ std::string BuildGpuPlan(const std::vector<SliceSample> &samples, const void *co
       g.start[d] = s.start[d];
       g.step[d] = s.step[d];
       g.out_extent[d] = s.out_extent[d];
+      g.out_stride[d] = p.out_stride[d];
       g.out_div[d].Init(s.out_extent[d] > 0 ? static_cast<uint64_t>(s.out_extent[d]) : 1);
     }
     for (int b = 0; b < 16; b += out_size) std::memcpy(g.fill + b, fill1, out_size);
@@ -182,11 +327,11 @@ std::string BuildGpuPlan(const std::vector<SliceSample> &samples, const void *co
   per_thread = std::min<uint64_t>(std::max<uint64_t>(per_thread, 4), 64);
   const uint64_t block_elems = per_thread * kBlockDim;
   std::vector<GpuBlockDesc> blocks;
-  blocks.reserve(total / block_elems + n);
-  for (int64_t i = 0; i < n; i++) {
-    uint64_t vol = static_cast<uint64_t>(c[i].OutVolume());
+  blocks.reserve(total / block_elems + np);
+  for (int64_t j = 0; j < np; j++) {
+    uint64_t vol = static_cast<uint64_t>(pieces[j].s.OutVolume());
     for (uint64_t b = 0; b < vol; b += block_elems)
-      blocks.push_back(GpuBlockDesc{i, b, std::min(vol, b + block_elems)});
+      blocks.push_back(GpuBlockDesc{j, b, std::min(vol, b + block_elems)});
   }
   plan->num_blocks = static_cast<int64_t>(blocks.size());
   if (plan->num_blocks > 0x7fffffff)
@@ -195,11 +340,12 @@ std::string BuildGpuPlan(const std::vector<SliceSample> &samples, const void *co
 
   const size_t nch = params.mean.size();
   plan->samples_offset = 0;
-  plan->blocks_offset = AlignUp(sizeof(GpuSampleDesc) * n, 64);
+  plan->blocks_offset = AlignUp(sizeof(GpuSampleDesc) * np, 64);
   plan->mean_offset = AlignUp(plan->blocks_offset + sizeof(GpuBlockDesc) * blocks.size(), 64);
   plan->std_offset = AlignUp(plan->mean_offset + sizeof(float) * nch, 64);
   plan->blob.assign(AlignUp(plan->std_offset + sizeof(float) * nch, 64), 0);
-  if (n) std::memcpy(plan->blob.data() + plan->samples_offset, descs.data(), sizeof(GpuSampleDesc) * n);
+  if (np)
+    std::memcpy(plan->blob.data() + plan->samples_offset, descs.data(), sizeof(GpuSampleDesc) * np);
   if (!blocks.empty())
     std::memcpy(plan->blob.data() + plan->blocks_offset, blocks.data(),
                 sizeof(GpuBlockDesc) * blocks.size());

@@ -268,11 +268,14 @@ CONV_KINDS = {-1: "copy", 0: "generic", 1: "float32->float16", 2: "float32->floa
 
 def gpu_plan_info(samples: Sequence[np.ndarray], start, shape, step=1, boundary="constant",
                   dtype=None, *, normalize_channels: int = 0, outs: Sequence[np.ndarray] | None = None) -> dict:
-    """What the GPU path would launch for host arrays: ``elem_size`` (the widest over the samples),
-    ``sample_elem_sizes`` (bytes per move of each sample; 0 when converting), ``need_pad``,
-    ``convert``, ``conv`` (the conversion kernel: ``copy``, ``generic`` or a typed pair) and
-    ``num_blocks``. ``normalize_channels``: plan with normalisation over that many channels of
-    axis 0. ``outs``: output arrays (their alignment matters), allocated when omitted."""
+    """What the GPU path would launch for host arrays. A sample whose window leaves its domain is
+    cut into pieces: its in-bounds box (moved like an unpadded copy) and the halo strips around it.
+    ``elem_size`` (bytes per move, the widest over the pieces), ``sample_elem_sizes`` (bytes per
+    move in each sample's largest piece, its in-bounds box unless the halo outweighs it; 0 when
+    converting), ``num_pieces``, ``need_pad``, ``convert``, ``conv`` (the conversion kernel:
+    ``copy``, ``generic`` or a typed pair) and ``num_blocks``. ``normalize_channels``: plan with
+    normalisation over that many channels of axis 0. ``outs``: output arrays (their alignment
+    matters), allocated when omitted."""
     lib = load()
     n = len(samples)
     ndim = samples[0].ndim
@@ -282,7 +285,7 @@ def gpu_plan_info(samples: Sequence[np.ndarray], start, shape, step=1, boundary=
         np.dtype(np.float32) if normalize_channels else samples[0].dtype)
     if outs is None:
         outs = [np.empty([int(v) for v in sh], out_dtype) for sh in _per_sample(shape, n, ndim, "shape")]
-    res = (ctypes.c_int64 * (5 + n))()
+    res = (ctypes.c_int64 * (6 + n))()
     rc = lib.dm_gpu_plan_info(
         n, ndim, (ctypes.c_void_p * n)(*[s.ctypes.data for s in samples]),
         (ctypes.c_void_p * n)(*[o.ctypes.data for o in outs]),
@@ -293,7 +296,7 @@ def gpu_plan_info(samples: Sequence[np.ndarray], start, shape, step=1, boundary=
     if rc != 0:
         raise KernelsError(err.value.decode())
     return {"elem_size": res[0], "need_pad": bool(res[1]), "convert": bool(res[2]),
-            "num_blocks": res[3], "conv": CONV_KINDS[res[4]],
+            "num_blocks": res[3], "conv": CONV_KINDS[res[4]], "num_pieces": res[5 + n],
             "sample_elem_sizes": [res[5 + i] for i in range(n)]}
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dali_mesh import _kernels as K
-from oracles import SEED
+from oracles import MODES, SEED, random_array
 
 if not K.library_path().exists():
     pytest.skip(f"{K.library_path()} is not built", allow_module_level=True)
@@ -133,3 +133,131 @@ def test_many_blocks_through_a_small_grid():
     for i, x in enumerate(xs):
         np.testing.assert_array_equal(got[i], K.reference_strided_slice(x, starts, shapes, 1, bounds),
                                       err_msg=f"seed {SEED} sample {i}")
+
+
+# ---- windows with a halo: the in-bounds box moves like an unpadded copy, the strips pad ------------
+def _emulate_equals_numpy_and_cpu(xs, starts, shapes, steps, bounds, outs, msg, fill=3, **kw):
+    """The emulation into `outs` (their alignment matters) equals numpy and the CPU kernel."""
+    got = K.strided_slice_host(xs, starts, shapes, steps, bounds, fill_value=fill, backend="emulate",
+                               out=outs, **kw)
+    cpu = K.strided_slice_host(xs, starts, shapes, steps, bounds, fill_value=fill, backend="cpu", **kw)
+    for i, x in enumerate(xs):
+        ref = K.reference_strided_slice(x, starts[i], shapes[i], steps[i], bounds[i], fill_value=fill,
+                                        **{"dtype": got[i].dtype, **kw})
+        np.testing.assert_array_equal(got[i], ref, err_msg=f"{msg} sample {i} (emulation vs numpy)")
+        assert got[i].tobytes() == cpu[i].tobytes(), f"{msg} sample {i} (emulation vs CPU kernel)"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_whole_rows_plus_a_halo_row_move_16_bytes(mode):
+    """Rows of 65536 uint8 with a halo row above (rank 0 of a row split): once merged into one
+    padded axis (1-byte moves); now the in-bounds rows are one contiguous 16-byte copy and the halo
+    row a strip of its own (whole rows: 16-byte moves too, the padding chosen per row)."""
+    rng = np.random.default_rng(SEED)
+    x = _aligned((3, 65536), np.uint8)
+    x[...] = rng.integers(0, 256, x.shape)
+    out = _aligned((3, 65536), np.uint8)
+    info = K.gpu_plan_info([x], [-1, 0], [3, 65536], 1, mode, outs=[out])
+    assert info["sample_elem_sizes"] == [16] and info["elem_size"] == 16, info
+    assert info["num_pieces"] == 2 and info["need_pad"], info  # the box and the halo row
+    _emulate_equals_numpy_and_cpu([x], [[-1, 0]], [[3, 65536]], [[1, 1]], [[mode] * 2], [out],
+                                  f"seed {SEED} {mode}", fill=7)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("halo, dtype, box_width", [
+    (4, np.float32, 16),  # 16 bytes of halo: input and output rows stay 16-byte aligned together
+    (16, np.uint8, 16),
+    (2, np.float32, 8),   # ERA5's 2 cells: output = input + 8 bytes (mod 16) on every cell: 8-byte moves
+    (1, np.float64, 8),
+    (3, np.uint16, 2),    # 6 bytes: only element moves line up
+])
+def test_halo_on_the_innermost_axis_keeps_vector_moves_in_the_box(mode, halo, dtype, box_width):
+    """An ERA5-like row band of one rank with a periodic longitude halo: the in-bounds box moves the
+    widest vectors its alignment against the output allows (once: element moves everywhere)."""
+    rng = np.random.default_rng(SEED)
+    shape = (3, 13, 64)
+    x = _aligned(shape, dtype)
+    x[...] = random_array(rng, shape, dtype)
+    start, wshape = [0, 3, -halo], [3, 5, 64 + 2 * halo]
+    bounds = ["constant", "constant", mode]
+    out = _aligned(wshape, dtype)
+    info = K.gpu_plan_info([x], start, wshape, 1, bounds, outs=[out])
+    assert info["sample_elem_sizes"] == [box_width] and info["num_pieces"] == 3, info
+    _emulate_equals_numpy_and_cpu([x], [start], [wshape], [[1] * 3], [bounds], [out],
+                                  f"seed {SEED} {mode} halo {halo} {np.dtype(dtype)}")
+    # with a halo row above and below too (rank 0 and 3 at once): a box and four strips
+    start, wshape = [0, -1, -halo], [3, 15, 64 + 2 * halo]
+    bounds = ["constant", mode, mode]
+    out = _aligned(wshape, dtype)
+    info = K.gpu_plan_info([x], start, wshape, 1, bounds, outs=[out])
+    assert info["sample_elem_sizes"] == [box_width] and info["num_pieces"] == 5, info
+    _emulate_equals_numpy_and_cpu([x], [start], [wshape], [[1] * 3], [bounds], [out],
+                                  f"seed {SEED} {mode} halo {halo} {np.dtype(dtype)} rows")
+
+
+def test_halo_with_normalise_and_cast_in_pieces():
+    """The typed conversion kernels run the pieces too (channel taken from the source index)."""
+    rng = np.random.default_rng(SEED)
+    x = rng.normal(0, 50, (3, 21, 40)).astype(np.float32)
+    kw = dict(mean=[1.5, -2.0, 100.0], std=[2.0, 0.5, 30.0], channel_axis=0)
+    for start, wshape, bounds in (([0, 4, -2], [3, 7, 44], ["constant", "constant", "periodic"]),
+                                  ([-1, -1, -3], [5, 23, 46], ["reflect", "edge", "symmetric"])):
+        info = K.gpu_plan_info([x], start, wshape, 1, bounds, dtype=np.float16, normalize_channels=3)
+        assert info["conv"] == "float32->float16" and info["num_pieces"] > 1, info
+        _emulate_equals_numpy_and_cpu([x], [start], [wshape], [[1] * 3], [bounds],
+                                      [_aligned(wshape, np.float16)], f"seed {SEED} {start} {wshape}",
+                                      fill=7, dtype=np.float16, **kw)
+
+
+def test_random_halo_windows_vector_paths_every_mode():
+    """Random windows with halos on 1-5 axes, dtypes of 1/2/4/8 bytes, every boundary rule, steps,
+    pointers off vector alignment, several samples per batch: the pieces' emulation equals numpy and
+    the CPU kernel. Inner extents are multiples of 16 bytes often enough for every vector width."""
+    rng = np.random.default_rng(SEED)
+    dtypes = [np.uint8, np.int16, np.float16, np.float32, np.int32, np.float64, np.uint64]
+    for case in range(300):
+        ndim = int(rng.integers(1, 6))
+        dtype = np.dtype(dtypes[rng.integers(len(dtypes))])
+        modes = [MODES[rng.integers(5)] for _ in range(ndim)]
+        xs, outs, starts, shapes, steps = [], [], [], [], []
+        for _ in range(int(rng.integers(1, 4))):
+            v = 16 // dtype.itemsize  # elements per 16 bytes
+            # half the samples keep the inner axis on 16-byte boundaries (the vector paths), the
+            # others take any offset, halo and step
+            friendly = rng.random() < 0.5
+            sh = [int(rng.integers(1, 5)) for _ in range(ndim - 1)]
+            sh.append(int(rng.choice([1, 2, 3, 4])) * v + (0 if friendly else int(rng.integers(0, 2))))
+            off = 0 if friendly else int(rng.choice([0, 1, 2, 3, 5])) * dtype.itemsize
+            x = _aligned(sh, dtype, off)
+            x[...] = random_array(rng, sh, dtype)
+            st, ws, sp = [], [], []
+            for a, n in enumerate(sh):
+                inner_ok = friendly and a == ndim - 1
+                h = int(rng.choice([0, 1, 2, 4, 8, 16])) if rng.random() < 0.7 else 0
+                if inner_ok:
+                    h = v * int(rng.integers(0, 2))
+                if rng.random() < 0.1 and not inner_ok:  # far: wholly outside, periods away
+                    st.append(int(rng.integers(-3 * n, 3 * n)))
+                    ws.append(int(rng.integers(1, 2 * n + 1)))
+                elif inner_ok:
+                    lo = v * int(rng.integers(0, n // v))
+                    hi = v * int(rng.integers(lo // v + 1, n // v + 1))
+                    st.append(lo - h)
+                    ws.append(hi - lo + 2 * h)
+                else:
+                    lo = int(rng.integers(0, n))
+                    hi = int(rng.integers(lo + 1, n + 1))
+                    st.append(lo - h)
+                    ws.append(hi - lo + 2 * h)
+                sp.append(1 if inner_ok or rng.random() < 0.8 else int(rng.integers(2, 4)))
+            ws = [-(-w // s) for w, s in zip(ws, sp)]  # the same reach with a step
+            xs.append(x)
+            starts.append(st)
+            shapes.append(ws)
+            steps.append(sp)
+            outs.append(_aligned(ws, dtype, 0 if friendly else int(rng.choice([0, 1, 2])) * dtype.itemsize))
+        bounds = [modes] * len(xs)
+        _emulate_equals_numpy_and_cpu(xs, starts, shapes, steps, bounds, outs,
+                                      f"seed {SEED} case {case} {dtype} {starts} {shapes} {steps} {modes}",
+                                      fill=1)
