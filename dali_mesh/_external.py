@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 
-__all__ = ["DEFAULT_TIMEOUT_S", "Watchdog", "WorkerError", "partitioned_source", "status_dir"]
+__all__ = ["DEFAULT_TIMEOUT_S", "Watchdog", "WorkerError", "partitioned_source", "status_dir", "watched_run"]
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from dali_mesh.io._common import DataFileError, ShapeMismatchError, native_dtype
 from dali_mesh.io.npy import DEFAULT_MERGE_GAP, read_npy_header, read_npy_window
-from dali_mesh.partition import Layout, Region, sample_order
+from dali_mesh.partition import Layout, Region, SampleOrder
 
 __all__ = ["ForecastSpec", "NumpySource", "HDF5Source", "ZarrSource", "WindowSource"]
 
@@ -136,22 +136,26 @@ class WindowSource:
         return fp
 
     # ---- sample order -------------------------------------------------------------------------------
-    def order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """This rank's ``(sample_ids, is_pad)`` for ``epoch`` (see :func:`dali_mesh.sample_order`)."""
-        memo = self._memo.get("order")
-        if memo is not None and memo[0] == epoch:
-            return memo[1]
-        res = sample_order(
+    def sample_order(self, epoch: int) -> SampleOrder:
+        """This rank's :class:`dali_mesh.partition.SampleOrder` for ``epoch``: ``(sample_id, is_pad)``
+        per index in O(1) time and memory, whatever the sample count (a file claiming 2**40 steps
+        costs nothing until read)."""
+        memo = self._memo.get("sample_order")
+        if memo is not None and memo.epoch == epoch:
+            return memo
+        res = self._memo["sample_order"] = self.layout.order(
             self.num_samples, epoch, seed=self.seed, shuffle=self.shuffle, batch_size=self.batch_size,
-            drop_last=self.drop_last, batch_index=self.layout.batch_index,
-            num_batch_groups=self.layout.num_batch_groups,
-        )
-        self._memo["order"] = (epoch, res)
+            drop_last=self.drop_last)
         return res
+
+    def order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's ``(sample_ids, is_pad)`` arrays for ``epoch`` (see :func:`dali_mesh.sample_order`);
+        memory proportional to the epoch: the sources themselves use :meth:`sample_order`."""
+        return self.sample_order(epoch).arrays()
 
     def __len__(self) -> int:
         """Samples per epoch for this rank (a whole number of batches, the same on every rank)."""
-        return len(self.order(0)[0])
+        return len(self.sample_order(0))
 
     @property
     def num_batches(self) -> int:
@@ -206,13 +210,13 @@ class WindowSource:
         return self._read(int(sample_id))
 
     def __call__(self, sample_info) -> tuple[np.ndarray, ...]:
-        ids, pads = self.order(int(sample_info.epoch_idx))
+        order = self.sample_order(int(sample_info.epoch_idx))
         i = int(sample_info.idx_in_epoch)
-        if i >= len(ids):
+        if i >= len(order):
             raise StopIteration
-        sample_id = int(ids[i])
+        sample_id, is_pad = order[i]
         self._note(f"reading sample {sample_id} from {self._files_of(sample_id)}")
-        out = self._read(sample_id) + (np.array(sample_id, np.int64), np.array(bool(pads[i])))
+        out = self._read(sample_id) + (np.array(sample_id, np.int64), np.array(is_pad))
         self._note(f"idle (last read sample {sample_id} from {self._files_of(sample_id)})")
         return out
 
@@ -516,12 +520,20 @@ class HDF5Source(_TimeSeriesSource):
     :class:`NumpySource`, plus ``forecast`` (:class:`ForecastSpec`), ``time_range`` (global steps
     ``start:stop`` to draw samples from) and ``h5_kwargs`` (for ``h5py.File``, e.g. ``rdcc_nbytes``;
     and ``random_access=True``: see :func:`dali_mesh.io.hdf5.open_hdf5_dataset`).
+    ``allow_external=True`` lets datasets with external raw storage, external links or virtual
+    datasets be read (refused by default: they can deliver files the user never named).
     """
 
     _kind = "file"
 
-    def __init__(self, files, dataset: str, layout: Layout, *, h5_kwargs: dict | None = None, **kw) -> None:
+    def __init__(self, files, dataset: str, layout: Layout, *, h5_kwargs: dict | None = None,
+                 allow_external: bool = False, **kw) -> None:
         self.h5_kwargs = dict(h5_kwargs or {})
+        if not isinstance(allow_external, (bool, np.bool_)):
+            raise TypeError(f"allow_external must be True or False, got {allow_external!r}")
+        # external raw storage, external links and virtual datasets can make a dataset deliver the
+        # bytes of files the user never named: refused by the reader unless asked for
+        self.h5_kwargs.setdefault("allow_external", bool(allow_external))
         super().__init__(files, dataset, layout, **kw)
 
     def _meta(self, path):

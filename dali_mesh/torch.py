@@ -211,8 +211,8 @@ class MeshLoader:
     Args:
         pipeline: a DALI ``Pipeline``, or a callable ``make_pipeline(checkpoint=None) -> Pipeline``
             (needed for ``load_state_dict``: a restored pipeline is built from a checkpoint).
-        layout: the ``Layout`` the pipeline's source reads with (may be omitted with ``like``, once
-            ``Layout.from_dtensor`` exists).
+        layout: the ``Layout`` the pipeline's source reads with. With ``like`` it may be omitted: it is
+            then ``Layout.from_dtensor(like)`` (no halo), and the source must read with that layout.
         like: the model's input, a DTensor (or its ``DTensorSpec``; a dict ``{output name: ...}`` for
             several window outputs; otherwise it describes the first window output). Implies
             ``output="dtensor"``, ``device_mesh=like.device_mesh`` and ``sample_shape=like.shape[1:]``
@@ -288,12 +288,10 @@ class MeshLoader:
                 device_mesh = first["mesh"]
             if sample_shape is None:
                 sample_shape = first["shape"][1:]
-            if layout is None:
-                from_dtensor = getattr(Layout, "from_dtensor", None)
-                if from_dtensor is None:
-                    raise LayoutError("like= without layout= needs Layout.from_dtensor, which this version of "
-                                      "dali_mesh lacks: pass layout= as well (it is checked against like)")
-                layout = from_dtensor(like if not isinstance(like, Mapping) else next(iter(like.values())))
+            if layout is None:  # the model's split, no halo; give layout= for halos (checked against like)
+                sample_ndim = len(check_sample_shape(sample_shape))
+                layout = Layout.from_dtensor(like if not isinstance(like, Mapping) else next(iter(like.values())),
+                                             lead_axes=len(first["shape"]) - 1 - sample_ndim)
         if not isinstance(layout, Layout):
             raise TypeError(f"layout must be a dali_mesh.Layout (or give like=), got {type(layout).__name__}")
         if sample_shape is not None:

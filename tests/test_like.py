@@ -94,6 +94,22 @@ def _like_rank(rank, world_size, files):
         steps += 1
     assert steps == len(source) // BATCH
 
+    # the layout taken from the model's input: the source reads with it, the loader builds it itself
+    from_model = Layout.from_dtensor(model_input)
+    assert from_model.shard_dims == {"model_parallel": 1} and from_model.batch_dims == ("data_parallel",)
+    plain = NumpySource(files, from_model, batch_size=BATCH, shuffle=False)
+    by_model = MeshLoader(_make(plain), like=model_input)
+    dt = next(by_model)["window"]
+    assert tuple(dt.placements) == tuple(model_input.placements) and dt.shape == model_input.shape
+    assert dt.to_local().shape == model_input.to_local().shape
+    try:  # a source reading with another layout (halo) than the one the loader takes from the model
+        MeshLoader(_make(source), like=model_input)
+    except LayoutError as e:
+        assert "reads with layout" in str(e) and "halo={1: 1}" in str(e), e
+    else:
+        raise AssertionError("a source with another layout than the model's was accepted")
+    del by_model, dt
+
     # a model that splits W, not H: refused before any data, naming both placements
     wrong_axis = _model_input(device_mesh, [Shard(0), Shard(3)], global_shape)
     try:

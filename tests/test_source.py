@@ -244,3 +244,48 @@ def test_output_buffers_are_recycled_only_when_nobody_holds_them(tmp_path):
     a = fresh.read_sample(0)[0]
     b = fresh.read_sample(0)[0]
     assert a is not b
+
+
+def test_a_source_over_2_to_the_40_steps_needs_no_table(tmp_path):
+    """The sample order is O(1) per index: a small chunked file claiming 2**40 steps (unwritten
+    chunks read as the fill value) makes a source at once, without a 2**40-entry permutation."""
+    import tracemalloc
+
+    h5py = pytest.importorskip("h5py")
+    path = str(tmp_path / "huge.h5")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", shape=(2 ** 40, 4, 6), chunks=(1, 4, 6), dtype="f4", fillvalue=7.0)
+    layout = _layout((1, 0))
+    tracemalloc.start()
+    try:
+        src = HDF5Source([path], "x", layout, batch_size=4, seed=3)
+        assert src.num_samples == 2 ** 40 and len(src) == 2 ** 39
+        order = layout.order(2 ** 40, 2, seed=3, batch_size=4)
+        for i in (0, 1, len(src) // 3, len(src) - 1):
+            window, sid, pad = src(info(i, epoch=2))
+            assert (int(sid), bool(pad)) == order[i]
+            assert window.shape == (4, 3) and (window == 7.0).all()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"peak Python allocation {peak} bytes"
+    with pytest.raises(StopIteration):
+        src(info(len(src), epoch=2))
+
+
+def test_hdf5_source_passes_allow_external_to_the_reader(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    raw = tmp_path / "raw.bin"
+    data = np.arange(4 * 2 * 6, dtype=np.uint8).reshape(4, 2, 6)
+    raw.write_bytes(data.tobytes())
+    path = str(tmp_path / "ext.h5")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", shape=data.shape, dtype="u1", external=[(str(raw), 0, data.nbytes)])
+    layout = _layout((0, 1))
+    with pytest.raises(DataFileError, match=r"ext\.h5.*external file"):
+        HDF5Source([path], "x", layout)
+    src = HDF5Source([path], "x", layout, allow_external=True, shuffle=False)
+    window, sid, _ = src(info(0))
+    np.testing.assert_array_equal(window, take_window(data[int(sid)], src.region))
+    with pytest.raises(TypeError, match="allow_external must be True or False, got 'yes'"):
+        HDF5Source([path], "x", layout, allow_external="yes")
