@@ -187,3 +187,27 @@ def test_typed_conversion_kernels_bit_exact(device, in_dt, out_dt, norm):
     with np.errstate(over="ignore", invalid="ignore"):
         check([x], got, emu, *rest, f"seed {SEED} {np.dtype(in_dt)}->{np.dtype(out_dt)}",
               fill_value=7, **kw)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_halo_windows_in_pieces(device, mode):
+    """Windows with a halo run as pieces (the in-bounds box with vector moves, the halo strips with
+    the boundary rule): whole rows plus a halo row (uint8, 16-byte box), an ERA5-like row band with a
+    longitude halo of 2 cells (8-byte box) and of 4 cells (16-byte box), rows and columns padded at
+    once, and one batch mixing them with a misaligned sample."""
+    rng = np.random.default_rng(SEED)
+    rows = random_array(rng, (5, 4096), np.uint8)
+    got, emu, *rest = run_cuda(device, [rows, rows], [[-1, 0], [3, 0]], [[4, 4096], [4, 4096]], 1,
+                               [[mode, mode]] * 2, fill_value=7)
+    check([rows, rows], got, emu, *rest, f"seed {SEED} {mode} whole rows", fill_value=7)
+    era = random_array(rng, (4, 37, 144), np.float32)
+    for halo in (2, 4):
+        for start, wshape in (([0, 9, -halo], [4, 11, 144 + 2 * halo]),
+                              ([0, -1, -halo], [4, 39, 144 + 2 * halo])):
+            bnd = ["constant", mode, mode]
+            got, emu, *rest = run_cuda(device, [era, era], start, wshape, 1, [bnd, bnd], fill_value=-1)
+            check([era, era], got, emu, *rest, f"seed {SEED} {mode} halo {halo} {start}", fill_value=-1)
+            got, emu, *rest = run_cuda(device, [era], start, wshape, 1, [bnd], fill_value=-1,
+                                       in_offset=4, out_offset=8)
+            check([era], got, emu, *rest, f"seed {SEED} {mode} halo {halo} {start} misaligned",
+                  fill_value=-1)
