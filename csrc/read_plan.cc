@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -21,7 +22,7 @@ namespace dali_mesh {
 
 namespace {
 
-constexpr char kMagic[9] = "DMPLAN01";
+constexpr char kMagic[9] = "DMPLAN02";
 constexpr int kMaxDims = 32;
 
 [[noreturn]] void Fail(const std::string &msg) { throw std::runtime_error("read_windows: " + msg); }
@@ -38,9 +39,13 @@ class Reader {
     pos_ += 8;
     return v;
   }
-  int64_t Count(int64_t limit, const char *what) {
+  // A count of entries, each taking at least `each` bytes of what is left of the file: checked
+  // before anything is allocated for them, so that a corrupt count cannot ask for terabytes.
+  int64_t Count(int64_t limit, const char *what, int64_t each = 8) {
     int64_t n = Int();
     if (n < 0 || n > limit) Bad(std::string(what) + " count " + std::to_string(n) + " is out of range");
+    if (each > 0 && n > static_cast<int64_t>(data_.size() - pos_) / each)
+      Bad(std::string(what) + " count " + std::to_string(n) + " is more than the file holds");
     return n;
   }
   std::vector<int64_t> Ints(int64_t n) {
@@ -51,7 +56,7 @@ class Reader {
     return v;
   }
   std::string Bytes() {
-    int64_t n = Count(int64_t(1) << 30, "byte string");
+    int64_t n = Count(int64_t(1) << 30, "byte string", 1);
     Need((n + 7) / 8 * 8);
     std::string s(data_.data() + pos_, n);
     pos_ += (n + 7) / 8 * 8;
@@ -72,6 +77,19 @@ class Reader {
   size_t pos_ = 8;
 };
 
+// The plan file's checksum (dali_mesh.native._checksum): sum of word_i * k_i mod 2^64 over the
+// words after the magic, k_i odd, so that any change of one word changes the sum. Not
+// cryptographic: it catches corruption, not forgery (the plan directory is the user's own).
+uint64_t Checksum(const char *words, size_t n) {
+  uint64_t sum = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t w;
+    std::memcpy(&w, words + 8 * i, 8);
+    sum += w * ((static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull) | 1);
+  }
+  return sum;
+}
+
 int64_t Prod(const std::vector<int64_t> &v, size_t b, size_t e) {
   int64_t p = 1;
   for (size_t i = b; i < e; i++) p *= v[i];
@@ -87,19 +105,23 @@ void ReadPlanBody(Reader &r, ReadPlan *p) {
   if (p->swap_unit < 0 || p->swap_unit > p->itemsize || (p->swap_unit && p->itemsize % p->swap_unit))
     r.Bad("byte swap unit " + std::to_string(p->swap_unit));
   p->shape = r.Ints(p->ndim);
-  for (int64_t s : p->shape)
+  int64_t window_bytes = p->itemsize;
+  for (int64_t s : p->shape) {
     if (s < 0) r.Bad("negative window extent");
+    if (__builtin_mul_overflow(window_bytes, s, &window_bytes)) r.Bad("window size overflows");
+  }
   const int64_t total = p->bytes();
-  int64_t n_units = r.Count(int64_t(1) << 40, "unit");
-  int64_t n_groups = r.Count(n_units, "group");
+  int64_t n_units = r.Count(int64_t(1) << 40, "unit", 24);
+  int64_t n_groups = r.Count(n_units, "group", 0);
   p->file_off = r.Ints(n_units);
   p->dst_off = r.Ints(n_units);
   p->unit_bytes = r.Ints(n_units);
   p->group_begin = r.Ints(n_groups);
   p->group_end = r.Ints(n_groups);
   for (int64_t u = 0; u < n_units; u++) {
-    if (p->file_off[u] < 0 || p->unit_bytes[u] <= 0 || p->dst_off[u] < 0 ||
-        p->dst_off[u] + p->unit_bytes[u] > total)
+    // written so that no sum can overflow: offsets and sizes are any int64 in a corrupt file
+    if (p->file_off[u] < 0 || p->unit_bytes[u] <= 0 || p->dst_off[u] < 0 || p->dst_off[u] > total ||
+        p->unit_bytes[u] > total - p->dst_off[u] || p->file_off[u] > INT64_MAX - p->unit_bytes[u])
       r.Bad("unit " + std::to_string(u) + " lies outside the window");
     if (u && p->file_off[u] < p->file_off[u - 1] + p->unit_bytes[u - 1]) {
       // units of one group must be sorted and disjoint; across groups this holds too
@@ -116,13 +138,16 @@ void ReadPlanBody(Reader &r, ReadPlan *p) {
     prev_end = e;
   }
   if (prev_end != n_units) r.Bad("groups do not cover the units");
+  p->check_offset = r.Int();
   p->check = r.Bytes();
+  if (p->check_offset < 0 || p->check_offset > INT64_MAX - static_cast<int64_t>(p->check.size()))
+    r.Bad("check offset " + std::to_string(p->check_offset));
   p->fill = r.Bytes();
   p->copy_dst.resize(p->ndim);
   p->copy_src.resize(p->ndim);
   p->fills.resize(p->ndim);
   for (int a = 0; a < p->ndim; a++) {
-    int64_t nc = r.Count(p->shape[a], "copy");
+    int64_t nc = r.Count(p->shape[a], "copy", 16);
     p->copy_dst[a] = r.Ints(nc);
     p->copy_src[a] = r.Ints(nc);
     int64_t nf = r.Count(p->shape[a], "fill");
@@ -137,6 +162,35 @@ void ReadPlanBody(Reader &r, ReadPlan *p) {
 }
 
 std::string Errno(int e) { return std::strerror(e); }
+
+// A file name as messages show it: valid UTF-8 as is, other bytes and control characters as \xNN
+// (a Linux path may hold any bytes; an error text that is not UTF-8 would not reach Python).
+std::string Shown(const std::string &path) {
+  std::string out;
+  const auto *s = reinterpret_cast<const unsigned char *>(path.data());
+  const size_t n = path.size();
+  auto hex = [&](unsigned char c) {
+    static const char kDigits[] = "0123456789abcdef";
+    out += "\\x";
+    out += kDigits[c >> 4];
+    out += kDigits[c & 15];
+  };
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = s[i];
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    bool ok = len > 0 && i + len <= n && !(len == 2 && c < 0xc2);
+    for (size_t k = 1; ok && k < len; k++) ok = (s[i + k] & 0xc0) == 0x80;
+    if (ok && len == 1 && (c < 0x20 || c == 0x7f)) ok = false;
+    if (!ok) {
+      hex(c);
+      i++;
+    } else {
+      out.append(path, i, len);
+      i += len;
+    }
+  }
+  return out;
+}
 
 void FillPattern(char *dst, int64_t nbytes, const char *value, int64_t itemsize) {
   if (nbytes <= 0) return;
@@ -190,24 +244,39 @@ PlanSet LoadPlanSet(const std::string &path) {
                 "dali_mesh.native.read_windows when the pipeline is defined: define it again");
   std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (data.size() < 8 || data.compare(0, 8, kMagic) != 0)
-    Fail(path + ": not a dali_mesh plan file (bad magic); it is written by dali_mesh.native");
+    Fail(path + ": not a dali_mesh plan file of this version (bad magic); it is written by "
+         "dali_mesh.native when the pipeline is defined: define it again");
+  if (data.size() % 8 != 0 || data.size() < 16)
+    Fail(path + ": the plan file is corrupt (" + std::to_string(data.size()) + " bytes, not whole "
+         "words); it is written by dali_mesh.native: rebuild the pipeline");
+  {
+    uint64_t want;
+    std::memcpy(&want, data.data() + data.size() - 8, 8);
+    if (Checksum(data.data() + 8, data.size() / 8 - 2) != want)
+      Fail(path + ": the plan file is corrupt (its checksum does not match its contents); it is "
+           "written by dali_mesh.native: rebuild the pipeline");
+    data.resize(data.size() - 8);
+  }
   Reader r(data, path);
   PlanSet set;
   set.source = path;
-  int64_t n_plans = r.Count(int64_t(1) << 32, "plan");
-  int64_t n_files = r.Count(int64_t(1) << 40, "file");
-  int64_t n_items = r.Count(int64_t(1) << 40, "item");
+  int64_t n_plans = r.Count(int64_t(1) << 32, "plan", 64);
+  int64_t n_files = r.Count(int64_t(1) << 40, "file", 16);
+  int64_t n_items = r.Count(int64_t(1) << 40, "item", 16);
   set.files.resize(n_files);
   for (auto &f : set.files) {
     f.path = r.Bytes();
     f.expected_size = r.Int();
+    // a NUL would make open() read another (shorter) path than the one named
+    if (f.path.empty() || f.path.find('\0') != std::string::npos) r.Bad("file path");
+    if (f.expected_size < -1) r.Bad("expected file size " + std::to_string(f.expected_size));
   }
   set.plans.resize(n_plans);
   for (auto &p : set.plans) ReadPlanBody(r, &p);
   set.items.resize(n_items);
   for (auto &it : set.items) {
     it.finish = r.Int();
-    int64_t n_parts = r.Count(int64_t(1) << 32, "part");
+    int64_t n_parts = r.Count(int64_t(1) << 32, "part", 32);
     if (it.finish < 0 || it.finish >= n_plans) r.Bad("item's plan");
     it.part_begin = set.parts.size();
     for (int64_t k = 0; k < n_parts; k++) {
@@ -219,9 +288,11 @@ PlanSet LoadPlanSet(const std::string &path) {
       if (part.file < 0 || part.file >= n_files || part.plan < 0 || part.plan >= n_plans ||
           part.base < 0 || part.dst_base < 0)
         r.Bad("item part");
-      // the part's window must lie inside the item's window
-      if (part.dst_base + set.plans[part.plan].bytes() > set.plans[it.finish].bytes() ||
-          set.plans[part.plan].itemsize != set.plans[it.finish].itemsize)
+      // the part's window must lie inside the item's window, its reads inside int64 offsets
+      const ReadPlan &pp = set.plans[part.plan], &fp = set.plans[it.finish];
+      const int64_t file_end = pp.file_off.empty() ? 0 : pp.file_off.back() + pp.unit_bytes.back();
+      if (part.dst_base > fp.bytes() || pp.bytes() > fp.bytes() - part.dst_base ||
+          pp.itemsize != fp.itemsize || part.base > INT64_MAX - file_end)
         r.Bad("item part outside its window");
       set.parts.push_back(part);
     }
@@ -246,11 +317,12 @@ void OpenFile::Close() {
   fd_ = -1;
 }
 
-void OpenFile::Open(const PlanFile &file, const ReadPlan &plan, const std::string &first_path) {
+void OpenFile::Open(const PlanFile &file, const ReadPlan &plan, const std::string &first_file) {
   Close();
-  path_ = file.path;
+  path_ = Shown(file.path);  // for messages only
+  const std::string first_path = Shown(first_file);
   // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below)
-  int fd = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  int fd = ::open(file.path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     int e = errno;
     if (e == ENOENT) Fail(path_ + ": no such file; check the path and the file list");
@@ -275,10 +347,13 @@ void OpenFile::Open(const PlanFile &file, const ReadPlan &plan, const std::strin
   ::posix_fadvise(fd_, 0, 0, POSIX_FADV_RANDOM);
   if (!plan.check.empty()) {
     std::string head(plan.check.size(), '\0');
-    ssize_t got = ::pread(fd_, head.data(), head.size(), 0);
+    ssize_t got = ::pread(fd_, head.data(), head.size(), plan.check_offset);
     if (got != static_cast<ssize_t>(head.size()) || head != plan.check)
-      Fail(path_ + ": its header differs from the one planned for (" + first_path + "): shape, " +
-           "dtype or order changed; make every file the same, or use per-sample shapes");
+      Fail(path_ + ": its header differs from the one planned for (" + first_path + ", " +
+           std::to_string(plan.check.size()) + " bytes at byte " + std::to_string(plan.check_offset) +
+           "): its shape, dtype, order or storage changed since the plan was made, or differs " +
+           "from that file's; define the pipeline again, make every file the same, or use " +
+           "per-sample shapes");
   }
 }
 

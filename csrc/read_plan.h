@@ -26,7 +26,9 @@ struct ReadPlan {
   std::vector<int64_t> shape;  // window shape (output, C order)
   std::vector<int64_t> file_off, dst_off, unit_bytes;  // sorted by file offset
   std::vector<int64_t> group_begin, group_end;         // units [begin, end) read in one call
-  std::string check;           // bytes expected at file offset 0 (the .npy header), may be empty
+  int64_t check_offset = 0;    // where `check` lies in the file
+  std::string check;           // bytes expected at check_offset (the .npy header, an HDF5
+                               // dataset's object header), may be empty
   std::string fill;            // fill value in the output type's bytes (itemsize), may be empty
   // per axis: positions copied (dst <- src) and filled
   std::vector<std::vector<int64_t>> copy_dst, copy_src, fills;
@@ -63,10 +65,11 @@ struct PlanSet {
   std::vector<PlanItem> items;
 };
 
-// Loads a plan file written by dali_mesh.native (format "DMPLAN01", little-endian int64 words).
+// Loads a plan file written by dali_mesh.native (format "DMPLAN02": little-endian int64 words, the
+// last one a checksum of the others, so that a corrupt file is refused rather than read from).
 PlanSet LoadPlanSet(const std::string &path);
 
-// An open, checked file (O_RDONLY | O_NONBLOCK, regular, expected size, header bytes, no
+// An open, checked file (O_RDONLY | O_NONBLOCK, regular, expected size, check bytes, no
 // readahead). Closes on destruction.
 class OpenFile {
  public:
@@ -79,7 +82,7 @@ class OpenFile {
   void Open(const PlanFile &file, const ReadPlan &plan, const std::string &first_path);
   void Close();
   int fd() const { return fd_; }
-  const std::string &path() const { return path_; }
+  const std::string &path() const { return path_; }  // as messages show it (see Open)
 
  private:
   int fd_ = -1;

@@ -33,6 +33,14 @@ missing Zarr chunks, forecasts with
 per-sample shapes)
 ======================================  ===================================================
 
+Every read checks that the file is still what was planned for: a regular file of the planned size,
+holding the planned bytes where its layout is described (a ``.npy`` header; an HDF5 dataset's
+object header: shape, dtype, data address, chunking; a Zarr array's metadata file). A file
+truncated, grown, or rewritten with another layout after the plan was made is an error naming it,
+never garbage; one rewritten with the same layout is read anew. (Not caught: an HDF5 file rewritten
+with the same object header but its chunks at other offsets.) The plan file ends with a checksum:
+a corrupt one is refused.
+
 Importing this module imports DALI (as :mod:`dali_mesh.fn` does).
 """
 from __future__ import annotations
@@ -59,7 +67,7 @@ __all__ = ["NotNativeError", "NativePlan", "plan_source", "plan_windows", "read_
 
 log = logging.getLogger(__name__)
 
-PLAN_MAGIC = b"DMPLAN01"
+PLAN_MAGIC = b"DMPLAN02"
 # dtypes DALI carries (complex, datetime and timedelta have no DALI type)
 _NATIVE_KINDS = "biuf"
 _written: set[str] = set()
@@ -105,7 +113,8 @@ class NativePlan:
         out += self.plans
         for finish, parts in self.items:
             out += [_ints(finish, len(parts)), _arr(parts)]
-        return b"".join(out)
+        body = b"".join(out)
+        return body + _checksum(body[len(PLAN_MAGIC):])
 
     def write(self, directory: str | None = None) -> str:
         """Write the plan file and return its path. Named by content and process (equal plans of one
@@ -135,6 +144,15 @@ def _remove_written() -> None:
             pass
 
 
+def _checksum(words: bytes) -> bytes:
+    """The plan file's last word: sum of word_i * k_i mod 2**64 (k_i odd), as read_plan.cc checks it,
+    so that a corrupt plan file is refused: any change of one word changes the sum."""
+    w = np.frombuffer(words, "<u8").astype(np.uint64)
+    k = (np.arange(w.size, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(0x632BE59BD9B4E019)) | np.uint64(1)
+    with np.errstate(over="ignore"):
+        return np.array([np.sum(w * k, dtype=np.uint64)], "<u8").tobytes()
+
+
 def _ints(*values) -> bytes:
     return np.asarray(values, np.int64).astype("<i8").tobytes()
 
@@ -155,19 +173,21 @@ def _swap_unit(dtype: np.dtype) -> int:
 
 
 def encode_plan(plan: WindowPlan, file_layout, *, check: bytes = b"", merge_gap: int = DEFAULT_MERGE_GAP,
-                prefix: Sequence[int] = ()) -> bytes:
+                prefix: Sequence[int] = (), check_offset: int = 0) -> bytes:
     """One plan's bytes: the window ``plan`` read from an array stored as ``file_layout`` (``shape``,
     stored ``dtype``, ``fortran_order``, ``data_offset``: the offset of element 0 relative to the
-    item's base offset), with ``check`` the bytes expected at file offset 0."""
+    item's base offset), with ``check`` the bytes expected at file offset ``check_offset``."""
     fo, do, ub, groups = plan_npy_reads(file_layout, plan, prefix, merge_gap)
     return encode_units(plan, np.dtype(file_layout.dtype), bool(file_layout.fortran_order), fo, do, ub,
-                        groups, check)
+                        groups, check, check_offset)
 
 
 def encode_units(plan: WindowPlan, dtype: np.dtype, fortran: bool, fo, do, ub, groups,
-                 check: bytes = b"") -> bytes:
+                 check: bytes = b"", check_offset: int = 0) -> bytes:
     """One plan's bytes from its units (file offsets, window offsets, bytes; sorted by file offset,
-    disjoint), their read groups, and the boundary program of ``plan``."""
+    disjoint), their read groups, and the boundary program of ``plan``; every file read by it must
+    hold ``check`` at byte ``check_offset`` (a header: a file rewritten with another layout since
+    the plan was made is refused, not read)."""
     native = dtype if dtype.isnative else dtype.newbyteorder("=")
     gb = [g[0] for g in groups]
     ge = [g[1] for g in groups]
@@ -178,7 +198,7 @@ def encode_units(plan: WindowPlan, dtype: np.dtype, fortran: bool, fo, do, ub, g
     fortran = fortran and len(plan.axes) > 1
     out = [_ints(len(plan.axes), dtype.itemsize, _swap_unit(dtype), int(fortran)),
            _arr(plan.window_shape), _ints(len(fo), len(groups)), _arr(fo), _arr(do), _arr(ub),
-           _arr(gb), _arr(ge), _bytes(check), _bytes(fill)]
+           _arr(gb), _arr(ge), _ints(check_offset), _bytes(check), _bytes(fill)]
     for a in plan.axes:
         out += [_ints(a.copy_dst.size), _arr(a.copy_dst), _arr(a.copy_src), _ints(a.fill.size), _arr(a.fill)]
     return b"".join(out)
@@ -295,6 +315,35 @@ def _chunk_units(ds, path, wplan: WindowPlan, local: int, merge_gap: int):
     return fo, do, ub, _group(fo, ub, merge_gap, True)
 
 
+def _read_at(path: str, offset: int, size: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(size)
+
+
+def _hdf5_header_check(ds, path) -> tuple[int, bytes]:
+    """``(offset, bytes)`` of the first chunk of the dataset's object header (its dataspace,
+    datatype and storage layout messages: shape, dtype, data address, chunking): the operator
+    checks them at every read, so a file rewritten with another layout since the plan is refused."""
+    import h5py
+
+    addr = int(h5py.h5o.get_info(ds.id).addr)
+    head = _read_at(path, addr, 64)
+    if head[:4] == b"OHDR":  # version 2: signature, version, flags, [times], [phase change], chunk 0 size
+        flags = head[5]
+        pos = 6 + (16 if flags & 0x20 else 0) + (4 if flags & 0x10 else 0)
+        width = 1 << (flags & 3)
+        size = pos + width + int.from_bytes(head[pos:pos + width], "little") + 4  # + checksum
+    elif head[:1] == b"\x01":  # version 1: 16-byte prefix, chunk 0 size at byte 8
+        size = 16 + int.from_bytes(head[8:12], "little")
+    else:
+        raise NotNativeError(f"{path}: dataset {ds.name!r}: object header of unknown version at byte {addr}")
+    check = _read_at(path, addr, size)
+    if len(check) != size:
+        raise NotNativeError(f"{path}: dataset {ds.name!r}: object header at byte {addr} runs past the end of the file")
+    return addr, check
+
+
 def _hdf5_steps(source, merge_gap: int, plans_of, need):
     """Parts of every needed step of an HDF5Source: ``{(file, local): (parts, finish, wplan)}``.
     Contiguous datasets: one plan per frame layout, a base offset per step. Chunked datasets without
@@ -316,6 +365,7 @@ def _hdf5_steps(source, merge_gap: int, plans_of, need):
             if ds.external or ds.is_virtual:
                 raise NotNativeError(f"{path}: dataset {source.name!r} has external or virtual storage")
             plans = plans_of(_check_dtype(ds.dtype, path))
+            check_at, check = _hdf5_header_check(ds, path)
             frame = tuple(ds.shape[1:])
             region = source.region if source.sample_shape is not None else source.region_of(
                 source._frame_shapes[fi])
@@ -327,8 +377,9 @@ def _hdf5_steps(source, merge_gap: int, plans_of, need):
                 if offset is None:
                     raise NotNativeError(f"{path}: dataset {source.name!r} has no stored data (never written)")
                 lay = SimpleNamespace(shape=frame, dtype=ds.dtype, fortran_order=False, data_offset=0)
-                pidx = plans.add_plan(("contiguous", frame, ds.dtype.str, wplan.window_shape), lambda: (
-                    encode_plan(wplan, lay, merge_gap=merge_gap), wplan.window_shape))
+                pidx = plans.add_plan(("contiguous", frame, ds.dtype.str, wplan.window_shape, check_at, check), lambda: (
+                    encode_plan(wplan, lay, merge_gap=merge_gap, check=check, check_offset=check_at),
+                    wplan.window_shape))
                 step_bytes = math.prod(frame) * ds.dtype.itemsize
                 for local in locals_:
                     out[fi, local] = ([(fidx, pidx, int(offset) + local * step_bytes)], pidx, wplan)
@@ -336,7 +387,8 @@ def _hdf5_steps(source, merge_gap: int, plans_of, need):
                 for local in locals_:
                     fo, do, ub, groups = _chunk_units(ds, path, wplan, local, merge_gap)
                     base = int(fo[0]) if fo.size else 0
-                    body = encode_units(wplan, ds.dtype, False, fo - base, do, ub, groups)
+                    # the check is at an absolute offset; the units are relative to the base
+                    body = encode_units(wplan, ds.dtype, False, fo - base, do, ub, groups, check, check_at)
                     pidx = plans.add_plan(body, lambda: (body, wplan.window_shape))
                     out[fi, local] = ([(fidx, pidx, base)], pidx, wplan)
         finally:
@@ -397,8 +449,22 @@ def _zarr_steps(source, merge_gap: int, plans_of, need):
         shape = wplan.window_shape
         fin_body = encode_units(wplan, stored, False, [], [], [], [])
         finish = plans.add_plan(fin_body, lambda: (fin_body, shape))
+        # the array's metadata file, checked whole at every read (a part that reads nothing): chunk
+        # files of an array rewritten with another shape, chunking or dtype are refused, not read
+        meta = os.path.join(root, *arr.path.split("/"), ".zarray" if arr.metadata.zarr_format == 2 else "zarr.json") \
+            if arr.path else os.path.join(root, ".zarray" if arr.metadata.zarr_format == 2 else "zarr.json")
+        try:
+            meta_bytes = _read_at(meta, 0, 1 << 30)
+        except OSError as e:
+            raise NotNativeError(f"{store}: the metadata file {meta} cannot be read ({e})") from None
+        meta_body = encode_units(_no_finish(shape), stored, False, [], [], [], [], meta_bytes, 0)
+        meta_plan = plans.add_plan(meta_body, lambda: (meta_body, shape))
+        meta_file = plans.file_index.get(meta)
+        if meta_file is None:
+            meta_file = plans.file_index[meta] = len(plans.files)
+            plans.files.append((meta, len(meta_bytes)))
         for local in locals_:
-            parts = []
+            parts = [(meta_file, meta_plan, 0)]
             for wst, fst, ln in wplan.boxes():
                 per_axis = [_pieces(f, n, c) for f, n, c in zip(fst, ln, chunks[1:])]
                 for combo in itertools.product(*per_axis):
