@@ -384,13 +384,8 @@ class MeshLoader:
             raise
 
     def _start_checked(self, pipe) -> None:
-        self._call(pipe.build, what="the pipeline to build and start its workers")
-        num_outputs = pipe.num_outputs
-        if num_outputs != len(self.output_map):
-            raise ValueError(f"output_map {list(self.output_map)} names {len(self.output_map)} outputs but the pipeline "
-                             f"has {num_outputs}: one name per output, in order")
-        # DALI 2.4 reports no dtype for external source outputs before they run: the dtypes of
-        # sample_id and is_pad are checked on every batch instead (__next__)
+        # what the pipeline object says before it is built (pipeline_def has run the graph already):
+        # checked first, so that a refusal starts no worker process
         for src in getattr(pipe, "_dali_mesh_sources", None) or ():
             self._check_source(src)
         if self._like is not None:
@@ -401,6 +396,15 @@ class MeshLoader:
                         f"the model's input {name!r} has a global batch of {want['shape'][0]} but the loader "
                         f"yields {pipe.max_batch_size * groups} (batch_size {pipe.max_batch_size} x {groups} "
                         "sample groups)")
+        self._call(pipe.build, what="the pipeline to build and start its workers")
+        num_outputs = pipe.num_outputs
+        if num_outputs != len(self.output_map):
+            raise ValueError(f"output_map {list(self.output_map)} names {len(self.output_map)} outputs but the pipeline "
+                             f"has {num_outputs}: one name per output, in order")
+        # DALI 2.4 reports no dtype for external source outputs before they run: the dtypes of
+        # sample_id and is_pad are checked on every batch instead (__next__)
+        for src in getattr(pipe, "_dali_mesh_sources", None) or ():  # a graph defined at build time
+            self._check_source(src)
         self._iterator = self._call(self._make_iterator, pipe, what="the first batch")
         self._checked_like = False
 
