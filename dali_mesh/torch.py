@@ -23,6 +23,15 @@ Example::
     for batch in loader:
         batch["window"]           # DTensor of the global batch (halo stripped)
         batch["sample_id"], batch["is_pad"]
+
+Or from the model's input (the second way in): ``layout = Layout.from_dtensor(model_input)`` for the
+source, and ``MeshLoader(make_pipeline, like=model_input)``, which checks that its DTensor has exactly
+the mesh, placements, shape, stride and local shape of ``model_input``.
+
+Failures are errors, not hangs or wrong data: a DALI worker that dies or is stopped raises
+:class:`WorkerError` within about a second (no batch within ``timeout`` seconds, too), naming the
+worker and the file it was reading; a device mesh that is not the layout's, outputs named in the
+wrong order, or a checkpoint of another source, layout or batch size are refused.
 """
 from __future__ import annotations
 
