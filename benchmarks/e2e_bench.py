@@ -6,7 +6,10 @@ loading, measured in the same run, on cold files.
 For each loader and run: the files are evicted from the page cache (posix_fadvise DONTNEED), a DALI
 CPU pipeline is built and runs one epoch; bytes pulled from storage are the ``read_bytes`` of
 ``/proc/PID/io`` of this process and its DALI worker processes. Loaders:
-  window  dali_mesh NumpySource + partitioned_source, rank 1 of 4 (H split): the rank's window
+  native  dali_mesh NumpySource + dali_mesh.fn.read_windows (the native operator: byte-range plans
+          preadv-ed on --workers DALI threads, no worker processes), rank 1 of 4 (H split)
+  window  dali_mesh NumpySource + partitioned_source (Python readers in --workers DALI worker
+          processes), rank 1 of 4 (H split): the rank's window
   full    the same source and pipeline on a 1-rank layout: every rank reads the whole sample
   dali    DALI's fn.readers.numpy (whole files), what a full-sample DALI loader does
 The readers' own counters (bytes read / window bytes) come from reading every sample in-process.
@@ -44,12 +47,17 @@ def make_data(folder, n, shape):
     return files
 
 
-def epoch(files, source, workers, batch_size):
+def epoch(files, source, workers, batch_size, native=False):
     from nvidia.dali import fn, pipeline_def
 
     from dali_mesh._external import partitioned_source
+    from dali_mesh.fn import read_windows
 
-    if source is None:
+    if native:
+        @pipeline_def(batch_size=batch_size, num_threads=workers, device_id=None, prefetch_queue_depth=1)
+        def pipe():
+            return read_windows(source, fallback=False)  # all outputs: DALI warns of unused ones
+    elif source is None:
         @pipeline_def(batch_size=batch_size, num_threads=workers, device_id=None, prefetch_queue_depth=1)
         def pipe():
             return fn.readers.numpy(files=files, name="r")
@@ -97,6 +105,7 @@ def main():
     rank1 = Layout(MeshInfo((4,), ("model_parallel",), (1,)), shard={"model_parallel": 1})
     whole = Layout(MeshInfo((1,), ("data_parallel",)))
     sources = {
+        "native": NumpySource(files, rank1, batch_size=args.batch_size, shuffle=False),
         "window": NumpySource(files, rank1, batch_size=args.batch_size, shuffle=False),
         "full": NumpySource(files, whole, batch_size=args.batch_size, shuffle=False),
         "dali": None,
@@ -111,7 +120,7 @@ def main():
     results = {name: [] for name in sources}
     for run in range(args.runs):
         for name, source in sources.items():
-            results[name].append(epoch(files, source, args.workers, args.batch_size))
+            results[name].append(epoch(files, source, args.workers, args.batch_size, native=name == "native"))
 
     print(f"{len(files)} files of float32 {shape} ({sample_bytes / 2**20:.0f} MiB each); rank 1 of 4, H split "
           f"(window {window_bytes / 2**20:.0f} MiB); {args.workers} DALI workers/threads; medians of {args.runs} "
