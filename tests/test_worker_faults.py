@@ -200,3 +200,20 @@ def test_timeout_argument_is_checked():
             Watchdog(lambda: [], bad)
     assert Watchdog(lambda: [], 0).timeout is None and Watchdog(lambda: [], None).timeout is None
     assert Watchdog(lambda: [], None).call(lambda: 7) == 7  # off: runs on the caller's thread
+
+
+@pytest.mark.timeout(90)
+def test_an_error_raised_in_a_worker_passes_through_the_watchdog(tmp_path):
+    """A worker that raises (a truncated file) is alive: its own error, naming the file, reaches the
+    caller, not a WorkerError."""
+    from dali_mesh.torch import MeshLoader
+
+    source, files = _source(tmp_path, delay=0.0, n=4)
+    with open(files[2], "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(Exception) as info:  # DALI prefetches: the error may come while the loader starts
+        loader = MeshLoader(_make(source), source.layout, timeout=30)
+        for _ in range(len(files)):
+            next(loader)
+    assert not isinstance(info.value, WorkerError)
+    assert "s02.npy" in str(info.value) and "truncated" in str(info.value)
