@@ -150,8 +150,12 @@ class WindowSource:
 
     def order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """This rank's ``(sample_ids, is_pad)`` arrays for ``epoch`` (see :func:`dali_mesh.sample_order`);
-        memory proportional to the epoch: the sources themselves use :meth:`sample_order`."""
-        return self.sample_order(epoch).arrays()
+        memory proportional to the epoch (kept for the last epoch asked): the sources themselves use
+        :meth:`sample_order`, O(1) per index."""
+        memo = self._memo.get("order_arrays")
+        if memo is None or memo[0] != epoch:
+            memo = self._memo["order_arrays"] = (epoch, self.sample_order(epoch).arrays())
+        return memo[1]
 
     def __len__(self) -> int:
         """Samples per epoch for this rank (a whole number of batches, the same on every rank)."""
