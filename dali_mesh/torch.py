@@ -225,7 +225,7 @@ class MeshLoader:
         like: the model's input, a DTensor (or its ``DTensorSpec``; a dict ``{output name: ...}`` for
             several window outputs; otherwise it describes the first window output). Implies
             ``output="dtensor"``, ``device_mesh=like.device_mesh`` and ``sample_shape=like.shape[1:]``
-            unless given. At construction the layout's placements and sample shape are checked against
+            unless given (give ``sample_shape`` when the output has a steps axis, as a forecast's). At construction the layout's placements and sample shape are checked against
             it; on the first batch the DTensor yielded must have exactly its mesh, placements, global
             shape, stride and local shape, or ``LayoutError`` names both sides.
         output_map: names of the pipeline outputs, in order (default: ``window, sample_id, is_pad``);
