@@ -190,9 +190,15 @@ def test_gpu_plan_vectorises_inside_windows_and_pads_at_compile_time():
     # outer axis padded, inner inside: still 16-byte moves, padding kernel
     info = K.gpu_plan_info([x], [-2, 4], [10, 8], boundary=["periodic", "constant"])
     assert info["elem_size"] == 16 and info["need_pad"]
-    # inner axis padded: element size, padding kernel
+    # inner axis padded: the in-bounds box and two halo strips; the box moves what its alignment
+    # against the output allows (1 cell of halo: the output is 4 bytes off the input)
     info = K.gpu_plan_info([x], [0, -1], [6, 66], boundary="periodic")
-    assert info["elem_size"] == 4 and info["need_pad"]
+    assert info["sample_elem_sizes"] == [4] and info["need_pad"] and info["num_pieces"] == 3
+    info = K.gpu_plan_info([x], [0, -4], [6, 72], boundary="periodic")  # 16 bytes of halo
+    assert info["sample_elem_sizes"] == [16] and info["need_pad"] and info["num_pieces"] == 3
+    # whole rows plus a halo row: the box is one contiguous 16-byte copy, the halo row a strip
+    info = K.gpu_plan_info([x], [-1, 0], [7, 64], boundary="constant")
+    assert info["sample_elem_sizes"] == [16] and info["num_pieces"] == 2
     # misaligned start: 8-byte moves at most
     info = K.gpu_plan_info([x], [0, 2], [6, 32])
     assert info["elem_size"] == 8
