@@ -1,4 +1,4 @@
-"""Samples/s and GB/s into GPU memory of one rank's windows: four ways of loading them, one run.
+"""Samples/s and GB/s into GPU memory of one rank's windows: five ways of loading them, one run.
 
     python benchmarks/gpu_bench.py [--runs 3] [--out benchmarks/gpu_results.md] [--json out.json]
     python benchmarks/gpu_bench.py --device cpu --tiny      # the same code on CPU pipelines (CI)
@@ -15,7 +15,10 @@ Data: ``--files`` ERA5-like float32 ``.npy`` samples per shape (default 16 x (8,
   (d) dali_mesh: ``partitioned_source(NumpySource, device="gpu")`` reads the owned rows plus one
       halo row each side (constant at the poles), then ``strided_slice`` on the GPU adds 2 periodic
       longitude cells each side, normalises per channel and casts to float16 (the ERA5 input of a
-      model; more work than (a)-(c), which deliver the owned rows only).
+      model; more work than (a)-(c), which deliver the owned rows only);
+  (e) dali_mesh's native reader: ``read_windows(NumpySource, device="gpu")`` (C++ ``preadv`` on
+      DALI's threads into pinned staging, copied on the operator's stream; no worker processes),
+      then the same ``strided_slice`` as (d).
 
 Cold: the files are evicted from the page cache (``dali_mesh.io.pagecache.evict``) and a fresh
 pipeline is built before each cold epoch; bytes from storage are ``read_bytes`` of this process and
@@ -52,7 +55,9 @@ LOADERS = {
     "b": "(b) DALI readers.numpy ROI (CPU), .gpu()",
     "c": "(c) full samples, .gpu(), fn.slice",
     "d": "(d) dali_mesh partitioned_source(gpu) + strided_slice (halo, normalise, float16)",
+    "e": "(e) dali_mesh read_windows(gpu), native reader + strided_slice (halo, normalise, float16)",
 }
+DALI_MESH = ("d", "e")  # the loaders that deliver the ERA5 input (halo, normalised, float16)
 LON_HALO = 2
 
 
@@ -102,7 +107,7 @@ class Case:
         self.d_start = [0, 0, -LON_HALO]
         self.d_shape = [h[0], h[1], h[2] + 2 * LON_HALO]
         self.out_bytes = {k: int(np.prod(self.region.shape)) * 4 for k in "abc"}
-        self.out_bytes["d"] = int(np.prod(self.d_shape)) * 2
+        self.out_bytes["d"] = self.out_bytes["e"] = int(np.prod(self.d_shape)) * 2
 
     # ---- pipelines ---------------------------------------------------------------------------------
     def pipeline(self, key):
@@ -140,7 +145,11 @@ class Case:
 
             @pipeline_def(**common, py_num_workers=self.args.workers, py_start_method="spawn")
             def pipe():
-                window, sample_id, _ = dfn.partitioned_source(source, device="gpu" if gpu else "cpu")
+                if key == "e":
+                    window, sample_id, _ = dfn.read_windows(source, device="gpu" if gpu else "cpu",
+                                                            fallback=False)
+                else:
+                    window, sample_id, _ = dfn.partitioned_source(source, device="gpu" if gpu else "cpu")
                 return dfn.strided_slice(window, self.d_start, self.d_shape,
                                          boundary=["constant", "constant", "periodic"], dtype=types.FLOAT16,
                                          channel_axis=0, mean=self.mean, std=self.std), sample_id
@@ -160,7 +169,7 @@ class Case:
             out = p.run()
             if i == 0 and keep_first:
                 first = [[np.array(t) for t in (o.as_cpu() if hasattr(o, "as_cpu") else o)] for o in out]
-        if key == "d":  # the source ends its epoch: the next run raises StopIteration
+        if key in DALI_MESH:  # the source ends its epoch: the next run raises StopIteration
             try:
                 p.run()
                 raise AssertionError("the dali_mesh source did not end its epoch")
@@ -172,7 +181,7 @@ class Case:
     def check(self, key, first) -> str:
         """'' when the first batch equals numpy, else what differs."""
         for k, got in enumerate(first[0]):
-            if key == "d":
+            if key in DALI_MESH:
                 sid = int(first[1][k])
                 window = take_window(np.load(self.files[sid]), self.halo_region)
                 want = reference_strided_slice(window, self.d_start, self.d_shape, 1,
@@ -290,7 +299,7 @@ def report(cases_res, info, args, command) -> tuple[str, float | None, bool]:
         lines += ["**CPU pipelines (`--device cpu`)**: the code paths of the GPU run, numbers of no GPU meaning.", ""]
     lines += [f"Rank {RANK} of {RANKS}, axis {AXIS} split (chunk); batch {args.batch_size}, {args.threads} DALI "
               f"threads, {args.workers} source workers; medians of {args.runs} cold and {args.runs} warm epochs. "
-              "GB/s = bytes of the delivered windows per second ((a)-(c): owned rows, float32; (d): owned rows "
+              "GB/s = bytes of the delivered windows per second ((a)-(c): owned rows, float32; (d), (e): owned rows "
               "+ halo, float16).", "",
               "| shape | loader | cold samples/s | cold GB/s | cold bytes from storage / window | warm samples/s | "
               "warm GB/s | checked |", "|---|---|---|---|---|---|---|---|"]
@@ -308,7 +317,7 @@ def report(cases_res, info, args, command) -> tuple[str, float | None, bool]:
             cold_rate = None if cold is None else n / cold
             warm_rate = None if warm is None else n / warm
             r["cold_samples_per_s"], r["warm_samples_per_s"] = cold_rate, warm_rate
-            if k == "d" and headline is None:
+            if k in DALI_MESH and (headline is None or k == "e"):
                 headline = warm_rate
             bytes_ratio = statistics.median(r["cold_bytes"]) / (window_file_bytes * n) if r["cold_bytes"] else None
             ok = ok and not r["mismatch"]
@@ -318,17 +327,19 @@ def report(cases_res, info, args, command) -> tuple[str, float | None, bool]:
                 f"{fmt(bytes_ratio, '.2f')}x | {fmt(warm_rate, '.1f')} | "
                 f"{fmt(None if warm_rate is None else warm_rate * case.out_bytes[k] / 1e9, '.2f')} | "
                 f"{'MISMATCH ' + r['mismatch'] if r['mismatch'] else 'equal to numpy'} |")
-    lines += ["", "Targets (issue 8): (d) warm >= (a) warm; (d) cold > (a), (b) and (c) cold."]
+    lines += ["", "Targets (issues 8 and 11): (d) and (e) warm >= (a) warm; cold > (a), (b) and (c) cold."]
     for case, res in cases_res:
-        d = res.get("d", {})
-        if d.get("error") or "d" not in res:
-            continue
-        others = {k: r for k, r in res.items() if k != "d" and not r["error"]}
+        others = {k: r for k, r in res.items() if k not in DALI_MESH and not r["error"]}
         warm_a = others.get("a", {}).get("warm_samples_per_s")
         cold_best = max((r["cold_samples_per_s"] for r in others.values() if r.get("cold_samples_per_s")), default=None)
-        lines.append(f"- {case.shape}: (d) warm / (a) warm = "
-                     f"{fmt(None if not warm_a else d['warm_samples_per_s'] / warm_a, '.2f')}x; (d) cold / best of "
-                     f"(a)-(c) cold = {fmt(None if not cold_best else d['cold_samples_per_s'] / cold_best, '.2f')}x")
+        for key in DALI_MESH:
+            d = res.get(key, {})
+            if key not in res or d.get("error"):
+                continue
+            lines.append(f"- {case.shape}: ({key}) warm / (a) warm = "
+                         f"{fmt(None if not warm_a else d['warm_samples_per_s'] / warm_a, '.2f')}x; ({key}) cold / "
+                         f"best of (a)-(c) cold = "
+                         f"{fmt(None if not cold_best else d['cold_samples_per_s'] / cold_best, '.2f')}x")
     return "\n".join(lines) + "\n", headline, ok
 
 
@@ -343,7 +354,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--threads", type=int, default=min(8, os.cpu_count() or 2))
     ap.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 2))
-    ap.add_argument("--loaders", default="abcd", help="which of a, b, c, d")
+    ap.add_argument("--loaders", default="abcde", help="which of a, b, c, d, e")
     ap.add_argument("--dir", default="/tmp/dali_mesh_gpu_bench")
     ap.add_argument("--keep", action="store_true", help="keep the data")
     ap.add_argument("--out", help="write the markdown here (default: print only)")
@@ -357,7 +368,7 @@ def main(argv=None) -> int:
     shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes]
     if any(len(s) != 3 for s in shapes):
         ap.error(f"--shapes {args.shapes}: each must be C,H,W")
-    keys = [k for k in "abcd" if k in args.loaders]
+    keys = [k for k in "abcde" if k in args.loaders]
     if args.device == "gpu":
         try:
             import torch

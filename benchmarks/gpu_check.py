@@ -20,7 +20,7 @@ Every step has a time bound, and the whole check a budget (``--budget`` seconds,
 8 minutes on one H200). Output in ``$GPU_CHECK_OUT`` (default ``build/gpu-check/``): ``log`` (every
 command and its output), ``results.json``, ``summary.md``. The last line printed is
 
-    gpu-check: N passed, M failed, K skipped; kernel X% of D2D copy; dali_mesh Y samples/s into GPU memory
+    gpu-check: N passed, M failed, K skipped; kernel X% of D2D copy; dali_mesh read_windows Y samples/s into GPU memory
 
 (tests count one each, other steps one each; "n/a" where a part could not run). Exit status: 0 when
 nothing failed, 1 when something failed, 2 when there is no GPU to check.
@@ -49,7 +49,7 @@ DEFAULT_OUT = ROOT / "build" / "gpu-check"
 KERNEL_TARGETS = {"inside": 0.85, "periodic_halo": 0.75, "normalise_f16": 0.70}
 #: the kernel fraction and the loader rate of the last line
 HEADLINE_KERNEL_CASE = "inside"
-HEADLINE_LOADER = "dali_mesh"
+HEADLINE_LOADER = "dali_mesh read_windows"
 SETTING_WORDS = {"dali": "GPU + DALI", "kernels": "GPU, no DALI", "none": "no GPU"}
 MEMCHECK_TESTS = ("tests/gpu/test_gpu_kernels.py", "tests/gpu/test_gpu_stress.py")
 MEMCHECK_SELECT = ("vector_paths or domain_box or normalise_and_cast or mixed_vector_widths or two_streams "

@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 LAST_LINE = ("gpu-check: {p} passed, {f} failed, {s} skipped; kernel {k} of D2D copy; "
-             "dali_mesh {r} samples/s into GPU memory")
+             "dali_mesh read_windows {r} samples/s into GPU memory")
 
 
 def _run(args, tmp_path, timeout=120, env=None):
@@ -62,13 +62,13 @@ def test_gpu_bench_cpu_tiny_runs_every_loader(tmp_path):
     assert data["ok"] is True
     (case,) = data["cases"]
     assert case["shape"] == [2, 21, 40]
-    assert sorted(case["results"]) == ["a", "b", "c", "d"]
+    assert sorted(case["results"]) == ["a", "b", "c", "d", "e"]
     for key, res in case["results"].items():
         assert res["error"] == "" and res["mismatch"] == "", (key, res)
         assert len(res["cold_s"]) == 1 and len(res["warm_s"]) == 1 and res["warm_samples_per_s"] > 0, (key, res)
-    assert data["headline_samples_per_s"] == case["results"]["d"]["warm_samples_per_s"]
+    assert data["headline_samples_per_s"] == case["results"]["e"]["warm_samples_per_s"]  # the native reader
     md = (tmp_path / "b.md").read_text()
-    assert md.count("equal to numpy") == 4 and "CPU pipelines (`--device cpu`)" in md
+    assert md.count("equal to numpy") == 5 and "CPU pipelines (`--device cpu`)" in md
     assert not (tmp_path / "data").exists()  # data removed without --keep
 
 
@@ -227,7 +227,8 @@ def test_kernel_bench_host_tiny(tmp_path):
              tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     cases = json.loads((tmp_path / "k.json").read_text())["cases"]
-    assert sorted(cases) == sorted(["inside", "inside_cols", "periodic_halo", "periodic_halo_full", "normalise_f16"])
+    assert sorted(cases) == sorted(["inside", "inside_cols", "periodic_halo", "periodic_halo_full", "periodic_halo_4",
+                                    "rows_halo_u8", "normalise_f16"])
     assert all(c["fraction_of_copy"] > 0 for c in cases.values())
     assert cases["periodic_halo"]["window"].startswith("start [0, 5, -2] shape [2, 8, 44]")  # rank 1 of 4, 21 rows
 

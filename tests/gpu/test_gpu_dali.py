@@ -207,18 +207,24 @@ def test_mesh_slice_on_gpu_every_rank(case):
             np.testing.assert_array_equal(got, want, err_msg=f"seed {SEED} {lay!r} sample {i} {xs[i].shape}")
 
 
-# ---- partitioned_source(device="gpu") ---------------------------------------------------------------------
-def test_partitioned_source_on_gpu_two_epochs(tmp_path):
+# ---- partitioned_source(device="gpu") and the native reader read_windows(device="gpu") ------------------
+@pytest.mark.parametrize("reader", ["partitioned_source", "read_windows"])
+@pytest.mark.parametrize("boundary", ["periodic", "reflect", "constant"])
+def test_window_sources_on_gpu_two_epochs(tmp_path, reader, boundary):
     from dali_mesh.source import NumpySource
 
     files = _int_files(tmp_path, 7, (3, 10, 16))
-    layout = Layout(MeshInfo((2, 2), ("dp", "mp"), (1, 1)), shard={"mp": 2}, halo={2: 3}, boundary={2: "periodic"})
+    layout = Layout(MeshInfo((2, 2), ("dp", "mp"), (1, 1)), shard={"mp": 2}, halo={1: 1, 2: 3},
+                    boundary={1: "edge", 2: boundary})
     source = NumpySource(files, layout, batch_size=2, seed=3)
 
-    @pipeline_def(batch_size=2, num_threads=1, device_id=0, py_num_workers=1, py_start_method="spawn")
+    @pipeline_def(batch_size=2, num_threads=2, device_id=0, py_num_workers=1, py_start_method="spawn")
     def pipe():
-        window, sample_id, is_pad = dfn.partitioned_source(source, device="gpu")
-        return window, sample_id, is_pad, dfn.strided_slice(window, [0, 0, 3], [3, 10, 8], dtype=types.FLOAT)
+        if reader == "read_windows":
+            window, sample_id, is_pad = dfn.read_windows(source, device="gpu", fallback=False)
+        else:
+            window, sample_id, is_pad = dfn.partitioned_source(source, device="gpu")
+        return window, sample_id, is_pad, dfn.strided_slice(window, [0, 1, 3], [3, 10, 8], dtype=types.FLOAT)
 
     p = _build(pipe)
     for epoch in range(2):
