@@ -4,9 +4,9 @@ Importing this package imports neither torch nor DALI: DALI's worker processes r
 """
 from dali_mesh._external import WorkerError, watched_run
 from dali_mesh.mesh import MeshInfo
-from dali_mesh.partition import Layout, Region, sample_order
+from dali_mesh.partition import Layout, Region, SampleOrder, sample_order
 from dali_mesh.source import ForecastSpec, HDF5Source, NumpySource, ZarrSource
 
 __version__ = "0.1.0"
-__all__ = ["MeshInfo", "Layout", "Region", "sample_order", "NumpySource", "HDF5Source", "ZarrSource",
+__all__ = ["MeshInfo", "Layout", "Region", "SampleOrder", "sample_order", "NumpySource", "HDF5Source", "ZarrSource",
            "ForecastSpec", "WorkerError", "watched_run", "__version__"]
