@@ -181,10 +181,11 @@ DM_EXPORT int dm_strided_slice(int backend, void *launcher, int nsamples, int nd
 }
 
 // Plan statistics of the GPU path (for tests and benchmarks), into info[6 + nsamples]: the widest
-// elem_size, need_pad, convert, num_blocks, the conversion kernel (ConvKind), each sample's
-// elem_size (the copy kernel's bytes per move in its largest piece, its in-bounds box unless the
-// halo outweighs it; 0 when converting), then the number of pieces (in-bounds boxes and halo
-// strips; last, so that callers of the 5 + nsamples layout still work). Normalisation: nch > 0.
+// elem_size, need_pad, convert, num_blocks, the conversion kernel (ConvKind), each sample's input
+// bytes per move in its largest piece (its in-bounds box unless the halo outweighs it; the copy
+// kernel or a typed conversion; 0 for the generic conversion), then the number of pieces
+// (in-bounds boxes and halo strips; last, so that callers of the 5 + nsamples layout still work).
+// Normalisation: nch > 0.
 DM_EXPORT int dm_gpu_plan_info(int nsamples, int ndim, const void *const *in, void *const *out,
                                const int64_t *in_shapes, const int64_t *starts,
                                const int64_t *shapes, const int64_t *steps,

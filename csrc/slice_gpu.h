@@ -15,7 +15,9 @@
 // sample does not slow the others, and a halo does not slow its sample's box). Padding is chosen at
 // compile time (the plain path has no boundary code).
 // Casts and normalisation run typed kernels for the common pairs (float->half, float->float,
-// uint8->float, half->float) and a generic kernel (types dispatched at run time) for the rest.
+// uint8->float, half->float; 4 or 2 elements per load and store on a piece's plain path where
+// both sides line up) and a generic kernel (types dispatched at run time) for the rest. On the
+// plain path each thread issues the loads of several moves before their stores (PlainBlock).
 #ifndef DALI_MESH_SLICE_GPU_H_
 #define DALI_MESH_SLICE_GPU_H_
 
@@ -70,7 +72,8 @@ struct alignas(16) GpuSampleDesc {
   int32_t channel_axis;  // -1: none (normalisation without channels uses channel 0)
   int64_t channel_offset;
   int32_t need_pad;
-  int32_t elem_size;  // bytes per element moved by the copy kernel for this sample (1 .. 16)
+  int32_t elem_size;  // bytes per element moved by the copy kernel for this piece (1 .. 16)
+  int32_t vec;        // typed conversions: elements per move on the plain path (1, 2 or 4)
   uint8_t boundary[kMaxDims];
   int64_t in_extent[kMaxDims];
   int64_t in_stride[kMaxDims];
@@ -349,15 +352,54 @@ struct ConvertOp {
   }
 };
 
+// K elements moved as one (a 16-, 8- or 4-byte load or store where the plan found them aligned).
+template <typename T, int K>
+struct alignas(sizeof(T) * K) Pack {
+  T v[K];
+};
+
+// K elements per move (the plan widened the piece by K; the channel is not its innermost axis, so
+// one channel serves the K elements).
+template <typename In, typename Out, bool kNorm, int K>
+struct ConvertVecOp {
+  using Raw = Pack<In, K>;
+  const Raw *__restrict__ in;
+  Pack<Out, K> *__restrict__ out;
+  const float *mean;
+  const float *stddev;
+  DM_HD DM_FORCEINLINE Raw Load(int64_t i) const { return in[i]; }
+  DM_HD DM_FORCEINLINE void Store(int64_t o, const Raw &v, int64_t channel) const {
+    Pack<Out, K> r;
+    DM_UNROLL
+    for (int j = 0; j < K; j++) r.v[j] = ConvertOne<In, Out, kNorm>(v.v[j], mean, stddev, channel);
+    out[o] = r;
+  }
+};
+
+template <typename In, typename Out, bool kNorm, int K>
+DM_HD DM_FORCEINLINE void ConvertPlainVec(const GpuSampleDesc &s, const GpuBatchArgs &b,
+                                          uint64_t begin, uint64_t end, unsigned tid,
+                                          unsigned nthreads) {
+  PlainBlock(s,
+             ConvertVecOp<In, Out, kNorm, K>{static_cast<const Pack<In, K> *>(s.in),
+                                             static_cast<Pack<Out, K> *>(s.out), b.mean, b.stddev},
+             begin, end, tid, nthreads);
+}
+
 template <typename In, typename Out, bool kNeedPad, bool kNorm>
 DM_HD void ConvertBlockTyped(const GpuSampleDesc &s, const GpuBatchArgs &b, uint64_t begin,
                              uint64_t end, unsigned tid, unsigned nthreads) {
   if constexpr (!kNeedPad) {
-    PlainBlock(s,
-               ConvertOp<In, Out, kNorm>{static_cast<const In *>(s.in), static_cast<Out *>(s.out),
-                                         b.mean, b.stddev},
-               begin, end, tid, nthreads);
-    return;
+    switch (s.vec) {  // uniform over a block: no divergence
+      case 4: ConvertPlainVec<In, Out, kNorm, 4>(s, b, begin, end, tid, nthreads); return;
+      case 2: ConvertPlainVec<In, Out, kNorm, 2>(s, b, begin, end, tid, nthreads); return;
+      default:
+        PlainBlock(s,
+                   ConvertOp<In, Out, kNorm>{static_cast<const In *>(s.in),
+                                             static_cast<Out *>(s.out), b.mean, b.stddev},
+                   begin, end, tid, nthreads);
+        return;
+    }
   }
   uint64_t idx = begin + tid;
   if (idx >= end) return;
@@ -437,8 +479,8 @@ struct GpuPlan {
   size_t samples_offset = 0, blocks_offset = 0, mean_offset = 0, std_offset = 0;
   int64_t num_samples = 0, num_pieces = 0, num_blocks = 0;
   int elem_size = 1;  // the widest element moved by the copy kernel over the pieces (0: convert)
-  // per sample: the bytes per move of its largest piece (its in-bounds box when it has one; the
-  // copy kernel; 0 when converting)
+  // per sample: the input bytes per move of its largest piece (its in-bounds box when it has one;
+  // the copy kernel, or a typed conversion's plain path; 0 for the generic conversion)
   std::vector<int> sample_elem_size;
   int conv = kCopy;   // ConvKind
   bool need_pad = false;

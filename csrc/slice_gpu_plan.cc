@@ -20,6 +20,7 @@ struct Piece {
   int64_t out_offset = 0;               // output elements from the sample's first output element
   int64_t out_stride[kMaxDims] = {};    // the sample's output strides (innermost 1)
   int width = 0;                        // bytes per move of the copy kernel (0: converting)
+  int vec = 1;                          // typed conversions: elements per move
 };
 
 // Output positions [lo, hi) of an axis whose sources lie inside the domain: r = start + i * step
@@ -135,11 +136,12 @@ void CollapsePiece(Piece *p) {
   p->s = r;
 }
 
-// Whether a collapsed piece can move `width`-byte vectors of `esize`-byte elements (`in`: the
-// sample's first element; `out`: the piece's).
-bool Vectorizable(const Piece &p, const void *in, const void *out, int esize, int width) {
+// Whether a collapsed piece can move k elements of `esize` bytes at a time, reading them as one
+// `in_bytes`-aligned vector and writing one `out_bytes`-aligned vector (`in`: the sample's first
+// element; `out`: the piece's).
+bool Vectorizable(const Piece &p, const void *in, const void *out, int esize, int64_t k,
+                  int in_bytes, int out_bytes) {
   const SliceSample &s = p.s;
-  const int64_t k = width / esize;
   const int d = s.ndim - 1;
   if (s.step[d] != 1 || s.in_stride[d] != 1) return false;
   if (s.start[d] < 0 || s.start[d] + s.out_extent[d] > s.in_extent[d]) return false;  // inner pads
@@ -147,7 +149,7 @@ bool Vectorizable(const Piece &p, const void *in, const void *out, int esize, in
   for (int a = 0; a < d; a++)
     if (s.in_stride[a] % k || p.out_stride[a] % k) return false;
   auto in_addr = reinterpret_cast<uintptr_t>(in) + static_cast<uintptr_t>(s.in_offset * esize);
-  if (in_addr % width || reinterpret_cast<uintptr_t>(out) % width) return false;
+  if (in_addr % in_bytes || reinterpret_cast<uintptr_t>(out) % out_bytes) return false;
   return true;
 }
 
@@ -191,19 +193,22 @@ void EmulateNorm(const GpuPlan &p, const GpuBatchArgs &b, int64_t grid) {
 
 // The typed conversion kernel for a pair of types, or the generic one; typed kernels dereference
 // typed pointers, so misaligned samples (possible through the C API) take the generic kernel.
-int ChooseConv(const SliceParams &params, const std::vector<GpuSampleDesc> &descs) {
+int ChooseConv(const SliceParams &params, const std::vector<SliceSample> &samples,
+               const void *const *in, void *const *out) {
   if (!params.Convert()) return kCopy;
   int conv = kConvGeneric;
-  const int in = params.in_type, out = params.out_type;
-  if (in == kFloat32 && out == kFloat16) conv = kConvF32ToF16;
-  else if (in == kFloat32 && out == kFloat32) conv = kConvF32ToF32;
-  else if (in == kUInt8 && out == kFloat32) conv = kConvU8ToF32;
-  else if (in == kFloat16 && out == kFloat32) conv = kConvF16ToF32;
+  const int in_type = params.in_type, out_type = params.out_type;
+  if (in_type == kFloat32 && out_type == kFloat16) conv = kConvF32ToF16;
+  else if (in_type == kFloat32 && out_type == kFloat32) conv = kConvF32ToF32;
+  else if (in_type == kUInt8 && out_type == kFloat32) conv = kConvU8ToF32;
+  else if (in_type == kFloat16 && out_type == kFloat32) conv = kConvF16ToF32;
   if (conv == kConvGeneric) return conv;
-  const uintptr_t ia = DTypeSize(in), oa = DTypeSize(out);
-  for (const GpuSampleDesc &g : descs)
-    if (reinterpret_cast<uintptr_t>(g.in) % ia || reinterpret_cast<uintptr_t>(g.out) % oa)
-      return kConvGeneric;
+  const uintptr_t ia = DTypeSize(in_type), oa = DTypeSize(out_type);
+  for (size_t i = 0; i < samples.size(); i++) {
+    // the domain start and the output (pieces lie whole elements from them)
+    const uintptr_t a = reinterpret_cast<uintptr_t>(in[i]) + samples[i].in_offset * ia;
+    if (a % ia || reinterpret_cast<uintptr_t>(out[i]) % oa) return kConvGeneric;
+  }
   return conv;
 }
 
@@ -262,7 +267,7 @@ std::string BuildGpuPlan(const std::vector<SliceSample> &samples, const void *co
     for (Piece &p : pieces) {
       p.width = esize;
       for (int w = 16; w > esize; w /= 2) {
-        if (Vectorizable(p, in[p.sample], piece_out(p), esize, w)) {
+        if (Vectorizable(p, in[p.sample], piece_out(p), esize, w / esize, w, w)) {
           p.width = w;
           break;
         }
@@ -272,15 +277,32 @@ std::string BuildGpuPlan(const std::vector<SliceSample> &samples, const void *co
     }
     if (pieces.empty()) plan->elem_size = esize;
   }
+  plan->conv = ChooseConv(params, samples, in, out);
+  if (plan->conv > kConvGeneric) {
+    // typed conversions: 4 or 2 elements per move on the plain path (padded pieces, and pieces
+    // whose innermost axis is the channel, take element moves)
+    for (Piece &p : pieces) {
+      if (p.s.NeedPad() || p.s.channel_axis == p.s.ndim - 1) continue;
+      for (int k = 4; k > 1; k /= 2) {
+        if (Vectorizable(p, in[p.sample], piece_out(p), esize, k, k * esize, k * out_size)) {
+          p.vec = k;
+          break;
+        }
+      }
+      if (p.vec > 1) Widen(&p, p.vec);
+    }
+  }
   // per sample: the width of its largest piece (the in-bounds box unless the halo outweighs it)
-  plan->sample_elem_size.assign(n, plan->convert ? 0 : esize);
+  const bool typed = plan->conv > kConvGeneric;
+  plan->sample_elem_size.assign(n, plan->convert ? (typed ? esize : 0) : esize);
   {
     std::vector<int64_t> largest(n, -1);
     for (const Piece &p : pieces) {
-      const int64_t vol = p.s.OutVolume() * (plan->convert ? 1 : p.width);
+      const int bytes = plan->convert ? (typed ? p.vec * esize : 0) : p.width;
+      const int64_t vol = p.s.OutVolume() * (plan->convert ? p.vec : p.width);
       if (vol > largest[p.sample]) {
         largest[p.sample] = vol;
-        plan->sample_elem_size[p.sample] = p.width;
+        plan->sample_elem_size[p.sample] = bytes;
       }
     }
   }
@@ -305,6 +327,7 @@ std::string BuildGpuPlan(const std::vector<SliceSample> &samples, const void *co
     g.channel_offset = s.channel_offset;
     g.need_pad = s.NeedPad() ? 1 : 0;
     g.elem_size = p.width;
+    g.vec = p.vec;
     plan->need_pad |= g.need_pad != 0;
     for (int d = 0; d < s.ndim; d++) {
       g.boundary[d] = s.boundary[d];
@@ -319,8 +342,6 @@ std::string BuildGpuPlan(const std::vector<SliceSample> &samples, const void *co
     for (int b = 0; b < 16; b += out_size) std::memcpy(g.fill + b, fill1, out_size);
     total += static_cast<uint64_t>(s.OutVolume());
   }
-
-  plan->conv = ChooseConv(params, descs);
 
   // blocks: 4 to 64 elements per thread, about 2048 blocks for large batches
   uint64_t per_thread = (total + kBlockDim * 2048ull - 1) / (kBlockDim * 2048ull);

@@ -270,9 +270,10 @@ def gpu_plan_info(samples: Sequence[np.ndarray], start, shape, step=1, boundary=
                   dtype=None, *, normalize_channels: int = 0, outs: Sequence[np.ndarray] | None = None) -> dict:
     """What the GPU path would launch for host arrays. A sample whose window leaves its domain is
     cut into pieces: its in-bounds box (moved like an unpadded copy) and the halo strips around it.
-    ``elem_size`` (bytes per move, the widest over the pieces), ``sample_elem_sizes`` (bytes per
-    move in each sample's largest piece, its in-bounds box unless the halo outweighs it; 0 when
-    converting), ``num_pieces``, ``need_pad``, ``convert``, ``conv`` (the conversion kernel:
+    ``elem_size`` (bytes per move of a copy, the widest over the pieces; 0 when converting),
+    ``sample_elem_sizes`` (input bytes per move in each sample's largest piece, its in-bounds box
+    unless the halo outweighs it: a copy or a typed conversion; 0 for the generic conversion),
+    ``num_pieces``, ``need_pad``, ``convert``, ``conv`` (the conversion kernel:
     ``copy``, ``generic`` or a typed pair) and ``num_blocks``. ``normalize_channels``: plan with
     normalisation over that many channels of axis 0. ``outs``: output arrays (their alignment
     matters), allocated when omitted."""

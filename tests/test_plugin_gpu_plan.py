@@ -261,3 +261,31 @@ def test_random_halo_windows_vector_paths_every_mode():
         _emulate_equals_numpy_and_cpu(xs, starts, shapes, steps, bounds, outs,
                                       f"seed {SEED} case {case} {dtype} {starts} {shapes} {steps} {modes}",
                                       fill=1)
+
+
+@pytest.mark.parametrize("in_dt, out_dt", [(np.float32, np.float16), (np.float32, np.float32),
+                                           (np.uint8, np.float32), (np.float16, np.float32)])
+@pytest.mark.parametrize("norm", [False, True])
+def test_typed_conversions_move_several_elements_in_the_box(in_dt, out_dt, norm):
+    """The typed cast/normalise kernels read and write 4 or 2 elements at once in the in-bounds box
+    where both sides line up (halo strips: one element at a time), bit for bit as the CPU kernel."""
+    rng = np.random.default_rng(SEED)
+    isz = np.dtype(in_dt).itemsize
+    x = _aligned((3, 9, 64), in_dt)
+    x[...] = random_array(rng, x.shape, in_dt, beyond_int=False)
+    if np.dtype(in_dt).kind == "f":
+        x[...] = np.clip(x, -6e4, 6e4)
+    kw = dict(mean=[1.5, -2.0, 100.0], std=[2.0, 0.5, 30.0], channel_axis=0) if norm else {}
+    bounds = ["constant", "constant", "periodic"]
+    for start, wshape, out_off, vec in (([0, 1, 8], [3, 6, 48], 0, 4),   # inside
+                                        ([0, 1, -4], [3, 6, 72], 0, 4),  # halo of 4: box 4-aligned
+                                        ([0, -1, -2], [3, 11, 68], 0, 2),  # halo of 2
+                                        ([0, 1, 8], [3, 6, 48], 1, 1)):  # output one element off
+        out = _aligned(wshape, out_dt, out_off * np.dtype(out_dt).itemsize)
+        info = K.gpu_plan_info([x], start, wshape, 1, bounds, out_dt, normalize_channels=3 if norm else 0,
+                               outs=[out])
+        assert info["conv"] != "generic" and info["sample_elem_sizes"] == [vec * isz], (start, info)
+        with np.errstate(over="ignore", invalid="ignore"):
+            _emulate_equals_numpy_and_cpu([x], [start], [wshape], [[1] * 3], [bounds], [out],
+                                          f"seed {SEED} {np.dtype(in_dt)}->{np.dtype(out_dt)} {start}",
+                                          fill=7, dtype=out_dt, **kw)
