@@ -180,11 +180,12 @@ DM_EXPORT int dm_strided_slice(int backend, void *launcher, int nsamples, int nd
               err, errlen);
 }
 
-// Plan statistics of the GPU path (for tests and benchmarks), into info[6 + nsamples]: the widest
+// Plan statistics of the GPU path (for tests and benchmarks), into info[7 + nsamples]: the widest
 // elem_size, need_pad, convert, num_blocks, the conversion kernel (ConvKind), each sample's input
 // bytes per move in its largest piece (its in-bounds box unless the halo outweighs it; the copy
 // kernel or a typed conversion; 0 for the generic conversion), then the number of pieces
-// (in-bounds boxes and halo strips; last, so that callers of the 5 + nsamples layout still work).
+// (in-bounds boxes and halo strips) and the output elements they cover (the batch's output volume:
+// the pieces partition it); last, so that callers of the 5 + nsamples layout still work.
 // Normalisation: nch > 0.
 DM_EXPORT int dm_gpu_plan_info(int nsamples, int ndim, const void *const *in, void *const *out,
                                const int64_t *in_shapes, const int64_t *starts,
@@ -216,6 +217,7 @@ DM_EXPORT int dm_gpu_plan_info(int nsamples, int ndim, const void *const *in, vo
   info[4] = plan.conv;
   for (int i = 0; i < nsamples; i++) info[5 + i] = plan.sample_elem_size[i];
   info[5 + nsamples] = plan.num_pieces;
+  info[6 + nsamples] = plan.piece_elements;
   return 0;
 }
 

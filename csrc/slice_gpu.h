@@ -478,6 +478,7 @@ struct GpuPlan {
   std::vector<uint8_t> blob;  // [piece descs][block descs][mean][std], one upload
   size_t samples_offset = 0, blocks_offset = 0, mean_offset = 0, std_offset = 0;
   int64_t num_samples = 0, num_pieces = 0, num_blocks = 0;
+  int64_t piece_elements = 0;  // output elements the pieces cover (they partition the outputs)
   int elem_size = 1;  // the widest element moved by the copy kernel over the pieces (0: convert)
   // per sample: the input bytes per move of its largest piece (its in-bounds box when it has one;
   // the copy kernel, or a typed conversion's plain path; 0 for the generic conversion)

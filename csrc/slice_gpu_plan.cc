@@ -312,6 +312,9 @@ std::string BuildGpuPlan(const std::vector<SliceSample> &samples, const void *co
 
   const int64_t np = static_cast<int64_t>(pieces.size());
   plan->num_pieces = np;
+  plan->piece_elements = 0;
+  for (const Piece &p : pieces)
+    plan->piece_elements += p.s.OutVolume() * (plan->convert ? p.vec : p.width / esize);
   std::vector<GpuSampleDesc> descs(np);
   uint64_t total = 0;
   plan->need_pad = false;

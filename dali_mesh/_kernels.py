@@ -273,7 +273,8 @@ def gpu_plan_info(samples: Sequence[np.ndarray], start, shape, step=1, boundary=
     ``elem_size`` (bytes per move of a copy, the widest over the pieces; 0 when converting),
     ``sample_elem_sizes`` (input bytes per move in each sample's largest piece, its in-bounds box
     unless the halo outweighs it: a copy or a typed conversion; 0 for the generic conversion),
-    ``num_pieces``, ``need_pad``, ``convert``, ``conv`` (the conversion kernel:
+    ``num_pieces``, ``piece_elements`` (the output elements the pieces cover: they partition the
+    outputs), ``need_pad``, ``convert``, ``conv`` (the conversion kernel:
     ``copy``, ``generic`` or a typed pair) and ``num_blocks``. ``normalize_channels``: plan with
     normalisation over that many channels of axis 0. ``outs``: output arrays (their alignment
     matters), allocated when omitted."""
@@ -286,7 +287,7 @@ def gpu_plan_info(samples: Sequence[np.ndarray], start, shape, step=1, boundary=
         np.dtype(np.float32) if normalize_channels else samples[0].dtype)
     if outs is None:
         outs = [np.empty([int(v) for v in sh], out_dtype) for sh in _per_sample(shape, n, ndim, "shape")]
-    res = (ctypes.c_int64 * (6 + n))()
+    res = (ctypes.c_int64 * (7 + n))()
     rc = lib.dm_gpu_plan_info(
         n, ndim, (ctypes.c_void_p * n)(*[s.ctypes.data for s in samples]),
         (ctypes.c_void_p * n)(*[o.ctypes.data for o in outs]),
@@ -298,6 +299,7 @@ def gpu_plan_info(samples: Sequence[np.ndarray], start, shape, step=1, boundary=
         raise KernelsError(err.value.decode())
     return {"elem_size": res[0], "need_pad": bool(res[1]), "convert": bool(res[2]),
             "num_blocks": res[3], "conv": CONV_KINDS[res[4]], "num_pieces": res[5 + n],
+            "piece_elements": res[6 + n],
             "sample_elem_sizes": [res[5 + i] for i in range(n)]}
 
 

@@ -137,7 +137,11 @@ def test_many_blocks_through_a_small_grid():
 
 # ---- windows with a halo: the in-bounds box moves like an unpadded copy, the strips pad ------------
 def _emulate_equals_numpy_and_cpu(xs, starts, shapes, steps, bounds, outs, msg, fill=3, **kw):
-    """The emulation into `outs` (their alignment matters) equals numpy and the CPU kernel."""
+    """The emulation into `outs` (their alignment matters) equals numpy and the CPU kernel, and the
+    plan's pieces partition the outputs (every element written once: no overlap, no gap)."""
+    if not kw:  # gpu_plan_info plans copies and normalisation over axis 0 only
+        info = K.gpu_plan_info(xs, starts, shapes, steps, bounds, outs=outs)
+        assert info["piece_elements"] == sum(int(np.prod(s)) for s in shapes), (msg, info)
     got = K.strided_slice_host(xs, starts, shapes, steps, bounds, fill_value=fill, backend="emulate",
                                out=outs, **kw)
     cpu = K.strided_slice_host(xs, starts, shapes, steps, bounds, fill_value=fill, backend="cpu", **kw)
