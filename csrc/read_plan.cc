@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "slice_gpu.h"
 #include "str_format.h"
 
 namespace dali_mesh {
@@ -23,7 +24,7 @@ namespace dali_mesh {
 namespace {
 
 constexpr char kMagic[9] = "DMPLAN02";
-constexpr int kMaxDims = 32;
+constexpr int kMaxPlanDims = 32;
 
 [[noreturn]] void Fail(const std::string &msg) { throw std::runtime_error("read_windows: " + msg); }
 
@@ -97,7 +98,7 @@ int64_t Prod(const std::vector<int64_t> &v, size_t b, size_t e) {
 }
 
 void ReadPlanBody(Reader &r, ReadPlan *p) {
-  p->ndim = static_cast<int>(r.Count(kMaxDims, "ndim"));
+  p->ndim = static_cast<int>(r.Count(kMaxPlanDims, "ndim"));
   p->itemsize = r.Int();
   p->swap_unit = r.Int();
   p->fortran = r.Int() != 0;
@@ -429,7 +430,7 @@ void Prefetch(const OpenFile &file, const ReadPlan &plan, int64_t base) {
   }
 }
 
-void FinishWindow(const ReadPlan &plan, char *staging, char *out) {
+void FinishWindow(const ReadPlan &plan, char *staging, char *out, bool boundary) {
   const int64_t vol = plan.volume();
   if (vol == 0) return;
   const int64_t es = plan.itemsize;
@@ -444,6 +445,7 @@ void FinishWindow(const ReadPlan &plan, char *staging, char *out) {
   } else if (staging != out) {
     std::memcpy(out, staging, vol * es);
   }
+  if (!boundary) return;
   // axis by axis, copies then fills (as dali_mesh.io._plan.WindowPlan.finish): a slab copied along
   // axis a may carry not-yet-valid cells of later axes, which their own passes overwrite
   for (int a = 0; a < plan.ndim; a++) {
@@ -457,6 +459,93 @@ void FinishWindow(const ReadPlan &plan, char *staging, char *out) {
       for (int64_t p : fl) FillPattern(slab + p * inner, inner, plan.fill.data(), es);
     }
   }
+}
+
+std::string DeviceFillProgram(const ReadPlan &plan, SliceSample *sample) {
+  const int nd = plan.ndim;
+  if (nd < 1 || nd > kMaxDims) return std::to_string(nd) + " axes (the GPU kernel takes 1.." +
+                                      std::to_string(kMaxDims) + ")";
+  if (plan.volume() == 0) return "an empty window";
+  SliceSample s;
+  s.ndim = nd;
+  int64_t stride = 1;
+  for (int a = nd - 1; a >= 0; a--) {
+    s.in_stride[a] = stride;
+    stride *= plan.shape[a];
+  }
+  s.in_offset = 0;
+  for (int a = 0; a < nd; a++) {
+    const int64_t n = plan.shape[a];
+    // 0: read, 1: copied, 2: filled; each position once
+    std::vector<uint8_t> mark(n, 0);
+    for (int64_t p : plan.copy_dst[a]) {
+      if (mark[p]) return "axis " + std::to_string(a) + " copies a position twice";
+      mark[p] = 1;
+    }
+    for (int64_t p : plan.fills[a]) {
+      if (mark[p]) return "axis " + std::to_string(a) + " copies and fills one position";
+      mark[p] = 2;
+    }
+    int64_t lo = 0;
+    while (lo < n && mark[lo]) lo++;
+    int64_t hi = lo;
+    while (hi < n && !mark[hi]) hi++;
+    if (lo == n) return "axis " + std::to_string(a) + " has no cell read";
+    for (int64_t p = hi; p < n; p++)
+      if (!mark[p]) return "the cells read on axis " + std::to_string(a) + " are not one range";
+    const bool copies = !plan.copy_dst[a].empty(), fills = !plan.fills[a].empty();
+    if (copies && fills) return "axis " + std::to_string(a) + " has copies and fills";
+    uint8_t mode = kConstant;
+    if (copies) {
+      bool found = false;
+      for (uint8_t m : {kReflect, kSymmetric, kEdge, kPeriodic}) {
+        bool ok = true;
+        for (size_t k = 0; ok && k < plan.copy_dst[a].size(); k++)
+          ok = BoundaryIndex(plan.copy_dst[a][k] - lo, hi - lo, m) + lo == plan.copy_src[a][k];
+        if (ok) {
+          mode = m;
+          found = true;
+          break;
+        }
+      }
+      if (!found) return "axis " + std::to_string(a) + "'s copies follow no boundary rule of the read cells";
+    }
+    s.in_extent[a] = hi - lo;
+    s.in_offset += lo * s.in_stride[a];
+    s.start[a] = -lo;
+    s.out_extent[a] = n;
+    s.step[a] = 1;
+    s.boundary[a] = mode;
+  }
+  *sample = s;
+  return "";
+}
+
+SliceParams DeviceFillParams(const ReadPlan &plan, int dtype) {
+  SliceParams params;
+  params.in_type = params.out_type = dtype;
+  if (plan.fill.empty()) return params;
+  const char *f = plan.fill.data();
+  auto get = [&](auto zero) {
+    decltype(zero) v;
+    std::memcpy(&v, f, sizeof(v));
+    return v;
+  };
+  switch (dtype) {
+    case kInt8: params.SetFillInt(get(int8_t())); break;
+    case kInt16: params.SetFillInt(get(int16_t())); break;
+    case kInt32: params.SetFillInt(get(int32_t())); break;
+    case kInt64: params.SetFillInt(get(int64_t())); break;
+    case kUInt8: case kBool: params.SetFillUInt(get(uint8_t())); break;
+    case kUInt16: params.SetFillUInt(get(uint16_t())); break;
+    case kUInt32: params.SetFillUInt(get(uint32_t())); break;
+    case kUInt64: params.SetFillUInt(get(uint64_t())); break;
+    case kFloat16: params.SetFill(HalfToFloat(get(uint16_t()))); break;
+    case kFloat32: params.SetFill(get(float())); break;
+    case kFloat64: params.SetFill(get(double())); break;
+    default: break;
+  }
+  return params;
 }
 
 std::vector<std::pair<int64_t, int64_t>> SplitGroups(const ReadPlan &plan, int64_t task_bytes) {
@@ -477,3 +566,65 @@ std::vector<std::pair<int64_t, int64_t>> SplitGroups(const ReadPlan &plan, int64
 }
 
 }  // namespace dali_mesh
+
+// ---- test hook: the device fill program against the host program, on the kernel's host emulation --
+
+extern "C" {
+
+// For every plan of the plan file at `plan_path`: a window of pseudo-random bytes (the cells read)
+// finished by the host program (FinishWindow) and, where DeviceFillProgram gives one, by the GPU
+// strided-slice kernel's host emulation (BuildGpuPlan + EmulateGpuPlan) into another buffer.
+// Returns the number of plans whose device program equals the host's byte for byte, or -1 (a
+// mismatch or an error, described in `err`); *host_only counts the plans left to the host.
+__attribute__((visibility("default"))) int64_t dali_mesh_check_device_fill(const char *plan_path, int dtype, int64_t *host_only, char *err,
+                                    int64_t err_len) {
+  auto fail = [&](const std::string &msg) -> int64_t {
+    if (err && err_len > 0) {
+      std::strncpy(err, msg.c_str(), err_len - 1);
+      err[err_len - 1] = '\0';
+    }
+    return -1;
+  };
+  try {
+    using namespace dali_mesh;
+    PlanSet set = LoadPlanSet(plan_path);
+    int64_t checked = 0;
+    *host_only = 0;
+    uint64_t x = 0x2545F4914F6CDD1Dull;
+    for (size_t k = 0; k < set.plans.size(); k++) {
+      const ReadPlan &plan = set.plans[k];
+      SliceSample sample;
+      if (!DeviceFillProgram(plan, &sample).empty()) {
+        ++*host_only;
+        continue;
+      }
+      std::vector<char> window(plan.bytes());
+      for (auto &c : window) {  // xorshift: every byte of the window, read or not
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        c = static_cast<char>(x >> 56);
+      }
+      std::vector<char> host = window, device(plan.bytes(), '\xcd');
+      FinishWindow(plan, host.data(), host.data());
+      const void *in[1] = {window.data()};
+      void *out[1] = {device.data()};
+      GpuPlan gplan;
+      std::string e = BuildGpuPlan({sample}, in, out, DeviceFillParams(plan, dtype), &gplan);
+      if (!e.empty()) return fail("plan " + std::to_string(k) + ": BuildGpuPlan: " + e);
+      EmulateGpuPlan(gplan);
+      if (host != device) {
+        size_t i = 0;
+        while (host[i] == device[i]) i++;
+        return fail("plan " + std::to_string(k) + ": the device fill differs from the host's at byte " +
+                    std::to_string(i));
+      }
+      checked++;
+    }
+    return checked;
+  } catch (const std::exception &e) {
+    return fail(e.what());
+  }
+}
+
+}  // extern "C"

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "slice_args.h"
+
 namespace dali_mesh {
 
 struct ReadPlan {
@@ -99,8 +101,24 @@ void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_
 // kernel does not cap): cold, the ranges of all files of a batch are then in flight at once.
 void Prefetch(const OpenFile &file, const ReadPlan &plan, int64_t base);
 
-// Fortran transpose (staging -> out; staging == out for C order), copies and fills.
-void FinishWindow(const ReadPlan &plan, char *staging, char *out);
+// Fortran transpose (staging -> out; staging == out for C order), then (with `boundary`) the
+// copies and fills.
+void FinishWindow(const ReadPlan &plan, char *staging, char *out, bool boundary = true);
+
+// The boundary program of `plan` (its copies and fills) as one strided slice of the cells it reads,
+// as the GPU strided-slice kernel runs it (device-side halo fills). Per axis the cells read are a
+// range [lo, hi) of the window, and every other position is a constant fill, or a copy from
+// BoundaryIndex(position - lo, hi - lo, mode) + lo for one mode: then `sample` takes the window
+// (C order, element strides) as its input with that range as its domain, start -lo, the window's
+// extents as its output, and the modes. The host program copies axis by axis; the slice computes
+// every cell at once from the cells read: the same cells, since each axis's copies read only cells
+// read along that axis. Returns "" or why not (chained copies, a copy and a fill on one axis, no
+// cell read on an axis, more than kMaxDims axes, an empty window): the host then finishes.
+std::string DeviceFillProgram(const ReadPlan &plan, SliceSample *sample);
+
+// The fill value of `plan` (type `dtype`, a DType) as strided-slice parameters (a copy: in and out
+// types `dtype`).
+SliceParams DeviceFillParams(const ReadPlan &plan, int dtype);
 
 // Splits a plan's groups into tasks of about `task_bytes` bytes each: [g_begin, g_end) pairs.
 std::vector<std::pair<int64_t, int64_t>> SplitGroups(const ReadPlan &plan, int64_t task_bytes);

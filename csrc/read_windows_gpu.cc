@@ -3,23 +3,55 @@
 // the window's bytes cross the bus, once), then copied asynchronously on the operator's stream.
 // Host code only (compiled as C++). Two staging buffers alternate, so batch k+1 is read while the
 // copies of batch k run; a buffer is reused only after its copies are done (an event).
-// Not yet here: GPUDirect Storage (cuFile) and device-side boundary fills.
+//
+// Boundary cells on the device: a plan whose copies and fills are one strided slice of the cells
+// it reads (DeviceFillProgram: constant, reflect, symmetric, edge halos; periodic halos are read
+// from the far side as ranges of their own) is not finished on the host: its window (cells read,
+// halo not yet written) goes to a device scratch buffer, and one launch of the strided-slice kernel
+// (GpuSliceLauncher) writes every such sample's output, halo included. Other plans (chained copies,
+// more than kMaxDims axes, a second fill value) are finished on the host as before.
+// DALI_MESH_DEVICE_FILL=0 finishes every plan on the host.
+// Not yet here: GPUDirect Storage (cuFile).
 #ifdef DALI_MESH_WITH_CUDA
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "dali/core/cuda_error.h"
 #include "read_windows_op.h"
+#include "slice_gpu.h"
 
 namespace dali_mesh {
 
 class ReadWindowsMixed : public ReadWindowsBase<dali::MixedBackend> {
  public:
-  explicit ReadWindowsMixed(const dali::OpSpec &spec) : ReadWindowsBase<dali::MixedBackend>(spec) {}
+  explicit ReadWindowsMixed(const dali::OpSpec &spec) : ReadWindowsBase<dali::MixedBackend>(spec) {
+    const char *env = std::getenv("DALI_MESH_DEVICE_FILL");
+    if (env != nullptr && std::strcmp(env, "0") == 0) return;
+    // DType numbers are DALI's DALIDataType numbers
+    const int dtype = static_cast<int>(dtype_);
+    device_fill_.assign(plans_.plans.size(), 0);
+    fill_program_.resize(plans_.plans.size());
+    int64_t fill_plan = -1;  // one launch takes one fill value: the first plan's that has one
+    for (size_t k = 0; k < plans_.plans.size(); k++) {
+      const ReadPlan &plan = plans_.plans[k];
+      if (!DeviceFillProgram(plan, &fill_program_[k]).empty()) continue;
+      if (!plan.fill.empty()) {
+        if (fill_plan < 0) fill_plan = k;
+        else if (plan.fill != plans_.plans[fill_plan].fill) continue;
+      }
+      device_fill_[k] = 1;
+    }
+    fill_params_ = DeviceFillParams(fill_plan >= 0 ? plans_.plans[fill_plan] : ReadPlan(), dtype);
+    fill_params_.in_type = fill_params_.out_type = dtype;
+  }
 
   ~ReadWindowsMixed() override {
+    if (scratch_) CUDA_DTOR_CALL(cudaFree(scratch_));
     for (auto &s : staging_buf_) {
       if (s.event) {
         CUDA_DTOR_CALL(cudaEventSynchronize(s.event));
@@ -55,12 +87,47 @@ class ReadWindowsMixed : public ReadWindowsBase<dali::MixedBackend> {
     host_.resize(n);
     for (int i = 0; i < n; i++) host_[i] = s.pinned + offset[i];
     ReadAll(host_, ws.HasThreadPool() ? &ws.GetThreadPool() : nullptr);
+    // samples whose halo the device fills: their windows go to the scratch buffer first
+    std::vector<int64_t> scratch_off(n, -1);
+    int64_t scratch_bytes = 0;
+    for (int i = 0; i < n; i++) {
+      if (bytes[i] == 0 || !DeviceFills(items_[i].finish)) continue;
+      scratch_off[i] = scratch_bytes;
+      scratch_bytes += (bytes[i] + kAlign - 1) / kAlign * kAlign;
+    }
+    if (scratch_bytes > scratch_capacity_) {
+      // the last batch's kernel may still read the old buffer
+      const int64_t want = std::max<int64_t>(scratch_bytes, scratch_capacity_ * 2);
+      CUDA_CALL(cudaStreamSynchronize(ws.stream()));
+      if (scratch_) CUDA_CALL(cudaFree(scratch_));
+      scratch_ = nullptr;
+      scratch_capacity_ = 0;
+      CUDA_CALL(cudaMalloc(reinterpret_cast<void **>(&scratch_), want));
+      scratch_capacity_ = want;
+    }
+    fill_samples_.clear();
+    fill_in_.clear();
+    fill_out_.clear();
     for (int i = 0; i < n; i++) {
       if (bytes[i] == 0) continue;
-      CUDA_CALL(cudaMemcpyAsync(output.raw_mutable_tensor(i), host_[i], bytes[i],
-                                cudaMemcpyHostToDevice, ws.stream()));
+      void *dst = output.raw_mutable_tensor(i);
+      if (scratch_off[i] >= 0) {
+        fill_samples_.push_back(fill_program_[items_[i].finish]);
+        fill_in_.push_back(scratch_ + scratch_off[i]);
+        fill_out_.push_back(dst);
+        dst = scratch_ + scratch_off[i];
+      }
+      CUDA_CALL(cudaMemcpyAsync(dst, host_[i], bytes[i], cudaMemcpyHostToDevice, ws.stream()));
     }
     CUDA_CALL(cudaEventRecord(s.event, ws.stream()));
+    if (!fill_samples_.empty()) {
+      std::string err = BuildGpuPlan(fill_samples_, fill_in_.data(), fill_out_.data(), fill_params_,
+                                     &fill_plan_);
+      DALI_ENFORCE(err.empty(), dali::make_string("read_windows: ", plans_.source,
+                                                  ": the device boundary fill: ", err));
+      err = launcher_.Run(fill_plan_, ws.stream());
+      DALI_ENFORCE(err.empty(), dali::make_string("read_windows: the device boundary fill: ", err));
+    }
   }
 
  private:
@@ -72,6 +139,16 @@ class ReadWindowsMixed : public ReadWindowsBase<dali::MixedBackend> {
   Staging staging_buf_[2];
   int next_ = 0;
   std::vector<char *> host_;
+  // device boundary fills
+  std::vector<SliceSample> fill_program_;  // per plan (valid where device_fill_)
+  SliceParams fill_params_;
+  std::vector<SliceSample> fill_samples_;
+  std::vector<const void *> fill_in_;
+  std::vector<void *> fill_out_;
+  GpuPlan fill_plan_;
+  GpuSliceLauncher launcher_;
+  char *scratch_ = nullptr;
+  int64_t scratch_capacity_ = 0;
 };
 
 }  // namespace dali_mesh

@@ -138,9 +138,16 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
         },
         static_cast<int64_t>(tasks_.size()), [&](int64_t t) { return tasks_[t].g1 - tasks_[t].g0; });
     files_.clear();
-    // 3: transpose and boundary fills
-    run([&](int64_t i) { FinishWindow(plans_.plans[items_[i].finish], dsts_[i], out[i]); },
+    // 3: transpose and boundary fills (those of plans filled on the device are left to the GPU)
+    run([&](int64_t i) {
+          const int64_t f = items_[i].finish;
+          FinishWindow(plans_.plans[f], dsts_[i], out[i], !DeviceFills(f));
+        },
         n, [&](int64_t) { return 0; });
+  }
+
+  bool DeviceFills(int64_t plan) const {
+    return !device_fill_.empty() && device_fill_[plan];
   }
 
   struct BatchPart {
@@ -163,6 +170,8 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
   std::vector<char *> dsts_;
   std::vector<BatchPart> batch_parts_;
   std::vector<Task> tasks_;
+  // per plan: its boundary cells are filled on the device (the mixed operator), not on the host
+  std::vector<uint8_t> device_fill_;
 };
 
 }  // namespace dali_mesh
