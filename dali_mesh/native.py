@@ -10,7 +10,10 @@ flags from the stateless sample order (so checkpoint and resume behave as with
 ``partitioned_source``), and the operator ``preadv``-s the ranges on DALI's threads straight into
 its output (CPU), or into pinned staging copied to the GPU (``device="gpu"``), then does the byte
 swap (as the ranges land), the Fortran-order transpose and the boundary cells (copies and constant
-fills).
+fills). On the GPU the boundary cells are filled on the device by the strided-slice kernel wherever
+a plan's copies and fills are one strided slice of the cells read (constant, reflect, symmetric,
+edge; periodic halos are read from the far side as ranges of their own); other plans (halos wider
+than the axis that chain copies) are finished in pinned memory (``DALI_MESH_DEVICE_FILL=0``: all).
 
 Which sources take the native path:
 
@@ -594,9 +597,11 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
     (``py_num_workers`` is unused); reads run on the pipeline's ``num_threads``.
 
     Args:
-        source: a :class:`~dali_mesh.NumpySource` or contiguous :class:`~dali_mesh.HDF5Source`.
+        source: a :class:`~dali_mesh.NumpySource`, :class:`~dali_mesh.HDF5Source` or
+            :class:`~dali_mesh.ZarrSource` (see the table above for what is read natively).
         device: ``"cpu"``, or ``"gpu"``: the window lands in GPU memory (pinned staging, one
-            asynchronous copy; the sample id and pad flag stay on the CPU).
+            asynchronous copy, halo cells filled on the device; the sample id and pad flag stay on
+            the CPU).
         name: the sample-id external source's name.
         layout: DALI layout string of the window (e.g. ``"CHW"``).
         fallback: when the source cannot be read natively, log one line why and return
