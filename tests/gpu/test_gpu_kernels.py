@@ -211,3 +211,26 @@ def test_halo_windows_in_pieces(device, mode):
                                        in_offset=4, out_offset=8)
             check([era], got, emu, *rest, f"seed {SEED} {mode} halo {halo} {start} misaligned",
                   fill_value=-1)
+
+
+@pytest.mark.parametrize("in_dt, out_dt", [(np.float32, np.float16), (np.float32, np.float32),
+                                           (np.uint8, np.float32), (np.float16, np.float32)])
+def test_typed_conversions_with_vector_moves(device, in_dt, out_dt):
+    """Typed cast/normalise kernels moving 4 or 2 elements at once in the in-bounds box (inside, a
+    4-cell and a 2-cell halo, an output one element off), bit for bit with the host emulation."""
+    rng = np.random.default_rng(SEED)
+    x = random_array(rng, (3, 40, 64), in_dt, beyond_int=False)
+    if np.dtype(in_dt).kind == "f":
+        x = np.clip(x, -6e4, 6e4).astype(in_dt)
+    osz = np.dtype(out_dt).itemsize
+    for norm in (False, True):
+        kw = dict(mean=[1.5, -2.0, 100.0], std=[2.0, 0.5, 30.0], channel_axis=0) if norm else {}
+        for start, wshape, out_offset in (([0, 1, 8], [3, 30, 48], 0), ([0, -1, -4], [3, 42, 72], 0),
+                                          ([0, -1, -2], [3, 42, 68], 0), ([0, 1, 8], [3, 30, 48], osz)):
+            bnd = ["constant", "reflect", "periodic"]
+            got, emu, *rest = run_cuda(device, [x], start, wshape, 1, bnd, dtype=out_dt, fill_value=7,
+                                       out_offset=out_offset, **kw)
+            msg = f"seed {SEED} {np.dtype(in_dt)}->{np.dtype(out_dt)} norm={norm} {start} {wshape}"
+            assert got[0].tobytes() == emu[0].tobytes(), msg
+            with np.errstate(over="ignore", invalid="ignore"):
+                check([x], got, emu, *rest, msg, fill_value=7, **kw)
