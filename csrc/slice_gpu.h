@@ -200,6 +200,7 @@ DM_HD void CopyBlock(const GpuSampleDesc &s, uint64_t begin, uint64_t end, unsig
                end, tid, nthreads);
     return;
   }
+  // the padded path: one move at a time, the boundary rule on the innermost axis per element
   uint64_t idx = begin + tid;
   if (idx >= end) return;
   const Elem *__restrict__ in = static_cast<const Elem *>(s.in);
