@@ -256,7 +256,7 @@ def test_e2e_bench_tiny(tmp_path):
     r = _run([str(BENCH / "e2e_bench.py"), "--tiny", "--dir", str(tmp_path / "d")], tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = {line.split("|")[1].strip(): line for line in r.stdout.splitlines() if line.startswith("| ")}
-    assert {"window", "full", "dali"} <= set(rows)
+    assert {"native", "window", "full", "dali"} <= set(rows)
 
 
 def test_region_bench_quick(tmp_path):
