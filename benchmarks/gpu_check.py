@@ -46,7 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BUDGET = 460
 DEFAULT_OUT = ROOT / "build" / "gpu-check"
 #: kernel_bench case -> target fraction of device-to-device copy bandwidth (issue 8)
-KERNEL_TARGETS = {"inside": 0.85, "periodic_halo": 0.75, "normalise_f16": 0.70}
+KERNEL_TARGETS = {"inside": 0.85, "periodic_halo": 0.75, "normalise_f16": 0.70, "rows_halo_u8": 0.85,
+                  "periodic_halo_4": 0.75}
 #: the kernel fraction and the loader rate of the last line
 HEADLINE_KERNEL_CASE = "inside"
 HEADLINE_LOADER = "dali_mesh read_windows"

@@ -204,7 +204,7 @@ def _expected_numpy(k, in_shape, start, out_shape, bounds):
 # (name, input shape, input byte offset, window start, window shape, boundary per axis)
 HUGE_CASES = [
     # rows of 65536 bytes, 16-byte aligned, a window 16 bytes in from each side: the 16-byte path
-    # (whole rows plus a padded row would collapse into one padded axis: 1-byte moves in today's plan)
+    # (whole rows plus a padded row: the in-bounds box and the halo row are separate pieces, both 16-byte)
     ("16-byte", (65600, 65536), 0, [1, 16], [65599, 65504], ["constant", "constant"]),
     # odd rows and a pointer one byte off 16-byte alignment: the 1-byte path; periodic columns
     ("1-byte", (65536, 65537), 1, [1, -1], [65535, 65538], ["constant", "periodic"]),
