@@ -380,3 +380,17 @@ def test_strided_slice_wrapper_accepts_numpy_integers_and_floats():
     ref = K.reference_strided_slice(x, [-1, 1], [4, 2], [2, 2], "periodic", channel_axis=0,
                                     mean=[1.0, 2, 3], std=[2.0, 1, 4])
     np.testing.assert_array_equal(outs[0][0], ref)
+
+
+def test_cpu_kernel_refuses_misaligned_elements():
+    """The CPU kernel loads typed elements: a float32 view at an odd byte offset is refused (it was
+    undefined behaviour); the emulated GPU path moves it byte-wise and stays exact."""
+    raw = np.zeros(4 * 10 * 4 + 64, np.uint8)
+    base = (-raw.ctypes.data) % 64 + 1
+    x = raw[base:base + 160].view(np.float32).reshape(4, 10)
+    x[...] = np.arange(40, dtype=np.float32).reshape(4, 10)
+    assert x.ctypes.data % 4 == 1
+    with pytest.raises(K.KernelsError, match="aligned to their element sizes"):
+        K.strided_slice_host([x], [0, -1], [4, 12], 1, "periodic", backend="cpu")
+    got = K.strided_slice_host([x], [0, -1], [4, 12], 1, "periodic", backend="emulate")[0]
+    np.testing.assert_array_equal(got, np.pad(np.array(x), ((0, 0), (1, 1)), mode="wrap"))
