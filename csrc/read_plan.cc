@@ -101,7 +101,12 @@ void ReadPlanBody(Reader &r, ReadPlan *p) {
   p->ndim = static_cast<int>(r.Count(kMaxPlanDims, "ndim"));
   p->itemsize = r.Int();
   p->swap_unit = r.Int();
-  p->fortran = r.Int() != 0;
+  const int64_t fortran = r.Int();
+  if (fortran != 0 && fortran != 1) r.Bad("Fortran flag " + std::to_string(fortran));
+  p->fortran = fortran == 1;
+  // the transpose indexes shape[ndim - 1]; a 0- or 1-axis window is the same in both orders (the
+  // planner writes the flag only for 2 axes or more)
+  if (p->fortran && p->ndim < 2) r.Bad("Fortran order with " + std::to_string(p->ndim) + " axes");
   if (p->itemsize < 1 || p->itemsize > 16) r.Bad("itemsize " + std::to_string(p->itemsize));
   if (p->swap_unit < 0 || p->swap_unit > p->itemsize || (p->swap_unit && p->itemsize % p->swap_unit))
     r.Bad("byte swap unit " + std::to_string(p->swap_unit));
@@ -141,9 +146,12 @@ void ReadPlanBody(Reader &r, ReadPlan *p) {
   if (prev_end != n_units) r.Bad("groups do not cover the units");
   p->check_offset = r.Int();
   p->check = r.Bytes();
-  if (p->check_offset < 0 || p->check_offset > INT64_MAX - static_cast<int64_t>(p->check.size()))
+  if ((p->check_offset < 0 && p->check_offset != kCheckJson) ||
+      p->check_offset > INT64_MAX - static_cast<int64_t>(p->check.size()))
     r.Bad("check offset " + std::to_string(p->check_offset));
   p->fill = r.Bytes();
+  // a fill value is one item (DeviceFillParams reads itemsize bytes of it), or none
+  if (!p->fill.empty() && static_cast<int64_t>(p->fill.size()) != p->itemsize) r.Bad("fill value size");
   p->copy_dst.resize(p->ndim);
   p->copy_src.resize(p->ndim);
   p->fills.resize(p->ndim);
@@ -163,6 +171,22 @@ void ReadPlanBody(Reader &r, ReadPlan *p) {
 }
 
 std::string Errno(int e) { return std::strerror(e); }
+
+// pread of `n` bytes at `offset`, retried after EINTR/EAGAIN and short reads: the bytes read (fewer
+// than `n` only at the end of the file), or -errno.
+int64_t PreadFull(int fd, char *buf, int64_t n, int64_t offset) {
+  int64_t done = 0;
+  while (done < n) {
+    ssize_t got = ::pread(fd, buf + done, n - done, offset + done);
+    if (got < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return -errno;
+    }
+    if (got == 0) break;
+    done += got;
+  }
+  return done;
+}
 
 // A file name as messages show it: valid UTF-8 as is, other bytes and control characters as \xNN
 // (a Linux path may hold any bytes; an error text that is not UTF-8 would not reach Python).
@@ -346,10 +370,26 @@ void OpenFile::Open(const PlanFile &file, const ReadPlan &plan, const std::strin
   }
   // no readahead: the kernel reads only the pages asked for
   ::posix_fadvise(fd_, 0, 0, POSIX_FADV_RANDOM);
-  if (!plan.check.empty()) {
+  if (plan.check_offset == kCheckJson) {
+    // the whole metadata file, compared in canonical form (attributes may change, nothing else)
+    constexpr int64_t kMaxJson = int64_t(1) << 30;
+    if (st.st_size > kMaxJson)
+      Fail(path_ + ": the metadata file is " + std::to_string(st.st_size) + " bytes (at most " +
+           std::to_string(kMaxJson) + " are read); define the pipeline again");
+    std::string text(st.st_size, '\0');
+    int64_t got = PreadFull(fd_, text.data(), st.st_size, 0);
+    if (got < 0) Fail(path_ + ": read of the metadata failed (" + Errno(-got) + ")");
+    text.resize(got);
+    std::string canon;
+    if (!CanonicalJson(text, &canon) || canon != plan.check)
+      Fail(path_ + ": its metadata (shape, dtype, chunking, order, codecs or fill value) differs from "
+           "the one planned for (" + first_path + "): the array changed since the plan was made, "
+           "or differs from that one; define the pipeline again, or make every array the same");
+  } else if (!plan.check.empty()) {
     std::string head(plan.check.size(), '\0');
-    ssize_t got = ::pread(fd_, head.data(), head.size(), plan.check_offset);
-    if (got != static_cast<ssize_t>(head.size()) || head != plan.check)
+    int64_t got = PreadFull(fd_, head.data(), head.size(), plan.check_offset);
+    if (got < 0) Fail(path_ + ": read of the header failed (" + Errno(-got) + ")");
+    if (got != static_cast<int64_t>(head.size()) || head != plan.check)
       Fail(path_ + ": its header differs from the one planned for (" + first_path + ", " +
            std::to_string(plan.check.size()) + " bytes at byte " + std::to_string(plan.check_offset) +
            "): its shape, dtype, order or storage changed since the plan was made, or differs " +
@@ -415,18 +455,6 @@ void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_
         }
       }
     }
-  }
-}
-
-void Prefetch(const OpenFile &file, const ReadPlan &plan, int64_t base) {
-  // one WILLNEED is capped at the device's readahead size: announce in pieces of 512 KiB
-  constexpr int64_t kPiece = 512 << 10;
-  for (size_t g = 0; g < plan.group_begin.size(); g++) {
-    const int64_t b = plan.group_begin[g], e = plan.group_end[g];
-    const int64_t lo = base + plan.file_off[b];
-    const int64_t hi = base + plan.file_off[e - 1] + plan.unit_bytes[e - 1];
-    for (int64_t a = lo; a < hi; a += kPiece)
-      ::posix_fadvise(file.fd(), a, std::min(kPiece, hi - a), POSIX_FADV_WILLNEED);
   }
 }
 
@@ -548,6 +576,139 @@ SliceParams DeviceFillParams(const ReadPlan &plan, int dtype) {
   return params;
 }
 
+void SplitLargeGroups(ReadPlan *plan, int64_t max_bytes) {
+  const int64_t n_groups = plan->group_begin.size();
+  if (max_bytes <= 0 || n_groups == 0) return;
+  // pieces of a unit: whole items (a byte swap and a transpose never see half an item)
+  const int64_t piece = std::max<int64_t>(1, max_bytes / plan->itemsize) * plan->itemsize;
+  bool needed = false;
+  for (int64_t g = 0; g < n_groups && !needed; g++) {
+    const int64_t b = plan->group_begin[g], e = plan->group_end[g];
+    needed = plan->file_off[e - 1] + plan->unit_bytes[e - 1] - plan->file_off[b] > max_bytes;
+  }
+  if (!needed) return;
+  std::vector<int64_t> fo, dof, ub, gb, ge;
+  for (int64_t g = 0; g < n_groups; g++) {
+    int64_t start = -1;  // file offset where the group being built starts
+    gb.push_back(fo.size());
+    for (int64_t u = plan->group_begin[g]; u < plan->group_end[g]; u++) {
+      for (int64_t done = 0; done < plan->unit_bytes[u];) {
+        const int64_t off = plan->file_off[u] + done;
+        if (start < 0) start = off;
+        // close the group when this unit (or piece) would take it past max_bytes
+        int64_t room = start + max_bytes - off;
+        if (room < plan->itemsize && static_cast<int64_t>(fo.size()) > gb.back()) {
+          ge.push_back(fo.size());
+          gb.push_back(fo.size());
+          start = off;
+          room = max_bytes;
+        }
+        const int64_t left = plan->unit_bytes[u] - done;
+        int64_t take = left;
+        if (take > room) take = std::max<int64_t>(plan->itemsize, room / plan->itemsize * plan->itemsize);
+        take = std::min({take, left, std::max<int64_t>(piece, plan->itemsize)});
+        fo.push_back(off);
+        dof.push_back(plan->dst_off[u] + done);
+        ub.push_back(take);
+        done += take;
+      }
+    }
+    ge.push_back(fo.size());
+  }
+  plan->file_off = std::move(fo);
+  plan->dst_off = std::move(dof);
+  plan->unit_bytes = std::move(ub);
+  plan->group_begin = std::move(gb);
+  plan->group_end = std::move(ge);
+}
+
+void PrefetchPath(const std::string &path, const ReadPlan &plan, int64_t base) {
+  if (plan.group_begin.empty()) return;
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return;
+  struct stat st;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+    // the kernel's reads go on after the descriptor is closed
+    constexpr int64_t kPiece = 512 << 10;
+    for (size_t g = 0; g < plan.group_begin.size(); g++) {
+      const int64_t b = plan.group_begin[g], e = plan.group_end[g];
+      const int64_t lo = base + plan.file_off[b];
+      const int64_t hi = base + plan.file_off[e - 1] + plan.unit_bytes[e - 1];
+      for (int64_t a = lo; a < hi; a += kPiece)
+        ::posix_fadvise(fd, a, std::min(kPiece, hi - a), POSIX_FADV_WILLNEED);
+    }
+  }
+  ::close(fd);
+}
+
+bool CanonicalJson(const std::string &text, std::string *out) {
+  // 1: whitespace outside strings dropped
+  std::string s;
+  s.reserve(text.size());
+  bool in_str = false;
+  for (size_t i = 0; i < text.size(); i++) {
+    const char c = text[i];
+    if (in_str) {
+      s += c;
+      if (c == '\\') {
+        if (++i >= text.size()) return false;
+        s += text[i];
+      } else if (c == '"') {
+        in_str = false;
+      }
+    } else if (c != ' ' && c != '\t' && c != '\n' && c != '\r') {
+      s += c;
+      if (c == '"') in_str = true;
+    }
+  }
+  if (in_str || s.size() < 2 || s.front() != '{' || s.back() != '}') return false;
+  // 2: the top-level members "key":value, split at the commas outside strings and brackets
+  std::vector<std::pair<std::string, std::string>> members;
+  const size_t end = s.size() - 1;  // the closing brace
+  size_t i = 1;
+  while (i < end) {
+    if (s[i] != '"') return false;
+    size_t k = i + 1;
+    while (k < end && s[k] != '"') k += s[k] == '\\' ? 2 : 1;
+    if (k >= end || s[k + 1] != ':') return false;
+    std::string key = s.substr(i, k + 1 - i);
+    const size_t v = k + 2;
+    int depth = 0;
+    bool str = false;
+    for (i = v; i < end; i++) {
+      const char c = s[i];
+      if (str) {
+        if (c == '\\') i++;
+        else if (c == '"') str = false;
+      } else if (c == '"') {
+        str = true;
+      } else if (c == '{' || c == '[') {
+        depth++;
+      } else if (c == '}' || c == ']') {
+        if (--depth < 0) return false;
+      } else if (c == ',' && depth == 0) {
+        break;
+      }
+    }
+    if (str || depth != 0 || i == v || i > end) return false;
+    members.emplace_back(std::move(key), s.substr(v, i - v));
+    if (i < end && ++i == end) return false;  // a comma before the closing brace
+  }
+  std::sort(members.begin(), members.end());
+  out->assign("{");
+  bool first = true;
+  for (const auto &m : members) {
+    if (m.first == "\"attributes\"" || m.first == "\"dimension_names\"") continue;
+    if (!first) *out += ',';
+    first = false;
+    *out += m.first;
+    *out += ':';
+    *out += m.second;
+  }
+  *out += '}';
+  return true;
+}
+
 std::vector<std::pair<int64_t, int64_t>> SplitGroups(const ReadPlan &plan, int64_t task_bytes) {
   std::vector<std::pair<int64_t, int64_t>> tasks;
   const int64_t n = plan.group_begin.size();
@@ -624,6 +785,36 @@ __attribute__((visibility("default"))) int64_t dali_mesh_check_device_fill(const
     return checked;
   } catch (const std::exception &e) {
     return fail(e.what());
+  }
+}
+
+
+// For every plan of the plan file at `plan_path`: its groups split as the operator splits them
+// (SplitLargeGroups, then SplitGroups with `task_bytes`). Returns the number of tasks of all plans
+// (-1 on an error, described in `err`); *max_task is the most file bytes one task spans.
+__attribute__((visibility("default"))) int64_t dali_mesh_plan_tasks(const char *plan_path, int64_t task_bytes,
+                                                                    int64_t *max_task, char *err,
+                                                                    int64_t err_len) {
+  try {
+    using namespace dali_mesh;
+    PlanSet set = LoadPlanSet(plan_path);
+    int64_t n = 0;
+    *max_task = 0;
+    for (auto &plan : set.plans) {
+      SplitLargeGroups(&plan, task_bytes);
+      for (auto &t : SplitGroups(plan, task_bytes)) {
+        n++;
+        const int64_t b = plan.group_begin[t.first], e = plan.group_end[t.second - 1];
+        *max_task = std::max(*max_task, plan.file_off[e - 1] + plan.unit_bytes[e - 1] - plan.file_off[b]);
+      }
+    }
+    return n;
+  } catch (const std::exception &e) {
+    if (err && err_len > 0) {
+      std::strncpy(err, e.what(), err_len - 1);
+      err[err_len - 1] = '\0';
+    }
+    return -1;
   }
 }
 

@@ -20,6 +20,19 @@
 
 namespace dali_mesh {
 
+// check_offset of a plan whose check is a JSON metadata file's canonical form (a Zarr array's
+// .zarray or zarr.json): the file's size and raw bytes change with its attributes, which do not
+// change how its chunks are read, so the check compares what does (see CanonicalJson).
+constexpr int64_t kCheckJson = -1;
+
+// A JSON object's canonical form for the "file changed since the plan" check: whitespace outside
+// strings dropped, the top-level members sorted by their key (as written, quotes included), the
+// members "attributes" and "dimension_names" left out (Zarr v3 keeps user attributes and axis names
+// in zarr.json; neither changes the bytes of a chunk). Values are kept as written. Returns false
+// when `text` is not one JSON object (as far as this scan can tell). dali_mesh.native._canonical_json
+// computes the same.
+bool CanonicalJson(const std::string &text, std::string *out);
+
 struct ReadPlan {
   int ndim = 0;
   int64_t itemsize = 0;
@@ -28,9 +41,10 @@ struct ReadPlan {
   std::vector<int64_t> shape;  // window shape (output, C order)
   std::vector<int64_t> file_off, dst_off, unit_bytes;  // sorted by file offset
   std::vector<int64_t> group_begin, group_end;         // units [begin, end) read in one call
-  int64_t check_offset = 0;    // where `check` lies in the file
+  int64_t check_offset = 0;    // where `check` lies in the file, or kCheckJson
   std::string check;           // bytes expected at check_offset (the .npy header, an HDF5
-                               // dataset's object header), may be empty
+                               // dataset's object header), may be empty; with kCheckJson the
+                               // canonical form (CanonicalJson) of the whole file
   std::string fill;            // fill value in the output type's bytes (itemsize), may be empty
   // per axis: positions copied (dst <- src) and filled
   std::vector<std::vector<int64_t>> copy_dst, copy_src, fills;
@@ -97,10 +111,6 @@ class OpenFile {
 void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_t g0, int64_t g1,
                 char *dst, std::vector<char> *scratch);
 
-// Asks the kernel to start reading every group of `plan` (POSIX_FADV_WILLNEED, in pieces the
-// kernel does not cap): cold, the ranges of all files of a batch are then in flight at once.
-void Prefetch(const OpenFile &file, const ReadPlan &plan, int64_t base);
-
 // Fortran transpose (staging -> out; staging == out for C order), then (with `boundary`) the
 // copies and fills.
 void FinishWindow(const ReadPlan &plan, char *staging, char *out, bool boundary = true);
@@ -119,6 +129,17 @@ std::string DeviceFillProgram(const ReadPlan &plan, SliceSample *sample);
 // The fill value of `plan` (type `dtype`, a DType) as strided-slice parameters (a copy: in and out
 // types `dtype`).
 SliceParams DeviceFillParams(const ReadPlan &plan, int dtype);
+
+// Splits every group of `plan` that spans more than `max_bytes` of the file into groups of at most
+// about `max_bytes` (units larger than that into pieces of whole items), so that one large
+// contiguous window is read by several threads. The bytes read and where they land are unchanged.
+void SplitLargeGroups(ReadPlan *plan, int64_t max_bytes);
+
+// Asks the kernel to start reading every group of `plan` from the file at `path`
+// (POSIX_FADV_WILLNEED, in pieces the kernel does not cap): cold, the ranges of all files of a batch
+// are then in flight at once. Opens, announces and closes (the kernel's reads go on); errors are
+// left to the read, which reports them.
+void PrefetchPath(const std::string &path, const ReadPlan &plan, int64_t base);
 
 // Splits a plan's groups into tasks of about `task_bytes` bytes each: [g_begin, g_end) pairs.
 std::vector<std::pair<int64_t, int64_t>> SplitGroups(const ReadPlan &plan, int64_t task_bytes);

@@ -51,6 +51,12 @@ class ReadWindowsMixed : public ReadWindowsBase<dali::MixedBackend> {
   }
 
   ~ReadWindowsMixed() override {
+    if (device_id_ < 0) return;  // nothing was allocated
+    // free on the device the buffers belong to (the destroying thread may have another one
+    // current), then give the caller its device back, as GpuSliceLauncher::Release does
+    int prev = -1;
+    cudaGetDevice(&prev);
+    if (prev != device_id_) CUDA_DTOR_CALL(cudaSetDevice(device_id_));
     if (scratch_) CUDA_DTOR_CALL(cudaFree(scratch_));
     for (auto &s : staging_buf_) {
       if (s.event) {
@@ -59,6 +65,7 @@ class ReadWindowsMixed : public ReadWindowsBase<dali::MixedBackend> {
       }
       if (s.pinned) CUDA_DTOR_CALL(cudaFreeHost(s.pinned));
     }
+    if (prev >= 0 && prev != device_id_) cudaSetDevice(prev);
   }
 
  protected:
@@ -71,6 +78,7 @@ class ReadWindowsMixed : public ReadWindowsBase<dali::MixedBackend> {
       bytes[i] = plans_.plans[items_[i].finish].bytes();
       offset[i + 1] = offset[i] + (bytes[i] + kAlign - 1) / kAlign * kAlign;
     }
+    if (device_id_ < 0) CUDA_CALL(cudaGetDevice(&device_id_));  // DALI made the op's device current
     Staging &s = staging_buf_[next_];
     next_ ^= 1;
     if (s.event == nullptr) CUDA_CALL(cudaEventCreateWithFlags(&s.event, cudaEventDisableTiming));
@@ -136,6 +144,7 @@ class ReadWindowsMixed : public ReadWindowsBase<dali::MixedBackend> {
     int64_t capacity = 0;
     cudaEvent_t event = nullptr;
   };
+  int device_id_ = -1;  // the device of the buffers below (set at the first batch)
   Staging staging_buf_[2];
   int next_ = 0;
   std::vector<char *> host_;

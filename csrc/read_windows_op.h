@@ -1,7 +1,8 @@
 // dali_mesh: the DALI operator dali_mesh__ReadWindows (fn.dali_mesh.read_windows), shared part:
 // the plan set (loaded once from the plan file that dali_mesh.native writes), the per-sample
-// output shapes, and the three-phase execution on host memory (open and check every file; read
-// the byte ranges, split into tasks of about `task_bytes`; swap, transpose and fill per sample).
+// output shapes, and the three-phase execution on host memory (announce every range to the
+// kernel; read the byte ranges in tasks of about `task_bytes`, each opening, checking and closing
+// its file; swap, transpose and fill per sample).
 // The CPU operator reads straight into its output; the mixed operator into pinned staging.
 #ifndef DALI_MESH_READ_WINDOWS_OP_H_
 #define DALI_MESH_READ_WINDOWS_OP_H_
@@ -25,6 +26,8 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
     dtype_ = spec.GetArgument<dali::DALIDataType>("dtype");
     task_bytes_ = std::max<int64_t>(4096, spec.GetArgument<int64_t>("task_bytes"));
     prefetch_ = spec.GetArgument<bool>("prefetch");
+    // a group larger than a task is read by several tasks (several threads)
+    for (auto &plan : plans_.plans) SplitLargeGroups(&plan, task_bytes_);
     const int64_t size = dali::TypeTable::GetTypeInfo(dtype_).size();
     for (size_t p = 0; p < plans_.plans.size(); p++) {
       DALI_ENFORCE(plans_.plans[p].itemsize == size,
@@ -78,7 +81,9 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
   }
 
   // Reads every sample's window into `out[i]` (host memory of the output's size). `pool` may be
-  // null (serial). Files are opened and closed within the call.
+  // null (serial). Each task opens, checks, reads and closes its own file: at most one descriptor
+  // per thread is open at once, whatever the batch size or the number of files per sample (a Zarr
+  // sample has one per chunk touched).
   void ReadAll(const std::vector<char *> &out, dali::ThreadPool *pool) {
     auto run = [&](auto &&fn, int64_t tasks, auto &&cost) {
       if (pool == nullptr) {
@@ -88,12 +93,7 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
       for (int64_t t = 0; t < tasks; t++) pool->AddWork([&fn, t](int) { fn(t); }, cost(t));
       pool->RunAll();
     };
-    try {
-      ReadAllImpl(out, run);
-    } catch (...) {
-      files_.clear();  // close what is open: the error reaches pipe.run()
-      throw;
-    }
+    ReadAllImpl(out, run);
   }
 
   template <typename Run>
@@ -104,17 +104,7 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
     for (int i = 0; i < n; i++)
       for (int64_t k = items_[i].part_begin; k < items_[i].part_end; k++) batch_parts_.push_back({i, k});
     const int64_t np = batch_parts_.size();
-    files_.clear();
-    files_.resize(np);
     staging_.resize(n);
-    // 1: open and check every file
-    run([&](int64_t j) {
-          const auto &part = plans_.parts[batch_parts_[j].part];
-          files_[j].Open(plans_.files[part.file], plans_.plans[part.plan], first_path_[part.plan]);
-          if (prefetch_) Prefetch(files_[j], plans_.plans[part.plan], part.base);
-        },
-        np, [&](int64_t) { return 0; });
-    // 2: the byte ranges, in tasks of about task_bytes_ (one large sample uses every thread)
     dsts_.resize(n);
     for (int i = 0; i < n; i++) {
       const auto &plan = plans_.plans[items_[i].finish];
@@ -124,20 +114,35 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
         dsts_[i] = staging_[i].data();
       }
     }
+    // the byte ranges, in tasks of about task_bytes_ (large groups were split at load, so one large
+    // sample uses every thread); a part that reads nothing (a Zarr array's metadata file) is one
+    // task that only opens and checks its file
     tasks_.clear();
-    for (int64_t j = 0; j < np; j++)
-      for (auto &g : SplitGroups(plans_.plans[plans_.parts[batch_parts_[j].part].plan], task_bytes_))
-        tasks_.push_back({j, g.first, g.second});
+    for (int64_t j = 0; j < np; j++) {
+      const auto split = SplitGroups(plans_.plans[plans_.parts[batch_parts_[j].part].plan], task_bytes_);
+      if (split.empty()) tasks_.push_back({j, 0, 0});
+      for (auto &g : split) tasks_.push_back({j, g.first, g.second});
+    }
+    // 1: announce every range of the batch, so that cold reads of all files run at once
+    if (prefetch_) {
+      run([&](int64_t j) {
+            const auto &part = plans_.parts[batch_parts_[j].part];
+            PrefetchPath(plans_.files[part.file].path, plans_.plans[part.plan], part.base);
+          },
+          np, [&](int64_t) { return 0; });
+    }
+    // 2: per task: open and check the file (still what was planned for), read, close
     run([&](int64_t t) {
           const auto &task = tasks_[t];
           const auto &bp = batch_parts_[task.part];
           const auto &part = plans_.parts[bp.part];
+          OpenFile file;
+          file.Open(plans_.files[part.file], plans_.plans[part.plan], first_path_[part.plan]);
           thread_local std::vector<char> scratch;
-          ReadGroups(files_[task.part], plans_.plans[part.plan], part.base, task.g0, task.g1,
+          ReadGroups(file, plans_.plans[part.plan], part.base, task.g0, task.g1,
                      dsts_[bp.sample] + part.dst_base, &scratch);
         },
         static_cast<int64_t>(tasks_.size()), [&](int64_t t) { return tasks_[t].g1 - tasks_[t].g0; });
-    files_.clear();
     // 3: transpose and boundary fills (those of plans filled on the device are left to the GPU)
     run([&](int64_t i) {
           const int64_t f = items_[i].finish;
@@ -165,7 +170,6 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
   bool prefetch_ = true;
   int ndim_ = 0;
   std::vector<PlanItem> items_;
-  std::vector<OpenFile> files_;
   std::vector<std::vector<char>> staging_;
   std::vector<char *> dsts_;
   std::vector<BatchPart> batch_parts_;

@@ -38,9 +38,11 @@ per-sample shapes)
 
 Every read checks that the file is still what was planned for: a regular file of the planned size,
 holding the planned bytes where its layout is described (a ``.npy`` header; an HDF5 dataset's
-object header: shape, dtype, data address, chunking; a Zarr array's metadata file). A file
+object header: shape, dtype, data address, chunking; a Zarr array's metadata file, compared in a
+canonical form that leaves out its attributes, so that adding one does not stop the reads). A file
 truncated, grown, or rewritten with another layout after the plan was made is an error naming it,
-never garbage; one rewritten with the same layout is read anew. (Not caught: an HDF5 file rewritten
+never garbage; one rewritten with the same layout is read anew. Each read task opens, checks, reads
+and closes its file, so a batch of many-chunk Zarr samples holds one descriptor per thread. (Not caught: an HDF5 file rewritten
 with the same object header but its chunks at other offsets.) The plan file ends with a checksum:
 a corrupt one is refused.
 
@@ -145,6 +147,79 @@ def _remove_written() -> None:
             os.unlink(p)
         except OSError:
             pass
+
+
+# check_offset of a plan whose check is a JSON metadata file's canonical form (kCheckJson in
+# csrc/read_plan.h)
+CHECK_JSON = -1
+_JSON_SPACE = frozenset(b" \t\n\r")
+_JSON_IGNORED = (b'"attributes"', b'"dimension_names"')
+
+
+def _canonical_json(text: bytes) -> bytes | None:
+    """A JSON object's canonical form, as CanonicalJson in csrc/read_plan.cc computes it (the two
+    must agree byte for byte): whitespace outside strings dropped, the top-level members sorted by
+    their key as written, ``"attributes"`` and ``"dimension_names"`` left out, values as written.
+    ``None`` when ``text`` is not one JSON object."""
+    s = bytearray()
+    in_str = False
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if in_str:
+            s.append(c)
+            if c == 0x5C:  # backslash: the next byte is part of the string
+                i += 1
+                if i >= n:
+                    return None
+                s.append(text[i])
+            elif c == 0x22:
+                in_str = False
+        elif c not in _JSON_SPACE:
+            s.append(c)
+            in_str = c == 0x22
+        i += 1
+    if in_str or len(s) < 2 or s[0] != 0x7B or s[-1] != 0x7D:
+        return None
+    s = bytes(s)
+    end, i, members = len(s) - 1, 1, []
+    while i < end:
+        if s[i] != 0x22:
+            return None
+        k = i + 1
+        while k < end and s[k] != 0x22:
+            k += 2 if s[k] == 0x5C else 1
+        if k >= end or s[k + 1] != 0x3A:
+            return None
+        key, v = s[i:k + 1], k + 2
+        depth, in_str, i = 0, False, v
+        while i < end:
+            c = s[i]
+            if in_str:
+                if c == 0x5C:
+                    i += 1
+                elif c == 0x22:
+                    in_str = False
+            elif c == 0x22:
+                in_str = True
+            elif c in (0x7B, 0x5B):
+                depth += 1
+            elif c in (0x7D, 0x5D):
+                depth -= 1
+                if depth < 0:
+                    return None
+            elif c == 0x2C and depth == 0:
+                break
+            i += 1
+        if in_str or depth or i == v or i > end:
+            return None
+        members.append((key, s[v:i]))
+        if i < end:
+            i += 1
+            if i == end:
+                return None
+    members.sort()
+    return b"{" + b",".join(k + b":" + v for k, v in members if k not in _JSON_IGNORED) + b"}"
 
 
 def _checksum(words: bytes) -> bytes:
@@ -460,12 +535,17 @@ def _zarr_steps(source, merge_gap: int, plans_of, need):
             meta_bytes = _read_at(meta, 0, 1 << 30)
         except OSError as e:
             raise NotNativeError(f"{store}: the metadata file {meta} cannot be read ({e})") from None
-        meta_body = encode_units(_no_finish(shape), stored, False, [], [], [], [], meta_bytes, 0)
+        # in canonical form, attributes left out: adding one (z.attrs[...] = ...) rewrites zarr.json
+        # but not the chunks, so the reads go on; any other change is refused
+        canon = _canonical_json(meta_bytes)
+        if canon is None:
+            raise NotNativeError(f"{meta}: the metadata file is not one JSON object")
+        meta_body = encode_units(_no_finish(shape), stored, False, [], [], [], [], canon, CHECK_JSON)
         meta_plan = plans.add_plan(meta_body, lambda: (meta_body, shape))
         meta_file = plans.file_index.get(meta)
         if meta_file is None:
             meta_file = plans.file_index[meta] = len(plans.files)
-            plans.files.append((meta, len(meta_bytes)))
+            plans.files.append((meta, -1))  # its size changes with its attributes
         for local in locals_:
             parts = [(meta_file, meta_plan, 0)]
             for wst, fst, ln in wplan.boxes():
@@ -577,13 +657,15 @@ class _SampleIds:
         self.source = source
 
     def __call__(self, info):
-        ids, pads = self.source.order(int(info.epoch_idx))
+        # O(1) per index (SampleOrder), not the epoch's arrays: a source claiming 2**40 samples costs
+        # one batch's worth per call
+        order = self.source.sample_order(int(info.epoch_idx))
         bs = self.source.batch_size
         i0 = int(info.iteration) * bs
-        if i0 >= len(ids):
+        if i0 >= len(order):
             raise StopIteration
-        return ([np.array(int(s), np.int64) for s in ids[i0:i0 + bs]],
-                [np.array(bool(p)) for p in pads[i0:i0 + bs]])
+        batch = [order[i] for i in range(i0, min(i0 + bs, len(order)))]
+        return ([np.array(int(s), np.int64) for s, _ in batch], [np.array(bool(p)) for _, p in batch])
 
 
 def read_windows(source, device: str = "cpu", *, name: str | None = None, layout: str | None = None,
