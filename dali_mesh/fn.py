@@ -37,7 +37,7 @@ import nvidia.dali as dali
 import nvidia.dali.fn as dali_fn
 import nvidia.dali.types as types
 
-from dali_mesh._external import partitioned_source
+from dali_mesh._external import WorkerError, partitioned_source, watched_run
 # native imports load_plugin from this module only when called, so this import makes no cycle
 from dali_mesh.native import read_windows
 
@@ -51,6 +51,8 @@ __all__ = [
     "slice_boundaries",
     "partitioned_source",
     "read_windows",
+    "WorkerError",
+    "watched_run",
 ]
 
 log = logging.getLogger(__name__)
