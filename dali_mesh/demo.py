@@ -280,7 +280,8 @@ def _rank(rank, world_size, cfg, out_dir):
     # the native reader reads in this process, partitioned_source in its workers: count both, from here
     before = read_bytes([os.getpid()])
     t0 = time.perf_counter()
-    loader = MeshLoader(pipe(), layout, sample_shape=source.sample_shape)
+    # a rank waits for a batch no longer than the demo as a whole (--timeout)
+    loader = MeshLoader(pipe(), layout, sample_shape=source.sample_shape, timeout=cfg["timeout"])
     steps, ids, pads, windows = 0, [], [], []
     num_steps = len(source) // bs
     for batch in loader:
@@ -365,7 +366,8 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = {"mesh": args.mesh, "shard": args.shard, "batch": args.batch, "halo": args.halo,
            "boundary": args.boundary, "split": args.split, "batch_size": args.batch_size,
-           "workers": args.workers, "gpu": gpu, "fail_rank": args.fail_rank, "dataset": args.dataset}
+           "workers": args.workers, "gpu": gpu, "fail_rank": args.fail_rank, "dataset": args.dataset,
+           "timeout": args.timeout}
     # check the mesh and the layout here, before writing data or starting ranks
     mesh = MeshInfo(*mesh_of(cfg, args.nproc))
     if args.data:
