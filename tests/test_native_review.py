@@ -381,3 +381,44 @@ def test_sample_ids_of_a_huge_claimed_sample_count_cost_one_batch():
     assert [int(i) for i in ids] == [s for s, _ in want]
     assert [bool(p) for p in pads] == [p for _, p in want]
     assert all(0 <= int(i) < (1 << 40) for i in ids)
+
+
+JSONS = [
+    b'{"zarr_format": 3, "shape": [4, 8], "fill_value": "NaN", "attributes": {"a": [1, {"b": "}"}]}}',
+    b'{"k": "a \\" , ] } \\\\", "n": -1.5e+3, "u": "\xc3\xa9\\u00e9", "o": {"x": [ ], "y": { }}}',
+    b'{ }',
+    b'{"dimension_names": ["t", null], "t": true, "f": false, "z": null}',
+]
+
+
+@pytest.mark.parametrize("text", JSONS)
+def test_canonical_json_agrees_with_the_reader(tmp_path, text):
+    """The plan's canonical form (Python) against the reader's (C++), through the operator: the same
+    text with other whitespace, member order and attributes is read; another value is refused."""
+    data = tmp_path / "data.bin"
+    raw = np.arange(4, dtype=np.float32)
+    data.write_bytes(raw.tobytes())
+    meta = tmp_path / "meta.json"
+    canon = native._canonical_json(text)
+    assert canon is not None
+    read = _plan(1, 4, 0, 0, [4], [0], [0], [16], [0], [1])
+    check = _plan(1, 4, 0, 0, [4], [], [], [], [], [], check=canon, check_off=native.CHECK_JSON)
+    path = _plan_file(tmp_path / "p.plan", [read, check], [(str(data), 16), (str(meta), -1)],
+                      [(0, [(0, 0, 0, 0), (1, 1, 0, 0)])])
+    import json
+
+    obj = json.loads(text)
+    same = [text, b"\n " + text.replace(b', "', b',\n\t "') + b"\r\n"]  # (no ', "' inside their strings)
+    other = json.dumps(dict(reversed(list({**obj, "attributes": {"units": "K"}}.items()))), indent=3).encode()
+    if native._canonical_json(other) == canon:  # json.dumps writes the values as they were written
+        same.append(other)
+    for t in same:
+        meta.write_bytes(t)
+        (w,) = _build_direct(path)
+        np.testing.assert_array_equal(np.array(w[0]), raw)
+    meta.write_bytes(json.dumps({**obj, "shape": [4, 9]}).encode())
+    with pytest.raises(RuntimeError, match="meta.json: its metadata .* differs"):
+        _build_direct(path)
+    meta.write_bytes(text[:-1])  # not one JSON object
+    with pytest.raises(RuntimeError, match="meta.json: its metadata .* differs"):
+        _build_direct(path)
