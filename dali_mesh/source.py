@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dali_mesh.io._common import DataFileError, ShapeMismatchError, native_dtype
+from dali_mesh.io._common import DataFileError, ShapeMismatchError, native_dtype, normalise_index_maps
 from dali_mesh.io.npy import DEFAULT_MERGE_GAP, read_npy_header, read_npy_window
 from dali_mesh.partition import Layout, Region, SampleOrder
 
@@ -305,6 +305,15 @@ def _file_list(files, who: str, kind: str) -> list[str]:
     return out
 
 
+def _normalise_maps(maps, shape, path):
+    """``maps`` keyed by non-negative axes of a sample of ``shape`` (``channel_axis=-1`` is the last
+    axis): the readers' plans look maps up by non-negative axis, so a negative key must be resolved
+    once, where the sample's number of axes is known."""
+    if not maps:
+        return maps
+    return normalise_index_maps(maps, len(shape), path)
+
+
 def _apply_maps(shape: tuple[int, ...], maps, path) -> tuple[int, ...]:
     shape = list(shape)
     for a, m in (maps or {}).items():
@@ -354,6 +363,7 @@ class NumpySource(WindowSource):
         self.method = method
         first = read_npy_header(self.files[0])
         _check_frame(first.shape, self.files[0])
+        self.index_maps = _normalise_maps(self.index_maps, first.shape, self.files[0])
         shape = _apply_maps(first.shape, self.index_maps, self.files[0])
         self.sample_ndim = len(shape)
         self.dtype = first.native_dtype
@@ -415,6 +425,8 @@ class _TimeSeriesSource(WindowSource):
         for f in self.files:  # metadata only; handles are closed again (workers open their own)
             length, frame, dtype = self._meta(f)
             _check_frame(frame, f)
+            if dtype0 is None:
+                self.index_maps = _normalise_maps(self.index_maps, frame, f)
             frame = _apply_maps(frame, self.index_maps, f)
             if dtype0 is None:
                 dtype0, frame0 = dtype, frame

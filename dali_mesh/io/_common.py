@@ -255,6 +255,28 @@ def native_dtype(dtype) -> np.dtype:
     return dtype.newbyteorder("=") if dtype.byteorder not in "=|" else dtype
 
 
+def normalise_index_maps(
+    index_maps: Mapping[int, Sequence[int]] | None, ndim: int, path: str | None = None
+) -> dict[int, Sequence[int]]:
+    """``index_maps`` with each axis in ``0..ndim-1`` (``-1`` is the last axis, as numpy counts).
+    Every plan looks its maps up by non-negative axis: a negative key left as it is would be
+    ignored and the window read without its channel subset. An axis out of range is an error
+    naming it (a :class:`DataFileError` naming ``path`` when one is given)."""
+    out: dict[int, Sequence[int]] = {}
+    for a, m in (index_maps or {}).items():
+        if isinstance(a, (bool, np.bool_)) or not isinstance(a, (int, np.integer)) or not -ndim <= a < ndim:
+            msg = (f"channel axis {a!r} is out of range for a sample of {ndim} axes "
+                   f"(use 0..{ndim - 1}, or -{ndim}..-1 counted from the end)")
+            if path is not None:
+                raise DataFileError(path, msg)
+            raise ValueError(msg)
+        a = int(a) % ndim
+        if a in out:
+            raise ValueError(f"index_maps names axis {a} twice (as {a} and {a - ndim}): give one map per axis")
+        out[a] = m
+    return out
+
+
 def sample_shape(
     path: str,
     full_shape: Sequence[int],
@@ -268,7 +290,7 @@ def sample_shape(
     if len(prefix) > len(full_shape) or any(not 0 <= p < s for p, s in zip(prefix, full_shape)):
         raise DataFileError(path, f"sample index {tuple(prefix)} is out of range for {what}")
     shape = list(full_shape[len(prefix) :])
-    for a, m in (index_maps or {}).items():
+    for a, m in normalise_index_maps(index_maps, len(shape), path).items():
         m = np.asarray(m)
         if m.size and (m.min() < 0 or m.max() >= shape[a]):
             raise DataFileError(path, f"indices {m.tolist()} of axis {a} are out of range for size {shape[a]}")

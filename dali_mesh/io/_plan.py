@@ -25,6 +25,7 @@ from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
+from dali_mesh.io._common import normalise_index_maps
 from dali_mesh.partition import Region, boundary_index, check_fill_value
 
 __all__ = ["AxisPlan", "WindowPlan", "plan_window"]
@@ -176,7 +177,7 @@ def plan_window(
 ) -> WindowPlan:
     """Plan the read of ``region`` (see the module docstring). ``index_maps``: sample axis -> array
     mapping a sample index on that axis to a file index (e.g. a channel subset)."""
-    index_maps = index_maps or {}
+    index_maps = normalise_index_maps(index_maps, region.ndim)
     axes = tuple(
         plan_axis(
             region.window_start[a],
