@@ -31,6 +31,7 @@ import signal
 import tempfile
 import threading
 import time
+import weakref
 
 __all__ = ["DEFAULT_TIMEOUT_S", "Watchdog", "WorkerError", "partitioned_source", "status_dir", "watched_run"]
 
@@ -162,16 +163,22 @@ class Watchdog:
         self._status_folder = status_folder
         self._executor: _HelperThread | None = None
         self._broken: str | None = None
+        self.calls = 0  # calls made through watched_run (the first one waits for the prefetch queue)
 
     @property
     def broken(self) -> str | None:
         """Why the watched pipeline is unusable, or None."""
         return self._broken
 
-    def call(self, fn, *args, what: str = "the next batch"):
+    def call(self, fn, *args, what: str = "the next batch", batches: float | None = 1):
         """``fn(*args)`` on the helper thread (always the same one, as DALI expects one caller),
-        waiting at most ``timeout`` seconds; exceptions of ``fn`` (``StopIteration`` included) pass
-        through."""
+        waiting at most ``batches * timeout`` seconds; exceptions of ``fn`` (``StopIteration``
+        included) pass through.
+
+        ``batches``: how many batch times the call may take. The first batch waits for DALI to fill
+        its prefetch queue (``prefetch_queue_depth + 1`` batches on slow workers), so a deadline of
+        one batch time would kill a healthy pipeline there. ``None``: no deadline (building a
+        pipeline, which spawns its workers) but dead or stopped workers are still reported."""
         if self._broken is not None:
             raise WorkerError(f"the pipeline is unusable after an earlier failure ({self._broken}); "
                               "build a new one (MeshLoader.load_state_dict resumes from a checkpoint)")
@@ -180,7 +187,7 @@ class Watchdog:
         if self._executor is None:
             self._executor = _HelperThread()
         future = self._executor.submit(fn, *args)
-        deadline = time.monotonic() + self.timeout
+        deadline = None if batches is None else time.monotonic() + self.timeout * batches
         while True:
             try:
                 error = future.exception(timeout=self.poll_s)
@@ -200,9 +207,12 @@ class Watchdog:
                 finally:  # no cycle error -> traceback -> this frame -> error: free it by refcount
                     error = future = None
             problem = self._check_workers()
-            if problem is None and time.monotonic() > deadline:
-                problem = (f"no progress for {self.timeout:g} s while waiting for {what} "
-                           f"(timeout={self.timeout:g}); workers: {self._describe_all()}")
+            if problem is None and deadline is not None and time.monotonic() > deadline:
+                waited = self.timeout * batches
+                problem = (f"no progress for {waited:g} s while waiting for {what} "
+                           f"(timeout={self.timeout:g} s per batch"
+                           + (f", x{batches:g} for this call" if batches != 1 else "")
+                           + f"); workers: {self._describe_all()}")
             if problem is not None:
                 self._fail(problem)
 
@@ -259,6 +269,13 @@ class Watchdog:
         raise WorkerError(f"{problem}. The pipeline is unusable now (its workers were stopped): build a "
                           "new one; MeshLoader.load_state_dict resumes from a checkpoint") from cause
 
+    def __del__(self) -> None:
+        # a dropped watchdog (its pipeline freed) lets its helper thread end too
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
     def close(self) -> None:
         """Let the helper thread go (a call stuck in a dead pipeline keeps it until the process exits)."""
         if self._executor is not None:
@@ -266,14 +283,36 @@ class Watchdog:
             self._executor = None
 
 
+def prefetch_batches(pipe) -> int:
+    """How many batch times the first output of ``pipe`` may take: DALI fills its prefetch queue
+    (the pipeline's ``prefetch_queue_depth``, and each parallel external source's) before the first
+    batch comes back, so a slow but healthy pipeline needs ``depth + 1`` batch times there."""
+    depth = getattr(pipe, "_prefetch_queue_depth", 2)
+    if isinstance(depth, dict):  # separated queues: {"cpu": n, "gpu": m}
+        depth = max(depth.values(), default=2)
+    try:
+        depth = int(depth)
+    except (TypeError, ValueError):
+        depth = 2
+    return max(depth, 1) + 1
+
+
 def watched_run(pipe, timeout: float | None = DEFAULT_TIMEOUT_S):
     """``pipe.run()`` under a :class:`Watchdog` kept on the pipeline: raises :class:`WorkerError`
-    instead of waiting for ever on a dead or stopped worker (see the module docstring)."""
+    instead of waiting for ever on a dead or stopped worker (see the module docstring).
+
+    ``timeout``: seconds per batch; the first call may take ``prefetch_queue_depth + 1`` times that
+    (DALI fills its prefetch queue first). The watchdog holds the pipeline weakly: a pipeline
+    dropped by its user is freed (and its workers stopped) without waiting for the garbage
+    collector."""
     dog = getattr(pipe, "_dali_mesh_watchdog", None)
+    first = dog is None or not dog.calls
     if dog is None or dog.timeout != (float(timeout) if timeout else None):
-        dog = Watchdog(lambda: [pipe], timeout)
+        ref = weakref.ref(pipe)
+        dog = Watchdog(lambda: [p for p in (ref(),) if p is not None], timeout)
         pipe._dali_mesh_watchdog = dog
-    return dog.call(pipe.run, what="pipe.run()")
+    dog.calls += 1
+    return dog.call(pipe.run, what="pipe.run()", batches=prefetch_batches(pipe) if first else 1)
 
 
 def partitioned_source(source, device: str = "cpu", *, name: str | None = None,

@@ -410,6 +410,15 @@ def _check_fill_type(fill_value):
     return fill_value
 
 
+def _nested_sizes(n: int, counts: Sequence[int], rule: str) -> list[int]:
+    """Sizes of the combined shards of an axis of ``n`` cells split by ``rule`` over nested mesh dims of
+    ``counts`` ranks (outer first, each splitting the previous shard), row-major: as ``region`` does."""
+    sizes = [n]
+    for k in counts:
+        sizes = [s for size in sizes for s in split_sizes(size, k, rule)]
+    return sizes
+
+
 def _check_explicit_split(split: Mapping, mesh: MeshInfo, shard: Sequence[tuple[int, int]]
                           ) -> dict[int, tuple[int, ...]]:
     """Explicit shard sizes ``{mesh dim: sizes}`` checked against the shard dims; keyed by mesh dim index."""
@@ -578,9 +587,55 @@ class Layout:
                 fill, self.split, sizes)
 
     def __eq__(self, other) -> bool:
+        """Equal as given: ``shard={"mp": -1}`` and ``shard={"mp": 2}`` differ (they agree only for
+        3-axis samples). Compare ``a.normalized(ndim) == b.normalized(ndim)`` (or
+        ``a.same_as(b, ndim)``) for a given sample ndim."""
         if not isinstance(other, Layout):
             return NotImplemented
         return self._key() == other._key()
+
+    def normalized(self, ndim: int) -> "Layout":
+        """This layout for samples of ``ndim`` axes with every axis counted from 0: negative axes of
+        ``shard``, and of ``halo``/``boundary`` given as ``{axis: ...}``, resolved (out of range:
+        ``LayoutError``). ``Layout.from_placements(mesh, layout.dtensor_placements(ndim)) ==
+        layout.normalized(ndim)`` for every layout DTensor can describe."""
+        ndim = _check_int("ndim", ndim, 1)
+        shard = {self.mesh.names[d]: _normalize_axis(a, ndim, "shard") for d, a in self._shard}
+
+        def keyed(value, what):
+            if not isinstance(value, Mapping):
+                return value
+            out = {}
+            for axis, v in value.items():
+                a = _normalize_axis(axis, ndim, what)
+                if a in out:
+                    raise LayoutError(f"{what}: axis {axis} is given twice (as {a} and {a - ndim})")
+                out[a] = v
+            return out
+
+        return Layout(self.mesh, shard=shard, batch=self.batch_dims, crop=self._crop,
+                      halo=keyed(self._halo, "halo"), boundary=keyed(self._boundary, "boundary"),
+                      fill_value=self.fill_value, split=self.split_sizes if self._split_sizes is not None else self.split)
+
+    def same_as(self, other: "Layout", ndim: int) -> bool:
+        """Whether two layouts split samples of ``ndim`` axes the same way (negative axes resolved)."""
+        return self.normalized(ndim) == other.normalized(ndim)
+
+    def explicit_matches(self, global_shape: Sequence[int], rule: str = "chunk") -> bool:
+        """Whether this layout's shard sizes equal ``rule``'s for samples of ``global_shape`` (crop
+        applied). Explicit sizes (``split={dim: [...]}``) can equal a rule only for one axis length,
+        which a ``Layout`` does not know until it sees the sample shape: ``181/181/181/178`` is
+        ``chunk`` for 721 cells over 4 ranks, and DTensor output is allowed for it there."""
+        _check_split(rule)
+        if self._split_sizes is None:
+            return self.split == rule
+        shape = _check_shape(global_shape)
+        d0, d1 = self.domain(shape)
+        for axis, dims in _axis_groups(self._shard, len(shape)).items():
+            want = _nested_sizes(d1[axis] - d0[axis], [self.mesh.shape[d] for d in dims], rule)
+            if tuple(want) != self._split_sizes[dims[-1]]:
+                return False
+        return True
 
     def __hash__(self) -> int:
         return hash(self._key())
@@ -749,7 +804,8 @@ class Layout:
 
     # ---- torch / PhysicsNeMo --------------------------------------------------------------------------
     def placement_spec(self, ndim: int, *, halo_stripped: bool = False, lead_axes: int = 0,
-                       any_split: bool = False) -> tuple[tuple[str, int | None], ...]:
+                       any_split: bool = False, global_shape: Sequence[int] | None = None
+                       ) -> tuple[tuple[str, int | None], ...]:
         """Placements of the batched tensor ``(batch, *lead, *sample)`` per mesh dim, as plain data:
         ``("shard", 0)`` for batch dims, ``("shard", 1 + lead_axes + axis)`` for shard dims,
         ``("replicate", None)`` otherwise.
@@ -758,12 +814,31 @@ class Layout:
         halo stripped: ``halo_stripped=True``); anything else raises. ``lead_axes`` counts unsplit
         axes between the batch and the sample (the steps of a forecast). ``any_split=True`` skips the
         split check, for PhysicsNeMo ``ShardTensor``, which carries explicit shard shapes.
+        ``global_shape``: the sample shape; explicit sizes are accepted when they equal torch.chunk's
+        for it (:meth:`explicit_matches`), as they are for the axis length they were made for.
         """
+        if global_shape is not None and len(_check_shape(global_shape)) != ndim:
+            raise LayoutError(f"global_shape {tuple(global_shape)} has {len(global_shape)} axes, ndim is {ndim}")
         if self.split != "chunk" and not any_split:
-            raise LayoutError(
-                f"no DTensor for split={self.split!r}: DTensor's Shard sizes follow torch.chunk; use the "
-                "local tensor and its region, or a PhysicsNeMo ShardTensor with sharding_shapes"
-            )
+            if self.split == "explicit" and global_shape is not None and self.explicit_matches(global_shape):
+                pass  # the sizes are exactly chunk's for this shape: the DTensor tells the truth
+            elif self.split == "explicit":
+                chunk = {self.mesh.names[dims[-1]]: _nested_sizes(
+                    self.domain(global_shape)[1][a] - self.domain(global_shape)[0][a],
+                    [self.mesh.shape[d] for d in dims], "chunk")
+                    for a, dims in _axis_groups(self._shard, ndim).items()} if global_shape is not None else None
+                raise LayoutError(
+                    f"no DTensor for explicit split sizes {self.split_sizes}: DTensor's Shard sizes follow "
+                    + (f"torch.chunk, which gives {chunk} for sample shape {tuple(global_shape)}; "
+                       if chunk is not None else
+                       "torch.chunk, and explicit sizes are accepted only when they equal chunk's for the "
+                       "sample shape (pass global_shape=, as to_dtensor and MeshLoader do); ")
+                    + "use the local tensor and its region, or a PhysicsNeMo ShardTensor with sharding_shapes")
+            else:
+                raise LayoutError(
+                    f"no DTensor for split={self.split!r}: DTensor's Shard sizes follow torch.chunk; use the "
+                    "local tensor and its region, or a PhysicsNeMo ShardTensor with sharding_shapes"
+                )
         if not halo_stripped and any(lo or hi for lo, hi in self.halo_pairs(ndim)):
             raise LayoutError(
                 "no DTensor for a window with halo: strip the halo first (region.owned_in_window) "
@@ -812,7 +887,9 @@ class Layout:
                         lead_axes: int = 0, batch: str | Sequence[str] | None = None, crop=None,
                         halo=0, boundary="constant", fill_value: float = 0,
                         split: str | Mapping = "chunk") -> "Layout":
-        """The layout whose :meth:`dtensor_placements` are ``placements``: the inverse of that method.
+        """The layout whose :meth:`dtensor_placements` are ``placements``: the inverse of that method,
+        with axes counted from 0: ``Layout.from_placements(mesh, layout.dtensor_placements(n)) ==
+        layout.normalized(n)`` (a layout given ``shard={"mp": -1}`` comes back as ``{"mp": n - 1}``).
 
         Args:
             mesh: a ``MeshInfo`` or a torch ``DeviceMesh`` (this rank's coordinate is read from it).

@@ -40,7 +40,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from dali_mesh._external import DEFAULT_TIMEOUT_S, Watchdog, WorkerError
+from dali_mesh._external import DEFAULT_TIMEOUT_S, Watchdog, WorkerError, prefetch_batches
 from dali_mesh.mesh import MeshError, MeshInfo
 from dali_mesh.partition import Layout, LayoutError
 
@@ -78,13 +78,15 @@ def to_dtensor(local: torch.Tensor, layout: Layout, sample_shape: Sequence[int],
 
     The halo is stripped first; placements come from the layout (``Shard(0)`` for batch dims,
     ``Shard(1 + lead_axes + axis)`` for shard dims, ``Replicate()`` otherwise). ``lead_axes`` counts
-    unsplit axes after the batch (a forecast's steps). Only ``split="chunk"``: the global shape and
-    stride are given explicitly, which DTensor gets right only for torch.chunk shard sizes.
+    unsplit axes after the batch (a forecast's steps). Only ``split="chunk"`` (or explicit sizes
+    equal to chunk's for ``sample_shape``): the global shape and stride are given explicitly, which
+    DTensor gets right only for torch.chunk shard sizes.
     """
     from torch.distributed.tensor import DTensor  # noqa: PLC0415
 
     ndim = len(sample_shape)
-    placements = layout.dtensor_placements(ndim, halo_stripped=True, lead_axes=lead_axes)
+    placements = layout.dtensor_placements(ndim, halo_stripped=True, lead_axes=lead_axes,
+                                           global_shape=tuple(sample_shape))
     local, region = _owned_part(local, layout, sample_shape, lead_axes)
     global_shape = (local.shape[0] * layout.num_batch_groups,) + tuple(local.shape[1:1 + lead_axes]) + region.domain_shape
     return DTensor.from_local(local.contiguous(), device_mesh, placements, run_check=False,
@@ -232,7 +234,8 @@ class MeshLoader:
             one name per pipeline output, checked when the pipeline is built.
         window_outputs: which outputs are windows (default: those not named ``sample_id``/``is_pad``).
         output: ``"local"`` (windows as they are, halo kept; ``loader.region`` says where they lie),
-            ``"dtensor"`` (halo stripped, ``split="chunk"`` only) or ``"shard_tensor"`` (PhysicsNeMo).
+            ``"dtensor"`` (halo stripped, ``split="chunk"`` only, or explicit sizes equal to chunk's
+            for the sample shape) or ``"shard_tensor"`` (PhysicsNeMo).
             Default: ``"dtensor"`` with ``like``, else ``"local"``.
         device_mesh: the torch ``DeviceMesh`` (for ``dtensor``/``shard_tensor``); it must be the
             layout's mesh (shape, names, this rank's coordinate), checked at construction.
@@ -241,9 +244,12 @@ class MeshLoader:
             be shorter than the batch size). By default they are kept and flagged in ``is_pad``.
         per_sample_shapes: samples differ in shape: windows come as lists of per-sample tensors
             (DALI's ``DALIRaggedIterator``); no DTensor.
-        timeout: seconds to wait for a batch before raising :class:`WorkerError` (default
-            ``DEFAULT_TIMEOUT_S`` = 120: the first batch includes starting the workers); ``None`` or
-            ``0`` turns the watchdog off. With the watchdog on, a DALI worker process that dies or is
+        timeout: seconds one batch may take before :class:`WorkerError` is raised (default
+            ``DEFAULT_TIMEOUT_S`` = 120). The first batch of an epoch may take
+            ``(prefetch_queue_depth + 1) * timeout`` (DALI fills its prefetch queue before returning
+            it: 3 batch times by default); building the pipeline (spawning its workers) has no
+            deadline. So a healthy pipeline whose batches take ``t`` seconds needs ``timeout > t``.
+            ``None`` or ``0`` turns the watchdog off. With the watchdog on, a DALI worker process that dies or is
             stopped raises ``WorkerError`` within about a second, naming its pid and the file it was
             reading; the pipeline is unusable afterwards (its workers are killed): build a new
             loader or call ``load_state_dict``.
@@ -315,7 +321,7 @@ class MeshLoader:
             if drop_padded:
                 raise ValueError("drop_padded would make ranks' batches differ in size: use it with output='local'")
             if output == "dtensor":  # fail now, not at the first batch
-                layout.placement_spec(len(sample_shape), halo_stripped=True)
+                layout.placement_spec(len(sample_shape), halo_stripped=True, global_shape=sample_shape)
         if device_mesh is not None:
             _device_mesh_info(device_mesh, layout)
         self.layout = layout
@@ -365,6 +371,7 @@ class MeshLoader:
                 raise LayoutError(f"the model's input {name!r} has shape {want['shape']} but the loader's samples "
                                   f"have domain shape {got_sample} (sample_shape {self.sample_shape}, crop applied)")
             placements = tuple(self.layout.dtensor_placements(len(self.sample_shape), halo_stripped=True,
+                                                              global_shape=self.sample_shape,
                                                               lead_axes=lead))
             if placements != tuple(want["placements"]):
                 raise LayoutError(f"the layout gives {name!r} placements {_plain(placements)} but the model's input "
@@ -382,6 +389,7 @@ class MeshLoader:
         box = [pipe]
         self._watched = box
         self._watchdog = Watchdog(lambda: box, self.timeout)
+        self._first_batches, self._after_start = 3, True  # set from the pipeline once it is built
         self._stream = None
         if getattr(pipe, "device_id", None) is not None and torch.cuda.is_available():
             # the helper thread copies into torch tensors: use the caller's stream, not its own default
@@ -405,7 +413,9 @@ class MeshLoader:
                         f"the model's input {name!r} has a global batch of {want['shape'][0]} but the loader "
                         f"yields {pipe.max_batch_size * groups} (batch_size {pipe.max_batch_size} x {groups} "
                         "sample groups)")
-        self._call(pipe.build, what="the pipeline to build and start its workers")
+        # no deadline on the build: it spawns and imports the worker processes (seconds on a loaded
+        # machine, unrelated to the per-batch timeout); dead workers are still reported
+        self._call(pipe.build, what="the pipeline to build and start its workers", batches=None)
         num_outputs = pipe.num_outputs
         if num_outputs != len(self.output_map):
             raise ValueError(f"output_map {list(self.output_map)} names {len(self.output_map)} outputs but the pipeline "
@@ -414,7 +424,11 @@ class MeshLoader:
         # sample_id and is_pad are checked on every batch instead (__next__)
         for src in getattr(pipe, "_dali_mesh_sources", None) or ():  # a graph defined at build time
             self._check_source(src)
-        self._iterator = self._call(self._make_iterator, pipe, what="the first batch")
+        # the iterator's first batch waits for DALI's prefetch queue: prefetch_queue_depth + 1 batch times
+        self._first_batches = prefetch_batches(pipe)
+        self._iterator = self._call(self._make_iterator, pipe, what="the first batch",
+                                    batches=self._first_batches)
+        self._after_start = True
         self._checked_like = False
 
     def _check_source(self, src) -> None:
@@ -440,15 +454,15 @@ class MeshLoader:
                 "follow the pipeline's outputs (partitioned_source returns window(s), sample_id, is_pad: use "
                 "source.output_names)")
 
-    def _call(self, fn, *args, what: str = "the next batch"):
+    def _call(self, fn, *args, what: str = "the next batch", batches: float | None = 1):
         if self._stream is None:
-            return self._watchdog.call(fn, *args, what=what)
+            return self._watchdog.call(fn, *args, what=what, batches=batches)
 
         def on_stream():
             with torch.cuda.stream(self._stream):
                 return fn(*args)
 
-        return self._watchdog.call(on_stream, what=what)
+        return self._watchdog.call(on_stream, what=what, batches=batches)
 
     @property
     def timeout(self) -> float | None:
@@ -483,7 +497,10 @@ class MeshLoader:
         return self
 
     def __next__(self) -> dict[str, Any]:
-        batch = self._call(next, self._iterator)[0]
+        # the first batch of an epoch may wait for the refilled prefetch queue, later ones one batch time
+        batches = self._first_batches if self._after_start else 1
+        batch = self._call(next, self._iterator, batches=batches)[0]
+        self._after_start = False
         self.steps_taken += 1
         for name, want in (("sample_id", torch.int64), ("is_pad", torch.bool)):
             value = batch.get(name)
@@ -522,7 +539,8 @@ class MeshLoader:
 
     def reset(self) -> None:
         """Start the next epoch (after ``StopIteration``)."""
-        self._call(self._iterator.reset, what="the next epoch to start")
+        self._call(self._iterator.reset, what="the next epoch to start", batches=self._first_batches)
+        self._after_start = True
         self.steps_taken = 0
 
     def __len__(self) -> int:

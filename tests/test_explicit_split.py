@@ -95,11 +95,15 @@ def test_nested_mesh_dims_take_combined_sizes_on_the_innermost():
     assert got == {(0, 0): (0, 1), (0, 1): (1, 3), (0, 2): (3, 6), (1, 0): (6, 10), (1, 1): (15, 15), (1, 2): (10, 15)}
 
 
-def test_explicit_split_has_no_dtensor_but_a_shard_tensor():
+def test_explicit_split_has_a_dtensor_only_where_it_is_chunk():
     layout = Layout(MeshInfo((4,), ("mp",)), shard={"mp": 0}, split={"mp": [3, 3, 3, 3]})
-    with pytest.raises(LayoutError, match="no DTensor for split='explicit'"):
+    with pytest.raises(LayoutError, match="no DTensor for explicit split sizes .*pass global_shape="):
         layout.placement_spec(1)
-    assert layout.placement_spec(2, any_split=True) == (("shard", 1),)
+    assert layout.placement_spec(1, global_shape=(12,)) == (("shard", 1),)  # torch.chunk(12, 4): 3 each
+    uneven = Layout(MeshInfo((4,), ("mp",)), shard={"mp": 0}, split={"mp": [4, 3, 3, 2]})
+    with pytest.raises(LayoutError, match=r"torch.chunk, which gives \{'mp': \[3, 3, 3, 3\]\}"):
+        uneven.placement_spec(1, global_shape=(12,))
+    assert uneven.placement_spec(2, any_split=True) == (("shard", 1),)
 
 
 MESH = MeshInfo((2, 4), ("dp", "mp"))
