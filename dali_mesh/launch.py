@@ -37,6 +37,38 @@ def _rank_main(fn, rank, world_size, store_path, result_dir, args, timeout_s, ba
         f.write("ok")
 
 
+def _stop_ranks(procs) -> None:
+    """SIGKILL every started rank's process group (the rank and whatever it started: DALI workers would
+    otherwise outlive it) and reap the ranks. Safe to call more than once, or on ranks never started."""
+    for p in procs:
+        if p.pid is None:  # never started
+            continue
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if p.is_alive():  # killed before it made its group
+            p.kill()
+    for p in procs:
+        if p.pid is not None:
+            p.join()
+
+
+def _raise_on_sigterm():
+    """Turn SIGTERM into ``SystemExit`` while the ranks run (so ``finally`` stops them); returns a
+    function restoring the previous handler. Only the main thread can set handlers: elsewhere a no-op."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def on_term(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
 class RankFailure(RuntimeError):
     """One or more ranks failed or hung; the message holds what each of them reported."""
 
@@ -52,29 +84,33 @@ def run_ranks(fn, world_size: int, tmp_path, *args, timeout_s: float = 60.0, bac
     os.makedirs(results, exist_ok=True)
     procs = [ctx.Process(target=_rank_main, args=(fn, r, world_size, store, results, args, timeout_s / 2, backend))
              for r in range(world_size)]
-    for p in procs:
-        p.start()
-    # wait; once a rank has failed, give the others a moment to fail too, then stop them: a peer
-    # blocked in a collective on a dead rank would otherwise wait for the group's timeout
-    deadline = time.monotonic() + timeout_s
     hung: list[int] = []
-    while any(p.is_alive() for p in procs):
-        failed = any(p.exitcode not in (None, 0) for p in procs)
-        if failed:
-            deadline = min(deadline, time.monotonic() + grace_s)
-        if time.monotonic() > deadline:
-            hung = [r for r, p in enumerate(procs) if p.is_alive()] if not failed else []
-            break
-        time.sleep(0.05)
-    for p in procs:
-        # stop the rank and whatever it started (DALI workers would otherwise outlive it)
+    # Ctrl-C reaches the parent only (each rank is the leader of its own process group), and SIGTERM
+    # would end the parent without cleanup: either way every rank (and its DALI workers) must be
+    # stopped before the caller removes the folder the ranks work in
+    restore = _raise_on_sigterm()
+    try:
+        for p in procs:
+            p.start()
+        # wait; once a rank has failed, give the others a moment to fail too, then stop them: a peer
+        # blocked in a collective on a dead rank would otherwise wait for the group's timeout
+        deadline = time.monotonic() + timeout_s
+        while any(p.is_alive() for p in procs):
+            failed = any(p.exitcode not in (None, 0) for p in procs)
+            if failed:
+                deadline = min(deadline, time.monotonic() + grace_s)
+            if time.monotonic() > deadline:
+                hung = [r for r, p in enumerate(procs) if p.is_alive()] if not failed else []
+                break
+            time.sleep(0.05)
+    finally:
+        # a second Ctrl-C must not cut the cleanup short: held until the ranks are stopped
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        if p.is_alive():  # killed before it made its group
-            p.kill()
-        p.join()
+            _stop_ranks(procs)
+        finally:
+            restore()
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     reports = []
     for r, p in enumerate(procs):
         path = os.path.join(results, f"rank{r}.txt")
