@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 #: Largest chunk :func:`aligned_chunks` proposes: a bigger one is split further (a chunk is read
 #: and, compressed, decoded whole; tens of MiB keep per-chunk overheads small and memory bounded).
 MAX_CHUNK_BYTES = 64 << 20
+#: Smallest chunk worth taking to follow unequal shard boundaries exactly (their common width).
+MIN_ALIGNED_CHUNK_BYTES = 1 << 20
 #: Above this ratio of cold bytes to window bytes the advice proposes another chunk shape.
 ADVICE_RATIO = 1.1
 #: Most shard coordinates walked to find the shard boundaries of one axis.
@@ -79,29 +81,50 @@ def shard_boundaries(layout: Layout, sample_shape: Sequence[int]) -> dict[int, l
 
 def aligned_chunks(layout: Layout, sample_shape: Sequence[int], itemsize: int,
                    max_bytes: int = MAX_CHUNK_BYTES, lead: int = 1) -> tuple[int, ...]:
+    """The chunk shape of :func:`chunk_advice` (without its note)."""
+    return chunk_advice(layout, sample_shape, itemsize, max_bytes, lead)[0]
+
+
+def chunk_advice(layout: Layout, sample_shape: Sequence[int], itemsize: int,
+                 max_bytes: int = MAX_CHUNK_BYTES, lead: int = 1) -> tuple[tuple[int, ...], str | None]:
     """The chunk shape, ``lead`` sample axes of 1 first, whose chunk grid follows the layout's shard
     boundaries: along a sharded axis the largest size that divides every shard boundary (one chunk
     per rank's owned region for ``chunk``/``physicsnemo`` splits); other axes whole. Halved (other
     axes first) while a chunk exceeds ``max_bytes``. A split whose boundaries share no useful common
     size (``even`` splits: 181, 180, 180, 180) gets the largest shard size: a window then touches at
-    most two chunks along that axis."""
+    most two chunks along that axis.
+
+    Returns ``(chunks, note)``: ``note`` is ``None`` when the chunk grid follows every shard
+    boundary (a cold read of ~1.0x the window), else a plain sentence saying why no regular chunk
+    grid can, and what would. The common width (the gcd of the boundaries) is taken, even when it is
+    much smaller than a shard, while its chunks hold at least ``MIN_ALIGNED_CHUNK_BYTES``: smaller
+    chunks cost more in per-chunk overhead than the extra bytes of a boundary-straddling chunk."""
     shape = tuple(int(s) for s in sample_shape)
     chunks = list(shape)
     spans = shard_boundaries(layout, shape)
+    notes = []
     for axis, owned in spans.items():
-        edges = {e for span in owned for e in span if 0 < e < shape[axis]}
+        edges = sorted({e for span in owned for e in span if 0 < e < shape[axis]})
         sizes = [b - a for a, b in owned]
         step = 0
         for e in edges:
             step = math.gcd(step, e)
+        # bytes of one chunk of width step along this axis, the other axes whole (before capping)
+        step_bytes = step * itemsize * math.prod(shape[a] for a in range(len(shape)) if a != axis)
         if not edges:
             chunks[axis] = shape[axis]
-        elif step * 4 >= min(sizes):
+        elif step * 4 >= min(sizes) or step_bytes >= MIN_ALIGNED_CHUNK_BYTES:
             chunks[axis] = step
         else:
-            log.info("shards of axis %d (%s) share no chunk size; chunks of %d span a boundary", axis,
-                     sizes, max(sizes))
             chunks[axis] = max(sizes)
+            notes.append(
+                f"the shards of axis {axis} ({'/'.join(map(str, sizes))} cells) have boundaries {edges} whose "
+                f"only common chunk width is {step} cell{'s' if step != 1 else ''} ({_bytes(step_bytes)} chunks, "
+                f"{-(-min(sizes) // step)}+ per window: too small to be worth it); regular HDF5/Zarr chunks cannot "
+                f"follow shards of unequal sizes, so chunks of {max(sizes)} cells straddle the boundaries and a "
+                "window reads up to two of them along that axis. For ~1.0x: shard sizes that are multiples of one "
+                f"width (e.g. --split chunk: {'/'.join(map(str, _chunk_sizes(shape[axis], len(sizes))))})")
+            log.info("chunk advice: %s", notes[-1])
     sharded = set(spans)
     while math.prod(chunks) * itemsize > max_bytes:
         free = [a for a in range(len(shape)) if a not in sharded and chunks[a] > 1]
@@ -111,7 +134,20 @@ def aligned_chunks(layout: Layout, sample_shape: Sequence[int], itemsize: int,
             break
         a = max(pool, key=lambda i: chunks[i])
         chunks[a] = -(-chunks[a] // 2)
-    return (1,) * lead + tuple(chunks)
+    return (1,) * lead + tuple(chunks), ("; ".join(notes) or None)
+
+
+def _chunk_sizes(n: int, k: int) -> list[int]:
+    from dali_mesh.partition import split_sizes  # noqa: PLC0415
+
+    return list(split_sizes(n, k, "chunk"))
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.0f} {unit}"
+    return f"{n} B"
 
 
 def _chunk_ranges(file_start: Sequence[int], lengths: Sequence[int], chunks: Sequence[int]):
@@ -181,13 +217,17 @@ class LayoutTarget:
         """A chunk shape aligned with the shards (sample axis first) and the worst cold/needed ratio
         it would give over the ranks' windows."""
         chunks = aligned_chunks(layout, self.sample_shape, self.dtype.itemsize)
+        return chunks, self.chunked_ratio(layout, chunks)
+
+    def chunked_ratio(self, layout: Layout, chunks: Sequence[int]) -> float:
+        """The worst cold/needed ratio over the ranks' windows were the data chunked ``chunks``."""
         worst = 0.0
         seen = set()
         # the windows differ only along sharded axes: walk the shard coordinates, as the boundaries do
         dims = [d for d, a in enumerate(layout.shard_axes(len(self.sample_shape))) if a >= 0]
         count = math.prod(layout.mesh.shape[d] for d in dims)
         if count > _MAX_BOUNDARY_WALK:
-            return chunks, float("nan")
+            return float("nan")
         coordinate = [0] * layout.mesh.ndim
         for combo in itertools.product(*(range(layout.mesh.shape[d]) for d in dims)):
             for d, c in zip(dims, combo):
@@ -202,7 +242,7 @@ class LayoutTarget:
                 continue
             needed = plan.read_cells * self.dtype.itemsize
             worst = max(worst, chunked_cold_bytes(plan, chunks, self.dtype.itemsize, (0,)) / needed)
-        return chunks, worst
+        return worst
 
     def summary(self, layout: Layout) -> list[str]:
         """Lines after the table: totals, the worst rank, and a chunk shape when the ratio is high."""
@@ -215,10 +255,20 @@ class LayoutTarget:
         lines = [f"cold read of one sample per rank: {cold / needed:.2f}x the window bytes in all "
                  f"({what} {self.path}, {layout_text}); worst rank {rank}: {worst:.2f}x"]
         if worst > ADVICE_RATIO:
-            chunks, after = self.suggestion(layout)
-            lines.append(f"advice: store the data chunked {chunks} (sample axis first; HDF5 or Zarr) to read "
-                         f"~{after:.2f}x: dali-mesh convert {self.path} OUT.zarr (or OUT.h5) with the same "
-                         "--mesh/--shard/--split")
+            chunks, note = chunk_advice(layout, self.sample_shape, self.dtype.itemsize)
+            after = self.chunked_ratio(layout, chunks)
+            already = self.chunks is not None and tuple(self.chunks) == tuple(chunks)
+            if note is None and not after > ADVICE_RATIO:
+                lines.append(f"advice: store the data chunked {chunks} (sample axis first; HDF5 or Zarr) to read "
+                             f"~{after:.2f}x: dali-mesh convert {self.path} OUT.zarr (or OUT.h5) with the same "
+                             "--mesh/--shard/--split")
+            else:
+                best = (f"The data already has the best regular chunks found ({chunks}, ~{after:.2f}x): "
+                        "converting again will not help" if already else
+                        f"The best regular chunks found, {chunks}, read ~{after:.2f}x (dali-mesh convert with the "
+                        "same --mesh/--shard/--split writes them)")
+                lines.append(f"advice: no chunk shape aligned with these shards reads ~1.0x"
+                             + (f": {note}" if note else "") + f". {best}")
         return lines
 
 
@@ -246,12 +296,12 @@ class _NpyTarget(LayoutTarget):
 class _HDF5Target(LayoutTarget):
     kind = "hdf5"
 
-    def __init__(self, path: str, name: str | None) -> None:
+    def __init__(self, path: str, name: str | None, allow_external: bool = False) -> None:
         from dali_mesh.io.hdf5 import open_hdf5_dataset  # noqa: PLC0415
 
         name = name or _only_hdf5_dataset(path)
         self.name = name
-        f, ds = open_hdf5_dataset(path, name)
+        f, ds = open_hdf5_dataset(path, name, allow_external=allow_external)
         try:
             if ds.ndim < 2:
                 raise UsageError(f"{path}: dataset {name!r} has shape {ds.shape}: samples lie along axis 0, so it "
@@ -329,8 +379,9 @@ def _only_hdf5_dataset(path: str) -> str:
     return names[0]
 
 
-def open_layout_target(path: str, dataset: str | None = None) -> LayoutTarget:
-    """The :class:`LayoutTarget` of ``--data`` (a folder: its first data file, by name)."""
+def open_layout_target(path: str, dataset: str | None = None, *, allow_external: bool = False) -> LayoutTarget:
+    """The :class:`LayoutTarget` of ``--data`` (a folder: its first data file, by name).
+    ``allow_external``: read HDF5 datasets kept in or linked to other files (``--allow-external``)."""
     kind, files = find_data(path)
     first = files[0]
     if kind == "npy":
@@ -338,7 +389,7 @@ def open_layout_target(path: str, dataset: str | None = None) -> LayoutTarget:
             raise UsageError("--dataset names an HDF5 dataset or Zarr array; a .npy file has none")
         return _NpyTarget(first)
     if kind == "hdf5":
-        return _HDF5Target(first, dataset)
+        return _HDF5Target(first, dataset, allow_external)
     if data_kind(first) == "zarr":
         return _ZarrTarget(first, dataset)
     raise LayoutError(f"--data {path!r}: unknown kind {kind}")  # pragma: no cover - find_data knows three

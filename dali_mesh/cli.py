@@ -268,12 +268,20 @@ def make_parser() -> argparse.ArgumentParser:
                       help="a .npy file, HDF5 file or Zarr store (or a folder of them): take the sample shape and "
                            "dtype from it and add, per rank, the bytes a cold read pulls and a chunk shape that fits")
     plan.add_argument("--dataset", help="HDF5 dataset or Zarr array name (default: the only one there)")
+    plan.add_argument("--allow-external", action="store_true",
+                      help="read HDF5 datasets whose data lie in other files (external storage, external "
+                           "links, virtual datasets); refused by default: a file must not make dali-mesh read "
+                           "files you never named")
 
     conv = sub.add_parser("convert", help="copy data to HDF5 or Zarr with chunks aligned to the layout's shards")
     conv.add_argument("src", help=".npy file, folder of per-sample .npy files, HDF5 file or Zarr store")
     conv.add_argument("dst", help="output: a .h5/.hdf5 file or a .zarr store")
     _add_layout_args(conv, shape_required=False)
     conv.add_argument("--dataset", help="source HDF5 dataset or Zarr array name (default: the only one there)")
+    conv.add_argument("--allow-external", action="store_true",
+                      help="read HDF5 datasets whose data lie in other files (external storage, external "
+                           "links, virtual datasets); refused by default: a file must not make dali-mesh read "
+                           "files you never named")
     conv.add_argument("--name", default="data", help="dataset / array name in DST (default data)")
     conv.add_argument("--chunks", default="auto",
                       help="auto (one chunk per rank's owned region per sample, finer above 64 MiB) or a shape, "
@@ -303,7 +311,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.data:
         from dali_mesh.advice import open_layout_target  # noqa: PLC0415
 
-        target = open_layout_target(args.data, args.dataset)
+        target = open_layout_target(args.data, args.dataset, allow_external=args.allow_external)
         shape, dtype = target.sample_shape, target.dtype
         if args.shape and parse_ints(args.shape, "--shape") != shape:
             raise UsageError(f"--shape {args.shape} disagrees with --data {args.data!r} (samples of {shape}): "

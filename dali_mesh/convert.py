@@ -78,9 +78,11 @@ def _same(first: tuple, path: str, shape, dtype, what: str) -> None:
                          f"{first[1]} {first[2]}: every file must hold samples of one shape and dtype")
 
 
-def open_samples(src: str, dataset: str | None = None, lock: threading.Lock | None = None) -> SampleReader:
+def open_samples(src: str, dataset: str | None = None, lock: threading.Lock | None = None, *,
+                 allow_external: bool = False) -> SampleReader:
     """A :class:`SampleReader` over ``src`` (see the module docstring); every file's metadata is
-    checked now (shape, dtype, size), so a bad file fails before anything is written."""
+    checked now (shape, dtype, size), so a bad file fails before anything is written.
+    ``allow_external``: read HDF5 datasets kept in or linked to other files (``--allow-external``)."""
     kind, files = find_data(src, "SRC")
     lock = lock or threading.Lock()
     if kind == "npy":
@@ -102,7 +104,7 @@ def open_samples(src: str, dataset: str | None = None, lock: threading.Lock | No
         from dali_mesh.io.hdf5 import open_hdf5_dataset  # noqa: PLC0415
 
         name = dataset or _only_hdf5_dataset(files[0])
-        handles = [open_hdf5_dataset(f, name) for f in files]
+        handles = [open_hdf5_dataset(f, name, allow_external=allow_external) for f in files]
         arrays = [ds for _, ds in handles]
 
         def close_hdf5():
@@ -192,12 +194,14 @@ class ConvertResult:
     chunks: tuple[int, ...]
     seconds: float
     bytes_written: int
+    note: str | None = None  # why the chunks cannot follow the shard boundaries (cold reads above ~1.0x)
 
     def __str__(self) -> str:
         mib = self.bytes_written / 2**20
         return (f"wrote {self.dst} ({'Zarr array' if data_kind(self.dst) == 'zarr' else 'HDF5 dataset'} "
                 f"{self.name!r}: {'x'.join(map(str, self.shape))} {self.dtype}, chunks {self.chunks}, uncompressed), "
-                f"{mib:.1f} MiB in {self.seconds:.1f} s; every sample verified against the source")
+                f"{mib:.1f} MiB in {self.seconds:.1f} s; every sample verified against the source"
+                + (f"\nnote: these chunks do not follow every shard boundary: {self.note}" if self.note else ""))
 
 
 def _is_zarr_store(path: str) -> bool:
@@ -253,17 +257,25 @@ def convert_array(
     workers: int = 4,
     overwrite: bool = False,
     progress: bool = True,
+    allow_external: bool = False,
 ) -> ConvertResult:
     """Copy ``src`` to ``dst`` chunked for ``layout`` (see the module docstring); returns what was written."""
     if not isinstance(workers, int) or workers < 1:
         raise UsageError(f"workers must be an integer >= 1, got {workers!r}")
     lock = threading.Lock()
-    source = open_samples(src, dataset, lock)
+    source = open_samples(src, dataset, lock, allow_external=allow_external)
     try:
         kind = _check_dst(dst, source.files, overwrite)
         sample_shape, dtype = source.sample_shape, source.dtype
         layout.region(sample_shape)  # the layout fits the sample
         chunk_shape = _parse_chunks(chunks, layout, sample_shape, dtype.itemsize)
+        note = None
+        if isinstance(chunks, str) and chunks == "auto":
+            from dali_mesh.advice import chunk_advice  # noqa: PLC0415
+
+            note = chunk_advice(layout, sample_shape, dtype.itemsize)[1]
+            if note:
+                log.info("convert %s: %s", src, note)
         n = source.num_samples
         shape = (n,) + tuple(sample_shape)
         tmp = os.path.join(os.path.dirname(os.path.abspath(dst)), f".{os.path.basename(dst.rstrip('/'))}.partial-{os.getpid()}")
@@ -306,7 +318,7 @@ def convert_array(
             raise
     finally:
         source.close()
-    return ConvertResult(dst, name, shape, dtype, chunk_shape, seconds, n * sample_bytes)
+    return ConvertResult(dst, name, shape, dtype, chunk_shape, seconds, n * sample_bytes, note)
 
 
 def _verify(source: SampleReader, path: str, kind: str, name: str, workers: int, lock, progress: bool,
@@ -346,7 +358,8 @@ def _verify(source: SampleReader, path: str, kind: str, name: str, workers: int,
 def convert(args: argparse.Namespace) -> ConvertResult:
     """``dali-mesh convert``: the layout from ``--mesh --shard --batch --split --crop`` (the sample
     shape from SRC), then :func:`convert_array`."""
-    source = open_samples(args.src, args.dataset)
+    allow_external = bool(getattr(args, "allow_external", False))
+    source = open_samples(args.src, args.dataset, allow_external=allow_external)
     try:
         sample_shape = source.sample_shape
     finally:
@@ -359,4 +372,5 @@ def convert(args: argparse.Namespace) -> ConvertResult:
                          halo=args.halo, boundary=args.boundary, split=args.split, crop=args.crop,
                          fill_value=args.fill_value)
     return convert_array(args.src, args.dst, layout, dataset=args.dataset, name=args.name, chunks=args.chunks,
-                         workers=args.workers, overwrite=args.overwrite, progress=not args.no_progress)
+                         workers=args.workers, overwrite=args.overwrite, progress=not args.no_progress,
+                         allow_external=allow_external)

@@ -81,7 +81,7 @@ def _resolve_links(h5py, f, path: str, name: str, allow_external: bool):
             raise ExternalStorageError(
                 path, f"dataset {name!r}: {here} is an external link to {link.path!r} in file "
                 f"{link.filename!r}; refused by default (a file must not make the loader read other "
-                "files); pass allow_external=True if you trust it")
+                "files); pass allow_external=True (dali-mesh commands: --allow-external) if you trust it")
         node, where = node[comp], here
     return node
 
@@ -97,13 +97,13 @@ def _check_storage(h5py, path: str, ds, allow_external: bool) -> None:
             files = sorted({str(e[0]) for e in ext})
             raise ExternalStorageError(
                 path, f"dataset {name} keeps its raw data in external file(s) {files}; refused by default "
-                "(a file must not make the loader read other files); pass allow_external=True if you trust it")
+                "(a file must not make the loader read other files); pass allow_external=True (dali-mesh commands: --allow-external) if you trust it")
         if ds.is_virtual:
             srcs = sorted({f"{v.file_name}:{v.dset_name}" for v in ds.virtual_sources()})
             raise ExternalStorageError(
                 path, f"dataset {name} is a virtual dataset mapping {srcs}; refused by default (its "
                 "sources are other files, and a missing source reads as fill values); pass "
-                "allow_external=True if you trust it")
+                "allow_external=True (dali-mesh commands: --allow-external) if you trust it")
     dcpl = ds.id.get_create_plist()
     for i in range(dcpl.get_nfilters()):
         code, _, _, fname = dcpl.get_filter(i)[:4]

@@ -93,7 +93,8 @@ def open_zarr_array(path: str | os.PathLike, name: str | None = None):
     """Open a Zarr array read-only, its store wrapped in a byte counter; errors name the path.
 
     ``path`` is a directory store (v2 or v3); ``name`` the array's path inside it (``None``: the
-    store is the array).
+    store is the array, or its root is a group holding exactly one array, as ``dali-mesh convert``
+    writes: that one; with several, an error lists them).
     """
     import zarr
     from zarr.storage import LocalStore
@@ -108,6 +109,10 @@ def open_zarr_array(path: str | os.PathLike, name: str | None = None):
                                   ".zarray; check the path and the file list")
     store = _counting_store(LocalStore(path, read_only=True))
     what = f"array {name!r}" if name else "the array at the store's root"
+    if not name:
+        only = _only_array(store, path)
+        if only is not None:
+            name, what = only, f"array {only!r} (the only one in the store)"
     try:
         arr = zarr.open_array(store=store, path=name or "", mode="r")
     except DataFileError:
@@ -134,6 +139,26 @@ def open_zarr_array(path: str | os.PathLike, name: str | None = None):
         raise HeaderError(path, f"{what} has chunk shape {chunks}; every chunk side must be at least 1: "
                           "the metadata is corrupt")
     return arr
+
+
+def _only_array(store, path: str) -> str | None:
+    """The name of the only array in a store whose root is a group; ``None`` when the root is not a
+    readable group (then it is opened as an array, and errors come from there); a
+    :class:`MissingArrayError` listing them when the group holds none or several."""
+    import zarr
+
+    try:
+        grp = zarr.open_group(store=store, mode="r")
+        names = sorted(k for k, _ in grp.arrays())
+    except Exception:  # noqa: BLE001 - not a group (an array, or corrupt metadata: reported by open_array)
+        return None
+    if len(names) == 1:
+        return names[0]
+    if not names:
+        raise MissingArrayError(path, "is a Zarr group with no array at its top level; name the array "
+                                "(--dataset / the array argument) with its path inside the store")
+    raise MissingArrayError(path, f"is a Zarr group holding {len(names)} arrays {names}: name the one to read "
+                            "(--dataset / the array argument)")
 
 
 def _short(value, limit: int = 200) -> str:
