@@ -96,10 +96,40 @@ class NativePlan:
     # per sample id: (finishing plan, [(file, plan, base offset, window byte offset), ...]): the
     # parts read into its window (one per file touched, per step of a forecast), then the plan
     # whose transpose and boundary cells finish it
-    items: list[tuple[int, list[tuple[int, int, int, int]]]] = field(default_factory=list)
+    _items: list[tuple[int, list[tuple[int, int, int, int]]]] = field(default_factory=list)
     window_shapes: list[tuple[int, ...]] = field(default_factory=list)  # per plan
     _plan_index: dict = field(default_factory=dict, repr=False)
     file_index: dict = field(default_factory=dict, repr=False)  # path -> index in files
+    # the items already encoded (int64 words, as to_bytes writes them), built with numpy for time
+    # series of many steps: a list of tuples per step would cost more than the reads it plans
+    _item_words: np.ndarray | None = field(default=None, repr=False)
+    _n_items: int = 0
+
+    @property
+    def items(self) -> list[tuple[int, list[tuple[int, int, int, int]]]]:
+        """Per sample id: ``(finishing plan, [(file, plan, base offset, window byte offset), ...])``."""
+        if self._item_words is None:
+            return self._items
+        out, w, i = [], self._item_words, 0
+        for _ in range(self._n_items):
+            finish, n = int(w[i]), int(w[i + 1])
+            parts = w[i + 2:i + 2 + 4 * n].reshape(n, 4)
+            out.append((finish, [tuple(int(v) for v in row) for row in parts]))
+            i += 2 + 4 * n
+        return out
+
+    @items.setter
+    def items(self, value) -> None:
+        self._items, self._item_words, self._n_items = list(value), None, 0
+
+    def set_item_words(self, words: np.ndarray, n_items: int) -> None:
+        """The items as encoded words: per item its finishing plan, its number of parts, then
+        ``(file, plan, base, window byte offset)`` per part."""
+        self._items, self._item_words, self._n_items = [], np.ascontiguousarray(words, np.int64), int(n_items)
+
+    @property
+    def num_items(self) -> int:
+        return self._n_items if self._item_words is not None else len(self._items)
 
     def add_plan(self, key, build) -> int:
         """Index of the plan for ``key``; ``build()`` makes ``(encoded, window_shape)`` the first time."""
@@ -112,11 +142,13 @@ class NativePlan:
         return idx
 
     def to_bytes(self) -> bytes:
-        out = [PLAN_MAGIC, _ints(len(self.plans), len(self.files), len(self.items))]
+        out = [PLAN_MAGIC, _ints(len(self.plans), len(self.files), self.num_items)]
         for path, size in self.files:
             out += [_bytes(os.fsencode(path)), _ints(size)]
         out += self.plans
-        for finish, parts in self.items:
+        if self._item_words is not None:
+            out.append(self._item_words.astype("<i8").tobytes())
+        for finish, parts in self._items:
             out += [_ints(finish, len(parts)), _arr(parts)]
         body = b"".join(out)
         return body + _checksum(body[len(PLAN_MAGIC):])
@@ -290,16 +322,58 @@ def _check_dtype(dtype: np.dtype, path: str) -> np.dtype:
 
 
 # ---- planners per source kind ---------------------------------------------------------------------
+def _head_and_size(path: str, n: int) -> tuple[bytes, int]:
+    """The first ``n`` bytes and the size of ``path``, opened as the readers open files (read-only,
+    refusing anything but a regular file)."""
+    from dali_mesh.io.npy import _open
+
+    fd = _open(path)
+    try:
+        return os.pread(fd, n, 0), os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+
+
+def _npy_headers(files: Sequence[str], first):
+    """Every file's header: the first's where a file starts with the same header bytes and has the
+    same size (one small read, no parse), else its own (parsed). Read on a few threads, since cold
+    storage answers many small reads at once faster than one after another."""
+    from dali_mesh.io._common import DataFileError
+
+    with open(first.path, "rb") as f:
+        first_check = f.read(first.data_offset)
+
+    def one(path):
+        try:
+            head, size = _head_and_size(path, len(first_check))
+        except OSError as e:
+            raise DataFileError(path, f"cannot be read ({e})") from None
+        if head == first_check and size == first.file_size:
+            return first, first_check
+        h = read_npy_header(path)
+        with open(h.path, "rb") as f:
+            return h, f.read(h.data_offset)
+
+    rest = files[1:]
+    if len(rest) > 64:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(8) as ex:
+            tail = list(ex.map(one, rest, chunksize=64))
+    else:
+        tail = [one(f) for f in rest]
+    return [(first, first_check)] + tail
+
+
 def _plan_numpy(source, merge_gap: int) -> NativePlan:
     from dali_mesh.io._common import ShapeMismatchError
-    from dali_mesh.source import _apply_maps
+    from dali_mesh.source import _apply_maps, _check_frame
 
     if source.direct:
         raise NotNativeError("NumpySource(direct=True) asks for O_DIRECT, which the native reader does not do")
     files = source.files
     first = read_npy_header(files[0])
     native = _check_dtype(first.dtype, files[0])
-    headers = [first] if source.sample_shape is not None else [read_npy_header(f) for f in files]
     if source.sample_shape is not None:
         shape = _apply_maps(first.shape, source.index_maps, files[0])
         if shape != source.sample_shape or native != source.dtype:
@@ -307,34 +381,35 @@ def _plan_numpy(source, merge_gap: int) -> NativePlan:
                 files[0], f"shape {shape} {native} differs from the {source.sample_shape} {source.dtype} "
                 "the source was made with: the file changed; make the source again")
     plans = NativePlan(native, source.sample_ndim)
-
-    def head_bytes(h) -> bytes:
-        with open(h.path, "rb") as f:
-            return f.read(h.data_offset)
-
+    # one plan per distinct header (its bytes: shape, dtype with its byte order, C or Fortran order,
+    # header length): files that differ only in byte order or order are read natively, each by its
+    # own plan, as the Python readers read them. Every header is read once here (one small read per
+    # file); at every read the operator checks the file still holds the header planned for it.
     plan_of_header: dict = {}
-    plan_of_file: list[int] = []
-    for i, h in enumerate(headers):
+    items = []
+    for i, (h, check) in enumerate(_npy_headers(files, first)):
         if h.native_dtype != native:
             raise ShapeMismatchError(h.path, f"dtype {h.native_dtype} differs from the first file's ({files[0]}) {native}")
-        check = head_bytes(h)
         if check not in plan_of_header:
+            _check_frame(h.shape, h.path)
             shape = _apply_maps(h.shape, source.index_maps, h.path)
-            region = source.region if source.sample_shape is not None else source.region_of(shape)
+            if source.sample_shape is not None:
+                if shape != source.sample_shape:
+                    raise ShapeMismatchError(
+                        h.path, f"shape {shape} differs from the first file's ({files[0]}) {source.sample_shape}; "
+                        "make every file the same, or pass per_sample_shapes=True")
+                region = source.region
+            else:
+                region = source.region_of(shape)
             wplan = plan_window(region, source.index_maps)
             lay = SimpleNamespace(shape=h.shape, dtype=h.dtype, fortran_order=h.fortran_order,
                                   data_offset=h.data_offset)
             plan_of_header[check] = plans.add_plan(
                 check, lambda: (encode_plan(wplan, lay, check=check, merge_gap=merge_gap), wplan.window_shape))
-        plan_of_file.append(plan_of_header[check])
+        k = plan_of_header[check]
         plans.files.append((files[i], h.file_size))
-    if source.sample_shape is not None:
-        # every file is read by the first file's plan; its header bytes and size are checked per read
-        size = first.file_size
-        plans.files = [(f, size) for f in files]
-        plans.items = [(0, [(i, 0, 0, 0)]) for i in range(len(files))]
-    else:
-        plans.items = [(k, [(i, k, 0, 0)]) for i, k in enumerate(plan_of_file)]
+        items.append((k, [(i, k, 0, 0)]))
+    plans.items = items
     return plans
 
 
@@ -357,40 +432,6 @@ def _pieces(start: int, length: int, chunk: int):
         out.append((pos - start, c, pos - c * chunk, n))
         pos += n
     return out
-
-
-def _chunk_units(ds, path, wplan: WindowPlan, local: int, merge_gap: int):
-    """Units of step ``local`` of a chunked, unfiltered dataset: every box of the window cut to the
-    chunks it touches; each chunk is a C-order array of the full chunk shape at its file offset."""
-    chunks = tuple(ds.chunks)
-    ct = chunks[0]
-    fo_all, do_all, ub_all = [], [], []
-    for wst, fst, ln in wplan.boxes():
-        per_axis = [_pieces(f, n, c) for f, n, c in zip(fst, ln, chunks[1:])]
-        for combo in itertools.product(*per_axis):
-            coord = (local // ct * ct,) + tuple(p[1] * c for p, c in zip(combo, chunks[1:]))
-            info = ds.id.get_chunk_info_by_coord(coord)
-            if info.byte_offset is None:
-                raise NotNativeError(f"{path}: chunk {coord} of dataset {ds.name} was never written "
-                                     "(it reads as fill values)")
-            if info.size != math.prod(chunks) * ds.dtype.itemsize:
-                raise NotNativeError(f"{path}: chunk {coord} of dataset {ds.name} is stored in "
-                                     f"{info.size} bytes, not as raw data")
-            box = (tuple(w + p[0] for w, p in zip(wst, combo)), tuple(p[2] for p in combo),
-                   tuple(p[3] for p in combo))
-            lay = SimpleNamespace(shape=chunks, dtype=ds.dtype, fortran_order=False,
-                                  data_offset=int(info.byte_offset))
-            fo, do, ub, _ = plan_npy_reads(lay, _Boxes([box], wplan.window_shape), (local % ct,), 0)
-            fo_all.append(fo)
-            do_all.append(do)
-            ub_all.append(ub)
-    if not fo_all:
-        e = np.empty(0, np.int64)
-        return e, e, e, []
-    fo, do, ub = np.concatenate(fo_all), np.concatenate(do_all), np.concatenate(ub_all)
-    order = np.argsort(fo, kind="stable")
-    fo, do, ub = fo[order], do[order], ub[order]
-    return fo, do, ub, _group(fo, ub, merge_gap, True)
 
 
 def _read_at(path: str, offset: int, size: int) -> bytes:
@@ -422,18 +463,53 @@ def _hdf5_header_check(ds, path) -> tuple[int, bytes]:
     return addr, check
 
 
-def _hdf5_steps(source, merge_gap: int, plans_of, need):
-    """Parts of every needed step of an HDF5Source: ``{(file, local): (parts, finish, wplan)}``.
-    Contiguous datasets: one plan per frame layout, a base offset per step. Chunked datasets without
-    filters: per step, the units of the chunks touched; steps whose units lie at the same relative
-    offsets share a plan (the usual case for files written step by step)."""
+def _chunk_pieces(wplan: WindowPlan, chunks, stored: np.dtype, merge_gap: int, add_plan, check=b"",
+                  check_at=0):
+    """The window's boxes cut by the chunk grid of the axes after the step axis: per piece, the plan
+    of its units read from a raw C-order chunk of shape ``chunks`` for the chunk's first step (the
+    units of step ``j`` of the chunk lie ``j`` step-strides further: the part's base says so) and
+    the chunk indices of its axes after the step axis. ``add_plan(body, shape)`` gives a plan index."""
+    shape = wplan.window_shape
+    out = []
+    for wst, fst, ln in wplan.boxes():
+        per_axis = [_pieces(f, n, c) for f, n, c in zip(fst, ln, chunks[1:])]
+        for combo in itertools.product(*per_axis):
+            box = (tuple(w + p[0] for w, p in zip(wst, combo)), tuple(p[2] for p in combo),
+                   tuple(p[3] for p in combo))
+            lay = SimpleNamespace(shape=chunks, dtype=stored, fortran_order=False, data_offset=0)
+            fo, do, ub, groups = plan_npy_reads(lay, _Boxes([box], shape), (0,), merge_gap)
+            body = encode_units(_no_finish(shape), stored, False, fo, do, ub, groups, check, check_at)
+            out.append((add_plan(body, shape), tuple(p[1] for p in combo)))
+    return out
+
+
+def _hdf5_chunk_offsets(ds, path) -> dict:
+    """``{chunk's first element: (byte offset, stored bytes)}`` of every chunk written. One pass over
+    the chunk index (``chunk_iter``): looking chunks up one by one costs time that grows with
+    their number, per lookup."""
+    out = {}
+    if hasattr(ds.id, "chunk_iter"):
+        ds.id.chunk_iter(lambda c: out.__setitem__(tuple(c.chunk_offset), (c.byte_offset, c.size)))
+        return out
+    for i in range(ds.id.get_num_chunks()):  # pragma: no cover - HDF5 < 1.12.3
+        c = ds.id.get_chunk_info(i)
+        out[tuple(c.chunk_offset)] = (c.byte_offset, c.size)
+    return out
+
+
+def _hdf5_steps(source, merge_gap: int, plans_of, ranges, budget):
+    """Parts of the needed steps of an HDF5Source: ``{file: (parts, finish, wplan)}``, ``parts`` an
+    array ``(steps, parts per step, 3)`` of ``(file, plan, base)`` for local steps ``ranges[file]``.
+    Contiguous datasets: one plan, a base offset per step. Chunked datasets without filters: one
+    part per box and chunk touched, its plan shared by every step (the units relative to the
+    chunk's first step), its base the chunk's offset plus the step's place in the chunk: the plans
+    are as many as the chunks one window touches, whatever the number of steps."""
     from dali_mesh.io.hdf5 import open_hdf5_dataset
 
     out = {}
-    for fi, path in enumerate(source.files):
-        locals_ = sorted(loc for f, loc in need if f == fi)
-        if not locals_:
-            continue
+    for fi, (l0, l1) in sorted(ranges.items()):
+        path = source.files[fi]
+        locals_ = np.arange(l0, l1, dtype=np.int64)
         f, ds = open_hdf5_dataset(path, source.name, **source.h5_kwargs)
         try:
             dcpl = ds.id.get_create_plist()
@@ -448,27 +524,50 @@ def _hdf5_steps(source, merge_gap: int, plans_of, need):
             region = source.region if source.sample_shape is not None else source.region_of(
                 source._frame_shapes[fi])
             wplan = plan_window(region, source.index_maps)
+            shape = wplan.window_shape
             fidx = len(plans.files)
             plans.files.append((path, os.path.getsize(path)))
             if ds.chunks is None:
+                budget(locals_.size)
                 offset = ds.id.get_offset()
                 if offset is None:
                     raise NotNativeError(f"{path}: dataset {source.name!r} has no stored data (never written)")
                 lay = SimpleNamespace(shape=frame, dtype=ds.dtype, fortran_order=False, data_offset=0)
-                pidx = plans.add_plan(("contiguous", frame, ds.dtype.str, wplan.window_shape, check_at, check), lambda: (
-                    encode_plan(wplan, lay, merge_gap=merge_gap, check=check, check_offset=check_at),
-                    wplan.window_shape))
+                pidx = plans.add_plan(("contiguous", frame, ds.dtype.str, shape, check_at, check), lambda: (
+                    encode_plan(wplan, lay, merge_gap=merge_gap, check=check, check_offset=check_at), shape))
                 step_bytes = math.prod(frame) * ds.dtype.itemsize
-                for local in locals_:
-                    out[fi, local] = ([(fidx, pidx, int(offset) + local * step_bytes)], pidx, wplan)
-            else:
-                for local in locals_:
-                    fo, do, ub, groups = _chunk_units(ds, path, wplan, local, merge_gap)
-                    base = int(fo[0]) if fo.size else 0
-                    # the check is at an absolute offset; the units are relative to the base
-                    body = encode_units(wplan, ds.dtype, False, fo - base, do, ub, groups, check, check_at)
-                    pidx = plans.add_plan(body, lambda: (body, wplan.window_shape))
-                    out[fi, local] = ([(fidx, pidx, base)], pidx, wplan)
+                parts = np.stack([np.full_like(locals_, fidx), np.full_like(locals_, pidx),
+                                  int(offset) + locals_ * step_bytes], -1)[:, None, :]
+                out[fi] = (parts, pidx, wplan)
+                continue
+            chunks = tuple(int(c) for c in ds.chunks)
+            ct, chunk_bytes = chunks[0], math.prod(chunks) * ds.dtype.itemsize
+            step_stride = math.prod(chunks[1:]) * ds.dtype.itemsize  # one step inside a chunk
+            fin_body = encode_units(wplan, ds.dtype, False, [], [], [], [])
+            finish = plans.add_plan(fin_body, lambda: (fin_body, shape))
+            pieces = _chunk_pieces(wplan, chunks, ds.dtype, merge_gap,
+                                   lambda body, sh: plans.add_plan(body, lambda: (body, sh)), check, check_at)
+            budget(locals_.size * len(pieces))
+            offsets = _hdf5_chunk_offsets(ds, path) if pieces else {}
+            first_chunk = l0 // ct
+            chunk_ids = np.arange(first_chunk, (l1 - 1) // ct + 1, dtype=np.int64)
+            parts = np.empty((locals_.size, len(pieces), 3), np.int64)
+            for j, (pidx, coords) in enumerate(pieces):
+                base = np.empty(chunk_ids.size, np.int64)
+                for k, c in enumerate(chunk_ids):
+                    coord = (int(c) * ct,) + tuple(i * n for i, n in zip(coords, chunks[1:]))
+                    info = offsets.get(coord)
+                    if info is None or info[0] is None:
+                        raise NotNativeError(f"{path}: chunk {coord} of dataset {ds.name} was never written "
+                                             "(it reads as fill values)")
+                    if info[1] != chunk_bytes:
+                        raise NotNativeError(f"{path}: chunk {coord} of dataset {ds.name} is stored in "
+                                             f"{info[1]} bytes, not as raw data")
+                    base[k] = info[0]
+                parts[:, j, 0] = fidx
+                parts[:, j, 1] = pidx
+                parts[:, j, 2] = base[locals_ // ct - first_chunk] + (locals_ % ct) * step_stride
+            out[fi] = (parts, finish, wplan)
         finally:
             f.close()
     return out
@@ -502,25 +601,27 @@ def _zarr_stored_dtype(arr, path) -> np.dtype:
     return dtype
 
 
-def _zarr_steps(source, merge_gap: int, plans_of, need):
-    """Parts of every needed step of a ZarrSource (uncompressed v2/v3, local stores):
-    ``{(store, local): (parts, finish, wplan)}``, one part per box and chunk file touched (every
-    chunk file is a raw C-order array of the full chunk shape), then a finishing plan (boundary
-    cells). Parts at the same place in their chunks share a plan."""
+def _zarr_steps(source, merge_gap: int, plans_of, ranges, budget):
+    """Parts of the needed steps of a ZarrSource (uncompressed v2/v3, local stores), as
+    :func:`_hdf5_steps`: per step the array's metadata file (checked, nothing read), then one part
+    per box and chunk file touched (every chunk file is a raw C-order array of the full chunk
+    shape), its plan shared by every step, its base the step's place in the chunk; then a finishing
+    plan (boundary cells). Every chunk file needed is looked at once (its size): a missing one
+    sends the source to ``partitioned_source``, which reads it as fill values."""
     from dali_mesh.io.zarr import open_zarr_array
 
     out = {}
-    for fi, store in enumerate(source.files):
-        locals_ = sorted(loc for f, loc in need if f == fi)
-        if not locals_:
-            continue
+    for fi, (l0, l1) in sorted(ranges.items()):
+        store = source.files[fi]
+        locals_ = np.arange(l0, l1, dtype=np.int64)
         arr = open_zarr_array(store, source.name)  # a local directory store (LocalStore) at `store`
         root = os.fspath(store)
         stored = _zarr_stored_dtype(arr, store)
         plans = plans_of(_check_dtype(stored, store))
-        chunks = tuple(arr.chunks)
+        chunks = tuple(int(c) for c in arr.chunks)
         ct = chunks[0]
         chunk_bytes = math.prod(chunks) * stored.itemsize
+        step_stride = math.prod(chunks[1:]) * stored.itemsize
         region = source.region if source.sample_shape is not None else source.region_of(
             source._frame_shapes[fi])
         wplan = plan_window(region, source.index_maps)
@@ -546,14 +647,21 @@ def _zarr_steps(source, merge_gap: int, plans_of, need):
         if meta_file is None:
             meta_file = plans.file_index[meta] = len(plans.files)
             plans.files.append((meta, -1))  # its size changes with its attributes
-        for local in locals_:
-            parts = [(meta_file, meta_plan, 0)]
-            for wst, fst, ln in wplan.boxes():
-                per_axis = [_pieces(f, n, c) for f, n, c in zip(fst, ln, chunks[1:])]
-                for combo in itertools.product(*per_axis):
-                    key = arr.metadata.encode_chunk_key((local // ct,) + tuple(p[1] for p in combo))
-                    path = os.path.join(root, *arr.path.split("/"), *key.split("/")) if arr.path else \
-                        os.path.join(root, *key.split("/"))
+        pieces = _chunk_pieces(wplan, chunks, stored, merge_gap,
+                               lambda body, sh: plans.add_plan(body, lambda: (body, sh)))
+        budget(locals_.size * (1 + len(pieces)))
+        first_chunk = l0 // ct
+        chunk_ids = range(first_chunk, (l1 - 1) // ct + 1)
+        parts = np.empty((locals_.size, 1 + len(pieces), 3), np.int64)
+        parts[:, 0] = (meta_file, meta_plan, 0)
+        for j, (pidx, coords) in enumerate(pieces):
+            files = np.empty(len(chunk_ids), np.int64)
+            for k, c in enumerate(chunk_ids):
+                key = arr.metadata.encode_chunk_key((c,) + coords)
+                path = os.path.join(root, *arr.path.split("/"), *key.split("/")) if arr.path else \
+                    os.path.join(root, *key.split("/"))
+                fidx = plans.file_index.get(path)
+                if fidx is None:
                     try:
                         size = os.stat(path).st_size
                     except FileNotFoundError:
@@ -561,34 +669,69 @@ def _zarr_steps(source, merge_gap: int, plans_of, need):
                     if size != chunk_bytes:
                         raise NotNativeError(f"{path}: chunk file of {size} bytes, not the {chunk_bytes} of a "
                                              "raw chunk")
-                    box = (tuple(w + p[0] for w, p in zip(wst, combo)), tuple(p[2] for p in combo),
-                           tuple(p[3] for p in combo))
-                    lay = SimpleNamespace(shape=chunks, dtype=stored, fortran_order=False, data_offset=0)
-                    fo, do, ub, groups = plan_npy_reads(lay, _Boxes([box], shape), (local % ct,), merge_gap)
-                    body = encode_units(_no_finish(shape), stored, False, fo, do, ub, groups)
-                    pidx = plans.add_plan(body, lambda: (body, shape))
-                    fidx = plans.file_index.get(path)
-                    if fidx is None:
-                        fidx = plans.file_index[path] = len(plans.files)
-                        plans.files.append((path, chunk_bytes))
-                    parts.append((fidx, pidx, 0))
-            out[fi, local] = (parts, finish, wplan)
+                    fidx = plans.file_index[path] = len(plans.files)
+                    plans.files.append((path, chunk_bytes))
+                files[k] = fidx
+            parts[:, 1 + j, 0] = files[locals_ // ct - first_chunk]
+            parts[:, 1 + j, 1] = pidx
+            parts[:, 1 + j, 2] = (locals_ % ct) * step_stride
+        out[fi] = (parts, finish, wplan)
     return out
+
+
+#: The most samples (and parts: reads of one file) the native reader plans; a source with more (a
+#: file claiming 2**31 steps, say) is read by ``partitioned_source``, whose sample order and reads
+#: cost nothing per step until a step is read. The plan holds one item per sample (6 words for one
+#: part): 2**20 samples make a plan file of about 50 MB.
+MAX_NATIVE_SAMPLES = 1 << 20
+MAX_NATIVE_PARTS = 1 << 22
+
+
+def _item_words(finish: np.ndarray, parts: np.ndarray) -> np.ndarray:
+    """Encoded items: per row ``finish[i]``, the number of parts, then ``parts[i]`` (``(n, P, 4)``)."""
+    n, p = parts.shape[:2]
+    words = np.empty((n, 2 + 4 * p), np.int64)
+    words[:, 0] = finish
+    words[:, 1] = p
+    words[:, 2:] = parts.reshape(n, 4 * p)
+    return words.ravel()
 
 
 def _plan_time_series(source, merge_gap: int, steps_of) -> tuple[NativePlan, ...]:
     """The plans of an HDF5Source or ZarrSource: one :class:`NativePlan` per output window (the
     window; or a forecast's input and, with a lead, target: steps stacked on a new leading axis).
-    They share the plan and file tables."""
+    They share the plan and file tables. The work is per file and per chunk touched, the per-step
+    part is numpy arithmetic (bases and indices), so 20,000 steps plan in a fraction of a second."""
     fc = source.forecast
     if fc is not None and source.sample_shape is None:
         raise NotNativeError("a forecast with per-sample shapes is read by partitioned_source")
+    n_samples = int(source.num_samples)
+    if n_samples > MAX_NATIVE_SAMPLES:
+        raise NotNativeError(f"{source.files[0]}: {n_samples} samples are more than the native reader plans "
+                             f"(dali_mesh.native.MAX_NATIVE_SAMPLES = {MAX_NATIVE_SAMPLES}); they are read by "
+                             "partitioned_source")
     spans = [(0, 0)] if fc is None else [(-fc.history, 0)] + ([(1, fc.lead)] if fc.lead else [])
-    need = set()
-    for sid in range(source.num_samples):
-        t = source.step_of(sid)
-        for lo, hi in spans:
-            need.update(source.locate(s) for s in range(t + lo, t + hi + 1))
+    k = fc.history if fc is not None else 0
+    m = fc.lead if fc is not None else 0
+    g0 = source.time_start - k  # global steps [g0, g1) are read by some sample
+    g1 = source.time_start + n_samples + m
+    offsets = source._offsets
+    ranges = {}
+    for fi in range(len(source.files)):
+        a, b = max(g0, int(offsets[fi])), min(g1, int(offsets[fi + 1]))
+        if a < b:
+            ranges[fi] = (a - int(offsets[fi]), b - int(offsets[fi]))
+    reads = sum(hi - lo + 1 for lo, hi in spans)
+    used = [0]
+
+    def budget(n_parts: int) -> None:
+        # parts over the steps, times the steps per sample: what the items will hold
+        used[0] += n_parts
+        if used[0] * reads > MAX_NATIVE_PARTS:
+            raise NotNativeError(f"{source.files[0]}: the samples read more than "
+                                 f"dali_mesh.native.MAX_NATIVE_PARTS = {MAX_NATIVE_PARTS} file parts "
+                                 "(chunks) in all; they are read by partitioned_source")
+
     shared: list[NativePlan] = []
 
     def plans_of(native_dtype) -> NativePlan:
@@ -596,33 +739,51 @@ def _plan_time_series(source, merge_gap: int, steps_of) -> tuple[NativePlan, ...
             shared.append(NativePlan(native_dtype, source.sample_ndim))
         return shared[0]
 
-    steps = steps_of(source, merge_gap, plans_of, need)
+    steps = steps_of(source, merge_gap, plans_of, ranges, budget)
     base = shared[0]
+    # per needed step (global step - g0): its file's parts and finishing plan
+    order = sorted(steps)
+    widths = {steps[fi][0].shape[1] for fi in order}
     outs = []
     for lo, hi in spans:
         out = NativePlan(base.dtype, source.sample_ndim + (fc is not None))
         out.plans, out.files, out.window_shapes, out._plan_index = (base.plans, base.files, base.window_shapes,
                                                                     base._plan_index)
-        for sid in range(source.num_samples):
-            t = source.step_of(sid)
-            if fc is None:
-                parts, finish, _ = steps[source.locate(t)]
-                out.items.append((finish, [p + (0,) for p in parts]))
-                continue
-            n = hi - lo + 1
-            parts = []
-            for j, s in enumerate(range(t + lo, t + hi + 1)):
-                p, _, wplan = steps[source.locate(s)]
-                step_bytes = math.prod(wplan.window_shape) * base.dtype.itemsize
-                parts += [q + (j * step_bytes,) for q in p]
-            # the stacked window: a leading step axis without boundary cells, then the step's axes
-            empty = np.empty(0, np.int64)
-            stacked = SimpleNamespace(
-                axes=[SimpleNamespace(copy_dst=empty, copy_src=empty, fill=empty)] + list(wplan.axes),
-                window_shape=(n,) + wplan.window_shape, fill_value=wplan.fill_value)
-            body = encode_units(stacked, base.dtype, False, [], [], [], [])
-            finish = base.add_plan(body, lambda: (body, stacked.window_shape))
-            out.items.append((finish, parts))
+        out.file_index = base.file_index
+        if fc is None:
+            # one item per step, in order; files may differ in parts per step: encoded file by file
+            words = []
+            for fi in order:
+                parts, finish, _ = steps[fi]
+                p4 = np.zeros(parts.shape[:2] + (4,), np.int64)
+                p4[..., :3] = parts
+                words.append(_item_words(np.full(parts.shape[0], finish, np.int64), p4))
+            out.set_item_words(np.concatenate(words), n_samples)
+            outs.append(out)
+            continue
+        n = hi - lo + 1
+        wplan = steps[order[0]][2]
+        step_bytes = math.prod(wplan.window_shape) * base.dtype.itemsize
+        # the stacked window: a leading step axis without boundary cells, then the step's axes
+        empty = np.empty(0, np.int64)
+        stacked = SimpleNamespace(
+            axes=[SimpleNamespace(copy_dst=empty, copy_src=empty, fill=empty)] + list(wplan.axes),
+            window_shape=(n,) + wplan.window_shape, fill_value=wplan.fill_value)
+        body = encode_units(stacked, base.dtype, False, [], [], [], [])
+        finish = base.add_plan(body, lambda: (body, stacked.window_shape))
+        rows = (np.arange(n_samples, dtype=np.int64) + (source.time_start - g0))[:, None] + np.arange(lo, hi + 1)
+        if len(widths) == 1:
+            table = np.concatenate([steps[fi][0] for fi in order])  # (steps, P, 3)
+            p = table.shape[1]
+            p4 = np.zeros((n_samples, n, p, 4), np.int64)
+            p4[..., :3] = table[rows]
+            p4[..., 3] = (np.arange(n, dtype=np.int64) * step_bytes)[None, :, None]
+            out.set_item_words(_item_words(np.full(n_samples, finish, np.int64), p4.reshape(n_samples, n * p, 4)),
+                               n_samples)
+        else:  # files chunked differently: steps with different numbers of parts
+            table = [row for fi in order for row in steps[fi][0]]
+            out.items = [(finish, [tuple(int(v) for v in q) + (j * step_bytes,)
+                                   for j, r in enumerate(rs) for q in table[r]]) for rs in rows]
         outs.append(out)
     return tuple(outs)
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from dali_mesh import Layout, MeshInfo
+from dali_mesh.io._common import DataFileError
 from dali_mesh.partition import take_window
 from dali_mesh.source import HDF5Source, NumpySource
 
@@ -118,6 +119,31 @@ def test_dtypes_byte_orders_and_fortran_order(tmp_path, dtype, byteorder, fortra
     _check_all(files, layout)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.int16, np.float64])
+def test_byte_orders_and_orders_mixed_in_one_source(tmp_path, dtype):
+    # Before: the files of one NumpySource were all read by the first file's plan, so a file that
+    # differed only in byte order or C/Fortran order failed mid-epoch ("its header differs") though
+    # the Python readers read it. Now each distinct header has its own plan.
+    rng = np.random.default_rng(SEED)
+    kinds = [("<", False), (">", False), ("<", True), (">", True), ("<", False), (">", True)]
+    files = [_save(tmp_path / f"s{i}.npy", random_array(rng, (3, 10, 7), dtype), fortran=f, byteorder=b)
+             for i, (b, f) in enumerate(kinds)]
+    layout = Layout(_mesh((1, 2, 2), (0, 1, 1)), shard={"m0": 1, "m1": 2}, halo={1: 2, 2: 1},
+                    boundary={1: "periodic", 2: "reflect"})
+    src = NumpySource(files, layout, batch_size=2, shuffle=True, seed=5, channels=[2, 0])
+    plan = native.plan_source(src)
+    assert len(plan.plans) == 4 and [k for k, _ in plan.items] == [0, 1, 2, 3, 0, 3]
+    p = _pipe(src, 2)
+    for epoch in range(2):
+        got = _epoch(p, 2)
+        assert sorted(i for _, ids, _ in got for i in ids) == list(range(6)), epoch
+        for wins, ids, _ in got:
+            for w, sid in zip(wins, ids):
+                full = np.load(files[sid])[[2, 0]]
+                assert w.dtype == np.dtype(dtype)
+                np.testing.assert_array_equal(w, take_window(full, src.region), err_msg=files[sid])
+
+
 def test_mixed_modes_crop_and_channels(tmp_path):
     rng = np.random.default_rng(SEED)
     files = [_save(tmp_path / f"s{i}.npy", random_array(rng, (5, 11, 13), np.int32)) for i in range(3)]
@@ -215,8 +241,9 @@ def test_hdf5_chunked_uncompressed(tmp_path, chunks):
     layout = Layout(_mesh((1, 2, 2), (0, 1, 0)), shard={"m0": 1, "m1": 2}, halo={1: 2, 2: 3},
                     boundary={1: "reflect", 2: "periodic"}, fill_value=5)
     src = HDF5Source(files, "fields", layout, batch_size=3, shuffle=False, channels=[1, 0])
-    plans = native.plan_source(src)
-    assert len(plans.plans) < src.num_samples  # steps at equal relative offsets share plans
+    # the plans are per chunk touched (per file layout), not per step: 4 of the 9 steps plan as many
+    few = HDF5Source(files, "fields", layout, batch_size=3, shuffle=False, channels=[1, 0], time_range=(3, 7))
+    assert len(native.plan_source(src).plans) == len(native.plan_source(few).plans)
     p = _pipe(src, 3)
     n = 0
     for wins, ids, _ in _epoch(p, 3):
@@ -336,40 +363,54 @@ def test_checkpoint_mid_epoch_resumes_the_same_batches(tmp_path):
 
 
 # ---- bad files ------------------------------------------------------------------------------------
-def _expect_error(src, match):
+def _expect_error(src, match, change):
+    """``change()`` the files after the plan was made (the pipeline built): the operator's checks at
+    every read name the file."""
     p = _pipe(src, 2)
+    change()
     with pytest.raises(Exception, match=match):
         for _ in range(len(src) // 2):
             p.run()
 
 
-def test_missing_file_is_named(tmp_path):
+def _truncate(path):
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 8)
+
+
+def _fifo(path):
+    os.unlink(path)
+    os.mkfifo(path)
+
+
+# (file changed, change, error at read time, error when the plan is made after the change)
+_CHANGES = [
+    (1, os.unlink, "no such file", "no such"),
+    (3, _truncate, "the file is truncated", "truncated"),  # this rank reads samples 1 and 3
+    (3, lambda f: np.save(f, np.zeros((5, 13), np.float32)), "the file is .* bytes, but the plan", "shape"),
+    # same bytes, transposed shape: the header differs
+    (1, lambda f: np.save(f, np.zeros((12, 5), np.float32)), "its header differs", "shape"),
+    (1, _fifo, "not a regular file", "FIFO"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(_CHANGES)))
+def test_file_changed_after_the_plan_is_named(tmp_path, case):
+    k, change, at_read, _ = _CHANGES[case]
     files = _files(tmp_path, 4)
     src = _source(files, shuffle=False)
-    os.unlink(files[1])
-    _expect_error(src, f"{files[1]}: no such file")
+    _expect_error(src, f"{files[k]}: {at_read}", lambda: change(files[k]))
 
 
-def test_truncated_file_is_named(tmp_path):
+@pytest.mark.parametrize("case", range(len(_CHANGES)))
+def test_file_changed_before_the_plan_is_named(tmp_path, case):
+    # every header is read when the plan is made: a bad file is named then, before any batch
+    k, change, _, at_plan = _CHANGES[case]
     files = _files(tmp_path, 4)
     src = _source(files, shuffle=False)
-    with open(files[3], "r+b") as f:  # this rank reads samples 1 and 3
-        f.truncate(os.path.getsize(files[3]) - 8)
-    _expect_error(src, f"{files[3]}: the file is truncated")
-
-
-def test_resized_file_is_named(tmp_path):
-    files = _files(tmp_path, 4)
-    src = _source(files, shuffle=False)
-    np.save(files[3], np.zeros((5, 13), np.float32))
-    _expect_error(src, f"{files[3]}: the file is .* bytes, but the plan")
-
-
-def test_same_size_other_shape_is_named(tmp_path):
-    files = _files(tmp_path, 4)
-    src = _source(files, shuffle=False)
-    np.save(files[1], np.zeros((12, 5), np.float32))  # same bytes, transposed shape: header differs
-    _expect_error(src, f"{files[1]}: its header differs")
+    change(files[k])
+    with pytest.raises(DataFileError, match=f"{files[k]}.*{at_plan}"):
+        native.plan_source(src)
 
 
 def test_first_file_changed_since_the_source_was_made(tmp_path):
@@ -378,14 +419,6 @@ def test_first_file_changed_since_the_source_was_made(tmp_path):
     np.save(files[0], np.zeros((12, 5), np.float32))
     with pytest.raises(ValueError, match=f"{files[0]}: shape"):
         native.plan_source(src)
-
-
-def test_fifo_is_named(tmp_path):
-    files = _files(tmp_path, 4)
-    src = _source(files, shuffle=False)
-    os.unlink(files[1])
-    os.mkfifo(files[1])
-    _expect_error(src, f"{files[1]}: not a regular file")
 
 
 def test_corrupt_plan_file_is_refused(tmp_path):
