@@ -13,7 +13,9 @@ helper thread and, while it waits, checks the pools' worker processes every ``po
   pid, how it ended, and the file it was reading (sources write ``reading <file>`` to a small
   per-worker status file before each read);
 * no batch within ``timeout`` seconds (a worker blocked in a read, a hung file system):
-  :class:`WorkerError` naming every worker and what it was doing.
+  :class:`WorkerError` naming every worker and what it was doing. ``timeout`` is per batch: the
+  first batch of an epoch may take ``prefetch_queue_depth + 1`` batch times (DALI fills its
+  prefetch queue first), and building the pipeline (spawning its workers) has no deadline.
 
 After a ``WorkerError`` the pipeline is unusable: the watchdog kills its remaining workers (so no
 process lingers and DALI's own shutdown does not wait on a stopped worker), and every later call
@@ -37,9 +39,9 @@ __all__ = ["DEFAULT_TIMEOUT_S", "Watchdog", "WorkerError", "partitioned_source",
 
 log = logging.getLogger(__name__)
 
-#: Seconds without a batch before :class:`Watchdog` gives up. Generous: the first batch includes
-#: building the pipeline and starting its worker processes (seconds on a loaded 2-core machine), and
-#: a cold read of a large sample from network storage can take tens of seconds.
+#: Seconds one batch may take before :class:`Watchdog` gives up (the first batch of an epoch may take
+#: ``prefetch_queue_depth + 1`` times that; building a pipeline has no deadline). Generous: a cold
+#: read of a large sample from network storage can take tens of seconds.
 DEFAULT_TIMEOUT_S = 120.0
 
 _status_lock = threading.Lock()
@@ -294,6 +296,8 @@ def prefetch_batches(pipe) -> int:
         depth = int(depth)
     except (TypeError, ValueError):
         depth = 2
+    # the workers of a parallel external source fill their own queue too (partitioned_source records it)
+    depth = max(depth, int(getattr(pipe, "_dali_mesh_source_prefetch", 0) or 0))
     return max(depth, 1) + 1
 
 
@@ -360,6 +364,7 @@ def partitioned_source(source, device: str = "cpu", *, name: str | None = None,
         source._status_dir = status_dir()  # pickled into the workers with the source
     if pipe is not None:
         pipe._dali_mesh_sources = getattr(pipe, "_dali_mesh_sources", []) + [source]
+        pipe._dali_mesh_source_prefetch = max(getattr(pipe, "_dali_mesh_source_prefetch", 0), int(prefetch_queue_depth))
     nwin = source.num_outputs - 2
     layouts = [layout] * nwin + [None, None] if layout is not None else None
     outs = fn.external_source(

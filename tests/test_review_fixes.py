@@ -118,6 +118,8 @@ def test_watchdog_deadline_in_batches():
     assert prefetch_batches(Pipe()) == 3
     Pipe._prefetch_queue_depth = {"cpu": 1, "gpu": 4}
     assert prefetch_batches(Pipe()) == 5
+    Pipe._dali_mesh_source_prefetch = 6  # a parallel source's own queue (partitioned_source records it)
+    assert prefetch_batches(Pipe()) == 7
 
 
 class SlowSource(NumpySource):
