@@ -20,21 +20,36 @@ Which sources take the native path:
 ======================================  ===================================================
 source                                  path
 ======================================  ===================================================
-``NumpySource`` (C or Fortran order,    native; files that share the first file's header share
-either byte order, channel subsets,     its plan, and each file's header bytes and size are
-per-sample shapes)                      checked when read
+``NumpySource`` (C or Fortran order,    native; one plan per distinct header (shape, dtype,
+either byte order, channel subsets,     byte order, C/Fortran order), so files that differ in
+per-sample shapes)                      byte order or order mix freely; every header is read
+                                        once when the plan is made (one small read per file),
+                                        and each file's header bytes and size are checked when
+                                        read
 ``HDF5Source``, contiguous dataset      native; one plan per file layout, a base offset per step
-``HDF5Source``, chunked without         native; per step the ranges inside the chunks touched
-filters (uncompressed)                  (steps at equal relative offsets share one plan)
-``ZarrSource`` v2/v3, uncompressed,     native; one part per chunk file touched, then one
-local store, every chunk written        finishing plan (boundary cells)
+``HDF5Source``, chunked without         native; one part per chunk piece the window touches,
+filters (uncompressed), every chunk     its plan shared by all steps, its base the chunk's
+touched written                         offset (one pass over the chunk index) plus the step's
+                                        place in the chunk
+``ZarrSource`` v2/v3, uncompressed,     native; one part per chunk file touched (plans shared
+local store, every chunk touched        by all steps, as above), then one finishing plan
+written                                 (boundary cells)
 forecasts of the two above              native; one operator per output (input, target), each
                                         step a part at its place in the stacked window
 everything else (``direct=True``,       ``partitioned_source`` (a one-line log says why)
 compressed HDF5 or Zarr, sharded Zarr,
-missing Zarr chunks, forecasts with
-per-sample shapes)
+chunks never written, forecasts with
+per-sample shapes, more than
+``MAX_NATIVE_SAMPLES`` samples or
+``MAX_NATIVE_PARTS`` chunk reads)
 ======================================  ===================================================
+
+Planning costs one small read per ``.npy`` file, and per HDF5 file or Zarr store one pass over
+its chunk index (or one ``stat`` per chunk file touched); the plans are as many as the distinct
+layouts (headers; chunk pieces of one window), never one per step. The items (one per sample id:
+its parts) are numpy arithmetic; above ``MAX_NATIVE_SAMPLES`` (2**20) samples the plan file would
+be large, so such sources (a file claiming 2**31 steps, say) are read by ``partitioned_source``,
+whose sample order and reads cost nothing per step until a step is read.
 
 Every read checks that the file is still what was planned for: a regular file of the planned size,
 holding the planned bytes where its layout is described (a ``.npy`` header; an HDF5 dataset's
@@ -335,34 +350,44 @@ def _head_and_size(path: str, n: int) -> tuple[bytes, int]:
 
 
 def _npy_headers(files: Sequence[str], first):
-    """Every file's header: the first's where a file starts with the same header bytes and has the
-    same size (one small read, no parse), else its own (parsed). Read on a few threads, since cold
-    storage answers many small reads at once faster than one after another."""
+    """Every file's ``(header, header bytes)``. A file whose header bytes and size equal those of a
+    header already parsed shares it (one small read, no parse); any other is parsed. Read on a few
+    threads when there are many, since cold storage answers many small reads at once faster than
+    one after another."""
     from dali_mesh.io._common import DataFileError
 
     with open(first.path, "rb") as f:
         first_check = f.read(first.data_offset)
+    known = {first_check: first}  # header bytes -> parsed header (size checked per file)
 
     def one(path):
         try:
-            head, size = _head_and_size(path, len(first_check))
+            head, size = _head_and_size(path, 4096)
         except OSError as e:
             raise DataFileError(path, f"cannot be read ({e})") from None
-        if head == first_check and size == first.file_size:
-            return first, first_check
+        # the header's length from its prefix (as numpy writes it: magic, version, length)
+        if len(head) >= 10 and head[6] in (1, 2, 3):
+            n = 10 + int.from_bytes(head[8:10], "little") if head[6] == 1 else \
+                12 + int.from_bytes(head[8:12], "little")
+            h = known.get(head[:n])
+            if h is not None and size == h.file_size:
+                return h, head[:n]
         h = read_npy_header(path)
         with open(h.path, "rb") as f:
-            return h, f.read(h.data_offset)
+            check = f.read(h.data_offset)
+        known.setdefault(check, h)
+        return h, check
 
     rest = files[1:]
-    if len(rest) > 64:
-        from concurrent.futures import ThreadPoolExecutor
+    if len(rest) <= 1024:
+        return [(first, first_check)] + [one(f) for f in rest]
+    from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(8) as ex:
-            tail = list(ex.map(one, rest, chunksize=64))
-    else:
-        tail = [one(f) for f in rest]
-    return [(first, first_check)] + tail
+    # a few long slices, not a task per file (a task costs more than a warm read)
+    step = -(-len(rest) // 8)
+    with ThreadPoolExecutor(8) as ex:
+        parts = list(ex.map(lambda i: [one(f) for f in rest[i:i + step]], range(0, len(rest), step)))
+    return [(first, first_check)] + [h for part in parts for h in part]
 
 
 def _plan_numpy(source, merge_gap: int) -> NativePlan:
