@@ -97,7 +97,8 @@ def _check_storage(h5py, path: str, ds, allow_external: bool) -> None:
             files = sorted({str(e[0]) for e in ext})
             raise ExternalStorageError(
                 path, f"dataset {name} keeps its raw data in external file(s) {files}; refused by default "
-                "(a file must not make the loader read other files); pass allow_external=True (dali-mesh commands: --allow-external) if you trust it")
+                "(a file must not make the loader read other files); pass allow_external=True "
+                "(dali-mesh commands: --allow-external) if you trust it")
         if ds.is_virtual:
             srcs = sorted({f"{v.file_name}:{v.dset_name}" for v in ds.virtual_sources()})
             raise ExternalStorageError(
