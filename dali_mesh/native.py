@@ -704,12 +704,12 @@ def _zarr_steps(source, merge_gap: int, plans_of, ranges, budget):
     return out
 
 
-#: The most samples (and parts: reads of one file) the native reader plans; a source with more (a
-#: file claiming 2**31 steps, say) is read by ``partitioned_source``, whose sample order and reads
-#: cost nothing per step until a step is read. The plan holds one item per sample (6 words for one
-#: part): 2**20 samples make a plan file of about 50 MB.
+#: The most samples (and parts: reads of one file or chunk, over all samples) the native reader
+#: plans; a source with more (a file claiming 2**31 steps, say) is read by ``partitioned_source``,
+#: whose sample order and reads cost nothing per step until a step is read. The plan file holds 2
+#: words per sample and 4 per part: at the limits about 80 MB, written once per process.
 MAX_NATIVE_SAMPLES = 1 << 20
-MAX_NATIVE_PARTS = 1 << 22
+MAX_NATIVE_PARTS = 1 << 21
 
 
 def _item_words(finish: np.ndarray, parts: np.ndarray) -> np.ndarray:

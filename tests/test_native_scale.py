@@ -164,16 +164,16 @@ def test_many_chunked_hdf5_steps_plan_per_chunk_layout(tmp_path):
     assert seen == 64
 
 
-@pytest.mark.parametrize("chunks", [(4, 3, 4), (3, 1, 8)])
+@pytest.mark.parametrize("chunks", [((4, 3, 4), (4, 3, 4)), ((3, 1, 8), (3, 1, 8)), ((4, 3, 4), (1, 3, 8))])
 def test_chunked_hdf5_forecast_items(tmp_path, chunks):
-    # forecast windows stack steps that lie in different chunks (and files): each step's parts at
-    # its place in the stacked window
+    # forecast windows stack steps that lie in different chunks (and files, chunked alike or not:
+    # then steps have different numbers of parts): each step's parts at its place in the window
     from dali_mesh.source import ForecastSpec, HDF5Source
 
     files, data = [], []
     for i, steps in enumerate((7, 6)):
         files.append(str(tmp_path / f"f{i}.h5"))
-        data.append(_chunked_h5(files[-1], steps, chunks=chunks) + 3 * i)
+        data.append(_chunked_h5(files[-1], steps, chunks=chunks[i]) + 3 * i)
     # the second file holds other values: rewrite it
     import h5py
 
