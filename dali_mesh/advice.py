@@ -24,6 +24,7 @@ import numpy as np
 
 from dali_mesh._args import UsageError, data_kind, find_data
 from dali_mesh.io._plan import WindowPlan, plan_window
+from dali_mesh.io.hdf5 import only_dataset_name
 from dali_mesh.partition import Layout, LayoutError, Region
 
 __all__ = [
@@ -299,7 +300,7 @@ class _HDF5Target(LayoutTarget):
     def __init__(self, path: str, name: str | None, allow_external: bool = False) -> None:
         from dali_mesh.io.hdf5 import open_hdf5_dataset  # noqa: PLC0415
 
-        name = name or _only_hdf5_dataset(path)
+        name = name or only_dataset_name(path)
         self.name = name
         f, ds = open_hdf5_dataset(path, name, allow_external=allow_external)
         try:
@@ -360,23 +361,6 @@ class _ZarrTarget(LayoutTarget):
             for idx in itertools.product(*_chunk_ranges((0,) + tuple(fst), (1,) + tuple(ln), self.chunks)):
                 total += self._chunk_size(idx)
         return total
-
-
-def _only_hdf5_dataset(path: str) -> str:
-    import h5py  # noqa: PLC0415
-
-    from dali_mesh.io._common import DataFileError  # noqa: PLC0415
-
-    try:
-        f = h5py.File(path, "r")
-    except OSError as e:
-        raise DataFileError(path, f"cannot be opened as HDF5 ({e}); is it an HDF5 file, and whole?") from None
-    with f:
-        names = []
-        f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
-    if len(names) != 1:
-        raise UsageError(f"{path} holds datasets {names}: name one with --dataset")
-    return names[0]
 
 
 def open_layout_target(path: str, dataset: str | None = None, *, allow_external: bool = False) -> LayoutTarget:

@@ -100,10 +100,10 @@ def open_samples(src: str, dataset: str | None = None, lock: threading.Lock | No
 
         return SampleReader(kind, files, first[1], first[2], [1] * len(files), read_npy, lambda: None)
     if kind == "hdf5":
-        from dali_mesh.advice import _only_hdf5_dataset  # noqa: PLC0415
+        from dali_mesh.io.hdf5 import only_dataset_name  # noqa: PLC0415
         from dali_mesh.io.hdf5 import open_hdf5_dataset  # noqa: PLC0415
 
-        name = dataset or _only_hdf5_dataset(files[0])
+        name = dataset or only_dataset_name(files[0])
         handles = [open_hdf5_dataset(f, name, allow_external=allow_external) for f in files]
         arrays = [ds for _, ds in handles]
 

@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from dali_mesh._args import UsageError, find_data, make_layout, parse_ints, positive_float, positive_int
+from dali_mesh.io.hdf5 import only_dataset_name
 from dali_mesh.io.pagecache import descendant_pids, evict, read_bytes
 from dali_mesh.partition import take_window
 
@@ -48,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="a folder of .npy files (one sample each), or HDF5 (.h5) / Zarr (.zarr) files or "
                                    "a folder of them, samples along axis 0 (default: write a synthetic ERA5-like set)")
     p.add_argument("--dataset", help="HDF5 dataset or Zarr array name (default: the only one there)")
+    p.add_argument("--allow-external", action="store_true",
+                   help="read HDF5 datasets whose bytes live in other files (external storage, external "
+                        "links, virtual datasets): only for files you trust")
     p.add_argument("--samples", type=positive_int, default=32, help="synthetic samples (default 32)")
     p.add_argument("--shape", default=",".join(map(str, DEFAULT_SHAPE)), help="synthetic sample shape")
     p.add_argument("--batch-size", type=positive_int, default=2, help="samples per batch per rank (default 2)")
@@ -124,7 +128,7 @@ def write_synthetic(folder: str, num_samples: int, shape, seed: int = 0) -> list
     return files
 
 
-def check_files(kind: str, files: list[str], dataset: str | None) -> None:
+def check_files(kind: str, files: list[str], dataset: str | None, allow_external: bool = False) -> None:
     """Every file of ``--data`` must be readable, whole and hold samples of one shape and dtype:
     checked here (headers only) so that a bad file is one line naming it, not a failed rank."""
     seen = None
@@ -137,7 +141,7 @@ def check_files(kind: str, files: list[str], dataset: str | None) -> None:
         elif kind == "hdf5":
             from dali_mesh.io.hdf5 import open_hdf5_dataset  # noqa: PLC0415
 
-            f, ds = open_hdf5_dataset(path, dataset)
+            f, ds = open_hdf5_dataset(path, dataset, allow_external=allow_external)
             with f:
                 shape, dtype = tuple(ds.shape[1:]), ds.dtype.newbyteorder("=")
         else:
@@ -152,23 +156,7 @@ def check_files(kind: str, files: list[str], dataset: str | None) -> None:
                              f"{seen[2]}: every file must hold samples of one shape and dtype")
 
 
-def _hdf5_dataset_name(path: str) -> str:
-    import h5py  # noqa: PLC0415
-
-    from dali_mesh.io._common import DataFileError  # noqa: PLC0415
-
-    try:
-        f = h5py.File(path, "r")
-    except OSError as e:
-        raise DataFileError(path, f"cannot be opened as HDF5 ({e}); is it an HDF5 file, and whole?") from None
-    with f:
-        names = [k for k in f if isinstance(f[k], h5py.Dataset)]
-    if len(names) != 1:
-        raise UsageError(f"{path} holds datasets {names}: name one with --dataset")
-    return names[0]
-
-
-def _make_source(kind, files, dataset, layout, batch_size):
+def _make_source(kind, files, dataset, layout, batch_size, allow_external=False):
     from dali_mesh import Layout, MeshInfo  # noqa: PLC0415
     from dali_mesh.source import HDF5Source, NumpySource, ZarrSource  # noqa: PLC0415
 
@@ -178,8 +166,9 @@ def _make_source(kind, files, dataset, layout, batch_size):
         return NumpySource(files, layout, batch_size=batch_size, shuffle=True, seed=0)
     if kind == "hdf5":
         if dataset is None:
-            dataset = _hdf5_dataset_name(files[0])
-        return HDF5Source(files, dataset, layout, batch_size=batch_size, shuffle=True, seed=0)
+            dataset = only_dataset_name(files[0])
+        return HDF5Source(files, dataset, layout, batch_size=batch_size, shuffle=True, seed=0,
+                          allow_external=allow_external)
     return ZarrSource(files, dataset, layout, batch_size=batch_size, shuffle=True, seed=0)
 
 
@@ -195,7 +184,7 @@ def _full_sample(source, sample_id: int) -> np.ndarray:
         return np.asarray(open_zarr_array(path, source.name)[local])
     from dali_mesh.io.hdf5 import open_hdf5_dataset  # noqa: PLC0415
 
-    f, dataset = open_hdf5_dataset(path, source.name)
+    f, dataset = open_hdf5_dataset(path, source.name, **source.h5_kwargs)
     with f:
         return dataset[local]
 
@@ -257,7 +246,7 @@ def _rank(rank, world_size, cfg, out_dir):
     layout = layout_of(cfg, MeshInfo.from_device_mesh(device_mesh))
     files = cfg["files"]
     bs = cfg["batch_size"]
-    source = _make_source(cfg["kind"], files, cfg["dataset"], layout, bs)
+    source = _make_source(cfg["kind"], files, cfg["dataset"], layout, bs, cfg["allow_external"])
     if cfg["fail_rank"] == rank:
         source = _FailingSource(source)
     region = layout.region(source.sample_shape)
@@ -367,17 +356,18 @@ def run(args: argparse.Namespace) -> int:
     cfg = {"mesh": args.mesh, "shard": args.shard, "batch": args.batch, "halo": args.halo,
            "boundary": args.boundary, "split": args.split, "batch_size": args.batch_size,
            "workers": args.workers, "gpu": gpu, "fail_rank": args.fail_rank, "dataset": args.dataset,
-           "timeout": args.timeout}
+           "timeout": args.timeout, "allow_external": args.allow_external}
     # check the mesh and the layout here, before writing data or starting ranks
     mesh = MeshInfo(*mesh_of(cfg, args.nproc))
     if args.data:
         kind, files = find_data(args.data)
         if kind == "hdf5" and args.dataset is None:
-            args.dataset = cfg["dataset"] = _hdf5_dataset_name(files[0])
-        check_files(kind, files, args.dataset)
-        probe = _make_source(kind, files, args.dataset, None, args.batch_size)
+            args.dataset = cfg["dataset"] = only_dataset_name(files[0])
+        check_files(kind, files, args.dataset, args.allow_external)
+        probe = _make_source(kind, files, args.dataset, None, args.batch_size, args.allow_external)
         cfg["ndim"] = len(probe.sample_shape)
-        probe = _make_source(kind, files, args.dataset, layout_of(cfg, mesh), args.batch_size)
+        probe = _make_source(kind, files, args.dataset, layout_of(cfg, mesh), args.batch_size,
+                             args.allow_external)
     else:
         kind, folder = "npy", os.path.join(os.getcwd(), "demo_data")
         shape = parse_ints(args.shape, "--shape")

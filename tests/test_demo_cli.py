@@ -114,3 +114,24 @@ def test_demo_bad_numbers(argv, message, tmp_path):
     err = proc.stderr.strip()
     assert "\n" not in err and message in err, err
     assert os.listdir(tmp_path) == []  # nothing written
+
+
+@pytest.mark.timeout(150)
+def test_demo_external_hdf5_refused_unless_allowed(tmp_path, capsys):
+    """--data on an HDF5 file whose dataset is an external link: one line naming the link by default;
+    with --allow-external the demo reads the linked data and verifies every window against it."""
+    h5py = pytest.importorskip("h5py")
+    x = np.arange(4 * 2 * 8 * 6, dtype=np.float32).reshape(4, 2, 8, 6)
+    with h5py.File(tmp_path / "other.h5", "w") as f:
+        f.create_dataset("pad", data=np.full(1000, 7, np.float32))
+        f.create_dataset("x", data=x)
+    with h5py.File(tmp_path / "main.h5", "w") as f:
+        f.create_dataset("decoy", data=-np.ones((4, 2, 8, 6), np.float32))
+        f["x"] = h5py.ExternalLink(str(tmp_path / "other.h5"), "/x")
+    argv = ["demo", "--data", str(tmp_path / "main.h5"), "--dataset", "x", "--nproc", "2",
+            "--mesh", "model_parallel=2", "--shard", "model_parallel=1", "--batch-size", "1", "--timeout", "120"]
+    _one_line_error(capsys, argv, "external link")
+    proc = subprocess.run([sys.executable, "-m", "dali_mesh.cli", *argv, "--allow-external"],
+                          capture_output=True, text=True, timeout=140, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().splitlines()[-1].endswith("all 4 samples verified"), proc.stdout

@@ -45,7 +45,7 @@ from dali_mesh.io._common import (
 from dali_mesh.io._plan import plan_window
 from dali_mesh.partition import Region
 
-__all__ = ["open_hdf5_dataset", "read_hdf5_window", "hdf5_sample_info"]
+__all__ = ["open_hdf5_dataset", "only_dataset_name", "read_hdf5_window", "hdf5_sample_info"]
 
 _MAX_LINK_HOPS = 32  # soft links followed while resolving a dataset's path (a loop ends here)
 
@@ -176,6 +176,27 @@ def open_hdf5_dataset(path: str | os.PathLike, name: str, *, random_access: bool
             fobj.close()
         raise
     return f, obj
+
+
+def only_dataset_name(path: str | os.PathLike) -> str:
+    """The name of the one dataset in the HDF5 file ``path`` (the default when none is named).
+
+    Raises :class:`MissingArrayError` listing the datasets when there are none or several, and the
+    errors of :func:`open_hdf5_dataset` for a missing, non-regular or non-HDF5 file."""
+    import h5py
+
+    path = str(path)
+    check_regular_file(path, "HDF5 file")
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise DataFileError(path, f"cannot be opened as HDF5 ({e}); is it an HDF5 file, and whole?") from None
+    with f:
+        names = []
+        f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+    if len(names) != 1:
+        raise MissingArrayError(path, f"holds {len(names)} datasets {names}: name one (--dataset)")
+    return names[0]
 
 
 def hdf5_sample_info(dataset, num_prefix: int) -> tuple[tuple[int, ...], np.dtype, int]:
