@@ -31,22 +31,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from benchmarks._common import make_npy_samples  # noqa: E402
 from dali_mesh import Layout, MeshInfo  # noqa: E402
 from dali_mesh.io.pagecache import descendant_pids, evict, read_bytes  # noqa: E402
 from dali_mesh.partition import take_window  # noqa: E402
 from dali_mesh.source import HDF5Source, NumpySource  # noqa: E402
 
 
-def make_data(folder, n, shape):
-    os.makedirs(folder, exist_ok=True)
-    files = [os.path.join(folder, f"s{i:03d}.npy") for i in range(n)]
-    for i, f in enumerate(files):
-        if not os.path.exists(f) or np.load(f, mmap_mode="r").shape != tuple(shape):
-            np.save(f, np.random.default_rng(i).standard_normal(shape, dtype=np.float32))
-        fd = os.open(f, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
-    return files
 
 
 class PhysicsNeMoStyle:
@@ -167,7 +158,7 @@ def main():
         n_samples = args.steps
     else:
         shape = tuple(int(s) for s in args.shape.split(","))
-        files = make_data(args.dir, args.files, shape)
+        files = make_npy_samples(args.dir, args.files, shape)
         region = layout.region(shape)
         source = NumpySource(files, layout, batch_size=args.batch_size, shuffle=False)
         loaders = args.loaders.split(",")
