@@ -27,10 +27,11 @@ per-sample shapes)                      byte order or order mix freely; every he
                                         and each file's header bytes and size are checked when
                                         read
 ``HDF5Source``, contiguous dataset      native; one plan per file layout, a base offset per step
-``HDF5Source``, chunked without         native; one part per chunk piece the window touches,
-filters (uncompressed), every chunk     its plan shared by all steps, its base the chunk's
-touched written                         offset (one pass over the chunk index) plus the step's
-                                        place in the chunk
+``HDF5Source``, chunked without         native; the chunk offsets from one pass over the chunk
+filters (uncompressed), every chunk     index; steps whose chunks lie alike relative to each
+touched written                         other share one plan (one part per step, reads merged),
+                                        up to ``MAX_MERGED_LAYOUTS`` per file; beyond, a part
+                                        per chunk piece, its plan shared by all steps
 ``ZarrSource`` v2/v3, uncompressed,     native; one part per chunk file touched (plans shared
 local store, every chunk touched        by all steps, as above), then one finishing plan
 written                                 (boundary cells)
@@ -488,12 +489,12 @@ def _hdf5_header_check(ds, path) -> tuple[int, bytes]:
     return addr, check
 
 
-def _chunk_pieces(wplan: WindowPlan, chunks, stored: np.dtype, merge_gap: int, add_plan, check=b"",
-                  check_at=0):
-    """The window's boxes cut by the chunk grid of the axes after the step axis: per piece, the plan
-    of its units read from a raw C-order chunk of shape ``chunks`` for the chunk's first step (the
-    units of step ``j`` of the chunk lie ``j`` step-strides further: the part's base says so) and
-    the chunk indices of its axes after the step axis. ``add_plan(body, shape)`` gives a plan index."""
+def _chunk_pieces(wplan: WindowPlan, chunks, stored: np.dtype, merge_gap: int):
+    """The window's boxes cut by the chunk grid of the axes after the step axis: per piece, the
+    units ``(file offsets, window offsets, bytes, groups)`` read from a raw C-order chunk of shape
+    ``chunks`` for the chunk's first step (the units of step ``j`` of the chunk lie ``j``
+    step-strides further: the part's base says so), and the chunk indices of its axes after the
+    step axis."""
     shape = wplan.window_shape
     out = []
     for wst, fst, ln in wplan.boxes():
@@ -502,9 +503,51 @@ def _chunk_pieces(wplan: WindowPlan, chunks, stored: np.dtype, merge_gap: int, a
             box = (tuple(w + p[0] for w, p in zip(wst, combo)), tuple(p[2] for p in combo),
                    tuple(p[3] for p in combo))
             lay = SimpleNamespace(shape=chunks, dtype=stored, fortran_order=False, data_offset=0)
-            fo, do, ub, groups = plan_npy_reads(lay, _Boxes([box], shape), (0,), merge_gap)
-            body = encode_units(_no_finish(shape), stored, False, fo, do, ub, groups, check, check_at)
-            out.append((add_plan(body, shape), tuple(p[1] for p in combo)))
+            out.append((plan_npy_reads(lay, _Boxes([box], shape), (0,), merge_gap), tuple(p[1] for p in combo)))
+    return out
+
+
+def _piece_plans(pieces, plans, shape, stored, check=b"", check_at=0) -> list[int]:
+    """A plan per chunk piece (its units, no boundary program)."""
+    out = []
+    for (fo, do, ub, groups), _ in pieces:
+        body = encode_units(_no_finish(shape), stored, False, fo, do, ub, groups, check, check_at)
+        out.append(plans.add_plan(body, lambda: (body, shape)))
+    return out
+
+
+#: chunked HDF5: at most this many merged plans per file (steps whose chunks lie at the same
+#: relative offsets share one); a file with more layouts keeps a part per chunk piece
+MAX_MERGED_LAYOUTS = 64
+
+
+def _merge_pieces(parts, pieces, plans, shape, stored, merge_gap, check, check_at):
+    """Parts ``(steps, P, 3)`` of one file merged into one part per step where few layouts exist:
+    the steps whose pieces lie at the same offsets relative to each other (files written step by
+    step: all of them) share one plan reading all their units, merged into fewer reads, and the
+    file is opened and checked once per sample instead of once per piece. ``None`` if not worth it."""
+    n, p = parts.shape[:2]
+    if p < 2 or n == 0:
+        return None
+    bases = parts[:, :, 2]
+    b0 = bases.min(axis=1)
+    keys, inverse = np.unique(bases - b0[:, None], axis=0, return_inverse=True)
+    if len(keys) > MAX_MERGED_LAYOUTS:
+        return None
+    merged = []
+    for rel in keys:
+        fo = np.concatenate([u[0][0] + r for u, r in zip(pieces, rel)])
+        do = np.concatenate([u[0][1] for u in pieces])
+        ub = np.concatenate([u[0][2] for u in pieces])
+        order = np.argsort(fo, kind="stable")
+        fo, do, ub = fo[order], do[order], ub[order]
+        body = encode_units(_no_finish(shape), stored, False, fo, do, ub, _group(fo, ub, merge_gap, True),
+                            check, check_at)
+        merged.append(plans.add_plan(body, lambda: (body, shape)))
+    out = np.empty((n, 1, 3), np.int64)
+    out[:, 0, 0] = parts[:, 0, 0]
+    out[:, 0, 1] = np.asarray(merged, np.int64)[np.asarray(inverse).reshape(-1)]
+    out[:, 0, 2] = b0
     return out
 
 
@@ -570,14 +613,13 @@ def _hdf5_steps(source, merge_gap: int, plans_of, ranges, budget):
             step_stride = math.prod(chunks[1:]) * ds.dtype.itemsize  # one step inside a chunk
             fin_body = encode_units(wplan, ds.dtype, False, [], [], [], [])
             finish = plans.add_plan(fin_body, lambda: (fin_body, shape))
-            pieces = _chunk_pieces(wplan, chunks, ds.dtype, merge_gap,
-                                   lambda body, sh: plans.add_plan(body, lambda: (body, sh)), check, check_at)
+            pieces = _chunk_pieces(wplan, chunks, ds.dtype, merge_gap)
             budget(locals_.size * len(pieces))
             offsets = _hdf5_chunk_offsets(ds, path) if pieces else {}
             first_chunk = l0 // ct
             chunk_ids = np.arange(first_chunk, (l1 - 1) // ct + 1, dtype=np.int64)
             parts = np.empty((locals_.size, len(pieces), 3), np.int64)
-            for j, (pidx, coords) in enumerate(pieces):
+            for j, (_, coords) in enumerate(pieces):
                 base = np.empty(chunk_ids.size, np.int64)
                 for k, c in enumerate(chunk_ids):
                     coord = (int(c) * ct,) + tuple(i * n for i, n in zip(coords, chunks[1:]))
@@ -590,8 +632,12 @@ def _hdf5_steps(source, merge_gap: int, plans_of, ranges, budget):
                                              f"{info[1]} bytes, not as raw data")
                     base[k] = info[0]
                 parts[:, j, 0] = fidx
-                parts[:, j, 1] = pidx
                 parts[:, j, 2] = base[locals_ // ct - first_chunk] + (locals_ % ct) * step_stride
+            merged = _merge_pieces(parts, pieces, plans, shape, ds.dtype, merge_gap, check, check_at)
+            if merged is None:
+                parts[:, :, 1] = _piece_plans(pieces, plans, shape, ds.dtype, check, check_at)
+            else:
+                parts = merged
             out[fi] = (parts, finish, wplan)
         finally:
             f.close()
@@ -672,14 +718,14 @@ def _zarr_steps(source, merge_gap: int, plans_of, ranges, budget):
         if meta_file is None:
             meta_file = plans.file_index[meta] = len(plans.files)
             plans.files.append((meta, -1))  # its size changes with its attributes
-        pieces = _chunk_pieces(wplan, chunks, stored, merge_gap,
-                               lambda body, sh: plans.add_plan(body, lambda: (body, sh)))
+        pieces = _chunk_pieces(wplan, chunks, stored, merge_gap)
+        piece_plans = _piece_plans(pieces, plans, shape, stored)
         budget(locals_.size * (1 + len(pieces)))
         first_chunk = l0 // ct
         chunk_ids = range(first_chunk, (l1 - 1) // ct + 1)
         parts = np.empty((locals_.size, 1 + len(pieces), 3), np.int64)
         parts[:, 0] = (meta_file, meta_plan, 0)
-        for j, (pidx, coords) in enumerate(pieces):
+        for j, ((_, coords), pidx) in enumerate(zip(pieces, piece_plans)):
             files = np.empty(len(chunk_ids), np.int64)
             for k, c in enumerate(chunk_ids):
                 key = arr.metadata.encode_chunk_key((c,) + coords)

@@ -132,10 +132,11 @@ def _chunked_h5(path: str, steps: int, frame=(3, 8), chunks=(4, 3, 4)) -> np.nda
     return data
 
 
-def test_many_chunked_hdf5_steps_plan_per_chunk_layout(tmp_path):
-    # Before: one plan per step (0.5 ms each: 20,000 steps took 10 s to plan), and chunk lookups
-    # one by one. Now the plans are those of one window's chunk pieces, whatever the step count,
-    # and every step reads its own chunk.
+def test_many_chunked_hdf5_steps_plan_per_chunk_layout(tmp_path, monkeypatch):
+    # Before: the units of every step were planned anew (0.5 ms a step: 20,000 steps took 10 s),
+    # after a chunk lookup that itself grows with the chunk count. Now the window's chunk pieces
+    # are planned once, whatever the step count (the bases per step are numpy arithmetic, the chunk
+    # offsets one pass over the index), and every step reads its own chunk.
     from dali_mesh.source import HDF5Source
 
     path = str(tmp_path / "many.h5")
@@ -143,10 +144,15 @@ def test_many_chunked_hdf5_steps_plan_per_chunk_layout(tmp_path):
     lay = Layout(MeshInfo((1, 2), ("dp", "mp"), (0, 1)), shard={"mp": 1}, halo={1: 3},
                  boundary="reflect")
     src = HDF5Source([path], "x", lay, batch_size=16, shuffle=True, seed=3)
-    few = HDF5Source([path], "x", lay, batch_size=16, shuffle=True, time_range=(0, 9))
+    calls = []
+    real = native.plan_npy_reads
+    monkeypatch.setattr(native, "plan_npy_reads", lambda *a, **k: calls.append(1) or real(*a, **k))
     (plan,) = native.plan_windows(src)
-    assert len(plan.plans) == len(native.plan_windows(few)[0].plans)
+    assert 0 < len(calls) <= 4  # the window's chunk pieces (2 chunks of 4 columns, 1 of 3 channels)
+    # a finishing plan, then one merged plan per layout of the chunks relative to each other
+    assert 2 <= len(plan.plans) <= 1 + native.MAX_MERGED_LAYOUTS
     assert plan.num_items == 20000
+    assert {len(parts) for _, parts in plan.items[:100]} == {1}  # one read part per step
 
     @pipeline_def(batch_size=16, num_threads=2, device_id=None)
     def pipe():
@@ -165,10 +171,15 @@ def test_many_chunked_hdf5_steps_plan_per_chunk_layout(tmp_path):
 
 
 @pytest.mark.parametrize("chunks", [((4, 3, 4), (4, 3, 4)), ((3, 1, 8), (3, 1, 8)), ((4, 3, 4), (1, 3, 8))])
-def test_chunked_hdf5_forecast_items(tmp_path, chunks):
+@pytest.mark.parametrize("merge", [True, False])
+def test_chunked_hdf5_forecast_items(tmp_path, monkeypatch, chunks, merge):
     # forecast windows stack steps that lie in different chunks (and files, chunked alike or not:
-    # then steps have different numbers of parts): each step's parts at its place in the window
+    # then steps have different numbers of parts): each step's parts at its place in the window;
+    # merged (a plan per layout of the chunks) or not (a part per chunk piece)
     from dali_mesh.source import ForecastSpec, HDF5Source
+
+    if not merge:
+        monkeypatch.setattr(native, "MAX_MERGED_LAYOUTS", 0)
 
     files, data = [], []
     for i, steps in enumerate((7, 6)):
@@ -182,6 +193,8 @@ def test_chunked_hdf5_forecast_items(tmp_path, chunks):
     full = np.concatenate(data)
     lay = Layout(MeshInfo((2,), ("mp",), (0,)), shard={"mp": 1}, halo={1: 2}, boundary="periodic")
     src = HDF5Source(files, "x", lay, batch_size=2, shuffle=False, forecast=ForecastSpec(history=1, lead=2))
+    parts = {len(p) for _, p in native.plan_windows(src)[0].items}
+    assert parts == {2} if merge else max(parts) > 2  # input: 2 steps of one part each, or more parts
 
     @pipeline_def(batch_size=2, num_threads=2, device_id=None)
     def pipe():
