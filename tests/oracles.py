@@ -4,6 +4,8 @@ import random
 
 import numpy as np
 
+from dali_mesh.partition import Region
+
 NP_MODE = {"constant": "constant", "periodic": "wrap", "reflect": "reflect", "symmetric": "symmetric", "edge": "edge"}
 
 
@@ -57,3 +59,24 @@ def random_array(rng: np.random.Generator, shape, dtype, *, beyond_int: bool = T
         flat[rng.integers(0, flat.size, max(1, flat.size // 16))] *= 1e17
     with np.errstate(over="ignore"):  # values beyond float16: inf, on purpose
         return x.astype(dtype)
+
+
+def random_region(rng: np.random.Generator, shape, mode: str, max_halo: int = 6, dtype=None,
+                  fill_value=None) -> Region:
+    """A random domain (crop) of ``shape`` and a random window around it reaching up to ``max_halo``
+    cells beyond it (inside it for ``trim``); ``fill_value`` by default one that ``dtype`` holds."""
+    ds, de, ws, we = [], [], [], []
+    for n in shape:
+        a = int(rng.integers(0, n))
+        b = int(rng.integers(a + 1, n + 1))
+        if mode == "trim":
+            u = int(rng.integers(a, b))
+            v = int(rng.integers(u, b + 1))
+        else:
+            u = int(rng.integers(a - max_halo, b))
+            v = int(rng.integers(u + 1, b + max_halo + 1))
+        ds.append(a), de.append(b), ws.append(u), we.append(v)
+    if fill_value is None:
+        kind = np.dtype(dtype).kind if dtype is not None else "f"
+        fill_value = {"b": 1, "u": 7}.get(kind, -7)
+    return Region(ds, de, ds, de, ws, we, mode, fill_value=fill_value)

@@ -23,6 +23,7 @@ from dali_mesh.io.npy import plan_npy_reads
 from dali_mesh.io._plan import plan_window
 from dali_mesh.partition import BOUNDARIES, Layout, Region, take_window
 from dali_mesh.mesh import MeshInfo
+from oracles import random_region
 
 DTYPES = ["?", "i1", "u1", "<i2", ">u2", "<i4", ">i4", "<u4", "<i8", ">u8", "<f2", ">f2", "<f4",
           ">f4", "<f8", ">f8"]
@@ -34,23 +35,6 @@ def _save(path, arr, version=None):
     with open(path, "wb") as f:
         np.lib.format.write_array(f, arr, version=version, allow_pickle=False)
     return str(path)
-
-
-def _random_region(rng, shape, mode, max_halo=6, dtype=None):
-    ds, de, ws, we = [], [], [], []
-    for n in shape:
-        a = int(rng.integers(0, n))
-        b = int(rng.integers(a + 1, n + 1))
-        if mode == "trim":
-            u = int(rng.integers(a, b))
-            v = int(rng.integers(u, b + 1))
-        else:
-            u = int(rng.integers(a - max_halo, b))
-            v = int(rng.integers(u + 1, b + max_halo + 1))
-        ds.append(a), de.append(b), ws.append(u), we.append(v)
-    kind = np.dtype(dtype).kind if dtype is not None else "f"
-    fill = {"b": 1, "u": 7}.get(kind, -7)  # a value the dtype holds
-    return Region(ds, de, ds, de, ws, we, mode, fill_value=fill)
 
 
 def _sample(dtype, shape, rng):
@@ -72,7 +56,7 @@ def test_every_dtype_and_endianness_native_output(tmp_path, dtype):
     arr = _sample(dtype, (4, 5, 6), rng)
     path = _save(tmp_path / "a.npy", arr)
     for mode in ("constant", "periodic", "reflect"):
-        region = _random_region(rng, arr.shape, mode, dtype=arr.dtype)
+        region = random_region(rng, arr.shape, mode, dtype=arr.dtype)
         expected = take_window(arr, region)
         for method in ("preadv", "mmap"):
             out = read_npy_window(path, region, method=method)
@@ -123,7 +107,7 @@ def test_random_windows_match_take_window(tmp_path, mode, order):
     arr = np.asarray(rng.standard_normal((5, 7, 9)).astype(">f8"), order=order)
     path = _save(tmp_path / "a.npy", arr)
     for _ in range(25):
-        region = _random_region(rng, arr.shape, mode, max_halo=12)
+        region = random_region(rng, arr.shape, mode, max_halo=12)
         expected = take_window(arr, region)
         for gap in (0, 64, 1 << 30):
             np.testing.assert_array_equal(read_npy_window(path, region, merge_gap=gap, method="preadv"), expected)

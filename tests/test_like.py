@@ -154,18 +154,6 @@ def test_world4_loader_output_is_exactly_the_model_input(tmp_path):
     run_ranks(_like_rank, 4, tmp_path, files, timeout_s=200)
 
 
-@pytest.fixture(scope="module")
-def process_group(tmp_path_factory):
-    import torch.distributed as dist
-
-    store = tmp_path_factory.mktemp("pg") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def test_first_batch_is_checked_against_the_model_input(process_group, tmp_path):
     """What cannot be seen before data (here: a model input with another stride) is refused on the
     first batch, naming both sides."""

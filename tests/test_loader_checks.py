@@ -25,19 +25,6 @@ def _workers_find_the_package(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
 
 
-@pytest.fixture(scope="module")
-def process_group(tmp_path_factory):
-    """A one-rank gloo group: enough to build real DeviceMeshes."""
-    import torch.distributed as dist
-
-    store = tmp_path_factory.mktemp("pg") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def _files(tmp_path, n=6, shape=(4, 6)):
     files = []
     for i in range(n):

@@ -23,6 +23,7 @@ import pytest
 
 from dali_mesh.io import DataFileError, read_npy_header, read_npy_window
 from dali_mesh.partition import BOUNDARIES, Region, take_window
+from oracles import random_region
 
 CASES = 3000
 SEED = 20261130
@@ -156,21 +157,6 @@ def _swap_token(rng, b: bytearray, version, start: int, end: int, which: int | N
     return out, start + len(encoded)
 
 
-def _random_region(rng, shape, mode):
-    ds, de, ws, we = [], [], [], []
-    for n in shape:
-        a = int(rng.integers(0, n))
-        b = int(rng.integers(a + 1, n + 1))
-        if mode == "trim":
-            u = int(rng.integers(a, b))
-            v = int(rng.integers(u, b + 1))
-        else:
-            u = int(rng.integers(a - 3, b))
-            v = int(rng.integers(u + 1, b + 4))
-        ds.append(a), de.append(b), ws.append(u), we.append(v)
-    return Region(ds, de, ds, de, ws, we, mode, fill_value=1)
-
-
 class CaseTimeout(Exception):
     pass
 
@@ -236,7 +222,7 @@ def _one_case(rng, path: str, mutated: bytes) -> str:
     if ref.size == 0 or ref.ndim == 0:
         return "read"
     mode = BOUNDARIES[int(rng.integers(0, len(BOUNDARIES)))]
-    region = _random_region(rng, ref.shape, mode)
+    region = random_region(rng, ref.shape, mode, max_halo=3, fill_value=1)
     try:
         for kw in ({}, {"method": "mmap"}, {"merge_gap": 0, "page_merge": False}):
             out = read_npy_window(path, region, **kw)

@@ -11,32 +11,13 @@ pytest.importorskip("nvidia.dali")
 from nvidia.dali import fn, pipeline_def, types  # noqa: E402
 
 import dali_mesh.fn as dfn  # noqa: E402
+from dali_helpers import run_pipeline  # noqa: E402
 from dali_mesh import Layout, MeshInfo, partition  # noqa: E402
 from dali_mesh._kernels import reference_strided_slice  # noqa: E402
 from oracles import DTYPES, MODES, SEED, random_array  # noqa: E402
 
 if not dfn.PLUGIN_PATH.exists():
     pytest.skip("libdali_mesh.so not built (pip install --no-build-isolation -e .)", allow_module_level=True)
-
-
-def _constant(b):
-    return lambda: b  # no parameters: DALI would pass the iteration index to one
-
-
-def run_pipeline(graph, batch, num_threads=2, n_outputs=None):
-    """Runs graph(*inputs) once on a batch: `batch` is a list of per-input lists of arrays."""
-
-    @pipeline_def(batch_size=len(batch[0]), num_threads=num_threads, device_id=None,
-                  exec_dynamic=True)
-    def pipe():
-        inputs = [fn.external_source(source=_constant(b), batch=True) for b in batch]
-        out = graph(*inputs)
-        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
-
-    p = pipe()
-    p.build()
-    outs = p.run()
-    return [[np.array(o[i]) for i in range(len(batch[0]))] for o in outs]
 
 
 # ---- strided_slice ----------------------------------------------------------------------------------

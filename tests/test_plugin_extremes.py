@@ -13,6 +13,7 @@ from nvidia.dali import fn, pipeline_def, types  # noqa: E402
 
 import dali_mesh._kernels as K  # noqa: E402
 import dali_mesh.fn as dfn  # noqa: E402
+from dali_helpers import run_pipeline  # noqa: E402
 from dali_mesh import Layout, MeshInfo, partition  # noqa: E402
 
 if not dfn.PLUGIN_PATH.exists():
@@ -20,25 +21,6 @@ if not dfn.PLUGIN_PATH.exists():
 
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 BIG = 2**62  # kMaxPosition: window positions must lie within +-2**62 of the domain start
-
-
-def _constant(b):
-    return lambda: b  # no parameters: DALI would pass the iteration index to one
-
-
-def run_pipeline(graph, batch):
-    """Runs graph(*inputs) once on a batch: `batch` is a list of per-input lists of arrays."""
-
-    @pipeline_def(batch_size=len(batch[0]), num_threads=1, device_id=None, exec_dynamic=True)
-    def pipe():
-        inputs = [fn.external_source(source=_constant(b), batch=True) for b in batch]
-        out = graph(*inputs)
-        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
-
-    p = pipe()
-    p.build()
-    outs = p.run()
-    return [[np.array(o[i]) for i in range(len(batch[0]))] for o in outs]
 
 
 # ---- 1. checkpointing ---------------------------------------------------------------------------------
