@@ -589,3 +589,25 @@ def test_forecast_windows_stack_the_steps(tmp_path, kind):
             np.testing.assert_array_equal(np.array(tgt[k]), want_tgt, err_msg=f"step {t}")
             n += 1
     assert n == len(src) == 4  # steps 1..4 of 7 (history 1, lead 2)
+
+
+@pytest.mark.timeout(150)
+def test_demo_verifies_a_folder_of_mixed_byte_orders_and_orders(tmp_path):
+    # the reviewer's repro: `dali-mesh demo --data DIR` on .npy files that differ only in byte
+    # order and C/Fortran order read batch 0 natively, then failed at the next file
+    import subprocess
+    import sys
+
+    a = np.arange(8 * 6 * 5, dtype="<f4").reshape(8, 6, 5)
+    data = tmp_path / "mixed"
+    data.mkdir()
+    _save(data / "a.npy", a)
+    _save(data / "b.npy", a + 1, byteorder=">")
+    _save(data / "c.npy", a + 2, fortran=True)
+    _save(data / "d.npy", a + 3, fortran=True, byteorder=">")
+    proc = subprocess.run([sys.executable, "-m", "dali_mesh.cli", "demo", "--nproc", "2", "--mesh", "mp=2",
+                           "--shard", "mp=0", "--data", str(data), "--batch-size", "1", "--timeout", "120"],
+                          capture_output=True, text=True, timeout=140, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "reader: native" in proc.stdout, proc.stdout
+    assert proc.stdout.strip().splitlines()[-1].endswith("all 4 samples verified"), proc.stdout
