@@ -541,6 +541,8 @@ def _merge_pieces(parts, pieces, plans, shape, stored, merge_gap, check, check_a
         ub = np.concatenate([u[0][2] for u in pieces])
         order = np.argsort(fo, kind="stable")
         fo, do, ub = fo[order], do[order], ub[order]
+        if np.any(fo[1:] < fo[:-1] + ub[:-1]):
+            return None  # chunks that share bytes (a crafted file): a plan's reads must be disjoint
         body = encode_units(_no_finish(shape), stored, False, fo, do, ub, _group(fo, ub, merge_gap, True),
                             check, check_at)
         merged.append(plans.add_plan(body, lambda: (body, shape)))
