@@ -319,6 +319,20 @@ def watched_run(pipe, timeout: float | None = DEFAULT_TIMEOUT_S):
     return dog.call(pipe.run, what="pipe.run()", batches=prefetch_batches(pipe) if first else 1)
 
 
+def current_pipeline_for(source):
+    """The pipeline being defined (or None); its batch size must be the source's, whose sample
+    order pads each rank's share to whole batches of that size."""
+    from nvidia.dali.pipeline import Pipeline
+
+    pipe = Pipeline.current()
+    if pipe is not None and pipe.max_batch_size != source.batch_size:
+        raise ValueError(
+            f"the pipeline's batch_size is {pipe.max_batch_size} but the source was built with "
+            f"batch_size={source.batch_size}: pass the same value to both (the sample order pads "
+            "each rank's share to whole batches)")
+    return pipe
+
+
 def partitioned_source(source, device: str = "cpu", *, name: str | None = None,
                        layout: str | None = None, prefetch_queue_depth: int = 2, **kwargs):
     """Feed ``source`` (a :class:`dali_mesh.source.WindowSource`) into the current pipeline.
@@ -346,7 +360,6 @@ def partitioned_source(source, device: str = "cpu", *, name: str | None = None,
         (see ``source.output_names``).
     """
     from nvidia.dali import fn, types
-    from nvidia.dali.pipeline import Pipeline
 
     if device not in ("cpu", "gpu"):
         raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
@@ -354,12 +367,7 @@ def partitioned_source(source, device: str = "cpu", *, name: str | None = None,
         if not hasattr(source, attr):
             raise TypeError(f"partitioned_source needs a dali_mesh source (NumpySource, HDF5Source, "
                             f"ZarrSource); {type(source).__name__} has no {attr!r}")
-    pipe = Pipeline.current()
-    if pipe is not None and pipe.max_batch_size != source.batch_size:
-        raise ValueError(
-            f"the pipeline's batch_size is {pipe.max_batch_size} but the source was built with "
-            f"batch_size={source.batch_size}: pass the same value to both (the sample order pads "
-            "each rank's share to whole batches)")
+    pipe = current_pipeline_for(source)
     if hasattr(source, "_status_dir"):
         source._status_dir = status_dir()  # pickled into the workers with the source
     if pipe is not None:

@@ -588,6 +588,10 @@ def _hdf5_steps(source, merge_gap: int, plans_of, ranges, budget):
                                      f"({dcpl.get_nfilters()} filters); it is decoded by partitioned_source")
             if ds.external or ds.is_virtual:
                 raise NotNativeError(f"{path}: dataset {source.name!r} has external or virtual storage")
+            if not os.path.samefile(ds.file.filename, path):
+                # an external link (allow_external=True): the offsets are in another file
+                raise NotNativeError(f"{path}: dataset {source.name!r} lives in {ds.file.filename} "
+                                     "(an external link)")
             plans = plans_of(_check_dtype(ds.dtype, path))
             check_at, check = _hdf5_header_check(ds, path)
             frame = tuple(ds.shape[1:])
@@ -930,16 +934,12 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
         kwargs: passed to the ``partitioned_source`` fallback.
     """
     from nvidia.dali import fn, types
-    from nvidia.dali.pipeline import Pipeline
+
+    from dali_mesh._external import current_pipeline_for
 
     if device not in ("cpu", "gpu"):
         raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
-    pipe = Pipeline.current()
-    if pipe is not None and pipe.max_batch_size != source.batch_size:
-        raise ValueError(
-            f"the pipeline's batch_size is {pipe.max_batch_size} but the source was built with "
-            f"batch_size={source.batch_size}: pass the same value to both (the sample order pads "
-            "each rank's share to whole batches)")
+    pipe = current_pipeline_for(source)
     try:
         plans = plan_windows(source, merge_gap=merge_gap)
     except NotNativeError as e:

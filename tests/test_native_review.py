@@ -422,3 +422,35 @@ def test_canonical_json_agrees_with_the_reader(tmp_path, text):
     meta.write_bytes(text[:-1])  # not one JSON object
     with pytest.raises(RuntimeError, match="meta.json: its metadata .* differs"):
         _build_direct(path)
+
+
+def test_hdf5_external_link_is_never_read_natively(tmp_path):
+    """allow_external=True through an external link: the dataset's offsets are in the linked file, so
+    the native path must refuse it (never read those offsets from the linking file); the default
+    read_windows falls back and delivers the linked data."""
+    h5py = pytest.importorskip("h5py")
+    from dali_mesh.source import HDF5Source
+
+    x = np.arange(4 * 6 * 8, dtype=np.float32).reshape(4, 6, 8)
+    with h5py.File(tmp_path / "other.h5", "w") as f:
+        f.create_dataset("pad", data=np.full(1000, 7, np.float32))
+        f.create_dataset("x", data=x)
+    with h5py.File(tmp_path / "main.h5", "w") as f:
+        f.create_dataset("decoy", data=-np.ones((4, 6, 8), np.float32))
+        f["x"] = h5py.ExternalLink(str(tmp_path / "other.h5"), "/x")
+    layout = Layout(MeshInfo((2,), ("mp",), (1,)), shard={"mp": 0}, halo={1: 1}, boundary={1: "periodic"})
+    src = HDF5Source([str(tmp_path / "main.h5")], "x", layout, batch_size=2, shuffle=False, allow_external=True)
+    with pytest.raises(native.NotNativeError, match="external link"):
+        native.plan_source(src)
+
+    @pipeline_def(batch_size=2, num_threads=1, device_id=None, py_num_workers=1, py_start_method="spawn")
+    def pipe():
+        return native.read_windows(src)
+
+    p = pipe()
+    p.build()
+    for _ in range(2):
+        w, ids, _ = p.run()
+        for i in range(2):
+            sid = int(np.array(ids[i]))
+            np.testing.assert_array_equal(np.array(w[i]), take_window(x[sid], src.region))
