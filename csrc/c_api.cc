@@ -146,12 +146,11 @@ DM_EXPORT int dm_strided_slice(int backend, void *launcher, int nsamples, int nd
     u.channel_axis = channel_axis;
     e = MakeSliceSample(u, p, &samples[i]);
     if (!e.empty()) return Fail("sample " + std::to_string(i) + ": " + e, err, errlen);
-    // the CPU kernel's typed loads and stores need elements at their natural alignment (the GPU
-    // plan moves misaligned samples byte-wise); DALI's buffers always are, a numpy view at an odd
-    // byte offset is not
+    // the kernels' typed loads and stores need elements at their natural alignment (on a GPU a
+    // misaligned access is a sticky error that loses the context); DALI's buffers always are, a
+    // numpy view at an odd byte offset is not
     const int in_size = DTypeSize(in_type), out_size = DTypeSize(out_type);
-    if (backend == 0 && (reinterpret_cast<uintptr_t>(in[i]) % in_size ||
-                         reinterpret_cast<uintptr_t>(out[i]) % out_size))
+    if (reinterpret_cast<uintptr_t>(in[i]) % in_size || reinterpret_cast<uintptr_t>(out[i]) % out_size)
       return Fail("sample " + std::to_string(i) + ": the input and output must be aligned to their "
                       "element sizes (" + std::to_string(in_size) + " and " + std::to_string(out_size) +
                       " bytes); copy a misaligned array first (np.ascontiguousarray of a fresh array)",

@@ -364,15 +364,24 @@ def test_strided_slice_wrapper_accepts_numpy_integers_and_floats():
     np.testing.assert_array_equal(outs[0][0], ref)
 
 
-def test_cpu_kernel_refuses_misaligned_elements():
-    """The CPU kernel loads typed elements: a float32 view at an odd byte offset is refused (it was
-    undefined behaviour); the emulated GPU path moves it byte-wise and stays exact."""
-    raw = np.zeros(4 * 10 * 4 + 64, np.uint8)
+@pytest.mark.parametrize("backend", ["cpu", "emulate"])
+@pytest.mark.parametrize("side", ["in", "out"])
+def test_kernels_refuse_misaligned_elements(backend, side):
+    """Typed loads and stores need elements at their natural alignment (on a GPU a misaligned access
+    loses the CUDA context; on the CPU it was undefined behaviour): a float32 view at an odd byte
+    offset is refused by every backend of the C API, naming the sizes."""
+    raw = np.zeros(4 * 12 * 4 + 64, np.uint8)
     base = (-raw.ctypes.data) % 64 + 1
-    x = raw[base:base + 160].view(np.float32).reshape(4, 10)
-    x[...] = np.arange(40, dtype=np.float32).reshape(4, 10)
-    assert x.ctypes.data % 4 == 1
+    odd = raw[base:base + 4 * 12 * 4].view(np.float32)
+    assert odd.ctypes.data % 4 == 1
+    x = np.arange(40, dtype=np.float32).reshape(4, 10)
+    kw = {}
+    if side == "in":
+        x = odd[:40].reshape(4, 10)
+        x[...] = np.arange(40, dtype=np.float32).reshape(4, 10)
+    else:
+        kw["out"] = [odd.reshape(4, 12)]
     with pytest.raises(K.KernelsError, match="aligned to their element sizes"):
-        K.strided_slice_host([x], [0, -1], [4, 12], 1, "periodic", backend="cpu")
-    got = K.strided_slice_host([x], [0, -1], [4, 12], 1, "periodic", backend="emulate")[0]
+        K.strided_slice_host([x], [0, -1], [4, 12], 1, "periodic", backend=backend, **kw)
+    got = K.strided_slice_host([np.array(x)], [0, -1], [4, 12], 1, "periodic", backend=backend)[0]
     np.testing.assert_array_equal(got, np.pad(np.array(x), ((0, 0), (1, 1)), mode="wrap"))

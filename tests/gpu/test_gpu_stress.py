@@ -124,6 +124,25 @@ def test_many_launches_on_one_stream_reuse_staging_safely(device):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype,bad_offset", [(np.float32, 1), (np.float32, 2), (np.float16, 1), (np.float64, 4)])
+def test_a_sample_misaligned_within_its_element_is_refused_before_launch(device, dtype, bad_offset):
+    """A pointer that is not a multiple of the element size would make the kernel's typed loads fault
+    (a sticky error that loses the CUDA context): refused before anything is launched, and the
+    device still works afterwards."""
+    rng = np.random.default_rng(SEED)
+    samples = [random_array(rng, (3, 20, 40), dtype) for _ in range(2)]
+    starts, shapes = [[0, -1, -2]] * 2, [[3, 22, 44]] * 2
+    steps, bounds = [[1, 1, 1]] * 2, [["constant", "constant", "periodic"]] * 2
+    launch, _ = _run_batch(device, samples, starts, shapes, steps, bounds, offsets=[0, bad_offset])
+    with pytest.raises(K.KernelsError, match="aligned to their element sizes"):
+        launch()
+    launch, collect = _run_batch(device, samples, starts, shapes, steps, bounds, offsets=[0, 0])
+    launch()
+    device.sync()
+    _check(samples, collect(), starts, shapes, steps, bounds, np.dtype(dtype), f"seed {SEED}")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype,bad_offset", [(np.float32, 4), (np.uint8, 1), (np.uint8, 3), (np.float16, 2)])
 def test_one_misaligned_sample_among_aligned_ones(device, dtype, bad_offset):
     """Five samples whose rows allow 16-byte moves and one whose input pointer is only element
