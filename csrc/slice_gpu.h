@@ -16,7 +16,9 @@
 // compile time (the plain path has no boundary code).
 // Casts and normalisation run typed kernels for the common pairs (float->half, float->float,
 // uint8->float, half->float; 4 or 2 elements per load and store on a piece's plain path where
-// both sides line up) and a generic kernel (types dispatched at run time) for the rest. On the
+// both sides line up) and a generic kernel (types dispatched at run time) for the rest; the
+// conversion kernel is chosen per batch, so a batch with a sample whose pointers do not suit the
+// typed kernel runs every sample through the generic one. On the
 // plain path each thread issues the loads of several moves before their stores (PlainBlock).
 #ifndef DALI_MESH_SLICE_GPU_H_
 #define DALI_MESH_SLICE_GPU_H_
