@@ -14,7 +14,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from dali_mesh import Layout, MeshInfo
+from dali_mesh import Layout
 from dali_mesh.source import NumpySource
 
 dali = pytest.importorskip("nvidia.dali")
@@ -22,6 +22,7 @@ from nvidia.dali import types  # noqa: E402
 
 from dali_mesh import native  # noqa: E402
 from tests.oracles import SEED, random_array  # noqa: E402
+from tests.native_helpers import mesh_of  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -50,11 +51,6 @@ def check():
     return run
 
 
-def _mesh(shape, coord):
-    names = ("data_parallel",) + tuple(f"m{i}" for i in range(len(shape) - 1))
-    return MeshInfo(shape, names, coord)
-
-
 def _plan(tmp_path, shape, dtype, layout, *, fortran=False, n=1):
     rng = np.random.default_rng(SEED)
     files = []
@@ -71,7 +67,7 @@ MODES = ("constant", "reflect", "symmetric", "edge", "periodic")
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("coord", [0, 1, 3])
 def test_every_mode_at_every_band_is_filled_on_the_device(tmp_path, check, mode, coord):
-    layout = Layout(_mesh((1, 4), (0, coord)), shard={"m0": 1}, halo={1: 2, 2: 3}, boundary=mode, fill_value=-7)
+    layout = Layout(mesh_of((1, 4), (0, coord)), shard={"m0": 1}, halo={1: 2, 2: 3}, boundary=mode, fill_value=-7)
     checked, host_only = check(_plan(tmp_path, (3, 12, 10), np.float32, layout), tmp_path / "p")
     assert (checked, host_only) == (1, 0)
 
@@ -79,14 +75,14 @@ def test_every_mode_at_every_band_is_filled_on_the_device(tmp_path, check, mode,
 @pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.float16, np.int32, np.int64, np.uint64, np.float64, np.bool_])
 def test_dtypes_and_fill_values(tmp_path, check, dtype):
     fill = 1 if dtype == np.bool_ else -3 if np.dtype(dtype).kind in "if" else 250
-    layout = Layout(_mesh((1, 2, 2), (0, 1, 0)), shard={"m0": 1, "m1": 2}, halo={0: 1, 1: 1, 2: 2},
+    layout = Layout(mesh_of((1, 2, 2), (0, 1, 0)), shard={"m0": 1, "m1": 2}, halo={0: 1, 1: 1, 2: 2},
                     boundary={0: "constant", 1: "symmetric", 2: "edge"}, fill_value=fill)
     checked, host_only = check(_plan(tmp_path, (4, 7, 6), dtype, layout), tmp_path / "p")
     assert (checked, host_only) == (1, 0)
 
 
 def test_mixed_modes_crop_channels_and_fortran_order(tmp_path, check):
-    layout = Layout(_mesh((1, 3, 2), (0, 0, 1)), shard={"m0": 1, "m1": 2}, crop=(None, slice(1, 10), None),
+    layout = Layout(mesh_of((1, 3, 2), (0, 0, 1)), shard={"m0": 1, "m1": 2}, crop=(None, slice(1, 10), None),
                     halo={1: (3, 1), 2: 2}, boundary={1: "reflect", 2: "constant"}, split="even", fill_value=5)
     checked, host_only = check(_plan(tmp_path, (5, 11, 13), np.int32, layout, fortran=True), tmp_path / "p")
     assert (checked, host_only) == (1, 0)
@@ -96,7 +92,7 @@ def test_mixed_modes_crop_channels_and_fortran_order(tmp_path, check):
 def test_halo_wider_than_the_axis_is_exact_where_the_device_takes_it(tmp_path, check, mode):
     # a halo of 9 on an axis of 4: the host program may chain copies (then it stays on the host);
     # whatever the device takes equals the host's result
-    layout = Layout(_mesh((1, 2), (0, 1)), shard={"m0": 1}, halo={0: 5, 1: 9}, boundary=mode, fill_value=3)
+    layout = Layout(mesh_of((1, 2), (0, 1)), shard={"m0": 1}, halo={0: 5, 1: 9}, boundary=mode, fill_value=3)
     checked, host_only = check(_plan(tmp_path, (3, 4), np.float32, layout), tmp_path / "p")
     assert checked + host_only == 1
     if mode in ("constant", "edge"):  # fills and edge copies never chain
@@ -104,7 +100,7 @@ def test_halo_wider_than_the_axis_is_exact_where_the_device_takes_it(tmp_path, c
 
 
 def test_empty_window_stays_on_the_host(tmp_path, check):
-    layout = Layout(_mesh((1, 3), (0, 2)), shard={"m0": 0}, halo={0: 1}, boundary="periodic")
+    layout = Layout(mesh_of((1, 3), (0, 2)), shard={"m0": 0}, halo={0: 1}, boundary="periodic")
     checked, host_only = check(_plan(tmp_path, (2, 5), np.float32, layout), tmp_path / "p")
     assert (checked, host_only) == (0, 1)
 
@@ -119,7 +115,7 @@ def test_many_layouts_against_the_host(tmp_path, check):
         axis = int(rng.integers(0, ndim))
         halo = {a: (int(rng.integers(0, 4)), int(rng.integers(0, 4))) for a in range(ndim)}
         boundary = {a: MODES[int(rng.integers(0, len(MODES)))] for a in range(ndim)}
-        layout = Layout(_mesh((1, k), (0, int(rng.integers(0, k)))), shard={"m0": axis}, halo=halo,
+        layout = Layout(mesh_of((1, k), (0, int(rng.integers(0, k)))), shard={"m0": axis}, halo=halo,
                         boundary=boundary, split=("chunk", "even", "physicsnemo")[case % 3], fill_value=-1)
         d = tmp_path / f"c{case}"
         d.mkdir()
@@ -154,7 +150,7 @@ def test_gpu_windows_with_device_fill(tmp_path, monkeypatch, mode, dtype, device
     for i in range(5):
         files.append(str(tmp_path / f"s{i}.npy"))
         np.save(files[-1], random_array(rng, (3, 17, 33), dtype))
-    layout = Layout(_mesh((1, 2, 2), (0, 0, 1)), shard={"m0": 1, "m1": 2}, halo={1: 3, 2: (2, 5)},
+    layout = Layout(mesh_of((1, 2, 2), (0, 0, 1)), shard={"m0": 1, "m1": 2}, halo={1: 3, 2: (2, 5)},
                     boundary={1: mode, 2: "edge" if mode == "periodic" else "periodic"}, fill_value=7)
     src = NumpySource(files, layout, batch_size=2, shuffle=True, seed=2)
 

@@ -28,6 +28,7 @@ from nvidia.dali import fn, pipeline_def, types  # noqa: E402
 
 from dali_mesh import native  # noqa: E402
 from tests.oracles import SEED, random_array  # noqa: E402
+from tests.native_helpers import mesh_of, needs_read_windows  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.timeout(120)
@@ -35,23 +36,11 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(autouse=True)
 def _plugin():
-    from dali_mesh.fn import load_plugin
-
-    try:
-        ops = load_plugin()
-    except ImportError as e:
-        pytest.skip(f"plugin not built: {e}")
-    if not hasattr(ops, "read_windows"):
-        pytest.skip("the plugin has no read_windows operator: rebuild it")
-
-
-def _mesh(shape, coord):
-    names = ("data_parallel",) + tuple(f"m{i}" for i in range(len(shape) - 1))
-    return MeshInfo(shape, names, coord)
+    needs_read_windows()
 
 
 def _layout():
-    return Layout(_mesh((1, 3), (0, 1)), shard={"m0": 1}, halo={1: 2, 2: 1},
+    return Layout(mesh_of((1, 3), (0, 1)), shard={"m0": 1}, halo={1: 2, 2: 1},
                   boundary={1: "reflect", 2: "periodic"})
 
 
@@ -393,7 +382,7 @@ def test_two_pipelines_with_different_sources_in_one_process(tmp_path):
     fa = _npy_files(a_dir, n=5, shape=(3, 12, 8), dtype=np.float32)
     fb = _npy_files(b_dir, n=3, shape=(20, 7), dtype=np.int16)
     sa = NumpySource(fa, _layout(), batch_size=2, shuffle=True, seed=3)
-    sb = NumpySource(fb, Layout(_mesh((1, 2), (0, 1)), shard={"m0": 0}, halo={0: 3}, boundary="constant",
+    sb = NumpySource(fb, Layout(mesh_of((1, 2), (0, 1)), shard={"m0": 0}, halo={0: 3}, boundary="constant",
                                 fill_value=-9), batch_size=1, shuffle=True, seed=4)
     pa, pb = _built(sa), _built(sb)
 

@@ -25,6 +25,7 @@ from nvidia.dali import fn, pipeline_def, types  # noqa: E402
 
 from dali_mesh import native  # noqa: E402
 from tests.oracles import SEED, random_array  # noqa: E402
+from tests.native_helpers import mesh_of, needs_read_windows  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.timeout(180)
@@ -32,19 +33,7 @@ pytestmark = pytest.mark.timeout(180)
 
 @pytest.fixture(autouse=True)
 def _plugin():
-    from dali_mesh.fn import load_plugin
-
-    try:
-        ops = load_plugin()
-    except ImportError as e:
-        pytest.skip(f"plugin not built: {e}")
-    if not hasattr(ops, "read_windows"):
-        pytest.skip("the plugin has no read_windows operator: rebuild it")
-
-
-def _mesh(shape, coord):
-    names = ("data_parallel",) + tuple(f"m{i}" for i in range(len(shape) - 1))
-    return MeshInfo(shape, names, coord)
+    needs_read_windows()
 
 
 def _run_batches(src, n_batches, *, threads=2, **kw):
@@ -204,7 +193,7 @@ def test_zarr_attributes_added_after_build_are_read(tmp_path, fmt):
     z = zarr.create_array(store, shape=data.shape, chunks=(1, 3, 4, 8), dtype="f4", compressors=None,
                           zarr_format=fmt)
     z[:] = data
-    layout = Layout(_mesh((1, 3), (0, 1)), shard={"m0": 1}, halo={1: 2}, boundary={1: "reflect"})
+    layout = Layout(mesh_of((1, 3), (0, 1)), shard={"m0": 1}, halo={1: 2}, boundary={1: "reflect"})
     src = ZarrSource([store], None, layout, batch_size=2, shuffle=False)
 
     @pipeline_def(batch_size=2, num_threads=2, device_id=None, prefetch_queue_depth=1)
@@ -338,7 +327,7 @@ def test_one_large_window_is_split_into_tasks_and_reads_the_same(tmp_path, order
         np.save(files[-1], a)
         data.append(a)
     # rank 0 of 2 over axis 0: one contiguous range of half the file (C order)
-    layout = Layout(_mesh((1, 2), (0, 0)), shard={"m0": 0}, halo={1: 3}, boundary={1: "symmetric"})
+    layout = Layout(mesh_of((1, 2), (0, 0)), shard={"m0": 0}, halo={1: 3}, boundary={1: "symmetric"})
     src = NumpySource(files, layout, batch_size=1, shuffle=False)
     (plan,) = native.plan_windows(src)
     path = plan.write(str(tmp_path))

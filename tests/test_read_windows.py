@@ -22,25 +22,15 @@ from nvidia.dali import pipeline_def  # noqa: E402
 
 from dali_mesh import native  # noqa: E402
 from tests.oracles import SEED, random_array  # noqa: E402
+from tests.native_helpers import mesh_of, needs_read_windows  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ("constant", "periodic", "reflect", "symmetric", "edge")
 
 
-def _plugin_or_skip():
-    from dali_mesh.fn import load_plugin
-
-    try:
-        ops = load_plugin()
-    except ImportError as e:
-        pytest.skip(f"plugin not built: {e}")
-    if not hasattr(ops, "read_windows"):
-        pytest.skip("the plugin has no read_windows operator: rebuild it")
-
-
 @pytest.fixture(autouse=True)
 def _plugin():
-    _plugin_or_skip()
+    needs_read_windows()
 
 
 def _pipe(src, batch, *, threads=2, checkpoint=None, **kw):
@@ -93,17 +83,12 @@ def _check_all(files, layout, batch=2, **kw):
     return src
 
 
-def _mesh(shape, coord):
-    names = ("data_parallel",) + tuple(f"m{i}" for i in range(len(shape) - 1))
-    return MeshInfo(shape, names, coord)
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_every_boundary_mode_matches_take_window(tmp_path, mode):
     rng = np.random.default_rng(SEED)
     files = [_save(tmp_path / f"s{i}.npy", random_array(rng, (3, 10, 9), np.float32)) for i in range(3)]
     for coord in [(0, 0), (0, 2), (0, 3)]:  # first, middle and last band of 4
-        layout = Layout(_mesh((1, 4), coord), shard={"m0": 1}, halo={1: 2, 2: 1}, boundary=mode,
+        layout = Layout(mesh_of((1, 4), coord), shard={"m0": 1}, halo={1: 2, 2: 1}, boundary=mode,
                         fill_value=-7)
         _check_all(files, layout)
 
@@ -114,7 +99,7 @@ def test_dtypes_byte_orders_and_fortran_order(tmp_path, dtype, byteorder, fortra
     rng = np.random.default_rng(SEED)
     files = [_save(tmp_path / f"s{i}.npy", random_array(rng, (4, 7, 6), dtype), fortran=fortran,
                    byteorder=byteorder) for i in range(2)]
-    layout = Layout(_mesh((1, 2, 2), (0, 1, 0)), shard={"m0": 1, "m1": 2}, halo={1: 1, 2: 2},
+    layout = Layout(mesh_of((1, 2, 2), (0, 1, 0)), shard={"m0": 1, "m1": 2}, halo={1: 1, 2: 2},
                     boundary={0: "constant", 1: "periodic", 2: "symmetric"}, fill_value=1)
     _check_all(files, layout)
 
@@ -128,7 +113,7 @@ def test_byte_orders_and_orders_mixed_in_one_source(tmp_path, dtype):
     kinds = [("<", False), (">", False), ("<", True), (">", True), ("<", False), (">", True)]
     files = [_save(tmp_path / f"s{i}.npy", random_array(rng, (3, 10, 7), dtype), fortran=f, byteorder=b)
              for i, (b, f) in enumerate(kinds)]
-    layout = Layout(_mesh((1, 2, 2), (0, 1, 1)), shard={"m0": 1, "m1": 2}, halo={1: 2, 2: 1},
+    layout = Layout(mesh_of((1, 2, 2), (0, 1, 1)), shard={"m0": 1, "m1": 2}, halo={1: 2, 2: 1},
                     boundary={1: "periodic", 2: "reflect"})
     src = NumpySource(files, layout, batch_size=2, shuffle=True, seed=5, channels=[2, 0])
     plan = native.plan_source(src)
@@ -147,7 +132,7 @@ def test_byte_orders_and_orders_mixed_in_one_source(tmp_path, dtype):
 def test_mixed_modes_crop_and_channels(tmp_path):
     rng = np.random.default_rng(SEED)
     files = [_save(tmp_path / f"s{i}.npy", random_array(rng, (5, 11, 13), np.int32)) for i in range(3)]
-    layout = Layout(_mesh((1, 3, 2), (0, 1, 1)), shard={"m0": 1, "m1": 2}, crop=(None, slice(1, 10), None),
+    layout = Layout(mesh_of((1, 3, 2), (0, 1, 1)), shard={"m0": 1, "m1": 2}, crop=(None, slice(1, 10), None),
                     halo={1: (3, 1), 2: 2}, boundary={1: "reflect", 2: "edge"}, split="even")
     _check_all(files, layout, channels=[4, 0, 2], channel_axis=0)
 
@@ -157,7 +142,7 @@ def test_halo_wider_than_the_axis(tmp_path, mode):
     rng = np.random.default_rng(SEED)
     files = [_save(tmp_path / f"s{i}.npy", random_array(rng, (3, 4), np.float32), fortran=i == 1)
              for i in range(2)]
-    layout = Layout(_mesh((1, 2), (0, 1)), shard={"m0": 1}, halo={0: 5, 1: 9}, boundary=mode, fill_value=3)
+    layout = Layout(mesh_of((1, 2), (0, 1)), shard={"m0": 1}, halo={0: 5, 1: 9}, boundary=mode, fill_value=3)
     # one C-order and one Fortran-order file: two headers, two plans
     _check_all(files, layout, per_sample_shapes=True)
 
@@ -166,7 +151,7 @@ def test_empty_windows(tmp_path):
     rng = np.random.default_rng(SEED)
     files = [_save(tmp_path / f"s{i}.npy", random_array(rng, (2, 5), np.float32)) for i in range(2)]
     # chunk of 2 over 3: the last rank owns nothing (and gets no halo)
-    layout = Layout(_mesh((1, 3), (0, 2)), shard={"m0": 0}, halo={0: 1}, boundary="periodic")
+    layout = Layout(mesh_of((1, 3), (0, 2)), shard={"m0": 0}, halo={0: 1}, boundary="periodic")
     src = _check_all(files, layout)
     assert src.region.window_shape[0] == 0
 
@@ -175,7 +160,7 @@ def test_per_sample_shapes_share_plans_by_header(tmp_path):
     rng = np.random.default_rng(SEED)
     shapes = [(3, 8), (3, 10), (3, 8), (3, 10)]
     files = [_save(tmp_path / f"s{i}.npy", random_array(rng, s, np.float64)) for i, s in enumerate(shapes)]
-    layout = Layout(_mesh((1, 2), (0, 1)), shard={"m0": 1}, halo={1: 1}, boundary="reflect")
+    layout = Layout(mesh_of((1, 2), (0, 1)), shard={"m0": 1}, halo={1: 1}, boundary="reflect")
     src = NumpySource(files, layout, batch_size=1, shuffle=False, per_sample_shapes=True)
     plans = native.plan_source(src)
     assert len(plans.plans) == 2 and [it[0] for it in plans.items] == [0, 1, 0, 1]
@@ -188,7 +173,7 @@ def test_per_sample_shapes_share_plans_by_header(tmp_path):
 def test_plan_reads_only_the_window(tmp_path):
     # rank 1 of 4 over H: one read group per channel, together exactly the window's bytes
     files = [_save(tmp_path / "s.npy", np.zeros((2, 64, 256), np.float32))]
-    layout = Layout(_mesh((1, 4), (0, 1)), shard={"m0": 1})
+    layout = Layout(mesh_of((1, 4), (0, 1)), shard={"m0": 1})
     src = NumpySource(files, layout, batch_size=1)
     plan = native.plan_source(src)
     assert plan.window_shapes == [(2, 16, 256)]
@@ -212,7 +197,7 @@ def test_hdf5_contiguous(tmp_path, byteorder):
         files.append(p)
         data.append(arr)
     full = np.concatenate(data)
-    layout = Layout(_mesh((1, 4), (0, 3)), shard={"m0": 1}, halo={1: 2, 2: 3},
+    layout = Layout(mesh_of((1, 4), (0, 3)), shard={"m0": 1}, halo={1: 2, 2: 3},
                     boundary={1: "symmetric", 2: "periodic"})
     src = HDF5Source(files, "fields", layout, batch_size=2, shuffle=False, time_range=(1, 7))
     p = _pipe(src, 2)
@@ -238,7 +223,7 @@ def test_hdf5_chunked_uncompressed(tmp_path, chunks):
         files.append(p)
         data.append(arr)
     full = np.concatenate(data)
-    layout = Layout(_mesh((1, 2, 2), (0, 1, 0)), shard={"m0": 1, "m1": 2}, halo={1: 2, 2: 3},
+    layout = Layout(mesh_of((1, 2, 2), (0, 1, 0)), shard={"m0": 1, "m1": 2}, halo={1: 2, 2: 3},
                     boundary={1: "reflect", 2: "periodic"}, fill_value=5)
     src = HDF5Source(files, "fields", layout, batch_size=3, shuffle=False, channels=[1, 0])
     # the plans are per chunk touched (per file layout), not per step: 4 of the 9 steps plan as many
@@ -274,7 +259,7 @@ def test_zarr_uncompressed(tmp_path, fmt, endian):
         stores.append(p)
         data.append(arr)
     full = np.concatenate(data)
-    layout = Layout(_mesh((1, 2, 2), (0, 1, 1)), shard={"m0": 1, "m1": 2}, halo={1: 2, 2: 4},
+    layout = Layout(mesh_of((1, 2, 2), (0, 1, 1)), shard={"m0": 1, "m1": 2}, halo={1: 2, 2: 4},
                     boundary={1: "edge", 2: "periodic"})
     src = ZarrSource(stores, None, layout, batch_size=2, shuffle=False, channels=[2, 0])
     p = _pipe(src, 2)
@@ -294,7 +279,7 @@ def test_compressed_zarr_is_not_native(tmp_path):
     p = str(tmp_path / "c.zarr")
     z = zarr.create_array(p, shape=(4, 6, 6), chunks=(1, 3, 3), dtype="f4")  # default codecs compress
     z[:] = 1
-    src = ZarrSource([p], None, Layout(_mesh((1, 2), (0, 0)), shard={"m0": 1}), batch_size=1)
+    src = ZarrSource([p], None, Layout(mesh_of((1, 2), (0, 0)), shard={"m0": 1}), batch_size=1)
     with pytest.raises(native.NotNativeError, match="compress"):
         native.plan_source(src)
 
@@ -304,7 +289,7 @@ def test_not_native_sources_fall_back_or_raise(tmp_path):
     p = str(tmp_path / "c.h5")
     with h5py.File(p, "w") as f:
         f.create_dataset("x", data=np.zeros((4, 6, 6), np.float32), chunks=(1, 3, 3), compression="gzip")
-    src = HDF5Source([p], "x", Layout(_mesh((1, 2), (0, 0)), shard={"m0": 1}), batch_size=1)
+    src = HDF5Source([p], "x", Layout(mesh_of((1, 2), (0, 0)), shard={"m0": 1}), batch_size=1)
     with pytest.raises(native.NotNativeError, match="compressed"):
         native.plan_source(src)
 
@@ -444,7 +429,7 @@ def test_corrupt_plan_file_is_refused(tmp_path):
 def test_outputs_held_by_the_user_are_never_overwritten(tmp_path):
     # the operator recycles its output buffers: only those nobody holds any more
     files = _files(tmp_path, 8)
-    src = NumpySource(files, Layout(_mesh((1, 2), (0, 1)), shard={"m0": 1}), batch_size=2, shuffle=False)
+    src = NumpySource(files, Layout(mesh_of((1, 2), (0, 1)), shard={"m0": 1}), batch_size=2, shuffle=False)
     p = _pipe(src, 2)
     expect = [take_window(np.load(f), src.region) for f in files]
     held = [p.run() for _ in range(4)]  # the whole epoch, every batch kept
@@ -480,7 +465,7 @@ def test_gpu_windows_equal_the_cpu_ones(tmp_path, fortran, byteorder):
     rng = np.random.default_rng(SEED)
     files = [_save(tmp_path / f"s{i}.npy", random_array(rng, (3, 10, 9), np.float32), fortran=fortran,
                    byteorder=byteorder) for i in range(4)]
-    layout = Layout(_mesh((1, 4), (0, 1)), shard={"m0": 1}, halo={1: 3, 2: 2},
+    layout = Layout(mesh_of((1, 4), (0, 1)), shard={"m0": 1}, halo={1: 3, 2: 2},
                     boundary={1: "reflect", 2: "periodic"})
     src = NumpySource(files, layout, batch_size=2, shuffle=False)
 
@@ -567,7 +552,7 @@ def test_forecast_windows_stack_the_steps(tmp_path, kind):
         files.append(p)
         data.append(arr)
     full = np.concatenate(data)
-    layout = Layout(_mesh((1, 3), (0, 2)), shard={"m0": 1}, halo={1: 1, 2: 2},
+    layout = Layout(mesh_of((1, 3), (0, 2)), shard={"m0": 1}, halo={1: 1, 2: 2},
                     boundary={1: "symmetric", 2: "periodic"})
     kw = dict(batch_size=2, shuffle=True, seed=3, forecast=ForecastSpec(history=1, lead=2))
     src = ZarrSource(files, None, layout, **kw) if kind == "zarr" else HDF5Source(files, "fields", layout, **kw)
