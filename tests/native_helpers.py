@@ -20,3 +20,13 @@ def mesh_of(shape, coord):
     """A mesh whose first dim is data_parallel and the others m0, m1, ...; this rank at ``coord``."""
     names = ("data_parallel",) + tuple(f"m{i}" for i in range(len(shape) - 1))
     return MeshInfo(shape, names, coord)
+
+
+def dali_gpus() -> int:
+    """CUDA devices DALI sees (0 without a driver: DALI says so by raising)."""
+    try:
+        from nvidia.dali import backend
+
+        return backend.GetCUDADeviceCount()
+    except Exception:  # noqa: BLE001
+        return 0

@@ -22,7 +22,7 @@ from nvidia.dali import types  # noqa: E402
 
 from dali_mesh import native  # noqa: E402
 from tests.oracles import SEED, random_array  # noqa: E402
-from tests.native_helpers import mesh_of  # noqa: E402
+from tests.native_helpers import dali_gpus, mesh_of  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -126,16 +126,7 @@ def test_many_layouts_against_the_host(tmp_path, check):
 
 
 # ---- on a GPU: the mixed operator's windows (device fill, and host fill with DALI_MESH_DEVICE_FILL=0)
-def _gpus() -> int:
-    try:
-        from nvidia.dali import backend
-
-        return backend.GetCUDADeviceCount()
-    except Exception:  # no driver: DALI says so by raising
-        return 0
-
-
-@pytest.mark.skipif(_gpus() == 0, reason="needs a CUDA GPU (DALI sees none)")
+@pytest.mark.skipif(dali_gpus() == 0, reason="needs a CUDA GPU (DALI sees none)")
 @pytest.mark.parametrize("device_fill", ["1", "0"])
 @pytest.mark.parametrize("mode,dtype", [("constant", np.float32), ("reflect", np.int16), ("symmetric", np.float16),
                                         ("edge", np.uint8), ("periodic", np.float64)])

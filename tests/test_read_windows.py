@@ -22,7 +22,7 @@ from nvidia.dali import pipeline_def  # noqa: E402
 
 from dali_mesh import native  # noqa: E402
 from tests.oracles import SEED, random_array  # noqa: E402
-from tests.native_helpers import mesh_of, needs_read_windows  # noqa: E402
+from tests.native_helpers import dali_gpus, mesh_of, needs_read_windows  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ("constant", "periodic", "reflect", "symmetric", "edge")
@@ -450,16 +450,7 @@ def test_outputs_held_by_the_user_are_never_overwritten(tmp_path):
 
 
 # ---- GPU (mixed operator): skipped without a CUDA device ---------------------------------------------
-def _gpus() -> int:
-    try:
-        from nvidia.dali import backend
-
-        return backend.GetCUDADeviceCount()
-    except Exception:  # no driver: DALI says so by raising
-        return 0
-
-
-@pytest.mark.skipif(_gpus() == 0, reason="needs a CUDA GPU (DALI sees none)")
+@pytest.mark.skipif(dali_gpus() == 0, reason="needs a CUDA GPU (DALI sees none)")
 @pytest.mark.parametrize("fortran,byteorder", [(False, "="), (True, ">")])
 def test_gpu_windows_equal_the_cpu_ones(tmp_path, fortran, byteorder):
     rng = np.random.default_rng(SEED)
