@@ -2,7 +2,7 @@
 
 Data: ``--samples`` .npy files of float32 ``--shape`` (default 8 x (8, 721, 1440), ERA5-like: the
 split runs along longitude, the innermost axis), split over ``--mp`` ranks (default 4) along the
-last axis, no halo. The folder is converted with :func:`dali_mesh.convert.convert_array` to HDF5 and
+last axis, no halo. The folder is converted with :func:`dali_mesh.cli.convert.convert_array` to HDF5 and
 to Zarr (chunks aligned with the shards, uncompressed), then for every rank and format: all files are
 evicted from the page cache (``fsync`` + ``POSIX_FADV_DONTNEED``, :mod:`dali_mesh.io.pagecache`), the
 rank's window of every sample is read with the dali_mesh readers, and ``read_bytes`` of
@@ -31,8 +31,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dali_mesh import Layout, MeshInfo  # noqa: E402
-from dali_mesh.advice import open_layout_target  # noqa: E402
-from dali_mesh.convert import convert_array  # noqa: E402
+from dali_mesh.cli.advice import open_layout_target  # noqa: E402
+from dali_mesh.cli.convert import convert_array  # noqa: E402
 from dali_mesh.io import IOStats, read_npy_window  # noqa: E402
 from dali_mesh.io.hdf5 import open_hdf5_dataset, read_hdf5_window  # noqa: E402
 from dali_mesh.io.pagecache import evict, read_bytes  # noqa: E402

@@ -41,7 +41,7 @@ from dali_mesh.source import NumpySource  # noqa: E402
 def epoch(files, source, workers, batch_size, native=False):
     from nvidia.dali import fn, pipeline_def
 
-    from dali_mesh._external import partitioned_source
+    from dali_mesh.pipeline.external import partitioned_source
     from dali_mesh.fn import read_windows
 
     if native:

@@ -8,7 +8,7 @@ loader: a pipeline is built; cold: the files are evicted (posix_fadvise DONTNEED
 one epoch is timed, bytes from storage = ``read_bytes`` of this process and its DALI workers; warm:
 the next epochs (files now cached) are timed, median of ``--warm-epochs``. Epoch time = first
 ``run()`` to the last batch (pipeline build excluded). Loaders:
-  native       dali_mesh.native.read_windows(NumpySource): ``num_threads`` = threads
+  native       dali_mesh.pipeline.native.read_windows(NumpySource): ``num_threads`` = threads
   native_noprefetch  the same with prefetch=False (no POSIX_FADV_WILLNEED of the batch's ranges)
   dali_roi     fn.readers.numpy(roi_start, roi_end) (default mmap): ``num_threads`` = threads
   partitioned  dali_mesh partitioned_source (parallel external source): ``py_num_workers`` = threads
@@ -64,8 +64,8 @@ class PhysicsNeMoStyle:
 def build(loader, files, source, region, threads, batch):
     from nvidia.dali import fn, pipeline_def, types
 
-    from dali_mesh import native
-    from dali_mesh._external import partitioned_source
+    from dali_mesh.pipeline import native
+    from dali_mesh.pipeline.external import partitioned_source
 
     if loader.startswith("native"):
         @pipeline_def(batch_size=batch, num_threads=threads, device_id=None, prefetch_queue_depth=1)

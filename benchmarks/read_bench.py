@@ -216,7 +216,7 @@ class OursViaDali(Method):
     def setup(self):
         from nvidia.dali import pipeline_def
 
-        from dali_mesh._external import partitioned_source
+        from dali_mesh.pipeline.external import partitioned_source
         from dali_mesh.source import NumpySource
 
         self.src = src = NumpySource(self.files, self.layout, batch_size=len(self.files), shuffle=False)

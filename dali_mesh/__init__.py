@@ -2,9 +2,9 @@
 
 Importing this package imports neither torch nor DALI: DALI's worker processes re-import it.
 """
-from dali_mesh._external import WorkerError, watched_run
 from dali_mesh.mesh import MeshInfo
 from dali_mesh.partition import Layout, Region, SampleOrder, sample_order
+from dali_mesh.pipeline.watchdog import WorkerError, watched_run
 from dali_mesh.source import ForecastSpec, HDF5Source, NumpySource, ZarrSource
 
 __version__ = "0.1.0"

@@ -68,7 +68,7 @@ def main() -> None:
             if os.path.isdir(args.data) else []
         if not files:
             if rank == 0:
-                from dali_mesh.demo import write_synthetic
+                from dali_mesh.cli.demo import write_synthetic
 
                 write_synthetic(args.data, 16, (4, 64, 128))
             dist.barrier()

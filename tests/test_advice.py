@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from dali_mesh import Layout, MeshInfo
-from dali_mesh.advice import aligned_chunks, open_layout_target
+from dali_mesh.cli.advice import aligned_chunks, open_layout_target
 from dali_mesh.cli import main
 from dali_mesh.io import IOStats, read_npy_window
 

@@ -4,7 +4,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dali_mesh.launch import RankFailure, run_ranks  # noqa: E402
+from dali_mesh.cli.launch import RankFailure, run_ranks  # noqa: E402
 
 
 def _dtensor_round_trip(rank, world_size, global_shape, shard, split):

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("nvidia.dali")
 
-from dali_mesh.launch import run_ranks  # noqa: E402
+from dali_mesh.cli.launch import run_ranks  # noqa: E402
 
 TESTS = os.path.dirname(__file__)
 
@@ -28,7 +28,7 @@ def _write_samples(folder, n, shape, seed=0):
 def _make_pipeline(source, batch_size):
     from nvidia.dali import pipeline_def
 
-    from dali_mesh._external import partitioned_source
+    from dali_mesh.pipeline.external import partitioned_source
 
     def make(checkpoint=None):
         @pipeline_def(batch_size=batch_size, num_threads=1, device_id=None, py_num_workers=1,
@@ -160,7 +160,7 @@ def _dtensor_loader_rank(rank, world_size, files, batch_size):
     from torch.distributed.device_mesh import init_device_mesh
 
     from dali_mesh import ForecastSpec, HDF5Source, Layout, MeshInfo
-    from dali_mesh._external import partitioned_source
+    from dali_mesh.pipeline.external import partitioned_source
     from dali_mesh.torch import MeshLoader
 
     device_mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("data_parallel", "model_parallel"))

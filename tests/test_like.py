@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("nvidia.dali")
 
-from dali_mesh.launch import run_ranks  # noqa: E402
+from dali_mesh.cli.launch import run_ranks  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPE = (2, 8, 6)  # (C, H, W): model_parallel splits H
@@ -35,7 +35,7 @@ def _write(folder, n):
 def _make(source):
     from nvidia.dali import pipeline_def
 
-    from dali_mesh._external import partitioned_source
+    from dali_mesh.pipeline.external import partitioned_source
 
     def make(checkpoint=None):
         @pipeline_def(batch_size=source.batch_size, num_threads=1, device_id=None, py_num_workers=1,

@@ -37,7 +37,7 @@ def _files(tmp_path, n=6, shape=(4, 6)):
 def _make(source, batch_size=None):
     from nvidia.dali import pipeline_def
 
-    from dali_mesh._external import partitioned_source
+    from dali_mesh.pipeline.external import partitioned_source
 
     def make(checkpoint=None):
         @pipeline_def(batch_size=batch_size or source.batch_size, num_threads=1, device_id=None, py_num_workers=1,

@@ -20,7 +20,7 @@ from dali_mesh.source import NumpySource
 dali = pytest.importorskip("nvidia.dali")
 from nvidia.dali import types  # noqa: E402
 
-from dali_mesh import native  # noqa: E402
+from dali_mesh.pipeline import native  # noqa: E402
 from tests.oracles import SEED, random_array  # noqa: E402
 from tests.native_helpers import dali_gpus, mesh_of  # noqa: E402
 

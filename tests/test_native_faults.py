@@ -1,4 +1,4 @@
-"""Hostile inputs against the native reader (dali_mesh.native.read_windows, fn.dali_mesh.read_windows).
+"""Hostile inputs against the native reader (dali_mesh.pipeline.native.read_windows, fn.dali_mesh.read_windows).
 
 Files changed AFTER the plan was made (between pipe.build() and pipe.run()): truncated, grown,
 rewritten with another shape or dtype, replaced by a FIFO, a folder or nothing; HDF5 and Zarr
@@ -26,7 +26,7 @@ from dali_mesh.source import HDF5Source, NumpySource
 dali = pytest.importorskip("nvidia.dali")
 from nvidia.dali import fn, pipeline_def, types  # noqa: E402
 
-from dali_mesh import native  # noqa: E402
+from dali_mesh.pipeline import native  # noqa: E402
 from tests.oracles import SEED, random_array  # noqa: E402
 from tests.native_helpers import mesh_of, needs_read_windows  # noqa: E402
 
@@ -326,7 +326,7 @@ def test_every_corrupted_word_of_a_plan_file_is_refused(tmp_path):
 _FUZZ = r"""
 import sys, numpy as np
 from nvidia.dali import fn, pipeline_def, types
-from dali_mesh import native
+from dali_mesh.pipeline import native
 from dali_mesh.fn import load_plugin
 data, bad = open(sys.argv[1], "rb").read(), sys.argv[2]
 body = data[8:-8]

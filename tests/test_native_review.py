@@ -23,7 +23,7 @@ from dali_mesh.source import NumpySource
 dali = pytest.importorskip("nvidia.dali")
 from nvidia.dali import fn, pipeline_def, types  # noqa: E402
 
-from dali_mesh import native  # noqa: E402
+from dali_mesh.pipeline import native  # noqa: E402
 from tests.oracles import SEED, random_array  # noqa: E402
 from tests.native_helpers import mesh_of, needs_read_windows  # noqa: E402
 
@@ -67,7 +67,8 @@ def test_many_chunk_zarr_batch_reads_under_a_low_open_file_limit(tmp_path):
         import os, resource, sys
         import numpy as np, zarr
         from nvidia.dali import pipeline_def
-        from dali_mesh import Layout, MeshInfo, native
+        from dali_mesh import Layout, MeshInfo
+        from dali_mesh.pipeline import native
         from dali_mesh.source import ZarrSource
         from dali_mesh.partition import take_window
         arr = np.random.default_rng({SEED}).standard_normal((4, 8, 32, 64)).astype(np.float32)
@@ -267,7 +268,8 @@ def test_short_reads_and_eintr_in_the_header_check_and_the_reads(tmp_path):
         import os
         import numpy as np
         from nvidia.dali import pipeline_def
-        from dali_mesh import Layout, MeshInfo, native
+        from dali_mesh import Layout, MeshInfo
+        from dali_mesh.pipeline import native
         from dali_mesh.source import NumpySource
         from dali_mesh.partition import take_window
         rng = np.random.default_rng({SEED})

@@ -22,7 +22,7 @@ from dali_mesh.partition import take_window
 pytest.importorskip("nvidia.dali")
 from nvidia.dali import pipeline_def  # noqa: E402
 
-from dali_mesh import native  # noqa: E402
+from dali_mesh.pipeline import native  # noqa: E402
 from tests.oracles import SEED  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,7 +69,8 @@ def test_two_to_the_31_steps_define_and_read_without_planning_every_step(tmp_pat
         import logging, sys
         import numpy as np
         from nvidia.dali import pipeline_def
-        from dali_mesh import Layout, MeshInfo, native
+        from dali_mesh import Layout, MeshInfo
+        from dali_mesh.pipeline import native
         from dali_mesh.source import HDF5Source, ZarrSource
         from dali_mesh.partition import take_window
         logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="LOG %(message)s")
@@ -119,7 +120,7 @@ def test_missing_zarr_chunk_is_named(tmp_path, caplog):
     def fallback():
         return native.read_windows(src)
 
-    with caplog.at_level(logging.INFO, logger="dali_mesh.native"):
+    with caplog.at_level(logging.INFO, logger="dali_mesh.pipeline.native"):
         fallback()  # defined, not built: the log line says why the source is not read natively
     assert any(missing in r.getMessage() and "partitioned_source" in r.getMessage() for r in caplog.records)
 

@@ -137,13 +137,14 @@ def test_bad_arguments_give_clear_errors(kwargs, match):
 
 def test_plugin_load_errors(monkeypatch, tmp_path):
     from dali_mesh import _build_info
+    from dali_mesh.pipeline import plugin
 
-    monkeypatch.setattr(dfn, "_ops_module", None)
-    monkeypatch.setattr(dfn, "PLUGIN_PATH", tmp_path / "libdali_mesh.so")
+    monkeypatch.setattr(plugin, "_ops_module", None)
+    monkeypatch.setattr(plugin, "PLUGIN_PATH", tmp_path / "libdali_mesh.so")
     with pytest.raises(ImportError, match="missing.*pip install --no-build-isolation -e"):
         dfn.load_plugin()
     monkeypatch.undo()
-    monkeypatch.setattr(dfn, "_ops_module", None)
+    monkeypatch.setattr(plugin, "_ops_module", None)
     monkeypatch.setattr(_build_info, "DALI_VERSION", "0.0.1")
     with pytest.raises(ImportError, match="built against DALI 0.0.1"):
         dfn.load_plugin()

@@ -1,4 +1,4 @@
-"""The native reader (dali_mesh.native.read_windows, fn.dali_mesh.read_windows) in DALI CPU pipelines.
+"""The native reader (dali_mesh.pipeline.native.read_windows, fn.dali_mesh.read_windows) in DALI CPU pipelines.
 
 Windows are checked against take_window of the whole sample (np.load / h5py), over boundary rules,
 dtypes, byte orders, C and Fortran order, halos wider than the axis and empty windows; then against
@@ -20,7 +20,7 @@ from dali_mesh.source import HDF5Source, NumpySource
 dali = pytest.importorskip("nvidia.dali")
 from nvidia.dali import pipeline_def  # noqa: E402
 
-from dali_mesh import native  # noqa: E402
+from dali_mesh.pipeline import native  # noqa: E402
 from tests.oracles import SEED, random_array  # noqa: E402
 from tests.native_helpers import dali_gpus, mesh_of, needs_read_windows  # noqa: E402
 
@@ -307,7 +307,7 @@ def _source(files, **kw):
 
 
 def test_same_outputs_as_partitioned_source_over_two_shuffled_epochs(tmp_path, monkeypatch):
-    from dali_mesh._external import partitioned_source
+    from dali_mesh.pipeline.external import partitioned_source
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     files = _files(tmp_path)
@@ -486,7 +486,7 @@ def test_layout_string_and_fallback_to_partitioned_source(tmp_path, monkeypatch,
     def pipe():
         return native.read_windows(src, layout="HW")
 
-    with caplog.at_level(logging.INFO, logger="dali_mesh.native"):
+    with caplog.at_level(logging.INFO, logger="dali_mesh.pipeline.native"):
         p = pipe()
         p.build()
     assert "using partitioned_source" in caplog.text and "O_DIRECT" in caplog.text

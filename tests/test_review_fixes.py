@@ -76,7 +76,7 @@ def test_negative_channel_axis_native_reader(tmp_path):
     pytest.importorskip("nvidia.dali")
     from nvidia.dali import pipeline_def
 
-    from dali_mesh import native
+    from dali_mesh.pipeline import native
     from dali_mesh.fn import load_plugin
 
     try:
@@ -101,7 +101,7 @@ def test_negative_channel_axis_native_reader(tmp_path):
 
 # ---- 2. the first batch may take prefetch_queue_depth + 1 batch times; the build has no deadline ------------
 def test_watchdog_deadline_in_batches():
-    from dali_mesh._external import Watchdog, WorkerError, prefetch_batches
+    from dali_mesh.pipeline.watchdog import Watchdog, WorkerError, prefetch_batches
 
     dog = Watchdog(lambda: [], timeout=0.3, poll_s=0.05)
     try:
@@ -194,7 +194,7 @@ def test_run_ranks_interrupted_stops_every_rank(tmp_path, sig):
         import sys
         sys.path[:0] = [{ROOT!r}, {TESTS!r}]
         from test_review_fixes import _sleeping_rank
-        from dali_mesh.launch import run_ranks
+        from dali_mesh.cli.launch import run_ranks
         run_ranks(_sleeping_rank, 2, {str(tmp_path / 'run')!r}, {str(pid_dir)!r}, timeout_s=200)
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, TESTS, os.environ.get("PYTHONPATH", "")]))
@@ -308,7 +308,7 @@ def test_from_placements_round_trip_negative_axes(ndim):
 # ---- 6. chunk advice for unequal explicit sizes says plainly that no regular grid reads ~1.0x -----------------
 def test_advice_for_unequal_explicit_sizes(tmp_path, capsys):
     pytest.importorskip("h5py")
-    from dali_mesh.advice import chunk_advice
+    from dali_mesh.cli.advice import chunk_advice
     from dali_mesh.cli import main
 
     layout = Layout(MeshInfo((4,), ("mp",)), shard={"mp": 2}, split={"mp": [250, 262, 256, 256]})
@@ -338,7 +338,7 @@ def test_watched_run_leaves_no_reference_cycle():
     pytest.importorskip("nvidia.dali")
     from nvidia.dali import fn, pipeline_def
 
-    from dali_mesh._external import watched_run
+    from dali_mesh.pipeline.watchdog import watched_run
 
     @pipeline_def(batch_size=1, num_threads=1, device_id=None)
     def pipe():

@@ -16,7 +16,7 @@ from dali_mesh.source import NumpySource
 dali = pytest.importorskip("nvidia.dali")
 from nvidia.dali import pipeline_def  # noqa: E402
 
-from dali_mesh._external import partitioned_source  # noqa: E402
+from dali_mesh.pipeline.external import partitioned_source  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH = 2

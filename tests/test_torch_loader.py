@@ -30,7 +30,7 @@ def _files(tmp_path, shapes):
 def _pipe(source, batch_size):
     from nvidia.dali import pipeline_def
 
-    from dali_mesh._external import partitioned_source
+    from dali_mesh.pipeline.external import partitioned_source
 
     @pipeline_def(batch_size=batch_size, num_threads=1, device_id=None, py_num_workers=1, py_start_method="spawn")
     def pipe():

@@ -15,7 +15,8 @@ import pytest
 pytest.importorskip("nvidia.dali")
 
 from dali_mesh import Layout, MeshInfo  # noqa: E402
-from dali_mesh._external import WorkerError, partitioned_source, watched_run  # noqa: E402
+from dali_mesh.pipeline.watchdog import WorkerError, watched_run  # noqa: E402
+from dali_mesh.pipeline.external import partitioned_source  # noqa: E402
 from dali_mesh.source import NumpySource  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,7 +68,7 @@ def _make(source):
 
 
 def _status(pid):
-    from dali_mesh._external import _read_status, status_dir
+    from dali_mesh.pipeline.watchdog import _read_status, status_dir
 
     return _read_status(status_dir(), pid) or ""
 
@@ -193,7 +194,7 @@ def test_a_worker_stuck_in_a_read_raises_after_the_deadline(tmp_path):
 
 
 def test_timeout_argument_is_checked():
-    from dali_mesh._external import Watchdog
+    from dali_mesh.pipeline.watchdog import Watchdog
 
     for bad in (-1, float("nan"), float("inf"), "10", True):
         with pytest.raises(ValueError, match="timeout must be a finite number of seconds"):

@@ -251,7 +251,7 @@ def test_window_sources_on_gpu_two_epochs(tmp_path, reader, boundary):
 @pytest.mark.parametrize("boundaries", [("constant", "edge"), ("reflect", "symmetric"), ("trim", "trim")])
 def test_decode_tile_mixed_equals_tile_of_mixed_full_decode(tmp_path, subsampling, boundaries):
     """nvJPEG on both sides (hw_decoder_load=0: the CUDA decoder for the full image and the tile)."""
-    from dali_mesh.image import decode_tile
+    from dali_mesh.pipeline.image import decode_tile
 
     files = []
     for (h, w, sub), b64 in _JPEG_B64.items():

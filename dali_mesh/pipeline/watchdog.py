@@ -1,8 +1,7 @@
-"""``partitioned_source``: a dali_mesh source as a DALI parallel external source; and a watchdog that
-turns a dead or stuck DALI worker process into an error instead of a hang.
+"""The watchdog: a dead or stuck DALI worker process becomes an error instead of a hang.
 
-Needs DALI (imported when called), not the compiled plugin; ``partitioned_source`` is re-exported as
-``dali_mesh.fn.partitioned_source``. Importing this module imports neither DALI nor torch.
+Importing this module imports neither DALI nor torch (``dali_mesh`` re-exports ``WorkerError`` and
+``watched_run``).
 
 Why a watchdog: with two or more worker processes, DALI's ``pipe.run()`` waits for ever when one
 worker is killed (SIGKILL) or stopped (SIGSTOP) (DALI issues #4963, #5623; with one worker DALI
@@ -35,7 +34,7 @@ import threading
 import time
 import weakref
 
-__all__ = ["DEFAULT_TIMEOUT_S", "Watchdog", "WorkerError", "partitioned_source", "status_dir", "watched_run"]
+__all__ = ["DEFAULT_TIMEOUT_S", "Watchdog", "WorkerError", "prefetch_batches", "status_dir", "watched_run"]
 
 log = logging.getLogger(__name__)
 
@@ -317,77 +316,3 @@ def watched_run(pipe, timeout: float | None = DEFAULT_TIMEOUT_S):
         pipe._dali_mesh_watchdog = dog
     dog.calls += 1
     return dog.call(pipe.run, what="pipe.run()", batches=prefetch_batches(pipe) if first else 1)
-
-
-def current_pipeline_for(source):
-    """The pipeline being defined (or None); its batch size must be the source's, whose sample
-    order pads each rank's share to whole batches of that size."""
-    from nvidia.dali.pipeline import Pipeline
-
-    pipe = Pipeline.current()
-    if pipe is not None and pipe.max_batch_size != source.batch_size:
-        raise ValueError(
-            f"the pipeline's batch_size is {pipe.max_batch_size} but the source was built with "
-            f"batch_size={source.batch_size}: pass the same value to both (the sample order pads "
-            "each rank's share to whole batches)")
-    return pipe
-
-
-def partitioned_source(source, device: str = "cpu", *, name: str | None = None,
-                       layout: str | None = None, prefetch_queue_depth: int = 2, **kwargs):
-    """Feed ``source`` (a :class:`dali_mesh.source.WindowSource`) into the current pipeline.
-
-    Wraps ``fn.external_source(source, batch=False, parallel=True, num_outputs=...)`` with each
-    output's dtype and ndim declared. The pipeline needs ``py_num_workers >= 1`` (use
-    ``py_start_method="spawn"`` when CUDA is initialised) and ``batch_size == source.batch_size``.
-
-    The source is registered on the pipeline (``MeshLoader`` reads it for its checkpoint fingerprint)
-    and writes a per-worker status (``reading <file>``) that the watchdog of ``MeshLoader`` and
-    :func:`watched_run` name when a worker dies or hangs.
-
-    Args:
-        device: ``"cpu"``, or ``"gpu"``: workers still return CPU arrays (parallel external sources
-            run on the CPU) and only the windows are copied to the GPU; the sample id and pad flag
-            stay on the CPU.
-        name: the external source's name (DALI's ``name``).
-        layout: DALI layout string of the window(s), e.g. ``"CHW"`` (with a forecast, the leading
-            step axis counts too, e.g. ``"FCHW"``).
-        prefetch_queue_depth: batches each worker prepares ahead.
-        kwargs: passed to ``fn.external_source``.
-
-    Returns:
-        ``(window, sample_id, is_pad)`` or, with a forecast, ``(input, target, sample_id, is_pad)``
-        (see ``source.output_names``).
-    """
-    from nvidia.dali import fn, types
-
-    if device not in ("cpu", "gpu"):
-        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
-    for attr in ("num_outputs", "output_dtypes", "output_ndims", "batch_size"):
-        if not hasattr(source, attr):
-            raise TypeError(f"partitioned_source needs a dali_mesh source (NumpySource, HDF5Source, "
-                            f"ZarrSource); {type(source).__name__} has no {attr!r}")
-    pipe = current_pipeline_for(source)
-    if hasattr(source, "_status_dir"):
-        source._status_dir = status_dir()  # pickled into the workers with the source
-    if pipe is not None:
-        pipe._dali_mesh_sources = getattr(pipe, "_dali_mesh_sources", []) + [source]
-        pipe._dali_mesh_source_prefetch = max(getattr(pipe, "_dali_mesh_source_prefetch", 0), int(prefetch_queue_depth))
-    nwin = source.num_outputs - 2
-    layouts = [layout] * nwin + [None, None] if layout is not None else None
-    outs = fn.external_source(
-        source=source,
-        num_outputs=source.num_outputs,
-        batch=False,
-        parallel=True,
-        prefetch_queue_depth=prefetch_queue_depth,
-        dtype=[types.to_dali_type(dt) for dt in source.output_dtypes],
-        ndim=list(source.output_ndims),
-        layout=layouts,
-        name=name,
-        **kwargs,
-    )
-    outs = list(outs)
-    if device == "gpu":
-        outs[:nwin] = [o.gpu() for o in outs[:nwin]]
-    return tuple(outs)

@@ -17,7 +17,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from dali_mesh._args import (
+from dali_mesh.cli.args import (
     UsageError,
     make_layout,
     parse_boundary,
@@ -297,7 +297,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def _add_demo_args(p: argparse.ArgumentParser) -> None:
     try:
-        from dali_mesh.demo import add_arguments  # noqa: PLC0415
+        from dali_mesh.cli.demo import add_arguments  # noqa: PLC0415
     except ImportError:
         p.set_defaults(demo_missing=True)
         return
@@ -309,7 +309,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.png:
         check_png_path(args.png)
     if args.data:
-        from dali_mesh.advice import open_layout_target  # noqa: PLC0415
+        from dali_mesh.cli.advice import open_layout_target  # noqa: PLC0415
 
         target = open_layout_target(args.data, args.dataset, allow_external=args.allow_external)
         shape, dtype = target.sample_shape, target.dtype
@@ -360,7 +360,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from dali_mesh.convert import convert  # noqa: PLC0415
+    from dali_mesh.cli.convert import convert  # noqa: PLC0415
 
     report = convert(args)
     print(report)
@@ -377,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             if getattr(args, "demo_missing", False):
                 raise UsageError("the demo is not available in this build")
-            from dali_mesh.demo import run  # noqa: PLC0415
+            from dali_mesh.cli.demo import run  # noqa: PLC0415
 
             return run(args)
     except (UsageError, MeshError, LayoutError, DataFileError) as e:
@@ -388,5 +388,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
-if __name__ == "__main__":
-    sys.exit(main())

@@ -785,7 +785,7 @@ def _plan_time_series(source, merge_gap: int, steps_of) -> tuple[NativePlan, ...
     n_samples = int(source.num_samples)
     if n_samples > MAX_NATIVE_SAMPLES:
         raise NotNativeError(f"{source.files[0]}: {n_samples} samples are more than the native reader plans "
-                             f"(dali_mesh.native.MAX_NATIVE_SAMPLES = {MAX_NATIVE_SAMPLES}); they are read by "
+                             f"(dali_mesh.pipeline.native.MAX_NATIVE_SAMPLES = {MAX_NATIVE_SAMPLES}); they are read by "
                              "partitioned_source")
     spans = [(0, 0)] if fc is None else [(-fc.history, 0)] + ([(1, fc.lead)] if fc.lead else [])
     k = fc.history if fc is not None else 0
@@ -806,7 +806,7 @@ def _plan_time_series(source, merge_gap: int, steps_of) -> tuple[NativePlan, ...
         used[0] += n_parts
         if used[0] * reads > MAX_NATIVE_PARTS:
             raise NotNativeError(f"{source.files[0]}: the samples read more than "
-                                 f"dali_mesh.native.MAX_NATIVE_PARTS = {MAX_NATIVE_PARTS} file parts "
+                                 f"dali_mesh.pipeline.native.MAX_NATIVE_PARTS = {MAX_NATIVE_PARTS} file parts "
                                  "(chunks) in all; they are read by partitioned_source")
 
     shared: list[NativePlan] = []
@@ -935,7 +935,7 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
     """
     from nvidia.dali import fn, types
 
-    from dali_mesh._external import current_pipeline_for
+    from dali_mesh.pipeline.external import current_pipeline_for
 
     if device not in ("cpu", "gpu"):
         raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
@@ -945,11 +945,11 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
     except NotNativeError as e:
         if not fallback:
             raise
-        from dali_mesh._external import partitioned_source
+        from dali_mesh.pipeline.external import partitioned_source
 
         log.info("read_windows: %s; using partitioned_source", e)
         return partitioned_source(source, device, name=name, layout=layout, **kwargs)
-    from dali_mesh.fn import load_plugin
+    from dali_mesh.pipeline.plugin import load_plugin
 
     ops = load_plugin()
     paths = [p.write(plan_dir) for p in plans]

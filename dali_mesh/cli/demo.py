@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from dali_mesh._args import UsageError, find_data, make_layout, parse_ints, positive_float, positive_int
+from dali_mesh.cli.args import UsageError, find_data, make_layout, parse_ints, positive_float, positive_int
 from dali_mesh.io.hdf5 import only_dataset_name
 from dali_mesh.io.pagecache import descendant_pids, evict, read_bytes
 from dali_mesh.partition import take_window
@@ -98,7 +98,7 @@ def write_synthetic(folder: str, num_samples: int, shape, seed: int = 0) -> list
     """ERA5-like fields: smooth waves in (lat, lon) per channel plus noise; one ``.npy`` per sample.
 
     Writes only into a new or empty folder, or one the demo wrote before (it holds :data:`MARKER`);
-    raises :class:`~dali_mesh._args.UsageError` rather than overwrite a file it did not write."""
+    raises :class:`~dali_mesh.cli.args.UsageError` rather than overwrite a file it did not write."""
     names = [f"sample_{i:05d}.npy" for i in range(num_samples)] + ["meta.json"]
     record = _claim_folder(folder, names)
     files = [os.path.join(folder, n) for n in names[:-1]]
@@ -220,7 +220,7 @@ def layout_of(cfg, mesh):
 def reader_path(source) -> tuple[str, str]:
     """``("native", "")`` when :func:`dali_mesh.fn.read_windows` reads ``source`` with the native
     operator, else ``("partitioned_source", why)``."""
-    from dali_mesh.native import NotNativeError, plan_windows  # noqa: PLC0415
+    from dali_mesh.pipeline.native import NotNativeError, plan_windows  # noqa: PLC0415
 
     try:
         plan_windows(source)
@@ -236,8 +236,8 @@ def _rank(rank, world_size, cfg, out_dir):
     from torch.distributed.device_mesh import init_device_mesh
 
     from dali_mesh import MeshInfo
-    from dali_mesh._external import partitioned_source
-    from dali_mesh.native import read_windows
+    from dali_mesh.pipeline.external import partitioned_source
+    from dali_mesh.pipeline.native import read_windows
     from dali_mesh.torch import MeshLoader, to_dtensor
 
     mesh_shape, names = mesh_of(cfg, world_size)
@@ -336,7 +336,7 @@ def _rank(rank, world_size, cfg, out_dir):
 
 
 def run(args: argparse.Namespace) -> int:
-    from dali_mesh.launch import RankFailure, run_ranks  # noqa: PLC0415
+    from dali_mesh.cli.launch import RankFailure, run_ranks  # noqa: PLC0415
 
     if args.nproc <= 0:
         raise UsageError(f"--nproc must be positive, got {args.nproc}")

@@ -22,7 +22,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from dali_mesh._args import UsageError, data_kind, find_data
+from dali_mesh.cli.args import UsageError, data_kind, find_data
 from dali_mesh.io._plan import WindowPlan, plan_window
 from dali_mesh.io.hdf5 import only_dataset_name
 from dali_mesh.partition import Layout, LayoutError, Region

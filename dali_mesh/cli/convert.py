@@ -3,7 +3,7 @@
 A ``.npy`` file stores each sample row after row: a split along the innermost axis (longitude in
 ERA5) puts window bytes of every rank on every page, so each rank reads the whole file cold. The
 copy written here is chunked one chunk per rank's owned region per sample (the chunk grid of
-:func:`dali_mesh.advice.aligned_chunks`, finer when a chunk would exceed 64 MiB), uncompressed, so
+:func:`dali_mesh.cli.advice.aligned_chunks`, finer when a chunk would exceed 64 MiB), uncompressed, so
 that a rank's cold read is its window.
 
 - SRC: a ``.npy`` file (one sample), a folder of per-sample ``.npy`` files (one array with a
@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from dali_mesh._args import UsageError, data_kind, find_data, make_layout, parse_ints, parse_mesh
+from dali_mesh.cli.args import UsageError, data_kind, find_data, make_layout, parse_ints, parse_mesh
 from dali_mesh.io._common import DataFileError
 from dali_mesh.mesh import MeshInfo
 from dali_mesh.partition import Layout
@@ -228,7 +228,7 @@ def _check_dst(dst: str, src_files: Sequence[str], overwrite: bool) -> str:
 
 
 def _parse_chunks(text: str | Sequence[int], layout: Layout, sample_shape, itemsize: int) -> tuple[int, ...]:
-    from dali_mesh.advice import aligned_chunks  # noqa: PLC0415
+    from dali_mesh.cli.advice import aligned_chunks  # noqa: PLC0415
 
     if isinstance(text, str) and text == "auto":
         return aligned_chunks(layout, sample_shape, itemsize)
@@ -271,7 +271,7 @@ def convert_array(
         chunk_shape = _parse_chunks(chunks, layout, sample_shape, dtype.itemsize)
         note = None
         if isinstance(chunks, str) and chunks == "auto":
-            from dali_mesh.advice import chunk_advice  # noqa: PLC0415
+            from dali_mesh.cli.advice import chunk_advice  # noqa: PLC0415
 
             note = chunk_advice(layout, sample_shape, dtype.itemsize)[1]
             if note:

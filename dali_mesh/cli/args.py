@@ -1,7 +1,7 @@
 """Command-line argument helpers shared by ``dali-mesh plan``, ``demo`` and ``convert``.
 
 One home for turning the strings of ``--shape --mesh --shard --batch --halo --boundary --split
---crop --fill-value --dtype`` into values, so that :mod:`dali_mesh.cli` and :mod:`dali_mesh.demo`
+--crop --fill-value --dtype`` into values, so that :mod:`dali_mesh.cli` and :mod:`dali_mesh.cli.demo`
 import this module and not each other. Every bad value raises :class:`UsageError`, whose text names
 the option, the value and what to give instead; the CLI prints it as one line and exits with 2.
 """

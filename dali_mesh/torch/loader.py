@@ -1,38 +1,5 @@
-"""PyTorch side: iterate a DALI pipeline of windows as local tensors, DTensors or ShardTensors.
-
-Built on ``nvidia.dali.plugin.pytorch.DALIGenericIterator`` and following its conventions: it runs
-with ``size=-1`` (the stateless sources end the epoch on a whole batch), ``reset()`` starts the next
-epoch, and checkpoints come from DALI (``checkpoints()``), wrapped as ``state_dict()`` /
-``load_state_dict()``.
-
-Example::
-
-    layout = Layout(MeshInfo.from_device_mesh(device_mesh), shard={"model_parallel": 1})
-    source = NumpySource(files, layout, batch_size=4)
-
-    def make_pipeline(checkpoint=None):
-        @pipeline_def(batch_size=4, num_threads=2, device_id=0, py_num_workers=2,
-                      py_start_method="spawn", enable_checkpointing=True)
-        def pipe():
-            window, sample_id, is_pad = dali_mesh.fn.partitioned_source(source, device="gpu")
-            return window, sample_id, is_pad
-        return pipe(checkpoint=checkpoint)
-
-    loader = MeshLoader(make_pipeline, layout, sample_shape=source.sample_shape,
-                        output="dtensor", device_mesh=device_mesh)
-    for batch in loader:
-        batch["window"]           # DTensor of the global batch (halo stripped)
-        batch["sample_id"], batch["is_pad"]
-
-Or from the model's input (the second way in): ``layout = Layout.from_dtensor(model_input)`` for the
-source, and ``MeshLoader(make_pipeline, like=model_input)``, which checks that its DTensor has exactly
-the mesh, placements, shape, stride and local shape of ``model_input``.
-
-Failures are errors, not hangs or wrong data: a DALI worker that dies or is stopped raises
-:class:`WorkerError` within about a second (no batch within ``timeout`` seconds, too), naming the
-worker and the file it was reading; a device mesh that is not the layout's, outputs named in the
-wrong order, or a checkpoint of another source, layout or batch size are refused.
-"""
+"""``MeshLoader``: a DALI pipeline of this rank's windows iterated as torch tensors (local, DTensor or
+ShardTensor), with the watchdog, the first-batch model-input check and checkpoints."""
 from __future__ import annotations
 
 import logging
@@ -40,157 +7,14 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from dali_mesh._external import DEFAULT_TIMEOUT_S, Watchdog, WorkerError, prefetch_batches
-from dali_mesh.mesh import MeshError, MeshInfo
 from dali_mesh.partition import Layout, LayoutError
-
-__all__ = ["MeshLoader", "WorkerError", "check_like", "like_spec", "to_dtensor", "to_shard_tensor"]
+from dali_mesh.pipeline.watchdog import DEFAULT_TIMEOUT_S, Watchdog, prefetch_batches
+from dali_mesh.torch.like import check_like, like_spec, mesh_str, plain
+from dali_mesh.torch.wrap import device_mesh_info, to_dtensor, to_shard_tensor
 
 log = logging.getLogger(__name__)
 
 OUTPUTS = ("local", "dtensor", "shard_tensor")
-
-
-def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
-    stride, acc = [], 1
-    for s in reversed(shape):
-        stride.append(acc)
-        acc *= s
-    return tuple(reversed(stride))
-
-
-def _owned_part(local: torch.Tensor, layout: Layout, sample_shape: Sequence[int], lead_axes: int):
-    """This rank's batched window ``(batch, *lead, *window)`` with the halo stripped."""
-    region = layout.region(sample_shape)
-    shape = tuple(local.shape[1 + lead_axes:])
-    if shape == region.window_shape:
-        return local[(slice(None),) * (1 + lead_axes) + region.owned_in_window], region
-    if shape != region.shape:
-        raise LayoutError(f"local batch of shape {tuple(local.shape)} holds neither the window {region.window_shape} "
-                          f"nor the owned region {region.shape} of rank {layout.mesh.rank} after {lead_axes} "
-                          "leading axes")
-    return local, region
-
-
-def to_dtensor(local: torch.Tensor, layout: Layout, sample_shape: Sequence[int], device_mesh, *, lead_axes: int = 0):
-    """Wrap this rank's batched window ``(batch, *lead, *window)`` (halo included or not) as a DTensor of
-    the global batch.
-
-    The halo is stripped first; placements come from the layout (``Shard(0)`` for batch dims,
-    ``Shard(1 + lead_axes + axis)`` for shard dims, ``Replicate()`` otherwise). ``lead_axes`` counts
-    unsplit axes after the batch (a forecast's steps). Only ``split="chunk"`` (or explicit sizes
-    equal to chunk's for ``sample_shape``): the global shape and stride are given explicitly, which
-    DTensor gets right only for torch.chunk shard sizes.
-    """
-    from torch.distributed.tensor import DTensor  # noqa: PLC0415
-
-    ndim = len(sample_shape)
-    placements = layout.dtensor_placements(ndim, halo_stripped=True, lead_axes=lead_axes,
-                                           global_shape=tuple(sample_shape))
-    local, region = _owned_part(local, layout, sample_shape, lead_axes)
-    global_shape = (local.shape[0] * layout.num_batch_groups,) + tuple(local.shape[1:1 + lead_axes]) + region.domain_shape
-    return DTensor.from_local(local.contiguous(), device_mesh, placements, run_check=False,
-                              shape=torch.Size(global_shape), stride=_contiguous_stride(global_shape))
-
-
-def to_shard_tensor(local: torch.Tensor, layout: Layout, sample_shape: Sequence[int], device_mesh, *,
-                    lead_axes: int = 0):
-    """Wrap this rank's batched window (halo stripped) as a PhysicsNeMo ``ShardTensor`` with explicit
-    ``sharding_shapes`` (mesh dim -> the local shapes along it), correct for every split rule."""
-    try:
-        from physicsnemo.domain_parallel import ShardTensor  # noqa: PLC0415
-    except ImportError:
-        try:
-            from physicsnemo.distributed.shard_tensor import ShardTensor  # noqa: PLC0415 (older releases)
-        except ImportError as e:
-            raise ImportError("output='shard_tensor' needs PhysicsNeMo (pip install nvidia-physicsnemo)") from e
-    placements = layout.dtensor_placements(len(sample_shape), halo_stripped=True, lead_axes=lead_axes,
-                                           any_split=True)
-    local, _ = _owned_part(local, layout, sample_shape, lead_axes)
-    lead = tuple(local.shape[1:1 + lead_axes])
-    by_dim = layout.sharding_shapes(sample_shape)
-    shapes = {}
-    for d, placement in enumerate(placements):
-        if placement.is_shard():  # batch dims: every sample group holds a whole local batch
-            along = [(local.shape[0],) + lead + s for s in by_dim[d]] if d in by_dim else \
-                [tuple(local.shape)] * layout.mesh.shape[d]
-            shapes[d] = [torch.Size(s) for s in along]
-    return ShardTensor.from_local(local.contiguous(), device_mesh, placements, sharding_shapes=shapes)
-
-
-# ---- checks of what the caller passed against what the layout says -------------------------------------
-def _device_mesh_info(device_mesh, layout: Layout) -> MeshInfo:
-    """The device mesh as a ``MeshInfo``, refused unless it is the layout's mesh (shape, names where the
-    device mesh has any, and this rank's coordinate): a DTensor over another mesh would claim a global
-    shape its shards do not hold."""
-    try:
-        from torch.distributed.device_mesh import DeviceMesh  # noqa: PLC0415
-    except ImportError:  # torch without distributed
-        DeviceMesh = None  # noqa: N806
-    if DeviceMesh is not None and not isinstance(device_mesh, DeviceMesh):
-        raise TypeError(f"device_mesh must be a torch DeviceMesh (init_device_mesh(...)), "
-                        f"got {type(device_mesh).__name__}")
-    try:
-        info = MeshInfo.from_device_mesh(device_mesh)
-    except MeshError as e:
-        raise LayoutError(f"device_mesh: {e}") from None
-    mesh = layout.mesh
-    named = bool(getattr(device_mesh, "mesh_dim_names", None))
-    if info.shape != mesh.shape or (named and info.names != mesh.names) or info.coordinate != mesh.coordinate:
-        raise LayoutError(
-            f"device_mesh disagrees with layout.mesh: the device mesh has shape {info.shape}, names "
-            f"{info.names if named else '(none)'}, this rank at {info.coordinate}; the layout's mesh has shape "
-            f"{mesh.shape}, names {mesh.names}, this rank at {mesh.coordinate}. Build the layout from the "
-            "same mesh: Layout(MeshInfo.from_device_mesh(device_mesh), ...)")
-    return info
-
-
-def like_spec(like) -> dict[str, Any]:
-    """What a model expects of its input, from a DTensor (``model_input``) or a ``DTensorSpec``:
-    ``{"mesh", "placements", "shape", "stride", "local_shape"}``."""
-    from torch.distributed.tensor import DTensor  # noqa: PLC0415
-
-    if isinstance(like, DTensor):
-        return {"mesh": like.device_mesh, "placements": tuple(like.placements), "shape": tuple(like.shape),
-                "stride": tuple(like.stride()), "local_shape": tuple(like.to_local().shape)}
-    mesh = getattr(like, "mesh", None)
-    placements = getattr(like, "placements", None)
-    meta = getattr(like, "tensor_meta", None)
-    if mesh is None or placements is None:
-        raise TypeError(f"like must be a DTensor (the model's input) or its DTensorSpec, got {type(like).__name__}")
-    if meta is None:
-        raise ValueError("like: the DTensorSpec has no tensor_meta (shape and stride); pass the DTensor itself")
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: PLC0415
-
-    local, _ = compute_local_shape_and_global_offset(meta.shape, mesh, placements)
-    return {"mesh": mesh, "placements": tuple(placements), "shape": tuple(meta.shape),
-            "stride": tuple(meta.stride), "local_shape": tuple(local)}
-
-
-def _mesh_str(mesh) -> str:
-    names = getattr(mesh, "mesh_dim_names", None)
-    return f"DeviceMesh(shape {tuple(mesh.shape)}, names {tuple(names) if names else None}, " \
-           f"ranks {mesh.mesh.flatten().tolist()})"
-
-
-def check_like(dtensor, like, name: str = "window") -> None:
-    """Raise ``LayoutError`` unless ``dtensor`` has the mesh, placements, global shape, stride and local
-    shape the model expects (``like``: a DTensor or a ``DTensorSpec``); the message names both sides."""
-    want = like if isinstance(like, dict) else like_spec(like)
-    got = like_spec(dtensor)
-    diffs = []
-    if got["mesh"] != want["mesh"]:
-        diffs.append(f"mesh {_mesh_str(got['mesh'])} vs {_mesh_str(want['mesh'])}")
-    for key in ("placements", "shape", "stride", "local_shape"):
-        if tuple(got[key]) != tuple(want[key]):
-            diffs.append(f"{key} {_plain(got[key])} vs {_plain(want[key])}")
-    if diffs:
-        raise LayoutError(f"the loader's {name!r} does not match the model's input (loader vs model): "
-                          + "; ".join(diffs))
-
-
-def _plain(value) -> str:
-    return "(" + ", ".join(repr(v) for v in value) + ")" if isinstance(value, (tuple, list)) else repr(value)
 
 
 def _diff(old: Any, new: Any, path: str, out: list[str]) -> None:
@@ -323,7 +147,7 @@ class MeshLoader:
             if output == "dtensor":  # fail now, not at the first batch
                 layout.placement_spec(len(sample_shape), halo_stripped=True, global_shape=sample_shape)
         if device_mesh is not None:
-            _device_mesh_info(device_mesh, layout)
+            device_mesh_info(device_mesh, layout)
         self.layout = layout
         self.output = output
         self.device_mesh = device_mesh
@@ -374,11 +198,11 @@ class MeshLoader:
                                                               global_shape=self.sample_shape,
                                                               lead_axes=lead))
             if placements != tuple(want["placements"]):
-                raise LayoutError(f"the layout gives {name!r} placements {_plain(placements)} but the model's input "
-                                  f"has {_plain(want['placements'])} (layout {self.layout})")
+                raise LayoutError(f"the layout gives {name!r} placements {plain(placements)} but the model's input "
+                                  f"has {plain(want['placements'])} (layout {self.layout})")
             if want["mesh"] != self.device_mesh:
-                raise LayoutError(f"the model's input {name!r} lives on {_mesh_str(want['mesh'])}, the loader on "
-                                  f"{_mesh_str(self.device_mesh)}")
+                raise LayoutError(f"the model's input {name!r} lives on {mesh_str(want['mesh'])}, the loader on "
+                                  f"{mesh_str(self.device_mesh)}")
 
     def _start(self, pipe) -> None:
         """Build ``pipe`` and its iterator under a fresh watchdog (the build starts the workers and the
@@ -609,3 +433,4 @@ class MeshLoader:
         self._iterator = self._pipeline = None  # let the old pipeline and its workers go first
         self._start(self._factory(checkpoint=checkpoints[0]))
         self.steps_taken = int(state.get("steps_taken", 0))
+

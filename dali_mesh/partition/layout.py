@@ -1,0 +1,513 @@
+"""``Layout``: how one sample is split over a mesh (shard, batch and replica dims, crop, halo,
+boundary, split), its argument checks, and the region of every rank."""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from dali_mesh._checks import is_int as _is_int
+from dali_mesh.mesh import MeshInfo
+from dali_mesh.partition.checks import (LayoutError, _check_int, _check_shape, _mesh_dim,
+                                        _normalize_axis)
+from dali_mesh.partition.order import SampleOrder
+from dali_mesh.partition.placements import PlacementsMixin
+from dali_mesh.partition.region import Region
+from dali_mesh.partition.rules import (BOUNDARIES, SPLITS, _axis_groups, _check_boundary, _check_split,
+                                       _nested_sizes, shard_extent)
+
+def _per_axis(value, ndim: int, default, what: str) -> list:
+    """Expand a scalar, a per-axis sequence or an ``{axis: value}`` mapping to one value per axis."""
+    if isinstance(value, Mapping):
+        out = [default] * ndim
+        seen = set()
+        for axis, v in value.items():
+            a = _normalize_axis(axis, ndim, what)
+            if a in seen:
+                raise LayoutError(f"{what}: axis {axis} is given twice")
+            seen.add(a)
+            out[a] = v
+        return out
+    if isinstance(value, (list, tuple)):
+        if len(value) != ndim:
+            raise LayoutError(f"{what} {value!r} has {len(value)} entries for a sample of {ndim} dims")
+        return list(value)
+    return [value] * ndim
+
+
+def _halo_pair(v, axis) -> tuple[int, int]:
+    if isinstance(v, (list, tuple)):
+        if len(v) != 2:
+            raise LayoutError(f"halo of axis {axis} must be an int or (low, high), got {v!r}")
+        lo, hi = v
+    else:
+        lo = hi = v
+    for h in (lo, hi):
+        if not _is_int(h):
+            raise LayoutError(f"halo of axis {axis} must be integers, got {v!r}")
+        if h < 0:
+            raise LayoutError(f"negative halo {v!r} on axis {axis}: halos count cells and must be >= 0")
+    return int(lo), int(hi)
+
+
+
+def _normalize_halo(halo) -> tuple:
+    """A hashable normal form of ``halo``, checked as far as it can be without the sample's ndim."""
+    if isinstance(halo, Mapping):
+        items = []
+        for axis, v in halo.items():
+            if not _is_int(axis):
+                raise LayoutError(f"halo: axis {axis!r} is not an integer")
+            pair = _halo_pair(v, axis)
+            if pair != (0, 0):
+                items.append((int(axis), pair))
+        return ("map", tuple(sorted(items))) if items else ("all", (0, 0))
+    if isinstance(halo, (list, tuple)):
+        return ("per_axis", tuple(_halo_pair(v, a) for a, v in enumerate(halo)))
+    if not _is_int(halo):
+        raise LayoutError(f"halo must be an int, one entry per axis or {{axis: int | (low, high)}}, "
+                          f"got {halo!r} ({type(halo).__name__})")
+    return ("all", _halo_pair(halo, "*"))
+
+
+def _normalize_boundary(boundary) -> tuple:
+    """A hashable normal form of ``boundary``, every rule checked."""
+    if isinstance(boundary, str):
+        _check_boundary(boundary)
+        return ("all", boundary)
+    if isinstance(boundary, Mapping):
+        items = []
+        for axis, mode in boundary.items():
+            if not _is_int(axis):
+                raise LayoutError(f"boundary: axis {axis!r} is not an integer")
+            _check_boundary(mode)
+            if mode != "constant":
+                items.append((int(axis), mode))
+        return ("map", tuple(sorted(items))) if items else ("all", "constant")
+    if isinstance(boundary, (list, tuple)):
+        for mode in boundary:
+            _check_boundary(mode)
+        return ("per_axis", tuple(boundary))
+    raise LayoutError(f"boundary must be a rule name ({', '.join(BOUNDARIES)}), one per axis or "
+                      f"{{axis: rule}}, got {boundary!r}")
+
+
+def _normalize_crop(crop) -> tuple | None:
+    """``crop`` as one ``(start, stop)`` per axis (``stop`` None: to the end of the axis), integers checked."""
+    if crop is None:
+        return None
+    if isinstance(crop, (str, bytes)) or not isinstance(crop, Sequence):
+        raise LayoutError(f"crop must be None or one (start, stop), slice or None per axis, got {crop!r}")
+    out = []
+    for a, c in enumerate(crop):
+        if c is None:
+            s, e = 0, None
+        elif isinstance(c, slice):
+            if c.step not in (None, 1):
+                raise LayoutError(f"crop of axis {a}: step {c.step} is not supported")
+            s = 0 if c.start is None else c.start
+            e = c.stop
+        else:
+            try:
+                s, e = c
+            except (TypeError, ValueError):
+                raise LayoutError(f"crop of axis {a} must be (start, stop), a slice or None, got {c!r}") from None
+        for what, v in (("start", s), ("stop", e)):
+            if v is not None and not _is_int(v):
+                raise LayoutError(f"crop of axis {a}: {what} {v!r} is not an integer")
+        out.append((int(s), None if e is None else int(e)))
+    return tuple(out)
+
+
+def _check_fill_type(fill_value):
+    if not isinstance(fill_value, (int, float, np.integer, np.floating, np.bool_)):
+        raise LayoutError(f"fill_value must be a real number, got {fill_value!r} ({type(fill_value).__name__})")
+    return fill_value
+
+
+def _check_explicit_split(split: Mapping, mesh: MeshInfo, shard: Sequence[tuple[int, int]]
+                          ) -> dict[int, tuple[int, ...]]:
+    """Explicit shard sizes ``{mesh dim: sizes}`` checked against the shard dims; keyed by mesh dim index."""
+    out: dict[int, tuple[int, ...]] = {}
+    shard_dims = dict(shard)
+    for name, sizes in split.items():
+        d = _mesh_dim(mesh, name, "split")
+        if d not in shard_dims:
+            raise LayoutError(f"split: mesh dim {mesh.names[d]!r} shards no axis; explicit sizes are given "
+                              f"only for mesh dims in shard ({[mesh.names[k] for k in shard_dims]})")
+        if d in out:
+            raise LayoutError(f"split: mesh dim {mesh.names[d]!r} is given twice")
+        if isinstance(sizes, (str, bytes)) or not isinstance(sizes, (Sequence, np.ndarray)):
+            raise LayoutError(f"split: sizes of mesh dim {mesh.names[d]!r} must be a list of integers, got {sizes!r}")
+        for s in sizes:
+            if not _is_int(s):
+                raise LayoutError(f"split: size {s!r} of mesh dim {mesh.names[d]!r} is not an integer")
+            if s < 0:
+                raise LayoutError(f"split: size {s} of mesh dim {mesh.names[d]!r} is negative")
+        out[d] = tuple(int(s) for s in sizes)
+    _check_explicit_groups(out, mesh, shard, None)
+    return out
+
+
+
+def _check_explicit_groups(sizes: Mapping[int, tuple[int, ...]], mesh: MeshInfo,
+                           shard: Sequence[tuple[int, int]], ndim: int | None) -> None:
+    for axis, dims in _axis_groups(shard, ndim).items():
+        inner = dims[-1]
+        names = [mesh.names[d] for d in dims]
+        for d in dims[:-1]:
+            if d in sizes:
+                raise LayoutError(
+                    f"split: mesh dims {names} shard axis {axis} together; give the sizes of all "
+                    f"{math.prod(mesh.shape[k] for k in dims)} combined shards on the innermost, "
+                    f"{mesh.names[inner]!r} (row-major over {names}), not on {mesh.names[d]!r}")
+        if inner not in sizes:
+            raise LayoutError(f"split: no sizes for mesh dim {mesh.names[inner]!r} (it shards axis {axis}); "
+                              "explicit splits give sizes for every sharded axis")
+        count = math.prod(mesh.shape[k] for k in dims)
+        if len(sizes[inner]) != count:
+            what = (f"mesh dim {mesh.names[inner]!r} has {count} ranks" if len(dims) == 1 else
+                    f"mesh dims {names} make {count} combined shards of axis {axis}")
+            raise LayoutError(f"split: {len(sizes[inner])} sizes {list(sizes[inner])} given but {what}: "
+                              "give one size per shard")
+
+
+class Layout(PlacementsMixin):
+    """How one sample is split over a mesh.
+
+    Args:
+        mesh: this rank's ``MeshInfo``.
+        shard: mesh dim name -> sample axis it splits (negative axes allowed). Two mesh dims may
+            split one axis: nested, the outer (earlier) mesh dim first, as DTensor does.
+        batch: mesh dims that split the dataset (a name or a sequence). If omitted and exactly one
+            mesh dim shards nothing, that dim is the batch dim; if no mesh dim is left, there is no
+            batch dim; otherwise ``batch`` must be given. Other mesh dims that shard nothing are
+            replica dims (same samples, same window).
+        crop: ``None`` or one ``(start, stop)`` (or ``slice``, or ``None`` for the whole axis) per axis,
+            applied before splitting: the crop is the domain; data outside it is never read.
+        halo: cells on each side: an int for every axis, one entry per axis, or ``{axis: int | (lo, hi)}``.
+        boundary: a rule for every axis, one per axis, or ``{axis: rule}`` (others ``constant``):
+            ``constant`` (+ ``fill_value``), ``periodic``, ``reflect``, ``symmetric``, ``edge``, ``trim``.
+        fill_value: the value of ``constant`` cells (a real number).
+        split: a rule, ``chunk`` (torch.chunk, DTensor), ``physicsnemo`` or ``even`` (numpy
+            array_split), or explicit shard sizes ``{mesh dim: [sizes...]}``: one list for every
+            sharded axis, one size per rank along that mesh dim, summing to the axis length (the
+            crop length with a crop). When several mesh dims shard one axis, the list is given on
+            the innermost of them and holds the sizes of all their combined shards, row-major over
+            their coordinates (outer first): the rank at coordinates ``(i, j)`` of mesh dims of
+            sizes ``(k1, k2)`` owns shard ``i * k2 + j``. Shards are laid out in that order, so
+            shard ``c`` starts at ``sum(sizes[:c])``. ``layout.split`` is then ``"explicit"`` and
+            ``layout.split_sizes`` holds the sizes.
+
+    Two layouts are equal when their mesh, shard dims, batch dims and normalised crop, halo,
+    boundary, fill value and split are equal (halo and boundary as given: ``halo=1`` and
+    ``halo=[1, 1]`` are different layouts, though equal on 2-d samples).
+    """
+
+    def __init__(
+        self,
+        mesh: MeshInfo,
+        shard: Mapping[str | int, int] | None = None,
+        batch: str | Sequence[str] | None = None,
+        crop: Sequence[Any] | None = None,
+        halo: int | Sequence | Mapping = 0,
+        boundary: str | Sequence[str] | Mapping[int, str] = "constant",
+        fill_value: float = 0,
+        split: str | Mapping[str | int, Sequence[int]] = "chunk",
+    ) -> None:
+        if not isinstance(mesh, MeshInfo):
+            raise LayoutError(f"mesh must be a MeshInfo, got {type(mesh).__name__}")
+        self.mesh = mesh
+        self.fill_value = _check_fill_type(fill_value)
+
+        # shard: mesh dim -> axis, kept in mesh-dim order (outer first)
+        if shard is not None and not isinstance(shard, Mapping):
+            raise LayoutError(f"shard must be a mapping {{mesh dim: sample axis}}, got {shard!r}")
+        shard = dict(shard or {})
+        by_dim: dict[int, int] = {}
+        for name, axis in shard.items():
+            d = _mesh_dim(mesh, name, "shard")
+            if d in by_dim:
+                raise LayoutError(f"shard: mesh dim {mesh.names[d]!r} is used twice")
+            if not _is_int(axis):
+                raise LayoutError(f"shard: axis {axis!r} of mesh dim {mesh.names[d]!r} is not an integer")
+            by_dim[d] = int(axis)
+        self._shard = tuple(sorted(by_dim.items()))  # ((mesh_dim, axis), ...)
+
+        # split: a rule name, or explicit sizes with their prefix sums (O(1) offsets per rank)
+        if isinstance(split, Mapping):
+            self._split_sizes = _check_explicit_split(split, mesh, self._shard)
+            self._split_prefix = {d: tuple(itertools.accumulate(s, initial=0)) for d, s in self._split_sizes.items()}
+            self.split = "explicit"
+        elif isinstance(split, str):
+            _check_split(split)
+            self._split_sizes = self._split_prefix = None
+            self.split = split
+        else:
+            raise LayoutError(f"split must be a rule ({', '.join(SPLITS)}) or {{mesh dim: [sizes...]}}, got {split!r}")
+
+        # batch dims
+        if batch is None:
+            free = [d for d in range(mesh.ndim) if d not in by_dim]
+            if len(free) > 1:
+                names = [mesh.names[d] for d in free]
+                raise LayoutError(
+                    f"batch is required: mesh dims {names} shard no axis, so say which of them split "
+                    f"the dataset (e.g. batch={names[0]!r}); the others are replicas"
+                )
+            batch_dims = free
+        else:
+            names = [batch] if isinstance(batch, (str, int, np.integer)) else list(batch)
+            batch_dims = []
+            for name in names:
+                d = _mesh_dim(mesh, name, "batch")
+                if d in by_dim:
+                    raise LayoutError(f"mesh dim {mesh.names[d]!r} is used twice: in shard and in batch")
+                if d in batch_dims:
+                    raise LayoutError(f"batch: mesh dim {mesh.names[d]!r} is used twice")
+                batch_dims.append(d)
+            batch_dims.sort()
+        self._batch_dims = tuple(batch_dims)
+
+        self._crop_key = _normalize_crop(crop)
+        self._crop = None if crop is None else list(crop)
+        # halo and boundary are checked against the sample's ndim in region(); check what we can now.
+        self._halo = halo
+        self._boundary = boundary
+        self._halo_key = _normalize_halo(halo)
+        self._boundary_key = _normalize_boundary(boundary)
+
+    # ---- equality ----------------------------------------------------------------------------------
+    def _key(self) -> tuple:
+        fill = ("nan",) if isinstance(self.fill_value, (float, np.floating)) and np.isnan(self.fill_value) \
+            else self.fill_value
+        sizes = None if self._split_sizes is None else tuple(sorted(self._split_sizes.items()))
+        return (self.mesh, self._shard, self._batch_dims, self._crop_key, self._halo_key, self._boundary_key,
+                fill, self.split, sizes)
+
+    def __eq__(self, other) -> bool:
+        """Equal as given: ``shard={"mp": -1}`` and ``shard={"mp": 2}`` differ (they agree only for
+        3-axis samples). Compare ``a.normalized(ndim) == b.normalized(ndim)`` (or
+        ``a.same_as(b, ndim)``) for a given sample ndim."""
+        if not isinstance(other, Layout):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def normalized(self, ndim: int) -> "Layout":
+        """This layout for samples of ``ndim`` axes with every axis counted from 0: negative axes of
+        ``shard``, and of ``halo``/``boundary`` given as ``{axis: ...}``, resolved (out of range:
+        ``LayoutError``). ``Layout.from_placements(mesh, layout.dtensor_placements(ndim)) ==
+        layout.normalized(ndim)`` for every layout DTensor can describe."""
+        ndim = _check_int("ndim", ndim, 1)
+        shard = {self.mesh.names[d]: _normalize_axis(a, ndim, "shard") for d, a in self._shard}
+
+        def keyed(value, what):
+            if not isinstance(value, Mapping):
+                return value
+            out = {}
+            for axis, v in value.items():
+                a = _normalize_axis(axis, ndim, what)
+                if a in out:
+                    raise LayoutError(f"{what}: axis {axis} is given twice (as {a} and {a - ndim})")
+                out[a] = v
+            return out
+
+        return Layout(self.mesh, shard=shard, batch=self.batch_dims, crop=self._crop,
+                      halo=keyed(self._halo, "halo"), boundary=keyed(self._boundary, "boundary"),
+                      fill_value=self.fill_value, split=self.split_sizes if self._split_sizes is not None else self.split)
+
+    def same_as(self, other: "Layout", ndim: int) -> bool:
+        """Whether two layouts split samples of ``ndim`` axes the same way (negative axes resolved)."""
+        return self.normalized(ndim) == other.normalized(ndim)
+
+    def explicit_matches(self, global_shape: Sequence[int], rule: str = "chunk") -> bool:
+        """Whether this layout's shard sizes equal ``rule``'s for samples of ``global_shape`` (crop
+        applied). Explicit sizes (``split={dim: [...]}``) can equal a rule only for one axis length,
+        which a ``Layout`` does not know until it sees the sample shape: ``181/181/181/178`` is
+        ``chunk`` for 721 cells over 4 ranks, and DTensor output is allowed for it there."""
+        _check_split(rule)
+        if self._split_sizes is None:
+            return self.split == rule
+        shape = _check_shape(global_shape)
+        d0, d1 = self.domain(shape)
+        for axis, dims in _axis_groups(self._shard, len(shape)).items():
+            want = _nested_sizes(d1[axis] - d0[axis], [self.mesh.shape[d] for d in dims], rule)
+            if tuple(want) != self._split_sizes[dims[-1]]:
+                return False
+        return True
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    # ---- mesh-side facts --------------------------------------------------------------------------
+    @property
+    def shard_dims(self) -> dict[str, int]:
+        """Mesh dim name -> the sample axis it shards, as given (not normalised)."""
+        return {self.mesh.names[d]: a for d, a in self._shard}
+
+    @property
+    def split_sizes(self) -> dict[str, tuple[int, ...]] | None:
+        """Explicit shard sizes, mesh dim name -> sizes (``split == "explicit"``), else None."""
+        if self._split_sizes is None:
+            return None
+        return {self.mesh.names[d]: s for d, s in sorted(self._split_sizes.items())}
+
+    def split_sizes_flat(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Explicit sizes as plain numbers for the C++ ``mesh_roi``: ``(counts, sizes)``, ``counts``
+        one per mesh dim (how many sizes it gives: 0, or its combined shard count on the innermost
+        dim of an axis), ``sizes`` all lists concatenated in mesh-dim order. ``((), ())`` for a rule."""
+        if self._split_sizes is None:
+            return (), ()
+        counts = tuple(len(self._split_sizes.get(d, ())) for d in range(self.mesh.ndim))
+        sizes = tuple(v for d in range(self.mesh.ndim) for v in self._split_sizes.get(d, ()))
+        return counts, sizes
+
+    @property
+    def batch_dims(self) -> tuple[str, ...]:
+        return tuple(self.mesh.names[d] for d in self._batch_dims)
+
+    @property
+    def replica_dims(self) -> tuple[str, ...]:
+        used = {d for d, _ in self._shard} | set(self._batch_dims)
+        return tuple(n for d, n in enumerate(self.mesh.names) if d not in used)
+
+    def shard_axes(self, ndim: int | None = None) -> tuple[int, ...]:
+        """Per mesh dim: the sample axis it shards (normalised when ``ndim`` is given), or -1."""
+        out = [-1] * self.mesh.ndim
+        for d, a in self._shard:
+            out[d] = _normalize_axis(a, ndim, "shard") if ndim is not None else a
+        return tuple(out)
+
+    def batch_index_of(self, coordinate: Sequence[int]) -> int:
+        """Row-major index of a coordinate's batch coordinate over the batch dims (mesh order)."""
+        b = 0
+        for d in self._batch_dims:
+            b = b * self.mesh.shape[d] + coordinate[d]
+        return b
+
+    @property
+    def batch_index(self) -> int:
+        """This rank's sample group."""
+        return self.batch_index_of(self.mesh.coordinate)
+
+    @property
+    def num_batch_groups(self) -> int:
+        return math.prod(self.mesh.shape[d] for d in self._batch_dims)
+
+    def order(self, num_samples: int, epoch: int, *, seed: int = 0, shuffle: bool = True,
+              batch_size: int = 1, drop_last: bool = False) -> "SampleOrder":
+        """This rank's :class:`SampleOrder` for one epoch (its sample group's share), O(1) memory."""
+        return SampleOrder(num_samples, epoch, seed=seed, shuffle=shuffle, batch_size=batch_size,
+                           drop_last=drop_last, batch_index=self.batch_index,
+                           num_batch_groups=self.num_batch_groups)
+
+    def sample_order(self, num_samples: int, epoch: int, *, seed: int = 0, shuffle: bool = True,
+                     batch_size: int = 1, drop_last: bool = False):
+        """This rank's sample ids and pad flags for one epoch: ``self.order(...).arrays()``."""
+        return self.order(num_samples, epoch, seed=seed, shuffle=shuffle, batch_size=batch_size,
+                          drop_last=drop_last).arrays()
+
+    # ---- per-axis settings for a sample of ndim dims ------------------------------------------------
+    def halo_pairs(self, ndim: int) -> tuple[tuple[int, int], ...]:
+        values = _per_axis(self._halo, ndim, 0, "halo")
+        return tuple(_halo_pair(v, a) for a, v in enumerate(values))
+
+    def boundaries(self, ndim: int) -> tuple[str, ...]:
+        values = _per_axis(self._boundary, ndim, "constant", "boundary")
+        for v in values:
+            _check_boundary(v)
+        return tuple(values)
+
+    def domain(self, global_shape: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """``(domain_start, domain_stop)``: the crop box, checked against the sample shape."""
+        shape = _check_shape(global_shape)
+        if self._crop_key is None:
+            return (0,) * len(shape), shape
+        if len(self._crop_key) != len(shape):
+            raise LayoutError(f"crop {self._crop!r} has {len(self._crop_key)} entries for a sample of shape {shape}")
+        lo, hi = [], []
+        for a, ((s, e), n) in enumerate(zip(self._crop_key, shape)):
+            e = n if e is None else e
+            if not (0 <= s < e <= n):
+                raise LayoutError(
+                    f"crop {s}:{e} of axis {a} lies outside the sample (axis size {n}) or is empty"
+                )
+            lo.append(s)
+            hi.append(e)
+        return tuple(lo), tuple(hi)
+
+    # ---- regions ------------------------------------------------------------------------------------
+    def _check_coordinate(self, coordinate) -> tuple[int, ...]:
+        coordinate = tuple(coordinate)
+        if len(coordinate) != self.mesh.ndim or any(
+            not _is_int(c) or not 0 <= c < s for c, s in zip(coordinate, self.mesh.shape)
+        ):
+            raise LayoutError(f"coordinate {coordinate} is out of range for mesh shape {self.mesh.shape}: "
+                              "one integer per mesh dim, 0 <= c < size")
+        return tuple(int(c) for c in coordinate)
+
+    def region(self, global_shape: Sequence[int], coordinate: Sequence[int] | None = None) -> Region:
+        """The region of the rank at ``coordinate`` (this rank by default). O(ndim), whatever the
+        mesh size (explicit sizes: offsets from prefix sums made once)."""
+        shape = _check_shape(global_shape)
+        ndim = len(shape)
+        coordinate = self.mesh.coordinate if coordinate is None else self._check_coordinate(coordinate)
+        d0, d1 = self.domain(shape)
+        halo = self.halo_pairs(ndim)
+        boundary = self.boundaries(ndim)
+        start, stop = list(d0), list(d1)
+        groups = _axis_groups(self._shard, ndim)
+        if self._split_sizes is not None:
+            _check_explicit_groups(self._split_sizes, self.mesh, self._shard, ndim)
+        for axis, dims in groups.items():
+            if self._split_sizes is None:
+                for mesh_dim in dims:  # mesh-dim order: outer first, each splits the previous shard
+                    offset, size = shard_extent(stop[axis] - start[axis], self.mesh.shape[mesh_dim],
+                                                coordinate[mesh_dim], self.split)
+                    start[axis] += offset
+                    stop[axis] = start[axis] + size
+                continue
+            prefix = self._split_prefix[dims[-1]]
+            if prefix[-1] != d1[axis] - d0[axis]:
+                raise LayoutError(
+                    f"split sizes {list(self._split_sizes[dims[-1]])} of mesh dim {self.mesh.names[dims[-1]]!r} "
+                    f"sum to {prefix[-1]} but axis {axis} has {d1[axis] - d0[axis]} cells"
+                    + (" (its crop)" if self._crop_key is not None else "") + ": the sizes must tile the axis")
+            c = 0
+            for mesh_dim in dims:  # the combined shard index, row-major over the nested dims
+                c = c * self.mesh.shape[mesh_dim] + coordinate[mesh_dim]
+            start[axis] = d0[axis] + prefix[c]
+            stop[axis] = d0[axis] + prefix[c + 1]
+        ws, we = [], []
+        for a in range(ndim):
+            if stop[a] == start[a]:  # an empty shard sits at the domain end (torch's convention)
+                start[a] = stop[a] = d1[a]
+        # an empty owned region gets no halo: its window is its owned region
+        empty = any(s == e for s, e in zip(start, stop))
+        for a in range(ndim):
+            if empty:
+                ws.append(start[a])
+                we.append(stop[a])
+                continue
+            lo, hi = halo[a]
+            w0, w1 = start[a] - lo, stop[a] + hi
+            if boundary[a] == "trim":
+                w0, w1 = max(w0, d0[a]), min(w1, d1[a])
+            ws.append(w0)
+            we.append(w1)
+        return Region(d0, d1, tuple(start), tuple(stop), tuple(ws), tuple(we), boundary, self.fill_value)
+
+    def regions(self, global_shape: Sequence[int]) -> list[Region]:
+        """The region of every rank, in rank order."""
+        return [self.region(global_shape, c) for c in self.mesh.coordinates()]
+
+    def __repr__(self) -> str:
+        return (
+            f"Layout(mesh={self.mesh}, shard={self.shard_dims}, batch={self.batch_dims}, "
+            f"crop={self._crop}, halo={self._halo!r}, boundary={self._boundary!r}, "
+            f"fill_value={self.fill_value!r}, "
+            f"split={self.split_sizes if self._split_sizes is not None else self.split!r})"
+        )
+
