@@ -12,16 +12,13 @@ import os
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
+from dali_mesh._checks import is_int as _is_int
+
 __all__ = ["MeshInfo", "MeshError", "parse_mesh_shape"]
 
 
 class MeshError(ValueError):
     """A mesh, a coordinate or the environment describing them is invalid."""
-
-
-def _is_int(v) -> bool:
-    """A Python or numpy integer, not a bool (``True`` is not a size)."""
-    return hasattr(v, "__index__") and not isinstance(v, bool) and type(v).__name__ != "bool_"
 
 
 def _default_names(ndim: int) -> tuple[str, ...]:

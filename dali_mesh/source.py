@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from dali_mesh._checks import is_int as _is_int
 from dali_mesh.io._common import DataFileError, ShapeMismatchError, native_dtype, normalise_index_maps
 from dali_mesh.io.npy import DEFAULT_MERGE_GAP, read_npy_header, read_npy_window
 from dali_mesh.partition import Layout, Region, SampleOrder
@@ -249,11 +250,6 @@ class WindowSource:
 
     def _read(self, sample_id: int) -> tuple[np.ndarray, ...]:  # pragma: no cover - abstract
         raise NotImplementedError
-
-
-def _is_int(v) -> bool:
-    """A Python or numpy integer, not a bool (``True`` is no sample count)."""
-    return not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, np.integer))
 
 
 def _channel_maps(channels, channel_axis):
