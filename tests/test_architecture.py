@@ -1,0 +1,120 @@
+"""The folders are the architecture: each room of ``dali_mesh`` imports only the rooms below it, and
+no module imports itself through others (no import circle).
+
+The picture, top-down: cli -> torch / pipeline (fn) -> source -> io -> partition -> mesh. Read from
+the source text (``ast``), so it holds for imports inside functions too.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "dali_mesh"
+
+#: room -> the rooms it may import (besides itself). Modules of the package root that are not a room
+#: (``_checks``, ``_kernels``, ``_build_info``, ``mesh``) are rooms of their own.
+ALLOWED = {
+    "_checks": set(),
+    "_build_info": set(),
+    "mesh": {"_checks"},
+    "partition": {"mesh", "_checks"},
+    "_kernels": {"partition", "mesh", "_checks"},
+    "io": {"partition", "mesh", "_checks", "_kernels"},
+    "source": {"io", "partition", "mesh", "_checks"},
+    "pipeline": {"source", "io", "partition", "mesh", "_checks", "_kernels", "_build_info"},
+    "fn": {"pipeline"},
+    "image": {"pipeline"},
+    "torch": {"pipeline", "source", "partition", "mesh", "_checks"},
+    "cli": {"torch", "pipeline", "fn", "source", "io", "partition", "mesh", "_checks", "_kernels"},
+    "__init__": {"pipeline", "source", "partition", "mesh"},
+}
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return "__init__" if len(parts) == 1 else parts[1]
+
+
+def _imports(path: Path) -> set[str]:
+    """Every ``dali_mesh`` module ``path`` imports (``from dali_mesh.x import y`` counts as
+    ``dali_mesh.x.y`` when that is a module, else ``dali_mesh.x``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    me = _module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
+                   for stmt in node.body for n in ast.walk(stmt)}
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:  # annotations only: never imported at run time
+            continue
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            names = [f"{base}.{a.name}" if _is_module(f"{base}.{a.name}") else base for a in node.names]
+        else:
+            continue
+        out.update(n for n in names if n == "dali_mesh" or n.startswith("dali_mesh."))
+    return out
+
+
+def _is_module(name: str) -> bool:
+    p = PACKAGE.parent.joinpath(*name.split("."))
+    return p.with_suffix(".py").is_file() or (p / "__init__.py").is_file()
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_the_package_has_the_rooms_of_the_design():
+    rooms = {_room(_module_name(p)) for p in MODULES}
+    assert {"partition", "io", "pipeline", "torch", "cli", "source", "mesh", "fn"} <= rooms
+    for folder in ("partition", "io", "pipeline", "torch", "cli"):
+        assert (PACKAGE / folder / "__init__.py").is_file(), folder
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: _module_name(p))
+def test_each_room_imports_only_the_rooms_below_it(path):
+    me = _module_name(path)
+    room = _room(me)
+    assert room in ALLOWED, f"{me}: room {room!r} is not in the picture (add it to ALLOWED and the README)"
+    bad = sorted(m for m in _imports(path) if m != "dali_mesh" and _room(m) != room and _room(m) not in ALLOWED[room])
+    assert not bad, f"{me} (room {room!r}) imports {bad}; {room!r} may import only {sorted(ALLOWED[room])}"
+
+
+def test_no_import_circle():
+    graph = {_module_name(p): {m for m in _imports(p) if _is_module(m)} for p in MODULES}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m):
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph.get(m, ())):
+            # a package's __init__ imported by its own modules' parents is not an edge back
+            if n == m or m.startswith(n + "."):
+                continue
+            if state.get(n) == 1:
+                cycle = stack[stack.index(n):] + [n]
+                pytest.fail("import circle: " + " -> ".join(cycle))
+            if state.get(n) is None:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
