@@ -118,8 +118,11 @@ def test_watchdog_deadline_in_batches():
     assert prefetch_batches(Pipe()) == 3
     Pipe._prefetch_queue_depth = {"cpu": 1, "gpu": 4}
     assert prefetch_batches(Pipe()) == 5
-    Pipe._dali_mesh_source_prefetch = 6  # a parallel source's own queue (partitioned_source records it)
-    assert prefetch_batches(Pipe()) == 7
+    from dali_mesh.pipeline.registry import info_of
+
+    pipe = Pipe()
+    info_of(pipe).source_prefetch = 6  # a parallel source's own queue (partitioned_source records it)
+    assert prefetch_batches(pipe) == 7
 
 
 class SlowSource(NumpySource):

@@ -5,6 +5,7 @@ Needs DALI (imported when called), not the compiled plugin.
 """
 from __future__ import annotations
 
+from dali_mesh.pipeline.registry import info_of
 from dali_mesh.pipeline.watchdog import status_dir
 
 __all__ = ["current_pipeline_for", "partitioned_source"]
@@ -62,8 +63,9 @@ def partitioned_source(source, device: str = "cpu", *, name: str | None = None,
     if hasattr(source, "_status_dir"):
         source._status_dir = status_dir()  # pickled into the workers with the source
     if pipe is not None:
-        pipe._dali_mesh_sources = getattr(pipe, "_dali_mesh_sources", []) + [source]
-        pipe._dali_mesh_source_prefetch = max(getattr(pipe, "_dali_mesh_source_prefetch", 0), int(prefetch_queue_depth))
+        info = info_of(pipe)
+        info.sources.append(source)
+        info.source_prefetch = max(info.source_prefetch, int(prefetch_queue_depth))
     nwin = source.num_outputs - 2
     layouts = [layout] * nwin + [None, None] if layout is not None else None
     outs = fn.external_source(

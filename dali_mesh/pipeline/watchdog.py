@@ -34,6 +34,8 @@ import threading
 import time
 import weakref
 
+from dali_mesh.pipeline.registry import info_of
+
 __all__ = ["DEFAULT_TIMEOUT_S", "Watchdog", "WorkerError", "prefetch_batches", "status_dir", "watched_run"]
 
 log = logging.getLogger(__name__)
@@ -296,7 +298,7 @@ def prefetch_batches(pipe) -> int:
     except (TypeError, ValueError):
         depth = 2
     # the workers of a parallel external source fill their own queue too (partitioned_source records it)
-    depth = max(depth, int(getattr(pipe, "_dali_mesh_source_prefetch", 0) or 0))
+    depth = max(depth, info_of(pipe).source_prefetch)
     return max(depth, 1) + 1
 
 
@@ -308,11 +310,12 @@ def watched_run(pipe, timeout: float | None = DEFAULT_TIMEOUT_S):
     (DALI fills its prefetch queue first). The watchdog holds the pipeline weakly: a pipeline
     dropped by its user is freed (and its workers stopped) without waiting for the garbage
     collector."""
-    dog = getattr(pipe, "_dali_mesh_watchdog", None)
+    info = info_of(pipe)
+    dog = info.watchdog
     first = dog is None or not dog.calls
     if dog is None or dog.timeout != (float(timeout) if timeout else None):
         ref = weakref.ref(pipe)
         dog = Watchdog(lambda: [p for p in (ref(),) if p is not None], timeout)
-        pipe._dali_mesh_watchdog = dog
+        info.watchdog = dog
     dog.calls += 1
     return dog.call(pipe.run, what="pipe.run()", batches=prefetch_batches(pipe) if first else 1)

@@ -8,6 +8,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from dali_mesh.partition import Layout, LayoutError
+from dali_mesh.pipeline.registry import sources_of
 from dali_mesh.pipeline.watchdog import DEFAULT_TIMEOUT_S, Watchdog, prefetch_batches
 from dali_mesh.torch.like import check_like, like_spec, mesh_str, plain
 from dali_mesh.torch.wrap import device_mesh_info, to_dtensor, to_shard_tensor
@@ -227,7 +228,7 @@ class MeshLoader:
     def _start_checked(self, pipe) -> None:
         # what the pipeline object says before it is built (pipeline_def has run the graph already):
         # checked first, so that a refusal starts no worker process
-        for src in getattr(pipe, "_dali_mesh_sources", None) or ():
+        for src in sources_of(pipe):
             self._check_source(src)
         if self._like is not None:
             groups = self.layout.num_batch_groups
@@ -246,7 +247,7 @@ class MeshLoader:
                              f"has {num_outputs}: one name per output, in order")
         # DALI 2.4 reports no dtype for external source outputs before they run: the dtypes of
         # sample_id and is_pad are checked on every batch instead (__next__)
-        for src in getattr(pipe, "_dali_mesh_sources", None) or ():  # a graph defined at build time
+        for src in sources_of(pipe):  # a graph defined at build time
             self._check_source(src)
         # the iterator's first batch waits for DALI's prefetch queue: prefetch_queue_depth + 1 batch times
         self._first_batches = prefetch_batches(pipe)
@@ -389,7 +390,7 @@ class MeshLoader:
         dataset, sample count and shape, seed, shuffle, drop_last, ...)."""
         fp: dict[str, Any] = {"layout": repr(self.layout), "batch_size": int(self._pipeline.max_batch_size),
                               "output_map": list(self.output_map)}
-        sources = getattr(self._pipeline, "_dali_mesh_sources", None)
+        sources = sources_of(self._pipeline)
         if sources:
             fp["sources"] = [s.fingerprint() if hasattr(s, "fingerprint") else type(s).__name__ for s in sources]
         return fp
