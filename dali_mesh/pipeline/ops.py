@@ -24,6 +24,23 @@ def _int(value, name: str) -> int:
     return int(value)
 
 
+def _int_list(values, name: str, bounds: tuple[int, int], beyond: str,
+              what: str = "a sequence of ints") -> list[int]:
+    """``values`` as a list of ints within ``bounds``: integers only (floats, bools and strings are
+    refused, not truncated); ``beyond`` says what is wrong with a value outside the bounds."""
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"{name} must be {what}, got {values!r}")
+    try:
+        items = list(values)
+    except TypeError:
+        raise TypeError(f"{name} must be {what}, got {values!r}") from None
+    out = [_int(v, f"{name} entry") for v in items]
+    for v in out:
+        if not bounds[0] <= v <= bounds[1]:
+            raise ValueError(f"{name} value {v} {beyond}")
+    return out
+
+
 def _as_list(value, name: str) -> Any:
     """A DataNode (per-sample argument input) as is; an int or a sequence as a list of ints.
 
@@ -32,21 +49,10 @@ def _as_list(value, name: str) -> Any:
     Floats (``1.7``), bools and strings are refused, not truncated."""
     if isinstance(value, dali.data_node.DataNode):
         return value
-    if isinstance(value, (str, bytes)):
-        raise TypeError(f"{name} must be an int, a sequence of ints or a DataNode, got {value!r}")
     if isinstance(value, (int, np.integer, bool, np.bool_, float, np.floating)):
-        values = [_int(value, name)]
-    else:
-        try:
-            items = list(value)
-        except TypeError:
-            raise TypeError(f"{name} must be an int, a sequence of ints or a DataNode, got {value!r}") from None
-        values = [_int(v, f"{name} entry") for v in items]
-    for v in values:
-        if not _INT32[0] <= v <= _INT32[1]:
-            raise ValueError(f"{name} value {v} does not fit a 32-bit constant argument: pass it as a per-sample "
-                             "int64 argument input (a DataNode) instead")
-    return values
+        value = [_int(value, name)]
+    return _int_list(value, name, _INT32, "does not fit a 32-bit constant argument: pass it as a per-sample "
+                     "int64 argument input (a DataNode) instead", "an int, a sequence of ints or a DataNode")
 
 
 def _floats(values, name: str, *, nonzero: bool = False) -> list[float]:
@@ -209,17 +215,7 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 def _int64_list(values, name: str) -> list[int]:
     """A sequence of integers for an int64 vector argument (the operator checks their meaning)."""
-    if isinstance(values, (str, bytes)):
-        raise TypeError(f"{name} must be a sequence of ints, got {values!r}")
-    try:
-        items = list(values)
-    except TypeError:
-        raise TypeError(f"{name} must be a sequence of ints, got {values!r}") from None
-    out = [_int(v, f"{name} entry") for v in items]
-    for v in out:
-        if not _INT64[0] <= v <= _INT64[1]:
-            raise ValueError(f"{name} value {v} is beyond the int64 range: no axis has that many cells")
-    return out
+    return _int_list(values, name, _INT64, "is beyond the int64 range: no axis has that many cells")
 
 
 _BIG = 1 << 62  # a stand-in axis size to read a layout's crop box without a sample shape
