@@ -30,8 +30,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from dali_mesh._checks import is_int as _is_int
-from dali_mesh.io._common import DataFileError, ShapeMismatchError, native_dtype, normalise_index_maps
-from dali_mesh.io.npy import DEFAULT_MERGE_GAP, read_npy_header, read_npy_window
+from dali_mesh.io._common import (DataFileError, ShapeMismatchError, apply_index_maps, check_frame, native_dtype,
+                                  normalise_index_maps)
+from dali_mesh.io.chunks import plan_time_series
+from dali_mesh.io.npy import DEFAULT_MERGE_GAP, plan_npy_files, read_npy_header, read_npy_window
+from dali_mesh.io.read_plan import NotNativeError
 from dali_mesh.partition import Layout, Region, SampleOrder
 
 __all__ = ["ForecastSpec", "NumpySource", "HDF5Source", "ZarrSource", "WindowSource"]
@@ -248,6 +251,13 @@ class WindowSource:
         data = text.encode("utf-8", "replace")[:_STATUS_BYTES - 1]
         os.pwrite(memo[1], data + b"\0" * (_STATUS_BYTES - len(data)), 0)
 
+    def native_plans(self, merge_gap: int = DEFAULT_MERGE_GAP) -> tuple:
+        """The native reader's plans of this rank's windows, one
+        :class:`~dali_mesh.io.read_plan.PlanSet` per window output (:attr:`window_names`), or
+        :class:`~dali_mesh.io.read_plan.NotNativeError` saying why this source is not read natively."""
+        raise NotNativeError(f"{type(self).__name__} is not read natively (NumpySource, HDF5Source and "
+                             "ZarrSource are, for uncompressed data)")
+
     def _read(self, sample_id: int) -> tuple[np.ndarray, ...]:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -284,14 +294,6 @@ def check_sample_shape(shape, what: str = "sample_shape") -> tuple[int, ...]:
     return tuple(int(s) for s in shape)
 
 
-def _check_frame(shape, path) -> None:
-    """A sample needs at least one axis and one cell: a 0-d or empty array is no sample."""
-    if len(shape) == 0:
-        raise DataFileError(path, "holds a 0-d array (shape ()): a sample needs at least one axis")
-    if any(s == 0 for s in shape):
-        raise DataFileError(path, f"holds an empty array (shape {tuple(shape)}): a sample needs at least one cell")
-
-
 def _file_list(files, who: str, kind: str) -> list[str]:
     if isinstance(files, (str, bytes, os.PathLike)):  # one path would otherwise be read as its letters
         raise TypeError(f"{who} takes a list of {kind}s, got one path {os.fspath(files)!r}: pass [path]")
@@ -308,17 +310,6 @@ def _normalise_maps(maps, shape, path):
     if not maps:
         return maps
     return normalise_index_maps(maps, len(shape), path)
-
-
-def _apply_maps(shape: tuple[int, ...], maps, path) -> tuple[int, ...]:
-    shape = list(shape)
-    for a, m in (maps or {}).items():
-        if not -len(shape) <= a < len(shape):
-            raise DataFileError(path, f"channel axis {a} is out of range for sample shape {tuple(shape)}")
-        if m.min() < 0 or m.max() >= shape[a]:
-            raise DataFileError(path, f"channels {m.tolist()} are out of range for axis {a} of size {shape[a]}")
-        shape[a] = len(m)
-    return tuple(shape)
 
 
 # ---- one sample per .npy file ---------------------------------------------------------------------
@@ -358,9 +349,9 @@ class NumpySource(WindowSource):
             raise ValueError(f"method must be 'auto', 'preadv' or 'mmap', got {method!r}")
         self.method = method
         first = read_npy_header(self.files[0])
-        _check_frame(first.shape, self.files[0])
+        check_frame(first.shape, self.files[0])
         self.index_maps = _normalise_maps(self.index_maps, first.shape, self.files[0])
-        shape = _apply_maps(first.shape, self.index_maps, self.files[0])
+        shape = apply_index_maps(first.shape, self.index_maps, self.files[0])
         self.sample_ndim = len(shape)
         self.dtype = first.native_dtype
         self.sample_shape = None if per_sample_shapes else shape
@@ -370,8 +361,8 @@ class NumpySource(WindowSource):
         if check_files:
             for f in self.files[1:]:
                 h = read_npy_header(f)
-                _check_frame(h.shape, f)
-                s = _apply_maps(h.shape, self.index_maps, f)
+                check_frame(h.shape, f)
+                s = apply_index_maps(h.shape, self.index_maps, f)
                 if h.native_dtype != self.dtype or (not per_sample_shapes and s != shape):
                     raise ShapeMismatchError(
                         f, f"shape {s} {h.native_dtype} differs from the first file's ({self.files[0]}) "
@@ -381,8 +372,8 @@ class NumpySource(WindowSource):
         path = self.files[sample_id]
         if self.sample_shape is None:
             h = read_npy_header(path)
-            _check_frame(h.shape, path)
-            region = self.region_of(_apply_maps(h.shape, self.index_maps, path))
+            check_frame(h.shape, path)
+            region = self.region_of(apply_index_maps(h.shape, self.index_maps, path))
             expected = None
         else:
             region, expected = self.region, self.sample_shape
@@ -394,6 +385,13 @@ class NumpySource(WindowSource):
 
     def _files_of(self, sample_id: int) -> str:
         return self.files[sample_id]
+
+    def native_plans(self, merge_gap: int = DEFAULT_MERGE_GAP) -> tuple:
+        if self.direct:
+            raise NotNativeError("NumpySource(direct=True) asks for O_DIRECT, which the native reader does not do")
+        return (plan_npy_files(self.files, region_of=self.region_of, index_maps=self.index_maps,
+                               sample_shape=self.sample_shape, dtype=self.dtype, sample_ndim=self.sample_ndim,
+                               merge_gap=merge_gap),)
 
 
 # ---- samples along axis 0 of arrays in several files ------------------------------------------------
@@ -420,10 +418,10 @@ class _TimeSeriesSource(WindowSource):
         dtype0 = None
         for f in self.files:  # metadata only; handles are closed again (workers open their own)
             length, frame, dtype = self._meta(f)
-            _check_frame(frame, f)
+            check_frame(frame, f)
             if dtype0 is None:
                 self.index_maps = _normalise_maps(self.index_maps, frame, f)
-            frame = _apply_maps(frame, self.index_maps, f)
+            frame = apply_index_maps(frame, self.index_maps, f)
             if dtype0 is None:
                 dtype0, frame0 = dtype, frame
             elif dtype != dtype0 or (frame != frame0 and not per_sample_shapes):
@@ -466,6 +464,22 @@ class _TimeSeriesSource(WindowSource):
 
     def _what(self) -> str:
         return f"{self._kind_name()} {self.name!r}"
+
+    def native_plans(self, merge_gap: int = DEFAULT_MERGE_GAP) -> tuple:
+        fc = self.forecast
+
+        def steps_of(plans_of, ranges, budget):
+            return {fi: self._plan_steps(fi, steps, plans_of=plans_of, budget=budget, merge_gap=merge_gap)
+                    for fi, steps in sorted(ranges.items())}
+
+        return plan_time_series(self.files[0], num_samples=self.num_samples, time_start=self.time_start,
+                                file_offsets=self._offsets, sample_ndim=self.sample_ndim,
+                                history=None if fc is None else fc.history, lead=0 if fc is None else fc.lead,
+                                per_sample_shapes=self.sample_shape is None, steps_of=steps_of)
+
+    def _file_region(self, fi: int) -> Region:
+        """The window of a step of file ``fi``."""
+        return self.region if self.sample_shape is not None else self.region_of(self._frame_shapes[fi])
 
     def _kind_name(self) -> str:
         return "dataset"
@@ -565,6 +579,12 @@ class HDF5Source(_TimeSeriesSource):
 
         return open_hdf5_dataset(path, self.name, **self.h5_kwargs) + (path,)
 
+    def _plan_steps(self, fi: int, steps, **kw):
+        from dali_mesh.io.hdf5 import plan_hdf5_steps
+
+        return plan_hdf5_steps(self.files[fi], self.name, steps, self._file_region(fi), index_maps=self.index_maps,
+                               h5_kwargs=self.h5_kwargs, **kw)
+
     def _read_into(self, handle, region, out, local, shape) -> None:
         from dali_mesh.io.hdf5 import read_hdf5_window
 
@@ -597,6 +617,12 @@ class ZarrSource(_TimeSeriesSource):
         from dali_mesh.io.zarr import open_zarr_array
 
         return open_zarr_array(path, self.name)
+
+    def _plan_steps(self, fi: int, steps, **kw):
+        from dali_mesh.io.zarr import plan_zarr_steps
+
+        return plan_zarr_steps(self.files[fi], self.name, steps, self._file_region(fi), index_maps=self.index_maps,
+                               **kw)
 
     def _read_into(self, handle, region, out, local, shape) -> None:
         from dali_mesh.io.zarr import read_zarr_window

@@ -20,6 +20,7 @@ from dali_mesh.source import NumpySource
 dali = pytest.importorskip("nvidia.dali")
 from nvidia.dali import types  # noqa: E402
 
+from dali_mesh.io.read_plan import PlanSet  # noqa: E402
 from dali_mesh.pipeline import native  # noqa: E402
 from tests.oracles import SEED, random_array  # noqa: E402
 from tests.native_helpers import dali_gpus, mesh_of  # noqa: E402
@@ -40,7 +41,7 @@ def check():
     fn.restype = ctypes.c_int64
     fn.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p, ctypes.c_int64]
 
-    def run(plan: native.NativePlan, directory) -> tuple[int, int]:
+    def run(plan: PlanSet, directory) -> tuple[int, int]:
         path = plan.write(str(directory))
         host_only = ctypes.c_int64(0)
         err = ctypes.create_string_buffer(1024)

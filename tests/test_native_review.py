@@ -23,6 +23,7 @@ from dali_mesh.source import NumpySource
 dali = pytest.importorskip("nvidia.dali")
 from nvidia.dali import fn, pipeline_def, types  # noqa: E402
 
+from dali_mesh.io.read_plan import CHECK_JSON, AxisProgram, PlanFile, PlanSet, ReadPlan  # noqa: E402
 from dali_mesh.pipeline import native  # noqa: E402
 from tests.oracles import SEED, random_array  # noqa: E402
 from tests.native_helpers import mesh_of, needs_read_windows  # noqa: E402
@@ -101,25 +102,19 @@ def test_many_chunk_zarr_batch_reads_under_a_low_open_file_limit(tmp_path):
 
 # ---- 2: checksum-valid plans that index outside their arrays are refused --------------------------
 def _plan(ndim, itemsize, swap, fortran, shape, fo, do, ub, gb, ge, check=b"", check_off=0, fill=b"", axes=None):
-    N = native
-    out = [N._ints(ndim, itemsize, swap, fortran), N._arr(shape), N._ints(len(fo), len(gb)), N._arr(fo),
-           N._arr(do), N._arr(ub), N._arr(gb), N._arr(ge), N._ints(check_off), N._bytes(check), N._bytes(fill)]
-    for a in (axes or [([], [], [])] * ndim):
-        out += [N._ints(len(a[0])), N._arr(a[0]), N._arr(a[1]), N._ints(len(a[2])), N._arr(a[2])]
-    return b"".join(out)
+    """A plan as given, checked by nothing here (``ndim`` is ``len(shape)``)."""
+    assert ndim == len(shape)
+    ints = [np.asarray(v, np.int64) for v in (fo, do, ub, gb, ge)]
+    programs = tuple(AxisProgram(*(np.asarray(v, np.int64) for v in a)) for a in (axes or [([], [], [])] * ndim))
+    return ReadPlan(itemsize, swap, fortran, tuple(shape), *ints, check_off, check, fill, programs)
 
 
 def _plan_file(path, plans, files, items):
-    N = native
-    out = [N.PLAN_MAGIC, N._ints(len(plans), len(files), len(items))]
-    for p, s in files:
-        out += [N._bytes(os.fsencode(p)), N._ints(s)]
-    out += plans
-    for fin, parts in items:
-        out += [N._ints(fin, len(parts)), N._arr(parts)]
-    body = b"".join(out)
+    """A plan file of exactly these plans, files and items (the typed objects' own encoding)."""
+    plan_set = PlanSet(np.dtype(np.float32), 1, plans=list(plans), files=[PlanFile(p, s) for p, s in files])
+    plan_set.items = items
     with open(path, "wb") as f:
-        f.write(body + N._checksum(body[8:]))
+        f.write(plan_set.to_bytes())
     return str(path)
 
 
@@ -393,7 +388,7 @@ def test_canonical_json_agrees_with_the_reader(tmp_path, text):
     canon = native._canonical_json(text)
     assert canon is not None
     read = _plan(1, 4, 0, 0, [4], [0], [0], [16], [0], [1])
-    check = _plan(1, 4, 0, 0, [4], [], [], [], [], [], check=canon, check_off=native.CHECK_JSON)
+    check = _plan(1, 4, 0, 0, [4], [], [], [], [], [], check=canon, check_off=CHECK_JSON)
     path = _plan_file(tmp_path / "p.plan", [read, check], [(str(data), 16), (str(meta), -1)],
                       [(0, [(0, 0, 0, 0), (1, 1, 0, 0)])])
     import json

@@ -146,12 +146,14 @@ def test_many_chunked_hdf5_steps_plan_per_chunk_layout(tmp_path, monkeypatch):
                  boundary="reflect")
     src = HDF5Source([path], "x", lay, batch_size=16, shuffle=True, seed=3)
     calls = []
-    real = native.plan_npy_reads
-    monkeypatch.setattr(native, "plan_npy_reads", lambda *a, **k: calls.append(1) or real(*a, **k))
+    from dali_mesh.io import chunks
+
+    real = chunks.plan_npy_reads
+    monkeypatch.setattr(chunks, "plan_npy_reads", lambda *a, **k: calls.append(1) or real(*a, **k))
     (plan,) = native.plan_windows(src)
     assert 0 < len(calls) <= 4  # the window's chunk pieces (2 chunks of 4 columns, 1 of 3 channels)
     # a finishing plan, then one merged plan per layout of the chunks relative to each other
-    assert 2 <= len(plan.plans) <= 1 + native.MAX_MERGED_LAYOUTS
+    assert 2 <= len(plan.plans) <= 1 + chunks.MAX_MERGED_LAYOUTS
     assert plan.num_items == 20000
     assert {len(parts) for _, parts in plan.items[:100]} == {1}  # one read part per step
 
@@ -180,7 +182,9 @@ def test_chunked_hdf5_forecast_items(tmp_path, monkeypatch, chunks, merge):
     from dali_mesh.source import ForecastSpec, HDF5Source
 
     if not merge:
-        monkeypatch.setattr(native, "MAX_MERGED_LAYOUTS", 0)
+        from dali_mesh.io import chunks as io_chunks
+
+        monkeypatch.setattr(io_chunks, "MAX_MERGED_LAYOUTS", 0)
 
     files, data = [], []
     for i, steps in enumerate((7, 6)):

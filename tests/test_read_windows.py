@@ -177,9 +177,8 @@ def test_plan_reads_only_the_window(tmp_path):
     src = NumpySource(files, layout, batch_size=1)
     plan = native.plan_source(src)
     assert plan.window_shapes == [(2, 16, 256)]
-    body = np.frombuffer(plan.plans[0], "<i8")
-    n_units, n_groups = body[4 + 3], body[4 + 3 + 1]
-    ub = body[4 + 3 + 2 + 2 * n_units: 4 + 3 + 2 + 3 * n_units]
+    p = plan.plans[0]
+    n_units, n_groups, ub = len(p.file_off), len(p.group_begin), p.unit_bytes
     assert (n_units, n_groups) == (2, 2) and ub.sum() == 2 * 16 * 256 * 4
 
 

@@ -332,3 +332,24 @@ def window_out(path: str, region, out: np.ndarray | None, dtype: np.dtype) -> np
     if tuple(out.shape) != region.window_shape or out.dtype != dtype:
         raise ValueError(f"{path}: out has shape {out.shape} and dtype {out.dtype}; expected {region.window_shape} {dtype}")
     return out
+
+
+def check_frame(shape, path) -> None:
+    """A sample needs at least one axis and one cell: a 0-d or empty array is no sample."""
+    if len(shape) == 0:
+        raise DataFileError(path, "holds a 0-d array (shape ()): a sample needs at least one axis")
+    if any(s == 0 for s in shape):
+        raise DataFileError(path, f"holds an empty array (shape {tuple(shape)}): a sample needs at least one cell")
+
+
+def apply_index_maps(shape: tuple[int, ...], maps, path) -> tuple[int, ...]:
+    """The sample shape after ``maps`` (axis -> indices read, e.g. a channel subset), every index
+    checked against the file's ``shape``."""
+    shape = list(shape)
+    for a, m in (maps or {}).items():
+        if not -len(shape) <= a < len(shape):
+            raise DataFileError(path, f"channel axis {a} is out of range for sample shape {tuple(shape)}")
+        if m.min() < 0 or m.max() >= shape[a]:
+            raise DataFileError(path, f"channels {m.tolist()} are out of range for axis {a} of size {shape[a]}")
+        shape[a] = len(m)
+    return tuple(shape)

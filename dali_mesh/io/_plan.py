@@ -21,14 +21,14 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from dali_mesh.io._common import normalise_index_maps
+from dali_mesh.io._common import IOStats, check_expected, check_region_fits, normalise_index_maps, window_out
 from dali_mesh.partition import Region, boundary_index, check_fill_value
 
-__all__ = ["AxisPlan", "WindowPlan", "plan_window"]
+__all__ = ["AxisPlan", "WindowPlan", "fill_window", "plan_window"]
 
 
 @dataclass(frozen=True)
@@ -156,6 +156,21 @@ class WindowPlan:
             yield (tuple(slice(s, s + n) for s, n in zip(wst, ln)),
                    pre + tuple(slice(s, s + n) for s, n in zip(fst, ln)))
 
+    @classmethod
+    def reads_only(cls, window_shape: Sequence[int], box=None) -> "WindowPlan":
+        """A plan of ``window_shape`` with no boundary program: every cell read, nothing copied or
+        filled; with ``box = (window_start, file_start, lengths)`` that one box is all it reads
+        (one chunk's piece of a window)."""
+        empty = np.empty(0, np.int64)
+        reads = [()] * len(window_shape) if box is None else [((w, f, n),) for w, f, n in zip(*box)]
+        return cls(tuple(AxisPlan(int(s), r, empty, empty, empty) for s, r in zip(window_shape, reads)), 0)
+
+    def stacked(self, steps: int) -> "WindowPlan":
+        """``steps`` windows of this plan on a new leading axis (a forecast's steps), the step axis
+        without boundary cells."""
+        empty = np.empty(0, np.int64)
+        return WindowPlan((AxisPlan(int(steps), (), empty, empty, empty),) + self.axes, self.fill_value)
+
     def finish(self, out: np.ndarray) -> None:
         """Copies and fills, axis by axis, after every box is read into ``out``."""
         if self.empty:
@@ -190,3 +205,29 @@ def plan_window(
         for a in range(region.ndim)
     )
     return WindowPlan(axes, region.fill_value)
+
+
+def fill_window(path: str, region: Region, out: np.ndarray | None, dtype: np.dtype, shape: tuple[int, ...],
+                read_box: Callable[[np.ndarray, tuple, tuple], None], local: IOStats, *,
+                prefix: Sequence[int] = (), index_maps: Mapping[int, Sequence[int]] | None = None,
+                expected_shape: Sequence[int] | None = None, expected_dtype=None, label: str = "",
+                unit: str = "file", contiguous: bool = False) -> tuple[np.ndarray, WindowPlan | None]:
+    """What every reader of a sample ``array[prefix]`` of ``shape`` (``dtype`` native) does around its
+    reads: check the sample against what is expected and the region against the sample, make (or
+    check) ``out``, call ``read_box(buffer, window index, array index)`` for each box of the plan,
+    then run the boundary program. ``contiguous``: the reads need a C-contiguous buffer (one is
+    staged when ``out`` is not). Returns ``(out, plan)``; ``plan`` is None for an empty window."""
+    check_expected(path, shape, dtype, expected_shape, expected_dtype, label=label, unit=unit)
+    check_region_fits(path, region, shape)
+    out = window_out(path, region, out, dtype)
+    local.window_bytes += out.nbytes
+    if out.size == 0:
+        return out, None
+    plan = plan_window(region, index_maps)
+    buf = out if not contiguous or out.flags.c_contiguous else np.empty(out.shape, dtype)
+    for dst, src in plan.slices(prefix):
+        read_box(buf, dst, src)
+    if buf is not out:
+        out[...] = buf
+    plan.finish(out)
+    return out, plan

@@ -19,6 +19,7 @@ claiming more data than the file holds) are reported naming the file and the dat
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import posixpath
 from typing import Mapping, Sequence
@@ -35,14 +36,14 @@ from dali_mesh.io._common import (
     UnsupportedFilterError,
     _account,
     check_dtype,
-    check_expected,
     check_regular_file,
-    check_region_fits,
     native_dtype,
     sample_shape,
-    window_out,
 )
-from dali_mesh.io._plan import plan_window
+from dali_mesh.io._plan import fill_window, plan_window
+from dali_mesh.io.chunks import chunk_pieces, merge_pieces, piece_plans
+from dali_mesh.io.npy import StoredArray, plan_npy_reads
+from dali_mesh.io.read_plan import NotNativeError, PlanFile, PlanSet, ReadPlan, native_dtype_of, read_file_at
 from dali_mesh.partition import Region
 
 __all__ = ["open_hdf5_dataset", "only_dataset_name", "read_hdf5_window", "hdf5_sample_info"]
@@ -252,32 +253,143 @@ def read_hdf5_window(
     """
     path = path or dataset.file.filename
     local = IOStats()
+
+    def read_box(buf, dst, src):
+        try:
+            dataset.read_direct(buf, source_sel=src, dest_sel=dst)
+        except OSError as e:
+            if "filter" in str(e).lower():  # a filter missing or failing is not truncation
+                raise DataFileError(path, f"reading dataset {dataset.name} failed in an HDF5 filter ({e}); "
+                                    "install the filter's plugin, or the chunk is corrupt") from None
+            raise DataFileError(path, f"reading dataset {dataset.name} failed ({e}); the file is truncated or corrupt") from None
+        local.read_calls += 1
+
     try:
         _, native, _ = hdf5_sample_info(dataset, len(prefix))
         shape = sample_shape(path, dataset.shape, prefix, index_maps,
                              f"dataset {dataset.name} of shape {dataset.shape}")
-        check_expected(path, shape, native, expected_shape, expected_dtype, label=f"dataset {dataset.name}: ")
-        check_region_fits(path, region, shape)
-        out = window_out(path, region, out, native)
-        local.window_bytes += out.nbytes
-        if out.size == 0:
-            return out
-        plan = plan_window(region, index_maps)
-        stage = out if out.flags.c_contiguous else np.empty(out.shape, native)
-        for dst, src in plan.slices(prefix):
-            try:
-                dataset.read_direct(stage, source_sel=src, dest_sel=dst)
-            except OSError as e:
-                if "filter" in str(e).lower():  # a filter missing or failing is not truncation
-                    raise DataFileError(path, f"reading dataset {dataset.name} failed in an HDF5 filter ({e}); "
-                                        "install the filter's plugin, or the chunk is corrupt") from None
-                raise DataFileError(path, f"reading dataset {dataset.name} failed ({e}); the file is truncated or corrupt") from None
-            local.read_calls += 1
-        if count_chunks:
+        out, plan = fill_window(path, region, out, native, shape, read_box, local, prefix=prefix,
+                                index_maps=index_maps, expected_shape=expected_shape, expected_dtype=expected_dtype,
+                                label=f"dataset {dataset.name}: ", contiguous=True)
+        if count_chunks and plan is not None:
             local.bytes_read += _chunk_bytes(dataset, tuple(int(p) for p in prefix), plan.boxes())
-        if stage is not out:
-            out[...] = stage
-        plan.finish(out)
         return out
     finally:
         _account(stats, local)
+
+
+# ---- the native reader's plan ---------------------------------------------------------------------
+def _header_check(ds, path) -> tuple[int, bytes]:
+    """``(offset, bytes)`` of the first chunk of the dataset's object header (its dataspace,
+    datatype and storage layout messages: shape, dtype, data address, chunking): the operator
+    checks them at every read, so a file rewritten with another layout since the plan is refused."""
+    import h5py
+
+    addr = int(h5py.h5o.get_info(ds.id).addr)
+    head = read_file_at(path, addr, 64)
+    if head[:4] == b"OHDR":  # version 2: signature, version, flags, [times], [phase change], chunk 0 size
+        flags = head[5]
+        pos = 6 + (16 if flags & 0x20 else 0) + (4 if flags & 0x10 else 0)
+        width = 1 << (flags & 3)
+        size = pos + width + int.from_bytes(head[pos:pos + width], "little") + 4  # + checksum
+    elif head[:1] == b"\x01":  # version 1: 16-byte prefix, chunk 0 size at byte 8
+        size = 16 + int.from_bytes(head[8:12], "little")
+    else:
+        raise NotNativeError(f"{path}: dataset {ds.name!r}: object header of unknown version at byte {addr}")
+    check = read_file_at(path, addr, size)
+    if len(check) != size:
+        raise NotNativeError(f"{path}: dataset {ds.name!r}: object header at byte {addr} runs past the end of the file")
+    return addr, check
+
+
+def _chunk_offsets(ds) -> dict:
+    """``{chunk's first element: (byte offset, stored bytes)}`` of every chunk written. One pass over
+    the chunk index (``chunk_iter``): looking chunks up one by one costs time that grows with
+    their number, per lookup."""
+    out = {}
+    if hasattr(ds.id, "chunk_iter"):
+        ds.id.chunk_iter(lambda c: out.__setitem__(tuple(c.chunk_offset), (c.byte_offset, c.size)))
+        return out
+    for i in range(ds.id.get_num_chunks()):  # pragma: no cover - HDF5 < 1.12.3
+        c = ds.id.get_chunk_info(i)
+        out[tuple(c.chunk_offset)] = (c.byte_offset, c.size)
+    return out
+
+
+def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region, *, plans_of, budget,
+                    index_maps=None, merge_gap: int, h5_kwargs: Mapping | None = None):
+    """The native reads of steps ``[first, stop)`` (``steps``) along axis 0 of dataset ``name`` of
+    ``path``, each step's window ``region``: ``(parts, finish, wplan)``, ``parts`` an array
+    ``(steps, parts per step, 3)`` of ``(file, plan, base)`` into the :class:`PlanSet`
+    ``plans_of(native dtype)``, ``finish`` the plan that finishes a step's window, ``wplan`` its
+    window plan; ``budget(n)`` is told how many parts (see :func:`dali_mesh.io.chunks.plan_time_series`).
+
+    Contiguous datasets: one plan, a base offset per step. Chunked datasets without filters: one
+    part per box and chunk touched, its plan shared by every step (the units relative to the
+    chunk's first step), its base the chunk's offset plus the step's place in the chunk: the plans
+    are as many as the chunks one window touches, whatever the number of steps. Anything else
+    (filters, external or virtual storage, chunks never written) is :class:`NotNativeError`."""
+    l0, l1 = steps
+    locals_ = np.arange(l0, l1, dtype=np.int64)
+    f, ds = open_hdf5_dataset(path, name, **(h5_kwargs or {}))
+    try:
+        dcpl = ds.id.get_create_plist()
+        if dcpl.get_nfilters():
+            raise NotNativeError(f"{path}: dataset {name!r} is compressed or filtered "
+                                 f"({dcpl.get_nfilters()} filters); it is decoded by partitioned_source")
+        if ds.external or ds.is_virtual:
+            raise NotNativeError(f"{path}: dataset {name!r} has external or virtual storage")
+        if not os.path.samefile(ds.file.filename, path):
+            # an external link (allow_external=True): the offsets are in another file
+            raise NotNativeError(f"{path}: dataset {name!r} lives in {ds.file.filename} "
+                                 "(an external link)")
+        plans: PlanSet = plans_of(native_dtype_of(ds.dtype, path))
+        check_at, check = _header_check(ds, path)
+        frame = tuple(ds.shape[1:])
+        wplan = plan_window(region, index_maps)
+        shape = wplan.window_shape
+        fidx = len(plans.files)
+        plans.files.append(PlanFile(path, os.path.getsize(path)))
+        if ds.chunks is None:
+            budget(locals_.size)
+            offset = ds.id.get_offset()
+            if offset is None:
+                raise NotNativeError(f"{path}: dataset {name!r} has no stored data (never written)")
+            fo, do, ub, groups = plan_npy_reads(StoredArray(frame, ds.dtype), wplan, (), merge_gap)
+            pidx = plans.add_plan(ReadPlan.from_units(wplan, ds.dtype, False, fo, do, ub, groups, check, check_at))
+            step_bytes = math.prod(frame) * ds.dtype.itemsize
+            parts = np.stack([np.full_like(locals_, fidx), np.full_like(locals_, pidx),
+                              int(offset) + locals_ * step_bytes], -1)[:, None, :]
+            return parts, pidx, wplan
+        chunks = tuple(int(c) for c in ds.chunks)
+        ct, chunk_bytes = chunks[0], math.prod(chunks) * ds.dtype.itemsize
+        step_stride = math.prod(chunks[1:]) * ds.dtype.itemsize  # one step inside a chunk
+        finish = plans.add_plan(ReadPlan.finishing(wplan, ds.dtype))
+        pieces = chunk_pieces(wplan, chunks, ds.dtype, merge_gap)
+        budget(locals_.size * len(pieces))
+        offsets = _chunk_offsets(ds) if pieces else {}
+        first_chunk = l0 // ct
+        chunk_ids = np.arange(first_chunk, (l1 - 1) // ct + 1, dtype=np.int64)
+        parts = np.empty((locals_.size, len(pieces), 3), np.int64)
+        for j, (_, coords) in enumerate(pieces):
+            base = np.empty(chunk_ids.size, np.int64)
+            for k, c in enumerate(chunk_ids):
+                coord = (int(c) * ct,) + tuple(i * n for i, n in zip(coords, chunks[1:]))
+                info = offsets.get(coord)
+                if info is None or info[0] is None:
+                    raise NotNativeError(f"{path}: chunk {coord} of dataset {ds.name} was never written "
+                                         "(it reads as fill values)")
+                if info[1] != chunk_bytes:
+                    raise NotNativeError(f"{path}: chunk {coord} of dataset {ds.name} is stored in "
+                                         f"{info[1]} bytes, not as raw data")
+                base[k] = info[0]
+            parts[:, j, 0] = fidx
+            parts[:, j, 2] = base[locals_ // ct - first_chunk] + (locals_ % ct) * step_stride
+        merged = merge_pieces(parts, pieces, plans, shape, ds.dtype, merge_gap, check, check_at)
+        if merged is None:
+            parts[:, :, 1] = piece_plans(pieces, plans, shape, ds.dtype, check, check_at)
+        else:
+            parts = merged
+        return parts, finish, wplan
+    finally:
+        f.close()

@@ -38,11 +38,14 @@ from dali_mesh.io._common import (
     DataFileError,
     HeaderError,
     IOStats,
+    ShapeMismatchError,
     TruncatedFileError,
     UnsupportedDtypeError,
     _account,
+    apply_index_maps,
     check_dtype,
     check_expected,
+    check_frame,
     native_dtype,
     open_regular_file,
     set_direct,
@@ -50,11 +53,15 @@ from dali_mesh.io._common import (
     window_out,
 )
 from dali_mesh.io._plan import WindowPlan, plan_window
+from dali_mesh.io.read_plan import PlanFile, PlanSet, ReadPlan, native_dtype_of
 from dali_mesh.partition import Region
 
 __all__ = [
     "DEFAULT_MERGE_GAP",
     "NpyHeader",
+    "StoredArray",
+    "group_units",
+    "plan_npy_files",
     "read_npy_header",
     "read_npy_window",
     "plan_npy_reads",
@@ -79,6 +86,18 @@ _WILLNEED_CHUNK = 512 << 10
 _DIRECT_CHUNK = 16 << 20  # largest O_DIRECT bounce read
 #: numpy's own limit on the number of axes (NPY_MAXDIMS in numpy 2); numpy refuses more.
 MAX_NDIM = 64
+
+
+@dataclass(frozen=True)
+class StoredArray:
+    """How an array lies in a file: ``shape``, ``dtype`` as stored (its byte order), C or Fortran
+    order, and the offset of element 0 (what :func:`plan_npy_reads` needs; a :class:`NpyHeader`
+    says the same of a ``.npy`` file)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fortran_order: bool = False
+    data_offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -258,7 +277,7 @@ def _units(file_shape, dst_shape, itemsize, data_offset, file_start, dst_start, 
     return data_offset + foff * itemsize, doff * itemsize, unit_cells * itemsize
 
 
-def plan_npy_reads(header: NpyHeader, plan: WindowPlan, prefix: Sequence[int] = (),
+def plan_npy_reads(header: NpyHeader | StoredArray, plan: WindowPlan, prefix: Sequence[int] = (),
                    merge_gap: int = DEFAULT_MERGE_GAP, page_merge: bool = True):
     """Byte ranges to read for ``plan`` from a file with ``header``.
 
@@ -291,10 +310,10 @@ def plan_npy_reads(header: NpyHeader, plan: WindowPlan, prefix: Sequence[int] = 
     fo, do, ub = np.concatenate(fo), np.concatenate(do), np.concatenate(ub)
     order = np.argsort(fo, kind="stable")
     fo, do, ub = fo[order], do[order], ub[order]
-    return fo, do, ub, _group(fo, ub, merge_gap, page_merge)
+    return fo, do, ub, group_units(fo, ub, merge_gap, page_merge)
 
 
-def _group(fo: np.ndarray, ub: np.ndarray, merge_gap: int, page_merge: bool) -> list[tuple[int, int]]:
+def group_units(fo: np.ndarray, ub: np.ndarray, merge_gap: int, page_merge: bool) -> list[tuple[int, int]]:
     """Runs of units (sorted by offset) to read in one call each."""
     if fo.size == 0:
         return []
@@ -425,7 +444,7 @@ def _read_mmap(fd, header: NpyHeader, plan: WindowPlan, prefix, out, stats: IOSt
             fo, _, ub, _ = plan_npy_reads(header, plan, prefix)
         else:
             fo, ub = units
-        groups = _group(fo, ub, 0, True)  # exactly the pages needed
+        groups = group_units(fo, ub, 0, True)  # exactly the pages needed
         if willneed and hasattr(mmap, "MADV_WILLNEED"):
             # start reading exactly the pages needed, in large requests, before faulting them in
             fo_l, ub_l = fo.tolist(), ub.tolist()
@@ -547,3 +566,102 @@ def read_npy_window(
     finally:
         os.close(fd)
         _account(stats, local)
+
+
+# ---- the native reader's plan ---------------------------------------------------------------------
+def _head_and_size(path: str, n: int) -> tuple[bytes, int]:
+    """The first ``n`` bytes and the size of ``path``, opened as the readers open files (read-only,
+    refusing anything but a regular file)."""
+    fd = _open(path)
+    try:
+        return os.pread(fd, n, 0), os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+
+
+def _npy_headers(files: Sequence[str], first: NpyHeader):
+    """Every file's ``(header, header bytes)``. A file whose header bytes and size equal those of a
+    header already parsed shares it (one small read, no parse); any other is parsed. Read on a few
+    threads when there are many, since cold storage answers many small reads at once faster than
+    one after another."""
+    with open(first.path, "rb") as f:
+        first_check = f.read(first.data_offset)
+    known = {first_check: first}  # header bytes -> parsed header (size checked per file)
+
+    def one(path):
+        try:
+            head, size = _head_and_size(path, 4096)
+        except OSError as e:
+            raise DataFileError(path, f"cannot be read ({e})") from None
+        # the header's length from its prefix (as numpy writes it: magic, version, length)
+        if len(head) >= 10 and head[6] in (1, 2, 3):
+            n = 10 + int.from_bytes(head[8:10], "little") if head[6] == 1 else \
+                12 + int.from_bytes(head[8:12], "little")
+            h = known.get(head[:n])
+            if h is not None and size == h.file_size:
+                return h, head[:n]
+        h = read_npy_header(path)
+        with open(h.path, "rb") as f:
+            check = f.read(h.data_offset)
+        known.setdefault(check, h)
+        return h, check
+
+    rest = files[1:]
+    if len(rest) <= 1024:
+        return [(first, first_check)] + [one(f) for f in rest]
+    from concurrent.futures import ThreadPoolExecutor
+
+    # a few long slices, not a task per file (a task costs more than a warm read)
+    step = -(-len(rest) // 8)
+    with ThreadPoolExecutor(8) as ex:
+        parts = list(ex.map(lambda i: [one(f) for f in rest[i:i + step]], range(0, len(rest), step)))
+    return [(first, first_check)] + [h for part in parts for h in part]
+
+
+def plan_npy_files(files: Sequence[str], *, region_of, index_maps=None, sample_shape=None, dtype=None,
+                   sample_ndim: int, merge_gap: int = DEFAULT_MERGE_GAP):
+    """The native plan of one sample per ``.npy`` file (a :class:`~dali_mesh.io.read_plan.PlanSet`,
+    one item per file).
+
+    One plan per distinct header (its bytes: shape, dtype with its byte order, C or Fortran order,
+    header length), so files that differ only in byte order or order are read natively, each by its
+    own plan, as the Python readers read them. Every header is read once here (one small read per
+    file); at every read the operator checks the file still holds the header planned for it.
+
+    Args:
+        region_of: the window of a sample of a given shape (``Layout.region``).
+        index_maps: channel subsets, as for :func:`read_npy_window`.
+        sample_shape, dtype: what every file must hold (after ``index_maps``), or ``None``: per-sample
+            shapes (a region per distinct header).
+        sample_ndim: the samples' number of axes.
+    """
+    first = read_npy_header(files[0])
+    native = native_dtype_of(first.dtype, files[0])
+    if sample_shape is not None:
+        shape = apply_index_maps(first.shape, index_maps, files[0])
+        if shape != sample_shape or native != dtype:
+            raise ShapeMismatchError(
+                files[0], f"shape {shape} {native} differs from the {sample_shape} {dtype} "
+                "the source was made with: the file changed; make the source again")
+    plans = PlanSet(native, sample_ndim)
+    plan_of_header: dict = {}
+    items = []
+    for i, (h, check) in enumerate(_npy_headers(files, first)):
+        if h.native_dtype != native:
+            raise ShapeMismatchError(h.path, f"dtype {h.native_dtype} differs from the first file's ({files[0]}) {native}")
+        if check not in plan_of_header:
+            check_frame(h.shape, h.path)
+            shape = apply_index_maps(h.shape, index_maps, h.path)
+            if sample_shape is not None and shape != sample_shape:
+                raise ShapeMismatchError(
+                    h.path, f"shape {shape} differs from the first file's ({files[0]}) {sample_shape}; "
+                    "make every file the same, or pass per_sample_shapes=True")
+            wplan = plan_window(region_of(shape), index_maps)
+            fo, do, ub, groups = plan_npy_reads(h, wplan, (), merge_gap)
+            plan_of_header[check] = plans.add_plan(
+                ReadPlan.from_units(wplan, h.dtype, h.fortran_order, fo, do, ub, groups, check))
+        k = plan_of_header[check]
+        plans.files.append(PlanFile(files[i], h.file_size))  # one entry per file: item i reads file i
+        items.append((k, [(i, k, 0, 0)]))
+    plans.items = items
+    return plans

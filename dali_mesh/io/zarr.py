@@ -9,6 +9,7 @@ would block zarr for ever); a missing chunk reads as the array's fill value, as 
 """
 from __future__ import annotations
 
+import math
 import os
 import stat
 from typing import Mapping, Sequence
@@ -24,16 +25,15 @@ from dali_mesh.io._common import (
     NotRegularFileError,
     _account,
     check_dtype,
-    check_expected,
-    check_region_fits,
     native_dtype,
     sample_shape,
-    window_out,
 )
-from dali_mesh.io._plan import plan_window
+from dali_mesh.io._plan import fill_window, plan_window
+from dali_mesh.io.chunks import chunk_pieces, piece_plans
+from dali_mesh.io.read_plan import CHECK_JSON, NotNativeError, PlanSet, ReadPlan, native_dtype_of, read_file_at
 from dali_mesh.partition import Region
 
-__all__ = ["open_zarr_array", "read_zarr_window"]
+__all__ = ["open_zarr_array", "plan_zarr_steps", "read_zarr_window"]
 
 _counting_store_cls = None
 _METADATA_KEYS = ("zarr.json", ".zarray")
@@ -184,29 +184,115 @@ def read_zarr_window(
     counter = getattr(store, "counter", None)
     before = counter.copy() if counter is not None else None
     local = IOStats()
+
+    def read_box(buf, dst, src):
+        try:
+            buf[dst] = array[src]
+        except DataFileError:
+            raise
+        except (OSError, ValueError, RuntimeError, TypeError, ZeroDivisionError) as e:
+            raise DataFileError(path, f"reading array {array.path or '/'} failed ({type(e).__name__}: {e}); "
+                                "a chunk is corrupt or unreadable") from None
+
     try:
         full = tuple(array.shape)
         native = native_dtype(array.dtype)
         shape = sample_shape(path, full, prefix, index_maps, f"array shape {full}")
-        check_expected(path, shape, native, expected_shape, expected_dtype, unit="store")
-        check_region_fits(path, region, shape)
-        out = window_out(path, region, out, native)
-        local.window_bytes += out.nbytes
-        if out.size == 0:
-            return out
-        plan = plan_window(region, index_maps)
-        for dst, src in plan.slices(prefix):
-            try:
-                out[dst] = array[src]
-            except DataFileError:
-                raise
-            except (OSError, ValueError, RuntimeError, TypeError, ZeroDivisionError) as e:
-                raise DataFileError(path, f"reading array {array.path or '/'} failed ({type(e).__name__}: {e}); "
-                                    "a chunk is corrupt or unreadable") from None
-        plan.finish(out)
+        out, _ = fill_window(path, region, out, native, shape, read_box, local, prefix=prefix, index_maps=index_maps,
+                             expected_shape=expected_shape, expected_dtype=expected_dtype, unit="store")
         return out
     finally:
         if counter is not None:
             local.bytes_read += counter.bytes_read - before.bytes_read
             local.read_calls += counter.read_calls - before.read_calls
         _account(stats, local)
+
+
+# ---- the native reader's plan ---------------------------------------------------------------------
+def _stored_dtype(arr, path) -> np.dtype:
+    """The dtype of the bytes in an uncompressed chunk file, or :class:`NotNativeError`."""
+    md = arr.metadata
+    if md.zarr_format == 2:
+        if md.compressor is not None or md.filters:
+            raise NotNativeError(f"{path}: Zarr array {arr.path!r} is compressed or filtered; it is decoded by "
+                                 "partitioned_source")
+        if md.order != "C":
+            raise NotNativeError(f"{path}: Zarr array {arr.path!r} stores chunks in order {md.order!r}")
+        return np.dtype(arr.dtype)
+    codecs = list(md.codecs)
+    if len(codecs) != 1 or type(codecs[0]).__name__ != "BytesCodec" or type(md.chunk_grid).__name__ != "RegularChunkGrid":
+        raise NotNativeError(f"{path}: Zarr array {arr.path!r} has codecs {[type(c).__name__ for c in codecs]} "
+                             "(compression, sharding or transposition); it is decoded by partitioned_source")
+    endian = getattr(codecs[0].endian, "value", None)
+    dtype = np.dtype(arr.dtype)
+    if dtype.itemsize > 1 and endian in ("little", "big"):
+        dtype = dtype.newbyteorder("<" if endian == "little" else ">")
+    return dtype
+
+
+def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region: Region, *, plans_of, budget,
+                    index_maps=None, merge_gap: int):
+    """The native reads of steps ``[first, stop)`` along axis 0 of the Zarr array ``name`` of the
+    local store ``store`` (uncompressed v2/v3), as :func:`dali_mesh.io.hdf5.plan_hdf5_steps`: per
+    step the array's metadata file (checked, nothing read), then one part per box and chunk file
+    touched (every chunk file is a raw C-order array of the full chunk shape), its plan shared by
+    every step, its base the step's place in the chunk; then a finishing plan (boundary cells).
+    Every chunk file needed is looked at once (its size): a missing one is :class:`NotNativeError`
+    (``partitioned_source`` reads it as fill values)."""
+    from dali_mesh import _kernels  # the canonical form of the metadata is the reader's own code
+
+    l0, l1 = steps
+    locals_ = np.arange(l0, l1, dtype=np.int64)
+    arr = open_zarr_array(store, name)  # a local directory store (LocalStore) at `store`
+    root = os.fspath(store)
+    stored = _stored_dtype(arr, store)
+    plans: PlanSet = plans_of(native_dtype_of(stored, store))
+    chunks = tuple(int(c) for c in arr.chunks)
+    ct = chunks[0]
+    chunk_bytes = math.prod(chunks) * stored.itemsize
+    step_stride = math.prod(chunks[1:]) * stored.itemsize
+    wplan = plan_window(region, index_maps)
+    shape = wplan.window_shape
+    finish = plans.add_plan(ReadPlan.finishing(wplan, stored))
+    # the array's metadata file, checked whole at every read (a part that reads nothing): chunk
+    # files of an array rewritten with another shape, chunking or dtype are refused, not read
+    folder = os.path.join(root, *arr.path.split("/")) if arr.path else root
+    meta = os.path.join(folder, ".zarray" if arr.metadata.zarr_format == 2 else "zarr.json")
+    try:
+        meta_bytes = read_file_at(meta, 0, 1 << 30)
+    except OSError as e:
+        raise NotNativeError(f"{store}: the metadata file {meta} cannot be read ({e})") from None
+    # in canonical form, attributes left out: adding one (z.attrs[...] = ...) rewrites zarr.json
+    # but not the chunks, so the reads go on; any other change is refused
+    canon = _kernels.canonical_json(meta_bytes)
+    if canon is None:
+        raise NotNativeError(f"{meta}: the metadata file is not one JSON object")
+    meta_plan = plans.add_plan(ReadPlan.reads_only(shape, stored, [], [], [], [], canon, CHECK_JSON))
+    meta_file = plans.add_file(meta)  # its size changes with its attributes: not checked
+    pieces = chunk_pieces(wplan, chunks, stored, merge_gap)
+    piece_ids = piece_plans(pieces, plans, shape, stored)
+    budget(locals_.size * (1 + len(pieces)))
+    first_chunk = l0 // ct
+    chunk_ids = range(first_chunk, (l1 - 1) // ct + 1)
+    parts = np.empty((locals_.size, 1 + len(pieces), 3), np.int64)
+    parts[:, 0] = (meta_file, meta_plan, 0)
+    for j, ((_, coords), pidx) in enumerate(zip(pieces, piece_ids)):
+        files = np.empty(len(chunk_ids), np.int64)
+        for k, c in enumerate(chunk_ids):
+            key = arr.metadata.encode_chunk_key((c,) + coords)
+            path = os.path.join(folder, *key.split("/"))
+            fidx = plans.file_index.get(path)
+            if fidx is None:
+                try:
+                    size = os.stat(path).st_size
+                except FileNotFoundError:
+                    raise NotNativeError(f"{path}: chunk file missing (it reads as fill values)") from None
+                if size != chunk_bytes:
+                    raise NotNativeError(f"{path}: chunk file of {size} bytes, not the {chunk_bytes} of a "
+                                         "raw chunk")
+                fidx = plans.add_file(path, chunk_bytes)
+            files[k] = fidx
+        parts[:, 1 + j, 0] = files[locals_ // ct - first_chunk]
+        parts[:, 1 + j, 1] = pidx
+        parts[:, 1 + j, 2] = (locals_ % ct) * step_stride
+    return parts, finish, wplan

@@ -1,0 +1,211 @@
+"""Native plans of chunked arrays and of time series (HDF5 datasets and Zarr arrays whose axis 0 is
+the step), shared by :mod:`dali_mesh.io.hdf5` and :mod:`dali_mesh.io.zarr`.
+
+A window is cut by the chunk grid of the axes after the step axis into pieces, one per chunk it
+touches; each piece's reads are planned once for a chunk's first step (:func:`chunk_pieces`) and
+shared by every step (a part's base offset says where its chunk lies and which step of it). The
+per-step work is numpy arithmetic on those bases, so 20,000 steps plan in a fraction of a second:
+:func:`plan_time_series` turns the per-file parts of the steps into one item per sample (a window,
+or a forecast's stacked input and target steps).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+
+from dali_mesh.io._plan import WindowPlan
+from dali_mesh.io.npy import StoredArray, group_units, plan_npy_reads
+from dali_mesh.io.read_plan import NotNativeError, PlanSet, ReadPlan
+
+__all__ = ["MAX_MERGED_LAYOUTS", "MAX_NATIVE_PARTS", "MAX_NATIVE_SAMPLES", "chunk_pieces", "merge_pieces",
+           "piece_plans", "plan_time_series"]
+
+#: The most samples (and parts: reads of one file or chunk, over all samples) the native reader
+#: plans; a source with more (a file claiming 2**31 steps, say) is read by ``partitioned_source``,
+#: whose sample order and reads cost nothing per step until a step is read. The plan file holds 2
+#: words per sample and 4 per part: at the limits about 80 MB, written once per process.
+MAX_NATIVE_SAMPLES = 1 << 20
+MAX_NATIVE_PARTS = 1 << 21
+#: chunked HDF5: at most this many merged plans per file (steps whose chunks lie at the same
+#: relative offsets share one); a file with more layouts keeps a part per chunk piece
+MAX_MERGED_LAYOUTS = 64
+
+
+def _pieces(start: int, length: int, chunk: int):
+    """``(offset in the box, chunk index, start in the chunk, length)`` of a run cut by a chunk grid."""
+    out, pos = [], start
+    while pos < start + length:
+        c = pos // chunk
+        n = min(start + length, (c + 1) * chunk) - pos
+        out.append((pos - start, c, pos - c * chunk, n))
+        pos += n
+    return out
+
+
+def chunk_pieces(wplan: WindowPlan, chunks: Sequence[int], stored: np.dtype, merge_gap: int):
+    """The window's boxes cut by the chunk grid of the axes after the step axis: per piece, the
+    units ``(file offsets, window offsets, bytes, groups)`` read from a raw C-order chunk of shape
+    ``chunks`` for the chunk's first step (the units of step ``j`` of the chunk lie ``j``
+    step-strides further: the part's base says so), and the chunk indices of its axes after the
+    step axis."""
+    shape = wplan.window_shape
+    chunk = StoredArray(tuple(chunks), stored)
+    out = []
+    for wst, fst, ln in wplan.boxes():
+        per_axis = [_pieces(f, n, c) for f, n, c in zip(fst, ln, chunks[1:])]
+        for combo in itertools.product(*per_axis):
+            box = (tuple(w + p[0] for w, p in zip(wst, combo)), tuple(p[2] for p in combo),
+                   tuple(p[3] for p in combo))
+            out.append((plan_npy_reads(chunk, WindowPlan.reads_only(shape, box), (0,), merge_gap),
+                        tuple(p[1] for p in combo)))
+    return out
+
+
+def piece_plans(pieces, plans: PlanSet, shape, stored, check=b"", check_at=0) -> list[int]:
+    """A plan per chunk piece (its units, no boundary program)."""
+    return [plans.add_plan(ReadPlan.reads_only(shape, stored, fo, do, ub, groups, check, check_at))
+            for (fo, do, ub, groups), _ in pieces]
+
+
+def merge_pieces(parts, pieces, plans: PlanSet, shape, stored, merge_gap, check, check_at):
+    """Parts ``(steps, P, 3)`` of one file merged into one part per step where few layouts exist:
+    the steps whose pieces lie at the same offsets relative to each other (files written step by
+    step: all of them) share one plan reading all their units, merged into fewer reads, and the
+    file is opened and checked once per sample instead of once per piece. ``None`` if not worth it."""
+    n, p = parts.shape[:2]
+    if p < 2 or n == 0:
+        return None
+    bases = parts[:, :, 2]
+    b0 = bases.min(axis=1)
+    keys, inverse = np.unique(bases - b0[:, None], axis=0, return_inverse=True)
+    if len(keys) > MAX_MERGED_LAYOUTS:
+        return None
+    merged = []
+    for rel in keys:
+        fo = np.concatenate([u[0][0] + r for u, r in zip(pieces, rel)])
+        do = np.concatenate([u[0][1] for u in pieces])
+        ub = np.concatenate([u[0][2] for u in pieces])
+        order = np.argsort(fo, kind="stable")
+        fo, do, ub = fo[order], do[order], ub[order]
+        if np.any(fo[1:] < fo[:-1] + ub[:-1]):
+            return None  # chunks that share bytes (a crafted file): a plan's reads must be disjoint
+        merged.append(plans.add_plan(ReadPlan.reads_only(shape, stored, fo, do, ub,
+                                                         group_units(fo, ub, merge_gap, True), check, check_at)))
+    out = np.empty((n, 1, 3), np.int64)
+    out[:, 0, 0] = parts[:, 0, 0]
+    out[:, 0, 1] = np.asarray(merged, np.int64)[np.asarray(inverse).reshape(-1)]
+    out[:, 0, 2] = b0
+    return out
+
+
+def _item_words(finish: np.ndarray, parts: np.ndarray) -> np.ndarray:
+    """Encoded items: per row ``finish[i]``, the number of parts, then ``parts[i]`` (``(n, P, 4)``)."""
+    n, p = parts.shape[:2]
+    words = np.empty((n, 2 + 4 * p), np.int64)
+    words[:, 0] = finish
+    words[:, 1] = p
+    words[:, 2:] = parts.reshape(n, 4 * p)
+    return words.ravel()
+
+
+#: ``steps_of(plans_of, ranges, budget) -> {file index: (parts, finish, wplan)}``: the parts of the
+#: needed steps of each file (``parts`` an array ``(steps, parts per step, 3)`` of ``(file, plan,
+#: base)`` for the local steps ``ranges[file] = (first, stop)``), its finishing plan and window plan.
+#: ``plans_of(native dtype)`` gives the shared :class:`PlanSet`; ``budget(n)`` counts parts.
+StepsOf = Callable
+
+
+def plan_time_series(first_file: str, *, num_samples: int, time_start: int, file_offsets: np.ndarray,
+                     sample_ndim: int, history: int | None, lead: int, per_sample_shapes: bool,
+                     steps_of: StepsOf) -> tuple[PlanSet, ...]:
+    """The plans of a time series (samples along axis 0 across files): one :class:`PlanSet` per
+    output window (the window; or a forecast's input and, with a lead, target: steps stacked on a
+    new leading axis), sharing the plan and file tables.
+
+    Args:
+        first_file: named in messages.
+        num_samples, time_start: sample id ``i`` is the step ``time_start + i`` (global).
+        file_offsets: the global step of each file's first step, and the total (``len(files) + 1``).
+        sample_ndim: a step's number of axes.
+        history, lead: a forecast's steps (``history=None``: no forecast, one step per sample).
+        per_sample_shapes: the steps differ in shape (refused for forecasts).
+        steps_of: the format's planner of steps (see :data:`StepsOf`).
+    """
+    forecast = history is not None
+    if forecast and per_sample_shapes:
+        raise NotNativeError("a forecast with per-sample shapes is read by partitioned_source")
+    n_samples = int(num_samples)
+    if n_samples > MAX_NATIVE_SAMPLES:
+        raise NotNativeError(f"{first_file}: {n_samples} samples are more than the native reader plans "
+                             f"(dali_mesh.io.chunks.MAX_NATIVE_SAMPLES = {MAX_NATIVE_SAMPLES}); they are read by "
+                             "partitioned_source")
+    spans = [(0, 0)] if not forecast else [(-history, 0)] + ([(1, lead)] if lead else [])
+    k = history if forecast else 0
+    m = lead if forecast else 0
+    g0 = time_start - k  # global steps [g0, g1) are read by some sample
+    g1 = time_start + n_samples + m
+    ranges = {}
+    for fi in range(len(file_offsets) - 1):
+        a, b = max(g0, int(file_offsets[fi])), min(g1, int(file_offsets[fi + 1]))
+        if a < b:
+            ranges[fi] = (a - int(file_offsets[fi]), b - int(file_offsets[fi]))
+    reads = sum(hi - lo + 1 for lo, hi in spans)
+    used = [0]
+
+    def budget(n_parts: int) -> None:
+        # parts over the steps, times the steps per sample: what the items will hold
+        used[0] += n_parts
+        if used[0] * reads > MAX_NATIVE_PARTS:
+            raise NotNativeError(f"{first_file}: the samples read more than "
+                                 f"dali_mesh.io.chunks.MAX_NATIVE_PARTS = {MAX_NATIVE_PARTS} file parts "
+                                 "(chunks) in all; they are read by partitioned_source")
+
+    shared: list[PlanSet] = []
+
+    def plans_of(native_dtype) -> PlanSet:
+        if not shared:
+            shared.append(PlanSet(native_dtype, sample_ndim))
+        return shared[0]
+
+    steps = steps_of(plans_of, ranges, budget)
+    base = shared[0]
+    # per needed step (global step - g0): its file's parts and finishing plan
+    order = sorted(steps)
+    widths = {steps[fi][0].shape[1] for fi in order}
+    outs = []
+    for lo, hi in spans:
+        out = base.sharing_tables(sample_ndim + forecast)
+        if not forecast:
+            # one item per step, in order; files may differ in parts per step: encoded file by file
+            words = []
+            for fi in order:
+                parts, finish, _ = steps[fi]
+                p4 = np.zeros(parts.shape[:2] + (4,), np.int64)
+                p4[..., :3] = parts
+                words.append(_item_words(np.full(parts.shape[0], finish, np.int64), p4))
+            out.set_item_words(np.concatenate(words), n_samples)
+            outs.append(out)
+            continue
+        n = hi - lo + 1
+        wplan = steps[order[0]][2]
+        step_bytes = math.prod(wplan.window_shape) * base.dtype.itemsize
+        # the stacked window: a leading step axis without boundary cells, then the step's axes
+        finish = base.add_plan(ReadPlan.finishing(wplan.stacked(n), base.dtype))
+        rows = (np.arange(n_samples, dtype=np.int64) + (time_start - g0))[:, None] + np.arange(lo, hi + 1)
+        if len(widths) == 1:
+            table = np.concatenate([steps[fi][0] for fi in order])  # (steps, P, 3)
+            p = table.shape[1]
+            p4 = np.zeros((n_samples, n, p, 4), np.int64)
+            p4[..., :3] = table[rows]
+            p4[..., 3] = (np.arange(n, dtype=np.int64) * step_bytes)[None, :, None]
+            out.set_item_words(_item_words(np.full(n_samples, finish, np.int64), p4.reshape(n_samples, n * p, 4)),
+                               n_samples)
+        else:  # files chunked differently: steps with different numbers of parts
+            table = [row for fi in order for row in steps[fi][0]]
+            out.items = [(finish, [tuple(int(v) for v in q) + (j * step_bytes,)
+                                   for j, r in enumerate(rs) for q in table[r]]) for rs in rows]
+        outs.append(out)
+    return tuple(outs)
