@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 LIB_NAME = "libdali_mesh_kernels.so"
-#: the C API this module calls (csrc/c_api.cc dm_abi_version)
+#: the C API this module calls (csrc/c_api/c_api.cc dm_abi_version)
 ABI_VERSION = 3
 #: numpy dtype -> DALI type id (the ids the C API takes)
 DTYPE_IDS = {
@@ -261,7 +261,7 @@ class CudaLauncher:
         self.close()
 
 
-#: the conversion kernels of the GPU plan (csrc/slice_gpu.h ConvKind)
+#: the conversion kernels of the GPU plan (csrc/kernels/slice_gpu.h ConvKind)
 CONV_KINDS = {-1: "copy", 0: "generic", 1: "float32->float16", 2: "float32->float32",
               3: "uint8->float32", 4: "float16->float32"}
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "slice_args.h"
+#include "kernels/slice_args.h"
 
 namespace dali_mesh {
 

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "mesh_roi.h"
-#include "slice_args.h"
-#include "slice_cpu.h"
-#include "slice_gpu.h"
+#include "kernels/mesh_roi.h"
+#include "kernels/slice_args.h"
+#include "kernels/slice_cpu.h"
+#include "kernels/slice_gpu.h"
 
 #define DM_EXPORT extern "C" __attribute__((visibility("default")))
 
