@@ -1,12 +1,15 @@
 """ctypes access to ``libdali_mesh_kernels.so``, the DALI-free library built with the plugin.
 
-It runs the same host code and kernels as the DALI operators ``strided_slice`` and ``mesh_roi``:
+It runs the same host code and kernels as the DALI operators ``strided_slice``, ``mesh_roi`` and
+``read_windows`` (the read plans' loader and executor):
 
 * ``backend="cpu"``: the CPU kernel, as the DALI CPU operator runs it (one thread);
 * ``backend="emulate"``: the GPU kernel body run on the host thread by thread (the descriptors,
   vectorisation and index math that ship to the GPU, checked without one);
 * ``backend="cuda"``: the CUDA kernel on device pointers (torch or cupy memory), see
-  :func:`strided_slice_device`.
+  :func:`strided_slice_device`;
+* the read plans written by :mod:`dali_mesh.native`: :func:`check_device_fill`,
+  :func:`plan_tasks`.
 
 Used by the tests and ``benchmarks/kernel_bench.py``; numpy only (no DALI, no torch).
 """
@@ -33,12 +36,14 @@ __all__ = [
     "boundary_index",
     "fast_div",
     "gpu_plan_info",
+    "check_device_fill",
+    "plan_tasks",
     "CudaLauncher",
 ]
 
 LIB_NAME = "libdali_mesh_kernels.so"
 #: the C API this module calls (csrc/c_api/c_api.cc dm_abi_version)
-ABI_VERSION = 3
+ABI_VERSION = 4
 #: numpy dtype -> DALI type id (the ids the C API takes)
 DTYPE_IDS = {
     np.dtype(np.uint8): 0, np.dtype(np.uint16): 1, np.dtype(np.uint32): 2, np.dtype(np.uint64): 3,
@@ -72,11 +77,15 @@ def load() -> ctypes.CDLL:
             "`make`) from the repository root"
         )
     lib = ctypes.CDLL(str(path))
+    lib.dm_abi_version.restype = ctypes.c_int
+    # before the symbols are looked up: an older library lacks some of them
+    if lib.dm_abi_version() != ABI_VERSION:
+        raise KernelsError(f"{path} has ABI version {lib.dm_abi_version()}, expected {ABI_VERSION}: "
+                           "rebuild it (`pip install --no-build-isolation -e .`, or `make kernels`)")
     i64p = ctypes.POINTER(ctypes.c_int64)
     i32p = ctypes.POINTER(ctypes.c_int32)
     f32p = ctypes.POINTER(ctypes.c_float)
     vpp = ctypes.POINTER(ctypes.c_void_p)
-    lib.dm_abi_version.restype = ctypes.c_int
     lib.dm_has_cuda.restype = ctypes.c_int
     lib.dm_boundary_index.restype = ctypes.c_int64
     lib.dm_boundary_index.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
@@ -104,9 +113,12 @@ def load() -> ctypes.CDLL:
     lib.dm_floats_to_half.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     lib.dm_cuda_launcher_create.restype = ctypes.c_void_p
     lib.dm_cuda_launcher_destroy.argtypes = [ctypes.c_void_p]
-    if lib.dm_abi_version() != ABI_VERSION:
-        raise KernelsError(f"{path} has ABI version {lib.dm_abi_version()}, expected {ABI_VERSION}: "
-                           "rebuild it (`pip install --no-build-isolation -e .`, or `make kernels`)")
+    lib.dali_mesh_check_device_fill.restype = ctypes.c_int64
+    lib.dali_mesh_check_device_fill.argtypes = [ctypes.c_char_p, ctypes.c_int, i64p, ctypes.c_char_p,
+                                                ctypes.c_int64]
+    lib.dali_mesh_plan_tasks.restype = ctypes.c_int64
+    lib.dali_mesh_plan_tasks.argtypes = [ctypes.c_char_p, ctypes.c_int64, i64p, ctypes.c_char_p,
+                                         ctypes.c_int64]
     _lib = lib
     return lib
 
@@ -351,6 +363,33 @@ def boundary_index(r: int, n: int, mode: str) -> int:
 def fast_div(divisor: int, n: int) -> int:
     """``n // divisor`` computed by the kernels' multiply-high division (for tests)."""
     return int(load().dm_fast_div(int(divisor), int(n)))
+
+
+# ---- read plans (csrc/c_api/plan_api.cc) ------------------------------------------------------------
+def check_device_fill(plan_path: str, dtype) -> tuple[int, int]:
+    """``(checked, host_only)`` for the plan file at ``plan_path`` (items of ``dtype``): every plan
+    whose boundary program the GPU strided-slice kernel can run (DeviceFillProgram) finishes a
+    window of random bytes both ways, the host program and the kernel's host emulation, and must
+    agree byte for byte (``checked`` counts them); ``host_only`` counts the plans left to the host.
+    A mismatch or a plan file the loader refuses raises :class:`KernelsError`."""
+    host_only, err = ctypes.c_int64(0), ctypes.create_string_buffer(1024)
+    checked = load().dali_mesh_check_device_fill(os.fsencode(plan_path), DTYPE_IDS[np.dtype(dtype)],
+                                                 ctypes.byref(host_only), err, len(err))
+    if checked < 0:
+        raise KernelsError(err.value.decode(errors="replace"))
+    return int(checked), int(host_only.value)
+
+
+def plan_tasks(plan_path: str, task_bytes: int) -> tuple[int, int]:
+    """``(tasks, max_task)``: the plans of the plan file at ``plan_path`` split into read tasks as
+    the ``read_windows`` operator splits them (groups of at most about ``task_bytes``): the number of
+    tasks of all plans and the most file bytes one task spans."""
+    most, err = ctypes.c_int64(0), ctypes.create_string_buffer(1024)
+    n = load().dali_mesh_plan_tasks(os.fsencode(plan_path), int(task_bytes), ctypes.byref(most), err,
+                                    len(err))
+    if n < 0:
+        raise KernelsError(err.value.decode(errors="replace"))
+    return int(n), int(most.value)
 
 
 # ---- numpy reference (the oracle of the tests) ------------------------------------------------------

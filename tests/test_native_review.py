@@ -6,7 +6,6 @@ sample-id source O(1) per index. Subprocess tests are bounded by a timeout.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import subprocess
@@ -301,18 +300,11 @@ def test_short_reads_and_eintr_in_the_header_check_and_the_reads(tmp_path):
 
 # ---- 7: a large contiguous group read by several tasks -----------------------------------------------
 def _plan_tasks(plan_path, task_bytes):
-    from dali_mesh.fn import PLUGIN_PATH
+    from dali_mesh import _kernels
 
-    lib = ctypes.CDLL(str(PLUGIN_PATH))
-    if not hasattr(lib, "dali_mesh_plan_tasks"):
-        pytest.skip("the plugin has no dali_mesh_plan_tasks test hook: rebuild it")
-    f = lib.dali_mesh_plan_tasks
-    f.restype = ctypes.c_int64
-    f.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p, ctypes.c_int64]
-    most, err = ctypes.c_int64(0), ctypes.create_string_buffer(1024)
-    n = f(plan_path.encode(), task_bytes, ctypes.byref(most), err, 1024)
-    assert n >= 0, err.value.decode()
-    return n, most.value
+    if not _kernels.library_path().exists():
+        pytest.skip(f"{_kernels.library_path()} not built (pip install --no-build-isolation -e .)")
+    return _kernels.plan_tasks(plan_path, task_bytes)  # a refused plan raises KernelsError
 
 
 @pytest.mark.parametrize("order", ["C", "F"])

@@ -1,34 +1,29 @@
-// dali_mesh: the C entry points of the read plans' test hooks (see kernels/read_plan.h).
+// dali_mesh: the C entry points of the read plans (csrc/kernels/read_plan.h), in
+// libdali_mesh_kernels.so and bound in dali_mesh/_kernels.py: test hooks that run the plan
+// executor's pieces on a plan file written by dali_mesh.native.
+//
+// Every function returns a count (>= 0) on success, or -1 with a message in err[0..err_len).
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <exception>
 #include <string>
 #include <vector>
 
+#include "c_api/export.h"
 #include "kernels/read_plan.h"
 #include "kernels/slice_gpu.h"
 
-// ---- test hook: the device fill program against the host program, on the kernel's host emulation --
-
-extern "C" {
+using dali_mesh::c_api::Fail;
 
 // For every plan of the plan file at `plan_path`: a window of pseudo-random bytes (the cells read)
 // finished by the host program (FinishWindow) and, where DeviceFillProgram gives one, by the GPU
 // strided-slice kernel's host emulation (BuildGpuPlan + EmulateGpuPlan) into another buffer.
 // Returns the number of plans whose device program equals the host's byte for byte, or -1 (a
 // mismatch or an error, described in `err`); *host_only counts the plans left to the host.
-__attribute__((visibility("default"))) int64_t dali_mesh_check_device_fill(const char *plan_path, int dtype, int64_t *host_only, char *err,
-                                    int64_t err_len) {
-  auto fail = [&](const std::string &msg) -> int64_t {
-    if (err && err_len > 0) {
-      std::strncpy(err, msg.c_str(), err_len - 1);
-      err[err_len - 1] = '\0';
-    }
-    return -1;
-  };
+DM_EXPORT int64_t dali_mesh_check_device_fill(const char *plan_path, int dtype, int64_t *host_only,
+                                              char *err, int64_t err_len) {
   try {
-    using namespace dali_mesh;
+    using namespace dali_mesh;  // NOLINT
     PlanSet set = LoadPlanSet(plan_path);
     int64_t checked = 0;
     *host_only = 0;
@@ -53,31 +48,30 @@ __attribute__((visibility("default"))) int64_t dali_mesh_check_device_fill(const
       void *out[1] = {device.data()};
       GpuPlan gplan;
       std::string e = BuildGpuPlan({sample}, in, out, DeviceFillParams(plan, dtype), &gplan);
-      if (!e.empty()) return fail("plan " + std::to_string(k) + ": BuildGpuPlan: " + e);
+      if (!e.empty()) return Fail("plan " + std::to_string(k) + ": BuildGpuPlan: " + e, err, err_len);
       EmulateGpuPlan(gplan);
       if (host != device) {
         size_t i = 0;
         while (host[i] == device[i]) i++;
-        return fail("plan " + std::to_string(k) + ": the device fill differs from the host's at byte " +
-                    std::to_string(i));
+        return Fail("plan " + std::to_string(k) + ": the device fill differs from the host's at byte " +
+                        std::to_string(i),
+                    err, err_len);
       }
       checked++;
     }
     return checked;
   } catch (const std::exception &e) {
-    return fail(e.what());
+    return Fail(e.what(), err, err_len);
   }
 }
-
 
 // For every plan of the plan file at `plan_path`: its groups split as the operator splits them
 // (SplitLargeGroups, then SplitGroups with `task_bytes`). Returns the number of tasks of all plans
 // (-1 on an error, described in `err`); *max_task is the most file bytes one task spans.
-__attribute__((visibility("default"))) int64_t dali_mesh_plan_tasks(const char *plan_path, int64_t task_bytes,
-                                                                    int64_t *max_task, char *err,
-                                                                    int64_t err_len) {
+DM_EXPORT int64_t dali_mesh_plan_tasks(const char *plan_path, int64_t task_bytes, int64_t *max_task,
+                                       char *err, int64_t err_len) {
   try {
-    using namespace dali_mesh;
+    using namespace dali_mesh;  // NOLINT
     PlanSet set = LoadPlanSet(plan_path);
     int64_t n = 0;
     *max_task = 0;
@@ -91,12 +85,6 @@ __attribute__((visibility("default"))) int64_t dali_mesh_plan_tasks(const char *
     }
     return n;
   } catch (const std::exception &e) {
-    if (err && err_len > 0) {
-      std::strncpy(err, e.what(), err_len - 1);
-      err[err_len - 1] = '\0';
-    }
-    return -1;
+    return Fail(e.what(), err, err_len);
   }
 }
-
-}  // extern "C"

@@ -16,7 +16,6 @@
 #include <stdexcept>
 #include <utility>
 
-#include "kernels/slice_gpu.h"
 #include "kernels/str_format.h"
 
 namespace dali_mesh {
