@@ -8,7 +8,9 @@ It runs the same host code and kernels as the DALI operators ``strided_slice``, 
   vectorisation and index math that ship to the GPU, checked without one);
 * ``backend="cuda"``: the CUDA kernel on device pointers (torch or cupy memory), see
   :func:`strided_slice_device`;
-* the read plans written by :mod:`dali_mesh.native`: :func:`check_device_fill`,
+* the read plans written by :mod:`dali_mesh.native`: :func:`plan_dump` (a plan file as the C++
+  reader loads it), :func:`canonical_json` and :func:`plan_checksum` (the format's canonical JSON
+  and checksum, as the reader computes them), and the test hooks :func:`check_device_fill` and
   :func:`plan_tasks`.
 
 Used by the tests and ``benchmarks/kernel_bench.py``; numpy only (no DALI, no torch).
@@ -16,6 +18,7 @@ Used by the tests and ``benchmarks/kernel_bench.py``; numpy only (no DALI, no to
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 from pathlib import Path
 from typing import Sequence
@@ -36,6 +39,9 @@ __all__ = [
     "boundary_index",
     "fast_div",
     "gpu_plan_info",
+    "plan_dump",
+    "canonical_json",
+    "plan_checksum",
     "check_device_fill",
     "plan_tasks",
     "CudaLauncher",
@@ -43,7 +49,7 @@ __all__ = [
 
 LIB_NAME = "libdali_mesh_kernels.so"
 #: the C API this module calls (csrc/c_api/c_api.cc dm_abi_version)
-ABI_VERSION = 4
+ABI_VERSION = 5
 #: numpy dtype -> DALI type id (the ids the C API takes)
 DTYPE_IDS = {
     np.dtype(np.uint8): 0, np.dtype(np.uint16): 1, np.dtype(np.uint32): 2, np.dtype(np.uint64): 3,
@@ -119,6 +125,13 @@ def load() -> ctypes.CDLL:
     lib.dali_mesh_plan_tasks.restype = ctypes.c_int64
     lib.dali_mesh_plan_tasks.argtypes = [ctypes.c_char_p, ctypes.c_int64, i64p, ctypes.c_char_p,
                                          ctypes.c_int64]
+    lib.dali_mesh_plan_dump.restype = ctypes.c_int64
+    lib.dali_mesh_plan_dump.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_char_p,
+                                        ctypes.c_int64]
+    lib.dali_mesh_canonical_json.restype = ctypes.c_int64
+    lib.dali_mesh_canonical_json.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64]
+    lib.dali_mesh_plan_checksum.restype = ctypes.c_int
+    lib.dali_mesh_plan_checksum.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_uint64)]
     _lib = lib
     return lib
 
@@ -366,6 +379,61 @@ def fast_div(divisor: int, n: int) -> int:
 
 
 # ---- read plans (csrc/c_api/plan_api.cc) ------------------------------------------------------------
+def plan_dump(plan_path: str, *, size_hint: int = 1 << 16) -> dict:
+    """The plan file at ``plan_path`` as the C++ reader loads it (LoadPlanSet: checked, JSON checks
+    in canonical form): ``{"source", "plans", "files", "parts", "items"}``, every field of
+    ``PlanSet``, ``ReadPlan`` (``copy_dst``, ``copy_src``, ``fills``: one list per axis),
+    ``PlanFile``, ``PlanPart`` and ``PlanItem`` (csrc/kernels/read_plan.h) under its C++ name;
+    ``source``, ``path``, ``check`` and ``fill`` as ``bytes``. A plan file the reader refuses raises
+    :class:`KernelsError` with the reader's message. ``size_hint``: the first buffer's size (the
+    call is repeated once with the size the library asks for)."""
+    lib = load()
+    err = ctypes.create_string_buffer(1024)
+    size = max(int(size_hint), 1)
+    for _ in range(2):
+        out = ctypes.create_string_buffer(size)
+        n = lib.dali_mesh_plan_dump(os.fsencode(plan_path), out, size, err, len(err))
+        if n < 0:
+            raise KernelsError(err.value.decode(errors="replace"))
+        if n < size:
+            break
+        size = n + 1
+    else:
+        raise KernelsError(f"{plan_path}: the plan's dump grew between two calls (was the file rewritten?)")
+    dump = json.loads(out.raw[:n])
+    dump["source"] = bytes.fromhex(dump["source"])
+    for f in dump["files"]:
+        f["path"] = bytes.fromhex(f["path"])
+    for p in dump["plans"]:
+        p["check"], p["fill"] = bytes.fromhex(p["check"]), bytes.fromhex(p["fill"])
+    return dump
+
+
+def canonical_json(text: bytes) -> bytes | None:
+    """The canonical form of a JSON object's text, as the C++ reader compares a Zarr array's
+    metadata file with its plan (CanonicalJson), or ``None`` when ``text`` is not one JSON object."""
+    text = bytes(text)
+    lib = load()
+    size = len(text) + 2  # the canonical form is never longer than the text
+    out = ctypes.create_string_buffer(size)
+    n = lib.dali_mesh_canonical_json(text, len(text), out, size)
+    if n == -1:
+        return None
+    if n < 0 or n > size:
+        raise KernelsError(f"canonical_json: the library returned {n} for {len(text)} bytes of text")
+    return out.raw[:n]
+
+
+def plan_checksum(words: bytes) -> bytes:
+    """The plan file checksum (its last word, 8 little-endian bytes) of ``words``, a plan file's
+    bytes after the magic without the checksum, as the C++ reader verifies it."""
+    words = bytes(words)
+    out = ctypes.c_uint64(0)
+    if load().dali_mesh_plan_checksum(words, len(words), ctypes.byref(out)) != 0:
+        raise KernelsError(f"plan_checksum: {len(words)} bytes are not a whole number of 8-byte words")
+    return int(out.value).to_bytes(8, "little")
+
+
 def check_device_fill(plan_path: str, dtype) -> tuple[int, int]:
     """``(checked, host_only)`` for the plan file at ``plan_path`` (items of ``dtype``): every plan
     whose boundary program the GPU strided-slice kernel can run (DeviceFillProgram) finishes a

@@ -77,19 +77,6 @@ class Reader {
   size_t pos_ = 8;
 };
 
-// The plan file's checksum (dali_mesh.native._checksum): sum of word_i * k_i mod 2^64 over the
-// words after the magic, k_i odd, so that any change of one word changes the sum. Not
-// cryptographic: it catches corruption, not forgery (the plan directory is the user's own).
-uint64_t Checksum(const char *words, size_t n) {
-  uint64_t sum = 0;
-  for (size_t i = 0; i < n; i++) {
-    uint64_t w;
-    std::memcpy(&w, words + 8 * i, 8);
-    sum += w * ((static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull) | 1);
-  }
-  return sum;
-}
-
 int64_t Prod(const std::vector<int64_t> &v, size_t b, size_t e) {
   int64_t p = 1;
   for (size_t i = b; i < e; i++) p *= v[i];
@@ -148,6 +135,11 @@ void ReadPlanBody(Reader &r, ReadPlan *p) {
   if ((p->check_offset < 0 && p->check_offset != kCheckJson) ||
       p->check_offset > INT64_MAX - static_cast<int64_t>(p->check.size()))
     r.Bad("check offset " + std::to_string(p->check_offset));
+  if (p->check_offset == kCheckJson) {  // compared in canonical form at every read (OpenFile)
+    std::string canon;
+    if (!CanonicalJson(p->check, &canon)) r.Bad("a metadata check that is not one JSON object");
+    p->check = std::move(canon);
+  }
   p->fill = r.Bytes();
   // a fill value is one item (DeviceFillParams reads itemsize bytes of it), or none
   if (!p->fill.empty() && static_cast<int64_t>(p->fill.size()) != p->itemsize) r.Bad("fill value size");
@@ -262,6 +254,16 @@ void TransposeT(const char *stage, char *out, const std::vector<int64_t> &shape,
 
 int64_t ReadPlan::volume() const { return Prod(shape, 0, shape.size()); }
 
+uint64_t PlanChecksum(const char *words, size_t n_words) {
+  uint64_t sum = 0;
+  for (size_t i = 0; i < n_words; i++) {
+    uint64_t w;
+    std::memcpy(&w, words + 8 * i, 8);
+    sum += w * ((static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull) | 1);
+  }
+  return sum;
+}
+
 PlanSet LoadPlanSet(const std::string &path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) Fail(path + ": cannot open the plan file (" + Errno(errno) + "); it is written by "
@@ -276,7 +278,7 @@ PlanSet LoadPlanSet(const std::string &path) {
   {
     uint64_t want;
     std::memcpy(&want, data.data() + data.size() - 8, 8);
-    if (Checksum(data.data() + 8, data.size() / 8 - 2) != want)
+    if (PlanChecksum(data.data() + 8, data.size() / 8 - 2) != want)
       Fail(path + ": the plan file is corrupt (its checksum does not match its contents); it is "
            "written by dali_mesh.native: rebuild the pipeline");
     data.resize(data.size() - 8);
