@@ -10,7 +10,7 @@ DEPS := torch==2.13.0 numpy==2.4.6 nvidia-dali-cuda120==2.4.0 h5py==3.16.0 zarr=
         matplotlib==3.11.2 setuptools==84.2.1 wheel==0.48.0 cmake==4.4.5 ninja==1.13.2
 TEST_DEPS := pytest==9.2.0 pytest-timeout==2.4.0 hypothesis==6.170.17
 STAMP := $(VENV)/.deps-$(shell echo $(DEPS) $(TEST_DEPS) | cksum | cut -d' ' -f1)
-PLUGIN_SOURCES := $(wildcard csrc/* csrc/*/*) CMakeLists.txt setup.py
+PLUGIN_SOURCES := $(wildcard csrc/* csrc/*/* csrc/*/*/*) CMakeLists.txt setup.py
 INSTALLED := $(VENV)/.installed
 
 # `make kernels` builds only the DALI-free libdali_mesh_kernels.so (CPU kernel, host emulation of the

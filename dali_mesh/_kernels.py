@@ -1,18 +1,24 @@
 """ctypes access to ``libdali_mesh_kernels.so``, the DALI-free library built with the plugin.
 
-It runs the same host code and kernels as the DALI operators ``strided_slice`` and ``mesh_roi``:
+It runs the same host code and kernels as the DALI operators ``strided_slice``, ``mesh_roi`` and
+``read_windows`` (the read plans' loader and executor):
 
 * ``backend="cpu"``: the CPU kernel, as the DALI CPU operator runs it (one thread);
 * ``backend="emulate"``: the GPU kernel body run on the host thread by thread (the descriptors,
   vectorisation and index math that ship to the GPU, checked without one);
 * ``backend="cuda"``: the CUDA kernel on device pointers (torch or cupy memory), see
-  :func:`strided_slice_device`.
+  :func:`strided_slice_device`;
+* the read plans written by :mod:`dali_mesh.native`: :func:`plan_dump` (a plan file as the C++
+  reader loads it), :func:`canonical_json` and :func:`plan_checksum` (the format's canonical JSON
+  and checksum, as the reader computes them), and the test hooks :func:`check_device_fill` and
+  :func:`plan_tasks`.
 
 Used by the tests and ``benchmarks/kernel_bench.py``; numpy only (no DALI, no torch).
 """
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 from pathlib import Path
 from typing import Sequence
@@ -33,12 +39,17 @@ __all__ = [
     "boundary_index",
     "fast_div",
     "gpu_plan_info",
+    "plan_dump",
+    "canonical_json",
+    "plan_checksum",
+    "check_device_fill",
+    "plan_tasks",
     "CudaLauncher",
 ]
 
 LIB_NAME = "libdali_mesh_kernels.so"
-#: the C API this module calls (csrc/c_api.cc dm_abi_version)
-ABI_VERSION = 3
+#: the C API this module calls (csrc/c_api/c_api.cc dm_abi_version)
+ABI_VERSION = 5
 #: numpy dtype -> DALI type id (the ids the C API takes)
 DTYPE_IDS = {
     np.dtype(np.uint8): 0, np.dtype(np.uint16): 1, np.dtype(np.uint32): 2, np.dtype(np.uint64): 3,
@@ -72,11 +83,15 @@ def load() -> ctypes.CDLL:
             "`make`) from the repository root"
         )
     lib = ctypes.CDLL(str(path))
+    lib.dm_abi_version.restype = ctypes.c_int
+    # before the symbols are looked up: an older library lacks some of them
+    if lib.dm_abi_version() != ABI_VERSION:
+        raise KernelsError(f"{path} has ABI version {lib.dm_abi_version()}, expected {ABI_VERSION}: "
+                           "rebuild it (`pip install --no-build-isolation -e .`, or `make kernels`)")
     i64p = ctypes.POINTER(ctypes.c_int64)
     i32p = ctypes.POINTER(ctypes.c_int32)
     f32p = ctypes.POINTER(ctypes.c_float)
     vpp = ctypes.POINTER(ctypes.c_void_p)
-    lib.dm_abi_version.restype = ctypes.c_int
     lib.dm_has_cuda.restype = ctypes.c_int
     lib.dm_boundary_index.restype = ctypes.c_int64
     lib.dm_boundary_index.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
@@ -104,9 +119,19 @@ def load() -> ctypes.CDLL:
     lib.dm_floats_to_half.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     lib.dm_cuda_launcher_create.restype = ctypes.c_void_p
     lib.dm_cuda_launcher_destroy.argtypes = [ctypes.c_void_p]
-    if lib.dm_abi_version() != ABI_VERSION:
-        raise KernelsError(f"{path} has ABI version {lib.dm_abi_version()}, expected {ABI_VERSION}: "
-                           "rebuild it (`pip install --no-build-isolation -e .`, or `make kernels`)")
+    lib.dali_mesh_check_device_fill.restype = ctypes.c_int64
+    lib.dali_mesh_check_device_fill.argtypes = [ctypes.c_char_p, ctypes.c_int, i64p, ctypes.c_char_p,
+                                                ctypes.c_int64]
+    lib.dali_mesh_plan_tasks.restype = ctypes.c_int64
+    lib.dali_mesh_plan_tasks.argtypes = [ctypes.c_char_p, ctypes.c_int64, i64p, ctypes.c_char_p,
+                                         ctypes.c_int64]
+    lib.dali_mesh_plan_dump.restype = ctypes.c_int64
+    lib.dali_mesh_plan_dump.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_char_p,
+                                        ctypes.c_int64]
+    lib.dali_mesh_canonical_json.restype = ctypes.c_int64
+    lib.dali_mesh_canonical_json.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64]
+    lib.dali_mesh_plan_checksum.restype = ctypes.c_int
+    lib.dali_mesh_plan_checksum.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_uint64)]
     _lib = lib
     return lib
 
@@ -261,7 +286,7 @@ class CudaLauncher:
         self.close()
 
 
-#: the conversion kernels of the GPU plan (csrc/slice_gpu.h ConvKind)
+#: the conversion kernels of the GPU plan (csrc/kernels/slice_gpu.h ConvKind)
 CONV_KINDS = {-1: "copy", 0: "generic", 1: "float32->float16", 2: "float32->float32",
               3: "uint8->float32", 4: "float16->float32"}
 
@@ -351,6 +376,88 @@ def boundary_index(r: int, n: int, mode: str) -> int:
 def fast_div(divisor: int, n: int) -> int:
     """``n // divisor`` computed by the kernels' multiply-high division (for tests)."""
     return int(load().dm_fast_div(int(divisor), int(n)))
+
+
+# ---- read plans (csrc/c_api/plan_api.cc) ------------------------------------------------------------
+def plan_dump(plan_path: str, *, size_hint: int = 1 << 16) -> dict:
+    """The plan file at ``plan_path`` as the C++ reader loads it (LoadPlanSet: checked, JSON checks
+    in canonical form): ``{"source", "plans", "files", "parts", "items"}``, every field of
+    ``PlanSet``, ``ReadPlan`` (``copy_dst``, ``copy_src``, ``fills``: one list per axis),
+    ``PlanFile``, ``PlanPart`` and ``PlanItem`` (csrc/kernels/read_plan.h) under its C++ name;
+    ``source``, ``path``, ``check`` and ``fill`` as ``bytes``. A plan file the reader refuses raises
+    :class:`KernelsError` with the reader's message. ``size_hint``: the first buffer's size (the
+    call is repeated once with the size the library asks for)."""
+    lib = load()
+    err = ctypes.create_string_buffer(1024)
+    size = max(int(size_hint), 1)
+    for _ in range(2):
+        out = ctypes.create_string_buffer(size)
+        n = lib.dali_mesh_plan_dump(os.fsencode(plan_path), out, size, err, len(err))
+        if n < 0:
+            raise KernelsError(err.value.decode(errors="replace"))
+        if n < size:
+            break
+        size = n + 1
+    else:
+        raise KernelsError(f"{plan_path}: the plan's dump grew between two calls (was the file rewritten?)")
+    dump = json.loads(out.raw[:n])
+    dump["source"] = bytes.fromhex(dump["source"])
+    for f in dump["files"]:
+        f["path"] = bytes.fromhex(f["path"])
+    for p in dump["plans"]:
+        p["check"], p["fill"] = bytes.fromhex(p["check"]), bytes.fromhex(p["fill"])
+    return dump
+
+
+def canonical_json(text: bytes) -> bytes | None:
+    """The canonical form of a JSON object's text, as the C++ reader compares a Zarr array's
+    metadata file with its plan (CanonicalJson), or ``None`` when ``text`` is not one JSON object."""
+    text = bytes(text)
+    lib = load()
+    size = len(text) + 2  # the canonical form is never longer than the text
+    out = ctypes.create_string_buffer(size)
+    n = lib.dali_mesh_canonical_json(text, len(text), out, size)
+    if n == -1:
+        return None
+    if n < 0 or n > size:
+        raise KernelsError(f"canonical_json: the library returned {n} for {len(text)} bytes of text")
+    return out.raw[:n]
+
+
+def plan_checksum(words: bytes) -> bytes:
+    """The plan file checksum (its last word, 8 little-endian bytes) of ``words``, a plan file's
+    bytes after the magic without the checksum, as the C++ reader verifies it."""
+    words = bytes(words)
+    out = ctypes.c_uint64(0)
+    if load().dali_mesh_plan_checksum(words, len(words), ctypes.byref(out)) != 0:
+        raise KernelsError(f"plan_checksum: {len(words)} bytes are not a whole number of 8-byte words")
+    return int(out.value).to_bytes(8, "little")
+
+
+def check_device_fill(plan_path: str, dtype) -> tuple[int, int]:
+    """``(checked, host_only)`` for the plan file at ``plan_path`` (items of ``dtype``): every plan
+    whose boundary program the GPU strided-slice kernel can run (DeviceFillProgram) finishes a
+    window of random bytes both ways, the host program and the kernel's host emulation, and must
+    agree byte for byte (``checked`` counts them); ``host_only`` counts the plans left to the host.
+    A mismatch or a plan file the loader refuses raises :class:`KernelsError`."""
+    host_only, err = ctypes.c_int64(0), ctypes.create_string_buffer(1024)
+    checked = load().dali_mesh_check_device_fill(os.fsencode(plan_path), DTYPE_IDS[np.dtype(dtype)],
+                                                 ctypes.byref(host_only), err, len(err))
+    if checked < 0:
+        raise KernelsError(err.value.decode(errors="replace"))
+    return int(checked), int(host_only.value)
+
+
+def plan_tasks(plan_path: str, task_bytes: int) -> tuple[int, int]:
+    """``(tasks, max_task)``: the plans of the plan file at ``plan_path`` split into read tasks as
+    the ``read_windows`` operator splits them (groups of at most about ``task_bytes``): the number of
+    tasks of all plans and the most file bytes one task spans."""
+    most, err = ctypes.c_int64(0), ctypes.create_string_buffer(1024)
+    n = load().dali_mesh_plan_tasks(os.fsencode(plan_path), int(task_bytes), ctypes.byref(most), err,
+                                    len(err))
+    if n < 0:
+        raise KernelsError(err.value.decode(errors="replace"))
+    return int(n), int(most.value)
 
 
 # ---- numpy reference (the oracle of the tests) ------------------------------------------------------

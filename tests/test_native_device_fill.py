@@ -2,14 +2,12 @@
 
 read_windows(device="gpu") hands a plan's boundary program (copies and constant fills, done on the
 host by FinishWindow) to the GPU strided-slice kernel when the program is one strided slice of the
-cells read (DeviceFillProgram in csrc/read_plan.cc). The test hook dali_mesh_check_device_fill
+cells read (DeviceFillProgram in csrc/kernels/read_plan.cc). The test hook dali_mesh_check_device_fill
 finishes a window of random bytes both ways, the kernel through its exact host emulation
 (BuildGpuPlan + EmulateGpuPlan), and compares them byte for byte, for every plan of a plan file.
 Plans the device cannot take (chained copies of halos wider than the axis) stay on the host.
 """
 from __future__ import annotations
-
-import ctypes
 
 import numpy as np
 import pytest
@@ -18,7 +16,6 @@ from dali_mesh import Layout
 from dali_mesh.source import NumpySource
 
 dali = pytest.importorskip("nvidia.dali")
-from nvidia.dali import types  # noqa: E402
 
 from dali_mesh.io.read_plan import PlanSet  # noqa: E402
 from dali_mesh.pipeline import native  # noqa: E402
@@ -28,26 +25,14 @@ from tests.native_helpers import dali_gpus, mesh_of  # noqa: E402
 
 @pytest.fixture(scope="module")
 def check():
-    from dali_mesh.fn import PLUGIN_PATH, load_plugin
+    from dali_mesh import _kernels
 
-    try:
-        load_plugin()
-    except ImportError as e:
-        pytest.skip(f"plugin not built: {e}")
-    lib = ctypes.CDLL(str(PLUGIN_PATH))
-    if not hasattr(lib, "dali_mesh_check_device_fill"):
-        pytest.skip("the plugin has no device fill hook: rebuild it")
-    fn = lib.dali_mesh_check_device_fill
-    fn.restype = ctypes.c_int64
-    fn.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p, ctypes.c_int64]
+    if not _kernels.library_path().exists():
+        pytest.skip(f"{_kernels.library_path()} not built (pip install --no-build-isolation -e .)")
 
     def run(plan: PlanSet, directory) -> tuple[int, int]:
-        path = plan.write(str(directory))
-        host_only = ctypes.c_int64(0)
-        err = ctypes.create_string_buffer(1024)
-        checked = fn(path.encode(), int(types.to_dali_type(plan.dtype)), ctypes.byref(host_only), err, 1024)
-        assert checked >= 0, err.value.decode()
-        return checked, host_only.value
+        # a mismatch or a refused plan raises KernelsError
+        return _kernels.check_device_fill(plan.write(str(directory)), plan.dtype)
 
     return run
 

@@ -326,7 +326,7 @@ def test_every_corrupted_word_of_a_plan_file_is_refused(tmp_path):
 _FUZZ = r"""
 import sys, numpy as np
 from nvidia.dali import fn, pipeline_def, types
-from dali_mesh.pipeline import native
+from dali_mesh import _kernels
 from dali_mesh.fn import load_plugin
 data, bad = open(sys.argv[1], "rb").read(), sys.argv[2]
 body = data[8:-8]
@@ -335,7 +335,7 @@ for i in range(len(body) // 8):
     for v in (-1, 2**63 - 1, -2**63, 1 << 40):
         b = bytearray(body)
         b[8 * i:8 * i + 8] = np.int64(v).astype("<i8").tobytes()
-        open(bad, "wb").write(data[:8] + bytes(b) + native._checksum(bytes(b)))
+        open(bad, "wb").write(data[:8] + bytes(b) + _kernels.plan_checksum(bytes(b)))
 
         @pipeline_def(batch_size=2, num_threads=2, device_id=None, prefetch_queue_depth=1)
         def pipe():

@@ -6,7 +6,6 @@ sample-id source O(1) per index. Subprocess tests are bounded by a timeout.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import subprocess
@@ -16,7 +15,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from dali_mesh import Layout, MeshInfo
+from dali_mesh import Layout, MeshInfo, _kernels
 from dali_mesh.partition import take_window
 from dali_mesh.source import NumpySource
 
@@ -168,7 +167,7 @@ def test_a_crafted_plan_that_is_valid_reads_exactly(tmp_path):
 
 # ---- 4: Zarr metadata in canonical form ---------------------------------------------------------------
 def test_canonical_json():
-    c = native._canonical_json
+    c = _kernels.canonical_json
     assert c(b'{ "b" : [1, 2],\n "a": {"x": "s p"}, "attributes": {"u": 1}}') == b'{"a":{"x":"s p"},"b":[1,2]}'
     assert c(b'{"a":{"x":"s p"},"b":[1,2]}') == c(b'{"b":[1,2],"a":{"x":"s p"}}')
     assert c(b'{"k": "a \\" , }"}') == b'{"k":"a \\" , }"}'  # an escaped quote and brackets in a string
@@ -298,18 +297,11 @@ def test_short_reads_and_eintr_in_the_header_check_and_the_reads(tmp_path):
 
 # ---- 7: a large contiguous group read by several tasks -----------------------------------------------
 def _plan_tasks(plan_path, task_bytes):
-    from dali_mesh.fn import PLUGIN_PATH
+    from dali_mesh import _kernels
 
-    lib = ctypes.CDLL(str(PLUGIN_PATH))
-    if not hasattr(lib, "dali_mesh_plan_tasks"):
-        pytest.skip("the plugin has no dali_mesh_plan_tasks test hook: rebuild it")
-    f = lib.dali_mesh_plan_tasks
-    f.restype = ctypes.c_int64
-    f.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p, ctypes.c_int64]
-    most, err = ctypes.c_int64(0), ctypes.create_string_buffer(1024)
-    n = f(plan_path.encode(), task_bytes, ctypes.byref(most), err, 1024)
-    assert n >= 0, err.value.decode()
-    return n, most.value
+    if not _kernels.library_path().exists():
+        pytest.skip(f"{_kernels.library_path()} not built (pip install --no-build-isolation -e .)")
+    return _kernels.plan_tasks(plan_path, task_bytes)  # a refused plan raises KernelsError
 
 
 @pytest.mark.parametrize("order", ["C", "F"])
@@ -379,13 +371,13 @@ JSONS = [
 
 @pytest.mark.parametrize("text", JSONS)
 def test_canonical_json_agrees_with_the_reader(tmp_path, text):
-    """The plan's canonical form (Python) against the reader's (C++), through the operator: the same
+    """The plan's canonical form (the kernels library's, as the planner takes it) against the reader's, through the operator: the same
     text with other whitespace, member order and attributes is read; another value is refused."""
     data = tmp_path / "data.bin"
     raw = np.arange(4, dtype=np.float32)
     data.write_bytes(raw.tobytes())
     meta = tmp_path / "meta.json"
-    canon = native._canonical_json(text)
+    canon = _kernels.canonical_json(text)
     assert canon is not None
     read = _plan(1, 4, 0, 0, [4], [0], [0], [16], [0], [1])
     check = _plan(1, 4, 0, 0, [4], [], [], [], [], [], check=canon, check_off=CHECK_JSON)
@@ -396,7 +388,7 @@ def test_canonical_json_agrees_with_the_reader(tmp_path, text):
     obj = json.loads(text)
     same = [text, b"\n " + text.replace(b', "', b',\n\t "') + b"\r\n"]  # (no ', "' inside their strings)
     other = json.dumps(dict(reversed(list({**obj, "attributes": {"units": "K"}}.items()))), indent=3).encode()
-    if native._canonical_json(other) == canon:  # json.dumps writes the values as they were written
+    if _kernels.canonical_json(other) == canon:  # json.dumps writes the values as they were written
         same.append(other)
     for t in same:
         meta.write_bytes(t)

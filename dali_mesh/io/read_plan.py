@@ -40,7 +40,7 @@ __all__ = ["AxisProgram", "CHECK_JSON", "NotNativeError", "PLAN_MAGIC", "PlanFil
            "PlanSet", "ReadPlan", "decode", "encode", "native_dtype_of"]
 
 #: The plan file's first 8 bytes: the format and its version (bumped whenever a table changes).
-PLAN_MAGIC = b"DMPLAN02"
+PLAN_MAGIC = b"DMPLAN03"
 #: ``check_offset`` of a plan whose check is a JSON metadata file (a Zarr array's ``.zarray`` or
 #: ``zarr.json``), compared whole in canonical form (``kCheckJson`` in read_plan.h).
 CHECK_JSON = -1
@@ -385,12 +385,14 @@ class PlanSet:
         return out
 
     def to_bytes(self) -> bytes:
+        from dali_mesh import _kernels  # the checksum is the reader's own code
+
         out = [PLAN_MAGIC, _word(len(self.plans)), _word(len(self.files)), _word(self.num_items)]
         out += [encode(_PLAN_FILE, PlanFile(os.fsencode(p), s)) for p, s in self.files]
         out += [p.to_bytes() for p in self.plans]
         out.append(self._item_words.astype("<i8").tobytes())
         body = b"".join(out)
-        return body + _checksum(body[len(PLAN_MAGIC):])
+        return body + _kernels.plan_checksum(body[len(PLAN_MAGIC):])
 
     def write(self, directory: str | None = None) -> str:
         """Write the plan file and return its path. Named by content and process (equal plans of one
@@ -410,15 +412,6 @@ class PlanSet:
                 atexit.register(_remove_written)
             _written.add(path)
         return path
-
-
-def _checksum(words: bytes) -> bytes:
-    """The plan file's last word: sum of word_i * k_i mod 2**64 (k_i odd), as read_plan.cc checks it,
-    so that a corrupt plan file is refused: any change of one word changes the sum."""
-    w = np.frombuffer(words, "<u8").astype(np.uint64)
-    k = (np.arange(w.size, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(0x632BE59BD9B4E019)) | np.uint64(1)
-    with np.errstate(over="ignore"):
-        return np.array([np.sum(w * k, dtype=np.uint64)], "<u8").tobytes()
 
 
 def _remove_written() -> None:

@@ -1,6 +1,6 @@
 // dali_mesh: the window of one rank (see mesh_roi.h). Follows dali_mesh/partition.py line by line:
 // shard_extent, Layout.domain and Layout.region.
-#include "mesh_roi.h"
+#include "kernels/mesh_roi.h"
 
 #include <algorithm>
 #include <cstddef>
@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "index_math.h"
-#include "str_format.h"
+#include "kernels/index_math.h"
+#include "kernels/str_format.h"
 
 namespace dali_mesh {
 

@@ -1,5 +1,5 @@
 // dali_mesh: loading and executing byte-range read plans (see read_plan.h). Host only, DALI-free.
-#include "read_plan.h"
+#include "kernels/read_plan.h"
 
 #include <fcntl.h>
 #include <limits.h>
@@ -16,14 +16,13 @@
 #include <stdexcept>
 #include <utility>
 
-#include "slice_gpu.h"
-#include "str_format.h"
+#include "kernels/str_format.h"
 
 namespace dali_mesh {
 
 namespace {
 
-constexpr char kMagic[9] = "DMPLAN02";
+constexpr char kMagic[9] = "DMPLAN03";
 constexpr int kMaxPlanDims = 32;
 
 [[noreturn]] void Fail(const std::string &msg) { throw std::runtime_error("read_windows: " + msg); }
@@ -77,19 +76,6 @@ class Reader {
   const std::string &path_;
   size_t pos_ = 8;
 };
-
-// The plan file's checksum (dali_mesh.native._checksum): sum of word_i * k_i mod 2^64 over the
-// words after the magic, k_i odd, so that any change of one word changes the sum. Not
-// cryptographic: it catches corruption, not forgery (the plan directory is the user's own).
-uint64_t Checksum(const char *words, size_t n) {
-  uint64_t sum = 0;
-  for (size_t i = 0; i < n; i++) {
-    uint64_t w;
-    std::memcpy(&w, words + 8 * i, 8);
-    sum += w * ((static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull) | 1);
-  }
-  return sum;
-}
 
 int64_t Prod(const std::vector<int64_t> &v, size_t b, size_t e) {
   int64_t p = 1;
@@ -149,6 +135,11 @@ void ReadPlanBody(Reader &r, ReadPlan *p) {
   if ((p->check_offset < 0 && p->check_offset != kCheckJson) ||
       p->check_offset > INT64_MAX - static_cast<int64_t>(p->check.size()))
     r.Bad("check offset " + std::to_string(p->check_offset));
+  if (p->check_offset == kCheckJson) {  // compared in canonical form at every read (OpenFile)
+    std::string canon;
+    if (!CanonicalJson(p->check, &canon)) r.Bad("a metadata check that is not one JSON object");
+    p->check = std::move(canon);
+  }
   p->fill = r.Bytes();
   // a fill value is one item (DeviceFillParams reads itemsize bytes of it), or none
   if (!p->fill.empty() && static_cast<int64_t>(p->fill.size()) != p->itemsize) r.Bad("fill value size");
@@ -263,6 +254,16 @@ void TransposeT(const char *stage, char *out, const std::vector<int64_t> &shape,
 
 int64_t ReadPlan::volume() const { return Prod(shape, 0, shape.size()); }
 
+uint64_t PlanChecksum(const char *words, size_t n_words) {
+  uint64_t sum = 0;
+  for (size_t i = 0; i < n_words; i++) {
+    uint64_t w;
+    std::memcpy(&w, words + 8 * i, 8);
+    sum += w * ((static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull) | 1);
+  }
+  return sum;
+}
+
 PlanSet LoadPlanSet(const std::string &path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) Fail(path + ": cannot open the plan file (" + Errno(errno) + "); it is written by "
@@ -277,7 +278,7 @@ PlanSet LoadPlanSet(const std::string &path) {
   {
     uint64_t want;
     std::memcpy(&want, data.data() + data.size() - 8, 8);
-    if (Checksum(data.data() + 8, data.size() / 8 - 2) != want)
+    if (PlanChecksum(data.data() + 8, data.size() / 8 - 2) != want)
       Fail(path + ": the plan file is corrupt (its checksum does not match its contents); it is "
            "written by dali_mesh.native: rebuild the pipeline");
     data.resize(data.size() - 8);
@@ -727,95 +728,3 @@ std::vector<std::pair<int64_t, int64_t>> SplitGroups(const ReadPlan &plan, int64
 }
 
 }  // namespace dali_mesh
-
-// ---- test hook: the device fill program against the host program, on the kernel's host emulation --
-
-extern "C" {
-
-// For every plan of the plan file at `plan_path`: a window of pseudo-random bytes (the cells read)
-// finished by the host program (FinishWindow) and, where DeviceFillProgram gives one, by the GPU
-// strided-slice kernel's host emulation (BuildGpuPlan + EmulateGpuPlan) into another buffer.
-// Returns the number of plans whose device program equals the host's byte for byte, or -1 (a
-// mismatch or an error, described in `err`); *host_only counts the plans left to the host.
-__attribute__((visibility("default"))) int64_t dali_mesh_check_device_fill(const char *plan_path, int dtype, int64_t *host_only, char *err,
-                                    int64_t err_len) {
-  auto fail = [&](const std::string &msg) -> int64_t {
-    if (err && err_len > 0) {
-      std::strncpy(err, msg.c_str(), err_len - 1);
-      err[err_len - 1] = '\0';
-    }
-    return -1;
-  };
-  try {
-    using namespace dali_mesh;
-    PlanSet set = LoadPlanSet(plan_path);
-    int64_t checked = 0;
-    *host_only = 0;
-    uint64_t x = 0x2545F4914F6CDD1Dull;
-    for (size_t k = 0; k < set.plans.size(); k++) {
-      const ReadPlan &plan = set.plans[k];
-      SliceSample sample;
-      if (!DeviceFillProgram(plan, &sample).empty()) {
-        ++*host_only;
-        continue;
-      }
-      std::vector<char> window(plan.bytes());
-      for (auto &c : window) {  // xorshift: every byte of the window, read or not
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        c = static_cast<char>(x >> 56);
-      }
-      std::vector<char> host = window, device(plan.bytes(), '\xcd');
-      FinishWindow(plan, host.data(), host.data());
-      const void *in[1] = {window.data()};
-      void *out[1] = {device.data()};
-      GpuPlan gplan;
-      std::string e = BuildGpuPlan({sample}, in, out, DeviceFillParams(plan, dtype), &gplan);
-      if (!e.empty()) return fail("plan " + std::to_string(k) + ": BuildGpuPlan: " + e);
-      EmulateGpuPlan(gplan);
-      if (host != device) {
-        size_t i = 0;
-        while (host[i] == device[i]) i++;
-        return fail("plan " + std::to_string(k) + ": the device fill differs from the host's at byte " +
-                    std::to_string(i));
-      }
-      checked++;
-    }
-    return checked;
-  } catch (const std::exception &e) {
-    return fail(e.what());
-  }
-}
-
-
-// For every plan of the plan file at `plan_path`: its groups split as the operator splits them
-// (SplitLargeGroups, then SplitGroups with `task_bytes`). Returns the number of tasks of all plans
-// (-1 on an error, described in `err`); *max_task is the most file bytes one task spans.
-__attribute__((visibility("default"))) int64_t dali_mesh_plan_tasks(const char *plan_path, int64_t task_bytes,
-                                                                    int64_t *max_task, char *err,
-                                                                    int64_t err_len) {
-  try {
-    using namespace dali_mesh;
-    PlanSet set = LoadPlanSet(plan_path);
-    int64_t n = 0;
-    *max_task = 0;
-    for (auto &plan : set.plans) {
-      SplitLargeGroups(&plan, task_bytes);
-      for (auto &t : SplitGroups(plan, task_bytes)) {
-        n++;
-        const int64_t b = plan.group_begin[t.first], e = plan.group_end[t.second - 1];
-        *max_task = std::max(*max_task, plan.file_off[e - 1] + plan.unit_bytes[e - 1] - plan.file_off[b]);
-      }
-    }
-    return n;
-  } catch (const std::exception &e) {
-    if (err && err_len > 0) {
-      std::strncpy(err, e.what(), err_len - 1);
-      err[err_len - 1] = '\0';
-    }
-    return -1;
-  }
-}
-
-}  // extern "C"

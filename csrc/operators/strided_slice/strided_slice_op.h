@@ -9,7 +9,7 @@
 
 #include "dali/pipeline/operator/checkpointing/stateless_operator.h"
 #include "dali/pipeline/operator/operator.h"
-#include "slice_args.h"
+#include "kernels/slice_args.h"
 
 namespace dali_mesh {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "slice_gpu.h"
+#include "kernels/slice_gpu.h"
 
 namespace dali_mesh {
 

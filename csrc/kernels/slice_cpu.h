@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "slice_args.h"
+#include "kernels/slice_args.h"
 
 namespace dali_mesh {
 

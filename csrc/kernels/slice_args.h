@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "index_math.h"
+#include "kernels/index_math.h"
 
 namespace dali_mesh {
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "slice_args.h"
+#include "kernels/slice_args.h"
 
 namespace dali_mesh {
 
@@ -44,7 +44,8 @@ struct ReadPlan {
   int64_t check_offset = 0;    // where `check` lies in the file, or kCheckJson
   std::string check;           // bytes expected at check_offset (the .npy header, an HDF5
                                // dataset's object header), may be empty; with kCheckJson the
-                               // canonical form (CanonicalJson) of the whole file
+                               // canonical form (CanonicalJson) of the whole file (made so by
+                               // LoadPlanSet)
   std::string fill;            // fill value in the output type's bytes (itemsize), may be empty
   // per axis: positions copied (dst <- src) and filled
   std::vector<std::vector<int64_t>> copy_dst, copy_src, fills;
@@ -81,9 +82,18 @@ struct PlanSet {
   std::vector<PlanItem> items;
 };
 
-// Loads a plan file written by dali_mesh.native (format "DMPLAN02": little-endian int64 words, the
+// Loads a plan file written by dali_mesh.io.read_plan (format "DMPLAN03": little-endian int64 words, the
 // last one a checksum of the others, so that a corrupt file is refused rather than read from).
+// A plan's JSON check (check_offset kCheckJson) is put in canonical form here, so that a writer may
+// give the metadata file's bytes as they are (CanonicalJson is idempotent: a check written in
+// canonical form stays as it is); one that is not a JSON object makes the plan file corrupt.
 PlanSet LoadPlanSet(const std::string &path);
+
+// The plan file's checksum (its last word) of the `n_words` little-endian words after the magic:
+// sum of word_i * k_i mod 2^64, k_i odd, so that any change of one word changes the sum
+// (dali_mesh.native._checksum computes the same). Not cryptographic: it catches corruption, not
+// forgery (the plan directory is the user's own).
+uint64_t PlanChecksum(const char *words, size_t n_words);
 
 // An open, checked file (O_RDONLY | O_NONBLOCK, regular, expected size, check bytes, no
 // readahead). Closes on destruction.

@@ -1,5 +1,5 @@
 // dali_mesh: validation and collapsing of strided-slice arguments (see slice_args.h).
-#include "slice_args.h"
+#include "kernels/slice_args.h"
 
 #include <cerrno>
 #include <charconv>
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "str_format.h"
+#include "kernels/str_format.h"
 
 namespace dali_mesh {
 

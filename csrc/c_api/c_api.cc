@@ -10,23 +10,15 @@
 #include <string>
 #include <vector>
 
-#include "mesh_roi.h"
-#include "slice_args.h"
-#include "slice_cpu.h"
-#include "slice_gpu.h"
-
-#define DM_EXPORT extern "C" __attribute__((visibility("default")))
+#include "c_api/export.h"
+#include "kernels/mesh_roi.h"
+#include "kernels/slice_args.h"
+#include "kernels/slice_cpu.h"
+#include "kernels/slice_gpu.h"
 
 namespace {
 
-int Fail(const std::string &msg, char *err, int errlen) {
-  if (err && errlen > 0) {
-    size_t n = std::min(msg.size(), static_cast<size_t>(errlen - 1));
-    std::memcpy(err, msg.data(), n);
-    err[n] = '\0';
-  }
-  return -1;
-}
+using dali_mesh::c_api::Fail;
 
 // The arguments of sample i of a batch whose per-sample arrays are flattened [nsamples * ndim];
 // domain_starts/domain_shapes may be null (the whole sample).
@@ -50,7 +42,9 @@ dali_mesh::SliceUserArgs SampleArgs(int i, int ndim, const int64_t *in_shapes, c
 
 }  // namespace
 
-DM_EXPORT int dm_abi_version(void) { return 3; }  // 3: dm_mesh_roi takes explicit split sizes
+// 3: dm_mesh_roi takes explicit split sizes; 4: the read plans' test hooks (plan_api.cc); 5: plan
+// dump, canonical JSON and checksum
+DM_EXPORT int dm_abi_version(void) { return 5; }
 
 DM_EXPORT int dm_has_cuda(void) {
 #ifdef DALI_MESH_WITH_CUDA

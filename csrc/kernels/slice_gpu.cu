@@ -7,7 +7,7 @@
 #include <cstring>
 #include <string>
 
-#include "slice_gpu.h"
+#include "kernels/slice_gpu.h"
 
 namespace dali_mesh {
 

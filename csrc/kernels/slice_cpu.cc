@@ -1,5 +1,5 @@
 // dali_mesh: the CPU kernel of the strided slice (see slice_cpu.h).
-#include "slice_cpu.h"
+#include "kernels/slice_cpu.h"
 
 #include <algorithm>
 #include <cstring>

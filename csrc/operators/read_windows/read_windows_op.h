@@ -14,7 +14,7 @@
 
 #include "dali/pipeline/operator/checkpointing/stateless_operator.h"
 #include "dali/pipeline/operator/operator.h"
-#include "read_plan.h"
+#include "kernels/read_plan.h"
 
 namespace dali_mesh {
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "read_windows_op.h"
+#include "operators/read_windows/read_windows_op.h"
 
 namespace dali_mesh {
 

@@ -4,8 +4,8 @@
 // device code here), which saves compiling DALI's headers once per CUDA architecture.
 #include <vector>
 
-#include "slice_gpu.h"
-#include "strided_slice_op.h"
+#include "kernels/slice_gpu.h"
+#include "operators/strided_slice/strided_slice_op.h"
 
 namespace dali_mesh {
 

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "dali/core/cuda_error.h"
-#include "read_windows_op.h"
-#include "slice_gpu.h"
+#include "kernels/slice_gpu.h"
+#include "operators/read_windows/read_windows_op.h"
 
 namespace dali_mesh {
 

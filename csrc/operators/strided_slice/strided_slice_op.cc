@@ -2,8 +2,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "slice_cpu.h"
-#include "strided_slice_op.h"
+#include "kernels/slice_cpu.h"
+#include "operators/strided_slice/strided_slice_op.h"
 
 namespace dali_mesh {
 

@@ -1,13 +1,13 @@
 // dali_mesh: the DALI operator dali_mesh__MeshRoi (fn.dali_mesh.mesh_roi), CPU: the window of this
-// rank for each sample's shape, by the rules of Python's Layout.region (csrc/mesh_roi.cc).
+// rank for each sample's shape, by the rules of Python's Layout.region (csrc/kernels/mesh_roi.cc).
 #include <string>
 #include <vector>
 
 #include "dali/pipeline/operator/checkpointing/stateless_operator.h"
 #include "dali/pipeline/operator/operator.h"
-#include "index_math.h"
-#include "mesh_roi.h"
-#include "slice_args.h"
+#include "kernels/index_math.h"
+#include "kernels/mesh_roi.h"
+#include "kernels/slice_args.h"
 
 namespace dali_mesh {
 

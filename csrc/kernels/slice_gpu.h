@@ -29,8 +29,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "index_math.h"
-#include "slice_args.h"
+#include "kernels/index_math.h"
+#include "kernels/slice_args.h"
 
 namespace dali_mesh {
 

@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "dm_types.h"
+#include "kernels/dm_types.h"
 
 namespace dali_mesh {
 

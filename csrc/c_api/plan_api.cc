@@ -1,0 +1,268 @@
+// dali_mesh: the C entry points of the read plans (csrc/kernels/read_plan.h), in
+// libdali_mesh_kernels.so and bound in dali_mesh/_kernels.py: a loaded plan file as JSON, the plan
+// format's canonical JSON and checksum (so that Python's writer is checked against this reader),
+// and test hooks that run the plan executor's pieces on a plan file written by dali_mesh.native.
+//
+// Functions that take `err` return a count or size (>= 0) on success, or -1 with a message in
+// err[0..err_len).
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "c_api/export.h"
+#include "kernels/read_plan.h"
+#include "kernels/slice_gpu.h"
+
+using dali_mesh::c_api::Fail;
+
+namespace {
+
+// A JSON writer for PlanSetJson: `"name":value` members, a comma before each but the first of an
+// object or list; byte strings (paths, check and fill bytes) as lowercase hex, since a JSON string
+// cannot hold any bytes.
+class Json {
+ public:
+  void Open(char c) {
+    Sep();
+    s_ += c;
+  }
+  void Close(char c) { s_ += c; }
+  void Key(const char *name) {
+    Sep();
+    s_ += '"';
+    s_ += name;
+    s_ += "\":";
+    after_key_ = true;
+  }
+  void Int(const char *name, int64_t v) {
+    Key(name);
+    Raw(std::to_string(v));
+  }
+  void Bool(const char *name, bool v) {
+    Key(name);
+    Raw(v ? "true" : "false");
+  }
+  void Bytes(const char *name, const std::string &b) {
+    static const char kDigits[] = "0123456789abcdef";
+    std::string h = "\"";
+    for (unsigned char c : b) {
+      h += kDigits[c >> 4];
+      h += kDigits[c & 15];
+    }
+    Key(name);
+    Raw(h + '"');
+  }
+  void Ints(const char *name, const std::vector<int64_t> &v) {
+    if (name) Key(name);
+    Open('[');
+    for (int64_t x : v) Raw(std::to_string(x));
+    Close(']');
+  }
+  void IntLists(const char *name, const std::vector<std::vector<int64_t>> &v) {
+    Key(name);
+    Open('[');
+    for (const auto &row : v) Ints(nullptr, row);
+    Close(']');
+  }
+  const std::string &str() const { return s_; }
+
+ private:
+  void Sep() {
+    if (!after_key_ && !s_.empty() && s_.back() != '{' && s_.back() != '[') s_ += ',';
+    after_key_ = false;
+  }
+  void Raw(const std::string &v) {
+    Sep();
+    s_ += v;
+  }
+  std::string s_;
+  bool after_key_ = false;
+};
+
+// Every field of a loaded plan set, named as in read_plan.h.
+std::string PlanSetJson(const dali_mesh::PlanSet &set) {
+  Json j;
+  j.Open('{');
+  j.Bytes("source", set.source);
+  j.Key("plans");
+  j.Open('[');
+  for (const dali_mesh::ReadPlan &p : set.plans) {
+    j.Open('{');
+    j.Int("ndim", p.ndim);
+    j.Int("itemsize", p.itemsize);
+    j.Int("swap_unit", p.swap_unit);
+    j.Bool("fortran", p.fortran);
+    j.Ints("shape", p.shape);
+    j.Ints("file_off", p.file_off);
+    j.Ints("dst_off", p.dst_off);
+    j.Ints("unit_bytes", p.unit_bytes);
+    j.Ints("group_begin", p.group_begin);
+    j.Ints("group_end", p.group_end);
+    j.Int("check_offset", p.check_offset);
+    j.Bytes("check", p.check);
+    j.Bytes("fill", p.fill);
+    j.IntLists("copy_dst", p.copy_dst);
+    j.IntLists("copy_src", p.copy_src);
+    j.IntLists("fills", p.fills);
+    j.Int("max_gap", p.max_gap);
+    j.Close('}');
+  }
+  j.Close(']');
+  j.Key("files");
+  j.Open('[');
+  for (const dali_mesh::PlanFile &f : set.files) {
+    j.Open('{');
+    j.Bytes("path", f.path);
+    j.Int("expected_size", f.expected_size);
+    j.Close('}');
+  }
+  j.Close(']');
+  j.Key("parts");
+  j.Open('[');
+  for (const dali_mesh::PlanPart &q : set.parts) {
+    j.Open('{');
+    j.Int("file", q.file);
+    j.Int("plan", q.plan);
+    j.Int("base", q.base);
+    j.Int("dst_base", q.dst_base);
+    j.Close('}');
+  }
+  j.Close(']');
+  j.Key("items");
+  j.Open('[');
+  for (const dali_mesh::PlanItem &it : set.items) {
+    j.Open('{');
+    j.Int("finish", it.finish);
+    j.Int("part_begin", it.part_begin);
+    j.Int("part_end", it.part_end);
+    j.Close('}');
+  }
+  j.Close(']');
+  j.Close('}');
+  return j.str();
+}
+
+}  // namespace
+
+// The plan file at `plan_path` as LoadPlanSet loads it (checked, JSON checks in canonical form),
+// as one JSON object: {"source", "plans": [ReadPlan...], "files": [PlanFile...], "parts":
+// [PlanPart...], "items": [PlanItem...]}, every field named as in read_plan.h, byte strings
+// (source, path, check, fill) in hex. Returns the text's length n (without its NUL); the text and a
+// NUL are written to out[0..out_size) only when out_size > n, so that a caller can retry with a
+// buffer of n + 1. -1 on an error (the plan file refused), described in `err`.
+DM_EXPORT int64_t dali_mesh_plan_dump(const char *plan_path, char *out, int64_t out_size, char *err,
+                                      int64_t err_size) {
+  try {
+    const std::string json = PlanSetJson(dali_mesh::LoadPlanSet(plan_path));
+    const int64_t n = json.size();
+    if (out && out_size > n) {
+      std::memcpy(out, json.data(), n);
+      out[n] = '\0';
+    }
+    return n;
+  } catch (const std::exception &e) {
+    return Fail(e.what(), err, err_size);
+  }
+}
+
+// The canonical form (CanonicalJson) of text[0..n): returns its length m, written to
+// out[0..out_size) (no NUL) only when out_size >= m; -1 when the text is not one JSON object, -2
+// when there is no memory for it.
+DM_EXPORT int64_t dali_mesh_canonical_json(const char *text, int64_t n, char *out, int64_t out_size) {
+  if (n < 0 || (n > 0 && !text)) return -1;
+  std::string canon;
+  try {
+    if (!dali_mesh::CanonicalJson(std::string(text ? text : "", n), &canon)) return -1;
+  } catch (const std::exception &) {
+    return -2;
+  }
+  const int64_t m = canon.size();
+  if (out && out_size >= m) std::memcpy(out, canon.data(), m);
+  return m;
+}
+
+// The plan file checksum (PlanChecksum, as LoadPlanSet verifies it) of the n_bytes / 8 words at
+// `words` (a plan file's words after the magic, its checksum left out) into *out. Returns 0, or -1
+// when n_bytes is not a whole number of words.
+DM_EXPORT int dali_mesh_plan_checksum(const uint8_t *words, int64_t n_bytes, uint64_t *out) {
+  if (n_bytes < 0 || n_bytes % 8 || (n_bytes && !words) || !out) return -1;
+  *out = dali_mesh::PlanChecksum(reinterpret_cast<const char *>(words), static_cast<size_t>(n_bytes / 8));
+  return 0;
+}
+
+// For every plan of the plan file at `plan_path`: a window of pseudo-random bytes (the cells read)
+// finished by the host program (FinishWindow) and, where DeviceFillProgram gives one, by the GPU
+// strided-slice kernel's host emulation (BuildGpuPlan + EmulateGpuPlan) into another buffer.
+// Returns the number of plans whose device program equals the host's byte for byte, or -1 (a
+// mismatch or an error, described in `err`); *host_only counts the plans left to the host.
+DM_EXPORT int64_t dali_mesh_check_device_fill(const char *plan_path, int dtype, int64_t *host_only,
+                                              char *err, int64_t err_len) {
+  try {
+    using namespace dali_mesh;  // NOLINT
+    PlanSet set = LoadPlanSet(plan_path);
+    int64_t checked = 0;
+    *host_only = 0;
+    uint64_t x = 0x2545F4914F6CDD1Dull;
+    for (size_t k = 0; k < set.plans.size(); k++) {
+      const ReadPlan &plan = set.plans[k];
+      SliceSample sample;
+      if (!DeviceFillProgram(plan, &sample).empty()) {
+        ++*host_only;
+        continue;
+      }
+      std::vector<char> window(plan.bytes());
+      for (auto &c : window) {  // xorshift: every byte of the window, read or not
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        c = static_cast<char>(x >> 56);
+      }
+      std::vector<char> host = window, device(plan.bytes(), '\xcd');
+      FinishWindow(plan, host.data(), host.data());
+      const void *in[1] = {window.data()};
+      void *out[1] = {device.data()};
+      GpuPlan gplan;
+      std::string e = BuildGpuPlan({sample}, in, out, DeviceFillParams(plan, dtype), &gplan);
+      if (!e.empty()) return Fail("plan " + std::to_string(k) + ": BuildGpuPlan: " + e, err, err_len);
+      EmulateGpuPlan(gplan);
+      if (host != device) {
+        size_t i = 0;
+        while (host[i] == device[i]) i++;
+        return Fail("plan " + std::to_string(k) + ": the device fill differs from the host's at byte " +
+                        std::to_string(i),
+                    err, err_len);
+      }
+      checked++;
+    }
+    return checked;
+  } catch (const std::exception &e) {
+    return Fail(e.what(), err, err_len);
+  }
+}
+
+// For every plan of the plan file at `plan_path`: its groups split as the operator splits them
+// (SplitLargeGroups, then SplitGroups with `task_bytes`). Returns the number of tasks of all plans
+// (-1 on an error, described in `err`); *max_task is the most file bytes one task spans.
+DM_EXPORT int64_t dali_mesh_plan_tasks(const char *plan_path, int64_t task_bytes, int64_t *max_task,
+                                       char *err, int64_t err_len) {
+  try {
+    using namespace dali_mesh;  // NOLINT
+    PlanSet set = LoadPlanSet(plan_path);
+    int64_t n = 0;
+    *max_task = 0;
+    for (auto &plan : set.plans) {
+      SplitLargeGroups(&plan, task_bytes);
+      for (auto &t : SplitGroups(plan, task_bytes)) {
+        n++;
+        const int64_t b = plan.group_begin[t.first], e = plan.group_end[t.second - 1];
+        *max_task = std::max(*max_task, plan.file_off[e - 1] + plan.unit_bytes[e - 1] - plan.file_off[b]);
+      }
+    }
+    return n;
+  } catch (const std::exception &e) {
+    return Fail(e.what(), err, err_len);
+  }
+}
