@@ -194,6 +194,45 @@ struct CopyOp {
   DM_HD DM_FORCEINLINE void Store(int64_t o, Elem v, int64_t) const { out[o] = v; }
 };
 
+// The element-by-element walk of the padded path, shared by copies and conversions: output elements
+// [begin, end) of sample `s`, every `nthreads`-th from `begin + tid`, the boundary rule applied on the
+// innermost axis per element (outer axes by LocateRow). For each element it calls
+// `put(out_index, in_index, si, channel)`: `in_index` < 0 when the element is a fill (a constant cell
+// or a filled row), `si` the innermost input index.
+template <bool kNeedPad, typename Put>
+DM_HD DM_FORCEINLINE void WalkElements(const GpuSampleDesc &s, uint64_t begin, uint64_t end, unsigned tid,
+                                       unsigned nthreads, const Put &put) {
+  uint64_t idx = begin + tid;
+  if (idx >= end) return;
+  const int D = s.ndim;
+  const int64_t L = s.out_extent[D - 1];
+  const int64_t start = s.start[D - 1], step = s.step[D - 1], stride = s.in_stride[D - 1];
+  const int64_t n = s.in_extent[D - 1];
+  const int mode = s.boundary[D - 1];
+  int64_t inner, offset, out_row, channel;
+  bool row_fill;
+  LocateRow<kNeedPad>(s, idx, inner, offset, out_row, row_fill, channel);
+  for (;;) {
+    const int64_t r = start + inner * step;
+    const int64_t si = kNeedPad ? BoundaryIndex(r, n, mode) : r;
+    put(out_row + inner, (kNeedPad && (row_fill || si < 0)) ? int64_t(-1) : offset + si * stride, si, channel);
+    idx += nthreads;
+    if (idx >= end) break;
+    inner += nthreads;
+    if (inner >= L) LocateRow<kNeedPad>(s, idx, inner, offset, out_row, row_fill, channel);
+  }
+}
+
+template <typename Elem>
+struct PadCopyPut {
+  const Elem *__restrict__ in;
+  Elem *__restrict__ out;
+  Elem fill;
+  DM_HD DM_FORCEINLINE void operator()(int64_t o, int64_t i, int64_t, int64_t) const {
+    out[o] = i < 0 ? fill : in[i];
+  }
+};
+
 template <typename Elem, bool kNeedPad>
 DM_HD void CopyBlock(const GpuSampleDesc &s, uint64_t begin, uint64_t end, unsigned tid,
                      unsigned nthreads) {
@@ -203,35 +242,9 @@ DM_HD void CopyBlock(const GpuSampleDesc &s, uint64_t begin, uint64_t end, unsig
     return;
   }
   // the padded path: one move at a time, the boundary rule on the innermost axis per element
-  uint64_t idx = begin + tid;
-  if (idx >= end) return;
-  const Elem *__restrict__ in = static_cast<const Elem *>(s.in);
-  Elem *__restrict__ out = static_cast<Elem *>(s.out);
-  const int D = s.ndim;
-  const int64_t L = s.out_extent[D - 1];
-  const int64_t start = s.start[D - 1], step = s.step[D - 1], stride = s.in_stride[D - 1];
-  const int64_t n = s.in_extent[D - 1];
-  const int mode = s.boundary[D - 1];
-  Elem fill;
-  memcpy(&fill, s.fill, sizeof(Elem));
-  int64_t inner, offset, out_row, channel;
-  bool row_fill;
-  LocateRow<kNeedPad>(s, idx, inner, offset, out_row, row_fill, channel);
-  for (;;) {
-    const int64_t r = start + inner * step;
-    if (kNeedPad) {
-      const int64_t si = BoundaryIndex(r, n, mode);
-      Elem v = fill;
-      if (!row_fill && si >= 0) v = in[offset + si * stride];
-      out[out_row + inner] = v;
-    } else {
-      out[out_row + inner] = in[offset + r * stride];
-    }
-    idx += nthreads;
-    if (idx >= end) break;
-    inner += nthreads;
-    if (inner >= L) LocateRow<kNeedPad>(s, idx, inner, offset, out_row, row_fill, channel);
-  }
+  PadCopyPut<Elem> put{static_cast<const Elem *>(s.in), static_cast<Elem *>(s.out), Elem{}};
+  memcpy(&put.fill, s.fill, sizeof(Elem));
+  WalkElements<kNeedPad>(s, begin, end, tid, nthreads, put);
 }
 
 template <typename T>
@@ -268,38 +281,30 @@ DM_HD inline void ConvertElement(const void *in, int in_type, void *out, int out
   DM_TYPE_SWITCH(out_type, T, { StoreConverted<T>(out, kind, i, u, f); });
 }
 
+struct ConvertPut {
+  const uint8_t *in;
+  uint8_t *out;
+  const GpuSampleDesc &s;
+  const GpuBatchArgs &b;
+  int in_size, out_size;
+  bool channel_inner;
+  DM_HD DM_FORCEINLINE void operator()(int64_t o, int64_t i, int64_t si, int64_t channel) const {
+    uint8_t *dst = out + o * out_size;
+    if (i < 0) {
+      memcpy(dst, s.fill, out_size);
+    } else {
+      ConvertElement(in + i * in_size, b.in_type, dst, b.out_type, b.mean, b.stddev,
+                     channel_inner ? s.channel_offset + si : channel);
+    }
+  }
+};
+
 template <bool kNeedPad>
 DM_HD void ConvertBlock(const GpuSampleDesc &s, const GpuBatchArgs &b, uint64_t begin,
                         uint64_t end, unsigned tid, unsigned nthreads) {
-  uint64_t idx = begin + tid;
-  if (idx >= end) return;
-  const int in_size = DTypeSize(b.in_type), out_size = DTypeSize(b.out_type);
-  const uint8_t *in = static_cast<const uint8_t *>(s.in);
-  uint8_t *out = static_cast<uint8_t *>(s.out);
-  const int D = s.ndim;
-  const int64_t L = s.out_extent[D - 1];
-  const int64_t start = s.start[D - 1], step = s.step[D - 1], stride = s.in_stride[D - 1];
-  const int64_t n = s.in_extent[D - 1];
-  const int mode = s.boundary[D - 1];
-  const bool channel_inner = s.channel_axis == D - 1;
-  int64_t inner, offset, out_row, channel;
-  bool row_fill;
-  LocateRow<kNeedPad>(s, idx, inner, offset, out_row, row_fill, channel);
-  for (;;) {
-    const int64_t r = start + inner * step;
-    const int64_t si = kNeedPad ? BoundaryIndex(r, n, mode) : r;
-    uint8_t *o = out + (out_row + inner) * out_size;
-    if (kNeedPad && (row_fill || si < 0)) {
-      memcpy(o, s.fill, out_size);
-    } else {
-      ConvertElement(in + (offset + si * stride) * in_size, b.in_type, o, b.out_type, b.mean,
-                     b.stddev, channel_inner ? s.channel_offset + si : channel);
-    }
-    idx += nthreads;
-    if (idx >= end) break;
-    inner += nthreads;
-    if (inner >= L) LocateRow<kNeedPad>(s, idx, inner, offset, out_row, row_fill, channel);
-  }
+  const ConvertPut put{static_cast<const uint8_t *>(s.in), static_cast<uint8_t *>(s.out), s, b,
+                       DTypeSize(b.in_type), DTypeSize(b.out_type), s.channel_axis == s.ndim - 1};
+  WalkElements<kNeedPad>(s, begin, end, tid, nthreads, put);
 }
 
 // ---- typed conversions (the common pairs; the same results as ConvertElement) --------------------
@@ -389,6 +394,20 @@ DM_HD DM_FORCEINLINE void ConvertPlainVec(const GpuSampleDesc &s, const GpuBatch
              begin, end, tid, nthreads);
 }
 
+template <typename In, typename Out, bool kNorm>
+struct TypedConvertPut {
+  const In *__restrict__ in;
+  Out *__restrict__ out;
+  const GpuSampleDesc &s;
+  const GpuBatchArgs &b;
+  bool channel_inner;
+  Out fill;
+  DM_HD DM_FORCEINLINE void operator()(int64_t o, int64_t i, int64_t si, int64_t channel) const {
+    out[o] = i < 0 ? fill
+                   : ConvertOne<In, Out, kNorm>(in[i], b.mean, b.stddev, channel_inner ? s.channel_offset + si : channel);
+  }
+};
+
 template <typename In, typename Out, bool kNeedPad, bool kNorm>
 DM_HD void ConvertBlockTyped(const GpuSampleDesc &s, const GpuBatchArgs &b, uint64_t begin,
                              uint64_t end, unsigned tid, unsigned nthreads) {
@@ -404,35 +423,10 @@ DM_HD void ConvertBlockTyped(const GpuSampleDesc &s, const GpuBatchArgs &b, uint
         return;
     }
   }
-  uint64_t idx = begin + tid;
-  if (idx >= end) return;
-  const In *__restrict__ in = static_cast<const In *>(s.in);
-  Out *__restrict__ out = static_cast<Out *>(s.out);
-  const int D = s.ndim;
-  const int64_t L = s.out_extent[D - 1];
-  const int64_t start = s.start[D - 1], step = s.step[D - 1], stride = s.in_stride[D - 1];
-  const int64_t n = s.in_extent[D - 1];
-  const int mode = s.boundary[D - 1];
-  const bool channel_inner = s.channel_axis == D - 1;
-  Out fill;
-  memcpy(&fill, s.fill, sizeof(Out));
-  int64_t inner, offset, out_row, channel;
-  bool row_fill;
-  LocateRow<kNeedPad>(s, idx, inner, offset, out_row, row_fill, channel);
-  for (;;) {
-    const int64_t r = start + inner * step;
-    const int64_t si = kNeedPad ? BoundaryIndex(r, n, mode) : r;
-    if (kNeedPad && (row_fill || si < 0)) {
-      out[out_row + inner] = fill;
-    } else {
-      out[out_row + inner] = ConvertOne<In, Out, kNorm>(in[offset + si * stride], b.mean, b.stddev,
-                                            channel_inner ? s.channel_offset + si : channel);
-    }
-    idx += nthreads;
-    if (idx >= end) break;
-    inner += nthreads;
-    if (inner >= L) LocateRow<kNeedPad>(s, idx, inner, offset, out_row, row_fill, channel);
-  }
+  TypedConvertPut<In, Out, kNorm> put{static_cast<const In *>(s.in), static_cast<Out *>(s.out), s, b,
+                                      s.channel_axis == s.ndim - 1, Out{}};
+  memcpy(&put.fill, s.fill, sizeof(Out));
+  WalkElements<kNeedPad>(s, begin, end, tid, nthreads, put);
 }
 
 // A copy with the sample's own element size (uniform over a block: no divergence).
