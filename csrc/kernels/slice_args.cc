@@ -356,15 +356,11 @@ SliceSample CollapseAxes(const SliceSample &in) {
   r.in_offset = s.in_offset;
   r.channel_offset = s.channel_offset;
   r.channel_axis = -1;
-  int n = 0;
-  int64_t ax_in_extent[kMaxDims], ax_in_stride[kMaxDims], ax_start[kMaxDims], ax_out[kMaxDims],
-      ax_step[kMaxDims];
-  uint8_t ax_mode[kMaxDims];
-  int ax_channel = -1;
+  AxisStack ax;
   for (int d = s.ndim - 1; d >= 0; d--) {
-    bool inner_whole = n > 0 && ax_start[n - 1] == 0 && ax_step[n - 1] == 1 &&
-                       ax_out[n - 1] == ax_in_extent[n - 1] && ax_channel != n - 1;
-    bool contiguous = n > 0 && s.in_stride[d] == ax_in_extent[n - 1] * ax_in_stride[n - 1];
+    const int n = ax.n;
+    bool inner_whole = ax.InnerWhole();
+    bool contiguous = n > 0 && s.in_stride[d] == ax.in_extent[n - 1] * ax.in_stride[n - 1];
     bool outer_ok = s.step[d] == 1 && d != s.channel_axis &&
                     (s.boundary[d] == kConstant || s.boundary[d] == kPeriodic ||
                      (s.start[d] >= 0 && s.start[d] + s.out_extent[d] <= s.in_extent[d]));
@@ -372,7 +368,7 @@ SliceSample CollapseAxes(const SliceSample &in) {
     // constant or periodic axis could overflow when scaled by the row length)
     int64_t m_extent = 0, m_start = 0, m_out = 0, m_last = 0;
     if (inner_whole && contiguous && outer_ok) {
-      const int64_t k = ax_in_extent[n - 1];
+      const int64_t k = ax.in_extent[n - 1];
       const bool fits = !__builtin_mul_overflow(s.in_extent[d], k, &m_extent) &&
                         !__builtin_mul_overflow(s.start[d], k, &m_start) &&
                         !__builtin_mul_overflow(s.out_extent[d], k, &m_out) &&
@@ -382,34 +378,17 @@ SliceSample CollapseAxes(const SliceSample &in) {
       if (!fits) outer_ok = false;
     }
     if (inner_whole && contiguous && outer_ok) {
-      ax_in_extent[n - 1] = m_extent;
-      ax_start[n - 1] = m_start;
-      ax_out[n - 1] = m_out;
-      ax_step[n - 1] = 1;
+      ax.in_extent[n - 1] = m_extent;
+      ax.start[n - 1] = m_start;
+      ax.out[n - 1] = m_out;
+      ax.step[n - 1] = 1;
       // in range windows keep any rule: merged positions stay in range
-      ax_mode[n - 1] = s.boundary[d] == kPeriodic ? kPeriodic : kConstant;
+      ax.mode[n - 1] = s.boundary[d] == kPeriodic ? kPeriodic : kConstant;
       continue;
     }
-    ax_in_extent[n] = s.in_extent[d];
-    ax_in_stride[n] = s.in_stride[d];
-    ax_start[n] = s.start[d];
-    ax_out[n] = s.out_extent[d];
-    ax_step[n] = s.step[d];
-    ax_mode[n] = s.boundary[d];
-    if (d == s.channel_axis) ax_channel = n;
-    n++;
+    ax.Push(s, d);
   }
-  r.ndim = n;
-  for (int i = 0; i < n; i++) {  // reverse: outermost first
-    int d = n - 1 - i;
-    r.in_extent[d] = ax_in_extent[i];
-    r.in_stride[d] = ax_in_stride[i];
-    r.start[d] = ax_start[i];
-    r.out_extent[d] = ax_out[i];
-    r.step[d] = ax_step[i];
-    r.boundary[d] = ax_mode[i];
-  }
-  r.channel_axis = ax_channel < 0 ? -1 : n - 1 - ax_channel;
+  ax.WriteTo(&r);
   return r;
 }
 

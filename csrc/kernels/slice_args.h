@@ -84,6 +84,52 @@ std::string CheckSliceParams(const SliceParams &params);
 // so kernels see as few axes as possible. The channel axis is never merged.
 SliceSample CollapseAxes(const SliceSample &s);
 
+// The axes of a SliceSample gathered innermost first while adjacent axes are merged (CollapseAxes,
+// CollapsePiece), then written back outermost first. `ostride`: output strides, kept by callers
+// that have them (a piece of a GPU plan).
+struct AxisStack {
+  int n = 0;
+  int64_t in_extent[kMaxDims], in_stride[kMaxDims], start[kMaxDims], out[kMaxDims], step[kMaxDims],
+      ostride[kMaxDims];
+  uint8_t mode[kMaxDims];
+  int channel = -1;  // the entry holding the channel axis, or -1
+
+  // Whether the innermost entry is taken whole (start 0, step 1, all of its extent) and is not
+  // the channel axis: the condition for an outer axis to merge into it.
+  bool InnerWhole() const {
+    return n > 0 && start[n - 1] == 0 && step[n - 1] == 1 && out[n - 1] == in_extent[n - 1] &&
+           channel != n - 1;
+  }
+  // Axis `d` of `s` as a new outer entry.
+  void Push(const SliceSample &s, int d, int64_t out_stride = 0) {
+    in_extent[n] = s.in_extent[d];
+    in_stride[n] = s.in_stride[d];
+    start[n] = s.start[d];
+    out[n] = s.out_extent[d];
+    step[n] = s.step[d];
+    ostride[n] = out_stride;
+    mode[n] = s.boundary[d];
+    if (d == s.channel_axis) channel = n;
+    n++;
+  }
+  // The entries into `r` (axes, rules, channel axis), outermost first; with `out_stride`, the
+  // output strides too.
+  void WriteTo(SliceSample *r, int64_t *out_stride = nullptr) const {
+    r->ndim = n;
+    for (int i = 0; i < n; i++) {
+      const int d = n - 1 - i;
+      r->in_extent[d] = in_extent[i];
+      r->in_stride[d] = in_stride[i];
+      r->start[d] = start[i];
+      r->out_extent[d] = out[i];
+      r->step[d] = step[i];
+      r->boundary[d] = mode[i];
+      if (out_stride) out_stride[d] = ostride[i];
+    }
+    r->channel_axis = channel < 0 ? -1 : n - 1 - channel;
+  }
+};
+
 // Parses a boundary name ("constant", "periodic", "reflect", "symmetric", "edge"; "trim" for
 // mesh_roi). Returns -1 when unknown.
 int ParseBoundary(const std::string &name);

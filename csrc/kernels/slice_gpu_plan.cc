@@ -89,50 +89,27 @@ void CutSample(int64_t sample, const SliceSample &u, std::vector<Piece> *pieces)
 void CollapsePiece(Piece *p) {
   const SliceSample &s = p->s;
   SliceSample r = s;
-  int n = 0;  // merged axes, innermost first
-  int64_t in_extent[kMaxDims], in_stride[kMaxDims], start[kMaxDims], out[kMaxDims], step[kMaxDims],
-      ostride[kMaxDims];
-  uint8_t mode[kMaxDims];
-  int channel = -1;
+  AxisStack ax;  // merged axes, innermost first
   for (int d = s.ndim - 1; d >= 0; d--) {
+    const int n = ax.n;
     const bool merge =
-        n > 0 && start[n - 1] == 0 && step[n - 1] == 1 && out[n - 1] == in_extent[n - 1] &&
-        channel != n - 1 && s.in_stride[d] == in_extent[n - 1] * in_stride[n - 1] &&
-        p->out_stride[d] == out[n - 1] * ostride[n - 1] && s.step[d] == 1 &&
+        ax.InnerWhole() && s.in_stride[d] == ax.in_extent[n - 1] * ax.in_stride[n - 1] &&
+        p->out_stride[d] == ax.out[n - 1] * ax.ostride[n - 1] && s.step[d] == 1 &&
         d != s.channel_axis && s.start[d] >= 0 && s.start[d] + s.out_extent[d] <= s.in_extent[d];
     // the merged axis keeps its extent below kMaxPosition (its positions lie inside it)
     int64_t m_extent = 0;
-    if (merge && !__builtin_mul_overflow(s.in_extent[d], in_extent[n - 1], &m_extent) &&
+    if (merge && !__builtin_mul_overflow(s.in_extent[d], ax.in_extent[n - 1], &m_extent) &&
         m_extent < kMaxPosition) {
-      const int64_t k = in_extent[n - 1];
-      in_extent[n - 1] = m_extent;
-      start[n - 1] = s.start[d] * k;
-      out[n - 1] = s.out_extent[d] * k;
-      mode[n - 1] = kConstant;  // never consulted: every position is inside
+      const int64_t k = ax.in_extent[n - 1];
+      ax.in_extent[n - 1] = m_extent;
+      ax.start[n - 1] = s.start[d] * k;
+      ax.out[n - 1] = s.out_extent[d] * k;
+      ax.mode[n - 1] = kConstant;  // never consulted: every position is inside
       continue;
     }
-    in_extent[n] = s.in_extent[d];
-    in_stride[n] = s.in_stride[d];
-    start[n] = s.start[d];
-    out[n] = s.out_extent[d];
-    step[n] = s.step[d];
-    ostride[n] = p->out_stride[d];
-    mode[n] = s.boundary[d];
-    if (d == s.channel_axis) channel = n;
-    n++;
+    ax.Push(s, d, p->out_stride[d]);
   }
-  r.ndim = n;
-  for (int i = 0; i < n; i++) {  // reverse: outermost first
-    const int d = n - 1 - i;
-    r.in_extent[d] = in_extent[i];
-    r.in_stride[d] = in_stride[i];
-    r.start[d] = start[i];
-    r.out_extent[d] = out[i];
-    r.step[d] = step[i];
-    r.boundary[d] = mode[i];
-    p->out_stride[d] = ostride[i];
-  }
-  r.channel_axis = channel < 0 ? -1 : n - 1 - channel;
+  ax.WriteTo(&r, p->out_stride);
   p->s = r;
 }
 
