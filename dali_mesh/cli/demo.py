@@ -26,6 +26,7 @@ import numpy as np
 from dali_mesh.cli.args import UsageError, find_data, make_layout, parse_ints, positive_float, positive_int
 from dali_mesh.io.hdf5 import only_dataset_name
 from dali_mesh.io.pagecache import descendant_pids, evict, read_bytes
+from dali_mesh.io.read_plan import NotNativeError
 from dali_mesh.partition import take_window
 
 __all__ = ["add_arguments", "run", "write_synthetic", "MARKER"]
@@ -203,6 +204,10 @@ class _FailingSource:
     def __call__(self, sample_info):
         raise OSError(f"cannot read {self.source.files[0]}: deliberate failure (--fail-rank)")
 
+    def native_plans(self, merge_gap=None):
+        # its reads fail in partitioned_source's workers: the native reader would read the files
+        raise NotNativeError("the demo's --fail-rank source fails its reads in partitioned_source's workers")
+
 
 def mesh_of(cfg, world_size: int):
     from dali_mesh.mesh import parse_mesh_shape, resolve_mesh_shape  # noqa: PLC0415
@@ -220,7 +225,7 @@ def layout_of(cfg, mesh):
 def reader_path(source) -> tuple[str, str]:
     """``("native", "")`` when :func:`dali_mesh.fn.read_windows` reads ``source`` with the native
     operator, else ``("partitioned_source", why)``."""
-    from dali_mesh.pipeline.native import NotNativeError, plan_windows  # noqa: PLC0415
+    from dali_mesh.pipeline.native import plan_windows  # noqa: PLC0415
 
     try:
         plan_windows(source)
