@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-# tests/ holds the shared oracles and random data (tests/oracles.py), also when tests/gpu runs alone
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# the repository root, for tests.helpers (the oracles and random data), also when tests/gpu runs alone;
+# never tests/ itself (tests/torch would hide torch)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 class Device:

@@ -21,7 +21,7 @@ from nvidia.dali import fn, pipeline_def, types  # noqa: E402
 from dali_mesh import Layout, MeshInfo  # noqa: E402
 from dali_mesh._kernels import reference_strided_slice  # noqa: E402
 from dali_mesh.partition import take_window  # noqa: E402
-from oracles import DTYPES, MODES, SEED, random_array  # noqa: E402
+from tests.helpers import DTYPES, MODES, SEED, random_array  # noqa: E402
 
 if dali_backend.GetCUDADeviceCount() < 1:
     pytest.skip("no CUDA GPU visible to DALI", allow_module_level=True)

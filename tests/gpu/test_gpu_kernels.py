@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dali_mesh import _kernels as K
-from oracles import DTYPES, MODES, SEED, random_array
+from tests.helpers import DTYPES, MODES, SEED, random_array
 
 pytestmark = pytest.mark.gpu
 

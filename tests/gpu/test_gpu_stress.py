@@ -20,7 +20,7 @@ import pytest
 
 from dali_mesh import _kernels as K
 from dali_mesh.partition import boundary_index
-from oracles import MODES, SEED, random_array
+from tests.helpers import MODES, SEED, random_array
 
 # ---- device helpers (torch or cupy, as tests/gpu/conftest.py's Device) -------------------------------
 

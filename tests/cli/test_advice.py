@@ -1,0 +1,173 @@
+"""`dali-mesh plan --data`: predicted cold bytes per rank equal what the readers count (IOStats)."""
+from __future__ import annotations
+import json
+
+import numpy as np
+import pytest
+
+from dali_mesh import Layout, MeshInfo
+from dali_mesh.cli.advice import aligned_chunks, open_layout_target
+from dali_mesh.cli import main
+from dali_mesh.io import IOStats
+from dali_mesh.io.npy import read_npy_window
+
+SHAPE = (6, 40, 300)  # odd sizes: shards of 10/10/10/10 rows, 75 columns; rows of 1200 bytes
+
+
+def _plan(capsys, data, *extra):
+    assert main(["plan", "--data", str(data), "--json"] + list(extra)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _layout(mesh_shape, names, rank, **kw):
+    mesh = MeshInfo(mesh_shape, names).with_rank(rank)
+    return Layout(mesh, **kw)
+
+
+def _check_rows(rows, read, layout_kw, mesh_shape, names, shape=SHAPE):
+    assert rows
+    for row in rows:
+        layout = _layout(mesh_shape, names, row["rank"], **layout_kw)
+        region = layout.region(shape)
+        stats = IOStats()
+        window = read(region, stats)
+        assert stats.window_bytes == window.nbytes
+        assert row["needed_bytes"] <= row["bytes"] == window.nbytes
+        assert stats.bytes_read == pytest.approx(row["cold_bytes"], rel=0.01), (row, stats)
+
+
+@pytest.fixture(scope="module")
+def sample():
+    return np.random.default_rng(3).standard_normal(SHAPE).astype(np.float32)
+
+
+@pytest.mark.parametrize("axis,extra,layout_kw", [
+    (0, [], {}),
+    (1, ["--halo", "1=2", "--boundary", "1=periodic"], {"halo": {1: 2}, "boundary": {1: "periodic"}}),
+    (2, ["--halo", "2=3"], {"halo": {2: 3}}),
+    (2, ["--split", "even"], {"split": "even"}),
+])
+def test_npy_cold_bytes_equal_reader_counters(tmp_path, capsys, sample, axis, extra, layout_kw):
+    path = tmp_path / "s.npy"
+    np.save(path, sample)
+    rows = _plan(capsys, path, "--mesh", "mp=4", "--shard", f"mp={axis}", *extra)
+    kw = dict(shard={"mp": axis}, **layout_kw)
+    _check_rows(rows, lambda region, st: read_npy_window(str(path), region, stats=st), kw, (4,), ("mp",))
+    if axis == 2:  # innermost split: every page holds window bytes of every rank
+        assert all(r["cold_bytes"] > 3 * r["needed_bytes"] for r in rows)
+    if axis == 0:
+        assert all(r["cold_bytes"] < 1.1 * r["needed_bytes"] for r in rows if r["needed_bytes"])
+        assert rows[3]["needed_bytes"] == 0 and rows[3]["cold_bytes"] == 512  # an empty shard: the header only
+
+
+@pytest.mark.parametrize("chunks", [None, (1, 3, 8, 300), (2, 6, 40, 64), (1, 6, 10, 75)])
+def test_hdf5_cold_bytes_equal_reader_counters(tmp_path, capsys, sample, chunks):
+    h5py = pytest.importorskip("h5py")
+    from dali_mesh.io.hdf5 import open_hdf5_dataset, read_hdf5_window
+
+    path = tmp_path / "s.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("fields", data=np.stack([sample, sample + 1]), chunks=chunks)
+    rows = _plan(capsys, path, "--mesh", "dp=2,mp=2", "--shard", "mp=2", "--halo", "2=1")
+    f, ds = open_hdf5_dataset(str(path), "fields")
+    with f:
+        _check_rows(rows, lambda region, st: read_hdf5_window(ds, region, prefix=(0,), stats=st),
+                    {"shard": {"mp": 2}, "halo": {2: 1}}, (2, 2), ("dp", "mp"))
+    if chunks == (1, 6, 10, 75):  # windows of 151 columns touch 3 chunks of 75: 225 columns read
+        assert all(r["cold_bytes"] < 2 * r["needed_bytes"] for r in rows)
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_zarr_cold_bytes_equal_reader_counters(tmp_path, capsys, sample, zarr_format):
+    zarr = pytest.importorskip("zarr")
+    from dali_mesh.io.zarr import open_zarr_array, read_zarr_window
+
+    path = tmp_path / "s.zarr"
+    data = np.stack([sample, sample * 2])
+    arr = zarr.create_array(store=str(path), shape=data.shape, chunks=(1, 2, 16, 128), dtype="f4",
+                            zarr_format=zarr_format)  # default compressor: chunk objects differ in size
+    arr[...] = data
+    rows = _plan(capsys, path, "--mesh", "mp=3", "--shard", "mp=1", "--halo", "1=2", "--boundary", "1=periodic")
+    z = open_zarr_array(str(path))
+    _check_rows(rows, lambda region, st: read_zarr_window(z, region, prefix=(0,), stats=st),
+                {"shard": {"mp": 1}, "halo": {1: 2}, "boundary": {1: "periodic"}}, (3,), ("mp",))
+
+
+def test_advice_names_a_chunk_shape_that_reads_the_window(tmp_path, capsys, sample):
+    path = tmp_path / "s.npy"
+    np.save(path, sample)
+    assert main(["plan", "--data", str(path), "--mesh", "dp=2,mp=4", "--shard", "mp=2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "cold read" in out[1] and "x window" in out[1]
+    assert out[-1].startswith("advice: store the data chunked (1, 6, 40, 75) ") and "~1.00x" in out[-1], out[-1]
+    assert main(["plan", "--data", str(path), "--mesh", "dp=2,mp=4", "--shard", "mp=0"]) == 0
+    assert "advice:" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("split,sizes,expect", [
+    ("chunk", (721,), 181),         # 181, 181, 181, 178: boundaries 181, 362, 543
+    ("even", (721,), 181),          # 181, 180, 180, 180: no common size: the largest shard
+    ("chunk", (1440,), 360),
+])
+def test_aligned_chunks(split, sizes, expect):
+    layout = Layout(MeshInfo((4,), ("mp",)), shard={"mp": 1}, split=split)
+    assert aligned_chunks(layout, (8,) + sizes, 4) == (1, 8, expect)
+
+
+def test_aligned_chunks_nested_and_capped():
+    layout = Layout(MeshInfo((2, 2, 3), ("dp", "h", "w")), shard={"h": 1, "w": 1}, batch="dp")
+    assert aligned_chunks(layout, (4, 24, 10), 4) == (1, 4, 4, 10)  # 2x3 = 6 shards of 4 rows
+    layout = Layout(MeshInfo((4,), ("mp",)), shard={"mp": 2})
+    chunks = aligned_chunks(layout, (64, 1024, 2048), 4, max_bytes=1 << 20)
+    assert np.prod(chunks) * 4 <= 1 << 20 and chunks[3] == 512 and 512 % chunks[3] == 0
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--data", "nowhere.npy", "--mesh", "mp=2", "--shard", "mp=0"], "--data 'nowhere.npy' does not exist"),
+    (["--data", "{npy}", "--mesh", "mp=2", "--shard", "mp=0", "--dataset", "x"], "a .npy file has none"),
+    (["--data", "{npy}", "--mesh", "mp=2", "--shard", "mp=0", "--shape", "1,2"], "disagrees with --data"),
+    (["--data", "{npy}", "--mesh", "mp=2", "--shard", "mp=0", "--dtype", "float64"], "disagrees with --data"),
+    (["--mesh", "mp=2", "--shard", "mp=0"], "plan needs --shape"),
+])
+def test_plan_data_errors(tmp_path, capsys, sample, argv, message, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    np.save(tmp_path / "s.npy", sample)
+    argv = [a.replace("{npy}", str(tmp_path / "s.npy")) for a in argv]
+    assert main(["plan"] + argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and message in err, err
+
+
+def test_open_layout_target_folder_takes_first_file(tmp_path, sample):
+    np.save(tmp_path / "b.npy", sample)
+    np.save(tmp_path / "a.npy", sample[:, :10])
+    target = open_layout_target(str(tmp_path))
+    assert target.path.endswith("a.npy") and target.sample_shape == (6, 10, 300)
+
+
+# ---- chunk advice for unequal explicit sizes says plainly that no regular grid reads ~1.0x -----------------
+def test_advice_for_unequal_explicit_sizes(tmp_path, capsys):
+    pytest.importorskip("h5py")
+    from dali_mesh.cli.advice import chunk_advice
+    from dali_mesh.cli import main
+
+    layout = Layout(MeshInfo((4,), ("mp",)), shard={"mp": 2}, split={"mp": [250, 262, 256, 256]})
+    chunks, note = chunk_advice(layout, (4, 64, 1024), 4)
+    assert chunks == (1, 4, 64, 262)
+    assert "only common chunk width is 2 cells" in note and "256/256/256/256" in note
+    # the common width when its chunks are large enough: a grid on every boundary, no note
+    chunks, note = chunk_advice(layout, (512, 256, 1024), 4)
+    assert chunks == (1, 512, 256, 2) and note is None
+    a = np.arange(4 * 64 * 1024, dtype="<f4").reshape(4, 64, 1024)
+    np.save(tmp_path / "u.npy", a)
+    args = ["--mesh", "mp=4", "--shard", "mp=2", "--split", "mp=250/262/256/256"]
+    assert main(["convert", str(tmp_path / "u.npy"), str(tmp_path / "u.h5"), "--no-progress"] + args) == 0
+    assert "note: these chunks do not follow every shard boundary" in capsys.readouterr().out
+    assert main(["plan", "--data", str(tmp_path / "u.npy")] + args) == 0
+    out = capsys.readouterr().out.splitlines()[-1]
+    assert out.startswith("advice: no chunk shape aligned with these shards reads ~1.0x") and "~2.05x" in out
+    assert main(["plan", "--data", str(tmp_path / "u.h5")] + args) == 0
+    out = capsys.readouterr().out.splitlines()[-1]
+    assert "The data already has the best regular chunks found ((1, 4, 64, 262), ~2.05x)" in out
+    assert "store the data chunked" not in out
+    np.testing.assert_array_equal(__import__("h5py").File(tmp_path / "u.h5")["data"][0], a)

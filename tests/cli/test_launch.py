@@ -1,0 +1,68 @@
+"""The local launcher (dali_mesh.cli.launch.run_ranks): an interrupted parent stops every rank."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tests.helpers import ROOT
+
+
+# ---- Ctrl-C on the parent of run_ranks stops every rank and what it started ---------------------------
+def _sleeping_rank(rank, world_size, pid_dir):
+    child = subprocess.Popen(["sleep", "300"])  # a helper of the rank (as DALI workers are)
+    with open(os.path.join(pid_dir, f"{rank}.tmp"), "w") as f:
+        f.write(f"{os.getpid()} {child.pid}")
+    os.rename(os.path.join(pid_dir, f"{rank}.tmp"), os.path.join(pid_dir, f"{rank}.pids"))
+    time.sleep(300)
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_run_ranks_interrupted_stops_every_rank(tmp_path, sig):
+    pytest.importorskip("torch")
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{ROOT!r}]
+        from tests.cli.test_launch import _sleeping_rank
+        from dali_mesh.cli.launch import run_ranks
+        run_ranks(_sleeping_rank, 2, {str(tmp_path / 'run')!r}, {str(pid_dir)!r}, timeout_s=200)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    parent = subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE)
+    pids = []
+    try:
+        end = time.monotonic() + 120
+        while len(list(pid_dir.glob("*.pids"))) < 2:
+            assert parent.poll() is None, parent.stderr.read().decode()[-2000:]
+            assert time.monotonic() < end, "the ranks did not start within 120 s"
+            time.sleep(0.1)
+        pids = [int(p) for f in pid_dir.glob("*.pids") for p in f.read_text().split()]
+        assert all(_alive(p) for p in pids)
+        parent.send_signal(sig)
+        parent.wait(timeout=30)
+        end = time.monotonic() + 10
+        while any(_alive(p) for p in pids) and time.monotonic() < end:
+            time.sleep(0.1)
+        assert not [p for p in pids if _alive(p)], "ranks or their helpers outlived the interrupted parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        for p in pids:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)

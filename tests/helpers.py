@@ -1,0 +1,236 @@
+"""What the tests share: the numpy oracles and random test data, the native reader's skips and meshes,
+a one-shot CPU pipeline, and running a script in a fresh interpreter.
+
+Import as ``from tests.helpers import ...`` (the repository root is on ``sys.path`` under pytest;
+``tests/`` itself never is: ``tests/torch`` and ``tests/io`` are packages, not the libraries)."""
+import os
+import random
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from dali_mesh import MeshInfo
+from dali_mesh.partition import Region
+
+#: the repository root (a str: it goes into PYTHONPATH and subprocess scripts)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+NP_MODE = {"constant": "constant", "periodic": "wrap", "reflect": "reflect", "symmetric": "symmetric", "edge": "edge"}
+
+
+def np_pad_window(domain_array, region):
+    """The oracle: np.pad the domain, one axis at a time with that axis's numpy mode, then slice."""
+    padded = domain_array
+    pads = region.pads
+    for a, mode in enumerate(region.boundary):
+        if mode == "trim":
+            assert pads[a] == (0, 0)
+            continue
+        width = [(0, 0)] * padded.ndim
+        width[a] = pads[a]
+        kwargs = {"constant_values": region.fill_value} if mode == "constant" else {}
+        padded = np.pad(padded, width, mode=NP_MODE[mode], **kwargs)
+    index = []
+    for a in range(region.ndim):
+        lo = region.window_start[a] - region.domain_start[a] + pads[a][0]
+        index.append(slice(lo, lo + region.window_shape[a]))
+    return padded[tuple(index)]
+
+
+def np_pad_sample(sample, region):
+    """The window of a whole sample by np.pad of its domain (the crop box)."""
+    domain = sample[tuple(slice(a, b) for a, b in zip(region.domain_start, region.domain_stop))]
+    return np_pad_window(domain, region)
+
+
+# ---- random test data of the kernel and operator tests ------------------------------------------
+#: Random data each run; the seed is in every failure message (set DALI_MESH_TEST_SEED to replay).
+SEED = int(os.environ.get("DALI_MESH_TEST_SEED", random.SystemRandom().randrange(2**31)))
+MODES = ("constant", "periodic", "reflect", "symmetric", "edge")
+DTYPES = [np.uint8, np.uint16, np.uint32, np.uint64, np.int8, np.int16, np.int32, np.int64,
+          np.float16, np.float32, np.float64, np.bool_]
+
+
+def random_array(rng: np.random.Generator, shape, dtype, *, beyond_int: bool = True) -> np.ndarray:
+    """Random values of ``dtype``: integers over the dtype's whole range, floats normal (wider for
+    float16, some beyond its range: inf); ``beyond_int``: a few float values beyond every integer
+    range (to test saturating casts)."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, shape).astype(bool)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+    scale = 3e4 if dtype == np.float16 else 1e3
+    x = rng.normal(0, scale, shape)
+    if beyond_int and x.size and dtype != np.float16:
+        flat = x.reshape(-1)
+        flat[rng.integers(0, flat.size, max(1, flat.size // 16))] *= 1e17
+    with np.errstate(over="ignore"):  # values beyond float16: inf, on purpose
+        return x.astype(dtype)
+
+
+def random_region(rng: np.random.Generator, shape, mode: str, max_halo: int = 6, dtype=None,
+                  fill_value=None) -> Region:
+    """A random domain (crop) of ``shape`` and a random window around it reaching up to ``max_halo``
+    cells beyond it (inside it for ``trim``); ``fill_value`` by default one that ``dtype`` holds."""
+    ds, de, ws, we = [], [], [], []
+    for n in shape:
+        a = int(rng.integers(0, n))
+        b = int(rng.integers(a + 1, n + 1))
+        if mode == "trim":
+            u = int(rng.integers(a, b))
+            v = int(rng.integers(u, b + 1))
+        else:
+            u = int(rng.integers(a - max_halo, b))
+            v = int(rng.integers(u + 1, b + max_halo + 1))
+        ds.append(a), de.append(b), ws.append(u), we.append(v)
+    if fill_value is None:
+        kind = np.dtype(dtype).kind if dtype is not None else "f"
+        fill_value = {"b": 1, "u": 7}.get(kind, -7)
+    return Region(ds, de, ds, de, ws, we, mode, fill_value=fill_value)
+
+
+# ---- the native reader -------------------------------------------------------------------------
+def needs_read_windows():
+    """Skips the calling test unless the plugin is built and has the read_windows operator."""
+    from dali_mesh.fn import load_plugin
+
+    try:
+        ops = load_plugin()
+    except ImportError as e:
+        pytest.skip(f"plugin not built: {e}")
+    if not hasattr(ops, "read_windows"):
+        pytest.skip("the plugin has no read_windows operator: rebuild it")
+
+
+def mesh_of(shape, coord):
+    """A mesh whose first dim is data_parallel and the others m0, m1, ...; this rank at ``coord``."""
+    names = ("data_parallel",) + tuple(f"m{i}" for i in range(len(shape) - 1))
+    return MeshInfo(shape, names, coord)
+
+
+def dali_gpus() -> int:
+    """CUDA devices DALI sees (0 without a driver: DALI says so by raising)."""
+    try:
+        from nvidia.dali import backend
+
+        return backend.GetCUDADeviceCount()
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+# ---- DALI: one batch through a CPU pipeline -----------------------------------------------------
+def _constant(b):
+    return lambda: b  # no parameters: DALI would pass the iteration index to one
+
+
+def run_pipeline(graph, batch, num_threads=2):
+    """Runs graph(*inputs) once on a CPU pipeline: `batch` is a list of per-input lists of arrays;
+    returns one list of numpy arrays per output (imports DALI)."""
+    from nvidia.dali import fn, pipeline_def
+
+
+    @pipeline_def(batch_size=len(batch[0]), num_threads=num_threads, device_id=None, exec_dynamic=True)
+    def pipe():
+        inputs = [fn.external_source(source=_constant(b), batch=True) for b in batch]
+        out = graph(*inputs)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+    p = pipe()
+    p.build()
+    outs = p.run()
+    return [[np.array(o[i]) for i in range(len(batch[0]))] for o in outs]
+
+
+# ---- a fresh interpreter ---------------------------------------------------------------------------
+def run_python(script: str, *args: str, env: dict | None = None, timeout: float = 150, cwd: str | None = ROOT,
+               check: bool = False) -> subprocess.CompletedProcess:
+    """Runs ``script`` (dedented) in a fresh ``python -c`` with the repository root on PYTHONPATH and
+    ``env`` added to this process's environment, output captured as text; ``check``: a non-zero exit fails the calling test with its output."""
+    full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, full_env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env=full_env)
+    if check and proc.returncode != 0:
+        pytest.fail(f"exit {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def native_pipeline(src, *, batch_size=None, threads=2, checkpoint=None, **kw):
+    """A built CPU pipeline of ``read_windows(src, fallback=False, **kw)`` (checkpointing on,
+    prefetch depth 1; ``batch_size``: the source's by default)."""
+    from nvidia.dali import pipeline_def
+
+    from dali_mesh.pipeline import native
+
+    @pipeline_def(batch_size=batch_size or src.batch_size, num_threads=threads, device_id=None,
+                  enable_checkpointing=True, prefetch_queue_depth=1)
+    def pipe():
+        return native.read_windows(src, fallback=False, **kw)
+
+    p = pipe(checkpoint=checkpoint) if checkpoint is not None else pipe()
+    p.build()
+    return p
+
+
+def native_batches(src, n_batches, *, threads=2, **kw):
+    """``(sample id, window)`` of every sample of the first ``n_batches`` batches of
+    :func:`native_pipeline`."""
+    p = native_pipeline(src, threads=threads, **kw)
+    out = []
+    for _ in range(n_batches):
+        w, ids, _ = p.run()
+        out += [(int(np.array(ids[i])), np.array(w[i])) for i in range(len(w))]
+    return out
+
+
+def one_rank_layout(shard_axis=0):
+    """A one-rank mesh ("mp",) sharding ``shard_axis``: the window is the whole sample."""
+    from dali_mesh import Layout
+
+    return Layout(MeshInfo((1,), ("mp",), (0,)), shard={"mp": shard_axis})
+
+
+# ---- crafted plan files (the typed plan objects, checked by nothing here) ---------------------------
+def crafted_plan(ndim, itemsize, swap, fortran, shape, fo, do, ub, gb, ge, check=b"", check_off=0, fill=b"",
+                 axes=None):
+    """A plan as given (``ndim`` is ``len(shape)``), for plans the reader must refuse or read exactly."""
+    from dali_mesh.io.read_plan import AxisProgram, ReadPlan
+
+    assert ndim == len(shape)
+    ints = [np.asarray(v, np.int64) for v in (fo, do, ub, gb, ge)]
+    programs = tuple(AxisProgram(*(np.asarray(v, np.int64) for v in a)) for a in (axes or [([], [], [])] * ndim))
+    return ReadPlan(itemsize, swap, fortran, tuple(shape), *ints, check_off, check, fill, programs)
+
+
+def crafted_plan_file(path, plans, files, items):
+    """A plan file of exactly these plans, files ``[(path, expected size)]`` and items."""
+    from dali_mesh.io.read_plan import PlanFile, PlanSet
+
+    plan_set = PlanSet(np.dtype(np.float32), 1, plans=list(plans), files=[PlanFile(p, s) for p, s in files])
+    plan_set.items = items
+    with open(path, "wb") as f:
+        f.write(plan_set.to_bytes())
+    return str(path)
+
+
+def run_plan_file(plan_path, dtype=None):
+    """The outputs of ``fn.dali_mesh.read_windows`` on the plan file for sample id 0 (one batch)."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    from dali_mesh.fn import load_plugin
+
+    ops = load_plugin()
+
+    @pipeline_def(batch_size=1, num_threads=1, device_id=None)
+    def pipe():
+        ids = fn.external_source(source=lambda: [np.array(0, np.int64)], batch=True, dtype=types.INT64)
+        return ops.read_windows(ids, plan_file=plan_path, dtype=types.FLOAT if dtype is None else dtype)
+
+    p = pipe()
+    p.build()
+    return p.run()

@@ -1,0 +1,685 @@
+"""Hostile inputs against the native reader (dali_mesh.pipeline.native.read_windows, fn.dali_mesh.read_windows).
+
+Files changed AFTER the plan was made (between pipe.build() and pipe.run()): truncated, grown,
+rewritten with another shape or dtype, replaced by a FIFO, a folder or nothing; HDF5 and Zarr
+rewritten with another layout. Each gives an error naming the file, and every batch delivered before
+it equals the window of the original contents (never garbage). Then int64 extremes of the per-sample
+input (the sample id) and of task_bytes, plan files deleted or corrupted (every word of one, and a
+subprocess that must not crash on checksum-valid nonsense), two pipelines with different sources in
+one process, and checkpoint resume across an epoch boundary. Every test is bounded by a timeout.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dali_mesh.partition import take_window
+from dali_mesh.source import HDF5Source
+
+dali = pytest.importorskip("nvidia.dali")
+from nvidia.dali import fn, pipeline_def, types  # noqa: E402
+
+from dali_mesh.pipeline import native  # noqa: E402
+from tests.helpers import SEED, random_array  # noqa: E402
+from tests.helpers import mesh_of, needs_read_windows  # noqa: E402
+from dali_mesh import Layout, MeshInfo
+from dali_mesh.source import NumpySource
+from tests.helpers import crafted_plan, crafted_plan_file, run_plan_file, run_python  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True)
+def _plugin():
+    needs_read_windows()
+
+
+def _layout():
+    return Layout(mesh_of((1, 3), (0, 1)), shard={"m0": 1}, halo={1: 2, 2: 1},
+                  boundary={1: "reflect", 2: "periodic"})
+
+
+def _built(src, *, threads=2, checkpoint=None, **kw):
+    @pipeline_def(batch_size=src.batch_size, num_threads=threads, device_id=None, enable_checkpointing=True,
+                  prefetch_queue_depth=1)
+    def pipe():
+        return native.read_windows(src, fallback=False, **kw)
+
+    p = pipe(checkpoint=checkpoint) if checkpoint is not None else pipe()
+    p.build()
+    return p
+
+
+def _npy_files(tmp_path, n=4, shape=(3, 12, 8), dtype=np.float32):
+    rng = np.random.default_rng(SEED)
+    files = []
+    for i in range(n):
+        files.append(str(tmp_path / f"s{i}.npy"))
+        np.save(files[-1], random_array(rng, shape, dtype))
+    return files
+
+
+def _error_naming_a_file_no_garbage(p, n_batches, windows_of, pattern):
+    """Run one epoch: an error matching ``pattern`` must come, and every batch delivered before it
+    must hold the original windows (``windows_of(sample_id)``)."""
+    with pytest.raises(Exception, match=pattern):
+        for _ in range(n_batches):
+            w, ids, _ = p.run()
+            for k in range(len(ids)):
+                np.testing.assert_array_equal(np.array(w[k]), windows_of(int(np.array(ids[k]))))
+        pytest.fail("the epoch ended without an error")
+
+
+# ---- files changed between pipe.build() and pipe.run() --------------------------------------------
+def _truncate(f):
+    with open(f, "r+b") as fh:
+        fh.truncate(os.path.getsize(f) - 4)
+
+
+def _grow(f):
+    with open(f, "ab") as fh:
+        fh.write(b"\0" * 16)
+
+
+def _transpose(f):  # same bytes, another shape: only the header says so
+    np.save(f, np.load(f).reshape(12, 3, 8))
+
+
+def _retype(f):  # same size, int32 instead of float32
+    np.save(f, np.load(f).view(np.int32))
+
+
+def _other_shape(f):
+    np.save(f, np.zeros((3, 13, 8), np.float32))
+
+
+def _fifo(f):
+    os.unlink(f)
+    os.mkfifo(f)
+
+
+def _folder(f):
+    os.unlink(f)
+    os.mkdir(f)
+
+
+CHANGES = {
+    "truncated": (_truncate, "the file is truncated: \\d+ bytes, but its layout"),
+    "grown": (_grow, "the file is \\d+ bytes, but the plan .* expects \\d+"),
+    "transposed": (_transpose, "its header differs from the one planned for"),
+    "retyped": (_retype, "its header differs from the one planned for"),
+    "other_shape": (_other_shape, "the file is \\d+ bytes, but the plan"),
+    "fifo": (_fifo, "not a regular file"),
+    "folder": (_folder, "not a regular file"),
+    "deleted": (os.unlink, "no such file"),
+}
+
+
+@pytest.mark.parametrize("per_sample", [False, True])
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_npy_changed_after_build(tmp_path, change, per_sample):
+    files = _npy_files(tmp_path)
+    src = NumpySource(files, _layout(), batch_size=2, shuffle=True, seed=1, per_sample_shapes=per_sample)
+    expect = [take_window(np.load(f), src.layout.region(np.load(f).shape)) for f in files]
+    p = _built(src)
+    do, message = CHANGES[change]
+    for f in files:
+        do(f)
+    name = re.escape(str(tmp_path)) + r"/s\d\.npy: "
+    _error_naming_a_file_no_garbage(p, len(src) // 2, expect.__getitem__, name + message)
+
+
+def test_npy_rewritten_with_the_same_layout_is_read_anew(tmp_path):
+    # the header check refuses other layouts, not new contents: the same layout reads the new values
+    files = _npy_files(tmp_path)
+    src = NumpySource(files, _layout(), batch_size=2, shuffle=False)
+    p = _built(src)
+    for f in files:
+        np.save(f, np.load(f) * 2 + 1)
+    w, ids, _ = p.run()
+    for k in range(2):
+        sid = int(np.array(ids[k]))
+        np.testing.assert_array_equal(np.array(w[k]), take_window(np.load(files[sid]), src.region))
+
+
+def _h5(path, data, chunks=None):
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        f.create_dataset("fields", data=data, chunks=chunks)
+
+
+@pytest.mark.parametrize("chunks", [None, (1, 3, 4, 8)])
+@pytest.mark.parametrize("change", ["transposed", "retyped", "truncated"])
+def test_hdf5_changed_after_build(tmp_path, chunks, change):
+    pytest.importorskip("h5py")
+    rng = np.random.default_rng(SEED)
+    data = random_array(rng, (4, 3, 12, 8), np.float32)
+    path = str(tmp_path / "y.h5")
+    _h5(path, data, chunks)
+    src = HDF5Source([path], "fields", _layout(), batch_size=2, shuffle=False)
+    p = _built(src)
+    size = os.path.getsize(path)
+    if change == "transposed":  # same file size, frames (12, 3, 8): the dataset's header differs
+        _h5(path, data.reshape(4, 12, 3, 8), None if chunks is None else (1, 4, 3, 8))
+        assert os.path.getsize(path) == size
+        message = "its header differs from the one planned for"
+    elif change == "retyped":
+        _h5(path, data.view(np.int32), chunks)
+        assert os.path.getsize(path) == size
+        message = "its header differs from the one planned for"
+    else:
+        _truncate(path)
+        message = "the file is truncated"
+    _error_naming_a_file_no_garbage(p, len(src) // 2, lambda t: take_window(data[t], src.region),
+                                    re.escape(path) + ": " + message)
+
+
+@pytest.mark.parametrize("change", ["retyped", "rechunked"])
+def test_zarr_changed_after_build(tmp_path, change):
+    zarr = pytest.importorskip("zarr")
+    from dali_mesh.source import ZarrSource
+
+    rng = np.random.default_rng(SEED)
+    data = random_array(rng, (4, 3, 12, 8), np.float32)
+    store = str(tmp_path / "z.zarr")
+    z = zarr.create_array(store, shape=data.shape, chunks=(1, 3, 4, 8), dtype="f4", compressors=None, zarr_format=2)
+    z[:] = data
+    src = ZarrSource([store], None, _layout(), batch_size=2, shuffle=False)
+    p = _built(src)
+    shutil.rmtree(store)
+    if change == "retyped":
+        # int32: every chunk file keeps its name and size; only the metadata file tells
+        z = zarr.create_array(store, shape=data.shape, chunks=(1, 3, 4, 8), dtype="i4", compressors=None,
+                              zarr_format=2)
+        z[:] = data.view(np.int32)
+        message = re.escape(os.path.join(store, ".zarray")) + ": its metadata .* differs"
+    else:
+        # chunks of the same byte count, (1, 3, 8, 4): some chunk files keep their names and sizes,
+        # others are gone; whichever file is opened first is named
+        z = zarr.create_array(store, shape=data.shape, chunks=(1, 3, 8, 4), dtype="f4", compressors=None,
+                              zarr_format=2)
+        z[:] = data
+        message = re.escape(store) + r"/([.\d]+: no such file|\.zarray: its metadata .* differs)"
+    _error_naming_a_file_no_garbage(p, len(src) // 2, lambda t: take_window(data[t], src.region), message)
+
+
+# ---- the per-sample input and task_bytes: int64 extremes ------------------------------------------
+def _direct(plan_path, ids, dtype=types.FLOAT, **kw):
+    """The operator alone, fed ``ids`` (one list per batch) by an external source."""
+    from dali_mesh.fn import load_plugin
+
+    batches = iter(ids)
+
+    @pipeline_def(batch_size=len(ids[0]), num_threads=1, device_id=None, prefetch_queue_depth=1)
+    def pipe():
+        x = fn.external_source(source=lambda: next(batches), batch=True)
+        return load_plugin().read_windows(x, plan_file=plan_path, dtype=dtype, **kw)
+
+    p = pipe()
+    p.build()
+    return p
+
+
+@pytest.mark.parametrize("bad", [2**63 - 1, -2**63, -1, 4, 2**31 - 1, -2**31])
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_sample_ids_out_of_range(tmp_path, bad, dtype):
+    if np.iinfo(dtype).min > bad or bad > np.iinfo(dtype).max:
+        pytest.skip("not representable")
+    files = _npy_files(tmp_path)
+    src = NumpySource(files, _layout(), batch_size=2, shuffle=False)
+    path = native.plan_source(src).write(str(tmp_path / "plans"))
+    p = _direct(path, [[np.array(1, dtype), np.array(bad, dtype)]])
+    with pytest.raises(RuntimeError, match=f"sample id {bad} is out of range for the 4 samples of {re.escape(path)}"):
+        p.run()
+
+
+def test_sample_ids_of_other_types_and_shapes(tmp_path):
+    files = _npy_files(tmp_path)
+    src = NumpySource(files, _layout(), batch_size=1, shuffle=False)
+    path = native.plan_source(src).write(str(tmp_path / "plans"))
+    with pytest.raises(RuntimeError, match="sample ids have type .*; expected int32 or int64"):
+        _direct(path, [[np.array(1.0, np.float32)]]).run()
+    with pytest.raises(RuntimeError, match="one sample id per sample, got shape"):
+        _direct(path, [[np.array([0, 1], np.int64)]]).run()
+    with pytest.raises(RuntimeError, match="one sample id per sample, got shape"):
+        _direct(path, [[np.zeros(0, np.int64)]]).run()
+    # int32 and int64 ids, valid: the windows of those samples
+    for dt in (np.int32, np.int64, np.uint8):
+        if dt == np.uint8:
+            with pytest.raises(RuntimeError, match="expected int32 or int64"):
+                _direct(path, [[np.array(3, dt)]]).run()
+            continue
+        (w,) = _direct(path, [[np.array(3, dt)]]).run()
+        np.testing.assert_array_equal(np.array(w[0]), take_window(np.load(files[3]), src.region))
+
+
+@pytest.mark.parametrize("task_bytes", [2**63 - 1, -2**63, 0, 1])
+def test_task_bytes_extremes_read_the_same_windows(tmp_path, task_bytes):
+    files = _npy_files(tmp_path, shape=(3, 40, 24))
+    src = NumpySource(files, _layout(), batch_size=2, shuffle=False)
+    p = _built(src, task_bytes=task_bytes)
+    for _ in range(len(src) // 2):
+        w, ids, _ = p.run()
+        for k in range(2):
+            sid = int(np.array(ids[k]))
+            np.testing.assert_array_equal(np.array(w[k]), take_window(np.load(files[sid]), src.region))
+
+
+# ---- plan files -----------------------------------------------------------------------------------
+def test_plan_file_deleted_before_and_after_build(tmp_path):
+    files = _npy_files(tmp_path)
+    src = NumpySource(files, _layout(), batch_size=2, shuffle=False)
+    plan_dir = str(tmp_path / "plans")
+
+    @pipeline_def(batch_size=2, num_threads=1, device_id=None)
+    def pipe():
+        return native.read_windows(src, fallback=False, plan_dir=plan_dir)
+
+    p = pipe()
+    (name,) = os.listdir(plan_dir)  # written when the graph was defined
+    os.unlink(os.path.join(plan_dir, name))
+    with pytest.raises(RuntimeError, match=f"{re.escape(os.path.join(plan_dir, name))}: cannot open the plan file"):
+        p.build()
+    q = pipe()
+    q.build()  # the operator loaded its plan: the file is no longer needed
+    for n in os.listdir(plan_dir):
+        os.unlink(os.path.join(plan_dir, n))
+    w, ids, _ = q.run()
+    np.testing.assert_array_equal(np.array(w[0]), take_window(np.load(files[int(np.array(ids[0]))]), src.region))
+
+
+def _plan_bytes(tmp_path):
+    files = _npy_files(tmp_path, n=2, shape=(2, 6, 5))
+    src = NumpySource(files, _layout(), batch_size=1, shuffle=False)
+    return native.plan_source(src).to_bytes(), files, src
+
+
+def test_every_corrupted_word_of_a_plan_file_is_refused(tmp_path):
+    data, files, src = _plan_bytes(tmp_path)
+    good = tmp_path / "good.dmplan"
+    good.write_bytes(data)
+    (w,) = _direct(str(good), [[np.array(1, np.int64)]]).run()
+    np.testing.assert_array_equal(np.array(w[0]), take_window(np.load(files[1]), src.region))
+    bad = tmp_path / "bad.dmplan"
+    words = len(data) // 8
+    for i in range(1, words):  # every word after the magic, the checksum included
+        b = bytearray(data)
+        b[8 * i] ^= 0x01
+        bad.write_bytes(bytes(b))
+        with pytest.raises(RuntimeError, match=f"{re.escape(str(bad))}: the plan file is corrupt"):
+            _direct(str(bad), [[np.array(0, np.int64)]])
+    for cut in (0, 7, 8, 9, 16, len(data) - 8, len(data) - 1):
+        bad.write_bytes(data[:cut])
+        with pytest.raises(RuntimeError, match=re.escape(str(bad)) + ": (the plan file is corrupt|not a dali_mesh plan)"):
+            _direct(str(bad), [[np.array(0, np.int64)]])
+    bad.write_bytes(b"DMPLAN01" + data[8:])  # the format before the checksum
+    with pytest.raises(RuntimeError, match="not a dali_mesh plan file of this version"):
+        _direct(str(bad), [[np.array(0, np.int64)]])
+
+
+_FUZZ = r"""
+import sys, numpy as np
+from nvidia.dali import fn, pipeline_def, types
+from dali_mesh import _kernels
+from dali_mesh.fn import load_plugin
+data, bad = open(sys.argv[1], "rb").read(), sys.argv[2]
+body = data[8:-8]
+outcomes = {"refused": 0, "error": 0, "ran": 0}
+for i in range(len(body) // 8):
+    for v in (-1, 2**63 - 1, -2**63, 1 << 40):
+        b = bytearray(body)
+        b[8 * i:8 * i + 8] = np.int64(v).astype("<i8").tobytes()
+        open(bad, "wb").write(data[:8] + bytes(b) + _kernels.plan_checksum(bytes(b)))
+
+        @pipeline_def(batch_size=2, num_threads=2, device_id=None, prefetch_queue_depth=1)
+        def pipe():
+            ids = fn.external_source(source=lambda: [np.array(0, np.int64), np.array(1, np.int64)], batch=True)
+            return load_plugin().read_windows(ids, plan_file=bad, dtype=types.FLOAT)
+
+        try:
+            p = pipe()
+            p.build()
+        except RuntimeError as e:
+            assert bad in str(e) and ("corrupt" in str(e) or "dtype" in str(e) or "axes" in str(e)), str(e)
+            outcomes["refused"] += 1
+            continue
+        try:
+            p.run()
+            outcomes["ran"] += 1
+        except RuntimeError as e:
+            assert "read_windows" in str(e), str(e)
+            outcomes["error"] += 1
+print(outcomes)
+"""
+
+
+def test_checksum_valid_nonsense_never_crashes(tmp_path):
+    """Every word of a plan file set to -1, 2**63-1, -2**63 and 2**40, with a valid checksum: the
+    operator refuses the plan, raises an error, or reads (a file offset or fill value that is
+    valid, if wrong) -- in a subprocess, so that a crash fails the test instead of killing it."""
+    data, _, _ = _plan_bytes(tmp_path)
+    plan = tmp_path / "p.dmplan"
+    plan.write_bytes(data)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", _FUZZ, str(plan), str(tmp_path / "bad.dmplan")],
+                          capture_output=True, text=True, timeout=100, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    outcomes = eval(proc.stdout.strip().splitlines()[-1])  # noqa: S307 - our own subprocess's dict
+    assert outcomes["refused"] > 0 and sum(outcomes.values()) == 4 * (len(data) // 8 - 2)
+
+
+# ---- two pipelines, two sources, one process ------------------------------------------------------
+def test_two_pipelines_with_different_sources_in_one_process(tmp_path):
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    a_dir.mkdir()
+    b_dir.mkdir()
+    fa = _npy_files(a_dir, n=5, shape=(3, 12, 8), dtype=np.float32)
+    fb = _npy_files(b_dir, n=3, shape=(20, 7), dtype=np.int16)
+    sa = NumpySource(fa, _layout(), batch_size=2, shuffle=True, seed=3)
+    sb = NumpySource(fb, Layout(mesh_of((1, 2), (0, 1)), shard={"m0": 0}, halo={0: 3}, boundary="constant",
+                                fill_value=-9), batch_size=1, shuffle=True, seed=4)
+    pa, pb = _built(sa), _built(sb)
+
+    @pipeline_def(batch_size=1, num_threads=2, device_id=None)
+    def both():  # one pipeline, two native readers of different sources
+        return native.read_windows(sb, fallback=False) + native.read_windows(
+            NumpySource(fa, _layout(), batch_size=1, shuffle=False), fallback=False)
+
+    pab = both()
+    pab.build()
+    ea = [take_window(np.load(f), sa.region) for f in fa]
+    eb = [take_window(np.load(f), sb.region) for f in fb]
+    for epoch in range(2):
+        for step in range(max(len(sa) // 2, len(sb))):  # interleaved runs
+            if step < len(sa) // 2:
+                w, ids, _ = pa.run()
+                got = [int(np.array(ids[k])) for k in range(2)]
+                assert got == list(sa.order(epoch)[0][2 * step:2 * step + 2])
+                for k, sid in enumerate(got):
+                    np.testing.assert_array_equal(np.array(w[k]), ea[sid])
+            if step < len(sb):
+                w, ids, _ = pb.run()
+                assert int(np.array(ids[0])) == sb.order(epoch)[0][step]
+                np.testing.assert_array_equal(np.array(w[0]), eb[int(np.array(ids[0]))])
+                wb, idb, _, wa, ida, _ = pab.run()
+                np.testing.assert_array_equal(np.array(wb[0]), eb[int(np.array(idb[0]))])
+                np.testing.assert_array_equal(np.array(wa[0]), ea[int(np.array(ida[0]))])
+        for p in (pa, pb):
+            with pytest.raises(StopIteration):
+                p.run()
+            p.reset()
+        pab = both()  # the combined pipeline's sources have different lengths: start it afresh
+        pab.build()
+
+
+# ---- checkpoints across an epoch boundary ---------------------------------------------------------
+def _continue(p, n):
+    """The next ``n`` events: a batch's ids (tuple) and windows, or "end" (then the pipeline is reset)."""
+    out = []
+    while len(out) < n:
+        try:
+            w, ids, pads = p.run()
+        except StopIteration:
+            p.reset()
+            out.append(("end", None))
+            continue
+        out.append((tuple(int(np.array(ids[k])) for k in range(len(ids))), [np.array(w[k]) for k in range(len(ids))]))
+    return out
+
+
+@pytest.mark.parametrize("where", ["last_batch", "after_reset", "first_batch_of_epoch_1"])
+def test_checkpoint_resume_across_the_epoch_boundary(tmp_path, where):
+    files = _npy_files(tmp_path, n=7)
+    mesh = MeshInfo((2, 3), ("data_parallel", "model_parallel"), (1, 2))
+    layout = Layout(mesh, shard={"model_parallel": 1}, halo={1: 1}, boundary="periodic")
+    src = NumpySource(files, layout, batch_size=2, shuffle=True, seed=11)  # 4 of 7 per rank, one padded
+    steps = len(src) // 2
+    p = _built(src)
+    for _ in range(steps):
+        p.run()
+    if where != "last_batch":
+        with pytest.raises(StopIteration):
+            p.run()
+        p.reset()
+    if where == "first_batch_of_epoch_1":
+        p.run()
+    ck = p.checkpoint()
+    want = _continue(p, 2 * steps + 2)
+    q = _built(src, checkpoint=ck)
+    got = _continue(q, 2 * steps + 2)
+    assert [ids for ids, _ in got] == [ids for ids, _ in want]
+    for (_, a), (_, b) in zip(got, want):
+        for x, y in zip(a or [], b or []):
+            np.testing.assert_array_equal(x, y)
+    # and the batches are the sample order's: epoch 1 (and 2) as SampleOrder says
+    order = {e: [tuple(int(i) for i in src.order(e)[0][2 * s:2 * s + 2]) for s in range(steps)] for e in (1, 2)}
+    batches = [ids for ids, _ in got]
+    if where == "last_batch":
+        assert batches[0] == "end" and batches[1:steps + 1] == order[1]
+    elif where == "after_reset":
+        assert batches[:steps] == order[1] and batches[steps] == "end"
+    else:
+        assert batches[:steps - 1] == order[1][1:] and batches[steps - 1] == "end"
+    for ids, wins in got:
+        if ids != "end":
+            for sid, w in zip(ids, wins):
+                np.testing.assert_array_equal(w, take_window(np.load(files[sid]), src.region))
+
+
+@pytest.mark.parametrize("chunks", [None, (1, 3, 4, 8)])
+def test_hdf5_rewritten_with_the_same_layout_is_read_anew(tmp_path, chunks):
+    # h5py writes the same object header for the same layout: new values, same checks, no error
+    pytest.importorskip("h5py")
+    rng = np.random.default_rng(SEED)
+    data = random_array(rng, (4, 3, 12, 8), np.float32)
+    path = str(tmp_path / "y.h5")
+    _h5(path, data, chunks)
+    src = HDF5Source([path], "fields", _layout(), batch_size=2, shuffle=False)
+    p = _built(src)
+    _h5(path, data * 2 + 1, chunks)
+    for _ in range(len(src) // 2):
+        w, ids, _ = p.run()
+        for k in range(2):
+            t = src.step_of(int(np.array(ids[k])))
+            np.testing.assert_array_equal(np.array(w[k]), take_window(data[t] * 2 + 1, src.region))
+
+
+# ---- a bounded number of open files -----------------------------------------------------------
+@pytest.mark.timeout(180)
+def test_many_chunk_zarr_batch_reads_under_a_low_open_file_limit(tmp_path):
+    """(4, 8, 32, 64) in (1, 1, 8, 8) chunks, rank 1 of 2 over axis 1: 128 chunk files + the metadata
+    per sample, 516 per batch of 4; with RLIMIT_NOFILE 256 a reader holding every file of the batch
+    open fails ("Too many open files")."""
+    pytest.importorskip("zarr")
+    out = run_python(f"""
+        import os, resource, sys
+        import numpy as np, zarr
+        from nvidia.dali import pipeline_def
+        from dali_mesh import Layout, MeshInfo
+        from dali_mesh.pipeline import native
+        from dali_mesh.source import ZarrSource
+        from dali_mesh.partition import take_window
+        arr = np.random.default_rng({SEED}).standard_normal((4, 8, 32, 64)).astype(np.float32)
+        p = os.path.join({str(tmp_path)!r}, "z.zarr")
+        z = zarr.create_array(p, shape=arr.shape, chunks=(1, 1, 8, 8), dtype="f4", compressors=None,
+                              zarr_format=2)
+        z[:] = arr
+        layout = Layout(MeshInfo((1, 2), ("data_parallel", "m0"), (0, 1)), shard={{"m0": 1}})
+        src = ZarrSource([p], None, layout, batch_size=4, shuffle=False)
+        parts = [len(parts) for _, parts in native.plan_source(src).items]
+        assert parts == [129] * 4, parts
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+        @pipeline_def(batch_size=4, num_threads=2, device_id=None, prefetch_queue_depth=1)
+        def pipe():
+            return native.read_windows(src, fallback=False)
+
+        pp = pipe()
+        pp.build()
+        w, ids, _ = pp.run()
+        got = sorted(int(np.array(ids[i])) for i in range(4))
+        assert got == [0, 1, 2, 3], got
+        for i in range(4):
+            t = int(np.array(ids[i]))
+            np.testing.assert_array_equal(np.array(w[i]), take_window(arr[t], src.region))
+        print("ok")
+    """, check=True).stdout
+    assert out.strip().endswith("ok")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("case", ["ndim0_fortran", "ndim1_fortran", "fortran_flag_2", "fill_size"])
+def test_checksum_valid_plans_out_of_their_arrays_are_refused(tmp_path, case):
+    data = tmp_path / "data.bin"
+    data.write_bytes(bytes(range(256)) * 64)
+    if case == "ndim0_fortran":  # the transpose would read shape[-1]
+        plan = crafted_plan(0, 4, 0, 1, [], [0], [0], [4], [0], [1])
+        why = "Fortran order with 0 axes"
+    elif case == "ndim1_fortran":
+        plan = crafted_plan(1, 4, 0, 1, [4], [0], [0], [16], [0], [1])
+        why = "Fortran order with 1 axes"
+    elif case == "fortran_flag_2":
+        plan = crafted_plan(2, 4, 0, 2, [2, 2], [0], [0], [16], [0], [1])
+        why = "Fortran flag 2"
+    else:  # a 1-byte fill value for 4-byte items: the device fill reads 4 bytes of it
+        plan = crafted_plan(1, 4, 0, 0, [4], [0], [0], [16], [0], [1], fill=b"\x01")
+        why = "fill value size"
+    path = crafted_plan_file(tmp_path / "p.plan", [plan], [(str(data), -1)], [(0, [(0, 0, 0, 0)])])
+    with pytest.raises(RuntimeError, match=f"the plan file is corrupt \\({why}"):
+        run_plan_file(path)
+
+
+@pytest.mark.timeout(180)
+def test_a_crafted_plan_that_is_valid_reads_exactly(tmp_path):
+    """The crafted-plan writer above against a plan that is right: the refusals are not everything."""
+    data = tmp_path / "data.bin"
+    raw = np.arange(64, dtype=np.float32)
+    data.write_bytes(raw.tobytes())
+    # a 2 x 3 window stored in Fortran order at bytes 16.. of the file
+    plan = crafted_plan(2, 4, 0, 1, [2, 3], [16], [0], [24], [0], [1])
+    path = crafted_plan_file(tmp_path / "p.plan", [plan], [(str(data), raw.nbytes)], [(0, [(0, 0, 0, 0)])])
+    (w,) = run_plan_file(path)
+    np.testing.assert_array_equal(np.array(w[0]), raw[4:10].reshape(3, 2).T)
+
+
+@pytest.mark.timeout(180)
+def test_short_reads_and_eintr_in_the_header_check_and_the_reads(tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the pread shim")
+    (tmp_path / "shim.c").write_text(SHIM)
+    shim = tmp_path / "shim.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(shim), str(tmp_path / "shim.c"), "-ldl"],
+                   check=True, timeout=60)
+    out = run_python(f"""
+        import os
+        import numpy as np
+        from nvidia.dali import pipeline_def
+        from dali_mesh import Layout, MeshInfo
+        from dali_mesh.pipeline import native
+        from dali_mesh.source import NumpySource
+        from dali_mesh.partition import take_window
+        rng = np.random.default_rng({SEED})
+        files, data = [], []
+        for k in range(4):
+            a = rng.standard_normal((3, 12, 8)).astype(">f4")  # swapped after each read
+            f = os.path.join({str(tmp_path)!r}, f"s{{k}}.npy")
+            np.save(f, a)
+            files.append(f)
+            data.append(a)
+        layout = Layout(MeshInfo((1, 3), ("data_parallel", "m0"), (0, 1)), shard={{"m0": 1}}, halo={{1: 2}},
+                        boundary={{1: "periodic"}})
+        src = NumpySource(files, layout, batch_size=2, shuffle=False)
+
+        @pipeline_def(batch_size=2, num_threads=2, device_id=None, prefetch_queue_depth=1)
+        def pipe():
+            return native.read_windows(src, fallback=False)
+
+        p = pipe()
+        p.build()
+        os.environ["DALI_MESH_SHIM"] = "1"  # from here on: EINTR and short reads
+        for _ in range(2):
+            w, ids, _ = p.run()
+            for i in range(2):
+                t = int(np.array(ids[i]))
+                np.testing.assert_array_equal(np.array(w[i]), take_window(data[t], src.region))
+        print("ok")
+    """, env={"LD_PRELOAD": str(shim)}, check=True).stdout
+    assert out.strip().endswith("ok")
+
+
+@pytest.mark.timeout(180)
+def test_hdf5_external_link_is_never_read_natively(tmp_path):
+    """allow_external=True through an external link: the dataset's offsets are in the linked file, so
+    the native path must refuse it (never read those offsets from the linking file); the default
+    read_windows falls back and delivers the linked data."""
+    h5py = pytest.importorskip("h5py")
+    from dali_mesh.source import HDF5Source
+
+    x = np.arange(4 * 6 * 8, dtype=np.float32).reshape(4, 6, 8)
+    with h5py.File(tmp_path / "other.h5", "w") as f:
+        f.create_dataset("pad", data=np.full(1000, 7, np.float32))
+        f.create_dataset("x", data=x)
+    with h5py.File(tmp_path / "main.h5", "w") as f:
+        f.create_dataset("decoy", data=-np.ones((4, 6, 8), np.float32))
+        f["x"] = h5py.ExternalLink(str(tmp_path / "other.h5"), "/x")
+    layout = Layout(MeshInfo((2,), ("mp",), (1,)), shard={"mp": 0}, halo={1: 1}, boundary={1: "periodic"})
+    src = HDF5Source([str(tmp_path / "main.h5")], "x", layout, batch_size=2, shuffle=False, allow_external=True)
+    with pytest.raises(native.NotNativeError, match="external link"):
+        native.plan_source(src)
+
+    @pipeline_def(batch_size=2, num_threads=1, device_id=None, py_num_workers=1, py_start_method="spawn")
+    def pipe():
+        return native.read_windows(src)
+
+    p = pipe()
+    p.build()
+    for _ in range(2):
+        w, ids, _ = p.run()
+        for i in range(2):
+            sid = int(np.array(ids[i]))
+            np.testing.assert_array_equal(np.array(w[i]), take_window(x[sid], src.region))
+
+
+# ---- the header check retried after short reads and EINTR -----------------------------------------
+SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/uio.h>
+#include <unistd.h>
+/* once DALI_MESH_SHIM is set: every 4th call fails with EINTR, the others read at most 1..7 bytes */
+static unsigned long long st = 88172645463325252ull;
+static unsigned r(void) { st ^= st << 13; st ^= st >> 7; st ^= st << 17; return (unsigned)st; }
+static int on(void) { return getenv("DALI_MESH_SHIM") != NULL; }
+ssize_t pread(int fd, void *buf, size_t n, off_t off) {
+  static ssize_t (*real)(int, void *, size_t, off_t);
+  if (!real) real = dlsym(RTLD_NEXT, "pread");
+  if (!on()) return real(fd, buf, n, off);
+  if (r() % 4 == 0) { errno = EINTR; return -1; }
+  size_t lim = 1 + r() % 7;
+  return real(fd, buf, n < lim ? n : lim, off);
+}
+ssize_t pread64(int fd, void *buf, size_t n, off_t off) { return pread(fd, buf, n, off); }
+ssize_t preadv(int fd, const struct iovec *iov, int cnt, off_t off) {
+  static ssize_t (*real)(int, const struct iovec *, int, off_t);
+  if (!real) real = dlsym(RTLD_NEXT, "preadv");
+  if (!on()) return real(fd, iov, cnt, off);
+  if (r() % 4 == 0) { errno = EINTR; return -1; }
+  struct iovec v[1024]; size_t lim = 1 + r() % 7, tot = 0; int k = 0;
+  for (int i = 0; i < cnt && i < 1024 && tot < lim; i++) {
+    v[k] = iov[i]; if (v[k].iov_len > lim - tot) v[k].iov_len = lim - tot; tot += v[k].iov_len; k++;
+  }
+  return real(fd, v, k, off);
+}
+ssize_t preadv64(int fd, const struct iovec *iov, int cnt, off_t off) { return preadv(fd, iov, cnt, off); }
+"""
