@@ -27,6 +27,7 @@ from dali_mesh.partition import take_window
 from dali_mesh.source import HDF5Source, NumpySource
 from tests.helpers import one_rank_layout
 from tests.helpers import native_batches  # noqa: E402
+from tests.helpers import native_pipeline  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODES = ("constant", "periodic", "reflect", "symmetric", "edge")
@@ -35,17 +36,6 @@ MODES = ("constant", "periodic", "reflect", "symmetric", "edge")
 @pytest.fixture(autouse=True)
 def _plugin():
     needs_read_windows()
-
-
-def _pipe(src, batch, *, threads=2, checkpoint=None, **kw):
-    @pipeline_def(batch_size=batch, num_threads=threads, device_id=None, enable_checkpointing=True,
-                  prefetch_queue_depth=1)
-    def pipe():
-        return native.read_windows(src, fallback=False, **kw)
-
-    p = pipe(checkpoint=checkpoint) if checkpoint is not None else pipe()
-    p.build()
-    return p
 
 
 def _epoch(p, batch):
@@ -70,7 +60,7 @@ def _save(path, arr, *, fortran=False, byteorder="="):
 def _check_all(files, layout, batch=2, **kw):
     """Read one unshuffled epoch natively; every window equals take_window of the whole sample."""
     src = NumpySource(files, layout, batch_size=batch, shuffle=False, **kw)
-    p = _pipe(src, batch)
+    p = native_pipeline(src, batch_size=batch)
     seen = 0
     for wins, ids, _ in _epoch(p, batch):
         for w, sid in zip(wins, ids):
@@ -122,7 +112,7 @@ def test_byte_orders_and_orders_mixed_in_one_source(tmp_path, dtype):
     src = NumpySource(files, layout, batch_size=2, shuffle=True, seed=5, channels=[2, 0])
     plan = native.plan_source(src)
     assert len(plan.plans) == 4 and [k for k, _ in plan.items] == [0, 1, 2, 3, 0, 3]
-    p = _pipe(src, 2)
+    p = native_pipeline(src, batch_size=2)
     for epoch in range(2):
         got = _epoch(p, 2)
         assert sorted(i for _, ids, _ in got for i in ids) == list(range(6)), epoch
@@ -168,7 +158,7 @@ def test_per_sample_shapes_share_plans_by_header(tmp_path):
     src = NumpySource(files, layout, batch_size=1, shuffle=False, per_sample_shapes=True)
     plans = native.plan_source(src)
     assert len(plans.plans) == 2 and [it[0] for it in plans.items] == [0, 1, 0, 1]
-    p = _pipe(src, 1)
+    p = native_pipeline(src, batch_size=1)
     for wins, ids, _ in _epoch(p, 1):
         full = np.load(files[ids[0]])
         np.testing.assert_array_equal(wins[0], take_window(full, layout.region(full.shape)))
@@ -203,7 +193,7 @@ def test_hdf5_contiguous(tmp_path, byteorder):
     layout = Layout(mesh_of((1, 4), (0, 3)), shard={"m0": 1}, halo={1: 2, 2: 3},
                     boundary={1: "symmetric", 2: "periodic"})
     src = HDF5Source(files, "fields", layout, batch_size=2, shuffle=False, time_range=(1, 7))
-    p = _pipe(src, 2)
+    p = native_pipeline(src, batch_size=2)
     n = 0
     for wins, ids, pads in _epoch(p, 2):
         for w, sid in zip(wins, ids):
@@ -232,7 +222,7 @@ def test_hdf5_chunked_uncompressed(tmp_path, chunks):
     # the plans are per chunk touched (per file layout), not per step: 4 of the 9 steps plan as many
     few = HDF5Source(files, "fields", layout, batch_size=3, shuffle=False, channels=[1, 0], time_range=(3, 7))
     assert len(native.plan_source(src).plans) == len(native.plan_source(few).plans)
-    p = _pipe(src, 3)
+    p = native_pipeline(src, batch_size=3)
     n = 0
     for wins, ids, _ in _epoch(p, 3):
         for w, sid in zip(wins, ids):
@@ -265,7 +255,7 @@ def test_zarr_uncompressed(tmp_path, fmt, endian):
     layout = Layout(mesh_of((1, 2, 2), (0, 1, 1)), shard={"m0": 1, "m1": 2}, halo={1: 2, 2: 4},
                     boundary={1: "edge", 2: "periodic"})
     src = ZarrSource(stores, None, layout, batch_size=2, shuffle=False, channels=[2, 0])
-    p = _pipe(src, 2)
+    p = native_pipeline(src, batch_size=2)
     n = 0
     for wins, ids, _ in _epoch(p, 2):
         for w, sid in zip(wins, ids):
@@ -322,7 +312,7 @@ def test_same_outputs_as_partitioned_source_over_two_shuffled_epochs(tmp_path, m
 
     ref = ref_pipe()
     ref.build()
-    p = _pipe(src, 2)
+    p = native_pipeline(src, batch_size=2)
     for epoch in range(2):
         got, want = _epoch(p, 2), _epoch(ref, 2)
         assert len(got) == len(want) == len(src) // 2
@@ -338,11 +328,11 @@ def test_same_outputs_as_partitioned_source_over_two_shuffled_epochs(tmp_path, m
 def test_checkpoint_mid_epoch_resumes_the_same_batches(tmp_path):
     files = _files(tmp_path)
     src = _source(files)
-    p = _pipe(src, 2)
+    p = native_pipeline(src, batch_size=2)
     p.run()
     ck = p.checkpoint()
     rest = _epoch(p, 2) + _epoch(p, 2)[:1]
-    q = _pipe(src, 2, checkpoint=ck)
+    q = native_pipeline(src, batch_size=2, checkpoint=ck)
     again = _epoch(q, 2) + _epoch(q, 2)[:1]
     assert [ids for _, ids, _ in rest] == [ids for _, ids, _ in again]
     for (a, _, _), (b, _, _) in zip(rest, again):
@@ -354,7 +344,7 @@ def test_checkpoint_mid_epoch_resumes_the_same_batches(tmp_path):
 def _expect_error(src, match, change):
     """``change()`` the files after the plan was made (the pipeline built): the operator's checks at
     every read name the file."""
-    p = _pipe(src, 2)
+    p = native_pipeline(src, batch_size=2)
     change()
     with pytest.raises(Exception, match=match):
         for _ in range(len(src) // 2):
@@ -433,7 +423,7 @@ def test_outputs_held_by_the_user_are_never_overwritten(tmp_path):
     # the operator recycles its output buffers: only those nobody holds any more
     files = _files(tmp_path, 8)
     src = NumpySource(files, Layout(mesh_of((1, 2), (0, 1)), shard={"m0": 1}), batch_size=2, shuffle=False)
-    p = _pipe(src, 2)
+    p = native_pipeline(src, batch_size=2)
     expect = [take_window(np.load(f), src.region) for f in files]
     held = [p.run() for _ in range(4)]  # the whole epoch, every batch kept
     with pytest.raises(StopIteration):
@@ -497,7 +487,7 @@ def test_layout_string_and_fallback_to_partitioned_source(tmp_path, monkeypatch,
     assert w.layout() == "HW"
     sid = int(np.array(ids[0]))
     np.testing.assert_array_equal(np.array(w[0]), take_window(np.load(files[sid]), src.region))
-    q = _pipe(_source(files, shuffle=False), 2, layout="HW")
+    q = native_pipeline(_source(files, shuffle=False), batch_size=2, layout="HW")
     assert q.run()[0].layout() == "HW"
 
 
@@ -551,12 +541,7 @@ def test_forecast_windows_stack_the_steps(tmp_path, kind):
     kw = dict(batch_size=2, shuffle=True, seed=3, forecast=ForecastSpec(history=1, lead=2))
     src = ZarrSource(files, None, layout, **kw) if kind == "zarr" else HDF5Source(files, "fields", layout, **kw)
 
-    @pipeline_def(batch_size=2, num_threads=2, device_id=None)
-    def pipe():
-        return native.read_windows(src, fallback=False)
-
-    p = pipe()
-    p.build()
+    p = native_pipeline(src, batch_size=2)
     n = 0
     for _ in range(len(src) // 2):
         inp, tgt, ids, _ = p.run()
@@ -606,12 +591,7 @@ def test_zarr_attributes_added_after_build_are_read(tmp_path, fmt):
     layout = Layout(mesh_of((1, 3), (0, 1)), shard={"m0": 1}, halo={1: 2}, boundary={1: "reflect"})
     src = ZarrSource([store], None, layout, batch_size=2, shuffle=False)
 
-    @pipeline_def(batch_size=2, num_threads=2, device_id=None, prefetch_queue_depth=1)
-    def pipe():
-        return native.read_windows(src, fallback=False)
-
-    p = pipe()
-    p.build()
+    p = native_pipeline(src, batch_size=2)
     meta = os.path.join(store, "zarr.json" if fmt == 3 else ".zattrs")
     z.attrs["units"] = "K"
     z.attrs["long_name"] = "a temperature " * 8
@@ -666,9 +646,7 @@ def test_one_large_window_is_split_into_tasks_and_reads_the_same(tmp_path, order
 
 def test_negative_channel_axis_native_reader(tmp_path):
     pytest.importorskip("nvidia.dali")
-    from nvidia.dali import pipeline_def
 
-    from dali_mesh.pipeline import native
     from dali_mesh.fn import load_plugin
 
     try:
@@ -682,12 +660,7 @@ def test_negative_channel_axis_native_reader(tmp_path):
     src = NumpySource([str(tmp_path / "m.npy")], one_rank_layout(), batch_size=1, shuffle=False,
                       channels=[4, 0], channel_axis=-1)
 
-    @pipeline_def(batch_size=1, num_threads=1, device_id=None)
-    def pipe():
-        return native.read_windows(src, fallback=False)
-
-    p = pipe()
-    p.build()
+    p = native_pipeline(src, batch_size=1, threads=1)
     np.testing.assert_array_equal(np.array(p.run()[0][0]), np.take(a, [4, 0], axis=-1))
 
 

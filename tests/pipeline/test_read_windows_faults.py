@@ -31,6 +31,7 @@ from tests.helpers import mesh_of, needs_read_windows  # noqa: E402
 from dali_mesh import Layout, MeshInfo
 from dali_mesh.source import NumpySource
 from tests.helpers import crafted_plan, crafted_plan_file, run_plan_file, run_python  # noqa: E402
+from tests.helpers import native_pipeline  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.timeout(120)
@@ -44,17 +45,6 @@ def _plugin():
 def _layout():
     return Layout(mesh_of((1, 3), (0, 1)), shard={"m0": 1}, halo={1: 2, 2: 1},
                   boundary={1: "reflect", 2: "periodic"})
-
-
-def _built(src, *, threads=2, checkpoint=None, **kw):
-    @pipeline_def(batch_size=src.batch_size, num_threads=threads, device_id=None, enable_checkpointing=True,
-                  prefetch_queue_depth=1)
-    def pipe():
-        return native.read_windows(src, fallback=False, **kw)
-
-    p = pipe(checkpoint=checkpoint) if checkpoint is not None else pipe()
-    p.build()
-    return p
 
 
 def _npy_files(tmp_path, n=4, shape=(3, 12, 8), dtype=np.float32):
@@ -128,7 +118,7 @@ def test_npy_changed_after_build(tmp_path, change, per_sample):
     files = _npy_files(tmp_path)
     src = NumpySource(files, _layout(), batch_size=2, shuffle=True, seed=1, per_sample_shapes=per_sample)
     expect = [take_window(np.load(f), src.layout.region(np.load(f).shape)) for f in files]
-    p = _built(src)
+    p = native_pipeline(src)
     do, message = CHANGES[change]
     for f in files:
         do(f)
@@ -140,7 +130,7 @@ def test_npy_rewritten_with_the_same_layout_is_read_anew(tmp_path):
     # the header check refuses other layouts, not new contents: the same layout reads the new values
     files = _npy_files(tmp_path)
     src = NumpySource(files, _layout(), batch_size=2, shuffle=False)
-    p = _built(src)
+    p = native_pipeline(src)
     for f in files:
         np.save(f, np.load(f) * 2 + 1)
     w, ids, _ = p.run()
@@ -165,7 +155,7 @@ def test_hdf5_changed_after_build(tmp_path, chunks, change):
     path = str(tmp_path / "y.h5")
     _h5(path, data, chunks)
     src = HDF5Source([path], "fields", _layout(), batch_size=2, shuffle=False)
-    p = _built(src)
+    p = native_pipeline(src)
     size = os.path.getsize(path)
     if change == "transposed":  # same file size, frames (12, 3, 8): the dataset's header differs
         _h5(path, data.reshape(4, 12, 3, 8), None if chunks is None else (1, 4, 3, 8))
@@ -193,7 +183,7 @@ def test_zarr_changed_after_build(tmp_path, change):
     z = zarr.create_array(store, shape=data.shape, chunks=(1, 3, 4, 8), dtype="f4", compressors=None, zarr_format=2)
     z[:] = data
     src = ZarrSource([store], None, _layout(), batch_size=2, shuffle=False)
-    p = _built(src)
+    p = native_pipeline(src)
     shutil.rmtree(store)
     if change == "retyped":
         # int32: every chunk file keeps its name and size; only the metadata file tells
@@ -265,7 +255,7 @@ def test_sample_ids_of_other_types_and_shapes(tmp_path):
 def test_task_bytes_extremes_read_the_same_windows(tmp_path, task_bytes):
     files = _npy_files(tmp_path, shape=(3, 40, 24))
     src = NumpySource(files, _layout(), batch_size=2, shuffle=False)
-    p = _built(src, task_bytes=task_bytes)
+    p = native_pipeline(src, task_bytes=task_bytes)
     for _ in range(len(src) // 2):
         w, ids, _ = p.run()
         for k in range(2):
@@ -386,7 +376,7 @@ def test_two_pipelines_with_different_sources_in_one_process(tmp_path):
     sa = NumpySource(fa, _layout(), batch_size=2, shuffle=True, seed=3)
     sb = NumpySource(fb, Layout(mesh_of((1, 2), (0, 1)), shard={"m0": 0}, halo={0: 3}, boundary="constant",
                                 fill_value=-9), batch_size=1, shuffle=True, seed=4)
-    pa, pb = _built(sa), _built(sb)
+    pa, pb = native_pipeline(sa), native_pipeline(sb)
 
     @pipeline_def(batch_size=1, num_threads=2, device_id=None)
     def both():  # one pipeline, two native readers of different sources
@@ -442,7 +432,7 @@ def test_checkpoint_resume_across_the_epoch_boundary(tmp_path, where):
     layout = Layout(mesh, shard={"model_parallel": 1}, halo={1: 1}, boundary="periodic")
     src = NumpySource(files, layout, batch_size=2, shuffle=True, seed=11)  # 4 of 7 per rank, one padded
     steps = len(src) // 2
-    p = _built(src)
+    p = native_pipeline(src)
     for _ in range(steps):
         p.run()
     if where != "last_batch":
@@ -453,7 +443,7 @@ def test_checkpoint_resume_across_the_epoch_boundary(tmp_path, where):
         p.run()
     ck = p.checkpoint()
     want = _continue(p, 2 * steps + 2)
-    q = _built(src, checkpoint=ck)
+    q = native_pipeline(src, checkpoint=ck)
     got = _continue(q, 2 * steps + 2)
     assert [ids for ids, _ in got] == [ids for ids, _ in want]
     for (_, a), (_, b) in zip(got, want):
@@ -483,7 +473,7 @@ def test_hdf5_rewritten_with_the_same_layout_is_read_anew(tmp_path, chunks):
     path = str(tmp_path / "y.h5")
     _h5(path, data, chunks)
     src = HDF5Source([path], "fields", _layout(), batch_size=2, shuffle=False)
-    p = _built(src)
+    p = native_pipeline(src)
     _h5(path, data * 2 + 1, chunks)
     for _ in range(len(src) // 2):
         w, ids, _ = p.run()

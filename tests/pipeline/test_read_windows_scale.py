@@ -26,6 +26,7 @@ from dali_mesh.source import NumpySource
 dali = pytest.importorskip("nvidia.dali")
 from nvidia.dali import pipeline_def  # noqa: E402
 from tests.helpers import SEED  # noqa: E402
+from tests.helpers import native_pipeline  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -159,12 +160,7 @@ def test_many_chunked_hdf5_steps_plan_per_chunk_layout(tmp_path, monkeypatch):
     assert plan.num_items == 20000
     assert {len(parts) for _, parts in plan.items[:100]} == {1}  # one read part per step
 
-    @pipeline_def(batch_size=16, num_threads=2, device_id=None)
-    def pipe():
-        return native.read_windows(src, fallback=False)
-
-    p = pipe()
-    p.build()
+    p = native_pipeline(src, batch_size=16)
     seen = 0
     for _ in range(4):
         wins, ids, _ = p.run()
@@ -203,12 +199,7 @@ def test_chunked_hdf5_forecast_items(tmp_path, monkeypatch, chunks, merge):
     parts = {len(p) for _, p in native.plan_windows(src)[0].items}
     assert parts == {2} if merge else max(parts) > 2  # input: 2 steps of one part each, or more parts
 
-    @pipeline_def(batch_size=2, num_threads=2, device_id=None)
-    def pipe():
-        return native.read_windows(src, fallback=False)
-
-    p = pipe()
-    p.build()
+    p = native_pipeline(src, batch_size=2)
     n = 0
     for _ in range(len(src) // 2):
         inp, tgt, ids, pads = p.run()
