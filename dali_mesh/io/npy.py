@@ -63,6 +63,7 @@ __all__ = [
     "group_units",
     "plan_npy_files",
     "read_npy_header",
+    "read_npy_header_bytes",
     "read_npy_window",
     "plan_npy_reads",
 ]
@@ -212,6 +213,11 @@ def _short(value, limit: int = 80) -> str:
 
 
 def _read_header_fd(fd: int, path: str, stats: IOStats) -> NpyHeader:
+    return _read_header_and_bytes_fd(fd, path, stats)[0]
+
+
+def _read_header_and_bytes_fd(fd: int, path: str, stats: IOStats) -> tuple[NpyHeader, bytes]:
+    """The header and the very bytes it was parsed from (``data_offset`` of them)."""
     size = os.fstat(fd).st_size
     head = os.pread(fd, 512, 0)
     stats.read_calls += 1
@@ -227,7 +233,8 @@ def _read_header_fd(fd: int, path: str, stats: IOStats) -> NpyHeader:
         stats.read_calls += 1
         stats.bytes_read += len(more)
         head += more
-    return _parse_header(path, head, size)
+    header = _parse_header(path, head, size)
+    return header, bytes(head[:header.data_offset])
 
 
 def read_npy_header(path: str | os.PathLike) -> NpyHeader:
@@ -235,11 +242,18 @@ def read_npy_header(path: str | os.PathLike) -> NpyHeader:
 
     Every failure is a :class:`DataFileError` naming the file: missing file, not a regular file,
     corrupt header, a data size that differs from the file's, a dtype the pipeline cannot carry."""
+    return read_npy_header_bytes(path)[0]
+
+
+def read_npy_header_bytes(path: str | os.PathLike) -> tuple[NpyHeader, bytes]:
+    """:func:`read_npy_header` and the header's bytes as parsed: what a plan checks at every read
+    must be exactly what it was planned from (a second read could see a file replaced between the
+    two)."""
     path = str(path)
     stats = IOStats(files_opened=1)
     fd = _open(path)
     try:
-        return _read_header_fd(fd, str(path), stats)
+        return _read_header_and_bytes_fd(fd, str(path), stats)
     except OSError as e:
         raise _io_error(path, e) from None
     finally:
@@ -579,13 +593,12 @@ def _head_and_size(path: str, n: int) -> tuple[bytes, int]:
         os.close(fd)
 
 
-def _npy_headers(files: Sequence[str], first: NpyHeader):
-    """Every file's ``(header, header bytes)``. A file whose header bytes and size equal those of a
-    header already parsed shares it (one small read, no parse); any other is parsed. Read on a few
-    threads when there are many, since cold storage answers many small reads at once faster than
-    one after another."""
-    with open(first.path, "rb") as f:
-        first_check = f.read(first.data_offset)
+def _npy_headers(files: Sequence[str], first: NpyHeader, first_check: bytes):
+    """Every file's ``(header, header bytes)``, the bytes always those the header was parsed from
+    (``first_check`` for ``files[0]``). A file whose header bytes and size equal those of a header
+    already parsed shares it (one small read, no parse); any other is parsed. Read on a few threads
+    when there are many, since cold storage answers many small reads at once faster than one after
+    another."""
     known = {first_check: first}  # header bytes -> parsed header (size checked per file)
 
     def one(path):
@@ -600,9 +613,7 @@ def _npy_headers(files: Sequence[str], first: NpyHeader):
             h = known.get(head[:n])
             if h is not None and size == h.file_size:
                 return h, head[:n]
-        h = read_npy_header(path)
-        with open(h.path, "rb") as f:
-            check = f.read(h.data_offset)
+        h, check = read_npy_header_bytes(path)
         known.setdefault(check, h)
         return h, check
 
@@ -635,7 +646,7 @@ def plan_npy_files(files: Sequence[str], *, region_of, index_maps=None, sample_s
             shapes (a region per distinct header).
         sample_ndim: the samples' number of axes.
     """
-    first = read_npy_header(files[0])
+    first, first_check = read_npy_header_bytes(files[0])
     native = native_dtype_of(first.dtype, files[0])
     if sample_shape is not None:
         shape = apply_index_maps(first.shape, index_maps, files[0])
@@ -646,7 +657,7 @@ def plan_npy_files(files: Sequence[str], *, region_of, index_maps=None, sample_s
     plans = PlanSet(native, sample_ndim)
     plan_of_header: dict = {}
     items = []
-    for i, (h, check) in enumerate(_npy_headers(files, first)):
+    for i, (h, check) in enumerate(_npy_headers(files, first, first_check)):
         if h.native_dtype != native:
             raise ShapeMismatchError(h.path, f"dtype {h.native_dtype} differs from the first file's ({files[0]}) {native}")
         if check not in plan_of_header:

@@ -673,3 +673,42 @@ ssize_t preadv(int fd, const struct iovec *iov, int cnt, off_t off) {
 }
 ssize_t preadv64(int fd, const struct iovec *iov, int cnt, off_t off) { return preadv(fd, iov, cnt, off); }
 """
+
+
+# ---- issue 19: a plan checks exactly the header it was made from -----------------------------------------
+def test_npy_plan_checks_exactly_the_header_it_was_planned_from(tmp_path, monkeypatch):
+    """A file replaced between the parse of its header and the plan: the plan's check must be the
+    header it was planned from (it was the replacement's, read a second time: a plan for shape A
+    checking header B read B's bytes as A's)."""
+    from dali_mesh.io import npy
+
+    a = np.arange(24, dtype=np.float32).reshape(4, 6)
+    files = [str(tmp_path / "s0.npy"), str(tmp_path / "s1.npy")]
+    for f in files:
+        np.save(f, a)
+    other = str(tmp_path / "other.npy")
+    np.save(other, a.reshape(6, 4))  # same size, same header length, another shape
+    assert os.path.getsize(other) == os.path.getsize(files[0])
+    src = NumpySource(files, Layout(mesh_of((1, 2), (0, 1)), shard={"m0": 0}), batch_size=1, shuffle=False)
+    real = npy._parse_header
+    swapped = []
+
+    def parse_then_replace(path, head, size):
+        header = real(path, head, size)
+        if not swapped:  # the first file is replaced right after its header is parsed
+            swapped.append(path)
+            shutil.copy(other, path + ".new")
+            os.replace(path + ".new", path)
+        return header
+
+    monkeypatch.setattr(npy, "_parse_header", parse_then_replace)
+    plan = native.plan_source(src)
+    monkeypatch.undo()
+    assert swapped == [files[0]]
+    for i, item in enumerate(plan.items):
+        p = plan.plans[item.parts[0].plan]
+        checked = real(files[i], p.check, plan.files[i].expected_size)
+        assert checked.shape == (4, 6) and p.shape == (2, 6), (i, checked.shape, p.shape)
+    # and the reader refuses the replaced file instead of reading its bytes as the planned shape
+    with pytest.raises(RuntimeError, match="s0.npy"):
+        run_plan_file(plan.write(str(tmp_path / "plans")))
