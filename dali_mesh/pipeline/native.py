@@ -141,7 +141,8 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
         prefetch: announce every range of a batch to the kernel (``POSIX_FADV_WILLNEED``) when its
             files are opened: cold, all of them are read at once (exactly the ranges, no more).
         merge_gap: byte ranges at most this far apart are read in one call (as the Python reader).
-        plan_dir: where to write the plan file (default: a per-user temp directory).
+        plan_dir: a folder for the plan file (default: none, the plan is a sealed memfd of this
+            process; a folder must be this user's own and writable by no one else).
         kwargs: passed to the ``partitioned_source`` fallback.
     """
     from nvidia.dali import fn, types

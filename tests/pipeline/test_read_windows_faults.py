@@ -13,8 +13,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -712,3 +714,88 @@ def test_npy_plan_checks_exactly_the_header_it_was_planned_from(tmp_path, monkey
     # and the reader refuses the replaced file instead of reading its bytes as the planned shape
     with pytest.raises(RuntimeError, match="s0.npy"):
         run_plan_file(plan.write(str(tmp_path / "plans")))
+
+
+# ---- issue 19: where plans live ------------------------------------------------------------------------
+def _plan_of(tmp_path):
+    files = _npy_files(tmp_path, n=2)
+    return native.plan_source(NumpySource(files, _layout(), batch_size=2, shuffle=False))
+
+
+def test_default_plans_are_sealed_in_memory_and_leave_no_file(tmp_path):
+    """The default plan is a sealed memfd of this process: no file in the temp folder (a folder
+    another user made first received the plans; SIGKILL and os._exit left plan files behind), and
+    nothing can change it once written."""
+    folder = os.path.join(tempfile.gettempdir(), f"dali_mesh_plans_{os.getuid()}")
+    before = set(os.listdir(folder)) if os.path.isdir(folder) else set()
+    plan = _plan_of(tmp_path)
+    path = plan.write()
+    assert path.startswith("/proc/self/fd/"), path
+    after = set(os.listdir(folder)) if os.path.isdir(folder) else set()
+    assert after == before
+    with open(path, "rb") as f:
+        assert f.read() == plan.to_bytes()
+    fd = os.open(path, os.O_RDWR)
+    try:
+        with pytest.raises(PermissionError):
+            os.write(fd, b"DMPLAN03")  # sealed: F_SEAL_WRITE
+    finally:
+        os.close(fd)
+    assert plan.write() == path  # one memfd per distinct plan
+    w, _, _ = native_pipeline(NumpySource(_npy_files(tmp_path, n=2), _layout(), batch_size=2, shuffle=False)).run()
+    assert len(w) == 2
+
+
+def test_a_process_that_dies_leaves_no_plan_behind(tmp_path):
+    """os._exit (fork-started workers exit that way) after a native pipeline ran: no plan file
+    remains in the temp folder (56 orphans of dead processes were found on one machine)."""
+    folder = os.path.join(tempfile.gettempdir(), f"dali_mesh_plans_{os.getuid()}")
+    out = run_python(f"""
+        import os
+        import numpy as np
+        from dali_mesh import Layout, MeshInfo
+        from dali_mesh.source import NumpySource
+        from tests.helpers import native_pipeline
+        files = []
+        for i in range(2):
+            files.append(os.path.join({str(tmp_path)!r}, f"d{{i}}.npy"))
+            np.save(files[-1], np.full((3, 12, 8), i, np.float32))
+        layout = Layout(MeshInfo((1, 3), ("data_parallel", "m0"), (0, 1)), shard={{"m0": 1}})
+        native_pipeline(NumpySource(files, layout, batch_size=2, shuffle=False)).run()
+        print(os.getpid(), flush=True)
+        os._exit(0)
+    """, check=True).stdout
+    pid = out.split()[-1]
+    left = [n for n in (os.listdir(folder) if os.path.isdir(folder) else []) if f".{pid}." in n]
+    assert left == []
+
+
+@pytest.mark.parametrize("case", ["other_owner", "world_writable", "symlink"])
+def test_a_plan_folder_another_user_can_write_is_refused(tmp_path, case):
+    """A plan folder someone else owns or can write into is refused, naming it (plans there could
+    be swapped for a forged one that reads any file this user can read)."""
+    from dali_mesh.io.read_plan import PlanFolderError
+
+    plan = _plan_of(tmp_path)
+    folder = tmp_path / "plans"
+    if case == "symlink":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        folder.symlink_to(tmp_path / "elsewhere")
+        words = "not a folder"
+    else:
+        folder.mkdir(mode=0o700)
+        if case == "other_owner":
+            if os.getuid() != 0:
+                pytest.skip("giving a folder to another user needs root")
+            os.chown(folder, 12345, 12345)
+            words = "belongs to uid 12345"
+        else:
+            os.chmod(folder, 0o777)
+            words = "writable by others"
+    with pytest.raises(PlanFolderError, match=f"{re.escape(str(folder))}: .*{words}"):
+        plan.write(str(folder))
+    assert not [n for n in os.listdir(folder) if n.endswith(".dmplan")]
+    # a folder of this user's own is used
+    own = tmp_path / "own"
+    path = plan.write(str(own))
+    assert os.path.dirname(path) == str(own) and stat.S_IMODE(os.stat(own).st_mode) == 0o700
