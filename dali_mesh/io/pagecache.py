@@ -8,14 +8,24 @@ from __future__ import annotations
 
 import glob
 import os
+import stat
 from typing import Iterable, Iterator
 
 __all__ = ["descendant_pids", "evict", "read_bytes", "walk_files"]
 
 
-def walk_files(paths: Iterable[str]) -> Iterator[str]:
-    """Every regular file under ``paths`` (a Zarr store is a folder of chunk files)."""
-    for p in paths:
+def _paths(paths) -> list[str]:
+    """``paths`` as a list: one path (a ``str``, ``bytes`` or ``os.PathLike``) is one path, not the
+    letters of its name."""
+    if isinstance(paths, (str, bytes, os.PathLike)):
+        return [os.fsdecode(paths)]
+    return [os.fsdecode(p) for p in paths]
+
+
+def walk_files(paths: Iterable[str] | str) -> Iterator[str]:
+    """Every file under ``paths`` (a Zarr store is a folder of chunk files); one path may be given
+    as it is."""
+    for p in _paths(paths):
         if os.path.isdir(p):
             for root, _, names in os.walk(p):
                 for n in names:
@@ -24,11 +34,14 @@ def walk_files(paths: Iterable[str]) -> Iterator[str]:
             yield p
 
 
-def evict(paths: Iterable[str]) -> None:
-    """Drop every file under ``paths`` from the page cache."""
+def evict(paths: Iterable[str] | str) -> None:
+    """Drop every regular file under ``paths`` (or the one path given) from the page cache. Opened
+    read-only and non-blocking: a FIFO or device among them is passed over, never waited on."""
     for p in walk_files(paths):
-        fd = os.open(p, os.O_RDONLY)
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
             os.fsync(fd)  # dirty pages cannot be dropped
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
