@@ -302,6 +302,24 @@ def _header_check(ds, path) -> tuple[int, bytes]:
     return addr, check
 
 
+def _check_stored_type(ds, path, name) -> None:
+    """:class:`NotNativeError` unless the stored bytes are ``ds.dtype``'s own: HDF5 types that h5py
+    converts on every read (integers of another precision or bit offset, floats with another exponent
+    bias or size, which h5py delivers as float64) are read through h5py, never as raw bytes."""
+    import h5py
+
+    stored = ds.id.get_type()
+    if stored.equal(h5py.h5t.py_create(ds.dtype)):
+        return
+    what = f"an HDF5 {type(stored).__name__} of {stored.get_size()} bytes"
+    if isinstance(stored, h5py.h5t.TypeIntegerID):
+        what += f", {stored.get_precision()} bits at bit offset {stored.get_offset()}"
+    elif isinstance(stored, h5py.h5t.TypeFloatID):
+        what += f", exponent bias {stored.get_ebias()}, fields {stored.get_fields()}"
+    raise NotNativeError(f"{path}: dataset {name!r} stores {what}, which h5py converts to {ds.dtype} when it "
+                         "reads it; it is read by partitioned_source")
+
+
 def _chunk_offsets(ds) -> dict:
     """``{chunk's first element: (byte offset, stored bytes)}`` of every chunk written. One pass over
     the chunk index (``chunk_iter``): looking chunks up one by one costs time that grows with
@@ -343,6 +361,7 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
             # an external link (allow_external=True): the offsets are in another file
             raise NotNativeError(f"{path}: dataset {name!r} lives in {ds.file.filename} "
                                  "(an external link)")
+        _check_stored_type(ds, path, name)
         plans: PlanSet = plans_of(native_dtype_of(ds.dtype, path))
         check_at, check = _header_check(ds, path)
         frame = tuple(ds.shape[1:])

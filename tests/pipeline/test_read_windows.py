@@ -7,6 +7,7 @@ No worker processes (the native path needs none), except the one partitioned_sou
 """
 from __future__ import annotations
 
+import logging
 import os
 
 import numpy as np
@@ -671,3 +672,53 @@ def _plan_tasks(plan_path, task_bytes):
     if not _kernels.library_path().exists():
         pytest.skip(f"{_kernels.library_path()} not built (pip install --no-build-isolation -e .)")
     return _kernels.plan_tasks(plan_path, task_bytes)  # a refused plan raises KernelsError
+
+
+# ---- issue 19: HDF5 types h5py converts are never read raw ---------------------------------------------
+def _custom_type_file(path, kind, chunked, data_shape=(4, 6, 5)):
+    """A dataset of a type h5py converts when it reads: 12-bit integers at bit offset 2 of an int16,
+    or float32 with another exponent bias (h5py delivers float64)."""
+    h5py = pytest.importorskip("h5py")
+    rng = np.random.default_rng(SEED)
+    if kind == "int12":
+        tid = h5py.h5t.STD_I16LE.copy()
+        tid.set_precision(12)
+        tid.set_offset(2)
+        data = rng.integers(-2048, 2048, data_shape).astype(np.int16)
+    else:
+        tid = h5py.h5t.IEEE_F32LE.copy()
+        tid.set_ebias(100)
+        data = rng.normal(size=data_shape).astype(np.float32)
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    if chunked:
+        dcpl.set_chunk((1, 3, 5))
+    with h5py.File(path, "w") as f:
+        ds = h5py.Dataset(h5py.h5d.create(f.id, b"fields", tid, h5py.h5s.create_simple(data_shape), dcpl=dcpl))
+        ds[...] = data
+    with h5py.File(path, "r") as f:
+        return f["fields"][...]  # the oracle: what h5py delivers
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+@pytest.mark.parametrize("kind", ["int12", "float_ebias"])
+def test_hdf5_types_h5py_converts_are_read_through_h5py(tmp_path, kind, chunked, caplog):
+    path = str(tmp_path / "c.h5")
+    full = _custom_type_file(path, kind, chunked)
+    layout = Layout(mesh_of((1, 2), (0, 1)), shard={"m0": 1}, halo={1: 1}, boundary={1: "reflect"})
+    src = HDF5Source([path], "fields", layout, batch_size=2, shuffle=False)
+    with pytest.raises(native.NotNativeError, match="which h5py converts to"):
+        native.plan_windows(src)
+
+    @pipeline_def(batch_size=2, num_threads=1, device_id=None, py_num_workers=1, py_start_method="spawn")
+    def pipe():
+        return native.read_windows(src)  # falls back, saying why
+
+    with caplog.at_level(logging.INFO, logger="dali_mesh.pipeline.native"):
+        p = pipe()
+        p.build()
+    assert "h5py converts" in caplog.text
+    for _ in range(2):
+        w, ids, _ = p.run()
+        for k in range(2):
+            t = int(np.array(ids[k]))
+            np.testing.assert_array_equal(np.array(w[k]), take_window(full[t], src.region), err_msg=f"step {t}")
