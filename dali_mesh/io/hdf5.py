@@ -285,7 +285,9 @@ def _header_check(ds, path) -> tuple[int, bytes]:
     checks them at every read, so a file rewritten with another layout since the plan is refused."""
     import h5py
 
-    addr = int(h5py.h5o.get_info(ds.id).addr)
+    # the object header's address counts from the HDF5 base address, after a user block (data
+    # offsets from H5Dget_offset and the chunk index are absolute already)
+    addr = int(h5py.h5o.get_info(ds.id).addr) + int(ds.file.id.get_create_plist().get_userblock())
     head = read_file_at(path, addr, 64)
     if head[:4] == b"OHDR":  # version 2: signature, version, flags, [times], [phase change], chunk 0 size
         flags = head[5]

@@ -722,3 +722,32 @@ def test_hdf5_types_h5py_converts_are_read_through_h5py(tmp_path, kind, chunked,
         for k in range(2):
             t = int(np.array(ids[k]))
             np.testing.assert_array_equal(np.array(w[k]), take_window(full[t], src.region), err_msg=f"step {t}")
+
+
+@pytest.mark.parametrize("chunks", [None, (1, 3, 5)])
+def test_hdf5_with_a_user_block_is_read_natively_and_checked(tmp_path, chunks):
+    """A user block moves the HDF5 base address: the object header the reader checks lies after it
+    (it was looked for inside the user block: a misleading fallback, and with crafted user-block
+    bytes a same-size rewrite went unnoticed)."""
+    h5py = pytest.importorskip("h5py")
+    rng = np.random.default_rng(SEED)
+    full = random_array(rng, (4, 6, 5), np.float32)
+    path = str(tmp_path / "ub.h5")
+    with h5py.File(path, "w", userblock_size=512) as f:
+        f.create_dataset("fields", data=full, chunks=chunks)
+    with open(path, "r+b") as f:
+        f.write(b"\x01" * 512)  # user-block bytes that look like a version-1 header wherever one is sought
+    layout = Layout(mesh_of((1, 2), (0, 0)), shard={"m0": 1}, halo={1: 1}, boundary={1: "edge"})
+    src = HDF5Source([path], "fields", layout, batch_size=2, shuffle=False)
+    plan = native.plan_source(src)
+    with h5py.File(path, "r") as f:
+        addr = h5py.h5o.get_info(f["fields"].id).addr + 512
+    raw = open(path, "rb").read()
+    checks = {(p.check_offset, p.check) for p in plan.plans if p.check}
+    assert checks and all(off == addr and raw[off:off + len(c)] == c for off, c in checks)
+    p = native_pipeline(src)
+    for _ in range(2):
+        w, ids, _ = p.run()
+        for k in range(2):
+            t = int(np.array(ids[k]))
+            np.testing.assert_array_equal(np.array(w[k]), take_window(full[t], src.region))
