@@ -117,6 +117,7 @@ std::string PlanSetJson(const dali_mesh::PlanSet &set) {
     j.Open('{');
     j.Bytes("path", f.path);
     j.Int("expected_size", f.expected_size);
+    j.Int("expected_mtime_ns", f.expected_mtime_ns);
     j.Close('}');
   }
   j.Close(']');

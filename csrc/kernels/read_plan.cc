@@ -22,7 +22,7 @@ namespace dali_mesh {
 
 namespace {
 
-constexpr char kMagic[9] = "DMPLAN03";
+constexpr char kMagic[9] = "DMPLAN04";
 constexpr int kMaxPlanDims = 32;
 
 [[noreturn]] void Fail(const std::string &msg) { throw std::runtime_error("read_windows: " + msg); }
@@ -293,9 +293,11 @@ PlanSet LoadPlanSet(const std::string &path) {
   for (auto &f : set.files) {
     f.path = r.Bytes();
     f.expected_size = r.Int();
+    f.expected_mtime_ns = r.Int();
     // a NUL would make open() read another (shorter) path than the one named
     if (f.path.empty() || f.path.find('\0') != std::string::npos) r.Bad("file path");
     if (f.expected_size < -1) r.Bad("expected file size " + std::to_string(f.expected_size));
+    if (f.expected_mtime_ns < -1) r.Bad("expected modification time " + std::to_string(f.expected_mtime_ns));
   }
   set.plans.resize(n_plans);
   for (auto &p : set.plans) ReadPlanBody(r, &p);
@@ -396,6 +398,16 @@ void OpenFile::Open(const PlanFile &file, const ReadPlan &plan, const std::strin
            "): its shape, dtype, order or storage changed since the plan was made, or differs " +
            "from that file's; define the pipeline again, make every file the same, or use " +
            "per-sample shapes");
+  }
+  // last, so that a changed size or header is named as such: a file whose layout looks the same
+  // but that was modified since the plan (an HDF5 file rewritten in place may hold, at the planned
+  // address, another dataset with a byte-identical header)
+  if (file.expected_mtime_ns >= 0) {
+    const int64_t mtime = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    if (mtime != file.expected_mtime_ns)
+      Fail(path_ + ": the file was modified since the plan was made (an HDF5 file rewritten in place "
+           "may hold another dataset at the planned address, with a byte-identical header); define "
+           "the pipeline again");
   }
 }
 

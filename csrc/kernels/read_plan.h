@@ -58,6 +58,10 @@ struct ReadPlan {
 struct PlanFile {
   std::string path;
   int64_t expected_size = -1;  // -1: not checked
+  // the file's modification time (ns) when planned, -1: not checked. Set for HDF5 files: a file
+  // rewritten in place with its datasets in another order can hold, at the planned address, a
+  // byte-identical object header of another dataset, so any rewrite is refused there
+  int64_t expected_mtime_ns = -1;
 };
 
 // One read into a sample's window: the units of `plan` from `file`, at `base` added to every file
@@ -82,7 +86,7 @@ struct PlanSet {
   std::vector<PlanItem> items;
 };
 
-// Loads a plan file written by dali_mesh.io.read_plan (format "DMPLAN03": little-endian int64 words, the
+// Loads a plan file written by dali_mesh.io.read_plan (format "DMPLAN04": little-endian int64 words, the
 // last one a checksum of the others, so that a corrupt file is refused rather than read from).
 // A plan's JSON check (check_offset kCheckJson) is put in canonical form here, so that a writer may
 // give the metadata file's bytes as they are (CanonicalJson is idempotent: a check written in

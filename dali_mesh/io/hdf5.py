@@ -370,7 +370,8 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
         wplan = plan_window(region, index_maps)
         shape = wplan.window_shape
         fidx = len(plans.files)
-        plans.files.append(PlanFile(path, os.path.getsize(path)))
+        st = os.stat(path)  # size and time: any rewrite of an HDF5 file is refused (read_plan.h)
+        plans.files.append(PlanFile(path, st.st_size, st.st_mtime_ns))
         if ds.chunks is None:
             budget(locals_.size)
             offset = ds.id.get_offset()

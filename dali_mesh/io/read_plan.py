@@ -42,7 +42,7 @@ __all__ = ["AxisProgram", "CHECK_JSON", "NotNativeError", "PLAN_MAGIC", "PlanFil
            "PlanFolderError", "PlanSet", "ReadPlan", "decode", "encode", "native_dtype_of"]
 
 #: The plan file's first 8 bytes: the format and its version (bumped whenever a table changes).
-PLAN_MAGIC = b"DMPLAN03"
+PLAN_MAGIC = b"DMPLAN04"
 #: ``check_offset`` of a plan whose check is a JSON metadata file (a Zarr array's ``.zarray`` or
 #: ``zarr.json``), compared whole in canonical form (``kCheckJson`` in read_plan.h).
 CHECK_JSON = -1
@@ -105,7 +105,7 @@ _READ_PLAN = (
     Field("axes", "records", "ndim", _AXIS_PROGRAM),
 )
 
-_PLAN_FILE = (Field("path", "bytes"), Field("expected_size", "int"))
+_PLAN_FILE = (Field("path", "bytes"), Field("expected_size", "int"), Field("expected_mtime_ns", "int"))
 
 
 def _word(v) -> bytes:
@@ -284,10 +284,12 @@ class ReadPlan:
 
 
 class PlanFile(NamedTuple):
-    """A file read by the plans: its path and its expected size (-1: not checked)."""
+    """A file read by the plans: its path, its expected size and modification time in ns (-1: not
+    checked; HDF5 files check it: see read_plan.h)."""
 
     path: str
     expected_size: int = -1
+    expected_mtime_ns: int = -1
 
 
 class PlanPart(NamedTuple):
@@ -390,7 +392,7 @@ class PlanSet:
         from dali_mesh import _kernels  # the checksum is the reader's own code
 
         out = [PLAN_MAGIC, _word(len(self.plans)), _word(len(self.files)), _word(self.num_items)]
-        out += [encode(_PLAN_FILE, PlanFile(os.fsencode(p), s)) for p, s in self.files]
+        out += [encode(_PLAN_FILE, PlanFile(os.fsencode(f.path), *f[1:])) for f in map(_plan_file, self.files)]
         out += [p.to_bytes() for p in self.plans]
         out.append(self._item_words.astype("<i8").tobytes())
         body = b"".join(out)
@@ -437,6 +439,10 @@ class PlanSet:
 
 class PlanFolderError(DataFileError):
     """A folder for plan files that another user could write into (or not a folder of this user)."""
+
+
+def _plan_file(f) -> PlanFile:
+    return f if isinstance(f, PlanFile) else PlanFile(*f)
 
 
 def _write_all(fd: int, data: bytes) -> None:

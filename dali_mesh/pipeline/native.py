@@ -58,10 +58,11 @@ holding the planned bytes where its layout is described (a ``.npy`` header; an H
 object header: shape, dtype, data address, chunking; a Zarr array's metadata file, compared in a
 canonical form that leaves out its attributes, so that adding one does not stop the reads). A file
 truncated, grown, or rewritten with another layout after the plan was made is an error naming it,
-never garbage; one rewritten with the same layout is read anew. Each read task opens, checks, reads
-and closes its file, so a batch of many-chunk Zarr samples holds one descriptor per thread. (Not caught: an HDF5 file rewritten
-with the same object header but its chunks at other offsets.) The plan file ends with a checksum:
-a corrupt one is refused.
+never garbage; a ``.npy`` file or Zarr chunk rewritten with the same layout is read anew. An HDF5
+file must also keep its modification time: one rewritten in place with the same header may hold
+another dataset at the planned address (or its chunks at other offsets), so any rewrite is refused.
+Each read task opens, checks, reads and closes its file, so a batch of many-chunk Zarr samples holds
+one descriptor per thread. The plan file ends with a checksum: a corrupt one is refused.
 
 Importing this module imports neither DALI nor the plugin (:func:`read_windows` does, when called).
 """

@@ -137,7 +137,8 @@ def test_a_plan_file_loads_as_it_was_encoded(tmp_path, case, items_as_words):
         "source": os.fsencode(path),
         "plans": [_expected_plan(wplan, header.dtype, header.fortran_order, fo, do, ub, groups, npy_check, 0),
                   _expected_plan(_read_only(window), header.dtype, False, [], [], [], [], RAW_META, CHECK_JSON)],
-        "files": [{"path": os.fsencode(p), "expected_size": s} for p, s in plans.files],
+        "files": [{"path": os.fsencode(f.path), "expected_size": f.expected_size, "expected_mtime_ns": f.expected_mtime_ns}
+                  for f in plans.files],
         "parts": parts,
         "items": want_items,
     }
@@ -302,7 +303,7 @@ def test_plan_checksum_of_cxx_equals_its_definition(tmp_path):
     plans.files.append(PlanFile(str(tmp_path / "data.bin"), 16))
     plans.items = [(0, [(0, 0, 0, 0)])]
     data = plans.to_bytes()
-    assert data[:8] == b"DMPLAN03"
+    assert data[:8] == b"DMPLAN04"
     assert _checksum(data[8:-8]) == data[-8:]
     with pytest.raises(_kernels.KernelsError, match="not a whole number of 8-byte words"):
         _kernels.plan_checksum(b"\0" * 12)

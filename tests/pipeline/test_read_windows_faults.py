@@ -17,6 +17,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -467,8 +468,11 @@ def test_checkpoint_resume_across_the_epoch_boundary(tmp_path, where):
 
 
 @pytest.mark.parametrize("chunks", [None, (1, 3, 4, 8)])
-def test_hdf5_rewritten_with_the_same_layout_is_read_anew(tmp_path, chunks):
-    # h5py writes the same object header for the same layout: new values, same checks, no error
+def test_hdf5_rewritten_with_the_same_layout_is_refused_then_read_anew(tmp_path, chunks):
+    """h5py writes the same object header for the same layout, so the header check cannot tell a
+    rewrite from the file planned for (and with several datasets the header at the planned address
+    may be another dataset's): any rewrite is refused, naming the file, never read as planned; a
+    pipeline defined again reads the new values. (Before issue 19 the new values were read.)"""
     pytest.importorskip("h5py")
     rng = np.random.default_rng(SEED)
     data = random_array(rng, (4, 3, 12, 8), np.float32)
@@ -476,7 +480,11 @@ def test_hdf5_rewritten_with_the_same_layout_is_read_anew(tmp_path, chunks):
     _h5(path, data, chunks)
     src = HDF5Source([path], "fields", _layout(), batch_size=2, shuffle=False)
     p = native_pipeline(src)
+    time.sleep(0.01)  # a later modification time, also on coarse clocks
     _h5(path, data * 2 + 1, chunks)
+    _error_naming_a_file_no_garbage(p, len(src) // 2, lambda t: take_window(data[t], src.region),
+                                    re.escape(path) + ": the file was modified since the plan was made")
+    p = native_pipeline(HDF5Source([path], "fields", _layout(), batch_size=2, shuffle=False))
     for _ in range(len(src) // 2):
         w, ids, _ = p.run()
         for k in range(2):
@@ -738,7 +746,7 @@ def test_default_plans_are_sealed_in_memory_and_leave_no_file(tmp_path):
     fd = os.open(path, os.O_RDWR)
     try:
         with pytest.raises(PermissionError):
-            os.write(fd, b"DMPLAN03")  # sealed: F_SEAL_WRITE
+            os.write(fd, b"DMPLAN04")  # sealed: F_SEAL_WRITE
     finally:
         os.close(fd)
     assert plan.write() == path  # one memfd per distinct plan
@@ -799,3 +807,31 @@ def test_a_plan_folder_another_user_can_write_is_refused(tmp_path, case):
     own = tmp_path / "own"
     path = plan.write(str(own))
     assert os.path.dirname(path) == str(own) and stat.S_IMODE(os.stat(own).st_mode) == 0o700
+
+
+def test_hdf5_rewritten_with_its_datasets_in_another_order_is_refused(tmp_path):
+    """Two datasets of one layout; the file rewritten with them in the other order, same size: the
+    header at the planned address is the other dataset's, byte for byte (it returned the other
+    dataset's data). Any rewrite of an HDF5 file since the plan is refused, naming it."""
+    h5py = pytest.importorskip("h5py")
+    a = np.arange(8 * 6 * 5, dtype=np.float32).reshape(8, 6, 5)
+    b = -a
+    path = str(tmp_path / "two.h5")
+    with h5py.File(path, "w") as f:
+        f["a"], f["b"] = a, b
+    layout = Layout(mesh_of((1, 2), (0, 1)), shard={"m0": 1})
+    src = HDF5Source([path], "a", layout, batch_size=2, shuffle=False)
+    p = native_pipeline(src)
+    w, ids, _ = p.run()
+    np.testing.assert_array_equal(np.array(w[0]), take_window(a[int(np.array(ids[0]))], src.region))
+    size = os.path.getsize(path)
+    time.sleep(0.01)  # a later modification time, also on coarse clocks
+    with h5py.File(path, "w") as f:  # the same file, its datasets written in the other order
+        f["b"] = b
+        f["a"] = a
+    assert os.path.getsize(path) == size
+    with h5py.File(path, "r") as f:
+        assert h5py.h5o.get_info(f["b"].id).addr < h5py.h5o.get_info(f["a"].id).addr  # they swapped places
+    with pytest.raises(RuntimeError, match=re.escape(path) + ": the file was modified since the plan was made"):
+        for _ in range(3):  # (a batch read before the rewrite may be waiting in the prefetch queue)
+            p.run()
