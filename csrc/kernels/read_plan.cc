@@ -643,11 +643,19 @@ void PrefetchPath(const std::string &path, const ReadPlan &plan, int64_t base) {
   if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
     // the kernel's reads go on after the descriptor is closed
     constexpr int64_t kPiece = 512 << 10;
+    const int64_t size = st.st_size;
     for (size_t g = 0; g < plan.group_begin.size(); g++) {
       const int64_t b = plan.group_begin[g], e = plan.group_end[g];
-      const int64_t lo = base + plan.file_off[b];
-      const int64_t hi = base + plan.file_off[e - 1] + plan.unit_bytes[e - 1];
-      for (int64_t a = lo; a < hi; a += kPiece)
+      int64_t lo, hi;
+      // a crafted plan or chunk index may put a group near 2**63: never overflow, and announce
+      // only what lies inside the file (the read itself reports the rest)
+      if (__builtin_add_overflow(base, plan.file_off[b], &lo) ||
+          __builtin_add_overflow(base, plan.file_off[e - 1], &hi) ||
+          __builtin_add_overflow(hi, plan.unit_bytes[e - 1], &hi))
+        continue;
+      lo = std::max<int64_t>(lo, 0);
+      hi = std::min(hi, size);
+      for (int64_t a = lo; a < hi; a = hi - a > kPiece ? a + kPiece : hi)
         ::posix_fadvise(fd, a, std::min(kPiece, hi - a), POSIX_FADV_WILLNEED);
     }
   }

@@ -349,6 +349,8 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
     chunk's first step), its base the chunk's offset plus the step's place in the chunk: the plans
     are as many as the chunks one window touches, whatever the number of steps. Anything else
     (filters, external or virtual storage, chunks never written) is :class:`NotNativeError`."""
+    import h5py
+
     l0, l1 = steps
     locals_ = np.arange(l0, l1, dtype=np.int64)
     f, ds = open_hdf5_dataset(path, name, **(h5_kwargs or {}))
@@ -375,8 +377,15 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
         if ds.chunks is None:
             budget(locals_.size)
             offset = ds.id.get_offset()
+            if dcpl.get_layout() == h5py.h5d.COMPACT:
+                raise NotNativeError(f"{path}: dataset {name!r} is stored compact (its data inside its object "
+                                     "header); it is read by partitioned_source")
             if offset is None:
                 raise NotNativeError(f"{path}: dataset {name!r} has no stored data (never written)")
+            if int(offset) + math.prod(ds.shape) * ds.dtype.itemsize > st.st_size:
+                raise NotNativeError(f"{path}: dataset {name!r} claims data at bytes {int(offset)}.."
+                                     f"{int(offset) + math.prod(ds.shape) * ds.dtype.itemsize} but the file has "
+                                     f"{st.st_size}: the file is truncated or corrupt")
             fo, do, ub, groups = plan_npy_reads(StoredArray(frame, ds.dtype), wplan, (), merge_gap)
             pidx = plans.add_plan(ReadPlan.from_units(wplan, ds.dtype, False, fo, do, ub, groups, check, check_at))
             step_bytes = math.prod(frame) * ds.dtype.itemsize
@@ -404,6 +413,10 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
                 if info[1] != chunk_bytes:
                     raise NotNativeError(f"{path}: chunk {coord} of dataset {ds.name} is stored in "
                                          f"{info[1]} bytes, not as raw data")
+                if not 0 <= info[0] <= st.st_size - chunk_bytes:
+                    raise NotNativeError(f"{path}: chunk {coord} of dataset {ds.name} lies at bytes {info[0]}.."
+                                         f"{info[0] + chunk_bytes}, past the end of the file ({st.st_size} "
+                                         "bytes): its chunk index is corrupt or the file is truncated")
                 base[k] = info[0]
             parts[:, j, 0] = fidx
             parts[:, j, 2] = base[locals_ // ct - first_chunk] + (locals_ % ct) * step_stride

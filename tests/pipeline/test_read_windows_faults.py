@@ -835,3 +835,55 @@ def test_hdf5_rewritten_with_its_datasets_in_another_order_is_refused(tmp_path):
     with pytest.raises(RuntimeError, match=re.escape(path) + ": the file was modified since the plan was made"):
         for _ in range(3):  # (a batch read before the rewrite may be waiting in the prefetch queue)
             p.run()
+
+
+# ---- issue 19: what a file that cannot be read natively is called --------------------------------
+def test_compact_hdf5_and_chunks_past_the_end_are_named_for_what_they_are(tmp_path):
+    """A compact dataset was logged as "never written"; a chunk address past the end of the file
+    was a read-time "truncated" error (and near 2**63 a hang): both are named at plan time."""
+    h5py = pytest.importorskip("h5py")
+    data = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
+    compact = str(tmp_path / "compact.h5")
+    with h5py.File(compact, "w") as f:
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_layout(h5py.h5d.COMPACT)
+        ds = h5py.Dataset(h5py.h5d.create(f.id, b"fields", h5py.h5t.py_create(data.dtype),
+                                          h5py.h5s.create_simple(data.shape), dcpl=dcpl))
+        ds[...] = data
+    layout = Layout(mesh_of((1, 1), (0, 0)), shard={"m0": 1})
+    with pytest.raises(native.NotNativeError, match="is stored compact"):
+        native.plan_windows(HDF5Source([compact], "fields", layout, batch_size=1))
+    chunked = str(tmp_path / "chunked.h5")
+    with h5py.File(chunked, "w") as f:
+        f.create_dataset("fields", data=data, chunks=(1, 3, 4))
+    with h5py.File(chunked, "r") as f:
+        offset = f["fields"].id.get_chunk_info(1).byte_offset
+    # the file cut inside the second chunk (its index still says where the chunk was), the
+    # superblock's end-of-file address (version 0: bytes 40..48) cut with it so that HDF5 opens it
+    with open(chunked, "r+b") as fh:
+        assert fh.read(9)[8] == 0, "expected a version-0 superblock"
+        fh.truncate(offset + 8)
+        fh.seek(40)
+        fh.write((offset + 8).to_bytes(8, "little"))
+    with pytest.raises(native.NotNativeError, match=r"chunk \(1, 0, 0\) .* past the end of the file"):
+        native.plan_windows(HDF5Source([chunked], "fields", layout, batch_size=1))
+
+
+@pytest.mark.timeout(120)
+def test_a_group_near_2_63_is_refused_not_prefetched_for_ever(tmp_path):
+    """A crafted plan whose units lie near 2**63 (as a crafted chunk index makes them): the
+    prefetch announced pieces past the file with an offset that overflowed and looped for ever;
+    now the read fails naming the file, and the process exits."""
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"\0" * 4096)
+    plan = crafted_plan(1, 4, 0, 0, [4], [(1 << 63) - 4096], [0], [16], [0], [1])
+    path = crafted_plan_file(tmp_path / "p.dmplan", [plan], [(str(data), -1)], [(0, [(0, 0, 0, 0)])])
+    proc = run_python(f"""
+        from tests.helpers import run_plan_file
+        try:
+            run_plan_file({path!r})
+        except RuntimeError as e:
+            print("refused:", "data.bin" in str(e), "cannot be read" in str(e) or "truncated" in str(e))
+    """, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "refused: True True" in proc.stdout, proc.stdout
