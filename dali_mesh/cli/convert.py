@@ -14,10 +14,12 @@ that a rank's cold read is its window.
   ``ZarrSource`` and that name.
 - Samples are copied by a few threads (the readers release the GIL while reading; HDF5 calls are
   serialised by one lock, as h5py serialises them anyway), with a plain-text progress bar on stderr.
-- Nothing is written at DST until the copy is complete and verified: the copy goes to a sibling
-  ``DST.partial-PID`` first, every sample is read back and compared bit for bit with the source, and
-  only then is it renamed to DST. An existing DST is refused unless ``--overwrite``; even then a
-  folder that is not a Zarr store is never removed.
+- Nothing is written at DST until the copy is complete and verified: the copy goes to a hidden
+  sibling ``.DST.partial-PID`` first, every sample is read back and compared bit for bit with the
+  source, and only then is it renamed to DST (never over anything that appeared there meanwhile). An
+  existing DST is refused unless ``--overwrite``; even then a folder that is not a Zarr store, or one
+  that holds the source, is never removed. Partial copies of processes that have ended (SIGKILL)
+  are removed when the next convert of that DST starts; SIGTERM and Ctrl-C remove their own.
 """
 from __future__ import annotations
 
@@ -215,6 +217,10 @@ def _check_dst(dst: str, src_files: Sequence[str], overwrite: bool) -> str:
     real = os.path.realpath(dst)
     if any(os.path.realpath(f) == real for f in src_files):
         raise UsageError(f"DST {dst!r} is also the source: write the copy elsewhere")
+    inside = [f for f in src_files if os.path.realpath(f).startswith(real.rstrip(os.sep) + os.sep)]
+    if inside:
+        raise UsageError(f"DST {dst!r} holds the source ({inside[0]!r}): replacing it would delete the source; "
+                         "write the copy elsewhere")
     if os.path.lexists(dst):
         if not overwrite:
             raise UsageError(f"DST {dst!r} exists: pass --overwrite to replace it, or choose another name")
@@ -236,7 +242,88 @@ def _parse_chunks(text: str | Sequence[int], layout: Layout, sample_shape, items
     if len(chunks) != len(sample_shape) + 1 or any(c <= 0 for c in chunks):
         raise UsageError(f"--chunks {text!r}: give {len(sample_shape) + 1} positive sizes (the sample axis first, "
                          f"then the sample's {tuple(sample_shape)}), or auto")
+    too_big = [(a, c, n) for a, (c, n) in enumerate(zip(chunks[1:], sample_shape), 1) if c > n]
+    if too_big:
+        a, c, n = too_big[0]
+        raise UsageError(f"--chunks {text!r}: {c} cells on axis {a} is larger than the data ({n}); a chunk "
+                         "at most as large as the array on every sample axis")
     return chunks
+
+
+def _check_name(name: str) -> str:
+    """``--name``: one dataset / array name (not empty, no path separators or '..')."""
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise UsageError(f"--name {name!r}: give one plain name for the dataset or array (no '/', not empty, "
+                         "not '.' or '..')")
+    return name
+
+
+def _partial_path(dst: str, pid: int) -> str:
+    """Where the copy is written before it is verified: ``.<DST name>.partial-<pid>`` beside DST."""
+    return os.path.join(os.path.dirname(os.path.abspath(dst)), f".{os.path.basename(dst.rstrip('/'))}.partial-{pid}")
+
+
+def _remove_stale_partials(dst: str) -> None:
+    """Remove the partial copies of DST left by processes that no longer run (SIGKILL, a crash)."""
+    folder = os.path.dirname(os.path.abspath(dst))
+    prefix = os.path.basename(_partial_path(dst, 0))[:-1]
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for n in names:
+        pid = n[len(prefix):]
+        if not n.startswith(prefix) or not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # that copy is still running
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue  # another user's process
+        log.info("convert: removing %s, left by process %s, which has ended", n, pid)
+        _remove(os.path.join(folder, n))
+
+
+def _rename_noreplace(src: str, dst: str) -> None:
+    """``src`` renamed to ``dst`` only if nothing is at ``dst`` (renameat2 RENAME_NOREPLACE where the
+    kernel has it; else a check just before the rename)."""
+    import ctypes  # noqa: PLC0415
+    import errno  # noqa: PLC0415
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        renameat2 = None
+    if renameat2 is not None:
+        at_fdcwd, rename_noreplace = -100, 1
+        if renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), rename_noreplace) == 0:
+            return
+        e = ctypes.get_errno()
+        if e == errno.EEXIST:
+            raise UsageError(f"DST {dst!r} appeared while the copy ran: it is left as it is; the copy is removed")
+        if e not in (errno.ENOSYS, errno.EINVAL):
+            raise OSError(e, os.strerror(e), dst)
+    if os.path.lexists(dst):
+        raise UsageError(f"DST {dst!r} appeared while the copy ran: it is left as it is; the copy is removed")
+    os.rename(src, dst)
+
+
+def _discard_pending_writes(h5file) -> None:
+    """A write of the copy failed (a full disk, a file size limit) and the copy is thrown away: point
+    the HDF5 file's descriptor at /dev/null, so that the writes its close still makes succeed. An
+    HDF5 close that fails leaves the library in a state that crashes the process at exit (SIGSEGV)."""
+    try:
+        fd = int(h5file.id.get_vfd_handle())
+    except Exception:  # noqa: BLE001 - another file driver: nothing to redirect
+        return
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
 
 
 def _remove(path: str) -> None:
@@ -276,9 +363,11 @@ def convert_array(
             note = chunk_advice(layout, sample_shape, dtype.itemsize)[1]
             if note:
                 log.info("convert %s: %s", src, note)
+        _check_name(name)
         n = source.num_samples
         shape = (n,) + tuple(sample_shape)
-        tmp = os.path.join(os.path.dirname(os.path.abspath(dst)), f".{os.path.basename(dst.rstrip('/'))}.partial-{os.getpid()}")
+        tmp = _partial_path(dst, os.getpid())
+        _remove_stale_partials(dst)
         _remove(tmp)
         t0 = time.perf_counter()
         sample_bytes = math.prod(sample_shape) * dtype.itemsize
@@ -287,6 +376,7 @@ def convert_array(
                 import h5py  # noqa: PLC0415
 
                 out_file = h5py.File(tmp, "w")
+                written = failed_io = False
                 try:
                     out = out_file.create_dataset(name, shape=shape, dtype=dtype, chunks=chunk_shape)
 
@@ -295,7 +385,14 @@ def convert_array(
                         with lock:
                             out[i] = sample
                     _run_parallel(write, n, workers, _Progress("copy  ", n, sample_bytes, progress))
+                    out_file.flush()  # a write that fails (a full disk) fails here, not in close()
+                    written = True
+                except (OSError, RuntimeError):
+                    failed_io = True
+                    raise
                 finally:
+                    if failed_io:
+                        _discard_pending_writes(out_file)
                     out_file.close()
             else:
                 import zarr  # noqa: PLC0415
@@ -310,9 +407,12 @@ def convert_array(
                 _run_parallel(write, n, workers, _Progress("copy  ", n, sample_bytes, progress))
             _verify(source, tmp, kind, name, workers, lock, progress, sample_bytes)
             seconds = time.perf_counter() - t0
-            if os.path.lexists(dst):  # --overwrite, checked above
+            # DST again: it may have appeared (or changed) while the copy ran; never remove what
+            # was not checked, never replace what --overwrite was not given for
+            _check_dst(dst, source.files, overwrite)
+            if os.path.lexists(dst):  # --overwrite, checked just now
                 _remove(dst)
-            os.replace(tmp, dst)
+            _rename_noreplace(tmp, dst)
         except BaseException:
             _remove(tmp)
             raise

@@ -359,10 +359,39 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _os_reason(e: BaseException) -> str:
+    """What an I/O error says, on one line (HDF5's messages span lines and name buffers and times)."""
+    import re  # noqa: PLC0415
+
+    if isinstance(e, OSError) and e.strerror and not str(e).startswith("["):
+        text = e.strerror + (f" ({e.filename})" if e.filename else "")
+    else:
+        text = str(e)
+    m = re.search(r"error message = '([^']*)'", text)
+    if m:
+        errno = re.search(r"errno = (\d+)", text)
+        text = m.group(1) + (f" (errno {errno.group(1)})" if errno else "")
+    return " ".join(text.split())
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
+    import signal  # noqa: PLC0415
+
     from dali_mesh.cli.convert import convert  # noqa: PLC0415
 
-    report = convert(args)
+    def terminated(signum, frame):  # SIGTERM: unwind like Ctrl-C, so that the partial copy is removed
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        report = convert(args)
+    except KeyboardInterrupt:
+        print("dali-mesh: convert interrupted; the partial copy is removed", file=sys.stderr)
+        return 130
+    except (OSError, RuntimeError) as e:  # a full disk, a read-only folder (h5py raises either)
+        raise UsageError(f"convert failed writing the copy: {_os_reason(e)}; the partial copy is removed") from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(report)
     return 0
 

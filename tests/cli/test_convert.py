@@ -14,6 +14,7 @@ zarr = pytest.importorskip("zarr")
 from dali_mesh.io.npy import read_npy_window
 from dali_mesh.partition import take_window
 from dali_mesh.source import ZarrSource
+from tests.helpers import run_python  # noqa: E402
 
 SHAPE = (3, 24, 720)  # channels, lat, lon: an innermost (lon) split over 4 ranks: 180 columns each
 
@@ -191,3 +192,124 @@ def test_convert_zarr_then_read_without_a_name(tmp_path, capsys):
     g.create_array("b", shape=(2, 3), dtype="f4")
     with pytest.raises(MissingArrayError, match=r"holding 2 arrays \['a', 'b'\]: name the one to read"):
         open_zarr_array(str(tmp_path / "two.zarr"))
+
+
+# ---- issue 19: convert never deletes data it did not write -----------------------------------------
+@pytest.mark.parametrize("argv,message", [
+    (["--name", ""], "--name '': give one plain name"),
+    (["--name", "../escape"], "--name '../escape': give one plain name"),
+    (["--chunks", "1,2,4,100000"], "100000 cells on axis 3 is larger than the data (8)"),
+])
+def test_convert_names_and_chunks_one_line_exit_2(tmp_path, capsys, argv, message):
+    """An empty name, a name with a path, chunks larger than the data (Zarr tried to allocate
+    1.86 TiB): one line, exit 2, nothing written."""
+    src = str(tmp_path / "src")
+    _samples(src, n=2, shape=(2, 4, 8))
+    assert main(["convert", src, str(tmp_path / "out.zarr"), "--mesh", "mp=2", "--shard", "mp=2",
+                 "--no-progress"] + argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and message in err, err
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+def test_overwrite_of_a_dst_that_holds_the_source_is_refused(tmp_path, capsys):
+    """convert SRC DST --overwrite with SRC inside DST deleted the source."""
+    dst = tmp_path / "all.zarr"
+    src = str(dst / "samples")
+    samples = _samples(src, n=2, shape=(2, 4, 8))
+    (dst / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group", "attributes": {}}')
+    assert main(["convert", src, str(dst), "--mesh", "mp=2", "--shard", "mp=2", "--no-progress", "--overwrite"]) == 2
+    assert "holds the source" in capsys.readouterr().err
+    assert _bits_equal(samples[1], np.load(os.path.join(src, "s001.npy")))
+
+
+def test_a_dst_that_appears_during_the_copy_is_left_alone(tmp_path, capsys, monkeypatch):
+    """A folder created at DST while the copy runs (no --overwrite) was removed and replaced, even a
+    folder that is not a Zarr store."""
+    from dali_mesh.cli import convert as conv
+
+    src = str(tmp_path / "src")
+    _samples(src, n=2, shape=(2, 4, 8))
+    dst = tmp_path / "out.zarr"
+    real = conv._verify
+
+    def verify_then_someone_writes(*a, **k):
+        real(*a, **k)
+        dst.mkdir()
+        (dst / "theirs.txt").write_text("x")
+
+    monkeypatch.setattr(conv, "_verify", verify_then_someone_writes)
+    assert main(["convert", src, str(dst), "--mesh", "mp=2", "--shard", "mp=2", "--no-progress"]) == 2
+    assert "exists" in capsys.readouterr().err
+    assert (dst / "theirs.txt").read_text() == "x" and sorted(os.listdir(dst)) == ["theirs.txt"]
+    assert sorted(os.listdir(tmp_path)) == ["out.zarr", "src"]  # no partial copy left
+
+
+def _convert_script(src, dst, extra=""):
+    return f"""
+        import signal, sys
+        {extra}
+        from dali_mesh.cli import main
+        sys.exit(main(["convert", {src!r}, {dst!r}, "--mesh", "mp=2", "--shard", "mp=2", "--no-progress",
+                       "--workers", "1"]))
+    """
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("suffix", [".h5", ".zarr"])
+def test_a_full_disk_is_one_line_exit_2_and_no_partial_copy(tmp_path, suffix):
+    """Writes that fail (the file size limit stands in for a full disk: EFBIG): one line, exit 2, the
+    partial copy removed, and the process exits cleanly (HDF5 chained two tracebacks and then crashed
+    with SIGSEGV at exit; Zarr printed an 80-line traceback)."""
+    src = str(tmp_path / "src")
+    _samples(src, n=4, shape=(2, 64, 256))
+    dst = str(tmp_path / f"out{suffix}")
+    size = 200_000 if suffix == ".h5" else 20_000  # (Zarr: each chunk is its own file, 64 KiB here)
+    limit = f"""import resource
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, ({size}, {size}))"""
+    proc = run_python(_convert_script(src, dst, limit), timeout=100, cwd=str(tmp_path))
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    err = proc.stderr.strip()
+    assert "\n" not in err and err.startswith("dali-mesh: error: convert failed writing the copy"), err
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_removes_the_partial_copy_and_sigkill_leftovers_go_next_time(tmp_path):
+    """SIGTERM: the partial copy is removed, one line, no traceback; SIGKILL leaves one behind, and
+    the next convert of that DST removes it (a 72 MiB .DST.partial-PID stayed for ever)."""
+    import signal as sig
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers import ROOT
+
+    src = str(tmp_path / "src")
+    _samples(src, n=40, shape=(2, 64, 256))
+    dst = str(tmp_path / "out.h5")
+    slow = """import numpy as np, time
+        from dali_mesh.cli import convert as c
+        real = c.SampleReader.read
+        c.SampleReader.read = lambda self, i: (time.sleep(0.2), real(self, i))[1]"""
+    for signum in (sig.SIGTERM, sig.SIGKILL):
+        env = dict(os.environ, PYTHONPATH=ROOT)
+        import textwrap
+        proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_convert_script(src, dst, slow))],
+                                cwd=str(tmp_path), env=env, stderr=subprocess.PIPE, text=True)
+        partial = tmp_path / f".out.h5.partial-{proc.pid}"
+        end = time.monotonic() + 60
+        while not partial.exists():
+            assert proc.poll() is None and time.monotonic() < end, proc.stderr.read() if proc.poll() else "slow"
+            time.sleep(0.05)
+        proc.send_signal(signum)
+        err = proc.communicate(timeout=60)[1].strip()
+        if signum == sig.SIGTERM:
+            assert proc.returncode == 130 and err == "dali-mesh: convert interrupted; the partial copy is removed", err
+            assert not partial.exists()
+        else:
+            assert partial.exists()
+    fast = run_python(_convert_script(src, dst), timeout=100, cwd=str(tmp_path))
+    assert fast.returncode == 0, fast.stderr[-2000:]
+    assert sorted(os.listdir(tmp_path)) == ["out.h5", "src"]
