@@ -21,6 +21,7 @@ windows of the same region; and ``channels=[...]`` (a subset of ``channel_axis``
 """
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import sys
@@ -505,12 +506,25 @@ class _TimeSeriesSource(WindowSource):
         fi = int(np.searchsorted(self._offsets, step, side="right") - 1)
         return fi, int(step - self._offsets[fi])
 
+    #: open files kept per process (least recently used closed first): a data set of thousands of
+    #: year or step files must not need thousands of descriptors (RLIMIT_NOFILE is often 1024)
+    max_open_files = 16
+
     def _handle(self, fi: int):
-        handles = self._memo.setdefault("handles", {})
+        handles = self._memo.get("handles")
+        if handles is None:
+            handles = self._memo["handles"] = collections.OrderedDict()
         h = handles.get(fi)
-        if h is None:
-            h = handles[fi] = self._open(self.files[fi])
+        if h is not None:
+            handles.move_to_end(fi)
+            return h
+        while len(handles) >= max(1, int(self.max_open_files)):
+            self._close(handles.popitem(last=False)[1])
+        h = handles[fi] = self._open(self.files[fi])
         return h
+
+    def _close(self, handle) -> None:
+        """Close a handle of :meth:`_open` (nothing to close by default)."""
 
     def _read_step(self, step: int, region: Region, out: np.ndarray, shape) -> None:
         fi, local = self.locate(step)
@@ -578,6 +592,9 @@ class HDF5Source(_TimeSeriesSource):
         from dali_mesh.io.hdf5 import open_hdf5_dataset
 
         return open_hdf5_dataset(path, self.name, **self.h5_kwargs) + (path,)
+
+    def _close(self, handle) -> None:
+        handle[0].close()
 
     def _plan_steps(self, fi: int, steps, **kw):
         from dali_mesh.io.hdf5 import plan_hdf5_steps

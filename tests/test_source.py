@@ -14,6 +14,7 @@ from dali_mesh import Layout, MeshInfo, sample_order
 from dali_mesh.io import DataFileError, ShapeMismatchError, TruncatedFileError
 from dali_mesh.partition import take_window
 from dali_mesh.source import ForecastSpec, HDF5Source, NumpySource, ZarrSource
+from tests.helpers import run_python  # noqa: E402
 
 
 def info(idx, epoch=0):
@@ -289,3 +290,31 @@ def test_hdf5_source_passes_allow_external_to_the_reader(tmp_path):
     np.testing.assert_array_equal(window, take_window(data[int(sid)], src.region))
     with pytest.raises(TypeError, match="allow_external must be True or False, got 'yes'"):
         HDF5Source([path], "x", layout, allow_external="yes")
+
+
+# ---- issue 19: a bounded number of open files per process ------------------------------------------
+@pytest.mark.timeout(120)
+def test_many_hdf5_files_read_under_a_low_open_file_limit(tmp_path):
+    """One open HDF5 handle per file per worker: 200 gzip files under RLIMIT_NOFILE 64 failed with
+    EMFILE. The handles are an LRU of ``max_open_files``; every step still equals h5py's."""
+    h5py = pytest.importorskip("h5py")
+    files = []
+    for i in range(200):
+        files.append(str(tmp_path / f"y{i:03d}.h5"))
+        with h5py.File(files[-1], "w") as f:
+            f.create_dataset("fields", data=np.full((1, 2, 6, 4), i, np.float32), compression="gzip")
+    proc = run_python(f"""
+        import resource
+        import numpy as np
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+        from dali_mesh import HDF5Source, Layout, MeshInfo
+        layout = Layout(MeshInfo((1, 2), ("data_parallel", "mp"), (0, 1)), shard={{"mp": 2}})
+        src = HDF5Source({files!r}, "fields", layout, batch_size=4, shuffle=False)
+        for _ in range(2):  # twice: handles closed and opened again
+            for i in range(200):
+                (w,) = src.read_sample(i)
+                assert w.shape == (2, 6, 2) and (w == i).all(), (i, w)
+        assert len(src._memo["handles"]) <= src.max_open_files
+        print("ok")
+    """, timeout=100)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
