@@ -147,7 +147,10 @@ def _check_explicit_split(split: Mapping, mesh: MeshInfo, shard: Sequence[tuple[
             if s < 0:
                 raise LayoutError(f"split: size {s} of mesh dim {mesh.names[d]!r} is negative")
         out[d] = tuple(int(s) for s in sizes)
-    _check_explicit_groups(out, mesh, shard, None)
+    # which mesh dims share an axis is known here only when the axes are all counted one way: -1 and
+    # 0 are one axis of a 1-d sample and two of a 2-d one, so mixed signs are checked by region()
+    if len({a < 0 for _, a in shard}) <= 1:
+        _check_explicit_groups(out, mesh, shard, None)
     return out
 
 

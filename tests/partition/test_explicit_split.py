@@ -2,6 +2,8 @@
 prefix sums of the sizes, nest as combined shards on the innermost mesh dim, and bad sizes are
 refused naming the mesh dim and the sizes."""
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -158,3 +160,19 @@ def test_split_sizes_flat_for_the_plugin():
     layout = Layout(mesh, shard={"a": 0, "b": 1}, split={"b": [1, 1, 1], "a": [2, 0]})
     assert layout.split_sizes_flat() == ((0, 2, 3), (2, 0, 1, 1, 1))
     assert Layout(mesh, shard={"a": 0, "b": 1}).split_sizes_flat() == ((), ())
+
+
+# ---- issue 19: nested mesh dims written with axes of both signs ------------------------------------
+def test_explicit_sizes_for_two_mesh_dims_on_one_axis_written_minus_one_and_zero():
+    """shard={"a": -1, "b": 0} on 1-d samples is one axis sharded by a then b: its explicit sizes are
+    given on b, as for {"a": 0, "b": 0} (refused before: "no sizes for mesh dim 'a'", since -1 and 0
+    looked like two axes while the sample's ndim was unknown)."""
+    for coordinate in itertools.product(range(2), range(2)):
+        mesh = MeshInfo((2, 2), ("a", "b"), coordinate)
+        mixed = Layout(mesh, shard={"a": -1, "b": 0}, split={"b": [3, 2, 2, 1]})
+        plain = Layout(mesh, shard={"a": 0, "b": 0}, split={"b": [3, 2, 2, 1]})
+        assert mixed.region((8,)) == plain.region((8,)), coordinate
+    # on 2-d samples the same layout shards two axes: then sizes are missing for 'a', said at region()
+    layout = Layout(MeshInfo((2, 2), ("a", "b"), (0, 0)), shard={"a": -1, "b": 0}, split={"b": [1, 1]})
+    with pytest.raises(LayoutError, match="no sizes for mesh dim 'a'"):
+        layout.region((2, 4))
