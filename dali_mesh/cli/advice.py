@@ -167,6 +167,24 @@ def chunked_cold_bytes(plan: WindowPlan, chunks: Sequence[int], itemsize: int, p
     return len(seen) * chunk_bytes
 
 
+#: ``plan --data`` looks at most this many chunks per window (a stat or an index entry each): a
+#: small file may claim millions of one-cell chunks
+MAX_ADVICE_CHUNKS = 1 << 20
+#: and windows of at most this many cells along any one axis
+MAX_ADVICE_AXIS_CELLS = 1 << 26
+
+
+def _check_chunk_count(path: str, plan: WindowPlan, chunks: Sequence[int]) -> None:
+    """:class:`UsageError` before any chunk is looked at when a window touches more than
+    :data:`MAX_ADVICE_CHUNKS` of them."""
+    n = sum(math.prod(len(r) for r in _chunk_ranges((0,) + tuple(fst), (1,) + tuple(ln), chunks))
+            for _, fst, ln in plan.boxes())
+    if n > MAX_ADVICE_CHUNKS:
+        raise UsageError(f"{path}: a window touches {n} chunks of {tuple(chunks)}; plan --data looks at most "
+                         f"{MAX_ADVICE_CHUNKS} per window: these chunks are far too small for the layout "
+                         "(dali-mesh convert makes chunks that follow the shards)")
+
+
 # ---- what a cold read of a window costs, per format ------------------------------------------------------
 class LayoutTarget:
     """A data file whose layout is judged against a split. ``cost(region)`` gives
@@ -194,6 +212,11 @@ class LayoutTarget:
         key = (region.window_start, region.window_stop, region.domain_start, region.domain_stop, region.boundary)
         hit = self._cache.get(key)
         if hit is None:
+            if max(region.window_shape) > MAX_ADVICE_AXIS_CELLS:
+                # a window plan holds a few integers per cell of each axis
+                raise UsageError(f"{self.path}: a window spans {max(region.window_shape)} cells on one axis; "
+                                 f"plan --data plans at most {MAX_ADVICE_AXIS_CELLS} per axis, and at most "
+                                 f"{MAX_ADVICE_CHUNKS} separate byte ranges or chunks per window")
             plan = plan_window(region)
             needed = 0 if plan.empty else plan.read_cells * self.dtype.itemsize
             hit = (needed, self._cold(plan))  # .npy: the header is read even for an empty window
@@ -285,8 +308,12 @@ class _NpyTarget(LayoutTarget):
         self.header_bytes = max(min(512, self.header.file_size), self.header.data_offset)
 
     def _cold(self, plan: WindowPlan) -> int:
-        from dali_mesh.io.npy import plan_npy_reads  # noqa: PLC0415
+        from dali_mesh.io.npy import count_npy_units, plan_npy_reads  # noqa: PLC0415
 
+        units = count_npy_units(self.header, plan)
+        if units > MAX_ADVICE_CHUNKS:
+            raise UsageError(f"{self.path}: a window is {units} separate byte ranges; plan --data plans at most "
+                             f"{MAX_ADVICE_CHUNKS}: split another axis, or convert the file (dali-mesh convert)")
         fo, _, ub, groups = plan_npy_reads(self.header, plan)
         fo_l, ub_l = fo.tolist(), ub.tolist()
         # one preadv per group of merged ranges: it reads from the first byte to the last, gaps included
@@ -309,16 +336,18 @@ class _HDF5Target(LayoutTarget):
                                  "needs at least 2 axes")
             chunks = None if ds.chunks is None else tuple(ds.chunks)
             self._sizes: dict[tuple[int, ...], int] = {}
-            if chunks is not None:  # stored size of every chunk of sample 0
-                grid = [range(-(-n // c)) for n, c in zip(ds.shape[1:], chunks[1:])]
-                dsid = ds.id
-                for idx in itertools.product(*grid):
-                    offset = (0,) + tuple(i * c for i, c in zip(idx, chunks[1:]))
-                    try:
-                        info = dsid.get_chunk_info_by_coord(offset)
-                        self._sizes[(0,) + idx] = info.size or 0
-                    except Exception:  # an unwritten chunk (fill value): nothing stored, nothing read
-                        self._sizes[(0,) + idx] = 0
+            if chunks is not None:  # stored size of every written chunk of sample 0, in one pass over
+                # the chunk index (a lookup per chunk of the grid took minutes for a tiny file claiming
+                # millions of one-cell chunks); a chunk never written reads nothing
+                def record(c):
+                    if c.chunk_offset[0] == 0:
+                        self._sizes[tuple(o // n for o, n in zip(c.chunk_offset, chunks))] = c.size or 0
+
+                if hasattr(ds.id, "chunk_iter"):
+                    ds.id.chunk_iter(record)
+                else:  # pragma: no cover - HDF5 < 1.12.3
+                    for i in range(ds.id.get_num_chunks()):
+                        record(ds.id.get_chunk_info(i))
             super().__init__(path, tuple(ds.shape[1:]), np.dtype(ds.dtype).newbyteorder("="), chunks, (0,))
         finally:
             f.close()
@@ -327,6 +356,7 @@ class _HDF5Target(LayoutTarget):
         itemsize = self.dtype.itemsize
         if self.chunks is None:  # contiguous: HDF5 reads the hyperslab's byte runs
             return sum(math.prod(ln) for _, _, ln in plan.boxes()) * itemsize
+        _check_chunk_count(self.path, plan, self.chunks)
         seen = set()
         for _, fst, ln in plan.boxes():
             seen.update(itertools.product(*_chunk_ranges((0,) + tuple(fst), (1,) + tuple(ln), self.chunks)))
@@ -356,6 +386,7 @@ class _ZarrTarget(LayoutTarget):
 
     def _cold(self, plan: WindowPlan) -> int:
         # the reader selects box by box: a chunk two boxes touch is fetched twice
+        _check_chunk_count(self.path, plan, self.chunks)
         total = 0
         for _, fst, ln in plan.boxes():
             for idx in itertools.product(*_chunk_ranges((0,) + tuple(fst), (1,) + tuple(ln), self.chunks)):

@@ -20,8 +20,8 @@ from dali_mesh.io._plan import WindowPlan
 from dali_mesh.io.npy import StoredArray, group_units, plan_npy_reads
 from dali_mesh.io.read_plan import NotNativeError, PlanSet, ReadPlan
 
-__all__ = ["MAX_MERGED_LAYOUTS", "MAX_NATIVE_PARTS", "MAX_NATIVE_SAMPLES", "chunk_pieces", "merge_pieces",
-           "piece_plans", "plan_time_series"]
+__all__ = ["MAX_MERGED_LAYOUTS", "MAX_NATIVE_PARTS", "MAX_NATIVE_SAMPLES", "chunk_coords", "chunk_pieces",
+           "count_chunk_pieces", "merge_pieces", "piece_plans", "plan_time_series"]
 
 #: The most samples (and parts: reads of one file or chunk, over all samples) the native reader
 #: plans; a source with more (a file claiming 2**31 steps, say) is read by ``partitioned_source``,
@@ -43,6 +43,25 @@ def _pieces(start: int, length: int, chunk: int):
         out.append((pos - start, c, pos - c * chunk, n))
         pos += n
     return out
+
+
+def count_chunk_pieces(wplan: WindowPlan, chunks: Sequence[int]) -> int:
+    """How many pieces :func:`chunk_pieces` makes (the chunks each box touches, summed over the
+    boxes), counted without making them: planning is bounded before the work, not after it."""
+    total = 0
+    for _, fst, ln in wplan.boxes():
+        total += math.prod((f + n - 1) // c - f // c + 1 for f, n, c in zip(fst, ln, chunks[1:]))
+    return total
+
+
+def chunk_coords(wplan: WindowPlan, chunks: Sequence[int]):
+    """The chunk indices (axes after the step axis) the window's boxes touch, each once."""
+    seen = set()
+    for _, fst, ln in wplan.boxes():
+        for idx in itertools.product(*(range(f // c, (f + n - 1) // c + 1) for f, n, c in zip(fst, ln, chunks[1:]))):
+            if idx not in seen:
+                seen.add(idx)
+                yield idx
 
 
 def chunk_pieces(wplan: WindowPlan, chunks: Sequence[int], stored: np.dtype, merge_gap: int):

@@ -41,7 +41,7 @@ from dali_mesh.io._common import (
     sample_shape,
 )
 from dali_mesh.io._plan import fill_window, plan_window
-from dali_mesh.io.chunks import chunk_pieces, merge_pieces, piece_plans
+from dali_mesh.io.chunks import chunk_pieces, count_chunk_pieces, merge_pieces, piece_plans
 from dali_mesh.io.npy import StoredArray, plan_npy_reads
 from dali_mesh.io.read_plan import NotNativeError, PlanFile, PlanSet, ReadPlan, native_dtype_of, read_file_at
 from dali_mesh.partition import Region
@@ -396,8 +396,8 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
         ct, chunk_bytes = chunks[0], math.prod(chunks) * ds.dtype.itemsize
         step_stride = math.prod(chunks[1:]) * ds.dtype.itemsize  # one step inside a chunk
         finish = plans.add_plan(ReadPlan.finishing(wplan, ds.dtype))
+        budget(locals_.size * count_chunk_pieces(wplan, chunks))  # before the pieces are made
         pieces = chunk_pieces(wplan, chunks, ds.dtype, merge_gap)
-        budget(locals_.size * len(pieces))
         offsets = _chunk_offsets(ds) if pieces else {}
         first_chunk = l0 // ct
         chunk_ids = np.arange(first_chunk, (l1 - 1) // ct + 1, dtype=np.int64)

@@ -53,13 +53,14 @@ from dali_mesh.io._common import (
     window_out,
 )
 from dali_mesh.io._plan import WindowPlan, plan_window
-from dali_mesh.io.read_plan import PlanFile, PlanSet, ReadPlan, native_dtype_of
+from dali_mesh.io.read_plan import NotNativeError, PlanFile, PlanSet, ReadPlan, native_dtype_of
 from dali_mesh.partition import Region
 
 __all__ = [
     "DEFAULT_MERGE_GAP",
     "NpyHeader",
     "StoredArray",
+    "count_npy_units",
     "group_units",
     "plan_npy_files",
     "read_npy_header",
@@ -289,6 +290,24 @@ def _units(file_shape, dst_shape, itemsize, data_offset, file_start, dst_start, 
         foff = (foff[:, None] + steps * fstride[i]).ravel()
         doff = (doff[:, None] + steps * dstride[i]).ravel()
     return data_offset + foff * itemsize, doff * itemsize, unit_cells * itemsize
+
+
+def count_npy_units(header: NpyHeader | StoredArray, plan: WindowPlan, prefix: Sequence[int] = ()) -> int:
+    """How many units :func:`plan_npy_reads` makes for ``plan`` (contiguous runs before merging),
+    counted without making them, so that a window of billions of runs is refused before its plan is
+    built."""
+    file_shape = tuple(header.shape)
+    full_window = (1,) * len(prefix) + plan.window_shape
+    total = 0
+    for _, _, ln in plan.boxes():
+        lengths = (1,) * len(prefix) + tuple(ln)
+        fs, dw = (file_shape[::-1], full_window[::-1]) if header.fortran_order else (file_shape, full_window)
+        lengths = lengths[::-1] if header.fortran_order else lengths
+        k = len(fs) - 1
+        while k > 0 and lengths[k] == fs[k] == dw[k]:
+            k -= 1
+        total += math.prod(lengths[:k])
+    return total
 
 
 def plan_npy_reads(header: NpyHeader | StoredArray, plan: WindowPlan, prefix: Sequence[int] = (),
@@ -629,6 +648,11 @@ def _npy_headers(files: Sequence[str], first: NpyHeader, first_check: bytes):
     return [(first, first_check)] + [h for part in parts for h in part]
 
 
+#: the most byte ranges (units) one native .npy plan holds: 24 bytes each in the plan, so about
+#: 400 MB at the limit (an innermost-axis split of a long, narrow array makes one range per row)
+MAX_NATIVE_UNITS = 1 << 24
+
+
 def plan_npy_files(files: Sequence[str], *, region_of, index_maps=None, sample_shape=None, dtype=None,
                    sample_ndim: int, merge_gap: int = DEFAULT_MERGE_GAP):
     """The native plan of one sample per ``.npy`` file (a :class:`~dali_mesh.io.read_plan.PlanSet`,
@@ -668,6 +692,11 @@ def plan_npy_files(files: Sequence[str], *, region_of, index_maps=None, sample_s
                     h.path, f"shape {shape} differs from the first file's ({files[0]}) {sample_shape}; "
                     "make every file the same, or pass per_sample_shapes=True")
             wplan = plan_window(region_of(shape), index_maps)
+            units = count_npy_units(h, wplan)
+            if units > MAX_NATIVE_UNITS:
+                raise NotNativeError(f"{h.path}: the window is {units} separate byte ranges, more than the native "
+                                     f"reader plans (dali_mesh.io.npy.MAX_NATIVE_UNITS = {MAX_NATIVE_UNITS}); "
+                                     "a chunked copy (dali-mesh convert) reads it in a few ranges")
             fo, do, ub, groups = plan_npy_reads(h, wplan, (), merge_gap)
             plan_of_header[check] = plans.add_plan(
                 ReadPlan.from_units(wplan, h.dtype, h.fortran_order, fo, do, ub, groups, check))

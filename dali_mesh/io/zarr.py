@@ -29,7 +29,7 @@ from dali_mesh.io._common import (
     sample_shape,
 )
 from dali_mesh.io._plan import fill_window, plan_window
-from dali_mesh.io.chunks import chunk_pieces, piece_plans
+from dali_mesh.io.chunks import chunk_coords, chunk_pieces, count_chunk_pieces, piece_plans
 from dali_mesh.io.read_plan import CHECK_JSON, NotNativeError, PlanSet, ReadPlan, native_dtype_of, read_file_at
 from dali_mesh.partition import Region
 
@@ -269,10 +269,17 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
         raise NotNativeError(f"{meta}: the metadata file is not one JSON object")
     meta_plan = plans.add_plan(ReadPlan.reads_only(shape, stored, [], [], [], [], canon, CHECK_JSON))
     meta_file = plans.add_file(meta)  # its size changes with its attributes: not checked
+    budget(locals_.size * (1 + count_chunk_pieces(wplan, chunks)))  # before the pieces are made
+    first_chunk = l0 // ct
+    # the chunk files of the first step first: a store whose chunks were never written (a small
+    # metadata file claiming a huge grid) falls back after a stat per chunk, not after planning all
+    for coords in chunk_coords(wplan, chunks):
+        key = arr.metadata.encode_chunk_key((first_chunk,) + coords)
+        if not os.path.exists(os.path.join(folder, *key.split("/"))):
+            raise NotNativeError(f"{os.path.join(folder, *key.split('/'))}: chunk file missing (it reads as fill "
+                                 "values)")
     pieces = chunk_pieces(wplan, chunks, stored, merge_gap)
     piece_ids = piece_plans(pieces, plans, shape, stored)
-    budget(locals_.size * (1 + len(pieces)))
-    first_chunk = l0 // ct
     chunk_ids = range(first_chunk, (l1 - 1) // ct + 1)
     parts = np.empty((locals_.size, 1 + len(pieces), 3), np.int64)
     parts[:, 0] = (meta_file, meta_plan, 0)

@@ -1,6 +1,7 @@
 """`dali-mesh plan --data`: predicted cold bytes per rank equal what the readers count (IOStats)."""
 from __future__ import annotations
 import json
+import os
 
 import numpy as np
 import pytest
@@ -171,3 +172,49 @@ def test_advice_for_unequal_explicit_sizes(tmp_path, capsys):
     assert "The data already has the best regular chunks found ((1, 4, 64, 262), ~2.05x)" in out
     assert "store the data chunked" not in out
     np.testing.assert_array_equal(__import__("h5py").File(tmp_path / "u.h5")["data"][0], a)
+
+
+# ---- issue 19: plan --data is bounded before it works --------------------------------------------------
+def _tiny_hdf5_with_one_cell_chunks(path):
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", shape=(2, 8192, 8192), chunks=(1, 1, 1), dtype="f4")  # nothing written
+    assert os.path.getsize(path) < 1 << 14
+
+
+def _metadata_only_zarr(path, shape, chunks):
+    os.makedirs(path)
+    with open(os.path.join(path, ".zarray"), "w") as f:
+        json.dump({"zarr_format": 2, "shape": list(shape), "chunks": list(chunks), "dtype": "<f4",
+                   "compressor": None, "fill_value": 0.0, "filters": None, "order": "C"}, f)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["hdf5", "zarr", "npy", "npy_runs"])
+def test_plan_data_on_a_tiny_file_claiming_a_huge_grid_is_one_line_quickly(tmp_path, capsys, kind):
+    """A 1.4 KB HDF5 file or a metadata-only Zarr store claiming (2, 8192, 8192) chunks of one cell, or
+    a sparse .npy claiming 2**40 bytes, split so that a window is millions of chunks or byte ranges:
+    plan --data ran past 120 s (or wanted more than 4 GiB); now one line, exit 2, within the bound."""
+    if kind == "hdf5":
+        path = str(tmp_path / "tiny.h5")
+        _tiny_hdf5_with_one_cell_chunks(path)
+        argv = ["plan", "--data", path, "--mesh", "mp=4", "--shard", "mp=1"]
+        words = "touches 16777216 chunks"
+    elif kind == "zarr":
+        path = str(tmp_path / "tiny.zarr")
+        _metadata_only_zarr(path, (2, 8192, 8192), (1, 1, 1))
+        argv = ["plan", "--data", path, "--mesh", "mp=4", "--shard", "mp=1"]
+        words = "touches 16777216 chunks"
+    else:  # 2**36 rows: an axis too long to plan; 2**22 rows: a window of 2**22 byte ranges
+        rows = 1 << 36 if kind == "npy" else 1 << 22
+        path = str(tmp_path / "sparse.npy")
+        header = np.lib.format.header_data_from_array_1_0(np.zeros((1, 4), np.float32))
+        header["shape"] = (rows, 4)
+        with open(path, "wb") as f:
+            np.lib.format.write_array_header_1_0(f, header)
+            f.truncate(f.tell() + rows * 16)  # sparse: nothing stored
+        argv = ["plan", "--data", path, "--mesh", "mp=4", "--shard", "mp=1"]
+        words = "cells on one axis" if kind == "npy" else "4194304 separate byte ranges"
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and words in err, err

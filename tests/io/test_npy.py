@@ -24,6 +24,7 @@ from dali_mesh.io._plan import plan_window
 from dali_mesh.partition import BOUNDARIES, Layout, Region, take_window
 from dali_mesh.mesh import MeshInfo
 from tests.helpers import random_region
+from tests.helpers import SEED  # noqa: E402
 
 DTYPES = ["?", "i1", "u1", "<i2", ">u2", "<i4", ">i4", "<u4", "<i8", ">u8", "<f2", ">f2", "<f4",
           ">f4", "<f8", ">f8"]
@@ -461,3 +462,19 @@ def test_a_failing_read_is_named(tmp_path, monkeypatch):
     with pytest.raises(DataFileError, match=r"disk\.npy: reading failed \(Input/output error\)") as info:
         read_npy_window(path, REGION_2D, method="preadv")
     assert info.value.path == path
+
+
+# ---- issue 19: a plan's size is known before it is made ---------------------------------------------
+def test_count_npy_units_equals_the_units_planned():
+    """count_npy_units (the bound checked before planning) is the number of units plan_npy_reads
+    makes, for random shapes, windows, orders and boundary rules."""
+    from dali_mesh.io.npy import StoredArray, count_npy_units
+
+    rng = np.random.default_rng(SEED)
+    for _ in range(300):
+        ndim = int(rng.integers(1, 5))
+        shape = tuple(int(n) for n in rng.integers(1, 7, ndim))
+        region = random_region(rng, shape, str(rng.choice(["constant", "periodic", "reflect", "edge", "trim"])))
+        plan = plan_window(region)
+        stored = StoredArray(shape, np.dtype("<f4"), bool(rng.integers(0, 2)), 128)
+        assert count_npy_units(stored, plan) == len(plan_npy_reads(stored, plan, merge_gap=0)[0]), (shape, region)

@@ -22,11 +22,12 @@ pytest.importorskip("nvidia.dali")
 
 from dali_mesh.pipeline import native  # noqa: E402
 from dali_mesh import Layout, MeshInfo
-from dali_mesh.source import NumpySource
+from dali_mesh.source import NumpySource, ZarrSource
 dali = pytest.importorskip("nvidia.dali")
 from nvidia.dali import pipeline_def  # noqa: E402
 from tests.helpers import SEED  # noqa: E402
 from tests.helpers import native_pipeline  # noqa: E402
+from tests.helpers import mesh_of  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -235,3 +236,20 @@ def test_sample_ids_of_a_huge_claimed_sample_count_cost_one_batch():
     assert [int(i) for i in ids] == [s for s, _ in want]
     assert [bool(p) for p in pads] == [p for _, p in want]
     assert all(0 <= int(i) < (1 << 40) for i in ids)
+
+
+# ---- issue 19: planning is bounded before the work ---------------------------------------------------
+@pytest.mark.timeout(30)
+def test_a_small_zarray_claiming_a_huge_unwritten_grid_falls_back_quickly(tmp_path):
+    """A 150-byte .zarray whose window covers 524,288 never-written chunks (131,072 took 60-151 s and 1.2 GiB
+    before falling back: every chunk piece was planned, then the first missing file found)."""
+    import json
+
+    store = tmp_path / "tiny.zarr"
+    store.mkdir()
+    (store / ".zarray").write_text(json.dumps({
+        "zarr_format": 2, "shape": [1, 1024, 1024], "chunks": [1, 1, 1], "dtype": "<f4", "compressor": None,
+        "fill_value": 0.0, "filters": None, "order": "C"}))
+    src = ZarrSource([str(store)], None, Layout(mesh_of((1, 2), (0, 1)), shard={"m0": 1}), batch_size=1)
+    with pytest.raises(native.NotNativeError, match="chunk file missing"):
+        native.plan_windows(src)
