@@ -136,6 +136,17 @@ def _pool_processes(pipe) -> list:
     return list(procs) if procs else []
 
 
+def _detach_observer(pipe) -> None:
+    """After its workers were killed, let nothing wait for the thread of a DALI pool's ``Observer``:
+    that thread closes the pool's result queue, whose lock a worker killed while holding it never
+    gives back, and DALI's ``WorkerPool.close`` (run at exit) joins it: the process never exited
+    (about one run in two). The thread is a daemon; without the join the interpreter exits."""
+    proc_pool = getattr(getattr(pipe, "_py_pool", None), "pool", None)
+    observer = getattr(proc_pool, "_observer", None)
+    if observer is not None and getattr(observer, "thread", None) is not None:
+        observer.thread = None  # Observer.close then only signals it, and does not join
+
+
 class Watchdog:
     """Runs calls into DALI pipelines with a progress deadline and a check of their worker processes.
 
@@ -268,6 +279,8 @@ class Watchdog:
                     os.kill(proc.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
+        for pipe in self._pipelines() or ():
+            _detach_observer(pipe)
         log.error("dali_mesh watchdog: %s", problem)
         raise WorkerError(f"{problem}. The pipeline is unusable now (its workers were stopped): build a "
                           "new one; MeshLoader.load_state_dict resumes from a checkpoint") from cause

@@ -316,3 +316,50 @@ def test_watched_run_leaves_no_reference_cycle():
         assert ref() is None, "the watchdog keeps a dropped pipeline (and its workers) alive"
     finally:
         gc.enable()
+
+
+# ---- issue 19: after a WorkerError the process can exit ----------------------------------------------
+_EXIT_AFTER_STOPPED_WORKER = """
+import os, signal, sys, time
+import pathlib
+from tests.pipeline.test_watchdog import _busy_worker, _make, _source
+from dali_mesh.pipeline.watchdog import WorkerError
+from dali_mesh.torch import MeshLoader
+source, files = _source(pathlib.Path(sys.argv[1]), delay=0.3)
+loader = MeshLoader(_make(source), source.layout, timeout=5)
+pids = list(loader._pipeline._py_pool.pids())
+next(loader)
+os.kill(_busy_worker(pids), signal.SIGSTOP)
+try:
+    for _ in range(len(files)):
+        next(loader)
+except WorkerError:
+    observer = loader._pipeline._py_pool.pool._observer  # DALI 2.x: the pool's observer of its workers
+    print("detached", observer is not None and observer.thread is None, flush=True)
+    print("error at", time.time(), flush=True)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_the_process_exits_after_a_stopped_worker_error(tmp_path):
+    """A stopped worker, killed by the watchdog while it held the shared-memory queue's semaphore,
+    left DALI's WorkerPool.close (run at exit) waiting for ever on it, about one run in two: the
+    process must exit within 10 s of the error, every time (three runs here)."""
+    import subprocess
+    import sys
+
+    for run in range(int(os.environ.get("DALI_MESH_EXIT_RUNS", 3))):
+        folder = tmp_path / f"run{run}"
+        folder.mkdir()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+        proc = subprocess.Popen([sys.executable, "-c", _EXIT_AFTER_STOPPED_WORKER, str(folder)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            pytest.fail(f"run {run}: the process did not exit: {out[-500:]} {err[-2000:]}")
+        ended = time.time()
+        assert "error at" in out and "detached True" in out, (run, out, err[-3000:])
+        assert ended - float(out.split("error at")[1].split()[0]) < 10, (run, out)
