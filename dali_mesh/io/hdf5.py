@@ -18,7 +18,9 @@ claiming more data than the file holds) are reported naming the file and the dat
 """
 from __future__ import annotations
 
+import ctypes
 import itertools
+import logging
 import math
 import os
 import posixpath
@@ -47,6 +49,8 @@ from dali_mesh.io.read_plan import NotNativeError, PlanFile, PlanSet, ReadPlan, 
 from dali_mesh.partition import Region
 
 __all__ = ["open_hdf5_dataset", "only_dataset_name", "read_hdf5_window", "hdf5_sample_info"]
+
+log = logging.getLogger(__name__)
 
 _MAX_LINK_HOPS = 32  # soft links followed while resolving a dataset's path (a loop ends here)
 
@@ -322,6 +326,53 @@ def _check_stored_type(ds, path, name) -> None:
                          "reads it; it is read by partitioned_source")
 
 
+_LOOKUP = []  # [H5Dget_chunk_storage_size of the libhdf5 h5py uses, or None]
+
+
+def _chunk_lookup():
+    """``H5Dget_chunk_storage_size`` of the HDF5 library h5py has loaded (found in /proc/self/maps),
+    or None: it looks a chunk up by coordinate as a read does (h5py offers only lookups that iterate
+    the index, which a corrupt B-tree satisfies while a read misses the chunk)."""
+    if not _LOOKUP:
+        fn = None
+        try:
+            with open("/proc/self/maps") as maps:
+                paths = {line.split()[-1] for line in maps if "/libhdf5" in line and "_hl" not in line.rsplit("/", 1)[-1]}
+            for path in sorted(paths):
+                try:
+                    fn = ctypes.CDLL(path).H5Dget_chunk_storage_size
+                    break
+                except (OSError, AttributeError):
+                    continue
+        except OSError:
+            pass
+        if fn is not None:
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_int64, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)]
+        _LOOKUP.append(fn)
+    return _LOOKUP[0]
+
+
+def _check_chunk_lookups(ds, path, needed, offsets) -> None:
+    """:class:`NotNativeError` unless looking each needed chunk up by coordinate, as h5py's reads do,
+    finds it with the size the planner's one pass over the chunk index listed: a corrupt B-tree can
+    list a chunk that a read then misses (h5py returns fill values there, the planned read would
+    not). About 5 us a chunk."""
+    lookup = _chunk_lookup()
+    if lookup is None:  # pragma: no cover - an h5py without a separate libhdf5 in the process
+        log.debug("%s: no H5Dget_chunk_storage_size found; chunk lookups not cross-checked", path)
+        return
+    size = ctypes.c_uint64(0)
+    for coord in dict.fromkeys(needed):
+        offset = (ctypes.c_uint64 * len(coord))(*coord)
+        found = int(size.value) if lookup(ds.id.id, offset, ctypes.byref(size)) >= 0 else None
+        if found != offsets.get(coord, (None, None))[1]:
+            raise NotNativeError(f"{path}: dataset {ds.name!r}: its chunk index is inconsistent (chunk {coord} is "
+                                 f"listed as {offsets.get(coord)} but a lookup finds "
+                                 f"{'no chunk' if found is None else f'{found} bytes'}); the file is corrupt; it "
+                                 "is read by partitioned_source, as h5py reads it")
+
+
 def _chunk_offsets(ds) -> dict:
     """``{chunk's first element: (byte offset, stored bytes)}`` of every chunk written. One pass over
     the chunk index (``chunk_iter``): looking chunks up one by one costs time that grows with
@@ -402,6 +453,7 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
         first_chunk = l0 // ct
         chunk_ids = np.arange(first_chunk, (l1 - 1) // ct + 1, dtype=np.int64)
         parts = np.empty((locals_.size, len(pieces), 3), np.int64)
+        needed: list[tuple[int, ...]] = []
         for j, (_, coords) in enumerate(pieces):
             base = np.empty(chunk_ids.size, np.int64)
             for k, c in enumerate(chunk_ids):
@@ -420,6 +472,8 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
                 base[k] = info[0]
             parts[:, j, 0] = fidx
             parts[:, j, 2] = base[locals_ // ct - first_chunk] + (locals_ % ct) * step_stride
+            needed += [(int(c) * ct,) + tuple(i * n for i, n in zip(coords, chunks[1:])) for c in chunk_ids]
+        _check_chunk_lookups(ds, path, needed, offsets)
         merged = merge_pieces(parts, pieces, plans, shape, ds.dtype, merge_gap, check, check_at)
         if merged is None:
             parts[:, :, 1] = piece_plans(pieces, plans, shape, ds.dtype, check, check_at)
