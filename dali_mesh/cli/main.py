@@ -167,8 +167,43 @@ def _table_lines(rows: Iterator[dict], layout, shape, dtype, sizing: list[dict])
         yield "  ".join(c.ljust(w) for c, w in zip(_cells(r), widths)).rstrip()
 
 
+#: halo bands are drawn at least this fraction of the plotted extent wide (a 1-cell halo of a
+#: 721-row axis would be a fraction of a pixel); the real widths are in the title
+MIN_HALO_FRACTION = 0.012
+
+
+def halo_bands(region, ay: int, ax: int | None, extent: tuple[float, float]) -> list[tuple[float, float, float, float]]:
+    """The halo of ``region`` on the plotted axes as bands ``(x, y, w, h)`` outside its owned box: on
+    each side with halo cells, a band as long as the window and as wide as the halo, widened to at
+    least ``MIN_HALO_FRACTION`` of the plotted ``extent`` (x, y) so that a halo of one cell shows,
+    and drawn away from the owned box (never over it)."""
+    if any(s == e for s, e in zip(region.start, region.stop)):
+        return []  # an empty shard has no halo
+    y0, y1 = region.start[ay], region.stop[ay]
+    wy0, wy1 = region.window_start[ay], region.window_stop[ay]
+    if ax is None:
+        x0, x1, wx0, wx1 = 0, 1, 0, 1
+    else:
+        x0, x1 = region.start[ax], region.stop[ax]
+        wx0, wx1 = region.window_start[ax], region.window_stop[ax]
+    min_x, min_y = MIN_HALO_FRACTION * extent[0], MIN_HALO_FRACTION * extent[1]
+    bands = []
+    if wy0 < y0:
+        h = max(y0 - wy0, min_y)
+        bands.append((wx0, y0 - h, wx1 - wx0, h))
+    if wy1 > y1:
+        bands.append((wx0, y1, wx1 - wx0, max(wy1 - y1, min_y)))
+    if wx0 < x0:
+        w = max(x0 - wx0, min_x)
+        bands.append((x0 - w, y0, w, y1 - y0))
+    if wx1 > x1:
+        bands.append((x1, y0, max(wx1 - x1, min_x), y1 - y0))
+    return bands
+
+
 def draw_png(path: str, layout: Layout, shape: tuple[int, ...], ranks: Sequence[int] | None = None) -> None:
-    """Draw the decomposition of the sharded axes: one colour per rank, halos hatched."""
+    """Draw the decomposition of the sharded axes: one colour per rank, each owned region solid,
+    its halo as hatched bands beside it (widened so that one cell shows) and its window outlined."""
     try:
         import matplotlib  # noqa: PLC0415
 
@@ -187,6 +222,9 @@ def draw_png(path: str, layout: Layout, shape: tuple[int, ...], ranks: Sequence[
     ay, ax = axes[0], axes[1]
     fig, plot = plt.subplots(figsize=(8, 6))
     cmap = plt.get_cmap("tab20")
+    d0, d1 = layout.domain(shape)
+    extent = ((d1[ax] - d0[ax]) if ax is not None else 1, d1[ay] - d0[ay])
+    halo = layout.halo_pairs(ndim)
     seen = set()
     for rank in (range(layout.mesh.size) if ranks is None else ranks):
         region = layout.region(shape, layout.mesh.coordinate_of(rank))
@@ -201,12 +239,14 @@ def draw_png(path: str, layout: Layout, shape: tuple[int, ...], ranks: Sequence[
             x0, x1 = (lo[ax], hi[ax]) if ax is not None else (0, 1)
             return x0, y0, x1 - x0, y1 - y0
 
+        for bx, by, bw, bh in halo_bands(region, ay, ax, extent):
+            plot.add_patch(Rectangle((bx, by), bw, bh, facecolor="white", hatch="////", edgecolor=color,
+                                     linewidth=0.6))
         x, y, w, h = box(region.window_start, region.window_stop)
-        plot.add_patch(Rectangle((x, y), w, h, fill=False, hatch="//", edgecolor=color, linewidth=0.8))
+        plot.add_patch(Rectangle((x, y), w, h, fill=False, linestyle="--", edgecolor=color, linewidth=0.8))
         x, y, w, h = box(region.start, region.stop)
-        plot.add_patch(Rectangle((x, y), w, h, facecolor=color, alpha=0.6, edgecolor="black"))
+        plot.add_patch(Rectangle((x, y), w, h, facecolor=color, alpha=0.8, edgecolor="black"))
         plot.text(x + w / 2, y + h / 2, f"rank {rank}", ha="center", va="center", fontsize=8)
-    d0, d1 = layout.domain(shape)
     plot.add_patch(Rectangle(
         (d0[ax] if ax is not None else 0, d0[ay]),
         (d1[ax] - d0[ax]) if ax is not None else 1, d1[ay] - d0[ay],
@@ -215,8 +255,11 @@ def draw_png(path: str, layout: Layout, shape: tuple[int, ...], ranks: Sequence[
     plot.invert_yaxis()
     plot.set_xlabel(f"axis {ax}" if ax is not None else "")
     plot.set_ylabel(f"axis {ay}")
+    widths = ", ".join(f"axis {a}: {halo[a][0]}/{halo[a][1]}" for a in (ay, ax) if a is not None and any(halo[a]))
     plot.set_title(f"{'x'.join(map(str, shape))} over mesh {dict(zip(layout.mesh.names, layout.mesh.shape))}"
-                   f" ({layout.split}); hatched: halo")
+                   f" ({layout.split}); solid: owned, dashed: window"
+                   + (f"\nhatched: halo ({widths} cells low/high; drawn at least "
+                      f"{MIN_HALO_FRACTION:.1%} of the axis wide)" if widths else ""), fontsize=9)
     # format="png" and a path ending in .png (checked before): matplotlib writes exactly `path`
     fig.savefig(path, format="png", dpi=100, bbox_inches="tight")
     plt.close(fig)

@@ -227,3 +227,28 @@ def test_cli_allow_external(tmp_path, capsys):
                  "--allow-external"] + args) == 0
     with h5py.File(tmp_path / "o.h5") as f:
         np.testing.assert_array_equal(f["data"][0], raw.reshape(4, 4))
+
+
+# ---- issue 19: --png shows a halo of one cell --------------------------------------------------------
+def test_png_halo_bands_show_one_cell_and_stay_off_the_owned_region(tmp_path):
+    """--png hatched whole windows as "halo": a 1-row halo was invisible and every region looked like
+    halo. Halos are bands beside the owned region, at least MIN_HALO_FRACTION of the axis wide."""
+    from dali_mesh.cli.main import MIN_HALO_FRACTION, draw_png, halo_bands
+
+    shape = (8, 721, 1440)
+    for coordinate, want in [((0,), 1), ((1,), 2), ((3,), 1)]:  # the poles clip nothing: constant halos
+        layout = Layout(MeshInfo((4,), ("mp",), coordinate), shard={"mp": 1}, halo={1: 1}, boundary="trim")
+        region = layout.region(shape)
+        bands = halo_bands(region, 1, 2, (1440, 721))
+        assert len(bands) == want, (coordinate, bands)
+        for x, y, w, h in bands:
+            assert h >= MIN_HALO_FRACTION * 721 and w == 1440
+            assert y + h <= region.start[1] or y >= region.stop[1], (y, h, region)  # off the owned rows
+    plain = Layout(MeshInfo((4,), ("mp",), (1,)), shard={"mp": 1})
+    assert halo_bands(plain.region(shape), 1, 2, (1440, 721)) == []
+    empty = Layout(MeshInfo((4,), ("mp",), (3,)), shard={"mp": 1}, halo={1: 2})  # 3 rows over 4: rank 3 owns none
+    assert halo_bands(empty.region((2, 3, 4)), 1, 2, (4, 3)) == []
+    path = str(tmp_path / "p.png")
+    draw_png(path, Layout(MeshInfo((4,), ("mp",), (0,)), shard={"mp": 1}, halo={1: 1}), shape)
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
