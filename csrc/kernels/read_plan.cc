@@ -2,17 +2,23 @@
 #include "kernels/read_plan.h"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <limits.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <utility>
 
@@ -21,6 +27,57 @@
 namespace dali_mesh {
 
 namespace {
+
+// ---- reads in flight (see read_plan.h) ---------------------------------------------------------------
+struct Flight {
+  std::string path;
+  int64_t offset = 0, bytes = 0;
+  std::chrono::steady_clock::time_point since;
+  pthread_t thread;
+};
+
+std::mutex &FlightMutex() {
+  static auto *m = new std::mutex;  // never destroyed: reads may still run while the process exits
+  return *m;
+}
+
+std::map<uint64_t, Flight> &Flights() {
+  static auto *m = new std::map<uint64_t, Flight>;
+  return *m;
+}
+
+// CancelReads() ends the reads in flight when it is called, not later ones: a pipeline built after
+// a failure (a resume from a checkpoint) reads as usual. A read is cancelled when it was started
+// before the last cancel: t_flight_epoch (the cancel count when the calling thread's read started;
+// none in flight: never cancelled) below g_cancel_epoch.
+std::atomic<uint64_t> g_cancel_epoch{0};
+thread_local uint64_t t_flight_epoch = UINT64_MAX;
+uint64_t g_next_flight = 0;
+
+bool Cancelled() { return t_flight_epoch < g_cancel_epoch.load(); }
+
+void OnCancelSignal(int) {}  // only interrupts the read (EINTR); the read then sees Cancelled()
+
+class FlightGuard {
+ public:
+  FlightGuard(const std::string &path, int64_t offset, int64_t bytes) : outer_epoch_(t_flight_epoch) {
+    std::lock_guard<std::mutex> lock(FlightMutex());
+    id_ = ++g_next_flight;
+    Flights()[id_] = Flight{path, offset, bytes, std::chrono::steady_clock::now(), pthread_self()};
+    t_flight_epoch = std::min(outer_epoch_, g_cancel_epoch.load());
+  }
+  ~FlightGuard() {
+    std::lock_guard<std::mutex> lock(FlightMutex());
+    Flights().erase(id_);
+    t_flight_epoch = outer_epoch_;
+  }
+  FlightGuard(const FlightGuard &) = delete;
+  FlightGuard &operator=(const FlightGuard &) = delete;
+
+ private:
+  uint64_t id_ = 0;
+  uint64_t outer_epoch_;
+};
 
 constexpr char kMagic[9] = "DMPLAN04";
 constexpr int kMaxPlanDims = 32;
@@ -170,6 +227,7 @@ int64_t PreadFull(int fd, char *buf, int64_t n, int64_t offset) {
   while (done < n) {
     ssize_t got = ::pread(fd, buf + done, n - done, offset + done);
     if (got < 0) {
+      if (errno == EINTR && Cancelled()) return -ECANCELED;
       if (errno == EINTR || errno == EAGAIN) continue;
       return -errno;
     }
@@ -390,6 +448,7 @@ void OpenFile::Open(const PlanFile &file, const ReadPlan &plan, const std::strin
            "or differs from that one; define the pipeline again, or make every array the same");
   } else if (!plan.check.empty()) {
     std::string head(plan.check.size(), '\0');
+    FlightGuard flight(path_, plan.check_offset, static_cast<int64_t>(head.size()));
     int64_t got = PreadFull(fd_, head.data(), head.size(), plan.check_offset);
     if (got < 0) Fail(path_ + ": read of the header failed (" + Errno(-got) + ")");
     if (got != static_cast<int64_t>(head.size()) || head != plan.check)
@@ -430,11 +489,16 @@ void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_
       iov.push_back({dst + plan.dst_off[u], static_cast<size_t>(plan.unit_bytes[u])});
     }
     int64_t offset = base + plan.file_off[b];
+    FlightGuard flight(file.path(), offset,
+                       plan.file_off[e - 1] + plan.unit_bytes[e - 1] - plan.file_off[b]);
     size_t i = 0;
     while (i < iov.size()) {
       int cnt = static_cast<int>(std::min<size_t>(kIovMax, iov.size() - i));
       ssize_t got = ::preadv(file.fd(), iov.data() + i, cnt, offset);
       if (got < 0) {
+        if (errno == EINTR && Cancelled())
+          Fail(file.path() + ": read at byte " + std::to_string(offset) + " cancelled: the pipeline was "
+               "stopped after an error");
         if (errno == EINTR || errno == EAGAIN) continue;
         Fail(file.path() + ": read at byte " + std::to_string(offset) + " failed (" + Errno(errno) + ")");
       }
@@ -660,6 +724,41 @@ void PrefetchPath(const std::string &path, const ReadPlan &plan, int64_t base) {
     }
   }
   ::close(fd);
+}
+
+std::string ReadsInFlight() {
+  static const char kHex[] = "0123456789abcdef";
+  const auto now = std::chrono::steady_clock::now();
+  std::string out;
+  std::lock_guard<std::mutex> lock(FlightMutex());
+  for (const auto &kv : Flights()) {
+    const Flight &f = kv.second;
+    std::string hex;
+    for (unsigned char c : f.path) {
+      hex += kHex[c >> 4];
+      hex += kHex[c & 15];
+    }
+    const double seconds = std::chrono::duration<double>(now - f.since).count();
+    out += "{\"path\": \"" + hex + "\", \"offset\": " + std::to_string(f.offset) + ", \"bytes\": " +
+           std::to_string(f.bytes) + ", \"seconds\": " + std::to_string(seconds) + "}\n";
+  }
+  return out;
+}
+
+void CancelReads() {
+  static std::once_flag installed;
+  const int sig = SIGRTMIN + 5;  // glibc keeps SIGRTMIN..SIGRTMIN+2 for itself
+  std::call_once(installed, [sig] {
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = OnCancelSignal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;  // no SA_RESTART: a blocked read returns EINTR
+    ::sigaction(sig, &sa, nullptr);
+  });
+  std::lock_guard<std::mutex> lock(FlightMutex());
+  g_cancel_epoch.fetch_add(1);
+  for (const auto &kv : Flights()) ::pthread_kill(kv.second.thread, sig);
 }
 
 bool CanonicalJson(const std::string &text, std::string *out) {

@@ -155,6 +155,18 @@ void SplitLargeGroups(ReadPlan *plan, int64_t max_bytes);
 // left to the read, which reports them.
 void PrefetchPath(const std::string &path, const ReadPlan &plan, int64_t base);
 
+// ---- reads in flight -----------------------------------------------------------------------------
+// Every read of a file (ReadGroups' preadv, the checks' pread in OpenFile::Open) is registered while
+// it runs: path, byte range, start time, thread. ReadsInFlight() lists them as JSON lines
+// {"path": hex, "offset", "bytes", "seconds"}, so that a watchdog names the file and bytes a stuck
+// read is on. CancelReads() makes the reads in flight fail (reads started later, e.g. by a pipeline
+// resumed from a checkpoint, are not affected): those blocked in the kernel are interrupted by a
+// signal (installed without SA_RESTART, so the call returns EINTR, which then fails instead of
+// retrying), so that the threads return and the process can exit. A read the kernel does not
+// interrupt (uninterruptible sleep, e.g. a hard NFS mount) returns when it returns.
+std::string ReadsInFlight();
+void CancelReads();
+
 // Splits a plan's groups into tasks of about `task_bytes` bytes each: [g_begin, g_end) pairs.
 std::vector<std::pair<int64_t, int64_t>> SplitGroups(const ReadPlan &plan, int64_t task_bytes);
 

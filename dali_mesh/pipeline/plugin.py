@@ -63,3 +63,46 @@ def load_plugin() -> Any:
                      cuda.split(".")[0])
         _ops_module = ops
         return ops
+
+
+def reads_in_flight() -> list[dict]:
+    """The native reads of the loaded plugin now in flight: ``{"path", "offset", "bytes",
+    "seconds"}`` each (``[]`` when the plugin is not loaded or has no such entry point)."""
+    import ctypes  # noqa: PLC0415
+    import json  # noqa: PLC0415
+
+    fn = _entry("dali_mesh_reads_in_flight", ctypes.c_int64, [ctypes.c_char_p, ctypes.c_int64])
+    if fn is None:
+        return []
+    size = 4096
+    for _ in range(3):
+        buf = ctypes.create_string_buffer(size)
+        n = fn(buf, size)
+        if n < size:
+            break
+        size = n + 4096
+    out = [json.loads(line) for line in buf.raw[:n].decode().splitlines() if line]
+    for r in out:
+        r["path"] = bytes.fromhex(r["path"]).decode(errors="replace")
+    return out
+
+
+def cancel_reads() -> None:
+    """Make the native reads now in flight fail, interrupting those blocked in the kernel (after a
+    pipeline failure, so that its threads return and the process can exit); reads started later
+    are not affected. Every read in flight in the process, also another pipeline's."""
+    fn = _entry("dali_mesh_cancel_reads", None, [])
+    if fn is not None:
+        fn()
+
+
+def _entry(name: str, restype, argtypes):
+    """An entry point of the plugin if DALI has loaded it (never loads it)."""
+    import ctypes  # noqa: PLC0415
+
+    if _ops_module is None:
+        return None
+    fn = getattr(ctypes.CDLL(str(PLUGIN_PATH)), name, None)
+    if fn is not None:
+        fn.restype, fn.argtypes = restype, argtypes
+    return fn

@@ -29,6 +29,7 @@ import queue
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -136,6 +137,24 @@ def _pool_processes(pipe) -> list:
     return list(procs) if procs else []
 
 
+def _native_reads() -> str:
+    """``; native reads in flight: <file> bytes a..b for N s, ...`` when the plugin is loaded and
+    has reads running (a stuck native read names its file and byte range), else ``""``."""
+    plugin = sys.modules.get("dali_mesh.pipeline.plugin")
+    if plugin is None:
+        return ""
+    try:
+        reads = plugin.reads_in_flight()
+    except Exception:  # noqa: BLE001 - a description, never a second error
+        return ""
+    if not reads:
+        return ""
+    reads.sort(key=lambda r: -r["seconds"])
+    shown = ", ".join(f"{r['path']} bytes {r['offset']}..{r['offset'] + r['bytes']} for {r['seconds']:.1f} s"
+                      for r in reads[:8])
+    return f"; native reads in flight: {shown}" + (f" (+{len(reads) - 8} more)" if len(reads) > 8 else "")
+
+
 def _detach_observer(pipe) -> None:
     """After its workers were killed, let nothing wait for the thread of a DALI pool's ``Observer``:
     that thread closes the pool's result queue, whose lock a worker killed while holding it never
@@ -226,7 +245,7 @@ class Watchdog:
                 problem = (f"no progress for {waited:g} s while waiting for {what} "
                            f"(timeout={self.timeout:g} s per batch"
                            + (f", x{batches:g} for this call" if batches != 1 else "")
-                           + f"); workers: {self._describe_all()}")
+                           + f"); workers: {self._describe_all()}" + _native_reads())
             if problem is not None:
                 self._fail(problem)
 
@@ -281,6 +300,12 @@ class Watchdog:
                     pass
         for pipe in self._pipelines() or ():
             _detach_observer(pipe)
+        plugin = sys.modules.get("dali_mesh.pipeline.plugin")  # loaded: some pipeline reads natively
+        if plugin is not None:
+            try:
+                plugin.cancel_reads()  # stuck native reads return (and the process can exit)
+            except Exception:  # noqa: BLE001 - best effort, the error below matters more
+                log.debug("cancelling native reads failed", exc_info=True)
         log.error("dali_mesh watchdog: %s", problem)
         raise WorkerError(f"{problem}. The pipeline is unusable now (its workers were stopped): build a "
                           "new one; MeshLoader.load_state_dict resumes from a checkpoint") from cause

@@ -13,10 +13,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 
 import numpy as np
@@ -887,3 +889,91 @@ def test_a_group_near_2_63_is_refused_not_prefetched_for_ever(tmp_path):
     """, timeout=60)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "refused: True True" in proc.stdout, proc.stdout
+
+
+# ---- issue 19: a native read stuck on slow storage ----------------------------------------------------
+STALL = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+/* once DALI_MESH_STALL is set: preadv of a data file sleeps an hour (slow storage), and a signal
+   ends the sleep as it ends a read blocked in the kernel: EINTR */
+ssize_t preadv(int fd, const struct iovec *iov, int cnt, off_t off) {
+  static ssize_t (*real)(int, const struct iovec *, int, off_t);
+  if (!real) real = dlsym(RTLD_NEXT, "preadv");
+  if (getenv("DALI_MESH_STALL")) {
+    struct timespec t = {3600, 0};
+    if (nanosleep(&t, NULL) != 0) { errno = EINTR; return -1; }
+  }
+  return real(fd, iov, cnt, off);
+}
+ssize_t preadv64(int fd, const struct iovec *iov, int cnt, off_t off) { return preadv(fd, iov, cnt, off); }
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_stuck_native_read_is_named_and_the_process_exits(tmp_path):
+    """A native read stuck on slow storage: the timeout named no file ("workers: none started") and
+    the process stayed 59 s after the error. Now the error names the file and byte range of the
+    stuck read, and the read is interrupted so that the process exits within 10 s of the error."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the preadv shim")
+    (tmp_path / "stall.c").write_text(STALL)
+    shim = tmp_path / "stall.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(shim), str(tmp_path / "stall.c"), "-ldl"],
+                   check=True, timeout=60)
+    script = f"""
+        import os, time
+        import numpy as np
+        from nvidia.dali import pipeline_def
+        from dali_mesh import Layout, MeshInfo, WorkerError, watched_run
+        from dali_mesh.pipeline import native
+        from dali_mesh.source import NumpySource
+        files = []
+        for k in range(4):
+            files.append(os.path.join({str(tmp_path)!r}, f"slow{{k}}.npy"))
+            np.save(files[-1], np.zeros((3, 12, 8), np.float32))
+        layout = Layout(MeshInfo((1, 3), ("data_parallel", "m0"), (0, 1)), shard={{"m0": 1}})
+        src = NumpySource(files, layout, batch_size=2, shuffle=False)
+
+        @pipeline_def(batch_size=2, num_threads=2, device_id=None, prefetch_queue_depth=1)
+        def pipe():
+            return native.read_windows(src, fallback=False)
+
+        p = pipe()
+        p.build()
+        os.environ["DALI_MESH_STALL"] = "1"
+        try:
+            watched_run(p, timeout=2)
+        except WorkerError as e:
+            print("ERROR", str(e).replace(chr(10), " "), flush=True)
+            del os.environ["DALI_MESH_STALL"]
+            again = pipe()  # a pipeline built after the failure reads as usual
+            again.build()
+            w, _, _ = again.run()
+            print("again", len(w), flush=True)
+            print("at", time.time(), flush=True)
+    """
+    import time
+
+    env = dict(os.environ, LD_PRELOAD=str(shim))
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], env=dict(
+        env, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"the process did not exit: {out[-1000:]} {err[-2000:]}")
+    ended = time.time()
+    assert "ERROR" in out, (out, err[-3000:])
+    message = out.split("ERROR", 1)[1]
+    assert re.search(r"native reads in flight: \S*slow\d\.npy bytes \d+\.\.\d+ for [\d.]+ s", message), message
+    assert "again 2" in out, out
+    assert ended - float(out.split("\nat ")[1].split()[0]) < 10, out
