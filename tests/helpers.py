@@ -234,3 +234,21 @@ def run_plan_file(plan_path, dtype=None):
     p = pipe()
     p.build()
     return p.run()
+
+
+def run_python_bounded(script: str, *args: str, env: dict | None = None, timeout: float = 90) -> tuple[str, str]:
+    """:func:`run_python` for scripts that must end by themselves: in a session of their own, killed
+    with everything they started when ``timeout`` passes (the calling test then fails, saying so).
+    Returns ``(stdout, stderr)``."""
+    import signal
+
+    full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, full_env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *args], env=full_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"the process did not end within {timeout:g} s: {out[-1000:]} {err[-2000:]}")

@@ -1,5 +1,6 @@
 """`dali-mesh convert`: exact copies whose chunks follow the shards, so an innermost split reads its window."""
 from __future__ import annotations
+
 import os
 
 import numpy as np
@@ -8,13 +9,14 @@ import pytest
 from dali_mesh import Layout, MeshInfo
 from dali_mesh.cli import main
 from dali_mesh.io import IOStats
-
-h5py = pytest.importorskip("h5py")
-zarr = pytest.importorskip("zarr")
 from dali_mesh.io.npy import read_npy_window
 from dali_mesh.partition import take_window
 from dali_mesh.source import ZarrSource
-from tests.helpers import run_python  # noqa: E402
+from tests.helpers import run_python
+
+h5py = pytest.importorskip("h5py")
+zarr = pytest.importorskip("zarr")
+
 
 SHAPE = (3, 24, 720)  # channels, lat, lon: an innermost (lon) split over 4 ranks: 180 columns each
 

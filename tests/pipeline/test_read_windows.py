@@ -9,26 +9,23 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 
 import numpy as np
 import pytest
 
-
-dali = pytest.importorskip("nvidia.dali")
-
-from dali_mesh.pipeline import native  # noqa: E402
-from tests.helpers import SEED, random_array  # noqa: E402
-from tests.helpers import dali_gpus  # noqa: E402
-import shutil
 from dali_mesh import Layout, MeshInfo
-from nvidia.dali import pipeline_def  # noqa: E402
-from tests.helpers import mesh_of, needs_read_windows  # noqa: E402
 from dali_mesh.io import DataFileError
 from dali_mesh.partition import take_window
 from dali_mesh.source import HDF5Source, NumpySource
-from tests.helpers import one_rank_layout
-from tests.helpers import native_batches  # noqa: E402
-from tests.helpers import native_pipeline  # noqa: E402
+
+dali = pytest.importorskip("nvidia.dali")
+from nvidia.dali import pipeline_def  # noqa: E402
+
+from dali_mesh.pipeline import native  # noqa: E402
+from tests.helpers import (SEED, dali_gpus, mesh_of, native_batches, native_pipeline,  # noqa: E402
+                           needs_read_windows, one_rank_layout, random_array)
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODES = ("constant", "periodic", "reflect", "symmetric", "edge")
@@ -646,16 +643,7 @@ def test_one_large_window_is_split_into_tasks_and_reads_the_same(tmp_path, order
 
 
 def test_negative_channel_axis_native_reader(tmp_path):
-    pytest.importorskip("nvidia.dali")
-
-    from dali_mesh.fn import load_plugin
-
-    try:
-        ops = load_plugin()
-    except ImportError as e:
-        pytest.skip(f"plugin not built: {e}")
-    if not hasattr(ops, "read_windows"):
-        pytest.skip("the plugin has no read_windows operator")
+    needs_read_windows()
     a = np.arange(3 * 3 * 6, dtype="<f4").reshape(3, 3, 6)
     np.save(tmp_path / "m.npy", a)
     src = NumpySource([str(tmp_path / "m.npy")], one_rank_layout(), batch_size=1, shuffle=False,

@@ -13,30 +13,25 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import stat
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 
 import numpy as np
 import pytest
 
+from dali_mesh import Layout, MeshInfo
 from dali_mesh.partition import take_window
-from dali_mesh.source import HDF5Source
+from dali_mesh.source import HDF5Source, NumpySource
 
 dali = pytest.importorskip("nvidia.dali")
 from nvidia.dali import fn, pipeline_def, types  # noqa: E402
 
 from dali_mesh.pipeline import native  # noqa: E402
-from tests.helpers import SEED, random_array  # noqa: E402
-from tests.helpers import mesh_of, needs_read_windows  # noqa: E402
-from dali_mesh import Layout, MeshInfo
-from dali_mesh.source import NumpySource
-from tests.helpers import crafted_plan, crafted_plan_file, run_plan_file, run_python  # noqa: E402
-from tests.helpers import native_pipeline  # noqa: E402
+from tests.helpers import (SEED, crafted_plan, crafted_plan_file, mesh_of, native_pipeline,  # noqa: E402
+                           needs_read_windows, random_array, run_plan_file, run_python, run_python_bounded)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.timeout(120)
@@ -959,18 +954,7 @@ def test_a_stuck_native_read_is_named_and_the_process_exits(tmp_path):
             print("again", len(w), flush=True)
             print("at", time.time(), flush=True)
     """
-    import time
-
-    env = dict(os.environ, LD_PRELOAD=str(shim))
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], env=dict(
-        env, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=90)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"the process did not exit: {out[-1000:]} {err[-2000:]}")
+    out, err = run_python_bounded(script, env={"LD_PRELOAD": str(shim)}, timeout=90)
     ended = time.time()
     assert "ERROR" in out, (out, err[-3000:])
     message = out.split("ERROR", 1)[1]

@@ -4,23 +4,24 @@ two workers). Real processes, real signals; every test is bounded by a timeout a
 started."""
 from __future__ import annotations
 
+import gc
 import os
 import re
 import signal
 import time
+import weakref
 
 import numpy as np
 import pytest
 
-pytest.importorskip("nvidia.dali")
-
-from dali_mesh.pipeline.watchdog import WorkerError, watched_run  # noqa: E402
-from dali_mesh.pipeline.external import partitioned_source  # noqa: E402
-import gc
-import weakref
 from dali_mesh import Layout, MeshInfo
 from dali_mesh.partition import take_window
 from dali_mesh.source import NumpySource
+
+pytest.importorskip("nvidia.dali")
+
+from dali_mesh.pipeline.external import partitioned_source  # noqa: E402
+from dali_mesh.pipeline.watchdog import WorkerError, watched_run  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BATCH = 2
@@ -345,21 +346,12 @@ def test_the_process_exits_after_a_stopped_worker_error(tmp_path):
     """A stopped worker, killed by the watchdog while it held the shared-memory queue's semaphore,
     left DALI's WorkerPool.close (run at exit) waiting for ever on it, about one run in two: the
     process must exit within 10 s of the error, every time (three runs here)."""
-    import subprocess
-    import sys
+    from tests.helpers import run_python_bounded
 
     for run in range(int(os.environ.get("DALI_MESH_EXIT_RUNS", 3))):
         folder = tmp_path / f"run{run}"
         folder.mkdir()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-        proc = subprocess.Popen([sys.executable, "-c", _EXIT_AFTER_STOPPED_WORKER, str(folder)], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            out, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-            pytest.fail(f"run {run}: the process did not exit: {out[-500:]} {err[-2000:]}")
+        out, err = run_python_bounded(_EXIT_AFTER_STOPPED_WORKER, str(folder), timeout=60)
         ended = time.time()
         assert "error at" in out and "detached True" in out, (run, out, err[-3000:])
         assert ended - float(out.split("error at")[1].split()[0]) < 10, (run, out)

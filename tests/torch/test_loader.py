@@ -5,15 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("nvidia.dali")
-
-from dali_mesh.torch import MeshLoader  # noqa: E402
-
-from tests.helpers import np_pad_sample  # noqa: E402
 from dali_mesh import Layout, MeshInfo
 from dali_mesh.partition import LayoutError
 from dali_mesh.source import NumpySource
+
+pytest.importorskip("nvidia.dali")
+from dali_mesh.torch import MeshLoader  # noqa: E402
+from tests.helpers import np_pad_sample  # noqa: E402
 
 
 def _files(tmp_path, shapes):
