@@ -19,12 +19,14 @@ INSTALLED := $(VENV)/.installed
 # code, nvcc (its sources compile as C++17); no venv, no DALI, nothing downloaded.
 #   make kernels DALI_MESH_CUDA_ARCHS=native   the local GPU (default: SASS 75..90 + PTX of 90)
 #   make kernels DALI_MESH_CUDA=0              CPU only;  KERNELS_DEST=/tmp/k  elsewhere
+#   make kernels DALI_MESH_MIN_BLOCKS_PER_SM=4 the kernels bounded to 4 blocks per SM (gpu-check times both)
 # `make gpu-check` runs the GPU check (benchmarks/gpu_check.py) with $(PYTHON) as it is: it creates
 # no venv and installs nothing (PYTHON=/path/to/python3 to choose the interpreter).
 CMAKE ?= cmake
 KERNELS_BUILD ?= build/kernels
 KERNELS_DEST ?= dali_mesh
 DALI_MESH_CUDA ?= AUTO
+DALI_MESH_MIN_BLOCKS_PER_SM ?= 0
 
 .PHONY: all install demo test bench clean kernels gpu-check
 all: test
@@ -55,7 +57,7 @@ bench: install
 
 kernels:
 	$(CMAKE) -S . -B $(KERNELS_BUILD) -DCMAKE_BUILD_TYPE=Release -DDALI_MESH_KERNELS_ONLY=ON \
-	  -DDALI_MESH_CUDA=$(DALI_MESH_CUDA) \
+	  -DDALI_MESH_CUDA=$(DALI_MESH_CUDA) -DDALI_MESH_MIN_BLOCKS_PER_SM=$(DALI_MESH_MIN_BLOCKS_PER_SM) \
 	  $(if $(DALI_MESH_CUDA_ARCHS),"-DDALI_MESH_CUDA_ARCHS=$(DALI_MESH_CUDA_ARCHS)" "-DCMAKE_CUDA_ARCHITECTURES=$(DALI_MESH_CUDA_ARCHS)")
 	$(CMAKE) --build $(KERNELS_BUILD) --target dali_mesh_kernels -j $(or $(CMAKE_BUILD_PARALLEL_LEVEL),2)
 	mkdir -p $(KERNELS_DEST)

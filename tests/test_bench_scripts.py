@@ -133,6 +133,13 @@ def test_gpu_check_plans_each_setting(tmp_path, monkeypatch, capsys):
     assert steps["memcheck"].env == {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
     for name in ("dali-tests", "demo-1rank", "demo-2ranks", "gpu-bench"):
         assert steps[name].cmd is None and "DALI is not importable" in steps[name].reason
+    # the kernels bounded to 4 blocks per SM (issue 19.20), built apart and timed beside the default
+    mb4 = steps["build-kernels-minblocks4"]
+    assert mb4.cmd[1:5] == ["kernels", "DALI_MESH_CUDA=1", "DALI_MESH_CUDA_ARCHS=native", "DALI_MESH_MIN_BLOCKS_PER_SM=4"]
+    assert any(a.startswith("KERNELS_DEST=") and a.endswith("kernels-minblocks4") for a in mb4.cmd)
+    bench4 = steps["kernel-bench-minblocks4"]
+    assert bench4.needs == ("build-kernels-minblocks4",) and "kernel_bench_minblocks4.json" in bench4.cmd[-1]
+    assert bench4.env["DALI_MESH_KERNELS_LIB"].endswith("kernels-minblocks4/libdali_mesh_kernels.so")
     assert all(0 < s.timeout <= 300 for s in steps.values() if s.cmd)  # each step bounded,
     assert gc.DEFAULT_BUDGET < 8 * 60  # and the whole check
 

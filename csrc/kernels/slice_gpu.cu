@@ -18,8 +18,15 @@ namespace {
 // instantiations spilled (216-1520 bytes of spill stores, ptxas -v, sm_90, CUDA 13.0); without it
 // none spills, at 60-106 registers (2-4 blocks of 256 per SM, the occupancy calculator sizes the
 // grid). tests/pipeline/test_build.py compiles this file with ptxas -v and refuses any spill.
+// DALI_MESH_MIN_BLOCKS_PER_SM (CMake option, default 0: none) brings the minimum back, for `make
+// gpu-check` to time both on a GPU (it builds a second kernels library with 4).
+#if defined(DALI_MESH_MIN_BLOCKS_PER_SM) && DALI_MESH_MIN_BLOCKS_PER_SM > 0
+#define DALI_MESH_KERNEL_BOUNDS __launch_bounds__(kBlockDim, DALI_MESH_MIN_BLOCKS_PER_SM)
+#else
+#define DALI_MESH_KERNEL_BOUNDS __launch_bounds__(kBlockDim)
+#endif
 template <bool kNeedPad, int kConv, bool kNorm>
-__global__ void __launch_bounds__(kBlockDim) StridedSliceKernel(GpuBatchArgs b, int64_t num_blocks) {
+__global__ void DALI_MESH_KERNEL_BOUNDS StridedSliceKernel(GpuBatchArgs b, int64_t num_blocks) {
   for (int64_t blk = blockIdx.x; blk < num_blocks; blk += gridDim.x)
     RunBlock<kNeedPad, kConv, kNorm>(b, blk, threadIdx.x, blockDim.x);
 }

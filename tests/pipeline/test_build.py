@@ -31,6 +31,13 @@ def test_make_kernels_builds_only_the_dali_free_library():
     assert "pip" not in text and ".venv" not in text
 
 
+def test_make_kernels_passes_the_minimum_blocks_per_sm():
+    text = "\n".join(_dry("kernels", "CMAKE=/usr/bin/cmake", "KERNELS_BUILD=/tmp/kb", "KERNELS_DEST=/tmp/kd",
+                          "DALI_MESH_MIN_BLOCKS_PER_SM=4"))
+    assert "-DDALI_MESH_MIN_BLOCKS_PER_SM=4" in text
+    assert "-DDALI_MESH_MIN_BLOCKS_PER_SM=0" in "\n".join(_dry("kernels", "CMAKE=/usr/bin/cmake"))
+
+
 def test_make_gpu_check_uses_the_given_python_and_installs_nothing():
     assert _dry("gpu-check") == ["python3 benchmarks/gpu_check.py"]
     assert _dry("gpu-check", "PYTHON=/opt/py/bin/python3") == ["/opt/py/bin/python3 benchmarks/gpu_check.py"]
