@@ -1,7 +1,7 @@
 // dali_mesh: the C entry points of the read plans (csrc/kernels/read_plan.h), in
 // libdali_mesh_kernels.so and bound in dali_mesh/_kernels.py: a loaded plan file as JSON, the plan
 // format's canonical JSON and checksum (so that Python's writer is checked against this reader),
-// and test hooks that run the plan executor's pieces on a plan file written by dali_mesh.native.
+// and test hooks that run the plan executor's pieces on a plan file written by dali_mesh.pipeline.native.
 //
 // Functions that take `err` return a count or size (>= 0) on success, or -1 with a message in
 // err[0..err_len).

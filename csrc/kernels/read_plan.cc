@@ -122,7 +122,7 @@ class Reader {
   bool AtEnd() const { return pos_ == data_.size(); }
   [[noreturn]] void Bad(const std::string &what) const {
     Fail(path_ + ": the plan file is corrupt (" + what + " at byte " + std::to_string(pos_) +
-         "); it is written by dali_mesh.native: rebuild the pipeline");
+         "); it is written by dali_mesh.pipeline.native: rebuild the pipeline");
   }
 
  private:
@@ -325,20 +325,20 @@ uint64_t PlanChecksum(const char *words, size_t n_words) {
 PlanSet LoadPlanSet(const std::string &path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) Fail(path + ": cannot open the plan file (" + Errno(errno) + "); it is written by "
-                "dali_mesh.native.read_windows when the pipeline is defined: define it again");
+                "dali_mesh.pipeline.native.read_windows when the pipeline is defined: define it again");
   std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (data.size() < 8 || data.compare(0, 8, kMagic) != 0)
     Fail(path + ": not a dali_mesh plan file of this version (bad magic); it is written by "
-         "dali_mesh.native when the pipeline is defined: define it again");
+         "dali_mesh.pipeline.native when the pipeline is defined: define it again");
   if (data.size() % 8 != 0 || data.size() < 16)
     Fail(path + ": the plan file is corrupt (" + std::to_string(data.size()) + " bytes, not whole "
-         "words); it is written by dali_mesh.native: rebuild the pipeline");
+         "words); it is written by dali_mesh.pipeline.native: rebuild the pipeline");
   {
     uint64_t want;
     std::memcpy(&want, data.data() + data.size() - 8, 8);
     if (PlanChecksum(data.data() + 8, data.size() / 8 - 2) != want)
       Fail(path + ": the plan file is corrupt (its checksum does not match its contents); it is "
-           "written by dali_mesh.native: rebuild the pipeline");
+           "written by dali_mesh.pipeline.native: rebuild the pipeline");
     data.resize(data.size() - 8);
   }
   Reader r(data, path);

@@ -1,4 +1,4 @@
-// dali_mesh: byte-range read plans (made in Python by dali_mesh/native.py) and their executor,
+// dali_mesh: byte-range read plans (made in Python by dali_mesh/io/read_plan.py and the formats' planners) and their executor,
 // DALI-free. A plan turns one file layout (shape, dtype, header, byte order, C/Fortran order) and
 // one rank's window into
 //   - units: (file offset, destination offset, bytes), grouped into merged reads (one preadv each;
@@ -29,8 +29,8 @@ constexpr int64_t kCheckJson = -1;
 // strings dropped, the top-level members sorted by their key (as written, quotes included), the
 // members "attributes" and "dimension_names" left out (Zarr v3 keeps user attributes and axis names
 // in zarr.json; neither changes the bytes of a chunk). Values are kept as written. Returns false
-// when `text` is not one JSON object (as far as this scan can tell). dali_mesh.native._canonical_json
-// computes the same.
+// when `text` is not one JSON object (as far as this scan can tell). The only implementation: the
+// Python planner calls it through dali_mesh._kernels.canonical_json.
 bool CanonicalJson(const std::string &text, std::string *out);
 
 struct ReadPlan {
@@ -95,7 +95,7 @@ PlanSet LoadPlanSet(const std::string &path);
 
 // The plan file's checksum (its last word) of the `n_words` little-endian words after the magic:
 // sum of word_i * k_i mod 2^64, k_i odd, so that any change of one word changes the sum
-// (dali_mesh.native._checksum computes the same). Not cryptographic: it catches corruption, not
+// (dali_mesh._kernels.plan_checksum binds it for the Python writer). Not cryptographic: it catches corruption, not
 // forgery (the plan directory is the user's own).
 uint64_t PlanChecksum(const char *words, size_t n_words);
 

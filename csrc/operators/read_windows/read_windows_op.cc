@@ -120,7 +120,7 @@ namespace dali {
 DALI_SCHEMA(dali_mesh__ReadWindows)
     .DocStr(R"(Reads this rank's window of each sample from its file, by a byte-range plan.
 
-The plan file (written by ``dali_mesh.native.read_windows``) holds, per distinct file layout, the
+The plan file (written by ``dali_mesh.pipeline.native.read_windows``) holds, per distinct file layout, the
 byte ranges of the window (merged reads, ``preadv`` straight into the output), the byte-swap and
 Fortran-order flags and the boundary program (copies for reflect/symmetric/edge/periodic cells,
 constant fills), plus the file table and, per sample id, its file, plan and base offset. The input
@@ -130,7 +130,7 @@ Stateless: checkpointing works.)")
     .NumInput(1)
     .NumOutput(1)
     .InputDox(0, "sample_id", "TensorList", "One int32/int64 sample id per sample.")
-    .AddArg("plan_file", "Path of the plan file written by dali_mesh.native.", DALI_STRING)
+    .AddArg("plan_file", "Path of the plan file written by dali_mesh.pipeline.native.", DALI_STRING)
     .AddArg("dtype", "Output type (the planned files' dtype, native byte order).", DALI_DATA_TYPE)
     .AddOptionalArg<int64_t>("task_bytes", "Bytes read per thread-pool task (large windows are "
                              "split across threads).", int64_t(4) << 20)

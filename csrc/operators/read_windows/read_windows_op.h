@@ -1,5 +1,5 @@
 // dali_mesh: the DALI operator dali_mesh__ReadWindows (fn.dali_mesh.read_windows), shared part:
-// the plan set (loaded once from the plan file that dali_mesh.native writes), the per-sample
+// the plan set (loaded once from the plan file that dali_mesh.pipeline.native writes), the per-sample
 // output shapes, and the three-phase execution on host memory (announce every range to the
 // kernel; read the byte ranges in tasks of about `task_bytes`, each opening, checking and closing
 // its file; swap, transpose and fill per sample).
