@@ -477,6 +477,12 @@ void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_
     long v = ::sysconf(_SC_IOV_MAX);
     return v > 0 ? static_cast<int>(std::min<long>(v, 1024)) : 1024;
   }();
+  if (g0 >= g1) return;
+  // one registration for the task's reads (not one per group: a mutex and an allocation each), its
+  // range from the first group's first byte to the last group's last
+  const int64_t last = plan.group_end[g1 - 1] - 1;
+  FlightGuard flight(file.path(), base + plan.file_off[plan.group_begin[g0]],
+                     plan.file_off[last] + plan.unit_bytes[last] - plan.file_off[plan.group_begin[g0]]);
   std::vector<struct iovec> iov;
   for (int64_t g = g0; g < g1; g++) {
     const int64_t b = plan.group_begin[g], e = plan.group_end[g];
@@ -489,8 +495,6 @@ void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_
       iov.push_back({dst + plan.dst_off[u], static_cast<size_t>(plan.unit_bytes[u])});
     }
     int64_t offset = base + plan.file_off[b];
-    FlightGuard flight(file.path(), offset,
-                       plan.file_off[e - 1] + plan.unit_bytes[e - 1] - plan.file_off[b]);
     size_t i = 0;
     while (i < iov.size()) {
       int cnt = static_cast<int>(std::min<size_t>(kIovMax, iov.size() - i));
