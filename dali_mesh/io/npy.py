@@ -275,9 +275,7 @@ def _units(file_shape, dst_shape, itemsize, data_offset, file_start, dst_start, 
     """Byte units of one box: ``(file offsets, dest offsets, unit bytes)``; each unit is contiguous
     both in the C-order file and in the C-contiguous destination."""
     nd = len(file_shape)
-    k = nd - 1  # merge trailing axes that are whole in both file and destination
-    while k > 0 and lengths[k] == file_shape[k] == dst_shape[k]:
-        k -= 1
+    k = _run_axis(file_shape, dst_shape, lengths)
     unit_cells = lengths[k] * math.prod(file_shape[k + 1 :])
     fstride = [math.prod(file_shape[i + 1 :]) for i in range(nd)]
     dstride = [math.prod(dst_shape[i + 1 :]) for i in range(nd)]
@@ -292,22 +290,32 @@ def _units(file_shape, dst_shape, itemsize, data_offset, file_start, dst_start, 
     return data_offset + foff * itemsize, doff * itemsize, unit_cells * itemsize
 
 
+def _file_order_boxes(header: NpyHeader | StoredArray, plan: WindowPlan, prefix: Sequence[int]):
+    """``(file shape, window shape, boxes)`` in the file's own C order: the boxes of ``plan`` behind
+    the ``prefix`` axes, all reversed for a Fortran-order file (the C-order array of reversed shape)."""
+    file_shape = tuple(header.shape)
+    full_window = (1,) * len(prefix) + plan.window_shape
+    boxes = [((0,) * len(prefix) + wst, tuple(prefix) + fst, (1,) * len(prefix) + ln) for wst, fst, ln in plan.boxes()]
+    if header.fortran_order:
+        return file_shape[::-1], full_window[::-1], [(w[::-1], f[::-1], l[::-1]) for w, f, l in boxes]
+    return file_shape, full_window, boxes
+
+
+def _run_axis(file_shape, dst_shape, lengths) -> int:
+    """The outermost axis of a box's contiguous runs: the trailing axes whole in both the file and
+    the destination merge into one run."""
+    k = len(file_shape) - 1
+    while k > 0 and lengths[k] == file_shape[k] == dst_shape[k]:
+        k -= 1
+    return k
+
+
 def count_npy_units(header: NpyHeader | StoredArray, plan: WindowPlan, prefix: Sequence[int] = ()) -> int:
     """How many units :func:`plan_npy_reads` makes for ``plan`` (contiguous runs before merging),
     counted without making them, so that a window of billions of runs is refused before its plan is
     built."""
-    file_shape = tuple(header.shape)
-    full_window = (1,) * len(prefix) + plan.window_shape
-    total = 0
-    for _, _, ln in plan.boxes():
-        lengths = (1,) * len(prefix) + tuple(ln)
-        fs, dw = (file_shape[::-1], full_window[::-1]) if header.fortran_order else (file_shape, full_window)
-        lengths = lengths[::-1] if header.fortran_order else lengths
-        k = len(fs) - 1
-        while k > 0 and lengths[k] == fs[k] == dw[k]:
-            k -= 1
-        total += math.prod(lengths[:k])
-    return total
+    file_shape, full_window, boxes = _file_order_boxes(header, plan, prefix)
+    return sum(math.prod(ln[:_run_axis(file_shape, full_window, ln)]) for _, _, ln in boxes)
 
 
 def plan_npy_reads(header: NpyHeader | StoredArray, plan: WindowPlan, prefix: Sequence[int] = (),
@@ -322,15 +330,7 @@ def plan_npy_reads(header: NpyHeader | StoredArray, plan: WindowPlan, prefix: Se
     ``groups``, a list of ``(first_unit, last_unit_exclusive)`` merged into one read each. Offsets
     into the destination are for the C-order (file-order) staging of the window.
     """
-    file_shape = tuple(header.shape)
-    full_window = (1,) * len(prefix) + plan.window_shape
-    boxes = []
-    for wst, fst, ln in plan.boxes():
-        boxes.append(((0,) * len(prefix) + wst, tuple(prefix) + fst, (1,) * len(prefix) + ln))
-    if header.fortran_order:  # the file is the C-order array of reversed shape
-        file_shape = file_shape[::-1]
-        full_window = full_window[::-1]
-        boxes = [(w[::-1], f[::-1], l[::-1]) for w, f, l in boxes]
+    file_shape, full_window, boxes = _file_order_boxes(header, plan, prefix)
     fo, do, ub = [], [], []
     for wst, fst, ln in boxes:
         f, d, u = _units(file_shape, full_window, header.dtype.itemsize, header.data_offset, fst, wst, ln)
