@@ -9,7 +9,10 @@ PIP := $(PY) -m pip
 DEPS := torch==2.13.0 numpy==2.4.6 nvidia-dali-cuda120==2.4.0 h5py==3.16.0 zarr==3.1.6 \
         matplotlib==3.11.2 setuptools==84.2.1 wheel==0.48.0 cmake==4.4.5 ninja==1.13.2
 TEST_DEPS := pytest==9.2.0 pytest-timeout==2.4.0 hypothesis==6.170.17
-STAMP := $(VENV)/.deps-$(shell echo $(DEPS) $(TEST_DEPS) | cksum | cut -d' ' -f1)
+# for its C library only (c-blosc2: headers, libblosc2.so), which the plugin links; its Python
+# dependencies are not needed
+NO_DEPS := blosc2==4.14.1
+STAMP := $(VENV)/.deps-$(shell echo $(DEPS) $(TEST_DEPS) $(NO_DEPS) | cksum | cut -d' ' -f1)
 PLUGIN_SOURCES := $(wildcard csrc/* csrc/*/* csrc/*/*/*) CMakeLists.txt setup.py
 INSTALLED := $(VENV)/.installed
 
@@ -37,6 +40,7 @@ $(PY):
 $(STAMP): | $(PY)
 	$(PIP) install -q --upgrade "pip>=23"
 	$(PIP) install -q $(DEPS) $(TEST_DEPS)
+	$(PIP) install -q --no-deps $(NO_DEPS)
 	touch $@
 
 # --no-build-isolation: the plugin must be built against the DALI installed above, not a second one.

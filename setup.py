@@ -68,6 +68,18 @@ def _dali_info() -> dict:
     }
 
 
+def _blosc2_dir() -> str | None:
+    """The blosc2 wheel's package folder (c-blosc2's headers and library) in this interpreter's
+    environment, found without importing it (the wheel is installed for its C library only)."""
+    import importlib.util  # noqa: PLC0415
+
+    spec = importlib.util.find_spec("blosc2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(list(spec.submodule_search_locations)[0])
+    return str(folder) if (folder / "include" / "blosc2.h").exists() else None
+
+
 def _tool(name: str) -> str | None:
     """A tool next to this interpreter (the venv's cmake/ninja) first, then on PATH."""
     local = Path(sys.executable).parent / name
@@ -122,6 +134,9 @@ class CMakeBuild(build_ext):
             f"-DDALI_CUDA_MAJOR={dali['cuda_major']}",
             f"-DDALI_MESH_CUDA={cuda_mode}",
         ]
+        blosc2 = _blosc2_dir()
+        if blosc2:
+            args.append(f"-DDALI_MESH_BLOSC2_DIR={blosc2}")
         archs = os.environ.get("DALI_MESH_CUDA_ARCHS")
         if archs:
             args += [f"-DDALI_MESH_CUDA_ARCHS={archs}", f"-DCMAKE_CUDA_ARCHITECTURES={archs}"]

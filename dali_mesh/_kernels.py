@@ -49,7 +49,7 @@ __all__ = [
 
 LIB_NAME = "libdali_mesh_kernels.so"
 #: the C API this module calls (csrc/c_api/c_api.cc dm_abi_version)
-ABI_VERSION = 5
+ABI_VERSION = 6
 #: numpy dtype -> DALI type id (the ids the C API takes)
 DTYPE_IDS = {
     np.dtype(np.uint8): 0, np.dtype(np.uint16): 1, np.dtype(np.uint32): 2, np.dtype(np.uint64): 3,
@@ -131,6 +131,11 @@ def load() -> ctypes.CDLL:
     lib.dali_mesh_canonical_json.restype = ctypes.c_int64
     lib.dali_mesh_canonical_json.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64]
     lib.dali_mesh_plan_checksum.restype = ctypes.c_int
+    lib.dali_mesh_codec_available.argtypes = [ctypes.c_int64]
+    lib.dali_mesh_codec_available.restype = ctypes.c_int
+    lib.dali_mesh_decode_chunk.argtypes = [i64p, i64p, ctypes.c_int64, ctypes.c_int64, ctypes.c_char_p,
+                                           ctypes.c_int64, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64]
+    lib.dali_mesh_decode_chunk.restype = ctypes.c_int64
     lib.dali_mesh_plan_checksum.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_uint64)]
     _lib = lib
     return lib
@@ -406,7 +411,30 @@ def plan_dump(plan_path: str, *, size_hint: int = 1 << 16) -> dict:
         f["path"] = bytes.fromhex(f["path"])
     for p in dump["plans"]:
         p["check"], p["fill"] = bytes.fromhex(p["check"]), bytes.fromhex(p["fill"])
+    for c in dump["coders"]:
+        c["fill"] = bytes.fromhex(c["fill"])
     return dump
+
+
+def codec_available(codec_id: int) -> bool:
+    """Whether this build of the reader decodes codec ``codec_id`` (``read_plan.CODECS``): its
+    library (c-blosc2, libzstd, liblz4, zlib) was found when the plugin was built."""
+    return bool(load().dali_mesh_codec_available(int(codec_id)))
+
+
+def decode_chunk(steps, chunk_bytes: int, data: bytes) -> bytes:
+    """``data`` (a stored chunk) decoded by the coder ``steps`` (``[(codec id, arg), ...]`` in decode
+    order) into ``chunk_bytes`` bytes, by the reader's own code (DecodeChunk); :class:`KernelsError`
+    with the reader's reason for a chunk it refuses."""
+    data = bytes(data)
+    ids = _i64([s[0] for s in steps] or [0])
+    args = _i64([s[1] for s in steps] or [0])
+    out = ctypes.create_string_buffer(max(int(chunk_bytes), 1))
+    err = ctypes.create_string_buffer(1024)
+    rc = load().dali_mesh_decode_chunk(ids, args, len(steps), int(chunk_bytes), data, len(data), out, err, len(err))
+    if rc < 0:
+        raise KernelsError(err.value.decode(errors="replace"))
+    return out.raw[:int(chunk_bytes)]
 
 
 def canonical_json(text: bytes) -> bytes | None:

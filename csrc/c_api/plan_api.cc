@@ -95,6 +95,7 @@ std::string PlanSetJson(const dali_mesh::PlanSet &set) {
     j.Int("itemsize", p.itemsize);
     j.Int("swap_unit", p.swap_unit);
     j.Bool("fortran", p.fortran);
+    j.Bool("coded", p.coded);
     j.Ints("shape", p.shape);
     j.Ints("file_off", p.file_off);
     j.Ints("dst_off", p.dst_off);
@@ -129,6 +130,33 @@ std::string PlanSetJson(const dali_mesh::PlanSet &set) {
     j.Int("plan", q.plan);
     j.Int("base", q.base);
     j.Int("dst_base", q.dst_base);
+    j.Close('}');
+  }
+  j.Close(']');
+  j.Key("coders");
+  j.Open('[');
+  for (const dali_mesh::Coder &c : set.coders) {
+    j.Open('{');
+    std::vector<int64_t> ids, args;
+    for (const auto &st : c.steps) {
+      ids.push_back(st.id);
+      args.push_back(st.arg);
+    }
+    j.Ints("ids", ids);
+    j.Ints("args", args);
+    j.Int("chunk_bytes", c.chunk_bytes);
+    j.Bytes("fill", c.fill);
+    j.Close('}');
+  }
+  j.Close(']');
+  j.Key("chunks");
+  j.Open('[');
+  for (const dali_mesh::PlanChunk &c : set.chunks) {
+    j.Open('{');
+    j.Int("file", c.file);
+    j.Int("offset", c.offset);
+    j.Int("nbytes", c.nbytes);
+    j.Int("coder", c.coder);
     j.Close('}');
   }
   j.Close(']');
@@ -265,5 +293,28 @@ DM_EXPORT int64_t dali_mesh_plan_tasks(const char *plan_path, int64_t task_bytes
     return n;
   } catch (const std::exception &e) {
     return Fail(e.what(), err, err_len);
+  }
+}
+
+// Whether codec `id` (dali_mesh::CodecId) is in this build: 1 yes, 0 no (its library was not found
+// at build time). The planner asks before it plans a coded read.
+DM_EXPORT int dali_mesh_codec_available(int64_t id) { return dali_mesh::CodecAvailable(id) ? 1 : 0; }
+
+// Decodes the n stored bytes at `src` by the coder (steps ids[k], args[k] in decode order,
+// chunk_bytes, a fill value) into out[0..chunk_bytes), as the reader decodes a chunk. Returns 0, or
+// -1 with the reason in err (a coder that cannot run, a corrupt chunk).
+DM_EXPORT int64_t dali_mesh_decode_chunk(const int64_t *ids, const int64_t *args, int64_t n_steps,
+                                         int64_t chunk_bytes, const char *src, int64_t n, char *out,
+                                         char *err, int64_t err_size) {
+  try {
+    dali_mesh::Coder coder;
+    for (int64_t k = 0; k < n_steps; k++) coder.steps.push_back({ids[k], args[k]});
+    coder.chunk_bytes = chunk_bytes;
+    std::string why = dali_mesh::CheckCoder(coder);
+    if (why.empty()) why = dali_mesh::DecodeChunk(coder, src, n, out);
+    if (!why.empty()) return Fail(why, err, err_size);
+    return 0;
+  } catch (const std::exception &e) {
+    return Fail(e.what(), err, err_size);
   }
 }

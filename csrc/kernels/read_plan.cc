@@ -79,7 +79,9 @@ class FlightGuard {
   uint64_t outer_epoch_;
 };
 
-constexpr char kMagic[9] = "DMPLAN04";
+constexpr char kMagic[9] = "DMPLAN05";
+// the largest decoded chunk a plan may declare (a crafted plan must not make the reader allocate more)
+constexpr int64_t kMaxChunkBytes = int64_t(1) << 34;
 constexpr int kMaxPlanDims = 32;
 
 [[noreturn]] void Fail(const std::string &msg) { throw std::runtime_error("read_windows: " + msg); }
@@ -147,6 +149,9 @@ void ReadPlanBody(Reader &r, ReadPlan *p) {
   const int64_t fortran = r.Int();
   if (fortran != 0 && fortran != 1) r.Bad("Fortran flag " + std::to_string(fortran));
   p->fortran = fortran == 1;
+  const int64_t coded = r.Int();
+  if (coded != 0 && coded != 1) r.Bad("coded flag " + std::to_string(coded));
+  p->coded = coded == 1;
   // the transpose indexes shape[ndim - 1]; a 0- or 1-axis window is the same in both orders (the
   // planner writes the flag only for 2 axes or more)
   if (p->fortran && p->ndim < 2) r.Bad("Fortran order with " + std::to_string(p->ndim) + " axes");
@@ -282,6 +287,23 @@ void SwapBytes(char *p, int64_t n_values) {
   for (int64_t i = 0; i < n_values; i++, p += N) std::reverse(p, p + N);
 }
 
+// Swaps the values of units [b, e) of `plan` landed in `dst` when the plan says they are stored in
+// the other byte order.
+void SwapUnits(const ReadPlan &plan, int64_t b, int64_t e, char *dst) {
+  if (plan.swap_unit <= 1) return;
+  for (int64_t u = b; u < e; u++) {
+    char *p = dst + plan.dst_off[u];
+    const int64_t n = plan.unit_bytes[u] / plan.swap_unit;
+    switch (plan.swap_unit) {
+      case 2: SwapBytes<2>(p, n); break;
+      case 4: SwapBytes<4>(p, n); break;
+      case 8: SwapBytes<8>(p, n); break;
+      default:
+        for (int64_t i = 0; i < n; i++) std::reverse(p + i * plan.swap_unit, p + (i + 1) * plan.swap_unit);
+    }
+  }
+}
+
 template <int S>
 void TransposeT(const char *stage, char *out, const std::vector<int64_t> &shape, int64_t itemsize) {
   // out (C order, `shape`) [i_0..i_{n-1}] = stage (C order, reversed shape) [i_{n-1}..i_0]: the
@@ -347,6 +369,8 @@ PlanSet LoadPlanSet(const std::string &path) {
   int64_t n_plans = r.Count(int64_t(1) << 32, "plan", 64);
   int64_t n_files = r.Count(int64_t(1) << 40, "file", 16);
   int64_t n_items = r.Count(int64_t(1) << 40, "item", 16);
+  int64_t n_coders = r.Count(int64_t(1) << 20, "coder", 32);
+  int64_t n_chunks = r.Count(int64_t(1) << 40, "chunk", 32);
   set.files.resize(n_files);
   for (auto &f : set.files) {
     f.path = r.Bytes();
@@ -356,6 +380,33 @@ PlanSet LoadPlanSet(const std::string &path) {
     if (f.path.empty() || f.path.find('\0') != std::string::npos) r.Bad("file path");
     if (f.expected_size < -1) r.Bad("expected file size " + std::to_string(f.expected_size));
     if (f.expected_mtime_ns < -1) r.Bad("expected modification time " + std::to_string(f.expected_mtime_ns));
+  }
+  set.coders.resize(n_coders);
+  for (auto &cd : set.coders) {
+    int64_t n_steps = r.Count(16, "codec step", 16);
+    std::vector<int64_t> ids = r.Ints(n_steps), args = r.Ints(n_steps);
+    for (int64_t k = 0; k < n_steps; k++) cd.steps.push_back({ids[k], args[k]});
+    cd.chunk_bytes = r.Int();
+    cd.fill = r.Bytes();
+    if (cd.chunk_bytes < 0 || cd.chunk_bytes > kMaxChunkBytes) r.Bad("chunk size " + std::to_string(cd.chunk_bytes));
+    std::string why = CheckCoder(cd);
+    // a codec missing from this build is refused when the pipeline is built (the planner asks
+    // first, dali_mesh._kernels.codecs): here it is a plan from another build
+    if (!why.empty()) r.Bad("a coder that cannot run: " + why);
+  }
+  set.chunks.resize(n_chunks);
+  {
+    std::vector<int64_t> w = r.Ints(4 * n_chunks);
+    for (int64_t c = 0; c < n_chunks; c++) {
+      PlanChunk &ch = set.chunks[c];
+      ch.file = w[4 * c];
+      ch.offset = w[4 * c + 1];
+      ch.nbytes = w[4 * c + 2];
+      ch.coder = w[4 * c + 3];
+      if (ch.file < 0 || ch.file >= n_files || ch.coder < 0 || ch.coder >= n_coders || ch.offset < 0 ||
+          ch.nbytes < -1 || (ch.nbytes > 0 && ch.offset > INT64_MAX - ch.nbytes))
+        r.Bad("chunk " + std::to_string(c));
+    }
   }
   set.plans.resize(n_plans);
   for (auto &p : set.plans) ReadPlanBody(r, &p);
@@ -371,8 +422,8 @@ PlanSet LoadPlanSet(const std::string &path) {
       part.plan = r.Int();
       part.base = r.Int();
       part.dst_base = r.Int();
-      if (part.file < 0 || part.file >= n_files || part.plan < 0 || part.plan >= n_plans ||
-          part.base < 0 || part.dst_base < 0)
+      if (part.file < 0 || part.plan < 0 || part.plan >= n_plans || part.base < 0 || part.dst_base < 0 ||
+          part.file >= (set.plans[part.plan].coded ? n_chunks : n_files))
         r.Bad("item part");
       // the part's window must lie inside the item's window, its reads inside int64 offsets
       const ReadPlan &pp = set.plans[part.plan], &fp = set.plans[it.finish];
@@ -380,6 +431,9 @@ PlanSet LoadPlanSet(const std::string &path) {
       if (part.dst_base > fp.bytes() || pp.bytes() > fp.bytes() - part.dst_base ||
           pp.itemsize != fp.itemsize || part.base > INT64_MAX - file_end)
         r.Bad("item part outside its window");
+      // a coded part's units lie inside its decoded chunk
+      if (pp.coded && part.base > set.coders[set.chunks[part.file].coder].chunk_bytes - file_end)
+        r.Bad("item part outside its chunk");
       set.parts.push_back(part);
     }
     it.part_end = set.parts.size();
@@ -522,21 +576,65 @@ void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_
         }
       }
     }
-    if (plan.swap_unit > 1) {  // the file holds the other byte order: swap what was just read
-      for (int64_t u = b; u < e; u++) {
-        char *p = dst + plan.dst_off[u];
-        const int64_t n = plan.unit_bytes[u] / plan.swap_unit;
-        switch (plan.swap_unit) {
-          case 2: SwapBytes<2>(p, n); break;
-          case 4: SwapBytes<4>(p, n); break;
-          case 8: SwapBytes<8>(p, n); break;
-          default:
-            for (int64_t i = 0; i < n; i++)
-              std::reverse(p + i * plan.swap_unit, p + (i + 1) * plan.swap_unit);
-        }
-      }
-    }
+    SwapUnits(plan, b, e, dst);  // the file holds the other byte order: swap what was just read
   }
+}
+
+void CopyUnits(const ReadPlan &plan, const char *src, char *dst) {
+  const int64_t n = plan.file_off.size();
+  for (int64_t u = 0; u < n; u++) std::memcpy(dst + plan.dst_off[u], src + plan.file_off[u], plan.unit_bytes[u]);
+  SwapUnits(plan, 0, n, dst);
+}
+
+void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const std::string &first_path,
+               std::vector<char> *stored, char *decoded) {
+  const PlanChunk &ch = set.chunks[c];
+  const Coder &coder = set.coders[ch.coder];
+  const PlanFile &pf = set.files[ch.file];
+  if (ch.nbytes < 0) {
+    // never written when planned: it must still be missing (a chunk written since is data the plan
+    // does not know, not fill values)
+    struct stat st;
+    if (::stat(pf.path.c_str(), &st) == 0 || errno != ENOENT)
+      Fail(Shown(pf.path) + ": this chunk was missing when the plan was made (it reads as the fill value) but "
+           "exists now: the array changed since; define the pipeline again");
+    FillMissingChunk(coder, decoded);
+    return;
+  }
+  OpenFile file;
+  file.Open(pf, check_plan, first_path);
+  struct stat st;
+  if (::fstat(file.fd(), &st) != 0) Fail(file.path() + ": fstat failed (" + Errno(errno) + ")");
+  const std::string where = file.path() + ": chunk of " + std::to_string(ch.nbytes) + " bytes at byte " +
+                            std::to_string(ch.offset);
+  if (ch.offset > st.st_size || ch.nbytes > st.st_size - ch.offset)
+    Fail(where + " runs past the end of the file (" + std::to_string(st.st_size) + " bytes): the file is "
+         "truncated or changed since the plan was made");
+  if (static_cast<int64_t>(stored->size()) < ch.nbytes) stored->resize(ch.nbytes);
+  {
+    FlightGuard flight(file.path(), ch.offset, ch.nbytes);
+    const int64_t got = PreadFull(file.fd(), stored->data(), ch.nbytes, ch.offset);
+    if (got == -ECANCELED)
+      Fail(where + ": read cancelled: the pipeline was stopped after an error");
+    if (got < 0) Fail(where + ": read failed (" + Errno(-got) + ")");
+    if (got != ch.nbytes) Fail(where + ": the file was truncated while reading");
+  }
+  const std::string why = DecodeChunk(coder, stored->data(), ch.nbytes, decoded);
+  if (!why.empty()) Fail(where + " cannot be decoded: " + why + "; the file is corrupt");
+}
+
+void PrefetchRange(const std::string &path, int64_t offset, int64_t nbytes) {
+  if (nbytes <= 0) return;
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return;
+  struct stat st;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && offset < st.st_size) {
+    constexpr int64_t kPiece = 512 << 10;
+    const int64_t hi = offset + std::min<int64_t>(nbytes, st.st_size - offset);
+    for (int64_t a = offset; a < hi; a = hi - a > kPiece ? a + kPiece : hi)
+      ::posix_fadvise(fd, a, std::min(kPiece, hi - a), POSIX_FADV_WILLNEED);
+  }
+  ::close(fd);
 }
 
 void FinishWindow(const ReadPlan &plan, char *staging, char *out, bool boundary) {

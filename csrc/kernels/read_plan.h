@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/codecs.h"
 #include "kernels/slice_args.h"
 
 namespace dali_mesh {
@@ -38,6 +39,9 @@ struct ReadPlan {
   int64_t itemsize = 0;
   int64_t swap_unit = 0;       // bytes of each value to reverse after reading (0: native order)
   bool fortran = false;        // units address a C-order staging of the reversed window shape
+  // units read from a decoded chunk, not from a file: a part's `file` is then an index into the
+  // plan set's chunk table and its `base` is added to the unit offsets inside the decoded chunk
+  bool coded = false;
   std::vector<int64_t> shape;  // window shape (output, C order)
   std::vector<int64_t> file_off, dst_off, unit_bytes;  // sorted by file offset
   std::vector<int64_t> group_begin, group_end;         // units [begin, end) read in one call
@@ -64,8 +68,16 @@ struct PlanFile {
   int64_t expected_mtime_ns = -1;
 };
 
+// A compressed chunk: `nbytes` stored bytes at `offset` of file `file`, decoded by coder `coder`
+// (PlanSet::coders). nbytes -1: the chunk was never written (Zarr: its file is missing, and must
+// still be missing when read); it reads as the coder's fill value.
+struct PlanChunk {
+  int64_t file = 0, offset = 0, nbytes = 0, coder = 0;
+};
+
 // One read into a sample's window: the units of `plan` from `file`, at `base` added to every file
-// offset. A sample of one file has one part; a Zarr sample has one per chunk file touched.
+// offset. A sample of one file has one part; a Zarr sample has one per chunk file touched. With a
+// coded plan, `file` is a chunk (PlanSet::chunks) and `base` an offset into its decoded bytes.
 struct PlanPart {
   int64_t file = 0, plan = 0, base = 0;
   int64_t dst_base = 0;  // bytes into the item's window where this part's window starts (a step)
@@ -84,9 +96,11 @@ struct PlanSet {
   std::vector<PlanFile> files;
   std::vector<PlanPart> parts;
   std::vector<PlanItem> items;
+  std::vector<Coder> coders;
+  std::vector<PlanChunk> chunks;
 };
 
-// Loads a plan file written by dali_mesh.io.read_plan (format "DMPLAN04": little-endian int64 words, the
+// Loads a plan file written by dali_mesh.io.read_plan (format "DMPLAN05": little-endian int64 words, the
 // last one a checksum of the others, so that a corrupt file is refused rather than read from).
 // A plan's JSON check (check_offset kCheckJson) is put in canonical form here, so that a writer may
 // give the metadata file's bytes as they are (CanonicalJson is idempotent: a check written in
@@ -124,6 +138,21 @@ class OpenFile {
 // the largest gap.
 void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_t g0, int64_t g1,
                 char *dst, std::vector<char> *scratch);
+
+// Reads chunk `c` of `set` (its file opened and checked by `check_plan` as a part's file is) and
+// decodes it into `decoded` (its coder's chunk_bytes); a missing chunk is filled with the coder's
+// fill value once its file is seen to be still missing. `stored` is grown to the stored size.
+// Errors name the file, the chunk's bytes and the reason (a corrupt stream, a size or checksum
+// that does not match).
+void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const std::string &first_path,
+               std::vector<char> *stored, char *decoded);
+
+// Copies the units of the coded plan `plan` from the decoded chunk at `src` (the part's base
+// added) into `dst` and byte-swaps them if the plan says so.
+void CopyUnits(const ReadPlan &plan, const char *src, char *dst);
+
+// Announces `nbytes` at `offset` of `path` to the kernel (POSIX_FADV_WILLNEED), as PrefetchPath.
+void PrefetchRange(const std::string &path, int64_t offset, int64_t nbytes);
 
 // Fortran transpose (staging -> out; staging == out for C order), then (with `boundary`) the
 // copies and fills.

@@ -29,6 +29,7 @@ import os
 import stat
 import tempfile
 import threading
+import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple, Sequence
 
@@ -38,14 +39,18 @@ from dali_mesh.io._common import DataFileError
 from dali_mesh.io._plan import WindowPlan
 from dali_mesh.partition import check_fill_value
 
-__all__ = ["AxisProgram", "CHECK_JSON", "NotNativeError", "PLAN_MAGIC", "PlanFile", "PlanItem", "PlanPart",
+__all__ = ["AxisProgram", "CHECK_JSON", "CODECS", "Coder", "NotNativeError", "PLAN_MAGIC", "PlanFile", "PlanItem", "PlanPart",
            "PlanFolderError", "PlanSet", "ReadPlan", "decode", "encode", "native_dtype_of"]
 
 #: The plan file's first 8 bytes: the format and its version (bumped whenever a table changes).
-PLAN_MAGIC = b"DMPLAN04"
+PLAN_MAGIC = b"DMPLAN05"
 #: ``check_offset`` of a plan whose check is a JSON metadata file (a Zarr array's ``.zarray`` or
 #: ``zarr.json``), compared whole in canonical form (``kCheckJson`` in read_plan.h).
 CHECK_JSON = -1
+#: codec ids of the plan file (``CodecId`` in csrc/kernels/codecs.h), by name
+CODECS = {"blosc": 1, "zstd": 2, "lz4": 3, "zlib": 4, "gzip": 5, "shuffle": 6, "fletcher32": 7}
+#: the library that decodes each codec in the reader (for messages about a build without it)
+CODEC_LIBRARIES = {"blosc": "c-blosc2", "zstd": "libzstd", "lz4": "liblz4", "zlib": "zlib", "gzip": "zlib"}
 #: dtype kinds DALI carries (complex, datetime and timedelta have no DALI type)
 _NATIVE_KINDS = "biuf"
 
@@ -91,6 +96,7 @@ _READ_PLAN = (
     Field("itemsize", "int"),
     Field("swap_unit", "int"),
     Field("fortran", "int"),
+    Field("coded", "int"),
     Field("shape", "ints", "ndim"),
     Field("n_units", "count", "file_off"),
     Field("n_groups", "count", "group_begin"),
@@ -106,6 +112,14 @@ _READ_PLAN = (
 )
 
 _PLAN_FILE = (Field("path", "bytes"), Field("expected_size", "int"), Field("expected_mtime_ns", "int"))
+
+_CODER = (
+    Field("n_steps", "count", "ids"),
+    Field("ids", "ints", "n_steps"),
+    Field("args", "ints", "n_steps"),
+    Field("chunk_bytes", "int"),
+    Field("fill", "bytes"),
+)
 
 
 def _word(v) -> bytes:
@@ -202,6 +216,7 @@ class ReadPlan:
     check: bytes = b""
     fill: bytes = b""                   # the fill value in the output type's bytes
     axes: tuple[AxisProgram, ...] = ()  # one per axis of `shape`
+    coded: int = 0                      # 1: units address a decoded chunk (a part's file is a chunk)
 
     @property
     def ndim(self) -> int:
@@ -222,7 +237,7 @@ class ReadPlan:
         return cls(int(d["itemsize"]), int(d["swap_unit"]), int(d["fortran"]), tuple(int(s) for s in d["shape"]),
                    *(np.asarray(d[k], np.int64) for k in ("file_off", "dst_off", "unit_bytes", "group_begin",
                                                            "group_end")),
-                   int(d["check_offset"]), bytes(d["check"]), bytes(d["fill"]), axes)
+                   int(d["check_offset"]), bytes(d["check"]), bytes(d["fill"]), axes, int(d.get("coded", 0)))
 
     def to_dict(self) -> dict:
         """Plain values (lists of ints, bytes), as ``_kernels.plan_dump`` gives a loaded plan."""
@@ -233,6 +248,8 @@ class ReadPlan:
                 v = [a.to_dict() for a in v]
             elif isinstance(v, (np.ndarray, tuple)):
                 v = [int(x) for x in v]
+            elif f.name in ("fortran", "coded"):
+                v = bool(v)
             out[f.name] = v
         return out
 
@@ -277,10 +294,35 @@ class ReadPlan:
 
     @classmethod
     def reads_only(cls, window_shape, dtype: np.dtype, file_off, dst_off, unit_bytes, groups,
-                   check: bytes = b"", check_offset: int = 0) -> "ReadPlan":
-        """A plan of reads with no boundary program: one part of a sample read in parts."""
-        return cls.from_units(WindowPlan.reads_only(window_shape), dtype, False, file_off, dst_off, unit_bytes,
+                   check: bytes = b"", check_offset: int = 0, coded: bool = False) -> "ReadPlan":
+        """A plan of reads with no boundary program: one part of a sample read in parts (with
+        ``coded``, its units copied from a decoded chunk: offsets in the chunk's decoded bytes)."""
+        plan = cls.from_units(WindowPlan.reads_only(window_shape), dtype, False, file_off, dst_off, unit_bytes,
                               groups, check, check_offset)
+        if coded:
+            plan = dataclasses.replace(plan, coded=1)
+        return plan
+
+
+class Coder(NamedTuple):
+    """How a chunk's stored bytes decode (``Coder`` in codecs.h): the steps ``(codec id, arg)`` in
+    decode order (checksums, at most one decompressor, size-keeping steps), the decoded size, and a
+    missing chunk's value (one item in the stored byte order; empty: zeros)."""
+
+    steps: tuple[tuple[int, int], ...]
+    chunk_bytes: int
+    fill: bytes = b""
+
+    @property
+    def ids(self) -> list[int]:
+        return [int(s[0]) for s in self.steps]
+
+    @property
+    def args(self) -> list[int]:
+        return [int(s[1]) for s in self.steps]
+
+    def to_dict(self) -> dict:
+        return {"ids": self.ids, "args": self.args, "chunk_bytes": int(self.chunk_bytes), "fill": bytes(self.fill)}
 
 
 class PlanFile(NamedTuple):
@@ -294,7 +336,9 @@ class PlanFile(NamedTuple):
 
 class PlanPart(NamedTuple):
     """One read into a sample's window: the units of plan ``plan`` from file ``file``, at ``base``
-    added to every file offset, landing ``dst_base`` bytes into the window (a forecast's step)."""
+    added to every file offset, landing ``dst_base`` bytes into the window (a forecast's step). With
+    a coded plan, ``file`` is a chunk of :attr:`PlanSet.chunks` and ``base`` an offset into its
+    decoded bytes."""
 
     file: int
     plan: int
@@ -330,6 +374,12 @@ class PlanSet:
     # step would cost more than the reads it plans
     _item_words: np.ndarray = field(default_factory=lambda: _EMPTY, repr=False)
     _n_items: int = 0
+    coders: list[Coder] = field(default_factory=list)
+    _coder_index: dict = field(default_factory=dict, repr=False)
+    # the chunk table: per chunk (file, offset, stored bytes or -1 if missing, coder), and the
+    # index of each (file, offset) for chunks added twice
+    _chunk_rows: list = field(default_factory=list, repr=False)
+    _chunk_index: dict = field(default_factory=dict, repr=False)
 
     @property
     def window_shapes(self) -> list[tuple[int, ...]]:
@@ -380,19 +430,48 @@ class PlanSet:
             self.files.append(PlanFile(path, int(expected_size)))
         return idx
 
+    def add_coder(self, coder: Coder) -> int:
+        """The index of ``coder`` in :attr:`coders` (equal coders are stored once)."""
+        key = (tuple(map(tuple, coder.steps)), int(coder.chunk_bytes), bytes(coder.fill))
+        idx = self._coder_index.get(key)
+        if idx is None:
+            idx = self._coder_index[key] = len(self.coders)
+            self.coders.append(Coder(key[0], key[1], key[2]))
+        return idx
+
+    def add_chunk(self, file: int, offset: int, nbytes: int, coder: int) -> int:
+        """The index of the chunk stored at ``offset`` of file ``file`` (``nbytes`` stored bytes, -1:
+        never written) in the chunk table (added the first time)."""
+        key = (int(file), int(offset))
+        idx = self._chunk_index.get(key)
+        if idx is None:
+            idx = self._chunk_index[key] = len(self._chunk_rows)
+            self._chunk_rows.append((int(file), int(offset), int(nbytes), int(coder)))
+        return idx
+
+    @property
+    def chunks(self) -> list[tuple[int, int, int, int]]:
+        """The chunk table: ``(file, offset, stored bytes or -1, coder)`` per chunk."""
+        return list(self._chunk_rows)
+
     def sharing_tables(self, ndim: int) -> "PlanSet":
         """An empty plan set of ``ndim`` axes whose plan and file tables are this one's (the outputs
         of a forecast: input and target share the plans and files, each has its own items)."""
         out = PlanSet(self.dtype, ndim)
         out.plans, out.files, out._plan_index, out.file_index = self.plans, self.files, self._plan_index, \
             self.file_index
+        out.coders, out._coder_index, out._chunk_rows, out._chunk_index = self.coders, self._coder_index, \
+            self._chunk_rows, self._chunk_index
         return out
 
     def to_bytes(self) -> bytes:
         from dali_mesh import _kernels  # the checksum is the reader's own code
 
-        out = [PLAN_MAGIC, _word(len(self.plans)), _word(len(self.files)), _word(self.num_items)]
+        out = [PLAN_MAGIC, _word(len(self.plans)), _word(len(self.files)), _word(self.num_items),
+               _word(len(self.coders)), _word(len(self._chunk_rows))]
         out += [encode(_PLAN_FILE, PlanFile(os.fsencode(f.path), *f[1:])) for f in map(_plan_file, self.files)]
+        out += [encode(_CODER, c) for c in self.coders]
+        out.append(np.asarray(self._chunk_rows, np.int64).reshape(-1).astype("<i8").tobytes())
         out += [p.to_bytes() for p in self.plans]
         out.append(self._item_words.astype("<i8").tobytes())
         body = b"".join(out)

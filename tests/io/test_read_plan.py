@@ -40,6 +40,7 @@ def _expected_plan(wplan, dtype: np.dtype, fortran: bool, fo, do, ub, groups, ch
         "itemsize": dtype.itemsize,
         "swap_unit": 0 if dtype.isnative or dtype.itemsize == 1 else dtype.itemsize,
         "fortran": bool(fortran) and ndim > 1,
+        "coded": False,
         "shape": list(wplan.window_shape),
         "file_off": fo.tolist(),
         "dst_off": do.tolist(),
@@ -141,6 +142,8 @@ def test_a_plan_file_loads_as_it_was_encoded(tmp_path, case, items_as_words):
                   for f in plans.files],
         "parts": parts,
         "items": want_items,
+        "coders": [],
+        "chunks": [],
     }
     assert dump == want, f"seed {SEED}"
     # and the typed objects say the same as the reader (the JSON check aside, which it canonicalises)
@@ -274,7 +277,7 @@ def _as_dump(plan: ReadPlan) -> dict:
     gaps = [int(d["file_off"][u] - d["file_off"][u - 1] - d["unit_bytes"][u - 1])
             for b, e in zip(d["group_begin"], d["group_end"]) for u in range(b + 1, e)]
     axes = d.pop("axes")
-    return {**d, "ndim": plan.ndim, "fortran": bool(d["fortran"]), "max_gap": max(gaps, default=0),
+    return {**d, "ndim": plan.ndim, "fortran": bool(d["fortran"]), "coded": bool(d["coded"]), "max_gap": max(gaps, default=0),
             **{k: [a[k] for a in axes] for k in ("copy_dst", "copy_src", "fills")}}
 
 
@@ -303,7 +306,7 @@ def test_plan_checksum_of_cxx_equals_its_definition(tmp_path):
     plans.files.append(PlanFile(str(tmp_path / "data.bin"), 16))
     plans.items = [(0, [(0, 0, 0, 0)])]
     data = plans.to_bytes()
-    assert data[:8] == b"DMPLAN04"
+    assert data[:8] == b"DMPLAN05"
     assert _checksum(data[8:-8]) == data[-8:]
     with pytest.raises(_kernels.KernelsError, match="not a whole number of 8-byte words"):
         _kernels.plan_checksum(b"\0" * 12)

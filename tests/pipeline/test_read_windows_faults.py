@@ -743,7 +743,7 @@ def test_default_plans_are_sealed_in_memory_and_leave_no_file(tmp_path):
     fd = os.open(path, os.O_RDWR)
     try:
         with pytest.raises(PermissionError):
-            os.write(fd, b"DMPLAN04")  # sealed: F_SEAL_WRITE
+            os.write(fd, b"DMPLAN05")  # sealed: F_SEAL_WRITE
     finally:
         os.close(fd)
     assert plan.write() == path  # one memfd per distinct plan

@@ -26,8 +26,10 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
     dtype_ = spec.GetArgument<dali::DALIDataType>("dtype");
     task_bytes_ = std::max<int64_t>(4096, spec.GetArgument<int64_t>("task_bytes"));
     prefetch_ = spec.GetArgument<bool>("prefetch");
-    // a group larger than a task is read by several tasks (several threads)
-    for (auto &plan : plans_.plans) SplitLargeGroups(&plan, task_bytes_);
+    // a group larger than a task is read by several tasks (several threads); a coded plan's units
+    // are copied from a decoded chunk, not read
+    for (auto &plan : plans_.plans)
+      if (!plan.coded) SplitLargeGroups(&plan, task_bytes_);
     const int64_t size = dali::TypeTable::GetTypeInfo(dtype_).size();
     for (size_t p = 0; p < plans_.plans.size(); p++) {
       DALI_ENFORCE(plans_.plans[p].itemsize == size,
@@ -44,7 +46,9 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
     // the first file of each plan, named in messages about files that differ from it
     first_path_.assign(plans_.plans.size(), std::string());
     for (const auto &part : plans_.parts)
-      if (first_path_[part.plan].empty()) first_path_[part.plan] = plans_.files[part.file].path;
+      if (first_path_[part.plan].empty())
+        first_path_[part.plan] = plans_.files[plans_.plans[part.plan].coded ? plans_.chunks[part.file].file
+                                                                              : part.file].path;
   }
 
  protected:
@@ -117,22 +121,58 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
     // the byte ranges, in tasks of about task_bytes_ (large groups were split at load, so one large
     // sample uses every thread); a part that reads nothing (a Zarr array's metadata file) is one
     // task that only opens and checks its file
+    // compressed chunks: each chunk the batch needs is read and decoded once (one task), however
+    // many parts (forecast steps, halo boxes, samples) copy from it: coded_ holds (chunk, batch
+    // part) sorted by chunk, chunk_tasks_ the runs of one chunk
     tasks_.clear();
+    coded_.clear();
     for (int64_t j = 0; j < np; j++) {
-      const auto split = SplitGroups(plans_.plans[plans_.parts[batch_parts_[j].part].plan], task_bytes_);
+      const auto &part = plans_.parts[batch_parts_[j].part];
+      if (plans_.plans[part.plan].coded) {
+        coded_.push_back({part.file, j});
+        continue;
+      }
+      const auto split = SplitGroups(plans_.plans[part.plan], task_bytes_);
       if (split.empty()) tasks_.push_back({j, 0, 0});
       for (auto &g : split) tasks_.push_back({j, g.first, g.second});
     }
+    std::sort(coded_.begin(), coded_.end());
+    chunk_tasks_.clear();
+    for (size_t k = 0; k < coded_.size(); k++)
+      if (k == 0 || coded_[k].first != coded_[k - 1].first) chunk_tasks_.push_back(k);
+    const int64_t n_raw = tasks_.size(), n_chunk = chunk_tasks_.size();
+    chunk_tasks_.push_back(coded_.size());
     // 1: announce every range of the batch, so that cold reads of all files run at once
     if (prefetch_) {
-      run([&](int64_t j) {
-            const auto &part = plans_.parts[batch_parts_[j].part];
-            PrefetchPath(plans_.files[part.file].path, plans_.plans[part.plan], part.base);
+      run([&](int64_t t) {
+            if (t < np) {
+              const auto &part = plans_.parts[batch_parts_[t].part];
+              if (!plans_.plans[part.plan].coded)
+                PrefetchPath(plans_.files[part.file].path, plans_.plans[part.plan], part.base);
+              return;
+            }
+            const auto &ch = plans_.chunks[coded_[chunk_tasks_[t - np]].first];
+            PrefetchRange(plans_.files[ch.file].path, ch.offset, ch.nbytes);
           },
-          np, [&](int64_t) { return 0; });
+          np + n_chunk, [&](int64_t) { return 0; });
     }
-    // 2: per task: open and check the file (still what was planned for), read, close
+    // 2: per task: open and check the file (still what was planned for), read, close; or read and
+    // decode a chunk and copy every part's units out of it
     run([&](int64_t t) {
+          if (t >= n_raw) {
+            const int64_t b = chunk_tasks_[t - n_raw], e = chunk_tasks_[t - n_raw + 1];
+            const int64_t c = coded_[b].first;
+            const auto &first = plans_.parts[batch_parts_[coded_[b].second].part];
+            thread_local std::vector<char> stored, decoded;
+            decoded.resize(plans_.coders[plans_.chunks[c].coder].chunk_bytes);
+            ReadChunk(plans_, c, plans_.plans[first.plan], first_path_[first.plan], &stored, decoded.data());
+            for (int64_t k = b; k < e; k++) {
+              const auto &bp = batch_parts_[coded_[k].second];
+              const auto &part = plans_.parts[bp.part];
+              CopyUnits(plans_.plans[part.plan], decoded.data() + part.base, dsts_[bp.sample] + part.dst_base);
+            }
+            return;
+          }
           const auto &task = tasks_[t];
           const auto &bp = batch_parts_[task.part];
           const auto &part = plans_.parts[bp.part];
@@ -142,7 +182,10 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
           ReadGroups(file, plans_.plans[part.plan], part.base, task.g0, task.g1,
                      dsts_[bp.sample] + part.dst_base, &scratch);
         },
-        static_cast<int64_t>(tasks_.size()), [&](int64_t t) { return tasks_[t].g1 - tasks_[t].g0; });
+        n_raw + n_chunk, [&](int64_t t) {
+          if (t < n_raw) return tasks_[t].g1 - tasks_[t].g0;
+          return plans_.chunks[coded_[chunk_tasks_[t - n_raw]].first].nbytes;
+        });
     // 3: transpose and boundary fills (those of plans filled on the device are left to the GPU)
     run([&](int64_t i) {
           const int64_t f = items_[i].finish;
@@ -174,6 +217,8 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
   std::vector<char *> dsts_;
   std::vector<BatchPart> batch_parts_;
   std::vector<Task> tasks_;
+  std::vector<std::pair<int64_t, int64_t>> coded_;  // (chunk, index into batch_parts_)
+  std::vector<int64_t> chunk_tasks_;                 // runs of coded_ with one chunk, and the end
   // per plan: its boundary cells are filled on the device (the mixed operator), not on the host
   std::vector<uint8_t> device_fill_;
 };

@@ -1,0 +1,354 @@
+// dali_mesh: decoding compressed chunks (see codecs.h). The codecs are the libraries' own; this file
+// only checks sizes and strings the steps together. Each library is optional at build time
+// (DALI_MESH_HAVE_BLOSC2, _ZSTD, _LZ4, _ZLIB), so that a machine without one still builds.
+#include "kernels/codecs.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#ifdef DALI_MESH_HAVE_BLOSC2
+#include <blosc2.h>
+#endif
+#ifdef DALI_MESH_HAVE_ZSTD
+#include <zstd.h>
+#endif
+#ifdef DALI_MESH_HAVE_LZ4
+#include <lz4.h>
+#endif
+#ifdef DALI_MESH_HAVE_ZLIB
+#include <zlib.h>
+#endif
+
+namespace dali_mesh {
+
+namespace {
+
+bool IsDecompressor(int64_t id) {
+  return id == kCodecBlosc || id == kCodecZstd || id == kCodecLz4 || id == kCodecZlib || id == kCodecGzip;
+}
+
+bool IsChecksum(int64_t id) { return id == kCodecFletcher32; }
+
+std::string Num(int64_t v) { return std::to_string(v); }
+
+// ---- checksums -------------------------------------------------------------------------------------
+// HDF5's Fletcher-32 (H5_checksum_fletcher32 in H5checksum.c, as the fletcher32 filter applies it):
+// 16-bit big-endian words, sums reduced every 360 words; an odd last byte is the high byte of a word.
+uint32_t Fletcher32(const unsigned char *data, size_t n) {
+  size_t len = n / 2;
+  uint32_t sum1 = 0, sum2 = 0;
+  while (len) {
+    size_t tlen = len > 360 ? 360 : len;
+    len -= tlen;
+    do {
+      sum1 += static_cast<uint32_t>((static_cast<uint16_t>(data[0]) << 8) | data[1]);
+      data += 2;
+      sum2 += sum1;
+    } while (--tlen);
+    sum1 = (sum1 & 0xffff) + (sum1 >> 16);
+    sum2 = (sum2 & 0xffff) + (sum2 >> 16);
+  }
+  if (n % 2) {
+    sum1 += static_cast<uint32_t>(static_cast<uint16_t>(*data) << 8);
+    sum2 += sum1;
+    sum1 = (sum1 & 0xffff) + (sum1 >> 16);
+    sum2 = (sum2 & 0xffff) + (sum2 >> 16);
+  }
+  sum1 = (sum1 & 0xffff) + (sum1 >> 16);
+  sum2 = (sum2 & 0xffff) + (sum2 >> 16);
+  return (sum2 << 16) | sum1;
+}
+
+// ---- decompressors: each writes exactly `want` bytes or says why not --------------------------------
+#ifdef DALI_MESH_HAVE_BLOSC2
+struct BloscCtx {
+  blosc2_context *ctx = nullptr;
+  BloscCtx() {
+    static std::once_flag init;
+    std::call_once(init, [] { blosc2_init(); });
+    blosc2_dparams params = BLOSC2_DPARAMS_DEFAULTS;
+    params.nthreads = 1;  // DALI's threads decode chunks in parallel; Blosc's own stay idle
+    ctx = blosc2_create_dctx(params);
+  }
+  ~BloscCtx() {
+    if (ctx) blosc2_free_ctx(ctx);
+  }
+};
+
+std::string Blosc(const char *src, int64_t n, char *out, int64_t want) {
+  if (n < BLOSC_MIN_HEADER_LENGTH) return "a Blosc chunk of " + Num(n) + " bytes is shorter than its header";
+  int32_t nbytes = 0, cbytes = 0, blocksize = 0;
+  if (blosc2_cbuffer_sizes(src, &nbytes, &cbytes, &blocksize) < 0) return "not a Blosc chunk (bad header)";
+  if (nbytes != want)
+    return "its Blosc header declares " + Num(nbytes) + " decoded bytes, not the chunk's " + Num(want);
+  if (cbytes > n)
+    return "its Blosc header declares " + Num(cbytes) + " stored bytes but the chunk has " + Num(n);
+  thread_local BloscCtx ctx;
+  if (ctx.ctx == nullptr) return "c-blosc2 could not make a decompression context";
+  const int got = blosc2_decompress_ctx(ctx.ctx, src, static_cast<int32_t>(n), out, static_cast<int32_t>(want));
+  if (got < 0) return "c-blosc2 failed to decode it (error " + Num(got) + ")";
+  if (got != want) return "c-blosc2 decoded " + Num(got) + " bytes, not " + Num(want);
+  return "";
+}
+#endif
+
+#ifdef DALI_MESH_HAVE_ZSTD
+std::string Zstd(const char *src, int64_t n, char *out, int64_t want) {
+  // the first frame's declared size (a chunk is one frame as numcodecs and zarr write it; the size
+  // decoded from all frames is checked below)
+  const unsigned long long declared = ZSTD_getFrameContentSize(src, n);
+  if (declared == ZSTD_CONTENTSIZE_ERROR) return "not a zstd stream (bad frame header)";
+  if (declared != ZSTD_CONTENTSIZE_UNKNOWN && declared > static_cast<unsigned long long>(want))
+    return "its zstd frame declares " + std::to_string(declared) + " decoded bytes, more than the chunk's " +
+           Num(want);
+  struct Ctx {
+    ZSTD_DCtx *c = ZSTD_createDCtx();
+    ~Ctx() { ZSTD_freeDCtx(c); }
+  };
+  thread_local Ctx ctx;
+  const size_t got = ZSTD_decompressDCtx(ctx.c, out, want, src, n);
+  if (ZSTD_isError(got)) return std::string("libzstd failed to decode it (") + ZSTD_getErrorName(got) + ")";
+  if (static_cast<int64_t>(got) != want) return "libzstd decoded " + Num(got) + " bytes, not " + Num(want);
+  return "";
+}
+#endif
+
+#ifdef DALI_MESH_HAVE_LZ4
+std::string Lz4(const char *src, int64_t n, char *out, int64_t want) {
+  if (n < 4) return "an LZ4 chunk of " + Num(n) + " bytes is shorter than its 4-byte size header";
+  const auto *p = reinterpret_cast<const unsigned char *>(src);
+  const int64_t declared = int64_t(p[0]) | int64_t(p[1]) << 8 | int64_t(p[2]) << 16 | int64_t(p[3]) << 24;
+  if (declared != want)
+    return "its LZ4 header declares " + Num(declared) + " decoded bytes, not the chunk's " + Num(want);
+  if (want > LZ4_MAX_INPUT_SIZE || n - 4 > INT32_MAX) return "an LZ4 chunk larger than LZ4 blocks can be";
+  const int got = LZ4_decompress_safe(src + 4, out, static_cast<int>(n - 4), static_cast<int>(want));
+  if (got < 0) return "liblz4 failed to decode it (a corrupt block)";
+  if (got != want) return "liblz4 decoded " + Num(got) + " bytes, not " + Num(want);
+  return "";
+}
+#endif
+
+#ifdef DALI_MESH_HAVE_ZLIB
+// window_bits 15: a zlib stream; 31: a gzip member
+std::string Inflate(const char *src, int64_t n, char *out, int64_t want, int window_bits) {
+  const char *what = window_bits == 31 ? "gzip" : "zlib";
+  z_stream zs;
+  std::memset(&zs, 0, sizeof(zs));
+  if (inflateInit2(&zs, window_bits) != Z_OK) return std::string("zlib could not start a ") + what + " stream";
+  zs.next_in = reinterpret_cast<Bytef *>(const_cast<char *>(src));
+  zs.next_out = reinterpret_cast<Bytef *>(out);
+  // uInt counts: large chunks are fed in pieces
+  int64_t in_left = n, out_left = want;
+  int rc = Z_OK;
+  while (rc == Z_OK) {
+    const uInt in_now = static_cast<uInt>(std::min<int64_t>(in_left, 1 << 30));
+    const uInt out_now = static_cast<uInt>(std::min<int64_t>(out_left, 1 << 30));
+    zs.avail_in = in_now;
+    zs.avail_out = out_now;
+    rc = inflate(&zs, Z_NO_FLUSH);
+    in_left -= in_now - zs.avail_in;
+    out_left -= out_now - zs.avail_out;
+    if (rc == Z_BUF_ERROR && out_left == 0) break;  // output full, stream not ended: more than declared
+    if (rc == Z_BUF_ERROR && in_left == 0) break;   // input used up, stream not ended: truncated
+    if (rc == Z_BUF_ERROR) rc = Z_OK;               // a piece boundary: go on
+  }
+  inflateEnd(&zs);
+  if (rc == Z_STREAM_END) {
+    if (out_left != 0)
+      return std::string("its ") + what + " stream holds " + Num(want - out_left) + " bytes, not the chunk's " +
+             Num(want);
+    return "";
+  }
+  if (rc == Z_BUF_ERROR && out_left == 0)
+    return std::string("its ") + what + " stream holds more than the chunk's " + Num(want) + " bytes";
+  if (rc == Z_BUF_ERROR) return std::string("its ") + what + " stream is truncated";
+  return std::string("zlib failed to decode it (") + (zs.msg ? zs.msg : what) + ")";
+}
+#endif
+
+std::string Decompress(int64_t id, const char *src, int64_t n, char *out, int64_t want) {
+  switch (id) {
+#ifdef DALI_MESH_HAVE_BLOSC2
+    case kCodecBlosc: return Blosc(src, n, out, want);
+#endif
+#ifdef DALI_MESH_HAVE_ZSTD
+    case kCodecZstd: return Zstd(src, n, out, want);
+#endif
+#ifdef DALI_MESH_HAVE_LZ4
+    case kCodecLz4: return Lz4(src, n, out, want);
+#endif
+#ifdef DALI_MESH_HAVE_ZLIB
+    case kCodecZlib: return Inflate(src, n, out, want, 15);
+    case kCodecGzip: return Inflate(src, n, out, want, 31);
+#endif
+    default: return std::string(CodecName(id)) + " is not in this build (" + CodecLibrary(id) + " was not found)";
+  }
+}
+
+// HDF5's H5Z_filter_shuffle, reversed: byte j of element i was stored at j * count + i; the bytes
+// after the last whole element are stored as they are.
+void Unshuffle(const char *src, int64_t n, int64_t es, char *out) {
+  if (es <= 1 || n < es) {
+    std::memcpy(out, src, n);
+    return;
+  }
+  const int64_t count = n / es;
+  for (int64_t j = 0; j < es; j++) {
+    const char *s = src + j * count;
+    char *d = out + j;
+    for (int64_t i = 0; i < count; i++, d += es) *d = s[i];
+  }
+  std::memcpy(out + count * es, src + count * es, n - count * es);
+}
+
+}  // namespace
+
+const char *CodecName(int64_t id) {
+  switch (id) {
+    case kCodecBlosc: return "blosc";
+    case kCodecZstd: return "zstd";
+    case kCodecLz4: return "lz4";
+    case kCodecZlib: return "zlib";
+    case kCodecGzip: return "gzip";
+    case kCodecShuffle: return "shuffle";
+    case kCodecFletcher32: return "fletcher32";
+    default: return "an unknown codec";
+  }
+}
+
+const char *CodecLibrary(int64_t id) {
+  switch (id) {
+    case kCodecBlosc: return "c-blosc2";
+    case kCodecZstd: return "libzstd";
+    case kCodecLz4: return "liblz4";
+    case kCodecZlib: case kCodecGzip: return "zlib";
+    default: return "";
+  }
+}
+
+bool CodecAvailable(int64_t id) {
+  switch (id) {
+    case kCodecBlosc:
+#ifdef DALI_MESH_HAVE_BLOSC2
+      return true;
+#else
+      return false;
+#endif
+    case kCodecZstd:
+#ifdef DALI_MESH_HAVE_ZSTD
+      return true;
+#else
+      return false;
+#endif
+    case kCodecLz4:
+#ifdef DALI_MESH_HAVE_LZ4
+      return true;
+#else
+      return false;
+#endif
+    case kCodecZlib: case kCodecGzip:
+#ifdef DALI_MESH_HAVE_ZLIB
+      return true;
+#else
+      return false;
+#endif
+    case kCodecShuffle: case kCodecFletcher32: return true;
+    default: return false;
+  }
+}
+
+std::string CheckCoder(const Coder &coder) {
+  if (coder.chunk_bytes < 0) return "a negative chunk size";
+  int stage = 0;  // 0: checksums, 1: after the decompressor
+  for (const auto &s : coder.steps) {
+    if (!CodecAvailable(s.id)) {
+      if (IsDecompressor(s.id)) return std::string(CodecName(s.id)) + " is not in this build (" + CodecLibrary(s.id) + ")";
+      return "codec id " + Num(s.id) + " is unknown";
+    }
+    if (IsChecksum(s.id)) {
+      if (stage != 0) return "a checksum after the decompressor";
+    } else if (IsDecompressor(s.id)) {
+      if (stage != 0) return "two decompressors";
+      stage = 1;
+    } else if (s.id == kCodecShuffle) {
+      if (s.arg < 1 || s.arg > 1 << 20) return "shuffle element size " + Num(s.arg);
+      stage = 1;  // size-keeping: nothing but more size-keeping steps may follow
+    }
+  }
+  if (!coder.fill.empty() && coder.chunk_bytes % static_cast<int64_t>(coder.fill.size()))
+    return "a fill value of " + Num(coder.fill.size()) + " bytes for a chunk of " + Num(coder.chunk_bytes);
+  return "";
+}
+
+std::string DecodeChunk(const Coder &coder, const char *src, int64_t n, char *out) {
+  const int64_t want = coder.chunk_bytes;
+  // the stored bytes after the checksums, then the decompressor's output; `out` is the last step's
+  thread_local std::vector<char> tmp;
+  const char *cur = src;
+  int64_t size = n;
+  size_t k = 0;
+  for (; k < coder.steps.size() && IsChecksum(coder.steps[k].id); k++) {
+    if (size < 4) return "a chunk of " + Num(size) + " bytes has no room for its Fletcher-32 checksum";
+    size -= 4;
+    const auto *b = reinterpret_cast<const unsigned char *>(cur);
+    const uint32_t stored = uint32_t(b[size]) | uint32_t(b[size + 1]) << 8 | uint32_t(b[size + 2]) << 16 |
+                            uint32_t(b[size + 3]) << 24;
+    const uint32_t sum = Fletcher32(b, size);
+    // HDF5 accepts the sum with its bytes swapped in pairs too (written by old big-endian builds)
+    const uint32_t swapped = ((sum & 0x00ff00ffu) << 8) | ((sum & 0xff00ff00u) >> 8);
+    if (stored != sum && stored != swapped) return "its Fletcher-32 checksum does not match (the chunk is corrupt)";
+  }
+  // the steps left: [decompressor] then size-keeping steps, each into out or tmp so that the last
+  // one lands in out
+  const size_t left = coder.steps.size() - k;
+  if (left == 0) {
+    if (size != want) return "a chunk of " + Num(size) + " stored bytes, not the " + Num(want) + " of a raw chunk";
+    std::memcpy(out, cur, want);
+    return "";
+  }
+  for (size_t s = k; s < coder.steps.size(); s++) {
+    const CodecStep &step = coder.steps[s];
+    const bool last = s + 1 == coder.steps.size();
+    // the destination: out for the last step; else a buffer that is not the source
+    char *dst = out;
+    if (!last) {
+      if (cur == out) {
+        tmp.resize(want);
+        dst = tmp.data();
+      } else {
+        dst = out;
+      }
+    }
+    if (IsDecompressor(step.id)) {
+      std::string err = Decompress(step.id, cur, size, dst, want);
+      if (!err.empty()) return err;
+    } else {
+      if (size != want) return "a chunk of " + Num(size) + " bytes before " + CodecName(step.id) + ", not " + Num(want);
+      if (step.id == kCodecShuffle) {
+        if (cur == dst) {  // in place is not possible: copy the source aside
+          tmp.assign(cur, cur + size);
+          cur = tmp.data();
+        }
+        Unshuffle(cur, size, step.arg, dst);
+      }
+    }
+    cur = dst;
+    size = want;
+  }
+  return "";
+}
+
+void FillMissingChunk(const Coder &coder, char *out) {
+  const int64_t n = coder.chunk_bytes, es = coder.fill.size();
+  if (es == 0) {
+    std::memset(out, 0, n);
+    return;
+  }
+  for (int64_t i = 0; i + es <= n; i += es) std::memcpy(out + i, coder.fill.data(), es);
+}
+
+}  // namespace dali_mesh

@@ -1,0 +1,65 @@
+// dali_mesh: decoding one compressed chunk (Zarr v2/v3 compressors, HDF5 filter pipelines) into
+// exactly the chunk's bytes, with the codecs of well-kept libraries: c-blosc2 (Blosc1 and Blosc2
+// chunks), libzstd, liblz4, zlib. DALI-free, host only, thread-safe (per-thread contexts).
+//
+// A coder is a short program: checksum steps on the stored bytes (HDF5 Fletcher-32: verified and
+// stripped), at most one decompressor, then steps that keep the size (HDF5 byte shuffle). The
+// decompressor's output must be exactly the chunk's size: a stream that declares or yields another
+// size (a decompression bomb, a truncated or foreign stream) is an error, never a short or padded
+// chunk. Errors are returned as text (the caller names the file and chunk).
+#ifndef DALI_MESH_CODECS_H_
+#define DALI_MESH_CODECS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dali_mesh {
+
+// Codec ids as the plan file writes them (dali_mesh/io/read_plan.py CODECS mirrors this list).
+enum CodecId : int64_t {
+  kCodecBlosc = 1,       // Blosc1/Blosc2 chunk (numcodecs Blosc, Zarr v3 blosc); self-describing
+  kCodecZstd = 2,        // zstd frame(s)
+  kCodecLz4 = 3,         // numcodecs LZ4: 4-byte little-endian decoded size, then one LZ4 block
+  kCodecZlib = 4,        // zlib stream (numcodecs Zlib, HDF5 deflate)
+  kCodecGzip = 5,        // gzip member (numcodecs GZip, Zarr v3 gzip)
+  kCodecShuffle = 6,     // HDF5 byte shuffle, arg: element size
+  kCodecFletcher32 = 7,  // HDF5 Fletcher-32: the last 4 bytes checksum the others
+};
+
+struct CodecStep {
+  int64_t id = 0;
+  int64_t arg = 0;
+};
+
+struct Coder {
+  std::vector<CodecStep> steps;  // in decode order
+  int64_t chunk_bytes = 0;       // the decoded chunk's size
+  std::string fill;              // a missing chunk's value (one item, stored byte order); may be empty: zeros
+};
+
+// "" if `coder` is a program DecodeChunk runs (known codecs, checksums first, at most one
+// decompressor, size-keeping steps after it, arguments in range), else why not.
+std::string CheckCoder(const Coder &coder);
+
+// Whether this build has the library of codec `id` (c-blosc2, libzstd, liblz4, zlib are each
+// optional at build time; the planner then falls back, naming the missing library).
+bool CodecAvailable(int64_t id);
+
+// The codec's name as messages and the planner show it ("blosc", "zstd", ...).
+const char *CodecName(int64_t id);
+
+// The library that provides codec `id` ("c-blosc2", "libzstd", "liblz4", "zlib", "" for the
+// built-in steps), for messages about a build without it.
+const char *CodecLibrary(int64_t id);
+
+// Decodes the `n` stored bytes at `src` by `coder` into `out` (coder.chunk_bytes bytes). Returns ""
+// or why the chunk is bad (corrupt stream, wrong size, checksum mismatch). `src` is not changed.
+std::string DecodeChunk(const Coder &coder, const char *src, int64_t n, char *out);
+
+// Fills `out` (coder.chunk_bytes) with a missing chunk's value.
+void FillMissingChunk(const Coder &coder, char *out);
+
+}  // namespace dali_mesh
+
+#endif  // DALI_MESH_CODECS_H_
