@@ -45,7 +45,17 @@ from dali_mesh.io._common import (
 from dali_mesh.io._plan import fill_window, plan_window
 from dali_mesh.io.chunks import chunk_pieces, count_chunk_pieces, merge_pieces, piece_plans
 from dali_mesh.io.npy import StoredArray, plan_npy_reads
-from dali_mesh.io.read_plan import NotNativeError, PlanFile, PlanSet, ReadPlan, native_dtype_of, read_file_at
+from dali_mesh.io.read_plan import (
+    CODEC_LIBRARIES,
+    CODECS,
+    Coder,
+    NotNativeError,
+    PlanFile,
+    PlanSet,
+    ReadPlan,
+    native_dtype_of,
+    read_file_at,
+)
 from dali_mesh.partition import Region
 
 __all__ = ["open_hdf5_dataset", "only_dataset_name", "read_hdf5_window", "hdf5_sample_info"]
@@ -155,6 +165,11 @@ def open_hdf5_dataset(path: str | os.PathLike, name: str, *, random_access: bool
     except OSError as e:
         if fobj is not None:
             fobj.close()
+        classic = _netcdf3_kind(path)
+        if classic:
+            raise HeaderError(path, f"is a NetCDF3 file ({classic}), not NetCDF4/HDF5: the reader opens NetCDF4 "
+                              "files (which are HDF5) only; convert it (e.g. `nccopy -k nc4 IN OUT`, or xarray's "
+                              "to_netcdf(engine='h5netcdf'))") from None
         raise DataFileError(path, f"cannot be opened as HDF5 ({e}); is it an HDF5 file, and whole?") from None
     try:
         try:
@@ -181,6 +196,19 @@ def open_hdf5_dataset(path: str | os.PathLike, name: str, *, random_access: bool
             fobj.close()
         raise
     return f, obj
+
+
+_NETCDF3 = {b"CDF\x01": "classic format, CDF-1", b"CDF\x02": "64-bit offset format, CDF-2",
+            b"CDF\x05": "64-bit data format, CDF-5"}
+
+
+def _netcdf3_kind(path: str) -> str | None:
+    """The NetCDF3 format a file's magic names, or None."""
+    try:
+        with open(path, "rb") as f:
+            return _NETCDF3.get(f.read(4))
+    except OSError:
+        return None
 
 
 def only_dataset_name(path: str | os.PathLike) -> str:
@@ -374,17 +402,55 @@ def _check_chunk_lookups(ds, path, needed, offsets) -> None:
 
 
 def _chunk_offsets(ds) -> dict:
-    """``{chunk's first element: (byte offset, stored bytes)}`` of every chunk written. One pass over
-    the chunk index (``chunk_iter``): looking chunks up one by one costs time that grows with
-    their number, per lookup."""
+    """``{chunk's first element: (byte offset, stored bytes, filter mask)}`` of every chunk written.
+    One pass over the chunk index (``chunk_iter``): looking chunks up one by one costs time that
+    grows with their number, per lookup."""
     out = {}
     if hasattr(ds.id, "chunk_iter"):
-        ds.id.chunk_iter(lambda c: out.__setitem__(tuple(c.chunk_offset), (c.byte_offset, c.size)))
+        ds.id.chunk_iter(lambda c: out.__setitem__(tuple(c.chunk_offset), (c.byte_offset, c.size, c.filter_mask)))
         return out
     for i in range(ds.id.get_num_chunks()):  # pragma: no cover - HDF5 < 1.12.3
         c = ds.id.get_chunk_info(i)
-        out[tuple(c.chunk_offset)] = (c.byte_offset, c.size)
+        out[tuple(c.chunk_offset)] = (c.byte_offset, c.size, c.filter_mask)
     return out
+
+
+#: HDF5 filters the native reader applies (H5Z filter ids), as coder steps
+_FILTERS = {1: "zlib", 2: "shuffle", 3: "fletcher32"}
+_FILTER_NAMES = {1: "deflate", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit", 6: "scaleoffset",
+                 307: "bzip2", 32000: "lzf", 32001: "blosc", 32004: "lz4", 32008: "bitshuffle", 32015: "zstd"}
+
+
+def _hdf5_coder_steps(dcpl, path, name) -> tuple[tuple[int, int], ...] | None:
+    """The coder steps (decode order) of a dataset's filter pipeline, ``None`` without filters, or
+    :class:`NotNativeError` naming a filter the native reader does not apply (or an order it does
+    not run: the checksum must be the last filter, the compressor before it)."""
+    from dali_mesh import _kernels
+
+    n = dcpl.get_nfilters()
+    if not n:
+        return None
+    encode = []
+    for i in range(n):
+        code, _flags, values, fname = dcpl.get_filter(i)
+        label = _FILTER_NAMES.get(code, (fname.decode(errors="replace") if isinstance(fname, bytes) else str(fname))
+                                  or f"filter {code}")
+        if code not in _FILTERS:
+            raise NotNativeError(f"{path}: dataset {name!r} uses the HDF5 filter {label!r} (id {code}), which the "
+                                 "native reader does not apply; it is decoded by h5py in partitioned_source")
+        codec = _FILTERS[code]
+        if codec in CODEC_LIBRARIES and not _kernels.codec_available(CODECS[codec]):
+            raise NotNativeError(f"{path}: dataset {name!r} is {label}-compressed, but this build of the native "
+                                 f"reader has no {CODEC_LIBRARIES[codec]}; it is decoded by partitioned_source")
+        encode.append((CODECS[codec], int(values[0]) if codec == "shuffle" and len(values) else 0))
+    steps = tuple(reversed(encode))
+    kinds = ["check" if s[0] == CODECS["fletcher32"] else "zip" if s[0] == CODECS["zlib"] else "keep" for s in steps]
+    # checksums first, then at most one decompressor, then size-keeping steps (codecs.h CheckCoder)
+    if kinds != sorted(kinds, key=["check", "zip", "keep"].index) or kinds.count("zip") > 1 or \
+            any(s[0] == CODECS["shuffle"] and s[1] < 1 for s in steps):
+        raise NotNativeError(f"{path}: dataset {name!r} has its filters in an order the native reader does not run "
+                             f"({[_FILTER_NAMES[c] for c, _ in encode]}); it is decoded by partitioned_source")
+    return steps
 
 
 def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region, *, plans_of, budget,
@@ -407,9 +473,7 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
     f, ds = open_hdf5_dataset(path, name, **(h5_kwargs or {}))
     try:
         dcpl = ds.id.get_create_plist()
-        if dcpl.get_nfilters():
-            raise NotNativeError(f"{path}: dataset {name!r} is compressed or filtered "
-                                 f"({dcpl.get_nfilters()} filters); it is decoded by partitioned_source")
+        steps = _hdf5_coder_steps(dcpl, path, name)
         if ds.external or ds.is_virtual:
             raise NotNativeError(f"{path}: dataset {name!r} has external or virtual storage")
         if not os.path.samefile(ds.file.filename, path):
@@ -450,6 +514,11 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
         budget(locals_.size * count_chunk_pieces(wplan, chunks))  # before the pieces are made
         pieces = chunk_pieces(wplan, chunks, ds.dtype, merge_gap)
         offsets = _chunk_offsets(ds) if pieces else {}
+        if steps is not None:
+            coder = plans.add_coder(Coder(steps, chunk_bytes))
+            parts = _coded_parts(ds, path, plans, fidx, coder, pieces, offsets, locals_, chunks, st.st_size,
+                                 (check, check_at), shape)
+            return parts, finish, wplan
         first_chunk = l0 // ct
         chunk_ids = np.arange(first_chunk, (l1 - 1) // ct + 1, dtype=np.int64)
         parts = np.empty((locals_.size, len(pieces), 3), np.int64)
@@ -482,3 +551,41 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
         return parts, finish, wplan
     finally:
         f.close()
+
+
+def _coded_parts(ds, path, plans: PlanSet, fidx, coder, pieces, offsets, locals_, chunks, file_size, check, shape):
+    """The parts of a filtered dataset: one per box and chunk touched, reading from the chunk table
+    (each chunk's byte range from the chunk index, decoded once per batch however many parts use
+    it), its plan's units relative to the decoded chunk's first step, its base the step's place in
+    the chunk. A chunk never written, written with filters skipped, or lying past the end of the
+    file is :class:`NotNativeError`."""
+    ct = chunks[0]
+    step_stride = math.prod(chunks[1:]) * ds.dtype.itemsize
+    first_chunk = int(locals_[0]) // ct if locals_.size else 0
+    chunk_ids = range(first_chunk, (int(locals_[-1]) // ct + 1) if locals_.size else first_chunk)
+    parts = np.empty((locals_.size, len(pieces), 3), np.int64)
+    needed = []
+    for j, ((fo, do, ub, groups), coords) in enumerate(pieces):
+        pidx = plans.add_plan(ReadPlan.reads_only(shape, ds.dtype, fo, do, ub, groups, check[0], check[1], coded=True))
+        ids = np.empty(len(chunk_ids), np.int64)
+        for k, c in enumerate(chunk_ids):
+            coord = (c * ct,) + tuple(i * n for i, n in zip(coords, chunks[1:]))
+            info = offsets.get(coord)
+            if info is None or info[0] is None:
+                raise NotNativeError(f"{path}: chunk {coord} of dataset {ds.name} was never written (it reads as "
+                                     "fill values)")
+            offset, size, mask = info
+            if mask:
+                raise NotNativeError(f"{path}: chunk {coord} of dataset {ds.name} was written with filters skipped "
+                                     f"(filter mask {mask:#x}); it is decoded by h5py in partitioned_source")
+            if not (0 <= offset and 0 < size <= file_size - offset):
+                raise NotNativeError(f"{path}: chunk {coord} of dataset {ds.name} lies at bytes {offset}.."
+                                     f"{offset + size}, past the end of the file ({file_size} bytes): its chunk "
+                                     "index is corrupt or the file is truncated")
+            ids[k] = plans.add_chunk(fidx, offset, size, coder)
+            needed.append(coord)
+        parts[:, j, 0] = ids[locals_ // ct - first_chunk]
+        parts[:, j, 1] = pidx
+        parts[:, j, 2] = (locals_ % ct) * step_stride
+    _check_chunk_lookups(ds, path, needed, offsets)
+    return parts

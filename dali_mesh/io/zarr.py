@@ -30,7 +30,17 @@ from dali_mesh.io._common import (
 )
 from dali_mesh.io._plan import fill_window, plan_window
 from dali_mesh.io.chunks import chunk_coords, chunk_pieces, count_chunk_pieces, piece_plans
-from dali_mesh.io.read_plan import CHECK_JSON, NotNativeError, PlanSet, ReadPlan, native_dtype_of, read_file_at
+from dali_mesh.io.read_plan import (
+    CHECK_JSON,
+    CODEC_LIBRARIES,
+    CODECS,
+    Coder,
+    NotNativeError,
+    PlanSet,
+    ReadPlan,
+    native_dtype_of,
+    read_file_at,
+)
 from dali_mesh.partition import Region
 
 __all__ = ["open_zarr_array", "plan_zarr_steps", "read_zarr_window"]
@@ -209,25 +219,64 @@ def read_zarr_window(
 
 
 # ---- the native reader's plan ---------------------------------------------------------------------
-def _stored_dtype(arr, path) -> np.dtype:
-    """The dtype of the bytes in an uncompressed chunk file, or :class:`NotNativeError`."""
+#: Zarr v2 compressors (numcodecs ``codec_id``) and Zarr v3 bytes-to-bytes codecs the reader decodes
+_V2_COMPRESSORS = ("blosc", "zstd", "lz4", "zlib", "gzip")
+_V3_CODECS = {"BloscCodec": "blosc", "ZstdCodec": "zstd", "GzipCodec": "gzip"}
+
+
+def _codec_steps(name: str, path: str, arr) -> tuple[tuple[int, int], ...]:
+    """The coder steps of one decompressor, or :class:`NotNativeError` when this build lacks its library."""
+    from dali_mesh import _kernels
+
+    cid = CODECS[name]
+    if not _kernels.codec_available(cid):
+        raise NotNativeError(f"{path}: Zarr array {arr.path!r} is {name}-compressed, but this build of the native "
+                             f"reader has no {CODEC_LIBRARIES[name]} (it was not found when the plugin was built); "
+                             "it is decoded by partitioned_source")
+    return ((cid, 0),)
+
+
+def _zarr_coding(arr, path) -> tuple[np.dtype, tuple | None]:
+    """The dtype of a chunk's decoded bytes (its byte order as stored) and the coder steps that decode
+    a stored chunk (``None``: chunks are stored raw), or :class:`NotNativeError` naming what the
+    native reader does not decode (a filter, a codec, sharding, a transposition, Fortran order)."""
     md = arr.metadata
-    if md.zarr_format == 2:
-        if md.compressor is not None or md.filters:
-            raise NotNativeError(f"{path}: Zarr array {arr.path!r} is compressed or filtered; it is decoded by "
-                                 "partitioned_source")
-        if md.order != "C":
-            raise NotNativeError(f"{path}: Zarr array {arr.path!r} stores chunks in order {md.order!r}")
-        return np.dtype(arr.dtype)
-    codecs = list(md.codecs)
-    if len(codecs) != 1 or type(codecs[0]).__name__ != "BytesCodec" or type(md.chunk_grid).__name__ != "RegularChunkGrid":
-        raise NotNativeError(f"{path}: Zarr array {arr.path!r} has codecs {[type(c).__name__ for c in codecs]} "
-                             "(compression, sharding or transposition); it is decoded by partitioned_source")
-    endian = getattr(codecs[0].endian, "value", None)
     dtype = np.dtype(arr.dtype)
+    if md.zarr_format == 2:
+        if md.filters:
+            names = [getattr(f, "codec_id", type(f).__name__) for f in md.filters]
+            raise NotNativeError(f"{path}: Zarr array {arr.path!r} has filters {names}, which the native reader "
+                                 "does not apply; it is decoded by partitioned_source")
+        if md.order != "C":
+            raise NotNativeError(f"{path}: Zarr array {arr.path!r} stores chunks in order {md.order!r}; it is read "
+                                 "by partitioned_source")
+        if md.compressor is None:
+            return dtype, None
+        cid = getattr(md.compressor, "codec_id", type(md.compressor).__name__)
+        if cid not in _V2_COMPRESSORS:
+            raise NotNativeError(f"{path}: Zarr array {arr.path!r} has compressor {cid!r}, which the native reader "
+                                 f"does not decode (it decodes {', '.join(_V2_COMPRESSORS)}); it is decoded by "
+                                 "partitioned_source")
+        return dtype, _codec_steps(cid, path, arr)
+    names = [type(c).__name__ for c in md.codecs]
+    if type(md.chunk_grid).__name__ != "RegularChunkGrid" or not names or names[0] != "BytesCodec" or \
+            len(names) > 2 or (len(names) == 2 and names[1] not in _V3_CODECS):
+        raise NotNativeError(f"{path}: Zarr array {arr.path!r} has codecs {names}; the native reader decodes "
+                             f"bytes followed by at most one of {sorted(_V3_CODECS)} (no sharding, transposition "
+                             "or checksum yet); it is decoded by partitioned_source")
+    endian = getattr(md.codecs[0].endian, "value", None)
     if dtype.itemsize > 1 and endian in ("little", "big"):
         dtype = dtype.newbyteorder("<" if endian == "little" else ">")
-    return dtype
+    if len(names) == 1:
+        return dtype, None
+    return dtype, _codec_steps(_V3_CODECS[names[1]], path, arr)
+
+
+def _fill_bytes(arr, stored: np.dtype) -> bytes:
+    """A missing chunk's value as zarr-python reads it (``fill_value``; none: zeros), one item in the
+    stored byte order."""
+    fv = arr.metadata.fill_value
+    return np.asarray(0 if fv is None else fv).astype(stored).tobytes()
 
 
 def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region: Region, *, plans_of, budget,
@@ -245,7 +294,7 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     locals_ = np.arange(l0, l1, dtype=np.int64)
     arr = open_zarr_array(store, name)  # a local directory store (LocalStore) at `store`
     root = os.fspath(store)
-    stored = _stored_dtype(arr, store)
+    stored, steps = _zarr_coding(arr, store)
     plans: PlanSet = plans_of(native_dtype_of(stored, store))
     chunks = tuple(int(c) for c in arr.chunks)
     ct = chunks[0]
@@ -271,6 +320,10 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     meta_file = plans.add_file(meta)  # its size changes with its attributes: not checked
     budget(locals_.size * (1 + count_chunk_pieces(wplan, chunks)))  # before the pieces are made
     first_chunk = l0 // ct
+    if steps is not None:
+        coder = plans.add_coder(Coder(steps, chunk_bytes, _fill_bytes(arr, stored)))
+        return _coded_parts(arr, folder, plans, wplan, chunks, stored, coder, locals_, (meta_file, meta_plan),
+                            merge_gap), finish, wplan
     # the chunk files of the first step first: a store whose chunks were never written (a small
     # metadata file claiming a huge grid) falls back after a stat per chunk, not after planning all
     for coords in chunk_coords(wplan, chunks):
@@ -303,3 +356,41 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
         parts[:, 1 + j, 1] = pidx
         parts[:, 1 + j, 2] = (locals_ % ct) * step_stride
     return parts, finish, wplan
+
+
+def _coded_parts(arr, folder, plans: PlanSet, wplan, chunks, stored, coder: int, locals_, meta_part, merge_gap):
+    """The parts of compressed chunks: per step the metadata part, then one part per box and chunk
+    touched, reading from the chunk table (each chunk file once: its size; a missing one reads as
+    the fill value, and must still be missing when read)."""
+    ct = chunks[0]
+    step_stride = math.prod(chunks[1:]) * stored.itemsize
+    shape = wplan.window_shape
+    pieces = chunk_pieces(wplan, chunks, stored, merge_gap)
+    piece_ids = [plans.add_plan(ReadPlan.reads_only(shape, stored, fo, do, ub, groups, coded=True))
+                 for (fo, do, ub, groups), _ in pieces]
+    first_chunk = int(locals_[0]) // ct if locals_.size else 0
+    chunk_ids = range(first_chunk, (int(locals_[-1]) // ct + 1) if locals_.size else first_chunk)
+    parts = np.empty((locals_.size, 1 + len(pieces), 3), np.int64)
+    parts[:, 0] = (*meta_part, 0)
+    for j, ((_, coords), pidx) in enumerate(zip(pieces, piece_ids)):
+        ids = np.empty(len(chunk_ids), np.int64)
+        for k, c in enumerate(chunk_ids):
+            key = arr.metadata.encode_chunk_key((c,) + coords)
+            path = os.path.join(folder, *key.split("/"))
+            fidx = plans.file_index.get(path)
+            if fidx is None:
+                try:
+                    st = os.stat(path)
+                    if not stat.S_ISREG(st.st_mode):
+                        raise NotRegularFileError(path, f"Zarr key {key!r} is not a regular file; a store holds "
+                                                  "regular files only")
+                    size = st.st_size
+                except FileNotFoundError:
+                    size = -1
+                fidx = plans.add_file(path, size)
+            size = plans.files[fidx].expected_size
+            ids[k] = plans.add_chunk(fidx, 0, size, coder)
+        parts[:, 1 + j, 0] = ids[locals_ // ct - first_chunk]
+        parts[:, 1 + j, 1] = pidx
+        parts[:, 1 + j, 2] = (locals_ % ct) * step_stride
+    return parts
