@@ -79,14 +79,31 @@ struct BloscCtx {
   }
 };
 
-std::string Blosc(const char *src, int64_t n, char *out, int64_t want) {
+// `typesize`: the item size the chunk was shuffled with (numcodecs and Zarr v3 write the array's
+// item size), 0: any
+std::string Blosc(const char *src, int64_t n, char *out, int64_t want, int64_t typesize) {
   if (n < BLOSC_MIN_HEADER_LENGTH) return "a Blosc chunk of " + Num(n) + " bytes is shorter than its header";
   int32_t nbytes = 0, cbytes = 0, blocksize = 0;
   if (blosc2_cbuffer_sizes(src, &nbytes, &cbytes, &blocksize) < 0) return "not a Blosc chunk (bad header)";
   if (nbytes != want)
     return "its Blosc header declares " + Num(nbytes) + " decoded bytes, not the chunk's " + Num(want);
-  if (cbytes > n)
+  if (cbytes != n)
     return "its Blosc header declares " + Num(cbytes) + " stored bytes but the chunk has " + Num(n);
+  // Zarr's Blosc chunks are Blosc1 chunks (numcodecs writes them, for v2 and v3 alike): refuse the
+  // header fields c-blosc1 refuses (a newer format version, Blosc2-only flags), which c-blosc2
+  // would read as Blosc2 features of a corrupt chunk
+  const auto *h = reinterpret_cast<const unsigned char *>(src);
+  // the header's own block size (blosc2_cbuffer_sizes gives it clamped to the chunk's size)
+  blocksize = static_cast<int32_t>(uint32_t(h[8]) | uint32_t(h[9]) << 8 | uint32_t(h[10]) << 16 | uint32_t(h[11]) << 24);
+  if (h[0] < 1 || h[0] > 2) return "its Blosc header has format version " + Num(h[0]) + " (Blosc1 chunks have 1 or 2)";
+  // every Blosc1 compressor's stream format is version 1 (BLOSC_*_VERSION_FORMAT); c-blosc1 refuses others
+  if (typesize > 0 && h[3] != typesize)
+    return "its Blosc header has type size " + Num(h[3]) + ", not the array's item size " + Num(typesize);
+  if (!(h[2] & 0x02) && h[1] != 1) return "its Blosc header has compressor format version " + Num(h[1]);
+  if (blocksize <= 0 || blocksize > nbytes)
+    return "its Blosc header has block size " + Num(blocksize) + " for " + Num(nbytes) + " bytes";
+  if ((h[2] & 0x08) || (h[2] & 0x05) == 0x05)
+    return "its Blosc header has flags " + Num(h[2]) + " that Blosc1 chunks never have";
   thread_local BloscCtx ctx;
   if (ctx.ctx == nullptr) return "c-blosc2 could not make a decompression context";
   const int got = blosc2_decompress_ctx(ctx.ctx, src, static_cast<int32_t>(n), out, static_cast<int32_t>(want));
@@ -170,10 +187,10 @@ std::string Inflate(const char *src, int64_t n, char *out, int64_t want, int win
 }
 #endif
 
-std::string Decompress(int64_t id, const char *src, int64_t n, char *out, int64_t want) {
+std::string Decompress(int64_t id, int64_t arg, const char *src, int64_t n, char *out, int64_t want) {
   switch (id) {
 #ifdef DALI_MESH_HAVE_BLOSC2
-    case kCodecBlosc: return Blosc(src, n, out, want);
+    case kCodecBlosc: return Blosc(src, n, out, want, arg);
 #endif
 #ifdef DALI_MESH_HAVE_ZSTD
     case kCodecZstd: return Zstd(src, n, out, want);
@@ -273,6 +290,8 @@ std::string CheckCoder(const Coder &coder) {
       if (stage != 0) return "a checksum after the decompressor";
     } else if (IsDecompressor(s.id)) {
       if (stage != 0) return "two decompressors";
+      if (s.arg < 0 || (s.id == kCodecBlosc && s.arg > 255) || (s.id != kCodecBlosc && s.arg != 0))
+        return std::string(CodecName(s.id)) + " argument " + Num(s.arg);
       stage = 1;
     } else if (s.id == kCodecShuffle) {
       if (s.arg < 1 || s.arg > 1 << 20) return "shuffle element size " + Num(s.arg);
@@ -324,7 +343,7 @@ std::string DecodeChunk(const Coder &coder, const char *src, int64_t n, char *ou
       }
     }
     if (IsDecompressor(step.id)) {
-      std::string err = Decompress(step.id, cur, size, dst, want);
+      std::string err = Decompress(step.id, step.arg, cur, size, dst, want);
       if (!err.empty()) return err;
     } else {
       if (size != want) return "a chunk of " + Num(size) + " bytes before " + CodecName(step.id) + ", not " + Num(want);

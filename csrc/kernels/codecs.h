@@ -18,7 +18,7 @@ namespace dali_mesh {
 
 // Codec ids as the plan file writes them (dali_mesh/io/read_plan.py CODECS mirrors this list).
 enum CodecId : int64_t {
-  kCodecBlosc = 1,       // Blosc1/Blosc2 chunk (numcodecs Blosc, Zarr v3 blosc); self-describing
+  kCodecBlosc = 1,       // Blosc1 chunk (numcodecs Blosc, Zarr v3 blosc); arg: its type size (0: any)
   kCodecZstd = 2,        // zstd frame(s)
   kCodecLz4 = 3,         // numcodecs LZ4: 4-byte little-endian decoded size, then one LZ4 block
   kCodecZlib = 4,        // zlib stream (numcodecs Zlib, HDF5 deflate)

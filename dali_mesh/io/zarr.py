@@ -225,7 +225,9 @@ _V3_CODECS = {"BloscCodec": "blosc", "ZstdCodec": "zstd", "GzipCodec": "gzip"}
 
 
 def _codec_steps(name: str, path: str, arr) -> tuple[tuple[int, int], ...]:
-    """The coder steps of one decompressor, or :class:`NotNativeError` when this build lacks its library."""
+    """The coder steps of one decompressor (Blosc's argument: the type size its header must hold,
+    the array's item size, as numcodecs and Zarr v3 write it), or :class:`NotNativeError` when this
+    build lacks its library."""
     from dali_mesh import _kernels
 
     cid = CODECS[name]
@@ -233,7 +235,7 @@ def _codec_steps(name: str, path: str, arr) -> tuple[tuple[int, int], ...]:
         raise NotNativeError(f"{path}: Zarr array {arr.path!r} is {name}-compressed, but this build of the native "
                              f"reader has no {CODEC_LIBRARIES[name]} (it was not found when the plugin was built); "
                              "it is decoded by partitioned_source")
-    return ((cid, 0),)
+    return ((cid, np.dtype(arr.dtype).itemsize if name == "blosc" else 0),)
 
 
 def _zarr_coding(arr, path) -> tuple[np.dtype, tuple | None]:

@@ -93,7 +93,7 @@ def plan_windows(source, *, merge_gap: int = DEFAULT_MERGE_GAP) -> tuple[PlanSet
     native_plans = getattr(source, "native_plans", None)
     if native_plans is None:
         raise NotNativeError(f"{type(source).__name__} is not read natively (NumpySource, HDF5Source and "
-                             "ZarrSource are, for uncompressed data)")
+                             "ZarrSource are)")
     return tuple(native_plans(merge_gap))
 
 
