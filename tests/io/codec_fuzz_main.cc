@@ -1,0 +1,55 @@
+// dali_mesh: the codec fuzz harness (tests/io/test_codec_fuzz.py builds it with AddressSanitizer and
+// UndefinedBehaviorSanitizer and runs it over a corpus of corrupted chunks). Reads records from
+// the file argv[1]: little-endian int64 n_steps, ids[n_steps], args[n_steps], chunk_bytes, n, then
+// n bytes; decodes each (csrc/kernels/codecs.h) from a buffer of exactly n bytes (so that a read
+// past the chunk is a heap overflow the sanitizer reports) and prints one line per record:
+// "ok <FNV-1a of the output>" or "err <reason>".
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/codecs.h"
+
+int main(int argc, char **argv) {
+  if (argc != 2) return 2;
+  std::ifstream in(argv[1], std::ios::binary);
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t pos = 0;
+  auto word = [&](int64_t *v) {
+    if (pos + 8 > data.size()) return false;
+    std::memcpy(v, data.data() + pos, 8);
+    pos += 8;
+    return true;
+  };
+  while (pos < data.size()) {
+    int64_t n_steps = 0, chunk_bytes = 0, n = 0;
+    if (!word(&n_steps) || n_steps < 0 || n_steps > 16) return 3;
+    dali_mesh::Coder coder;
+    std::vector<int64_t> ids(n_steps), args(n_steps);
+    for (auto &v : ids)
+      if (!word(&v)) return 3;
+    for (auto &v : args)
+      if (!word(&v)) return 3;
+    for (int64_t k = 0; k < n_steps; k++) coder.steps.push_back({ids[k], args[k]});
+    if (!word(&chunk_bytes) || !word(&n) || n < 0 || pos + n > data.size()) return 3;
+    coder.chunk_bytes = chunk_bytes;
+    std::unique_ptr<char[]> src(new char[n ? n : 1]), out(new char[chunk_bytes > 0 ? chunk_bytes : 1]);
+    std::memcpy(src.get(), data.data() + pos, n);
+    pos += n;
+    std::string why = dali_mesh::CheckCoder(coder);
+    if (why.empty()) why = dali_mesh::DecodeChunk(coder, src.get(), n, out.get());
+    if (!why.empty()) {
+      std::printf("err %s\n", why.c_str());
+      continue;
+    }
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t i = 0; i < chunk_bytes; i++) h = (h ^ static_cast<unsigned char>(out[i])) * 1099511628211ull;
+    std::printf("ok %016llx\n", static_cast<unsigned long long>(h));
+  }
+  return 0;
+}
