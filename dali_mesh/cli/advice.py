@@ -268,16 +268,38 @@ class LayoutTarget:
             worst = max(worst, chunked_cold_bytes(plan, chunks, self.dtype.itemsize, (0,)) / needed)
         return worst
 
+    def native_path(self, layout: Layout) -> str:
+        """Which reader ``read_windows`` takes for this file with ``layout`` (its first sample planned,
+        as the pipeline would plan it), and why: one line."""
+        from dali_mesh.io.read_plan import NotNativeError  # noqa: PLC0415
+        from dali_mesh.pipeline.native import plan_source  # noqa: PLC0415
+
+        try:
+            plans = plan_source(self.source(layout))
+        except NotNativeError as e:
+            return f"reader: partitioned_source (the native reader falls back: {e})"
+        except (OSError, ValueError, RuntimeError) as e:  # e.g. no kernels library in this install
+            return f"reader: not checked ({type(e).__name__}: {e})"
+        from dali_mesh.io.read_plan import CODECS  # noqa: PLC0415
+
+        names = {v: k for k, v in CODECS.items()}
+        used = sorted({names.get(i, str(i)) for c in plans.coders for i in c.ids})
+        return "reader: native (read_windows)" + (f", decoding {'+'.join(used)} chunks on DALI's threads, each "
+                                                  "chunk once per batch" if used else "")
+
+    def source(self, layout: Layout):  # pragma: no cover - per format
+        raise NotImplementedError
+
     def summary(self, layout: Layout) -> list[str]:
         """Lines after the table: totals, the worst rank, and a chunk shape when the ratio is high."""
         needed, cold = self._totals
         if not needed:
-            return [f"{self.path}: the windows read nothing from storage"]
+            return [f"{self.path}: the windows read nothing from storage", self.native_path(layout)]
         worst, rank = self._worst
         what = {"npy": ".npy file", "hdf5": "HDF5 dataset", "zarr": "Zarr array"}[self.kind]
         layout_text = "contiguous" if self.chunks is None else f"chunks {self.chunks}"
         lines = [f"cold read of one sample per rank: {cold / needed:.2f}x the window bytes in all "
-                 f"({what} {self.path}, {layout_text}); worst rank {rank}: {worst:.2f}x"]
+                 f"({what} {self.path}, {layout_text}); worst rank {rank}: {worst:.2f}x", self.native_path(layout)]
         if worst > ADVICE_RATIO:
             chunks, note = chunk_advice(layout, self.sample_shape, self.dtype.itemsize)
             after = self.chunked_ratio(layout, chunks)
@@ -306,6 +328,11 @@ class _NpyTarget(LayoutTarget):
         super().__init__(path, self.header.shape, self.header.native_dtype, None, ())
         # the reader reads the first 512 bytes, then the rest of the header if it is longer
         self.header_bytes = max(min(512, self.header.file_size), self.header.data_offset)
+
+    def source(self, layout: Layout):
+        from dali_mesh.source import NumpySource  # noqa: PLC0415
+
+        return NumpySource([self.path], layout, batch_size=1, shuffle=False)
 
     def _cold(self, plan: WindowPlan) -> int:
         from dali_mesh.io.npy import count_npy_units, plan_npy_reads  # noqa: PLC0415
@@ -352,6 +379,11 @@ class _HDF5Target(LayoutTarget):
         finally:
             f.close()
 
+    def source(self, layout: Layout):
+        from dali_mesh.source import HDF5Source  # noqa: PLC0415
+
+        return HDF5Source([self.path], self.name, layout, batch_size=1, shuffle=False, time_range=(0, 1))
+
     def _cold(self, plan: WindowPlan) -> int:
         itemsize = self.dtype.itemsize
         if self.chunks is None:  # contiguous: HDF5 reads the hyperslab's byte runs
@@ -370,12 +402,18 @@ class _ZarrTarget(LayoutTarget):
         from dali_mesh.io.zarr import open_zarr_array  # noqa: PLC0415
 
         arr = open_zarr_array(path, name)
+        self._name = name
         if arr.ndim < 2:
             raise UsageError(f"{path}: array {name or '/'} has shape {arr.shape}: samples lie along axis 0, so it "
                              "needs at least 2 axes")
         self._root = os.path.join(path, arr.path) if arr.path else path
         self._metadata = arr.metadata
         super().__init__(path, tuple(arr.shape[1:]), np.dtype(arr.dtype).newbyteorder("="), tuple(arr.chunks), (0,))
+
+    def source(self, layout: Layout):
+        from dali_mesh.source import ZarrSource  # noqa: PLC0415
+
+        return ZarrSource([self.path], self._name, layout, batch_size=1, shuffle=False, time_range=(0, 1))
 
     def _chunk_size(self, idx) -> int:
         key = self._metadata.encode_chunk_key(tuple(idx))

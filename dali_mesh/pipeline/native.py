@@ -36,10 +36,18 @@ touched written                         other share one plan (one part per step,
 ``ZarrSource`` v2/v3, uncompressed,     native; one part per chunk file touched (plans shared
 local store, every chunk touched        by all steps, as above), then one finishing plan
 written                                 (boundary cells)
-forecasts of the two above              native; one operator per output (input, target), each
+``ZarrSource`` v2 compressed (Blosc,    native; each chunk the batch needs is read whole and
+Zstd, LZ4, Zlib, GZip; order C), v3     decoded once on DALI's threads (c-blosc2, libzstd,
+``bytes`` + blosc/zstd/gzip; chunks     liblz4, zlib), every part copies its units out of
+never written read as the fill value    the decoded chunk (byte swap as above)
+``HDF5Source`` (and NetCDF4) chunked    native, the same way; chunk byte ranges from one pass
+with deflate, shuffle, Fletcher-32      over the chunk index; Fletcher-32 verified
+forecasts of the above                  native; one operator per output (input, target), each
                                         step a part at its place in the stacked window
-everything else (``direct=True``,       ``partitioned_source`` (a one-line log says why)
-compressed HDF5 or Zarr, sharded Zarr,
+everything else (``direct=True``,       ``partitioned_source`` (a one-line log says why,
+other filters and codecs (Zarr          naming the filter, codec or missing library)
+filters, LZF, szip, sharded or
+transposed v3, crc32c, order F), HDF5
 chunks never written, forecasts with
 per-sample shapes, more than
 ``MAX_NATIVE_SAMPLES`` samples or

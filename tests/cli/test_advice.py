@@ -218,3 +218,21 @@ def test_plan_data_on_a_tiny_file_claiming_a_huge_grid_is_one_line_quickly(tmp_p
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and words in err, err
+
+
+@pytest.mark.parametrize("filters,expect", [
+    (None, r"reader: native \(read_windows\), decoding blosc chunks on DALI's threads, each chunk once per batch"),
+    ("delta", r"reader: partitioned_source \(the native reader falls back: .* has filters \['delta'\].*"),
+])
+def test_plan_data_says_which_reader_and_why(tmp_path, capsys, filters, expect):
+    zarr = pytest.importorskip("zarr")
+    numcodecs = pytest.importorskip("numcodecs")
+    import re
+
+    path = str(tmp_path / "c.zarr")
+    z = zarr.create_array(path, shape=(2, 3, 32, 16), chunks=(1, 3, 8, 16), dtype="f4", zarr_format=2,
+                          compressors=numcodecs.Blosc(), filters=[numcodecs.Delta("f4")] if filters else None)
+    z[:] = np.arange(z.size, dtype="f4").reshape(z.shape)
+    assert main(["plan", "--data", path, "--mesh", "mp=4", "--shard", "mp=1"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("reader: ")]
+    assert len(lines) == 1 and re.fullmatch(expect, lines[0]), lines
