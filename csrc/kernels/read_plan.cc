@@ -404,7 +404,7 @@ PlanSet LoadPlanSet(const std::string &path) {
       ch.nbytes = w[4 * c + 2];
       ch.coder = w[4 * c + 3];
       if (ch.file < 0 || ch.file >= n_files || ch.coder < 0 || ch.coder >= n_coders || ch.offset < 0 ||
-          ch.nbytes < -1 || (ch.nbytes > 0 && ch.offset > INT64_MAX - ch.nbytes))
+          ch.nbytes < -2 || (ch.nbytes > 0 && ch.offset > INT64_MAX - ch.nbytes))
         r.Bad("chunk " + std::to_string(c));
     }
   }
@@ -518,9 +518,10 @@ void OpenFile::Open(const PlanFile &file, const ReadPlan &plan, const std::strin
   if (file.expected_mtime_ns >= 0) {
     const int64_t mtime = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
     if (mtime != file.expected_mtime_ns)
-      Fail(path_ + ": the file was modified since the plan was made (an HDF5 file rewritten in place "
-           "may hold another dataset at the planned address, with a byte-identical header); define "
-           "the pipeline again");
+      Fail(path_ + ": the file was modified since the plan was made (the plan holds where its data "
+           "lay then: an HDF5 file rewritten in place may hold another dataset at the planned address, "
+           "with a byte-identical header; a Zarr shard its chunks at other offsets); define the "
+           "pipeline again");
   }
 }
 
@@ -586,11 +587,26 @@ void CopyUnits(const ReadPlan &plan, const char *src, char *dst) {
   SwapUnits(plan, 0, n, dst);
 }
 
+bool TakesWholeChunk(const ReadPlan &plan, int64_t base, int64_t chunk_bytes) {
+  return plan.coded && base == 0 && plan.file_off.size() == 1 && plan.file_off[0] == 0 &&
+         plan.unit_bytes[0] == chunk_bytes;
+}
+
+void SwapPlanUnits(const ReadPlan &plan, char *dst) { SwapUnits(plan, 0, plan.file_off.size(), dst); }
+
 void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const std::string &first_path,
                std::vector<char> *stored, char *decoded) {
   const PlanChunk &ch = set.chunks[c];
   const Coder &coder = set.coders[ch.coder];
   const PlanFile &pf = set.files[ch.file];
+  if (ch.nbytes == -2) {
+    // an inner chunk a shard's index lists as never written: the shard file must still be the one
+    // whose index was read (its size and modification time are checked), then the fill value
+    OpenFile file;
+    file.Open(pf, check_plan, first_path);
+    FillMissingChunk(coder, decoded);
+    return;
+  }
   if (ch.nbytes < 0) {
     // never written when planned: it must still be missing (a chunk written since is data the plan
     // does not know, not fill values)

@@ -70,7 +70,8 @@ struct PlanFile {
 
 // A compressed chunk: `nbytes` stored bytes at `offset` of file `file`, decoded by coder `coder`
 // (PlanSet::coders). nbytes -1: the chunk was never written (Zarr: its file is missing, and must
-// still be missing when read); it reads as the coder's fill value.
+// still be missing when read); -2: an inner chunk that its shard's index (read when planned) lists
+// as never written (the shard file is checked as any file); both read as the coder's fill value.
 struct PlanChunk {
   int64_t file = 0, offset = 0, nbytes = 0, coder = 0;
 };
@@ -150,6 +151,13 @@ void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const 
 // Copies the units of the coded plan `plan` from the decoded chunk at `src` (the part's base
 // added) into `dst` and byte-swaps them if the plan says so.
 void CopyUnits(const ReadPlan &plan, const char *src, char *dst);
+
+// Whether the coded plan `plan`, at `base` in a decoded chunk of `chunk_bytes`, takes the whole
+// chunk as one unit: the chunk may then be decoded straight into the window (no scratch, no copy).
+bool TakesWholeChunk(const ReadPlan &plan, int64_t base, int64_t chunk_bytes);
+
+// Byte-swaps the units of `plan` in `dst` (its window) if the plan says so.
+void SwapPlanUnits(const ReadPlan &plan, char *dst);
 
 // Announces `nbytes` at `offset` of `path` to the kernel (POSIX_FADV_WILLNEED), as PrefetchPath.
 void PrefetchRange(const std::string &path, int64_t offset, int64_t nbytes);

@@ -440,9 +440,10 @@ class PlanSet:
         return idx
 
     def add_chunk(self, file: int, offset: int, nbytes: int, coder: int) -> int:
-        """The index of the chunk stored at ``offset`` of file ``file`` (``nbytes`` stored bytes, -1:
-        never written) in the chunk table (added the first time)."""
-        key = (int(file), int(offset))
+        """The index of the chunk stored at ``offset`` of file ``file`` (``nbytes`` stored bytes; -1: the
+        file was never written; -2: a shard's index lists it as never written) in the chunk table
+        (added the first time)."""
+        key = (int(file), int(offset), int(nbytes))
         idx = self._chunk_index.get(key)
         if idx is None:
             idx = self._chunk_index[key] = len(self._chunk_rows)

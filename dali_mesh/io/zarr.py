@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import stat
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from dali_mesh.io._plan import fill_window, plan_window
 from dali_mesh.io.chunks import chunk_coords, chunk_pieces, count_chunk_pieces, piece_plans
 from dali_mesh.io.read_plan import (
     CHECK_JSON,
+    PlanFile,
     CODEC_LIBRARIES,
     CODECS,
     Coder,
@@ -238,10 +239,35 @@ def _codec_steps(name: str, path: str, arr) -> tuple[tuple[int, int], ...]:
     return ((cid, np.dtype(arr.dtype).itemsize if name == "blosc" else 0),)
 
 
-def _zarr_coding(arr, path) -> tuple[np.dtype, tuple | None]:
-    """The dtype of a chunk's decoded bytes (its byte order as stored) and the coder steps that decode
-    a stored chunk (``None``: chunks are stored raw), or :class:`NotNativeError` naming what the
-    native reader does not decode (a filter, a codec, sharding, a transposition, Fortran order)."""
+class _Coding(NamedTuple):
+    """How an array's chunks are stored: the dtype of a chunk's decoded bytes (its byte order as
+    stored), the coder steps that decode a stored chunk (``None``: stored raw), and, for a sharded
+    v3 array, the shard shape and where its index lies (``None``: chunks are files)."""
+
+    stored: np.dtype
+    steps: tuple | None
+    shard: tuple[int, ...] | None = None
+    index_at_end: bool = True
+    index_crc: bool = False
+
+
+def _v3_codecs(codecs, path, arr, what: str) -> tuple[np.dtype, tuple | None]:
+    """The stored dtype and coder steps of a v3 codec list ``bytes`` [+ one compressor]."""
+    names = [type(c).__name__ for c in codecs]
+    if not names or names[0] != "BytesCodec" or len(names) > 2 or (len(names) == 2 and names[1] not in _V3_CODECS):
+        raise NotNativeError(f"{path}: Zarr array {arr.path!r} has {what} {names}; the native reader decodes bytes "
+                             f"followed by at most one of {sorted(_V3_CODECS)} (no transposition or checksum yet), "
+                             "in a shard or not; it is decoded by partitioned_source")
+    dtype = np.dtype(arr.dtype)
+    endian = getattr(codecs[0].endian, "value", None)
+    if dtype.itemsize > 1 and endian in ("little", "big"):
+        dtype = dtype.newbyteorder("<" if endian == "little" else ">")
+    return dtype, (None if len(names) == 1 else _codec_steps(_V3_CODECS[names[1]], path, arr))
+
+
+def _zarr_coding(arr, path) -> _Coding:
+    """How ``arr``'s chunks are stored (:class:`_Coding`), or :class:`NotNativeError` naming what the
+    native reader does not decode (a filter, a codec, a transposition, Fortran order)."""
     md = arr.metadata
     dtype = np.dtype(arr.dtype)
     if md.zarr_format == 2:
@@ -253,25 +279,30 @@ def _zarr_coding(arr, path) -> tuple[np.dtype, tuple | None]:
             raise NotNativeError(f"{path}: Zarr array {arr.path!r} stores chunks in order {md.order!r}; it is read "
                                  "by partitioned_source")
         if md.compressor is None:
-            return dtype, None
+            return _Coding(dtype, None)
         cid = getattr(md.compressor, "codec_id", type(md.compressor).__name__)
         if cid not in _V2_COMPRESSORS:
             raise NotNativeError(f"{path}: Zarr array {arr.path!r} has compressor {cid!r}, which the native reader "
                                  f"does not decode (it decodes {', '.join(_V2_COMPRESSORS)}); it is decoded by "
                                  "partitioned_source")
-        return dtype, _codec_steps(cid, path, arr)
+        return _Coding(dtype, _codec_steps(cid, path, arr))
+    if type(md.chunk_grid).__name__ != "RegularChunkGrid":
+        raise NotNativeError(f"{path}: Zarr array {arr.path!r} has chunk grid {type(md.chunk_grid).__name__}; it is "
+                             "read by partitioned_source")
     names = [type(c).__name__ for c in md.codecs]
-    if type(md.chunk_grid).__name__ != "RegularChunkGrid" or not names or names[0] != "BytesCodec" or \
-            len(names) > 2 or (len(names) == 2 and names[1] not in _V3_CODECS):
-        raise NotNativeError(f"{path}: Zarr array {arr.path!r} has codecs {names}; the native reader decodes "
-                             f"bytes followed by at most one of {sorted(_V3_CODECS)} (no sharding, transposition "
-                             "or checksum yet); it is decoded by partitioned_source")
-    endian = getattr(md.codecs[0].endian, "value", None)
-    if dtype.itemsize > 1 and endian in ("little", "big"):
-        dtype = dtype.newbyteorder("<" if endian == "little" else ">")
-    if len(names) == 1:
-        return dtype, None
-    return dtype, _codec_steps(_V3_CODECS[names[1]], path, arr)
+    if names == ["ShardingCodec"]:
+        sc = md.codecs[0]
+        stored, steps = _v3_codecs(sc.codecs, path, arr, "inner codecs")
+        index = [type(c).__name__ for c in sc.index_codecs]
+        little = getattr(getattr(sc.index_codecs[0], "endian", None), "value", None) == "little" if index else False
+        if index not in (["BytesCodec"], ["BytesCodec", "Crc32cCodec"]) or not little:
+            raise NotNativeError(f"{path}: Zarr array {arr.path!r} has shard index codecs {index}; the native reader "
+                                 "reads a little-endian index with or without crc32c; it is read by partitioned_source")
+        # a coder without steps copies a raw inner chunk (sizes checked) out of the shard
+        return _Coding(stored, steps or (), tuple(int(n) for n in md.chunk_grid.chunk_shape),
+                       getattr(sc.index_location, "value", sc.index_location) == "end", len(index) == 2)
+    stored, steps = _v3_codecs(md.codecs, path, arr, "codecs")
+    return _Coding(stored, steps)
 
 
 def _fill_bytes(arr, stored: np.dtype) -> bytes:
@@ -296,7 +327,8 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     locals_ = np.arange(l0, l1, dtype=np.int64)
     arr = open_zarr_array(store, name)  # a local directory store (LocalStore) at `store`
     root = os.fspath(store)
-    stored, steps = _zarr_coding(arr, store)
+    coding = _zarr_coding(arr, store)
+    stored, steps = coding.stored, coding.steps
     plans: PlanSet = plans_of(native_dtype_of(stored, store))
     chunks = tuple(int(c) for c in arr.chunks)
     ct = chunks[0]
@@ -324,7 +356,9 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     first_chunk = l0 // ct
     if steps is not None:
         coder = plans.add_coder(Coder(steps, chunk_bytes, _fill_bytes(arr, stored)))
-        return _coded_parts(arr, folder, plans, wplan, chunks, stored, coder, locals_, (meta_file, meta_plan),
+        chunk_of = _ShardIndex(arr, folder, plans, coding, chunks, coder) if coding.shard else \
+            _chunk_files(arr, folder, plans, coder)
+        return _coded_parts(plans, wplan, chunks, stored, chunk_of, locals_, (meta_file, meta_plan),
                             merge_gap), finish, wplan
     # the chunk files of the first step first: a store whose chunks were never written (a small
     # metadata file claiming a huge grid) falls back after a stat per chunk, not after planning all
@@ -360,10 +394,120 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     return parts, finish, wplan
 
 
-def _coded_parts(arr, folder, plans: PlanSet, wplan, chunks, stored, coder: int, locals_, meta_part, merge_gap):
+def _chunk_files(arr, folder, plans: PlanSet, coder: int):
+    """``chunk_of(chunk coordinates)``: the chunk table entry of a chunk stored as its own file (its
+    size: one stat per chunk file; a missing one reads as the fill value and must still be missing
+    when read)."""
+
+    def chunk_of(coords) -> int:
+        key = arr.metadata.encode_chunk_key(tuple(coords))
+        path = os.path.join(folder, *key.split("/"))
+        fidx = plans.file_index.get(path)
+        if fidx is None:
+            fidx = plans.add_file(path, _stored_size(path, key))
+        return plans.add_chunk(fidx, 0, plans.files[fidx].expected_size, coder)
+
+    return chunk_of
+
+
+def _stored_size(path: str, key: str) -> int:
+    """The size of a chunk or shard file, -1 when it is missing; a key that is not a regular file is
+    :class:`NotRegularFileError` (a FIFO would block a reader)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return -1
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegularFileError(path, f"Zarr key {key!r} is not a regular file; a store holds regular files only")
+    return st.st_size
+
+
+def _coords(k: int, shape) -> tuple[int, ...]:
+    """The coordinates of inner chunk ``k`` (C order) of a shard of ``shape`` inner chunks."""
+    return tuple(int(i) for i in np.unravel_index(k, shape))
+
+
+class _ShardIndex:
+    """``chunk_of(inner chunk coordinates)`` of a sharded v3 array: each shard's index is read once
+    (its crc32c verified with google-crc32c, zarr's own dependency) and kept in the plan as the
+    inner chunks' byte ranges; the shard file's size and modification time are checked at every
+    read (a rewritten shard may hold its chunks elsewhere). A missing shard reads as the fill value;
+    an index that points past the shard or lists overlapping chunks is a :class:`HeaderError`
+    naming the shard and the chunk."""
+
+    def __init__(self, arr, folder, plans: PlanSet, coding: _Coding, inner, coder: int):
+        self.arr, self.folder, self.plans, self.coder = arr, folder, plans, coder
+        self.ratio = tuple(s // c for s, c in zip(coding.shard, inner))
+        if any(s % c for s, c in zip(coding.shard, inner)):
+            raise NotNativeError(f"{folder}: shard shape {coding.shard} is not a multiple of the chunk shape {inner}")
+        self.at_end, self.crc = coding.index_at_end, coding.index_crc
+        self.n = math.prod(self.ratio)
+        self.index: dict = {}
+
+    def _read_index(self, shard: tuple[int, ...]):
+        key = self.arr.metadata.encode_chunk_key(shard)
+        path = os.path.join(self.folder, *key.split("/"))
+        size = _stored_size(path, key)
+        if size < 0:
+            return path, None, None
+        st = os.stat(path)
+        fidx = self.plans.file_index.get(path)
+        if fidx is None:
+            fidx = self.plans.file_index[path] = len(self.plans.files)
+            self.plans.files.append(PlanFile(path, st.st_size, st.st_mtime_ns))
+        nbytes = 16 * self.n + 4 * self.crc
+        if size < nbytes:
+            raise HeaderError(path, f"shard {key!r} is {size} bytes, smaller than its index ({nbytes} bytes)")
+        raw = read_file_at(path, size - nbytes if self.at_end else 0, nbytes)
+        if self.crc:
+            import google_crc32c
+
+            want = int.from_bytes(raw[-4:], "little")
+            if google_crc32c.value(raw[:-4]) != want:
+                raise HeaderError(path, f"shard {key!r}: its index's crc32c does not match (the shard is corrupt)")
+        table = np.frombuffer(raw[:16 * self.n], "<u8").reshape(self.n, 2)
+        missing = (table[:, 0] == 2**64 - 1) & (table[:, 1] == 2**64 - 1)
+        lo = 0 if self.at_end else nbytes
+        hi = size - nbytes if self.at_end else size
+        present = np.flatnonzero(~missing)
+        offs, lens = table[present, 0], table[present, 1]
+        bad = (offs < lo) | (lens > hi) | (offs > hi - np.minimum(lens, hi))
+        if bad.any():
+            k = int(present[np.argmax(bad)])
+            raise HeaderError(path, f"shard {key!r}: its index puts inner chunk {_coords(k, self.ratio)} at "
+                              f"bytes {int(table[k, 0])}..{int(table[k, 0]) + int(table[k, 1])}, outside the shard's "
+                              f"data (bytes {lo}..{hi}): the shard is corrupt")
+        order = np.argsort(offs, kind="stable")
+        ends = offs[order] + lens[order]
+        overlap = np.flatnonzero(offs[order][1:] < ends[:-1])
+        if overlap.size:
+            a, b = (int(present[order[i]]) for i in (overlap[0], overlap[0] + 1))
+            raise HeaderError(path, f"shard {key!r}: its index lists inner chunks {_coords(a, self.ratio)} "
+                              f"and {_coords(b, self.ratio)} over the same bytes: the shard is corrupt")
+        return path, fidx, table
+
+    def __call__(self, coords) -> int:
+        shard = tuple(c // r for c, r in zip(coords, self.ratio))
+        got = self.index.get(shard)
+        if got is None:
+            got = self.index[shard] = self._read_index(shard)
+        path, fidx, table = got
+        if table is None:  # the whole shard was never written
+            fidx = self.plans.file_index.get(path)
+            if fidx is None:
+                fidx = self.plans.add_file(path, -1)
+            return self.plans.add_chunk(fidx, 0, -1, self.coder)
+        k = int(np.ravel_multi_index(tuple(c % r for c, r in zip(coords, self.ratio)), self.ratio))
+        off, ln = int(table[k, 0]), int(table[k, 1])
+        if off == 2**64 - 1 and ln == 2**64 - 1:
+            return self.plans.add_chunk(fidx, 0, -2, self.coder)  # the inner chunk was never written
+        return self.plans.add_chunk(fidx, off, ln, self.coder)
+
+
+def _coded_parts(plans: PlanSet, wplan, chunks, stored, chunk_of, locals_, meta_part, merge_gap):
     """The parts of compressed chunks: per step the metadata part, then one part per box and chunk
-    touched, reading from the chunk table (each chunk file once: its size; a missing one reads as
-    the fill value, and must still be missing when read)."""
+    touched, reading from the chunk table (``chunk_of(chunk coordinates)`` gives a chunk's entry),
+    its plan shared by every step, its base the step's place in the decoded chunk."""
     ct = chunks[0]
     step_stride = math.prod(chunks[1:]) * stored.itemsize
     shape = wplan.window_shape
@@ -375,23 +519,7 @@ def _coded_parts(arr, folder, plans: PlanSet, wplan, chunks, stored, coder: int,
     parts = np.empty((locals_.size, 1 + len(pieces), 3), np.int64)
     parts[:, 0] = (*meta_part, 0)
     for j, ((_, coords), pidx) in enumerate(zip(pieces, piece_ids)):
-        ids = np.empty(len(chunk_ids), np.int64)
-        for k, c in enumerate(chunk_ids):
-            key = arr.metadata.encode_chunk_key((c,) + coords)
-            path = os.path.join(folder, *key.split("/"))
-            fidx = plans.file_index.get(path)
-            if fidx is None:
-                try:
-                    st = os.stat(path)
-                    if not stat.S_ISREG(st.st_mode):
-                        raise NotRegularFileError(path, f"Zarr key {key!r} is not a regular file; a store holds "
-                                                  "regular files only")
-                    size = st.st_size
-                except FileNotFoundError:
-                    size = -1
-                fidx = plans.add_file(path, size)
-            size = plans.files[fidx].expected_size
-            ids[k] = plans.add_chunk(fidx, 0, size, coder)
+        ids = np.asarray([chunk_of((c,) + coords) for c in chunk_ids], np.int64)
         parts[:, 1 + j, 0] = ids[locals_ // ct - first_chunk]
         parts[:, 1 + j, 1] = pidx
         parts[:, 1 + j, 2] = (locals_ % ct) * step_stride

@@ -263,15 +263,16 @@ def test_zarr_uncompressed(tmp_path, fmt, endian):
     assert n == len(src) == 8  # 7 steps, padded to whole batches
 
 
-def test_sharded_zarr_is_not_native(tmp_path):
+def test_transposed_zarr_is_not_native(tmp_path):
     zarr = pytest.importorskip("zarr")
     from dali_mesh.source import ZarrSource
 
     p = str(tmp_path / "c.zarr")
-    z = zarr.create_array(p, shape=(4, 6, 6), chunks=(1, 3, 3), shards=(2, 6, 6), dtype="f4")
+    z = zarr.create_array(p, shape=(4, 6, 6), chunks=(1, 3, 3), dtype="f4",
+                          filters=[zarr.codecs.TransposeCodec(order=(0, 2, 1))])
     z[:] = 1
     src = ZarrSource([p], None, Layout(mesh_of((1, 2), (0, 0)), shard={"m0": 1}), batch_size=1)
-    with pytest.raises(native.NotNativeError, match="ShardingCodec"):
+    with pytest.raises(native.NotNativeError, match="TransposeCodec"):
         native.plan_source(src)
 
 

@@ -164,8 +164,18 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
             const int64_t c = coded_[b].first;
             const auto &first = plans_.parts[batch_parts_[coded_[b].second].part];
             thread_local std::vector<char> stored, decoded;
-            decoded.resize(plans_.coders[plans_.chunks[c].coder].chunk_bytes);
-            ReadChunk(plans_, c, plans_.plans[first.plan], first_path_[first.plan], &stored, decoded.data());
+            const int64_t chunk_bytes = plans_.coders[plans_.chunks[c].coder].chunk_bytes;
+            const ReadPlan &first_plan = plans_.plans[first.plan];
+            if (e - b == 1 && TakesWholeChunk(first_plan, first.base, chunk_bytes)) {
+              // the chunk is the part's whole window (chunks that follow the shards): decoded
+              // straight into it
+              char *dst = dsts_[batch_parts_[coded_[b].second].sample] + first.dst_base + first_plan.dst_off[0];
+              ReadChunk(plans_, c, first_plan, first_path_[first.plan], &stored, dst);
+              SwapPlanUnits(first_plan, dsts_[batch_parts_[coded_[b].second].sample] + first.dst_base);
+              return;
+            }
+            decoded.resize(chunk_bytes);
+            ReadChunk(plans_, c, first_plan, first_path_[first.plan], &stored, decoded.data());
             for (int64_t k = b; k < e; k++) {
               const auto &bp = batch_parts_[coded_[k].second];
               const auto &part = plans_.parts[bp.part];
