@@ -22,13 +22,24 @@
 #ifdef DALI_MESH_HAVE_ZLIB
 #include <zlib.h>
 #endif
+#ifdef DALI_MESH_HAVE_LZF
+#include <lzf.h>
+#endif
+#ifdef DALI_MESH_HAVE_SZIP
+extern "C" {  // libaec's szlib.h declares C functions without a C++ guard
+#include <szlib.h>
+}
+#endif
+#include <cerrno>
+#include <climits>
 
 namespace dali_mesh {
 
 namespace {
 
 bool IsDecompressor(int64_t id) {
-  return id == kCodecBlosc || id == kCodecZstd || id == kCodecLz4 || id == kCodecZlib || id == kCodecGzip;
+  return id == kCodecBlosc || id == kCodecZstd || id == kCodecLz4 || id == kCodecZlib || id == kCodecGzip ||
+         id == kCodecLzf || id == kCodecSzip;
 }
 
 bool IsChecksum(int64_t id) { return id == kCodecFletcher32; }
@@ -187,6 +198,40 @@ std::string Inflate(const char *src, int64_t n, char *out, int64_t want, int win
 }
 #endif
 
+#ifdef DALI_MESH_HAVE_LZF
+std::string Lzf(const char *src, int64_t n, char *out, int64_t want) {
+  if (n > UINT_MAX || want > UINT_MAX) return "an LZF chunk larger than liblzf takes";
+  errno = 0;
+  const unsigned got = lzf_decompress(src, static_cast<unsigned>(n), out, static_cast<unsigned>(want));
+  if (got == 0 && want > 0) {
+    if (errno == E2BIG) return "its LZF stream holds more than the chunk's " + Num(want) + " bytes";
+    return "liblzf failed to decode it (a corrupt stream)";
+  }
+  if (static_cast<int64_t>(got) != want) return "its LZF stream holds " + Num(got) + " bytes, not the chunk's " + Num(want);
+  return "";
+}
+#endif
+
+#ifdef DALI_MESH_HAVE_SZIP
+std::string Szip(const char *src, int64_t n, char *out, int64_t want, int64_t arg) {
+  if (n < 4) return "an szip chunk of " + Num(n) + " bytes is shorter than its 4-byte size header";
+  const auto *p = reinterpret_cast<const unsigned char *>(src);
+  const int64_t declared = int64_t(p[0]) | int64_t(p[1]) << 8 | int64_t(p[2]) << 16 | int64_t(p[3]) << 24;
+  if (declared != want)
+    return "its szip header declares " + Num(declared) + " decoded bytes, not the chunk's " + Num(want);
+  SZ_com_t params;
+  params.options_mask = static_cast<int>(arg & 0xffff);
+  params.pixels_per_block = static_cast<int>((arg >> 16) & 0xff);
+  params.bits_per_pixel = static_cast<int>((arg >> 24) & 0xff);
+  params.pixels_per_scanline = static_cast<int>((arg >> 32) & 0xffffffff);
+  size_t got = static_cast<size_t>(want);
+  const int rc = SZ_BufftoBuffDecompress(out, &got, src + 4, static_cast<size_t>(n - 4), &params);
+  if (rc != SZ_OK) return "libaec failed to decode it (szip error " + Num(rc) + ")";
+  if (static_cast<int64_t>(got) != want) return "libaec decoded " + Num(got) + " bytes, not " + Num(want);
+  return "";
+}
+#endif
+
 std::string Decompress(int64_t id, int64_t arg, const char *src, int64_t n, char *out, int64_t want) {
   switch (id) {
 #ifdef DALI_MESH_HAVE_BLOSC2
@@ -201,6 +246,12 @@ std::string Decompress(int64_t id, int64_t arg, const char *src, int64_t n, char
 #ifdef DALI_MESH_HAVE_ZLIB
     case kCodecZlib: return Inflate(src, n, out, want, 15);
     case kCodecGzip: return Inflate(src, n, out, want, 31);
+#endif
+#ifdef DALI_MESH_HAVE_LZF
+    case kCodecLzf: return Lzf(src, n, out, want);
+#endif
+#ifdef DALI_MESH_HAVE_SZIP
+    case kCodecSzip: return Szip(src, n, out, want, arg);
 #endif
     default: return std::string(CodecName(id)) + " is not in this build (" + CodecLibrary(id) + " was not found)";
   }
@@ -233,6 +284,8 @@ const char *CodecName(int64_t id) {
     case kCodecGzip: return "gzip";
     case kCodecShuffle: return "shuffle";
     case kCodecFletcher32: return "fletcher32";
+    case kCodecLzf: return "lzf";
+    case kCodecSzip: return "szip";
     default: return "an unknown codec";
   }
 }
@@ -243,6 +296,8 @@ const char *CodecLibrary(int64_t id) {
     case kCodecZstd: return "libzstd";
     case kCodecLz4: return "liblz4";
     case kCodecZlib: case kCodecGzip: return "zlib";
+    case kCodecLzf: return "liblzf";
+    case kCodecSzip: return "libaec";
     default: return "";
   }
 }
@@ -273,6 +328,18 @@ bool CodecAvailable(int64_t id) {
 #else
       return false;
 #endif
+    case kCodecLzf:
+#ifdef DALI_MESH_HAVE_LZF
+      return true;
+#else
+      return false;
+#endif
+    case kCodecSzip:
+#ifdef DALI_MESH_HAVE_SZIP
+      return true;
+#else
+      return false;
+#endif
     case kCodecShuffle: case kCodecFletcher32: return true;
     default: return false;
   }
@@ -290,7 +357,8 @@ std::string CheckCoder(const Coder &coder) {
       if (stage != 0) return "a checksum after the decompressor";
     } else if (IsDecompressor(s.id)) {
       if (stage != 0) return "two decompressors";
-      if (s.arg < 0 || (s.id == kCodecBlosc && s.arg > 255) || (s.id != kCodecBlosc && s.arg != 0))
+      if (s.arg < 0 || (s.id == kCodecBlosc && s.arg > 255) ||
+          (s.id != kCodecBlosc && s.id != kCodecSzip && s.arg != 0))
         return std::string(CodecName(s.id)) + " argument " + Num(s.arg);
       stage = 1;
     } else if (s.id == kCodecShuffle) {

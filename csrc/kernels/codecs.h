@@ -1,6 +1,6 @@
 // dali_mesh: decoding one compressed chunk (Zarr v2/v3 compressors, HDF5 filter pipelines) into
-// exactly the chunk's bytes, with the codecs of well-kept libraries: c-blosc2 (Blosc1 and Blosc2
-// chunks), libzstd, liblz4, zlib. DALI-free, host only, thread-safe (per-thread contexts).
+// exactly the chunk's bytes, with the codecs of well-kept libraries: c-blosc2 (Blosc1 chunks),
+// libzstd, liblz4, zlib, liblzf, libaec (szip). DALI-free, host only, thread-safe (per-thread contexts).
 //
 // A coder is a short program: checksum steps on the stored bytes (HDF5 Fletcher-32: verified and
 // stripped), at most one decompressor, then steps that keep the size (HDF5 byte shuffle). The
@@ -25,6 +25,10 @@ enum CodecId : int64_t {
   kCodecGzip = 5,        // gzip member (numcodecs GZip, Zarr v3 gzip)
   kCodecShuffle = 6,     // HDF5 byte shuffle, arg: element size
   kCodecFletcher32 = 7,  // HDF5 Fletcher-32: the last 4 bytes checksum the others
+  kCodecLzf = 8,         // HDF5 LZF (h5py's filter 32000): one LZF stream
+  kCodecSzip = 9,        // HDF5 szip: 4-byte little-endian decoded size, then the stream (libaec);
+                         // arg: options_mask | pixels_per_block << 16 | bits_per_pixel << 24 |
+                         // pixels_per_scanline << 32 (the filter's parameters)
 };
 
 struct CodecStep {

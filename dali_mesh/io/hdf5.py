@@ -416,15 +416,16 @@ def _chunk_offsets(ds) -> dict:
 
 
 #: HDF5 filters the native reader applies (H5Z filter ids), as coder steps
-_FILTERS = {1: "zlib", 2: "shuffle", 3: "fletcher32"}
+_FILTERS = {1: "zlib", 2: "shuffle", 3: "fletcher32", 4: "szip", 32000: "lzf"}
 _FILTER_NAMES = {1: "deflate", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit", 6: "scaleoffset",
                  307: "bzip2", 32000: "lzf", 32001: "blosc", 32004: "lz4", 32008: "bitshuffle", 32015: "zstd"}
+_DECOMPRESSORS = ("zlib", "lzf", "szip")
 
 
-def _hdf5_coder_steps(dcpl, path, name) -> tuple[tuple[int, int], ...] | None:
-    """The coder steps (decode order) of a dataset's filter pipeline, ``None`` without filters, or
-    :class:`NotNativeError` naming a filter the native reader does not apply (or an order it does
-    not run: the checksum must be the last filter, the compressor before it)."""
+def _hdf5_filters(dcpl, path, name) -> tuple[tuple[str, int, int], ...] | None:
+    """A dataset's filter pipeline in encode order as ``(label, codec id, arg)``, ``None`` without
+    filters, or :class:`NotNativeError` naming a filter the native reader does not apply (or whose
+    library this build lacks)."""
     from dali_mesh import _kernels
 
     n = dcpl.get_nfilters()
@@ -442,14 +443,31 @@ def _hdf5_coder_steps(dcpl, path, name) -> tuple[tuple[int, int], ...] | None:
         if codec in CODEC_LIBRARIES and not _kernels.codec_available(CODECS[codec]):
             raise NotNativeError(f"{path}: dataset {name!r} is {label}-compressed, but this build of the native "
                                  f"reader has no {CODEC_LIBRARIES[codec]}; it is decoded by partitioned_source")
-        encode.append((CODECS[codec], int(values[0]) if codec == "shuffle" and len(values) else 0))
-    steps = tuple(reversed(encode))
-    kinds = ["check" if s[0] == CODECS["fletcher32"] else "zip" if s[0] == CODECS["zlib"] else "keep" for s in steps]
+        arg = 0
+        if codec == "shuffle":
+            arg = int(values[0]) if len(values) else 0
+        elif codec == "szip":  # options mask, pixels per block, bits per pixel, pixels per scanline
+            if len(values) < 4:
+                raise NotNativeError(f"{path}: dataset {name!r}: szip filter parameters {tuple(values)} are incomplete")
+            mask, ppb, bpp, pps = (int(v) for v in values[:4])
+            arg = mask | ppb << 16 | bpp << 24 | pps << 32
+        encode.append((label, CODECS[codec], arg))
+    return tuple(encode)
+
+
+def _coder_steps(encode, mask: int, path, name) -> tuple[tuple[int, int], ...]:
+    """The coder steps (decode order) of the filters ``encode`` that chunk filter mask ``mask`` did
+    not skip (bit i set: filter i was not applied, as HDF5 records for an optional filter that
+    failed, e.g. LZF on incompressible data), or :class:`NotNativeError` when the checksum is not the
+    last filter applied, or the compressor not just before it."""
+    steps = tuple((cid, arg) for i, (_, cid, arg) in reversed(list(enumerate(encode))) if not mask >> i & 1)
+    zips = {CODECS[c] for c in _DECOMPRESSORS}
+    kinds = ["check" if c == CODECS["fletcher32"] else "zip" if c in zips else "keep" for c, _ in steps]
     # checksums first, then at most one decompressor, then size-keeping steps (codecs.h CheckCoder)
     if kinds != sorted(kinds, key=["check", "zip", "keep"].index) or kinds.count("zip") > 1 or \
-            any(s[0] == CODECS["shuffle"] and s[1] < 1 for s in steps):
+            any(c == CODECS["shuffle"] and a < 1 for c, a in steps):
         raise NotNativeError(f"{path}: dataset {name!r} has its filters in an order the native reader does not run "
-                             f"({[_FILTER_NAMES[c] for c, _ in encode]}); it is decoded by partitioned_source")
+                             f"({[label for label, _, _ in encode]}); it is decoded by partitioned_source")
     return steps
 
 
@@ -473,7 +491,9 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
     f, ds = open_hdf5_dataset(path, name, **(h5_kwargs or {}))
     try:
         dcpl = ds.id.get_create_plist()
-        steps = _hdf5_coder_steps(dcpl, path, name)
+        filters = _hdf5_filters(dcpl, path, name)
+        if filters is not None:
+            _coder_steps(filters, 0, path, name)  # the pipeline runs as a whole
         if ds.external or ds.is_virtual:
             raise NotNativeError(f"{path}: dataset {name!r} has external or virtual storage")
         if not os.path.samefile(ds.file.filename, path):
@@ -514,9 +534,11 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
         budget(locals_.size * count_chunk_pieces(wplan, chunks))  # before the pieces are made
         pieces = chunk_pieces(wplan, chunks, ds.dtype, merge_gap)
         offsets = _chunk_offsets(ds) if pieces else {}
-        if steps is not None:
-            coder = plans.add_coder(Coder(steps, chunk_bytes))
-            parts = _coded_parts(ds, path, plans, fidx, coder, pieces, offsets, locals_, chunks, st.st_size,
+        if filters is not None:
+            def coder_of(mask: int) -> int:
+                return plans.add_coder(Coder(_coder_steps(filters, mask, path, name), chunk_bytes))
+
+            parts = _coded_parts(ds, path, plans, fidx, coder_of, pieces, offsets, locals_, chunks, st.st_size,
                                  (check, check_at), shape)
             return parts, finish, wplan
         first_chunk = l0 // ct
@@ -553,12 +575,13 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
         f.close()
 
 
-def _coded_parts(ds, path, plans: PlanSet, fidx, coder, pieces, offsets, locals_, chunks, file_size, check, shape):
+def _coded_parts(ds, path, plans: PlanSet, fidx, coder_of, pieces, offsets, locals_, chunks, file_size, check,
+                 shape):
     """The parts of a filtered dataset: one per box and chunk touched, reading from the chunk table
     (each chunk's byte range from the chunk index, decoded once per batch however many parts use
-    it), its plan's units relative to the decoded chunk's first step, its base the step's place in
-    the chunk. A chunk never written, written with filters skipped, or lying past the end of the
-    file is :class:`NotNativeError`."""
+    it, by the coder of its filter mask, ``coder_of(mask)``), its plan's units relative to the
+    decoded chunk's first step, its base the step's place in the chunk. A chunk never written or
+    lying past the end of the file is :class:`NotNativeError`."""
     ct = chunks[0]
     step_stride = math.prod(chunks[1:]) * ds.dtype.itemsize
     first_chunk = int(locals_[0]) // ct if locals_.size else 0
@@ -575,14 +598,11 @@ def _coded_parts(ds, path, plans: PlanSet, fidx, coder, pieces, offsets, locals_
                 raise NotNativeError(f"{path}: chunk {coord} of dataset {ds.name} was never written (it reads as "
                                      "fill values)")
             offset, size, mask = info
-            if mask:
-                raise NotNativeError(f"{path}: chunk {coord} of dataset {ds.name} was written with filters skipped "
-                                     f"(filter mask {mask:#x}); it is decoded by h5py in partitioned_source")
             if not (0 <= offset and 0 < size <= file_size - offset):
                 raise NotNativeError(f"{path}: chunk {coord} of dataset {ds.name} lies at bytes {offset}.."
                                      f"{offset + size}, past the end of the file ({file_size} bytes): its chunk "
                                      "index is corrupt or the file is truncated")
-            ids[k] = plans.add_chunk(fidx, offset, size, coder)
+            ids[k] = plans.add_chunk(fidx, offset, size, coder_of(int(mask)))
             needed.append(coord)
         parts[:, j, 0] = ids[locals_ // ct - first_chunk]
         parts[:, j, 1] = pidx

@@ -48,9 +48,10 @@ PLAN_MAGIC = b"DMPLAN05"
 #: ``zarr.json``), compared whole in canonical form (``kCheckJson`` in read_plan.h).
 CHECK_JSON = -1
 #: codec ids of the plan file (``CodecId`` in csrc/kernels/codecs.h), by name
-CODECS = {"blosc": 1, "zstd": 2, "lz4": 3, "zlib": 4, "gzip": 5, "shuffle": 6, "fletcher32": 7}
+CODECS = {"blosc": 1, "zstd": 2, "lz4": 3, "zlib": 4, "gzip": 5, "shuffle": 6, "fletcher32": 7, "lzf": 8, "szip": 9}
 #: the library that decodes each codec in the reader (for messages about a build without it)
-CODEC_LIBRARIES = {"blosc": "c-blosc2", "zstd": "libzstd", "lz4": "liblz4", "zlib": "zlib", "gzip": "zlib"}
+CODEC_LIBRARIES = {"blosc": "c-blosc2", "zstd": "libzstd", "lz4": "liblz4", "zlib": "zlib", "gzip": "zlib",
+                   "lzf": "liblzf", "szip": "libaec"}
 #: dtype kinds DALI carries (complex, datetime and timedelta have no DALI type)
 _NATIVE_KINDS = "biuf"
 

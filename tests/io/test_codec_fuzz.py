@@ -2,8 +2,8 @@
 UndefinedBehaviorSanitizer (issue 15, "bad data never becomes data").
 
 Valid chunks of every codec the reader decodes (numcodecs' Blosc with each compressor and shuffle,
-Zstd with and without its checksum, LZ4, Zlib, GZip; HDF5 chunks of deflate + shuffle + Fletcher-32
-as h5py writes them) are mutated a few thousand times with a fixed seed: bit flips, overwritten runs,
+Zstd with and without its checksum, LZ4, Zlib, GZip; HDF5 chunks of deflate, LZF or szip with
+shuffle and Fletcher-32 as h5py writes them) are mutated a few thousand times with a fixed seed: bit flips, overwritten runs,
 truncations, garbage appended, header fields set to extremes, and coders whose decoded size is off
 by one or far too large. A harness (tests/io/codec_fuzz_main.cc) built with ``-fsanitize=address,
 undefined`` decodes each from a buffer of exactly its size. Every case must end in a decoded chunk
@@ -31,7 +31,7 @@ h5py = pytest.importorskip("h5py")
 
 SEED = 20261201
 MUTANTS_PER_CHUNK = 60
-IDS = {"blosc": 1, "zstd": 2, "lz4": 3, "zlib": 4, "gzip": 5, "shuffle": 6, "fletcher32": 7}
+IDS = {"blosc": 1, "zstd": 2, "lz4": 3, "zlib": 4, "gzip": 5, "shuffle": 6, "fletcher32": 7, "lzf": 8, "szip": 9}
 
 
 def _fnv(data: bytes) -> str:
@@ -53,10 +53,13 @@ def _build(tmp_path) -> str:
             defs.append("-DDALI_MESH_HAVE_BLOSC2=1")
             incs.append(f"-I{b2}/include")
             libs += [f"-L{b2}/lib", "-lblosc2", f"-Wl,-rpath,{b2}/lib"]
-    for name, header, lib in (("ZSTD", "zstd.h", "zstd"), ("LZ4", "lz4.h", "lz4"), ("ZLIB", "zlib.h", "z")):
+    for name, header, lib in (("ZSTD", "zstd.h", "zstd"), ("LZ4", "lz4.h", "lz4"), ("ZLIB", "zlib.h", "z"),
+                              ("LZF", "liblzf/lzf.h", "lzf"), ("SZIP", "szlib.h", "sz")):
         if os.path.exists(f"/usr/include/{header}"):
             defs.append(f"-DDALI_MESH_HAVE_{name}=1")
             libs.append(f"-l{lib}")
+            if name == "LZF":
+                incs.append("-I/usr/include/liblzf")
     exe = str(tmp_path / "codec_fuzz")
     cmd = [cxx, "-std=c++20", "-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
            "-fno-sanitize-recover=all", *defs, f"-I{ROOT}/csrc", *incs, f"{ROOT}/csrc/kernels/codecs.cc",
@@ -92,13 +95,18 @@ def _valid_chunks(have):
     return out
 
 
-def _hdf5_chunks(tmp_path):
-    """Raw chunks (stored bytes) of h5py datasets with deflate + shuffle + Fletcher-32 and their decode steps."""
+def _hdf5_chunks(tmp_path, have):
+    """Raw chunks (stored bytes) of h5py datasets with deflate, LZF or szip, shuffle and Fletcher-32,
+    and their decode steps."""
     rng = np.random.default_rng(SEED + 1)
-    data = rng.standard_normal((4, 33, 17)).astype(">f4")
+    # smooth fields: LZF, an optional filter, skips chunks it cannot shrink (the mask says so)
+    data = (np.sin(np.arange(4 * 33 * 17) / 40.0) * 100).round().reshape(4, 33, 17).astype(">f4")
+    data[:, ::7] += rng.integers(0, 3, data[:, ::7].shape)
     p = str(tmp_path / "f.h5")
     filters = [dict(compression="gzip", shuffle=True, fletcher32=True), dict(shuffle=True, fletcher32=True),
                dict(compression="gzip", shuffle=True)]
+    filters += [dict(compression="lzf", shuffle=True, fletcher32=True)] if "lzf" in have else []
+    filters += [dict(compression="szip", shuffle=True)] if "szip" in have else []
     out = []
     with h5py.File(p, "w") as f:
         for i, kw in enumerate(filters):
@@ -107,13 +115,28 @@ def _hdf5_chunks(tmp_path):
             if kw.get("fletcher32"):
                 steps.append((IDS["fletcher32"], 0))
             if kw.get("compression"):
-                steps.append((IDS["zlib"], 0))
+                steps.append(_compressor_step(ds))
             steps.append((IDS["shuffle"], 4))
             for t in range(2):
                 mask, stored = ds.id.read_direct_chunk((t, 0, 0))
                 assert mask == 0
                 out.append((tuple(steps), data[t].tobytes(), bytes(stored)))
     return out
+
+
+def _compressor_step(ds):
+    """The coder step of a dataset's compression filter, as dali_mesh.io.hdf5 makes it."""
+    dcpl = ds.id.get_create_plist()
+    for i in range(dcpl.get_nfilters()):
+        code, _, values, _ = dcpl.get_filter(i)
+        if code == 1:
+            return (IDS["zlib"], 0)
+        if code == 32000:
+            return (IDS["lzf"], 0)
+        if code == 4:
+            mask, ppb, bpp, pps = (int(v) for v in values[:4])
+            return (IDS["szip"], mask | ppb << 16 | bpp << 24 | pps << 32)
+    raise AssertionError("no compression filter")
 
 
 def _mutants(rng, stored: bytes):
@@ -144,9 +167,9 @@ def _mutants(rng, stored: bytes):
 
 def test_corrupted_chunks_never_crash_under_sanitizers(tmp_path):
     exe, defs = _build(tmp_path)
-    have = {n for n, d in (("blosc", "BLOSC2"), ("zstd", "ZSTD"), ("lz4", "LZ4"), ("zlib", "ZLIB"))
-            if f"-DDALI_MESH_HAVE_{d}=1" in defs}
-    valid = _valid_chunks(have) + (_hdf5_chunks(tmp_path) if "zlib" in have else [])
+    have = {n for n, d in (("blosc", "BLOSC2"), ("zstd", "ZSTD"), ("lz4", "LZ4"), ("zlib", "ZLIB"), ("lzf", "LZF"),
+                           ("szip", "SZIP")) if f"-DDALI_MESH_HAVE_{d}=1" in defs}
+    valid = _valid_chunks(have) + (_hdf5_chunks(tmp_path, have) if "zlib" in have else [])
     rng = np.random.default_rng(SEED)
     records, expect = [], []
     for steps, raw, stored in valid:
