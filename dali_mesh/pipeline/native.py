@@ -41,13 +41,17 @@ Zstd, LZ4, Zlib, GZip; order C), v3     decoded once on DALI's threads (c-blosc2
 ``bytes`` + blosc/zstd/gzip; chunks     liblz4, zlib), every part copies its units out of
 never written read as the fill value    the decoded chunk (byte swap as above)
 ``HDF5Source`` (and NetCDF4) chunked    native, the same way; chunk byte ranges from one pass
-with deflate, shuffle, Fletcher-32      over the chunk index; Fletcher-32 verified
+with deflate, LZF, szip, shuffle,       over the chunk index; Fletcher-32 verified; a chunk
+Fletcher-32                             whose optional filters were skipped decoded by the rest
+``ZarrSource`` v3 sharded               native; each shard's index read once (crc32c checked),
+                                        the inner chunks touched read by their byte range
 forecasts of the above                  native; one operator per output (input, target), each
                                         step a part at its place in the stacked window
 everything else (``direct=True``,       ``partitioned_source`` (a one-line log says why,
 other filters and codecs (Zarr          naming the filter, codec or missing library)
-filters, LZF, szip, sharded or
-transposed v3, crc32c, order F), HDF5
+filters, transposed v3, crc32c on
+chunks, order F; HDF5 scale-offset,
+n-bit, plugin filters), HDF5
 chunks never written, forecasts with
 per-sample shapes, more than
 ``MAX_NATIVE_SAMPLES`` samples or
