@@ -13,7 +13,10 @@ sample per step, batch 2. Cases (``--cases``, comma-separated):
   h5_aligned      HDF5 deflate(4) + shuffle (the NetCDF4 layout), chunks (1, 4, 181, 1440)
   h5_globe        HDF5 deflate(4) + shuffle, chunks (1, 4, 721, 1440)
 Loaders (each reads exactly the rank's window of every step, in order):
-  native       dali_mesh.pipeline.native.read_windows (CPU pipeline, num_threads = threads)
+  native       dali_mesh.pipeline.native.read_windows (CPU pipeline, num_threads = threads,
+               prefetch_queue_depth=1: no batch read ahead, as the peers)
+  native_q2    the same with DALI's default prefetch_queue_depth=2 (the next batch is read while this
+               one is consumed)
   tensorstore  tensorstore.open (zarr / no HDF5), window reads of a batch issued together, its
                data_copy_concurrency and file_io_concurrency limited to `threads`
   zarr         zarr-python 3, array[t, :, lat0:lat1, :] per step, threading.max_workers = threads
@@ -21,7 +24,9 @@ Loaders (each reads exactly the rank's window of every step, in order):
                holds a global lock)
   h5py_whole   h5py, dataset[t] then the band: what PhysicsNeMo's ERA5HDF5Datapipe reads per rank
 Per run, thread count, case and loader: cold = files evicted (posix_fadvise DONTNEED), one epoch
-timed, bytes = read_bytes of this process; warm = median of 3 further epochs. Medians over
+timed, bytes = read_bytes of this process; warm = median of 3 further epochs; then one more epoch,
+untimed, checks every loader's windows against numpy. A timed epoch ends with each batch as the
+loader hands it over (DALI's output batch; tensorstore's, zarr's and h5py's new arrays), no copy. Medians over
 ``--runs``; the ratio columns are medians of per-run ratios to the reference loader (tensorstore
 for Zarr, h5py_whole for HDF5), measured in the same run.
 """
@@ -90,7 +95,7 @@ def _layout():
 
 
 class _Native:
-    def __init__(self, case, path, steps, threads):
+    def __init__(self, case, path, steps, threads, depth=1):
         from nvidia.dali import pipeline_def
 
         from dali_mesh.pipeline import native
@@ -100,7 +105,7 @@ class _Native:
         src = kind([path], "fields" if case.startswith("h5") else None, _layout(), batch_size=BATCH, shuffle=False)
         self.region = src.region
 
-        @pipeline_def(batch_size=BATCH, num_threads=threads, device_id=None, prefetch_queue_depth=1)
+        @pipeline_def(batch_size=BATCH, num_threads=threads, device_id=None, prefetch_queue_depth=depth)
         def pipe():
             return native.read_windows(src, fallback=False)[0]
 
@@ -108,7 +113,7 @@ class _Native:
         self.pipe.build()
         self.steps = steps
 
-    def epoch(self):
+    def epoch(self, keep=False):
         out = []
         while True:
             try:
@@ -116,7 +121,8 @@ class _Native:
             except StopIteration:
                 self.pipe.reset()
                 return out
-            out.append(np.array(w[0]))
+            if keep:  # a copy, for the check (the timed epochs hand the batch on as DALI gives it)
+                out.append(np.array(w[0]))
 
 
 class _TensorStore:
@@ -129,7 +135,7 @@ class _TensorStore:
                            read=True).result()
         self.steps, self.sl = steps, tuple(slice(a, b) for a, b in zip(region.start, region.stop))
 
-    def epoch(self):
+    def epoch(self, keep=False):
         out = []
         for t0 in range(0, self.steps, BATCH):
             futs = [self.arr[(t,) + self.sl].read() for t in range(t0, t0 + BATCH)]
@@ -147,7 +153,7 @@ class _Zarr:
         self.arr = zarr.open_array(path, mode="r")
         self.steps, self.sl = steps, tuple(slice(a, b) for a, b in zip(region.start, region.stop))
 
-    def epoch(self):
+    def epoch(self, keep=False):
         return [self.arr[(t,) + self.sl] for t in range(0, self.steps, 1)][::BATCH]
 
 
@@ -160,7 +166,7 @@ class _H5:
         self.steps, self.whole = steps, whole
         self.sl = tuple(slice(a, b) for a, b in zip(region.start, region.stop))
 
-    def epoch(self):
+    def epoch(self, keep=False):
         out = []
         for t in range(self.steps):
             w = self.ds[t][self.sl] if self.whole else self.ds[(t,) + self.sl]
@@ -170,12 +176,13 @@ class _H5:
 
 
 def _loaders(case):
-    return ["native", "h5py_window", "h5py_whole"] if case.startswith("h5") else ["native", "tensorstore", "zarr"]
+    first = ["native", "native_q2"]
+    return first + (["h5py_window", "h5py_whole"] if case.startswith("h5") else ["tensorstore", "zarr"])
 
 
 def _make(loader, case, path, steps, threads, region):
-    if loader == "native":
-        return _Native(case, path, steps, threads)
+    if loader.startswith("native"):
+        return _Native(case, path, steps, threads, depth=2 if loader == "native_q2" else 1)
     if loader == "tensorstore":
         return _TensorStore(case, path, steps, threads, region)
     if loader == "zarr":
@@ -210,17 +217,19 @@ def main(argv=None) -> None:
                         for f in _files_of(paths[case]):
                             evict(f)
                         b0, t0 = read_bytes(), time.perf_counter()
-                        got = obj.epoch()
+                        obj.epoch()
                         r["cold"].append(time.perf_counter() - t0)
                         r["bytes"].append(read_bytes() - b0)
-                        for g, w in zip(got, want):
-                            np.testing.assert_array_equal(np.asarray(g), w, err_msg=f"{loader} {case}")
                         warm = []
                         for _ in range(3):
                             t0 = time.perf_counter()
                             obj.epoch()
                             warm.append(time.perf_counter() - t0)
                         r["warm"].append(statistics.median(warm))
+                        got = obj.epoch(keep=True)  # every loader's windows checked, untimed
+                        assert len(got) == len(want), (loader, case, len(got))
+                        for g, w in zip(got, want):
+                            np.testing.assert_array_equal(np.asarray(g), w, err_msg=f"{loader} {case}")
                         del obj
                 print(f"run {run + 1}/{args.runs} done", file=sys.stderr)
     finally:
