@@ -20,8 +20,8 @@ from dali_mesh.io._plan import WindowPlan
 from dali_mesh.io.npy import StoredArray, group_units, plan_npy_reads
 from dali_mesh.io.read_plan import NotNativeError, PlanSet, ReadPlan
 
-__all__ = ["MAX_MERGED_LAYOUTS", "MAX_NATIVE_PARTS", "MAX_NATIVE_SAMPLES", "chunk_coords", "chunk_pieces",
-           "count_chunk_pieces", "merge_pieces", "piece_plans", "plan_time_series"]
+__all__ = ["MAX_CODED_CHUNK_BYTES", "MAX_MERGED_LAYOUTS", "MAX_NATIVE_PARTS", "MAX_NATIVE_SAMPLES", "chunk_coords", "chunk_pieces",
+           "check_coded_chunk", "count_chunk_pieces", "merge_pieces", "piece_plans", "plan_time_series"]
 
 #: The most samples (and parts: reads of one file or chunk, over all samples) the native reader
 #: plans; a source with more (a file claiming 2**31 steps, say) is read by ``partitioned_source``,
@@ -29,6 +29,23 @@ __all__ = ["MAX_MERGED_LAYOUTS", "MAX_NATIVE_PARTS", "MAX_NATIVE_SAMPLES", "chun
 #: words per sample and 4 per part: at the limits about 80 MB, written once per process.
 MAX_NATIVE_SAMPLES = 1 << 20
 MAX_NATIVE_PARTS = 1 << 21
+#: The largest decoded chunk the native reader decodes (each DALI thread keeps one decoded chunk):
+#: ARCO-ERA5's whole-globe chunks of 37 levels are 154 MB. A store with larger chunks is read by
+#: ``partitioned_source`` (a crafted metadata file cannot make every thread allocate terabytes).
+MAX_CODED_CHUNK_BYTES = 2 << 30
+
+
+def check_coded_chunk(path: str, chunks, itemsize: int) -> int:
+    """The decoded size of a chunk of shape ``chunks``, or :class:`NotNativeError` above
+    :data:`MAX_CODED_CHUNK_BYTES`."""
+    n = math.prod(int(c) for c in chunks) * int(itemsize)
+    if n > MAX_CODED_CHUNK_BYTES:
+        raise NotNativeError(f"{path}: a decoded chunk of shape {tuple(chunks)} is {n} bytes, more than the native "
+                             f"reader decodes (dali_mesh.io.chunks.MAX_CODED_CHUNK_BYTES = {MAX_CODED_CHUNK_BYTES}); "
+                             "it is read by partitioned_source")
+    return n
+
+
 #: chunked HDF5: at most this many merged plans per file (steps whose chunks lie at the same
 #: relative offsets share one); a file with more layouts keeps a part per chunk piece
 MAX_MERGED_LAYOUTS = 64

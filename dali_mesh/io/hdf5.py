@@ -43,7 +43,7 @@ from dali_mesh.io._common import (
     sample_shape,
 )
 from dali_mesh.io._plan import fill_window, plan_window
-from dali_mesh.io.chunks import chunk_pieces, count_chunk_pieces, merge_pieces, piece_plans
+from dali_mesh.io.chunks import check_coded_chunk, chunk_pieces, count_chunk_pieces, merge_pieces, piece_plans
 from dali_mesh.io.npy import StoredArray, plan_npy_reads
 from dali_mesh.io.read_plan import (
     CODEC_LIBRARIES,
@@ -535,6 +535,8 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
         pieces = chunk_pieces(wplan, chunks, ds.dtype, merge_gap)
         offsets = _chunk_offsets(ds) if pieces else {}
         if filters is not None:
+            check_coded_chunk(path, chunks, ds.dtype.itemsize)
+
             def coder_of(mask: int) -> int:
                 return plans.add_coder(Coder(_coder_steps(filters, mask, path, name), chunk_bytes))
 

@@ -29,7 +29,7 @@ from dali_mesh.io._common import (
     sample_shape,
 )
 from dali_mesh.io._plan import fill_window, plan_window
-from dali_mesh.io.chunks import chunk_coords, chunk_pieces, count_chunk_pieces, piece_plans
+from dali_mesh.io.chunks import check_coded_chunk, chunk_coords, chunk_pieces, count_chunk_pieces, piece_plans
 from dali_mesh.io.read_plan import (
     CHECK_JSON,
     PlanFile,
@@ -355,6 +355,7 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     budget(locals_.size * (1 + count_chunk_pieces(wplan, chunks)))  # before the pieces are made
     first_chunk = l0 // ct
     if steps is not None:
+        check_coded_chunk(store, chunks, stored.itemsize)
         coder = plans.add_coder(Coder(steps, chunk_bytes, _fill_bytes(arr, stored)))
         chunk_of = _ShardIndex(arr, folder, plans, coding, chunks, coder) if coding.shard else \
             _chunk_files(arr, folder, plans, coder)

@@ -640,3 +640,53 @@ def test_a_shard_rewritten_after_the_plan_is_refused(tmp_path):
     _write(shard, data)
     with pytest.raises(RuntimeError, match=f"{shard}: the file was modified since the plan was made"):
         pipe.run()
+
+
+def test_a_huge_declared_chunk_falls_back_before_anything_is_allocated(tmp_path):
+    """A metadata file (no chunk written) declaring 64 GB chunks: the native reader does not plan a
+    decode of that size (every thread would keep one); the fallback names the limit."""
+    import json
+
+    p = tmp_path / "huge.zarr"
+    p.mkdir()
+    (p / ".zarray").write_text(json.dumps({
+        "zarr_format": 2, "shape": [2, 4096, 4096, 1024], "chunks": [1, 4096, 4096, 1024], "dtype": "<f4",
+        "compressor": {"id": "zstd", "level": 1}, "fill_value": 0, "order": "C", "filters": None}))
+    src = ZarrSource([str(p)], None, Layout(mesh_of((1, 2), (0, 1)), shard={"m0": 1}), batch_size=1)
+    with pytest.raises(native.NotNativeError, match="MAX_CODED_CHUNK_BYTES"):
+        native.plan_source(src)
+
+
+def test_the_process_exits_after_a_decode_error(tmp_path):
+    """A corrupt chunk raises at pipe.run(); the process then exits by itself, promptly."""
+    from tests.helpers import run_python_bounded
+
+    _need("zstd")
+    store, _ = _zarr_bad(tmp_path, numcodecs.Zstd())
+    _flip(os.path.join(store, "3.0.0.0"), 0)  # a bad frame header: refused by libzstd
+    out, err = run_python_bounded(f"""
+        import sys
+        import numpy as np
+        from nvidia.dali import pipeline_def
+        from dali_mesh import Layout
+        from dali_mesh.pipeline import native
+        from dali_mesh.source import ZarrSource
+        from tests.helpers import mesh_of
+
+        src = ZarrSource([{store!r}], None, Layout(mesh_of((1, 2), (0, 1)), shard={{"m0": 2}}), batch_size=2,
+                         shuffle=False)
+
+        @pipeline_def(batch_size=2, num_threads=2, device_id=None)
+        def pipe():
+            return native.read_windows(src, fallback=False)
+
+        p = pipe()
+        p.build()
+        try:
+            for _ in range(4):
+                p.run()
+        except RuntimeError as e:
+            print("raised:", " ".join(str(e).split())[:600])
+            sys.exit(3)
+    """, timeout=90)
+    assert "raised:" in out and "3.0.0.0: chunk of" in out and "cannot be decoded" in out, (out, err[-2000:])
