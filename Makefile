@@ -9,9 +9,18 @@ PIP := $(PY) -m pip
 DEPS := torch==2.13.0 numpy==2.4.6 nvidia-dali-cuda120==2.4.0 h5py==3.16.0 zarr==3.1.6 \
         matplotlib==3.11.2 setuptools==84.2.1 wheel==0.48.0 cmake==4.4.5 ninja==1.13.2
 TEST_DEPS := pytest==9.2.0 pytest-timeout==2.4.0 hypothesis==6.170.17
-# for its C library only (c-blosc2: headers, libblosc2.so), which the plugin links; its Python
-# dependencies are not needed
-NO_DEPS := blosc2==4.14.1
+# installed with --no-deps: blosc2 for its C library only (c-blosc2: headers, libblosc2.so), which
+# the plugin links; PhysicsNeMo (for tests against the real package) and the light pure-Python
+# modules its domain_parallel and distributed modules import, pinned one by one: its own
+# requirements pull torchvision through timm, which does not import beside the CPU torch here
+NO_DEPS := blosc2==4.14.1 nvidia-physicsnemo==2.2.2 warp-lang==1.19.0 requests==2.34.2 urllib3==2.8.0 \
+           idna==3.20 certifi==2026.10.19.post1 charset-normalizer==3.5.3 s3fs==2026.9.0 fsspec==2026.9.0 \
+           aiobotocore==3.10.0 botocore==1.43.117 jmespath==1.1.0 aiohttp==3.14.5 aiohappyeyeballs==2.7.1 \
+           aiosignal==1.4.0 aioitertools==0.13.0 attrs==26.1.0 frozenlist==1.8.0 multidict==7.2.1 \
+           propcache==0.5.4 yarl==1.25.1 wrapt==2.5.2 python-dateutil==2.9.0.post0 six==1.17.0 \
+           tqdm==4.70.1 treelib==1.8.0 tensordict==0.15.3 cloudpickle==3.1.3 pyvers==0.2.3 \
+           omegaconf==2.4.0 PyYAML==6.0.4 jaxtyping==0.3.11 wadler_lindig==0.1.8 termcolor==3.3.0 \
+           einops==0.8.2
 STAMP := $(VENV)/.deps-$(shell echo $(DEPS) $(TEST_DEPS) $(NO_DEPS) | cksum | cut -d' ' -f1)
 PLUGIN_SOURCES := $(wildcard csrc/* csrc/*/* csrc/*/*/*) CMakeLists.txt setup.py
 INSTALLED := $(VENV)/.installed

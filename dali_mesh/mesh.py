@@ -162,7 +162,10 @@ class MeshInfo:
     def from_physicsnemo(cls, manager=None, mesh_dim_names: Sequence[str] | None = None) -> "MeshInfo":
         """From PhysicsNeMo's ``DistributedManager`` (imported only when called).
 
-        Uses ``manager.global_mesh``, the mesh made by ``DistributedManager.initialize_mesh``.
+        Uses the mesh made by ``DistributedManager.initialize_mesh``; a manager without one is refused
+        with :class:`MeshError`. The manager is only read: PhysicsNeMo's ``global_mesh`` property
+        would make a 1-D ``("world",)`` mesh when none exists, a mesh the user never asked for (and a
+        change to the manager), so the manager's own state is read instead where it has one.
         """
         if manager is None:
             try:
@@ -173,7 +176,9 @@ class MeshInfo:
                     "or build the mesh with MeshInfo.from_device_mesh(mesh)"
                 ) from e
             manager = DistributedManager()
-        mesh = getattr(manager, "global_mesh", None)
+        # PhysicsNeMo keeps the mesh in _global_mesh (None until initialize_mesh); other objects
+        # (older releases, a manager-like object) are asked for global_mesh
+        mesh = manager._global_mesh if hasattr(manager, "_global_mesh") else getattr(manager, "global_mesh", None)
         if mesh is None:
             raise MeshError(
                 "PhysicsNeMo's DistributedManager has no mesh yet: call "

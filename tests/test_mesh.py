@@ -54,14 +54,14 @@ def test_from_physicsnemo_manager():
         MeshInfo.from_physicsnemo(types.SimpleNamespace(global_mesh=None))
 
 
-def test_from_physicsnemo_without_the_package():
-    try:
-        import physicsnemo  # noqa: F401
-    except ImportError:
-        with pytest.raises(ImportError, match="needs PhysicsNeMo"):
-            MeshInfo.from_physicsnemo()
-    else:
-        pytest.skip("PhysicsNeMo is installed")
+def test_from_physicsnemo_without_the_package(monkeypatch):
+    import sys
+
+    # as if PhysicsNeMo were not installed (None in sys.modules makes its import fail)
+    for name in ("physicsnemo", "physicsnemo.distributed"):
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(ImportError, match="needs PhysicsNeMo"):
+        MeshInfo.from_physicsnemo()
 
 
 def test_from_env():

@@ -22,6 +22,22 @@ def _sleeping_rank(rank, world_size, pid_dir):
     time.sleep(300)
 
 
+def _where(pid, pids) -> str:
+    """The state, signal masks and kernel wait channel of the parent's threads and of the ranks."""
+    out = []
+    for p in [pid] + list(pids):
+        try:
+            status = open(f"/proc/{p}/status").read().splitlines()
+            keep = [line for line in status if line.startswith(("Name", "State", "SigBlk", "SigIgn", "SigCgt", "SigPnd",
+                                                                  "ShdPnd"))]
+            tasks = os.listdir(f"/proc/{p}/task")
+            chans = [open(f"/proc/{p}/task/{t}/wchan").read() for t in tasks]
+            out.append(f"pid {p}: {'; '.join(keep)}; threads' wchan {chans}")
+        except OSError as e:
+            out.append(f"pid {p}: {e}")
+    return " | ".join(out)
+
+
 def _alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -54,7 +70,10 @@ def test_run_ranks_interrupted_stops_every_rank(tmp_path, sig):
         pids = [int(p) for f in pid_dir.glob("*.pids") for p in f.read_text().split()]
         assert all(_alive(p) for p in pids)
         parent.send_signal(sig)
-        parent.wait(timeout=30)
+        try:
+            parent.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # seen 3 times in ~8 full-suite runs, never alone: say where it is
+            pytest.fail(f"the interrupted parent did not exit within 30 s: {_where(parent.pid, pids)}")
         end = time.monotonic() + 10
         while any(_alive(p) for p in pids) and time.monotonic() < end:
             time.sleep(0.1)
