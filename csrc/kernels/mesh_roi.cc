@@ -260,10 +260,13 @@ std::string ComputeMeshRoi(const int64_t *shape, int ndim, const MeshRoiArgs &a,
     start[axis] += offset;
     stop[axis] = start[axis] + size;
   }
+  // where an empty shard sits, as dali_mesh.partition.Layout.region decides it: with the chunk split
+  // (torch.chunk, DTensor) at the domain end, as torch's DTensor offsets; with physicsnemo or explicit
+  // sizes (PhysicsNeMo ShardTensor's) at the running sum of the sizes before it, as ShardTensor.offsets()
   bool empty = false;
   for (int d = 0; d < ndim; d++) {
-    if (stop[d] == start[d]) {  // an empty shard sits at the domain end (torch's convention)
-      start[d] = stop[d] = d1[d];
+    if (stop[d] == start[d]) {
+      if (a.split == kSplitChunk) start[d] = stop[d] = d1[d];
       empty = true;
     }
   }

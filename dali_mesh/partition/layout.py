@@ -484,9 +484,15 @@ class Layout(PlacementsMixin):
             start[axis] = d0[axis] + prefix[c]
             stop[axis] = d0[axis] + prefix[c + 1]
         ws, we = [], []
-        for a in range(ndim):
-            if stop[a] == start[a]:  # an empty shard sits at the domain end (torch's convention)
-                start[a] = stop[a] = d1[a]
+        # where an empty shard sits, decided here only: with split="chunk" (torch.chunk, DTensor) at the
+        # domain end, as torch's compute_local_shape_and_global_offset puts it; with "physicsnemo" or
+        # explicit sizes (PhysicsNeMo ShardTensor's) at the running sum of the sizes before it, as
+        # ShardTensor.offsets() does (tests/torch/test_physicsnemo_real.py); "even" shards are empty only
+        # at the end (as the C++ mesh_roi decides it too)
+        if self.split == "chunk":
+            for a in range(ndim):
+                if stop[a] == start[a]:
+                    start[a] = stop[a] = d1[a]
         # an empty owned region gets no halo: its window is its owned region
         empty = any(s == e for s, e in zip(start, stop))
         for a in range(ndim):

@@ -140,9 +140,9 @@ def test_two_mesh_dims_on_one_axis_nest_outer_first(rule):
                 region = layout.region((n,), coords)
                 offset, size = nested_reference(n, counts, coords, rule)
                 assert region.shape == (size,)
-                if size:
+                if size or rule != "chunk":  # physicsnemo/even: an empty shard at the running sum
                     assert region.start == (offset,)
-                else:
+                else:  # chunk: at the axis end, as torch's DTensor offsets
                     assert region.start == (n,)
 
 

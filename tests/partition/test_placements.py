@@ -207,7 +207,8 @@ def test_sharding_shapes_of_no_rule_give_explicit_sizes():
     back = Layout.from_sharding_shapes(mesh, [("shard", 0), ("shard", 2)], shapes, halo={1: 1})
     assert back.split == "explicit" and back.split_sizes == {"mp": (1, 3, 0, 3)}
     assert back == Layout(mesh, shard={"mp": 1}, split={"mp": [1, 3, 0, 3]}, halo={1: 1})
-    assert [(r.start[1], r.stop[1]) for r in back.regions((3, 7))[:4]] == [(0, 1), (1, 4), (7, 7), (4, 7)]
+    # the empty shard at the running sum, as ShardTensor.offsets() (tests/torch/test_physicsnemo_real.py)
+    assert [(r.start[1], r.stop[1]) for r in back.regions((3, 7))[:4]] == [(0, 1), (1, 4), (4, 4), (4, 7)]
 
 
 def test_from_shard_tensor_reads_the_spec():

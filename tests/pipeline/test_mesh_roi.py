@@ -125,8 +125,9 @@ def test_c_api_nested_dims_and_empty_shards_by_hand():
         ws, wsh = _c_api(layout, (10, 2), c)
         if sizes[k]:
             assert ws == (prefix[k] - 1, -1) and wsh == (sizes[k] + 2, 4), (c, ws, wsh)
-        else:  # an empty shard sits at the domain end and gets no halo
-            assert ws == (10, 0) and wsh == (0, 2), (c, ws, wsh)
+        else:  # an empty shard (explicit sizes) sits at the running sum, as ShardTensor's, with no halo
+            assert ws == (prefix[k], 0) and wsh == (0, 2), (c, ws, wsh)
+        assert (ws, wsh) == (layout.region((10, 2), c).window_start, layout.region((10, 2), c).window_shape)
 
 
 @needs_kernels

@@ -56,3 +56,33 @@ def test_from_physicsnemo_with_a_real_distributed_manager(tmp_path):
     shapes = [((2, 2), ("ddp", "spatial")), ((-1,), ("world",)), ((2, -1), ("dp", "mp")),
               ((1, 2, 2), ("a", "b", "c"))]
     run_ranks(_from_physicsnemo_rank, 4, tmp_path, shapes, timeout_s=180)
+
+
+def _empty_shard_offsets_rank(rank, world_size, cases):
+    """Layout.from_shard_tensor of a real ShardTensor with empty shards: every rank's region starts
+    where ShardTensor.offsets() says its shard does (a running sum), its sizes are the shard's."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+
+    from physicsnemo.domain_parallel import ShardTensor
+
+    from dali_mesh import Layout
+
+    mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("spatial",))
+    for sizes in cases:
+        shapes = {0: [(2, s, 4) for s in sizes]}  # batch 2, rows split by `sizes`, 4 columns
+        local = torch.zeros(2, sizes[rank], 4)
+        st = ShardTensor.from_local(local, mesh, [Shard(1)], sharding_shapes=shapes)
+        layout = Layout.from_shard_tensor(st)
+        region = layout.region((sum(sizes), 4))
+        want = st.offsets(0)
+        want = want[rank] if isinstance(want, (list, tuple)) else want
+        assert region.start[0] == int(want), (sizes, rank, region, st.offsets())
+        assert region.stop[0] - region.start[0] == sizes[rank]
+
+
+@pytest.mark.timeout(200)
+def test_empty_shards_sit_where_shard_tensor_puts_them(tmp_path):
+    cases = [(0, 3, 3, 0), (4, 0, 2, 3), (1, 1, 1, 0), (0, 0, 0, 3)]
+    run_ranks(_empty_shard_offsets_rank, 4, tmp_path, cases, timeout_s=180)
