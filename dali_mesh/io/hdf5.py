@@ -537,8 +537,12 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
         if filters is not None:
             check_coded_chunk(path, chunks, ds.dtype.itemsize)
 
+            coders: dict[int, int] = {}  # filter mask -> coder: one per mask, not one per chunk
+
             def coder_of(mask: int) -> int:
-                return plans.add_coder(Coder(_coder_steps(filters, mask, path, name), chunk_bytes))
+                if mask not in coders:
+                    coders[mask] = plans.add_coder(Coder(_coder_steps(filters, mask, path, name), chunk_bytes))
+                return coders[mask]
 
             parts = _coded_parts(ds, path, plans, fidx, coder_of, pieces, offsets, locals_, chunks, st.st_size,
                                  (check, check_at), shape)
@@ -550,22 +554,11 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
         for j, (_, coords) in enumerate(pieces):
             base = np.empty(chunk_ids.size, np.int64)
             for k, c in enumerate(chunk_ids):
-                coord = (int(c) * ct,) + tuple(i * n for i, n in zip(coords, chunks[1:]))
-                info = offsets.get(coord)
-                if info is None or info[0] is None:
-                    raise NotNativeError(f"{path}: chunk {coord} of dataset {ds.name} was never written "
-                                         "(it reads as fill values)")
-                if info[1] != chunk_bytes:
-                    raise NotNativeError(f"{path}: chunk {coord} of dataset {ds.name} is stored in "
-                                         f"{info[1]} bytes, not as raw data")
-                if not 0 <= info[0] <= st.st_size - chunk_bytes:
-                    raise NotNativeError(f"{path}: chunk {coord} of dataset {ds.name} lies at bytes {info[0]}.."
-                                         f"{info[0] + chunk_bytes}, past the end of the file ({st.st_size} "
-                                         "bytes): its chunk index is corrupt or the file is truncated")
-                base[k] = info[0]
+                coord = _chunk_coord(int(c), coords, chunks)
+                base[k] = _stored_chunk(ds, path, offsets, coord, st.st_size, raw_bytes=chunk_bytes)[0]
+                needed.append(coord)
             parts[:, j, 0] = fidx
             parts[:, j, 2] = base[locals_ // ct - first_chunk] + (locals_ % ct) * step_stride
-            needed += [(int(c) * ct,) + tuple(i * n for i, n in zip(coords, chunks[1:])) for c in chunk_ids]
         _check_chunk_lookups(ds, path, needed, offsets)
         merged = merge_pieces(parts, pieces, plans, shape, ds.dtype, merge_gap, check, check_at)
         if merged is None:
@@ -575,6 +568,31 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
         return parts, finish, wplan
     finally:
         f.close()
+
+
+def _chunk_coord(step_chunk: int, coords, chunks) -> tuple[int, ...]:
+    """The first element of the chunk ``step_chunk`` along the step axis and ``coords`` (chunk indices)
+    along the others: how the chunk index names a chunk."""
+    return (step_chunk * chunks[0],) + tuple(i * n for i, n in zip(coords, chunks[1:]))
+
+
+def _stored_chunk(ds, path, offsets, coord, file_size: int, raw_bytes: int | None = None):
+    """``(byte offset, stored bytes, filter mask)`` of the chunk at ``coord`` (from
+    :func:`_chunk_offsets`), or :class:`NotNativeError` when it was never written, lies past the end
+    of the file, or (``raw_bytes``: an unfiltered dataset's chunk size) is not stored raw."""
+    info = offsets.get(coord)
+    if info is None or info[0] is None:
+        raise NotNativeError(f"{path}: chunk {coord} of dataset {ds.name} was never written (it reads as "
+                             "fill values)")
+    offset, size, mask = info
+    if raw_bytes is not None and size != raw_bytes:
+        raise NotNativeError(f"{path}: chunk {coord} of dataset {ds.name} is stored in {size} bytes, not as raw "
+                             "data")
+    if not (0 <= offset and 0 < size <= file_size - offset):
+        raise NotNativeError(f"{path}: chunk {coord} of dataset {ds.name} lies at bytes {offset}.."
+                             f"{offset + size}, past the end of the file ({file_size} bytes): its chunk "
+                             "index is corrupt or the file is truncated")
+    return info
 
 
 def _coded_parts(ds, path, plans: PlanSet, fidx, coder_of, pieces, offsets, locals_, chunks, file_size, check,
@@ -594,16 +612,8 @@ def _coded_parts(ds, path, plans: PlanSet, fidx, coder_of, pieces, offsets, loca
         pidx = plans.add_plan(ReadPlan.reads_only(shape, ds.dtype, fo, do, ub, groups, check[0], check[1], coded=True))
         ids = np.empty(len(chunk_ids), np.int64)
         for k, c in enumerate(chunk_ids):
-            coord = (c * ct,) + tuple(i * n for i, n in zip(coords, chunks[1:]))
-            info = offsets.get(coord)
-            if info is None or info[0] is None:
-                raise NotNativeError(f"{path}: chunk {coord} of dataset {ds.name} was never written (it reads as "
-                                     "fill values)")
-            offset, size, mask = info
-            if not (0 <= offset and 0 < size <= file_size - offset):
-                raise NotNativeError(f"{path}: chunk {coord} of dataset {ds.name} lies at bytes {offset}.."
-                                     f"{offset + size}, past the end of the file ({file_size} bytes): its chunk "
-                                     "index is corrupt or the file is truncated")
+            coord = _chunk_coord(c, coords, chunks)
+            offset, size, mask = _stored_chunk(ds, path, offsets, coord, file_size)
             ids[k] = plans.add_chunk(fidx, offset, size, coder_of(int(mask)))
             needed.append(coord)
         parts[:, j, 0] = ids[locals_ // ct - first_chunk]
