@@ -287,6 +287,25 @@ void SwapBytes(char *p, int64_t n_values) {
   for (int64_t i = 0; i < n_values; i++, p += N) std::reverse(p, p + N);
 }
 
+// Opens `path` to announce reads of it (PrefetchPath, PrefetchRange): calls announce(fd, file size)
+// if it is a regular file, then closes it (the kernel's reads go on after the descriptor is
+// closed). Errors are left to the read, which reports them.
+template <typename F>
+void Announce(const std::string &path, F &&announce) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return;
+  struct stat st;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) announce(fd, static_cast<int64_t>(st.st_size));
+  ::close(fd);
+}
+
+// POSIX_FADV_WILLNEED of bytes [lo, hi) of `fd`, in pieces the kernel does not cap.
+void WillNeed(int fd, int64_t lo, int64_t hi) {
+  constexpr int64_t kPiece = 512 << 10;
+  for (int64_t a = lo; a < hi; a = hi - a > kPiece ? a + kPiece : hi)
+    ::posix_fadvise(fd, a, std::min(kPiece, hi - a), POSIX_FADV_WILLNEED);
+}
+
 // Swaps the values of units [b, e) of `plan` landed in `dst` when the plan says they are stored in
 // the other byte order.
 void SwapUnits(const ReadPlan &plan, int64_t b, int64_t e, char *dst) {
@@ -446,6 +465,7 @@ OpenFile &OpenFile::operator=(OpenFile &&o) noexcept {
   if (this != &o) {
     Close();
     fd_ = o.fd_;
+    size_ = o.size_;
     path_ = std::move(o.path_);
     o.fd_ = -1;
   }
@@ -471,6 +491,7 @@ void OpenFile::Open(const PlanFile &file, const ReadPlan &plan, const std::strin
   fd_ = fd;
   struct stat st;
   if (::fstat(fd_, &st) != 0) Fail(path_ + ": fstat failed (" + Errno(errno) + ")");
+  size_ = st.st_size;
   if (!S_ISREG(st.st_mode))
     Fail(path_ + ": not a regular file (a directory, FIFO, socket or device); give data files");
   if (file.expected_size >= 0 && st.st_size != file.expected_size) {
@@ -619,12 +640,11 @@ void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const 
   }
   OpenFile file;
   file.Open(pf, check_plan, first_path);
-  struct stat st;
-  if (::fstat(file.fd(), &st) != 0) Fail(file.path() + ": fstat failed (" + Errno(errno) + ")");
+  const int64_t size = file.size();
   const std::string where = file.path() + ": chunk of " + std::to_string(ch.nbytes) + " bytes at byte " +
                             std::to_string(ch.offset);
-  if (ch.offset > st.st_size || ch.nbytes > st.st_size - ch.offset)
-    Fail(where + " runs past the end of the file (" + std::to_string(st.st_size) + " bytes): the file is "
+  if (ch.offset > size || ch.nbytes > size - ch.offset)
+    Fail(where + " runs past the end of the file (" + std::to_string(size) + " bytes): the file is "
          "truncated or changed since the plan was made");
   if (static_cast<int64_t>(stored->size()) < ch.nbytes) stored->resize(ch.nbytes);
   {
@@ -641,16 +661,9 @@ void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const 
 
 void PrefetchRange(const std::string &path, int64_t offset, int64_t nbytes) {
   if (nbytes <= 0) return;
-  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return;
-  struct stat st;
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && offset < st.st_size) {
-    constexpr int64_t kPiece = 512 << 10;
-    const int64_t hi = offset + std::min<int64_t>(nbytes, st.st_size - offset);
-    for (int64_t a = offset; a < hi; a = hi - a > kPiece ? a + kPiece : hi)
-      ::posix_fadvise(fd, a, std::min(kPiece, hi - a), POSIX_FADV_WILLNEED);
-  }
-  ::close(fd);
+  Announce(path, [&](int fd, int64_t size) {
+    if (offset < size) WillNeed(fd, offset, offset + std::min<int64_t>(nbytes, size - offset));
+  });
 }
 
 void FinishWindow(const ReadPlan &plan, char *staging, char *out, bool boundary) {
@@ -819,13 +832,7 @@ void SplitLargeGroups(ReadPlan *plan, int64_t max_bytes) {
 
 void PrefetchPath(const std::string &path, const ReadPlan &plan, int64_t base) {
   if (plan.group_begin.empty()) return;
-  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return;
-  struct stat st;
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
-    // the kernel's reads go on after the descriptor is closed
-    constexpr int64_t kPiece = 512 << 10;
-    const int64_t size = st.st_size;
+  Announce(path, [&](int fd, int64_t size) {
     for (size_t g = 0; g < plan.group_begin.size(); g++) {
       const int64_t b = plan.group_begin[g], e = plan.group_end[g];
       int64_t lo, hi;
@@ -835,13 +842,9 @@ void PrefetchPath(const std::string &path, const ReadPlan &plan, int64_t base) {
           __builtin_add_overflow(base, plan.file_off[e - 1], &hi) ||
           __builtin_add_overflow(hi, plan.unit_bytes[e - 1], &hi))
         continue;
-      lo = std::max<int64_t>(lo, 0);
-      hi = std::min(hi, size);
-      for (int64_t a = lo; a < hi; a = hi - a > kPiece ? a + kPiece : hi)
-        ::posix_fadvise(fd, a, std::min(kPiece, hi - a), POSIX_FADV_WILLNEED);
+      WillNeed(fd, std::max<int64_t>(lo, 0), std::min(hi, size));
     }
-  }
-  ::close(fd);
+  });
 }
 
 std::string ReadsInFlight() {

@@ -121,16 +121,18 @@ class OpenFile {
   OpenFile() = default;
   OpenFile(const OpenFile &) = delete;
   OpenFile &operator=(const OpenFile &) = delete;
-  OpenFile(OpenFile &&o) noexcept : fd_(o.fd_), path_(std::move(o.path_)) { o.fd_ = -1; }
+  OpenFile(OpenFile &&o) noexcept : fd_(o.fd_), size_(o.size_), path_(std::move(o.path_)) { o.fd_ = -1; }
   OpenFile &operator=(OpenFile &&o) noexcept;
   ~OpenFile() { Close(); }
   void Open(const PlanFile &file, const ReadPlan &plan, const std::string &first_path);
   void Close();
   int fd() const { return fd_; }
+  int64_t size() const { return size_; }             // the file's size when it was opened
   const std::string &path() const { return path_; }  // as messages show it (see Open)
 
  private:
   int fd_ = -1;
+  int64_t size_ = -1;
   std::string path_;
 };
 
