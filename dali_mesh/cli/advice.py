@@ -271,7 +271,7 @@ class LayoutTarget:
     def native_path(self, layout: Layout) -> str:
         """Which reader ``read_windows`` takes for this file with ``layout`` (its first sample planned,
         as the pipeline would plan it), and why: one line."""
-        from dali_mesh.io.read_plan import NotNativeError  # noqa: PLC0415
+        from dali_mesh.io.read_plan import CODECS, NotNativeError  # noqa: PLC0415
         from dali_mesh.pipeline.native import plan_source  # noqa: PLC0415
 
         try:
@@ -280,8 +280,6 @@ class LayoutTarget:
             return f"reader: partitioned_source (the native reader falls back: {e})"
         except (OSError, ValueError, RuntimeError) as e:  # e.g. no kernels library in this install
             return f"reader: not checked ({type(e).__name__}: {e})"
-        from dali_mesh.io.read_plan import CODECS  # noqa: PLC0415
-
         names = {v: k for k, v in CODECS.items()}
         used = sorted({names.get(i, str(i)) for c in plans.coders for i in c.ids})
         return "reader: native (read_windows)" + (f", decoding {'+'.join(used)} chunks on DALI's threads, each "

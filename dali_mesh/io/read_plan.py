@@ -423,12 +423,13 @@ class PlanSet:
             self.plans.append(plan)
         return idx
 
-    def add_file(self, path: str, expected_size: int = -1) -> int:
-        """The index of ``path`` in :attr:`files` (added the first time)."""
+    def add_file(self, path: str, expected_size: int = -1, expected_mtime_ns: int = -1) -> int:
+        """The index of ``path`` in :attr:`files` (added the first time, with the size and
+        modification time every read checks; -1: not checked)."""
         idx = self.file_index.get(path)
         if idx is None:
             idx = self.file_index[path] = len(self.files)
-            self.files.append(PlanFile(path, int(expected_size)))
+            self.files.append(PlanFile(path, int(expected_size), int(expected_mtime_ns)))
         return idx
 
     def add_coder(self, coder: Coder) -> int:

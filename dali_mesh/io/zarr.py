@@ -32,7 +32,6 @@ from dali_mesh.io._plan import fill_window, plan_window
 from dali_mesh.io.chunks import check_coded_chunk, chunk_coords, chunk_pieces, count_chunk_pieces, piece_plans
 from dali_mesh.io.read_plan import (
     CHECK_JSON,
-    PlanFile,
     CODEC_LIBRARIES,
     CODECS,
     Coder,
@@ -405,22 +404,23 @@ def _chunk_files(arr, folder, plans: PlanSet, coder: int):
         path = os.path.join(folder, *key.split("/"))
         fidx = plans.file_index.get(path)
         if fidx is None:
-            fidx = plans.add_file(path, _stored_size(path, key))
+            st = _stored_stat(path, key)
+            fidx = plans.add_file(path, -1 if st is None else st.st_size)
         return plans.add_chunk(fidx, 0, plans.files[fidx].expected_size, coder)
 
     return chunk_of
 
 
-def _stored_size(path: str, key: str) -> int:
-    """The size of a chunk or shard file, -1 when it is missing; a key that is not a regular file is
-    :class:`NotRegularFileError` (a FIFO would block a reader)."""
+def _stored_stat(path: str, key: str) -> os.stat_result | None:
+    """The ``stat`` of a chunk or shard file, None when it is missing; a key that is not a regular
+    file is :class:`NotRegularFileError` (a FIFO would block a reader)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        return -1
+        return None
     if not stat.S_ISREG(st.st_mode):
         raise NotRegularFileError(path, f"Zarr key {key!r} is not a regular file; a store holds regular files only")
-    return st.st_size
+    return st
 
 
 def _coords(k: int, shape) -> tuple[int, ...]:
@@ -448,14 +448,12 @@ class _ShardIndex:
     def _read_index(self, shard: tuple[int, ...]):
         key = self.arr.metadata.encode_chunk_key(shard)
         path = os.path.join(self.folder, *key.split("/"))
-        size = _stored_size(path, key)
-        if size < 0:
+        st = _stored_stat(path, key)
+        if st is None:
             return path, None, None
-        st = os.stat(path)
-        fidx = self.plans.file_index.get(path)
-        if fidx is None:
-            fidx = self.plans.file_index[path] = len(self.plans.files)
-            self.plans.files.append(PlanFile(path, st.st_size, st.st_mtime_ns))
+        size = st.st_size
+        # size and modification time as the index was read: any rewrite of the shard is refused
+        fidx = self.plans.add_file(path, size, st.st_mtime_ns)
         nbytes = 16 * self.n + 4 * self.crc
         if size < nbytes:
             raise HeaderError(path, f"shard {key!r} is {size} bytes, smaller than its index ({nbytes} bytes)")
