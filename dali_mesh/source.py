@@ -15,9 +15,9 @@ Sources:
     NumpySource(files, layout)                 one sample per ``.npy`` file
     HDF5Source(files, dataset, layout)         samples along axis 0 of a dataset, across files
     ZarrSource(stores, array, layout)          the same for Zarr arrays (v2 or v3)
-HDF5Source and ZarrSource take ``forecast=ForecastSpec(history=k, lead=m)``: the sample at step t is
-the input steps ``t-k .. t`` and the target steps ``t+1 .. t+m`` (crossing files where needed), both
-windows of the same region; and ``channels=[...]`` (a subset of ``channel_axis`` of each step).
+HDF5Source and ZarrSource take ``forecast=ForecastSpec(history=k, lead=m, stride=s)``: the sample at
+step t is the input steps ``t-k*s, .., t-s, t`` and the target steps ``t+s, .., t+m*s`` (crossing files
+where needed), both windows of the same region; and ``channels=[...]`` (a subset of ``channel_axis`` of each step).
 """
 from __future__ import annotations
 
@@ -49,16 +49,34 @@ _STATUS_BYTES = 1024
 
 @dataclass(frozen=True)
 class ForecastSpec:
-    """Input steps ``t-history .. t`` and target steps ``t+1 .. t+lead`` of a sample at step ``t``."""
+    """Input steps ``t - history*stride, .., t - stride, t`` and target steps ``t + stride, ..,
+    t + lead*stride`` of a sample at step ``t``: ``stride`` stored steps between the forecast's steps
+    (PhysicsNeMo's ERA5 ``stride``: 6-hourly steps from hourly data is ``stride=6``). Samples still
+    start at every stored step."""
 
     history: int = 0
     lead: int = 1
+    stride: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("history", "lead"):
+        for name in ("history", "lead", "stride"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-                raise ValueError(f"ForecastSpec.{name} must be an integer >= 0, got {v!r}")
+            low = 1 if name == "stride" else 0
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+                raise ValueError(f"ForecastSpec.{name} must be an integer >= {low}, got {v!r}")
+
+    @property
+    def span(self) -> int:
+        """Stored steps from a sample's first input step to its last step: ``(history + lead) * stride``."""
+        return (self.history + self.lead) * self.stride
+
+    def input_offsets(self) -> range:
+        """The input steps relative to ``t``: ``-history*stride .. 0`` in steps of ``stride``."""
+        return range(-self.history * self.stride, 1, self.stride)
+
+    def target_offsets(self) -> range:
+        """The target steps relative to ``t``: ``stride .. lead*stride`` in steps of ``stride``."""
+        return range(self.stride, self.lead * self.stride + 1, self.stride)
 
 
 class WindowSource:
@@ -137,7 +155,8 @@ class WindowSource:
                 fp[attr] = getattr(self, attr)
         forecast = getattr(self, "forecast", None)
         if forecast is not None:
-            fp["forecast"] = [forecast.history, forecast.lead]
+            # stride 1 keeps the fingerprint of checkpoints saved before strides existed
+            fp["forecast"] = [forecast.history, forecast.lead] + ([forecast.stride] if forecast.stride != 1 else [])
         return fp
 
     # ---- sample order -------------------------------------------------------------------------------
@@ -451,13 +470,15 @@ class _TimeSeriesSource(WindowSource):
             raise DataFileError(
                 self.files[-1], f"time range {start}:{stop} runs past the data: the {self._kind}s hold "
                 f"{total} steps ({', '.join(f'{os.path.basename(f)}: {n}' for f, n in zip(self.files, lengths))})")
-        k = forecast.history if forecast else 0
-        m = forecast.lead if forecast else 0
+        k = forecast.history * forecast.stride if forecast else 0
+        span = forecast.span if forecast else 0
         self.time_start = start + k  # step t of sample id 0
-        self.num_samples = stop - start - k - m
+        self.num_samples = stop - start - span
         if self.num_samples <= 0:
+            what = "" if forecast is None else \
+                f" (history {forecast.history}, lead {forecast.lead}, stride {forecast.stride})"
             raise DataFileError(
-                self.files[-1], f"a sample needs {k + m + 1} consecutive steps (history {k}, lead {m}) "
+                self.files[-1], f"a sample spans {span + 1} consecutive steps{what} "
                 f"but the time range {start}:{stop} holds {stop - start}: the time window runs past the data")
         if self.sample_shape is not None:
             self.region
@@ -476,6 +497,7 @@ class _TimeSeriesSource(WindowSource):
         return plan_time_series(self.files[0], num_samples=self.num_samples, time_start=self.time_start,
                                 file_offsets=self._offsets, sample_ndim=self.sample_ndim,
                                 history=None if fc is None else fc.history, lead=0 if fc is None else fc.lead,
+                                stride=1 if fc is None else fc.stride,
                                 per_sample_shapes=self.sample_shape is None, steps_of=steps_of)
 
     def _file_region(self, fi: int) -> Region:
@@ -495,7 +517,8 @@ class _TimeSeriesSource(WindowSource):
 
     def _files_of(self, sample_id: int) -> str:
         t = self.step_of(sample_id)
-        k, m = (self.forecast.history, self.forecast.lead) if self.forecast else (0, 0)
+        fc = self.forecast
+        k, m = (fc.history * fc.stride, fc.lead * fc.stride) if fc else (0, 0)
         first, last = self.locate(t - k), self.locate(t + m)
         if first[0] == last[0]:
             return f"{self.files[first[0]]} steps {first[1]}..{last[1]}"
@@ -541,15 +564,15 @@ class _TimeSeriesSource(WindowSource):
             out = self._empty(region.window_shape, self.dtype)
             self._read_step(t, region, out, shape)
             return (out,)
-        k, m = self.forecast.history, self.forecast.lead
-        inp = self._empty((k + 1,) + region.window_shape, self.dtype)
-        for j, s in enumerate(range(t - k, t + 1)):
-            self._read_step(s, region, inp[j], shape)
-        if not m:
+        fc = self.forecast
+        inp = self._empty((fc.history + 1,) + region.window_shape, self.dtype)
+        for j, d in enumerate(fc.input_offsets()):
+            self._read_step(t + d, region, inp[j], shape)
+        if not fc.lead:
             return (inp,)
-        tgt = self._empty((m,) + region.window_shape, self.dtype)
-        for j, s in enumerate(range(t + 1, t + m + 1)):
-            self._read_step(s, region, tgt[j], shape)
+        tgt = self._empty((fc.lead,) + region.window_shape, self.dtype)
+        for j, d in enumerate(fc.target_offsets()):
+            self._read_step(t + d, region, tgt[j], shape)
         return inp, tgt
 
 

@@ -152,22 +152,23 @@ def year_files(tmp_path_factory):
     return h5, zs
 
 
-@pytest.mark.parametrize("kind", ["hdf5", "zarr"])
-def test_forecast_crosses_year_files(year_files, kind):
+@pytest.mark.parametrize("kind,stride", [("hdf5", 1), ("zarr", 1), ("hdf5", 2), ("zarr", 2)])
+def test_forecast_crosses_year_files(year_files, kind, stride):
     files = year_files[0] if kind == "hdf5" else year_files[1]
     cls = HDF5Source if kind == "hdf5" else ZarrSource
     layout = _layout((1, 1), shard={"model_parallel": 1}, halo={1: 1, 2: 2},
                      boundary={1: "reflect", 2: "periodic"})
-    src = cls(files, "fields", layout, batch_size=2, seed=2, forecast=ForecastSpec(history=2, lead=3),
-              channels=[2, 0])
-    assert src.num_samples == 15 - 2 - 3 and src.output_names == ("input", "target", "sample_id", "is_pad")
+    src = cls(files, "fields", layout, batch_size=2, seed=2,
+              forecast=ForecastSpec(history=2, lead=3, stride=stride), channels=[2, 0])
+    assert src.num_samples == 15 - 5 * stride and src.output_names == ("input", "target", "sample_id", "is_pad")
     assert src.output_ndims == (4, 4, 0, 0)
+    assert src.step_of(0) == 2 * stride
     region = src.region
     for i in range(len(src)):
         inp, tgt, sid, pad = src(info(i, 1))
         t = src.step_of(int(sid))
-        exp_in = np.stack([take_window(ALL[s][[2, 0]], region) for s in range(t - 2, t + 1)])
-        exp_tg = np.stack([take_window(ALL[s][[2, 0]], region) for s in range(t + 1, t + 4)])
+        exp_in = np.stack([take_window(s[[2, 0]], region) for s in ALL[t - 2 * stride:t + 1:stride]])
+        exp_tg = np.stack([take_window(s[[2, 0]], region) for s in ALL[t + stride:t + 3 * stride + 1:stride]])
         np.testing.assert_array_equal(inp, exp_in)
         np.testing.assert_array_equal(tgt, exp_tg)
     assert {src.locate(s)[0] for s in range(15)} == {0, 1, 2}
@@ -188,8 +189,13 @@ def test_time_window_past_the_data(year_files):
     h5, zs = year_files
     with pytest.raises(DataFileError, match=r"2002\.h5.*time range 0:16 runs past the data.*15 steps"):
         HDF5Source(h5, "fields", _layout((0, 0)), time_range=(0, 16))
-    with pytest.raises(DataFileError, match=r"2002\.zarr.*needs 17 consecutive steps"):
+    with pytest.raises(DataFileError, match=r"2002\.zarr.*spans 17 consecutive steps \(history 10, lead 6, stride 1\)"):
         ZarrSource(zs, "fields", _layout((0, 0)), forecast=ForecastSpec(history=10, lead=6))
+    with pytest.raises(DataFileError, match=r"spans 16 consecutive steps \(history 1, lead 4, stride 3\)"):
+        ZarrSource(zs, "fields", _layout((0, 0)), forecast=ForecastSpec(history=1, lead=4, stride=3))
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="ForecastSpec.stride must be an integer >= 1"):
+            ForecastSpec(stride=bad)
 
 
 def test_time_series_bad_files(year_files, tmp_path):

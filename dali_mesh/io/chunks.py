@@ -156,7 +156,7 @@ StepsOf = Callable
 
 def plan_time_series(first_file: str, *, num_samples: int, time_start: int, file_offsets: np.ndarray,
                      sample_ndim: int, history: int | None, lead: int, per_sample_shapes: bool,
-                     steps_of: StepsOf) -> tuple[PlanSet, ...]:
+                     steps_of: StepsOf, stride: int = 1) -> tuple[PlanSet, ...]:
     """The plans of a time series (samples along axis 0 across files): one :class:`PlanSet` per
     output window (the window; or a forecast's input and, with a lead, target: steps stacked on a
     new leading axis), sharing the plan and file tables.
@@ -167,6 +167,7 @@ def plan_time_series(first_file: str, *, num_samples: int, time_start: int, file
         file_offsets: the global step of each file's first step, and the total (``len(files) + 1``).
         sample_ndim: a step's number of axes.
         history, lead: a forecast's steps (``history=None``: no forecast, one step per sample).
+        stride: stored steps between a forecast's steps (``ForecastSpec.stride``).
         per_sample_shapes: the steps differ in shape (refused for forecasts).
         steps_of: the format's planner of steps (see :data:`StepsOf`).
     """
@@ -178,10 +179,11 @@ def plan_time_series(first_file: str, *, num_samples: int, time_start: int, file
         raise NotNativeError(f"{first_file}: {n_samples} samples are more than the native reader plans "
                              f"(dali_mesh.io.chunks.MAX_NATIVE_SAMPLES = {MAX_NATIVE_SAMPLES}); they are read by "
                              "partitioned_source")
+    # the steps of each output window relative to a sample's step t
     spans = [(0, 0)] if not forecast else [(-history, 0)] + ([(1, lead)] if lead else [])
-    k = history if forecast else 0
-    m = lead if forecast else 0
-    g0 = time_start - k  # global steps [g0, g1) are read by some sample
+    k = history * stride if forecast else 0
+    m = lead * stride if forecast else 0
+    g0 = time_start - k  # global steps [g0, g1) are read by some sample (every stride-th of them)
     g1 = time_start + n_samples + m
     ranges = {}
     for fi in range(len(file_offsets) - 1):
@@ -230,7 +232,7 @@ def plan_time_series(first_file: str, *, num_samples: int, time_start: int, file
         step_bytes = math.prod(wplan.window_shape) * base.dtype.itemsize
         # the stacked window: a leading step axis without boundary cells, then the step's axes
         finish = base.add_plan(ReadPlan.finishing(wplan.stacked(n), base.dtype))
-        rows = (np.arange(n_samples, dtype=np.int64) + (time_start - g0))[:, None] + np.arange(lo, hi + 1)
+        rows = (np.arange(n_samples, dtype=np.int64) + (time_start - g0))[:, None] + np.arange(lo, hi + 1) * stride
         if len(widths) == 1:
             table = np.concatenate([steps[fi][0] for fi in order])  # (steps, P, 3)
             p = table.shape[1]

@@ -512,13 +512,14 @@ def test_mesh_loader_reads_through_the_native_path(tmp_path):
             np.testing.assert_array_equal(w, take_window(np.load(files[sid]), src.region))
 
 
-@pytest.mark.parametrize("kind", ["hdf5", "hdf5_chunked", "zarr"])
-def test_forecast_windows_stack_the_steps(tmp_path, kind):
+@pytest.mark.parametrize("kind,stride", [("hdf5", 1), ("hdf5_chunked", 1), ("zarr", 1), ("hdf5", 2),
+                                         ("hdf5_chunked", 3), ("zarr", 2)])
+def test_forecast_windows_stack_the_steps(tmp_path, kind, stride):
     from dali_mesh.source import ForecastSpec, ZarrSource
 
     rng = np.random.default_rng(SEED)
     files, data = [], []
-    for i, steps in enumerate((4, 3)):  # samples cross the file boundary; the files' byte orders differ
+    for i, steps in enumerate((4, 3) if stride == 1 else (7, 6 * stride - 4)):  # samples cross the file boundary; the files' byte orders differ
         arr = random_array(rng, (steps, 2, 7, 6), np.float32)
         if kind == "zarr":
             zarr = pytest.importorskip("zarr")
@@ -537,8 +538,9 @@ def test_forecast_windows_stack_the_steps(tmp_path, kind):
     full = np.concatenate(data)
     layout = Layout(mesh_of((1, 3), (0, 2)), shard={"m0": 1}, halo={1: 1, 2: 2},
                     boundary={1: "symmetric", 2: "periodic"})
-    kw = dict(batch_size=2, shuffle=True, seed=3, forecast=ForecastSpec(history=1, lead=2))
+    kw = dict(batch_size=2, shuffle=True, seed=3, forecast=ForecastSpec(history=1, lead=2, stride=stride))
     src = ZarrSource(files, None, layout, **kw) if kind == "zarr" else HDF5Source(files, "fields", layout, **kw)
+    assert native.plan_windows(src)  # read natively, not by the fallback
 
     p = native_pipeline(src, batch_size=2)
     n = 0
@@ -546,12 +548,14 @@ def test_forecast_windows_stack_the_steps(tmp_path, kind):
         inp, tgt, ids, _ = p.run()
         for k in range(2):
             t = src.step_of(int(np.array(ids[k])))
-            want_in = np.stack([take_window(full[s], src.region) for s in (t - 1, t)])
-            want_tgt = np.stack([take_window(full[s], src.region) for s in (t + 1, t + 2)])
+            # numpy's strided slices of the whole series are the oracle
+            want_in = np.stack([take_window(f, src.region) for f in full[t - stride:t + 1:stride]])
+            want_tgt = np.stack([take_window(f, src.region) for f in full[t + stride:t + 2 * stride + 1:stride]])
             np.testing.assert_array_equal(np.array(inp[k]), want_in, err_msg=f"step {t}")
             np.testing.assert_array_equal(np.array(tgt[k]), want_tgt, err_msg=f"step {t}")
             n += 1
-    assert n == len(src) == 4  # steps 1..4 of 7 (history 1, lead 2)
+    # steps 1..4 of 7 (history 1, lead 2); with a stride s, steps s .. len - 2s - 1 (padded to whole batches)
+    assert n == len(src) and src.num_samples == len(full) - 3 * stride and len(src) - src.num_samples < 2
 
 
 @pytest.mark.timeout(150)
