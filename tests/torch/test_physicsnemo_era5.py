@@ -1,0 +1,249 @@
+"""dali_mesh.physicsnemo.ERA5HDF5Datapipe against PhysicsNeMo's own ERA5HDF5Datapipe (issue 18): the same
+files, arguments and order give, batch for batch and bit for bit, PhysicsNeMo's invar / outvar /
+cos_zenith / time_of_year_idx cut to each rank's band. PhysicsNeMo's datapipe runs in a subprocess
+(tests/torch/physicsnemo_era5_reference.py, which says why). Skipped where PhysicsNeMo is not installed."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("h5py")
+pytest.importorskip("physicsnemo.distributed", reason="PhysicsNeMo is not installed (make test installs it)")
+
+from dali_mesh import Layout, MeshInfo  # noqa: E402
+from dali_mesh.partition import LayoutError, take_window  # noqa: E402
+
+STEPS, CHANNELS, H, W = 13, 4, 10, 12
+REFERENCE = os.path.join(os.path.dirname(__file__), "physicsnemo_era5_reference.py")
+
+# name -> (PhysicsNeMo's arguments, data-parallel rank/size); every config on 3 model-parallel ranks
+CONFIGS = {
+    f"h{h}s{s}st{st}": (dict(num_history=h, num_steps=s, stride=st, channels=[0, 2, 3], batch_size=2,
+                             use_cos_zenith=True, latlon_resolution=(H, W), use_time_of_year_index=True,
+                             cos_zenith_args={"dt": 6.0, "start_year": 2000}), (1, 2))
+    for h in (0, 1) for s in (1, 2) for st in (1, 2)
+}
+CONFIGS["unshuffled_patch"] = (dict(num_history=1, num_steps=1, stride=1, batch_size=3, shuffle=False,
+                                    patch_size=(4, 5), num_samples_per_year=7, use_time_of_year_index=True), (0, 1))
+CONFIGS["no_stats_dp3"] = (dict(num_history=0, num_steps=1, stride=3, batch_size=1, channels=[1]), (2, 3))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def physicsnemo_datapipes():
+    """The drop-in's cos zenith uses PhysicsNeMo's own DALI function and lat/lon grid, from modules
+    that import here only around their package __init__s (see _physicsnemo_stub.py)."""
+    from tests.torch import _physicsnemo_stub
+
+    _physicsnemo_stub.install()
+    yield
+    _physicsnemo_stub.uninstall()
+
+
+@pytest.fixture(scope="module")
+def era5(tmp_path_factory):
+    """Two year files (2001 is chunked and gzip+shuffle compressed), PhysicsNeMo's stats files."""
+    import h5py
+
+    root = tmp_path_factory.mktemp("era5")
+    rng = np.random.default_rng(18)
+    (root / "data").mkdir()
+    (root / "stats").mkdir()
+    years = {}
+    for y in (2000, 2001):
+        a = rng.standard_normal((STEPS, CHANNELS, H, W)).astype(np.float32)
+        a += (np.arange(STEPS, dtype=np.float32)[:, None, None, None] * 10 + (y - 2000) * 1000)
+        with h5py.File(root / "data" / f"{y}.h5", "w") as f:
+            if y == 2000:
+                f["fields"] = a
+            else:
+                f.create_dataset("fields", data=a, chunks=(1, 2, 5, 12), compression="gzip", shuffle=True)
+        years[y] = a
+    np.save(root / "stats" / "global_means.npy", rng.standard_normal((1, CHANNELS, 1, 1)).astype(np.float32))
+    np.save(root / "stats" / "global_stds.npy", (rng.random((1, CHANNELS, 1, 1)) + 0.5).astype(np.float32))
+    (root / "data" / "notes.h5").write_bytes(b"not a year file")  # PhysicsNeMo's ????.h5 rule skips it
+    return root, years
+
+
+@pytest.fixture(scope="module")
+def reference(era5, tmp_path_factory):
+    """Every batch of two epochs of PhysicsNeMo's datapipe, per config."""
+    root, _ = era5
+    out = tmp_path_factory.mktemp("reference")
+    configs = {}
+    for name, (kw, (rank, world)) in CONFIGS.items():
+        stats = None if name.startswith("no_stats") else str(root / "stats")
+        configs[name] = dict(kw, data_dir=str(root / "data"), stats_dir=stats, device="cpu", num_workers=1,
+                             process_rank=rank, world_size=world)
+    (out / "configs.json").write_text(json.dumps(configs))
+    proc = subprocess.run([sys.executable, REFERENCE, str(out / "configs.json"), str(out)], capture_output=True,
+                          text=True, timeout=400, cwd=out)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return {name: dict(np.load(out / f"{name}.npz")) for name in CONFIGS}
+
+
+def _ours(root, name, mp_rank, **extra):
+    from dali_mesh.physicsnemo import ERA5HDF5Datapipe
+
+    kw, (rank, world) = CONFIGS[name]
+    mesh = MeshInfo((world, 3), ("dp", "mp"), (rank, mp_rank))
+    layout = extra.pop("layout", None)
+    if layout is None:
+        crop = None if "patch_size" not in kw else [None, (0, 8), (0, 10)]
+        layout = Layout(mesh, shard={"mp": 1}, batch="dp", split="physicsnemo", crop=crop)
+    stats = None if name.startswith("no_stats") else str(root / "stats")
+    return ERA5HDF5Datapipe(str(root / "data"), stats, device="cpu", num_workers=1, layout=layout, **kw, **extra)
+
+
+def _band(full, region, key):
+    """PhysicsNeMo's whole-field output cut to the rank's owned rows and columns."""
+    rows = slice(region.start[1], region.stop[1])
+    cols = slice(region.start[2], region.stop[2])
+    return full if key == "time_of_year_idx" else full[..., rows, cols]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_batch_for_batch_physicsnemo(era5, reference, name):
+    from dali_mesh.pipeline import native
+
+    root, _ = era5
+    ref = reference[name]
+    for mp_rank in range(3):
+        pipe = _ours(root, name, mp_rank)
+        native.plan_windows(pipe.source)  # read natively (no fallback): raises NotNativeError otherwise
+        assert len(pipe) == int(ref["len"]) > 0
+        for epoch in range(2):
+            n = 0
+            for b, batch in enumerate(pipe):
+                (got,) = batch
+                keys = sorted(k.split("/")[2] for k in ref if k.startswith(f"{epoch}/{b}/"))
+                assert sorted(got) == keys
+                for k in keys:
+                    want = _band(ref[f"{epoch}/{b}/{k}"], pipe.region, k)
+                    have = got[k].numpy()
+                    assert have.shape == want.shape and have.dtype == want.dtype, (k, have.shape, want.shape)
+                    np.testing.assert_array_equal(have, want, err_msg=f"{name} rank {mp_rank} epoch {epoch} "
+                                                                      f"batch {b} {k}")
+                n += 1
+            assert n == len(pipe)
+        pipe.close()
+
+
+@pytest.mark.timeout(300)
+def test_halo_windows_follow_the_boundary_rules(era5, reference):
+    # halo rows reflected at the poles, columns periodic: PhysicsNeMo's field, windowed by numpy's pad
+    root, _ = era5
+    name = "h1s2st2"
+    ref = reference[name]
+    for mp_rank in (0, 2):
+        mesh = MeshInfo((2, 3), ("dp", "mp"), (1, mp_rank))
+        layout = Layout(mesh, shard={"mp": 1}, batch="dp", split="physicsnemo", halo={1: 1, 2: 2},
+                        boundary={1: "reflect", 2: "periodic"})
+        pipe = _ours(root, name, mp_rank, layout=layout)
+        (got,) = next(iter(pipe))
+        for k in ("invar", "outvar", "cos_zenith"):
+            full = ref[f"0/0/{k}"]
+            region = layout.region((full.shape[-3],) + full.shape[-2:])
+            want = np.stack([np.stack([take_window(s, region) for s in steps]) for steps in full])
+            np.testing.assert_array_equal(got[k].numpy(), want, err_msg=f"rank {mp_rank} {k}")
+        pipe.close()
+
+
+@pytest.mark.timeout(300)
+def test_dali_mesh_order_takes_every_sample_once_within_years(era5):
+    from dali_mesh.physicsnemo import ERA5HDF5Datapipe
+
+    root, years = era5
+    seen = []
+    for dp in range(2):
+        layout = Layout(MeshInfo((2, 2), ("dp", "mp"), (dp, 1)), shard={"mp": 2}, batch="dp", split="physicsnemo")
+        pipe = ERA5HDF5Datapipe(str(root / "data"), None, channels=[1, 2], batch_size=2, num_history=1,
+                                num_steps=1, stride=2, shuffle=True, device="cpu", layout=layout, order="dali_mesh",
+                                seed=5, use_time_of_year_index=True)
+        region = pipe.region
+        for (batch,) in pipe:
+            for i, doy in enumerate(batch["time_of_year_idx"].reshape(-1).tolist()):
+                # which year: the data encode it (x // 1000)
+                year = 2000 + int(batch["invar"][i, 0, 0, 0, 0] // 1000 + 0.5)
+                seen.append((year, doy))
+                a = years[year]
+                want = np.stack([take_window(a[t, [1, 2]], region) for t in (doy, doy + 2)])
+                np.testing.assert_array_equal(batch["invar"][i].numpy(), want)
+                np.testing.assert_array_equal(batch["outvar"][i].numpy(), take_window(a[doy + 4, [1, 2]], region)[None])
+        pipe.close()
+    # 13 - 4 = 9 samples a year, floored to 8 for 2 data-parallel ranks: 16, each once per epoch
+    assert sorted(seen) == [(y, i) for y in (2000, 2001) for i in range(8)]
+
+
+@pytest.mark.timeout(300)
+def test_checkpoint_resumes_mid_epoch(era5, reference):
+    root, _ = era5
+    name = "h0s1st1"
+    pipe = _ours(root, name, 1)
+    it = iter(pipe)
+    next(it)
+    state = pipe.state_dict()
+    rest = [b[0]["invar"].clone() for b in it]
+    pipe.close()
+    again = _ours(root, name, 1)
+    again.load_state_dict(state)
+    resumed = [b[0]["invar"] for b in again]
+    assert len(resumed) == len(rest) == len(again) - 1
+    for a, b in zip(rest, resumed):
+        assert torch.equal(a, b)
+    again.close()
+
+
+def test_refusals(era5, tmp_path, monkeypatch):
+    from dali_mesh.io import DataFileError
+    from dali_mesh.physicsnemo import ERA5HDF5Datapipe
+
+    root, years = era5
+    data = str(root / "data")
+    with pytest.raises(ValueError, match="interpolation_type='INTERP_LINEAR'.*does not resize"):
+        ERA5HDF5Datapipe(data, device="cpu", interpolation_type="INTERP_LINEAR", latlon_resolution=(5, 6))
+    with pytest.raises(IOError, match="data directory .* does not exist"):
+        ERA5HDF5Datapipe(str(tmp_path / "nowhere"), device="cpu")
+    with pytest.raises(IOError, match=r"no year files \(\?\?\?\?\.h5\)"):
+        ERA5HDF5Datapipe(str(tmp_path), device="cpu")
+    with pytest.raises(ValueError, match="greater than the number of fields 4"):
+        ERA5HDF5Datapipe(data, channels=[0, 4], device="cpu")
+    with pytest.raises(ValueError, match=r"num_samples_per_year \(13\) > number of samples available \(12\)"):
+        ERA5HDF5Datapipe(data, num_samples_per_year=13, device="cpu")
+    with pytest.raises(ValueError, match="Not enough number of samples per year"):
+        ERA5HDF5Datapipe(data, num_history=6, num_steps=7, device="cpu")
+    mp = Layout(MeshInfo((3,), ("mp",), (0,)), shard={"mp": 1}, split="physicsnemo")
+    with pytest.raises(ValueError, match=r"latlon_resolution \(5, 6\) is not the fields' \(10, 12\)"):
+        ERA5HDF5Datapipe(data, device="cpu", use_cos_zenith=True, latlon_resolution=(5, 6), layout=mp)
+    with pytest.raises(ValueError, match="latlon_resolution must be set"):
+        ERA5HDF5Datapipe(data, device="cpu", use_cos_zenith=True)
+    dp = Layout(MeshInfo((2, 3), ("dp", "mp"), (1, 0)), shard={"mp": 1}, batch="dp")
+    with pytest.raises(ValueError, match=r"process_rank 0 / world_size 2 disagree with the layout's batch dims"):
+        ERA5HDF5Datapipe(data, device="cpu", layout=dp, process_rank=0, world_size=2)
+    with pytest.raises(LayoutError, match=r"domain \(10, 12\) of \(lat, lon\) is not the fields' \(8, 10\)"):
+        ERA5HDF5Datapipe(data, device="cpu", layout=mp, patch_size=(4, 5))
+    import dali_mesh.physicsnemo.era5 as era5_module
+
+    with monkeypatch.context() as m:  # as if DistributedManager had made a 2-D mesh
+        m.setattr(era5_module, "_physicsnemo_mesh", lambda: MeshInfo((2, 2), ("dp", "mp"), (0, 0)))
+        with pytest.raises(LayoutError, match="shard= is needed on a 2-D mesh"):
+            ERA5HDF5Datapipe(data, device="cpu")
+    with pytest.raises(ValueError, match="order must be one of 'physicsnemo', 'dali_mesh'"):
+        ERA5HDF5Datapipe(data, device="cpu", order="nope")
+    # a later year shorter than the first: PhysicsNeMo would index past it; refused naming the file
+    import h5py
+
+    short = tmp_path / "short"
+    short.mkdir()
+    for y, n in ((2000, 13), (2001, 9)):
+        with h5py.File(short / f"{y}.h5", "w") as f:
+            f["fields"] = years[y][:n]
+    with pytest.raises(DataFileError, match=r"2001\.h5.*holds 9 steps, fewer than the 13"):
+        ERA5HDF5Datapipe(str(short), device="cpu", num_steps=1)
+
