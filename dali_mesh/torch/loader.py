@@ -10,7 +10,7 @@ import torch
 from dali_mesh.partition import Layout, LayoutError
 from dali_mesh.pipeline.registry import sources_of
 from dali_mesh.pipeline.watchdog import DEFAULT_TIMEOUT_S, Watchdog, prefetch_batches
-from dali_mesh.torch.like import check_like, like_spec, mesh_str, plain
+from dali_mesh.torch.like import check_like, is_shard_tensor, like_spec, mesh_str, plain
 from dali_mesh.torch.wrap import device_mesh_info, to_dtensor, to_shard_tensor
 
 log = logging.getLogger(__name__)
@@ -49,12 +49,15 @@ class MeshLoader:
             (needed for ``load_state_dict``: a restored pipeline is built from a checkpoint).
         layout: the ``Layout`` the pipeline's source reads with. With ``like`` it may be omitted: it is
             then ``Layout.from_dtensor(like)`` (no halo), and the source must read with that layout.
-        like: the model's input, a DTensor (or its ``DTensorSpec``; a dict ``{output name: ...}`` for
-            several window outputs; otherwise it describes the first window output). Implies
-            ``output="dtensor"``, ``device_mesh=like.device_mesh`` and ``sample_shape=like.shape[1:]``
-            unless given (give ``sample_shape`` when the output has a steps axis, as a forecast's). At construction the layout's placements and sample shape are checked against
-            it; on the first batch the DTensor yielded must have exactly its mesh, placements, global
-            shape, stride and local shape, or ``LayoutError`` names both sides.
+        like: the model's input, a DTensor or a PhysicsNeMo ShardTensor (or its spec; a dict
+            ``{output name: ...}`` for several window outputs; otherwise it describes the first window
+            output). Implies ``output="dtensor"`` (``"shard_tensor"`` for a ShardTensor),
+            ``device_mesh=like.device_mesh`` and ``sample_shape=like.shape[1:]`` unless given (give
+            ``sample_shape`` when the output has a steps axis, as a forecast's). At construction the
+            layout's placements, sample shape and (ShardTensor) shard sizes are checked against it;
+            on the first batch the tensor yielded must have exactly its mesh, placements, global
+            shape, stride and local shape (and a ShardTensor's every rank's local shape), or
+            ``LayoutError`` names both sides.
         output_map: names of the pipeline outputs, in order (default: ``window, sample_id, is_pad``);
             one name per pipeline output, checked when the pipeline is built.
         window_outputs: which outputs are windows (default: those not named ``sample_id``/``is_pad``).
@@ -101,8 +104,12 @@ class MeshLoader:
     ) -> None:
         from dali_mesh.source import check_sample_shape  # noqa: PLC0415
 
+        like_kind = None
+        if like is not None:
+            first_like = next(iter(like.values()), None) if isinstance(like, Mapping) else like
+            like_kind = "shard_tensor" if is_shard_tensor(first_like) else "dtensor"
         if output is None:
-            output = "dtensor" if like is not None else "local"
+            output = like_kind or "local"
         if output not in OUTPUTS:
             raise ValueError(f"unknown output {output!r}; expected one of {', '.join(OUTPUTS)}")
         self.output_map = self._check_names(output_map, "output_map")
@@ -121,8 +128,11 @@ class MeshLoader:
 
         self._like = self._like_specs(like) if like is not None else None
         if like is not None:
-            if output != "dtensor":
-                raise ValueError(f"like= describes a DTensor input: use output='dtensor', not {output!r}")
+            if output != like_kind:
+                what = "a ShardTensor" if like_kind == "shard_tensor" else "a DTensor"
+                raise ValueError(f"like= describes {what} input: use output={like_kind!r}, not {output!r}")
+            if len({v.get("kind") for v in self._like.values()}) > 1:
+                raise ValueError("like= mixes DTensors and ShardTensors: the loader yields one kind")
             first = next(iter(self._like.values()))
             if device_mesh is None:
                 device_mesh = first["mesh"]
@@ -195,15 +205,25 @@ class MeshLoader:
             if lead < 0 or tuple(want["shape"][1 + lead:]) != got_sample:
                 raise LayoutError(f"the model's input {name!r} has shape {want['shape']} but the loader's samples "
                                   f"have domain shape {got_sample} (sample_shape {self.sample_shape}, crop applied)")
-            placements = tuple(self.layout.dtensor_placements(len(self.sample_shape), halo_stripped=True,
-                                                              global_shape=self.sample_shape,
-                                                              lead_axes=lead))
+            shard_tensor = want.get("kind") == "shard_tensor"
+            placements = tuple(self.layout.dtensor_placements(
+                len(self.sample_shape), halo_stripped=True, lead_axes=lead,
+                **({"any_split": True} if shard_tensor else {"global_shape": self.sample_shape})))
             if placements != tuple(want["placements"]):
                 raise LayoutError(f"the layout gives {name!r} placements {plain(placements)} but the model's input "
                                   f"has {plain(want['placements'])} (layout {self.layout})")
             if want["mesh"] != self.device_mesh:
                 raise LayoutError(f"the model's input {name!r} lives on {mesh_str(want['mesh'])}, the loader on "
                                   f"{mesh_str(self.device_mesh)}")
+            if shard_tensor:  # every rank's shard of the sample, along each mesh dim that shards it
+                ours = self.layout.sharding_shapes(self.sample_shape)
+                for d, shapes in ours.items():
+                    theirs = tuple(tuple(s[1 + lead:]) for s in want["sharding_shapes"].get(d, ()))
+                    if tuple(map(tuple, shapes)) != theirs:
+                        raise LayoutError(
+                            f"the layout splits {name!r} along mesh dim {self.layout.mesh.names[d]!r} into "
+                            f"{[tuple(s) for s in shapes]} but the model's ShardTensor into {list(theirs)} "
+                            f"(layout {self.layout}; split {self.layout.split!r})")
 
     def _start(self, pipe) -> None:
         """Build ``pipe`` and its iterator under a fresh watchdog (the build starts the workers and the

@@ -4,6 +4,7 @@ cos_zenith / time_of_year_idx cut to each rank's band. PhysicsNeMo's datapipe ru
 (tests/torch/physicsnemo_era5_reference.py, which says why). Skipped where PhysicsNeMo is not installed."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
@@ -169,8 +170,8 @@ def test_dali_mesh_order_takes_every_sample_once_within_years(era5):
         region = pipe.region
         for (batch,) in pipe:
             for i, doy in enumerate(batch["time_of_year_idx"].reshape(-1).tolist()):
-                # which year: the data encode it (x // 1000)
-                year = 2000 + int(batch["invar"][i, 0, 0, 0, 0] // 1000 + 0.5)
+                # which year: the data encode it (1000 per year, rounded)
+                year = 2000 + round(float(batch["invar"][i, 0, 0, 0, 0]) / 1000)
                 seen.append((year, doy))
                 a = years[year]
                 want = np.stack([take_window(a[t, [1, 2]], region) for t in (doy, doy + 2)])
@@ -247,3 +248,56 @@ def test_refusals(era5, tmp_path, monkeypatch):
     with pytest.raises(DataFileError, match=r"2001\.h5.*holds 9 steps, fewer than the 13"):
         ERA5HDF5Datapipe(str(short), device="cpu", num_steps=1)
 
+
+
+def _shard_tensor_rank(rank, world_size, data):
+    """On a (dp 2, mp 2) mesh: ShardTensor output gathers to the fields h5py reads (no stats), and the
+    mesh can come from PhysicsNeMo's DistributedManager instead of device_mesh=."""
+    import h5py
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from dali_mesh.physicsnemo import ERA5HDF5Datapipe
+    from tests.torch import _physicsnemo_stub
+    from tests.torch.test_physicsnemo_real import _manager
+
+    _physicsnemo_stub.install()
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "mp"))
+    years = {int(p[-7:-3]): h5py.File(p, "r")["fields"][:] for p in sorted(glob.glob(os.path.join(data, "????.h5")))}
+    kw = dict(channels=[0, 3], batch_size=2, num_history=1, num_steps=1, stride=2, device="cpu",
+              use_time_of_year_index=True, shard={"mp": "lat"})
+    pipe = ERA5HDF5Datapipe(data, **kw, device_mesh=mesh, output="shard_tensor")
+    assert pipe.world_size == 2 and pipe.process_rank == mesh.get_local_rank(0)
+    n = 0
+    for (batch,) in pipe:
+        inv, outv = batch["invar"], batch["outvar"]
+        assert type(inv).__name__ == "ShardTensor" and inv.shape == (4, 2, 2, H, W) and outv.shape == (4, 1, 2, H, W)
+        doys = [None] * world_size
+        dist.all_gather_object(doys, (mesh.get_local_rank(0), batch["time_of_year_idx"].reshape(-1).tolist()))
+        doys = [d for _, d in sorted(set((g, tuple(d)) for g, d in doys))]
+        full_in, full_out = inv.full_tensor().numpy(), outv.full_tensor().numpy()
+        for i, doy in enumerate(d for group in doys for d in group):
+            year = 2000 + round(float(full_in[i, 0, 0, 0, 0]) / 1000)
+            a = years[year]
+            np.testing.assert_array_equal(full_in[i], a[[doy, doy + 2]][:, [0, 3]])
+            np.testing.assert_array_equal(full_out[i], a[[doy + 4]][:, [0, 3]])
+        n += 1
+    assert n == len(pipe) > 0
+    pipe.close()
+
+    # the mesh from PhysicsNeMo's DistributedManager (no device_mesh=): the same layout
+    manager = _manager(rank, world_size)
+    manager.initialize_mesh(mesh_shape=(2, 2), mesh_dim_names=("dp", "mp"))
+    again = ERA5HDF5Datapipe(data, **kw)
+    assert again.layout == pipe.layout, (again.layout, pipe.layout)
+    again.close()
+
+
+@pytest.mark.timeout(300)
+def test_shard_tensor_output_on_four_gloo_ranks(era5, tmp_path, monkeypatch):
+    from dali_mesh.cli.launch import run_ranks
+
+    root, _ = era5
+    top = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([top, os.environ.get("PYTHONPATH", "")]))
+    run_ranks(_shard_tensor_rank, 4, tmp_path, str(root / "data"), timeout_s=240)

@@ -86,3 +86,84 @@ def _empty_shard_offsets_rank(rank, world_size, cases):
 def test_empty_shards_sit_where_shard_tensor_puts_them(tmp_path):
     cases = [(0, 3, 3, 0), (4, 0, 2, 3), (1, 1, 1, 0), (0, 0, 0, 3)]
     run_ranks(_empty_shard_offsets_rank, 4, tmp_path, cases, timeout_s=180)
+
+
+def _like_shard_tensor_rank(rank, world_size, files, shape):
+    """MeshLoader(like=shard_tensor): the layout from the model's ShardTensor (PhysicsNeMo's own
+    "chunk" shapes, compute_split_shapes), ShardTensors out that equal the model's spec and hold the
+    data; a layout that splits otherwise is refused before any data, naming both splits."""
+    import numpy as np
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+
+    from physicsnemo.domain_parallel import ShardTensor
+
+    from dali_mesh import Layout, MeshInfo
+    from dali_mesh.partition import LayoutError
+    from dali_mesh.source import NumpySource
+    from dali_mesh.torch import MeshLoader, like_spec
+    from tests.torch.test_like import _make
+
+    mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("spatial",))
+    batch = 2
+    global_shape = (batch,) + shape
+    # what a PhysicsNeMo model built for this mesh takes: rows split by ShardTensor's own "chunk"
+    # (compute_split_shapes: 5 rows over 4 ranks are 1, 1, 1, 2; torch.chunk would say 2, 2, 1, 0)
+    from physicsnemo.distributed.utils import compute_split_shapes
+
+    rows = compute_split_shapes(shape[1], world_size)
+    local = torch.zeros((batch, shape[0], rows[rank], shape[2]))
+    model_input = ShardTensor.from_local(local, mesh, [Shard(2)], sharding_shapes="chunk", global_shape=global_shape)
+    assert like_spec(model_input)["sharding_shapes"][0] == tuple((batch, shape[0], r, shape[2]) for r in rows)
+
+    layout = Layout.from_shard_tensor(model_input)
+    assert layout.split == "physicsnemo", layout
+    source = NumpySource(files, layout, batch_size=batch, shuffle=False)
+    loader = MeshLoader(_make(source), like=model_input)
+    assert loader.output == "shard_tensor"
+    steps = 0
+    for out in loader:
+        st = out["window"]
+        assert type(st).__name__ == "ShardTensor"
+        assert tuple(st.placements) == tuple(model_input.placements) and st.shape == model_input.shape
+        assert st.to_local().shape == model_input.to_local().shape
+        assert like_spec(st)["sharding_shapes"] == like_spec(model_input)["sharding_shapes"]
+        want = np.stack([np.load(files[s]) for s in out["sample_id"].tolist()])
+        np.testing.assert_array_equal(st.full_tensor().numpy(), want)
+        steps += 1
+    assert steps == len(source) // batch
+    loader.close()
+
+    # a layout with torch.chunk's split (2, 2, 1, 0) against the model's (1, 1, 1, 2): refused up front
+    chunked = Layout(MeshInfo.from_device_mesh(mesh), shard={"spatial": 1}, split="chunk")
+    other = NumpySource(files, chunked, batch_size=batch, shuffle=False)
+    try:
+        MeshLoader(_make(other), chunked, like=model_input)
+    except LayoutError as e:
+        assert "(2, 2, 6), (2, 2, 6), (2, 1, 6), (2, 0, 6)" in str(e) and "(2, 1, 6), (2, 1, 6), (2, 1, 6), (2, 2, 6)" in str(e), e
+    else:
+        raise AssertionError("a layout splitting otherwise than the model's ShardTensor was accepted")
+    try:  # a ShardTensor input wants ShardTensor output
+        MeshLoader(_make(source), like=model_input, output="dtensor")
+    except ValueError as e:
+        assert "like= describes a ShardTensor input: use output='shard_tensor'" in str(e), e
+    else:
+        raise AssertionError("output='dtensor' was accepted for a ShardTensor like=")
+
+
+@pytest.mark.timeout(240)
+def test_like_a_shard_tensor(tmp_path, monkeypatch):
+    import os
+
+    import numpy as np
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    shape = (2, 5, 6)
+    files = []
+    for i in range(4):
+        f = str(tmp_path / f"s{i}.npy")
+        np.save(f, np.arange(np.prod(shape), dtype=np.float32).reshape(shape) + 100 * i)
+        files.append(f)
+    run_ranks(_like_shard_tensor_rank, 4, tmp_path, files, shape, timeout_s=200)
