@@ -15,8 +15,8 @@ from dali_mesh.partition.checks import (LayoutError, _check_int, _check_shape, _
 from dali_mesh.partition.order import SampleOrder
 from dali_mesh.partition.placements import PlacementsMixin
 from dali_mesh.partition.region import Region
-from dali_mesh.partition.rules import (BOUNDARIES, SPLITS, _axis_groups, _check_boundary, _check_split,
-                                       _nested_sizes, shard_extent)
+from dali_mesh.partition.rules import (BOUNDARIES, SPLIT_ALIASES, SPLITS, _axis_groups, _check_boundary,
+                                       _check_split, _nested_sizes, shard_extent)
 
 def _per_axis(value, ndim: int, default, what: str) -> list:
     """Expand a scalar, a per-axis sequence or an ``{axis: value}`` mapping to one value per axis."""
@@ -194,8 +194,9 @@ class Layout(PlacementsMixin):
         boundary: a rule for every axis, one per axis, or ``{axis: rule}`` (others ``constant``):
             ``constant`` (+ ``fill_value``), ``periodic``, ``reflect``, ``symmetric``, ``edge``, ``trim``.
         fill_value: the value of ``constant`` cells (a real number).
-        split: a rule, ``chunk`` (torch.chunk, DTensor), ``physicsnemo`` or ``even`` (numpy
-            array_split), or explicit shard sizes ``{mesh dim: [sizes...]}``: one list for every
+        split: a rule, ``chunk`` (torch.chunk, DTensor; alias ``"dtensor"``), ``physicsnemo``
+            (``compute_split_shapes``, what ShardTensor makes itself; alias ``"shard_tensor"``) or
+            ``even`` (numpy array_split), or explicit shard sizes ``{mesh dim: [sizes...]}``: one list for every
             sharded axis, one size per rank along that mesh dim, summing to the axis length (the
             crop length with a crop). When several mesh dims shard one axis, the list is given on
             the innermost of them and holds the sizes of all their combined shards, row-major over
@@ -245,6 +246,7 @@ class Layout(PlacementsMixin):
             self._split_prefix = {d: tuple(itertools.accumulate(s, initial=0)) for d, s in self._split_sizes.items()}
             self.split = "explicit"
         elif isinstance(split, str):
+            split = SPLIT_ALIASES.get(split, split)
             _check_split(split)
             self._split_sizes = self._split_prefix = None
             self.split = split

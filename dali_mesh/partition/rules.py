@@ -13,12 +13,17 @@ from dali_mesh.partition.checks import LayoutError, _normalize_axis
 BOUNDARIES = ("constant", "periodic", "reflect", "symmetric", "edge", "trim")
 #: Split rules: torch.chunk / DTensor, PhysicsNeMo's compute_split_shapes, numpy's array_split.
 SPLITS = ("chunk", "physicsnemo", "even")
+#: other names of the rules, by what the libraries call them: ``"dtensor"`` is torch's DTensor ``Shard``
+#: (torch.chunk); ``"shard_tensor"`` is what PhysicsNeMo's ShardTensor makes itself (its "chunk":
+#: ``compute_split_shapes``). A Layout keeps the rule's own name.
+SPLIT_ALIASES = {"dtensor": "chunk", "shard_tensor": "physicsnemo"}
 
 
 # ---- split rules --------------------------------------------------------------------------------
 def _check_split(rule: str) -> None:
     if rule not in SPLITS:
-        raise LayoutError(f"unknown split {rule!r}; expected one of {', '.join(SPLITS)}")
+        aliases = ", ".join(f"{a} = {r}" for a, r in SPLIT_ALIASES.items())
+        raise LayoutError(f"unknown split {rule!r}; expected one of {', '.join(SPLITS)} (or {aliases})")
 
 
 def shard_extent(n: int, k: int, i: int, rule: str = "chunk") -> tuple[int, int]:

@@ -167,3 +167,26 @@ def test_like_a_shard_tensor(tmp_path, monkeypatch):
         np.save(f, np.arange(np.prod(shape), dtype=np.float32).reshape(shape) + 100 * i)
         files.append(f)
     run_ranks(_like_shard_tensor_rank, 4, tmp_path, files, shape, timeout_s=200)
+
+
+def test_split_names_side_by_side_with_the_libraries():
+    """split="shard_tensor" is what ShardTensor makes itself (PhysicsNeMo's compute_split_shapes, which
+    ShardTensor calls "chunk"); split="dtensor" is torch.chunk (DTensor's Shard): checked against the
+    libraries' own functions."""
+    import torch
+    from physicsnemo.distributed.utils import compute_split_shapes
+
+    from dali_mesh import Layout, MeshInfo
+
+    for k in range(1, 9):
+        for n in range(k, 40):  # compute_split_shapes needs n >= k
+            sizes = {}
+            for name in ("shard_tensor", "dtensor"):
+                layouts = [Layout(MeshInfo((k,), ("mp",), (i,)), shard={"mp": 0}, split=name) for i in range(k)]
+                sizes[name] = [lay.region((n,)).shape[0] for lay in layouts]
+            assert sizes["shard_tensor"] == list(compute_split_shapes(n, k)), (n, k)
+            assert sizes["dtensor"] == [len(c) for c in torch.chunk(torch.arange(n), k)] + \
+                [0] * (k - len(torch.chunk(torch.arange(n), k))), (n, k)
+    mesh = MeshInfo((4,), ("mp",), (0,))
+    assert Layout(mesh, shard={"mp": 0}, split="shard_tensor") == Layout(mesh, shard={"mp": 0}, split="physicsnemo")
+    assert Layout(mesh, shard={"mp": 0}, split="dtensor").split == "chunk"
