@@ -28,6 +28,7 @@ ALLOWED = {
     "image": {"pipeline"},
     "torch": {"pipeline", "source", "partition", "mesh", "_checks"},
     "cli": {"torch", "pipeline", "fn", "source", "io", "partition", "mesh", "_checks", "_kernels"},
+    "physicsnemo": {"torch", "pipeline", "source", "io", "partition", "mesh", "_checks"},
     "__init__": {"pipeline", "source", "partition", "mesh"},
 }
 

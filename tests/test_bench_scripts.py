@@ -266,6 +266,18 @@ def test_e2e_bench_tiny(tmp_path):
     assert {"native", "window", "full", "dali"} <= set(rows)
 
 
+def test_physicsnemo_era5_bench_tiny(tmp_path):
+    _needs_plugin()
+    pytest.importorskip("physicsnemo.distributed", reason="PhysicsNeMo is not installed (make test installs it)")
+    r = _run([str(BENCH / "physicsnemo_era5_bench.py"), "--tiny", "--dir", str(tmp_path / "d")], tmp_path,
+             timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [line.split("|") for line in r.stdout.splitlines() if line.startswith("| 1 |")]
+    assert [row[2].strip() for row in rows] == ["PhysicsNeMo ERA5HDF5Datapipe", "dali_mesh drop-in, rank 1 of 4",
+                                                 "dali_mesh drop-in, rank 3 of 4"]
+    assert all(row[3].strip() == "8" for row in rows), rows  # 2 years x (5 - 1) samples, whole batches
+
+
 def test_region_bench_quick(tmp_path):
     r = _run([str(BENCH / "region_bench.py"), "--quick"], tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr

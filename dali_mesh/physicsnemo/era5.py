@@ -264,7 +264,7 @@ class ERA5HDF5Datapipe:
     def _make_pipeline(self, checkpoint=None):
         from nvidia.dali import Pipeline, fn, types  # noqa: PLC0415
 
-        from dali_mesh.fn import read_windows  # noqa: PLC0415
+        from dali_mesh.pipeline.native import read_windows  # noqa: PLC0415
 
         cuda = self.device.type == "cuda"
         pipe = Pipeline(batch_size=self.batch_size, num_threads=max(1, self.num_workers), prefetch_queue_depth=2,
