@@ -153,6 +153,8 @@ class WindowSource:
         for attr in ("name", "time_start"):
             if hasattr(self, attr):
                 fp[attr] = getattr(self, attr)
+        if getattr(self, "time_stride", 1) != 1:  # absent at 1: old checkpoints still resume
+            fp["time_stride"] = self.time_stride
         forecast = getattr(self, "forecast", None)
         if forecast is not None:
             # stride 1 keeps the fingerprint of checkpoints saved before strides existed
@@ -422,7 +424,7 @@ class _TimeSeriesSource(WindowSource):
 
     def __init__(self, files, name, layout, *, batch_size=1, shuffle=True, seed=0, drop_last=False,
                  forecast: ForecastSpec | None = None, channels=None, channel_axis=0,
-                 time_range: tuple[int, int] | None = None, per_sample_shapes=False,
+                 time_range: tuple[int, int] | None = None, time_stride: int = 1, per_sample_shapes=False,
                  reuse_buffers=True) -> None:
         super().__init__(layout, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                          per_sample_shapes=per_sample_shapes, reuse_buffers=reuse_buffers)
@@ -470,10 +472,14 @@ class _TimeSeriesSource(WindowSource):
             raise DataFileError(
                 self.files[-1], f"time range {start}:{stop} runs past the data: the {self._kind}s hold "
                 f"{total} steps ({', '.join(f'{os.path.basename(f)}: {n}' for f, n in zip(self.files, lengths))})")
+        if not _is_int(time_stride) or time_stride < 1:
+            raise ValueError(f"time_stride must be an integer >= 1, got {time_stride!r}")
+        self.time_stride = int(time_stride)
         k = forecast.history * forecast.stride if forecast else 0
         span = forecast.span if forecast else 0
-        self.time_start = start + k  # step t of sample id 0
-        self.num_samples = stop - start - span
+        self.time_start = start + k  # step t of sample id 0; sample i is step time_start + i * time_stride
+        free = stop - start - span  # the steps a sample may start at
+        self.num_samples = (free - 1) // self.time_stride + 1 if free > 0 else 0
         if self.num_samples <= 0:
             what = "" if forecast is None else \
                 f" (history {forecast.history}, lead {forecast.lead}, stride {forecast.stride})"
@@ -497,7 +503,7 @@ class _TimeSeriesSource(WindowSource):
         return plan_time_series(self.files[0], num_samples=self.num_samples, time_start=self.time_start,
                                 file_offsets=self._offsets, sample_ndim=self.sample_ndim,
                                 history=None if fc is None else fc.history, lead=0 if fc is None else fc.lead,
-                                stride=1 if fc is None else fc.stride,
+                                stride=1 if fc is None else fc.stride, sample_stride=self.time_stride,
                                 per_sample_shapes=self.sample_shape is None, steps_of=steps_of)
 
     def _file_region(self, fi: int) -> Region:
@@ -513,7 +519,7 @@ class _TimeSeriesSource(WindowSource):
 
     def step_of(self, sample_id: int) -> int:
         """The global step ``t`` of a sample id."""
-        return self.time_start + int(sample_id)
+        return self.time_start + int(sample_id) * self.time_stride
 
     def _files_of(self, sample_id: int) -> str:
         t = self.step_of(sample_id)
@@ -581,7 +587,8 @@ class HDF5Source(_TimeSeriesSource):
 
     Every step is one hyperslab read per box of this rank's window (``read_direct``). Arguments as
     :class:`NumpySource`, plus ``forecast`` (:class:`ForecastSpec`), ``time_range`` (global steps
-    ``start:stop`` to draw samples from) and ``h5_kwargs`` (for ``h5py.File``, e.g. ``rdcc_nbytes``;
+    ``start:stop`` to draw samples from), ``time_stride`` (a sample at every ``time_stride``-th step
+    of it: 6-hourly samples from hourly data is ``time_stride=6``) and ``h5_kwargs`` (for ``h5py.File``, e.g. ``rdcc_nbytes``;
     and ``random_access=True``: see :func:`dali_mesh.io.hdf5.open_hdf5_dataset`).
     ``allow_external=True`` lets datasets with external raw storage, external links or virtual
     datasets be read (refused by default: they can deliver files the user never named).

@@ -183,6 +183,12 @@ def test_plain_samples_and_time_range(year_files):
     np.testing.assert_array_equal(w, take_window(ALL[3], src.region))
     src = HDF5Source(h5, "fields", _layout((0, 0)), forecast=ForecastSpec(history=1, lead=0))
     assert src.output_names == ("input", "sample_id", "is_pad") and src.read_sample(0)[0].shape[0] == 2
+    # every 4th step of 3:12 (the Python reader; the native one: tests/pipeline/test_read_windows.py)
+    src = ZarrSource(year_files[1], "fields", _layout((0, 0)), shuffle=False, time_range=(3, 12), time_stride=4)
+    assert src.num_samples == 3 and [src.step_of(i) for i in range(3)] == [3, 7, 11]
+    for i, t in enumerate((3, 7, 11)):
+        np.testing.assert_array_equal(src.read_sample(i)[0], take_window(ALL[t], src.region))
+    assert src.fingerprint()["time_stride"] == 4 and "time_stride" not in HDF5Source(h5, "fields", _layout((0, 0))).fingerprint()
 
 
 def test_time_window_past_the_data(year_files):

@@ -156,14 +156,15 @@ StepsOf = Callable
 
 def plan_time_series(first_file: str, *, num_samples: int, time_start: int, file_offsets: np.ndarray,
                      sample_ndim: int, history: int | None, lead: int, per_sample_shapes: bool,
-                     steps_of: StepsOf, stride: int = 1) -> tuple[PlanSet, ...]:
+                     steps_of: StepsOf, stride: int = 1, sample_stride: int = 1) -> tuple[PlanSet, ...]:
     """The plans of a time series (samples along axis 0 across files): one :class:`PlanSet` per
     output window (the window; or a forecast's input and, with a lead, target: steps stacked on a
     new leading axis), sharing the plan and file tables.
 
     Args:
         first_file: named in messages.
-        num_samples, time_start: sample id ``i`` is the step ``time_start + i`` (global).
+        num_samples, time_start, sample_stride: sample id ``i`` is the step ``time_start + i * sample_stride``
+            (global).
         file_offsets: the global step of each file's first step, and the total (``len(files) + 1``).
         sample_ndim: a step's number of axes.
         history, lead: a forecast's steps (``history=None``: no forecast, one step per sample).
@@ -184,7 +185,7 @@ def plan_time_series(first_file: str, *, num_samples: int, time_start: int, file
     k = history * stride if forecast else 0
     m = lead * stride if forecast else 0
     g0 = time_start - k  # global steps [g0, g1) are read by some sample (every stride-th of them)
-    g1 = time_start + n_samples + m
+    g1 = time_start + (n_samples - 1) * sample_stride + 1 + m
     ranges = {}
     for fi in range(len(file_offsets) - 1):
         a, b = max(g0, int(file_offsets[fi])), min(g1, int(file_offsets[fi + 1]))
@@ -216,6 +217,13 @@ def plan_time_series(first_file: str, *, num_samples: int, time_start: int, file
     outs = []
     for lo, hi in spans:
         out = base.sharing_tables(sample_ndim + forecast)
+        # the step (global step - g0) of each sample
+        sample_rows = np.arange(n_samples, dtype=np.int64) * sample_stride + (time_start - g0)
+        if not forecast and sample_stride != 1:  # every sample_stride-th step, its file's finishing plan
+            table = [(finish, row) for fi in order for finish in (steps[fi][1],) for row in steps[fi][0]]
+            out.items = [(table[r][0], [tuple(int(v) for v in q) + (0,) for q in table[r][1]]) for r in sample_rows]
+            outs.append(out)
+            continue
         if not forecast:
             # one item per step, in order; files may differ in parts per step: encoded file by file
             words = []
@@ -232,7 +240,7 @@ def plan_time_series(first_file: str, *, num_samples: int, time_start: int, file
         step_bytes = math.prod(wplan.window_shape) * base.dtype.itemsize
         # the stacked window: a leading step axis without boundary cells, then the step's axes
         finish = base.add_plan(ReadPlan.finishing(wplan.stacked(n), base.dtype))
-        rows = (np.arange(n_samples, dtype=np.int64) + (time_start - g0))[:, None] + np.arange(lo, hi + 1) * stride
+        rows = sample_rows[:, None] + np.arange(lo, hi + 1) * stride
         if len(widths) == 1:
             table = np.concatenate([steps[fi][0] for fi in order])  # (steps, P, 3)
             p = table.shape[1]

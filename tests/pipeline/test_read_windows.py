@@ -558,6 +558,58 @@ def test_forecast_windows_stack_the_steps(tmp_path, kind, stride):
     assert n == len(src) and src.num_samples == len(full) - 3 * stride and len(src) - src.num_samples < 2
 
 
+@pytest.mark.parametrize("kind", ["hdf5", "zarr"])
+@pytest.mark.parametrize("forecast", [None, (1, 1, 2)])
+def test_time_stride_takes_every_kth_step(tmp_path, kind, forecast):
+    """time_stride=3 within time_range=(1, 17): samples at steps 1+k, 4+k, ... (k the history span),
+    natively, each window numpy's slice of the whole series."""
+    from dali_mesh.source import ForecastSpec, ZarrSource
+
+    rng = np.random.default_rng(SEED)
+    files, data = [], []
+    for i, steps in enumerate((8, 11)):
+        arr = random_array(rng, (steps, 2, 6, 5), np.float32)
+        if kind == "zarr":
+            zarr = pytest.importorskip("zarr")
+            p = str(tmp_path / f"z{i}.zarr")
+            zarr.create_array(p, shape=arr.shape, chunks=(1, 2, 3, 5), dtype="f4", zarr_format=3)[:] = arr
+        else:
+            h5py = pytest.importorskip("h5py")
+            p = str(tmp_path / f"y{i}.h5")
+            with h5py.File(p, "w") as f:
+                f.create_dataset("fields", data=arr, chunks=(1, 2, 3, 5), compression="gzip")
+        files.append(p)
+        data.append(arr)
+    full = np.concatenate(data)
+    layout = Layout(mesh_of((1, 2), (0, 1)), shard={"m0": 1}, halo={1: 1}, boundary={1: "reflect"})
+    fc = None if forecast is None else ForecastSpec(*forecast)
+    kw = dict(batch_size=2, shuffle=True, seed=4, forecast=fc, time_range=(1, 17), time_stride=3)
+    src = ZarrSource(files, None, layout, **kw) if kind == "zarr" else HDF5Source(files, "fields", layout, **kw)
+    k, m = (0, 0) if fc is None else (fc.history * fc.stride, fc.lead * fc.stride)
+    starts = list(range(1 + k, 17 - m, 3))
+    assert src.num_samples == len(starts) and [src.step_of(i) for i in range(src.num_samples)] == starts
+    assert native.plan_windows(src)
+    p = native_pipeline(src, batch_size=2)
+    seen = []
+    for _ in range(len(src) // 2):
+        outs = p.run()
+        ids = outs[-2]
+        for j in range(2):
+            t = src.step_of(int(np.array(ids[j])))
+            seen.append(t)
+            if fc is None:
+                np.testing.assert_array_equal(np.array(outs[0][j]), take_window(full[t], src.region))
+                continue
+            want_in = np.stack([take_window(f, src.region) for f in full[t - k:t + 1:fc.stride]])
+            want_tgt = np.stack([take_window(f, src.region) for f in full[t + fc.stride:t + m + 1:fc.stride]])
+            np.testing.assert_array_equal(np.array(outs[0][j]), want_in, err_msg=f"step {t}")
+            np.testing.assert_array_equal(np.array(outs[1][j]), want_tgt, err_msg=f"step {t}")
+    assert set(seen) == set(starts)
+    with pytest.raises(ValueError, match="time_stride must be an integer >= 1"):
+        HDF5Source(files[:1], "fields", layout, time_stride=0) if kind == "hdf5" else \
+            ZarrSource(files[:1], None, layout, time_stride=0)
+
+
 @pytest.mark.timeout(150)
 def test_demo_verifies_a_folder_of_mixed_byte_orders_and_orders(tmp_path):
     # the reviewer's repro: `dali-mesh demo --data DIR` on .npy files that differ only in byte
