@@ -323,6 +323,29 @@ class Layout(PlacementsMixin):
                       halo=keyed(self._halo, "halo"), boundary=keyed(self._boundary, "boundary"),
                       fill_value=self.fill_value, split=self.split_sizes if self._split_sizes is not None else self.split)
 
+    def without_axis(self, axis: int, ndim: int) -> "Layout":
+        """This layout for samples of ``ndim - 1`` axes that are these samples less ``axis`` (a
+        variable without a level axis beside variables with one, say): the same regions on the other
+        axes. Refused (``LayoutError``) when ``axis`` is sharded, has a halo or is cropped."""
+        n = self.normalized(ndim)
+        axis = _normalize_axis(axis, ndim, "axis")
+        by = [n.mesh.names[d] for d, a in n._shard if a == axis]
+        if by:
+            raise LayoutError(f"axis {axis} is sharded by mesh dim {by[0]!r}: it cannot be dropped")
+        halo = n.halo_pairs(ndim)
+        if halo[axis] != (0, 0):
+            raise LayoutError(f"axis {axis} has a halo {halo[axis]}: it cannot be dropped")
+        crop = None if n._crop is None else list(n._crop)
+        if crop is not None and len(crop) > axis and crop[axis] not in (None, slice(None)):
+            raise LayoutError(f"axis {axis} is cropped ({crop[axis]!r}): it cannot be dropped")
+        keep = [a for a in range(ndim) if a != axis]
+        new = {a: i for i, a in enumerate(keep)}
+        return Layout(n.mesh, shard={n.mesh.names[d]: new[a] for d, a in n._shard}, batch=n.batch_dims,
+                      crop=None if crop is None else [crop[a] if a < len(crop) else None for a in keep],
+                      halo={i: halo[a] for i, a in enumerate(keep)},
+                      boundary={new[a]: b for a, b in enumerate(n.boundaries(ndim)) if a != axis},
+                      fill_value=n.fill_value, split=n.split_sizes if n._split_sizes is not None else n.split)
+
     def same_as(self, other: "Layout", ndim: int) -> bool:
         """Whether two layouts split samples of ``ndim`` axes the same way (negative axes resolved)."""
         return self.normalized(ndim) == other.normalized(ndim)

@@ -312,3 +312,41 @@ def test_region_is_a_value():
     r = Region((0,), (4,), (1,), (3,), (0,), (4,), "periodic", 0)
     assert r.boundary == ("periodic",) and r.window_shape == (4,) and r.pads == ((0, 0),)
     assert hash(r) == hash(Region((0,), (4,), (1,), (3,), (0,), (4,), ("periodic",), 0))
+
+
+def test_without_axis_keeps_the_regions_of_the_other_axes():
+    """A 2-D variable beside (level, lat, lon) variables: the layout without axis 0 gives every rank
+    the same (lat, lon) region, for random meshes, splits, crops, halos and boundaries."""
+    import itertools
+
+    from dali_mesh.partition import LayoutError
+    from dali_mesh.partition.rules import BOUNDARIES, SPLITS
+
+    rng = np.random.default_rng(16)
+    checked = 0
+    for _ in range(200):
+        shape = (int(rng.integers(1, 5)), int(rng.integers(1, 30)), int(rng.integers(1, 30)))
+        mesh_shape = (int(rng.integers(1, 3)), int(rng.integers(1, 5)), int(rng.integers(1, 4)))
+        names = ("dp", "lat", "lon")
+        halo = {1: int(rng.integers(0, 3)), 2: (int(rng.integers(0, 2)), int(rng.integers(0, 3)))}
+        boundary = {1: str(rng.choice(BOUNDARIES)), 2: str(rng.choice(BOUNDARIES))}
+        crop = [None, (0, shape[1] - int(rng.integers(0, shape[1]))), None] if rng.random() < 0.3 else None
+        split = str(rng.choice(SPLITS))
+        for coord in itertools.product(*(range(s) for s in mesh_shape)):
+            mesh = MeshInfo(mesh_shape, names, coord)
+            layout = Layout(mesh, shard={"lat": 1, "lon": -1}, batch="dp", crop=crop, halo=halo,
+                            boundary=boundary, split=split)
+            flat = layout.without_axis(0, 3)
+            r3, r2 = layout.region(shape), flat.region(shape[1:])
+            for field in ("domain_start", "domain_stop", "start", "stop", "window_start", "window_stop"):
+                assert getattr(r2, field) == getattr(r3, field)[1:], (field, layout, coord)
+            assert r2.boundary == r3.boundary[1:] and flat.batch_index == layout.batch_index
+            checked += 1
+    assert checked > 1000
+    mesh = MeshInfo((2,), ("mp",), (0,))
+    with pytest.raises(LayoutError, match="axis 0 is sharded by mesh dim 'mp'"):
+        Layout(mesh, shard={"mp": 0}).without_axis(0, 3)
+    with pytest.raises(LayoutError, match=r"axis 0 has a halo \(1, 1\)"):
+        Layout(mesh, shard={"mp": 1}, halo=1).without_axis(0, 3)
+    with pytest.raises(LayoutError, match="axis 0 is cropped"):
+        Layout(mesh, shard={"mp": 1}, crop=[(0, 1), None, None]).without_axis(0, 3)
