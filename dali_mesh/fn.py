@@ -10,6 +10,8 @@ inside this package) is loaded on the first use of one of its operators:
   rules of :meth:`dali_mesh.Layout.region` (CPU).
 * :func:`mesh_slice` -- the two together: crops this rank's window (halo and boundaries included) of
   data already in the pipeline.
+* :func:`read_dataset` -- the channels of a ``ZarrDatasetSource`` (variables and levels of an xarray-written
+  Zarr group), one native reader per variable.
 * :func:`read_windows` -- ``fn.dali_mesh.read_windows``: this rank's windows of a dali_mesh source read
   by the native operator (byte-range plans, ``preadv`` on DALI's threads, CPU or GPU output), with
   the same outputs, sample order and checkpointing as :func:`partitioned_source`. The recommended
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 from dali_mesh.pipeline.external import partitioned_source
 from dali_mesh.pipeline.image import decode_tile
+from dali_mesh.pipeline.dataset import read_dataset
 from dali_mesh.pipeline.native import read_windows
 from dali_mesh.pipeline.ops import mesh_roi, mesh_roi_args, mesh_slice, slice_boundaries, strided_slice
 from dali_mesh.pipeline.plugin import PLUGIN_PATH, load_plugin
@@ -44,6 +47,7 @@ __all__ = [
     "slice_boundaries",
     "partitioned_source",
     "read_windows",
+    "read_dataset",
     "decode_tile",
     "WorkerError",
     "watched_run",

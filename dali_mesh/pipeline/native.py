@@ -132,7 +132,7 @@ class _SampleIds:
 
 def read_windows(source, device: str = "cpu", *, name: str | None = None, layout: str | None = None,
                  fallback: bool = True, task_bytes: int = 4 << 20, prefetch: bool = True,
-                 merge_gap: int = DEFAULT_MERGE_GAP, plan_dir: str | None = None, **kwargs):
+                 merge_gap: int = DEFAULT_MERGE_GAP, plan_dir: str | None = None, sample_ids=None, **kwargs):
     """This rank's windows of ``source``, read by the native operator (``fn.dali_mesh.read_windows``).
 
     Outputs as :func:`dali_mesh.fn.partitioned_source`: ``(window, sample_id, is_pad)``, or with a
@@ -156,6 +156,9 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
         merge_gap: byte ranges at most this far apart are read in one call (as the Python reader).
         plan_dir: a folder for the plan file (default: none, the plan is a sealed memfd of this
             process; a folder must be this user's own and writable by no one else).
+        sample_ids: ``(sample_id, is_pad)`` nodes of another ``read_windows`` whose source has this
+            source's sample order (``read_dataset`` reads several variables with one), instead of a
+            sample-id source of its own.
         kwargs: passed to the ``partitioned_source`` fallback.
     """
     from nvidia.dali import fn, types
@@ -180,9 +183,12 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
     paths = [p.write(plan_dir) for p in plans]
     if pipe is not None:  # as partitioned_source does: MeshLoader checks it and fingerprints checkpoints
         info_of(pipe).sources.append(source)
-    ids, pads = fn.external_source(source=_SampleIds(source), num_outputs=2, batch=True,
-                                   batch_info=True, dtype=[types.INT64, types.BOOL], ndim=[0, 0],
-                                   name=name)
+    if sample_ids is not None:
+        ids, pads = sample_ids
+    else:
+        ids, pads = fn.external_source(source=_SampleIds(source), num_outputs=2, batch=True,
+                                       batch_info=True, dtype=[types.INT64, types.BOOL], ndim=[0, 0],
+                                       name=name)
     wins = []
     for plan, path in zip(plans, paths):
         win = ops.read_windows(ids, plan_file=path, dtype=types.to_dali_type(plan.dtype),

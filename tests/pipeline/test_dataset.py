@@ -1,0 +1,283 @@
+"""ZarrDatasetSource / read_dataset on stores written by xarray itself (issue 16): WeatherBench2-like
+(Zarr v2) and ARCO-like (Zarr v3) groups of variables with and without a level dim, each its own
+chunking, codec and dtype. Every window of every rank equals xarray's ``ds[var].sel(level=...)
+.isel(time=...)`` stacked and cut by numpy's pad (take_window), natively and in Python."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+xr = pytest.importorskip("xarray")
+pd = pytest.importorskip("pandas")
+pytest.importorskip("zarr")
+pytest.importorskip("nvidia.dali")
+
+from dali_mesh import ForecastSpec, Layout, MeshInfo  # noqa: E402
+from dali_mesh.dataset import NamedLayout, ZarrDatasetSource  # noqa: E402
+from dali_mesh.io import DataFileError  # noqa: E402
+from dali_mesh.partition import LayoutError, take_window  # noqa: E402
+
+T, L, H, W = 16, 3, 11, 16
+LEVELS = [500, 700, 850]
+
+
+def _dataset(seed=0):
+    rng = np.random.default_rng(seed)
+    time = pd.date_range("2016-01-01", periods=T, freq="6h")
+    return xr.Dataset(
+        {"2m_temperature": (("time", "latitude", "longitude"), rng.standard_normal((T, H, W)).astype("f4")),
+         "geopotential": (("time", "level", "latitude", "longitude"), rng.standard_normal((T, L, H, W)).astype("f4")),
+         "temperature": (("time", "level", "latitude", "longitude"), rng.standard_normal((T, L, H, W)).astype("f8")),
+         "10m_u_component_of_wind": (("time", "latitude", "longitude"),
+                                     (rng.standard_normal((T, H, W)) * 100).astype("i2"))},
+        coords={"time": time, "level": LEVELS, "latitude": np.linspace(90, -90, H),
+                "longitude": np.linspace(0, 360, W, endpoint=False)})
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["wb2_v2", "arco_v3"])
+def store(request, tmp_path_factory):
+    import zarr
+
+    fmt = request.param
+    path = str(tmp_path_factory.mktemp("ds") / f"era5_v{fmt}.zarr")
+    ds = _dataset(fmt)
+    if fmt == 2:
+        from numcodecs import Blosc, Zstd
+
+        enc = {"2m_temperature": {"chunks": (1, H, W), "compressors": [Blosc("lz4", 5, Blosc.SHUFFLE)]},
+               "geopotential": {"chunks": (1, 1, 6, W), "compressors": [Zstd(3)]},
+               "temperature": {"chunks": (2, 3, 4, 8), "compressors": None},
+               "10m_u_component_of_wind": {"chunks": (4, 5, 5)}}
+    else:
+        from zarr.codecs import BloscCodec, ZstdCodec
+
+        enc = {"2m_temperature": {"chunks": (1, H, W), "compressors": [BloscCodec(cname="zstd", clevel=3)]},
+               "geopotential": {"chunks": (1, L, H, W), "compressors": [ZstdCodec(level=1)]},
+               "temperature": {"chunks": (3, 1, 4, 16), "compressors": None},
+               "10m_u_component_of_wind": {"chunks": (2, 11, 8)}}
+    ds.to_zarr(path, zarr_format=fmt, encoding=enc, mode="w", consolidated=False)
+    del zarr
+    return path, xr.open_zarr(path, consolidated=False)
+
+
+CHANNELS = ["2m_temperature", ("geopotential", [850, 500]), ("temperature", 700), "10m_u_component_of_wind",
+            ("geopotential", 700)]
+
+
+def _oracle(ds, t, dtype):
+    """xarray's fields of step t, stacked in CHANNELS order."""
+    f = [ds["2m_temperature"].isel(time=t).values]
+    f += [ds["geopotential"].sel(level=lv).isel(time=t).values for lv in (850, 500)]
+    f += [ds["temperature"].sel(level=700).isel(time=t).values, ds["10m_u_component_of_wind"].isel(time=t).values,
+          ds["geopotential"].sel(level=700).isel(time=t).values]
+    return np.stack(f).astype(dtype)
+
+
+def _pipeline(src, reader="native"):
+    from nvidia.dali import pipeline_def
+
+    from dali_mesh.fn import partitioned_source, read_dataset
+
+    if reader == "native":
+        @pipeline_def(batch_size=src.batch_size, num_threads=2, device_id=None, enable_checkpointing=True)
+        def pipe():
+            return read_dataset(src, fallback=False)
+    else:
+        @pipeline_def(batch_size=src.batch_size, num_threads=1, device_id=None, py_num_workers=1,
+                      py_start_method="spawn", enable_checkpointing=True)
+        def pipe():
+            return partitioned_source(src)
+    p = pipe()
+    p.build()
+    return p
+
+
+def test_metadata_dims_levels_dtypes(store):
+    path, ds = store
+    layout = NamedLayout(MeshInfo((3,), ("mp",), (1,)), shard={"mp": "latitude"})
+    src = ZarrDatasetSource(path, CHANNELS, layout)
+    assert src.dims == ("channel", "latitude", "longitude") and src.sample_shape == (6, H, W)
+    assert [str(c) for c in src.channels] == ["2m_temperature", "geopotential@850", "geopotential@500",
+                                               "temperature@700", "10m_u_component_of_wind", "geopotential@700"]
+    assert src.dtype == np.float64  # f4, f8 and i2 variables: numpy's result type
+    assert src.layout == Layout(MeshInfo((3,), ("mp",), (1,)), shard={"mp": 1})
+    np.testing.assert_array_equal(src.times, ds.time.values)
+    # five parts: a run of channels of one variable is one part
+    assert [(sub.name, has_level) for sub, has_level in src.parts] == [
+        ("2m_temperature", False), ("geopotential", True), ("temperature", True), ("10m_u_component_of_wind", False),
+        ("geopotential", True)]
+    from dali_mesh.pipeline.dataset import dataset_readers
+
+    assert dataset_readers(src) == ["native"] * 5
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mesh_shape,forecast,step", [((1, 3), None, None), ((2, 2), (1, 2, 1), "12h"),
+                                                      ((2, 3), (2, 0, 1), None)])
+def test_every_window_of_every_rank_equals_xarray(store, mesh_shape, forecast, step):
+    path, ds = store
+    fc = None if forecast is None else ForecastSpec(*forecast)
+    k = 1 if step is None else 2  # stored steps per sample step
+    names = ("dp", "mp")
+    checked = 0
+    for coord in itertools.product(*(range(s) for s in mesh_shape)):
+        mesh = MeshInfo(mesh_shape, names, coord)
+        layout = NamedLayout(mesh, shard={"mp": "latitude"}, batch="dp", halo={"latitude": 2, "longitude": 1},
+                             boundary={"latitude": "reflect", "longitude": "periodic"}, split="physicsnemo")
+        src = ZarrDatasetSource(path, CHANNELS, layout, batch_size=2, seed=3, forecast=fc, step=step,
+                                time=("2016-01-01T06", "2016-01-04T12"), dtype=np.float32)
+        p = _pipeline(src)
+        for epoch in range(2):
+            seen = []
+            for _ in range(len(src) // 2):
+                outs = p.run()
+                ids = outs[-2]
+                for j in range(2):
+                    sid = int(np.array(ids[j]))
+                    t = src.time_index(sid)
+                    seen.append(sid)
+                    if fc is None:
+                        want = [take_window(_oracle(ds, t, np.float32), src.region)]
+                    else:
+                        ins = [take_window(_oracle(ds, t + d * k, np.float32), src.region)
+                               for d in range(-fc.history, 1)]
+                        want = [np.stack(ins)]
+                        if fc.lead:
+                            want.append(np.stack([take_window(_oracle(ds, t + d * k, np.float32), src.region)
+                                                  for d in range(1, fc.lead + 1)]))
+                    for w, expect in enumerate(want):
+                        got = np.array(outs[w][j])
+                        np.testing.assert_array_equal(got, expect, err_msg=f"rank {coord} step {t} window {w}")
+                        np.testing.assert_array_equal(src.read_sample(sid)[w], expect)  # the Python reader
+                    assert src.time_of(sid) == ds.time.values[t]
+                    checked += 1
+            assert seen == src.order(epoch)[0].tolist()  # the source's stateless order, epoch by epoch
+            p.reset()
+    assert checked > 0
+
+
+@pytest.mark.timeout(200)
+def test_partitioned_source_and_normalisation(store):
+    path, ds = store
+    layout = Layout(MeshInfo((2,), ("mp",), (1,)), shard={"mp": 2}, halo={1: 1})
+    mean = np.arange(6) * 0.5
+    std = np.arange(6) + 1.0
+    src = ZarrDatasetSource(path, CHANNELS, layout, batch_size=2, shuffle=False, mean=mean, std=std, dtype="f4")
+    native, python = _pipeline(src), _pipeline(src, "python")
+    for _ in range(len(src) // 2):
+        (wn, idn, _), (wp, idp, _) = native.run(), python.run()
+        assert np.array_equal(np.array(idn.as_tensor()), np.array(idp.as_tensor()))  # the same samples
+        for j in range(2):
+            t = src.time_index(int(np.array(idn[j])))
+            want = (take_window(_oracle(ds, t, np.float64), src.region) - mean[:, None, None]) / std[:, None, None]
+            np.testing.assert_allclose(np.array(wn[j]), want, rtol=2e-6, atol=2e-6)
+            np.testing.assert_allclose(np.array(wp[j]), want, rtol=2e-6, atol=2e-6)
+            assert np.array(wn[j]).dtype == np.float32
+
+
+@pytest.mark.timeout(300)
+def test_mesh_loader_checkpoint_resumes(store):
+    torch = pytest.importorskip("torch")
+    from nvidia.dali import pipeline_def
+
+    from dali_mesh.fn import read_dataset
+    from dali_mesh.torch import MeshLoader
+
+    path, _ = store
+    layout = Layout(MeshInfo((2,), ("mp",), (0,)), shard={"mp": 1})
+    src = ZarrDatasetSource(path, CHANNELS[:3], layout, batch_size=2, seed=9)
+
+    def make(checkpoint=None):
+        @pipeline_def(batch_size=2, num_threads=1, device_id=None, enable_checkpointing=True)
+        def pipe():
+            return read_dataset(src)
+
+        return pipe(checkpoint=checkpoint)
+
+    loader = MeshLoader(make, layout)
+    next(loader)
+    state = loader.state_dict()
+    assert state["fingerprint"]["sources"][0]["channels"][:2] == ["2m_temperature", "geopotential@850"]
+    rest = [b["window"].clone() for b in loader]
+    loader.load_state_dict(state)
+    again = [b["window"] for b in loader]
+    assert len(rest) == len(again) > 0 and all(torch.equal(a, b) for a, b in zip(rest, again))
+    loader.close()
+
+
+def test_refusals(store, tmp_path):
+    path, ds = store
+    layout = Layout(MeshInfo((2,), ("mp",), (0,)), shard={"mp": 1})
+    with pytest.raises(DataFileError, match=r"no variable 'humidity'; the dataset has \['10m_u_component"):
+        ZarrDatasetSource(path, ["humidity"], layout)
+    with pytest.raises(DataFileError, match=r"no variable 'level'"):
+        ZarrDatasetSource(path, ["level"], layout)
+    with pytest.raises(DataFileError, match=r"'geopotential' has no level 300; its 'level' values are \[500, 700, 850\]"):
+        ZarrDatasetSource(path, [("geopotential", 300)], layout)
+    with pytest.raises(DataFileError, match="level index 3 is out of range for 3 levels"):
+        ZarrDatasetSource(path, [("geopotential", 3)], layout, levels_by="index")
+    with pytest.raises(DataFileError, match="'2m_temperature' has no level dim"):
+        ZarrDatasetSource(path, [("2m_temperature", 500)], layout)
+    with pytest.raises(DataFileError, match=r"time \('2017-01-01', '2017-02-01'\) selects no step: the data run from "
+                                            r"2016-01-01T00:00:00.000000000 to 2016-01-04T18"):
+        ZarrDatasetSource(path, ["2m_temperature"], layout, time=("2017-01-01", "2017-02-01"))
+    with pytest.raises(DataFileError, match="step 9 hours is not a whole multiple of the data's spacing 6 hours"):
+        ZarrDatasetSource(path, ["2m_temperature"], layout, step="9h")
+    with pytest.raises(LayoutError, match="no dim 'lat'; the samples' dims are \\('channel', 'latitude', 'longitude'\\)"):
+        ZarrDatasetSource(path, ["2m_temperature"], NamedLayout(MeshInfo((2,), ("mp",), (0,)), shard={"mp": "lat"}))
+    with pytest.raises(LayoutError, match="axis 0 is sharded"):
+        ZarrDatasetSource(path, ["2m_temperature"], Layout(MeshInfo((2,), ("mp",), (0,)), shard={"mp": 0}))
+    # a variable on another grid, and one with another time axis
+    other = _dataset(7)
+    other["coarse"] = (("time", "lat2", "lon2"), np.zeros((T, 5, 8), "f4"))
+    other["short"] = (("t2", "latitude", "longitude"), np.zeros((3, H, W), "f4"))
+    other = other.assign_coords(t2=pd.date_range("2016-01-01", periods=3, freq="6h"))
+    bad = str(tmp_path / "bad.zarr")
+    other.to_zarr(bad, zarr_format=2, mode="w", consolidated=False)
+    with pytest.raises(DataFileError, match=r"variable 'coarse' has spatial dims \(lat2: 5, lon2: 8\), variable "
+                                            r"'2m_temperature' \(latitude: 11, longitude: 16\)"):
+        ZarrDatasetSource(bad, ["2m_temperature", "coarse"], layout)
+    with pytest.raises(DataFileError, match=r"variable 'short' has dims \('t2', 'latitude', 'longitude'\): the "
+                                            r"first must be 'time'"):
+        ZarrDatasetSource(bad, ["2m_temperature", "short"], layout)
+
+
+def test_cf_time_decoding_against_xarray(tmp_path):
+    from dali_mesh.io.dataset import decode_cf_time
+
+    for units, values in [("hours since 1959-01-01", np.arange(0, 48, 6)),
+                          ("days since 2000-02-28 12:00:00", np.array([0, 1, 2, 366])),
+                          ("seconds since 1970-01-01T00:00:00Z", np.array([0, 86400 * 365.25])),
+                          ("minutes since 1900-1-1 0:0:0", np.array([-60, 0, 525600]))]:
+        for calendar in ("standard", "proleptic_gregorian"):
+            attrs = {"units": units, "calendar": calendar}
+            want = xr.decode_cf(xr.Dataset({"time": ("time", values, attrs)})).time.values
+            np.testing.assert_array_equal(decode_cf_time(values, attrs, "t"), want.astype("datetime64[ns]"))
+    rng = np.random.default_rng(5)  # random units, reference dates and values, within datetime64[ns]
+    for _ in range(60):
+        unit = str(rng.choice(["days", "hours", "minutes", "seconds"]))
+        ref = f"{int(rng.integers(1800, 2150))}-{int(rng.integers(1, 13))}-{int(rng.integers(1, 29))}"
+        if rng.random() < 0.5:
+            ref += f" {int(rng.integers(0, 24)):02d}:{int(rng.integers(0, 60)):02d}:00"
+        span = {"days": 20000, "hours": 400000, "minutes": 10 ** 7, "seconds": 10 ** 9}[unit]
+        values = np.sort(rng.integers(-span, span, 5))
+        attrs = {"units": f"{unit} since {ref}", "calendar": str(rng.choice(["standard", "proleptic_gregorian"]))}
+        want = xr.decode_cf(xr.Dataset({"time": ("time", values, attrs)})).time.values
+        np.testing.assert_array_equal(decode_cf_time(values, attrs, "t"), want.astype("datetime64[ns]"), err_msg=str(attrs))
+    with pytest.raises(ValueError, match="calendar 'noleap' is not supported"):
+        decode_cf_time(np.arange(3), {"units": "days since 2000-01-01", "calendar": "noleap"}, "t")
+    with pytest.raises(ValueError, match="before 1582-10-15 in the 'standard' calendar"):
+        decode_cf_time(np.arange(3), {"units": "days since 1500-01-01"}, "t")
+    with pytest.raises(ValueError, match="not '<unit> since <date>'"):
+        decode_cf_time(np.arange(3), {"units": "days"}, "t")
+    with pytest.raises(ValueError, match="overflow"):
+        decode_cf_time(np.array([2 ** 62]), {"units": "days since 2000-01-01"}, "t")
+    # a store with the noleap calendar is refused naming it
+    ds = xr.Dataset({"x": (("time", "y"), np.zeros((3, 2), "f4"))},
+                    coords={"time": ("time", np.arange(3), {"units": "days since 2000-01-01", "calendar": "noleap"})})
+    path = str(tmp_path / "noleap.zarr")
+    ds.to_zarr(path, zarr_format=2, mode="w", consolidated=False)
+    with pytest.raises(ValueError, match="calendar 'noleap'"):
+        ZarrDatasetSource(path, ["x"], Layout(MeshInfo((1,), ("mp",), (0,)), shard={"mp": 1}))
