@@ -26,12 +26,13 @@ import numpy as np
 
 from dali_mesh._checks import is_int as _is_int
 from dali_mesh.io._common import DataFileError
-from dali_mesh.io.dataset import decode_cf_time, open_dataset_group, read_coordinate
+from dali_mesh.io.dataset import (decode_cf_time, open_dataset_group, open_netcdf_variables, read_coordinate,
+                                  read_netcdf_coordinate)
 from dali_mesh.mesh import MeshInfo
 from dali_mesh.partition import Layout, LayoutError
-from dali_mesh.source import ForecastSpec, WindowSource, ZarrSource
+from dali_mesh.source import ForecastSpec, HDF5Source, WindowSource, ZarrSource
 
-__all__ = ["ZarrDatasetSource", "NamedLayout", "Channel"]
+__all__ = ["ZarrDatasetSource", "NetCDFDatasetSource", "NamedLayout", "Channel"]
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +89,12 @@ class NamedLayout:
                       fill_value=self.fill_value, split=self.split)
 
 
-class ZarrDatasetSource(WindowSource):
-    """Channels from the variables (and levels) of an xarray-written Zarr group, one sample per time step.
+class _DatasetSource(WindowSource):
+    """Channels from the variables (and levels) of a dataset, one sample per time step (see
+    :class:`ZarrDatasetSource` and :class:`NetCDFDatasetSource` for the formats).
 
     Args:
-        store: the Zarr group (v2 or v3), as ``xarray.Dataset.to_zarr`` writes it.
+        store: the dataset (see the format's class).
         channels: the output channels, in order (see the module's docstring).
         layout: a ``Layout`` over ``(channel, *spatial)`` (the channel axis unsplit, no halo on it), or
             a :class:`NamedLayout`.
@@ -114,12 +116,12 @@ class ZarrDatasetSource(WindowSource):
     ``sample_id`` ``i`` is the time step ``time_index(i)``; ``time_of(i)`` its ``datetime64``.
     """
 
-    def __init__(self, store: str | os.PathLike, channels: Sequence, layout, *, time=None, time_stride: int = 1,
+    def __init__(self, store, channels: Sequence, layout, *, time=None, time_stride: int = 1,
                  step=None, forecast: ForecastSpec | None = None, dtype=None, mean=None, std=None,
                  time_dim: str = "time", level_dim: str | None = None, levels_by: str = "value",
                  batch_size: int = 1, shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> None:
-        self.store = os.fspath(store)
-        variables = open_dataset_group(self.store)
+        self._set_store(store)
+        variables = self._variables()
         if levels_by not in ("value", "index"):
             raise ValueError(f"levels_by must be 'value' or 'index', got {levels_by!r}")
         if forecast is not None and not isinstance(forecast, ForecastSpec):
@@ -142,10 +144,9 @@ class ZarrDatasetSource(WindowSource):
         # the time coordinate: the same length as every picked variable's time dim
         if time_dim not in variables:
             raise DataFileError(self.store, f"no time coordinate {time_dim!r} (the group has {sorted(variables)})")
-        times = decode_cf_time(read_coordinate(self.store, time_dim), variables[time_dim].attrs,
-                               f"{self.store}: {time_dim!r}")
+        times = self._times(variables)
         for var, _, _ in picks:
-            n = variables[var].shape[0]
+            n = self._steps(variables, var)
             if n != len(times):
                 raise DataFileError(self.store, f"variable {var!r} has {n} steps along {time_dim!r}, the time "
                                     f"coordinate {len(times)}: not the same time axis")
@@ -175,9 +176,9 @@ class ZarrDatasetSource(WindowSource):
                 if self._flat_layout is None:
                     self._flat_layout = layout.without_axis(0, ndim)
                 sub_layout = self._flat_layout
-            sub = ZarrSource([self.store], var, sub_layout, batch_size=batch_size, shuffle=shuffle, seed=seed,
-                             drop_last=drop_last, forecast=fc, time_range=(start, stop), time_stride=stride,
-                             channels=[c.level_index for c in chans] if has_level else None, channel_axis=0)
+            sub = self._sub_source(var, sub_layout, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                                   drop_last=drop_last, forecast=fc, time_range=(start, stop), time_stride=stride,
+                                   channels=[c.level_index for c in chans] if has_level else None, channel_axis=0)
             self.parts.append((sub, has_level))
         self.num_samples = self.parts[0][0].num_samples
         self.time_start, self.time_stride = self.parts[0][0].time_start, stride
@@ -213,6 +214,10 @@ class ZarrDatasetSource(WindowSource):
             data_vars = sorted(n for n in variables if n not in coords)
             raise DataFileError(self.store, f"no variable {name!r}; the dataset has {data_vars}")
         var = variables[name]
+        decoding = var.cf_decoding()
+        if decoding:
+            raise DataFileError(self.store, f"variable {name!r}: {decoding}, while the reader returns the stored "
+                                "values; store it decoded (e.g. xarray's to_zarr after decoding) or pick others")
         if not var.dims or var.dims[0] != self.time_dim:
             raise DataFileError(self.store, f"variable {name!r} has dims {var.dims}: the first must be "
                                 f"{self.time_dim!r} (one sample per time step)")
@@ -226,7 +231,7 @@ class ZarrDatasetSource(WindowSource):
             raise DataFileError(self.store, f"variable {name!r} has dims {var.dims}: the level dim {lev!r} must "
                                 "follow the time dim")
         n = var.shape[1]
-        values = read_coordinate(self.store, lev) if lev in variables else np.arange(n)
+        values = self._coordinate(lev) if lev in variables else np.arange(n)
         if len(values) != n:
             raise DataFileError(self.store, f"level coordinate {lev!r} has {len(values)} values, variable "
                                 f"{name!r} {n} levels")
@@ -303,6 +308,27 @@ class ZarrDatasetSource(WindowSource):
             raise ValueError(f"{what} has {a.size} values for {len(self.channels)} channels")
         return a
 
+    # ---- the format ----------------------------------------------------------------------------------
+    def _set_store(self, store) -> None:
+        self.store = os.fspath(store)
+        self.files = [self.store]
+
+    def _times(self, variables) -> np.ndarray:
+        return decode_cf_time(self._coordinate(self.time_dim), variables[self.time_dim].attrs,
+                              f"{self.store}: {self.time_dim!r}")
+
+    def _steps(self, variables, var) -> int:
+        return variables[var].shape[0]
+
+    def _variables(self):  # pragma: no cover - per format
+        raise NotImplementedError
+
+    def _coordinate(self, name):  # pragma: no cover - per format
+        raise NotImplementedError
+
+    def _sub_source(self, var, layout, **kw):  # pragma: no cover - per format
+        raise NotImplementedError
+
     # ---- what the source says ----------------------------------------------------------------------
     def time_index(self, sample_id: int) -> int:
         """The time step (index into the time coordinate) of a sample."""
@@ -326,7 +352,7 @@ class ZarrDatasetSource(WindowSource):
 
     def fingerprint(self) -> dict[str, Any]:
         fp = super().fingerprint()
-        fp.update(files=[self.store], channels=[str(c) for c in self.channels], time_start=self.time_start,
+        fp.update(files=list(self.files), channels=[str(c) for c in self.channels], time_start=self.time_start,
                   time_stride=self.time_stride)
         if self.forecast is not None:
             fp["forecast"] = [self.forecast.history, self.forecast.lead, self.forecast.stride]
@@ -358,6 +384,64 @@ class ZarrDatasetSource(WindowSource):
         mean = self.mean.reshape(shape).astype(self.dtype)
         std = self.std.reshape(shape).astype(self.dtype)
         return ((win - mean) / std).astype(self.dtype, copy=False)
+
+
+class ZarrDatasetSource(_DatasetSource):
+    """Channels from the variables (and levels) of an xarray-written Zarr group (v2 or v3, as
+    ``xarray.Dataset.to_zarr`` writes it: WeatherBench2, ARCO-ERA5), one sample per time step.
+    Arguments: see :class:`_DatasetSource`; ``store`` is the group's folder."""
+
+    def _variables(self):
+        return open_dataset_group(self.store)
+
+    def _coordinate(self, name):
+        return read_coordinate(self.store, name)
+
+    def _sub_source(self, var, layout, **kw):
+        return ZarrSource([self.store], var, layout, **kw)
+
+
+class NetCDFDatasetSource(_DatasetSource):
+    """Channels from the variables of NetCDF4 files (HDF5 underneath, as the netCDF library, h5netcdf
+    and xarray's ``to_netcdf`` write them), one sample per time step; ``store`` is one file or a
+    list of files that continue each other in time (one per year or month, the same variables and
+    grid), the time coordinate concatenated. NetCDF3 files are refused naming the format.
+    Arguments: see :class:`_DatasetSource`."""
+
+    def _set_store(self, store) -> None:
+        files = [os.fspath(store)] if isinstance(store, (str, bytes, os.PathLike)) else [os.fspath(f) for f in store]
+        if not files:
+            raise ValueError("NetCDFDatasetSource needs at least one file")
+        self.files = files
+        self.store = files[0]
+        self._per_file = [open_netcdf_variables(f) for f in files]
+        first = {n: (v.dims, v.shape[1:] if v.dims and v.dims[0] == "time" else v.shape, v.dtype)
+                 for n, v in self._per_file[0].items()}
+        for f, vs in zip(files[1:], self._per_file[1:]):
+            for n, (dims, frame, dtype) in first.items():
+                v = vs.get(n)
+                other = None if v is None else (v.dims, v.shape[1:] if v.dims and v.dims[0] == "time" else v.shape,
+                                                v.dtype)
+                if other != (dims, frame, dtype):
+                    raise DataFileError(f, f"variable {n!r} is {other} here, {(dims, frame, dtype)} in {files[0]}: "
+                                        "the files must hold the same variables on the same grid")
+
+    def _variables(self):
+        return self._per_file[0]
+
+    def _coordinate(self, name):
+        return read_netcdf_coordinate(self.store, name)
+
+    def _times(self, variables) -> np.ndarray:
+        parts = [decode_cf_time(read_netcdf_coordinate(f, self.time_dim), vs[self.time_dim].attrs,
+                                f"{f}: {self.time_dim!r}") for f, vs in zip(self.files, self._per_file)]
+        return np.concatenate(parts)
+
+    def _steps(self, variables, var) -> int:
+        return sum(vs[var].shape[0] for vs in self._per_file)
+
+    def _sub_source(self, var, layout, **kw):
+        return HDF5Source(self.files, var, layout, **kw)
 
 
 def _runs(picks):

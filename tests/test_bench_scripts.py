@@ -278,6 +278,15 @@ def test_physicsnemo_era5_bench_tiny(tmp_path):
     assert all(row[3].strip() == "8" for row in rows), rows  # 2 years x (5 - 1) samples, whole batches
 
 
+def test_dataset_bench_tiny(tmp_path):
+    _needs_plugin()
+    pytest.importorskip("xarray")
+    r = _run([str(BENCH / "dataset_bench.py"), "--tiny", "--dir", str(tmp_path / "d")], tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [line.split("|") for line in r.stdout.splitlines() if line.startswith("| whole") or line.startswith("| band")]
+    assert [row[2].strip() for row in rows] == ["xarray", "xarray band", "dali_mesh"] * 2, r.stdout
+
+
 def test_region_bench_quick(tmp_path):
     r = _run([str(BENCH / "region_bench.py"), "--quick"], tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr

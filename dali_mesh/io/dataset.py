@@ -38,6 +38,24 @@ class DatasetVariable:
     shape: tuple[int, ...]
     dtype: np.dtype
     attrs: dict
+    #: the CF fill value xarray masks to NaN (Zarr v2: the array's fill_value; v3 and NetCDF: the
+    #: ``_FillValue`` attribute), None if there is none
+    cf_fill: object = None
+
+    def cf_decoding(self) -> str | None:
+        """What xarray would change in the stored values of this variable (CF decoding), or None: a
+        reader of raw values would return other numbers than ``xarray.open_dataset``."""
+        packed = [a for a in ("scale_factor", "add_offset") if a in self.attrs]
+        if packed:
+            return f"it is packed ({', '.join(packed)}): xarray unpacks it to floats"
+        for what, value in (("_FillValue", self.cf_fill), ("missing_value", self.attrs.get("missing_value"))):
+            if value is None:
+                continue
+            values = np.atleast_1d(np.asarray(value))
+            if values.dtype.kind == "f" and np.all(np.isnan(values)):
+                continue  # NaN stays NaN
+            return f"its {what} {values.tolist()} is masked to NaN by xarray"
+        return None
 
 
 def _dims_of(arr, path: str, name: str) -> tuple[str, ...] | None:
@@ -74,12 +92,85 @@ def open_dataset_group(path: str | os.PathLike) -> dict[str, DatasetVariable]:
     for name, arr in group.arrays():
         dims = _dims_of(arr, path, name)
         if dims is not None:
-            out[name] = DatasetVariable(name, dims, tuple(int(s) for s in arr.shape), np.dtype(arr.dtype),
-                                        dict(arr.attrs))
+            attrs = dict(arr.attrs)
+            out[name] = DatasetVariable(name, dims, tuple(int(s) for s in arr.shape), np.dtype(arr.dtype), attrs,
+                                        _zarr_cf_fill(arr, attrs))
     if not out:
         raise DataFileError(path, "holds no arrays with named dims (_ARRAY_DIMENSIONS / dimension_names): "
                                   "not a dataset as xarray writes it")
     return out
+
+
+def _zarr_cf_fill(arr, attrs):
+    """The fill value xarray decodes: v2 keeps it in the array's ``fill_value``, v3 in the
+    ``_FillValue`` attribute (base64 of its bytes, as xarray writes it, or a number)."""
+    if arr.metadata.zarr_format == 2:
+        return arr.metadata.fill_value
+    value = attrs.get("_FillValue")
+    if isinstance(value, str):
+        import base64
+
+        try:
+            return np.frombuffer(base64.b64decode(value), dtype=arr.dtype)[0].item()
+        except (ValueError, TypeError):
+            return value
+    return value
+
+
+def open_netcdf_variables(path: str | os.PathLike) -> dict[str, DatasetVariable]:
+    """Every dataset at the root of a NetCDF4 (HDF5) file whose dims are dimension scales, by name,
+    as the netCDF library and h5netcdf write them."""
+    from dali_mesh.io.hdf5 import open_hdf5_file
+
+    path = str(path)
+    f = open_hdf5_file(path)
+    try:
+        out = {}
+        for name, ds in f.items():
+            if not hasattr(ds, "dims"):
+                continue  # a group
+            attrs = {k: _attr(v) for k, v in ds.attrs.items() if k not in ("DIMENSION_LIST", "REFERENCE_LIST")}
+            if attrs.get("CLASS") == "DIMENSION_SCALE":
+                dims = (name,)
+            else:
+                dims = []
+                for dim in ds.dims:
+                    scales = list(dim.values())
+                    if len(scales) != 1:
+                        dims = None
+                        break
+                    dims.append(scales[0].name.rsplit("/", 1)[-1])
+                if dims is None:
+                    continue
+            out[name] = DatasetVariable(name, tuple(dims), tuple(int(s) for s in ds.shape), np.dtype(ds.dtype),
+                                        attrs, attrs.get("_FillValue"))
+    finally:
+        f.close()
+    if not out:
+        raise DataFileError(path, "holds no variables with dimension scales: not a NetCDF4 dataset")
+    return out
+
+
+def _attr(value):
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, np.ndarray) and value.size == 1 and value.dtype.kind in "biuf":
+        return value.reshape(-1)[0].item()
+    return value
+
+
+def read_netcdf_coordinate(path: str | os.PathLike, name: str) -> np.ndarray:
+    """The values of the 1-D dataset ``name`` of a NetCDF4 file, read whole."""
+    from dali_mesh.io.hdf5 import open_hdf5_file
+
+    f = open_hdf5_file(str(path))
+    try:
+        ds = f[name]
+        if ds.ndim != 1:
+            raise DataFileError(str(path), f"coordinate {name!r} has shape {ds.shape}, not 1-D")
+        return np.asarray(ds[:])
+    finally:
+        f.close()
 
 
 def read_coordinate(path: str | os.PathLike, name: str) -> np.ndarray:

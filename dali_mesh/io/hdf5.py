@@ -152,25 +152,7 @@ def open_hdf5_dataset(path: str | os.PathLike, name: str, *, random_access: bool
     import h5py
 
     path = str(path)
-    check_regular_file(path, "HDF5 file")
-    fobj = None
-    try:
-        if random_access:
-            fobj = open(path, "rb", buffering=0)
-            if hasattr(os, "posix_fadvise"):
-                os.posix_fadvise(fobj.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
-            f = h5py.File(fobj, "r", **file_kwargs)
-        else:
-            f = h5py.File(path, "r", **file_kwargs)
-    except OSError as e:
-        if fobj is not None:
-            fobj.close()
-        classic = _netcdf3_kind(path)
-        if classic:
-            raise HeaderError(path, f"is a NetCDF3 file ({classic}), not NetCDF4/HDF5: the reader opens NetCDF4 "
-                              "files (which are HDF5) only; convert it (e.g. `nccopy -k nc4 IN OUT`, or xarray's "
-                              "to_netcdf(engine='h5netcdf'))") from None
-        raise DataFileError(path, f"cannot be opened as HDF5 ({e}); is it an HDF5 file, and whole?") from None
+    f, fobj = _open_file(path, random_access, file_kwargs)
     try:
         try:
             obj = _resolve_links(h5py, f, path, name, allow_external)
@@ -196,6 +178,36 @@ def open_hdf5_dataset(path: str | os.PathLike, name: str, *, random_access: bool
             fobj.close()
         raise
     return f, obj
+
+
+def open_hdf5_file(path: str | os.PathLike, **file_kwargs):
+    """``h5py.File(path, "r")``, its errors naming the file (a NetCDF3 file is named as such)."""
+    return _open_file(str(path), False, file_kwargs)[0]
+
+
+def _open_file(path: str, random_access: bool, file_kwargs):
+    import h5py
+
+    check_regular_file(path, "HDF5 file")
+    fobj = None
+    try:
+        if random_access:
+            fobj = open(path, "rb", buffering=0)
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fobj.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
+            f = h5py.File(fobj, "r", **file_kwargs)
+        else:
+            f = h5py.File(path, "r", **file_kwargs)
+    except OSError as e:
+        if fobj is not None:
+            fobj.close()
+        classic = _netcdf3_kind(path)
+        if classic:
+            raise HeaderError(path, f"is a NetCDF3 file ({classic}), not NetCDF4/HDF5: the reader opens NetCDF4 "
+                              "files (which are HDF5) only; convert it (e.g. `nccopy -k nc4 IN OUT`, or xarray's "
+                              "to_netcdf(engine='h5netcdf'))") from None
+        raise DataFileError(path, f"cannot be opened as HDF5 ({e}); is it an HDF5 file, and whole?") from None
+    return f, fobj
 
 
 _NETCDF3 = {b"CDF\x01": "classic format, CDF-1", b"CDF\x02": "64-bit offset format, CDF-2",

@@ -281,3 +281,71 @@ def test_cf_time_decoding_against_xarray(tmp_path):
     ds.to_zarr(path, zarr_format=2, mode="w", consolidated=False)
     with pytest.raises(ValueError, match="calendar 'noleap'"):
         ZarrDatasetSource(path, ["x"], Layout(MeshInfo((1,), ("mp",), (0,)), shard={"mp": 1}))
+
+
+# ---- NetCDF4 ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def netcdf_files(tmp_path_factory):
+    pytest.importorskip("h5netcdf")
+    root = tmp_path_factory.mktemp("nc")
+    ds = _dataset(11)
+    files = []
+    for i, (a, b) in enumerate(((0, 7), (7, T))):  # two files that continue each other in time
+        path = str(root / f"era5_{i}.nc")
+        ds.isel(time=slice(a, b)).to_netcdf(path, engine="h5netcdf", encoding={
+            "geopotential": {"zlib": True, "complevel": 3, "shuffle": True, "chunksizes": (1, 1, 6, W)},
+            "temperature": {"chunksizes": (2, 3, 4, 8)}})
+        files.append(path)
+    return files, ds
+
+
+@pytest.mark.timeout(200)
+def test_netcdf4_files_equal_xarray(netcdf_files):
+    from dali_mesh.dataset import NetCDFDatasetSource
+    from dali_mesh.pipeline.dataset import dataset_readers
+
+    files, _ = netcdf_files
+    ds = xr.concat([xr.open_dataset(f, engine="h5netcdf") for f in files], dim="time")
+    for mp in range(3):
+        layout = NamedLayout(MeshInfo((3,), ("mp",), (mp,)), shard={"mp": "latitude"}, halo={"longitude": 2},
+                             boundary={"longitude": "periodic"})
+        src = NetCDFDatasetSource(files, CHANNELS, layout, batch_size=2, seed=1, step="12h",
+                                  forecast=ForecastSpec(1, 1), dtype="f8")
+        assert dataset_readers(src) == ["native"] * 5
+        np.testing.assert_array_equal(src.times, ds.time.values)
+        p = _pipeline(src)
+        for _ in range(len(src) // 2):
+            inp, tgt, ids, _ = p.run()
+            for j in range(2):
+                t = src.time_index(int(np.array(ids[j])))  # samples cross the file boundary too
+                want_in = np.stack([take_window(_oracle(ds, s, np.float64), src.region) for s in (t - 2, t)])
+                np.testing.assert_array_equal(np.array(inp[j]), want_in, err_msg=f"rank {mp} step {t}")
+                np.testing.assert_array_equal(np.array(tgt[j])[0], take_window(_oracle(ds, t + 2, np.float64),
+                                                                               src.region))
+
+
+def test_netcdf_refusals(netcdf_files, tmp_path):
+    from dali_mesh.dataset import NetCDFDatasetSource
+    from dali_mesh.io import HeaderError
+
+    files, ds = netcdf_files
+    layout = Layout(MeshInfo((1,), ("mp",), (0,)), shard={"mp": 1})
+    classic = tmp_path / "classic.nc"
+    classic.write_bytes(b"CDF\x01" + b"\0" * 64)
+    with pytest.raises(HeaderError, match=r"is a NetCDF3 file \(classic format, CDF-1\)"):
+        NetCDFDatasetSource(str(classic), ["x"], layout)
+    # packed (scale_factor/add_offset) and masked (_FillValue) variables: xarray changes their values
+    packed = str(tmp_path / "packed.nc")
+    _dataset(1).to_netcdf(packed, engine="h5netcdf", encoding={
+        "2m_temperature": {"dtype": "int16", "scale_factor": 0.01, "_FillValue": -32767},
+        "10m_u_component_of_wind": {"_FillValue": -999}})
+    with pytest.raises(DataFileError, match=r"'2m_temperature': it is packed \(scale_factor\): xarray unpacks it"):
+        NetCDFDatasetSource(packed, ["2m_temperature"], layout)
+    with pytest.raises(DataFileError, match=r"'10m_u_component_of_wind': its _FillValue \[-999\] is masked to NaN"):
+        NetCDFDatasetSource(packed, ["10m_u_component_of_wind"], layout)
+    assert NetCDFDatasetSource(packed, ["geopotential"], layout).sample_shape == (L, H, W)  # NaN fill: as stored
+    # files that do not continue each other on one grid
+    other = str(tmp_path / "other.nc")
+    _dataset(2).isel(latitude=slice(0, 5)).to_netcdf(other, engine="h5netcdf")
+    with pytest.raises(DataFileError, match="the files must hold the same variables on the same grid"):
+        NetCDFDatasetSource([files[0], other], ["2m_temperature"], layout)
