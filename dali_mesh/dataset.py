@@ -106,7 +106,8 @@ class _DatasetSource(WindowSource):
         forecast: a :class:`~dali_mesh.ForecastSpec`; its steps are in samples: ``history=1`` with
             ``step="6h"`` is the input at ``t - 6h``.
         dtype: the output dtype (default: numpy's result type of the picked variables).
-        mean, std: per-channel statistics (``C`` values, or PhysicsNeMo's ``(1, C, 1, 1)``):
+        mean, std: per-channel statistics (``C`` values, or PhysicsNeMo's ``(1, C, 1, 1)``; or the
+            path of a ``.npy`` file of them, e.g. ``global_means.npy`` / ``global_stds.npy``):
             windows become ``(x - mean) / std`` (halo cells too), in the output dtype.
         time_dim, level_dim: the dims' names (default ``"time"``; the level dim: the first of
             ``LEVEL_DIMS`` a picked variable has).
@@ -303,6 +304,8 @@ class _DatasetSource(WindowSource):
     def _stats(self, value, what):
         if value is None:
             return None
+        if isinstance(value, (str, os.PathLike)):  # a .npy file, e.g. PhysicsNeMo's global_means.npy (1, C, 1, 1)
+            value = np.load(os.fspath(value), allow_pickle=False)
         a = np.asarray(value, dtype=np.float64).reshape(-1)
         if a.size != len(self.channels):
             raise ValueError(f"{what} has {a.size} values for {len(self.channels)} channels")

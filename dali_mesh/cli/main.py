@@ -311,6 +311,10 @@ def make_parser() -> argparse.ArgumentParser:
                       help="a .npy file, HDF5 file or Zarr store (or a folder of them): take the sample shape and "
                            "dtype from it and add, per rank, the bytes a cold read pulls and a chunk shape that fits")
     plan.add_argument("--dataset", help="HDF5 dataset or Zarr array name (default: the only one there)")
+    plan.add_argument("--channels", metavar="VAR[@LEVEL[/LEVEL...]],...",
+                      help="with --data STORE (an xarray-written Zarr group or NetCDF4 file): the channels of a "
+                           "sample, e.g. 2m_temperature,geopotential@500,temperature@500/850; the sample is then "
+                           "(channel, *spatial dims) and each rank's row gives the bytes the native reader pulls")
     plan.add_argument("--allow-external", action="store_true",
                       help="read HDF5 datasets whose data lie in other files (external storage, external "
                            "links, virtual datasets); refused by default: a file must not make dali-mesh read "
@@ -347,7 +351,91 @@ def _add_demo_args(p: argparse.ArgumentParser) -> None:
     add_arguments(p)
 
 
+def parse_channels(text: str) -> list:
+    """``2m_temperature,geopotential@500,temperature@500/850`` as dataset channel picks (levels as
+    numbers where they read as numbers)."""
+    def level(v: str):
+        for kind in (int, float):
+            try:
+                return kind(v)
+            except ValueError:
+                pass
+        return v
+
+    out = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            raise UsageError(f"--channels {text!r}: an empty channel")
+        name, _, levels = item.partition("@")
+        if not levels:
+            out.append(name)
+            continue
+        values = [level(v) for v in levels.split("/")]
+        out.append((name, values if len(values) > 1 else values[0]))
+    return out
+
+
+def _dataset_source(args, layout):
+    from dali_mesh.dataset import NetCDFDatasetSource, ZarrDatasetSource  # noqa: PLC0415
+
+    cls = ZarrDatasetSource if os.path.isdir(args.data) else NetCDFDatasetSource
+    return cls(args.data, parse_channels(args.channels), layout, shuffle=False)
+
+
+def cmd_plan_dataset(args: argparse.Namespace) -> int:
+    """``plan --data STORE --channels ...``: per rank the window and the stored bytes the native reader
+    pulls for the first sample (each variable planned as read_dataset reads it), and per variable the
+    reader taken."""
+    from dali_mesh.io.read_plan import NotNativeError  # noqa: PLC0415
+    from dali_mesh.pipeline.native import plan_windows  # noqa: PLC0415
+
+    for flag in ("dataset", "png", "json"):
+        if getattr(args, flag):
+            raise UsageError(f"--{flag} does not go with --channels")
+    one = Layout(MeshInfo((1,), ("all",), (0,)))
+    probe = _dataset_source(args, one)
+    shape, dtype = probe.sample_shape, np.dtype(probe.dtype)
+    if args.shape and parse_ints(args.shape, "--shape") != shape:
+        raise UsageError(f"--shape {args.shape} disagrees with the channels' samples {shape}: leave --shape out")
+    layout, shape = build_layout(args, shape=shape, dtype=dtype)
+    ranks = selected_ranks(args, layout.mesh.size)
+    print(f"{args.data}: samples (channel, {', '.join(probe.spatial_dims)}) = {shape} {dtype}, "
+          f"{len(probe.channels)} channels ({', '.join(map(str, probe.channels))}), {probe.num_samples} steps")
+    print("| rank | coordinate | window | window bytes (stored dtypes) | read bytes (one sample, stored) | read / window |")
+    print("|---|---|---|---|---|---|")
+    readers = None
+    total_w = total_r = 0
+    for rank in ranks:
+        coord = layout.mesh.coordinate_of(rank)
+        rank_layout, _ = build_layout(args, coordinate=coord, shape=shape, dtype=dtype)
+        src = _dataset_source(args, rank_layout)
+        # the window in the stored dtypes (the output's cast aside), part by part
+        window = sum(int(np.prod(sub.region.window_shape)) * np.dtype(sub.dtype).itemsize for sub, _ in src.parts)
+        read, why = 0, []
+        for sub, _ in src.parts:
+            try:
+                (planset,) = plan_windows(sub)
+                read += planset.item_read_bytes(0)
+                why.append("native")
+            except NotNativeError as e:
+                why.append(f"partitioned_source ({e})")
+        readers = readers or list(zip((sub.name for sub, _ in src.parts), why))
+        total_w, total_r = total_w + window, total_r + read
+        ratio = f"{read / window:.2f}x" if window else "-"
+        print(f"| {rank} | {coord} | {src.region.window_shape} | {_fmt_bytes(window)} | {_fmt_bytes(read)} | {ratio} |")
+    for name, why in readers or []:
+        print(f"variable {name}: reader: {why}")
+    if total_w:
+        print(f"read of one sample per rank: {total_r / total_w:.2f}x the window bytes in all (stored, compressed "
+              "bytes of the chunks the windows touch; a chunk larger than a window is read whole)")
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
+    if getattr(args, "channels", None):
+        if not args.data:
+            raise UsageError("--channels goes with --data STORE")
+        return cmd_plan_dataset(args)
     advice = None
     if args.png:
         check_png_path(args.png)

@@ -441,6 +441,32 @@ class PlanSet:
             self.coders.append(Coder(key[0], key[1], key[2]))
         return idx
 
+    def item_read_bytes(self, item: int) -> int:
+        """The stored bytes the native reader reads for sample id ``item``: each coded chunk once
+        (its stored, compressed size), the byte ranges of raw parts."""
+        if not 0 <= item < self._n_items:
+            raise IndexError(f"item {item} is out of range for {self._n_items} items")
+        it = PlanSet._item_at(self._item_words, item)
+        chunks = self._chunk_rows
+        seen, total = set(), 0
+        for part in it.parts:
+            plan = self.plans[part.plan]
+            if plan.coded:
+                if part.file not in seen:
+                    seen.add(part.file)
+                    total += max(0, chunks[part.file][2])
+            else:
+                total += int(plan.unit_bytes.sum())
+        return total
+
+    @staticmethod
+    def _item_at(words: np.ndarray, item: int) -> PlanItem:
+        i = 0
+        for _ in range(item):
+            i += 2 + 4 * int(words[i + 1])
+        finish, n = int(words[i]), int(words[i + 1])
+        return PlanItem(finish, [PlanPart(*(int(v) for v in row)) for row in words[i + 2:i + 2 + 4 * n].reshape(n, 4)])
+
     def add_chunk(self, file: int, offset: int, nbytes: int, coder: int) -> int:
         """The index of the chunk stored at ``offset`` of file ``file`` (``nbytes`` stored bytes; -1: the
         file was never written; -2: a shard's index lists it as never written) in the chunk table

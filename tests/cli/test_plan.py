@@ -252,3 +252,46 @@ def test_png_halo_bands_show_one_cell_and_stay_off_the_owned_region(tmp_path):
     draw_png(path, Layout(MeshInfo((4,), ("mp",), (0,)), shard={"mp": 1}, halo={1: 1}), shape)
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_data_channels_counts_the_chunks_each_rank_reads(tmp_path):
+    """plan --data STORE --channels: per rank, the stored bytes of the chunks its window touches for the
+    first sample (counted here from the chunk files), and the reader per variable."""
+    xr = pytest.importorskip("xarray")
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("nvidia.dali")
+    import numpy as np
+    from numcodecs import Blosc
+
+    rng = np.random.default_rng(2)
+    ds = xr.Dataset({"t2m": (("time", "lat", "lon"), rng.standard_normal((4, 12, 8)).astype("f4")),
+                     "z": (("time", "level", "lat", "lon"), rng.standard_normal((4, 2, 12, 8)).astype("f4"))},
+                    coords={"time": pd.date_range("2020-01-01", periods=4, freq="6h"), "level": [500, 850]})
+    store = str(tmp_path / "s.zarr")
+    comp = [Blosc("lz4", 5, Blosc.SHUFFLE)]
+    ds.to_zarr(store, zarr_format=2, mode="w", consolidated=False,
+               encoding={"t2m": {"chunks": (1, 12, 8), "compressors": comp},
+                         "z": {"chunks": (1, 1, 4, 8), "compressors": comp}})
+    r = _run(["plan", "--data", store, "--channels", "t2m,z@850", "--mesh", "mp=3", "--shard", "mp=1", "--halo", "1=1"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = {int(line.split("|")[1]): line for line in r.stdout.splitlines() if line.startswith("| ") and
+            line.split("|")[1].strip().isdigit()}
+    size = lambda *key: os.path.getsize(os.path.join(store, *key))  # noqa: E731
+    for rank, (lo, hi) in enumerate(((0, 5), (3, 9), (7, 12))):  # rows of the windows (halo 1, constant)
+        want = size("t2m", "0.0.0") + sum(size("z", f"0.1.{c}.0") for c in range(lo // 4, (hi - 1) // 4 + 1))
+        read = rows[rank].split("|")[5].strip()
+        assert read == _human(want), (rank, rows[rank], want)
+    assert "variable t2m: reader: native" in r.stdout and "variable z: reader: native" in r.stdout
+    assert "samples (channel, lat, lon) = (2, 12, 8) float32" in r.stdout
+    bad = _run(["plan", "--data", store, "--channels", "t2m,z@300", "--mesh", "mp=3", "--shard", "mp=1"])
+    assert bad.returncode == 2 and "'z' has no level 300" in bad.stderr + bad.stdout
+
+
+def _run(args):
+    return subprocess.run([sys.executable, "-m", "dali_mesh.cli"] + args, capture_output=True, text=True, timeout=120)
+
+
+def _human(n):
+    from dali_mesh.cli.main import _fmt_bytes
+
+    return _fmt_bytes(n)

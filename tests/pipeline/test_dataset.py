@@ -159,12 +159,14 @@ def test_every_window_of_every_rank_equals_xarray(store, mesh_shape, forecast, s
 
 
 @pytest.mark.timeout(200)
-def test_partitioned_source_and_normalisation(store):
+def test_partitioned_source_and_normalisation(store, tmp_path):
     path, ds = store
     layout = Layout(MeshInfo((2,), ("mp",), (1,)), shard={"mp": 2}, halo={1: 1})
     mean = np.arange(6) * 0.5
     std = np.arange(6) + 1.0
-    src = ZarrDatasetSource(path, CHANNELS, layout, batch_size=2, shuffle=False, mean=mean, std=std, dtype="f4")
+    np.save(tmp_path / "global_stds.npy", std.reshape(1, 6, 1, 1))  # PhysicsNeMo's stats file shape
+    src = ZarrDatasetSource(path, CHANNELS, layout, batch_size=2, shuffle=False, mean=mean,
+                            std=str(tmp_path / "global_stds.npy"), dtype="f4")
     native, python = _pipeline(src), _pipeline(src, "python")
     for _ in range(len(src) // 2):
         (wn, idn, _), (wp, idp, _) = native.run(), python.run()
