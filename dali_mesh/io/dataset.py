@@ -111,9 +111,14 @@ def _zarr_cf_fill(arr, attrs):
         import base64
 
         try:
-            return np.frombuffer(base64.b64decode(value), dtype=arr.dtype)[0].item()
+            raw = base64.b64decode(value)
         except (ValueError, TypeError):
             return value
+        dtype = np.dtype(arr.dtype)
+        if len(raw) != dtype.itemsize:  # xarray writes a float fill as float64 bytes whatever the dtype
+            dtype = np.dtype(f"<{dtype.kind if dtype.kind in 'fiu' else 'f'}{len(raw)}") if len(raw) in (1, 2, 4, 8) \
+                else None
+        return value if dtype is None else np.frombuffer(raw, dtype=dtype)[0].item()
     return value
 
 

@@ -244,6 +244,14 @@ def test_refusals(store, tmp_path):
     with pytest.raises(DataFileError, match=r"variable 'short' has dims \('t2', 'latitude', 'longitude'\): the "
                                             r"first must be 'time'"):
         ZarrDatasetSource(bad, ["2m_temperature", "short"], layout)
+    # a fill value xarray masks to NaN, in this store's format: refused, not read raw
+    fmt = 3 if path.endswith("v3.zarr") else 2
+    masked = str(tmp_path / "masked.zarr")
+    _dataset(3).to_zarr(masked, zarr_format=fmt, mode="w", consolidated=False,
+                        encoding={"2m_temperature": {"_FillValue": -999.0}})
+    with pytest.raises(DataFileError, match=r"'2m_temperature': its _FillValue \[-999.0\] is masked to NaN"):
+        ZarrDatasetSource(masked, ["2m_temperature"], layout)
+    assert ZarrDatasetSource(masked, ["geopotential"], layout).dtype == np.float32  # NaN fill: as stored
 
 
 def test_cf_time_decoding_against_xarray(tmp_path):
