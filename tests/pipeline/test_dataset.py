@@ -359,3 +359,38 @@ def test_netcdf_refusals(netcdf_files, tmp_path):
     _dataset(2).isel(latitude=slice(0, 5)).to_netcdf(other, engine="h5netcdf")
     with pytest.raises(DataFileError, match="the files must hold the same variables on the same grid"):
         NetCDFDatasetSource([files[0], other], ["2m_temperature"], layout)
+
+
+@pytest.mark.timeout(200)
+def test_dtensor_output_of_a_dataset(store, process_group):
+    """MeshLoader(output="dtensor") over read_dataset on a (1, 1) mesh: the DTensor's full tensor is
+    xarray's stacked channels (a 1-rank gloo group; the multi-rank wrapping is the loader's, tested
+    on 4 processes elsewhere)."""
+    pytest.importorskip("torch")
+    from nvidia.dali import pipeline_def
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from dali_mesh.fn import read_dataset
+    from dali_mesh.torch import MeshLoader
+
+    path, ds = store
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "mp"))
+    layout = NamedLayout(MeshInfo.from_device_mesh(mesh), shard={"mp": "latitude"}, batch="dp").resolve(
+        ("channel", "latitude", "longitude"))
+    src = ZarrDatasetSource(path, CHANNELS, layout, batch_size=2, shuffle=False, dtype="f4")
+
+    @pipeline_def(batch_size=2, num_threads=1, device_id=None)
+    def pipe():
+        return read_dataset(src)
+
+    loader = MeshLoader(pipe(), layout, output="dtensor", device_mesh=mesh, sample_shape=src.sample_shape)
+    n = 0
+    for batch in loader:
+        dt = batch["window"]
+        assert isinstance(dt, DTensor) and tuple(dt.shape) == (2,) + src.sample_shape
+        want = np.stack([_oracle(ds, src.time_index(i), np.float32) for i in batch["sample_id"].tolist()])
+        np.testing.assert_array_equal(dt.full_tensor().numpy(), want)
+        n += 1
+    assert n == len(src) // 2
+    loader.close()
