@@ -439,6 +439,59 @@ def test_era5_drop_in_on_cuda(tmp_path):
         cpu.close()
 
 
+def _netcdf_like(path, rng, steps=6, levels=(500, 850), shape=(13, 16)):
+    """A NetCDF4-style HDF5 file written with h5py alone (dimension scales attached as netCDF does):
+    the GPU machine has h5py but no xarray or zarr."""
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(path, "w") as f:
+        f["time"] = np.arange(steps, dtype=np.int64) * 6
+        f["time"].attrs["units"] = "hours since 2020-01-01"
+        f["time"].attrs["calendar"] = "proleptic_gregorian"
+        f["level"] = np.array(levels, np.int64)
+        f["latitude"] = np.linspace(90, -90, shape[0])
+        f["longitude"] = np.linspace(0, 360, shape[1], endpoint=False)
+        for name in ("time", "level", "latitude", "longitude"):
+            f[name].make_scale(name)
+        f.create_dataset("t2m", data=rng.standard_normal((steps,) + shape).astype("f4"), chunks=(1, 7, 16),
+                         compression="gzip", shuffle=True)
+        f.create_dataset("z", data=rng.standard_normal((steps, len(levels)) + shape).astype("f4"))
+        for name, dims in (("t2m", ("time", "latitude", "longitude")), ("z", ("time", "level", "latitude", "longitude"))):
+            for i, d in enumerate(dims):
+                f[name].dims[i].attach_scale(f[d])
+
+
+def test_read_dataset_on_gpu_equals_cpu(tmp_path):
+    """read_dataset(device="gpu"): each variable read natively into GPU memory, cast, concatenated and
+    normalised on the GPU; equal to the CPU pipeline (normalised: to float32 rounding)."""
+    from dali_mesh import ForecastSpec
+    from dali_mesh.dataset import NetCDFDatasetSource
+
+    rng = np.random.default_rng(SEED)
+    path = str(tmp_path / "era5.nc")
+    _netcdf_like(path, rng)
+    for normalise in (False, True):
+        layout = Layout(MeshInfo((3,), ("mp",), (1,)), shard={"mp": 1}, halo={1: 1, 2: 2},
+                        boundary={1: "reflect", 2: "periodic"})
+        stats = dict(mean=[0.5, -1.0, 2.0], std=[1.5, 2.0, 0.5]) if normalise else {}
+        src = NetCDFDatasetSource(path, ["t2m", ("z", [850, 500])], layout, batch_size=2, shuffle=False,
+                                  forecast=ForecastSpec(1, 1), dtype="f4", **stats)
+        outs = {}
+        for device in ("cpu", "gpu"):
+            @pipeline_def(batch_size=2, num_threads=2, device_id=0)
+            def pipe():
+                return dfn.read_dataset(src, device, fallback=False)
+
+            p = _build(pipe)
+            outs[device] = [[_np(o) for o in p.run()[:2]] for _ in range(len(src) // 2)]
+        for b, (c, g) in enumerate(zip(outs["cpu"], outs["gpu"])):
+            for w in range(2):
+                for j in range(2):
+                    if normalise:
+                        np.testing.assert_allclose(g[w][j], c[w][j], rtol=1e-6, atol=1e-6, err_msg=f"seed {SEED} b {b}")
+                    else:
+                        np.testing.assert_array_equal(g[w][j], c[w][j], err_msg=f"seed {SEED} batch {b}")
+
+
 # JPEGs of odd sizes, 4:4:4 (subsampling 0) and 4:2:0 (2), written by Pillow (quality 90) from RGB =
 # (255 x / w, 255 y / h, x y mod 256); embedded because GPU machines often have no Pillow.
 # (h, w, subsampling) -> base64
