@@ -50,6 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="a folder of .npy files (one sample each), or HDF5 (.h5) / Zarr (.zarr) files or "
                                    "a folder of them, samples along axis 0 (default: write a synthetic ERA5-like set)")
     p.add_argument("--dataset", help="HDF5 dataset or Zarr array name (default: the only one there)")
+    p.add_argument("--channels", metavar="VAR[@LEVEL[/LEVEL...]],...",
+                   help="with --data STORE (an xarray-written Zarr group or a NetCDF4 file): the sample's channels "
+                        "(e.g. 2m_temperature,geopotential@500); samples are (channel, *spatial dims), read by "
+                        "read_dataset, one native reader per variable")
     p.add_argument("--allow-external", action="store_true",
                    help="read HDF5 datasets whose bytes live in other files (external storage, external "
                         "links, virtual datasets): only for files you trust")
@@ -163,6 +167,12 @@ def _make_source(kind, files, dataset, layout, batch_size, allow_external=False)
 
     if layout is None:  # the whole sample, to read metadata
         layout = Layout(MeshInfo((1,), ("data_parallel",)))
+    if kind == "dataset":  # dataset = the --channels text
+        from dali_mesh.cli.main import parse_channels  # noqa: PLC0415
+        from dali_mesh.dataset import NetCDFDatasetSource, ZarrDatasetSource  # noqa: PLC0415
+
+        cls = ZarrDatasetSource if os.path.isdir(files[0]) else NetCDFDatasetSource
+        return cls(files[0], parse_channels(dataset), layout, batch_size=batch_size, shuffle=True, seed=0)
     if kind == "npy":
         return NumpySource(files, layout, batch_size=batch_size, shuffle=True, seed=0)
     if kind == "hdf5":
@@ -175,6 +185,17 @@ def _make_source(kind, files, dataset, layout, batch_size, allow_external=False)
 
 def _full_sample(source, sample_id: int) -> np.ndarray:
     """The whole sample, read plainly (the oracle the demo checks windows against)."""
+    if hasattr(source, "parts"):  # a dataset: every channel's whole field, by zarr-python / h5py
+        whole = getattr(source, "_demo_whole", None)
+        if whole is None:
+            from dali_mesh import Layout, MeshInfo  # noqa: PLC0415
+
+            whole = source._demo_whole = type(source)(
+                source.files if len(source.files) > 1 else source.files[0],
+                [c.variable if c.level_index is None else (c.variable, c.level_index) for c in source.channels],
+                Layout(MeshInfo((1,), ("all",))), levels_by="index", batch_size=source.batch_size, shuffle=False,
+                dtype=source.dtype)
+        return whole.read_sample(sample_id)[0]
     if not hasattr(source, "locate"):
         return np.load(source.files[sample_id])
     fi, local = source.locate(source.step_of(sample_id))
@@ -227,6 +248,11 @@ def reader_path(source) -> tuple[str, str]:
     operator, else ``("partitioned_source", why)``."""
     from dali_mesh.pipeline.native import plan_windows  # noqa: PLC0415
 
+    if hasattr(source, "parts"):  # a dataset: read_dataset, native when every variable is
+        from dali_mesh.pipeline.dataset import dataset_readers  # noqa: PLC0415
+
+        why = [f"{sub.name}: {r}" for (sub, _), r in zip(source.parts, dataset_readers(source)) if r != "native"]
+        return ("native", "") if not why else ("partitioned_source", "; ".join(why))
     try:
         plan_windows(source)
     except NotNativeError as e:
@@ -257,7 +283,14 @@ def _rank(rank, world_size, cfg, out_dir):
     region = layout.region(source.sample_shape)
     path, why = reader_path(source)
     device = "gpu" if use_gpu else "cpu"
-    if path == "native":
+    if cfg["kind"] == "dataset":  # one reader per variable; a variable that is not native falls back alone
+        from dali_mesh.pipeline.dataset import read_dataset  # noqa: PLC0415
+
+        @pipeline_def(batch_size=bs, num_threads=cfg["workers"], device_id=rank if use_gpu else None,
+                      py_num_workers=cfg["workers"], py_start_method="spawn", prefetch_queue_depth=1)
+        def pipe():
+            return read_dataset(source, device=device)
+    elif path == "native":
         # the reads run on the pipeline's threads: no worker processes
         @pipeline_def(batch_size=bs, num_threads=cfg["workers"], device_id=rank if use_gpu else None,
                       prefetch_queue_depth=1)
@@ -364,7 +397,18 @@ def run(args: argparse.Namespace) -> int:
            "timeout": args.timeout, "allow_external": args.allow_external}
     # check the mesh and the layout here, before writing data or starting ranks
     mesh = MeshInfo(*mesh_of(cfg, args.nproc))
-    if args.data:
+    channels = getattr(args, "channels", None)
+    if channels and not args.data:
+        raise UsageError("--channels goes with --data STORE")
+    if channels:
+        if args.dataset:
+            raise UsageError("--dataset does not go with --channels")
+        kind, files = "dataset", [os.path.abspath(args.data)]
+        args.dataset = cfg["dataset"] = channels
+        probe = _make_source(kind, files, channels, None, args.batch_size)
+        cfg["ndim"] = len(probe.sample_shape)
+        probe = _make_source(kind, files, channels, layout_of(cfg, mesh), args.batch_size)
+    elif args.data:
         kind, files = find_data(args.data)
         if kind == "hdf5" and args.dataset is None:
             args.dataset = cfg["dataset"] = only_dataset_name(files[0])
