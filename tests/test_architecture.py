@@ -28,7 +28,7 @@ ALLOWED = {
     "fn": {"pipeline"},
     "image": {"pipeline"},
     "torch": {"pipeline", "source", "partition", "mesh", "_checks"},
-    "cli": {"torch", "pipeline", "fn", "source", "io", "partition", "mesh", "_checks", "_kernels"},
+    "cli": {"torch", "pipeline", "fn", "dataset", "source", "io", "partition", "mesh", "_checks", "_kernels"},
     "physicsnemo": {"torch", "pipeline", "source", "io", "partition", "mesh", "_checks"},
     "__init__": {"pipeline", "source", "partition", "mesh"},
 }

@@ -24,6 +24,7 @@ __all__ = [
     "parse_halo",
     "parse_boundary",
     "parse_shard",
+    "parse_channels",
     "parse_split",
     "parse_crop",
     "parse_dtype",
@@ -252,3 +253,27 @@ def find_data(path: str, what: str = "--data") -> tuple[str, list[str]]:
         if files:
             return kind, files
     raise UsageError(f"{what} {path!r} holds no .npy, .h5 or .zarr files")
+
+
+def parse_channels(text: str) -> list:
+    """``2m_temperature,geopotential@500,temperature@500/850`` as dataset channel picks (levels as
+    numbers where they read as numbers)."""
+    def level(v: str):
+        for kind in (int, float):
+            try:
+                return kind(v)
+            except ValueError:
+                pass
+        return v
+
+    out = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            raise UsageError(f"--channels {text!r}: an empty channel")
+        name, _, levels = item.partition("@")
+        if not levels:
+            out.append(name)
+            continue
+        values = [level(v) for v in levels.split("/")]
+        out.append((name, values if len(values) > 1 else values[0]))
+    return out

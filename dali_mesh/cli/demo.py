@@ -168,7 +168,7 @@ def _make_source(kind, files, dataset, layout, batch_size, allow_external=False)
     if layout is None:  # the whole sample, to read metadata
         layout = Layout(MeshInfo((1,), ("data_parallel",)))
     if kind == "dataset":  # dataset = the --channels text
-        from dali_mesh.cli.main import parse_channels  # noqa: PLC0415
+        from dali_mesh.cli.args import parse_channels  # noqa: PLC0415
         from dali_mesh.dataset import NetCDFDatasetSource, ZarrDatasetSource  # noqa: PLC0415
 
         cls = ZarrDatasetSource if os.path.isdir(files[0]) else NetCDFDatasetSource

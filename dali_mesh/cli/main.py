@@ -21,6 +21,7 @@ from dali_mesh.cli.args import (
     UsageError,
     make_layout,
     parse_boundary,
+    parse_channels,
     parse_dtype,
     parse_halo,
     parse_ints,
@@ -349,30 +350,6 @@ def _add_demo_args(p: argparse.ArgumentParser) -> None:
         p.set_defaults(demo_missing=True)
         return
     add_arguments(p)
-
-
-def parse_channels(text: str) -> list:
-    """``2m_temperature,geopotential@500,temperature@500/850`` as dataset channel picks (levels as
-    numbers where they read as numbers)."""
-    def level(v: str):
-        for kind in (int, float):
-            try:
-                return kind(v)
-            except ValueError:
-                pass
-        return v
-
-    out = []
-    for item in (t.strip() for t in text.split(",")):
-        if not item:
-            raise UsageError(f"--channels {text!r}: an empty channel")
-        name, _, levels = item.partition("@")
-        if not levels:
-            out.append(name)
-            continue
-        values = [level(v) for v in levels.split("/")]
-        out.append((name, values if len(values) > 1 else values[0]))
-    return out
 
 
 def _dataset_source(args, layout):
