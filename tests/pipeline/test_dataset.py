@@ -362,14 +362,16 @@ def test_netcdf_refusals(netcdf_files, tmp_path):
 
 
 @pytest.mark.timeout(200)
-def test_dtensor_output_of_a_dataset(store, process_group):
-    """MeshLoader(output="dtensor") over read_dataset on a (1, 1) mesh: the DTensor's full tensor is
-    xarray's stacked channels (a 1-rank gloo group; the multi-rank wrapping is the loader's, tested
+@pytest.mark.parametrize("output", ["dtensor", "shard_tensor"])
+def test_dtensor_and_shard_tensor_output_of_a_dataset(store, process_group, output):
+    """MeshLoader(output="dtensor" / "shard_tensor") over read_dataset on a (1, 1) mesh: the full tensor
+    is xarray's stacked channels (a 1-rank gloo group; the multi-rank wrapping is the loader's, tested
     on 4 processes elsewhere)."""
     pytest.importorskip("torch")
+    if output == "shard_tensor":
+        pytest.importorskip("physicsnemo.domain_parallel", reason="PhysicsNeMo is not installed")
     from nvidia.dali import pipeline_def
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor
 
     from dali_mesh.fn import read_dataset
     from dali_mesh.torch import MeshLoader
@@ -384,11 +386,12 @@ def test_dtensor_output_of_a_dataset(store, process_group):
     def pipe():
         return read_dataset(src)
 
-    loader = MeshLoader(pipe(), layout, output="dtensor", device_mesh=mesh, sample_shape=src.sample_shape)
+    loader = MeshLoader(pipe(), layout, output=output, device_mesh=mesh, sample_shape=src.sample_shape)
     n = 0
     for batch in loader:
         dt = batch["window"]
-        assert isinstance(dt, DTensor) and tuple(dt.shape) == (2,) + src.sample_shape
+        want_type = "DTensor" if output == "dtensor" else "ShardTensor"
+        assert type(dt).__name__ == want_type and tuple(dt.shape) == (2,) + src.sample_shape
         want = np.stack([_oracle(ds, src.time_index(i), np.float32) for i in batch["sample_id"].tolist()])
         np.testing.assert_array_equal(dt.full_tensor().numpy(), want)
         n += 1
