@@ -216,6 +216,7 @@ class ERA5HDF5Datapipe:
                                  window_outputs=("invar", "outvar"), output=output, device_mesh=device_mesh,
                                  sample_shape=self.source.sample_shape, timeout=timeout)
         self._epochs = 0
+        self._in_epoch = False  # an epoch was started and not run to its end
 
     # ---- set-up ------------------------------------------------------------------------------------
     def _load_statistics(self) -> None:
@@ -300,12 +301,20 @@ class ERA5HDF5Datapipe:
 
     # ---- iteration ---------------------------------------------------------------------------------
     def __iter__(self):
+        """One epoch, whole: an epoch left part-way (a ``break``) is run to its end first, unread, so
+        that the next ``for`` starts the next epoch at its first batch (DALI's iterator cannot be
+        reset mid-epoch)."""
+        if self._in_epoch:
+            for _ in self.loader:
+                pass
         if self._epochs:
             self.loader.reset()
         self._epochs += 1
+        self._in_epoch = True
         keys = self.output_keys
         for batch in self.loader:
             yield [{k: batch[k] for k in keys}]
+        self._in_epoch = False
 
     def __len__(self) -> int:
         return self.length

@@ -302,3 +302,19 @@ def test_shard_tensor_output_on_four_gloo_ranks(era5, tmp_path, monkeypatch):
     top = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([top, os.environ.get("PYTHONPATH", "")]))
     run_ranks(_shard_tensor_rank, 4, tmp_path, str(root / "data"), timeout_s=240)
+
+
+@pytest.mark.timeout(300)
+def test_an_epoch_left_part_way_is_finished_before_the_next(era5, reference):
+    # a `break` after one batch: the next `for` is PhysicsNeMo's epoch 1, whole, from its first batch
+    root, _ = era5
+    name = "h0s1st1"
+    ref = reference[name]
+    pipe = _ours(root, name, 0)
+    for _ in pipe:
+        break
+    got = [batch[0]["invar"].numpy() for batch in pipe]
+    assert len(got) == len(pipe)
+    for b, have in enumerate(got):
+        np.testing.assert_array_equal(have, _band(ref[f"1/{b}/invar"], pipe.region, "invar"), err_msg=f"batch {b}")
+    pipe.close()
