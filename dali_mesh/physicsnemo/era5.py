@@ -25,6 +25,7 @@ import numpy as np
 from dali_mesh.mesh import MeshInfo
 from dali_mesh.partition import Layout, LayoutError, take_window
 from dali_mesh.physicsnemo.source import ERA5Source
+from dali_mesh.pipeline.native import batch_entries
 from dali_mesh.pipeline.watchdog import DEFAULT_TIMEOUT_S
 from dali_mesh.source import ForecastSpec
 
@@ -45,15 +46,10 @@ class _Times:
         self.stamps, self.in_year = bool(stamps), bool(in_year)  # which outputs, in this order
 
     def __call__(self, info):
-        order = self.source.sample_order(int(info.epoch_idx))
-        bs = self.source.batch_size
-        i0 = int(info.iteration) * bs
-        if i0 >= len(order):
-            raise StopIteration
         stamps, doy = [], []
         stride = self.source.forecast.stride
-        for i in range(i0, min(i0 + bs, len(order))):
-            year, in_idx = self.source.locate(order[i][0])
+        for sample_id, _ in batch_entries(self.source, info):
+            year, in_idx = self.source.locate(sample_id)
             # as physicsnemo.datapipes.climate.era5_hdf5.ERA5DaliExternalSource.__call__
             start = datetime.datetime(self.start_year + year, 1, 1, tzinfo=datetime.UTC) + \
                 datetime.timedelta(hours=int(in_idx) * self.dt)
@@ -186,11 +182,8 @@ class ERA5HDF5Datapipe:
 
         self.layout = layout if layout is not None else self._layout(device_mesh, shard, halo, boundary, fill_value)
         self.device_mesh = device_mesh
-        if self.layout.num_batch_groups > 1:  # the data-parallel rank is the layout's
-            if (process_rank, world_size) not in ((0, 1), (self.layout.batch_index, self.layout.num_batch_groups)):
-                raise ValueError(f"process_rank {process_rank} / world_size {world_size} disagree with the layout's "
-                                 f"batch dims ({self.layout.num_batch_groups} sample groups, this rank in group "
-                                 f"{self.layout.batch_index}); leave them out")
+        if self.layout.num_batch_groups > 1 and (process_rank, world_size) == (0, 1):
+            # left out: the data-parallel rank is the layout's (ERA5Source refuses other given values)
             process_rank, world_size = self.layout.batch_index, self.layout.num_batch_groups
         self.process_rank, self.world_size = int(process_rank), int(world_size)
         self.source = ERA5Source(

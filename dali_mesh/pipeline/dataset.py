@@ -6,36 +6,41 @@ from __future__ import annotations
 import logging
 
 from dali_mesh.io.read_plan import NotNativeError
-from dali_mesh.pipeline.external import current_pipeline_for
-from dali_mesh.pipeline.native import plan_windows, read_windows
+from dali_mesh.pipeline.external import current_pipeline_for, partitioned_source
+from dali_mesh.pipeline.native import plan_windows, read_planned
 from dali_mesh.pipeline.registry import info_of
 
 log = logging.getLogger(__name__)
 
 
-def dataset_readers(source) -> list[str]:
-    """Per part of ``source`` (a run of channels of one variable): ``"native"`` or the reason it falls
-    back to ``partitioned_source``, as ``read_dataset`` would read it (no data read)."""
+def _plans_or_reason(source) -> list:
+    """Per part of ``source``: its native plans, or the reason (a string) it falls back."""
     out = []
     for sub, _ in source.parts:
         try:
-            plan_windows(sub)
-            out.append("native")
+            out.append(plan_windows(sub))
         except NotNativeError as e:
             out.append(f"partitioned_source ({e})")
     return out
+
+
+def dataset_readers(source) -> list[str]:
+    """Per part of ``source`` (a run of channels of one variable): ``"native"`` or the reason it falls
+    back to ``partitioned_source``, as ``read_dataset`` would read it (no data read)."""
+    return [p if isinstance(p, str) else "native" for p in _plans_or_reason(source)]
 
 
 def read_dataset(source, device: str = "cpu", *, fallback: bool = True, **kwargs):
     """This rank's windows of ``source`` (a ``ZarrDatasetSource``): ``(window, sample_id, is_pad)`` or,
     with a forecast, ``(input, target, sample_id, is_pad)``, as ``read_windows`` gives them.
 
-    Each variable (each run of channels of one variable) is read by ``read_windows`` over its own
-    ``ZarrSource``; one that cannot be read natively falls back to ``partitioned_source`` with a
-    one-line log naming the variable (``fallback=False``: :class:`NotNativeError`). The parts share the
-    sample order (the same ids, pads and padding), are cast to ``source.dtype``, concatenated on the
-    channel axis and normalised with ``fn.normalize`` when the source has ``mean``/``std``.
-    ``kwargs`` go to ``read_windows``.
+    Each variable (each run of channels of one variable) is planned once and read natively over its
+    own ``ZarrSource`` / ``HDF5Source``; one that cannot be read natively falls back to
+    ``partitioned_source`` with a one-line log naming the variable (``fallback=False``:
+    :class:`NotNativeError`). The parts share the sample order (the same ids, pads and padding), are
+    cast to ``source.dtype``, concatenated on the channel axis and normalised with ``fn.normalize``
+    when the source has ``mean``/``std``. ``kwargs`` (``task_bytes``, ``prefetch``, ``plan_dir``) go to
+    the native reads.
     """
     from nvidia.dali import fn, types
 
@@ -48,18 +53,19 @@ def read_dataset(source, device: str = "cpu", *, fallback: bool = True, **kwargs
     nwin = len(source.window_names)
     blocks = [[] for _ in range(nwin)]
     ids = pads = fallback_ids = None
-    for (sub, has_level), reader in zip(source.parts, dataset_readers(source)):
-        if reader != "native":
+    for (sub, has_level), plans in zip(source.parts, _plans_or_reason(source)):
+        if isinstance(plans, str):  # planned once: the reason it falls back
             if not fallback:
-                raise NotNativeError(f"variable {sub.name!r}: {reader}")
-            log.info("read_dataset: variable %r of %s: %s", sub.name, source.store, reader)
-        # the parts share one sample order: the first native part's ids feed the other native parts
-        shared = {"sample_ids": (ids, pads)} if ids is not None and reader == "native" else {}
-        outs = read_windows(sub, device, fallback=fallback, **kwargs, **shared)
-        if ids is None and reader == "native":
-            ids, pads = outs[-2], outs[-1]
-        elif ids is None:
-            fallback_ids = outs[-2:]
+                raise NotNativeError(f"variable {sub.name!r}: {plans}")
+            log.info("read_dataset: variable %r of %s: %s", sub.name, source.store, plans)
+            outs = partitioned_source(sub, device)
+            if fallback_ids is None:
+                fallback_ids = outs[-2:]
+        else:
+            # the parts share one sample order: the first native part's ids feed the other native parts
+            outs = read_planned(sub, plans, device, sample_ids=None if ids is None else (ids, pads), **kwargs)
+            if ids is None:
+                ids, pads = outs[-2], outs[-1]
         for w in range(nwin):
             win = outs[w]
             if not has_level:

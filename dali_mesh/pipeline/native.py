@@ -119,15 +119,21 @@ class _SampleIds:
         self.source = source
 
     def __call__(self, info):
-        # O(1) per index (SampleOrder), not the epoch's arrays: a source claiming 2**40 samples costs
-        # one batch's worth per call
-        order = self.source.sample_order(int(info.epoch_idx))
-        bs = self.source.batch_size
-        i0 = int(info.iteration) * bs
-        if i0 >= len(order):
-            raise StopIteration
-        batch = [order[i] for i in range(i0, min(i0 + bs, len(order)))]
+        batch = batch_entries(self.source, info)
         return ([np.array(int(s), np.int64) for s, _ in batch], [np.array(bool(p)) for _, p in batch])
+
+
+def batch_entries(source, info) -> list[tuple[int, bool]]:
+    """The ``(sample_id, is_pad)`` entries of the batch a batch-mode external source is asked for
+    (``BatchInfo``: iteration and epoch), from ``source``'s stateless sample order; ``StopIteration``
+    after the last whole batch. O(1) per index (SampleOrder), not the epoch's arrays: a source claiming
+    2**40 samples costs one batch's worth per call."""
+    order = source.sample_order(int(info.epoch_idx))
+    bs = source.batch_size
+    i0 = int(info.iteration) * bs
+    if i0 >= len(order):
+        raise StopIteration
+    return [order[i] for i in range(i0, min(i0 + bs, len(order)))]
 
 
 def read_windows(source, device: str = "cpu", *, name: str | None = None, layout: str | None = None,
@@ -161,13 +167,8 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
             sample-id source of its own.
         kwargs: passed to the ``partitioned_source`` fallback.
     """
-    from nvidia.dali import fn, types
-
-    from dali_mesh.pipeline.external import current_pipeline_for
-
     if device not in ("cpu", "gpu"):
         raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
-    pipe = current_pipeline_for(source)
     try:
         plans = plan_windows(source, merge_gap=merge_gap)
     except NotNativeError as e:
@@ -177,7 +178,20 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
 
         log.info("read_windows: %s; using partitioned_source", e)
         return partitioned_source(source, device, name=name, layout=layout, **kwargs)
+    return read_planned(source, plans, device, name=name, layout=layout, task_bytes=task_bytes, prefetch=prefetch,
+                        plan_dir=plan_dir, sample_ids=sample_ids)
+
+
+def read_planned(source, plans, device: str = "cpu", *, name: str | None = None, layout: str | None = None,
+                 task_bytes: int = 4 << 20, prefetch: bool = True, plan_dir: str | None = None, sample_ids=None):
+    """``read_windows`` of ``source`` with its native ``plans`` already made (``plan_windows``), as
+    ``read_dataset`` makes them once to choose each variable's reader."""
+    from nvidia.dali import fn, types
+
+    from dali_mesh.pipeline.external import current_pipeline_for
     from dali_mesh.pipeline.plugin import load_plugin
+
+    pipe = current_pipeline_for(source)
 
     ops = load_plugin()
     paths = [p.write(plan_dir) for p in plans]

@@ -397,3 +397,43 @@ def test_dtensor_and_shard_tensor_output_of_a_dataset(store, process_group, outp
         n += 1
     assert n == len(src) // 2
     loader.close()
+
+
+@pytest.mark.timeout(200)
+def test_a_variable_that_is_not_native_falls_back_alone(tmp_path, caplog):
+    """A variable with a filter the native reader does not decode (numcodecs Delta) is read by
+    partitioned_source, with one log line naming it; the other variable stays native; the windows
+    equal xarray's."""
+    import logging
+
+    from numcodecs import Delta
+    from nvidia.dali import pipeline_def
+
+    from dali_mesh.fn import read_dataset
+    from dali_mesh.pipeline.dataset import dataset_readers
+
+    ds = _dataset(4)
+    path = str(tmp_path / "filtered.zarr")
+    ds.to_zarr(path, zarr_format=2, mode="w", consolidated=False,
+               encoding={"2m_temperature": {"filters": [Delta(dtype="f4")]}})
+    layout = Layout(MeshInfo((2,), ("mp",), (1,)), shard={"mp": 1}, halo={1: 1})
+    src = ZarrDatasetSource(path, ["2m_temperature", ("geopotential", 700)], layout, batch_size=2, shuffle=False)
+    readers = dataset_readers(src)
+    assert readers[0].startswith("partitioned_source (") and "filters ['delta']" in readers[0] and readers[1] == "native"
+
+    @pipeline_def(batch_size=2, num_threads=1, device_id=None, py_num_workers=1, py_start_method="spawn")
+    def pipe():
+        return read_dataset(src)
+
+    with caplog.at_level(logging.INFO, logger="dali_mesh.pipeline.dataset"):
+        p = pipe()
+    assert any("variable '2m_temperature'" in r.getMessage() for r in caplog.records)
+    p.build()
+    ds = xr.open_zarr(path, consolidated=False)  # float Delta is lossy: the oracle is the store as xarray reads it
+    for _ in range(len(src) // 2):
+        win, ids, _ = p.run()
+        for j in range(2):
+            t = src.time_index(int(np.array(ids[j])))
+            want = np.stack([ds["2m_temperature"].isel(time=t).values,
+                             ds["geopotential"].sel(level=700).isel(time=t).values])
+            np.testing.assert_array_equal(np.array(win[j]), take_window(want, src.region))
