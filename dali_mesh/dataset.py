@@ -346,19 +346,12 @@ class _DatasetSource(WindowSource):
         ids = np.asarray(sample_id, dtype=np.int64)
         return self.times[self.time_start + ids * self.time_stride]
 
-    def _window_ndims(self):
-        extra = 1 if self.forecast is not None else 0
-        return (self.sample_ndim + extra,) * len(self.window_names)
-
     def _files_of(self, sample_id: int) -> str:
         return f"{self.store} step {self.time_index(sample_id)} ({', '.join(map(str, self.channels))})"
 
     def fingerprint(self) -> dict[str, Any]:
-        fp = super().fingerprint()
-        fp.update(files=list(self.files), channels=[str(c) for c in self.channels], time_start=self.time_start,
-                  time_stride=self.time_stride)
-        if self.forecast is not None:
-            fp["forecast"] = [self.forecast.history, self.forecast.lead, self.forecast.stride]
+        fp = super().fingerprint()  # files, time_start, time_stride and forecast as the time series give them
+        fp["channels"] = [str(c) for c in self.channels]
         return fp
 
     def native_plans(self, merge_gap: int = 0) -> tuple:

@@ -231,7 +231,9 @@ class WindowSource:
         return self._window_ndims() + (0, 0)
 
     def _window_ndims(self) -> tuple[int, ...]:
-        return (self.sample_ndim,) * len(self.window_names)
+        # a forecast stacks its steps on a leading axis
+        extra = 1 if getattr(self, "forecast", None) is not None else 0
+        return (self.sample_ndim + extra,) * len(self.window_names)
 
     def read_sample(self, sample_id: int) -> tuple[np.ndarray, ...]:
         """This rank's window(s) of sample ``sample_id`` (no DALI needed)."""
@@ -512,10 +514,6 @@ class _TimeSeriesSource(WindowSource):
 
     def _kind_name(self) -> str:
         return "dataset"
-
-    def _window_ndims(self):
-        extra = 1 if self.forecast is not None else 0
-        return (self.sample_ndim + extra,) * len(self.window_names)
 
     def step_of(self, sample_id: int) -> int:
         """The global step ``t`` of a sample id."""
