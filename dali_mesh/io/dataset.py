@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from dataclasses import dataclass
 
 import numpy as np
 
-from dali_mesh.io._common import DataFileError, MissingFileError, NotRegularFileError
+from dali_mesh.io._common import DataFileError
 
 __all__ = ["DatasetVariable", "open_dataset_group", "decode_cf_time", "CALENDARS"]
 
@@ -77,13 +76,10 @@ def open_dataset_group(path: str | os.PathLike) -> dict[str, DatasetVariable]:
     import zarr
     from zarr.storage import LocalStore
 
+    from dali_mesh.io.zarr import check_store_dir
+
     path = str(path)
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise MissingFileError(path, "no such Zarr store; check the path") from None
-    if not stat.S_ISDIR(mode):
-        raise NotRegularFileError(path, "is not a directory: a Zarr store is a directory")
+    check_store_dir(path)
     try:
         group = zarr.open_group(store=LocalStore(path, read_only=True), mode="r")
     except Exception as e:  # noqa: BLE001 - zarr raises many kinds for a folder that is no group

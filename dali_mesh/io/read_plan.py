@@ -355,6 +355,14 @@ class PlanItem(NamedTuple):
     parts: list[PlanPart]
 
 
+def _decode_item(words: np.ndarray, i: int) -> tuple[PlanItem, int]:
+    """The item encoded at word ``i`` (its finish, its number of parts, then 4 words per part) and the
+    index of the next one."""
+    finish, n = int(words[i]), int(words[i + 1])
+    parts = words[i + 2:i + 2 + 4 * n].reshape(n, 4)
+    return PlanItem(finish, [PlanPart(*(int(v) for v in row)) for row in parts]), i + 2 + 4 * n
+
+
 _written: set[str] = set()
 _written_lock = threading.Lock()
 
@@ -390,12 +398,10 @@ class PlanSet:
     @property
     def items(self) -> list[PlanItem]:
         """Per sample id: its :class:`PlanItem`."""
-        out, w, i = [], self._item_words, 0
+        out, i = [], 0
         for _ in range(self._n_items):
-            finish, n = int(w[i]), int(w[i + 1])
-            parts = w[i + 2:i + 2 + 4 * n].reshape(n, 4)
-            out.append(PlanItem(finish, [PlanPart(*(int(v) for v in row)) for row in parts]))
-            i += 2 + 4 * n
+            item, i = _decode_item(self._item_words, i)
+            out.append(item)
         return out
 
     @items.setter
@@ -446,7 +452,10 @@ class PlanSet:
         (its stored, compressed size), the byte ranges of raw parts."""
         if not 0 <= item < self._n_items:
             raise IndexError(f"item {item} is out of range for {self._n_items} items")
-        it = PlanSet._item_at(self._item_words, item)
+        i = 0
+        for _ in range(item):  # items are variable-length: skip to this one
+            i += 2 + 4 * int(self._item_words[i + 1])
+        it, _ = _decode_item(self._item_words, i)
         chunks = self._chunk_rows
         seen, total = set(), 0
         for part in it.parts:
@@ -458,14 +467,6 @@ class PlanSet:
             else:
                 total += int(plan.unit_bytes.sum())
         return total
-
-    @staticmethod
-    def _item_at(words: np.ndarray, item: int) -> PlanItem:
-        i = 0
-        for _ in range(item):
-            i += 2 + 4 * int(words[i + 1])
-        finish, n = int(words[i]), int(words[i + 1])
-        return PlanItem(finish, [PlanPart(*(int(v) for v in row)) for row in words[i + 2:i + 2 + 4 * n].reshape(n, 4)])
 
     def add_chunk(self, file: int, offset: int, nbytes: int, coder: int) -> int:
         """The index of the chunk stored at ``offset`` of file ``file`` (``nbytes`` stored bytes; -1: the

@@ -99,6 +99,18 @@ def _counting_store(store):
     return _counting_store_cls(store)
 
 
+def check_store_dir(path: str, hint: str = "; check the path") -> None:
+    """Refuse, naming ``path``, a Zarr store that does not exist or is not a directory (``hint`` ends
+    the message)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise MissingFileError(path, f"no such Zarr store{hint}") from None
+    if not stat.S_ISDIR(mode):
+        raise NotRegularFileError(path, f"is not a directory: a Zarr store is a directory holding zarr.json or "
+                                  f".zarray{hint}")
+
+
 def open_zarr_array(path: str | os.PathLike, name: str | None = None):
     """Open a Zarr array read-only, its store wrapped in a byte counter; errors name the path.
 
@@ -110,13 +122,7 @@ def open_zarr_array(path: str | os.PathLike, name: str | None = None):
     from zarr.storage import LocalStore
 
     path = str(path)
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise MissingFileError(path, "no such Zarr store; check the path and the file list") from None
-    if not stat.S_ISDIR(mode):
-        raise NotRegularFileError(path, "is not a directory: a Zarr store is a directory holding zarr.json or "
-                                  ".zarray; check the path and the file list")
+    check_store_dir(path, "; check the path and the file list")
     store = _counting_store(LocalStore(path, read_only=True))
     what = f"array {name!r}" if name else "the array at the store's root"
     if not name:
