@@ -7,7 +7,7 @@ import logging
 
 from dali_mesh.io.read_plan import NotNativeError
 from dali_mesh.pipeline.external import current_pipeline_for, partitioned_source
-from dali_mesh.pipeline.native import plan_windows, read_planned
+from dali_mesh.pipeline.native import plan_windows, read_windows
 from dali_mesh.pipeline.registry import info_of
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def read_dataset(source, device: str = "cpu", *, fallback: bool = True, **kwargs
                 fallback_ids = outs[-2:]
         else:
             # the parts share one sample order: the first native part's ids feed the other native parts
-            outs = read_planned(sub, plans, device, sample_ids=None if ids is None else (ids, pads), **kwargs)
+            outs = read_windows(sub, device, plans=plans, sample_ids=None if ids is None else (ids, pads), **kwargs)
             if ids is None:
                 ids, pads = outs[-2], outs[-1]
         for w in range(nwin):

@@ -138,7 +138,8 @@ def batch_entries(source, info) -> list[tuple[int, bool]]:
 
 def read_windows(source, device: str = "cpu", *, name: str | None = None, layout: str | None = None,
                  fallback: bool = True, task_bytes: int = 4 << 20, prefetch: bool = True,
-                 merge_gap: int = DEFAULT_MERGE_GAP, plan_dir: str | None = None, sample_ids=None, **kwargs):
+                 merge_gap: int = DEFAULT_MERGE_GAP, plan_dir: str | None = None, sample_ids=None, plans=None,
+                 **kwargs):
     """This rank's windows of ``source``, read by the native operator (``fn.dali_mesh.read_windows``).
 
     Outputs as :func:`dali_mesh.fn.partitioned_source`: ``(window, sample_id, is_pad)``, or with a
@@ -165,33 +166,28 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
         sample_ids: ``(sample_id, is_pad)`` nodes of another ``read_windows`` whose source has this
             source's sample order (``read_dataset`` reads several variables with one), instead of a
             sample-id source of its own.
+        plans: ``source``'s native plans, already made by :func:`plan_windows` (``read_dataset``
+            plans each variable once, to choose its reader), instead of planning again.
         kwargs: passed to the ``partitioned_source`` fallback.
     """
-    if device not in ("cpu", "gpu"):
-        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
-    try:
-        plans = plan_windows(source, merge_gap=merge_gap)
-    except NotNativeError as e:
-        if not fallback:
-            raise
-        from dali_mesh.pipeline.external import partitioned_source
-
-        log.info("read_windows: %s; using partitioned_source", e)
-        return partitioned_source(source, device, name=name, layout=layout, **kwargs)
-    return read_planned(source, plans, device, name=name, layout=layout, task_bytes=task_bytes, prefetch=prefetch,
-                        plan_dir=plan_dir, sample_ids=sample_ids)
-
-
-def read_planned(source, plans, device: str = "cpu", *, name: str | None = None, layout: str | None = None,
-                 task_bytes: int = 4 << 20, prefetch: bool = True, plan_dir: str | None = None, sample_ids=None):
-    """``read_windows`` of ``source`` with its native ``plans`` already made (``plan_windows``), as
-    ``read_dataset`` makes them once to choose each variable's reader."""
     from nvidia.dali import fn, types
 
     from dali_mesh.pipeline.external import current_pipeline_for
-    from dali_mesh.pipeline.plugin import load_plugin
 
+    if device not in ("cpu", "gpu"):
+        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
     pipe = current_pipeline_for(source)
+    if plans is None:
+        try:
+            plans = plan_windows(source, merge_gap=merge_gap)
+        except NotNativeError as e:
+            if not fallback:
+                raise
+            from dali_mesh.pipeline.external import partitioned_source
+
+            log.info("read_windows: %s; using partitioned_source", e)
+            return partitioned_source(source, device, name=name, layout=layout, **kwargs)
+    from dali_mesh.pipeline.plugin import load_plugin
 
     ops = load_plugin()
     paths = [p.write(plan_dir) for p in plans]
