@@ -12,7 +12,13 @@ once, in time order. Loaders:
 - ``xarray``: ``ds = xr.open_zarr(store)``; per step, every channel's ``ds[var].sel(level=...)
   .isel(time=t).values`` stacked, then the rank's band cut (what users write today);
 - ``xarray band``: the same with ``isel(latitude=band)`` (only the chunks the band touches);
-- ``dali_mesh``: ``read_dataset(ZarrDatasetSource(...))`` in a DALI CPU pipeline (``--threads``).
+- ``dali_mesh``: ``read_dataset(ZarrDatasetSource(...))`` in a DALI CPU pipeline (``--threads``): one
+  operator reads every variable into its place in the stacked window;
+- ``dali_mesh per variable``: ``read_dataset(..., stack=False)``: one operator per variable, then
+  ``fn.cat`` (how read_dataset read every dataset before);
+- ``+ norm``: the same normalised per channel (``mean``/``std``): numpy's ``(x - mean) / std`` after the
+  xarray loader; fused into the operator's finishing step (``dali_mesh``) or ``fn.normalize`` after
+  ``fn.cat`` (``per variable``).
 
 Per loader: samples/s warm (median of ``--runs`` epochs, files cached) and bytes pulled from storage
 cold (files evicted with ``POSIX_FADV_DONTNEED``; ``/proc/self/io``), against the bytes of the chunk
@@ -65,7 +71,7 @@ def channels():
     return SURFACE + [(v, LEVELS) for v in UPPER]
 
 
-def xarray_epoch(path, steps, band, band_only):
+def xarray_epoch(path, steps, band, band_only, stats=None):
     import xarray as xr
 
     ds = xr.open_zarr(path, consolidated=False)
@@ -83,6 +89,8 @@ def xarray_epoch(path, steps, band, band_only):
             fields.append(a.values)
         x = np.concatenate(fields)
         x = x if band_only else x[:, lo:hi]
+        if stats is not None:
+            x = ((x - stats[0][:, None, None]) / stats[1][:, None, None]).astype(np.float32)
         if first is None:
             first = np.ascontiguousarray(x)
     return time.perf_counter() - t0, first
@@ -149,18 +157,26 @@ def main() -> None:
         path = os.path.join(args.dir, f"{kind}.zarr")
         make_store(path, args.steps, shape, chunk_rows)
         src = ZarrDatasetSource(path, channels(), layout, batch_size=1, shuffle=False)
+        mean, std = np.linspace(-1, 1, 17), np.linspace(0.5, 2, 17)
+        src_norm = ZarrDatasetSource(path, channels(), layout, batch_size=1, shuffle=False, mean=mean, std=std)
         band = (src.region.start[1], src.region.stop[1])
         touched = touched_chunk_bytes(path, band, chunk_rows, args.steps)
 
-        @pipeline_def(batch_size=1, num_threads=args.threads, device_id=None, prefetch_queue_depth=2)
-        def pipe():
-            return read_dataset(src, fallback=False)[0]
+        def build(source, stack):
+            @pipeline_def(batch_size=1, num_threads=args.threads, device_id=None, prefetch_queue_depth=2)
+            def pipe():
+                return read_dataset(source, fallback=False, stack=stack)[0]
 
-        p = pipe()
-        p.build()
+            p = pipe()
+            p.build()
+            return p
+
+        pipes = {"dali_mesh": build(src, True), "dali_mesh per variable": build(src, False),
+                 "dali_mesh + norm": build(src_norm, True), "dali_mesh per variable + norm": build(src_norm, False)}
         loaders = {"xarray": lambda: xarray_epoch(path, args.steps, band, False),
                    "xarray band": lambda: xarray_epoch(path, args.steps, band, True),
-                   "dali_mesh": lambda: dali_epoch(p, args.steps)}
+                   "xarray band + norm": lambda: xarray_epoch(path, args.steps, band, True, (mean, std))}
+        loaders.update({name: (lambda p=p: dali_epoch(p, args.steps)) for name, p in pipes.items()})
         results = {}
         firsts = {}
         for name, run in loaders.items():
@@ -170,13 +186,16 @@ def main() -> None:
             cold = read_bytes() - before
             warm = statistics.median(run()[0] for _ in range(args.runs))
             results[name] = (args.steps / warm, cold)
-        for name in ("xarray band", "dali_mesh"):
-            assert np.array_equal(firsts[name], firsts["xarray"]), f"{name}'s first sample differs from xarray's"
+        for name in loaders:
+            want = firsts["xarray band + norm" if name.endswith("norm") else "xarray"]
+            assert np.allclose(firsts[name], want, rtol=1e-6, atol=1e-6), f"{name}'s first sample differs from xarray's"
+            if not name.endswith("norm"):
+                assert np.array_equal(firsts[name], want), f"{name}'s first sample differs from xarray's"
         base = results["xarray"][0]
         for name, (rate, cold) in results.items():
             print(f"| {kind} ({chunk_rows} rows) | {name} | {rate:.2f} | {rate / base:.2f}x | {cold / 2**20:.0f} | "
                   f"{cold / touched:.3f} |")
-        del p
+        del pipes
 
 
 if __name__ == "__main__":

@@ -697,6 +697,20 @@ void FinishWindow(const ReadPlan &plan, char *staging, char *out, bool boundary)
   }
 }
 
+void NormalizeWindow(const ReadPlan &plan, char *out, int channel_axis, const std::vector<float> &mean,
+                     const std::vector<float> &stddev) {
+  const int64_t outer = Prod(plan.shape, 0, channel_axis), nc = plan.shape[channel_axis];
+  const int64_t inner = Prod(plan.shape, channel_axis + 1, plan.shape.size());
+  float *x = reinterpret_cast<float *>(out);
+  for (int64_t o = 0; o < outer; o++) {
+    for (int64_t c = 0; c < nc; c++) {
+      const float m = mean[c], sd = stddev[c];
+      float *p = x + (o * nc + c) * inner;
+      for (int64_t k = 0; k < inner; k++) p[k] = (p[k] - m) / sd;
+    }
+  }
+}
+
 std::string DeviceFillProgram(const ReadPlan &plan, SliceSample *sample) {
   const int nd = plan.ndim;
   if (nd < 1 || nd > kMaxDims) return std::to_string(nd) + " axes (the GPU kernel takes 1.." +

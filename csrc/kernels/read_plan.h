@@ -168,6 +168,14 @@ void PrefetchRange(const std::string &path, int64_t offset, int64_t nbytes);
 // copies and fills.
 void FinishWindow(const ReadPlan &plan, char *staging, char *out, bool boundary = true);
 
+// Per-channel normalisation of a finished float32 window `out` of `plan`, in place:
+// x = (x - mean[c]) / stddev[c], c the index on `channel_axis` (its extent is mean's size), the
+// arithmetic as the strided-slice kernel's (float32). Every cell, the boundary's too (a constant
+// cell becomes (fill - mean[c]) / stddev[c]): the window of the normalised sample padded as the
+// unnormalised one was, as fn.normalize after the read gives it.
+void NormalizeWindow(const ReadPlan &plan, char *out, int channel_axis, const std::vector<float> &mean,
+                     const std::vector<float> &stddev);
+
 // The boundary program of `plan` (its copies and fills) as one strided slice of the cells it reads,
 // as the GPU strided-slice kernel runs it (device-side halo fills). Per axis the cells read are a
 // range [lo, hi) of the window, and every other position is a constant fill, or a copy from

@@ -40,7 +40,7 @@ from dali_mesh.io._plan import WindowPlan
 from dali_mesh.partition import check_fill_value
 
 __all__ = ["AxisProgram", "CHECK_JSON", "CODECS", "Coder", "NotNativeError", "PLAN_MAGIC", "PlanFile", "PlanItem", "PlanPart",
-           "PlanFolderError", "PlanSet", "ReadPlan", "decode", "encode", "native_dtype_of"]
+           "PlanFolderError", "PlanSet", "ReadPlan", "decode", "encode", "native_dtype_of", "stack_channels"]
 
 #: The plan file's first 8 bytes: the format and its version (bumped whenever a table changes).
 PLAN_MAGIC = b"DMPLAN05"
@@ -544,6 +544,109 @@ class PlanSet:
                 atexit.register(_remove_written)
             _written.add(path)
         return path
+
+
+def _item_rows(words: np.ndarray, n_items: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The encoded items as arrays: per item its finishing plan, the word index of its first part and
+    its number of parts."""
+    if n_items == 0:
+        return _EMPTY, _EMPTY, _EMPTY
+    p = int(words[1])
+    width = 2 + 4 * p
+    if words.size == n_items * width and np.all(words[1::width] == p):  # every item has p parts
+        starts = np.arange(n_items, dtype=np.int64) * width
+        return words[starts].copy(), starts + 2, np.full(n_items, p, np.int64)
+    finish, starts, counts = (np.empty(n_items, np.int64) for _ in range(3))
+    i = 0
+    for k in range(n_items):
+        finish[k], counts[k], starts[k] = words[i], words[i + 1], i + 2
+        i += 2 + 4 * int(words[i + 1])
+    return finish, starts, counts
+
+
+def stack_channels(sets: Sequence["PlanSet"], channel_axis: int, has_channel_axis: Sequence[bool]) -> "PlanSet":
+    """One plan set whose windows stack the windows of ``sets`` on ``channel_axis`` (the plans of one
+    window output of several sources with the same sample order and spatial window: a dataset's
+    variables), so that one operator reads every part of a sample into its place in the stacked
+    window and finishes it once. A set whose windows have no channel axis (a variable without
+    levels) adds one channel. Raises :class:`NotNativeError` when the windows do not stack: other
+    dtypes, Fortran-order plans, other numbers of samples, or boundary programs that differ off the
+    channel axis (or act on it)."""
+    first = sets[0]
+    if any(s.dtype != first.dtype for s in sets):
+        raise NotNativeError(f"the variables have different dtypes ({', '.join(str(s.dtype) for s in sets)})")
+    if any(s.num_items != first.num_items for s in sets):
+        raise NotNativeError("the variables have different numbers of samples")
+    if any(p.fortran for s in sets for p in s.plans):
+        raise NotNativeError("a variable is stored in Fortran order")
+    isz = first.dtype.itemsize
+    # per set: its finishing plans as (prefix axes, spatial axes, channels); every finishing plan of every
+    # set must have the same prefix (a forecast's step axis) and spatial axes, programs and fill
+    views = []
+    for s, has_c in zip(sets, has_channel_axis):
+        finish, starts, counts = _item_rows(s._item_words, s.num_items)
+        view = {}
+        for f in np.unique(finish):
+            plan = s.plans[int(f)]
+            c = plan.shape[channel_axis] if has_c else 1
+            cut = channel_axis + 1 if has_c else channel_axis
+            if has_c and (plan.axes[channel_axis].copy_dst.size or plan.axes[channel_axis].fills.size):
+                raise NotNativeError("a boundary program acts on the channel axis")
+            key = (plan.shape[:channel_axis], plan.shape[cut:], plan.fill,
+                   tuple(tuple(tuple(int(v) for v in getattr(a, k)) for k in ("copy_dst", "copy_src", "fills"))
+                         for a in plan.axes[:channel_axis] + plan.axes[cut:]))
+            view[int(f)] = (key, c, plan.axes[:channel_axis], plan.axes[cut:])
+        views.append((finish, starts, counts, view))
+    keys = {v[0] for _, _, _, view in views for v in view.values()}
+    if len(keys) != 1:
+        raise NotNativeError("the variables' windows differ off the channel axis (shape or boundary program)")
+    channels = [next(iter(view.values()))[1] for _, _, _, view in views]
+    if any(len({v[1] for v in view.values()}) != 1 for _, _, _, view in views):
+        raise NotNativeError("a variable's windows differ in channels")
+    (prefix, spatial, fill, _), = keys
+    c_total = sum(channels)
+    plane = int(np.prod(spatial, dtype=np.int64)) * isz
+    step_all = c_total * plane
+    some = next(iter(views[0][3].values()))
+    empty = AxisProgram(_EMPTY, _EMPTY, _EMPTY)
+    stacked = ReadPlan(isz, 0, 0, tuple(prefix) + (c_total,) + tuple(spatial), _EMPTY, _EMPTY, _EMPTY, _EMPTY,
+                       _EMPTY, 0, b"", fill, tuple(some[2]) + (empty,) + tuple(some[3]))
+    out = PlanSet(first.dtype, len(stacked.shape))
+    finish = out.add_plan(stacked)
+    # the tables of every set, re-indexed into out's
+    blocks, c0 = [], 0
+    for s, (_, starts, counts, _), c in zip(sets, views, channels):
+        fmap = np.asarray([out.add_file(*f) for f in s.files], np.int64)
+        pmap = np.asarray([out.add_plan(p) for p in s.plans], np.int64)
+        cmap = np.asarray([out.add_coder(k) for k in s.coders], np.int64)
+        chmap = np.asarray([out.add_chunk(int(fmap[f]), o, b, int(cmap[k])) for f, o, b, k in s._chunk_rows],
+                           np.int64)
+        coded = np.asarray([bool(p.coded) for p in s.plans], bool)
+        n_parts = int(counts.sum())
+        idx = (np.repeat(starts, counts) + 4 * (np.arange(n_parts) - np.repeat(np.cumsum(counts) - counts, counts)))
+        rows = s._item_words[idx[:, None] + np.arange(4)].reshape(n_parts, 4).copy()
+        is_chunk = coded[rows[:, 1]] if n_parts else np.zeros(0, bool)
+        if n_parts:
+            rows[:, 0] = np.where(is_chunk, chmap[rows[:, 0]] if chmap.size else 0, fmap[rows[:, 0]])
+            rows[:, 1] = pmap[rows[:, 1]]
+            step_v = c * plane
+            if step_v:  # (an empty window reads nothing: its parts' places do not matter)
+                rows[:, 3] = rows[:, 3] // step_v * step_all + c0 * plane + rows[:, 3] % step_v
+        blocks.append((counts, rows))
+        c0 += c
+    n = first.num_items
+    counts = sum(b[0] for b in blocks)
+    words = np.empty(int(2 * n + 4 * counts.sum()), np.int64)
+    item_start = np.concatenate([[0], np.cumsum(2 + 4 * counts)[:-1]]).astype(np.int64)
+    words[item_start] = finish
+    words[item_start + 1] = counts
+    offset = item_start + 2  # where each item's next part goes
+    for cnt, rows in blocks:
+        pos = np.repeat(offset, cnt) + 4 * (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+        words[pos[:, None] + np.arange(4)] = rows
+        offset = offset + 4 * cnt
+    out.set_item_words(words, n)
+    return out
 
 
 class PlanFolderError(DataFileError):

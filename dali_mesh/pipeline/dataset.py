@@ -1,11 +1,15 @@
-"""``read_dataset``: the channels of a :class:`~dali_mesh.dataset.ZarrDatasetSource` in a DALI pipeline,
-each variable read by its own native reader (``read_windows``: chunks decoded on DALI's threads), cast
-to the output dtype, stacked on the channel axis and normalised on DALI's threads (or the GPU)."""
+"""``read_dataset``: the channels of a :class:`~dali_mesh.dataset.ZarrDatasetSource` in a DALI pipeline:
+every variable's chunks decoded on DALI's threads by one native reader into their place in the
+stacked window and normalised as it is finished (or, for variables of other dtypes or one that is
+not native, one reader per variable, cast, concatenated and normalised on DALI's threads or the
+GPU)."""
 from __future__ import annotations
 
 import logging
 
-from dali_mesh.io.read_plan import NotNativeError
+import numpy as np
+
+from dali_mesh.io.read_plan import NotNativeError, stack_channels
 from dali_mesh.pipeline.external import current_pipeline_for, partitioned_source
 from dali_mesh.pipeline.native import plan_windows, read_windows
 from dali_mesh.pipeline.registry import info_of
@@ -24,23 +28,47 @@ def _plans_or_reason(source) -> list:
     return out
 
 
+def _stacked_or_reason(source, plans) -> tuple | str:
+    """Per window output of ``source``: one plan set stacking every variable's windows on the channel
+    axis (``stack_channels``), or the reason the variables are read by one reader each."""
+    if any(isinstance(p, str) for p in plans):
+        return "a variable is not read natively"
+    axis = 0 if source.forecast is None else 1
+    try:
+        return tuple(stack_channels([p[w] for p in plans], axis, [has for _, has in source.parts])
+                     for w in range(len(source.window_names)))
+    except NotNativeError as e:
+        return str(e)
+
+
 def dataset_readers(source) -> list[str]:
     """Per part of ``source`` (a run of channels of one variable): ``"native"`` or the reason it falls
     back to ``partitioned_source``, as ``read_dataset`` would read it (no data read)."""
     return [p if isinstance(p, str) else "native" for p in _plans_or_reason(source)]
 
 
-def read_dataset(source, device: str = "cpu", *, fallback: bool = True, **kwargs):
-    """This rank's windows of ``source`` (a ``ZarrDatasetSource``): ``(window, sample_id, is_pad)`` or,
-    with a forecast, ``(input, target, sample_id, is_pad)``, as ``read_windows`` gives them.
+def dataset_reader(source) -> str:
+    """How ``read_dataset`` reads ``source``: ``"one native reader"`` (every variable's parts in one
+    operator, stacked in place) or ``"one reader per variable (why)"`` (no data read)."""
+    stacked = _stacked_or_reason(source, _plans_or_reason(source))
+    return f"one reader per variable ({stacked})" if isinstance(stacked, str) else "one native reader"
 
-    Each variable (each run of channels of one variable) is planned once and read natively over its
-    own ``ZarrSource`` / ``HDF5Source``; one that cannot be read natively falls back to
-    ``partitioned_source`` with a one-line log naming the variable (``fallback=False``:
-    :class:`NotNativeError`). The parts share the sample order (the same ids, pads and padding), are
-    cast to ``source.dtype``, concatenated on the channel axis and normalised with ``fn.normalize``
-    when the source has ``mean``/``std``. ``kwargs`` (``task_bytes``, ``prefetch``, ``plan_dir``) go to
-    the native reads.
+
+def read_dataset(source, device: str = "cpu", *, fallback: bool = True, stack: bool = True, **kwargs):
+    """This rank's windows of ``source`` (a ``ZarrDatasetSource`` / ``NetCDFDatasetSource``):
+    ``(window, sample_id, is_pad)`` or, with a forecast, ``(input, target, sample_id, is_pad)``, as
+    ``read_windows`` gives them.
+
+    Each variable (each run of channels of one variable) is planned once. When every variable is read
+    natively with one dtype (as WeatherBench2 and ARCO-ERA5 store them), one operator reads them all:
+    each variable's chunks land in their place in the stacked window, which is finished (halo cells)
+    once and, with ``mean``/``std`` on the CPU, normalised in place as it is finished (float32; on the
+    GPU ``fn.normalize`` is one pass on the device). Otherwise each variable has its own reader: one
+    that cannot be read natively falls back to ``partitioned_source`` with a one-line log naming the
+    variable (``fallback=False``: :class:`NotNativeError`); the parts share the sample order (the same
+    ids, pads and padding), are cast to ``source.dtype``, concatenated on the channel axis and
+    normalised with ``fn.normalize`` (``stack=False``: so in any case). ``kwargs`` (``task_bytes``,
+    ``prefetch``, ``plan_dir``) go to the native reads.
     """
     from nvidia.dali import fn, types
 
@@ -51,40 +79,52 @@ def read_dataset(source, device: str = "cpu", *, fallback: bool = True, **kwargs
     known = len(info.sources) if info is not None else 0
     axis = 0 if source.forecast is None else 1
     nwin = len(source.window_names)
-    blocks = [[] for _ in range(nwin)]
-    ids = pads = fallback_ids = None
-    for (sub, has_level), plans in zip(source.parts, _plans_or_reason(source)):
-        if isinstance(plans, str):  # planned once: the reason it falls back
-            if not fallback:
-                raise NotNativeError(f"variable {sub.name!r}: {plans}")
-            log.info("read_dataset: variable %r of %s: %s", sub.name, source.store, plans)
-            outs = partitioned_source(sub, device)
-            if fallback_ids is None:
-                fallback_ids = outs[-2:]
-        else:
-            # the parts share one sample order: the first native part's ids feed the other native parts
-            outs = read_windows(sub, device, plans=plans, sample_ids=None if ids is None else (ids, pads), **kwargs)
-            if ids is None:
-                ids, pads = outs[-2], outs[-1]
-        for w in range(nwin):
-            win = outs[w]
-            if not has_level:
-                win = fn.expand_dims(win, axes=[axis])
-            if sub.dtype != source.dtype:
-                win = fn.cast(win, dtype=types.to_dali_type(source.dtype))
-            blocks[w].append(win)
-    if ids is None:  # no part is native: the first fallback's ids
-        ids, pads = fallback_ids
+    plans = _plans_or_reason(source)
+    stacked = _stacked_or_reason(source, plans) if stack else "stack=False"
+    out_type = types.to_dali_type(source.dtype)
+    fused = False
+    if not isinstance(stacked, str):
+        fused = (device == "cpu" and source.mean is not None and source.dtype == np.float32
+                 and stacked[0].dtype == np.float32)
+        outs = read_windows(source, device, plans=stacked,
+                            normalize=(axis, source.mean, source.std) if fused else None, **kwargs)
+        wins, (ids, pads) = list(outs[:nwin]), outs[-2:]
+        if stacked[0].dtype != source.dtype:
+            wins = [fn.cast(w, dtype=out_type) for w in wins]
+    else:
+        log.info("read_dataset: %s: one reader per variable: %s", source.store, stacked)
+        blocks = [[] for _ in range(nwin)]
+        ids = pads = fallback_ids = None
+        for (sub, has_level), part_plans in zip(source.parts, plans):
+            if isinstance(part_plans, str):  # planned once: the reason it falls back
+                if not fallback:
+                    raise NotNativeError(f"variable {sub.name!r}: {part_plans}")
+                log.info("read_dataset: variable %r of %s: %s", sub.name, source.store, part_plans)
+                outs = partitioned_source(sub, device)
+                if fallback_ids is None:
+                    fallback_ids = outs[-2:]
+            else:
+                # the parts share one sample order: the first native part's ids feed the other native parts
+                outs = read_windows(sub, device, plans=part_plans, sample_ids=None if ids is None else (ids, pads),
+                                    **kwargs)
+                if ids is None:
+                    ids, pads = outs[-2], outs[-1]
+            for w in range(nwin):
+                win = outs[w]
+                if not has_level:
+                    win = fn.expand_dims(win, axes=[axis])
+                if sub.dtype != source.dtype:
+                    win = fn.cast(win, dtype=out_type)
+                blocks[w].append(win)
+        if ids is None:  # no part is native: the first fallback's ids
+            ids, pads = fallback_ids
+        wins = [b[0] if len(b) == 1 else fn.cat(*b, axis=axis) for b in blocks]
     if info is not None:  # the loader checks and fingerprints the dataset, not its parts
         del info.sources[known:]
         info.sources.append(source)
-    wins = []
-    for w in range(nwin):
-        win = blocks[w][0] if len(blocks[w]) == 1 else fn.cat(*blocks[w], axis=axis)
-        if source.mean is not None:
-            shape = [1] * (source.sample_ndim + (axis > 0))
-            shape[axis] = len(source.channels)
-            win = fn.normalize(win, mean=source.mean.reshape(shape).astype("float32"),
-                               stddev=source.std.reshape(shape).astype("float32"), dtype=types.to_dali_type(source.dtype))
-        wins.append(win)
+    if source.mean is not None and not fused:
+        shape = [1] * (source.sample_ndim + (axis > 0))
+        shape[axis] = len(source.channels)
+        wins = [fn.normalize(w, mean=source.mean.reshape(shape).astype("float32"),
+                             stddev=source.std.reshape(shape).astype("float32"), dtype=out_type) for w in wins]
     return (*wins, ids, pads)

@@ -139,7 +139,7 @@ def batch_entries(source, info) -> list[tuple[int, bool]]:
 def read_windows(source, device: str = "cpu", *, name: str | None = None, layout: str | None = None,
                  fallback: bool = True, task_bytes: int = 4 << 20, prefetch: bool = True,
                  merge_gap: int = DEFAULT_MERGE_GAP, plan_dir: str | None = None, sample_ids=None, plans=None,
-                 **kwargs):
+                 normalize=None, **kwargs):
     """This rank's windows of ``source``, read by the native operator (``fn.dali_mesh.read_windows``).
 
     Outputs as :func:`dali_mesh.fn.partitioned_source`: ``(window, sample_id, is_pad)``, or with a
@@ -168,6 +168,10 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
             sample-id source of its own.
         plans: ``source``'s native plans, already made by :func:`plan_windows` (``read_dataset``
             plans each variable once, to choose its reader), instead of planning again.
+        normalize: ``(channel_axis, mean, std)``: each float32 window becomes ``(x - mean[c]) / std[c]``
+            in place as the operator finishes it (every cell, halo cells too; ``c`` the index on
+            ``channel_axis``). CPU only: on the GPU ``fn.normalize`` after the read is one pass on
+            the device.
         kwargs: passed to the ``partitioned_source`` fallback.
     """
     from nvidia.dali import fn, types
@@ -176,12 +180,19 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
 
     if device not in ("cpu", "gpu"):
         raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+    norm = {}
+    if normalize is not None:
+        if device != "cpu":
+            raise ValueError("read_windows(normalize=...) runs on the CPU operator; on the GPU use fn.normalize "
+                             "after the read")
+        axis, mean, std = normalize
+        norm = {"channel_axis": int(axis), "mean": [float(v) for v in mean], "stddev": [float(v) for v in std]}
     pipe = current_pipeline_for(source)
     if plans is None:
         try:
             plans = plan_windows(source, merge_gap=merge_gap)
         except NotNativeError as e:
-            if not fallback:
+            if not fallback or normalize is not None:  # partitioned_source does not normalise
                 raise
             from dali_mesh.pipeline.external import partitioned_source
 
@@ -203,7 +214,7 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
     for plan, path in zip(plans, paths):
         win = ops.read_windows(ids, plan_file=path, dtype=types.to_dali_type(plan.dtype),
                                task_bytes=int(task_bytes), prefetch=bool(prefetch),
-                               device="mixed" if device == "gpu" else "cpu")
+                               device="mixed" if device == "gpu" else "cpu", **norm)
         if layout is not None:
             win = fn.reshape(win, layout=layout)
         wins.append(win)

@@ -23,26 +23,30 @@ T, L, H, W = 16, 3, 11, 16
 LEVELS = [500, 700, 850]
 
 
-def _dataset(seed=0):
+def _dataset(seed=0, float32=False):
+    """Variables of dtypes f4, f4, f8 and i2 (``float32``: all f4, as WeatherBench2 and ARCO-ERA5 store
+    them, which read_dataset reads with one operator)."""
     rng = np.random.default_rng(seed)
     time = pd.date_range("2016-01-01", periods=T, freq="6h")
     return xr.Dataset(
         {"2m_temperature": (("time", "latitude", "longitude"), rng.standard_normal((T, H, W)).astype("f4")),
          "geopotential": (("time", "level", "latitude", "longitude"), rng.standard_normal((T, L, H, W)).astype("f4")),
-         "temperature": (("time", "level", "latitude", "longitude"), rng.standard_normal((T, L, H, W)).astype("f8")),
+         "temperature": (("time", "level", "latitude", "longitude"),
+                         rng.standard_normal((T, L, H, W)).astype("f4" if float32 else "f8")),
          "10m_u_component_of_wind": (("time", "latitude", "longitude"),
-                                     (rng.standard_normal((T, H, W)) * 100).astype("i2"))},
+                                     (rng.standard_normal((T, H, W)) * 100).astype("f4" if float32 else "i2"))},
         coords={"time": time, "level": LEVELS, "latitude": np.linspace(90, -90, H),
                 "longitude": np.linspace(0, 360, W, endpoint=False)})
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=["wb2_v2", "arco_v3"])
+@pytest.fixture(scope="module", params=[2, 3, "2f4"], ids=["wb2_v2", "arco_v3", "wb2_float32"])
 def store(request, tmp_path_factory):
+    """Per variable its own chunking and codec; "2f4": Zarr v2 with every variable float32 (one reader)."""
     import zarr
 
-    fmt = request.param
-    path = str(tmp_path_factory.mktemp("ds") / f"era5_v{fmt}.zarr")
-    ds = _dataset(fmt)
+    path = str(tmp_path_factory.mktemp("ds") / f"era5_v{request.param}.zarr")
+    fmt = 3 if request.param == 3 else 2
+    ds = _dataset(fmt, float32=request.param == "2f4")
     if fmt == 2:
         from numcodecs import Blosc, Zstd
 
@@ -101,16 +105,20 @@ def test_metadata_dims_levels_dtypes(store):
     assert src.dims == ("channel", "latitude", "longitude") and src.sample_shape == (6, H, W)
     assert [str(c) for c in src.channels] == ["2m_temperature", "geopotential@850", "geopotential@500",
                                                "temperature@700", "10m_u_component_of_wind", "geopotential@700"]
-    assert src.dtype == np.float64  # f4, f8 and i2 variables: numpy's result type
+    float32 = path.endswith("f4.zarr")
+    assert src.dtype == (np.float32 if float32 else np.float64)  # f4, f8 and i2 variables: numpy's result type
     assert src.layout == Layout(MeshInfo((3,), ("mp",), (1,)), shard={"mp": 1})
     np.testing.assert_array_equal(src.times, ds.time.values)
     # five parts: a run of channels of one variable is one part
     assert [(sub.name, has_level) for sub, has_level in src.parts] == [
         ("2m_temperature", False), ("geopotential", True), ("temperature", True), ("10m_u_component_of_wind", False),
         ("geopotential", True)]
-    from dali_mesh.pipeline.dataset import dataset_readers
+    from dali_mesh.pipeline.dataset import dataset_reader, dataset_readers
 
     assert dataset_readers(src) == ["native"] * 5
+    assert dataset_reader(src) == ("one native reader" if float32 else
+                                   "one reader per variable (the variables have different dtypes (float32, "
+                                   "float32, float64, int16, float32))")
 
 
 @pytest.mark.timeout(300)

@@ -136,7 +136,13 @@ Stateless: checkpointing works.)")
                              "split across threads).", int64_t(4) << 20)
     .AddOptionalArg("prefetch", "Announce every range of the batch to the kernel "
                     "(POSIX_FADV_WILLNEED) when the files are opened, so that cold reads of all "
-                    "files run at once; exactly the ranges read, no readahead beyond them.", true);
+                    "files run at once; exactly the ranges read, no readahead beyond them.", true)
+    .AddOptionalArg("mean", "Per-channel means: each finished float32 window becomes "
+                    "(x - mean[c]) / stddev[c] in place, c its index on channel_axis, every cell "
+                    "(boundary cells too). CPU only (on the GPU, fn.normalize after the read).",
+                    std::vector<float>())
+    .AddOptionalArg("stddev", "Per-channel standard deviations (as many as mean).", std::vector<float>())
+    .AddOptionalArg("channel_axis", "The windows' axis that mean and stddev index.", -1);
 
 DALI_REGISTER_OPERATOR(dali_mesh__ReadWindows, ::dali_mesh::ReadWindowsCPU, CPU);
 

@@ -8,6 +8,7 @@
 #define DALI_MESH_READ_WINDOWS_OP_H_
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +44,27 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
       DALI_ENFORCE(plans_.plans[it.finish].ndim == ndim_,
                    dali::make_string("read_windows: ", plans_.source, ": the samples' windows have "
                                      "different numbers of axes; define the pipeline again"));
+    // per-channel normalisation of the finished windows (CPU operator: the mixed one refuses it)
+    mean_ = spec.GetRepeatedArgument<float>("mean");
+    stddev_ = spec.GetRepeatedArgument<float>("stddev");
+    channel_axis_ = spec.GetArgument<int>("channel_axis");
+    if (!mean_.empty() || !stddev_.empty()) {
+      const std::string where = dali::make_string("read_windows: ", plans_.source, ": ");
+      DALI_ENFORCE(mean_.size() == stddev_.size(),
+                   dali::make_string(where, "mean has ", mean_.size(), " values, stddev ", stddev_.size()));
+      DALI_ENFORCE(dtype_ == DALI_FLOAT, dali::make_string(where, "normalising needs float32 windows, not ", dtype_));
+      DALI_ENFORCE(channel_axis_ >= 0 && channel_axis_ < ndim_,
+                   dali::make_string(where, "channel_axis ", channel_axis_, " is not an axis of the ", ndim_,
+                                     "-dimensional windows"));
+      for (size_t k = 0; k < stddev_.size(); k++)
+        DALI_ENFORCE(std::isfinite(mean_[k]) && std::isfinite(stddev_[k]) && stddev_[k] != 0,
+                     dali::make_string(where, "channel ", k, ": mean ", mean_[k], " and stddev ", stddev_[k],
+                                       " must be finite, stddev not 0"));
+      for (const auto &it : plans_.items)
+        DALI_ENFORCE(plans_.plans[it.finish].shape[channel_axis_] == static_cast<int64_t>(mean_.size()),
+                     dali::make_string(where, "the windows have ", plans_.plans[it.finish].shape[channel_axis_],
+                                       " channels on axis ", channel_axis_, ", mean and stddev ", mean_.size()));
+    }
     // the first file of each plan, named in messages about files that differ from it
     first_path_.assign(plans_.plans.size(), std::string());
     for (const auto &part : plans_.parts)
@@ -200,6 +222,7 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
     run([&](int64_t i) {
           const int64_t f = items_[i].finish;
           FinishWindow(plans_.plans[f], dsts_[i], out[i], !DeviceFills(f));
+          if (!mean_.empty()) NormalizeWindow(plans_.plans[f], out[i], channel_axis_, mean_, stddev_);
         },
         n, [&](int64_t) { return 0; });
   }
@@ -222,6 +245,8 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
   int64_t task_bytes_ = 4 << 20;
   bool prefetch_ = true;
   int ndim_ = 0;
+  std::vector<float> mean_, stddev_;  // empty: no normalisation
+  int channel_axis_ = -1;
   std::vector<PlanItem> items_;
   std::vector<std::vector<char>> staging_;
   std::vector<char *> dsts_;
