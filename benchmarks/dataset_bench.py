@@ -17,8 +17,8 @@ once, in time order. Loaders:
 - ``dali_mesh per variable``: ``read_dataset(..., stack=False)``: one operator per variable, then
   ``fn.cat`` (how read_dataset read every dataset before);
 - ``+ norm``: the same normalised per channel (``mean``/``std``): numpy's ``(x - mean) / std`` after the
-  xarray loader; fused into the operator's finishing step (``dali_mesh``) or ``fn.normalize`` after
-  ``fn.cat`` (``per variable``).
+  xarray loader; fused into the operator's finishing step (``dali_mesh``) or ``strided_slice`` (channel_axis,
+  mean, std) after ``fn.cat`` (``per variable``).
 
 Per loader: samples/s warm (median of ``--runs`` epochs, files cached) and bytes pulled from storage
 cold (files evicted with ``POSIX_FADV_DONTNEED``; ``/proc/self/io``), against the bytes of the chunk

@@ -172,7 +172,7 @@ void FinishWindow(const ReadPlan &plan, char *staging, char *out, bool boundary 
 // x = (x - mean[c]) / stddev[c], c the index on `channel_axis` (its extent is mean's size), the
 // arithmetic as the strided-slice kernel's (float32). Every cell, the boundary's too (a constant
 // cell becomes (fill - mean[c]) / stddev[c]): the window of the normalised sample padded as the
-// unnormalised one was, as fn.normalize after the read gives it.
+// unnormalised one was, as normalising the whole window after the read gives it.
 void NormalizeWindow(const ReadPlan &plan, char *out, int channel_axis, const std::vector<float> &mean,
                      const std::vector<float> &stddev);
 

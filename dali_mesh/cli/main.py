@@ -363,8 +363,7 @@ def cmd_plan_dataset(args: argparse.Namespace) -> int:
     """``plan --data STORE --channels ...``: per rank the window and the stored bytes the native reader
     pulls for the first sample (each variable planned as read_dataset reads it), and per variable the
     reader taken."""
-    from dali_mesh.io.read_plan import NotNativeError  # noqa: PLC0415
-    from dali_mesh.pipeline.native import plan_windows  # noqa: PLC0415
+    from dali_mesh.pipeline.dataset import plan_dataset, reader_of  # noqa: PLC0415
 
     for flag in ("dataset", "png", "json"):
         if getattr(args, flag):
@@ -380,7 +379,7 @@ def cmd_plan_dataset(args: argparse.Namespace) -> int:
           f"{len(probe.channels)} channels ({', '.join(map(str, probe.channels))}), {probe.num_samples} steps")
     print("| rank | coordinate | window | window bytes (stored dtypes) | read bytes (one sample, stored) | read / window |")
     print("|---|---|---|---|---|---|")
-    readers = None
+    readers = reader = None
     total_w = total_r = 0
     for rank in ranks:
         coord = layout.mesh.coordinate_of(rank)
@@ -388,18 +387,16 @@ def cmd_plan_dataset(args: argparse.Namespace) -> int:
         src = _dataset_source(args, rank_layout)
         # the window in the stored dtypes (the output's cast aside), part by part
         window = sum(int(np.prod(sub.region.window_shape)) * np.dtype(sub.dtype).itemsize for sub, _ in src.parts)
-        read, why = 0, []
-        for sub, _ in src.parts:
-            try:
-                (planset,) = plan_windows(sub)
-                read += planset.item_read_bytes(0)
-                why.append("native")
-            except NotNativeError as e:
-                why.append(f"partitioned_source ({e})")
+        parts, stacked = plan_dataset(src)
+        read = sum(p[0].item_read_bytes(0) for p in parts if not isinstance(p, str))
+        why = [p if isinstance(p, str) else "native" for p in parts]
         readers = readers or list(zip((sub.name for sub, _ in src.parts), why))
+        reader = reader or reader_of(stacked)
         total_w, total_r = total_w + window, total_r + read
         ratio = f"{read / window:.2f}x" if window else "-"
         print(f"| {rank} | {coord} | {src.region.window_shape} | {_fmt_bytes(window)} | {_fmt_bytes(read)} | {ratio} |")
+    if reader:
+        print(f"read_dataset: {reader}")
     for name, why in readers or []:
         print(f"variable {name}: reader: {why}")
     if total_w:

@@ -627,7 +627,9 @@ def stack_channels(sets: Sequence["PlanSet"], channel_axis: int, has_channel_axi
         rows = s._item_words[idx[:, None] + np.arange(4)].reshape(n_parts, 4).copy()
         is_chunk = coded[rows[:, 1]] if n_parts else np.zeros(0, bool)
         if n_parts:
-            rows[:, 0] = np.where(is_chunk, chmap[rows[:, 0]] if chmap.size else 0, fmap[rows[:, 0]])
+            # a coded part's file is a chunk (the chunk table's index), a raw part's a file
+            rows[is_chunk, 0] = chmap[rows[is_chunk, 0]]
+            rows[~is_chunk, 0] = fmap[rows[~is_chunk, 0]]
             rows[:, 1] = pmap[rows[:, 1]]
             step_v = c * plane
             if step_v:  # (an empty window reads nothing: its parts' places do not matter)

@@ -1,8 +1,8 @@
 """``read_dataset``: the channels of a :class:`~dali_mesh.dataset.ZarrDatasetSource` in a DALI pipeline:
 every variable's chunks decoded on DALI's threads by one native reader into their place in the
 stacked window and normalised as it is finished (or, for variables of other dtypes or one that is
-not native, one reader per variable, cast, concatenated and normalised on DALI's threads or the
-GPU)."""
+not native, one reader per variable, cast, concatenated and normalised by ``strided_slice`` on
+DALI's threads or the GPU)."""
 from __future__ import annotations
 
 import logging
@@ -12,6 +12,7 @@ import numpy as np
 from dali_mesh.io.read_plan import NotNativeError, stack_channels
 from dali_mesh.pipeline.external import current_pipeline_for, partitioned_source
 from dali_mesh.pipeline.native import plan_windows, read_windows
+from dali_mesh.pipeline.ops import strided_slice
 from dali_mesh.pipeline.registry import info_of
 
 log = logging.getLogger(__name__)
@@ -41,17 +42,29 @@ def _stacked_or_reason(source, plans) -> tuple | str:
         return str(e)
 
 
+def plan_dataset(source) -> tuple[list, tuple | str]:
+    """``source``'s native plans, as ``read_dataset`` makes them (no data read): per part (a run of
+    channels of one variable) its plans or the reason (a string) it falls back; and the stacked plans
+    of one operator for all parts, or the reason each part has its own reader."""
+    plans = _plans_or_reason(source)
+    return plans, _stacked_or_reason(source, plans)
+
+
 def dataset_readers(source) -> list[str]:
     """Per part of ``source`` (a run of channels of one variable): ``"native"`` or the reason it falls
     back to ``partitioned_source``, as ``read_dataset`` would read it (no data read)."""
     return [p if isinstance(p, str) else "native" for p in _plans_or_reason(source)]
 
 
+def reader_of(stacked) -> str:
+    """``"one native reader"`` for stacked plans (:func:`plan_dataset`), else ``"one reader per variable (why)"``."""
+    return f"one reader per variable ({stacked})" if isinstance(stacked, str) else "one native reader"
+
+
 def dataset_reader(source) -> str:
     """How ``read_dataset`` reads ``source``: ``"one native reader"`` (every variable's parts in one
     operator, stacked in place) or ``"one reader per variable (why)"`` (no data read)."""
-    stacked = _stacked_or_reason(source, _plans_or_reason(source))
-    return f"one reader per variable ({stacked})" if isinstance(stacked, str) else "one native reader"
+    return reader_of(plan_dataset(source)[1])
 
 
 def read_dataset(source, device: str = "cpu", *, fallback: bool = True, stack: bool = True, **kwargs):
@@ -63,11 +76,11 @@ def read_dataset(source, device: str = "cpu", *, fallback: bool = True, stack: b
     natively with one dtype (as WeatherBench2 and ARCO-ERA5 store them), one operator reads them all:
     each variable's chunks land in their place in the stacked window, which is finished (halo cells)
     once and, with ``mean``/``std`` on the CPU, normalised in place as it is finished (float32; on the
-    GPU ``fn.normalize`` is one pass on the device). Otherwise each variable has its own reader: one
+    GPU, or for other dtypes, one pass of ``strided_slice`` on the device or DALI's threads). Otherwise each variable has its own reader: one
     that cannot be read natively falls back to ``partitioned_source`` with a one-line log naming the
     variable (``fallback=False``: :class:`NotNativeError`); the parts share the sample order (the same
     ids, pads and padding), are cast to ``source.dtype``, concatenated on the channel axis and
-    normalised with ``fn.normalize`` (``stack=False``: so in any case). ``kwargs`` (``task_bytes``,
+    normalised by ``strided_slice`` (``stack=False``: so in any case). ``kwargs`` (``task_bytes``,
     ``prefetch``, ``plan_dir``) go to the native reads.
     """
     from nvidia.dali import fn, types
@@ -79,8 +92,9 @@ def read_dataset(source, device: str = "cpu", *, fallback: bool = True, stack: b
     known = len(info.sources) if info is not None else 0
     axis = 0 if source.forecast is None else 1
     nwin = len(source.window_names)
-    plans = _plans_or_reason(source)
-    stacked = _stacked_or_reason(source, plans) if stack else "stack=False"
+    plans, stacked = plan_dataset(source)
+    if not stack:
+        stacked = "stack=False"
     out_type = types.to_dali_type(source.dtype)
     fused = False
     if not isinstance(stacked, str):
@@ -119,12 +133,17 @@ def read_dataset(source, device: str = "cpu", *, fallback: bool = True, stack: b
         if ids is None:  # no part is native: the first fallback's ids
             ids, pads = fallback_ids
         wins = [b[0] if len(b) == 1 else fn.cat(*b, axis=axis) for b in blocks]
+        window = tuple(source.region.window_shape)
+        if 0 in window:  # fn.cat of empty windows keeps the first one's shape: an empty slice of the stacked one
+            fc = source.forecast
+            steps = [None] if fc is None else [fc.history + 1] + ([fc.lead] if fc.lead else [])
+            shapes = [list(window if n is None else (n,) + window) for n in steps]
+            wins = [strided_slice(w, [0] * len(sh), sh, device=device) for w, sh in zip(wins, shapes)]
     if info is not None:  # the loader checks and fingerprints the dataset, not its parts
         del info.sources[known:]
         info.sources.append(source)
-    if source.mean is not None and not fused:
-        shape = [1] * (source.sample_ndim + (axis > 0))
-        shape[axis] = len(source.channels)
-        wins = [fn.normalize(w, mean=source.mean.reshape(shape).astype("float32"),
-                             stddev=source.std.reshape(shape).astype("float32"), dtype=out_type) for w in wins]
+    if source.mean is not None and not fused:  # one pass of the strided slice (empty windows too)
+        nc = len(source.channels)
+        wins = [strided_slice(w, [0], [nc], axes=[axis], channel_axis=axis, mean=source.mean, std=source.std,
+                              dtype=out_type, device=device) for w in wins]
     return (*wins, ids, pads)

@@ -170,8 +170,8 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
             plans each variable once, to choose its reader), instead of planning again.
         normalize: ``(channel_axis, mean, std)``: each float32 window becomes ``(x - mean[c]) / std[c]``
             in place as the operator finishes it (every cell, halo cells too; ``c`` the index on
-            ``channel_axis``). CPU only: on the GPU ``fn.normalize`` after the read is one pass on
-            the device.
+            ``channel_axis``). CPU only: on the GPU ``strided_slice(..., channel_axis, mean, std)``
+            after the read is one pass on the device.
         kwargs: passed to the ``partitioned_source`` fallback.
     """
     from nvidia.dali import fn, types
@@ -183,7 +183,7 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
     norm = {}
     if normalize is not None:
         if device != "cpu":
-            raise ValueError("read_windows(normalize=...) runs on the CPU operator; on the GPU use fn.normalize "
+            raise ValueError("read_windows(normalize=...) runs on the CPU operator; on the GPU use strided_slice "
                              "after the read")
         axis, mean, std = normalize
         norm = {"channel_axis": int(axis), "mean": [float(v) for v in mean], "stddev": [float(v) for v in std]}

@@ -282,6 +282,7 @@ def test_plan_data_channels_counts_the_chunks_each_rank_reads(tmp_path):
         read = rows[rank].split("|")[5].strip()
         assert read == _human(want), (rank, rows[rank], want)
     assert "variable t2m: reader: native" in r.stdout and "variable z: reader: native" in r.stdout
+    assert "read_dataset: one native reader" in r.stdout  # both float32: one operator reads them
     assert "samples (channel, lat, lon) = (2, 12, 8) float32" in r.stdout
     bad = _run(["plan", "--data", store, "--channels", "t2m,z@300", "--mesh", "mp=3", "--shard", "mp=1"])
     assert bad.returncode == 2 and "'z' has no level 300" in bad.stderr + bad.stdout

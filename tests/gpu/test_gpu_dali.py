@@ -461,15 +461,16 @@ def _netcdf_like(path, rng, steps=6, levels=(500, 850), shape=(13, 16)):
 
 
 def test_read_dataset_on_gpu_equals_cpu(tmp_path):
-    """read_dataset(device="gpu"): each variable read natively into GPU memory, cast, concatenated and
-    normalised on the GPU; equal to the CPU pipeline (normalised: to float32 rounding)."""
+    """read_dataset(device="gpu"): the float32 variables read natively by one operator into GPU memory
+    (or, stack=False, one per variable, concatenated on the GPU), normalised on the GPU; equal to the
+    CPU pipeline (whose operator normalises in place; normalised: to float32 rounding)."""
     from dali_mesh import ForecastSpec
     from dali_mesh.dataset import NetCDFDatasetSource
 
     rng = np.random.default_rng(SEED)
     path = str(tmp_path / "era5.nc")
     _netcdf_like(path, rng)
-    for normalise in (False, True):
+    for normalise, stack in ((False, True), (True, True), (True, False)):
         layout = Layout(MeshInfo((3,), ("mp",), (1,)), shard={"mp": 1}, halo={1: 1, 2: 2},
                         boundary={1: "reflect", 2: "periodic"})
         stats = dict(mean=[0.5, -1.0, 2.0], std=[1.5, 2.0, 0.5]) if normalise else {}
@@ -479,7 +480,7 @@ def test_read_dataset_on_gpu_equals_cpu(tmp_path):
         for device in ("cpu", "gpu"):
             @pipeline_def(batch_size=2, num_threads=2, device_id=0)
             def pipe():
-                return dfn.read_dataset(src, device, fallback=False)
+                return dfn.read_dataset(src, device, fallback=False, stack=stack)
 
             p = _build(pipe)
             outs[device] = [[_np(o) for o in p.run()[:2]] for _ in range(len(src) // 2)]
@@ -487,7 +488,8 @@ def test_read_dataset_on_gpu_equals_cpu(tmp_path):
             for w in range(2):
                 for j in range(2):
                     if normalise:
-                        np.testing.assert_allclose(g[w][j], c[w][j], rtol=1e-6, atol=1e-6, err_msg=f"seed {SEED} b {b}")
+                        np.testing.assert_allclose(g[w][j], c[w][j], rtol=1e-6, atol=1e-6,
+                                                   err_msg=f"seed {SEED} b {b} stack {stack}")
                     else:
                         np.testing.assert_array_equal(g[w][j], c[w][j], err_msg=f"seed {SEED} batch {b}")
 

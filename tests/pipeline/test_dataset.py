@@ -302,11 +302,11 @@ def test_cf_time_decoding_against_xarray(tmp_path):
 
 
 # ---- NetCDF4 ---------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def netcdf_files(tmp_path_factory):
+@pytest.fixture(scope="module", params=[False, True], ids=["mixed", "float32"])
+def netcdf_files(request, tmp_path_factory):
     pytest.importorskip("h5netcdf")
     root = tmp_path_factory.mktemp("nc")
-    ds = _dataset(11)
+    ds = _dataset(11, float32=request.param)
     files = []
     for i, (a, b) in enumerate(((0, 7), (7, T))):  # two files that continue each other in time
         path = str(root / f"era5_{i}.nc")
@@ -445,3 +445,54 @@ def test_a_variable_that_is_not_native_falls_back_alone(tmp_path, caplog):
             want = np.stack([ds["2m_temperature"].isel(time=t).values,
                              ds["geopotential"].sel(level=700).isel(time=t).values])
             np.testing.assert_array_equal(np.array(win[j]), take_window(want, src.region))
+
+
+@pytest.mark.timeout(200)
+def test_one_operator_reads_every_float32_variable(store):
+    """float32 variables (WeatherBench2, ARCO-ERA5): one read_windows operator reads them all, normalised
+    in place (the pipeline holds no cat, cast or normalize); it reads what the variables' own plans read,
+    and its windows equal read_dataset(stack=False) (one operator per variable, fn.cat, strided_slice) and
+    xarray's, on every rank of a split that leaves ranks empty."""
+    import re
+
+    from dali_mesh.pipeline.dataset import plan_dataset, read_dataset
+
+    path, ds = store
+    if not path.endswith("f4.zarr"):
+        pytest.skip("the variables have several dtypes: one reader each")
+    from nvidia.dali import pipeline_def
+
+    mean, std = np.linspace(-1, 1, 6), np.linspace(0.5, 3, 6)
+    for rank, fc in itertools.product(range(4), (None, ForecastSpec(1, 1))):
+        if fc is not None and rank in (1, 2):
+            continue
+        layout = NamedLayout(MeshInfo((4,), ("mp",), (rank,)), shard={"mp": "latitude"}, crop={"latitude": (1, 4)},
+                             halo={"latitude": 1, "longitude": 2}, boundary={"longitude": "periodic"},
+                             split="physicsnemo")  # 3 rows over 4 ranks: ranks 0-2 empty
+        src = ZarrDatasetSource(path, CHANNELS, layout, batch_size=2, shuffle=False, mean=mean, std=std, forecast=fc)
+        parts, stacked = plan_dataset(src)
+        assert stacked[0].item_read_bytes(1) == sum(p[0].item_read_bytes(1) for p in parts)
+        pipes = []
+        for stack in (True, False):
+            @pipeline_def(batch_size=2, num_threads=2, device_id=None)
+            def pipe():
+                return read_dataset(src, fallback=False, stack=stack)
+
+            p = pipe()
+            p.build()
+            pipes.append(p)
+        ops = set(re.findall(rb"dali_mesh__\w+|Normalize|Cat|Cast", pipes[0].serialize()))
+        assert ops == {b"dali_mesh__ReadWindows"}, ops
+        norm = lambda x: (x - mean[:, None, None]) / std[:, None, None]  # noqa: E731
+        for _ in range(len(src) // 2):
+            one, per_variable = pipes[0].run(), pipes[1].run()
+            for j in range(2):
+                t = src.time_index(int(np.array(one[-2][j])))
+                steps = [[0]] if fc is None else [[-1, 0], [1]]
+                for w, ts in enumerate(steps):
+                    want = np.stack([norm(take_window(_oracle(ds, t + d, np.float64), src.region)) for d in ts])
+                    want = want[0] if fc is None else want
+                    got = np.array(one[w][j])
+                    assert got.shape == want.shape, (rank, fc, got.shape, want.shape)
+                    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6, err_msg=f"rank {rank} step {t}")
+                    np.testing.assert_allclose(np.array(per_variable[w][j]), got, rtol=1e-6, atol=1e-6)

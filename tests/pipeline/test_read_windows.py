@@ -796,3 +796,49 @@ def test_hdf5_with_a_user_block_is_read_natively_and_checked(tmp_path, chunks):
         for k in range(2):
             t = int(np.array(ids[k]))
             np.testing.assert_array_equal(np.array(w[k]), take_window(full[t], src.region))
+
+
+@pytest.mark.parametrize("fortran,byteorder", [(False, "="), (True, ">")])
+def test_normalize_in_the_operator_equals_numpy(tmp_path, fortran, byteorder):
+    """read_windows(normalize=(axis, mean, std)): every window (halo cells too: constant, reflect) is
+    numpy's (take_window(sample) - mean[c]) / std[c], C and Fortran order, either byte order."""
+    rng = np.random.default_rng(SEED)
+    files = [_save(tmp_path / f"s{i}.npy", rng.standard_normal((3, 9, 7)).astype("f4"), fortran=fortran,
+                   byteorder=byteorder) for i in range(4)]
+    layout = Layout(MeshInfo((2,), ("mp",), (1,)), shard={"mp": 1}, halo={1: 2, 2: 1},
+                    boundary={1: "constant", 2: "reflect"}, fill_value=3)
+    mean, std = np.array([0.5, -2.0, 7.0]), np.array([2.0, 0.25, 3.0])
+    src = NumpySource(files, layout, batch_size=2, shuffle=False)
+    p = native_pipeline(src, normalize=(0, mean, std))
+    seen = 0
+    for wins, ids, _ in _epoch(p, 2):
+        for w, sid in zip(wins, ids):
+            want = (take_window(np.load(files[sid]).astype("f4"), src.region) - mean[:, None, None].astype("f4")) \
+                / std[:, None, None].astype("f4")
+            np.testing.assert_allclose(w, want, rtol=1e-6, atol=1e-6, err_msg=f"seed {SEED} file {sid}")
+            seen += 1
+    assert seen == 4
+
+
+def test_normalize_refusals(tmp_path):
+    """normalize= on windows it cannot normalise is refused when the pipeline is built, naming why;
+    a source that falls back (partitioned_source does not normalise) raises instead of returning
+    unnormalised windows."""
+    layout = Layout(MeshInfo((2,), ("mp",), (0,)), shard={"mp": 1})
+    ints = [_save(tmp_path / "i.npy", np.zeros((2, 4, 4), "i2"))]
+    floats = [_save(tmp_path / "f.npy", np.zeros((2, 4, 4), "f4"))]
+    cases = [(ints, (0, [0, 0], [1, 1]), "normalising needs float32 windows"),
+             (floats, (0, [0, 0, 0], [1, 1, 1]), "the windows have 2 channels on axis 0, mean and stddev 3"),
+             (floats, (3, [0, 0], [1, 1]), "channel_axis 3 is not an axis of the 3-dimensional windows"),
+             (floats, (0, [0, 0], [1, 0]), "stddev 0 must be finite, stddev not 0")]
+    for files, norm, message in cases:
+        with pytest.raises(RuntimeError, match=message):
+            native_pipeline(NumpySource(files, layout, batch_size=1), normalize=norm)
+    direct = NumpySource(floats, layout, batch_size=1, direct=True)  # read by partitioned_source
+
+    @pipeline_def(batch_size=1, num_threads=1, device_id=None)
+    def pipe():
+        return native.read_windows(direct, normalize=(0, [0, 0], [1, 1]))
+
+    with pytest.raises(native.NotNativeError):
+        pipe()

@@ -31,7 +31,7 @@ class ReadWindowsMixed : public ReadWindowsBase<dali::MixedBackend> {
  public:
   explicit ReadWindowsMixed(const dali::OpSpec &spec) : ReadWindowsBase<dali::MixedBackend>(spec) {
     DALI_ENFORCE(mean_.empty(), dali::make_string("read_windows: ", plans_.source, ": mean/stddev normalise "
-                                                  "on the CPU operator only; on the GPU use fn.normalize after "
+                                                  "on the CPU operator only; on the GPU use strided_slice after "
                                                   "the read"));
     const char *env = std::getenv("DALI_MESH_DEVICE_FILL");
     if (env != nullptr && std::strcmp(env, "0") == 0) return;

@@ -139,7 +139,7 @@ Stateless: checkpointing works.)")
                     "files run at once; exactly the ranges read, no readahead beyond them.", true)
     .AddOptionalArg("mean", "Per-channel means: each finished float32 window becomes "
                     "(x - mean[c]) / stddev[c] in place, c its index on channel_axis, every cell "
-                    "(boundary cells too). CPU only (on the GPU, fn.normalize after the read).",
+                    "(boundary cells too). CPU only (on the GPU, strided_slice after the read).",
                     std::vector<float>())
     .AddOptionalArg("stddev", "Per-channel standard deviations (as many as mean).", std::vector<float>())
     .AddOptionalArg("channel_axis", "The windows' axis that mean and stddev index.", -1);
