@@ -20,7 +20,8 @@ once, in time order. Loaders:
   xarray loader; fused into the operator's finishing step (``dali_mesh``) or ``strided_slice`` (channel_axis,
   mean, std) after ``fn.cat`` (``per variable``).
 
-Per loader: samples/s warm (median of ``--runs`` epochs, files cached) and bytes pulled from storage
+Per loader: samples/s warm (median of ``--runs`` epochs, files cached, the loaders' epochs taken in
+turn) and bytes pulled from storage
 cold (files evicted with ``POSIX_FADV_DONTNEED``; ``/proc/self/io``), against the bytes of the chunk
 files the rank's window touches. The first sample of each loader is checked against ``xarray``'s.
 """
@@ -177,15 +178,18 @@ def main() -> None:
                    "xarray band": lambda: xarray_epoch(path, args.steps, band, True),
                    "xarray band + norm": lambda: xarray_epoch(path, args.steps, band, True, (mean, std))}
         loaders.update({name: (lambda p=p: dali_epoch(p, args.steps)) for name, p in pipes.items()})
-        results = {}
-        firsts = {}
+        colds, firsts = {}, {}
         for name, run in loaders.items():
             evict(path)
             before = read_bytes()
             _, firsts[name] = run()  # cold
-            cold = read_bytes() - before
-            warm = statistics.median(run()[0] for _ in range(args.runs))
-            results[name] = (args.steps / warm, cold)
+            colds[name] = read_bytes() - before
+        # warm epochs round-robin over the loaders, so that the machine's slow spells hit them alike
+        warm = {name: [] for name in loaders}
+        for _ in range(args.runs):
+            for name, run in loaders.items():
+                warm[name].append(run()[0])
+        results = {name: (args.steps / statistics.median(warm[name]), colds[name]) for name in loaders}
         for name in loaders:
             want = firsts["xarray band + norm" if name.endswith("norm") else "xarray"]
             assert np.allclose(firsts[name], want, rtol=1e-6, atol=1e-6), f"{name}'s first sample differs from xarray's"

@@ -340,6 +340,27 @@ class _DatasetSource(WindowSource):
     def step_of(self, sample_id: int) -> int:
         return self.time_index(sample_id)
 
+    def coordinate(self, name: str) -> np.ndarray:
+        """The stored values of coordinate ``name`` (e.g. ``"latitude"``), as the store holds them."""
+        if name not in self._variables():
+            raise DataFileError(self.store, f"no coordinate {name!r}")
+        return np.asarray(self._coordinate(name))
+
+    def window_coordinate(self, dim: str) -> np.ndarray:
+        """This rank's window along spatial dim ``dim``: the coordinate's value at each position, halo
+        included (a periodic halo takes the far side's values, a reflected one the mirrored ones; NaN
+        at ``constant`` cells). The layout splits the stored order, so with latitude stored north to
+        south (90 .. -90, as WeatherBench2 and ERA5 do) rank 0 holds the north, stored south to north
+        the south: these values say which (for cos zenith, say)."""
+        if dim not in self.spatial_dims:
+            raise ValueError(f"no spatial dim {dim!r}; the samples' dims are {self.dims}")
+        idx = self.region.window_index(self.dims.index(dim))
+        values = self.coordinate(dim)
+        out = values[np.where(idx < 0, 0, idx)].astype(np.float64 if values.dtype.kind in "iuf" else values.dtype)
+        if (idx < 0).any():
+            out[idx < 0] = np.nan
+        return out
+
     def time_of(self, sample_id) -> np.ndarray:
         """The ``datetime64[ns]`` of sample id(s): what models with time features (cos zenith, time
         of year) need."""

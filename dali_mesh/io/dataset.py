@@ -72,7 +72,10 @@ def _dims_of(arr, path: str, name: str) -> tuple[str, ...] | None:
 
 def open_dataset_group(path: str | os.PathLike) -> dict[str, DatasetVariable]:
     """Every array of the Zarr group at ``path`` (v2 or v3) whose dims are named, by name. Arrays
-    without dim names are left out (xarray writes names on every array it writes)."""
+    without dim names are left out (xarray writes names on every array it writes). Consolidated
+    metadata (``.zmetadata``, v3's ``consolidated_metadata``) is not used: each array's own metadata
+    file is what the reader reads chunks by, and a consolidated copy left stale (an array grown or
+    rewritten without consolidating again) would describe another array."""
     import zarr
     from zarr.storage import LocalStore
 
@@ -81,7 +84,7 @@ def open_dataset_group(path: str | os.PathLike) -> dict[str, DatasetVariable]:
     path = str(path)
     check_store_dir(path)
     try:
-        group = zarr.open_group(store=LocalStore(path, read_only=True), mode="r")
+        group = zarr.open_group(store=LocalStore(path, read_only=True), mode="r", use_consolidated=False)
     except Exception as e:  # noqa: BLE001 - zarr raises many kinds for a folder that is no group
         raise DataFileError(path, f"is not a Zarr group of variables ({type(e).__name__}: {e})") from None
     out = {}

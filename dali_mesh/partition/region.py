@@ -105,6 +105,15 @@ class Region:
     def size(self) -> int:
         return math.prod(self.window_shape)
 
+    def window_index(self, axis: int) -> np.ndarray:
+        """The sample index each window position of ``axis`` takes its value from, by the boundary
+        rule (a periodic halo wraps to the far side, a reflected one mirrors); -1 where the window
+        holds the fill value (``constant`` cells)."""
+        d0, d1 = self.domain_start[axis], self.domain_stop[axis]
+        pos = np.arange(self.window_start[axis], self.window_stop[axis], dtype=np.int64) - d0
+        idx = boundary_index(pos, d1 - d0, self.boundary[axis]) if d1 > d0 else np.full(pos.shape, -1)
+        return np.where(idx < 0, -1, idx + d0)
+
 
 def check_fill_value(fill_value, dtype, where: str = "") -> None:
     """Raise if ``fill_value`` cannot be held exactly by ``dtype`` (e.g. -1 or 0.5 in uint8)."""
@@ -138,11 +147,9 @@ def take_window(sample: np.ndarray, region: Region) -> np.ndarray:
         check_fill_value(region.fill_value, sample.dtype)
     index, fill_mask = [], []
     for a in range(region.ndim):
-        d0, d1 = region.domain_start[a], region.domain_stop[a]
-        pos = np.arange(region.window_start[a], region.window_stop[a], dtype=np.int64) - d0
-        idx = boundary_index(pos, d1 - d0, region.boundary[a]) if d1 > d0 else np.full(pos.shape, -1)
+        idx = region.window_index(a)
         fill_mask.append(idx < 0)
-        index.append(np.where(idx < 0, 0, idx) + d0)
+        index.append(np.where(idx < 0, 0, idx))
     if region.size == 0:
         return np.empty(region.window_shape, dtype=sample.dtype)
     out = sample[np.ix_(*index)]

@@ -5,6 +5,7 @@ chunking, codec and dtype. Every window of every rank equals xarray's ``ds[var].
 from __future__ import annotations
 
 import itertools
+import os
 
 import numpy as np
 import pytest
@@ -496,3 +497,54 @@ def test_one_operator_reads_every_float32_variable(store):
                     assert got.shape == want.shape, (rank, fc, got.shape, want.shape)
                     np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6, err_msg=f"rank {rank} step {t}")
                     np.testing.assert_allclose(np.array(per_variable[w][j]), got, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_consolidated_metadata_opens_and_a_stale_copy_is_not_trusted(tmp_path, fmt):
+    """A store written with consolidated metadata (xarray's default) opens; the arrays' own metadata
+    files are read, so a consolidated copy left stale (here: claiming other shapes) changes nothing."""
+    import json
+
+    ds = _dataset(5, float32=True)
+    path = str(tmp_path / f"c{fmt}.zarr")
+    ds.to_zarr(path, zarr_format=fmt, mode="w", consolidated=True)
+    layout = NamedLayout(MeshInfo((2,), ("mp",), (1,)), shard={"mp": "latitude"})
+    meta = os.path.join(path, ".zmetadata" if fmt == 2 else "zarr.json")
+    assert os.path.exists(meta)
+    doc = json.load(open(meta))
+    if fmt == 2:
+        doc["metadata"]["2m_temperature/.zarray"]["shape"] = [T + 5, H + 1, W]
+    else:
+        doc["consolidated_metadata"]["metadata"]["2m_temperature"]["shape"] = [T + 5, H + 1, W]
+    json.dump(doc, open(meta, "w"))
+    src = ZarrDatasetSource(path, ["2m_temperature", ("geopotential", 500)], layout, batch_size=2, shuffle=False)
+    assert src.sample_shape == (2, H, W) and src.num_samples == T
+    win, ids, _ = _pipeline(src).run()
+    for j in range(2):
+        t = src.time_index(int(np.array(ids[j])))
+        want = np.stack([ds["2m_temperature"].values[t], ds["geopotential"].sel(level=500).values[t]])
+        np.testing.assert_array_equal(np.array(win[j]), take_window(want, src.region))
+
+
+def test_window_coordinate_follows_the_boundary_rule(store):
+    """window_coordinate: the coordinate's values at this rank's window positions, as np.pad pads the
+    stored coordinate (periodic: the far side's; constant: NaN); the stored order is split as stored."""
+    path, ds = store
+    lat, lon = ds.latitude.values, ds.longitude.values
+    rows = []
+    for mp in range(3):
+        layout = NamedLayout(MeshInfo((3,), ("mp",), (mp,)), shard={"mp": "latitude"},
+                             halo={"latitude": 1, "longitude": 2}, boundary={"longitude": "periodic"})
+        src = ZarrDatasetSource(path, ["2m_temperature"], layout)
+        np.testing.assert_array_equal(src.coordinate("latitude"), lat)
+        r = src.region
+        want_lat = np.pad(lat, 1, constant_values=np.nan)[r.window_start[1] + 1:r.window_stop[1] + 1]
+        want_lon = np.pad(lon, 2, mode="wrap")[r.window_start[2] + 2:r.window_stop[2] + 2]
+        np.testing.assert_array_equal(src.window_coordinate("latitude"), want_lat)
+        np.testing.assert_array_equal(src.window_coordinate("longitude"), want_lon)
+        rows.append(src.window_coordinate("latitude"))
+    assert rows[0][1] == 90 and rows[-1][-2] == -90  # stored north to south: rank 0 holds the north
+    with pytest.raises(ValueError, match="no spatial dim 'level'"):
+        src.window_coordinate("level")
+    with pytest.raises(DataFileError, match="no coordinate 'height'"):
+        src.coordinate("height")
