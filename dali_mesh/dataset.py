@@ -112,7 +112,7 @@ class _DatasetSource(WindowSource):
         time_dim, level_dim: the dims' names (default ``"time"``; the level dim: the first of
             ``LEVEL_DIMS`` a picked variable has).
         levels_by: ``"value"`` (the level coordinate's values) or ``"index"``.
-        batch_size, shuffle, seed, drop_last: as the other sources.
+        batch_size, shuffle, seed, drop_last, share: as the other sources.
 
     ``sample_id`` ``i`` is the time step ``time_index(i)``; ``time_of(i)`` its ``datetime64``.
     """
@@ -120,7 +120,8 @@ class _DatasetSource(WindowSource):
     def __init__(self, store, channels: Sequence, layout, *, time=None, time_stride: int = 1,
                  step=None, forecast: ForecastSpec | None = None, dtype=None, mean=None, std=None,
                  time_dim: str = "time", level_dim: str | None = None, levels_by: str = "value",
-                 batch_size: int = 1, shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> None:
+                 batch_size: int = 1, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+                 share=None) -> None:
         self._set_store(store)
         variables = self._variables()
         if levels_by not in ("value", "index"):
@@ -158,7 +159,7 @@ class _DatasetSource(WindowSource):
             layout = layout.resolve(self.dims)
         if not isinstance(layout, Layout):
             raise TypeError(f"layout must be a dali_mesh.Layout or NamedLayout, got {type(layout).__name__}")
-        super().__init__(layout, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        super().__init__(layout, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, share=share)
         self.forecast = forecast
         self.window_names = ("input", "target") if forecast is not None and forecast.lead else (
             ("input",) if forecast is not None else ("window",))
@@ -179,7 +180,8 @@ class _DatasetSource(WindowSource):
                 sub_layout = self._flat_layout
             sub = self._sub_source(var, sub_layout, batch_size=batch_size, shuffle=shuffle, seed=seed,
                                    drop_last=drop_last, forecast=fc, time_range=(start, stop), time_stride=stride,
-                                   channels=[c.level_index for c in chans] if has_level else None, channel_axis=0)
+                                   channels=[c.level_index for c in chans] if has_level else None, channel_axis=0,
+                                   share=share)
             self.parts.append((sub, has_level))
         self.num_samples = self.parts[0][0].num_samples
         self.time_start, self.time_stride = self.parts[0][0].time_start, stride
@@ -331,6 +333,14 @@ class _DatasetSource(WindowSource):
 
     def _sub_source(self, var, layout, **kw):  # pragma: no cover - per format
         raise NotImplementedError
+
+    def group_reader(self) -> "_DatasetSource":
+        """With ``share``: a copy that reads the group window of this member's batches, its variables
+        too (see :meth:`WindowSource.group_reader`)."""
+        reader = super().group_reader()
+        if reader is not self:
+            reader.parts = [(sub.group_reader(), has) for sub, has in self.parts]
+        return reader
 
     # ---- what the source says ----------------------------------------------------------------------
     def time_index(self, sample_id: int) -> int:

@@ -22,6 +22,7 @@ where needed), both windows of the same region; and ``channels=[...]`` (a subset
 from __future__ import annotations
 
 import collections
+import copy
 import logging
 import os
 import sys
@@ -36,7 +37,8 @@ from dali_mesh.io._common import (DataFileError, ShapeMismatchError, apply_index
 from dali_mesh.io.chunks import plan_time_series
 from dali_mesh.io.npy import DEFAULT_MERGE_GAP, plan_npy_files, read_npy_header, read_npy_window
 from dali_mesh.io.read_plan import NotNativeError
-from dali_mesh.partition import Layout, Region, SampleOrder
+from dali_mesh.partition import GroupOrder, Layout, Region, SampleOrder
+from dali_mesh.partition.share import group_coordinates, group_region, share_dims
 
 __all__ = ["ForecastSpec", "NumpySource", "HDF5Source", "ZarrSource", "WindowSource"]
 
@@ -90,7 +92,7 @@ class WindowSource:
 
     def __init__(self, layout: Layout, *, batch_size: int = 1, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, per_sample_shapes: bool = False,
-                 reuse_buffers: bool = True) -> None:
+                 reuse_buffers: bool = True, share=None) -> None:
         if not isinstance(layout, Layout):
             raise TypeError(f"layout must be a dali_mesh.Layout, got {type(layout).__name__}")
         if not _is_int(batch_size) or batch_size <= 0:
@@ -107,6 +109,12 @@ class WindowSource:
         self.reuse_buffers = bool(reuse_buffers)
         self._status_dir: str | None = None  # set by partitioned_source: where workers say what they read
         self._memo: dict[str, Any] = {}
+        # read once per group (dali_mesh.partition.share): the mesh dims whose ranks split the reads
+        self.share_dims = share_dims(layout, share)
+        if self.share_dims and self.per_sample_shapes:
+            raise ValueError("share= needs one sample shape (the group window is cut the same way for every "
+                             "sample): per-sample shapes are read by each rank")
+        self._reading = False  # a group reader (group_reader): group windows of this member's batches
 
     # ---- output buffers -----------------------------------------------------------------------------
     def _empty(self, shape, dtype) -> np.ndarray:
@@ -133,6 +141,26 @@ class WindowSource:
         pool.append(buf)
         return buf
 
+    # ---- read once per group --------------------------------------------------------------------------
+    @property
+    def group(self) -> tuple[int, int]:
+        """``(size, index)`` of this rank's read group (``(1, 0)`` without ``share``)."""
+        if not self.share_dims:
+            return 1, 0
+        members = group_coordinates(self.layout, self.share_dims)
+        return len(members), members.index(tuple(self.layout.mesh.coordinate))
+
+    def group_reader(self) -> "WindowSource":
+        """What this rank's pipeline reads: the source itself, or with ``share`` a copy whose windows are
+        the group window and whose epoch is this member's batches (batches ``index, index + size, ...``).
+        ``MeshLoader`` cuts and exchanges the members' windows."""
+        if not self.share_dims or self._reading:
+            return self
+        reader = copy.copy(self)
+        reader._memo = {}
+        reader._reading = True
+        return reader
+
     # ---- pickling: caches and open handles stay behind ---------------------------------------------
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -153,6 +181,8 @@ class WindowSource:
         for attr in ("name", "time_start"):
             if hasattr(self, attr):
                 fp[attr] = getattr(self, attr)
+        if self.share_dims:  # absent without share: old checkpoints still resume
+            fp["share"] = list(self.share_dims)
         if getattr(self, "time_stride", 1) != 1:  # absent at 1: old checkpoints still resume
             fp["time_stride"] = self.time_stride
         forecast = getattr(self, "forecast", None)
@@ -169,9 +199,11 @@ class WindowSource:
         memo = self._memo.get("sample_order")
         if memo is not None and memo.epoch == epoch:
             return memo
-        res = self._memo["sample_order"] = self.layout.order(
-            self.num_samples, epoch, seed=self.seed, shuffle=self.shuffle, batch_size=self.batch_size,
-            drop_last=self.drop_last)
+        res = self.layout.order(self.num_samples, epoch, seed=self.seed, shuffle=self.shuffle,
+                                batch_size=self.batch_size, drop_last=self.drop_last)
+        if self._reading:  # this member's batches of the group's order
+            res = GroupOrder(res, self.batch_size, *self.group)
+        self._memo["sample_order"] = res
         return res
 
     def order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -207,10 +239,12 @@ class WindowSource:
             return None
         reg = self._memo.get("region")
         if reg is None:
-            reg = self._memo["region"] = self.layout.region(self.sample_shape)
+            reg = self._memo["region"] = self.region_of(self.sample_shape)
         return reg
 
     def region_of(self, shape: Sequence[int]) -> Region:
+        if self._reading:  # a group reader reads the group window
+            return group_region(self.layout, tuple(shape), self.share_dims)
         return self.layout.region(tuple(shape))
 
     # ---- outputs --------------------------------------------------------------------------------------
@@ -352,6 +386,10 @@ class NumpySource(WindowSource):
         merge_gap, direct, method: passed to :func:`dali_mesh.io.read_npy_window`.
         check_files: read every header now (errors name the first bad file) instead of on first use.
         reuse_buffers: recycle output arrays that nobody holds any more (see ``_empty``).
+        share: ``"group"`` (or a list of mesh dim names): read once per group; the ranks that read the
+            same samples (every mesh dim that does not split the batch, or the dims named) split the
+            batches, each reads its batches' group window and ``MeshLoader`` exchanges the members'
+            windows over torch.distributed (:mod:`dali_mesh.torch.share`). The same for every source.
     """
 
     def __init__(self, files: Sequence[str | os.PathLike], layout: Layout, *, batch_size: int = 1,
@@ -359,9 +397,9 @@ class NumpySource(WindowSource):
                  channels: Sequence[int] | None = None, channel_axis: int = 0,
                  per_sample_shapes: bool = False, merge_gap: int = DEFAULT_MERGE_GAP,
                  direct: bool = False, method: str = "auto", check_files: bool = False,
-                 reuse_buffers: bool = True) -> None:
+                 reuse_buffers: bool = True, share=None) -> None:
         super().__init__(layout, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
-                         per_sample_shapes=per_sample_shapes, reuse_buffers=reuse_buffers)
+                         per_sample_shapes=per_sample_shapes, reuse_buffers=reuse_buffers, share=share)
         self.files = _file_list(files, "NumpySource", "file")
         self.num_samples = len(self.files)
         self.index_maps = _channel_maps(channels, channel_axis)
@@ -427,9 +465,9 @@ class _TimeSeriesSource(WindowSource):
     def __init__(self, files, name, layout, *, batch_size=1, shuffle=True, seed=0, drop_last=False,
                  forecast: ForecastSpec | None = None, channels=None, channel_axis=0,
                  time_range: tuple[int, int] | None = None, time_stride: int = 1, per_sample_shapes=False,
-                 reuse_buffers=True) -> None:
+                 reuse_buffers=True, share=None) -> None:
         super().__init__(layout, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
-                         per_sample_shapes=per_sample_shapes, reuse_buffers=reuse_buffers)
+                         per_sample_shapes=per_sample_shapes, reuse_buffers=reuse_buffers, share=share)
         self.files = _file_list(files, type(self).__name__, self._kind)
         self.name = name
         self.forecast = forecast

@@ -28,7 +28,7 @@ The sample order (``SampleOrder``) is computed per index in O(1): no table of th
 from __future__ import annotations
 from dali_mesh.partition.checks import LayoutError
 from dali_mesh.partition.layout import Layout
-from dali_mesh.partition.order import SampleOrder, sample_order
+from dali_mesh.partition.order import GroupOrder, SampleOrder, sample_order
 from dali_mesh.partition.region import Region, check_fill_value, take_window
 from dali_mesh.partition.rules import BOUNDARIES, SPLITS, boundary_index, shard_extent, split_sizes
 
@@ -38,6 +38,7 @@ __all__ = [
     "LayoutError",
     "Layout",
     "Region",
+    "GroupOrder",
     "SampleOrder",
     "boundary_index",
     "check_fill_value",

@@ -172,3 +172,38 @@ def sample_order(
     return SampleOrder(num_samples, epoch, seed=seed, shuffle=shuffle, batch_size=batch_size,
                        drop_last=drop_last, batch_index=batch_index,
                        num_batch_groups=num_batch_groups).arrays()
+
+
+class GroupOrder:
+    """The batches of one member of a read group (:mod:`dali_mesh.partition.share`): batches
+    ``index, index + size, index + 2 size, ...`` of ``order`` (a :class:`SampleOrder`), entry by entry,
+    in O(1) per index as the order itself."""
+
+    __slots__ = ("order", "batch_size", "size", "index", "_length")
+
+    def __init__(self, order: SampleOrder, batch_size: int, size: int, index: int) -> None:
+        self.order, self.batch_size, self.size, self.index = order, int(batch_size), int(size), int(index)
+        n_batches = len(order) // self.batch_size
+        self._length = max(0, -(-(n_batches - self.index) // self.size)) * self.batch_size
+
+    @property
+    def epoch(self) -> int:
+        return self.order.epoch
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, i: int) -> tuple[int, bool]:
+        i = int(i)
+        if not 0 <= i < self._length:
+            raise IndexError(f"GroupOrder index {i} is out of range for {self._length} entries")
+        b = (i // self.batch_size) * self.size + self.index
+        return self.order[b * self.batch_size + i % self.batch_size]
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        ids, pads = self.order.arrays()
+        bs = self.batch_size
+        n = len(ids) // bs
+        keep = np.arange(self.index, n, self.size)
+        sel = (keep[:, None] * bs + np.arange(bs)).reshape(-1)
+        return ids[sel], pads[sel]

@@ -92,6 +92,7 @@ def read_dataset(source, device: str = "cpu", *, fallback: bool = True, stack: b
     known = len(info.sources) if info is not None else 0
     axis = 0 if source.forecast is None else 1
     nwin = len(source.window_names)
+    registered, source = source, source.group_reader()  # share=: the group window of this member's batches
     plans, stacked = plan_dataset(source)
     if not stack:
         stacked = "stack=False"
@@ -141,7 +142,7 @@ def read_dataset(source, device: str = "cpu", *, fallback: bool = True, stack: b
             wins = [strided_slice(w, [0] * len(sh), sh, device=device) for w, sh in zip(wins, shapes)]
     if info is not None:  # the loader checks and fingerprints the dataset, not its parts
         del info.sources[known:]
-        info.sources.append(source)
+        info.sources.append(registered)
     if source.mean is not None and not fused:  # one pass of the strided slice (empty windows too)
         nc = len(source.channels)
         wins = [strided_slice(w, [0], [nc], axes=[axis], channel_axis=axis, mean=source.mean, std=source.std,

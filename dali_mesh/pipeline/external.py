@@ -60,16 +60,17 @@ def partitioned_source(source, device: str = "cpu", *, name: str | None = None,
             raise TypeError(f"partitioned_source needs a dali_mesh source (NumpySource, HDF5Source, "
                             f"ZarrSource); {type(source).__name__} has no {attr!r}")
     pipe = current_pipeline_for(source)
-    if hasattr(source, "_status_dir"):
-        source._status_dir = status_dir()  # pickled into the workers with the source
-    if pipe is not None:
+    if pipe is not None:  # the source itself is registered (MeshLoader exchanges a group's windows)
         info = info_of(pipe)
         info.sources.append(source)
         info.source_prefetch = max(info.source_prefetch, int(prefetch_queue_depth))
+    reader = source.group_reader() if hasattr(source, "group_reader") else source  # share=: the group window
+    if hasattr(reader, "_status_dir"):
+        reader._status_dir = status_dir()  # pickled into the workers with the source
     nwin = source.num_outputs - 2
     layouts = [layout] * nwin + [None, None] if layout is not None else None
     outs = fn.external_source(
-        source=source,
+        source=reader,
         num_outputs=source.num_outputs,
         batch=False,
         parallel=True,

@@ -188,9 +188,10 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
         axis, mean, std = normalize
         norm = {"channel_axis": int(axis), "mean": [float(v) for v in mean], "stddev": [float(v) for v in std]}
     pipe = current_pipeline_for(source)
+    reader = source.group_reader() if hasattr(source, "group_reader") else source  # share=: the group window
     if plans is None:
         try:
-            plans = plan_windows(source, merge_gap=merge_gap)
+            plans = plan_windows(reader, merge_gap=merge_gap)
         except NotNativeError as e:
             if not fallback or normalize is not None:  # partitioned_source does not normalise
                 raise
@@ -207,7 +208,7 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
     if sample_ids is not None:
         ids, pads = sample_ids
     else:
-        ids, pads = fn.external_source(source=_SampleIds(source), num_outputs=2, batch=True,
+        ids, pads = fn.external_source(source=_SampleIds(reader), num_outputs=2, batch=True,
                                        batch_info=True, dtype=[types.INT64, types.BOOL], ndim=[0, 0],
                                        name=name)
     wins = []

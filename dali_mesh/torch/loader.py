@@ -169,6 +169,10 @@ class MeshLoader:
         self.per_sample_shapes = bool(per_sample_shapes)
         self.timeout = timeout
         self._factory: Callable[..., Any] | None = pipeline if callable(pipeline) and not hasattr(pipeline, "build") else None
+        self._exchange = None  # read once per group (a source built with share=): dali_mesh.torch.share
+        self._pending: list[dict] = []  # the batches of the group step being yielded
+        self._pending_ckpt = None  # the pipeline's checkpoint before that step's read
+        self._skip = 0  # batches of the next group step already taken before a checkpoint
         self._start(self._factory() if self._factory else pipeline)
         self.steps_taken = 0
 
@@ -269,10 +273,27 @@ class MeshLoader:
         # sample_id and is_pad are checked on every batch instead (__next__)
         for src in sources_of(pipe):  # a graph defined at build time
             self._check_source(src)
+        shared = [src for src in sources_of(pipe) if getattr(src, "share_dims", ())]
+        if shared and self._exchange is None:
+            if len({tuple(src.share_dims) for src in sources_of(pipe)} | {tuple(shared[0].share_dims)}) != 1:
+                raise ValueError("share=: every source of the pipeline must be built with the same share")
+            if self.per_sample_shapes or self.drop_padded:
+                raise ValueError("share= yields whole batches of one shape: not with per_sample_shapes or drop_padded")
+            from dali_mesh.torch.share import GroupExchange  # noqa: PLC0415
+
+            self._exchange = GroupExchange(shared[0], self.layout, self.device_mesh, self.window_outputs)
         # the iterator's first batch waits for DALI's prefetch queue: prefetch_queue_depth + 1 batch times
         self._first_batches = prefetch_batches(pipe)
-        self._iterator = self._call(self._make_iterator, pipe, what="the first batch",
-                                    batches=self._first_batches)
+        self._deferred = None
+        try:
+            self._iterator = self._call(self._make_iterator, pipe, what="the first batch",
+                                        batches=self._first_batches)
+        except Exception as e:  # noqa: BLE001
+            if self._exchange is None:
+                raise
+            # DALI's iterator reads the first batch here: in a read group its error is told to every
+            # member at the first group step (raising here would leave the others in the exchange)
+            self._iterator, self._deferred = None, e
         self._after_start = True
         self._checked_like = False
 
@@ -341,11 +362,51 @@ class MeshLoader:
     def __iter__(self):
         return self
 
-    def __next__(self) -> dict[str, Any]:
+    def _next_batch(self) -> dict[str, Any]:
         # the first batch of an epoch may wait for the refilled prefetch queue, later ones one batch time
         batches = self._first_batches if self._after_start else 1
         batch = self._call(next, self._iterator, batches=batches)[0]
         self._after_start = False
+        return batch
+
+    def _next_shared(self) -> dict[str, Any]:
+        """The next batch of a read group: from the group step being yielded, or the next step (this
+        member's read, then the status and data exchange; see dali_mesh.torch.share)."""
+        ex = self._exchange
+        while not self._pending:
+            step = ex.step
+            if step * ex.size >= ex.num_batches:  # the epoch's last step is done: this member's epoch ends too
+                if self._iterator is None:
+                    raise StopIteration
+                try:
+                    self._next_batch()
+                except StopIteration:
+                    raise StopIteration from None
+                raise RuntimeError("share=: this member's pipeline has more batches than its share of the epoch")
+            batch = error = None
+            self._pending_ckpt = self._checkpoint() if self._iterator is not None else None
+            if ex.mine(step) and self._deferred is not None:
+                error, self._deferred = self._deferred, None
+            elif ex.mine(step):
+                try:
+                    batch = self._next_batch()
+                except StopIteration:
+                    error = RuntimeError("this member's pipeline ended its epoch before its share of it")
+                except Exception as e:  # noqa: BLE001 - every member must hear of it (dali_mesh.torch.share)
+                    error = e
+            self._pending = ex.exchange(batch, error)
+            del self._pending[:self._skip]  # taken before the checkpoint this loader resumed from
+            self._skip = 0
+        return self._pending.pop(0)
+
+    def _checkpoint(self):
+        """The pipeline's checkpoint now, or ``None`` without checkpointing."""
+        if not getattr(self._pipeline, "_enable_checkpointing", False):
+            return None
+        return self._call(self._iterator.checkpoints, what="the checkpoint")
+
+    def __next__(self) -> dict[str, Any]:
+        batch = self._next_shared() if self._exchange is not None else self._next_batch()
         self.steps_taken += 1
         for name, want in (("sample_id", torch.int64), ("is_pad", torch.bool)):
             value = batch.get(name)
@@ -387,6 +448,8 @@ class MeshLoader:
         self._call(self._iterator.reset, what="the next epoch to start", batches=self._first_batches)
         self._after_start = True
         self.steps_taken = 0
+        if self._exchange is not None:
+            self._exchange.step, self._pending, self._skip = 0, [], 0
 
     def __len__(self) -> int:
         raise TypeError("MeshLoader has no length: the source ends the epoch (size=-1)")
@@ -418,6 +481,19 @@ class MeshLoader:
     def state_dict(self) -> dict[str, Any]:
         """DALI's checkpoint of the pipeline (build it with ``enable_checkpointing=True``), the steps
         taken this epoch and the loader's :meth:`fingerprint`."""
+        if self._exchange is not None:
+            # a read group resumes at the start of a group step (every member the same step), then
+            # drops the batches of it already taken
+            ex = self._exchange
+            if self._pending:
+                step = ex.step - 1
+                ckpt, skip = self._pending_ckpt, ex.batches_of(step) - len(self._pending)
+            else:
+                step, ckpt, skip = ex.step, self._checkpoint(), 0
+            if ckpt is None:
+                raise ValueError("Cannot access checkpoints with checkpointing disabled")
+            return {"dali_checkpoints": ckpt, "steps_taken": self.steps_taken, "fingerprint": self.fingerprint(),
+                    "group_step": step, "group_skip": skip}
         return {"dali_checkpoints": self._call(self._iterator.checkpoints, what="the checkpoint"),
                 "steps_taken": self.steps_taken, "fingerprint": self.fingerprint()}
 
@@ -454,4 +530,10 @@ class MeshLoader:
         self._iterator = self._pipeline = None  # let the old pipeline and its workers go first
         self._start(self._factory(checkpoint=checkpoints[0]))
         self.steps_taken = int(state.get("steps_taken", 0))
+        if self._exchange is not None:
+            if "group_step" not in state:
+                raise ValueError("load_state_dict(state): the loader reads with share= but the checkpoint was "
+                                 "taken without it")
+            self._exchange.step, self._pending = int(state["group_step"]), []
+            self._skip = int(state["group_skip"])
 

@@ -1,0 +1,283 @@
+"""Read once per group (share="group", issue 17) on real processes over gloo: every member reads its
+batches' group window and the windows are exchanged; each rank's batches equal independent reading
+and numpy's take_window of the whole sample, over two epochs, for whole-field and band Zarr chunks
+(Blosc), .npy files, gzip HDF5, a forecast, a dataset of variables, halos with periodic and reflect
+boundaries; a checkpoint taken inside a group step resumes exactly; a corrupt chunk in one member's
+share raises on every member, naming the rank and the file; a killed member makes the others raise
+within the process group's timeout."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("nvidia.dali")
+pytest.importorskip("zarr")
+h5py = pytest.importorskip("h5py")
+
+from dali_mesh.cli.launch import RankFailure, run_ranks  # noqa: E402
+
+T, C, H, W = 10, 2, 13, 16
+BATCH = 2
+
+
+def _data(root):
+    """The same float32 samples (T, C, H, W) as Zarr v2 with whole-field and band Blosc chunks, .npy
+    files and a gzip-chunked HDF5 dataset."""
+    import zarr
+    from numcodecs import Blosc
+
+    rng = np.random.default_rng(0)
+    data = np.round(rng.standard_normal((T, C, H, W)), 2).astype("f4")
+    paths = {}
+    for kind, chunks in (("whole", (1, C, H, W)), ("band", (1, C, 4, W))):
+        path = os.path.join(root, f"{kind}.zarr")
+        z = zarr.create_array(path, shape=data.shape, chunks=chunks, dtype="f4", zarr_format=2,
+                              compressors=[Blosc("lz4", 5, Blosc.SHUFFLE)])
+        z[:] = data
+        paths[kind] = path
+    npy = []
+    for t in range(T):
+        npy.append(os.path.join(root, f"s{t}.npy"))
+        np.save(npy[-1], data[t])
+    paths["npy"] = npy
+    paths["h5"] = os.path.join(root, "d.h5")
+    with h5py.File(paths["h5"], "w") as f:
+        f.create_dataset("fields", data=data, chunks=(1, 1, 7, W), compression="gzip", shuffle=True)
+    np.save(os.path.join(root, "all.npy"), data)
+    return paths
+
+
+def _source(kind, paths, layout, batch_size=BATCH, **kw):
+    from dali_mesh import HDF5Source, NumpySource, ZarrSource
+
+    if kind == "npy":
+        return NumpySource(paths["npy"], layout, batch_size=batch_size, **kw)
+    if kind == "h5":
+        return HDF5Source([paths["h5"]], "fields", layout, batch_size=batch_size, **kw)
+    return ZarrSource([paths[kind]], None, layout, batch_size=batch_size, **kw)
+
+
+def _make(source):
+    from nvidia.dali import pipeline_def
+
+    from dali_mesh.fn import read_windows
+
+    def make(checkpoint=None):
+        @pipeline_def(batch_size=source.batch_size, num_threads=1, device_id=None, enable_checkpointing=True,
+                      prefetch_queue_depth=1)
+        def pipe():
+            return read_windows(source, fallback=False)
+
+        return pipe(checkpoint=checkpoint)
+
+    return make
+
+
+def _epoch(loader, names):
+    out = []
+    for batch in loader:
+        out.append({n: batch[n].clone() for n in names + ("sample_id", "is_pad")})
+    loader.reset()
+    return out
+
+
+def _equal(a, b, what):
+    assert len(a) == len(b) > 0, (what, len(a), len(b))
+    for i, (x, y) in enumerate(zip(a, b)):
+        for n in x:
+            assert x[n].dtype == y[n].dtype and x[n].shape == y[n].shape, (what, i, n, x[n].shape, y[n].shape)
+            assert bool((x[n] == y[n]).all()), (what, i, n)
+
+
+def _oracle(batches, data, source):
+    from dali_mesh.partition import take_window
+
+    fc, region = getattr(source, "forecast", None), source.region
+    for b in batches:
+        for j, sid in enumerate(b["sample_id"].tolist()):
+            t = source.step_of(sid) if fc is not None else sid
+            if fc is None:
+                np.testing.assert_array_equal(b["window"][j].numpy(), take_window(data[t], region))
+            else:
+                want = np.stack([take_window(data[t + d], region) for d in range(-fc.history, 1)])
+                np.testing.assert_array_equal(b["input"][j].numpy(), want)
+                np.testing.assert_array_equal(b["target"][j].numpy(), take_window(data[t + 1], region)[None])
+
+
+def _group_rank(rank, world_size, root, paths, mesh_shape, names, shard, batch, batch_size):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from dali_mesh import ForecastSpec, Layout, MeshInfo
+    from dali_mesh.torch import MeshLoader
+
+    data = np.load(os.path.join(root, "all.npy"))
+    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
+    layout = Layout(MeshInfo.from_device_mesh(mesh), shard=shard, batch=batch, halo={1: 2, 2: 1},
+                    boundary={1: "reflect", 2: "periodic"})
+    kinds = ("whole", "band", "npy", "h5") if world_size == 4 else ("whole",)
+    for kind in kinds:
+        for fc in (None, ForecastSpec(1, 1)) if kind in ("whole", "h5") else (None,):
+            kw = {} if fc is None else {"forecast": fc}
+            names_out = ("window",) if fc is None else ("input", "target")
+            shared = _source(kind, paths, layout, batch_size, share="group", seed=3, **kw)
+            plain = _source(kind, paths, layout, batch_size, seed=3, **kw)
+            assert shared.group[0] == 4 and len(shared) == len(plain), (shared.group, len(shared), len(plain))
+            maps = names_out + ("sample_id", "is_pad")
+            lg = MeshLoader(_make(shared), layout, device_mesh=mesh, output_map=maps)
+            li = MeshLoader(_make(plain), layout, device_mesh=mesh, output_map=maps)
+            for epoch in range(2):
+                got, want = _epoch(lg, names_out), _epoch(li, names_out)
+                _equal(got, want, f"{kind} forecast {fc} epoch {epoch} rank {rank}")
+                _oracle(got, data, plain)
+            if kind == "whole" and fc is None:
+                # a checkpoint inside a group step (batch 3 of 5: step 0 holds batches 0..3) resumes exactly
+                everything = _epoch(li, names_out)  # epoch 2, read independently
+                first = [{n: b[n].clone() for n in maps} for b in (next(lg), next(lg), next(lg))]
+                state = lg.state_dict()
+                assert state["group_step"] == 0 and state["group_skip"] == 3, state
+                rest = [{n: b[n].clone() for n in maps} for b in lg]
+                _equal(first + rest, everything, "epoch 2")
+                lg.load_state_dict(state)
+                again = [{n: b[n].clone() for n in maps} for b in lg]
+                _equal(again, rest, "resumed")
+            lg.close()
+            li.close()
+    if world_size != 4:
+        return
+    # a dataset of variables (read_dataset: one operator, normalised) in group mode
+    _dataset_case(rank, root, mesh, layout)
+    # a corrupt chunk in batch 2 (samples 4, 5 without shuffle), read by member 2 only: every member
+    # raises, naming rank 2 and the chunk's file
+    from dali_mesh.torch.share import GroupReadError
+
+    bad = _source("band", {"band": os.path.join(root, "bad.zarr")}, layout, share="group", shuffle=False)
+    loader = MeshLoader(_make(bad), layout, device_mesh=mesh)
+    try:
+        next(loader)
+    except GroupReadError as e:
+        assert "rank 2 of the read group [0, 1, 2, 3] failed to read batch 2" in str(e), e
+        assert "bad.zarr" in str(e) and "4.0.1.0" in str(e), e
+    else:
+        raise AssertionError("a corrupt chunk in member 2's share was read without an error")
+    loader.close()
+
+
+def _dataset_case(rank, root, mesh, layout):
+    import xarray as xr
+
+    from nvidia.dali import pipeline_def
+
+    from dali_mesh import Layout
+    from dali_mesh.dataset import ZarrDatasetSource
+    from dali_mesh.fn import read_dataset
+    from dali_mesh.partition import take_window
+    from dali_mesh.torch import MeshLoader
+
+    ds = xr.open_zarr(os.path.join(root, "ds.zarr"), consolidated=False)
+    dl = Layout(layout.mesh, shard={"mp": 1}, halo={1: 1, 2: 2}, boundary={2: "periodic"})
+    mean, std = np.array([0.5, -1.0, 2.0]), np.array([2.0, 1.5, 0.5])
+    out = {}
+    for share in (None, "group"):
+        src = ZarrDatasetSource(os.path.join(root, "ds.zarr"), ["t2m", ("z", [850, 500])], dl, batch_size=BATCH,
+                                share=share, mean=mean, std=std, seed=1)
+
+        def make(checkpoint=None, src=src):
+            @pipeline_def(batch_size=BATCH, num_threads=1, device_id=None, enable_checkpointing=True)
+            def pipe():
+                return read_dataset(src, fallback=False)
+
+            return pipe(checkpoint=checkpoint)
+
+        loader = MeshLoader(make, dl, device_mesh=mesh)
+        out[share] = _epoch(loader, ("window",))
+        loader.close()
+    _equal(out["group"], out[None], f"dataset rank {rank}")
+    for b in out["group"]:
+        for j, t in enumerate(b["sample_id"].tolist()):
+            full = np.stack([ds["t2m"].values[t], ds["z"].sel(level=850).values[t], ds["z"].sel(level=500).values[t]])
+            want = (take_window(full.astype("f8"), src.region) - mean[:, None, None]) / std[:, None, None]
+            np.testing.assert_allclose(b["window"][j].numpy(), want, rtol=2e-6, atol=2e-6)
+
+
+def _write_dataset(root):
+    import pandas as pd
+    import xarray as xr
+
+    rng = np.random.default_rng(1)
+    ds = xr.Dataset({"t2m": (("time", "lat", "lon"), rng.standard_normal((T, H, W)).astype("f4")),
+                     "z": (("time", "level", "lat", "lon"), rng.standard_normal((T, 2, H, W)).astype("f4"))},
+                    coords={"time": pd.date_range("2020-01-01", periods=T, freq="6h"), "level": [500, 850]})
+    ds.to_zarr(os.path.join(root, "ds.zarr"), zarr_format=2, mode="w", consolidated=False,
+               encoding={"t2m": {"chunks": (1, H, W)}, "z": {"chunks": (1, 2, H, W)}})
+
+
+def _corrupt_copy(paths, root):
+    import shutil
+
+    bad = os.path.join(root, "bad.zarr")
+    shutil.copytree(paths["band"], bad)
+    chunk = os.path.join(bad, "4.0.1.0")  # sample 4, rows 4..7: read by member 2 (batch 2) only
+    raw = open(chunk, "rb").read()
+    open(chunk, "wb").write(raw[:10])  # shorter than a Blosc header: a corrupt stream
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_group_reads_equal_independent_reads_on_4_ranks(tmp_path):
+    pytest.importorskip("xarray")
+    root = str(tmp_path)
+    paths = _data(root)
+    _write_dataset(root)
+    _corrupt_copy(paths, root)
+    run_ranks(_group_rank, 4, tmp_path, root, paths, (4,), ("mp",), {"mp": 1}, None, BATCH, timeout_s=360)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_group_reads_with_a_batch_dim_and_a_replica_dim_on_8_ranks(tmp_path):
+    """(dp, mp, tp) = (2, 2, 2): dp splits the batch, mp the latitude, tp replicates: groups of 4."""
+    root = str(tmp_path)
+    paths = _data(root)
+    run_ranks(_group_rank, 8, tmp_path, root, paths, (2, 2, 2), ("dp", "mp", "tp"), {"mp": 1}, "dp", 1,
+              timeout_s=260)
+
+
+def _killed_rank(rank, world_size, root, paths):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from dali_mesh import Layout, MeshInfo
+    from dali_mesh.torch import MeshLoader
+
+    mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("mp",))
+    layout = Layout(MeshInfo.from_device_mesh(mesh), shard={"mp": 1})
+    src = _source("whole", paths, layout, share="group")
+    loader = MeshLoader(_make(src), layout, device_mesh=mesh)
+    next(loader)
+    for _ in range(3):  # the rest of group step 0: no collective
+        next(loader)
+    if rank == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        next(loader)  # group step 1: member 3 is gone
+    except Exception as e:  # noqa: BLE001 - the backend's error
+        elapsed = time.monotonic() - t0
+        assert elapsed < 15, f"raised after {elapsed:.1f} s: {e}"
+    else:
+        raise AssertionError("a group step went on without member 3")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_killed_member_makes_the_others_raise_within_the_timeout(tmp_path):
+    paths = _data(str(tmp_path))
+    with pytest.raises(RankFailure) as info:  # rank 3's own death; the others raised and reported ok
+        run_ranks(_killed_rank, 4, tmp_path, str(tmp_path), paths, timeout_s=20, grace_s=15)
+    text = str(info.value)
+    assert "--- rank 3 ---" in text and "exit code -9" in text, text
+    assert "--- rank 0 ---" not in text and "--- rank 1 ---" not in text and "--- rank 2 ---" not in text, text
