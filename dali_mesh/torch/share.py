@@ -20,6 +20,9 @@ is 30 minutes for gloo and 10 for NCCL): they then raise the backend's error.
 from __future__ import annotations
 
 import math
+import mmap
+import os
+import time
 from typing import Any
 
 import numpy as np
@@ -94,6 +97,14 @@ class GroupExchange:
                              "leaves members without a batch to read: lower batch_size, or share fewer dims")
         self.step = 0  # the next group step
         self.device = None  # the windows' device, from the first batch read here
+        self.transport = None  # "shm" or "collective", chosen together at the first exchange
+        self._shm = None
+        # what the exchange cost this rank: group steps, seconds in the collectives, window bytes sent
+        # to the other members and received from them (its own cut is copied, not counted)
+        # (status_seconds: the status exchange, which waits for the slowest member's read; data_seconds:
+        # cutting and moving the windows)
+        self.stats = {"steps": 0, "seconds": 0.0, "status_seconds": 0.0, "data_seconds": 0.0, "bytes_sent": 0,
+                      "bytes_received": 0}
 
     def mine(self, step: int) -> bool:
         """Whether this member reads a batch at group step ``step``."""
@@ -107,7 +118,16 @@ class GroupExchange:
         step) or its read error; returns the step's batches (this rank's windows), in loader order."""
         import torch.distributed as dist  # noqa: PLC0415
 
+        t0 = time.perf_counter()
         step = self.step
+        if batch is not None and error is None:
+            error = self._check(batch)
+        if batch is not None and self.device is None:
+            self.device = batch[self.window_outputs[0]].device
+        if self.transport is None:
+            self._choose_transport()
+        if self.transport == "shm" and batch is not None and error is None:
+            self._shm.write(step % 2, batch, self.window_outputs, self.dtype)  # read by the members after the status exchange
         status = None
         if error is not None:
             status = ("error", f"{type(error).__name__}: {error}")
@@ -115,6 +135,8 @@ class GroupExchange:
             status = ("ok", batch["sample_id"].reshape(-1).tolist(), batch["is_pad"].reshape(-1).tolist())
         gathered: list = [None] * self.size
         dist.all_gather_object(gathered, status, group=self.pg)
+        t1 = time.perf_counter()
+        self.stats["status_seconds"] += t1 - t0
         failed = [(s, g[1]) for s, g in enumerate(gathered) if g is not None and g[0] == "error"]
         if failed:
             s, message = failed[0]
@@ -125,8 +147,40 @@ class GroupExchange:
         if missing:
             raise GroupReadError(f"ranks {[self.ranks[s] for s in missing]} of the read group had no batch at group "
                                  f"step {step}: the members' epochs disagree (sources built alike on every rank?)")
-        if batch is not None and self.device is None:
-            self.device = batch[self.window_outputs[0]].device
+        if self.transport == "shm":
+            outs = self._read_shm(step, n, batch is not None)
+        else:
+            outs = self._all_to_all(n, batch)
+        for s in range(n):
+            _, ids, pads = gathered[s]
+            outs[s]["sample_id"] = torch.tensor(ids, dtype=torch.int64)
+            outs[s]["is_pad"] = torch.tensor(pads, dtype=torch.bool)
+        self.step += 1
+        self.stats["steps"] += 1
+        t2 = time.perf_counter()
+        self.stats["seconds"] += t2 - t0
+        self.stats["data_seconds"] += t2 - t1
+        return outs
+
+    def _check(self, batch) -> BaseException | None:
+        for name in self.window_outputs:
+            want = (self.batch_size,) + self.lead[name] + tuple(self.group_region.window_shape)
+            got = batch[name]
+            if tuple(got.shape) != want or got.dtype != self.dtype:
+                return GroupReadError(f"share: output {name!r} is {tuple(got.shape)} {got.dtype}, the group window "
+                                      f"batch is {want} {self.dtype}: read the source with read_windows / "
+                                      "partitioned_source / read_dataset as given to the loader")
+        return None
+
+    def _piece_elems(self, t: int, name: str) -> int:
+        cut = self.cuts[t]
+        return 0 if cut is None else self.batch_size * math.prod(self.lead[name]) * math.prod(
+            c.stop - c.start for c in cut)
+
+    def _all_to_all(self, n: int, batch: dict | None) -> list[dict]:
+        """The windows moved by ``all_to_all_single`` (NCCL for CUDA tensors, gloo for CPU ones)."""
+        import torch.distributed as dist  # noqa: PLC0415
+
         device = self.device if self.device is not None else torch.device("cpu")
         bs = self.batch_size
         outs: list[dict] = [{} for _ in range(n)]
@@ -134,34 +188,158 @@ class GroupExchange:
             lead = self.lead[name]
             mine_shape = lead + tuple(self.window_shape)
             mine_vol = math.prod(mine_shape)
-            send_splits, pieces = [], []
-            if batch is not None:
-                want = (bs,) + lead + tuple(self.group_region.window_shape)
-                got = batch[name]
-                if tuple(got.shape) != want or got.dtype != self.dtype:
-                    raise GroupReadError(f"share: output {name!r} is {tuple(got.shape)} {got.dtype}, the group window "
-                                         f"batch is {want} {self.dtype}: read the source with read_windows / "
-                                         "partitioned_source / read_dataset as given to the loader")
-            for t, cut in enumerate(self.cuts):
-                if batch is None or cut is None:
-                    send_splits.append(0)
-                    continue
-                win = batch[name]
-                piece = win[(slice(None),) * (1 + len(lead)) + cut].reshape(-1)
-                pieces.append(piece)
-                send_splits.append(piece.numel())
-            send = torch.cat(pieces) if pieces else torch.empty(0, dtype=self.dtype, device=device)
+            send_splits = [self._piece_elems(t, name) if batch is not None else 0 for t in range(self.size)]
+            send = torch.empty(sum(send_splits), dtype=self.dtype, device=device)
+            at = 0
+            for t, cut in enumerate(self.cuts):  # each member's cut, copied once into its place
+                if send_splits[t]:
+                    win = batch[name][(slice(None),) * (1 + len(lead)) + cut]
+                    send[at:at + send_splits[t]].view(win.shape).copy_(win)
+                    at += send_splits[t]
             recv_splits = [bs * mine_vol] * n + [0] * (self.size - n)
-            recv = torch.empty(sum(recv_splits), dtype=send.dtype if pieces else self.dtype, device=device)
+            recv = torch.empty(sum(recv_splits), dtype=self.dtype, device=device)
             dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.pg)
+            item = recv.element_size()
+            self.stats["bytes_sent"] += (sum(send_splits) - send_splits[self.index]) * item
+            self.stats["bytes_received"] += (sum(recv_splits) - recv_splits[self.index]) * item
             for s in range(n):
                 outs[s][name] = recv[s * bs * mine_vol:(s + 1) * bs * mine_vol].reshape((bs,) + mine_shape)
-        for s in range(n):
-            _, ids, pads = gathered[s]
-            outs[s]["sample_id"] = torch.tensor(ids, dtype=torch.int64)
-            outs[s]["is_pad"] = torch.tensor(pads, dtype=torch.bool)
-        self.step += 1
         return outs
+
+    # ---- one host: shared memory -------------------------------------------------------------------
+    def _choose_transport(self) -> None:
+        """``"shm"`` when every member runs on this host with CPU windows (each member's group windows
+        go to a shared-memory buffer once, each member copies its cuts out: no socket in between),
+        else ``"collective"``. Decided together, at the first exchange."""
+        import socket  # noqa: PLC0415
+
+        import torch.distributed as dist  # noqa: PLC0415
+
+        me = (socket.gethostname(), _boot_id(), None if self.device is None else self.device.type,
+              os.urandom(8).hex(), os.path.isdir("/dev/shm"))
+        seen: list = [None] * self.size
+        dist.all_gather_object(seen, me, group=self.pg)
+        same_host = len({(h, b) for h, b, _, _, _ in seen}) == 1
+        cpu = all(d in (None, "cpu") for _, _, d, _, _ in seen)
+        self.transport = "collective"
+        if same_host and cpu and all(ok for *_, ok in seen) and os.environ.get("DALI_MESH_SHARE_SHM", "1") != "0":
+            token = seen[0][3]
+            slot = sum(self.batch_size * math.prod(self.lead[n]) * math.prod(self.group_region.window_shape)
+                       for n in self.window_outputs) * torch.empty(0, dtype=self.dtype).element_size()
+            error = None
+            try:
+                shm = _SharedSlots(token, self.index, self.size, slot)
+            except OSError as e:
+                shm, error = None, f"{type(e).__name__}: {e}"
+            flags: list = [None] * self.size
+            dist.all_gather_object(flags, error, group=self.pg)
+            if all(f is None for f in flags):
+                try:
+                    shm.attach()
+                except OSError as e:
+                    error = f"{type(e).__name__}: {e}"
+                dist.all_gather_object(flags, error, group=self.pg)  # everyone has mapped every buffer
+                if shm is not None:
+                    shm.unlink()  # the mappings stay: nothing is left in /dev/shm, however the process ends
+                if all(f is None for f in flags):
+                    self.transport, self._shm = "shm", shm
+            elif shm is not None:
+                shm.unlink()
+        self.stats["transport"] = self.transport
+
+    def _read_shm(self, step: int, n: int, mine: bool) -> list[dict]:
+        outs: list[dict] = [{} for _ in range(n)]
+        item = torch.empty(0, dtype=self.dtype).element_size()
+        for name in self.window_outputs:
+            lead = self.lead[name]
+            for s in range(n):
+                src = self._shm.view(s, step % 2, name, self.window_outputs, self.batch_size, self.lead,
+                                     self.group_region.window_shape, self.dtype)
+                cut = self.cuts[self.index]
+                if cut is None:
+                    piece = torch.empty((self.batch_size,) + lead + tuple(self.window_shape), dtype=self.dtype)
+                else:
+                    view = src[(slice(None),) * (1 + len(lead)) + cut]
+                    piece = torch.empty(view.shape, dtype=self.dtype).copy_(view)  # never a view of the buffer
+                outs[s][name] = piece
+                if s != self.index:
+                    self.stats["bytes_received"] += piece.numel() * item
+            if mine:
+                self.stats["bytes_sent"] += sum(self._piece_elems(t, name) for t in range(self.size)
+                                                if t != self.index) * item
+        return outs
+
+
+class _SharedSlots:
+    """Each member's two slots of group windows in shared memory (``/dev/shm``, this user's, mode
+    0600, unlinked once every member has mapped them)."""
+
+    def __init__(self, token: str, index: int, size: int, slot_bytes: int) -> None:
+        self.token, self.index, self.size, self.slot_bytes = token, index, size, int(slot_bytes)
+        self.paths = [f"/dev/shm/dali_mesh_share_{os.getuid()}_{token}_{m}" for m in range(size)]
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
+        fd = os.open(self.paths[index], flags, 0o600)
+        try:
+            os.ftruncate(fd, max(1, 2 * self.slot_bytes))
+            self.maps = {index: mmap.mmap(fd, max(1, 2 * self.slot_bytes))}
+        except BaseException:
+            os.close(fd)
+            os.unlink(self.paths[index])
+            raise
+        os.close(fd)
+        self.unlinked = False
+
+    def attach(self) -> None:
+        for m, path in enumerate(self.paths):
+            if m in self.maps:
+                continue
+            fd = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
+            try:
+                st = os.fstat(fd)
+                if st.st_uid != os.getuid() or st.st_mode & 0o077 or st.st_size != max(1, 2 * self.slot_bytes):
+                    raise PermissionError(f"{path} is not this user's group buffer")
+                self.maps[m] = mmap.mmap(fd, st.st_size)  # read only here (writable: torch.frombuffer asks)
+            finally:
+                os.close(fd)
+
+    def unlink(self) -> None:
+        if not self.unlinked:
+            self.unlinked = True
+            try:
+                os.unlink(self.paths[self.index])
+            except FileNotFoundError:
+                pass
+
+    def _array(self, m: int, slot: int, dtype) -> torch.Tensor:
+        buf = memoryview(self.maps[m])[slot * self.slot_bytes:(slot + 1) * self.slot_bytes]
+        return torch.frombuffer(buf, dtype=dtype) if self.slot_bytes else torch.empty(0, dtype=dtype)
+
+    def write(self, slot: int, batch: dict, names, dtype) -> None:
+        """This member's group windows (outputs ``names`` of ``batch``) into its slot ``slot``."""
+        flat = self._array(self.index, slot, dtype)
+        at = 0
+        for name in names:
+            win = batch[name]
+            flat[at:at + win.numel()].view(win.shape).copy_(win)
+            at += win.numel()
+
+    def view(self, m, slot, name, names, bs, lead, window_shape, dtype) -> torch.Tensor:
+        flat = self._array(m, slot, dtype)
+        at = 0
+        for n in names:
+            vol = bs * math.prod(lead[n]) * math.prod(window_shape)
+            if n == name:
+                return flat[at:at + vol].view((bs,) + lead[n] + tuple(window_shape))
+            at += vol
+        raise KeyError(name)
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def _torch_dtype(dtype) -> torch.dtype:

@@ -2,7 +2,8 @@
 batches' group window and the windows are exchanged; each rank's batches equal independent reading
 and numpy's take_window of the whole sample, over two epochs, for whole-field and band Zarr chunks
 (Blosc), .npy files, gzip HDF5, a forecast, a dataset of variables, halos with periodic and reflect
-boundaries; a checkpoint taken inside a group step resumes exactly; a corrupt chunk in one member's
+boundaries, the windows moved through shared memory (one host) and by all_to_all_single (gloo); a
+checkpoint taken inside a group step resumes exactly; a corrupt chunk in one member's
 share raises on every member, naming the rank and the file; a killed member makes the others raise
 within the process group's timeout."""
 from __future__ import annotations
@@ -109,7 +110,8 @@ def _oracle(batches, data, source):
                 np.testing.assert_array_equal(b["target"][j].numpy(), take_window(data[t + 1], region)[None])
 
 
-def _group_rank(rank, world_size, root, paths, mesh_shape, names, shard, batch, batch_size):
+def _group_rank(rank, world_size, root, paths, mesh_shape, names, shard, batch, batch_size, transport):
+    os.environ["DALI_MESH_SHARE_SHM"] = "1" if transport == "shm" else "0"
     from torch.distributed.device_mesh import init_device_mesh
 
     from dali_mesh import ForecastSpec, Layout, MeshInfo
@@ -132,6 +134,7 @@ def _group_rank(rank, world_size, root, paths, mesh_shape, names, shard, batch, 
             li = MeshLoader(_make(plain), layout, device_mesh=mesh, output_map=maps)
             for epoch in range(2):
                 got, want = _epoch(lg, names_out), _epoch(li, names_out)
+                assert lg._exchange.stats["transport"] == transport, lg._exchange.stats
                 _equal(got, want, f"{kind} forecast {fc} epoch {epoch} rank {rank}")
                 _oracle(got, data, plain)
             if kind == "whole" and fc is None:
@@ -234,17 +237,18 @@ def test_group_reads_equal_independent_reads_on_4_ranks(tmp_path):
     paths = _data(root)
     _write_dataset(root)
     _corrupt_copy(paths, root)
-    run_ranks(_group_rank, 4, tmp_path, root, paths, (4,), ("mp",), {"mp": 1}, None, BATCH, timeout_s=360)
+    run_ranks(_group_rank, 4, tmp_path, root, paths, (4,), ("mp",), {"mp": 1}, None, BATCH, "shm", timeout_s=360)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_group_reads_with_a_batch_dim_and_a_replica_dim_on_8_ranks(tmp_path):
-    """(dp, mp, tp) = (2, 2, 2): dp splits the batch, mp the latitude, tp replicates: groups of 4."""
+    """(dp, mp, tp) = (2, 2, 2): dp splits the batch, mp the latitude, tp replicates: groups of 4; the
+    windows moved by all_to_all_single over gloo (shared memory off), as between hosts."""
     root = str(tmp_path)
     paths = _data(root)
     run_ranks(_group_rank, 8, tmp_path, root, paths, (2, 2, 2), ("dp", "mp", "tp"), {"mp": 1}, "dp", 1,
-              timeout_s=260)
+              "collective", timeout_s=260)
 
 
 def _killed_rank(rank, world_size, root, paths):

@@ -1,0 +1,165 @@
+"""Read once per group (``share="group"``) against independent reading: 4 ranks on this machine (gloo),
+whole-field Blosc chunks, latitude split.
+
+    python benchmarks/share_bench.py [--steps 16] [--shape 4,721,1440] [--epochs 3] [--mesh 4 | --mesh 2,2]
+                                     [--cname lz4 | zstd]
+
+The store: ``--steps`` samples of float32 ``--shape`` (ERA5's 0.25 degree grid), Zarr v2, one chunk per
+sample (the whole field, as WeatherBench2 and ARCO-ERA5 chunk), Blosc(``--cname``, clevel 5, shuffle),
+values rounded to 0.01. Mesh ``4``: ``mp=4`` shards the latitude (a group of 4); ``2,2``: ``mp=2`` shards it and ``tp=2``
+replicates (a group of 4 whose pairs share a window). Batch 1, 2 reader threads per rank, every
+sample once per epoch. Per mode and rank:
+
+- ``requested``: bytes the rank's reads asked for (``/proc/self/io`` ``rchar`` over one epoch: page
+  cache hits included, so it is what the rank would pull from storage on a node of its own), against
+  the stored bytes of the samples of an epoch;
+- ``cold``: bytes the rank pulled from the disk (``read_bytes``) in the first epoch after the store
+  was evicted (the ranks share this machine's page cache, so the group's sum is what matters here);
+- epoch seconds (median of ``--epochs`` after the cold one; the slowest rank, between barriers);
+- for the group: bytes of windows sent and received per rank, and seconds in the exchange (status
+  and data collectives, waiting for the members' reads included).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def make_store(path, steps, shape, cname="lz4"):
+    import zarr
+    from numcodecs import Blosc
+
+    if os.path.exists(os.path.join(path, ".zarray")):
+        return
+    rng = np.random.default_rng(0)
+    z = zarr.create_array(path, shape=(steps,) + shape, chunks=(1,) + shape, dtype="f4", zarr_format=2,
+                          compressors=[Blosc(cname, 5, Blosc.SHUFFLE)])
+    for t in range(steps):
+        z[t] = np.round(rng.standard_normal(shape), 2).astype("f4")
+
+
+def _io():
+    out = {}
+    with open("/proc/self/io") as f:
+        for line in f:
+            k, v = line.split(":")
+            out[k] = int(v)
+    return out
+
+
+def _rank(rank, world, store, mesh_shape, epochs, out_dir, share):
+    import torch.distributed as dist
+    from nvidia.dali import pipeline_def
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from dali_mesh import Layout, MeshInfo, ZarrSource
+    from dali_mesh.fn import read_windows
+    from dali_mesh.io.pagecache import evict
+    from dali_mesh.torch import MeshLoader
+
+    names = ("mp",) if len(mesh_shape) == 1 else ("mp", "tp")
+    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
+    layout = Layout(MeshInfo.from_device_mesh(mesh), shard={"mp": 1}, batch=(), halo={1: 1})  # tp: a replica
+    src = ZarrSource([store], None, layout, batch_size=1, share=share, shuffle=True, seed=1)
+
+    @pipeline_def(batch_size=1, num_threads=2, device_id=None, prefetch_queue_depth=2)
+    def pipe():
+        return read_windows(src, fallback=False)
+
+    if rank == 0:
+        evict(store)
+    dist.barrier()
+    io0 = _io()
+    loader = MeshLoader(pipe(), layout, device_mesh=mesh)  # builds the pipeline: reads the first batch
+    waited = [0.0]
+    inner = loader._next_batch
+
+    def timed():  # the seconds this rank waits for its own pipeline's batches
+        t = time.perf_counter()
+        try:
+            return inner()
+        finally:
+            waited[0] += time.perf_counter() - t
+
+    loader._next_batch = timed
+    times, first = [], None
+    for e in range(epochs + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        n = sum(1 for _ in loader)
+        dist.barrier()
+        times.append(time.perf_counter() - t0)
+        if e == 0:
+            first = _io()
+            waited0 = waited[0]
+            stats0 = dict(loader._exchange.stats) if loader._exchange is not None else None
+        loader.reset()
+    io1 = _io()
+    stats = None
+    if loader._exchange is not None:  # the warm epochs'
+        stats = {k: v if isinstance(v, str) else (v - stats0[k]) / epochs for k, v in loader._exchange.stats.items()}
+    result = {"rank": rank, "batches": n, "cold_read_bytes": first["read_bytes"] - io0["read_bytes"],
+              "rchar_epoch": (io1["rchar"] - first["rchar"]) / epochs, "seconds": times[1:], "stats": stats,
+              "steps": src.num_samples, "pipeline_wait": (waited[0] - waited0) / epochs}
+    with open(os.path.join(out_dir, f"{share}.{rank}.json"), "w") as f:
+        json.dump(result, f)
+    loader.close()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--shape", default="4,721,1440")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--mesh", default="4")
+    ap.add_argument("--cname", default="lz4", help="Blosc's compressor (lz4, zstd, ...)")
+    ap.add_argument("--dir", default="/tmp/dali_mesh_share_bench")
+    args = ap.parse_args()
+    shape = tuple(int(s) for s in args.shape.split(","))
+    mesh_shape = tuple(int(s) for s in args.mesh.split(","))
+    os.makedirs(args.dir, exist_ok=True)
+    store = os.path.join(args.dir, f"whole_{args.cname}_{args.steps}_{'x'.join(map(str, shape))}.zarr")
+    make_store(store, args.steps, shape, args.cname)
+    stored = sum(os.path.getsize(os.path.join(store, f)) for f in os.listdir(store) if not f.startswith("."))
+
+    from dali_mesh.cli.launch import run_ranks
+
+    world = int(np.prod(mesh_shape))
+    results = {}
+    for share in (None, "group"):
+        with tempfile.TemporaryDirectory() as tmp:
+            run_ranks(_rank, world, tmp, store, mesh_shape, args.epochs, tmp, share, timeout_s=1800)
+            results[share] = [json.load(open(os.path.join(tmp, f"{share}.{r}.json"))) for r in range(world)]
+    print(f"{args.steps} samples of float32 {shape}, Zarr v2, whole-field Blosc({args.cname}, shuffle) chunks ({stored / 2**20:.0f} MiB "
+          f"stored); mesh {mesh_shape} ({'mp' if len(mesh_shape) == 1 else 'mp, tp'}), latitude split, halo 1, batch 1, "
+          f"2 threads per rank; {os.cpu_count()} CPUs; epoch: median of {args.epochs} after the cold one")
+    print()
+    print("| mode | rank | requested / stored (epoch) | cold MiB from disk | epoch s (slowest rank) | s waiting for its pipeline | exchange per epoch: transport: MiB sent, received, s |")
+    print("|---|---|---|---|---|---|---|")
+    epoch = {}
+    for share, rows in results.items():
+        slowest = [max(r["seconds"][i] for r in rows) for i in range(args.epochs)]
+        epoch[share] = statistics.median(slowest)
+        for r in rows:
+            st = r["stats"]
+            ex = "-" if st is None else (f"{st['transport']}: {st['bytes_sent'] / 2**20:.0f}, {st['bytes_received'] / 2**20:.0f}, "
+                                         f"{st['seconds']:.2f} ({st['status_seconds']:.2f} status, "
+                                         f"{st['data_seconds']:.2f} data)")
+            print(f"| {'group' if share else 'independent'} | {r['rank']} | {r['rchar_epoch'] / stored:.3f} | "
+                  f"{r['cold_read_bytes'] / 2**20:.0f} | {epoch[share]:.2f} | {r['pipeline_wait']:.2f} | {ex} |")
+    print()
+    print(f"group epoch / independent epoch: {epoch['group'] / epoch[None]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
