@@ -64,6 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="DALI threads per rank for the native reader, or DALI worker processes where a source "
                         "falls back to partitioned_source (default 1)")
     p.add_argument("--timeout", type=positive_float, default=300, help="seconds before the demo gives up")
+    p.add_argument("--share", metavar="group|DIM,...",
+                   help="read once per group: the ranks that read the same samples split the reads and exchange "
+                        "the windows (source share=...)")
     p.add_argument("--fail-rank", type=int, help=argparse.SUPPRESS)  # tests: this rank's reader fails
 
 
@@ -161,7 +164,7 @@ def check_files(kind: str, files: list[str], dataset: str | None, allow_external
                              f"{seen[2]}: every file must hold samples of one shape and dtype")
 
 
-def _make_source(kind, files, dataset, layout, batch_size, allow_external=False):
+def _make_source(kind, files, dataset, layout, batch_size, allow_external=False, share=None):
     from dali_mesh import Layout, MeshInfo  # noqa: PLC0415
     from dali_mesh.source import HDF5Source, NumpySource, ZarrSource  # noqa: PLC0415
 
@@ -172,15 +175,16 @@ def _make_source(kind, files, dataset, layout, batch_size, allow_external=False)
         from dali_mesh.dataset import NetCDFDatasetSource, ZarrDatasetSource  # noqa: PLC0415
 
         cls = ZarrDatasetSource if os.path.isdir(files[0]) else NetCDFDatasetSource
-        return cls(files[0], parse_channels(dataset), layout, batch_size=batch_size, shuffle=True, seed=0)
+        return cls(files[0], parse_channels(dataset), layout, batch_size=batch_size, shuffle=True, seed=0,
+                   share=share)
     if kind == "npy":
-        return NumpySource(files, layout, batch_size=batch_size, shuffle=True, seed=0)
+        return NumpySource(files, layout, batch_size=batch_size, shuffle=True, seed=0, share=share)
     if kind == "hdf5":
         if dataset is None:
             dataset = only_dataset_name(files[0])
         return HDF5Source(files, dataset, layout, batch_size=batch_size, shuffle=True, seed=0,
-                          allow_external=allow_external)
-    return ZarrSource(files, dataset, layout, batch_size=batch_size, shuffle=True, seed=0)
+                          allow_external=allow_external, share=share)
+    return ZarrSource(files, dataset, layout, batch_size=batch_size, shuffle=True, seed=0, share=share)
 
 
 def _full_sample(source, sample_id: int) -> np.ndarray:
@@ -277,7 +281,7 @@ def _rank(rank, world_size, cfg, out_dir):
     layout = layout_of(cfg, MeshInfo.from_device_mesh(device_mesh))
     files = cfg["files"]
     bs = cfg["batch_size"]
-    source = _make_source(cfg["kind"], files, cfg["dataset"], layout, bs, cfg["allow_external"])
+    source = _make_source(cfg["kind"], files, cfg["dataset"], layout, bs, cfg["allow_external"], cfg["share"])
     if cfg["fail_rank"] == rank:
         source = _FailingSource(source)
     region = layout.region(source.sample_shape)
@@ -308,7 +312,8 @@ def _rank(rank, world_size, cfg, out_dir):
     before = read_bytes([os.getpid()])
     t0 = time.perf_counter()
     # a rank waits for a batch no longer than the demo as a whole (--timeout)
-    loader = MeshLoader(pipe(), layout, sample_shape=source.sample_shape, timeout=cfg["timeout"])
+    loader = MeshLoader(pipe(), layout, sample_shape=source.sample_shape, timeout=cfg["timeout"],
+                        device_mesh=device_mesh if cfg["share"] else None)
     steps, ids, pads, windows = 0, [], [], []
     num_steps = len(source) // bs
     for batch in loader:
@@ -326,6 +331,7 @@ def _rank(rank, world_size, cfg, out_dir):
         worker_bytes -= before
     if rank == 0:
         sys.stderr.write("\n")
+    exchange = None if loader._exchange is None else dict(loader._exchange.stats, group=loader._exchange.size)
     if hasattr(loader, "close"):  # the loader's watchdog thread must let go of the pipeline, or the
         loader.close()              # process waits at exit for DALI workers that were never told to stop
     del loader
@@ -368,6 +374,7 @@ def _rank(rank, world_size, cfg, out_dir):
         "verified": verified, "dtensor": dtensor_checked, "seconds": elapsed, "path": path, "why": why,
         "read_bytes": worker_bytes, "window_bytes": int(ids.size) * int(np.prod(region.window_shape)) * np.dtype(source.dtype).itemsize,
         "full_bytes": int(ids.size) * int(np.prod(source.sample_shape)) * np.dtype(source.dtype).itemsize,
+        "exchange": exchange,
     }
     with open(os.path.join(out_dir, f"stats{rank}.json"), "w") as f:
         json.dump(stats, f)
@@ -394,7 +401,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = {"mesh": args.mesh, "shard": args.shard, "batch": args.batch, "halo": args.halo,
            "boundary": args.boundary, "split": args.split, "batch_size": args.batch_size,
            "workers": args.workers, "gpu": gpu, "fail_rank": args.fail_rank, "dataset": args.dataset,
-           "timeout": args.timeout, "allow_external": args.allow_external}
+           "timeout": args.timeout, "allow_external": args.allow_external,
+           "share": None if not args.share else ("group" if args.share == "group" else args.share.split(","))}
     # check the mesh and the layout here, before writing data or starting ranks
     mesh = MeshInfo(*mesh_of(cfg, args.nproc))
     channels = getattr(args, "channels", None)
@@ -472,6 +480,14 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"reader: partitioned_source ({args.workers} DALI worker process(es) per rank) on {who}, "
                   f"because {why}")
+    exchanges = [s["exchange"] for s in stats if s["exchange"]]
+    if exchanges:
+        e = exchanges[0]
+        print(f"share: groups of {e['group']} ranks, each sample read by one member, the windows exchanged through "
+              f"{'shared memory' if e['transport'] == 'shm' else 'all_to_all_single'}: per rank "
+              f"{np.median([x['bytes_sent'] for x in exchanges]) / 2**20:.1f} MiB sent, "
+              f"{np.median([x['bytes_received'] for x in exchanges]) / 2**20:.1f} MiB received, "
+              f"{np.median([x['seconds'] for x in exchanges]):.2f} s in the exchange")
     print(f"bytes: {source_note}; {checked} windows checked against the files"
           f"{', first batch gathered as a DTensor on every rank' if dtensor else ''}; {wall:.1f} s in all")
     if seen != set(range(num_samples)):

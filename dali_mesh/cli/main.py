@@ -320,6 +320,10 @@ def make_parser() -> argparse.ArgumentParser:
                       help="read HDF5 datasets whose data lie in other files (external storage, external "
                            "links, virtual datasets); refused by default: a file must not make dali-mesh read "
                            "files you never named")
+    plan.add_argument("--share", metavar="group|DIM,...",
+                      help="with --data: also the bytes read per rank when the ranks that read the same samples "
+                           "share the reads (source share=...: each sample's group window read once per group, "
+                           "the windows exchanged)")
 
     conv = sub.add_parser("convert", help="copy data to HDF5 or Zarr with chunks aligned to the layout's shards")
     conv.add_argument("src", help=".npy file, folder of per-sample .npy files, HDF5 file or Zarr store")
@@ -352,11 +356,43 @@ def _add_demo_args(p: argparse.ArgumentParser) -> None:
     add_arguments(p)
 
 
-def _dataset_source(args, layout):
+def _dataset_source(args, layout, share=None):
     from dali_mesh.dataset import NetCDFDatasetSource, ZarrDatasetSource  # noqa: PLC0415
 
     cls = ZarrDatasetSource if os.path.isdir(args.data) else NetCDFDatasetSource
-    return cls(args.data, parse_channels(args.channels), layout, shuffle=False)
+    return cls(args.data, parse_channels(args.channels), layout, shuffle=False, share=share)
+
+
+def _share_arg(args):
+    """``--share``: ``"group"`` or the mesh dims named, or ``None``."""
+    text = getattr(args, "share", None)
+    if not text:
+        return None
+    return "group" if text == "group" else [d.strip() for d in text.split(",") if d.strip()]
+
+
+def share_lines(layout, shape, share, group_bytes, own_bytes, window_bytes) -> list[str]:
+    """What ``--share`` adds under the table, for this layout's rank's group: per rank, the bytes read
+    for one sample on average with the reads shared (``group_bytes()``: the group window's, over the
+    group's size) against reading independently (``own_bytes(coordinate)`` of each member), and the
+    window bytes exchanged (``window_bytes(region)``)."""
+    from dali_mesh.partition.share import group_coordinates, share_dims  # noqa: PLC0415
+
+    dims = share_dims(layout, share)
+    if not dims:
+        return ["share: no mesh dim to share over (every mesh dim splits the batch, or has one rank)"]
+    members = group_coordinates(layout, dims)
+    g = len(members)
+    grouped = group_bytes()
+    own = sum(own_bytes(c) for c in members) / g
+    moved = sum(window_bytes(layout.region(shape, c)) for c in members) / g * (g - 1) / g
+    ratio = f"{grouped / g / own:.2f}x" if own else "-"
+    return [f"share={share if isinstance(share, str) else ','.join(share)}: groups of {g} ranks over "
+            f"{', '.join(dims)} (ranks {', '.join(str(layout.mesh.rank_of(c)) for c in members)}, ...); each "
+            f"sample's group window is read by one member: {_fmt_bytes(int(grouped))} per sample, "
+            f"{_fmt_bytes(int(grouped / g))} per rank on average, against {_fmt_bytes(int(own))} per rank reading "
+            f"independently ({ratio}); then about {_fmt_bytes(int(moved))} of windows per rank per sample are "
+            "sent, and as many received"]
 
 
 def cmd_plan_dataset(args: argparse.Namespace) -> int:
@@ -397,6 +433,18 @@ def cmd_plan_dataset(args: argparse.Namespace) -> int:
         print(f"| {rank} | {coord} | {src.region.window_shape} | {_fmt_bytes(window)} | {_fmt_bytes(read)} | {ratio} |")
     if reader:
         print(f"read_dataset: {reader}")
+    share = _share_arg(args)
+    if share is not None:
+        def read_of(src):  # the stored bytes the native reader pulls for sample 0
+            parts, _ = plan_dataset(src.group_reader())
+            return sum(p[0].item_read_bytes(0) for p in parts if not isinstance(p, str))
+
+        def own(c):
+            return read_of(_dataset_source(args, build_layout(args, coordinate=c, shape=shape, dtype=dtype)[0]))
+
+        for line in share_lines(layout, shape, share, lambda: read_of(_dataset_source(args, layout, share=share)),
+                                own, lambda r: int(np.prod(r.window_shape)) * dtype.itemsize):
+            print(line)
     for name, why in readers or []:
         print(f"variable {name}: reader: {why}")
     if total_w:
@@ -432,6 +480,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         dtype = parse_dtype(args.dtype or "float32")
         shape = None
     layout, shape = build_layout(args, shape=shape, dtype=dtype)
+    if getattr(args, "share", None) and advice is None:
+        raise UsageError("--share goes with --data")
     ranks = selected_ranks(args, layout.mesh.size)
     rows: Iterator[dict] = plan_rows(layout, shape, dtype, ranks)
     if advice is not None:
@@ -454,6 +504,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if advice is not None:
             for line in advice.summary(layout):
                 print(line)
+            share = _share_arg(args)
+            if share is not None:
+                from dali_mesh.partition.share import group_region, share_dims  # noqa: PLC0415
+
+                dims = share_dims(layout, share)
+                for line in share_lines(layout, shape, share,
+                                        lambda: advice.cost(group_region(layout, shape, dims))[1],
+                                        lambda c: advice.cost(layout.region(shape, c))[1],
+                                        lambda r: int(np.prod(r.window_shape)) * np.dtype(dtype).itemsize):
+                    print(line)
     if args.png:
         try:
             draw_png(args.png, layout, shape, ranks)

@@ -138,9 +138,11 @@ def test_demo_external_hdf5_refused_unless_allowed(tmp_path, capsys):
 
 
 @pytest.mark.timeout(150)
-def test_demo_on_a_compressed_zarr_store_reads_natively(tmp_path):
+@pytest.mark.parametrize("share", [None, "group"])
+def test_demo_on_a_compressed_zarr_store_reads_natively(tmp_path, share):
     """dali-mesh demo --data on a Blosc-compressed Zarr store: the native reader on every rank,
-    every window verified against the store."""
+    every window verified against the store; with --share group, each sample read by one rank and the
+    windows exchanged (through shared memory: the ranks are local)."""
     zarr = pytest.importorskip("zarr")
     numcodecs = pytest.importorskip("numcodecs")
     from dali_mesh import _kernels
@@ -154,10 +156,14 @@ def test_demo_on_a_compressed_zarr_store_reads_natively(tmp_path):
                           compressors=numcodecs.Blosc("lz4", 5, 1))
     z[:] = x
     argv = ["demo", "--data", store, "--nproc", "2", "--mesh", "model_parallel=2", "--shard", "model_parallel=1",
-            "--batch-size", "1", "--timeout", "120"]
+            "--batch-size", "1", "--timeout", "120"] + (["--share", share] if share else [])
     proc = subprocess.run([sys.executable, "-m", "dali_mesh.cli", *argv], capture_output=True, text=True,
                           timeout=140, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert any(line.startswith("reader: native") and "on every rank" in line for line in lines), proc.stdout
     assert lines[-1].endswith("all 4 samples verified"), proc.stdout
+    shared = [line for line in lines if line.startswith("share: ")]
+    assert bool(shared) == bool(share), proc.stdout
+    if share:
+        assert "groups of 2 ranks" in shared[0] and "through shared memory" in shared[0], proc.stdout

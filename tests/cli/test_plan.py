@@ -283,6 +283,16 @@ def test_plan_data_channels_counts_the_chunks_each_rank_reads(tmp_path):
         assert read == _human(want), (rank, rows[rank], want)
     assert "variable t2m: reader: native" in r.stdout and "variable z: reader: native" in r.stdout
     assert "read_dataset: one native reader" in r.stdout  # both float32: one operator reads them
+    # --share group: the group window (every row, halo inside the sample) is read once per group of 3
+    s = _run(["plan", "--data", store, "--channels", "t2m,z@850", "--mesh", "mp=3", "--shard", "mp=1", "--halo", "1=1",
+              "--share", "group"])
+    assert s.returncode == 0, s.stdout + s.stderr
+    line = next(x for x in s.stdout.splitlines() if x.startswith("share=group"))
+    whole = size("t2m", "0.0.0") + sum(size("z", f"0.1.{c}.0") for c in range(3))
+    own = sum(size("t2m", "0.0.0") + sum(size("z", f"0.1.{c}.0") for c in range(lo // 4, (hi - 1) // 4 + 1))
+              for lo, hi in ((0, 5), (3, 9), (7, 12))) / 3
+    assert "groups of 3 ranks over mp" in line and f"{_human(whole)} per sample" in line, line
+    assert f"{_human(int(whole / 3))} per rank on average, against {_human(int(own))}" in line, line
     assert "samples (channel, lat, lon) = (2, 12, 8) float32" in r.stdout
     bad = _run(["plan", "--data", store, "--channels", "t2m,z@300", "--mesh", "mp=3", "--shard", "mp=1"])
     assert bad.returncode == 2 and "'z' has no level 300" in bad.stderr + bad.stdout
