@@ -198,7 +198,13 @@ class GroupExchange:
                     at += send_splits[t]
             recv_splits = [bs * mine_vol] * n + [0] * (self.size - n)
             recv = torch.empty(sum(recv_splits), dtype=self.dtype, device=device)
-            dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.pg)
+            if device.type != "cpu" and dist.get_backend(self.pg) == "gloo":
+                # gloo moves CPU tensors only (ranks sharing one GPU cannot use NCCL): staged through the host
+                host = torch.empty(recv.shape, dtype=self.dtype)
+                dist.all_to_all_single(host, send.cpu(), recv_splits, send_splits, group=self.pg)
+                recv.copy_(host)
+            else:
+                dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.pg)
             item = recv.element_size()
             self.stats["bytes_sent"] += (sum(send_splits) - send_splits[self.index]) * item
             self.stats["bytes_received"] += (sum(recv_splits) - recv_splits[self.index]) * item

@@ -607,3 +607,54 @@ _JPEG_B64 = {
         "K8rw6+wfeIytH/hrudH/AIaKK8vw6+wfeIytH/hrudH/AIaKK8vw6+wfdoydH/hrq4v9Wv0oor5jgz/dfkfeo//Z"
     ),
 }
+
+
+# ---- read once per group on CUDA ----------------------------------------------------------------------------
+def _share_on_cuda_rank(rank, world_size, files, backend):
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from dali_mesh.source import NumpySource
+    from dali_mesh.torch import MeshLoader
+
+    device = rank if backend == "nccl" else 0  # one GPU: both ranks on it, gloo staged through the host
+    torch.cuda.set_device(device)
+    mesh = init_device_mesh("cuda", (world_size,), mesh_dim_names=("mp",))
+    layout = Layout(MeshInfo.from_device_mesh(mesh), shard={"mp": 1}, halo={1: 2}, boundary={1: "periodic"})
+    out = {}
+    for share in (None, "group"):
+        src = NumpySource(files, layout, batch_size=1, shuffle=True, seed=2, share=share)
+
+        @pipeline_def(batch_size=1, num_threads=1, device_id=device)
+        def pipe():
+            return dfn.read_windows(src, device="gpu", fallback=False)
+
+        loader = MeshLoader(pipe(), layout, device_mesh=mesh)
+        batches = []
+        for b in loader:
+            assert b["window"].is_cuda, b["window"].device
+            batches.append((b["window"].cpu().numpy(), b["sample_id"].tolist()))
+        if share:
+            assert loader._exchange.stats["transport"] == "collective", loader._exchange.stats
+        loader.close()
+        out[share] = batches
+    assert len(out[None]) == len(out["group"]) == len(files)
+    region = layout.region(np.load(files[0]).shape)
+    for (wi, ii), (wg, ig) in zip(out[None], out["group"]):
+        assert ii == ig
+        np.testing.assert_array_equal(wg, wi)
+        np.testing.assert_array_equal(wg[0], take_window(np.load(files[ig[0]]), region))
+
+
+def test_share_group_on_cuda(tmp_path):
+    """share="group" with the windows in GPU memory: 2 ranks, NCCL with a GPU each (2 GPUs or more), else
+    both on the one GPU over gloo (the exchange staged through the host); equal to independent reading
+    and to numpy."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    from dali_mesh.cli.launch import run_ranks
+
+    files = _int_files(tmp_path, 6, (2, 12, 8))
+    backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
+    run_ranks(_share_on_cuda_rank, 2, tmp_path, files, backend, timeout_s=240, backend=backend)

@@ -1,8 +1,7 @@
 """Read once per group (share="group", issue 17) on real processes over gloo: every member reads its
 batches' group window and the windows are exchanged; each rank's batches equal independent reading
 and numpy's take_window of the whole sample, over two epochs, for whole-field and band Zarr chunks
-(Blosc), .npy files, gzip HDF5, a forecast, a dataset of variables, halos with periodic and reflect
-boundaries, the windows moved through shared memory (one host) and by all_to_all_single (gloo); a
+(Blosc), .npy files, gzip HDF5, a forecast, a dataset of variables, halos under every boundary rule, the windows moved through shared memory (one host) and by all_to_all_single (gloo); a
 checkpoint taken inside a group step resumes exactly; a corrupt chunk in one member's
 share raises on every member, naming the rank and the file; a killed member makes the others raise
 within the process group's timeout."""
@@ -119,10 +118,14 @@ def _group_rank(rank, world_size, root, paths, mesh_shape, names, shard, batch, 
 
     data = np.load(os.path.join(root, "all.npy"))
     mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
-    layout = Layout(MeshInfo.from_device_mesh(mesh), shard=shard, batch=batch, halo={1: 2, 2: 1},
-                    boundary={1: "reflect", 2: "periodic"})
+    info = MeshInfo.from_device_mesh(mesh)
+    # every boundary rule on the split axis (halo 2: it crosses the member that reads the sample)
+    rules = {"whole": ("reflect", "periodic"), "band": ("constant", "edge"), "npy": ("symmetric", "periodic"),
+             "h5": ("periodic", "reflect")}
     kinds = ("whole", "band", "npy", "h5") if world_size == 4 else ("whole",)
     for kind in kinds:
+        layout = Layout(info, shard=shard, batch=batch, halo={1: 2, 2: 1}, boundary=dict(zip((1, 2), rules[kind])),
+                        fill_value=-3)
         for fc in (None, ForecastSpec(1, 1)) if kind in ("whole", "h5") else (None,):
             kw = {} if fc is None else {"forecast": fc}
             names_out = ("window",) if fc is None else ("input", "target")
