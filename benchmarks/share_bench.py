@@ -124,7 +124,11 @@ def main():
     ap.add_argument("--mesh", default="4")
     ap.add_argument("--cname", default="lz4", help="Blosc's compressor (lz4, zstd, ...)")
     ap.add_argument("--dir", default="/tmp/dali_mesh_share_bench")
+    ap.add_argument("--tiny", action="store_true", help="4 samples of (2, 16, 32), 1 epoch, mesh 2: a smoke test")
     args = ap.parse_args()
+    if args.tiny:
+        args.steps, args.shape, args.epochs, args.mesh = 4, "2,16,32", 1, "2"
+        args.dir += "_tiny"
     shape = tuple(int(s) for s in args.shape.split(","))
     mesh_shape = tuple(int(s) for s in args.mesh.split(","))
     os.makedirs(args.dir, exist_ok=True)

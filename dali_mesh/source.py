@@ -89,6 +89,8 @@ class WindowSource:
     """
 
     window_names: tuple[str, ...] = ("window",)
+    share_dims: tuple[str, ...] = ()  # read once per group: see __init__'s share
+    _reading = False  # a group reader (group_reader)
 
     def __init__(self, layout: Layout, *, batch_size: int = 1, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, per_sample_shapes: bool = False,

@@ -284,7 +284,21 @@ def test_dataset_bench_tiny(tmp_path):
     r = _run([str(BENCH / "dataset_bench.py"), "--tiny", "--dir", str(tmp_path / "d")], tmp_path, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [line.split("|") for line in r.stdout.splitlines() if line.startswith("| whole") or line.startswith("| band")]
-    assert [row[2].strip() for row in rows] == ["xarray", "xarray band", "dali_mesh"] * 2, r.stdout
+    assert [row[2].strip() for row in rows] == ["xarray", "xarray band", "xarray band + norm", "dali_mesh",
+                                                "dali_mesh per variable", "dali_mesh + norm",
+                                                "dali_mesh per variable + norm"] * 2, r.stdout
+
+
+def test_share_bench_tiny(tmp_path):
+    _needs_plugin()
+    pytest.importorskip("torch")
+    r = _run([str(BENCH / "share_bench.py"), "--tiny", "--dir", str(tmp_path / "d")], tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [line.split("|") for line in r.stdout.splitlines() if line.startswith("| independent") or
+            line.startswith("| group")]
+    assert [row[1].strip() for row in rows] == ["independent"] * 2 + ["group"] * 2, r.stdout
+    assert all(row[7].strip().startswith("shm:") for row in rows[2:]), r.stdout  # two local ranks: shared memory
+    assert "group epoch / independent epoch" in r.stdout, r.stdout
 
 
 def test_region_bench_quick(tmp_path):

@@ -333,6 +333,23 @@ def _remove(path: str) -> None:
         os.remove(path)
 
 
+def _remove_settled(path: str, quiet_s: float = 0.3, limit_s: float = 5.0) -> None:
+    """Remove the partial copy after a failed write, until it has stayed gone for ``quiet_s``: zarr's
+    event loop may still be writing the other chunks of the sample whose write failed (it raises at
+    the first failure), and a chunk written after the removal recreates the folder."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        try:
+            _remove(path)
+        except OSError:  # a file written while the folder was being removed: again
+            pass
+        settled = time.monotonic() + quiet_s
+        while time.monotonic() < settled and not os.path.lexists(path):
+            time.sleep(0.02)
+        if not os.path.lexists(path) or time.monotonic() > deadline:
+            return
+
+
 def convert_array(
     src: str,
     dst: str,
@@ -414,7 +431,7 @@ def convert_array(
                 _remove(dst)
             _rename_noreplace(tmp, dst)
         except BaseException:
-            _remove(tmp)
+            _remove_settled(tmp)
             raise
     finally:
         source.close()

@@ -92,7 +92,9 @@ def read_dataset(source, device: str = "cpu", *, fallback: bool = True, stack: b
     known = len(info.sources) if info is not None else 0
     axis = 0 if source.forecast is None else 1
     nwin = len(source.window_names)
-    registered, source = source, source.group_reader()  # share=: the group window of this member's batches
+    registered = source
+    if getattr(source, "share_dims", ()):  # share=: the group window of this member's batches
+        source = source.group_reader()
     plans, stacked = plan_dataset(source)
     if not stack:
         stacked = "stack=False"

@@ -64,7 +64,7 @@ def partitioned_source(source, device: str = "cpu", *, name: str | None = None,
         info = info_of(pipe)
         info.sources.append(source)
         info.source_prefetch = max(info.source_prefetch, int(prefetch_queue_depth))
-    reader = source.group_reader() if hasattr(source, "group_reader") else source  # share=: the group window
+    reader = source.group_reader() if getattr(source, "share_dims", ()) else source  # share=: the group window
     if hasattr(reader, "_status_dir"):
         reader._status_dir = status_dir()  # pickled into the workers with the source
     nwin = source.num_outputs - 2

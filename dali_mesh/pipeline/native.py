@@ -188,7 +188,7 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
         axis, mean, std = normalize
         norm = {"channel_axis": int(axis), "mean": [float(v) for v in mean], "stddev": [float(v) for v in std]}
     pipe = current_pipeline_for(source)
-    reader = source.group_reader() if hasattr(source, "group_reader") else source  # share=: the group window
+    reader = source.group_reader() if getattr(source, "share_dims", ()) else source  # share=: the group window
     if plans is None:
         try:
             plans = plan_windows(reader, merge_gap=merge_gap)

@@ -286,7 +286,9 @@ class _SharedSlots:
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
         fd = os.open(self.paths[index], flags, 0o600)
         try:
-            os.ftruncate(fd, max(1, 2 * self.slot_bytes))
+            # the pages are taken now (ENOSPC here when /dev/shm is too small, as in a container's
+            # default 64 MiB, rather than SIGBUS at the first write into a page it cannot hold)
+            os.posix_fallocate(fd, 0, max(1, 2 * self.slot_bytes))
             self.maps = {index: mmap.mmap(fd, max(1, 2 * self.slot_bytes))}
         except BaseException:
             os.close(fd)

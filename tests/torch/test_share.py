@@ -288,3 +288,33 @@ def test_a_killed_member_makes_the_others_raise_within_the_timeout(tmp_path):
     text = str(info.value)
     assert "--- rank 3 ---" in text and "exit code -9" in text, text
     assert "--- rank 0 ---" not in text and "--- rank 1 ---" not in text and "--- rank 2 ---" not in text, text
+
+
+def test_shared_slots_are_private_and_refuse_what_does_not_fit():
+    """The shared-memory buffers of a read group: this user's, mode 0600, gone from /dev/shm once
+    unlinked (the mappings stay); one larger than /dev/shm can hold fails with OSError when it is made
+    (the group then moves the windows by collectives), not with SIGBUS at a later write, and leaves
+    no file behind."""
+    import stat
+
+    import torch
+
+    from dali_mesh.torch.share import _SharedSlots
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    token = os.urandom(8).hex()
+    slots = _SharedSlots(token, 0, 1, 4096)
+    st = os.stat(slots.paths[0])
+    assert st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o600 and st.st_size == 8192
+    batch = {"window": torch.arange(1024, dtype=torch.float32).reshape(1, 32, 32)}
+    slots.write(1, batch, ("window",), torch.float32)
+    slots.unlink()
+    assert not os.path.exists(slots.paths[0])
+    view = slots.view(0, 1, "window", ("window",), 1, {"window": ()}, (32, 32), torch.float32)
+    assert torch.equal(view, batch["window"])  # the mapping outlives the name
+    free = os.statvfs("/dev/shm")
+    too_big = free.f_bavail * free.f_frsize + (1 << 30)
+    with pytest.raises(OSError):
+        _SharedSlots(token + "x", 0, 1, too_big)
+    assert not os.path.exists(f"/dev/shm/dali_mesh_share_{os.getuid()}_{token}x_0")
