@@ -126,7 +126,8 @@ def _group_rank(rank, world_size, root, paths, mesh_shape, names, shard, batch, 
     for kind in kinds:
         layout = Layout(info, shard=shard, batch=batch, halo={1: 2, 2: 1}, boundary=dict(zip((1, 2), rules[kind])),
                         fill_value=-3)
-        for fc in (None, ForecastSpec(1, 1)) if kind in ("whole", "h5") else (None,):
+        forecasts = (None, ForecastSpec(1, 1)) if kind in ("whole", "h5") and world_size == 4 else (None,)
+        for fc in forecasts:
             kw = {} if fc is None else {"forecast": fc}
             names_out = ("window",) if fc is None else ("input", "target")
             shared = _source(kind, paths, layout, batch_size, share="group", seed=3, **kw)
