@@ -6,8 +6,9 @@ coordinate value and stride.
 ``(channel, *spatial)`` (e.g. ``(C, latitude, longitude)``). Each variable is read by its own
 :class:`~dali_mesh.ZarrSource` (its own chunking, codec and dtype; only this rank's window, natively
 where it can be) and the result is cast to one dtype. :func:`dali_mesh.pipeline.dataset.read_dataset`
-reads it in a pipeline (one native reader per variable, concatenated on DALI's threads); as a plain
-source (``partitioned_source``) its workers read every variable in Python.
+reads it in a pipeline (one native operator for every variable of one dtype, each chunk decoded into
+its place in the stacked window; otherwise one reader per variable, concatenated on DALI's threads);
+as a plain source (``partitioned_source``) its workers read every variable in Python.
 
 Channels: ``"2m_temperature"`` (a variable without a level dim; with one: all its levels),
 ``("geopotential", 500)`` or ``("temperature", [500, 850])`` (levels by the level coordinate's values;

@@ -11,7 +11,7 @@ inside this package) is loaded on the first use of one of its operators:
 * :func:`mesh_slice` -- the two together: crops this rank's window (halo and boundaries included) of
   data already in the pipeline.
 * :func:`read_dataset` -- the channels of a ``ZarrDatasetSource`` (variables and levels of an xarray-written
-  Zarr group), one native reader per variable.
+  Zarr group or NetCDF4 files): one native operator for variables of one dtype, else one per variable.
 * :func:`read_windows` -- ``fn.dali_mesh.read_windows``: this rank's windows of a dali_mesh source read
   by the native operator (byte-range plans, ``preadv`` on DALI's threads, CPU or GPU output), with
   the same outputs, sample order and checkpointing as :func:`partitioned_source`. The recommended

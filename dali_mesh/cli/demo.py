@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--channels", metavar="VAR[@LEVEL[/LEVEL...]],...",
                    help="with --data STORE (an xarray-written Zarr group or a NetCDF4 file): the sample's channels "
                         "(e.g. 2m_temperature,geopotential@500); samples are (channel, *spatial dims), read by "
-                        "read_dataset, one native reader per variable")
+                        "read_dataset (one native operator for variables of one dtype)")
     p.add_argument("--allow-external", action="store_true",
                    help="read HDF5 datasets whose bytes live in other files (external storage, external "
                         "links, virtual datasets): only for files you trust")
@@ -287,7 +287,7 @@ def _rank(rank, world_size, cfg, out_dir):
     region = layout.region(source.sample_shape)
     path, why = reader_path(source)
     device = "gpu" if use_gpu else "cpu"
-    if cfg["kind"] == "dataset":  # one reader per variable; a variable that is not native falls back alone
+    if cfg["kind"] == "dataset":  # read_dataset: a variable that is not native falls back alone
         from dali_mesh.pipeline.dataset import read_dataset  # noqa: PLC0415
 
         @pipeline_def(batch_size=bs, num_threads=cfg["workers"], device_id=rank if use_gpu else None,
