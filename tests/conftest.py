@@ -13,3 +13,52 @@ def process_group(tmp_path_factory):
         yield
     finally:
         dist.destroy_process_group()
+
+
+# ---- the CUDA spill check's compiles, started early ---------------------------------------------------
+SPILL_TEST = "test_the_cuda_kernels_compile_without_register_spills"
+
+
+def spill_compiles(out_dir):
+    """Start the two nvcc processes of tests/pipeline/test_build.py's spill check (each with part of the
+    kernel instantiations: DALI_MESH_KERNEL_PART) writing objects into ``out_dir``; ``None`` without
+    nvcc. Returns the ``Popen`` objects (stdout and stderr piped)."""
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    nvcc = os.environ.get("CUDACXX") or shutil.which("nvcc")
+    if not nvcc:
+        return None
+    root = Path(__file__).resolve().parents[1]
+    return [subprocess.Popen([nvcc, "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "--fmad=false",
+                              "-DDALI_MESH_WITH_CUDA=1", f"-DDALI_MESH_KERNEL_PART={part}", "-I", str(root / "csrc"),
+                              "-c", str(root / "csrc" / "kernels" / "slice_gpu.cu"), "-o",
+                              os.path.join(str(out_dir), f"k{part}.o")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for part in (1, 2)]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """When the spill check is selected, its compiles (30 s of nvcc on 2 cores) start now and run beside
+    the tests before it, on the core the single-process tests leave idle."""
+    import tempfile
+
+    if any(item.name == SPILL_TEST for item in items) and not hasattr(config, "_dm_spill"):
+        out = tempfile.mkdtemp(prefix="dali_mesh_spill_")
+        config._dm_spill = (out, spill_compiles(out))
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    spill = getattr(config, "_dm_spill", None)
+    if spill is not None:
+        for proc in spill[1] or []:
+            if proc.poll() is None:
+                proc.kill()
+            try:
+                proc.communicate()
+            except ValueError:  # the test read it already
+                pass
+        shutil.rmtree(spill[0], ignore_errors=True)

@@ -138,11 +138,12 @@ def test_demo_external_hdf5_refused_unless_allowed(tmp_path, capsys):
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("share", [None, "group"])
+@pytest.mark.parametrize("share", ["group"])
 def test_demo_on_a_compressed_zarr_store_reads_natively(tmp_path, share):
     """dali-mesh demo --data on a Blosc-compressed Zarr store: the native reader on every rank,
     every window verified against the store; with --share group, each sample read by one rank and the
-    windows exchanged (through shared memory: the ranks are local)."""
+    windows exchanged (through shared memory: the ranks are local). (Without --share the same demo path
+    runs in tests/cli/test_end_to_end.py; one run here keeps CI short.)"""
     zarr = pytest.importorskip("zarr")
     numcodecs = pytest.importorskip("numcodecs")
     from dali_mesh import _kernels

@@ -206,8 +206,8 @@ def test_world4_meshloader_dtensor_output_with_forecast_steps(tmp_path):
 
 @pytest.mark.timeout(240)
 def test_demo_on_a_dataset_of_variables_and_levels(tmp_path):
-    """dali-mesh demo --data STORE --channels: an xarray-written Zarr group, one native reader per
-    variable on every rank, every window checked against the whole fields."""
+    """dali-mesh demo --data STORE --channels: an xarray-written Zarr group (zstd chunks), read natively
+    by read_dataset on every rank, every window checked against the whole fields."""
     xr = pytest.importorskip("xarray")
     pd = pytest.importorskip("pandas")
     rng = np.random.default_rng(3)

@@ -44,7 +44,7 @@ def test_make_gpu_check_uses_the_given_python_and_installs_nothing():
 
 
 @pytest.mark.timeout(300)
-def test_the_cuda_kernels_compile_without_register_spills(tmp_path):
+def test_the_cuda_kernels_compile_without_register_spills(tmp_path, request):
     """Every instantiation of the strided-slice kernel compiles for sm_90 with no spill stores or
     loads (ptxas -v): a launch bound of 4 blocks per SM made 18 of 20 spill up to 1.5 KiB while the
     comment in slice_gpu.cu said none did. Checked on the CPU (nvcc needs no GPU); skipped without
@@ -52,14 +52,14 @@ def test_the_cuda_kernels_compile_without_register_spills(tmp_path):
     import re
     import os
 
-    nvcc = os.environ.get("CUDACXX") or shutil.which("nvcc")
-    if not nvcc:
+    from tests.conftest import spill_compiles
+
+    if not (os.environ.get("CUDACXX") or shutil.which("nvcc")):
         pytest.skip("no nvcc: the plugin is built CPU-only here")
-    # two nvcc processes at once, each with part of the instantiations (DALI_MESH_KERNEL_PART)
-    procs = [subprocess.Popen([nvcc, "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "--fmad=false",
-                               "-DDALI_MESH_WITH_CUDA=1", f"-DDALI_MESH_KERNEL_PART={part}", "-I", str(ROOT / "csrc"),
-                               "-c", str(ROOT / "csrc" / "kernels" / "slice_gpu.cu"), "-o", str(tmp_path / f"k{part}.o")],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for part in (1, 2)]
+    # two nvcc processes at once, each with part of the instantiations (DALI_MESH_KERNEL_PART); started
+    # when the tests were collected (tests/conftest.py), so they ran beside the tests before this one
+    started = getattr(request.config, "_dm_spill", None)
+    procs = started[1] if started is not None and started[1] else spill_compiles(tmp_path)
     log = ""
     for proc in procs:
         out, err = proc.communicate(timeout=280)
