@@ -319,3 +319,42 @@ def test_shared_slots_are_private_and_refuse_what_does_not_fit():
     with pytest.raises(OSError):
         _SharedSlots(token + "x", 0, 1, too_big)
     assert not os.path.exists(f"/dev/shm/dali_mesh_share_{os.getuid()}_{token}x_0")
+
+
+def test_group_reader_reads_the_group_window_of_its_members_batches(tmp_path):
+    """What a member's pipeline reads, without DALI (the path partitioned_source's workers take): the
+    group reader's epoch is the batches b = index, index + G, ... of the group's order, and each sample
+    is take_window of the whole sample over the group window; every member's window lies in it."""
+    from dali_mesh import ForecastSpec, Layout, MeshInfo
+    from dali_mesh.partition import take_window
+    from dali_mesh.partition.share import group_cut, group_region
+
+    paths = _data(str(tmp_path))
+    data = np.load(tmp_path / "all.npy")
+    for kind, fc in (("npy", None), ("whole", ForecastSpec(1, 1)), ("h5", None)):
+        for g in range(4):
+            layout = Layout(MeshInfo((4,), ("mp",), (g,)), shard={"mp": 1}, halo={1: 3, 2: 1},
+                            boundary={1: "symmetric", 2: "periodic"})
+            kw = {} if fc is None else {"forecast": fc}
+            src = _source(kind, paths, layout, share="group", seed=5, **kw)
+            reader = src.group_reader()
+            assert reader is not src and reader.group_reader() is reader and src.group == (4, g)
+            full_ids, full_pads = src.order(1)
+            ids, pads = reader.order(1)
+            nb = len(full_ids) // BATCH
+            want = np.concatenate([full_ids[b * BATCH:(b + 1) * BATCH] for b in range(g, nb, 4)])
+            np.testing.assert_array_equal(ids, want)
+            assert [reader.sample_order(1)[i][0] for i in range(len(ids))] == ids.tolist()
+            gw = group_region(layout, src.sample_shape, ("mp",))
+            assert reader.region == gw
+            for m in range(4):  # every member's window is a box of the group window
+                cut = group_cut(gw, layout.region(src.sample_shape, (m,)))
+                assert cut is not None
+            sid = int(ids[0])
+            got = reader.read_sample(sid)[0]
+            t = src.step_of(sid) if fc is not None else sid
+            expect = take_window(data[t], gw) if fc is None else np.stack([take_window(data[t + d], gw)
+                                                                             for d in (-1, 0)])
+            np.testing.assert_array_equal(got, expect)
+            own = src.read_sample(sid)[0]  # the source itself still reads this rank's window
+            assert own.shape[-3:] == layout.region(src.sample_shape).window_shape
