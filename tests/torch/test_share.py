@@ -204,6 +204,14 @@ def _dataset_case(rank, root, mesh, layout):
         out[share] = _epoch(loader, ("window",))
         loader.close()
     _equal(out["group"], out[None], f"dataset rank {rank}")
+    # DTensor output of a read group: the halo stripped after the exchange, the global batch gathered
+    loader = MeshLoader(make, dl, device_mesh=mesh, output="dtensor", sample_shape=src.sample_shape)
+    batch = next(loader)
+    full = batch["window"].full_tensor().numpy()
+    for j, t in enumerate(batch["sample_id"].tolist()):
+        fields = np.stack([ds["t2m"].values[t], ds["z"].sel(level=850).values[t], ds["z"].sel(level=500).values[t]])
+        np.testing.assert_allclose(full[j], (fields - mean[:, None, None]) / std[:, None, None], rtol=2e-6, atol=2e-6)
+    loader.close()
     for b in out["group"]:
         for j, t in enumerate(b["sample_id"].tolist()):
             full = np.stack([ds["t2m"].values[t], ds["z"].sel(level=850).values[t], ds["z"].sel(level=500).values[t]])
