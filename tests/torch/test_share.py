@@ -152,6 +152,18 @@ def _group_rank(rank, world_size, root, paths, mesh_shape, names, shard, batch, 
                 lg.load_state_dict(state)
                 again = [{n: b[n].clone() for n in maps} for b in lg]
                 _equal(again, rest, "resumed")
+                # a checkpoint after the epoch's last batch: the resumed loader ends the epoch, then
+                # reads the next one as independent reading does
+                lg.reset()
+                li_next = _epoch(li, names_out)  # epoch 3
+                taken = [{n: b[n].clone() for n in maps} for b in (next(lg) for _ in range(len(li_next)))]
+                state = lg.state_dict()
+                lg.load_state_dict(state)
+                with pytest.raises(StopIteration):
+                    next(lg)
+                lg.reset()
+                _equal(taken, li_next, "epoch 3")
+                _equal(_epoch(lg, names_out), _epoch(li, names_out), "epoch 4 after a resume at an epoch's end")
             lg.close()
             li.close()
     if world_size != 4:
