@@ -458,6 +458,13 @@ class NumpySource(WindowSource):
                                merge_gap=merge_gap),)
 
 
+def pipeline_reader(source):
+    """What a pipeline reads for ``source``: its group reader when it is built with ``share=``
+    (:meth:`WindowSource.group_reader`), else ``source`` itself, whatever it is (a wrapper that forwards
+    its attributes keeps its own reads)."""
+    return source.group_reader() if getattr(source, "share_dims", ()) else source
+
+
 # ---- samples along axis 0 of arrays in several files ------------------------------------------------
 class _TimeSeriesSource(WindowSource):
     """Samples along axis 0 (time) of one array per file; time runs across the files in order."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dali_mesh.pipeline.registry import info_of
 from dali_mesh.pipeline.watchdog import status_dir
+from dali_mesh.source import pipeline_reader
 
 __all__ = ["current_pipeline_for", "partitioned_source"]
 
@@ -64,7 +65,7 @@ def partitioned_source(source, device: str = "cpu", *, name: str | None = None,
         info = info_of(pipe)
         info.sources.append(source)
         info.source_prefetch = max(info.source_prefetch, int(prefetch_queue_depth))
-    reader = source.group_reader() if getattr(source, "share_dims", ()) else source  # share=: the group window
+    reader = pipeline_reader(source)  # share=: the group window of this member's batches
     if hasattr(reader, "_status_dir"):
         reader._status_dir = status_dir()  # pickled into the workers with the source
     nwin = source.num_outputs - 2

@@ -87,6 +87,7 @@ import numpy as np
 from dali_mesh.io.npy import DEFAULT_MERGE_GAP
 from dali_mesh.io.read_plan import NotNativeError, PlanSet
 from dali_mesh.pipeline.registry import info_of
+from dali_mesh.source import pipeline_reader
 
 __all__ = ["NotNativeError", "plan_source", "plan_windows", "read_windows"]
 
@@ -188,7 +189,7 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
         axis, mean, std = normalize
         norm = {"channel_axis": int(axis), "mean": [float(v) for v in mean], "stddev": [float(v) for v in std]}
     pipe = current_pipeline_for(source)
-    reader = source.group_reader() if getattr(source, "share_dims", ()) else source  # share=: the group window
+    reader = pipeline_reader(source)  # share=: the group window of this member's batches
     if plans is None:
         try:
             plans = plan_windows(reader, merge_gap=merge_gap)
