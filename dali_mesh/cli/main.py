@@ -423,7 +423,7 @@ def cmd_plan_dataset(args: argparse.Namespace) -> int:
         src = _dataset_source(args, rank_layout)
         # the window in the stored dtypes (the output's cast aside), part by part
         window = sum(int(np.prod(sub.region.window_shape)) * np.dtype(sub.dtype).itemsize for sub, _ in src.parts)
-        parts, stacked = plan_dataset(src)
+        parts, stacked = plan_dataset(src, stack=reader is None)  # the reader line is the first rank's
         read = sum(p[0].item_read_bytes(0) for p in parts if not isinstance(p, str))
         why = [p if isinstance(p, str) else "native" for p in parts]
         readers = readers or list(zip((sub.name for sub, _ in src.parts), why))
@@ -436,7 +436,7 @@ def cmd_plan_dataset(args: argparse.Namespace) -> int:
     share = _share_arg(args)
     if share is not None:
         def read_of(src):  # the stored bytes the native reader pulls for sample 0
-            parts, _ = plan_dataset(src.group_reader())
+            parts, _ = plan_dataset(src.group_reader(), stack=False)
             return sum(p[0].item_read_bytes(0) for p in parts if not isinstance(p, str))
 
         def own(c):

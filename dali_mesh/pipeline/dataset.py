@@ -14,6 +14,7 @@ from dali_mesh.pipeline.external import current_pipeline_for, partitioned_source
 from dali_mesh.pipeline.native import plan_windows, read_windows
 from dali_mesh.pipeline.ops import strided_slice
 from dali_mesh.pipeline.registry import info_of
+from dali_mesh.source import pipeline_reader
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +43,13 @@ def _stacked_or_reason(source, plans) -> tuple | str:
         return str(e)
 
 
-def plan_dataset(source) -> tuple[list, tuple | str]:
+def plan_dataset(source, stack: bool = True) -> tuple[list, tuple | str]:
     """``source``'s native plans, as ``read_dataset`` makes them (no data read): per part (a run of
     channels of one variable) its plans or the reason (a string) it falls back; and the stacked plans
-    of one operator for all parts, or the reason each part has its own reader."""
+    of one operator for all parts, or the reason each part has its own reader (``stack=False``: not
+    stacked, ``"stack=False"``)."""
     plans = _plans_or_reason(source)
-    return plans, _stacked_or_reason(source, plans)
+    return plans, _stacked_or_reason(source, plans) if stack else "stack=False"
 
 
 def dataset_readers(source) -> list[str]:
@@ -92,12 +94,8 @@ def read_dataset(source, device: str = "cpu", *, fallback: bool = True, stack: b
     known = len(info.sources) if info is not None else 0
     axis = 0 if source.forecast is None else 1
     nwin = len(source.window_names)
-    registered = source
-    if getattr(source, "share_dims", ()):  # share=: the group window of this member's batches
-        source = source.group_reader()
-    plans, stacked = plan_dataset(source)
-    if not stack:
-        stacked = "stack=False"
+    registered, source = source, pipeline_reader(source)  # share=: the group window of this member's batches
+    plans, stacked = plan_dataset(source, stack)
     out_type = types.to_dali_type(source.dtype)
     fused = False
     if not isinstance(stacked, str):
