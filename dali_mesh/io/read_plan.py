@@ -564,6 +564,13 @@ def _item_rows(words: np.ndarray, n_items: int) -> tuple[np.ndarray, np.ndarray,
     return finish, starts, counts
 
 
+def _part_positions(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The word index of every part of every item, item by item: ``counts[i]`` parts of 4 words from
+    word ``starts[i]``."""
+    n = int(counts.sum())
+    return np.repeat(starts, counts) + 4 * (np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts))
+
+
 def stack_channels(sets: Sequence["PlanSet"], channel_axis: int, has_channel_axis: Sequence[bool]) -> "PlanSet":
     """One plan set whose windows stack the windows of ``sets`` on ``channel_axis`` (the plans of one
     window output of several sources with the same sample order and spatial window: a dataset's
@@ -622,8 +629,8 @@ def stack_channels(sets: Sequence["PlanSet"], channel_axis: int, has_channel_axi
         chmap = np.asarray([out.add_chunk(int(fmap[f]), o, b, int(cmap[k])) for f, o, b, k in s._chunk_rows],
                            np.int64)
         coded = np.asarray([bool(p.coded) for p in s.plans], bool)
-        n_parts = int(counts.sum())
-        idx = (np.repeat(starts, counts) + 4 * (np.arange(n_parts) - np.repeat(np.cumsum(counts) - counts, counts)))
+        idx = _part_positions(starts, counts)
+        n_parts = idx.size
         rows = s._item_words[idx[:, None] + np.arange(4)].reshape(n_parts, 4).copy()
         is_chunk = coded[rows[:, 1]] if n_parts else np.zeros(0, bool)
         if n_parts:
@@ -644,8 +651,7 @@ def stack_channels(sets: Sequence["PlanSet"], channel_axis: int, has_channel_axi
     words[item_start + 1] = counts
     offset = item_start + 2  # where each item's next part goes
     for cnt, rows in blocks:
-        pos = np.repeat(offset, cnt) + 4 * (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
-        words[pos[:, None] + np.arange(4)] = rows
+        words[_part_positions(offset, cnt)[:, None] + np.arange(4)] = rows
         offset = offset + 4 * cnt
     out.set_item_words(words, n)
     return out
