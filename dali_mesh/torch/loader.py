@@ -275,7 +275,7 @@ class MeshLoader:
             self._check_source(src)
         shared = [src for src in sources_of(pipe) if getattr(src, "share_dims", ())]
         if shared and self._exchange is None:
-            if len({tuple(src.share_dims) for src in sources_of(pipe)} | {tuple(shared[0].share_dims)}) != 1:
+            if len({tuple(src.share_dims) for src in sources_of(pipe)}) != 1:
                 raise ValueError("share=: every source of the pipeline must be built with the same share")
             if self.per_sample_shapes or self.drop_padded:
                 raise ValueError("share= yields whole batches of one shape: not with per_sample_shapes or drop_padded")

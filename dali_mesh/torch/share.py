@@ -50,18 +50,12 @@ def _process_group(device_mesh, layout, dims):
     # every group: the ranks along the share dims for one coordinate of the others
     perm = ranks.permute(*(rest + idx)).reshape(-1, math.prod(ranks.shape[d] for d in idx))
     groups = tuple(tuple(int(r) for r in row) for row in perm.tolist())
-    key = groups
-    if key not in _GROUPS:
-        mine = None
-        me = dist.get_rank()
-        for g in groups:
-            pg = dist.new_group(list(g))
-            if me in g:
-                mine = pg
-        _GROUPS[key] = mine
     me = dist.get_rank()
     members = next(g for g in groups if me in g)
-    return _GROUPS[key], members
+    if groups not in _GROUPS:
+        made = [dist.new_group(list(g)) for g in groups]  # every rank makes every group, in one order
+        _GROUPS[groups] = made[groups.index(members)]
+    return _GROUPS[groups], members
 
 
 class GroupExchange:
@@ -75,7 +69,6 @@ class GroupExchange:
                              "exchanged over torch.distributed")
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("a source with share= needs torch.distributed initialised (init_process_group)")
-        self.source = source
         self.dims = source.share_dims
         self.size, self.index = source.group
         self.pg, self.ranks = _process_group(device_mesh, layout, self.dims)
@@ -91,6 +84,13 @@ class GroupExchange:
         self.lead = {n: lead.get(n, ()) for n in self.window_outputs}
         self.dtype = _torch_dtype(source.dtype)
         self.batch_size = source.batch_size
+        # a member's batch of group windows in its shared-memory slot: per output (offset, shape), in elements
+        self.slot_layout, at = {}, 0
+        for n in self.window_outputs:
+            shape = (self.batch_size,) + self.lead[n] + tuple(self.group_region.window_shape)
+            self.slot_layout[n] = (at, shape)
+            at += math.prod(shape)
+        self.slot_elems = at
         self.num_batches = len(source) // source.batch_size
         if self.num_batches < self.size:
             raise ValueError(f"share: an epoch of {self.num_batches} batches for a read group of {self.size} ranks "
@@ -127,7 +127,7 @@ class GroupExchange:
         if self.transport is None:
             self._choose_transport()
         if self.transport == "shm" and batch is not None and error is None:
-            self._shm.write(step % 2, batch, self.window_outputs, self.dtype)  # read by the members after the status exchange
+            self._shm.write(step % 2, batch, self.slot_layout, self.dtype)  # read by the members after the status exchange
         status = None
         if error is not None:
             status = ("error", f"{type(error).__name__}: {error}")
@@ -164,7 +164,7 @@ class GroupExchange:
 
     def _check(self, batch) -> BaseException | None:
         for name in self.window_outputs:
-            want = (self.batch_size,) + self.lead[name] + tuple(self.group_region.window_shape)
+            want = self.slot_layout[name][1]
             got = batch[name]
             if tuple(got.shape) != want or got.dtype != self.dtype:
                 return GroupReadError(f"share: output {name!r} is {tuple(got.shape)} {got.dtype}, the group window "
@@ -230,8 +230,7 @@ class GroupExchange:
         self.transport = "collective"
         if same_host and cpu and all(ok for *_, ok in seen) and os.environ.get("DALI_MESH_SHARE_SHM", "1") != "0":
             token = seen[0][3]
-            slot = sum(self.batch_size * math.prod(self.lead[n]) * math.prod(self.group_region.window_shape)
-                       for n in self.window_outputs) * torch.empty(0, dtype=self.dtype).element_size()
+            slot = self.slot_elems * torch.empty(0, dtype=self.dtype).element_size()
             error = None
             try:
                 shm = _SharedSlots(token, self.index, self.size, slot)
@@ -256,15 +255,14 @@ class GroupExchange:
     def _read_shm(self, step: int, n: int, mine: bool) -> list[dict]:
         outs: list[dict] = [{} for _ in range(n)]
         item = torch.empty(0, dtype=self.dtype).element_size()
+        cut = self.cuts[self.index]
         for name in self.window_outputs:
             lead = self.lead[name]
             for s in range(n):
-                src = self._shm.view(s, step % 2, name, self.window_outputs, self.batch_size, self.lead,
-                                     self.group_region.window_shape, self.dtype)
-                cut = self.cuts[self.index]
                 if cut is None:
                     piece = torch.empty((self.batch_size,) + lead + tuple(self.window_shape), dtype=self.dtype)
                 else:
+                    src = self._shm.view(s, step % 2, *self.slot_layout[name], self.dtype)
                     view = src[(slice(None),) * (1 + len(lead)) + cut]
                     piece = torch.empty(view.shape, dtype=self.dtype).copy_(view)  # never a view of the buffer
                 outs[s][name] = piece
@@ -322,24 +320,15 @@ class _SharedSlots:
         buf = memoryview(self.maps[m])[slot * self.slot_bytes:(slot + 1) * self.slot_bytes]
         return torch.frombuffer(buf, dtype=dtype) if self.slot_bytes else torch.empty(0, dtype=dtype)
 
-    def write(self, slot: int, batch: dict, names, dtype) -> None:
-        """This member's group windows (outputs ``names`` of ``batch``) into its slot ``slot``."""
-        flat = self._array(self.index, slot, dtype)
-        at = 0
-        for name in names:
-            win = batch[name]
-            flat[at:at + win.numel()].view(win.shape).copy_(win)
-            at += win.numel()
+    def write(self, slot: int, batch: dict, layout: dict, dtype) -> None:
+        """This member's group windows into its slot ``slot``: output ``name`` of ``batch`` at
+        ``layout[name] = (offset, shape)`` (elements)."""
+        for name, (at, shape) in layout.items():
+            self.view(self.index, slot, at, shape, dtype).copy_(batch[name])
 
-    def view(self, m, slot, name, names, bs, lead, window_shape, dtype) -> torch.Tensor:
-        flat = self._array(m, slot, dtype)
-        at = 0
-        for n in names:
-            vol = bs * math.prod(lead[n]) * math.prod(window_shape)
-            if n == name:
-                return flat[at:at + vol].view((bs,) + lead[n] + tuple(window_shape))
-            at += vol
-        raise KeyError(name)
+    def view(self, m: int, slot: int, at: int, shape, dtype) -> torch.Tensor:
+        """Member ``m``'s slot ``slot``: the array of ``shape`` at element ``at``."""
+        return self._array(m, slot, dtype)[at:at + math.prod(shape)].view(shape)
 
 
 def _boot_id() -> str:

@@ -329,10 +329,11 @@ def test_shared_slots_are_private_and_refuse_what_does_not_fit():
     st = os.stat(slots.paths[0])
     assert st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o600 and st.st_size == 8192
     batch = {"window": torch.arange(1024, dtype=torch.float32).reshape(1, 32, 32)}
-    slots.write(1, batch, ("window",), torch.float32)
+    layout = {"window": (0, (1, 32, 32))}  # (offset, shape) in elements
+    slots.write(1, batch, layout, torch.float32)
     slots.unlink()
     assert not os.path.exists(slots.paths[0])
-    view = slots.view(0, 1, "window", ("window",), 1, {"window": ()}, (32, 32), torch.float32)
+    view = slots.view(0, 1, *layout["window"], torch.float32)
     assert torch.equal(view, batch["window"])  # the mapping outlives the name
     free = os.statvfs("/dev/shm")
     too_big = free.f_bavail * free.f_frsize + (1 << 30)
