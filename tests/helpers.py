@@ -197,14 +197,16 @@ def one_rank_layout(shard_axis=0):
 
 # ---- crafted plan files (the typed plan objects, checked by nothing here) ---------------------------
 def crafted_plan(ndim, itemsize, swap, fortran, shape, fo, do, ub, gb, ge, check=b"", check_off=0, fill=b"",
-                 axes=None):
-    """A plan as given (``ndim`` is ``len(shape)``), for plans the reader must refuse or read exactly."""
+                 axes=None, repeat=None):
+    """A plan as given (``ndim`` is ``len(shape)``; ``repeat``: the units' ``(count, file step, dest
+    step)``), for plans the reader must refuse or read exactly."""
     from dali_mesh.io.read_plan import AxisProgram, ReadPlan
 
     assert ndim == len(shape)
     ints = [np.asarray(v, np.int64) for v in (fo, do, ub, gb, ge)]
     programs = tuple(AxisProgram(*(np.asarray(v, np.int64) for v in a)) for a in (axes or [([], [], [])] * ndim))
-    return ReadPlan(itemsize, swap, fortran, tuple(shape), *ints, check_off, check, fill, programs)
+    return ReadPlan(itemsize, swap, fortran, tuple(shape), *ints, check_off, check, fill, programs, 0,
+                    *(repeat or (None, None, None)))
 
 
 def crafted_plan_file(path, plans, files, items):

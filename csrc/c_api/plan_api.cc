@@ -100,6 +100,9 @@ std::string PlanSetJson(const dali_mesh::PlanSet &set) {
     j.Ints("file_off", p.file_off);
     j.Ints("dst_off", p.dst_off);
     j.Ints("unit_bytes", p.unit_bytes);
+    j.Ints("unit_count", p.unit_count);
+    j.Ints("file_step", p.file_step);
+    j.Ints("dst_step", p.dst_step);
     j.Ints("group_begin", p.group_begin);
     j.Ints("group_end", p.group_end);
     j.Int("check_offset", p.check_offset);
@@ -287,7 +290,7 @@ DM_EXPORT int64_t dali_mesh_plan_tasks(const char *plan_path, int64_t task_bytes
       for (auto &t : SplitGroups(plan, task_bytes)) {
         n++;
         const int64_t b = plan.group_begin[t.first], e = plan.group_end[t.second - 1];
-        *max_task = std::max(*max_task, plan.file_off[e - 1] + plan.unit_bytes[e - 1] - plan.file_off[b]);
+        *max_task = std::max(*max_task, plan.file_end(e - 1) - plan.file_off[b]);
       }
     }
     return n;

@@ -79,7 +79,7 @@ class FlightGuard {
   uint64_t outer_epoch_;
 };
 
-constexpr char kMagic[9] = "DMPLAN05";
+constexpr char kMagic[9] = "DMPLAN06";
 // the largest decoded chunk a plan may declare (a crafted plan must not make the reader allocate more)
 constexpr int64_t kMaxChunkBytes = int64_t(1) << 34;
 constexpr int kMaxPlanDims = 32;
@@ -165,30 +165,42 @@ void ReadPlanBody(Reader &r, ReadPlan *p) {
     if (__builtin_mul_overflow(window_bytes, s, &window_bytes)) r.Bad("window size overflows");
   }
   const int64_t total = p->bytes();
-  int64_t n_units = r.Count(int64_t(1) << 40, "unit", 24);
+  int64_t n_units = r.Count(int64_t(1) << 40, "unit", 48);
   int64_t n_groups = r.Count(n_units, "group", 0);
   p->file_off = r.Ints(n_units);
   p->dst_off = r.Ints(n_units);
   p->unit_bytes = r.Ints(n_units);
+  p->unit_count = r.Ints(n_units);
+  p->file_step = r.Ints(n_units);
+  p->dst_step = r.Ints(n_units);
   p->group_begin = r.Ints(n_groups);
   p->group_end = r.Ints(n_groups);
+  p->max_gap = 0;
   for (int64_t u = 0; u < n_units; u++) {
-    // written so that no sum can overflow: offsets and sizes are any int64 in a corrupt file
-    if (p->file_off[u] < 0 || p->unit_bytes[u] <= 0 || p->dst_off[u] < 0 || p->dst_off[u] > total ||
-        p->unit_bytes[u] > total - p->dst_off[u] || p->file_off[u] > INT64_MAX - p->unit_bytes[u])
+    // written so that no sum can overflow: offsets, sizes, counts and steps are any int64 in a
+    // corrupt file. A unit's runs: count >= 1, steps of at least a run (one run: steps unused), the
+    // last run's end inside the window and inside int64 file offsets
+    const int64_t n = p->unit_count[u], bytes = p->unit_bytes[u];
+    int64_t fspan = 0, dspan = 0;
+    const bool runs_ok = n >= 1 && (n == 1 || (p->file_step[u] >= bytes && p->dst_step[u] >= bytes)) &&
+                         !__builtin_mul_overflow(n - 1, n == 1 ? 0 : p->file_step[u], &fspan) &&
+                         !__builtin_mul_overflow(n - 1, n == 1 ? 0 : p->dst_step[u], &dspan) &&
+                         !__builtin_add_overflow(fspan, bytes, &fspan) && !__builtin_add_overflow(dspan, bytes, &dspan);
+    if (!runs_ok || p->file_off[u] < 0 || bytes <= 0 || p->dst_off[u] < 0 || p->dst_off[u] > total ||
+        dspan > total - p->dst_off[u] || p->file_off[u] > INT64_MAX - fspan)
       r.Bad("unit " + std::to_string(u) + " lies outside the window");
-    if (u && p->file_off[u] < p->file_off[u - 1] + p->unit_bytes[u - 1]) {
+    if (n == 1) p->file_step[u] = p->dst_step[u] = 0;  // span() and the readers never step one run
+    if (n > 1) p->max_gap = std::max(p->max_gap, p->file_step[u] - bytes);
+    if (u && p->file_off[u] < p->file_end(u - 1)) {
       // units of one group must be sorted and disjoint; across groups this holds too
       r.Bad("units are not sorted by file offset");
     }
   }
-  p->max_gap = 0;
   int64_t prev_end = 0;
   for (int64_t g = 0; g < n_groups; g++) {
     int64_t b = p->group_begin[g], e = p->group_end[g];
     if (b != prev_end || e <= b || e > n_units) r.Bad("group " + std::to_string(g));
-    for (int64_t u = b + 1; u < e; u++)
-      p->max_gap = std::max(p->max_gap, p->file_off[u] - p->file_off[u - 1] - p->unit_bytes[u - 1]);
+    for (int64_t u = b + 1; u < e; u++) p->max_gap = std::max(p->max_gap, p->file_off[u] - p->file_end(u - 1));
     prev_end = e;
   }
   if (prev_end != n_units) r.Bad("groups do not cover the units");
@@ -311,14 +323,16 @@ void WillNeed(int fd, int64_t lo, int64_t hi) {
 void SwapUnits(const ReadPlan &plan, int64_t b, int64_t e, char *dst) {
   if (plan.swap_unit <= 1) return;
   for (int64_t u = b; u < e; u++) {
-    char *p = dst + plan.dst_off[u];
     const int64_t n = plan.unit_bytes[u] / plan.swap_unit;
-    switch (plan.swap_unit) {
-      case 2: SwapBytes<2>(p, n); break;
-      case 4: SwapBytes<4>(p, n); break;
-      case 8: SwapBytes<8>(p, n); break;
-      default:
-        for (int64_t i = 0; i < n; i++) std::reverse(p + i * plan.swap_unit, p + (i + 1) * plan.swap_unit);
+    for (int64_t j = 0; j < plan.unit_count[u]; j++) {
+      char *p = dst + plan.dst_off[u] + j * plan.dst_step[u];
+      switch (plan.swap_unit) {
+        case 2: SwapBytes<2>(p, n); break;
+        case 4: SwapBytes<4>(p, n); break;
+        case 8: SwapBytes<8>(p, n); break;
+        default:
+          for (int64_t i = 0; i < n; i++) std::reverse(p + i * plan.swap_unit, p + (i + 1) * plan.swap_unit);
+      }
     }
   }
 }
@@ -446,7 +460,7 @@ PlanSet LoadPlanSet(const std::string &path) {
         r.Bad("item part");
       // the part's window must lie inside the item's window, its reads inside int64 offsets
       const ReadPlan &pp = set.plans[part.plan], &fp = set.plans[it.finish];
-      const int64_t file_end = pp.file_off.empty() ? 0 : pp.file_off.back() + pp.unit_bytes.back();
+      const int64_t file_end = pp.file_off.empty() ? 0 : pp.file_end(pp.file_off.size() - 1);
       if (part.dst_base > fp.bytes() || pp.bytes() > fp.bytes() - part.dst_base ||
           pp.itemsize != fp.itemsize || part.base > INT64_MAX - file_end)
         r.Bad("item part outside its window");
@@ -546,57 +560,75 @@ void OpenFile::Open(const PlanFile &file, const ReadPlan &plan, const std::strin
   }
 }
 
+namespace {
+// preadv of every buffer of `iov` (at most IOV_MAX) at `*offset` (advanced past them), looping over
+// short reads; a read that returns nothing means the file shrank: an error naming it
+void ReadVector(const OpenFile &file, std::vector<struct iovec> *iov_in, int64_t *offset_in) {
+  std::vector<struct iovec> &iov = *iov_in;
+  int64_t &offset = *offset_in;
+  size_t i = 0;
+  while (i < iov.size()) {
+    ssize_t got = ::preadv(file.fd(), iov.data() + i, static_cast<int>(iov.size() - i), offset);
+    if (got < 0) {
+      if (errno == EINTR && Cancelled())
+        Fail(file.path() + ": read at byte " + std::to_string(offset) + " cancelled: the pipeline was "
+             "stopped after an error");
+      if (errno == EINTR || errno == EAGAIN) continue;
+      Fail(file.path() + ": read at byte " + std::to_string(offset) + " failed (" + Errno(errno) + ")");
+    }
+    if (got == 0)
+      Fail(file.path() + ": read at byte " + std::to_string(offset) + " returned nothing: the " +
+           "file was truncated while reading");
+    offset += got;
+    // drop the buffers filled, trim a partly filled one, go on
+    while (got > 0 && i < iov.size()) {
+      if (static_cast<size_t>(got) >= iov[i].iov_len) {
+        got -= iov[i].iov_len;
+        i++;
+      } else {
+        iov[i].iov_base = static_cast<char *>(iov[i].iov_base) + got;
+        iov[i].iov_len -= got;
+        got = 0;
+      }
+    }
+  }
+}
+}  // namespace
+
 void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_t g0, int64_t g1,
                 char *dst, std::vector<char> *scratch) {
   if (static_cast<int64_t>(scratch->size()) < plan.max_gap) scratch->resize(plan.max_gap);
   static const int kIovMax = [] {
     long v = ::sysconf(_SC_IOV_MAX);
-    return v > 0 ? static_cast<int>(std::min<long>(v, 1024)) : 1024;
+    return v > 1 ? static_cast<int>(std::min<long>(v, 1024)) : 1024;
   }();
   if (g0 >= g1) return;
   // one registration for the task's reads (not one per group: a mutex and an allocation each), its
   // range from the first group's first byte to the last group's last
   const int64_t last = plan.group_end[g1 - 1] - 1;
   FlightGuard flight(file.path(), base + plan.file_off[plan.group_begin[g0]],
-                     plan.file_off[last] + plan.unit_bytes[last] - plan.file_off[plan.group_begin[g0]]);
+                     plan.file_end(last) - plan.file_off[plan.group_begin[g0]]);
   std::vector<struct iovec> iov;
+  iov.reserve(kIovMax);
   for (int64_t g = g0; g < g1; g++) {
     const int64_t b = plan.group_begin[g], e = plan.group_end[g];
-    iov.clear();
-    for (int64_t u = b; u < e; u++) {
-      if (u > b) {
-        int64_t gap = plan.file_off[u] - plan.file_off[u - 1] - plan.unit_bytes[u - 1];
-        if (gap) iov.push_back({scratch->data(), static_cast<size_t>(gap)});
-      }
-      iov.push_back({dst + plan.dst_off[u], static_cast<size_t>(plan.unit_bytes[u])});
-    }
     int64_t offset = base + plan.file_off[b];
-    size_t i = 0;
-    while (i < iov.size()) {
-      int cnt = static_cast<int>(std::min<size_t>(kIovMax, iov.size() - i));
-      ssize_t got = ::preadv(file.fd(), iov.data() + i, cnt, offset);
-      if (got < 0) {
-        if (errno == EINTR && Cancelled())
-          Fail(file.path() + ": read at byte " + std::to_string(offset) + " cancelled: the pipeline was "
-               "stopped after an error");
-        if (errno == EINTR || errno == EAGAIN) continue;
-        Fail(file.path() + ": read at byte " + std::to_string(offset) + " failed (" + Errno(errno) + ")");
-      }
-      if (got == 0)
-        Fail(file.path() + ": read at byte " + std::to_string(offset) + " returned nothing: the " +
-             "file was truncated while reading");
-      offset += got;
-      // drop the buffers filled, trim a partly filled one, go on
-      while (got > 0 && i < iov.size()) {
-        if (static_cast<size_t>(got) >= iov[i].iov_len) {
-          got -= iov[i].iov_len;
-          i++;
-        } else {
-          iov[i].iov_base = static_cast<char *>(iov[i].iov_base) + got;
-          iov[i].iov_len -= got;
-          got = 0;
+    // the group's buffers in file order (runs, and the gaps before them into the scratch), a batch
+    // of at most kIovMax at a time: a unit of many runs never becomes one vector of them all
+    int64_t u = b, j = 0, at = plan.file_off[b];  // the next run: unit u, run j; the file byte read next
+    while (u < e) {
+      iov.clear();
+      while (u < e && iov.size() + 2 <= static_cast<size_t>(kIovMax)) {
+        const int64_t run = plan.file_off[u] + j * plan.file_step[u];
+        if (run > at) iov.push_back({scratch->data(), static_cast<size_t>(run - at)});
+        iov.push_back({dst + plan.dst_off[u] + j * plan.dst_step[u], static_cast<size_t>(plan.unit_bytes[u])});
+        at = run + plan.unit_bytes[u];
+        if (++j == plan.unit_count[u]) {
+          u++;
+          j = 0;
         }
       }
+      ReadVector(file, &iov, &offset);
     }
     SwapUnits(plan, b, e, dst);  // the file holds the other byte order: swap what was just read
   }
@@ -604,13 +636,18 @@ void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_
 
 void CopyUnits(const ReadPlan &plan, const char *src, char *dst) {
   const int64_t n = plan.file_off.size();
-  for (int64_t u = 0; u < n; u++) std::memcpy(dst + plan.dst_off[u], src + plan.file_off[u], plan.unit_bytes[u]);
+  for (int64_t u = 0; u < n; u++) {
+    const char *s = src + plan.file_off[u];
+    char *d = dst + plan.dst_off[u];
+    const int64_t bytes = plan.unit_bytes[u], fs = plan.file_step[u], ds = plan.dst_step[u];
+    for (int64_t j = 0; j < plan.unit_count[u]; j++, s += fs, d += ds) std::memcpy(d, s, bytes);
+  }
   SwapUnits(plan, 0, n, dst);
 }
 
 bool TakesWholeChunk(const ReadPlan &plan, int64_t base, int64_t chunk_bytes) {
   return plan.coded && base == 0 && plan.file_off.size() == 1 && plan.file_off[0] == 0 &&
-         plan.unit_bytes[0] == chunk_bytes;
+         plan.unit_count[0] == 1 && plan.unit_bytes[0] == chunk_bytes;
 }
 
 void SwapPlanUnits(const ReadPlan &plan, char *dst) { SwapUnits(plan, 0, plan.file_off.size(), dst); }
@@ -806,33 +843,58 @@ void SplitLargeGroups(ReadPlan *plan, int64_t max_bytes) {
   bool needed = false;
   for (int64_t g = 0; g < n_groups && !needed; g++) {
     const int64_t b = plan->group_begin[g], e = plan->group_end[g];
-    needed = plan->file_off[e - 1] + plan->unit_bytes[e - 1] - plan->file_off[b] > max_bytes;
+    needed = plan->file_end(e - 1) - plan->file_off[b] > max_bytes;
   }
   if (!needed) return;
-  std::vector<int64_t> fo, dof, ub, gb, ge;
+  std::vector<int64_t> fo, dof, ub, cnt, fst, dst, gb, ge;
+  auto add = [&](int64_t f, int64_t d, int64_t b, int64_t n, int64_t fs, int64_t ds) {
+    fo.push_back(f);
+    dof.push_back(d);
+    ub.push_back(b);
+    cnt.push_back(n);
+    fst.push_back(n > 1 ? fs : 0);
+    dst.push_back(n > 1 ? ds : 0);
+  };
   for (int64_t g = 0; g < n_groups; g++) {
     int64_t start = -1;  // file offset where the group being built starts
     gb.push_back(fo.size());
+    // closes the group being built (when it holds a unit) if `need` bytes from `off` would take it
+    // past max_bytes; returns the room left from `off`
+    auto room_at = [&](int64_t off, int64_t need) {
+      if (start < 0) start = off;
+      if (start + max_bytes - off < need && static_cast<int64_t>(fo.size()) > gb.back()) {
+        ge.push_back(fo.size());
+        gb.push_back(fo.size());
+        start = off;
+      }
+      return start + max_bytes - off;
+    };
     for (int64_t u = plan->group_begin[g]; u < plan->group_end[g]; u++) {
-      for (int64_t done = 0; done < plan->unit_bytes[u];) {
-        const int64_t off = plan->file_off[u] + done;
-        if (start < 0) start = off;
-        // close the group when this unit (or piece) would take it past max_bytes
-        int64_t room = start + max_bytes - off;
-        if (room < plan->itemsize && static_cast<int64_t>(fo.size()) > gb.back()) {
-          ge.push_back(fo.size());
-          gb.push_back(fo.size());
-          start = off;
-          room = max_bytes;
+      const int64_t bytes = plan->unit_bytes[u], n = plan->unit_count[u];
+      if (n > 1 && bytes <= max_bytes) {
+        // runs of a repeated unit: as many per unit as fit in the group's room, at least one
+        for (int64_t j = 0; j < n;) {
+          const int64_t off = plan->file_off[u] + j * plan->file_step[u];
+          const int64_t room = room_at(off, bytes);
+          const int64_t take = std::min(n - j, room < bytes ? 1 : 1 + (room - bytes) / plan->file_step[u]);
+          add(off, plan->dst_off[u] + j * plan->dst_step[u], bytes, take, plan->file_step[u], plan->dst_step[u]);
+          j += take;
         }
-        const int64_t left = plan->unit_bytes[u] - done;
-        int64_t take = left;
-        if (take > room) take = std::max<int64_t>(plan->itemsize, room / plan->itemsize * plan->itemsize);
-        take = std::min({take, left, std::max<int64_t>(piece, plan->itemsize)});
-        fo.push_back(off);
-        dof.push_back(plan->dst_off[u] + done);
-        ub.push_back(take);
-        done += take;
+        continue;
+      }
+      for (int64_t j = 0; j < n; j++) {  // runs larger than max_bytes: each in pieces of whole items
+        const int64_t run = plan->file_off[u] + j * plan->file_step[u], run_dst = plan->dst_off[u] + j * plan->dst_step[u];
+        for (int64_t done = 0; done < bytes;) {
+          const int64_t off = run + done;
+          // close the group when this unit (or piece) would take it past max_bytes
+          const int64_t room = std::max(room_at(off, plan->itemsize), plan->itemsize);
+          const int64_t left = bytes - done;
+          int64_t take = left;
+          if (take > room) take = std::max<int64_t>(plan->itemsize, room / plan->itemsize * plan->itemsize);
+          take = std::min({take, left, std::max<int64_t>(piece, plan->itemsize)});
+          add(off, run_dst + done, take, 1, 0, 0);
+          done += take;
+        }
       }
     }
     ge.push_back(fo.size());
@@ -840,6 +902,9 @@ void SplitLargeGroups(ReadPlan *plan, int64_t max_bytes) {
   plan->file_off = std::move(fo);
   plan->dst_off = std::move(dof);
   plan->unit_bytes = std::move(ub);
+  plan->unit_count = std::move(cnt);
+  plan->file_step = std::move(fst);
+  plan->dst_step = std::move(dst);
   plan->group_begin = std::move(gb);
   plan->group_end = std::move(ge);
 }
@@ -853,8 +918,7 @@ void PrefetchPath(const std::string &path, const ReadPlan &plan, int64_t base) {
       // a crafted plan or chunk index may put a group near 2**63: never overflow, and announce
       // only what lies inside the file (the read itself reports the rest)
       if (__builtin_add_overflow(base, plan.file_off[b], &lo) ||
-          __builtin_add_overflow(base, plan.file_off[e - 1], &hi) ||
-          __builtin_add_overflow(hi, plan.unit_bytes[e - 1], &hi))
+          __builtin_add_overflow(base, plan.file_end(e - 1), &hi))
         continue;
       WillNeed(fd, std::max<int64_t>(lo, 0), std::min(hi, size));
     }
@@ -970,7 +1034,7 @@ std::vector<std::pair<int64_t, int64_t>> SplitGroups(const ReadPlan &plan, int64
   int64_t start = 0, acc = 0;
   for (int64_t g = 0; g < n; g++) {
     const int64_t b = plan.group_begin[g], e = plan.group_end[g];
-    acc += plan.file_off[e - 1] + plan.unit_bytes[e - 1] - plan.file_off[b];
+    acc += plan.file_end(e - 1) - plan.file_off[b];
     if (acc >= task_bytes) {
       tasks.emplace_back(start, g + 1);
       start = g + 1;

@@ -1,8 +1,10 @@
 // dali_mesh: byte-range read plans (made in Python by dali_mesh/io/read_plan.py and the formats' planners) and their executor,
 // DALI-free. A plan turns one file layout (shape, dtype, header, byte order, C/Fortran order) and
 // one rank's window into
-//   - units: (file offset, destination offset, bytes), grouped into merged reads (one preadv each;
-//     the gaps between units of a group land in a scratch buffer),
+//   - units: (file offset, destination offset, bytes), each repeated `count` times at a file and a
+//     destination step (a box's rows: a plan grows with the window's distinct runs, not its
+//     elements), grouped into merged reads (one preadv each; the gaps between units of a group and
+//     between a unit's runs land in a scratch buffer),
 //   - a byte-swap flag (the units read are swapped in place, as soon as they are read),
 //   - a finishing program: Fortran transpose, then per axis copies (reflect, symmetric, edge,
 //     periodic halos wider than the domain) and constant fills, as dali_mesh.io._plan does.
@@ -43,7 +45,10 @@ struct ReadPlan {
   // plan set's chunk table and its `base` is added to the unit offsets inside the decoded chunk
   bool coded = false;
   std::vector<int64_t> shape;  // window shape (output, C order)
-  std::vector<int64_t> file_off, dst_off, unit_bytes;  // sorted by file offset
+  std::vector<int64_t> file_off, dst_off, unit_bytes;  // sorted by file offset, spans disjoint
+  // unit u is unit_count[u] runs of unit_bytes[u]: run j at file_off[u] + j * file_step[u] and
+  // dst_off[u] + j * dst_step[u] (steps at least the run's bytes; a unit's runs are read in one call)
+  std::vector<int64_t> unit_count, file_step, dst_step;
   std::vector<int64_t> group_begin, group_end;         // units [begin, end) read in one call
   int64_t check_offset = 0;    // where `check` lies in the file, or kCheckJson
   std::string check;           // bytes expected at check_offset (the .npy header, an HDF5
@@ -56,6 +61,9 @@ struct ReadPlan {
 
   int64_t volume() const;
   int64_t bytes() const { return volume() * itemsize; }
+  // unit u's file bytes from its first run's first byte to its last run's end
+  int64_t span(int64_t u) const { return (unit_count[u] - 1) * file_step[u] + unit_bytes[u]; }
+  int64_t file_end(int64_t u) const { return file_off[u] + span(u); }
   int64_t max_gap = 0;  // largest gap inside a group (scratch size)
 };
 
@@ -101,7 +109,7 @@ struct PlanSet {
   std::vector<PlanChunk> chunks;
 };
 
-// Loads a plan file written by dali_mesh.io.read_plan (format "DMPLAN05": little-endian int64 words, the
+// Loads a plan file written by dali_mesh.io.read_plan (format "DMPLAN06": little-endian int64 words, the
 // last one a checksum of the others, so that a corrupt file is refused rather than read from).
 // A plan's JSON check (check_offset kCheckJson) is put in canonical form here, so that a writer may
 // give the metadata file's bytes as they are (CanonicalJson is idempotent: a check written in

@@ -333,16 +333,16 @@ class _NpyTarget(LayoutTarget):
         return NumpySource([self.path], layout, batch_size=1, shuffle=False)
 
     def _cold(self, plan: WindowPlan) -> int:
-        from dali_mesh.io.npy import count_npy_units, plan_npy_reads  # noqa: PLC0415
+        from dali_mesh.io.npy import count_npy_units, plan_npy_units  # noqa: PLC0415
 
         units = count_npy_units(self.header, plan)
         if units > MAX_ADVICE_CHUNKS:
             raise UsageError(f"{self.path}: a window is {units} separate byte ranges; plan --data plans at most "
                              f"{MAX_ADVICE_CHUNKS}: split another axis, or convert the file (dali-mesh convert)")
-        fo, _, ub, groups = plan_npy_reads(self.header, plan)
-        fo_l, ub_l = fo.tolist(), ub.tolist()
+        u = plan_npy_units(self.header, plan)
+        fo_l, end_l = u.file_off.tolist(), (u.file_off + u.spans).tolist()
         # one preadv per group of merged ranges: it reads from the first byte to the last, gaps included
-        spans = sum(fo_l[g1 - 1] + ub_l[g1 - 1] - fo_l[g0] for g0, g1 in groups)
+        spans = sum(end_l[g1 - 1] - fo_l[g0] for g0, g1 in u.groups)
         return self.header_bytes + spans
 
 

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from dali_mesh.io._plan import WindowPlan
-from dali_mesh.io.npy import StoredArray, group_units, plan_npy_reads
+from dali_mesh.io.npy import StoredArray, Units, group_units, plan_npy_units
 from dali_mesh.io.read_plan import NotNativeError, PlanSet, ReadPlan
 
 __all__ = ["MAX_CODED_CHUNK_BYTES", "MAX_MERGED_LAYOUTS", "MAX_NATIVE_PARTS", "MAX_NATIVE_SAMPLES", "chunk_coords", "chunk_pieces",
@@ -95,15 +95,36 @@ def chunk_pieces(wplan: WindowPlan, chunks: Sequence[int], stored: np.dtype, mer
         for combo in itertools.product(*per_axis):
             box = (tuple(w + p[0] for w, p in zip(wst, combo)), tuple(p[2] for p in combo),
                    tuple(p[3] for p in combo))
-            out.append((plan_npy_reads(chunk, WindowPlan.reads_only(shape, box), (0,), merge_gap),
+            out.append((plan_npy_units(chunk, WindowPlan.reads_only(shape, box), (0,), merge_gap),
                         tuple(p[1] for p in combo)))
     return out
 
 
 def piece_plans(pieces, plans: PlanSet, shape, stored, check=b"", check_at=0) -> list[int]:
     """A plan per chunk piece (its units, no boundary program)."""
-    return [plans.add_plan(ReadPlan.reads_only(shape, stored, fo, do, ub, groups, check, check_at))
-            for (fo, do, ub, groups), _ in pieces]
+    return [plans.add_plan(ReadPlan.reads_only(shape, stored, *u.plan_args, check, check_at, repeat=u.repeat))
+            for u, _ in pieces]
+
+
+def _merged_units(pieces, merge_gap: int) -> Units | None:
+    """The units of ``pieces`` (``(units, file offset)`` each) in one sorted list, merged into reads;
+    run by run where two pieces' repeated units interleave (pieces of one chunk); ``None`` when their
+    runs overlap."""
+    cols = [np.concatenate([u[k] + (r if k == 0 else 0) for u, r in pieces]) for k in range(6)]
+    order = np.argsort(cols[0], kind="stable")
+    u = Units(*(c[order] for c in cols), [])
+    spans = u.spans
+    if np.any(u.file_off[1:] < u.file_off[:-1] + spans[:-1]):
+        if (u.count == 1).all():
+            return None
+        fo, do, ub = u.expanded()
+        one, zero = np.ones_like(fo), np.zeros_like(fo)
+        order = np.argsort(fo, kind="stable")
+        u = Units(fo[order], do[order], ub[order], one, zero, zero, [])
+        spans = u.unit_bytes
+        if np.any(u.file_off[1:] < u.file_off[:-1] + spans[:-1]):
+            return None
+    return u._replace(groups=group_units(u.file_off, spans, merge_gap, True))
 
 
 def merge_pieces(parts, pieces, plans: PlanSet, shape, stored, merge_gap, check, check_at):
@@ -121,15 +142,10 @@ def merge_pieces(parts, pieces, plans: PlanSet, shape, stored, merge_gap, check,
         return None
     merged = []
     for rel in keys:
-        fo = np.concatenate([u[0][0] + r for u, r in zip(pieces, rel)])
-        do = np.concatenate([u[0][1] for u in pieces])
-        ub = np.concatenate([u[0][2] for u in pieces])
-        order = np.argsort(fo, kind="stable")
-        fo, do, ub = fo[order], do[order], ub[order]
-        if np.any(fo[1:] < fo[:-1] + ub[:-1]):
+        u = _merged_units([(u, r) for (u, _), r in zip(pieces, rel)], merge_gap)
+        if u is None:
             return None  # chunks that share bytes (a crafted file): a plan's reads must be disjoint
-        merged.append(plans.add_plan(ReadPlan.reads_only(shape, stored, fo, do, ub,
-                                                         group_units(fo, ub, merge_gap, True), check, check_at)))
+        merged.append(plans.add_plan(ReadPlan.reads_only(shape, stored, *u.plan_args, check, check_at, repeat=u.repeat)))
     out = np.empty((n, 1, 3), np.int64)
     out[:, 0, 0] = parts[:, 0, 0]
     out[:, 0, 1] = np.asarray(merged, np.int64)[np.asarray(inverse).reshape(-1)]

@@ -44,7 +44,7 @@ from dali_mesh.io._common import (
 )
 from dali_mesh.io._plan import fill_window, plan_window
 from dali_mesh.io.chunks import check_coded_chunk, chunk_pieces, count_chunk_pieces, merge_pieces, piece_plans
-from dali_mesh.io.npy import StoredArray, plan_npy_reads
+from dali_mesh.io.npy import StoredArray, plan_npy_units
 from dali_mesh.io.read_plan import (
     CODEC_LIBRARIES,
     CODECS,
@@ -533,8 +533,9 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
                 raise NotNativeError(f"{path}: dataset {name!r} claims data at bytes {int(offset)}.."
                                      f"{int(offset) + math.prod(ds.shape) * ds.dtype.itemsize} but the file has "
                                      f"{st.st_size}: the file is truncated or corrupt")
-            fo, do, ub, groups = plan_npy_reads(StoredArray(frame, ds.dtype), wplan, (), merge_gap)
-            pidx = plans.add_plan(ReadPlan.from_units(wplan, ds.dtype, False, fo, do, ub, groups, check, check_at))
+            u = plan_npy_units(StoredArray(frame, ds.dtype), wplan, (), merge_gap)
+            pidx = plans.add_plan(ReadPlan.from_units(wplan, ds.dtype, False, *u.plan_args, check, check_at,
+                                                      repeat=u.repeat))
             step_bytes = math.prod(frame) * ds.dtype.itemsize
             parts = np.stack([np.full_like(locals_, fidx), np.full_like(locals_, pidx),
                               int(offset) + locals_ * step_bytes], -1)[:, None, :]
@@ -620,8 +621,9 @@ def _coded_parts(ds, path, plans: PlanSet, fidx, coder_of, pieces, offsets, loca
     chunk_ids = range(first_chunk, (int(locals_[-1]) // ct + 1) if locals_.size else first_chunk)
     parts = np.empty((locals_.size, len(pieces), 3), np.int64)
     needed = []
-    for j, ((fo, do, ub, groups), coords) in enumerate(pieces):
-        pidx = plans.add_plan(ReadPlan.reads_only(shape, ds.dtype, fo, do, ub, groups, check[0], check[1], coded=True))
+    for j, (u, coords) in enumerate(pieces):
+        pidx = plans.add_plan(ReadPlan.reads_only(shape, ds.dtype, *u.plan_args, check[0], check[1], coded=True,
+                                                  repeat=u.repeat))
         ids = np.empty(len(chunk_ids), np.int64)
         for k, c in enumerate(chunk_ids):
             coord = _chunk_coord(c, coords, chunks)

@@ -30,7 +30,7 @@ import math
 import mmap
 import os
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -67,6 +67,8 @@ __all__ = [
     "read_npy_header_bytes",
     "read_npy_window",
     "plan_npy_reads",
+    "plan_npy_units",
+    "Units",
 ]
 
 log = logging.getLogger(__name__)
@@ -271,9 +273,58 @@ def _io_error(path: str, e: OSError) -> Exception:
 
 
 # ---- byte-range plan -----------------------------------------------------------------------------
-def _units(file_shape, dst_shape, itemsize, data_offset, file_start, dst_start, lengths):
-    """Byte units of one box: ``(file offsets, dest offsets, unit bytes)``; each unit is contiguous
-    both in the C-order file and in the C-contiguous destination."""
+class Units(NamedTuple):
+    """A plan's units: unit ``u`` is ``count[u]`` runs of ``unit_bytes[u]`` bytes, run ``j`` at
+    ``file_off[u] + j file_step[u]`` of the file and ``dst_off[u] + j dst_step[u]`` of the (C-order)
+    staging; sorted by file offset, their spans (first byte of the first run to the last byte of the
+    last) disjoint; ``groups``: ``(first_unit, last_unit_exclusive)`` read in one call each (a
+    unit's runs are always in one call: the planner repeats a run only across gaps it merges)."""
+
+    file_off: np.ndarray
+    dst_off: np.ndarray
+    unit_bytes: np.ndarray
+    count: np.ndarray
+    file_step: np.ndarray
+    dst_step: np.ndarray
+    groups: list
+
+    @property
+    def spans(self) -> np.ndarray:
+        """Each unit's bytes from its first run's first byte to its last run's end."""
+        return (self.count - 1) * self.file_step + self.unit_bytes
+
+    @property
+    def repeat(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.count, self.file_step, self.dst_step
+
+    @property
+    def plan_args(self) -> tuple:
+        """``(file offsets, dest offsets, bytes, groups)``, as :class:`ReadPlan`'s constructors take
+        them (with ``repeat=``:attr:`repeat`)."""
+        return self.file_off, self.dst_off, self.unit_bytes, self.groups
+
+    def expanded(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(file offsets, staging offsets, bytes)`` of every run, one unit each (sorted by file
+        offset: a unit's runs follow each other and the spans are disjoint)."""
+        if not self.count.size or (self.count == 1).all():
+            return self.file_off, self.dst_off, self.unit_bytes
+        j = np.arange(int(self.count.sum()), dtype=np.int64) - np.repeat(np.cumsum(self.count) - self.count, self.count)
+        return (np.repeat(self.file_off, self.count) + j * np.repeat(self.file_step, self.count),
+                np.repeat(self.dst_off, self.count) + j * np.repeat(self.dst_step, self.count),
+                np.repeat(self.unit_bytes, self.count))
+
+
+def _merged_gap(gap: int, merge_gap: int, page_merge: bool) -> bool:
+    """Whether :func:`group_units` reads across a gap of ``gap`` bytes (a gap of less than a page
+    holds no page that its neighbours do not touch)."""
+    return gap <= merge_gap or (page_merge and gap < _PAGE)
+
+
+def _box_units(file_shape, dst_shape, itemsize, data_offset, file_start, dst_start, lengths, repeat: bool):
+    """Byte units of one box: ``(file offsets, dest offsets, unit bytes, count, file step, dest step)``;
+    each run is contiguous both in the C-order file and in the C-contiguous destination. With
+    ``repeat``, the runs along the innermost axis outside the run are one unit (``count`` runs at
+    that axis's strides), else one unit each."""
     nd = len(file_shape)
     k = _run_axis(file_shape, dst_shape, lengths)
     unit_cells = lengths[k] * math.prod(file_shape[k + 1 :])
@@ -283,11 +334,47 @@ def _units(file_shape, dst_shape, itemsize, data_offset, file_start, dst_start, 
     d0 = sum(s * st for s, st in zip(dst_start, dstride))
     foff = np.array([f0], np.int64)
     doff = np.array([d0], np.int64)
-    for i in range(k):  # outer axes, C order
+    outer = k - 1 if repeat and k > 0 and lengths[k - 1] > 1 else k
+    for i in range(outer):  # outer axes, C order
         steps = np.arange(lengths[i], dtype=np.int64)
         foff = (foff[:, None] + steps * fstride[i]).ravel()
         doff = (doff[:, None] + steps * dstride[i]).ravel()
-    return data_offset + foff * itemsize, doff * itemsize, unit_cells * itemsize
+    count, fstep, dstep = 1, 0, 0
+    if outer < k:
+        count, fstep, dstep = lengths[outer], fstride[outer] * itemsize, dstride[outer] * itemsize
+    return (data_offset + foff * itemsize, doff * itemsize, unit_cells * itemsize, count, fstep, dstep)
+
+
+def _box_repeats(file_shape, dst_shape, itemsize, data_offset, boxes, merge_gap, page_merge) -> list[bool]:
+    """Per box, whether its runs are planned as repeated units: when the gap between two runs of the
+    repeat axis is one :func:`group_units` merges, and the box's file span meets no other box's
+    (two boxes whose spans interleave, e.g. a periodic halo on the last axis, are planned run by run,
+    so that the units stay sorted and disjoint)."""
+    nd = len(file_shape)
+    fstride = [math.prod(file_shape[i + 1 :]) for i in range(nd)]
+    spans, ok = [], []
+    for _, fst, ln in boxes:
+        lo = sum(s * st for s, st in zip(fst, fstride))
+        hi = sum((s + n - 1) * st for s, n, st in zip(fst, ln, fstride)) + 1
+        spans.append((lo, hi))
+        k = _run_axis(file_shape, dst_shape, ln)
+        gap = (fstride[k - 1] - ln[k] * fstride[k]) * itemsize if k > 0 else 0
+        ok.append(k > 0 and ln[k - 1] > 1 and _merged_gap(gap, merge_gap, page_merge))
+    # sweep the boxes in file order: each cluster of spans that meet is planned run by run
+    order = sorted(range(len(boxes)), key=lambda b: spans[b])
+    cluster, reach = [], -1
+    for b in order + [None]:
+        if b is not None and spans[b][0] < reach:
+            cluster.append(b)
+        else:
+            if len(cluster) > 1:
+                for c in cluster:
+                    ok[c] = False
+            if b is None:
+                break
+            cluster = [b]
+        reach = max(reach, spans[b][1])
+    return ok
 
 
 def _file_order_boxes(header: NpyHeader | StoredArray, plan: WindowPlan, prefix: Sequence[int]):
@@ -310,17 +397,48 @@ def _run_axis(file_shape, dst_shape, lengths) -> int:
     return k
 
 
-def count_npy_units(header: NpyHeader | StoredArray, plan: WindowPlan, prefix: Sequence[int] = ()) -> int:
-    """How many units :func:`plan_npy_reads` makes for ``plan`` (contiguous runs before merging),
-    counted without making them, so that a window of billions of runs is refused before its plan is
-    built."""
+def count_npy_units(header: NpyHeader | StoredArray, plan: WindowPlan, prefix: Sequence[int] = (),
+                    merge_gap: int = DEFAULT_MERGE_GAP, page_merge: bool = True, *, runs: bool = False) -> int:
+    """How many units :func:`plan_npy_units` makes for ``plan`` (``runs``: how many contiguous runs,
+    :func:`plan_npy_reads`' units), counted without making them, so that a window of billions of
+    units is refused before its plan is built."""
     file_shape, full_window, boxes = _file_order_boxes(header, plan, prefix)
-    return sum(math.prod(ln[:_run_axis(file_shape, full_window, ln)]) for _, _, ln in boxes)
+    repeats = [False] * len(boxes) if runs else _box_repeats(
+        file_shape, full_window, header.dtype.itemsize, header.data_offset, boxes, merge_gap, page_merge)
+    total = 0
+    for (_, _, ln), rep in zip(boxes, repeats):
+        k = _run_axis(file_shape, full_window, ln)
+        total += math.prod(ln[:k - 1] if rep else ln[:k])
+    return total
+
+
+def plan_npy_units(header: NpyHeader | StoredArray, plan: WindowPlan, prefix: Sequence[int] = (),
+                   merge_gap: int = DEFAULT_MERGE_GAP, page_merge: bool = True) -> Units:
+    """The :class:`Units` to read for ``plan`` from a file with ``header``: the runs of each box along
+    one axis are one unit where their gaps are merged reads (so a window of many rows is a few
+    units), merged into reads as :func:`plan_npy_reads` says. Offsets into the destination are for
+    the C-order (file-order) staging of the window."""
+    file_shape, full_window, boxes = _file_order_boxes(header, plan, prefix)
+    isz = header.dtype.itemsize
+    repeats = _box_repeats(file_shape, full_window, isz, header.data_offset, boxes, merge_gap, page_merge)
+    cols: list[list[np.ndarray]] = [[] for _ in range(6)]
+    for (wst, fst, ln), rep in zip(boxes, repeats):
+        f, d, u, c, fs, ds = _box_units(file_shape, full_window, isz, header.data_offset, fst, wst, ln, rep)
+        for col, v in zip(cols, (f, d, u, c, fs, ds)):
+            col.append(v if isinstance(v, np.ndarray) else np.full(f.shape, v, np.int64))
+    if not cols[0]:
+        e = np.empty(0, np.int64)
+        return Units(e, e, e, e, e, e, [])
+    fo, do, ub, count, fstep, dstep = (np.concatenate(c) for c in cols)
+    order = np.argsort(fo, kind="stable")
+    fo, do, ub, count, fstep, dstep = fo[order], do[order], ub[order], count[order], fstep[order], dstep[order]
+    units = Units(fo, do, ub, count, fstep, dstep, [])
+    return units._replace(groups=group_units(fo, units.spans, merge_gap, page_merge))
 
 
 def plan_npy_reads(header: NpyHeader | StoredArray, plan: WindowPlan, prefix: Sequence[int] = (),
                    merge_gap: int = DEFAULT_MERGE_GAP, page_merge: bool = True):
-    """Byte ranges to read for ``plan`` from a file with ``header``.
+    """Byte ranges to read for ``plan`` from a file with ``header``, run by run.
 
     Two neighbouring ranges are read in one call when their gap is at most ``merge_gap`` bytes or,
     with ``page_merge``, when the gap holds no page that the two ranges do not touch already (the
@@ -328,21 +446,10 @@ def plan_npy_reads(header: NpyHeader | StoredArray, plan: WindowPlan, prefix: Se
 
     Returns ``(file_offsets, dest_offsets, unit_bytes, groups)``: units sorted by file offset, and
     ``groups``, a list of ``(first_unit, last_unit_exclusive)`` merged into one read each. Offsets
-    into the destination are for the C-order (file-order) staging of the window.
+    into the destination are for the C-order (file-order) staging of the window. (The native
+    reader's plans take :func:`plan_npy_units`, the same ranges in fewer units.)
     """
-    file_shape, full_window, boxes = _file_order_boxes(header, plan, prefix)
-    fo, do, ub = [], [], []
-    for wst, fst, ln in boxes:
-        f, d, u = _units(file_shape, full_window, header.dtype.itemsize, header.data_offset, fst, wst, ln)
-        fo.append(f)
-        do.append(d)
-        ub.append(np.full(f.shape, u, np.int64))
-    if not fo:
-        e = np.empty(0, np.int64)
-        return e, e, e, []
-    fo, do, ub = np.concatenate(fo), np.concatenate(do), np.concatenate(ub)
-    order = np.argsort(fo, kind="stable")
-    fo, do, ub = fo[order], do[order], ub[order]
+    fo, do, ub = plan_npy_units(header, plan, prefix, merge_gap, page_merge).expanded()
     return fo, do, ub, group_units(fo, ub, merge_gap, page_merge)
 
 
@@ -692,14 +799,14 @@ def plan_npy_files(files: Sequence[str], *, region_of, index_maps=None, sample_s
                     h.path, f"shape {shape} differs from the first file's ({files[0]}) {sample_shape}; "
                     "make every file the same, or pass per_sample_shapes=True")
             wplan = plan_window(region_of(shape), index_maps)
-            units = count_npy_units(h, wplan)
+            units = count_npy_units(h, wplan, (), merge_gap)
             if units > MAX_NATIVE_UNITS:
                 raise NotNativeError(f"{h.path}: the window is {units} separate byte ranges, more than the native "
                                      f"reader plans (dali_mesh.io.npy.MAX_NATIVE_UNITS = {MAX_NATIVE_UNITS}); "
                                      "a chunked copy (dali-mesh convert) reads it in a few ranges")
-            fo, do, ub, groups = plan_npy_reads(h, wplan, (), merge_gap)
-            plan_of_header[check] = plans.add_plan(
-                ReadPlan.from_units(wplan, h.dtype, h.fortran_order, fo, do, ub, groups, check))
+            u = plan_npy_units(h, wplan, (), merge_gap)
+            plan_of_header[check] = plans.add_plan(ReadPlan.from_units(
+                wplan, h.dtype, h.fortran_order, u.file_off, u.dst_off, u.unit_bytes, u.groups, check, repeat=u.repeat))
         k = plan_of_header[check]
         plans.files.append(PlanFile(files[i], h.file_size))  # one entry per file: item i reads file i
         items.append((k, [(i, k, 0, 0)]))

@@ -4,8 +4,11 @@ and the one field table per object that writes them into the plan file the C++ r
 A plan turns one file layout (shape, dtype, header, byte order, C/Fortran order) and one rank's window
 into
 
-- units ``(file offset, window offset, bytes)``, sorted by file offset, grouped into merged reads
-  (one ``preadv`` each; the gaps of a group land in a scratch buffer),
+- units ``(file offset, window offset, bytes)``, each repeated ``unit_count`` times at ``file_step``
+  and ``dst_step`` bytes further (the rows of a box: so a plan grows with a window's distinct runs, not
+  with its elements), sorted by file offset, their spans disjoint, grouped into merged reads (one
+  ``preadv`` each; the gaps of a group, between units and between a unit's runs, land in a scratch
+  buffer),
 - a byte-swap unit (the units read are swapped in place as they land),
 - a finishing program: the Fortran transpose, then per axis copies (reflect, symmetric, edge,
   periodic halos wider than the domain) and constant fills, as :meth:`WindowPlan.finish` does,
@@ -43,7 +46,7 @@ __all__ = ["AxisProgram", "CHECK_JSON", "CODECS", "Coder", "NotNativeError", "PL
            "PlanFolderError", "PlanSet", "ReadPlan", "decode", "encode", "native_dtype_of", "stack_channels"]
 
 #: The plan file's first 8 bytes: the format and its version (bumped whenever a table changes).
-PLAN_MAGIC = b"DMPLAN05"
+PLAN_MAGIC = b"DMPLAN06"
 #: ``check_offset`` of a plan whose check is a JSON metadata file (a Zarr array's ``.zarray`` or
 #: ``zarr.json``), compared whole in canonical form (``kCheckJson`` in read_plan.h).
 CHECK_JSON = -1
@@ -104,6 +107,9 @@ _READ_PLAN = (
     Field("file_off", "ints", "n_units"),
     Field("dst_off", "ints", "n_units"),
     Field("unit_bytes", "ints", "n_units"),
+    Field("unit_count", "ints", "n_units"),
+    Field("file_step", "ints", "n_units"),
+    Field("dst_step", "ints", "n_units"),
     Field("group_begin", "ints", "n_groups"),
     Field("group_end", "ints", "n_groups"),
     Field("check_offset", "int"),
@@ -218,10 +224,26 @@ class ReadPlan:
     fill: bytes = b""                   # the fill value in the output type's bytes
     axes: tuple[AxisProgram, ...] = ()  # one per axis of `shape`
     coded: int = 0                      # 1: units address a decoded chunk (a part's file is a chunk)
+    # each unit is ``unit_count`` runs of ``unit_bytes``, run ``j`` at ``file_step`` / ``dst_step`` times
+    # ``j`` past its offsets (None: one run each)
+    unit_count: np.ndarray | None = None
+    file_step: np.ndarray | None = None
+    dst_step: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.file_off)
+        for name, default in (("unit_count", 1), ("file_step", 0), ("dst_step", 0)):
+            v = getattr(self, name)
+            object.__setattr__(self, name, np.full(n, default, np.int64) if v is None else np.asarray(v, np.int64))
 
     @property
     def ndim(self) -> int:
         return len(self.shape)
+
+    @property
+    def read_bytes(self) -> int:
+        """The bytes its units read (every run of every unit)."""
+        return int((self.unit_bytes * self.unit_count).sum())
 
     def to_bytes(self) -> bytes:
         return encode(_READ_PLAN, self)
@@ -238,7 +260,8 @@ class ReadPlan:
         return cls(int(d["itemsize"]), int(d["swap_unit"]), int(d["fortran"]), tuple(int(s) for s in d["shape"]),
                    *(np.asarray(d[k], np.int64) for k in ("file_off", "dst_off", "unit_bytes", "group_begin",
                                                            "group_end")),
-                   int(d["check_offset"]), bytes(d["check"]), bytes(d["fill"]), axes, int(d.get("coded", 0)))
+                   int(d["check_offset"]), bytes(d["check"]), bytes(d["fill"]), axes, int(d.get("coded", 0)),
+                   *(d.get(k) for k in ("unit_count", "file_step", "dst_step")))
 
     def to_dict(self) -> dict:
         """Plain values (lists of ints, bytes), as ``_kernels.plan_dump`` gives a loaded plan."""
@@ -266,10 +289,11 @@ class ReadPlan:
 
     @classmethod
     def from_units(cls, wplan, dtype: np.dtype, fortran: bool, file_off, dst_off, unit_bytes, groups,
-                   check: bytes = b"", check_offset: int = 0) -> "ReadPlan":
+                   check: bytes = b"", check_offset: int = 0, repeat=None) -> "ReadPlan":
         """A plan from its units (file offsets, window offsets, bytes; sorted by file offset,
         disjoint), their read groups ``[(begin, end), ...]`` and the boundary program of ``wplan``
-        (a :class:`~dali_mesh.io.WindowPlan`), for a file of ``dtype`` (its byte order as stored)."""
+        (a :class:`~dali_mesh.io.WindowPlan`), for a file of ``dtype`` (its byte order as stored).
+        ``repeat``: ``(unit_count, file_step, dst_step)`` per unit, or None (one run each)."""
         dtype = np.dtype(dtype)
         native = dtype if dtype.isnative else dtype.newbyteorder("=")
         fill = b""
@@ -285,7 +309,8 @@ class ReadPlan:
                    np.asarray(file_off, np.int64), np.asarray(dst_off, np.int64), np.asarray(unit_bytes, np.int64),
                    np.asarray([g[0] for g in groups], np.int64), np.asarray([g[1] for g in groups], np.int64),
                    int(check_offset), bytes(check), fill,
-                   tuple(AxisProgram(a.copy_dst, a.copy_src, a.fill) for a in wplan.axes))
+                   tuple(AxisProgram(a.copy_dst, a.copy_src, a.fill) for a in wplan.axes), 0,
+                   *(repeat if repeat is not None else (None, None, None)))
 
     @classmethod
     def finishing(cls, wplan, dtype: np.dtype) -> "ReadPlan":
@@ -295,11 +320,11 @@ class ReadPlan:
 
     @classmethod
     def reads_only(cls, window_shape, dtype: np.dtype, file_off, dst_off, unit_bytes, groups,
-                   check: bytes = b"", check_offset: int = 0, coded: bool = False) -> "ReadPlan":
+                   check: bytes = b"", check_offset: int = 0, coded: bool = False, repeat=None) -> "ReadPlan":
         """A plan of reads with no boundary program: one part of a sample read in parts (with
         ``coded``, its units copied from a decoded chunk: offsets in the chunk's decoded bytes)."""
         plan = cls.from_units(WindowPlan.reads_only(window_shape), dtype, False, file_off, dst_off, unit_bytes,
-                              groups, check, check_offset)
+                              groups, check, check_offset, repeat)
         if coded:
             plan = dataclasses.replace(plan, coded=1)
         return plan
@@ -465,7 +490,7 @@ class PlanSet:
                     seen.add(part.file)
                     total += max(0, chunks[part.file][2])
             else:
-                total += int(plan.unit_bytes.sum())
+                total += plan.read_bytes
         return total
 
     def add_chunk(self, file: int, offset: int, nbytes: int, coder: int) -> int:

@@ -517,8 +517,8 @@ def _coded_parts(plans: PlanSet, wplan, chunks, stored, chunk_of, locals_, meta_
     step_stride = math.prod(chunks[1:]) * stored.itemsize
     shape = wplan.window_shape
     pieces = chunk_pieces(wplan, chunks, stored, merge_gap)
-    piece_ids = [plans.add_plan(ReadPlan.reads_only(shape, stored, fo, do, ub, groups, coded=True))
-                 for (fo, do, ub, groups), _ in pieces]
+    piece_ids = [plans.add_plan(ReadPlan.reads_only(shape, stored, *u.plan_args, coded=True, repeat=u.repeat))
+                 for u, _ in pieces]
     first_chunk = int(locals_[0]) // ct if locals_.size else 0
     chunk_ids = range(first_chunk, (int(locals_[-1]) // ct + 1) if locals_.size else first_chunk)
     parts = np.empty((locals_.size, 1 + len(pieces), 3), np.int64)

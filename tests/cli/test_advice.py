@@ -189,12 +189,35 @@ def _metadata_only_zarr(path, shape, chunks):
                    "compressor": None, "fill_value": 0.0, "filters": None, "order": "C"}, f)
 
 
+def _sparse_npy(path: str, shape) -> str:
+    """A float32 .npy claiming ``shape``, its data a hole (nothing stored)."""
+    header = np.lib.format.header_data_from_array_1_0(np.zeros((1, 4), np.float32))
+    header["shape"] = tuple(shape)
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, header)
+        f.truncate(f.tell() + int(np.prod(shape)) * 4)
+    return path
+
+
+@pytest.mark.timeout(60)
+def test_plan_data_on_a_window_of_millions_of_rows_plans_them_as_one_unit(tmp_path, capsys):
+    """A (2**22, 4) float32 .npy split on its last axis: a window of 2**22 rows 16 bytes apart. It was
+    refused ("4194304 separate byte ranges"); its rows are one repeated unit now: planned, the native
+    reader, each rank reading the whole file (its rows lie in every page)."""
+    path = _sparse_npy(str(tmp_path / "rows.npy"), (1 << 22, 4))
+    assert main(["plan", "--data", path, "--mesh", "mp=4", "--shard", "mp=1"]) == 0
+    out = capsys.readouterr().out
+    assert "reader: native (read_windows)" in out, out
+    assert "64.0 MiB   4.00x" in out, out  # cold read: the file, 4x the 16 MiB window
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", ["hdf5", "zarr", "npy", "npy_runs"])
 def test_plan_data_on_a_tiny_file_claiming_a_huge_grid_is_one_line_quickly(tmp_path, capsys, kind):
     """A 1.4 KB HDF5 file or a metadata-only Zarr store claiming (2, 8192, 8192) chunks of one cell, or
-    a sparse .npy claiming 2**40 bytes, split so that a window is millions of chunks or byte ranges:
-    plan --data ran past 120 s (or wanted more than 4 GiB); now one line, exit 2, within the bound."""
+    a sparse .npy claiming 2**40 bytes, split so that a window is millions of chunks or byte ranges
+    (rows a page or more apart: separate reads): plan --data ran past 120 s (or wanted more than
+    4 GiB); now one line, exit 2, within the bound."""
     if kind == "hdf5":
         path = str(tmp_path / "tiny.h5")
         _tiny_hdf5_with_one_cell_chunks(path)
@@ -205,16 +228,11 @@ def test_plan_data_on_a_tiny_file_claiming_a_huge_grid_is_one_line_quickly(tmp_p
         _metadata_only_zarr(path, (2, 8192, 8192), (1, 1, 1))
         argv = ["plan", "--data", path, "--mesh", "mp=4", "--shard", "mp=1"]
         words = "touches 16777216 chunks"
-    else:  # 2**36 rows: an axis too long to plan; 2**22 rows: a window of 2**22 byte ranges
-        rows = 1 << 36 if kind == "npy" else 1 << 22
-        path = str(tmp_path / "sparse.npy")
-        header = np.lib.format.header_data_from_array_1_0(np.zeros((1, 4), np.float32))
-        header["shape"] = (rows, 4)
-        with open(path, "wb") as f:
-            np.lib.format.write_array_header_1_0(f, header)
-            f.truncate(f.tell() + rows * 16)  # sparse: nothing stored
+    else:  # 2**36 rows: an axis too long to plan; 2**21 rows of 16 KiB: a window of 2**21 byte ranges
+        rows, cols = (1 << 36, 4) if kind == "npy" else (1 << 21, 4096)
+        path = _sparse_npy(str(tmp_path / "sparse.npy"), (rows, cols))
         argv = ["plan", "--data", path, "--mesh", "mp=4", "--shard", "mp=1"]
-        words = "cells on one axis" if kind == "npy" else "4194304 separate byte ranges"
+        words = "cells on one axis" if kind == "npy" else "2097152 separate byte ranges"
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and words in err, err

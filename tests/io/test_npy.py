@@ -466,9 +466,10 @@ def test_a_failing_read_is_named(tmp_path, monkeypatch):
 
 # ---- issue 19: a plan's size is known before it is made ---------------------------------------------
 def test_count_npy_units_equals_the_units_planned():
-    """count_npy_units (the bound checked before planning) is the number of units plan_npy_reads
-    makes, for random shapes, windows, orders and boundary rules."""
-    from dali_mesh.io.npy import StoredArray, count_npy_units
+    """count_npy_units (the bound checked before planning) is the number of units plan_npy_units
+    makes (with runs=True: the runs of plan_npy_reads), for random shapes, windows, orders and
+    boundary rules."""
+    from dali_mesh.io.npy import DEFAULT_MERGE_GAP, StoredArray, count_npy_units, plan_npy_units
 
     rng = np.random.default_rng(SEED)
     for _ in range(300):
@@ -477,4 +478,8 @@ def test_count_npy_units_equals_the_units_planned():
         region = random_region(rng, shape, str(rng.choice(["constant", "periodic", "reflect", "edge", "trim"])))
         plan = plan_window(region)
         stored = StoredArray(shape, np.dtype("<f4"), bool(rng.integers(0, 2)), 128)
-        assert count_npy_units(stored, plan) == len(plan_npy_reads(stored, plan, merge_gap=0)[0]), (shape, region)
+        for gap in (0, DEFAULT_MERGE_GAP):
+            assert count_npy_units(stored, plan, merge_gap=gap) == len(plan_npy_units(stored, plan, merge_gap=gap)[0])
+            runs = plan_npy_reads(stored, plan, merge_gap=gap)
+            assert count_npy_units(stored, plan, merge_gap=gap, runs=True) == len(runs[0]), (shape, region)
+

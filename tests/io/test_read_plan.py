@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dali_mesh.io._plan import AxisPlan, WindowPlan, plan_window
-from dali_mesh.io.npy import DEFAULT_MERGE_GAP, plan_npy_reads, read_npy_header
+from dali_mesh.io.npy import DEFAULT_MERGE_GAP, plan_npy_units, read_npy_header
 from dali_mesh import Layout, _kernels
 dali = pytest.importorskip("nvidia.dali")
 from dali_mesh.io.read_plan import CHECK_JSON, PlanFile, PlanSet, ReadPlan  # noqa: E402
@@ -27,12 +27,22 @@ pytestmark = pytest.mark.skipif(not _kernels.library_path().exists(),
 
 
 # ---- the expected decoding of what encode_units writes, computed from its inputs ------------------
+def _gaps(fo, ub, count, fstep, groups) -> list[int]:
+    """The gaps a plan's reads pass (between the units of a group, between a unit's runs)."""
+    fo, ub, count, fstep = (np.asarray(v, np.int64) for v in (fo, ub, count, fstep))
+    ends = fo + (count - 1) * fstep + ub
+    return ([int(fo[u] - ends[u - 1]) for b, e in groups for u in range(b + 1, e)] +
+            [int(fs - b) for n, fs, b in zip(count, fstep, ub) if n > 1])
+
+
 def _expected_plan(wplan, dtype: np.dtype, fortran: bool, fo, do, ub, groups, check: bytes,
-                   check_offset: int) -> dict:
+                   check_offset: int, repeat=None) -> dict:
     """The ReadPlan the reader must load for ``ReadPlan.from_units(wplan, dtype, fortran, fo, do, ub,
-    groups, check, check_offset)`` (a JSON check in canonical form), computed from those inputs."""
+    groups, check, check_offset, repeat)`` (a JSON check in canonical form), computed from those inputs."""
     fo, do, ub = (np.asarray(v, np.int64) for v in (fo, do, ub))
-    gaps = [int(fo[u] - fo[u - 1] - ub[u - 1]) for b, e in groups for u in range(b + 1, e)]
+    count, fstep, dstep = ((np.ones_like(fo), np.zeros_like(fo), np.zeros_like(fo)) if repeat is None
+                           else (np.asarray(v, np.int64) for v in repeat))
+    gaps = _gaps(fo, ub, count, fstep, groups)
     has_fill = any(a.fill.size for a in wplan.axes)
     ndim = len(wplan.axes)
     return {
@@ -45,6 +55,9 @@ def _expected_plan(wplan, dtype: np.dtype, fortran: bool, fo, do, ub, groups, ch
         "file_off": fo.tolist(),
         "dst_off": do.tolist(),
         "unit_bytes": ub.tolist(),
+        "unit_count": count.tolist(),
+        "file_step": fstep.tolist(),
+        "dst_step": dstep.tolist(),
         "group_begin": [int(b) for b, _ in groups],
         "group_end": [int(e) for _, e in groups],
         "check_offset": check_offset,
@@ -105,15 +118,19 @@ def test_a_plan_file_loads_as_it_was_encoded(tmp_path, case, items_as_words):
     # units merged into reads as the planner merges them (gaps inside reads), or one read per run of
     # adjacent units (many reads)
     merged = case in ("f4_constant", "f8_big_endian_fortran_reflect", "i8_big_endian_edge_1d")
-    fo, do, ub, groups = plan_npy_reads(header, wplan, merge_gap=DEFAULT_MERGE_GAP if merged else 0,
-                                        page_merge=merged)
+    # the native planner's units: a box's runs repeated along one axis where their gaps are merged
+    units = plan_npy_units(header, wplan, merge_gap=DEFAULT_MERGE_GAP if merged else 0, page_merge=merged)
+    fo, do, ub, groups = units.plan_args
+    if case in ("f4_constant", "f8_big_endian_fortran_reflect"):
+        assert (units.count > 1).any(), units  # rows merged into reads: repeated units
     window = wplan.window_shape
     meta = tmp_path / "meta.json"
     meta.write_bytes(RAW_META)
     assert _kernels.canonical_json(RAW_META) != RAW_META  # the reader must canonicalise it
 
     plans = PlanSet(dtype.newbyteorder("="), len(shape))
-    read = ReadPlan.from_units(wplan, header.dtype, header.fortran_order, fo, do, ub, groups, npy_check, 0)
+    read = ReadPlan.from_units(wplan, header.dtype, header.fortran_order, fo, do, ub, groups, npy_check, 0,
+                               repeat=units.repeat)
     meta_plan = ReadPlan.from_units(_read_only(window), header.dtype, False, [], [], [], [], RAW_META, CHECK_JSON)
     assert plans.add_plan(read) == 0
     assert plans.add_plan(meta_plan) == 1
@@ -136,7 +153,8 @@ def test_a_plan_file_loads_as_it_was_encoded(tmp_path, case, items_as_words):
         parts += [{"file": f, "plan": p, "base": b, "dst_base": d} for f, p, b, d in item_parts]
     want = {
         "source": os.fsencode(path),
-        "plans": [_expected_plan(wplan, header.dtype, header.fortran_order, fo, do, ub, groups, npy_check, 0),
+        "plans": [_expected_plan(wplan, header.dtype, header.fortran_order, fo, do, ub, groups, npy_check, 0,
+                                 units.repeat),
                   _expected_plan(_read_only(window), header.dtype, False, [], [], [], [], RAW_META, CHECK_JSON)],
         "files": [{"path": os.fsencode(f.path), "expected_size": f.expected_size, "expected_mtime_ns": f.expected_mtime_ns}
                   for f in plans.files],
@@ -274,8 +292,8 @@ def test_canonical_json_agrees_with_json(text):
 def _as_dump(plan: ReadPlan) -> dict:
     """A typed plan as ``_kernels.plan_dump`` names its fields."""
     d = plan.to_dict()
-    gaps = [int(d["file_off"][u] - d["file_off"][u - 1] - d["unit_bytes"][u - 1])
-            for b, e in zip(d["group_begin"], d["group_end"]) for u in range(b + 1, e)]
+    gaps = _gaps(d["file_off"], d["unit_bytes"], d["unit_count"], d["file_step"],
+                 zip(d["group_begin"], d["group_end"]))
     axes = d.pop("axes")
     return {**d, "ndim": plan.ndim, "fortran": bool(d["fortran"]), "coded": bool(d["coded"]), "max_gap": max(gaps, default=0),
             **{k: [a[k] for a in axes] for k in ("copy_dst", "copy_src", "fills")}}
@@ -306,7 +324,7 @@ def test_plan_checksum_of_cxx_equals_its_definition(tmp_path):
     plans.files.append(PlanFile(str(tmp_path / "data.bin"), 16))
     plans.items = [(0, [(0, 0, 0, 0)])]
     data = plans.to_bytes()
-    assert data[:8] == b"DMPLAN05"
+    assert data[:8] == b"DMPLAN06"
     assert _checksum(data[8:-8]) == data[-8:]
     with pytest.raises(_kernels.KernelsError, match="not a whole number of 8-byte words"):
         _kernels.plan_checksum(b"\0" * 12)

@@ -533,7 +533,8 @@ def test_many_chunk_zarr_batch_reads_under_a_low_open_file_limit(tmp_path):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("case", ["ndim0_fortran", "ndim1_fortran", "fortran_flag_2", "fill_size"])
+@pytest.mark.parametrize("case", ["ndim0_fortran", "ndim1_fortran", "fortran_flag_2", "fill_size", "count_zero",
+                                  "step_below_run", "runs_past_window", "steps_overflow", "spans_interleave"])
 def test_checksum_valid_plans_out_of_their_arrays_are_refused(tmp_path, case):
     data = tmp_path / "data.bin"
     data.write_bytes(bytes(range(256)) * 64)
@@ -546,9 +547,17 @@ def test_checksum_valid_plans_out_of_their_arrays_are_refused(tmp_path, case):
     elif case == "fortran_flag_2":
         plan = crafted_plan(2, 4, 0, 2, [2, 2], [0], [0], [16], [0], [1])
         why = "Fortran flag 2"
-    else:  # a 1-byte fill value for 4-byte items: the device fill reads 4 bytes of it
+    elif case == "fill_size":  # a 1-byte fill value for 4-byte items: the device fill reads 4 bytes of it
         plan = crafted_plan(1, 4, 0, 0, [4], [0], [0], [16], [0], [1], fill=b"\x01")
         why = "fill value size"
+    else:  # repeated units (count, file step, window step) whose runs leave the window or overlap
+        why = "unit 0 lies outside the window"
+        fo, do, ub, rep = [0], [0], [4], {"count_zero": ([0], [16], [4]), "step_below_run": ([2], [2], [4]),
+                                          "runs_past_window": ([5], [16], [4]),
+                                          "steps_overflow": ([1 << 40], [1 << 40], [4])}.get(case)
+        if case == "spans_interleave":  # unit 0's runs at 0 and 16, unit 1 at 8: not sorted and disjoint
+            fo, do, ub, rep, why = [0, 8], [0, 8], [4, 4], ([2, 1], [16, 0], [4, 0]), "units are not sorted"
+        plan = crafted_plan(1, 4, 0, 0, [4], fo, do, ub, [0], [len(fo)], repeat=rep)
     path = crafted_plan_file(tmp_path / "p.plan", [plan], [(str(data), -1)], [(0, [(0, 0, 0, 0)])])
     with pytest.raises(RuntimeError, match=f"the plan file is corrupt \\({why}"):
         run_plan_file(path)
@@ -565,6 +574,15 @@ def test_a_crafted_plan_that_is_valid_reads_exactly(tmp_path):
     path = crafted_plan_file(tmp_path / "p.plan", [plan], [(str(data), raw.nbytes)], [(0, [(0, 0, 0, 0)])])
     (w,) = run_plan_file(path)
     np.testing.assert_array_equal(np.array(w[0]), raw[4:10].reshape(3, 2).T)
+    # a column of a (16, 4) array: one unit of 5 runs of 4 bytes, 16 bytes apart in the file, landing
+    # at every other cell of a (12,) window; then, 12 bytes past the unit's last run, a run of 2 cells
+    # into cells 10 and 11 (one read: the gaps land in the scratch)
+    plan = crafted_plan(1, 4, 0, 0, [12], [4, 84], [0, 40], [4, 8], [0], [2], repeat=([5, 1], [16, 0], [8, 0]))
+    path = crafted_plan_file(tmp_path / "q.plan", [plan], [(str(data), raw.nbytes)], [(0, [(0, 0, 0, 0)])])
+    (w,) = run_plan_file(path)
+    got = np.array(w[0])
+    np.testing.assert_array_equal(got[[0, 2, 4, 6, 8]], raw[1:18:4])
+    np.testing.assert_array_equal(got[10:12], raw[21:23])
 
 
 @pytest.mark.timeout(180)
@@ -743,7 +761,7 @@ def test_default_plans_are_sealed_in_memory_and_leave_no_file(tmp_path):
     fd = os.open(path, os.O_RDWR)
     try:
         with pytest.raises(PermissionError):
-            os.write(fd, b"DMPLAN05")  # sealed: F_SEAL_WRITE
+            os.write(fd, b"DMPLAN06")  # sealed: F_SEAL_WRITE
     finally:
         os.close(fd)
     assert plan.write() == path  # one memfd per distinct plan

@@ -152,8 +152,8 @@ def test_many_chunked_hdf5_steps_plan_per_chunk_layout(tmp_path, monkeypatch):
     calls = []
     from dali_mesh.io import chunks
 
-    real = chunks.plan_npy_reads
-    monkeypatch.setattr(chunks, "plan_npy_reads", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = chunks.plan_npy_units
+    monkeypatch.setattr(chunks, "plan_npy_units", lambda *a, **k: calls.append(1) or real(*a, **k))
     (plan,) = native.plan_windows(src)
     assert 0 < len(calls) <= 4  # the window's chunk pieces (2 chunks of 4 columns, 1 of 3 channels)
     # a finishing plan, then one merged plan per layout of the chunks relative to each other
@@ -253,3 +253,74 @@ def test_a_small_zarray_claiming_a_huge_unwritten_grid_falls_back_quickly(tmp_pa
     src = ZarrSource([str(store)], None, Layout(mesh_of((1, 2), (0, 1)), shard={"m0": 1}), batch_size=1)
     with pytest.raises(native.NotNativeError, match="chunk file missing"):
         native.plan_windows(src)
+
+
+# ---- issue 19 item 12: a plan grows with the window's distinct runs, not its elements ------------------
+def _rows_source(kind, path, data, layout):
+    from dali_mesh.source import HDF5Source
+
+    if kind == "npy":
+        files = []
+        for i, d in enumerate(data):
+            files.append(f"{path}.{i}.npy")
+            np.save(files[-1], d)
+        return NumpySource(files, layout, batch_size=2, shuffle=False)
+    if kind == "zarr":
+        import zarr
+        from numcodecs import Blosc
+
+        z = zarr.create_array(path, shape=data.shape, chunks=(1, data.shape[1] // 4, 4), dtype="f4", zarr_format=2,
+                              compressors=[Blosc("lz4", 5, Blosc.SHUFFLE)])
+        z[:] = data
+        return ZarrSource([path], None, layout, batch_size=2, shuffle=False)
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        if kind == "hdf5":
+            f["x"] = data  # contiguous
+        else:  # gzip chunks
+            f.create_dataset("x", data=data, chunks=(1, data.shape[1] // 4, 4), compression="gzip")
+    return HDF5Source([path], "x", layout, batch_size=2, shuffle=False)
+
+
+@pytest.mark.parametrize("kind", ["npy", "zarr", "hdf5", "hdf5_gzip"])
+def test_a_window_of_many_rows_plans_in_runs_not_elements(tmp_path, kind):
+    # Before: a (2**24, 4) float32 file split on its last axis planned one unit (24 bytes) per row, a
+    # 384 MiB plan (6x the window; 2.4 GiB at definition). The rows of a box are one unit repeated at
+    # the row stride now: here 2**20 rows plan in a few hundred bytes (24 MiB before), and read as
+    # numpy reads them, on 2 threads (the reads split into tasks of a repeated unit's runs).
+    rows = 1 << 20 if kind in ("npy", "hdf5") else 1 << 18
+    rng = np.random.default_rng(SEED)
+    data = rng.standard_normal((2, rows, 4)).astype("f4")
+    lay = Layout(mesh_of((1, 4), (0, 2)), shard={"m0": 1})
+    src = _rows_source(kind, str(tmp_path / "rows"), data, lay)
+    (plan,) = native.plan_windows(src)
+    size = len(plan.to_bytes())
+    assert size < 64 << 10, size
+    runs = sum(int(p.unit_count.sum()) for p in plan.plans)
+    assert runs >= rows  # the same runs as before: one per row (per chunk's rows, decoded)
+    p = native_pipeline(src, task_bytes=1 << 20)
+    wins, ids, _ = p.run()
+    for w, sid in zip(wins, ids):
+        np.testing.assert_array_equal(np.array(w), take_window(data[int(np.array(sid))], src.region))
+
+
+@pytest.mark.parametrize("kind", ["npy", "zarr", "hdf5"])
+@pytest.mark.parametrize("rank", [0, 1, 3])
+def test_rows_whose_boxes_interleave_are_planned_run_by_run(tmp_path, kind, rank):
+    # a periodic halo on the split (last) axis: the edge ranks' windows take columns from both ends of
+    # every row, two boxes whose repeated units would interleave in the file: planned run by run
+    # (as before), the inner rank's in repeated units; every window as numpy's
+    rows = 1 << 12
+    rng = np.random.default_rng(SEED + rank)
+    data = rng.standard_normal((2, rows, 4)).astype("f4")
+    lay = Layout(mesh_of((1, 4), (0, rank)), shard={"m0": 1}, halo={1: 1}, boundary={0: "reflect", 1: "periodic"})
+    src = _rows_source(kind, str(tmp_path / "rows"), data, lay)
+    (plan,) = native.plan_windows(src)
+    units = sum(len(p.file_off) for p in plan.plans)
+    assert units < 64 if rank == 1 and kind != "zarr" else units > 0
+    for threads in (1, 2):
+        p = native_pipeline(src, threads=threads, task_bytes=4096)
+        wins, ids, _ = p.run()
+        for w, sid in zip(wins, ids):
+            np.testing.assert_array_equal(np.array(w), take_window(data[int(np.array(sid))], src.region))
