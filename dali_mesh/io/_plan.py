@@ -69,6 +69,8 @@ def plan_axis(
     if size <= 0:
         return AxisPlan(0, (), empty, empty, empty)
     n = domain_stop - domain_start
+    if index_map is None:
+        return _plan_axis_runs(size, window_start - domain_start, n, domain_start, mode)
     pos = np.arange(size, dtype=np.int64)
     rel = pos + (window_start - domain_start)
     idx = boundary_index(rel, n, mode)  # -1: constant (or trim, whose windows never leave the domain)
@@ -117,6 +119,53 @@ def plan_axis(
             copy_src = np.concatenate((copy_src, canon[dup]))
             rpos, file_idx = rpos[~dup], file_idx[~dup]
     return AxisPlan(size, _runs(rpos, file_idx), copy_dst, copy_src, pos[~valid])
+
+
+def _merge_runs(runs) -> tuple[tuple[int, int, int], ...]:
+    """Runs in window order, neighbours that step on by one in both the window and the file joined."""
+    out: list[tuple[int, int, int]] = []
+    for d, s, k in runs:
+        if out and out[-1][0] + out[-1][2] == d and out[-1][1] + out[-1][2] == s:
+            out[-1] = (out[-1][0], out[-1][1], out[-1][2] + k)
+        else:
+            out.append((d, s, k))
+    return tuple(out)
+
+
+def _plan_axis_runs(size: int, offset: int, n: int, domain_start: int, mode: str) -> AxisPlan:
+    """:func:`plan_axis` without an index map, in time and memory of the halo's cells (not the
+    window's): the window positions inside the domain (``offset`` is the window's start relative to
+    it, ``n`` its extent) are one read run, computed, not listed; only the positions outside it go
+    through :func:`boundary_index`."""
+    lo, hi = min(max(0, -offset), size), max(min(size, n - offset), 0)
+    lo, hi = (lo, hi) if lo < hi else (0, 0)  # the window may lie wholly outside the domain
+    halo = np.concatenate((np.arange(0, lo if hi else size, dtype=np.int64),
+                           np.arange(hi, size, dtype=np.int64) if hi else np.empty(0, np.int64)))
+    idx = boundary_index(halo + offset, n, mode)  # -1: constant
+    valid = idx >= 0
+    in_core = valid & (idx >= lo + offset) & (idx < hi + offset)
+    # sources outside the window's domain part: read each once, at its first position
+    cand = valid & ~in_core
+    src_new, first = np.unique(idx[cand], return_index=True)
+    new_pos = halo[cand][first]
+    order = np.argsort(new_pos, kind="stable")
+    new_pos, new_src = new_pos[order], src_new[order]
+    left = new_pos < lo
+    core = ((lo, lo + offset + domain_start, hi - lo),) if hi > lo else ()
+    runs = _merge_runs(_runs(new_pos[left], new_src[left] + domain_start) + core +
+                       _runs(new_pos[~left], new_src[~left] + domain_start))
+    # copies: every valid halo position not read takes the read position holding its source
+    is_new = np.zeros(halo.size, bool)
+    is_new[np.flatnonzero(cand)[first]] = True
+    copy = valid & ~is_new
+    copy_dst = halo[copy]
+    src = idx[copy]
+    copy_src = np.where((src >= lo + offset) & (src < hi + offset), src - offset, 0)
+    far = ~((src >= lo + offset) & (src < hi + offset))
+    if far.any():
+        k = np.searchsorted(src_new, src[far])
+        copy_src[far] = halo[cand][first][k]
+    return AxisPlan(size, runs, copy_dst.astype(np.int64), copy_src.astype(np.int64), halo[~valid])
 
 
 @dataclass(frozen=True)
