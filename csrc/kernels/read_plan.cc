@@ -597,7 +597,12 @@ void ReadVector(const OpenFile &file, std::vector<struct iovec> *iov_in, int64_t
 
 void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_t g0, int64_t g1,
                 char *dst, std::vector<char> *scratch) {
-  if (static_cast<int64_t>(scratch->size()) < plan.max_gap) scratch->resize(plan.max_gap);
+  // gaps land in a scratch of at most 1 MiB (a larger gap takes several buffers of it): a plan's
+  // gaps are a few KiB (merged reads), and a crafted plan's gap of terabytes must not become an
+  // allocation of that size
+  constexpr int64_t kMaxScratch = int64_t(1) << 20;
+  const int64_t scratch_bytes = std::max<int64_t>(1, std::min(plan.max_gap, kMaxScratch));
+  if (static_cast<int64_t>(scratch->size()) < scratch_bytes) scratch->resize(scratch_bytes);
   static const int kIovMax = [] {
     long v = ::sysconf(_SC_IOV_MAX);
     return v > 1 ? static_cast<int>(std::min<long>(v, 1024)) : 1024;
@@ -610,26 +615,30 @@ void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_
                      plan.file_end(last) - plan.file_off[plan.group_begin[g0]]);
   std::vector<struct iovec> iov;
   iov.reserve(kIovMax);
+  int64_t offset = 0;
+  // the group's buffers in file order (runs, and the gaps before them into the scratch), read a
+  // batch of at most kIovMax at a time: a unit of many runs never becomes one vector of them all
+  auto push = [&](char *p, int64_t n) {
+    if (iov.size() == static_cast<size_t>(kIovMax)) {
+      ReadVector(file, &iov, &offset);
+      iov.clear();
+    }
+    iov.push_back({p, static_cast<size_t>(n)});
+  };
   for (int64_t g = g0; g < g1; g++) {
     const int64_t b = plan.group_begin[g], e = plan.group_end[g];
-    int64_t offset = base + plan.file_off[b];
-    // the group's buffers in file order (runs, and the gaps before them into the scratch), a batch
-    // of at most kIovMax at a time: a unit of many runs never becomes one vector of them all
-    int64_t u = b, j = 0, at = plan.file_off[b];  // the next run: unit u, run j; the file byte read next
-    while (u < e) {
-      iov.clear();
-      while (u < e && iov.size() + 2 <= static_cast<size_t>(kIovMax)) {
+    offset = base + plan.file_off[b];
+    iov.clear();
+    int64_t at = plan.file_off[b];  // the file byte read next
+    for (int64_t u = b; u < e; u++) {
+      for (int64_t j = 0; j < plan.unit_count[u]; j++) {
         const int64_t run = plan.file_off[u] + j * plan.file_step[u];
-        if (run > at) iov.push_back({scratch->data(), static_cast<size_t>(run - at)});
-        iov.push_back({dst + plan.dst_off[u] + j * plan.dst_step[u], static_cast<size_t>(plan.unit_bytes[u])});
+        for (int64_t gap = run - at; gap > 0; gap -= scratch_bytes) push(scratch->data(), std::min(gap, scratch_bytes));
+        push(dst + plan.dst_off[u] + j * plan.dst_step[u], plan.unit_bytes[u]);
         at = run + plan.unit_bytes[u];
-        if (++j == plan.unit_count[u]) {
-          u++;
-          j = 0;
-        }
       }
-      ReadVector(file, &iov, &offset);
     }
+    ReadVector(file, &iov, &offset);
     SwapUnits(plan, b, e, dst);  // the file holds the other byte order: swap what was just read
   }
 }

@@ -64,7 +64,7 @@ struct ReadPlan {
   // unit u's file bytes from its first run's first byte to its last run's end
   int64_t span(int64_t u) const { return (unit_count[u] - 1) * file_step[u] + unit_bytes[u]; }
   int64_t file_end(int64_t u) const { return file_off[u] + span(u); }
-  int64_t max_gap = 0;  // largest gap inside a group (scratch size)
+  int64_t max_gap = 0;  // largest gap inside a group (the scratch size, up to 1 MiB: see ReadGroups)
 };
 
 struct PlanFile {

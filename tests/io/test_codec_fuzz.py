@@ -41,7 +41,10 @@ def _fnv(data: bytes) -> str:
     return f"{h:016x}"
 
 
-def _build(tmp_path) -> str:
+def build_sanitized(tmp_path, main: str = "tests/io/codec_fuzz_main.cc",
+                    sources=("csrc/kernels/codecs.cc",), opt: str = "-O1") -> tuple[str, list[str]]:
+    """``main`` and the project's ``sources`` built with AddressSanitizer and UBSan (at ``opt``),
+    linked with the codec libraries this machine has (the ``-D`` flags say which)."""
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler")
@@ -60,10 +63,10 @@ def _build(tmp_path) -> str:
             libs.append(f"-l{lib}")
             if name == "LZF":
                 incs.append("-I/usr/include/liblzf")
-    exe = str(tmp_path / "codec_fuzz")
-    cmd = [cxx, "-std=c++20", "-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
-           "-fno-sanitize-recover=all", *defs, f"-I{ROOT}/csrc", *incs, f"{ROOT}/csrc/kernels/codecs.cc",
-           f"{ROOT}/tests/io/codec_fuzz_main.cc", "-o", exe, *libs]
+    exe = str(tmp_path / os.path.basename(main).removesuffix("_main.cc"))
+    cmd = [cxx, "-std=c++20", opt, "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
+           "-fno-sanitize-recover=all", *defs, f"-I{ROOT}/csrc", *incs, *(f"{ROOT}/{s}" for s in sources),
+           f"{ROOT}/{main}", "-o", exe, *libs, "-lpthread"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0 and "sanitize" in proc.stderr and "cannot find" in proc.stderr:
         pytest.skip(f"the compiler has no sanitizer runtime: {proc.stderr[-300:]}")
@@ -166,7 +169,7 @@ def _mutants(rng, stored: bytes):
 
 
 def test_corrupted_chunks_never_crash_under_sanitizers(tmp_path):
-    exe, defs = _build(tmp_path)
+    exe, defs = build_sanitized(tmp_path)
     have = {n for n, d in (("blosc", "BLOSC2"), ("zstd", "ZSTD"), ("lz4", "LZ4"), ("zlib", "ZLIB"), ("lzf", "LZF"),
                            ("szip", "SZIP")) if f"-DDALI_MESH_HAVE_{d}=1" in defs}
     valid = _valid_chunks(have) + (_hdf5_chunks(tmp_path, have) if "zlib" in have else [])

@@ -483,3 +483,35 @@ def test_count_npy_units_equals_the_units_planned():
             runs = plan_npy_reads(stored, plan, merge_gap=gap)
             assert count_npy_units(stored, plan, merge_gap=gap, runs=True) == len(runs[0]), (shape, region)
 
+
+
+def test_an_axis_plan_applied_to_a_row_is_numpys_pad():
+    """plan_axis (which lists only the halo's positions: its in-domain run is computed) applied to
+    one axis: its reads, copies and fills give np.pad's window, for random domains, windows (inside
+    and across the domain, wider than it) and every rule; and a 2**30-cell axis plans
+    without listing its cells."""
+    from dali_mesh.io._plan import plan_axis
+    from dali_mesh.partition import Region
+    from tests.helpers import np_pad_window
+
+    rng = np.random.default_rng(SEED)
+    for _ in range(3000):
+        n, d0 = int(rng.integers(1, 10)), int(rng.integers(0, 4))
+        w0 = int(rng.integers(-12, n))
+        w1 = max(w0 + int(rng.integers(1, 26)), 1)  # np_pad_window's windows meet the domain
+        mode = str(rng.choice(["constant", "periodic", "reflect", "edge", "symmetric"]))
+        row = np.arange(100, 100 + n + d0 + 3)
+        ap = plan_axis(w0 + d0, w1 + d0, d0, d0 + n, mode)
+        got = np.full(w1 - w0, -1)
+        for dst, src, k in ap.reads:
+            got[dst:dst + k] = row[src:src + k]
+        got[ap.copy_dst] = got[ap.copy_src]
+        got[ap.fill] = -7
+        r = Region((d0,), (d0 + n,), (d0,), (d0 + n,), (w0 + d0,), (w1 + d0,), (mode,), -7)
+        np.testing.assert_array_equal(got, np_pad_window(row[d0:d0 + n], r), err_msg=f"{n} {d0} {w0} {w1} {mode}")
+        assert len(set(s for _, src, k in ap.reads for s in range(src, src + k))) == ap.read_cells  # each cell once
+    ap = plan_axis(3, (1 << 30) + 5, 4, 1 << 30, "reflect")
+    # one cell before the domain and five after it mirror cells inside: copies of read positions
+    assert ap.reads == ((1, 4, (1 << 30) - 4),) and ap.fill.size == 0
+    assert ap.copy_dst.tolist() == [0] + list(range((1 << 30) - 3, (1 << 30) + 2))
+    assert ap.copy_src.tolist() == [2] + [(1 << 30) - 5 - k for k in range(5)]
