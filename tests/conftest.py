@@ -39,19 +39,37 @@ def spill_compiles(out_dir):
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for part in (1, 2)]
 
 
+FUZZ_TESTS = {"test_corrupted_chunks_never_crash_under_sanitizers": "CODEC_HARNESS",
+              "test_crafted_plan_words_never_crash_under_sanitizers": "PLAN_HARNESS"}
+
+
 def pytest_collection_modifyitems(session, config, items):
     """When the spill check is selected, its compiles (30 s of nvcc on 2 cores) start now and run beside
-    the tests before it, on the core the single-process tests leave idle."""
+    the tests before it, on the core the single-process tests leave idle; so do the sanitized builds
+    of the fuzz harnesses (tests/io/test_codec_fuzz.py, test_plan_fuzz.py)."""
     import tempfile
 
     if any(item.name == SPILL_TEST for item in items) and not hasattr(config, "_dm_spill"):
         out = tempfile.mkdtemp(prefix="dali_mesh_spill_")
         config._dm_spill = (out, spill_compiles(out))
+    fuzz = {FUZZ_TESTS[item.name] for item in items if item.name in FUZZ_TESTS}
+    if fuzz and not hasattr(config, "_dm_fuzz"):
+        import sys
+
+        module = sys.modules.get("tests.io.test_codec_fuzz")
+        if module is not None:  # collected (its imports were there)
+            out = tempfile.mkdtemp(prefix="dali_mesh_fuzz_")
+            module.start_builds(out, [getattr(module, h) for h in sorted(fuzz)])
+            config._dm_fuzz = (out, module)
 
 
 def pytest_unconfigure(config):
     import shutil
 
+    fuzz = getattr(config, "_dm_fuzz", None)
+    if fuzz is not None:
+        fuzz[1].stop_builds()
+        shutil.rmtree(fuzz[0], ignore_errors=True)
     spill = getattr(config, "_dm_spill", None)
     if spill is not None:
         for proc in spill[1] or []:

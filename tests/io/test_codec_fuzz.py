@@ -31,7 +31,8 @@ h5py = pytest.importorskip("h5py")
 
 SEED = 20261201
 MUTANTS_PER_CHUNK = 60
-IDS = {"blosc": 1, "zstd": 2, "lz4": 3, "zlib": 4, "gzip": 5, "shuffle": 6, "fletcher32": 7, "lzf": 8, "szip": 9}
+IDS = {"blosc": 1, "zstd": 2, "lz4": 3, "zlib": 4, "gzip": 5, "shuffle": 6, "fletcher32": 7, "lzf": 8, "szip": 9,
+       "crc32c": 10}
 
 
 def _fnv(data: bytes) -> str:
@@ -41,13 +42,58 @@ def _fnv(data: bytes) -> str:
     return f"{h:016x}"
 
 
-def build_sanitized(tmp_path, main: str = "tests/io/codec_fuzz_main.cc",
-                    sources=("csrc/kernels/codecs.cc",), opt: str = "-O1") -> tuple[str, list[str]]:
+#: the sanitized harnesses of the fuzz tests: (main, sources, optimisation)
+CODEC_HARNESS = ("tests/io/codec_fuzz_main.cc", ("csrc/kernels/codecs.cc",), "-O1")
+PLAN_HARNESS = ("tests/io/plan_fuzz_main.cc", ("csrc/kernels/read_plan.cc", "csrc/kernels/codecs.cc"), "-O0")
+_EARLY: dict = {}  # harness -> (Popen, exe, -D flags): compiles started when the tests were collected
+
+
+def start_builds(out_dir: str, harnesses) -> None:
+    """Start compiling ``harnesses`` into ``out_dir`` now (tests/conftest.py does it at collection, so
+    that the compiles run beside the tests before the fuzz tests); :func:`build_sanitized` waits."""
+    for h in harnesses:
+        made = _sanitized_command(out_dir, *h)
+        if made is not None and h not in _EARLY:
+            cmd, exe, defs = made
+            _EARLY[h] = (subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), exe, defs)
+
+
+def stop_builds() -> None:
+    for proc, _, _ in _EARLY.values():
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    _EARLY.clear()
+
+
+def build_sanitized(tmp_path, main: str = CODEC_HARNESS[0], sources=CODEC_HARNESS[1],
+                    opt: str = CODEC_HARNESS[2]) -> tuple[str, list[str]]:
     """``main`` and the project's ``sources`` built with AddressSanitizer and UBSan (at ``opt``),
-    linked with the codec libraries this machine has (the ``-D`` flags say which)."""
+    linked with the codec libraries this machine has (the ``-D`` flags say which); a compile started
+    early (:func:`start_builds`) is waited for."""
+    early = _EARLY.get((main, tuple(sources), opt))
+    if early is not None:
+        proc, exe, defs = early
+        _, stderr = proc.communicate(timeout=300)
+        returncode = proc.returncode
+    else:
+        made = _sanitized_command(str(tmp_path), main, tuple(sources), opt)
+        if made is None:
+            pytest.skip("no C++ compiler")
+        cmd, exe, defs = made
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        stderr, returncode = done.stderr, done.returncode
+    if returncode != 0 and "sanitize" in stderr and "cannot find" in stderr:
+        pytest.skip(f"the compiler has no sanitizer runtime: {stderr[-300:]}")
+    assert returncode == 0, stderr[-3000:]
+    return exe, defs
+
+
+def _sanitized_command(out_dir: str, main: str, sources, opt: str):
+    """``(compile command, executable, -D flags)``, or None without a C++ compiler."""
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
-        pytest.skip("no C++ compiler")
+        return None
     defs, incs, libs = [], [], []
     spec = importlib.util.find_spec("blosc2")
     if spec and spec.submodule_search_locations:
@@ -56,6 +102,13 @@ def build_sanitized(tmp_path, main: str = "tests/io/codec_fuzz_main.cc",
             defs.append("-DDALI_MESH_HAVE_BLOSC2=1")
             incs.append(f"-I{b2}/include")
             libs += [f"-L{b2}/lib", "-lblosc2", f"-Wl,-rpath,{b2}/lib"]
+    spec = importlib.util.find_spec("google_crc32c")  # libcrc32c from the google-crc32c wheel
+    if spec and spec.submodule_search_locations:
+        libs_dir = os.path.join(os.path.dirname(list(spec.submodule_search_locations)[0]), "google_crc32c.libs")
+        found = sorted(f for f in os.listdir(libs_dir) if f.startswith("libcrc32c")) if os.path.isdir(libs_dir) else []
+        if found:
+            defs.append("-DDALI_MESH_HAVE_CRC32C=1")
+            libs += [os.path.join(libs_dir, found[0]), f"-Wl,-rpath,{libs_dir}"]
     for name, header, lib in (("ZSTD", "zstd.h", "zstd"), ("LZ4", "lz4.h", "lz4"), ("ZLIB", "zlib.h", "z"),
                               ("LZF", "liblzf/lzf.h", "lzf"), ("SZIP", "szlib.h", "sz")):
         if os.path.exists(f"/usr/include/{header}"):
@@ -63,15 +116,11 @@ def build_sanitized(tmp_path, main: str = "tests/io/codec_fuzz_main.cc",
             libs.append(f"-l{lib}")
             if name == "LZF":
                 incs.append("-I/usr/include/liblzf")
-    exe = str(tmp_path / os.path.basename(main).removesuffix("_main.cc"))
+    exe = os.path.join(out_dir, os.path.basename(main).removesuffix("_main.cc"))
     cmd = [cxx, "-std=c++20", opt, "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
            "-fno-sanitize-recover=all", *defs, f"-I{ROOT}/csrc", *incs, *(f"{ROOT}/{s}" for s in sources),
            f"{ROOT}/{main}", "-o", exe, *libs, "-lpthread"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0 and "sanitize" in proc.stderr and "cannot find" in proc.stderr:
-        pytest.skip(f"the compiler has no sanitizer runtime: {proc.stderr[-300:]}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return exe, defs
+    return cmd, exe, defs
 
 
 def _valid_chunks(have):
@@ -95,6 +144,11 @@ def _valid_chunks(have):
         if "zlib" in have:
             out.append((((IDS["zlib"], 0),), raw, zlib.compress(raw, 6)))
             out.append((((IDS["gzip"], 0),), raw, numcodecs.GZip(5).encode(a)))
+        if "crc32c" in have:  # Zarr v3 [bytes, crc32c] and [bytes, zstd, crc32c], as zarr-python writes them
+            crc = numcodecs.CRC32C()
+            out.append((((IDS["crc32c"], 0),), raw, bytes(crc.encode(a))))
+            if "zstd" in have:
+                out.append((((IDS["crc32c"], 0), (IDS["zstd"], 0)), raw, bytes(crc.encode(numcodecs.Zstd(3).encode(a)))))
     return out
 
 
@@ -171,7 +225,7 @@ def _mutants(rng, stored: bytes):
 def test_corrupted_chunks_never_crash_under_sanitizers(tmp_path):
     exe, defs = build_sanitized(tmp_path)
     have = {n for n, d in (("blosc", "BLOSC2"), ("zstd", "ZSTD"), ("lz4", "LZ4"), ("zlib", "ZLIB"), ("lzf", "LZF"),
-                           ("szip", "SZIP")) if f"-DDALI_MESH_HAVE_{d}=1" in defs}
+                           ("szip", "SZIP"), ("crc32c", "CRC32C")) if f"-DDALI_MESH_HAVE_{d}=1" in defs}
     valid = _valid_chunks(have) + (_hdf5_chunks(tmp_path, have) if "zlib" in have else [])
     rng = np.random.default_rng(SEED)
     records, expect = [], []

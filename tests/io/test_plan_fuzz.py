@@ -22,7 +22,7 @@ import pytest
 from dali_mesh import Layout
 from dali_mesh.partition import take_window
 from tests.helpers import mesh_of
-from tests.io.test_codec_fuzz import build_sanitized
+from tests.io.test_codec_fuzz import PLAN_HARNESS, build_sanitized
 
 pytest.importorskip("nvidia.dali")
 h5py = pytest.importorskip("h5py")
@@ -110,8 +110,7 @@ def _write(path, words: np.ndarray) -> str:
 
 
 def test_crafted_plan_words_never_crash_under_sanitizers(tmp_path):
-    exe, _ = build_sanitized(tmp_path, "tests/io/plan_fuzz_main.cc",
-                             ("csrc/kernels/read_plan.cc", "csrc/kernels/codecs.cc", "csrc/kernels/slice_args.cc"), opt="-O0")
+    exe, _ = build_sanitized(tmp_path, *PLAN_HARNESS)
     rng = np.random.default_rng(SEED)
     plans, expect = [], []
     for k, (src, windows) in enumerate(_sources(tmp_path)):
