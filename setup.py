@@ -80,6 +80,18 @@ def _blosc2_dir() -> str | None:
     return str(folder) if (folder / "include" / "blosc2.h").exists() else None
 
 
+def _crc32c_dir() -> str | None:
+    """The folder holding the google-crc32c wheel's libcrc32c (``google_crc32c.libs``, beside its
+    package; zarr's own dependency for Zarr v3's crc32c codec), found without importing it."""
+    import importlib.util  # noqa: PLC0415
+
+    spec = importlib.util.find_spec("google_crc32c")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(list(spec.submodule_search_locations)[0]).parent / "google_crc32c.libs"
+    return str(folder) if any(folder.glob("libcrc32c*.so*")) else None
+
+
 def _tool(name: str) -> str | None:
     """A tool next to this interpreter (the venv's cmake/ninja) first, then on PATH."""
     local = Path(sys.executable).parent / name
@@ -137,6 +149,9 @@ class CMakeBuild(build_ext):
         blosc2 = _blosc2_dir()
         if blosc2:
             args.append(f"-DDALI_MESH_BLOSC2_DIR={blosc2}")
+        crc32c = _crc32c_dir()
+        if crc32c:
+            args.append(f"-DDALI_MESH_CRC32C_DIR={crc32c}")
         archs = os.environ.get("DALI_MESH_CUDA_ARCHS")
         if archs:
             args += [f"-DDALI_MESH_CUDA_ARCHS={archs}", f"-DCMAKE_CUDA_ARCHITECTURES={archs}"]

@@ -30,6 +30,11 @@ extern "C" {  // libaec's szlib.h declares C functions without a C++ guard
 #include <szlib.h>
 }
 #endif
+#ifdef DALI_MESH_HAVE_CRC32C
+// Google's crc32c library (crc32c/crc32c.h, its C API; the google-crc32c wheel ships the library
+// without the header)
+extern "C" uint32_t crc32c_value(const uint8_t *data, size_t count);
+#endif
 #include <cerrno>
 #include <climits>
 
@@ -42,7 +47,7 @@ bool IsDecompressor(int64_t id) {
          id == kCodecLzf || id == kCodecSzip;
 }
 
-bool IsChecksum(int64_t id) { return id == kCodecFletcher32; }
+bool IsChecksum(int64_t id) { return id == kCodecFletcher32 || id == kCodecCrc32c; }
 
 std::string Num(int64_t v) { return std::to_string(v); }
 
@@ -287,6 +292,7 @@ const char *CodecName(int64_t id) {
     case kCodecFletcher32: return "fletcher32";
     case kCodecLzf: return "lzf";
     case kCodecSzip: return "szip";
+    case kCodecCrc32c: return "crc32c";
     default: return "an unknown codec";
   }
 }
@@ -299,6 +305,7 @@ const char *CodecLibrary(int64_t id) {
     case kCodecZlib: case kCodecGzip: return "zlib";
     case kCodecLzf: return "liblzf";
     case kCodecSzip: return "libaec";
+    case kCodecCrc32c: return "libcrc32c";
     default: return "";
   }
 }
@@ -341,6 +348,12 @@ bool CodecAvailable(int64_t id) {
 #else
       return false;
 #endif
+    case kCodecCrc32c:
+#ifdef DALI_MESH_HAVE_CRC32C
+      return true;
+#else
+      return false;
+#endif
     case kCodecShuffle: case kCodecFletcher32: return true;
     default: return false;
   }
@@ -351,7 +364,8 @@ std::string CheckCoder(const Coder &coder) {
   int stage = 0;  // 0: checksums, 1: after the decompressor
   for (const auto &s : coder.steps) {
     if (!CodecAvailable(s.id)) {
-      if (IsDecompressor(s.id)) return std::string(CodecName(s.id)) + " is not in this build (" + CodecLibrary(s.id) + ")";
+      if (IsDecompressor(s.id) || s.id == kCodecCrc32c)
+        return std::string(CodecName(s.id)) + " is not in this build (" + CodecLibrary(s.id) + ")";
       return "codec id " + Num(s.id) + " is unknown";
     }
     if (IsChecksum(s.id)) {
@@ -380,11 +394,20 @@ std::string DecodeChunk(const Coder &coder, const char *src, int64_t n, char *ou
   int64_t size = n;
   size_t k = 0;
   for (; k < coder.steps.size() && IsChecksum(coder.steps[k].id); k++) {
-    if (size < 4) return "a chunk of " + Num(size) + " bytes has no room for its Fletcher-32 checksum";
+    const bool crc = coder.steps[k].id == kCodecCrc32c;
+    const char *what = crc ? "crc32c" : "Fletcher-32";
+    if (size < 4) return "a chunk of " + Num(size) + " bytes has no room for its " + what + " checksum";
     size -= 4;
     const auto *b = reinterpret_cast<const unsigned char *>(cur);
     const uint32_t stored = uint32_t(b[size]) | uint32_t(b[size + 1]) << 8 | uint32_t(b[size + 2]) << 16 |
                             uint32_t(b[size + 3]) << 24;
+    if (crc) {
+#ifdef DALI_MESH_HAVE_CRC32C
+      if (crc32c_value(b, static_cast<size_t>(size)) != stored)
+        return "its crc32c checksum does not match (the chunk is corrupt)";
+#endif
+      continue;
+    }
     const uint32_t sum = Fletcher32(b, size);
     // HDF5 accepts the sum with its bytes swapped in pairs too (written by old big-endian builds)
     const uint32_t swapped = ((sum & 0x00ff00ffu) << 8) | ((sum & 0xff00ff00u) >> 8);

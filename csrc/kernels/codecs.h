@@ -29,6 +29,8 @@ enum CodecId : int64_t {
   kCodecSzip = 9,        // HDF5 szip: 4-byte little-endian decoded size, then the stream (libaec);
                          // arg: options_mask | pixels_per_block << 16 | bits_per_pixel << 24 |
                          // pixels_per_scanline << 32 (the filter's parameters)
+  kCodecCrc32c = 10,     // Zarr v3 crc32c: the last 4 bytes, little-endian, are the CRC-32C of the others
+                         // (Google's crc32c library, as the google-crc32c wheel ships it)
 };
 
 struct CodecStep {

@@ -81,14 +81,15 @@ def chunk_coords(wplan: WindowPlan, chunks: Sequence[int]):
                 yield idx
 
 
-def chunk_pieces(wplan: WindowPlan, chunks: Sequence[int], stored: np.dtype, merge_gap: int):
+def chunk_pieces(wplan: WindowPlan, chunks: Sequence[int], stored: np.dtype, merge_gap: int,
+                 fortran: bool = False):
     """The window's boxes cut by the chunk grid of the axes after the step axis: per piece, the
-    units ``(file offsets, window offsets, bytes, groups)`` read from a raw C-order chunk of shape
-    ``chunks`` for the chunk's first step (the units of step ``j`` of the chunk lie ``j``
-    step-strides further: the part's base says so), and the chunk indices of its axes after the
-    step axis."""
+    :class:`Units` read from a raw C-order (``fortran``: Fortran-order) chunk of shape ``chunks`` for
+    the chunk's first step (the units of step ``j`` of the chunk lie ``j`` step-strides further: the
+    part's base says so), and the chunk indices of its axes after the step axis. Fortran-order
+    units land in the Fortran-order staging of the window (its finishing plan transposes it)."""
     shape = wplan.window_shape
-    chunk = StoredArray(tuple(chunks), stored)
+    chunk = StoredArray(tuple(chunks), stored, fortran)
     out = []
     for wst, fst, ln in wplan.boxes():
         per_axis = [_pieces(f, n, c) for f, n, c in zip(fst, ln, chunks[1:])]
@@ -252,6 +253,9 @@ def plan_time_series(first_file: str, *, num_samples: int, time_start: int, file
             outs.append(out)
             continue
         n = hi - lo + 1
+        if any(base.plans[steps[fi][1]].fortran for fi in order):
+            # a step's window lands in Fortran order; a stacked window transposes as a whole
+            raise NotNativeError(f"{first_file}: a forecast of chunks in Fortran order is read by partitioned_source")
         wplan = steps[order[0]][2]
         step_bytes = math.prod(wplan.window_shape) * base.dtype.itemsize
         # the stacked window: a leading step axis without boundary cells, then the step's axes

@@ -51,10 +51,11 @@ PLAN_MAGIC = b"DMPLAN06"
 #: ``zarr.json``), compared whole in canonical form (``kCheckJson`` in read_plan.h).
 CHECK_JSON = -1
 #: codec ids of the plan file (``CodecId`` in csrc/kernels/codecs.h), by name
-CODECS = {"blosc": 1, "zstd": 2, "lz4": 3, "zlib": 4, "gzip": 5, "shuffle": 6, "fletcher32": 7, "lzf": 8, "szip": 9}
+CODECS = {"blosc": 1, "zstd": 2, "lz4": 3, "zlib": 4, "gzip": 5, "shuffle": 6, "fletcher32": 7, "lzf": 8, "szip": 9,
+          "crc32c": 10}
 #: the library that decodes each codec in the reader (for messages about a build without it)
 CODEC_LIBRARIES = {"blosc": "c-blosc2", "zstd": "libzstd", "lz4": "liblz4", "zlib": "zlib", "gzip": "zlib",
-                   "lzf": "liblzf", "szip": "libaec"}
+                   "lzf": "liblzf", "szip": "libaec", "crc32c": "libcrc32c (the google-crc32c wheel's)"}
 #: dtype kinds DALI carries (complex, datetime and timedelta have no DALI type)
 _NATIVE_KINDS = "biuf"
 
@@ -313,10 +314,10 @@ class ReadPlan:
                    *(repeat if repeat is not None else (None, None, None)))
 
     @classmethod
-    def finishing(cls, wplan, dtype: np.dtype) -> "ReadPlan":
+    def finishing(cls, wplan, dtype: np.dtype, fortran: bool = False) -> "ReadPlan":
         """A plan that reads nothing and runs ``wplan``'s boundary program (the last step of a sample
-        read in parts)."""
-        return cls.from_units(wplan, dtype, False, _EMPTY, _EMPTY, _EMPTY, [])
+        read in parts; with ``fortran``, after the transpose of parts that land in Fortran order)."""
+        return cls.from_units(wplan, dtype, fortran, _EMPTY, _EMPTY, _EMPTY, [])
 
     @classmethod
     def reads_only(cls, window_shape, dtype: np.dtype, file_off, dst_off, unit_bytes, groups,

@@ -238,7 +238,8 @@ def _codec_steps(name: str, path: str, arr) -> tuple[tuple[int, int], ...]:
 
     cid = CODECS[name]
     if not _kernels.codec_available(cid):
-        raise NotNativeError(f"{path}: Zarr array {arr.path!r} is {name}-compressed, but this build of the native "
+        what = "crc32c-checked" if name == "crc32c" else f"{name}-compressed"
+        raise NotNativeError(f"{path}: Zarr array {arr.path!r} is {what}, but this build of the native "
                              f"reader has no {CODEC_LIBRARIES[name]} (it was not found when the plugin was built); "
                              "it is decoded by partitioned_source")
     return ((cid, np.dtype(arr.dtype).itemsize if name == "blosc" else 0),)
@@ -254,25 +255,42 @@ class _Coding(NamedTuple):
     shard: tuple[int, ...] | None = None
     index_at_end: bool = True
     index_crc: bool = False
+    fortran: bool = False  # chunks in Fortran order (v2 order "F", v3 transpose to the reversed axes)
 
 
-def _v3_codecs(codecs, path, arr, what: str) -> tuple[np.dtype, tuple | None]:
-    """The stored dtype and coder steps of a v3 codec list ``bytes`` [+ one compressor]."""
+def _v3_codecs(codecs, path, arr, what: str) -> tuple[np.dtype, tuple | None, bool]:
+    """The stored dtype, coder steps and Fortran order of a v3 codec list [transpose to the
+    reversed axes] ``bytes`` [+ one compressor] [+ crc32c] (decoded in the other order: the checksum
+    verified first, then the compressor)."""
     names = [type(c).__name__ for c in codecs]
-    if not names or names[0] != "BytesCodec" or len(names) > 2 or (len(names) == 2 and names[1] not in _V3_CODECS):
+    fortran = bool(names) and names[0] == "TransposeCodec"
+    if fortran:
+        order = tuple(int(a) for a in codecs[0].order)
+        if order != tuple(range(len(order)))[::-1]:
+            raise NotNativeError(f"{path}: Zarr array {arr.path!r} has TransposeCodec(order={order}); the native "
+                                 "reader reads chunks in C order or transposed to the reversed axes (Fortran "
+                                 "order); it is decoded by partitioned_source")
+        codecs, names = codecs[1:], names[1:]
+    crc = bool(names) and names[-1] == "Crc32cCodec"
+    body = names[:-1] if crc else names
+    if not body or body[0] != "BytesCodec" or len(body) > 2 or (len(body) == 2 and body[1] not in _V3_CODECS):
         raise NotNativeError(f"{path}: Zarr array {arr.path!r} has {what} {names}; the native reader decodes bytes "
-                             f"followed by at most one of {sorted(_V3_CODECS)} (no transposition or checksum yet), "
-                             "in a shard or not; it is decoded by partitioned_source")
+                             f"followed by at most one of {sorted(_V3_CODECS)}, then optionally crc32c, after a "
+                             "transpose to the reversed axes or none, in a shard or not; it is decoded by "
+                             "partitioned_source")
     dtype = np.dtype(arr.dtype)
     endian = getattr(codecs[0].endian, "value", None)
     if dtype.itemsize > 1 and endian in ("little", "big"):
         dtype = dtype.newbyteorder("<" if endian == "little" else ">")
-    return dtype, (None if len(names) == 1 else _codec_steps(_V3_CODECS[names[1]], path, arr))
+    steps = () if len(body) == 1 else _codec_steps(_V3_CODECS[body[1]], path, arr)
+    if crc:
+        steps = _codec_steps("crc32c", path, arr) + steps
+    return dtype, steps or None, fortran
 
 
 def _zarr_coding(arr, path) -> _Coding:
     """How ``arr``'s chunks are stored (:class:`_Coding`), or :class:`NotNativeError` naming what the
-    native reader does not decode (a filter, a codec, a transposition, Fortran order)."""
+    native reader does not decode (a filter, a codec, a transposition other than to the reversed axes)."""
     md = arr.metadata
     dtype = np.dtype(arr.dtype)
     if md.zarr_format == 2:
@@ -280,24 +298,22 @@ def _zarr_coding(arr, path) -> _Coding:
             names = [getattr(f, "codec_id", type(f).__name__) for f in md.filters]
             raise NotNativeError(f"{path}: Zarr array {arr.path!r} has filters {names}, which the native reader "
                                  "does not apply; it is decoded by partitioned_source")
-        if md.order != "C":
-            raise NotNativeError(f"{path}: Zarr array {arr.path!r} stores chunks in order {md.order!r}; it is read "
-                                 "by partitioned_source")
+        fortran = md.order == "F"
         if md.compressor is None:
-            return _Coding(dtype, None)
+            return _Coding(dtype, None, fortran=fortran)
         cid = getattr(md.compressor, "codec_id", type(md.compressor).__name__)
         if cid not in _V2_COMPRESSORS:
             raise NotNativeError(f"{path}: Zarr array {arr.path!r} has compressor {cid!r}, which the native reader "
                                  f"does not decode (it decodes {', '.join(_V2_COMPRESSORS)}); it is decoded by "
                                  "partitioned_source")
-        return _Coding(dtype, _codec_steps(cid, path, arr))
+        return _Coding(dtype, _codec_steps(cid, path, arr), fortran=fortran)
     if type(md.chunk_grid).__name__ != "RegularChunkGrid":
         raise NotNativeError(f"{path}: Zarr array {arr.path!r} has chunk grid {type(md.chunk_grid).__name__}; it is "
                              "read by partitioned_source")
     names = [type(c).__name__ for c in md.codecs]
     if names == ["ShardingCodec"]:
         sc = md.codecs[0]
-        stored, steps = _v3_codecs(sc.codecs, path, arr, "inner codecs")
+        stored, steps, fortran = _v3_codecs(sc.codecs, path, arr, "inner codecs")
         index = [type(c).__name__ for c in sc.index_codecs]
         little = getattr(getattr(sc.index_codecs[0], "endian", None), "value", None) == "little" if index else False
         if index not in (["BytesCodec"], ["BytesCodec", "Crc32cCodec"]) or not little:
@@ -305,9 +321,9 @@ def _zarr_coding(arr, path) -> _Coding:
                                  "reads a little-endian index with or without crc32c; it is read by partitioned_source")
         # a coder without steps copies a raw inner chunk (sizes checked) out of the shard
         return _Coding(stored, steps or (), tuple(int(n) for n in md.chunk_grid.chunk_shape),
-                       getattr(sc.index_location, "value", sc.index_location) == "end", len(index) == 2)
-    stored, steps = _v3_codecs(md.codecs, path, arr, "codecs")
-    return _Coding(stored, steps)
+                       getattr(sc.index_location, "value", sc.index_location) == "end", len(index) == 2, fortran)
+    stored, steps, fortran = _v3_codecs(md.codecs, path, arr, "codecs")
+    return _Coding(stored, steps, fortran=fortran)
 
 
 def _fill_bytes(arr, stored: np.dtype) -> bytes:
@@ -338,10 +354,11 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     chunks = tuple(int(c) for c in arr.chunks)
     ct = chunks[0]
     chunk_bytes = math.prod(chunks) * stored.itemsize
-    step_stride = math.prod(chunks[1:]) * stored.itemsize
+    # a chunk's steps lie one step's bytes apart in C order, one item apart in Fortran order
+    step_stride = stored.itemsize if coding.fortran else math.prod(chunks[1:]) * stored.itemsize
     wplan = plan_window(region, index_maps)
     shape = wplan.window_shape
-    finish = plans.add_plan(ReadPlan.finishing(wplan, stored))
+    finish = plans.add_plan(ReadPlan.finishing(wplan, stored, coding.fortran))
     # the array's metadata file, checked whole at every read (a part that reads nothing): chunk
     # files of an array rewritten with another shape, chunking or dtype are refused, not read
     folder = os.path.join(root, *arr.path.split("/")) if arr.path else root
@@ -365,7 +382,7 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
         chunk_of = _ShardIndex(arr, folder, plans, coding, chunks, coder) if coding.shard else \
             _chunk_files(arr, folder, plans, coder)
         return _coded_parts(plans, wplan, chunks, stored, chunk_of, locals_, (meta_file, meta_plan),
-                            merge_gap), finish, wplan
+                            merge_gap, coding.fortran), finish, wplan
     # the chunk files of the first step first: a store whose chunks were never written (a small
     # metadata file claiming a huge grid) falls back after a stat per chunk, not after planning all
     for coords in chunk_coords(wplan, chunks):
@@ -373,7 +390,7 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
         if not os.path.exists(os.path.join(folder, *key.split("/"))):
             raise NotNativeError(f"{os.path.join(folder, *key.split('/'))}: chunk file missing (it reads as fill "
                                  "values)")
-    pieces = chunk_pieces(wplan, chunks, stored, merge_gap)
+    pieces = chunk_pieces(wplan, chunks, stored, merge_gap, coding.fortran)
     piece_ids = piece_plans(pieces, plans, shape, stored)
     chunk_ids = range(first_chunk, (l1 - 1) // ct + 1)
     parts = np.empty((locals_.size, 1 + len(pieces), 3), np.int64)
@@ -509,14 +526,15 @@ class _ShardIndex:
         return self.plans.add_chunk(fidx, off, ln, self.coder)
 
 
-def _coded_parts(plans: PlanSet, wplan, chunks, stored, chunk_of, locals_, meta_part, merge_gap):
+def _coded_parts(plans: PlanSet, wplan, chunks, stored, chunk_of, locals_, meta_part, merge_gap, fortran):
     """The parts of compressed chunks: per step the metadata part, then one part per box and chunk
     touched, reading from the chunk table (``chunk_of(chunk coordinates)`` gives a chunk's entry),
-    its plan shared by every step, its base the step's place in the decoded chunk."""
+    its plan shared by every step, its base the step's place in the decoded chunk (``fortran``:
+    chunks in Fortran order)."""
     ct = chunks[0]
-    step_stride = math.prod(chunks[1:]) * stored.itemsize
+    step_stride = stored.itemsize if fortran else math.prod(chunks[1:]) * stored.itemsize
     shape = wplan.window_shape
-    pieces = chunk_pieces(wplan, chunks, stored, merge_gap)
+    pieces = chunk_pieces(wplan, chunks, stored, merge_gap, fortran)
     piece_ids = [plans.add_plan(ReadPlan.reads_only(shape, stored, *u.plan_args, coded=True, repeat=u.repeat))
                  for u, _ in pieces]
     first_chunk = int(locals_[0]) // ct if locals_.size else 0

@@ -37,9 +37,10 @@ touched written                         other share one plan (one part per step,
 local store, every chunk touched        by all steps, as above), then one finishing plan
 written                                 (boundary cells)
 ``ZarrSource`` v2 compressed (Blosc,    native; each chunk the batch needs is read whole and
-Zstd, LZ4, Zlib, GZip; order C), v3     decoded once on DALI's threads (c-blosc2, libzstd,
-``bytes`` + blosc/zstd/gzip; chunks     liblz4, zlib), every part copies its units out of
-never written read as the fill value    the decoded chunk (byte swap as above)
+Zstd, LZ4, Zlib, GZip; order C, F), v3 decoded once on DALI's threads (c-blosc2, libzstd,
+``bytes`` + blosc/zstd/gzip, then       liblz4, zlib; crc32c verified by libcrc32c), every
+optionally crc32c; chunks never         part copies its units out of the decoded chunk (byte
+written read as the fill value          swap as above)
 ``HDF5Source`` (and NetCDF4) chunked    native, the same way; chunk byte ranges from one pass
 with deflate, LZF, szip, shuffle,       over the chunk index; Fletcher-32 verified; a chunk
 Fletcher-32                             whose optional filters were skipped decoded by the rest
@@ -49,8 +50,8 @@ forecasts of the above                  native; one operator per output (input, 
                                         step a part at its place in the stacked window
 everything else (``direct=True``,       ``partitioned_source`` (a one-line log says why,
 other filters and codecs (Zarr          naming the filter, codec or missing library)
-filters, transposed v3, crc32c on
-chunks, order F; HDF5 scale-offset,
+filters, other v3 transpositions,
+forecasts of order F; HDF5 scale-offset,
 n-bit, plugin filters), HDF5
 chunks never written, forecasts with
 per-sample shapes, more than

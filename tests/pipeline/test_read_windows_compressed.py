@@ -223,7 +223,7 @@ def test_filters_and_unknown_codecs_fall_back_naming_them(tmp_path, caplog, monk
     with pytest.raises(native.NotNativeError, match="compressor 'bz2'"):
         native.plan_source(ZarrSource([store2], None, layout, batch_size=1))
     store3, _ = _zarr_store(tmp_path / "s.zarr", arr, (1, 2, 3), fmt=3, filters=[zarr.codecs.TransposeCodec(
-        order=(2, 1, 0))])
+        order=(0, 2, 1))])  # (2, 1, 0), Fortran order, is read natively
     with pytest.raises(native.NotNativeError, match="TransposeCodec"):
         native.plan_source(ZarrSource([store3], None, layout, batch_size=1))
     # read_windows falls back with one line that names the filter, and reads the same windows
@@ -775,3 +775,74 @@ def test_random_compressed_configurations_match_the_oracle(tmp_path, case):
                                           err_msg=f"{kind} {shape} {dtype} chunks {chunks} {layout!r} step {t}")
             n += 1
     assert n >= shape[0] - 1, n
+
+
+# ---- Zarr v3 crc32c (issue 15) ----------------------------------------------------------------------
+@pytest.mark.parametrize("codec", ["zstd", "none"])
+@pytest.mark.parametrize("sharded", [False, True])
+def test_zarr_v3_crc32c_chunks_are_verified_natively(tmp_path, codec, sharded):
+    """Chunks stored [bytes, (zstd,) crc32c], as files or as a shard's inner chunks: read natively
+    (they fell back before), windows as zarr-python reads them; a chunk with one byte changed is an
+    error naming the chunk's file and the checksum, as zarr-python refuses it too."""
+    _need("crc32c", codec)
+    rng = np.random.default_rng(SEED)
+    arr = random_array(rng, (4, 2, 10, 9), "f4")
+    inner = [zarr.codecs.BytesCodec()] + ([zarr.codecs.ZstdCodec(level=2)] if codec == "zstd" else []) + \
+        [zarr.codecs.Crc32cCodec()]
+    p = str(tmp_path / "c.zarr")
+    if sharded:
+        serializer = zarr.codecs.ShardingCodec(chunk_shape=(1, 1, 5, 3), codecs=inner)
+        z = zarr.create_array(p, shape=arr.shape, chunks=(2, 2, 10, 9), dtype="f4", zarr_format=3, serializer=serializer,
+                              compressors=None)
+    else:
+        z = zarr.create_array(p, shape=arr.shape, chunks=(1, 2, 5, 3), dtype="f4", zarr_format=3,
+                              serializer=inner[0], compressors=inner[1:])
+    z[:] = arr
+    full = zarr.open_array(p, mode="r")[:]
+    src = ZarrSource([p], None, _layout(), batch_size=2, shuffle=False)
+    native.plan_windows(src)  # natively (NotNativeError, "no transposition or checksum yet", before)
+    _check(src, full, threads=(2,))
+    # one byte of a payload changed, the size kept: zarr-python refuses it; so does the reader
+    chunk = sorted(os.path.join(d, f) for d, _, fs in os.walk(os.path.join(p, "c")) for f in fs)[-1]
+    data = bytearray(open(chunk, "rb").read())
+    data[len(data) // 2] ^= 0x10
+    open(chunk, "wb").write(bytes(data))
+    with pytest.raises(Exception):  # noqa: B017 - the oracle's own refusal
+        zarr.open_array(p, mode="r")[:]
+    with pytest.raises(RuntimeError, match=f"{chunk}.*crc32c checksum does not match"):
+        _run_all(native_pipeline(src), len(src) // src.batch_size)
+
+
+# ---- Zarr chunks in Fortran order (issue 15) ----------------------------------------------------------
+@pytest.mark.parametrize("kind", ["v2_raw", "v2_zstd", "v3_transpose", "v3_sharded_transpose"])
+def test_zarr_chunks_in_fortran_order_are_read_natively(tmp_path, kind):
+    """v2 ``order: "F"`` (raw and compressed) and v3 ``transpose`` to the reversed axes (as files and
+    in a shard): each chunk's units land in the window's Fortran-order staging, which the finishing
+    plan transposes; chunks of two steps (a step's values one item apart), partial edge chunks, halos
+    under two rules, a channel list: windows as zarr-python reads them. A forecast of such chunks,
+    and any other transposition, fall back naming why."""
+    _need("zstd")
+    rng = np.random.default_rng(SEED)
+    arr = random_array(rng, (5, 3, 11, 10), "<f4")
+    p = str(tmp_path / "f.zarr")
+    chunks = (2, 2, 4, 3)
+    if kind.startswith("v2"):
+        z = zarr.create_array(p, shape=arr.shape, chunks=chunks, dtype="f4", zarr_format=2, order="F",
+                              compressors=None if kind == "v2_raw" else numcodecs.Zstd(2))
+    elif kind == "v3_transpose":
+        z = zarr.create_array(p, shape=arr.shape, chunks=chunks, dtype="f4", zarr_format=3,
+                              filters=[zarr.codecs.TransposeCodec(order=(3, 2, 1, 0))], compressors=zarr.codecs.ZstdCodec())
+    else:
+        sharding = zarr.codecs.ShardingCodec(chunk_shape=chunks, codecs=[
+            zarr.codecs.TransposeCodec(order=(3, 2, 1, 0)), zarr.codecs.BytesCodec(), zarr.codecs.ZstdCodec()])
+        z = zarr.create_array(p, shape=arr.shape, chunks=(4, 2, 8, 6), dtype="f4", zarr_format=3,
+                              serializer=sharding, compressors=None)
+    z[:] = arr
+    full = zarr.open_array(p, mode="r")[:]
+    np.testing.assert_array_equal(full, arr)
+    src = ZarrSource([p], None, _layout(("reflect", "periodic")), batch_size=1, shuffle=False, channels=[2, 0])
+    native.plan_windows(src)  # natively ("order 'F'" / "TransposeCodec" fell back before)
+    _check(src, full, channels=[2, 0], threads=(2,))
+    fc = ZarrSource([p], None, _layout(), batch_size=1, shuffle=False, forecast=ForecastSpec(history=1, lead=1))
+    with pytest.raises(native.NotNativeError, match="forecast of chunks in Fortran order"):
+        native.plan_windows(fc)
