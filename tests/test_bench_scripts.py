@@ -331,3 +331,13 @@ def test_gpu_check_main_skips_what_a_failed_build_would_feed(tmp_path, monkeypat
         ("dali-tests", "passed"), ("sanitizer", "passed")]
     assert steps[0]["detail"] == "exit status 3" and "build-kernels did not pass" in steps[2]["detail"]
     assert "- gpu-tests: not run (build-kernels did not pass)" in (tmp_path / "summary.md").read_text()
+
+
+def test_plan_scale_bench_tiny(tmp_path):
+    _needs_plugin()
+    r = _run([str(BENCH / "plan_scale_bench.py"), "--rows", "65536"], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [line.split("|") for line in r.stdout.splitlines() if line.startswith("| last") or line.startswith("| rows")]
+    assert len(rows) == 2, r.stdout
+    # one cell of each of 65536 rows: one repeated unit of 65536 runs, a plan of under 1 KiB
+    assert rows[0][4].strip() == "1 (65536)" and int(rows[0][3]) < 1024, r.stdout
