@@ -109,7 +109,7 @@ def _oracle(batches, data, source):
                 np.testing.assert_array_equal(b["target"][j].numpy(), take_window(data[t + 1], region)[None])
 
 
-def _group_rank(rank, world_size, root, paths, mesh_shape, names, shard, batch, batch_size, transport):
+def _group_rank(rank, world_size, root, paths, mesh_shape, names, shard, batch, batch_size, transport, full=None):
     os.environ["DALI_MESH_SHARE_SHM"] = "1" if transport == "shm" else "0"
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -122,11 +122,12 @@ def _group_rank(rank, world_size, root, paths, mesh_shape, names, shard, batch, 
     # every boundary rule on the split axis (halo 2: it crosses the member that reads the sample)
     rules = {"whole": ("reflect", "periodic"), "band": ("constant", "edge"), "npy": ("symmetric", "periodic"),
              "h5": ("periodic", "reflect")}
-    kinds = ("whole", "band", "npy", "h5") if world_size == 4 else ("whole",)
+    full = world_size == 4 if full is None else full  # every source, forecasts, a dataset, a corrupt chunk
+    kinds = ("whole", "band", "npy", "h5") if full else ("whole",)
     for kind in kinds:
         layout = Layout(info, shard=shard, batch=batch, halo={1: 2, 2: 1}, boundary=dict(zip((1, 2), rules[kind])),
                         fill_value=-3)
-        forecasts = (None, ForecastSpec(1, 1)) if kind in ("whole", "h5") and world_size == 4 else (None,)
+        forecasts = (None, ForecastSpec(1, 1)) if kind in ("whole", "h5") and full else (None,)
         for fc in forecasts:
             kw = {} if fc is None else {"forecast": fc}
             names_out = ("window",) if fc is None else ("input", "target")
@@ -141,7 +142,7 @@ def _group_rank(rank, world_size, root, paths, mesh_shape, names, shard, batch, 
                 assert lg._exchange.stats["transport"] == transport, lg._exchange.stats
                 _equal(got, want, f"{kind} forecast {fc} epoch {epoch} rank {rank}")
                 _oracle(got, data, plain)
-            if kind == "whole" and fc is None:
+            if kind == "whole" and fc is None and full:
                 # a checkpoint inside a group step (batch 3 of 5: step 0 holds batches 0..3) resumes exactly
                 everything = _epoch(li, names_out)  # epoch 2, read independently
                 first = [{n: b[n].clone() for n in maps} for b in (next(lg), next(lg), next(lg))]
@@ -166,7 +167,7 @@ def _group_rank(rank, world_size, root, paths, mesh_shape, names, shard, batch, 
                 _equal(_epoch(lg, names_out), _epoch(li, names_out), "epoch 4 after a resume at an epoch's end")
             lg.close()
             li.close()
-    if world_size != 4:
+    if not full:
         return
     # a dataset of variables (read_dataset: one operator, normalised) in group mode
     _dataset_case(rank, root, mesh, layout)
@@ -273,6 +274,18 @@ def test_group_reads_with_a_batch_dim_and_a_replica_dim_on_8_ranks(tmp_path):
     paths = _data(root)
     run_ranks(_group_rank, 8, tmp_path, root, paths, (2, 2, 2), ("dp", "mp", "tp"), {"mp": 1}, "dp", 1,
               "collective", timeout_s=260)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_group_reads_with_a_replica_dim_on_a_2x2_mesh(tmp_path):
+    """(mp, tp) = (2, 2), batch=(): mp splits the latitude, tp replicates it (two members take each
+    window): one group of 4 reading each sample once, windows through shared memory; two epochs equal
+    independent reading and the numpy oracle."""
+    root = str(tmp_path)
+    paths = _data(root)
+    run_ranks(_group_rank, 4, tmp_path, root, paths, (2, 2), ("mp", "tp"), {"mp": 1}, (), BATCH, "shm", False,
+              timeout_s=260)
 
 
 def _killed_rank(rank, world_size, root, paths):
