@@ -1,12 +1,13 @@
 """Read once per group (``share="group"``) against independent reading: 4 ranks on this machine (gloo),
-whole-field Blosc chunks, latitude split.
+whole-field Blosc (or Zstd) chunks, latitude split.
 
     python benchmarks/share_bench.py [--steps 16] [--shape 4,721,1440] [--epochs 3] [--mesh 4 | --mesh 2,2]
-                                     [--cname lz4 | zstd]
+                                     [--cname lz4 | zstd | zstd-frame]
 
 The store: ``--steps`` samples of float32 ``--shape`` (ERA5's 0.25 degree grid), Zarr v2, one chunk per
-sample (the whole field, as WeatherBench2 and ARCO-ERA5 chunk), Blosc(``--cname``, clevel 5, shuffle),
-values rounded to 0.01. Mesh ``4``: ``mp=4`` shards the latitude (a group of 4); ``2,2``: ``mp=2`` shards it and ``tp=2``
+sample (the whole field, as WeatherBench2 and ARCO-ERA5 chunk), Blosc(``--cname``, clevel 5, shuffle)
+(``zstd-frame``: numcodecs' Zstd(3), one frame per chunk, which no reader decodes in parts), values
+rounded to 0.01. Mesh ``4``: ``mp=4`` shards the latitude (a group of 4); ``2,2``: ``mp=2`` shards it and ``tp=2``
 replicates (a group of 4 whose pairs share a window). Batch 1, 2 reader threads per rank, every
 sample once per epoch. Per mode and rank:
 
@@ -42,8 +43,13 @@ def make_store(path, steps, shape, cname="lz4"):
     if os.path.exists(os.path.join(path, ".zarray")):
         return
     rng = np.random.default_rng(0)
+    from numcodecs import Zstd
+
+    # "zstd-frame": numcodecs' Zstd, one frame per chunk (decoded whole); else Blosc with that cname
+    # (divisible into blocks: a rank's band decodes alone)
+    codec = Zstd(3) if cname == "zstd-frame" else Blosc(cname, 5, Blosc.SHUFFLE)
     z = zarr.create_array(path, shape=(steps,) + shape, chunks=(1,) + shape, dtype="f4", zarr_format=2,
-                          compressors=[Blosc(cname, 5, Blosc.SHUFFLE)])
+                          compressors=[codec])
     for t in range(steps):
         z[t] = np.round(rng.standard_normal(shape), 2).astype("f4")
 
@@ -122,7 +128,8 @@ def main():
     ap.add_argument("--shape", default="4,721,1440")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--mesh", default="4")
-    ap.add_argument("--cname", default="lz4", help="Blosc's compressor (lz4, zstd, ...)")
+    ap.add_argument("--cname", default="lz4", help="Blosc's compressor (lz4, zstd, ...), or zstd-frame: "
+                    "numcodecs' Zstd(3), not Blosc")
     ap.add_argument("--dir", default="/tmp/dali_mesh_share_bench")
     ap.add_argument("--tiny", action="store_true", help="4 samples of (2, 16, 32), 1 epoch, mesh 2: a smoke test")
     args = ap.parse_args()
@@ -144,7 +151,8 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             run_ranks(_rank, world, tmp, store, mesh_shape, args.epochs, tmp, share, timeout_s=1800)
             results[share] = [json.load(open(os.path.join(tmp, f"{share}.{r}.json"))) for r in range(world)]
-    print(f"{args.steps} samples of float32 {shape}, Zarr v2, whole-field Blosc({args.cname}, shuffle) chunks ({stored / 2**20:.0f} MiB "
+    what = "Zstd(3)" if args.cname == "zstd-frame" else f"Blosc({args.cname}, shuffle)"
+    print(f"{args.steps} samples of float32 {shape}, Zarr v2, whole-field {what} chunks ({stored / 2**20:.0f} MiB "
           f"stored); mesh {mesh_shape} ({'mp' if len(mesh_shape) == 1 else 'mp, tp'}), latitude split, halo 1, batch 1, "
           f"2 threads per rank; {os.cpu_count()} CPUs; epoch: median of {args.epochs} after the cold one")
     print()

@@ -97,7 +97,10 @@ struct BloscCtx {
 
 // `typesize`: the item size the chunk was shuffled with (numcodecs and Zarr v3 write the array's
 // item size), 0: any
-std::string Blosc(const char *src, int64_t n, char *out, int64_t want, int64_t typesize) {
+// The checks of a Blosc1 chunk's header before it is decoded (sizes, versions, flags); "" or why not.
+// `*blocksize`: the header's block size, `*stored_typesize`: its type size.
+std::string BloscHeader(const char *src, int64_t n, int64_t want, int64_t typesize, int32_t *blocksize_out,
+                        int *stored_typesize) {
   if (n < BLOSC_MIN_HEADER_LENGTH) return "a Blosc chunk of " + Num(n) + " bytes is shorter than its header";
   int32_t nbytes = 0, cbytes = 0, blocksize = 0;
   if (blosc2_cbuffer_sizes(src, &nbytes, &cbytes, &blocksize) < 0) return "not a Blosc chunk (bad header)";
@@ -120,11 +123,57 @@ std::string Blosc(const char *src, int64_t n, char *out, int64_t want, int64_t t
     return "its Blosc header has block size " + Num(blocksize) + " for " + Num(nbytes) + " bytes";
   if ((h[2] & 0x08) || (h[2] & 0x05) == 0x05)
     return "its Blosc header has flags " + Num(h[2]) + " that Blosc1 chunks never have";
+  *blocksize_out = blocksize;
+  *stored_typesize = h[3];
+  return "";
+}
+
+std::string Blosc(const char *src, int64_t n, char *out, int64_t want, int64_t typesize) {
+  int32_t blocksize = 0;
+  int stored_typesize = 0;
+  std::string why = BloscHeader(src, n, want, typesize, &blocksize, &stored_typesize);
+  if (!why.empty()) return why;
   thread_local BloscCtx ctx;
   if (ctx.ctx == nullptr) return "c-blosc2 could not make a decompression context";
   const int got = blosc2_decompress_ctx(ctx.ctx, src, static_cast<int32_t>(n), out, static_cast<int32_t>(want));
   if (got < 0) return "c-blosc2 failed to decode it (error " + Num(got) + ")";
   if (got != want) return "c-blosc2 decoded " + Num(got) + " bytes, not " + Num(want);
+  return "";
+}
+
+// Only the byte ranges `ranges` of a Blosc chunk (sorted, disjoint, inside `want`): c-blosc2 decodes
+// the blocks they touch (blosc2_getitem_bytes_ctx). Ranges closer than a block are decoded as one;
+// when they cover most of the chunk, the whole chunk is decoded as by Blosc.
+std::string BloscRanges(const char *src, int64_t n, char *out, int64_t want, int64_t typesize,
+                        const std::vector<std::pair<int64_t, int64_t>> &ranges) {
+  int32_t blocksize = 0;
+  int ts = 0;
+  std::string why = BloscHeader(src, n, want, typesize, &blocksize, &ts);
+  if (!why.empty()) return why;
+  const int64_t unit = std::max(ts, 1);
+  std::vector<std::pair<int64_t, int64_t>> merged;
+  int64_t covered = 0;
+  for (auto r : ranges) {
+    r.first = std::max<int64_t>(0, r.first / unit * unit);
+    r.second = std::min(want, (r.second + unit - 1) / unit * unit);
+    if (r.first >= r.second) continue;
+    if (!merged.empty() && r.first - merged.back().second < blocksize) {
+      merged.back().second = std::max(merged.back().second, r.second);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  for (const auto &r : merged) covered += r.second - r.first;
+  if (covered * 4 >= want * 3 || want % unit) return Blosc(src, n, out, want, typesize);
+  thread_local BloscCtx ctx;
+  if (ctx.ctx == nullptr) return "c-blosc2 could not make a decompression context";
+  for (const auto &r : merged) {
+    const int64_t len = r.second - r.first;
+    const int got = blosc2_getitem_bytes_ctx(ctx.ctx, src, static_cast<int32_t>(n), static_cast<int32_t>(r.first),
+                                             static_cast<int32_t>(len), out + r.first, static_cast<int32_t>(len));
+    if (got < 0) return "c-blosc2 failed to decode it (error " + Num(got) + ")";
+    if (got != len) return "c-blosc2 decoded " + Num(got) + " bytes of a range of " + Num(len);
+  }
   return "";
 }
 #endif
@@ -384,6 +433,16 @@ std::string CheckCoder(const Coder &coder) {
   if (!coder.fill.empty() && coder.chunk_bytes % static_cast<int64_t>(coder.fill.size()))
     return "a fill value of " + Num(coder.fill.size()) + " bytes for a chunk of " + Num(coder.chunk_bytes);
   return "";
+}
+
+std::string DecodeChunkRanges(const Coder &coder, const char *src, int64_t n, char *out,
+                              const std::vector<std::pair<int64_t, int64_t>> &ranges) {
+#ifdef DALI_MESH_HAVE_BLOSC2
+  if (coder.steps.size() == 1 && coder.steps[0].id == kCodecBlosc && coder.chunk_bytes <= INT32_MAX)
+    return BloscRanges(src, n, out, coder.chunk_bytes, coder.steps[0].arg, ranges);
+#endif
+  (void)ranges;
+  return DecodeChunk(coder, src, n, out);
 }
 
 std::string DecodeChunk(const Coder &coder, const char *src, int64_t n, char *out) {

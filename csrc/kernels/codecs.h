@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dali_mesh {
@@ -62,6 +63,13 @@ const char *CodecLibrary(int64_t id);
 // Decodes the `n` stored bytes at `src` by `coder` into `out` (coder.chunk_bytes bytes). Returns ""
 // or why the chunk is bad (corrupt stream, wrong size, checksum mismatch). `src` is not changed.
 std::string DecodeChunk(const Coder &coder, const char *src, int64_t n, char *out);
+
+// As DecodeChunk, but only the bytes [first, second) of each of `ranges` (sorted, disjoint, inside
+// the chunk) must be decoded, at their offsets in `out` (the rest of `out` is then undefined): a
+// chunk of one Blosc step decodes only the blocks they touch (c-blosc2's getitem), every other coder
+// the whole chunk. The checks of the stored bytes are DecodeChunk's.
+std::string DecodeChunkRanges(const Coder &coder, const char *src, int64_t n, char *out,
+                              const std::vector<std::pair<int64_t, int64_t>> &ranges);
 
 // Fills `out` (coder.chunk_bytes) with a missing chunk's value.
 void FillMissingChunk(const Coder &coder, char *out);

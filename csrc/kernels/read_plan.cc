@@ -661,8 +661,26 @@ bool TakesWholeChunk(const ReadPlan &plan, int64_t base, int64_t chunk_bytes) {
 
 void SwapPlanUnits(const ReadPlan &plan, char *dst) { SwapUnits(plan, 0, plan.file_off.size(), dst); }
 
+void AddUnitRanges(const ReadPlan &plan, int64_t base, std::vector<std::pair<int64_t, int64_t>> *ranges) {
+  for (size_t u = 0; u < plan.file_off.size(); u++)
+    ranges->push_back({base + plan.file_off[u], base + plan.file_end(u)});
+}
+
+void MergeRanges(std::vector<std::pair<int64_t, int64_t>> *ranges) {
+  std::sort(ranges->begin(), ranges->end());
+  size_t k = 0;
+  for (size_t i = 0; i < ranges->size(); i++) {
+    if (k && (*ranges)[i].first <= (*ranges)[k - 1].second) {
+      (*ranges)[k - 1].second = std::max((*ranges)[k - 1].second, (*ranges)[i].second);
+    } else {
+      (*ranges)[k++] = (*ranges)[i];
+    }
+  }
+  ranges->resize(k);
+}
+
 void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const std::string &first_path,
-               std::vector<char> *stored, char *decoded) {
+               std::vector<char> *stored, char *decoded, const std::vector<std::pair<int64_t, int64_t>> *ranges) {
   const PlanChunk &ch = set.chunks[c];
   const Coder &coder = set.coders[ch.coder];
   const PlanFile &pf = set.files[ch.file];
@@ -701,7 +719,8 @@ void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const 
     if (got < 0) Fail(where + ": read failed (" + Errno(-got) + ")");
     if (got != ch.nbytes) Fail(where + ": the file was truncated while reading");
   }
-  const std::string why = DecodeChunk(coder, stored->data(), ch.nbytes, decoded);
+  const std::string why = ranges ? DecodeChunkRanges(coder, stored->data(), ch.nbytes, decoded, *ranges)
+                                 : DecodeChunk(coder, stored->data(), ch.nbytes, decoded);
   if (!why.empty()) Fail(where + " cannot be decoded: " + why + "; the file is corrupt");
 }
 

@@ -155,8 +155,18 @@ void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_
 // fill value once its file is seen to be still missing. `stored` is grown to the stored size.
 // Errors name the file, the chunk's bytes and the reason (a corrupt stream, a size or checksum
 // that does not match).
+// With `ranges` (sorted, disjoint byte ranges of the decoded chunk: what its parts copy out), only
+// those must be decoded (DecodeChunkRanges: a Blosc chunk decodes only the blocks they touch).
 void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const std::string &first_path,
-               std::vector<char> *stored, char *decoded);
+               std::vector<char> *stored, char *decoded,
+               const std::vector<std::pair<int64_t, int64_t>> *ranges = nullptr);
+
+// Adds to `ranges` the bytes of a decoded chunk that the units of the coded plan `plan` at `base`
+// copy (one range per unit: its first run to its last run's end).
+void AddUnitRanges(const ReadPlan &plan, int64_t base, std::vector<std::pair<int64_t, int64_t>> *ranges);
+
+// Sorts `ranges` and merges those that overlap or touch.
+void MergeRanges(std::vector<std::pair<int64_t, int64_t>> *ranges);
 
 // Copies the units of the coded plan `plan` from the decoded chunk at `src` (the part's base
 // added) into `dst` and byte-swaps them if the plan says so.

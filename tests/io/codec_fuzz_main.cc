@@ -3,7 +3,9 @@
 // the file argv[1]: little-endian int64 n_steps, ids[n_steps], args[n_steps], chunk_bytes, n, then
 // n bytes; decodes each (csrc/kernels/codecs.h) from a buffer of exactly n bytes (so that a read
 // past the chunk is a heap overflow the sanitizer reports) and prints one line per record:
-// "ok <FNV-1a of the output>" or "err <reason>".
+// "ok <FNV-1a of the output> <ranges>" or "err <reason>", where <ranges> says what decoding only
+// two ranges of the chunk (DecodeChunkRanges, into another buffer of the chunk's size) gave:
+// "same" (their bytes equal the whole decode's), "differ", or "refused" (a reason).
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -42,14 +44,26 @@ int main(int argc, char **argv) {
     std::memcpy(src.get(), data.data() + pos, n);
     pos += n;
     std::string why = dali_mesh::CheckCoder(coder);
+    // two ranges of the chunk, as the reader asks for a rank's band of a whole field
+    const int64_t w = chunk_bytes > 0 ? chunk_bytes : 0;
+    const std::vector<std::pair<int64_t, int64_t>> ranges = {{w / 16, w / 16 + w / 8}, {w / 2, w / 2 + w / 9}};
+    std::string part_why = why;
+    std::unique_ptr<char[]> part(new char[chunk_bytes > 0 ? chunk_bytes : 1]);
+    if (part_why.empty()) part_why = dali_mesh::DecodeChunkRanges(coder, src.get(), n, part.get(), ranges);
     if (why.empty()) why = dali_mesh::DecodeChunk(coder, src.get(), n, out.get());
     if (!why.empty()) {
       std::printf("err %s\n", why.c_str());
       continue;
     }
+    const char *parts = "refused";
+    if (part_why.empty()) {
+      parts = "same";
+      for (const auto &r : ranges)
+        if (std::memcmp(part.get() + r.first, out.get() + r.first, r.second - r.first) != 0) parts = "differ";
+    }
     uint64_t h = 1469598103934665603ull;
     for (int64_t i = 0; i < chunk_bytes; i++) h = (h ^ static_cast<unsigned char>(out[i])) * 1099511628211ull;
-    std::printf("ok %016llx\n", static_cast<unsigned long long>(h));
+    std::printf("ok %016llx %s\n", static_cast<unsigned long long>(h), parts);
   }
   return 0;
 }

@@ -58,7 +58,10 @@ uint64_t ReadEverything(const char *path, int64_t task_bytes) {
         const int64_t chunk_bytes = set.coders[set.chunks[part.file].coder].chunk_bytes;
         Cap(chunk_bytes, "a decoded chunk");
         std::unique_ptr<char[]> decoded(new char[chunk_bytes ? chunk_bytes : 1]);
-        ReadChunk(set, part.file, plan, set.files[set.chunks[part.file].file].path, &stored, decoded.get());
+        std::vector<std::pair<int64_t, int64_t>> ranges;  // what the part copies out, as the operator asks
+        AddUnitRanges(plan, part.base, &ranges);
+        MergeRanges(&ranges);
+        ReadChunk(set, part.file, plan, set.files[set.chunks[part.file].file].path, &stored, decoded.get(), &ranges);
         CopyUnits(plan, decoded.get() + part.base, dst + part.dst_base);
         continue;
       }

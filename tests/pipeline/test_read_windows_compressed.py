@@ -846,3 +846,39 @@ def test_zarr_chunks_in_fortran_order_are_read_natively(tmp_path, kind):
     fc = ZarrSource([p], None, _layout(), batch_size=1, shuffle=False, forecast=ForecastSpec(history=1, lead=1))
     with pytest.raises(native.NotNativeError, match="forecast of chunks in Fortran order"):
         native.plan_windows(fc)
+
+
+# ---- a rank's band of a whole-field Blosc chunk: only its blocks decoded (issue 15, 17) -----------------
+@pytest.mark.parametrize("shuffle", [numcodecs.Blosc.SHUFFLE, numcodecs.Blosc.BITSHUFFLE])
+def test_a_band_of_a_whole_field_blosc_chunk_decodes_only_its_blocks(tmp_path, shuffle):
+    """Whole-field Blosc chunks of many blocks, latitude split over 4 ranks: each rank's windows equal
+    zarr-python's. The reader asks c-blosc2 for the bytes its parts copy out (getitem), so a block
+    that only another rank's band lies in is never decoded: with that block's start offset pointing
+    past the chunk (c-blosc2 and numcodecs refuse the whole chunk), rank 0 still reads its band and
+    rank 3, whose band the block holds, gets the error naming the chunk."""
+    _need("blosc")
+    rng = np.random.default_rng(SEED)
+    arr = random_array(rng, (2, 3, 240, 256), "f4")
+    p = str(tmp_path / "w.zarr")
+    z = zarr.create_array(p, shape=arr.shape, chunks=(1, 3, 240, 256), dtype="f4", zarr_format=2,
+                          compressors=numcodecs.Blosc("lz4", 5, shuffle, blocksize=16384))  # 12 blocks of 64 KiB
+    z[:] = arr
+    full = zarr.open_array(p, mode="r")[:]
+    lay = lambda r: Layout(mesh_of((1, 4), (0, r)), shard={"m0": 1}, halo={1: 1}, boundary="reflect")  # noqa: E731
+    for r in range(4):
+        _check(ZarrSource([p], None, lay(r), batch_size=1, shuffle=False), full, threads=(1,))
+    chunk = os.path.join(p, "1.0.0.0")
+    data = bytearray(open(chunk, "rb").read())
+    nblocks = -(-int.from_bytes(data[4:8], "little") // int.from_bytes(data[8:12], "little"))
+    assert nblocks >= 8, nblocks
+    last = 16 + 4 * (nblocks - 1)
+    data[last:last + 4] = (len(data) + 100).to_bytes(4, "little")
+    open(chunk, "wb").write(bytes(data))
+    with pytest.raises(Exception):  # noqa: B017 - the oracle refuses the chunk
+        zarr.open_array(p, mode="r")[1]
+    src0 = ZarrSource([p], None, lay(0), batch_size=1, shuffle=False)
+    got = _windows(native_pipeline(src0, threads=1), src0, 2)
+    np.testing.assert_array_equal(dict(got)[1], take_window(full[1], src0.region))
+    src3 = ZarrSource([p], None, lay(3), batch_size=1, shuffle=False)
+    with pytest.raises(RuntimeError, match=f"{chunk}.*cannot be decoded"):
+        _run_all(native_pipeline(src3, threads=1), 2)

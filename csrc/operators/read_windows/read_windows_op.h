@@ -197,7 +197,16 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
               return;
             }
             decoded.resize(chunk_bytes);
-            ReadChunk(plans_, c, first_plan, first_path_[first.plan], &stored, decoded.data());
+            // what the parts copy out of the chunk: only those bytes need decoding (a Blosc chunk
+            // of a whole field decodes the blocks of this rank's band)
+            thread_local std::vector<std::pair<int64_t, int64_t>> ranges;
+            ranges.clear();
+            for (int64_t k = b; k < e; k++) {
+              const auto &part = plans_.parts[batch_parts_[coded_[k].second].part];
+              AddUnitRanges(plans_.plans[part.plan], part.base, &ranges);
+            }
+            MergeRanges(&ranges);
+            ReadChunk(plans_, c, first_plan, first_path_[first.plan], &stored, decoded.data(), &ranges);
             for (int64_t k = b; k < e; k++) {
               const auto &bp = batch_parts_[coded_[k].second];
               const auto &part = plans_.parts[bp.part];
