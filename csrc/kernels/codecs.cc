@@ -144,27 +144,35 @@ std::string Blosc(const char *src, int64_t n, char *out, int64_t want, int64_t t
 // Only the byte ranges `ranges` of a Blosc chunk (sorted, disjoint, inside `want`): c-blosc2 decodes
 // the blocks they touch (blosc2_getitem_bytes_ctx). Ranges closer than a block are decoded as one;
 // when they cover most of the chunk, the whole chunk is decoded as by Blosc.
+// The ranges BloscRanges decodes for `ranges` (rounded to the type size, those closer than a block
+// joined); false when the chunk is to be decoded whole (they cover three quarters of it or more).
+bool BloscMerged(const std::vector<std::pair<int64_t, int64_t>> &ranges, int64_t want, int32_t blocksize, int ts,
+                 std::vector<std::pair<int64_t, int64_t>> *merged) {
+  const int64_t unit = std::max(ts, 1);
+  merged->clear();
+  int64_t covered = 0;
+  for (auto r : ranges) {
+    r.first = std::max<int64_t>(0, r.first / unit * unit);
+    r.second = std::min(want, (r.second + unit - 1) / unit * unit);
+    if (r.first >= r.second) continue;
+    if (!merged->empty() && r.first - merged->back().second < blocksize) {
+      merged->back().second = std::max(merged->back().second, r.second);
+    } else {
+      merged->push_back(r);
+    }
+  }
+  for (const auto &r : *merged) covered += r.second - r.first;
+  return covered * 4 < want * 3 && want % unit == 0;
+}
+
 std::string BloscRanges(const char *src, int64_t n, char *out, int64_t want, int64_t typesize,
                         const std::vector<std::pair<int64_t, int64_t>> &ranges) {
   int32_t blocksize = 0;
   int ts = 0;
   std::string why = BloscHeader(src, n, want, typesize, &blocksize, &ts);
   if (!why.empty()) return why;
-  const int64_t unit = std::max(ts, 1);
   std::vector<std::pair<int64_t, int64_t>> merged;
-  int64_t covered = 0;
-  for (auto r : ranges) {
-    r.first = std::max<int64_t>(0, r.first / unit * unit);
-    r.second = std::min(want, (r.second + unit - 1) / unit * unit);
-    if (r.first >= r.second) continue;
-    if (!merged.empty() && r.first - merged.back().second < blocksize) {
-      merged.back().second = std::max(merged.back().second, r.second);
-    } else {
-      merged.push_back(r);
-    }
-  }
-  for (const auto &r : merged) covered += r.second - r.first;
-  if (covered * 4 >= want * 3 || want % unit) return Blosc(src, n, out, want, typesize);
+  if (!BloscMerged(ranges, want, blocksize, ts, &merged)) return Blosc(src, n, out, want, typesize);
   thread_local BloscCtx ctx;
   if (ctx.ctx == nullptr) return "c-blosc2 could not make a decompression context";
   for (const auto &r : merged) {
@@ -433,6 +441,79 @@ std::string CheckCoder(const Coder &coder) {
   if (!coder.fill.empty() && coder.chunk_bytes % static_cast<int64_t>(coder.fill.size()))
     return "a fill value of " + Num(coder.fill.size()) + " bytes for a chunk of " + Num(coder.chunk_bytes);
   return "";
+}
+
+bool MayReadInParts(const Coder &coder, int64_t n, const std::vector<std::pair<int64_t, int64_t>> &ranges) {
+#ifdef DALI_MESH_HAVE_BLOSC2
+  if (coder.steps.size() != 1 || coder.steps[0].id != kCodecBlosc || n < (int64_t(256) << 10)) return false;
+  int64_t covered = 0;
+  for (const auto &r : ranges) covered += r.second - r.first;
+  return covered * 4 < coder.chunk_bytes * 3;
+#else
+  (void)coder, (void)n, (void)ranges;
+  return false;
+#endif
+}
+
+bool StoredRangesOf(const Coder &coder, const char *head, int64_t head_len, int64_t n,
+                    const std::vector<std::pair<int64_t, int64_t>> &ranges,
+                    std::vector<std::pair<int64_t, int64_t>> *stored) {
+  stored->clear();
+#ifdef DALI_MESH_HAVE_BLOSC2
+  if (coder.steps.size() != 1 || coder.steps[0].id != kCodecBlosc || coder.chunk_bytes > INT32_MAX ||
+      head_len < BLOSC_MIN_HEADER_LENGTH)
+    return false;
+  const int64_t want = coder.chunk_bytes;
+  int32_t blocksize = 0;
+  int ts = 0;
+  if (!BloscHeader(head, n, want, coder.steps[0].arg, &blocksize, &ts).empty()) return false;  // decoded whole: its error
+  std::vector<std::pair<int64_t, int64_t>> merged;
+  if (!BloscMerged(ranges, want, blocksize, ts, &merged)) return false;
+  const auto *h = reinterpret_cast<const unsigned char *>(head);
+  constexpr int64_t kHeader = BLOSC_MIN_HEADER_LENGTH;  // 16: a Blosc1 chunk's header
+  if (h[2] & 0x02) {  // memcpyed: the decoded bytes follow the header as they are
+    stored->push_back({0, kHeader});
+    for (const auto &r : merged) stored->push_back({kHeader + r.first, kHeader + r.second});
+    return true;
+  }
+  const int64_t nblocks = (want + blocksize - 1) / blocksize;
+  const int64_t index_end = kHeader + 4 * nblocks;
+  if (index_end > n) return false;
+  if (head_len < index_end) {  // the caller reads this much first, then asks again
+    stored->push_back({0, index_end});
+    return true;
+  }
+  // each block's stored bytes: from its start to the next start above it (or the chunk's end)
+  std::vector<int64_t> starts(nblocks);
+  for (int64_t j = 0; j < nblocks; j++) {
+    const unsigned char *b = h + kHeader + 4 * j;
+    starts[j] = int64_t(uint32_t(b[0]) | uint32_t(b[1]) << 8 | uint32_t(b[2]) << 16 | uint32_t(b[3]) << 24);
+    if (starts[j] < index_end || starts[j] >= n) return false;  // a corrupt index: decoded whole, its error
+  }
+  std::vector<int64_t> sorted = starts;
+  std::sort(sorted.begin(), sorted.end());
+  stored->push_back({0, index_end});
+  for (const auto &r : merged) {
+    for (int64_t j = r.first / blocksize; j <= (r.second - 1) / blocksize; j++) {
+      const auto next = std::upper_bound(sorted.begin(), sorted.end(), starts[j]);
+      stored->push_back({starts[j], next == sorted.end() ? n : *next});
+    }
+  }
+  std::sort(stored->begin(), stored->end());
+  size_t k = 0;
+  for (size_t i = 0; i < stored->size(); i++) {
+    if (k && (*stored)[i].first <= (*stored)[k - 1].second) {
+      (*stored)[k - 1].second = std::max((*stored)[k - 1].second, (*stored)[i].second);
+    } else {
+      (*stored)[k++] = (*stored)[i];
+    }
+  }
+  stored->resize(k);
+  return true;
+#else
+  (void)coder, (void)head, (void)head_len, (void)n, (void)ranges;
+  return false;
+#endif
 }
 
 std::string DecodeChunkRanges(const Coder &coder, const char *src, int64_t n, char *out,

@@ -71,6 +71,20 @@ std::string DecodeChunk(const Coder &coder, const char *src, int64_t n, char *ou
 std::string DecodeChunkRanges(const Coder &coder, const char *src, int64_t n, char *out,
                               const std::vector<std::pair<int64_t, int64_t>> &ranges);
 
+// Whether a chunk of `n` stored bytes by `coder` may be read in parts for `ranges` (a Blosc chunk of
+// at least 256 KiB that the ranges cover less than three quarters of): its reads then start with its
+// header and block index (StoredRangesOf), and announcing the whole chunk would read it all.
+bool MayReadInParts(const Coder &coder, int64_t n, const std::vector<std::pair<int64_t, int64_t>> &ranges);
+
+// Which stored bytes of a chunk DecodeChunkRanges reads for `ranges`, from the chunk's first
+// `head_len` stored bytes `head` (`n`: its stored size): true and `stored` (sorted, disjoint) when a
+// part of it is enough (a Blosc chunk: its header, its block index and the blocks the ranges
+// touch), false when the whole chunk is to be read. With fewer leading bytes than the block index
+// ends at, `stored` is only those leading bytes: read them, then ask again.
+bool StoredRangesOf(const Coder &coder, const char *head, int64_t head_len, int64_t n,
+                    const std::vector<std::pair<int64_t, int64_t>> &ranges,
+                    std::vector<std::pair<int64_t, int64_t>> *stored);
+
 // Fills `out` (coder.chunk_bytes) with a missing chunk's value.
 void FillMissingChunk(const Coder &coder, char *out);
 

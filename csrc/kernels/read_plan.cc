@@ -711,14 +711,36 @@ void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const 
     Fail(where + " runs past the end of the file (" + std::to_string(size) + " bytes): the file is "
          "truncated or changed since the plan was made");
   if (static_cast<int64_t>(stored->size()) < ch.nbytes) stored->resize(ch.nbytes);
-  {
-    FlightGuard flight(file.path(), ch.offset, ch.nbytes);
-    const int64_t got = PreadFull(file.fd(), stored->data(), ch.nbytes, ch.offset);
+  auto read_at = [&](int64_t lo, int64_t hi) {  // the chunk's stored bytes [lo, hi), at their offsets
+    if (lo >= hi) return;
+    FlightGuard flight(file.path(), ch.offset + lo, hi - lo);
+    const int64_t got = PreadFull(file.fd(), stored->data() + lo, hi - lo, ch.offset + lo);
     if (got == -ECANCELED)
       Fail(where + ": read cancelled: the pipeline was stopped after an error");
     if (got < 0) Fail(where + ": read failed (" + Errno(-got) + ")");
-    if (got != ch.nbytes) Fail(where + ": the file was truncated while reading");
+    if (got != hi - lo) Fail(where + ": the file was truncated while reading");
+  };
+  int64_t have = 0;  // the chunk's leading bytes read so far
+  if (ranges && MayReadInParts(coder, ch.nbytes, *ranges)) {
+    // a Blosc chunk whose blocks this batch needs only some of: its header and block index, then
+    // those blocks' stored bytes (a band of a whole field: about a quarter of the chunk)
+    thread_local std::vector<std::pair<int64_t, int64_t>> parts;
+    have = std::min<int64_t>(ch.nbytes, 4096);
+    read_at(0, have);
+    bool in_parts = StoredRangesOf(coder, stored->data(), have, ch.nbytes, *ranges, &parts);
+    if (in_parts && parts.size() == 1 && parts[0].first == 0 && parts[0].second > have) {  // a longer index
+      read_at(have, parts[0].second);
+      have = parts[0].second;
+      in_parts = StoredRangesOf(coder, stored->data(), have, ch.nbytes, *ranges, &parts);
+    }
+    if (in_parts) {
+      for (const auto &p : parts) read_at(std::max(p.first, have), p.second);
+      const std::string why = DecodeChunkRanges(coder, stored->data(), ch.nbytes, decoded, *ranges);
+      if (!why.empty()) Fail(where + " cannot be decoded: " + why + "; the file is corrupt");
+      return;
+    }
   }
+  read_at(have, ch.nbytes);
   const std::string why = ranges ? DecodeChunkRanges(coder, stored->data(), ch.nbytes, decoded, *ranges)
                                  : DecodeChunk(coder, stored->data(), ch.nbytes, decoded);
   if (!why.empty()) Fail(where + " cannot be decoded: " + why + "; the file is corrupt");

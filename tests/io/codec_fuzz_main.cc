@@ -5,7 +5,11 @@
 // past the chunk is a heap overflow the sanitizer reports) and prints one line per record:
 // "ok <FNV-1a of the output> <ranges>" or "err <reason>", where <ranges> says what decoding only
 // two ranges of the chunk (DecodeChunkRanges, into another buffer of the chunk's size) gave:
-// "same" (their bytes equal the whole decode's), "differ", or "refused" (a reason).
+// "same" (their bytes equal the whole decode's), "differ", or "refused" (a reason); then what
+// decoding them from only the stored bytes StoredRangesOf names (the rest of the stored buffer
+// zeros, as a read in parts leaves it) gave: "parts-same", "parts-differ", "parts-refused",
+// "parts-whole" (the whole chunk is to be read), or "parts-bad" (ranges not sorted, disjoint and
+// inside the chunk).
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -61,9 +65,36 @@ int main(int argc, char **argv) {
       for (const auto &r : ranges)
         if (std::memcmp(part.get() + r.first, out.get() + r.first, r.second - r.first) != 0) parts = "differ";
     }
+    // a read in parts: only the stored bytes StoredRangesOf names (index first when it asks)
+    const char *in_parts = "parts-whole";
+    std::vector<std::pair<int64_t, int64_t>> stored;
+    int64_t have = std::min<int64_t>(n, 4096);
+    bool ok = dali_mesh::StoredRangesOf(coder, src.get(), have, n, ranges, &stored);
+    if (ok && stored.size() == 1 && stored[0].first == 0 && stored[0].second > have) {
+      have = stored[0].second;
+      ok = dali_mesh::StoredRangesOf(coder, src.get(), have, n, ranges, &stored);
+    }
+    if (ok) {
+      bool sane = true;
+      for (size_t i = 0; i < stored.size(); i++)
+        sane = sane && stored[i].first >= 0 && stored[i].first < stored[i].second && stored[i].second <= n &&
+               (i == 0 || stored[i].first > stored[i - 1].second);
+      in_parts = "parts-bad";
+      if (sane) {
+        std::unique_ptr<char[]> src2(new char[n ? n : 1]()), part2(new char[chunk_bytes > 0 ? chunk_bytes : 1]);
+        std::memcpy(src2.get(), src.get(), have);
+        for (const auto &r : stored) std::memcpy(src2.get() + r.first, src.get() + r.first, r.second - r.first);
+        in_parts = "parts-refused";
+        if (dali_mesh::DecodeChunkRanges(coder, src2.get(), n, part2.get(), ranges).empty()) {
+          in_parts = "parts-same";
+          for (const auto &r : ranges)
+            if (std::memcmp(part2.get() + r.first, out.get() + r.first, r.second - r.first) != 0) in_parts = "parts-differ";
+        }
+      }
+    }
     uint64_t h = 1469598103934665603ull;
     for (int64_t i = 0; i < chunk_bytes; i++) h = (h ^ static_cast<unsigned char>(out[i])) * 1099511628211ull;
-    std::printf("ok %016llx %s\n", static_cast<unsigned long long>(h), parts);
+    std::printf("ok %016llx %s %s\n", static_cast<unsigned long long>(h), parts, in_parts);
   }
   return 0;
 }

@@ -852,10 +852,12 @@ def test_zarr_chunks_in_fortran_order_are_read_natively(tmp_path, kind):
 @pytest.mark.parametrize("shuffle", [numcodecs.Blosc.SHUFFLE, numcodecs.Blosc.BITSHUFFLE])
 def test_a_band_of_a_whole_field_blosc_chunk_decodes_only_its_blocks(tmp_path, shuffle):
     """Whole-field Blosc chunks of many blocks, latitude split over 4 ranks: each rank's windows equal
-    zarr-python's. The reader asks c-blosc2 for the bytes its parts copy out (getitem), so a block
-    that only another rank's band lies in is never decoded: with that block's start offset pointing
-    past the chunk (c-blosc2 and numcodecs refuse the whole chunk), rank 0 still reads its band and
-    rank 3, whose band the block holds, gets the error naming the chunk."""
+    zarr-python's. The reader reads a chunk's header and block index, then only the blocks its parts
+    copy out of (a quarter of the chunk and the blocks the band's edges cut), and asks c-blosc2 for
+    those bytes (getitem): rank 0 reads under half the chunks' stored bytes. A block that only
+    another rank's band lies in is never decoded: with that block's start offset pointing past the
+    chunk (c-blosc2 and numcodecs refuse the whole chunk), rank 0 still reads its band and rank 3,
+    whose band the block holds, gets the error naming the chunk."""
     _need("blosc")
     rng = np.random.default_rng(SEED)
     arr = random_array(rng, (2, 3, 240, 256), "f4")
@@ -867,6 +869,17 @@ def test_a_band_of_a_whole_field_blosc_chunk_decodes_only_its_blocks(tmp_path, s
     lay = lambda r: Layout(mesh_of((1, 4), (0, r)), shard={"m0": 1}, halo={1: 1}, boundary="reflect")  # noqa: E731
     for r in range(4):
         _check(ZarrSource([p], None, lay(r), batch_size=1, shuffle=False), full, threads=(1,))
+    stored = sum(os.path.getsize(os.path.join(p, f"{t}.0.0.0")) for t in range(2))
+    src0 = ZarrSource([p], None, lay(0), batch_size=1, shuffle=False)
+    pipe0 = native_pipeline(src0, threads=1)
+
+    def rchar():
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("rchar"))
+
+    before = rchar()
+    _run_all(pipe0, 2)
+    assert rchar() - before < 0.5 * stored, (rchar() - before, stored)  # read in parts
     chunk = os.path.join(p, "1.0.0.0")
     data = bytearray(open(chunk, "rb").read())
     nblocks = -(-int.from_bytes(data[4:8], "little") // int.from_bytes(data[8:12], "little"))
@@ -876,7 +889,6 @@ def test_a_band_of_a_whole_field_blosc_chunk_decodes_only_its_blocks(tmp_path, s
     open(chunk, "wb").write(bytes(data))
     with pytest.raises(Exception):  # noqa: B017 - the oracle refuses the chunk
         zarr.open_array(p, mode="r")[1]
-    src0 = ZarrSource([p], None, lay(0), batch_size=1, shuffle=False)
     got = _windows(native_pipeline(src0, threads=1), src0, 2)
     np.testing.assert_array_equal(dict(got)[1], take_window(full[1], src0.region))
     src3 = ZarrSource([p], None, lay(3), batch_size=1, shuffle=False)

@@ -164,6 +164,18 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
       if (k == 0 || coded_[k].first != coded_[k - 1].first) chunk_tasks_.push_back(k);
     const int64_t n_raw = tasks_.size(), n_chunk = chunk_tasks_.size();
     chunk_tasks_.push_back(coded_.size());
+    // per chunk: the bytes of its decoded chunk that its parts copy out (only those are decoded; a
+    // Blosc chunk is read in parts when they are few)
+    chunk_ranges_.resize(n_chunk);
+    for (int64_t t = 0; t < n_chunk; t++) {
+      auto &ranges = chunk_ranges_[t];
+      ranges.clear();
+      for (int64_t k = chunk_tasks_[t]; k < chunk_tasks_[t + 1]; k++) {
+        const auto &part = plans_.parts[batch_parts_[coded_[k].second].part];
+        AddUnitRanges(plans_.plans[part.plan], part.base, &ranges);
+      }
+      MergeRanges(&ranges);
+    }
     // 1: announce every range of the batch, so that cold reads of all files run at once
     if (prefetch_) {
       run([&](int64_t t) {
@@ -174,7 +186,9 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
               return;
             }
             const auto &ch = plans_.chunks[coded_[chunk_tasks_[t - np]].first];
-            PrefetchRange(plans_.files[ch.file].path, ch.offset, ch.nbytes);
+            // a chunk read in parts: its header and block index (the kernel would read all it is told)
+            const bool parts = MayReadInParts(plans_.coders[ch.coder], ch.nbytes, chunk_ranges_[t - np]);
+            PrefetchRange(plans_.files[ch.file].path, ch.offset, parts ? std::min<int64_t>(ch.nbytes, 64 << 10) : ch.nbytes);
           },
           np + n_chunk, [&](int64_t) { return 0; });
     }
@@ -198,15 +212,9 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
             }
             decoded.resize(chunk_bytes);
             // what the parts copy out of the chunk: only those bytes need decoding (a Blosc chunk
-            // of a whole field decodes the blocks of this rank's band)
-            thread_local std::vector<std::pair<int64_t, int64_t>> ranges;
-            ranges.clear();
-            for (int64_t k = b; k < e; k++) {
-              const auto &part = plans_.parts[batch_parts_[coded_[k].second].part];
-              AddUnitRanges(plans_.plans[part.plan], part.base, &ranges);
-            }
-            MergeRanges(&ranges);
-            ReadChunk(plans_, c, first_plan, first_path_[first.plan], &stored, decoded.data(), &ranges);
+            // of a whole field decodes, and reads, the blocks of this rank's band)
+            ReadChunk(plans_, c, first_plan, first_path_[first.plan], &stored, decoded.data(),
+                      &chunk_ranges_[t - n_raw]);
             for (int64_t k = b; k < e; k++) {
               const auto &bp = batch_parts_[coded_[k].second];
               const auto &part = plans_.parts[bp.part];
@@ -249,6 +257,7 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
     int64_t g0, g1;
   };
   PlanSet plans_;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> chunk_ranges_;
   std::vector<std::string> first_path_;
   dali::DALIDataType dtype_ = DALI_NO_TYPE;
   int64_t task_bytes_ = 4 << 20;
