@@ -443,6 +443,19 @@ std::string CheckCoder(const Coder &coder) {
   return "";
 }
 
+void MergeRanges(std::vector<std::pair<int64_t, int64_t>> *ranges) {
+  std::sort(ranges->begin(), ranges->end());
+  size_t k = 0;
+  for (size_t i = 0; i < ranges->size(); i++) {
+    if (k && (*ranges)[i].first <= (*ranges)[k - 1].second) {
+      (*ranges)[k - 1].second = std::max((*ranges)[k - 1].second, (*ranges)[i].second);
+    } else {
+      (*ranges)[k++] = (*ranges)[i];
+    }
+  }
+  ranges->resize(k);
+}
+
 bool MayReadInParts(const Coder &coder, int64_t n, const std::vector<std::pair<int64_t, int64_t>> &ranges) {
 #ifdef DALI_MESH_HAVE_BLOSC2
   if (coder.steps.size() != 1 || coder.steps[0].id != kCodecBlosc || n < (int64_t(256) << 10)) return false;
@@ -499,16 +512,7 @@ bool StoredRangesOf(const Coder &coder, const char *head, int64_t head_len, int6
       stored->push_back({starts[j], next == sorted.end() ? n : *next});
     }
   }
-  std::sort(stored->begin(), stored->end());
-  size_t k = 0;
-  for (size_t i = 0; i < stored->size(); i++) {
-    if (k && (*stored)[i].first <= (*stored)[k - 1].second) {
-      (*stored)[k - 1].second = std::max((*stored)[k - 1].second, (*stored)[i].second);
-    } else {
-      (*stored)[k++] = (*stored)[i];
-    }
-  }
-  stored->resize(k);
+  MergeRanges(stored);
   return true;
 #else
   (void)coder, (void)head, (void)head_len, (void)n, (void)ranges;

@@ -71,6 +71,9 @@ std::string DecodeChunk(const Coder &coder, const char *src, int64_t n, char *ou
 std::string DecodeChunkRanges(const Coder &coder, const char *src, int64_t n, char *out,
                               const std::vector<std::pair<int64_t, int64_t>> &ranges);
 
+// Sorts `ranges` (byte ranges) and merges those that overlap or touch.
+void MergeRanges(std::vector<std::pair<int64_t, int64_t>> *ranges);
+
 // Whether a chunk of `n` stored bytes by `coder` may be read in parts for `ranges` (a Blosc chunk of
 // at least 256 KiB that the ranges cover less than three quarters of): its reads then start with its
 // header and block index (StoredRangesOf), and announcing the whole chunk would read it all.

@@ -666,19 +666,6 @@ void AddUnitRanges(const ReadPlan &plan, int64_t base, std::vector<std::pair<int
     ranges->push_back({base + plan.file_off[u], base + plan.file_end(u)});
 }
 
-void MergeRanges(std::vector<std::pair<int64_t, int64_t>> *ranges) {
-  std::sort(ranges->begin(), ranges->end());
-  size_t k = 0;
-  for (size_t i = 0; i < ranges->size(); i++) {
-    if (k && (*ranges)[i].first <= (*ranges)[k - 1].second) {
-      (*ranges)[k - 1].second = std::max((*ranges)[k - 1].second, (*ranges)[i].second);
-    } else {
-      (*ranges)[k++] = (*ranges)[i];
-    }
-  }
-  ranges->resize(k);
-}
-
 void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const std::string &first_path,
                std::vector<char> *stored, char *decoded, const std::vector<std::pair<int64_t, int64_t>> *ranges) {
   const PlanChunk &ch = set.chunks[c];

@@ -165,8 +165,6 @@ void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const 
 // copy (one range per unit: its first run to its last run's end).
 void AddUnitRanges(const ReadPlan &plan, int64_t base, std::vector<std::pair<int64_t, int64_t>> *ranges);
 
-// Sorts `ranges` and merges those that overlap or touch.
-void MergeRanges(std::vector<std::pair<int64_t, int64_t>> *ranges);
 
 // Copies the units of the coded plan `plan` from the decoded chunk at `src` (the part's base
 // added) into `dst` and byte-swaps them if the plan says so.
