@@ -51,6 +51,14 @@ bool IsChecksum(int64_t id) { return id == kCodecFletcher32 || id == kCodecCrc32
 
 std::string Num(int64_t v) { return std::to_string(v); }
 
+// The little-endian 32-bit word at `p` (size headers, checksums, Blosc header fields and block starts).
+uint32_t Le32(const unsigned char *p) {
+  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+}
+
+// A coder of exactly one Blosc step, no checksum: what c-blosc2 can read and decode in parts.
+[[maybe_unused]] bool OneBloscStep(const Coder &coder) { return coder.steps.size() == 1 && coder.steps[0].id == kCodecBlosc; }
+
 // ---- checksums -------------------------------------------------------------------------------------
 // HDF5's Fletcher-32 (H5_checksum_fletcher32 in H5checksum.c, as the fletcher32 filter applies it):
 // 16-bit big-endian words, sums reduced every 360 words; an odd last byte is the high byte of a word.
@@ -113,7 +121,7 @@ std::string BloscHeader(const char *src, int64_t n, int64_t want, int64_t typesi
   // would read as Blosc2 features of a corrupt chunk
   const auto *h = reinterpret_cast<const unsigned char *>(src);
   // the header's own block size (blosc2_cbuffer_sizes gives it clamped to the chunk's size)
-  blocksize = static_cast<int32_t>(uint32_t(h[8]) | uint32_t(h[9]) << 8 | uint32_t(h[10]) << 16 | uint32_t(h[11]) << 24);
+  blocksize = static_cast<int32_t>(Le32(h + 8));
   if (h[0] < 1 || h[0] > 2) return "its Blosc header has format version " + Num(h[0]) + " (Blosc1 chunks have 1 or 2)";
   // every Blosc1 compressor's stream format is version 1 (BLOSC_*_VERSION_FORMAT); c-blosc1 refuses others
   if (typesize > 0 && h[3] != typesize)
@@ -141,9 +149,6 @@ std::string Blosc(const char *src, int64_t n, char *out, int64_t want, int64_t t
   return "";
 }
 
-// Only the byte ranges `ranges` of a Blosc chunk (sorted, disjoint, inside `want`): c-blosc2 decodes
-// the blocks they touch (blosc2_getitem_bytes_ctx). Ranges closer than a block are decoded as one;
-// when they cover most of the chunk, the whole chunk is decoded as by Blosc.
 // The ranges BloscRanges decodes for `ranges` (rounded to the type size, those closer than a block
 // joined); false when the chunk is to be decoded whole (they cover three quarters of it or more).
 bool BloscMerged(const std::vector<std::pair<int64_t, int64_t>> &ranges, int64_t want, int32_t blocksize, int ts,
@@ -165,6 +170,9 @@ bool BloscMerged(const std::vector<std::pair<int64_t, int64_t>> &ranges, int64_t
   return covered * 4 < want * 3 && want % unit == 0;
 }
 
+// Only the byte ranges `ranges` of a Blosc chunk (sorted, disjoint, inside `want`): c-blosc2 decodes
+// the blocks they touch (blosc2_getitem_bytes_ctx). Ranges closer than a block are decoded as one;
+// when they cover most of the chunk, the whole chunk is decoded as by Blosc.
 std::string BloscRanges(const char *src, int64_t n, char *out, int64_t want, int64_t typesize,
                         const std::vector<std::pair<int64_t, int64_t>> &ranges) {
   int32_t blocksize = 0;
@@ -211,7 +219,7 @@ std::string Zstd(const char *src, int64_t n, char *out, int64_t want) {
 std::string Lz4(const char *src, int64_t n, char *out, int64_t want) {
   if (n < 4) return "an LZ4 chunk of " + Num(n) + " bytes is shorter than its 4-byte size header";
   const auto *p = reinterpret_cast<const unsigned char *>(src);
-  const int64_t declared = int64_t(p[0]) | int64_t(p[1]) << 8 | int64_t(p[2]) << 16 | int64_t(p[3]) << 24;
+  const int64_t declared = Le32(p);
   if (declared != want)
     return "its LZ4 header declares " + Num(declared) + " decoded bytes, not the chunk's " + Num(want);
   if (want > LZ4_MAX_INPUT_SIZE || n - 4 > INT32_MAX) return "an LZ4 chunk larger than LZ4 blocks can be";
@@ -278,7 +286,7 @@ std::string Lzf(const char *src, int64_t n, char *out, int64_t want) {
 std::string Szip(const char *src, int64_t n, char *out, int64_t want, int64_t arg) {
   if (n < 4) return "an szip chunk of " + Num(n) + " bytes is shorter than its 4-byte size header";
   const auto *p = reinterpret_cast<const unsigned char *>(src);
-  const int64_t declared = int64_t(p[0]) | int64_t(p[1]) << 8 | int64_t(p[2]) << 16 | int64_t(p[3]) << 24;
+  const int64_t declared = Le32(p);
   if (declared != want)
     return "its szip header declares " + Num(declared) + " decoded bytes, not the chunk's " + Num(want);
   SZ_com_t params;
@@ -458,7 +466,7 @@ void MergeRanges(std::vector<std::pair<int64_t, int64_t>> *ranges) {
 
 bool MayReadInParts(const Coder &coder, int64_t n, const std::vector<std::pair<int64_t, int64_t>> &ranges) {
 #ifdef DALI_MESH_HAVE_BLOSC2
-  if (coder.steps.size() != 1 || coder.steps[0].id != kCodecBlosc || n < (int64_t(256) << 10)) return false;
+  if (!OneBloscStep(coder) || n < (int64_t(256) << 10)) return false;
   int64_t covered = 0;
   for (const auto &r : ranges) covered += r.second - r.first;
   return covered * 4 < coder.chunk_bytes * 3;
@@ -473,8 +481,7 @@ bool StoredRangesOf(const Coder &coder, const char *head, int64_t head_len, int6
                     std::vector<std::pair<int64_t, int64_t>> *stored) {
   stored->clear();
 #ifdef DALI_MESH_HAVE_BLOSC2
-  if (coder.steps.size() != 1 || coder.steps[0].id != kCodecBlosc || coder.chunk_bytes > INT32_MAX ||
-      head_len < BLOSC_MIN_HEADER_LENGTH)
+  if (!OneBloscStep(coder) || coder.chunk_bytes > INT32_MAX || head_len < BLOSC_MIN_HEADER_LENGTH)
     return false;
   const int64_t want = coder.chunk_bytes;
   int32_t blocksize = 0;
@@ -500,7 +507,7 @@ bool StoredRangesOf(const Coder &coder, const char *head, int64_t head_len, int6
   std::vector<int64_t> starts(nblocks);
   for (int64_t j = 0; j < nblocks; j++) {
     const unsigned char *b = h + kHeader + 4 * j;
-    starts[j] = int64_t(uint32_t(b[0]) | uint32_t(b[1]) << 8 | uint32_t(b[2]) << 16 | uint32_t(b[3]) << 24);
+    starts[j] = Le32(b);
     if (starts[j] < index_end || starts[j] >= n) return false;  // a corrupt index: decoded whole, its error
   }
   std::vector<int64_t> sorted = starts;
@@ -523,7 +530,7 @@ bool StoredRangesOf(const Coder &coder, const char *head, int64_t head_len, int6
 std::string DecodeChunkRanges(const Coder &coder, const char *src, int64_t n, char *out,
                               const std::vector<std::pair<int64_t, int64_t>> &ranges) {
 #ifdef DALI_MESH_HAVE_BLOSC2
-  if (coder.steps.size() == 1 && coder.steps[0].id == kCodecBlosc && coder.chunk_bytes <= INT32_MAX)
+  if (OneBloscStep(coder) && coder.chunk_bytes <= INT32_MAX)
     return BloscRanges(src, n, out, coder.chunk_bytes, coder.steps[0].arg, ranges);
 #endif
   (void)ranges;
@@ -543,8 +550,7 @@ std::string DecodeChunk(const Coder &coder, const char *src, int64_t n, char *ou
     if (size < 4) return "a chunk of " + Num(size) + " bytes has no room for its " + what + " checksum";
     size -= 4;
     const auto *b = reinterpret_cast<const unsigned char *>(cur);
-    const uint32_t stored = uint32_t(b[size]) | uint32_t(b[size + 1]) << 8 | uint32_t(b[size + 2]) << 16 |
-                            uint32_t(b[size + 3]) << 24;
+    const uint32_t stored = Le32(b + size);
     if (crc) {
 #ifdef DALI_MESH_HAVE_CRC32C
       if (crc32c_value(b, static_cast<size_t>(size)) != stored)
