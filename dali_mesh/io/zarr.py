@@ -381,8 +381,9 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
         coder = plans.add_coder(Coder(steps, chunk_bytes, _fill_bytes(arr, stored)))
         chunk_of = _ShardIndex(arr, folder, plans, coding, chunks, coder) if coding.shard else \
             _chunk_files(arr, folder, plans, coder)
-        return _coded_parts(plans, wplan, chunks, stored, chunk_of, locals_, (meta_file, meta_plan),
-                            merge_gap, coding.fortran), finish, wplan
+        pieces = chunk_pieces(wplan, chunks, stored, merge_gap, coding.fortran)
+        return _coded_parts(plans, shape, chunks, stored, pieces, step_stride, chunk_of, locals_,
+                            (meta_file, meta_plan)), finish, wplan
     # the chunk files of the first step first: a store whose chunks were never written (a small
     # metadata file claiming a huge grid) falls back after a stat per chunk, not after planning all
     for coords in chunk_coords(wplan, chunks):
@@ -526,15 +527,12 @@ class _ShardIndex:
         return self.plans.add_chunk(fidx, off, ln, self.coder)
 
 
-def _coded_parts(plans: PlanSet, wplan, chunks, stored, chunk_of, locals_, meta_part, merge_gap, fortran):
-    """The parts of compressed chunks: per step the metadata part, then one part per box and chunk
-    touched, reading from the chunk table (``chunk_of(chunk coordinates)`` gives a chunk's entry),
-    its plan shared by every step, its base the step's place in the decoded chunk (``fortran``:
-    chunks in Fortran order)."""
+def _coded_parts(plans: PlanSet, shape, chunks, stored, pieces, step_stride, chunk_of, locals_, meta_part):
+    """The parts of compressed chunks: per step the metadata part, then one part per piece
+    (:func:`chunk_pieces`: a box and a chunk touched), reading from the chunk table (``chunk_of(chunk
+    coordinates)`` gives a chunk's entry), its plan shared by every step, its base the step's place in
+    the decoded chunk (``step_stride`` bytes a step)."""
     ct = chunks[0]
-    step_stride = stored.itemsize if fortran else math.prod(chunks[1:]) * stored.itemsize
-    shape = wplan.window_shape
-    pieces = chunk_pieces(wplan, chunks, stored, merge_gap, fortran)
     piece_ids = [plans.add_plan(ReadPlan.reads_only(shape, stored, *u.plan_args, coded=True, repeat=u.repeat))
                  for u, _ in pieces]
     first_chunk = int(locals_[0]) // ct if locals_.size else 0
