@@ -54,8 +54,8 @@ CHECK_JSON = -1
 CODECS = {"blosc": 1, "zstd": 2, "lz4": 3, "zlib": 4, "gzip": 5, "shuffle": 6, "fletcher32": 7, "lzf": 8, "szip": 9,
           "crc32c": 10}
 #: the library that decodes each codec in the reader (for messages about a build without it)
-CODEC_LIBRARIES = {"blosc": "c-blosc2", "zstd": "libzstd", "lz4": "liblz4", "zlib": "zlib", "gzip": "zlib",
-                   "lzf": "liblzf", "szip": "libaec", "crc32c": "libcrc32c (the google-crc32c wheel's)"}
+CODEC_LIBRARIES = {"blosc": "c-blosc2", "zstd": "libzstd", "lz4": "liblz4", "zlib": "libdeflate or zlib",
+                   "gzip": "libdeflate or zlib", "lzf": "liblzf", "szip": "libaec", "crc32c": "libcrc32c (the google-crc32c wheel's)"}
 #: dtype kinds DALI carries (complex, datetime and timedelta have no DALI type)
 _NATIVE_KINDS = "biuf"
 

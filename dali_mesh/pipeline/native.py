@@ -38,9 +38,9 @@ local store, every chunk touched        by all steps, as above), then one finish
 written                                 (boundary cells)
 ``ZarrSource`` v2 compressed (Blosc,    native; each chunk the batch needs is read whole and
 Zstd, LZ4, Zlib, GZip; order C, F), v3 decoded once on DALI's threads (c-blosc2, libzstd,
-``bytes`` + blosc/zstd/gzip, then       liblz4, zlib; crc32c verified by libcrc32c), every
-optionally crc32c; chunks never         part copies its units out of the decoded chunk (byte
-written read as the fill value          swap as above)
+``bytes`` + blosc/zstd/gzip, then       liblz4, libdeflate or zlib; crc32c verified by
+optionally crc32c; chunks never         libcrc32c), every part copies its units out of the
+written read as the fill value          decoded chunk (byte swap as above)
 ``HDF5Source`` (and NetCDF4) chunked    native, the same way; chunk byte ranges from one pass
 with deflate, LZF, szip, shuffle,       over the chunk index; Fletcher-32 verified; a chunk
 Fletcher-32                             whose optional filters were skipped decoded by the rest
