@@ -520,6 +520,30 @@ class PlanSet:
             self._chunk_rows, self._chunk_index
         return out
 
+    @staticmethod
+    def joined(sets: Sequence["PlanSet"]) -> "PlanSet":
+        """One plan set of the windows of several outputs (a forecast's input and target): their
+        items one output after another, each output one item per sample id, for
+        ``read_windows(..., outputs=len(sets))``, and one table of plans, files and chunks (sets made
+        by :meth:`sharing_tables` have it already; others are re-indexed into it, equal entries
+        stored once). The operator then reads each batch's windows of every output as one batch, so a
+        chunk they share is read and decoded once."""
+        first = sets[0]
+        if len({s.num_items for s in sets}) != 1:
+            raise ValueError("PlanSet.joined: the outputs have different numbers of items: "
+                             f"{[s.num_items for s in sets]}")
+        if len({(s.dtype, s.ndim) for s in sets}) != 1:
+            raise ValueError("PlanSet.joined: the outputs' windows differ in dtype or axes: "
+                             f"{[(str(s.dtype), s.ndim) for s in sets]}")
+        n = sum(s.num_items for s in sets)
+        if all(s.plans is first.plans and s._chunk_rows is first._chunk_rows for s in sets):
+            out = first.sharing_tables(first.ndim)
+            out.set_item_words(np.concatenate([s._item_words for s in sets]), n)
+            return out
+        out = PlanSet(first.dtype, first.ndim)
+        out.set_item_words(np.concatenate([_encoded_items(*_reindexed(out, s)) for s in sets]), n)
+        return out
+
     def to_bytes(self) -> bytes:
         from dali_mesh import _kernels  # the checksum is the reader's own code
 
@@ -597,6 +621,38 @@ def _part_positions(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.repeat(starts, counts) + 4 * (np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts))
 
 
+def _reindexed(out: PlanSet, s: PlanSet) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``s``'s items as arrays, its files, plans, coders and chunks added to ``out``'s tables and
+    re-indexed into them: per item its finishing plan and number of parts, and the ``(file or chunk,
+    plan, base, dst_base)`` of every part, item by item."""
+    fmap = np.asarray([out.add_file(*f) for f in s.files], np.int64)
+    pmap = np.asarray([out.add_plan(p) for p in s.plans], np.int64)
+    cmap = np.asarray([out.add_coder(k) for k in s.coders], np.int64)
+    chmap = np.asarray([out.add_chunk(int(fmap[f]), o, b, int(cmap[k])) for f, o, b, k in s._chunk_rows], np.int64)
+    coded = np.asarray([bool(p.coded) for p in s.plans], bool)
+    finish, starts, counts = _item_rows(s._item_words, s.num_items)
+    idx = _part_positions(starts, counts)
+    rows = s._item_words[idx[:, None] + np.arange(4)].reshape(idx.size, 4).copy()
+    if idx.size:
+        # a coded part's file is a chunk (the chunk table's index), a raw part's a file
+        is_chunk = coded[rows[:, 1]]
+        rows[is_chunk, 0] = chmap[rows[is_chunk, 0]]
+        rows[~is_chunk, 0] = fmap[rows[~is_chunk, 0]]
+        rows[:, 1] = pmap[rows[:, 1]]
+    return (pmap[finish] if finish.size else finish), counts, rows
+
+
+def _encoded_items(finish: np.ndarray, counts: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Items as the plan file's words (see :meth:`PlanSet.set_item_words`): per item its finishing
+    plan, ``counts`` parts, and their 4-word ``rows``, item by item."""
+    words = np.empty(int(2 * finish.size + 4 * counts.sum()), np.int64)
+    item_start = np.concatenate([[0], np.cumsum(2 + 4 * counts)[:-1]]).astype(np.int64)
+    words[item_start] = finish
+    words[item_start + 1] = counts
+    words[_part_positions(item_start + 2, counts)[:, None] + np.arange(4)] = rows
+    return words
+
+
 def stack_channels(sets: Sequence["PlanSet"], channel_axis: int, has_channel_axis: Sequence[bool]) -> "PlanSet":
     """One plan set whose windows stack the windows of ``sets`` on ``channel_axis`` (the plans of one
     window output of several sources with the same sample order and spatial window: a dataset's
@@ -648,25 +704,11 @@ def stack_channels(sets: Sequence["PlanSet"], channel_axis: int, has_channel_axi
     finish = out.add_plan(stacked)
     # the tables of every set, re-indexed into out's
     blocks, c0 = [], 0
-    for s, (_, starts, counts, _), c in zip(sets, views, channels):
-        fmap = np.asarray([out.add_file(*f) for f in s.files], np.int64)
-        pmap = np.asarray([out.add_plan(p) for p in s.plans], np.int64)
-        cmap = np.asarray([out.add_coder(k) for k in s.coders], np.int64)
-        chmap = np.asarray([out.add_chunk(int(fmap[f]), o, b, int(cmap[k])) for f, o, b, k in s._chunk_rows],
-                           np.int64)
-        coded = np.asarray([bool(p.coded) for p in s.plans], bool)
-        idx = _part_positions(starts, counts)
-        n_parts = idx.size
-        rows = s._item_words[idx[:, None] + np.arange(4)].reshape(n_parts, 4).copy()
-        is_chunk = coded[rows[:, 1]] if n_parts else np.zeros(0, bool)
-        if n_parts:
-            # a coded part's file is a chunk (the chunk table's index), a raw part's a file
-            rows[is_chunk, 0] = chmap[rows[is_chunk, 0]]
-            rows[~is_chunk, 0] = fmap[rows[~is_chunk, 0]]
-            rows[:, 1] = pmap[rows[:, 1]]
-            step_v = c * plane
-            if step_v:  # (an empty window reads nothing: its parts' places do not matter)
-                rows[:, 3] = rows[:, 3] // step_v * step_all + c0 * plane + rows[:, 3] % step_v
+    for s, c in zip(sets, channels):
+        _, counts, rows = _reindexed(out, s)
+        step_v = c * plane
+        if rows.size and step_v:  # (an empty window reads nothing: its parts' places do not matter)
+            rows[:, 3] = rows[:, 3] // step_v * step_all + c0 * plane + rows[:, 3] % step_v
         blocks.append((counts, rows))
         c0 += c
     n = first.num_items

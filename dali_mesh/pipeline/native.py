@@ -46,8 +46,9 @@ with deflate, LZF, szip, shuffle,       over the chunk index; Fletcher-32 verifi
 Fletcher-32                             whose optional filters were skipped decoded by the rest
 ``ZarrSource`` v3 sharded               native; each shard's index read once (crc32c checked),
                                         the inner chunks touched read by their byte range
-forecasts of the above                  native; one operator per output (input, target), each
-                                        step a part at its place in the stacked window
+forecasts of the above                  native; one operator for both outputs (input, target),
+                                        each step a part at its place in its stacked window; a
+                                        chunk both need is read and decoded once per batch
 everything else (``direct=True``,       ``partitioned_source`` (a one-line log says why,
 other filters and codecs (Zarr          naming the filter, codec or missing library)
 filters, other v3 transpositions,
@@ -204,7 +205,9 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
     from dali_mesh.pipeline.plugin import load_plugin
 
     ops = load_plugin()
-    paths = [p.write(plan_dir) for p in plans]
+    # several outputs (a forecast's input and target) are one operator's, so that the chunks they
+    # share are read and decoded once per batch
+    path = (plans[0] if len(plans) == 1 else PlanSet.joined(plans)).write(plan_dir)
     if pipe is not None:  # as partitioned_source does: MeshLoader checks it and fingerprints checkpoints
         info_of(pipe).sources.append(source)
     if sample_ids is not None:
@@ -213,12 +216,10 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
         ids, pads = fn.external_source(source=_SampleIds(reader), num_outputs=2, batch=True,
                                        batch_info=True, dtype=[types.INT64, types.BOOL], ndim=[0, 0],
                                        name=name)
-    wins = []
-    for plan, path in zip(plans, paths):
-        win = ops.read_windows(ids, plan_file=path, dtype=types.to_dali_type(plan.dtype),
-                               task_bytes=int(task_bytes), prefetch=bool(prefetch),
-                               device="mixed" if device == "gpu" else "cpu", **norm)
-        if layout is not None:
-            win = fn.reshape(win, layout=layout)
-        wins.append(win)
+    wins = ops.read_windows(ids, plan_file=path, dtype=types.to_dali_type(plans[0].dtype), outputs=len(plans),
+                            task_bytes=int(task_bytes), prefetch=bool(prefetch),
+                            device="mixed" if device == "gpu" else "cpu", **norm)
+    wins = [wins] if len(plans) == 1 else list(wins)
+    if layout is not None:
+        wins = [fn.reshape(win, layout=layout) for win in wins]
     return (*wins, ids, pads)

@@ -224,6 +224,54 @@ def test_a_raw_metadata_check_is_read_by_the_operator(tmp_path):
         run()
 
 
+def test_outputs_are_runs_of_items_and_a_wrong_count_is_refused(tmp_path):
+    """outputs=2: the plan set's items are output 0's, then output 1's, one per sample id; each
+    sample's two windows come out of the two outputs. PlanSet.joined makes such a set of two sets
+    with tables of their own (re-indexed into one, equal entries once). Items that are not a whole
+    number of outputs' runs are refused when the pipeline is built."""
+    needs_read_windows()
+    from nvidia.dali import fn, pipeline_def, types
+
+    from dali_mesh.fn import load_plugin
+
+    data = tmp_path / "data.bin"
+    raw = np.arange(12, dtype=np.float32)
+    data.write_bytes(raw.tobytes())
+
+    def plan_set(bases):  # one item per base: the 4 floats from that byte
+        plans = PlanSet(np.dtype(np.float32), 1)
+        plans.add_plan(ReadPlan.from_units(_read_only((4,)), raw.dtype, False, [0], [0], [16], [(0, 1)]))
+        plans.files.append(PlanFile(str(data), raw.nbytes))
+        plans.items = [(0, [(0, 0, b, 0)]) for b in bases]
+        return plans
+
+    ops = load_plugin()
+
+    def run(path, outputs):
+        @pipeline_def(batch_size=2, num_threads=1, device_id=None)
+        def pipe():
+            ids = fn.external_source(source=lambda: [np.array(1, np.int64), np.array(0, np.int64)], batch=True,
+                                     dtype=types.INT64)
+            return tuple(ops.read_windows(ids, plan_file=path, dtype=types.FLOAT, outputs=outputs))
+
+        p = pipe()
+        p.build()
+        return [[np.array(o[i]) for i in range(2)] for o in p.run()]
+
+    # sample ids 0 and 1: output 0 reads floats [4 id, 4 id + 4), output 1 floats [8 - 4 id, 12 - 4 id)
+    joined = PlanSet.joined([plan_set([0, 16]), plan_set([32, 16])])
+    assert joined.num_items == 4 and len(joined.plans) == 1 and len(joined.files) == 1
+    (a1, a0), (b1, b0) = run(joined.write(str(tmp_path / "p2")), 2)
+    np.testing.assert_array_equal(a0, raw[0:4])
+    np.testing.assert_array_equal(a1, raw[4:8])
+    np.testing.assert_array_equal(b0, raw[8:12])
+    np.testing.assert_array_equal(b1, raw[4:8])
+    with pytest.raises(RuntimeError, match="3 items are not 2 outputs' items per sample id"):
+        run(plan_set([0, 16, 32]).write(str(tmp_path / "p3")), 2)
+    with pytest.raises(ValueError, match="different numbers of items"):
+        PlanSet.joined([plan_set([0]), plan_set([0, 16])])
+
+
 # ---- canonical JSON: the texts of tests/test_native_review.py's canonical-json tests -------------
 REVIEW_JSONS = [  # test_canonical_json_agrees_with_the_reader
     b'{"zarr_format": 3, "shape": [4, 8], "fill_value": "NaN", "attributes": {"a": [1, {"b": "}"}]}}',

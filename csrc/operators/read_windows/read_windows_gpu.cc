@@ -73,8 +73,9 @@ class ReadWindowsMixed : public ReadWindowsBase<dali::MixedBackend> {
 
  protected:
   void RunImpl(dali::Workspace &ws) override {
-    auto &output = ws.Output<dali::GPUBackend>(0);
-    const int n = output.num_samples();
+    // the batch's windows: output j / n's of sample j % n (items_[j])
+    const int n_ids = ws.Output<dali::GPUBackend>(0).num_samples();
+    const int n = outputs_ * n_ids;
     constexpr int64_t kAlign = 256;
     std::vector<int64_t> offset(n + 1, 0), bytes(n);
     for (int i = 0; i < n; i++) {
@@ -121,7 +122,7 @@ class ReadWindowsMixed : public ReadWindowsBase<dali::MixedBackend> {
     fill_out_.clear();
     for (int i = 0; i < n; i++) {
       if (bytes[i] == 0) continue;
-      void *dst = output.raw_mutable_tensor(i);
+      void *dst = ws.Output<dali::GPUBackend>(i / n_ids).raw_mutable_tensor(i % n_ids);
       if (scratch_off[i] >= 0) {
         fill_samples_.push_back(fill_program_[items_[i].finish]);
         fill_in_.push_back(scratch_ + scratch_off[i]);

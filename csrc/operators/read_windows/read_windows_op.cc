@@ -84,32 +84,39 @@ class ReadWindowsCPU : public ReadWindowsBase<dali::CPUBackend> {
  protected:
   bool SetupImpl(std::vector<dali::OutputDesc> &output_desc, const dali::Workspace &ws) override {
     ReadWindowsBase<dali::CPUBackend>::SetupImpl(output_desc, ws);
-    shape_ = output_desc[0].shape;
+    shape_.resize(output_desc.size());
+    for (size_t k = 0; k < output_desc.size(); k++) shape_[k] = output_desc[k].shape;
     return false;  // RunImpl sets the samples, from the pool
   }
 
   void RunImpl(dali::Workspace &ws) override {
-    auto &output = ws.Output<dali::CPUBackend>(0);
-    const int n = shape_.num_samples();
+    const int n = shape_[0].num_samples();
     const size_t es = dali::TypeTable::GetTypeInfo(dtype_).size();
-    size_t batch_bytes = 0;
-    for (int i = 0; i < n; i++) batch_bytes += dali::volume(shape_.tensor_shape_span(i)) * es;
+    std::vector<size_t> batch_bytes(outputs_, 0);
+    size_t all_bytes = 0;
+    for (int k = 0; k < outputs_; k++) {
+      for (int i = 0; i < n; i++) batch_bytes[k] += dali::volume(shape_[k].tensor_shape_span(i)) * es;
+      all_bytes += batch_bytes[k];
+    }
     // enough for the batches DALI's queues and the user may hold at once
-    pool_->SetLimit(4 * batch_bytes);
-    // one contiguous buffer per batch: a pipeline output that is not contiguous would be copied
-    // into one (MakeContiguous)
-    auto buf = pool_->Get(batch_bytes);
-    output.Reset();
-    output.ShareData(buf, batch_bytes, false, shape_, dtype_, dali::CPU_ONLY_DEVICE_ID,
-                     dali::AccessOrder::host());
-    out_.resize(n);
-    for (int i = 0; i < n; i++) out_[i] = static_cast<char *>(output.raw_mutable_tensor(i));
+    pool_->SetLimit(4 * all_bytes);
+    out_.resize(static_cast<size_t>(outputs_) * n);
+    for (int k = 0; k < outputs_; k++) {
+      // one contiguous buffer per output's batch: a pipeline output that is not contiguous would be
+      // copied into one (MakeContiguous)
+      auto &output = ws.Output<dali::CPUBackend>(k);
+      auto buf = pool_->Get(batch_bytes[k]);
+      output.Reset();
+      output.ShareData(buf, batch_bytes[k], false, shape_[k], dtype_, dali::CPU_ONLY_DEVICE_ID,
+                       dali::AccessOrder::host());
+      for (int i = 0; i < n; i++) out_[k * n + i] = static_cast<char *>(output.raw_mutable_tensor(i));
+    }
     ReadAll(out_, &ws.GetThreadPool());
   }
 
  private:
   std::shared_ptr<detail::BufferPool> pool_;
-  dali::TensorListShape<> shape_;
+  std::vector<dali::TensorListShape<>> shape_;  // per output
   std::vector<char *> out_;
 };
 
@@ -129,9 +136,13 @@ is one sample id per sample. Files are opened read-only with ``O_NONBLOCK`` and
 Stateless: checkpointing works.)")
     .NumInput(1)
     .NumOutput(1)
+    .OutputFn([](const OpSpec &spec) { return spec.GetArgument<int>("outputs"); })
     .InputDox(0, "sample_id", "TensorList", "One int32/int64 sample id per sample.")
     .AddArg("plan_file", "Path of the plan file written by dali_mesh.pipeline.native.", DALI_STRING)
     .AddArg("dtype", "Output type (the planned files' dtype, native byte order).", DALI_DATA_TYPE)
+    .AddOptionalArg("outputs", "Windows per sample id, one output each (a forecast's input and target: "
+                    "2): the plan file's items are that many runs of one item per sample id. A chunk "
+                    "that several outputs' windows need is read and decoded once.", 1)
     .AddOptionalArg<int64_t>("task_bytes", "Bytes read per thread-pool task (large windows are "
                              "split across threads).", int64_t(4) << 20)
     .AddOptionalArg("prefetch", "Announce every range of the batch to the kernel "

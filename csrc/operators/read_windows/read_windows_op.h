@@ -3,6 +3,10 @@
 // output shapes, and the three-phase execution on host memory (announce every range to the
 // kernel; read the byte ranges in tasks of about `task_bytes`, each opening, checking and closing
 // its file; swap, transpose and fill per sample).
+// With `outputs` K > 1 (a forecast's input and target) the plan set's items are K runs of one item
+// per sample id, output k's first; the K windows of a batch are read as one batch of K * n, so a
+// compressed chunk that several outputs need (a time chunk holding input and target steps, the
+// target of one sample that is the input of another) is read and decoded once.
 // The CPU operator reads straight into its output; the mixed operator into pinned staging.
 #ifndef DALI_MESH_READ_WINDOWS_OP_H_
 #define DALI_MESH_READ_WINDOWS_OP_H_
@@ -27,6 +31,11 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
     dtype_ = spec.GetArgument<dali::DALIDataType>("dtype");
     task_bytes_ = std::max<int64_t>(4096, spec.GetArgument<int64_t>("task_bytes"));
     prefetch_ = spec.GetArgument<bool>("prefetch");
+    outputs_ = spec.GetArgument<int>("outputs");
+    DALI_ENFORCE(outputs_ >= 1 && plans_.items.size() % outputs_ == 0,
+                 dali::make_string("read_windows: ", plans_.source, ": ", plans_.items.size(), " items are not ",
+                                   outputs_, " outputs' items per sample id; define the pipeline again"));
+    num_ids_ = static_cast<int64_t>(plans_.items.size()) / outputs_;
     // a group larger than a task is read by several tasks (several threads); a coded plan's units
     // are copied from a decoded chunk, not read
     for (auto &plan : plans_.plans)
@@ -38,12 +47,17 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
                                      plans_.plans[p].itemsize, " bytes but dtype ", dtype_, " has ",
                                      size, "; define the pipeline again"));
     }
-    // every sample's window (its finishing plan) has the same number of axes: the output's
-    ndim_ = plans_.items.empty() ? 0 : plans_.plans[plans_.items[0].finish].ndim;
-    for (const auto &it : plans_.items)
-      DALI_ENFORCE(plans_.plans[it.finish].ndim == ndim_,
-                   dali::make_string("read_windows: ", plans_.source, ": the samples' windows have "
-                                     "different numbers of axes; define the pipeline again"));
+    // every sample's window (its finishing plan) of an output has the same number of axes: the
+    // output's
+    ndim_.assign(outputs_, 0);
+    for (int k = 0; k < outputs_; k++) {
+      if (num_ids_ == 0) continue;
+      ndim_[k] = plans_.plans[plans_.items[k * num_ids_].finish].ndim;
+      for (int64_t id = 0; id < num_ids_; id++)
+        DALI_ENFORCE(plans_.plans[plans_.items[k * num_ids_ + id].finish].ndim == ndim_[k],
+                     dali::make_string("read_windows: ", plans_.source, ": the samples' windows have "
+                                       "different numbers of axes; define the pipeline again"));
+    }
     // per-channel normalisation of the finished windows (CPU operator: the mixed one refuses it)
     mean_ = spec.GetRepeatedArgument<float>("mean");
     stddev_ = spec.GetRepeatedArgument<float>("stddev");
@@ -53,9 +67,10 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
       DALI_ENFORCE(mean_.size() == stddev_.size(),
                    dali::make_string(where, "mean has ", mean_.size(), " values, stddev ", stddev_.size()));
       DALI_ENFORCE(dtype_ == DALI_FLOAT, dali::make_string(where, "normalising needs float32 windows, not ", dtype_));
-      DALI_ENFORCE(channel_axis_ >= 0 && channel_axis_ < ndim_,
-                   dali::make_string(where, "channel_axis ", channel_axis_, " is not an axis of the ", ndim_,
-                                     "-dimensional windows"));
+      for (int nd : ndim_)
+        DALI_ENFORCE(channel_axis_ >= 0 && channel_axis_ < nd,
+                     dali::make_string(where, "channel_axis ", channel_axis_, " is not an axis of the ", nd,
+                                       "-dimensional windows"));
       for (size_t k = 0; k < stddev_.size(); k++)
         DALI_ENFORCE(std::isfinite(mean_[k]) && std::isfinite(stddev_[k]) && stddev_[k] != 0,
                      dali::make_string(where, "channel ", k, ": mean ", mean_[k], " and stddev ", stddev_[k],
@@ -77,9 +92,12 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
   bool SetupImpl(std::vector<dali::OutputDesc> &output_desc, const dali::Workspace &ws) override {
     const auto &ids = ws.Input<dali::CPUBackend>(0);
     const int n = ids.num_samples();
-    items_.resize(n);
-    const int ndim = ndim_;
-    dali::TensorListShape<> shape(n, ndim);
+    items_.resize(static_cast<size_t>(outputs_) * n);  // output k's window of sample i: items_[k * n + i]
+    output_desc.resize(outputs_);
+    for (int k = 0; k < outputs_; k++) {
+      output_desc[k].shape = dali::TensorListShape<>(n, ndim_[k]);
+      output_desc[k].type = dtype_;
+    }
     for (int i = 0; i < n; i++) {
       DALI_ENFORCE(dali::volume(ids.tensor_shape(i)) == 1,
                    dali::make_string("read_windows: sample ", i, ": the input must be one sample id "
@@ -92,21 +110,21 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
           DALI_FAIL(dali::make_string("read_windows: sample ids have type ", ids.type(),
                                       "; expected int32 or int64"));
       }
-      DALI_ENFORCE(id >= 0 && id < static_cast<int64_t>(plans_.items.size()),
+      DALI_ENFORCE(id >= 0 && id < num_ids_,
                    dali::make_string("read_windows: sample id ", id, " is out of range for the ",
-                                     plans_.items.size(), " samples of ", plans_.source));
-      items_[i] = plans_.items[id];
-      const auto &plan = plans_.plans[items_[i].finish];
-      auto sh = shape.tensor_shape_span(i);
-      for (int d = 0; d < ndim; d++) sh[d] = plan.shape[d];
+                                     num_ids_, " samples of ", plans_.source));
+      for (int k = 0; k < outputs_; k++) {
+        items_[k * n + i] = plans_.items[k * num_ids_ + id];
+        const auto &plan = plans_.plans[items_[k * n + i].finish];
+        auto sh = output_desc[k].shape.tensor_shape_span(i);
+        for (int d = 0; d < ndim_[k]; d++) sh[d] = plan.shape[d];
+      }
     }
-    output_desc.resize(1);
-    output_desc[0].shape = shape;
-    output_desc[0].type = dtype_;
     return true;
   }
 
-  // Reads every sample's window into `out[i]` (host memory of the output's size). `pool` may be
+  // Reads every window of the batch (items_[j]: output j / n's window of sample j % n) into
+  // `out[j]` (host memory of the window's size). `pool` may be
   // null (serial). Each task opens, checks, reads and closes its own file: at most one descriptor
   // per thread is open at once, whatever the batch size or the number of files per sample (a Zarr
   // sample has one per chunk touched).
@@ -262,7 +280,9 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
   dali::DALIDataType dtype_ = DALI_NO_TYPE;
   int64_t task_bytes_ = 4 << 20;
   bool prefetch_ = true;
-  int ndim_ = 0;
+  int outputs_ = 1;        // windows per sample id (the operator's outputs)
+  int64_t num_ids_ = 0;    // sample ids the plan set has items for
+  std::vector<int> ndim_;  // per output: its windows' number of axes
   std::vector<float> mean_, stddev_;  // empty: no normalisation
   int channel_axis_ = -1;
   std::vector<PlanItem> items_;
