@@ -1,9 +1,9 @@
 """Compressed chunks (issue 15): the native reader against tensorstore, zarr-python and h5py on the
 same files and windows, side by side in one run, warm and cold.
 
-    python benchmarks/compressed_bench.py [--steps 16] [--runs 3] [--threads 1,2] [--cases ...]
+    python benchmarks/compressed_bench.py [--steps 16] [--runs 3] [--threads 1,2] [--cases ...] [--levels 4]
 
-Data: ``--steps`` × (4, 721, 1440) float32 (ERA5-like smooth fields plus noise, so that codecs
+Data: ``--steps`` × (``--levels`` = 4, 721, 1440) float32 (ERA5-like smooth fields plus noise, so that codecs
 compress as on real data), rank 1 of 4, latitude split (torch.chunk: rows 181..361), one
 sample per step, batch 2. Cases (``--cases``, comma-separated):
   blosc_aligned   Zarr v2, Blosc(lz4, 5, shuffle), chunks (1, 4, 181, 1440): one chunk per window
@@ -69,7 +69,7 @@ def _write(case: str, folder: str, data: np.ndarray) -> str:
     import numcodecs
     import zarr
 
-    chunks = (1, 4, 181, 1440) if case.endswith("aligned") else (1, 4, 721, 1440)
+    chunks = (1, SHAPE[0], 181, 1440) if case.endswith("aligned") else (1,) + SHAPE
     if case.startswith("h5"):
         import h5py
 
@@ -191,13 +191,16 @@ def _make(loader, case, path, steps, threads, region):
 
 
 def main(argv=None) -> None:
+    global SHAPE
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--dir", default=None, help="where to write the data (default: a temporary folder)")
+    ap.add_argument("--levels", type=int, default=SHAPE[0], help="fields per step (channels; 1: a surface variable)")
     args = ap.parse_args(argv)
+    SHAPE = (args.levels,) + SHAPE[1:]
     threads = [int(t) for t in args.threads.split(",")]
     cases = args.cases.split(",")
     folder = args.dir or tempfile.mkdtemp(prefix="dm_compressed_bench_")

@@ -894,3 +894,33 @@ def test_a_band_of_a_whole_field_blosc_chunk_decodes_only_its_blocks(tmp_path, s
     src3 = ZarrSource([p], None, lay(3), batch_size=1, shuffle=False)
     with pytest.raises(RuntimeError, match=f"{chunk}.*cannot be decoded"):
         _run_all(native_pipeline(src3, threads=1), 2)
+
+
+def test_a_band_of_a_whole_field_zstd_chunk_decodes_only_the_frame_up_to_it(tmp_path):
+    """Whole-field Zstd chunks (one frame each, one level), latitude split over 4 ranks: each rank's
+    windows equal zarr-python's. A frame is decoded in order and stopped after the last byte the batch's
+    parts copy out: with a chunk cut to 60% of its stored bytes (zarr-python refuses it), rank 0,
+    whose band and halo lie in the first 30%, still reads it, and rank 3 gets the error naming the
+    chunk."""
+    _need("zstd")
+    rng = np.random.default_rng(SEED)
+    arr = random_array(rng, (2, 1, 240, 256), "f4")
+    p = str(tmp_path / "w.zarr")
+    z = zarr.create_array(p, shape=arr.shape, chunks=(1, 1, 240, 256), dtype="f4", zarr_format=2,
+                          compressors=numcodecs.Zstd(3))
+    z[:] = arr
+    full = zarr.open_array(p, mode="r")[:]
+    lay = lambda r: Layout(mesh_of((1, 4), (0, r)), shard={"m0": 1}, halo={1: 1}, boundary="reflect")  # noqa: E731
+    for r in range(4):
+        _check(ZarrSource([p], None, lay(r), batch_size=1, shuffle=False), full, threads=(1,))
+    chunk = os.path.join(p, "1.0.0.0")
+    data = open(chunk, "rb").read()
+    open(chunk, "wb").write(data[:len(data) * 6 // 10])
+    with pytest.raises(Exception):  # noqa: B017 - the oracle refuses the chunk
+        zarr.open_array(p, mode="r")[1]
+    src0 = ZarrSource([p], None, lay(0), batch_size=1, shuffle=False)
+    got = _windows(native_pipeline(src0, threads=1), src0, 2)
+    np.testing.assert_array_equal(dict(got)[1], take_window(full[1], src0.region))
+    src3 = ZarrSource([p], None, lay(3), batch_size=1, shuffle=False)
+    with pytest.raises(RuntimeError, match=f"{chunk}.*cannot be decoded"):
+        _run_all(native_pipeline(src3, threads=1), 2)
