@@ -175,6 +175,31 @@ class _H5:
         return out
 
 
+def time_epochs(obj, path: str, r: dict) -> None:
+    """One cold epoch of ``obj`` (the files of ``path`` evicted first: its time and the bytes this
+    process read from storage) and the median of 3 warm ones, appended to ``r``'s lists."""
+    for f in _files_of(path):
+        evict(f)
+    b0, t0 = read_bytes(), time.perf_counter()
+    obj.epoch()
+    r["cold"].append(time.perf_counter() - t0)
+    r["bytes"].append(read_bytes() - b0)
+    warm = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        obj.epoch()
+        warm.append(time.perf_counter() - t0)
+    r["warm"].append(statistics.median(warm))
+
+
+def result_row(key, r: dict, ref: dict, bytes_cell: str) -> str:
+    """A results table row: ``key`` (threads, case, loader), the medians of ``r``'s cold and warm
+    epochs, ``bytes_cell``, and the medians of the per-run ratios to ``ref``'s."""
+    ratio = lambda k: statistics.median(a / b for a, b in zip(r[k], ref[k]))  # noqa: E731
+    return (f"| {' | '.join(map(str, key))} | {statistics.median(r['cold']):.3f} | {bytes_cell} | "
+            f"{statistics.median(r['warm']):.3f} | {ratio('cold'):.2f}x | {ratio('warm'):.2f}x |")
+
+
 def _loaders(case):
     first = ["native", "native_q2"]
     return first + (["h5py_window", "h5py_whole"] if case.startswith("h5") else ["tensorstore", "zarr"])
@@ -217,18 +242,7 @@ def main(argv=None) -> None:
                     for loader in _loaders(case):
                         r = results.setdefault((th, case, loader), {"cold": [], "warm": [], "bytes": []})
                         obj = _make(loader, case, paths[case], args.steps, th, region)
-                        for f in _files_of(paths[case]):
-                            evict(f)
-                        b0, t0 = read_bytes(), time.perf_counter()
-                        obj.epoch()
-                        r["cold"].append(time.perf_counter() - t0)
-                        r["bytes"].append(read_bytes() - b0)
-                        warm = []
-                        for _ in range(3):
-                            t0 = time.perf_counter()
-                            obj.epoch()
-                            warm.append(time.perf_counter() - t0)
-                        r["warm"].append(statistics.median(warm))
+                        time_epochs(obj, paths[case], r)
                         got = obj.epoch(keep=True)  # every loader's windows checked, untimed
                         assert len(got) == len(want), (loader, case, len(got))
                         for g, w in zip(got, want):
@@ -245,10 +259,7 @@ def main(argv=None) -> None:
     for (th, case, loader), r in results.items():
         ref = "h5py_whole" if case.startswith("h5") else "tensorstore"
         rr = results.get((th, case, ref)) or results.get((1, case, ref))
-        ratio = lambda k: statistics.median(a / b for a, b in zip(r[k], rr[k]))  # noqa: E731
-        print(f"| {th} | {case} | {loader} | {statistics.median(r['cold']):.3f} | "
-              f"{statistics.median(r['bytes']) / window_bytes:.2f}x | {statistics.median(r['warm']):.3f} | "
-              f"{ratio('cold'):.2f}x | {ratio('warm'):.2f}x |")
+        print(result_row((th, case, loader), r, rr, f"{statistics.median(r['bytes']) / window_bytes:.2f}x"))
 
 
 if __name__ == "__main__":

@@ -29,15 +29,13 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from benchmarks.compressed_bench import SHAPE, _fields, _files_of, _layout  # noqa: E402
+from benchmarks.compressed_bench import SHAPE, _fields, _layout, result_row, time_epochs  # noqa: E402
 from dali_mesh import ForecastSpec  # noqa: E402
-from dali_mesh.io.pagecache import evict, read_bytes  # noqa: E402
 
 BATCH = 2
 CASES = {"t1_ordered": (1, False), "t4_shuffled": (4, True)}
@@ -154,18 +152,7 @@ def main(argv=None) -> None:
                     for loader in loaders:
                         r = results.setdefault((th, case, loader), {"cold": [], "warm": [], "bytes": []})
                         obj = _make(loader, case, paths[case], th)
-                        for f in _files_of(paths[case]):
-                            evict(f)
-                        b0, t0 = read_bytes(), time.perf_counter()
-                        obj.epoch()
-                        r["cold"].append(time.perf_counter() - t0)
-                        r["bytes"].append(read_bytes() - b0)
-                        warm = []
-                        for _ in range(3):
-                            t0 = time.perf_counter()
-                            obj.epoch()
-                            warm.append(time.perf_counter() - t0)
-                        r["warm"].append(statistics.median(warm))
+                        time_epochs(obj, paths[case], r)
                         got = obj.epoch(keep=True)
                         assert len(got) == (len(obj.src) // BATCH) * BATCH, (loader, case, len(got))
                         for s, inp, tgt in got:  # every window checked against numpy, untimed
@@ -182,11 +169,8 @@ def main(argv=None) -> None:
           "warm vs per_output |")
     print("|---|---|---|---|---|---|---|---|")
     for (th, case, loader), r in results.items():
-        rr = results[(th, case, "per_output")]
-        ratio = lambda k: statistics.median(a / b for a, b in zip(r[k], rr[k]))  # noqa: E731
-        print(f"| {th} | {case} | {loader} | {statistics.median(r['cold']):.3f} | "
-              f"{statistics.median(r['bytes']) / 1e6:.1f} | {statistics.median(r['warm']):.3f} | "
-              f"{ratio('cold'):.2f}x | {ratio('warm'):.2f}x |")
+        print(result_row((th, case, loader), r, results[(th, case, "per_output")],
+                         f"{statistics.median(r['bytes']) / 1e6:.1f}"))
 
 
 if __name__ == "__main__":

@@ -246,6 +246,15 @@ def test_window_sources_on_gpu_two_epochs(tmp_path, reader, boundary):
         p.reset()
 
 
+def _read_windows_pipe(source, device):
+    """A built pipeline of batch 2, 2 threads, of ``read_windows(source, device)`` (native only)."""
+    @pipeline_def(batch_size=2, num_threads=2, device_id=0)
+    def pipe():
+        return dfn.read_windows(source, device=device, fallback=False)
+
+    return _build(pipe)
+
+
 @pytest.mark.parametrize("kind", ["hdf5_deflate_shuffle", "zarr_blosc", "zarr_zstd_sharded"])
 def test_read_windows_compressed_on_gpu(tmp_path, kind):
     """Compressed chunks decoded on the CPU threads into the pinned staging, then copied once: the GPU
@@ -281,14 +290,7 @@ def test_read_windows_compressed_on_gpu(tmp_path, kind):
         z[:] = arr
         source = ZarrSource([path], None, layout, batch_size=2, shuffle=False)
 
-    def make(device):
-        @pipeline_def(batch_size=2, num_threads=2, device_id=0)
-        def pipe():
-            return dfn.read_windows(source, device=device, fallback=False)
-
-        return _build(pipe)
-
-    gpu, cpu = make("gpu"), make("cpu")
+    gpu, cpu = _read_windows_pipe(source, "gpu"), _read_windows_pipe(source, "cpu")
     for _ in range(3):
         (gw, gid, _), (cw, cid, _) = gpu.run(), cpu.run()
         for w, c, sid in zip(_np(gw), _np(cw), _np(gid)):
@@ -320,14 +322,7 @@ def test_forecast_of_compressed_chunks_on_gpu(tmp_path):
                     boundary={1: "reflect", 2: "periodic"})
     source = ZarrSource([path], None, layout, batch_size=2, shuffle=False, forecast=ForecastSpec(1, 1))
 
-    def make(device):
-        @pipeline_def(batch_size=2, num_threads=2, device_id=0)
-        def pipe():
-            return dfn.read_windows(source, device=device, fallback=False)
-
-        return _build(pipe)
-
-    gpu, cpu = make("gpu"), make("cpu")
+    gpu, cpu = _read_windows_pipe(source, "gpu"), _read_windows_pipe(source, "cpu")
     for _ in range(len(source) // 2):
         (gi, gt, gid, _), (ci, ct, _, _) = gpu.run(), cpu.run()
         for a, b, c, sid in zip(_np(gi), _np(gt), _np(ci), _np(gid)):
