@@ -378,6 +378,18 @@ def test_each_chunk_is_read_once_per_batch(tmp_path):
         t = src.step_of(int(np.array(ids[i])))
         np.testing.assert_array_equal(np.array(inp[i]), np.stack([take_window(arr[t + k], src.region) for k in (-1, 0)]))
         np.testing.assert_array_equal(np.array(tgt[i]), take_window(arr[t + 1], src.region)[None])
+    # the two-output operator checkpointed after the first batch of a shuffled epoch resumes the
+    # same input and target batches
+    src = HDF5Source([p], "fields", layout, batch_size=2, seed=5, forecast=ForecastSpec(history=1, lead=1))
+    pipe = native_pipeline(src, threads=2)
+    pipe.run()
+    ck = pipe.checkpoint()
+    rest = [[np.array(o[k]) for o in pipe.run() for k in range(2)] for _ in range(2)]
+    again = native_pipeline(src, threads=2, checkpoint=ck)
+    for want in rest:
+        got = [np.array(o[k]) for o in again.run() for k in range(2)]
+        for x, y in zip(want, got):
+            np.testing.assert_array_equal(x, y)
 
 
 # ---- bad chunks ----------------------------------------------------------------------------------------
