@@ -1,6 +1,6 @@
 // dali_mesh: decoding one compressed chunk (Zarr v2/v3 compressors, HDF5 filter pipelines) into
 // exactly the chunk's bytes, with the codecs of well-kept libraries: c-blosc2 (Blosc1 chunks),
-// libzstd, liblz4, zlib, liblzf, libaec (szip). DALI-free, host only, thread-safe (per-thread contexts).
+// libzstd, liblz4, libdeflate or zlib, liblzf, libaec (szip). DALI-free, host only, thread-safe (per-thread contexts).
 //
 // A coder is a short program: checksum steps on the stored bytes (HDF5 Fletcher-32: verified and
 // stripped), at most one decompressor, then steps that keep the size (HDF5 byte shuffle). The
@@ -56,7 +56,7 @@ bool CodecAvailable(int64_t id);
 // The codec's name as messages and the planner show it ("blosc", "zstd", ...).
 const char *CodecName(int64_t id);
 
-// The library that provides codec `id` ("c-blosc2", "libzstd", "liblz4", "zlib", "" for the
+// The library that provides codec `id` ("c-blosc2", "libzstd", "liblz4", "libdeflate or zlib", "" for the
 // built-in steps), for messages about a build without it.
 const char *CodecLibrary(int64_t id);
 

@@ -646,7 +646,7 @@ def _encoded_items(finish: np.ndarray, counts: np.ndarray, rows: np.ndarray) -> 
     """Items as the plan file's words (see :meth:`PlanSet.set_item_words`): per item its finishing
     plan, ``counts`` parts, and their 4-word ``rows``, item by item."""
     words = np.empty(int(2 * finish.size + 4 * counts.sum()), np.int64)
-    item_start = np.concatenate([[0], np.cumsum(2 + 4 * counts)[:-1]]).astype(np.int64)
+    item_start = (np.cumsum(2 + 4 * counts) - (2 + 4 * counts)).astype(np.int64)  # (none for no items)
     words[item_start] = finish
     words[item_start + 1] = counts
     words[_part_positions(item_start + 2, counts)[:, None] + np.arange(4)] = rows
@@ -714,7 +714,7 @@ def stack_channels(sets: Sequence["PlanSet"], channel_axis: int, has_channel_axi
     n = first.num_items
     counts = sum(b[0] for b in blocks)
     words = np.empty(int(2 * n + 4 * counts.sum()), np.int64)
-    item_start = np.concatenate([[0], np.cumsum(2 + 4 * counts)[:-1]]).astype(np.int64)
+    item_start = (np.cumsum(2 + 4 * counts) - (2 + 4 * counts)).astype(np.int64)  # (none for no items)
     words[item_start] = finish
     words[item_start + 1] = counts
     offset = item_start + 2  # where each item's next part goes

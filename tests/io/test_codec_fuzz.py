@@ -109,8 +109,10 @@ def _sanitized_command(out_dir: str, main: str, sources, opt: str):
         if found:
             defs.append("-DDALI_MESH_HAVE_CRC32C=1")
             libs += [os.path.join(libs_dir, found[0]), f"-Wl,-rpath,{libs_dir}"]
+    # libdeflate, where found, inflates zlib and gzip chunks in zlib's place, as in the plugin
     for name, header, lib in (("ZSTD", "zstd.h", "zstd"), ("LZ4", "lz4.h", "lz4"), ("ZLIB", "zlib.h", "z"),
-                              ("LZF", "liblzf/lzf.h", "lzf"), ("SZIP", "szlib.h", "sz")):
+                              ("DEFLATE", "libdeflate.h", "deflate"), ("LZF", "liblzf/lzf.h", "lzf"),
+                              ("SZIP", "szlib.h", "sz")):
         if os.path.exists(f"/usr/include/{header}"):
             defs.append(f"-DDALI_MESH_HAVE_{name}=1")
             libs.append(f"-l{lib}")

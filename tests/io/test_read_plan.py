@@ -270,6 +270,7 @@ def test_outputs_are_runs_of_items_and_a_wrong_count_is_refused(tmp_path):
         run(plan_set([0, 16, 32]).write(str(tmp_path / "p3")), 2)
     with pytest.raises(ValueError, match="different numbers of items"):
         PlanSet.joined([plan_set([0]), plan_set([0, 16])])
+    assert PlanSet.joined([plan_set([]), plan_set([])]).num_items == 0  # no samples: no items, no words
 
 
 # ---- canonical JSON: the texts of tests/test_native_review.py's canonical-json tests -------------
