@@ -621,16 +621,17 @@ def _part_positions(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.repeat(starts, counts) + 4 * (np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts))
 
 
-def _reindexed(out: PlanSet, s: PlanSet) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _reindexed(out: PlanSet, s: PlanSet, item_rows=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``s``'s items as arrays, its files, plans, coders and chunks added to ``out``'s tables and
     re-indexed into them: per item its finishing plan and number of parts, and the ``(file or chunk,
-    plan, base, dst_base)`` of every part, item by item."""
+    plan, base, dst_base)`` of every part, item by item. ``item_rows``: ``_item_rows`` of ``s``'s
+    items, if the caller has them already."""
     fmap = np.asarray([out.add_file(*f) for f in s.files], np.int64)
     pmap = np.asarray([out.add_plan(p) for p in s.plans], np.int64)
     cmap = np.asarray([out.add_coder(k) for k in s.coders], np.int64)
     chmap = np.asarray([out.add_chunk(int(fmap[f]), o, b, int(cmap[k])) for f, o, b, k in s._chunk_rows], np.int64)
     coded = np.asarray([bool(p.coded) for p in s.plans], bool)
-    finish, starts, counts = _item_rows(s._item_words, s.num_items)
+    finish, starts, counts = item_rows if item_rows is not None else _item_rows(s._item_words, s.num_items)
     idx = _part_positions(starts, counts)
     rows = s._item_words[idx[:, None] + np.arange(4)].reshape(idx.size, 4).copy()
     if idx.size:
@@ -704,24 +705,18 @@ def stack_channels(sets: Sequence["PlanSet"], channel_axis: int, has_channel_axi
     finish = out.add_plan(stacked)
     # the tables of every set, re-indexed into out's
     blocks, c0 = [], 0
-    for s, c in zip(sets, channels):
-        _, counts, rows = _reindexed(out, s)
+    for s, (s_finish, starts, counts, _), c in zip(sets, views, channels):
+        _, counts, rows = _reindexed(out, s, (s_finish, starts, counts))
         step_v = c * plane
         if rows.size and step_v:  # (an empty window reads nothing: its parts' places do not matter)
             rows[:, 3] = rows[:, 3] // step_v * step_all + c0 * plane + rows[:, 3] % step_v
         blocks.append((counts, rows))
         c0 += c
     n = first.num_items
-    counts = sum(b[0] for b in blocks)
-    words = np.empty(int(2 * n + 4 * counts.sum()), np.int64)
-    item_start = (np.cumsum(2 + 4 * counts) - (2 + 4 * counts)).astype(np.int64)  # (none for no items)
-    words[item_start] = finish
-    words[item_start + 1] = counts
-    offset = item_start + 2  # where each item's next part goes
-    for cnt, rows in blocks:
-        words[_part_positions(offset, cnt)[:, None] + np.arange(4)] = rows
-        offset = offset + 4 * cnt
-    out.set_item_words(words, n)
+    # each item's parts: the first set's, then the next set's, ...
+    item_of = np.concatenate([np.repeat(np.arange(n, dtype=np.int64), cnt) for cnt, _ in blocks])
+    rows = np.concatenate([r for _, r in blocks])[np.argsort(item_of, kind="stable")]
+    out.set_item_words(_encoded_items(np.full(n, finish, np.int64), sum(b[0] for b in blocks), rows), n)
     return out
 
 
