@@ -4,6 +4,11 @@ with one GPU per rank when ``backend="nccl"``).
 Rendezvous goes through a file store in a fresh temporary folder, so ports never collide; every
 process group has a short timeout and is destroyed in ``finally``; a process that hangs past the
 deadline is killed and the test fails with what every rank printed.
+
+Gloo ranks are forks of a fork server (``multiprocessing``'s "forkserver") that imported ``PRELOAD``
+once (torch's import alone is 2-3 s of one core, paid by every spawned rank before); each rank gets
+the caller's environment, ``sys.path`` and working directory as a spawned one would. NCCL ranks (one
+GPU each) are spawned: a fresh interpreter, no state from any other process.
 """
 from __future__ import annotations
 
@@ -14,13 +19,33 @@ import signal
 import time
 import traceback
 
+#: what the fork server imports before it forks the gloo ranks: modules that start no thread and
+#: initialise no GPU when imported (checked in tests/cli/test_launch.py); a module that fails to
+#: import is skipped (as ``multiprocessing`` does)
+PRELOAD = ["numpy", "torch", "torch.distributed", "nvidia.dali.fn"]
 
-def _rank_main(fn, rank, world_size, store_path, result_dir, args, timeout_s, backend):
+
+def _context(backend: str):
+    if backend == "nccl":
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))  # read when the server starts: once per process
+    return ctx
+
+
+def _rank_main(fn, rank, world_size, store_path, result_dir, args, timeout_s, backend, environ):
+    import torch
     import torch.distributed as dist
 
+    # the caller's environment now, not the fork server's from when it started
+    os.environ.clear()
+    os.environ.update(environ)
     os.setpgid(0, 0)  # this rank and its helpers (DALI workers) form one group the parent can stop
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
                        "OMP_NUM_THREADS": "1"})
+    # one intra-op thread (the ranks share the cores): torch read OMP_NUM_THREADS when it was imported,
+    # before this rank set it
+    torch.set_num_threads(1)
     status = os.path.join(result_dir, f"rank{rank}.txt")
     try:
         dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank, world_size=world_size,
@@ -75,14 +100,15 @@ class RankFailure(RuntimeError):
 
 def run_ranks(fn, world_size: int, tmp_path, *args, timeout_s: float = 60.0, backend: str = "gloo",
               grace_s: float = 3.0) -> None:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; raise ``RankFailure``
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes (see the module); raise ``RankFailure``
     with every failing rank's traceback if any fails or outlives ``timeout_s``. Once one rank fails,
     the others get ``grace_s`` seconds before they are stopped."""
-    ctx = mp.get_context("spawn")
+    ctx = _context(backend)
     store = os.path.join(str(tmp_path), "pg_store")
     results = os.path.join(str(tmp_path), "ranks")
     os.makedirs(results, exist_ok=True)
-    procs = [ctx.Process(target=_rank_main, args=(fn, r, world_size, store, results, args, timeout_s / 2, backend))
+    procs = [ctx.Process(target=_rank_main, args=(fn, r, world_size, store, results, args, timeout_s / 2, backend,
+                                                     dict(os.environ)))
              for r in range(world_size)]
     hung: list[int] = []
     # Ctrl-C reaches the parent only (each rank is the leader of its own process group), and SIGTERM

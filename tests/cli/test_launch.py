@@ -90,3 +90,34 @@ def test_run_ranks_interrupted_stops_every_rank(tmp_path, sig):
         for p in pids:
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+# ---- ranks forked from the fork server see the caller as it is now, as spawned ranks would ------------
+def _report_rank(rank, world_size, out_dir):
+    import torch
+
+    with open(os.path.join(out_dir, f"{rank}.txt"), "w") as f:
+        f.write(repr((os.environ.get("DALI_MESH_TEST_MARK"), os.environ["RANK"], os.getcwd(),
+                      torch.get_num_threads(), os.getpgid(0) == os.getpid())))
+
+
+def test_forked_ranks_get_the_callers_environment_and_folder_of_each_call(tmp_path, monkeypatch):
+    """The fork server starts once per process with the environment of that moment; a later call's
+    ranks must still see the caller's environment and working directory of that call (a variable set
+    or removed in between, a `chdir`), each its own RANK, one intra-op thread, and its own process group."""
+    pytest.importorskip("torch")
+    from dali_mesh.cli.launch import run_ranks
+
+    for k, mark in enumerate(["first", None, "third"]):
+        out = tmp_path / f"out{k}"
+        work = tmp_path / f"cwd{k}"
+        out.mkdir()
+        work.mkdir()
+        if mark is None:
+            monkeypatch.delenv("DALI_MESH_TEST_MARK", raising=False)
+        else:
+            monkeypatch.setenv("DALI_MESH_TEST_MARK", mark)
+        monkeypatch.chdir(work)
+        run_ranks(_report_rank, 2, tmp_path / f"run{k}", str(out), timeout_s=120)
+        got = [eval(open(out / f"{r}.txt").read()) for r in range(2)]  # noqa: S307 (our own repr)
+        assert got == [(mark, str(r), str(work), 1, True) for r in range(2)], got
