@@ -19,9 +19,10 @@ import signal
 import time
 import traceback
 
-#: what the fork server imports before it forks the gloo ranks: modules that start no thread and
-#: initialise no GPU when imported (checked in tests/cli/test_launch.py); a module that fails to
-#: import is skipped (as ``multiprocessing`` does)
+#: what the fork server imports before it forks the gloo ranks: modules that initialise no GPU when
+#: imported (DALI's own default start method for its workers, fork, relies on that for nvidia.dali);
+#: the one thread they start, numpy's OpenBLAS pool, is made fork-safe by OpenBLAS. A module that
+#: fails to import is skipped (as ``multiprocessing`` does)
 PRELOAD = ["numpy", "torch", "torch.distributed", "nvidia.dali.fn"]
 
 
@@ -52,6 +53,7 @@ def _rank_main(fn, rank, world_size, store_path, result_dir, args, timeout_s, ba
                                 timeout=datetime.timedelta(seconds=timeout_s))
         try:
             fn(rank, world_size, *args)
+            _leave_together()
         finally:
             dist.destroy_process_group()
     except BaseException:  # report anything, SystemExit included, to the parent
@@ -60,6 +62,20 @@ def _rank_main(fn, rank, world_size, store_path, result_dir, args, timeout_s, ba
         os._exit(1)
     with open(status, "w") as f:
         f.write("ok")
+
+
+def _leave_together() -> None:
+    """Wait until every rank has finished its function. A rank that exits at once closes its gloo
+    sockets with a peer's handshake bytes unread: the kernel resets the connection and a slower peer
+    still in ``init_process_group`` fails with "Connection closed by peer" (seen in the suite on a
+    loaded 2-core machine). A barrier that fails (a peer died or raised, and reports that itself) is
+    not this rank's failure."""
+    import torch.distributed as dist
+
+    try:
+        dist.barrier()
+    except Exception:  # noqa: BLE001, S110 - the failing peer's own report says what happened
+        pass
 
 
 def _stop_ranks(procs) -> None:

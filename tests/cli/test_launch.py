@@ -1,6 +1,7 @@
 """The local launcher (dali_mesh.cli.launch.run_ranks): an interrupted parent stops every rank."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -96,9 +97,9 @@ def test_run_ranks_interrupted_stops_every_rank(tmp_path, sig):
 def _report_rank(rank, world_size, out_dir):
     import torch
 
-    with open(os.path.join(out_dir, f"{rank}.txt"), "w") as f:
-        f.write(repr((os.environ.get("DALI_MESH_TEST_MARK"), os.environ["RANK"], os.getcwd(),
-                      torch.get_num_threads(), os.getpgid(0) == os.getpid())))
+    with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
+        json.dump([os.environ.get("DALI_MESH_TEST_MARK"), os.environ["RANK"], os.getcwd(),
+                   torch.get_num_threads(), os.getpgid(0) == os.getpid()], f)
 
 
 def test_forked_ranks_get_the_callers_environment_and_folder_of_each_call(tmp_path, monkeypatch):
@@ -119,5 +120,5 @@ def test_forked_ranks_get_the_callers_environment_and_folder_of_each_call(tmp_pa
             monkeypatch.setenv("DALI_MESH_TEST_MARK", mark)
         monkeypatch.chdir(work)
         run_ranks(_report_rank, 2, tmp_path / f"run{k}", str(out), timeout_s=120)
-        got = [eval(open(out / f"{r}.txt").read()) for r in range(2)]  # noqa: S307 (our own repr)
-        assert got == [(mark, str(r), str(work), 1, True) for r in range(2)], got
+        got = [json.loads((out / f"{r}.json").read_text()) for r in range(2)]
+        assert got == [[mark, str(r), str(work), 1, True] for r in range(2)], got
