@@ -117,7 +117,7 @@ def test_demo_bad_numbers(argv, message, tmp_path):
 
 
 @pytest.mark.timeout(150)
-def test_demo_external_hdf5_refused_unless_allowed(tmp_path, capsys):
+def test_demo_external_hdf5_refused_unless_allowed(tmp_path, capsys, monkeypatch):
     """--data on an HDF5 file whose dataset is an external link: one line naming the link by default;
     with --allow-external the demo reads the linked data and verifies every window against it."""
     h5py = pytest.importorskip("h5py")
@@ -131,15 +131,24 @@ def test_demo_external_hdf5_refused_unless_allowed(tmp_path, capsys):
     argv = ["demo", "--data", str(tmp_path / "main.h5"), "--dataset", "x", "--nproc", "2",
             "--mesh", "model_parallel=2", "--shard", "model_parallel=1", "--batch-size", "1", "--timeout", "120"]
     _one_line_error(capsys, argv, "external link")
-    proc = subprocess.run([sys.executable, "-m", "dali_mesh.cli", *argv, "--allow-external"],
-                          capture_output=True, text=True, timeout=140, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.strip().splitlines()[-1].endswith("all 4 samples verified"), proc.stdout
+    out = _demo_ok(capsys, tmp_path, monkeypatch, argv + ["--allow-external"])
+    assert out.strip().splitlines()[-1].endswith("all 4 samples verified"), out
+
+
+def _demo_ok(capsys, tmp_path, monkeypatch, argv):
+    """The demo run in this process (its ranks fork from the launcher's fork server, started once for
+    the suite, instead of a new interpreter importing torch and starting one): exit 0; its stdout."""
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    code = main(argv)
+    captured = capsys.readouterr()
+    assert code == 0, captured.out + captured.err
+    return captured.out
 
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("share", ["group"])
-def test_demo_on_a_compressed_zarr_store_reads_natively(tmp_path, share):
+def test_demo_on_a_compressed_zarr_store_reads_natively(tmp_path, share, capsys, monkeypatch):
     """dali-mesh demo --data on a Blosc-compressed Zarr store: the native reader on every rank,
     every window verified against the store; with --share group, each sample read by one rank and the
     windows exchanged (through shared memory: the ranks are local). (Without --share the same demo path
@@ -158,13 +167,11 @@ def test_demo_on_a_compressed_zarr_store_reads_natively(tmp_path, share):
     z[:] = x
     argv = ["demo", "--data", store, "--nproc", "2", "--mesh", "model_parallel=2", "--shard", "model_parallel=1",
             "--batch-size", "1", "--timeout", "120"] + (["--share", share] if share else [])
-    proc = subprocess.run([sys.executable, "-m", "dali_mesh.cli", *argv], capture_output=True, text=True,
-                          timeout=140, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = proc.stdout.strip().splitlines()
-    assert any(line.startswith("reader: native") and "on every rank" in line for line in lines), proc.stdout
-    assert lines[-1].endswith("all 4 samples verified"), proc.stdout
+    out = _demo_ok(capsys, tmp_path, monkeypatch, argv)
+    lines = out.strip().splitlines()
+    assert any(line.startswith("reader: native") and "on every rank" in line for line in lines), out
+    assert lines[-1].endswith("all 4 samples verified"), out
     shared = [line for line in lines if line.startswith("share: ")]
-    assert bool(shared) == bool(share), proc.stdout
+    assert bool(shared) == bool(share), out
     if share:
-        assert "groups of 2 ranks" in shared[0] and "through shared memory" in shared[0], proc.stdout
+        assert "groups of 2 ranks" in shared[0] and "through shared memory" in shared[0], out

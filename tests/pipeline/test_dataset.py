@@ -78,8 +78,22 @@ CHANNELS = ["2m_temperature", ("geopotential", [850, 500]), ("temperature", 700)
             ("geopotential", 700)]
 
 
+_ORACLE: dict = {}  # (id(ds), t, dtype) -> (ds, fields): xarray reads each step once per store, not once per rank
+
+
 def _oracle(ds, t, dtype):
-    """xarray's fields of step t, stacked in CHANNELS order."""
+    """xarray's fields of step t, stacked in CHANNELS order (read-only: shared by every caller)."""
+    key = (id(ds), t, np.dtype(dtype).str)
+    hit = _ORACLE.get(key)
+    if hit is not None and hit[0] is ds:  # the entry holds ds, so its id names no other dataset
+        return hit[1]
+    fields = _oracle_fields(ds, t, dtype)
+    fields.flags.writeable = False
+    _ORACLE[key] = (ds, fields)
+    return fields
+
+
+def _oracle_fields(ds, t, dtype):
     f = [ds["2m_temperature"].isel(time=t).values]
     f += [ds["geopotential"].sel(level=lv).isel(time=t).values for lv in (850, 500)]
     f += [ds["temperature"].sel(level=700).isel(time=t).values, ds["10m_u_component_of_wind"].isel(time=t).values,
