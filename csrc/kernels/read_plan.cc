@@ -666,6 +666,13 @@ void AddUnitRanges(const ReadPlan &plan, int64_t base, std::vector<std::pair<int
     ranges->push_back({base + plan.file_off[u], base + plan.file_end(u)});
 }
 
+char *PlaceLike(std::vector<char> *buffer, int64_t n, int64_t offset) {
+  constexpr int64_t kPage = 4096;
+  if (static_cast<int64_t>(buffer->size()) < n + kPage) buffer->resize(n + kPage);
+  const auto start = reinterpret_cast<uintptr_t>(buffer->data());
+  return buffer->data() + ((static_cast<uintptr_t>(offset) - start) & (kPage - 1));
+}
+
 void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const std::string &first_path,
                std::vector<char> *stored, char *decoded, const std::vector<std::pair<int64_t, int64_t>> *ranges) {
   const PlanChunk &ch = set.chunks[c];
@@ -697,11 +704,11 @@ void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const 
   if (ch.offset > size || ch.nbytes > size - ch.offset)
     Fail(where + " runs past the end of the file (" + std::to_string(size) + " bytes): the file is "
          "truncated or changed since the plan was made");
-  if (static_cast<int64_t>(stored->size()) < ch.nbytes) stored->resize(ch.nbytes);
+  char *const at = PlaceLike(stored, ch.nbytes, ch.offset);
   auto read_at = [&](int64_t lo, int64_t hi) {  // the chunk's stored bytes [lo, hi), at their offsets
     if (lo >= hi) return;
     FlightGuard flight(file.path(), ch.offset + lo, hi - lo);
-    const int64_t got = PreadFull(file.fd(), stored->data() + lo, hi - lo, ch.offset + lo);
+    const int64_t got = PreadFull(file.fd(), at + lo, hi - lo, ch.offset + lo);
     if (got == -ECANCELED)
       Fail(where + ": read cancelled: the pipeline was stopped after an error");
     if (got < 0) Fail(where + ": read failed (" + Errno(-got) + ")");
@@ -715,18 +722,18 @@ void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const 
     thread_local std::vector<std::pair<int64_t, int64_t>> parts;
     have = std::min<int64_t>(ch.nbytes, 4096);
     read_at(0, have);
-    in_parts = StoredRangesOf(coder, stored->data(), have, ch.nbytes, *ranges, &parts);
+    in_parts = StoredRangesOf(coder, at, have, ch.nbytes, *ranges, &parts);
     if (in_parts && parts.size() == 1 && parts[0].first == 0 && parts[0].second > have) {  // a longer index
       read_at(have, parts[0].second);
       have = parts[0].second;
-      in_parts = StoredRangesOf(coder, stored->data(), have, ch.nbytes, *ranges, &parts);
+      in_parts = StoredRangesOf(coder, at, have, ch.nbytes, *ranges, &parts);
     }
     if (in_parts)
       for (const auto &p : parts) read_at(std::max(p.first, have), p.second);
   }
   if (!in_parts) read_at(have, ch.nbytes);
-  const std::string why = ranges ? DecodeChunkRanges(coder, stored->data(), ch.nbytes, decoded, *ranges)
-                                 : DecodeChunk(coder, stored->data(), ch.nbytes, decoded);
+  const std::string why = ranges ? DecodeChunkRanges(coder, at, ch.nbytes, decoded, *ranges)
+                                 : DecodeChunk(coder, at, ch.nbytes, decoded);
   if (!why.empty()) Fail(where + " cannot be decoded: " + why + "; the file is corrupt");
 }
 
