@@ -63,7 +63,14 @@ def _check_rank(rank, world_size, mesh_shape, names, layout_kwargs, files, batch
     make = _make_pipeline(source, batch_size)
 
     loader = MeshLoader(make, layout, sample_shape=source.sample_shape)
-    steps = _epoch(loader)
+    # the state after `resume_after` steps, taken while the epoch goes on (a checkpoint must not
+    # disturb the loader it was taken from)
+    steps, state = [], None
+    for batch in loader:
+        steps.append((batch["sample_id"].numpy().copy(), batch["is_pad"].numpy().copy(),
+                      batch["window"].numpy().copy()))
+        if len(steps) == resume_after:
+            state = loader.state_dict()
 
     # every window equals the np.pad oracle of its file
     for ids, pads, windows in steps:
@@ -90,12 +97,9 @@ def _check_rank(rank, world_size, mesh_shape, names, layout_kwargs, files, batch
         np.testing.assert_array_equal(dt.full_tensor().numpy(), expected)
 
     # resume mid-epoch from a DALI checkpoint: the rest of the epoch and the next epoch are identical
+    # to the uninterrupted loader's
     if resume_after is not None:
-        first = MeshLoader(make, layout, sample_shape=source.sample_shape)
-        for _ in range(resume_after):
-            next(first)
-        state = first.state_dict()
-        del first
+        assert state is not None, f"an epoch of {len(steps)} steps, none after step {resume_after}"
         resumed = MeshLoader(make, layout, sample_shape=source.sample_shape)
         resumed.load_state_dict(state)
         rest = _epoch(resumed)
