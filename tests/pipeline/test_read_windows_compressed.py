@@ -460,14 +460,14 @@ _CHECKED = [
     (numcodecs.Zlib(), "zlib", [(0, 2), (-4, None)]),          # header, adler32
     (numcodecs.GZip(), "gzip", [(0, 10), (-8, None)]),         # header, crc32 and size
     (numcodecs.Zstd(3), "zstd", [(0, 6)]),                     # frame header
-    (numcodecs.Zstd(3, checksum=True), "zstd", [(0, None)]),   # every byte: the frame's checksum
+    (numcodecs.Zstd(3, checksum=True), "zstd", [(0, None)]),   # any byte: the frame's checksum
 ]
 
 
 @pytest.mark.parametrize("comp,name,checked", _CHECKED, ids=lambda c: getattr(c, "codec_id", None))
 def test_corrupted_chunks_decode_as_numcodecs_or_fail(comp, name, checked):
     """Every bit flip in the bytes a codec checks (header fields: sizes, versions, flags; its
-    checksums): wherever numcodecs (the oracle) refuses the chunk, the reader's decoder refuses it,
+    checksums; of a checksum over the whole stream, 1,024 of its bytes): wherever numcodecs (the oracle) refuses the chunk, the reader's decoder refuses it,
     and where both decode it they agree. (A flip inside a stream without a checksum may decode to
     other values in any reader, and decoders of other library versions may differ there: use a
     checksum -- zstd's, HDF5 Fletcher-32 -- where that matters.)"""
@@ -482,6 +482,9 @@ def test_corrupted_chunks_decode_as_numcodecs_or_fail(comp, name, checked):
     assert _kernels.decode_chunk(steps, data.nbytes, good) == data.tobytes()
     refused = 0
     positions = sorted({p for a, b in checked for p in range(len(good))[slice(a, b)]})
+    if len(positions) > 1024:  # a checksum over the whole stream: its ends and 1,000 bytes between
+        ends = positions[:12] + positions[-12:]
+        positions = sorted(set(ends) | set(rng.choice(positions, 1000, replace=False).tolist()))
     for at in positions:
         for bit in range(8):
             bad = bytearray(good)
