@@ -348,7 +348,8 @@ def test_pread_bench_tiny_reports_every_distance(tmp_path):
     mod = _module("pread_bench")
     r = _run([str(BENCH / "pread_bench.py"), "--mib", "1", "--runs", "1", "--dir", str(tmp_path)], tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    rows = [line.strip("|").split("|") for line in r.stdout.splitlines() if line.startswith("| ") and "GB/s" not in line]
+    rows = [line.strip("|").split("|") for line in r.stdout.splitlines()
+            if line.startswith("| ") and "GB/s" not in line]
     assert [int(d) for d, _ in rows] == list(mod.DISTANCES), r.stdout
     assert all(float(g) > 0 for _, g in rows), r.stdout
     assert os.listdir(tmp_path) == [], os.listdir(tmp_path)  # its file is gone

@@ -467,8 +467,9 @@ _CHECKED = [
 @pytest.mark.parametrize("comp,name,checked", _CHECKED, ids=lambda c: getattr(c, "codec_id", None))
 def test_corrupted_chunks_decode_as_numcodecs_or_fail(comp, name, checked):
     """Every bit flip in the bytes a codec checks (header fields: sizes, versions, flags; its
-    checksums; of a checksum over the whole stream, 1,024 of its bytes): wherever numcodecs (the oracle) refuses the chunk, the reader's decoder refuses it,
-    and where both decode it they agree. (A flip inside a stream without a checksum may decode to
+    checksums; of a checksum over the whole stream, its ends and 1,000 sampled bytes): wherever
+    numcodecs (the oracle) refuses the chunk, the reader's decoder refuses it, and where both decode
+    it they agree. (A flip inside a stream without a checksum may decode to
     other values in any reader, and decoders of other library versions may differ there: use a
     checksum -- zstd's, HDF5 Fletcher-32 -- where that matters.)"""
     _need(name)
