@@ -49,7 +49,7 @@ __all__ = [
 
 LIB_NAME = "libdali_mesh_kernels.so"
 #: the C API this module calls (csrc/c_api/c_api.cc dm_abi_version)
-ABI_VERSION = 6
+ABI_VERSION = 7
 #: numpy dtype -> DALI type id (the ids the C API takes)
 DTYPE_IDS = {
     np.dtype(np.uint8): 0, np.dtype(np.uint16): 1, np.dtype(np.uint32): 2, np.dtype(np.uint64): 3,
@@ -136,6 +136,10 @@ def load() -> ctypes.CDLL:
     lib.dali_mesh_decode_chunk.argtypes = [i64p, i64p, ctypes.c_int64, ctypes.c_int64, ctypes.c_char_p,
                                            ctypes.c_int64, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64]
     lib.dali_mesh_decode_chunk.restype = ctypes.c_int64
+    lib.dali_mesh_decode_chunk_ranges.argtypes = [i64p, i64p, ctypes.c_int64, ctypes.c_int64, ctypes.c_char_p,
+                                                  ctypes.c_int64, i64p, ctypes.c_int64, ctypes.c_int, ctypes.c_int64,
+                                                  ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64]
+    lib.dali_mesh_decode_chunk_ranges.restype = ctypes.c_int64
     lib.dali_mesh_plan_checksum.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_uint64)]
     _lib = lib
     return lib
@@ -435,6 +439,27 @@ def decode_chunk(steps, chunk_bytes: int, data: bytes) -> bytes:
     if rc < 0:
         raise KernelsError(err.value.decode(errors="replace"))
     return out.raw[:int(chunk_bytes)]
+
+
+def decode_chunk_ranges(steps, chunk_bytes: int, data: bytes, ranges, *, stale: int = 0x5A,
+                        min_parts: int = -1) -> tuple[bytes, bool]:
+    """Only the byte ``ranges`` (``[(first, stop), ...]``, sorted and disjoint) of the stored chunk
+    ``data`` decoded as the reader decodes a batch's ranges: its stored bytes read as a read takes
+    them (a Blosc chunk of at least ``min_parts`` stored bytes in parts: header, block index, the
+    blocks the ranges touch; -1: the reader's 256 KiB) into a buffer of ``stale`` bytes, then decoded.
+    Returns the chunk-sized output (bytes outside the ranges are undefined) and whether it was read
+    in parts; :class:`KernelsError` with the reader's reason."""
+    data = bytes(data)
+    ids = _i64([s[0] for s in steps] or [0])
+    args = _i64([s[1] for s in steps] or [0])
+    flat = _i64([v for r in ranges for v in r] or [0])
+    out = ctypes.create_string_buffer(max(int(chunk_bytes), 1))
+    err = ctypes.create_string_buffer(1024)
+    rc = load().dali_mesh_decode_chunk_ranges(ids, args, len(steps), int(chunk_bytes), data, len(data), flat,
+                                              len(ranges), int(stale), int(min_parts), out, err, len(err))
+    if rc < 0:
+        raise KernelsError(err.value.decode(errors="replace"))
+    return out.raw[:int(chunk_bytes)], bool(rc)
 
 
 def canonical_json(text: bytes) -> bytes | None:

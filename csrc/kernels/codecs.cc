@@ -107,12 +107,20 @@ struct BloscCtx {
   }
 };
 
-// `typesize`: the item size the chunk was shuffled with (numcodecs and Zarr v3 write the array's
-// item size), 0: any
-// The checks of a Blosc1 chunk's header before it is decoded (sizes, versions, flags); "" or why not.
-// `*blocksize`: the header's block size, `*stored_typesize`: its type size.
-std::string BloscHeader(const char *src, int64_t n, int64_t want, int64_t typesize, int32_t *blocksize_out,
-                        int *stored_typesize) {
+// Whether c-blosc1 splits a (not leftover) block of a chunk with header `h` into type-size streams:
+// the header's "don't split" flag (0x10) clear, and, the rule from before that flag existed, type size
+// <= 16 and block size / type size >= 128 (c-blosc 1.x blosc_d). numcodecs, which writes and reads
+// Zarr's Blosc chunks, decodes by c-blosc1. c-blosc2 splits whenever the flag is clear: chunks that
+// c-blosc wrote since it sets the flag agree, older ones may not (AsBlosc1 then sets the flag).
+bool BloscSplits(const unsigned char *h, int32_t blocksize) {
+  return !(h[2] & 0x10) && h[3] >= 1 && h[3] <= 16 && blocksize / h[3] >= 128;
+}
+
+// The checks of a Blosc1 chunk's header before it is decoded (sizes, versions, flags, compressor);
+// "" or why not. `*blocksize_out`: the header's block size, `*stored_typesize`: its type size (the
+// item size the chunk was shuffled with: numcodecs writes the array's, Zarr v3's BloscCodec may
+// write 1 for any dtype; c-blosc2 and numcodecs decode either, so any type size is taken).
+std::string BloscHeader(const char *src, int64_t n, int64_t want, int32_t *blocksize_out, int *stored_typesize) {
   if (n < BLOSC_MIN_HEADER_LENGTH) return "a Blosc chunk of " + Num(n) + " bytes is shorter than its header";
   int32_t nbytes = 0, cbytes = 0, blocksize = 0;
   if (blosc2_cbuffer_sizes(src, &nbytes, &cbytes, &blocksize) < 0) return "not a Blosc chunk (bad header)";
@@ -121,48 +129,84 @@ std::string BloscHeader(const char *src, int64_t n, int64_t want, int64_t typesi
   if (cbytes != n)
     return "its Blosc header declares " + Num(cbytes) + " stored bytes but the chunk has " + Num(n);
   // Zarr's Blosc chunks are Blosc1 chunks (numcodecs writes them, for v2 and v3 alike): refuse the
-  // header fields c-blosc1 refuses (a newer format version, Blosc2-only flags), which c-blosc2
-  // would read as Blosc2 features of a corrupt chunk
+  // header fields c-blosc1 refuses (a newer format version, Blosc2-only flags, an unknown
+  // compressor), which c-blosc2 would read as Blosc2 features of a corrupt chunk
   const auto *h = reinterpret_cast<const unsigned char *>(src);
   // the header's own block size (blosc2_cbuffer_sizes gives it clamped to the chunk's size)
   blocksize = static_cast<int32_t>(Le32(h + 8));
   if (h[0] < 1 || h[0] > 2) return "its Blosc header has format version " + Num(h[0]) + " (Blosc1 chunks have 1 or 2)";
+  if (h[3] < 1) return "its Blosc header has type size 0";
+  const bool memcpyed = h[2] & 0x02;
   // every Blosc1 compressor's stream format is version 1 (BLOSC_*_VERSION_FORMAT); c-blosc1 refuses others
-  if (typesize > 0 && h[3] != typesize)
-    return "its Blosc header has type size " + Num(h[3]) + ", not the array's item size " + Num(typesize);
-  if (!(h[2] & 0x02) && h[1] != 1) return "its Blosc header has compressor format version " + Num(h[1]);
+  if (!memcpyed && h[1] != 1) return "its Blosc header has compressor format version " + Num(h[1]);
+  // compressor codes (flags >> 5): 0 BloscLZ, 1 LZ4/LZ4HC, 2 Snappy, 3 Zlib, 4 Zstd; c-blosc1 and
+  // numcodecs refuse the others
+  if ((h[2] >> 5) > 4) return "its Blosc header names compressor code " + Num(h[2] >> 5) + ", which Blosc1 does not have";
   if (blocksize <= 0 || blocksize > nbytes)
     return "its Blosc header has block size " + Num(blocksize) + " for " + Num(nbytes) + " bytes";
   if ((h[2] & 0x08) || (h[2] & 0x05) == 0x05)
     return "its Blosc header has flags " + Num(h[2]) + " that Blosc1 chunks never have";
+  // a memcpyed chunk is its header and its bytes as they are, nothing after them (numcodecs refuses more)
+  if (memcpyed && n != want + BLOSC_MIN_HEADER_LENGTH)
+    return "its Blosc header says the bytes are stored as they are, but the chunk has " + Num(n) + " bytes, not " +
+           Num(want + BLOSC_MIN_HEADER_LENGTH);
+  if (!memcpyed && BloscSplits(h, blocksize) && blocksize % h[3] != 0)
+    return "its Blosc header has block size " + Num(blocksize) + ", not a multiple of its type size " + Num(h[3]);
+  // a bit-shuffled block whose length is not a whole number of items: c-blosc2 (3.3.5) decodes it to
+  // other bytes than c-blosc1 (numcodecs, which reads Zarr's Blosc) with no error (Zarr v3's
+  // BloscCodec with a typesize that does not divide the chunk; the planner reads those by
+  // partitioned_source)
+  if (!memcpyed && (h[2] & 0x04) && (blocksize % h[3] != 0 || want % h[3] != 0))
+    return "it is bit-shuffled by type size " + Num(h[3]) + " in blocks of " + Num(blocksize) + " of " + Num(want) +
+           " bytes, not whole numbers of items, which c-blosc2 decodes other than c-blosc1 does";
   *blocksize_out = blocksize;
   *stored_typesize = h[3];
   return "";
 }
 
-std::string Blosc(const char *src, int64_t n, char *out, int64_t want, int64_t typesize) {
+// `src` as c-blosc2 must see it to decode what c-blosc1 decodes: `src` itself, or (an old chunk whose
+// split rules differ, see BloscSplits) a copy in `copy` whose header says "don't split".
+const char *AsBlosc1(const char *src, int64_t n, int32_t blocksize, std::vector<char> *copy) {
+  const auto *h = reinterpret_cast<const unsigned char *>(src);
+  if ((h[2] & 0x02) || (h[2] & 0x10) || BloscSplits(h, blocksize)) return src;
+  copy->assign(src, src + n);
+  (*copy)[2] = static_cast<char>(h[2] | 0x10);
+  return copy->data();
+}
+
+std::string Blosc(const char *src, int64_t n, char *out, int64_t want) {
   int32_t blocksize = 0;
   int stored_typesize = 0;
-  std::string why = BloscHeader(src, n, want, typesize, &blocksize, &stored_typesize);
+  std::string why = BloscHeader(src, n, want, &blocksize, &stored_typesize);
   if (!why.empty()) return why;
   thread_local BloscCtx ctx;
   if (ctx.ctx == nullptr) return "c-blosc2 could not make a decompression context";
+  thread_local std::vector<char> copy;
+  src = AsBlosc1(src, n, blocksize, &copy);
   const int got = blosc2_decompress_ctx(ctx.ctx, src, static_cast<int32_t>(n), out, static_cast<int32_t>(want));
   if (got < 0) return "c-blosc2 failed to decode it (error " + Num(got) + ")";
   if (got != want) return "c-blosc2 decoded " + Num(got) + " bytes, not " + Num(want);
   return "";
 }
 
-// The ranges BloscRanges decodes for `ranges` (rounded to the type size, those closer than a block
-// joined); false when the chunk is to be decoded whole (they cover three quarters of it or more).
+// The runs of whole blocks BloscRanges decodes for `ranges`: each range widened to the blocks it
+// touches, runs closer than a block joined; false when the chunk is to be decoded whole (the runs
+// cover three quarters of it or more, or its blocks do not fall on whole items).
+//
+// Whole blocks only, because c-blosc2's blosc2_getitem_bytes_ctx (c-blosc2 3.3.5, the blosc2 4.14.1
+// wheel) returns wrong bytes with no error for a range exactly one block long, or exactly the last
+// block's length, that crosses a block boundary: _blosc_getitem takes the block it reaches second for
+// "the single block asked" (startb == 0 && bsize == nitems_bytes) and decodes it over the start of
+// the output (tests/io/test_blosc_ranges.py holds the reproducer). A run that starts on a block and
+// ends on a block (or the chunk's end) never meets that condition except when it is that one block.
 bool BloscMerged(const std::vector<std::pair<int64_t, int64_t>> &ranges, int64_t want, int32_t blocksize, int ts,
                  std::vector<std::pair<int64_t, int64_t>> *merged) {
-  const int64_t unit = std::max(ts, 1);
   merged->clear();
+  if (ts < 1 || blocksize % ts || want % ts) return false;
   int64_t covered = 0;
   for (auto r : ranges) {
-    r.first = std::max<int64_t>(0, r.first / unit * unit);
-    r.second = std::min(want, (r.second + unit - 1) / unit * unit);
+    r.first = std::max<int64_t>(0, r.first) / blocksize * blocksize;
+    r.second = std::min(want, (r.second + blocksize - 1) / blocksize * blocksize);
     if (r.first >= r.second) continue;
     if (!merged->empty() && r.first - merged->back().second < blocksize) {
       merged->back().second = std::max(merged->back().second, r.second);
@@ -171,30 +215,55 @@ bool BloscMerged(const std::vector<std::pair<int64_t, int64_t>> &ranges, int64_t
     }
   }
   for (const auto &r : *merged) covered += r.second - r.first;
-  return covered * 4 < want * 3 && want % unit == 0;
+  return covered * 4 < want * 3;
 }
 
 // Only the byte ranges `ranges` of a Blosc chunk (sorted, disjoint, inside `want`): c-blosc2 decodes
-// the blocks they touch (blosc2_getitem_bytes_ctx). Ranges closer than a block are decoded as one;
-// when they cover most of the chunk, the whole chunk is decoded as by Blosc.
-std::string BloscRanges(const char *src, int64_t n, char *out, int64_t want, int64_t typesize,
+// the whole blocks they touch (BloscMerged), each block straight into its place in `out` where the
+// blocks are large (one blosc2_getitem_bytes_ctx call per block: no copy through c-blosc2's scratch),
+// a run of small blocks in one call; when they cover most of the chunk, the whole chunk as by Blosc.
+std::string BloscRanges(const char *src, int64_t n, char *out, int64_t want,
                         const std::vector<std::pair<int64_t, int64_t>> &ranges) {
   int32_t blocksize = 0;
   int ts = 0;
-  std::string why = BloscHeader(src, n, want, typesize, &blocksize, &ts);
+  std::string why = BloscHeader(src, n, want, &blocksize, &ts);
   if (!why.empty()) return why;
   std::vector<std::pair<int64_t, int64_t>> merged;
-  if (!BloscMerged(ranges, want, blocksize, ts, &merged)) return Blosc(src, n, out, want, typesize);
+  if (!BloscMerged(ranges, want, blocksize, ts, &merged)) return Blosc(src, n, out, want);
   thread_local BloscCtx ctx;
   if (ctx.ctx == nullptr) return "c-blosc2 could not make a decompression context";
+  thread_local std::vector<char> copy;
+  src = AsBlosc1(src, n, blocksize, &copy);
+  const int64_t step = blocksize >= (int64_t(64) << 10) ? blocksize : want;
   for (const auto &r : merged) {
-    const int64_t len = r.second - r.first;
-    const int got = blosc2_getitem_bytes_ctx(ctx.ctx, src, static_cast<int32_t>(n), static_cast<int32_t>(r.first),
-                                             static_cast<int32_t>(len), out + r.first, static_cast<int32_t>(len));
-    if (got < 0) return "c-blosc2 failed to decode it (error " + Num(got) + ")";
-    if (got != len) return "c-blosc2 decoded " + Num(got) + " bytes of a range of " + Num(len);
+    for (int64_t lo = r.first; lo < r.second; lo += step) {
+      const int64_t len = std::min(r.second, lo + step) - lo;
+      const int got = blosc2_getitem_bytes_ctx(ctx.ctx, src, static_cast<int32_t>(n), static_cast<int32_t>(lo),
+                                               static_cast<int32_t>(len), out + lo, static_cast<int32_t>(len));
+      if (got < 0) return "c-blosc2 failed to decode it (error " + Num(got) + ")";
+      if (got != len) return "c-blosc2 decoded " + Num(got) + " bytes of a range of " + Num(len);
+    }
   }
   return "";
+}
+
+// The end of block `j`'s streams in a Blosc1 chunk that is not memcpyed, read as c-blosc2's blosc_d
+// reads them (c-blosc2 3.3.5): `nstreams` streams from `start`, each a little-endian int32 size c then
+// c bytes (c > 0), nothing (c == 0: zeros) or one token byte (c < 0: a run). `inside(lo, hi)` says
+// whether the bytes [lo, hi) of the chunk were read; -1 when a stream reaches bytes that were not
+// (streams that overlap another block's, or run past the next block's start), or past `n`.
+template <typename Inside>
+int64_t BloscBlockEnd(const unsigned char *chunk, int64_t n, int64_t start, int nstreams, const Inside &inside) {
+  int64_t pos = start;
+  for (int s = 0; s < nstreams; s++) {
+    if (pos + 4 > n || !inside(pos, pos + 4)) return -1;
+    const int32_t c = static_cast<int32_t>(Le32(chunk + pos));
+    pos += 4;
+    const int64_t body = c > 0 ? c : (c < 0 ? 1 : 0);
+    if (pos + body > n || !inside(pos, pos + body)) return -1;
+    pos += body;
+  }
+  return pos;
 }
 #endif
 
@@ -331,7 +400,7 @@ std::string Decompress(int64_t id, int64_t arg, const char *src, int64_t n, char
   (void)arg, (void)src, (void)n, (void)out, (void)want;  // unused in a build without any codec library
   switch (id) {
 #ifdef DALI_MESH_HAVE_BLOSC2
-    case kCodecBlosc: return Blosc(src, n, out, want, arg);
+    case kCodecBlosc: return Blosc(src, n, out, want);
 #endif
 #ifdef DALI_MESH_HAVE_ZSTD
     case kCodecZstd: return Zstd(src, n, out, want);
@@ -503,57 +572,90 @@ void MergeRanges(std::vector<std::pair<int64_t, int64_t>> *ranges) {
   ranges->resize(k);
 }
 
-bool MayReadInParts(const Coder &coder, int64_t n, const std::vector<std::pair<int64_t, int64_t>> &ranges) {
+bool MayReadInParts(const Coder &coder, int64_t n, const std::vector<std::pair<int64_t, int64_t>> &ranges,
+                    int64_t min_stored) {
 #ifdef DALI_MESH_HAVE_BLOSC2
-  if (!OneBloscStep(coder) || n < (int64_t(256) << 10)) return false;
+  if (!OneBloscStep(coder) || n < min_stored) return false;
   int64_t covered = 0;
   for (const auto &r : ranges) covered += r.second - r.first;
   return covered * 4 < coder.chunk_bytes * 3;
 #else
-  (void)coder, (void)n, (void)ranges;
+  (void)coder, (void)n, (void)ranges, (void)min_stored;
   return false;
 #endif
 }
+
+namespace {
+
+#ifdef DALI_MESH_HAVE_BLOSC2
+// A Blosc chunk's layout as a read in parts needs it: the header's fields and, when read, the block
+// index (each block's stream start).
+struct BloscLayout {
+  int32_t blocksize = 0;
+  int ts = 0;
+  bool memcpyed = false, splits = false;  // splits: BloscSplits
+  int64_t nblocks = 0, index_end = 0;
+  std::vector<std::pair<int64_t, int64_t>> merged;  // the runs of whole blocks to decode (BloscMerged)
+};
+
+// false when the chunk is to be read whole (not a chunk a part of which is enough, or a header or
+// index that is not sound: decoded whole, its error is DecodeChunk's)
+bool BloscLayoutOf(const Coder &coder, const char *head, int64_t head_len, int64_t n,
+                   const std::vector<std::pair<int64_t, int64_t>> &ranges, BloscLayout *l) {
+  if (!OneBloscStep(coder) || coder.chunk_bytes > INT32_MAX || head_len < BLOSC_MIN_HEADER_LENGTH) return false;
+  const int64_t want = coder.chunk_bytes;
+  if (!BloscHeader(head, n, want, &l->blocksize, &l->ts).empty()) return false;
+  if (!BloscMerged(ranges, want, l->blocksize, l->ts, &l->merged)) return false;
+  const auto *h = reinterpret_cast<const unsigned char *>(head);
+  l->memcpyed = h[2] & 0x02;
+  l->splits = BloscSplits(h, l->blocksize);
+  l->nblocks = (want + l->blocksize - 1) / l->blocksize;
+  l->index_end = l->memcpyed ? BLOSC_MIN_HEADER_LENGTH : BLOSC_MIN_HEADER_LENGTH + 4 * l->nblocks;
+  return l->index_end <= n;
+}
+#endif
+
+// Sorted, disjoint ranges: whether [lo, hi) lies inside one of them.
+bool Inside(const std::vector<std::pair<int64_t, int64_t>> &have, int64_t lo, int64_t hi) {
+  if (lo >= hi) return true;
+  auto it = std::upper_bound(have.begin(), have.end(), std::make_pair(lo, INT64_MAX));
+  return it != have.begin() && std::prev(it)->first <= lo && hi <= std::prev(it)->second;
+}
+
+}  // namespace
 
 bool StoredRangesOf(const Coder &coder, const char *head, int64_t head_len, int64_t n,
                     const std::vector<std::pair<int64_t, int64_t>> &ranges,
                     std::vector<std::pair<int64_t, int64_t>> *stored) {
   stored->clear();
 #ifdef DALI_MESH_HAVE_BLOSC2
-  if (!OneBloscStep(coder) || coder.chunk_bytes > INT32_MAX || head_len < BLOSC_MIN_HEADER_LENGTH)
-    return false;
-  const int64_t want = coder.chunk_bytes;
-  int32_t blocksize = 0;
-  int ts = 0;
-  if (!BloscHeader(head, n, want, coder.steps[0].arg, &blocksize, &ts).empty()) return false;  // decoded whole: its error
-  std::vector<std::pair<int64_t, int64_t>> merged;
-  if (!BloscMerged(ranges, want, blocksize, ts, &merged)) return false;
-  const auto *h = reinterpret_cast<const unsigned char *>(head);
+  BloscLayout l;
+  if (!BloscLayoutOf(coder, head, head_len, n, ranges, &l)) return false;
   constexpr int64_t kHeader = BLOSC_MIN_HEADER_LENGTH;  // 16: a Blosc1 chunk's header
-  if (h[2] & 0x02) {  // memcpyed: the decoded bytes follow the header as they are
+  if (l.memcpyed) {  // the decoded bytes follow the header as they are
     stored->push_back({0, kHeader});
-    for (const auto &r : merged) stored->push_back({kHeader + r.first, kHeader + r.second});
+    for (const auto &r : l.merged) stored->push_back({kHeader + r.first, kHeader + r.second});
+    MergeRanges(stored);
     return true;
   }
-  const int64_t nblocks = (want + blocksize - 1) / blocksize;
-  const int64_t index_end = kHeader + 4 * nblocks;
-  if (index_end > n) return false;
-  if (head_len < index_end) {  // the caller reads this much first, then asks again
-    stored->push_back({0, index_end});
+  if (head_len < l.index_end) {  // the caller reads this much first, then asks again
+    stored->push_back({0, l.index_end});
     return true;
   }
-  // each block's stored bytes: from its start to the next start above it (or the chunk's end)
-  std::vector<int64_t> starts(nblocks);
-  for (int64_t j = 0; j < nblocks; j++) {
-    const unsigned char *b = h + kHeader + 4 * j;
-    starts[j] = Le32(b);
-    if (starts[j] < index_end || starts[j] >= n) return false;  // a corrupt index: decoded whole, its error
+  // each block's stored bytes: from its start to the next start above it (or the chunk's end); a
+  // block whose streams reach further (streams that overlap, valid for c-blosc) is found by
+  // ReadStored's check of the streams and read whole
+  const auto *h = reinterpret_cast<const unsigned char *>(head);
+  std::vector<int64_t> starts(l.nblocks);
+  for (int64_t j = 0; j < l.nblocks; j++) {
+    starts[j] = Le32(h + kHeader + 4 * j);
+    if (starts[j] < l.index_end || starts[j] >= n) return false;  // a corrupt index: decoded whole, its error
   }
   std::vector<int64_t> sorted = starts;
   std::sort(sorted.begin(), sorted.end());
-  stored->push_back({0, index_end});
-  for (const auto &r : merged) {
-    for (int64_t j = r.first / blocksize; j <= (r.second - 1) / blocksize; j++) {
+  stored->push_back({0, l.index_end});
+  for (const auto &r : l.merged) {
+    for (int64_t j = r.first / l.blocksize; j <= (r.second - 1) / l.blocksize; j++) {
       const auto next = std::upper_bound(sorted.begin(), sorted.end(), starts[j]);
       stored->push_back({starts[j], next == sorted.end() ? n : *next});
     }
@@ -561,16 +663,78 @@ bool StoredRangesOf(const Coder &coder, const char *head, int64_t head_len, int6
   MergeRanges(stored);
   return true;
 #else
-  (void)coder, (void)head, (void)head_len, (void)n, (void)ranges;
+  (void)coder, (void)head, (void)head_len, (void)n, (void)ranges, (void)Inside;
   return false;
 #endif
+}
+
+bool StreamsWereRead(const Coder &coder, const char *at, int64_t n, const std::vector<std::pair<int64_t, int64_t>> &ranges,
+                     const std::vector<std::pair<int64_t, int64_t>> &read) {
+#ifdef DALI_MESH_HAVE_BLOSC2
+  BloscLayout l;
+  if (!Inside(read, 0, BLOSC_MIN_HEADER_LENGTH) || !BloscLayoutOf(coder, at, n, n, ranges, &l)) return false;
+  if (!Inside(read, 0, l.index_end)) return false;
+  const auto *h = reinterpret_cast<const unsigned char *>(at);
+  const int64_t want = coder.chunk_bytes;
+  for (const auto &r : l.merged) {
+    if (l.memcpyed) {
+      if (!Inside(read, BLOSC_MIN_HEADER_LENGTH + r.first, BLOSC_MIN_HEADER_LENGTH + r.second)) return false;
+      continue;
+    }
+    for (int64_t j = r.first / l.blocksize; j <= (r.second - 1) / l.blocksize; j++) {
+      const bool leftover = j == l.nblocks - 1 && want % l.blocksize != 0;
+      const int nstreams = (l.splits && !leftover) ? l.ts : 1;
+      const int64_t start = Le32(h + BLOSC_MIN_HEADER_LENGTH + 4 * j);
+      if (BloscBlockEnd(h, n, start, nstreams, [&](int64_t lo, int64_t hi) { return Inside(read, lo, hi); }) < 0)
+        return false;
+    }
+  }
+  return true;
+#else
+  (void)coder, (void)at, (void)n, (void)ranges, (void)read;
+  return false;
+#endif
+}
+
+bool ReadStored(const Coder &coder, int64_t n, const std::vector<std::pair<int64_t, int64_t>> *ranges, char *at,
+                const StoredReader &read, int64_t min_stored) {
+  if (!ranges || !MayReadInParts(coder, n, *ranges, min_stored)) {
+    read(0, n);
+    return false;
+  }
+  std::vector<std::pair<int64_t, int64_t>> parts, done;
+  int64_t have = std::min<int64_t>(n, 4096);  // the chunk's leading bytes read so far
+  read(0, have);
+  bool in_parts = StoredRangesOf(coder, at, have, n, *ranges, &parts);
+  if (in_parts && parts.size() == 1 && parts[0].first == 0 && parts[0].second > have) {  // a longer index
+    read(have, parts[0].second);
+    have = parts[0].second;
+    in_parts = StoredRangesOf(coder, at, have, n, *ranges, &parts);
+  }
+  if (in_parts) {
+    done.push_back({0, have});
+    for (const auto &p : parts) {
+      if (p.second > have) read(std::max(p.first, have), p.second);
+      done.push_back(p);
+    }
+    MergeRanges(&done);
+    // every byte c-blosc2 will read for these blocks must have been read: never decode stale bytes
+    in_parts = StreamsWereRead(coder, at, n, *ranges, done);
+    if (!in_parts) {
+      read(have, n);
+      return false;
+    }
+    return true;
+  }
+  read(have, n);
+  return false;
 }
 
 std::string DecodeChunkRanges(const Coder &coder, const char *src, int64_t n, char *out,
                               const std::vector<std::pair<int64_t, int64_t>> &ranges) {
 #ifdef DALI_MESH_HAVE_BLOSC2
   if (OneBloscStep(coder) && coder.chunk_bytes <= INT32_MAX)
-    return BloscRanges(src, n, out, coder.chunk_bytes, coder.steps[0].arg, ranges);
+    return BloscRanges(src, n, out, coder.chunk_bytes, ranges);
 #endif
   // every other coder decodes the whole chunk, whose size is then checked: a Zstd frame, say,
   // could be decoded only up to the ranges' end, but the blocks before it do not state their

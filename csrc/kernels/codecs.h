@@ -11,6 +11,7 @@
 #define DALI_MESH_CODECS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,7 +20,8 @@ namespace dali_mesh {
 
 // Codec ids as the plan file writes them (dali_mesh/io/read_plan.py CODECS mirrors this list).
 enum CodecId : int64_t {
-  kCodecBlosc = 1,       // Blosc1 chunk (numcodecs Blosc, Zarr v3 blosc); arg: its type size (0: any)
+  kCodecBlosc = 1,       // Blosc1 chunk (numcodecs Blosc, Zarr v3 blosc); arg: the array's item size
+                         // (informative: a chunk shuffled by any type size decodes)
   kCodecZstd = 2,        // zstd frame(s)
   kCodecLz4 = 3,         // numcodecs LZ4: 4-byte little-endian decoded size, then one LZ4 block
   kCodecZlib = 4,        // zlib stream (numcodecs Zlib, HDF5 deflate)
@@ -75,18 +77,42 @@ std::string DecodeChunkRanges(const Coder &coder, const char *src, int64_t n, ch
 void MergeRanges(std::vector<std::pair<int64_t, int64_t>> *ranges);
 
 // Whether a chunk of `n` stored bytes by `coder` may be read in parts for `ranges` (a Blosc chunk of
-// at least 256 KiB that the ranges cover less than three quarters of): its reads then start with its
-// header and block index (StoredRangesOf), and announcing the whole chunk would read it all.
-bool MayReadInParts(const Coder &coder, int64_t n, const std::vector<std::pair<int64_t, int64_t>> &ranges);
+// at least `min_stored` bytes that the ranges cover less than three quarters of): its reads then
+// start with its header and block index (ReadStored), and announcing the whole chunk would read it
+// all. Below 256 KiB the extra reads of the index cost more than they save.
+constexpr int64_t kMinPartsBytes = int64_t(256) << 10;
+bool MayReadInParts(const Coder &coder, int64_t n, const std::vector<std::pair<int64_t, int64_t>> &ranges,
+                    int64_t min_stored = kMinPartsBytes);
 
-// Which stored bytes of a chunk DecodeChunkRanges reads for `ranges`, from the chunk's first
-// `head_len` stored bytes `head` (`n`: its stored size): true and `stored` (sorted, disjoint) when a
-// part of it is enough (a Blosc chunk: its header, its block index and the blocks the ranges
-// touch), false when the whole chunk is to be read. With fewer leading bytes than the block index
-// ends at, `stored` is only those leading bytes: read them, then ask again.
+// Reads bytes [lo, hi) of a stored chunk to at + lo, or throws.
+using StoredReader = std::function<void(int64_t lo, int64_t hi)>;
+
+// Reads the stored bytes of a chunk of `n` stored bytes that DecodeChunkRanges (or, without
+// `ranges`, DecodeChunk) needs, each at its offset in `at`, through `read`. A chunk that
+// MayReadInParts for `ranges` is read in parts: its header and block index, the stored bytes of the
+// blocks the ranges touch, then a check that every stream of those blocks lies in what was read
+// (streams that overlap or run past the next block's start are valid Blosc; then the rest of the
+// chunk is read). Every other chunk is read whole. Returns whether it was read in parts (the bytes
+// of `at` outside the parts read are then not the chunk's). `min_stored`: MayReadInParts' (tests
+// read small chunks in parts too).
+bool ReadStored(const Coder &coder, int64_t n, const std::vector<std::pair<int64_t, int64_t>> *ranges, char *at,
+                const StoredReader &read, int64_t min_stored = kMinPartsBytes);
+
+// The parts of a read in parts (ReadStored's steps, for its tests): which stored bytes of a chunk
+// DecodeChunkRanges reads for `ranges`, from the chunk's first `head_len` stored bytes `head` (`n`:
+// its stored size): true and `stored` (sorted, disjoint) when a part of it may be enough (a Blosc
+// chunk: its header, its block index and the blocks the ranges touch up to the next block's start),
+// false when the whole chunk is to be read. With fewer leading bytes than the block index ends at,
+// `stored` is only those leading bytes: read them, then ask again.
 bool StoredRangesOf(const Coder &coder, const char *head, int64_t head_len, int64_t n,
                     const std::vector<std::pair<int64_t, int64_t>> &ranges,
                     std::vector<std::pair<int64_t, int64_t>> *stored);
+
+// Whether the stored bytes `read` (sorted, disjoint ranges of the chunk at `at`) hold every byte
+// c-blosc2 reads to decode the blocks `ranges` touch: the header, the block index and each block's
+// streams, walked as c-blosc2 walks them.
+bool StreamsWereRead(const Coder &coder, const char *at, int64_t n, const std::vector<std::pair<int64_t, int64_t>> &ranges,
+                     const std::vector<std::pair<int64_t, int64_t>> &read);
 
 // Fills `out` (coder.chunk_bytes) with a missing chunk's value.
 void FillMissingChunk(const Coder &coder, char *out);

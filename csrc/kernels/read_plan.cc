@@ -714,24 +714,9 @@ void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const 
     if (got < 0) Fail(where + ": read failed (" + Errno(-got) + ")");
     if (got != hi - lo) Fail(where + ": the file was truncated while reading");
   };
-  int64_t have = 0;  // the chunk's leading bytes read so far
-  bool in_parts = false;
-  if (ranges && MayReadInParts(coder, ch.nbytes, *ranges)) {
-    // a Blosc chunk whose blocks this batch needs only some of: its header and block index, then
-    // those blocks' stored bytes (a band of a whole field: about a quarter of the chunk)
-    thread_local std::vector<std::pair<int64_t, int64_t>> parts;
-    have = std::min<int64_t>(ch.nbytes, 4096);
-    read_at(0, have);
-    in_parts = StoredRangesOf(coder, at, have, ch.nbytes, *ranges, &parts);
-    if (in_parts && parts.size() == 1 && parts[0].first == 0 && parts[0].second > have) {  // a longer index
-      read_at(have, parts[0].second);
-      have = parts[0].second;
-      in_parts = StoredRangesOf(coder, at, have, ch.nbytes, *ranges, &parts);
-    }
-    if (in_parts)
-      for (const auto &p : parts) read_at(std::max(p.first, have), p.second);
-  }
-  if (!in_parts) read_at(have, ch.nbytes);
+  // a Blosc chunk whose blocks this batch needs only some of (a band of a whole field): its header
+  // and block index, then those blocks' stored bytes (about a quarter of the chunk); others whole
+  ReadStored(coder, ch.nbytes, ranges, at, read_at);
   const std::string why = ranges ? DecodeChunkRanges(coder, at, ch.nbytes, decoded, *ranges)
                                  : DecodeChunk(coder, at, ch.nbytes, decoded);
   if (!why.empty()) Fail(where + " cannot be decoded: " + why + "; the file is corrupt");

@@ -282,10 +282,25 @@ def _v3_codecs(codecs, path, arr, what: str) -> tuple[np.dtype, tuple | None, bo
     endian = getattr(codecs[0].endian, "value", None)
     if dtype.itemsize > 1 and endian in ("little", "big"):
         dtype = dtype.newbyteorder("<" if endian == "little" else ">")
+    if len(body) == 2 and body[1] == "BloscCodec":
+        _check_v3_blosc(codecs[1], path, arr)
     steps = () if len(body) == 1 else _codec_steps(_V3_CODECS[body[1]], path, arr)
     if crc:
         steps = _codec_steps("crc32c", path, arr) + steps
     return dtype, steps or None, fortran
+
+
+def _check_v3_blosc(codec, path, arr) -> None:
+    """:class:`NotNativeError` for a ``BloscCodec`` whose chunks c-blosc2 would decode other than
+    numcodecs (c-blosc1) does: bit shuffle by a ``typesize`` that does not divide the chunk's bytes
+    (its last block is then not a whole number of items; see csrc/kernels/codecs.cc BloscHeader)."""
+    typesize = getattr(codec, "typesize", None)
+    shuffle = str(getattr(getattr(codec, "shuffle", None), "value", getattr(codec, "shuffle", "")))
+    chunk_bytes = int(np.prod(arr.chunks)) * np.dtype(arr.dtype).itemsize
+    if typesize and shuffle == "bitshuffle" and chunk_bytes % int(typesize):
+        raise NotNativeError(f"{path}: Zarr array {arr.path!r} is Blosc bit-shuffled by typesize {typesize}, which "
+                             f"does not divide its chunks' {chunk_bytes} bytes (c-blosc2 decodes their last block "
+                             "other than numcodecs does); it is decoded by partitioned_source")
 
 
 def _zarr_coding(arr, path) -> _Coding:

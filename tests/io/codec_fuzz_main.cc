@@ -4,12 +4,13 @@
 // n bytes; decodes each (csrc/kernels/codecs.h) from a buffer of exactly n bytes (so that a read
 // past the chunk is a heap overflow the sanitizer reports) and prints one line per record:
 // "ok <FNV-1a of the output> <ranges>" or "err <reason>", where <ranges> says what decoding only
-// two ranges of the chunk (DecodeChunkRanges, into another buffer of the chunk's size) gave:
+// the record's ranges of the chunk (DecodeChunkRanges, into another buffer of the chunk's size) gave:
 // "same" (their bytes equal the whole decode's), "differ", or "refused" (a reason); then what
-// decoding them from only the stored bytes StoredRangesOf names (the rest of the stored buffer
-// zeros, as a read in parts leaves it) gave: "parts-same", "parts-differ", "parts-refused",
-// "parts-whole" (the whole chunk is to be read), or "parts-bad" (ranges not sorted, disjoint and
-// inside the chunk).
+// decoding them from only the stored bytes a read in parts takes (ReadStored, into a buffer of
+// stale bytes, as a thread's reused buffer holds) gave: "parts-same", "parts-differ",
+// "parts-refused", "parts-whole" (the whole chunk was read), or "parts-bad" (a read outside the
+// chunk). A record's ranges (int64 count, then [first, second) pairs) follow its chunk; a count of
+// -1 means two ranges as the reader asks for a rank's band of a whole field.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -48,9 +49,16 @@ int main(int argc, char **argv) {
     std::memcpy(src.get(), data.data() + pos, n);
     pos += n;
     std::string why = dali_mesh::CheckCoder(coder);
-    // two ranges of the chunk, as the reader asks for a rank's band of a whole field
+    int64_t n_ranges = 0;
+    if (!word(&n_ranges) || n_ranges < -1 || n_ranges > 4096) return 3;
     const int64_t w = chunk_bytes > 0 ? chunk_bytes : 0;
-    const std::vector<std::pair<int64_t, int64_t>> ranges = {{w / 16, w / 16 + w / 8}, {w / 2, w / 2 + w / 9}};
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    if (n_ranges < 0) ranges = {{w / 16, w / 16 + w / 8}, {w / 2, w / 2 + w / 9}};
+    for (int64_t k = 0; k < n_ranges; k++) {
+      int64_t lo = 0, hi = 0;
+      if (!word(&lo) || !word(&hi) || lo < 0 || hi <= lo || hi > w || (k && lo < ranges.back().second)) return 3;
+      ranges.push_back({lo, hi});
+    }
     std::string part_why = why;
     std::unique_ptr<char[]> part(new char[chunk_bytes > 0 ? chunk_bytes : 1]);
     if (part_why.empty()) part_why = dali_mesh::DecodeChunkRanges(coder, src.get(), n, part.get(), ranges);
@@ -65,31 +73,26 @@ int main(int argc, char **argv) {
       for (const auto &r : ranges)
         if (std::memcmp(part.get() + r.first, out.get() + r.first, r.second - r.first) != 0) parts = "differ";
     }
-    // a read in parts: only the stored bytes StoredRangesOf names (index first when it asks)
+    // a read in parts (ReadStored) into a buffer of stale bytes
     const char *in_parts = "parts-whole";
-    std::vector<std::pair<int64_t, int64_t>> stored;
-    int64_t have = std::min<int64_t>(n, 4096);
-    bool ok = dali_mesh::StoredRangesOf(coder, src.get(), have, n, ranges, &stored);
-    if (ok && stored.size() == 1 && stored[0].first == 0 && stored[0].second > have) {
-      have = stored[0].second;
-      ok = dali_mesh::StoredRangesOf(coder, src.get(), have, n, ranges, &stored);
-    }
-    if (ok) {
-      bool sane = true;
-      for (size_t i = 0; i < stored.size(); i++)
-        sane = sane && stored[i].first >= 0 && stored[i].first < stored[i].second && stored[i].second <= n &&
-               (i == 0 || stored[i].first > stored[i - 1].second);
+    std::unique_ptr<char[]> src2(new char[n ? n : 1]), part2(new char[chunk_bytes > 0 ? chunk_bytes : 1]);
+    std::memset(src2.get(), 0x5a, n);
+    bool bad = false;
+    const bool was_parts = dali_mesh::ReadStored(coder, n, &ranges, src2.get(), [&](int64_t lo, int64_t hi) {
+      if (lo < 0 || hi > n || lo > hi) {
+        bad = true;
+        return;
+      }
+      std::memcpy(src2.get() + lo, src.get() + lo, hi - lo);
+    }, /*min_stored=*/0);
+    if (bad) {
       in_parts = "parts-bad";
-      if (sane) {
-        std::unique_ptr<char[]> src2(new char[n ? n : 1]()), part2(new char[chunk_bytes > 0 ? chunk_bytes : 1]);
-        std::memcpy(src2.get(), src.get(), have);
-        for (const auto &r : stored) std::memcpy(src2.get() + r.first, src.get() + r.first, r.second - r.first);
-        in_parts = "parts-refused";
-        if (dali_mesh::DecodeChunkRanges(coder, src2.get(), n, part2.get(), ranges).empty()) {
-          in_parts = "parts-same";
-          for (const auto &r : ranges)
-            if (std::memcmp(part2.get() + r.first, out.get() + r.first, r.second - r.first) != 0) in_parts = "parts-differ";
-        }
+    } else if (was_parts) {
+      in_parts = "parts-refused";
+      if (dali_mesh::DecodeChunkRanges(coder, src2.get(), n, part2.get(), ranges).empty()) {
+        in_parts = "parts-same";
+        for (const auto &r : ranges)
+          if (std::memcmp(part2.get() + r.first, out.get() + r.first, r.second - r.first) != 0) in_parts = "parts-differ";
       }
     }
     uint64_t h = 1469598103934665603ull;

@@ -239,7 +239,7 @@ def test_corrupted_chunks_never_crash_under_sanitizers(tmp_path):
             for size in sizes:
                 ids = [s[0] for s in steps]
                 args = [s[1] for s in steps]
-                records.append(struct.pack(f"<q{len(ids)}q{len(args)}qqq", len(ids), *ids, *args, size, len(m)) + m)
+                records.append(struct.pack(f"<q{len(ids)}q{len(args)}qqq", len(ids), *ids, *args, size, len(m)) + m + struct.pack("<q", -1))
                 expect.append(_fnv(raw) if (k == 0 and size == len(raw)) else None)
     corpus = tmp_path / "corpus.bin"
     corpus.write_bytes(b"".join(records))
