@@ -303,8 +303,31 @@ std::string Lz4(const char *src, int64_t n, char *out, int64_t want) {
 }
 #endif
 
+// A gzip chunk as numcodecs' GZip (Python's GzipFile) reads it: one or more members, each of which
+// may be followed by zero bytes (padding); anything else after a member (garbage, a member cut
+// short) is an error. `member(at, out, room, &used, &got)` inflates the member at src + at into out
+// (room bytes at most), returning "" or why not.
+template <typename Member>
+std::string GzipMembers(const char *src, int64_t n, char *out, int64_t want, const Member &member) {
+  int64_t at = 0, got = 0;
+  while (true) {
+    int64_t used = 0, made = 0;
+    std::string why = member(at, out + got, want - got, &used, &made);
+    if (!why.empty()) return why;
+    at += used;
+    got += made;
+    while (at < n && src[at] == 0) at++;  // zero padding between or after members
+    if (at >= n) break;
+    if (n - at < 2 || static_cast<unsigned char>(src[at]) != 0x1f || static_cast<unsigned char>(src[at + 1]) != 0x8b)
+      return "bytes after its gzip member at byte " + Num(at) + " are neither zeros nor another gzip member";
+  }
+  if (got != want) return "its gzip members hold " + Num(got) + " bytes, not the chunk's " + Num(want);
+  return "";
+}
+
 #ifdef DALI_MESH_HAVE_DEFLATE
-// gzip: a gzip member, else a zlib stream; bytes after the stream are not read (as zlib's inflate)
+// gzip: gzip members (GzipMembers), else a zlib stream; bytes after a zlib stream are not read (as
+// zlib's inflate and numcodecs' Zlib)
 std::string Inflate(const char *src, int64_t n, char *out, int64_t want, bool gzip) {
   const char *what = gzip ? "gzip" : "zlib";
   struct Free {
@@ -312,20 +335,29 @@ std::string Inflate(const char *src, int64_t n, char *out, int64_t want, bool gz
   };
   thread_local std::unique_ptr<libdeflate_decompressor, Free> d(libdeflate_alloc_decompressor());
   if (!d) return std::string("libdeflate could not start a ") + what + " decoder";
-  size_t used = 0, got = 0;
-  const auto rc = gzip ? libdeflate_gzip_decompress_ex(d.get(), src, n, out, want, &used, &got)
-                       : libdeflate_zlib_decompress_ex(d.get(), src, n, out, want, &used, &got);
-  if (rc == LIBDEFLATE_INSUFFICIENT_SPACE)
-    return std::string("its ") + what + " stream holds more than the chunk's " + Num(want) + " bytes";
-  if (rc != LIBDEFLATE_SUCCESS)
-    return std::string("libdeflate failed to decode it (a corrupt or truncated ") + what + " stream)";
-  if (static_cast<int64_t>(got) != want)
-    return std::string("its ") + what + " stream holds " + Num(got) + " bytes, not the chunk's " + Num(want);
+  auto one = [&](int64_t at, char *dst, int64_t room, int64_t *used, int64_t *made) -> std::string {
+    size_t in_used = 0, out_made = 0;
+    const auto rc = gzip ? libdeflate_gzip_decompress_ex(d.get(), src + at, n - at, dst, room, &in_used, &out_made)
+                         : libdeflate_zlib_decompress_ex(d.get(), src + at, n - at, dst, room, &in_used, &out_made);
+    if (rc == LIBDEFLATE_INSUFFICIENT_SPACE)
+      return std::string("its ") + what + " stream holds more than the chunk's " + Num(want) + " bytes";
+    if (rc != LIBDEFLATE_SUCCESS)
+      return std::string("libdeflate failed to decode it (a corrupt or truncated ") + what + " stream)";
+    *used = static_cast<int64_t>(in_used);
+    *made = static_cast<int64_t>(out_made);
+    return "";
+  };
+  if (gzip) return GzipMembers(src, n, out, want, one);
+  int64_t used = 0, made = 0;
+  std::string why = one(0, out, want, &used, &made);
+  if (!why.empty()) return why;
+  if (made != want) return std::string("its ") + what + " stream holds " + Num(made) + " bytes, not the chunk's " + Num(want);
   return "";
 }
 #elif defined(DALI_MESH_HAVE_ZLIB)
-// gzip: a gzip member (window bits 31), else a zlib stream (15)
-std::string Inflate(const char *src, int64_t n, char *out, int64_t want, bool gzip) {
+// One zlib stream (window bits 15) or gzip member (31) from src[0..n) into out[0..room): its bytes
+// used and made; "" or why not.
+std::string InflateOne(const char *src, int64_t n, char *out, int64_t room, bool gzip, int64_t *used, int64_t *made) {
   const int window_bits = gzip ? 31 : 15;
   const char *what = gzip ? "gzip" : "zlib";
   z_stream zs;
@@ -334,7 +366,7 @@ std::string Inflate(const char *src, int64_t n, char *out, int64_t want, bool gz
   zs.next_in = reinterpret_cast<Bytef *>(const_cast<char *>(src));
   zs.next_out = reinterpret_cast<Bytef *>(out);
   // uInt counts: large chunks are fed in pieces
-  int64_t in_left = n, out_left = want;
+  int64_t in_left = n, out_left = room;
   int rc = Z_OK;
   while (rc == Z_OK) {
     const uInt in_now = static_cast<uInt>(std::min<int64_t>(in_left, 1 << 30));
@@ -349,16 +381,25 @@ std::string Inflate(const char *src, int64_t n, char *out, int64_t want, bool gz
     if (rc == Z_BUF_ERROR) rc = Z_OK;               // a piece boundary: go on
   }
   inflateEnd(&zs);
-  if (rc == Z_STREAM_END) {
-    if (out_left != 0)
-      return std::string("its ") + what + " stream holds " + Num(want - out_left) + " bytes, not the chunk's " +
-             Num(want);
-    return "";
-  }
-  if (rc == Z_BUF_ERROR && out_left == 0)
-    return std::string("its ") + what + " stream holds more than the chunk's " + Num(want) + " bytes";
+  *used = n - in_left;
+  *made = room - out_left;
+  if (rc == Z_STREAM_END) return "";
+  if (rc == Z_BUF_ERROR && out_left == 0) return std::string("its ") + what + " stream holds more than the chunk's bytes";
   if (rc == Z_BUF_ERROR) return std::string("its ") + what + " stream is truncated";
   return std::string("zlib failed to decode it (") + (zs.msg ? zs.msg : what) + ")";
+}
+
+// gzip: gzip members (GzipMembers), else a zlib stream; bytes after a zlib stream are not read
+std::string Inflate(const char *src, int64_t n, char *out, int64_t want, bool gzip) {
+  if (gzip)
+    return GzipMembers(src, n, out, want, [&](int64_t at, char *dst, int64_t room, int64_t *used, int64_t *made) {
+      return InflateOne(src + at, n - at, dst, room, true, used, made);
+    });
+  int64_t used = 0, made = 0;
+  std::string why = InflateOne(src, n, out, want, false, &used, &made);
+  if (!why.empty()) return why;
+  if (made != want) return "its zlib stream holds " + Num(made) + " bytes, not the chunk's " + Num(want);
+  return "";
 }
 #endif
 
@@ -610,7 +651,7 @@ bool BloscLayoutOf(const Coder &coder, const char *head, int64_t head_len, int64
   l->memcpyed = h[2] & 0x02;
   l->splits = BloscSplits(h, l->blocksize);
   l->nblocks = (want + l->blocksize - 1) / l->blocksize;
-  l->index_end = l->memcpyed ? BLOSC_MIN_HEADER_LENGTH : BLOSC_MIN_HEADER_LENGTH + 4 * l->nblocks;
+  l->index_end = int64_t{BLOSC_MIN_HEADER_LENGTH} + (l->memcpyed ? 0 : 4 * l->nblocks);
   return l->index_end <= n;
 }
 #endif
