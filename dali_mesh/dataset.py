@@ -153,9 +153,12 @@ class _DatasetSource(WindowSource):
             if n != len(times):
                 raise DataFileError(self.store, f"variable {var!r} has {n} steps along {time_dim!r}, the time "
                                     f"coordinate {len(times)}: not the same time axis")
+        self._check_increasing(times)
         self.times = times
         start, stop = self._time_range(times, time)
         stride = self._stride(times, start, stop, time_stride, step)
+        if forecast is not None or stride > 1:
+            self._check_regular(times, start, stop, "a forecast" if forecast is not None else f"a stride of {stride}")
         if isinstance(layout, NamedLayout):
             layout = layout.resolve(self.dims)
         if not isinstance(layout, Layout):
@@ -191,8 +194,13 @@ class _DatasetSource(WindowSource):
         self.mean, self.std = self._stats(mean, "mean"), self._stats(std, "std")
         if (self.mean is None) != (self.std is None):
             raise ValueError("give both mean and std, or neither")
-        if self.std is not None and np.any(self.std == 0):
-            raise ValueError(f"std is 0 for channels {[str(self.channels[i]) for i in np.flatnonzero(self.std == 0)]}")
+        if self.std is not None:
+            for what, bad in (("mean", ~np.isfinite(self.mean)), ("std", ~np.isfinite(self.std) | (self.std == 0))):
+                if bad.any():
+                    values = getattr(self, what)
+                    raise ValueError(f"{self.store}: {what} is {[float(values[i]) for i in np.flatnonzero(bad)]} for "
+                                     f"channels {[str(self.channels[i]) for i in np.flatnonzero(bad)]}: every mean "
+                                     "must be finite, every std finite and not 0")
         if layout.region(self.sample_shape).window_shape[0] != len(self.channels):
             raise LayoutError("the layout splits, crops or pads the channel axis (axis 0): split the spatial dims")
         self.region
@@ -253,6 +261,9 @@ class _DatasetSource(WindowSource):
                 if hits.size == 0:
                     raise DataFileError(self.store, f"variable {name!r} has no level {w!r}; its {lev!r} values are "
                                         f"{values.tolist()}")
+                if hits.size > 1:
+                    raise DataFileError(self.store, f"variable {name!r}: level {w!r} appears {hits.size} times in "
+                                        f"{lev!r} (indexes {hits.tolist()}): pick by index (levels_by='index')")
                 i = int(hits[0])
             out.append(Channel(name, i, values[i].item()))
         return name, out, lev
@@ -273,14 +284,39 @@ class _DatasetSource(WindowSource):
             hi = None if hi is None else np.datetime64(hi, "ns")
         except ValueError as e:
             raise ValueError(f"time {time!r}: {e}") from None
-        if np.any(np.diff(times) <= np.timedelta64(0, "ns")):
-            raise DataFileError(self.store, f"the time coordinate {self.time_dim!r} is not increasing")
         start = 0 if lo is None else int(np.searchsorted(times, lo, side="left"))
         stop = len(times) if hi is None else int(np.searchsorted(times, hi, side="right"))
         if start >= stop:
             raise DataFileError(self.store, f"time {time!r} selects no step: the data run from {times[0]} to "
                                 f"{times[-1]}")
         return start, stop
+
+    def _check_increasing(self, times) -> None:
+        """The time coordinate must increase strictly: a repeated or earlier time would make samples
+        (and a forecast's input and target) other steps than their times say."""
+        bad = np.flatnonzero(np.diff(times) <= np.timedelta64(0, "ns"))
+        if bad.size:
+            i = int(bad[0])
+            raise DataFileError(self.store, f"the time coordinate {self.time_dim!r} does not increase: step {i} is "
+                                f"{times[i]}, step {i + 1} {times[i + 1]}{self._where_step(i + 1)} (a repeated, "
+                                "out-of-order or overlapping time)")
+
+    def _check_regular(self, times, start, stop, what: str) -> None:
+        """With a forecast or a stride, the steps of the selection must be equally spaced: a missing
+        step would pair an input with a target (or take samples) further apart than the step."""
+        dt = np.diff(times[start:stop])
+        bad = np.flatnonzero(dt != dt[0]) if dt.size else dt
+        if bad.size:
+            k = int(bad[0])
+            i = start + k
+            raise DataFileError(self.store, f"{what} needs equally spaced times, but steps {start} and {start + 1} are "
+                                f"{_td(dt[0])} apart, steps {i} and {i + 1} ({times[i]}, {times[i + 1]}"
+                                f"{self._where_step(i + 1)}) {_td(dt[k])}: a step is missing or repeated; select a "
+                                "regular range with time=(start, stop)")
+
+    def _where_step(self, i: int) -> str:
+        """Where time step ``i`` is stored, for messages (a file of several)."""
+        return ""
 
     def _stride(self, times, start, stop, time_stride, step) -> int:
         if step is None:
@@ -405,13 +441,16 @@ class _DatasetSource(WindowSource):
         return tuple(out)
 
     def _normalize(self, win: np.ndarray, axis: int) -> np.ndarray:
+        """``(x - mean) / std`` computed in float64 for float64 windows, else in float32 (the native
+        reader's and strided_slice's arithmetic), then cast to the output dtype."""
         if self.mean is None:
             return win
         shape = [1] * win.ndim
         shape[axis] = len(self.channels)
-        mean = self.mean.reshape(shape).astype(self.dtype)
-        std = self.std.reshape(shape).astype(self.dtype)
-        return ((win - mean) / std).astype(self.dtype, copy=False)
+        math = np.float64 if self.dtype == np.float64 else np.float32
+        mean = self.mean.reshape(shape).astype(math)
+        std = self.std.reshape(shape).astype(math)
+        return ((win.astype(math, copy=False) - mean) / std).astype(self.dtype, copy=False)
 
 
 class ZarrDatasetSource(_DatasetSource):
@@ -440,6 +479,16 @@ class NetCDFDatasetSource(_DatasetSource):
         files = [os.fspath(store)] if isinstance(store, (str, bytes, os.PathLike)) else [os.fspath(f) for f in store]
         if not files:
             raise ValueError("NetCDFDatasetSource needs at least one file")
+        seen = {}
+        for f in files:
+            try:
+                st = os.stat(f)
+            except OSError as e:
+                raise DataFileError(f, f"cannot be read ({e.strerror})") from None
+            key = (st.st_dev, st.st_ino)
+            if key in seen:
+                raise DataFileError(f, f"is given twice (as {seen[key]!r} and {f!r}): each file once, please")
+            seen[key] = f
         self.files = files
         self.store = files[0]
         self._per_file = [open_netcdf_variables(f) for f in files]
@@ -463,7 +512,20 @@ class NetCDFDatasetSource(_DatasetSource):
     def _times(self, variables) -> np.ndarray:
         parts = [decode_cf_time(read_netcdf_coordinate(f, self.time_dim), vs[self.time_dim].attrs,
                                 f"{f}: {self.time_dim!r}") for f, vs in zip(self.files, self._per_file)]
+        # the files in time order, as xarray's open_mfdataset(combine="by_coords") takes them (one per
+        # year or month, listed or globbed in any order); a file without steps goes first
+        earliest = np.datetime64(-(2 ** 63) + 1, "ns")
+        order = sorted(range(len(parts)), key=lambda k: (parts[k][0] if len(parts[k]) else earliest, k))
+        self.files = [self.files[k] for k in order]
+        self._per_file = [self._per_file[k] for k in order]
+        parts = [parts[k] for k in order]
+        self.store = self.files[0]
+        self._file_starts = np.cumsum([0] + [len(p) for p in parts])
         return np.concatenate(parts)
+
+    def _where_step(self, i: int) -> str:
+        k = int(np.searchsorted(self._file_starts, i, side="right")) - 1
+        return f" in {self.files[k]}"
 
     def _steps(self, variables, var) -> int:
         return sum(vs[var].shape[0] for vs in self._per_file)

@@ -270,10 +270,15 @@ def parse_channels(text: str) -> list:
     for item in (t.strip() for t in text.split(",")):
         if not item:
             raise UsageError(f"--channels {text!r}: an empty channel")
-        name, _, levels = item.partition("@")
-        if not levels:
+        name, at, levels = item.partition("@")
+        if not name:
+            raise UsageError(f"--channels {text!r}: {item!r} names no variable")
+        if not at:
             out.append(name)
             continue
-        values = [level(v) for v in levels.split("/")]
+        if not levels or any(not v.strip() for v in levels.split("/")):
+            raise UsageError(f"--channels {text!r}: {item!r} names no level after '@' (give {name}@500 or "
+                             f"{name}@500/850, or {name} for all its levels)")
+        values = [level(v.strip()) for v in levels.split("/")]
         out.append((name, values if len(values) > 1 else values[0]))
     return out

@@ -47,6 +47,14 @@ class DatasetVariable:
         packed = [a for a in ("scale_factor", "add_offset") if a in self.attrs]
         if packed:
             return f"it is packed ({', '.join(packed)}): xarray unpacks it to floats"
+        # xarray's UnsignedIntegerCoder: "_Unsigned": "true" on signed integers reads them unsigned,
+        # "false" on unsigned ones signed (the bytes are the same, the values not: int8 -34 is 222)
+        unsigned = self.attrs.get("_Unsigned")
+        if unsigned is not None and self.dtype.kind in "iu":
+            flip = {"i": ("true", "u"), "u": ("false", "i")}[self.dtype.kind]
+            if str(unsigned) == flip[0]:
+                other = np.dtype(f"{flip[1]}{self.dtype.itemsize}")
+                return f"its _Unsigned attribute {unsigned!r} makes xarray read its {self.dtype} values as {other}"
         for what, value in (("_FillValue", self.cf_fill), ("missing_value", self.attrs.get("missing_value"))):
             if value is None:
                 continue

@@ -167,10 +167,12 @@ class ERA5HDF5Datapipe:
             shape = f["fields"].shape
         if len(shape) != 4:
             raise ValueError(f"{self.data_paths[0]}: dataset 'fields' has shape {shape}, not (step, channel, lat, lon)")
-        self.channels = list(range(shape[1])) if channels is None else [int(c) for c in channels]
-        if not self.channels or max(self.channels) >= shape[1] or min(self.channels) < 0:
+        given = list(range(shape[1])) if channels is None else [int(c) for c in channels]
+        if not given or max(given) >= shape[1] or min(given) < -shape[1]:
             raise ValueError(f"Provided channel has indexes greater than the number of fields {shape[1]}: "
-                             f"{self.channels}")
+                             f"{given}")
+        # negative indexes count from the last field, as numpy (and so PhysicsNeMo's datapipe) takes them
+        self.channels = [c % shape[1] for c in given]
         img = tuple(shape[2:])
         if self.patch_size is not None:
             if self.use_cos_zenith:

@@ -78,7 +78,8 @@ def read_dataset(source, device: str = "cpu", *, fallback: bool = True, stack: b
     natively with one dtype (as WeatherBench2 and ARCO-ERA5 store them), one operator reads them all:
     each variable's chunks land in their place in the stacked window, which is finished (halo cells)
     once and, with ``mean``/``std`` on the CPU, normalised in place as it is finished (float32; on the
-    GPU, or for other dtypes, one pass of ``strided_slice`` on the device or DALI's threads). Otherwise each variable has its own reader: one
+    GPU, or for other dtypes, one pass of ``strided_slice`` on the device or DALI's threads; a float64
+    output is normalised in float64, by DALI's arithmetic). Otherwise each variable has its own reader: one
     that cannot be read natively falls back to ``partitioned_source`` with a one-line log naming the
     variable (``fallback=False``: :class:`NotNativeError`); the parts share the sample order (the same
     ids, pads and padding), are cast to ``source.dtype``, concatenated on the channel axis and
@@ -143,8 +144,37 @@ def read_dataset(source, device: str = "cpu", *, fallback: bool = True, stack: b
     if info is not None:  # the loader checks and fingerprints the dataset, not its parts
         del info.sources[known:]
         info.sources.append(registered)
-    if source.mean is not None and not fused:  # one pass of the strided slice (empty windows too)
+    if source.mean is not None and not fused and source.dtype == np.float64:
+        wins = [_normalized_f64(w, source, axis, device) for w in wins]
+    elif source.mean is not None and not fused:  # one pass of the strided slice (empty windows too)
         nc = len(source.channels)
         wins = [strided_slice(w, [0], [nc], axes=[axis], channel_axis=axis, mean=source.mean, std=source.std,
                               dtype=out_type, device=device) for w in wins]
     return (*wins, ids, pads)
+
+
+class _Constant:
+    """A batch of one float64 array, for ``fn.external_source(batch_info=True)``: stateless, so a
+    checkpointed pipeline restores it as it is."""
+
+    def __init__(self, value: np.ndarray, batch_size: int) -> None:
+        self.value, self.batch_size = value, batch_size
+
+    def __call__(self, info) -> list:
+        return [self.value] * self.batch_size
+
+
+def _normalized_f64(win, source, axis: int, device: str):
+    """``(x - mean) / std`` in float64 (strided_slice normalises in float32, which would round a
+    float64 output's statistics: -56.6 is not a float32): DALI's arithmetic on float64 constants,
+    given per batch by external sources (DALI's constants take no float64 arrays)."""
+    from nvidia.dali import fn
+    from nvidia.dali.pipeline import Pipeline
+
+    ndim = source.sample_ndim + (source.forecast is not None)
+    shape = [1] * ndim
+    shape[axis] = len(source.channels)
+    batch = Pipeline.current().max_batch_size
+    mean, std = (fn.external_source(source=_Constant(np.ascontiguousarray(v.reshape(shape), np.float64), batch),
+                                    batch=True, batch_info=True, device=device) for v in (source.mean, source.std))
+    return (win - mean) / std

@@ -324,3 +324,25 @@ def test_an_epoch_left_part_way_is_finished_before_the_next(era5, reference):
     for b, have in enumerate(got):
         np.testing.assert_array_equal(have, _band(ref[f"1/{b}/invar"], pipe.region, "invar"), err_msg=f"batch {b}")
     pipe.close()
+
+
+def test_negative_channel_indexes_count_from_the_last_field(era5):
+    """Issue 29 item 14: ``channels=[-1, 1]`` is the last field and field 1, as numpy (and so
+    PhysicsNeMo's datapipe, which indexes the fields and the stats with them) takes it."""
+    from dali_mesh.physicsnemo import ERA5HDF5Datapipe
+
+    root, _ = era5
+    layout = Layout(MeshInfo((3,), ("mp",), (1,)), shard={"mp": 1}, split="physicsnemo")
+    kw = dict(device="cpu", num_workers=1, layout=layout, batch_size=2, shuffle=False, num_steps=1)
+    neg = ERA5HDF5Datapipe(str(root / "data"), str(root / "stats"), channels=[-1, 1], **kw)
+    pos = ERA5HDF5Datapipe(str(root / "data"), str(root / "stats"), channels=[CHANNELS - 1, 1], **kw)
+    assert neg.channels == [CHANNELS - 1, 1]
+    means = np.load(root / "stats" / "global_means.npy")
+    np.testing.assert_array_equal(neg.mu, means[:, [-1, 1]])
+    for (a,), (b,) in zip(neg, pos):
+        for k in a:
+            np.testing.assert_array_equal(a[k].numpy(), b[k].numpy())
+    neg.close()
+    pos.close()
+    with pytest.raises(ValueError, match="greater than the number of fields 4"):
+        ERA5HDF5Datapipe(str(root / "data"), channels=[-5], device="cpu")
