@@ -412,7 +412,7 @@ def plan_dump(plan_path: str, *, size_hint: int = 1 << 16) -> dict:
     dump = json.loads(out.raw[:n])
     dump["source"] = bytes.fromhex(dump["source"])
     for f in dump["files"]:
-        f["path"] = bytes.fromhex(f["path"])
+        f["path"], f["check"] = bytes.fromhex(f["path"]), bytes.fromhex(f["check"])
     for p in dump["plans"]:
         p["check"], p["fill"] = bytes.fromhex(p["check"]), bytes.fromhex(p["fill"])
     for c in dump["coders"]:

@@ -123,6 +123,8 @@ std::string PlanSetJson(const dali_mesh::PlanSet &set) {
     j.Bytes("path", f.path);
     j.Int("expected_size", f.expected_size);
     j.Int("expected_mtime_ns", f.expected_mtime_ns);
+    j.Int("check_offset", f.check_offset);
+    j.Bytes("check", f.check);
     j.Close('}');
   }
   j.Close(']');

@@ -79,7 +79,7 @@ class FlightGuard {
   uint64_t outer_epoch_;
 };
 
-constexpr char kMagic[9] = "DMPLAN06";
+constexpr char kMagic[9] = "DMPLAN07";
 // the largest decoded chunk a plan may declare (a crafted plan must not make the reader allocate more)
 constexpr int64_t kMaxChunkBytes = int64_t(1) << 34;
 constexpr int kMaxPlanDims = 32;
@@ -409,10 +409,14 @@ PlanSet LoadPlanSet(const std::string &path) {
     f.path = r.Bytes();
     f.expected_size = r.Int();
     f.expected_mtime_ns = r.Int();
+    f.check_offset = r.Int();
+    f.check = r.Bytes();
     // a NUL would make open() read another (shorter) path than the one named
     if (f.path.empty() || f.path.find('\0') != std::string::npos) r.Bad("file path");
     if (f.expected_size < -1) r.Bad("expected file size " + std::to_string(f.expected_size));
     if (f.expected_mtime_ns < -1) r.Bad("expected modification time " + std::to_string(f.expected_mtime_ns));
+    if (f.check_offset < -1 || (f.check_offset < 0 && !f.check.empty()) || f.check.size() > (size_t(1) << 30))
+      r.Bad("file check of " + std::to_string(f.check.size()) + " bytes at byte " + std::to_string(f.check_offset));
   }
   set.coders.resize(n_coders);
   for (auto &cd : set.coders) {
@@ -556,6 +560,17 @@ void OpenFile::Open(const PlanFile &file, const ReadPlan &plan, const std::strin
       Fail(path_ + ": the file was modified since the plan was made (the plan holds where its data "
            "lay then: an HDF5 file rewritten in place may hold another dataset at the planned address, "
            "with a byte-identical header; a Zarr shard its chunks at other offsets); define the "
+           "pipeline again");
+  }
+  if (file.check_offset >= 0) {  // a shard's index, as read when the plan was made
+    std::string held(file.check.size(), '\0');
+    FlightGuard flight(path_, file.check_offset, static_cast<int64_t>(held.size()));
+    const int64_t got = PreadFull(fd_, held.data(), held.size(), file.check_offset);
+    if (got < 0) Fail(path_ + ": read of its index failed (" + Errno(-got) + ")");
+    if (got != static_cast<int64_t>(held.size()) || held != file.check)
+      Fail(path_ + ": its index (" + std::to_string(file.check.size()) + " bytes at byte " +
+           std::to_string(file.check_offset) + ") differs from the one read when the plan was made: the shard "
+           "was rewritten since (a copy or restore that kept its size and modification time); define the "
            "pipeline again");
   }
 }

@@ -74,6 +74,11 @@ struct PlanFile {
   // rewritten in place with its datasets in another order can hold, at the planned address, a
   // byte-identical object header of another dataset, so any rewrite is refused there
   int64_t expected_mtime_ns = -1;
+  // bytes the file must hold at check_offset at every read (-1: none): a Zarr shard's index, so that
+  // a shard rewritten at the same size with its modification time put back (cp -p, a restore) is
+  // refused rather than read through the index of its former version
+  int64_t check_offset = -1;
+  std::string check;
 };
 
 // A compressed chunk: `nbytes` stored bytes at `offset` of file `file`, decoded by coder `coder`
@@ -109,7 +114,7 @@ struct PlanSet {
   std::vector<PlanChunk> chunks;
 };
 
-// Loads a plan file written by dali_mesh.io.read_plan (format "DMPLAN06": little-endian int64 words, the
+// Loads a plan file written by dali_mesh.io.read_plan (format "DMPLAN07": little-endian int64 words, the
 // last one a checksum of the others, so that a corrupt file is refused rather than read from).
 // A plan's JSON check (check_offset kCheckJson) is put in canonical form here, so that a writer may
 // give the metadata file's bytes as they are (CanonicalJson is idempotent: a check written in

@@ -9,6 +9,7 @@ h5py and zarr are imported only when their readers are used.
 from dali_mesh.io._common import (
     DataFileError,
     ExternalStorageError,
+    FileChangedError,
     HeaderError,
     IOStats,
     MissingArrayError,
@@ -28,6 +29,7 @@ __all__ = [
     "DEFAULT_MERGE_GAP",
     "DataFileError",
     "ExternalStorageError",
+    "FileChangedError",
     "HeaderError",
     "IOStats",
     "MissingArrayError",

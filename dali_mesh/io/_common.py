@@ -18,6 +18,7 @@ __all__ = [
     "HeaderError",
     "UnsupportedDtypeError",
     "TruncatedFileError",
+    "FileChangedError",
     "ShapeMismatchError",
     "MissingArrayError",
     "MissingFileError",
@@ -117,6 +118,29 @@ class UnsupportedDtypeError(DataFileError):
 
 class TruncatedFileError(DataFileError):
     """The file holds fewer bytes than its header promises."""
+
+
+class FileChangedError(DataFileError):
+    """The file was rewritten in place while it was read (its size, modification or change time or
+    inode differ after the read): the window could mix two versions, so none is returned."""
+
+
+def file_identity(st: os.stat_result) -> tuple:
+    """What changes when a file is rewritten in place: inode, size, modification and change times
+    (ns; since Linux 6.13 a time that was read is followed by a fine-grained one, so a write right
+    after a stat is seen)."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def check_unchanged(fd: int, path, before: tuple) -> None:
+    """:class:`FileChangedError` naming ``path`` if the open file ``fd`` is not as ``before``."""
+    after = file_identity(os.fstat(fd))
+    if after != before:
+        what = [n for n, a, b in zip(("device", "inode", "size", "modification time", "change time"), before, after)
+                if a != b]
+        raise FileChangedError(str(path), f"changed while it was read ({', '.join(what)} differ after the read): it "
+                                          "was rewritten in place; the window is not returned (write files to a new "
+                                          "name and rename them over the old one)")
 
 
 class ShapeMismatchError(DataFileError):

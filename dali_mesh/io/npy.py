@@ -37,6 +37,8 @@ import numpy as np
 from dali_mesh.io._common import (
     DataFileError,
     HeaderError,
+    check_unchanged,
+    file_identity,
     IOStats,
     ShapeMismatchError,
     TruncatedFileError,
@@ -662,6 +664,7 @@ def read_npy_window(
     local = IOStats(files_opened=1)
     fd = _open(path, direct=direct)
     try:
+        before = file_identity(os.fstat(fd))  # checked again after the read: never a window of two versions
         header = _read_header_fd(fd, path, local) if not direct else None
         if direct:  # O_DIRECT needs aligned reads even for the header: read it through a plain open
             header = read_npy_header(path)
@@ -683,6 +686,7 @@ def read_npy_window(
         # never mmap unless asked: a file rewritten under a mapping kills the process (SIGBUS)
         if method == "mmap":
             _read_mmap(fd, header, plan, prefix, out, local, units=(fo, ub))
+            check_unchanged(fd, path, before)
             plan.finish(out)
             return out
         if header.fortran_order:
@@ -695,6 +699,7 @@ def read_npy_window(
             dest = memoryview(stage.reshape(-1).view(np.uint8))
             _read_groups(fd, path, dest, fo, do, ub, groups, local, direct)
             dest.release()
+        check_unchanged(fd, path, before)
         if header.dtype.byteorder not in "=|":
             stage.byteswap(inplace=True)  # the file is foreign-endian: make the values native
         if not direct_ok:

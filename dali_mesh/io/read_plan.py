@@ -46,7 +46,7 @@ __all__ = ["AxisProgram", "CHECK_JSON", "CODECS", "Coder", "NotNativeError", "PL
            "PlanFolderError", "PlanSet", "ReadPlan", "decode", "encode", "native_dtype_of", "stack_channels"]
 
 #: The plan file's first 8 bytes: the format and its version (bumped whenever a table changes).
-PLAN_MAGIC = b"DMPLAN06"
+PLAN_MAGIC = b"DMPLAN07"
 #: ``check_offset`` of a plan whose check is a JSON metadata file (a Zarr array's ``.zarray`` or
 #: ``zarr.json``), compared whole in canonical form (``kCheckJson`` in read_plan.h).
 CHECK_JSON = -1
@@ -119,7 +119,8 @@ _READ_PLAN = (
     Field("axes", "records", "ndim", _AXIS_PROGRAM),
 )
 
-_PLAN_FILE = (Field("path", "bytes"), Field("expected_size", "int"), Field("expected_mtime_ns", "int"))
+_PLAN_FILE = (Field("path", "bytes"), Field("expected_size", "int"), Field("expected_mtime_ns", "int"),
+              Field("check_offset", "int"), Field("check", "bytes"))
 
 _CODER = (
     Field("n_steps", "count", "ids"),
@@ -354,11 +355,15 @@ class Coder(NamedTuple):
 
 class PlanFile(NamedTuple):
     """A file read by the plans: its path, its expected size and modification time in ns (-1: not
-    checked; HDF5 files check it: see read_plan.h)."""
+    checked; HDF5 files check it: see read_plan.h), and bytes it must hold at ``check_offset`` at
+    every read (-1: none; a Zarr shard's index, so that a shard rewritten at the same size with its
+    modification time put back is refused, not read through the index of its former version)."""
 
     path: str
     expected_size: int = -1
     expected_mtime_ns: int = -1
+    check_offset: int = -1
+    check: bytes = b""
 
 
 class PlanPart(NamedTuple):
@@ -455,13 +460,14 @@ class PlanSet:
             self.plans.append(plan)
         return idx
 
-    def add_file(self, path: str, expected_size: int = -1, expected_mtime_ns: int = -1) -> int:
-        """The index of ``path`` in :attr:`files` (added the first time, with the size and
-        modification time every read checks; -1: not checked)."""
+    def add_file(self, path: str, expected_size: int = -1, expected_mtime_ns: int = -1, check_offset: int = -1,
+                 check: bytes = b"") -> int:
+        """The index of ``path`` in :attr:`files` (added the first time, with the size, modification
+        time and bytes at ``check_offset`` every read checks; -1: not checked)."""
         idx = self.file_index.get(path)
         if idx is None:
             idx = self.file_index[path] = len(self.files)
-            self.files.append(PlanFile(path, int(expected_size), int(expected_mtime_ns)))
+            self.files.append(PlanFile(path, int(expected_size), int(expected_mtime_ns), int(check_offset), bytes(check)))
         return idx
 
     def add_coder(self, coder: Coder) -> int:

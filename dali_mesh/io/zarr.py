@@ -470,8 +470,8 @@ def _coords(k: int, shape) -> tuple[int, ...]:
 class _ShardIndex:
     """``chunk_of(inner chunk coordinates)`` of a sharded v3 array: each shard's index is read once
     (its crc32c verified with google-crc32c, zarr's own dependency) and kept in the plan as the
-    inner chunks' byte ranges; the shard file's size and modification time are checked at every
-    read (a rewritten shard may hold its chunks elsewhere). A missing shard reads as the fill value;
+    inner chunks' byte ranges; the shard file's size, modification time and index bytes are checked
+    at every read (a rewritten shard may hold its chunks elsewhere). A missing shard reads as the fill value;
     an index that points past the shard or lists overlapping chunks is a :class:`HeaderError`
     naming the shard and the chunk."""
 
@@ -491,12 +491,14 @@ class _ShardIndex:
         if st is None:
             return path, None, None
         size = st.st_size
-        # size and modification time as the index was read: any rewrite of the shard is refused
-        fidx = self.plans.add_file(path, size, st.st_mtime_ns)
         nbytes = 16 * self.n + 4 * self.crc
         if size < nbytes:
             raise HeaderError(path, f"shard {key!r} is {size} bytes, smaller than its index ({nbytes} bytes)")
-        raw = read_file_at(path, size - nbytes if self.at_end else 0, nbytes)
+        at = size - nbytes if self.at_end else 0
+        raw = read_file_at(path, at, nbytes)
+        # size, modification time and the index's bytes as the index was read: every read checks
+        # them, so a shard rewritten since is refused, even at its old size and time (cp -p)
+        fidx = self.plans.add_file(path, size, st.st_mtime_ns, at, raw)
         if self.crc:
             import google_crc32c
 

@@ -92,7 +92,7 @@ def _mutant(rng, words: np.ndarray) -> np.ndarray:
         if kind == 0:
             w[i] = int(rng.choice(EXTREMES))
         elif kind == 1:
-            w[i] = v + int(rng.choice([-1, 1, 8, -8, 4096]))
+            w[i] = (v + int(rng.choice([-1, 1, 8, -8, 4096])) + 2**63) % 2**64 - 2**63  # wrapped as int64
         elif kind == 2:
             w[i] = (v * 2) % (1 << 63)
         elif kind == 3:
@@ -105,7 +105,7 @@ def _mutant(rng, words: np.ndarray) -> np.ndarray:
 def _write(path, words: np.ndarray) -> str:
     body = words.astype("<i8").tobytes()
     with open(path, "wb") as f:
-        f.write(b"DMPLAN06" + body + _kernels.plan_checksum(body))
+        f.write(b"DMPLAN07" + body + _kernels.plan_checksum(body))
     return str(path)
 
 
@@ -116,7 +116,7 @@ def test_crafted_plan_words_never_crash_under_sanitizers(tmp_path):
     for k, (src, windows) in enumerate(_sources(tmp_path)):
         (plan,) = native.plan_windows(src)
         data = plan.to_bytes()
-        assert data[:8] == b"DMPLAN06"
+        assert data[:8] == b"DMPLAN07"
         words = np.frombuffer(data[8:-8], "<i8")
         h = 1469598103934665603
         for w in windows:

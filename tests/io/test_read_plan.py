@@ -156,8 +156,8 @@ def test_a_plan_file_loads_as_it_was_encoded(tmp_path, case, items_as_words):
         "plans": [_expected_plan(wplan, header.dtype, header.fortran_order, fo, do, ub, groups, npy_check, 0,
                                  units.repeat),
                   _expected_plan(_read_only(window), header.dtype, False, [], [], [], [], RAW_META, CHECK_JSON)],
-        "files": [{"path": os.fsencode(f.path), "expected_size": f.expected_size, "expected_mtime_ns": f.expected_mtime_ns}
-                  for f in plans.files],
+        "files": [{"path": os.fsencode(f.path), "expected_size": f.expected_size, "expected_mtime_ns": f.expected_mtime_ns,
+                   "check_offset": f.check_offset, "check": f.check} for f in plans.files],
         "parts": parts,
         "items": want_items,
         "coders": [],
@@ -373,7 +373,7 @@ def test_plan_checksum_of_cxx_equals_its_definition(tmp_path):
     plans.files.append(PlanFile(str(tmp_path / "data.bin"), 16))
     plans.items = [(0, [(0, 0, 0, 0)])]
     data = plans.to_bytes()
-    assert data[:8] == b"DMPLAN06"
+    assert data[:8] == b"DMPLAN07"
     assert _checksum(data[8:-8]) == data[-8:]
     with pytest.raises(_kernels.KernelsError, match="not a whole number of 8-byte words"):
         _kernels.plan_checksum(b"\0" * 12)

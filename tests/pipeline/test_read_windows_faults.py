@@ -201,6 +201,43 @@ def test_zarr_changed_after_build(tmp_path, change):
     _error_naming_a_file_no_garbage(p, len(src) // 2, lambda t: take_window(data[t], src.region), message)
 
 
+def test_zarr_shard_rewritten_at_its_size_and_time_is_refused(tmp_path):
+    """Issue 29 item 7: a shard whose inner chunks were rewritten in another order (the same bytes
+    and size; zarr-python reads the same values) with its modification time put back (cp -p, a
+    restore from backup): the plan's index of it is stale, so every read of it is refused."""
+    zarr = pytest.importorskip("zarr")
+    from dali_mesh.source import ZarrSource
+
+    rng = np.random.default_rng(SEED)
+    data = random_array(rng, (2, 8, 6), np.float32)
+    store = str(tmp_path / "s.zarr")
+    z = zarr.create_array(store, shape=data.shape, chunks=(1, 4, 6), shards=(1, 8, 6), dtype="f4",
+                          compressors=None, zarr_format=3)
+    z[:] = data
+    src = ZarrSource([store], None, Layout(mesh_of((1, 2), (0, 1)), shard={"m0": 0}), batch_size=1, shuffle=False)
+    p = native_pipeline(src)
+    shard = os.path.join(store, "c", "1", "0", "0")
+    st = os.stat(shard)
+    raw = bytearray(open(shard, "rb").read())
+    chunk = 4 * 6 * 4
+    index = np.frombuffer(bytes(raw[-(16 * 2 + 4):-4]), "<u8").reshape(2, 2).copy()
+    assert index[:, 0].tolist() == [0, chunk]
+    raw[:2 * chunk] = raw[chunk:2 * chunk] + raw[:chunk]  # the two inner chunks swapped ...
+    index[:, 0] = [chunk, 0]  # ... and the index says so
+    import google_crc32c
+
+    body = index.astype("<u8").tobytes()
+    raw[-(16 * 2 + 4):] = body + google_crc32c.value(body).to_bytes(4, "little")
+    with open(shard, "r+b") as f:
+        f.write(raw)
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(shard).st_size == st.st_size and os.stat(shard).st_mtime_ns == st.st_mtime_ns
+    np.testing.assert_array_equal(zarr.open_array(store, mode="r")[:], data)  # a valid shard of the same values
+    _error_naming_a_file_no_garbage(p, len(src), lambda t: take_window(data[t], src.region),
+                                    re.escape(shard) + r": its index \(36 bytes at byte \d+\) differs from the one "
+                                    "read when the plan was made")
+
+
 # ---- the per-sample input and task_bytes: int64 extremes ------------------------------------------
 def _direct(plan_path, ids, dtype=types.FLOAT, **kw):
     """The operator alone, fed ``ids`` (one list per batch) by an external source."""
@@ -780,7 +817,7 @@ def test_default_plans_are_sealed_in_memory_and_leave_no_file(tmp_path):
     fd = os.open(path, os.O_RDWR)
     try:
         with pytest.raises(PermissionError):
-            os.write(fd, b"DMPLAN06")  # sealed: F_SEAL_WRITE
+            os.write(fd, b"DMPLAN07")  # sealed: F_SEAL_WRITE
     finally:
         os.close(fd)
     assert plan.write() == path  # one memfd per distinct plan
