@@ -484,10 +484,28 @@ OpenFile &OpenFile::operator=(OpenFile &&o) noexcept {
     Close();
     fd_ = o.fd_;
     size_ = o.size_;
+    identity_ = o.identity_;
     path_ = std::move(o.path_);
     o.fd_ = -1;
   }
   return *this;
+}
+
+namespace {
+std::array<int64_t, 5> Identity(const struct stat &st) {
+  return {int64_t(st.st_dev), int64_t(st.st_ino), int64_t(st.st_size),
+          int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec,
+          int64_t(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec};
+}
+}  // namespace
+
+void OpenFile::CheckUnchanged() const {
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) Fail(path_ + ": fstat failed (" + Errno(errno) + ")");
+  if (Identity(st) != identity_)
+    Fail(path_ + ": the file changed while it was read (its size, modification or change time differ after the "
+         "read): it was rewritten in place, and what was read could mix two versions; write files to a new name "
+         "and rename them over the old ones");
 }
 
 void OpenFile::Close() {
@@ -510,6 +528,7 @@ void OpenFile::Open(const PlanFile &file, const ReadPlan &plan, const std::strin
   struct stat st;
   if (::fstat(fd_, &st) != 0) Fail(path_ + ": fstat failed (" + Errno(errno) + ")");
   size_ = st.st_size;
+  identity_ = Identity(st);
   if (!S_ISREG(st.st_mode))
     Fail(path_ + ": not a regular file (a directory, FIFO, socket or device); give data files");
   if (file.expected_size >= 0 && st.st_size != file.expected_size) {
@@ -732,6 +751,7 @@ void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const 
   // a Blosc chunk whose blocks this batch needs only some of (a band of a whole field): its header
   // and block index, then those blocks' stored bytes (about a quarter of the chunk); others whole
   ReadStored(coder, ch.nbytes, ranges, at, read_at);
+  file.CheckUnchanged();
   const std::string why = ranges ? DecodeChunkRanges(coder, at, ch.nbytes, decoded, *ranges)
                                  : DecodeChunk(coder, at, ch.nbytes, decoded);
   if (!why.empty()) Fail(where + " cannot be decoded: " + why + "; the file is corrupt");

@@ -14,6 +14,7 @@
 #ifndef DALI_MESH_READ_PLAN_H_
 #define DALI_MESH_READ_PLAN_H_
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -134,10 +135,16 @@ class OpenFile {
   OpenFile() = default;
   OpenFile(const OpenFile &) = delete;
   OpenFile &operator=(const OpenFile &) = delete;
-  OpenFile(OpenFile &&o) noexcept : fd_(o.fd_), size_(o.size_), path_(std::move(o.path_)) { o.fd_ = -1; }
+  OpenFile(OpenFile &&o) noexcept : fd_(o.fd_), size_(o.size_), identity_(o.identity_), path_(std::move(o.path_)) {
+    o.fd_ = -1;
+  }
   OpenFile &operator=(OpenFile &&o) noexcept;
   ~OpenFile() { Close(); }
   void Open(const PlanFile &file, const ReadPlan &plan, const std::string &first_path);
+  // Fails naming the file when it is not as it was opened (device, inode, size, modification or
+  // change time): it was rewritten in place while it was read, and what was read may mix two
+  // versions (Linux 6.13+ gives a write right after a stat a fine-grained time, so it is seen).
+  void CheckUnchanged() const;
   void Close();
   int fd() const { return fd_; }
   int64_t size() const { return size_; }             // the file's size when it was opened
@@ -146,6 +153,7 @@ class OpenFile {
  private:
   int fd_ = -1;
   int64_t size_ = -1;
+  std::array<int64_t, 5> identity_{};  // dev, ino, size, mtime ns, ctime ns at Open
   std::string path_;
 };
 

@@ -1035,3 +1035,46 @@ def test_a_stuck_native_read_is_named_and_the_process_exits(tmp_path):
     assert re.search(r"native reads in flight: \S*slow\d\.npy bytes \d+\.\.\d+ for [\d.]+ s", message), message
     assert "again 2" in out, out
     assert ended - float(out.split("\nat ")[1].split()[0]) < 10, out
+
+
+@pytest.mark.timeout(90)
+def test_npy_overwritten_in_place_while_read_natively_is_one_version_or_an_error(tmp_path):
+    """Issue 29 item 8, the native reader: a file whose data is overwritten in place while
+    read_windows reads it gives the window of one version, or an error naming the file ("changed
+    while it was read"); never a window of two versions."""
+    import multiprocessing as mp
+
+    from tests.io.test_npy_rewrite import _rewrite
+
+    shape = (32, 256, 128)
+    versions = [np.full(shape, v, np.float32) for v in (1.0, 2.0)]
+    path = str(tmp_path / "x.npy")
+    np.save(path, versions[0])
+    src = NumpySource([path], Layout(mesh_of((1, 4), (0, 1)), shard={"m0": 2}, halo={2: 3}), batch_size=1,
+                      shuffle=False)
+    wants = [take_window(v, src.region) for v in versions]
+    seconds = 3.0
+    writer = mp.get_context("fork").Process(target=_rewrite,
+                                            args=(path, "overwrite", versions, time.monotonic() + seconds))
+    writer.start()
+    good = changed = 0
+    try:
+        end = time.monotonic() + seconds
+        pipe = None
+        while time.monotonic() < end:
+            pipe = pipe or native_pipeline(src, threads=2, prefetch=False)
+            try:
+                w = np.array(pipe.run()[0][0])
+            except StopIteration:  # an epoch of one sample
+                pipe.reset()
+                continue
+            except RuntimeError as e:
+                assert path in str(e) and "changed while it was read" in str(e), str(e)[-600:]
+                changed += 1
+                pipe = None
+                continue
+            assert any(np.array_equal(w, want) for want in wants), f"two versions: {np.unique(w).tolist()}"
+            good += 1
+    finally:
+        writer.join(30)
+    assert good > 0 and changed > 0, (good, changed)

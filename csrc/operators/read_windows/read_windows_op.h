@@ -248,6 +248,7 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
           thread_local std::vector<char> scratch;
           ReadGroups(file, plans_.plans[part.plan], part.base, task.g0, task.g1,
                      dsts_[bp.sample] + part.dst_base, &scratch);
+          file.CheckUnchanged();
         },
         n_raw + n_chunk, [&](int64_t t) {
           if (t < n_raw) return tasks_[t].g1 - tasks_[t].g0;
