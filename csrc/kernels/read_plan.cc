@@ -508,6 +508,25 @@ void OpenFile::CheckUnchanged() const {
          "and rename them over the old ones");
 }
 
+void FileVersions::Reset(size_t n_files) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  seen_.resize(n_files);
+  set_.assign(n_files, 0);
+}
+
+void FileVersions::Agree(int64_t index, const OpenFile &file) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (index < 0 || static_cast<size_t>(index) >= set_.size()) return;
+  if (!set_[index]) {
+    seen_[index] = file.identity();
+    set_[index] = 1;
+  } else if (seen_[index] != file.identity()) {
+    Fail(file.path() + ": the file changed while this batch read it (its size, modification or change time "
+         "differ between two reads of it): it was rewritten in place, and a window could mix two versions; "
+         "write files to a new name and rename them over the old ones");
+  }
+}
+
 void OpenFile::Close() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;

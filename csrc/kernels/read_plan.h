@@ -16,6 +16,7 @@
 
 #include <array>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -146,6 +147,7 @@ class OpenFile {
   // versions (Linux 6.13+ gives a write right after a stat a fine-grained time, so it is seen).
   void CheckUnchanged() const;
   void Close();
+  const std::array<int64_t, 5> &identity() const { return identity_; }
   int fd() const { return fd_; }
   int64_t size() const { return size_; }             // the file's size when it was opened
   const std::string &path() const { return path_; }  // as messages show it (see Open)
@@ -155,6 +157,22 @@ class OpenFile {
   int64_t size_ = -1;
   std::array<int64_t, 5> identity_{};  // dev, ino, size, mtime ns, ctime ns at Open
   std::string path_;
+};
+
+// The version of each file a batch reads, as the first of its reads found it (OpenFile::identity):
+// a window read in several tasks (each opening the file) must come from one version of the file,
+// so every later open of it in the batch must find the same. Thread-safe.
+class FileVersions {
+ public:
+  void Reset(size_t n_files);
+  // Fails naming the file when `file` (plan file `index`) is not the version the batch's first open
+  // of it found.
+  void Agree(int64_t index, const OpenFile &file);
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::array<int64_t, 5>> seen_;
+  std::vector<uint8_t> set_;
 };
 
 // Reads units' groups [g0, g1) of `plan` from `file` at `base` into `dst` (the staging buffer: the

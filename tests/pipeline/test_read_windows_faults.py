@@ -1038,10 +1038,10 @@ def test_a_stuck_native_read_is_named_and_the_process_exits(tmp_path):
 
 
 @pytest.mark.timeout(90)
-def test_npy_overwritten_in_place_while_read_natively_is_one_version_or_an_error(tmp_path):
-    """Issue 29 item 8, the native reader: a file whose data is overwritten in place while
-    read_windows reads it gives the window of one version, or an error naming the file ("changed
-    while it was read"); never a window of two versions."""
+def test_npy_saved_over_while_read_natively_is_one_version_or_an_error(tmp_path):
+    """Issue 29 item 8, the native reader: a file saved over (np.save) again and again while
+    read_windows reads it (a window in several tasks: 64 KiB each) gives the window of one version,
+    or an error naming the file; never a window of two versions (see tests/io/test_npy_rewrite.py)."""
     import multiprocessing as mp
 
     from tests.io.test_npy_rewrite import _rewrite
@@ -1054,27 +1054,26 @@ def test_npy_overwritten_in_place_while_read_natively_is_one_version_or_an_error
                       shuffle=False)
     wants = [take_window(v, src.region) for v in versions]
     seconds = 3.0
-    writer = mp.get_context("fork").Process(target=_rewrite,
-                                            args=(path, "overwrite", versions, time.monotonic() + seconds))
+    writer = mp.get_context("fork").Process(target=_rewrite, args=(path, versions, time.monotonic() + seconds))
     writer.start()
-    good = changed = 0
+    good = refused = 0
     try:
         end = time.monotonic() + seconds
         pipe = None
         while time.monotonic() < end:
-            pipe = pipe or native_pipeline(src, threads=2, prefetch=False)
             try:
+                pipe = pipe or native_pipeline(src, threads=2, prefetch=False, task_bytes=64 << 10)
                 w = np.array(pipe.run()[0][0])
             except StopIteration:  # an epoch of one sample
                 pipe.reset()
                 continue
-            except RuntimeError as e:
-                assert path in str(e) and "changed while it was read" in str(e), str(e)[-600:]
-                changed += 1
+            except (RuntimeError, ValueError) as e:  # at pipe.run(), or planning a half-written file
+                assert path in str(e), str(e)[-600:]
+                refused += 1
                 pipe = None
                 continue
             assert any(np.array_equal(w, want) for want in wants), f"two versions: {np.unique(w).tolist()}"
             good += 1
     finally:
         writer.join(30)
-    assert good > 0 and changed > 0, (good, changed)
+    assert good > 0 and refused > 0, (good, refused)

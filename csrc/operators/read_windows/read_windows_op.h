@@ -166,6 +166,7 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
     // part) sorted by chunk, chunk_tasks_ the runs of one chunk
     tasks_.clear();
     coded_.clear();
+    versions_.Reset(plans_.files.size());
     for (int64_t j = 0; j < np; j++) {
       const auto &part = plans_.parts[batch_parts_[j].part];
       if (plans_.plans[part.plan].coded) {
@@ -245,6 +246,7 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
           const auto &part = plans_.parts[bp.part];
           OpenFile file;
           file.Open(plans_.files[part.file], plans_.plans[part.plan], first_path_[part.plan]);
+          versions_.Agree(part.file, file);  // a window read in several tasks: one version of its file
           thread_local std::vector<char> scratch;
           ReadGroups(file, plans_.plans[part.plan], part.base, task.g0, task.g1,
                      dsts_[bp.sample] + part.dst_base, &scratch);
@@ -291,6 +293,7 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
   std::vector<char *> dsts_;
   std::vector<BatchPart> batch_parts_;
   std::vector<Task> tasks_;
+  FileVersions versions_;  // each file's version, as the batch's first read of it found it
   std::vector<std::pair<int64_t, int64_t>> coded_;  // (chunk, index into batch_parts_)
   std::vector<int64_t> chunk_tasks_;                 // runs of coded_ with one chunk, and the end
   // per plan: its boundary cells are filled on the device (the mixed operator), not on the host
