@@ -538,10 +538,17 @@ class Layout(PlacementsMixin):
         return [self.region(global_shape, c) for c in self.mesh.coordinates()]
 
     def __repr__(self) -> str:
-        return (
-            f"Layout(mesh={self.mesh}, shard={self.shard_dims}, batch={self.batch_dims}, "
-            f"crop={self._crop}, halo={self._halo!r}, boundary={self._boundary!r}, "
-            f"fill_value={self.fill_value!r}, "
-            f"split={self.split_sizes if self._split_sizes is not None else self.split!r})"
-        )
+        return f"Layout(mesh={self.mesh}, {self._rules()})"
+
+    def _rules(self) -> str:
+        return (f"shard={self.shard_dims}, batch={self.batch_dims}, crop={self._crop}, halo={self._halo!r}, "
+                f"boundary={self._boundary!r}, fill_value={self.fill_value!r}, "
+                f"split={self.split_sizes if self._split_sizes is not None else self.split!r}")
+
+    def describe_rules(self) -> str:
+        """The layout as every rank of its mesh has it: the mesh's dims and sizes and the rules
+        (shard, batch, crop, halo, boundary, fill value, split), not this rank's coordinate. Ranks
+        that read together (a read group) must have the same."""
+        dims = ", ".join(f"{n}={s}" for n, s in zip(self.mesh.names, self.mesh.shape))
+        return f"Layout(mesh=({dims}), {self._rules()})"
 

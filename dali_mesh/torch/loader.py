@@ -18,27 +18,28 @@ log = logging.getLogger(__name__)
 OUTPUTS = ("local", "dtensor", "shard_tensor")
 
 
-def _diff(old: Any, new: Any, path: str, out: list[str]) -> None:
-    """Where two fingerprints differ, as ``path: checkpoint X, this loader Y`` lines (short values)."""
+def _diff(old: Any, new: Any, path: str, out: list[str], names=("checkpoint", "this loader")) -> None:
+    """Where two fingerprints differ, as ``path: checkpoint X, this loader Y`` lines (short values;
+    ``names``: what the two are called)."""
     if isinstance(old, Mapping) and isinstance(new, Mapping):
         for k in sorted(set(old) | set(new), key=str):
-            _diff(old.get(k, "<missing>"), new.get(k, "<missing>"), f"{path}.{k}" if path else str(k), out)
+            _diff(old.get(k, "<missing>"), new.get(k, "<missing>"), f"{path}.{k}" if path else str(k), out, names)
         return
     if isinstance(old, (list, tuple)) and isinstance(new, (list, tuple)) and len(old) == len(new):
         for i, (a, b) in enumerate(zip(old, new)):
             if a != b:
-                _diff(a, b, f"{path}[{i}]", out)
+                _diff(a, b, f"{path}[{i}]", out, names)
                 if len(old) > 3:
                     return  # a long list (files): its first difference is enough to act on
         return
     if isinstance(old, (list, tuple)) and isinstance(new, (list, tuple)) and max(len(old), len(new)) > 3:
-        out.append(f"{path}: checkpoint {len(old)} entries, this loader {len(new)}")
+        out.append(f"{path}: {names[0]} {len(old)} entries, {names[1]} {len(new)}")
         return
     if old != new:
         def short(v):
             r = repr(v)
             return r if len(r) <= 200 else r[:197] + "..."
-        out.append(f"{path}: checkpoint {short(old)}, this loader {short(new)}")
+        out.append(f"{path}: {names[0]} {short(old)}, {names[1]} {short(new)}")
 
 
 class MeshLoader:
@@ -281,7 +282,8 @@ class MeshLoader:
                 raise ValueError("share= yields whole batches of one shape: not with per_sample_shapes or drop_padded")
             from dali_mesh.torch.share import GroupExchange  # noqa: PLC0415
 
-            self._exchange = GroupExchange(shared[0], self.layout, self.device_mesh, self.window_outputs)
+            self._exchange = GroupExchange(shared[0], self.layout, self.device_mesh, self.window_outputs,
+                                           timeout=self.timeout)
         # the iterator's first batch waits for DALI's prefetch queue: prefetch_queue_depth + 1 batch times
         self._first_batches = prefetch_batches(pipe)
         self._deferred = None
@@ -394,6 +396,8 @@ class MeshLoader:
                     error = RuntimeError("this member's pipeline ended its epoch before its share of it")
                 except Exception as e:  # noqa: BLE001 - every member must hear of it (dali_mesh.torch.share)
                     error = e
+            if not ex.agreed:  # the members' fingerprints, before any data moves
+                ex.agree(self.group_fingerprint())
             self._pending = ex.exchange(batch, error)
             del self._pending[:self._skip]  # taken before the checkpoint this loader resumed from
             self._skip = 0
@@ -478,6 +482,21 @@ class MeshLoader:
             fp["sources"] = [s.fingerprint() if hasattr(s, "fingerprint") else type(s).__name__ for s in sources]
         return fp
 
+    def group_fingerprint(self) -> dict[str, Any]:
+        """:meth:`fingerprint` as every member of a read group must have it: the layout's rules and
+        each source's without this rank's coordinate (members differ along the shared dims)."""
+        fp = self.fingerprint()
+        fp["layout"] = self.layout.describe_rules()
+        sources = []
+        for src in sources_of(self._pipeline):
+            s = src.fingerprint() if hasattr(src, "fingerprint") else type(src).__name__
+            if isinstance(s, dict) and hasattr(getattr(src, "layout", None), "describe_rules"):
+                s["layout"] = src.layout.describe_rules()
+            sources.append(s)
+        if sources:
+            fp["sources"] = sources
+        return fp
+
     def state_dict(self) -> dict[str, Any]:
         """DALI's checkpoint of the pipeline (build it with ``enable_checkpointing=True``), the steps
         taken this epoch and the loader's :meth:`fingerprint`."""
@@ -535,5 +554,6 @@ class MeshLoader:
                 raise ValueError("load_state_dict(state): the loader reads with share= but the checkpoint was "
                                  "taken without it")
             self._exchange.step, self._pending = int(state["group_step"]), []
+            self._exchange.agreed = False  # the members compare their resumed steps before the next exchange
             self._skip = int(state["group_skip"])
 

@@ -13,9 +13,15 @@ covers the loader batches ``i G .. i G + G - 1``: member ``s`` holds batch ``i G
    cut is exact); NCCL for CUDA tensors, gloo for CPU tensors, on the process group of the group's
    ranks (``torch.distributed.new_group``, made once per group on every rank).
 
-The loader then yields the step's batches one by one. A member that dies leaves the others in a
-collective until the process group's timeout (``init_process_group(timeout=...)``; torch's default
-is 30 minutes for gloo and 10 for NCCL): they then raise the backend's error.
+Before the first step (and the first after a resume) the members exchange what they will read
+(:meth:`GroupExchange.agree`: the loader's fingerprint with the layout's rules but not the rank's
+coordinate, and the group step): any difference raises on every member, naming the rank and the
+field, before any data moves.
+
+The loader then yields the step's batches one by one. A member that dies or stops leaves the
+others in a collective until the process group's timeout: each group's process group gets the
+default group's (``init_process_group(timeout=...)``; else ``MeshLoader(timeout=)``; torch's default
+is 30 minutes for gloo and 10 for NCCL); they then raise the backend's error.
 """
 from __future__ import annotations
 
@@ -39,9 +45,33 @@ class GroupReadError(RuntimeError):
     """A member of a read group failed to read its batch: raised on every member of the group."""
 
 
-def _process_group(device_mesh, layout, dims):
+def default_timeout(fallback: float | None = None):
+    """The default process group's timeout (a ``timedelta``, as ``init_process_group(timeout=)`` set
+    it), else ``fallback`` seconds, else ``None`` (torch's default). ``new_group`` does not inherit
+    it: a group made without it waits torch's 30 minutes for a stopped peer."""
+    import datetime
+
+    import torch.distributed as dist  # noqa: PLC0415
+
+    try:
+        pg = dist.distributed_c10d._get_default_group()
+        for device in (torch.device("cpu"), torch.device("cuda")):
+            try:
+                backend = pg._get_backend(device)
+            except (RuntimeError, ValueError):
+                continue
+            timeout = getattr(getattr(backend, "options", None), "_timeout", None)
+            if timeout is not None:
+                return timeout
+    except (AttributeError, RuntimeError, ValueError):  # another torch: its private names differ
+        pass
+    return None if fallback is None else datetime.timedelta(seconds=float(fallback))
+
+
+def _process_group(device_mesh, layout, dims, timeout=None):
     """This rank's group's process group: ``new_group`` for every group of the mesh, in one order on
-    every rank (``new_group`` is collective over the world), made once per set of groups."""
+    every rank (``new_group`` is collective over the world), made once per set of groups, with
+    ``timeout`` (:func:`default_timeout`)."""
     import torch.distributed as dist  # noqa: PLC0415
 
     ranks = device_mesh.mesh
@@ -53,7 +83,8 @@ def _process_group(device_mesh, layout, dims):
     me = dist.get_rank()
     members = next(g for g in groups if me in g)
     if groups not in _GROUPS:
-        made = [dist.new_group(list(g)) for g in groups]  # every rank makes every group, in one order
+        kw = {} if timeout is None else {"timeout": timeout}
+        made = [dist.new_group(list(g), **kw) for g in groups]  # every rank makes every group, in one order
         _GROUPS[groups] = made[groups.index(members)]
     return _GROUPS[groups], members
 
@@ -61,7 +92,7 @@ def _process_group(device_mesh, layout, dims):
 class GroupExchange:
     """The group steps of one loader (see the module's docstring)."""
 
-    def __init__(self, source, layout, device_mesh, window_outputs) -> None:
+    def __init__(self, source, layout, device_mesh, window_outputs, timeout: float | None = None) -> None:
         import torch.distributed as dist  # noqa: PLC0415
 
         if device_mesh is None:
@@ -71,7 +102,7 @@ class GroupExchange:
             raise RuntimeError("a source with share= needs torch.distributed initialised (init_process_group)")
         self.dims = source.share_dims
         self.size, self.index = source.group
-        self.pg, self.ranks = _process_group(device_mesh, layout, self.dims)
+        self.pg, self.ranks = _process_group(device_mesh, layout, self.dims, default_timeout(timeout))
         shape = source.sample_shape
         self.group_region = group_region(layout, shape, self.dims)
         self.cuts = [group_cut(self.group_region, layout.region(shape, c))
@@ -96,6 +127,7 @@ class GroupExchange:
             raise ValueError(f"share: an epoch of {self.num_batches} batches for a read group of {self.size} ranks "
                              "leaves members without a batch to read: lower batch_size, or share fewer dims")
         self.step = 0  # the next group step
+        self.agreed = False  # the members' fingerprints compared (agree), once per start or resume
         self.device = None  # the windows' device, from the first batch read here
         self.transport = None  # "shm" or "collective", chosen together at the first exchange
         self._shm = None
@@ -105,6 +137,32 @@ class GroupExchange:
         # cutting and moving the windows)
         self.stats = {"steps": 0, "seconds": 0.0, "status_seconds": 0.0, "data_seconds": 0.0, "bytes_sent": 0,
                       "bytes_received": 0}
+
+    def agree(self, fingerprint: dict) -> None:
+        """Every member must read the same: ``fingerprint`` (plain data: the loader's fingerprint
+        with the layout's rules, sources, batch size, seed, shuffle, ...) and the group step it
+        starts at are gathered from every member and compared with the first's; any difference
+        raises :class:`GroupReadError` on every member, naming the ranks and the fields, before any
+        data moves (mixing another store, order or shape of windows would be silent)."""
+        import torch.distributed as dist  # noqa: PLC0415
+
+        from dali_mesh.torch.loader import _diff  # noqa: PLC0415 - the loader imports this module lazily
+
+        mine = dict(fingerprint, group_step=self.step, group=[self.size, list(self.dims)])
+        gathered: list = [None] * self.size
+        dist.all_gather_object(gathered, mine, group=self.pg)
+        problems = []
+        for s, theirs in enumerate(gathered[1:], 1):
+            diffs: list[str] = []
+            _diff(gathered[0], theirs, "", diffs, (f"rank {self.ranks[0]}", f"rank {self.ranks[s]}"))
+            if diffs:
+                problems.append(f"rank {self.ranks[s]} differs from rank {self.ranks[0]} in "
+                                + "; ".join(diffs[:4]) + ("; ..." if len(diffs) > 4 else ""))
+        if problems:
+            raise GroupReadError(f"the members of the read group {list(self.ranks)} would read different things: "
+                                 + " | ".join(problems) + ". Build the source, layout and loader alike on every "
+                                 "rank (and resume every rank from the same checkpoint)")
+        self.agreed = True
 
     def mine(self, step: int) -> bool:
         """Whether this member reads a batch at group step ``step``."""
@@ -120,6 +178,8 @@ class GroupExchange:
 
         t0 = time.perf_counter()
         step = self.step
+        if not self.agreed:
+            raise RuntimeError("GroupExchange.exchange before agree(): the members' fingerprints were not compared")
         if batch is not None and error is None:
             error = self._check(batch)
         if batch is not None and self.device is None:
@@ -132,7 +192,7 @@ class GroupExchange:
         if error is not None:
             status = ("error", f"{type(error).__name__}: {error}")
         elif batch is not None:
-            status = ("ok", batch["sample_id"].reshape(-1).tolist(), batch["is_pad"].reshape(-1).tolist())
+            status = ("ok", batch["sample_id"].reshape(-1).tolist(), batch["is_pad"].reshape(-1).tolist(), step)
         gathered: list = [None] * self.size
         dist.all_gather_object(gathered, status, group=self.pg)
         t1 = time.perf_counter()
@@ -147,12 +207,17 @@ class GroupExchange:
         if missing:
             raise GroupReadError(f"ranks {[self.ranks[s] for s in missing]} of the read group had no batch at group "
                                  f"step {step}: the members' epochs disagree (sources built alike on every rank?)")
+        strays = [(self.ranks[s], g[3]) for s, g in enumerate(gathered) if g is not None and g[3] != step]
+        if strays:
+            raise GroupReadError(f"members {[r for r, _ in strays]} of the read group are at group steps "
+                                 f"{[st for _, st in strays]}, this member at {step}: resume every member from the "
+                                 "same checkpoint")
         if self.transport == "shm":
             outs = self._read_shm(step, n, batch is not None)
         else:
             outs = self._all_to_all(n, batch)
         for s in range(n):
-            _, ids, pads = gathered[s]
+            _, ids, pads, _ = gathered[s]
             outs[s]["sample_id"] = torch.tensor(ids, dtype=torch.int64)
             outs[s]["is_pad"] = torch.tensor(pads, dtype=torch.bool)
         self.step += 1
@@ -231,25 +296,27 @@ class GroupExchange:
         if same_host and cpu and all(ok for *_, ok in seen) and os.environ.get("DALI_MESH_SHARE_SHM", "1") != "0":
             token = seen[0][3]
             slot = self.slot_elems * torch.empty(0, dtype=self.dtype).element_size()
-            error = None
+            shm = None
             try:
-                shm = _SharedSlots(token, self.index, self.size, slot)
-            except OSError as e:
-                shm, error = None, f"{type(e).__name__}: {e}"
-            flags: list = [None] * self.size
-            dist.all_gather_object(flags, error, group=self.pg)
-            if all(f is None for f in flags):
+                error = None
                 try:
-                    shm.attach()
+                    shm = _SharedSlots(token, self.index, self.size, slot)
                 except OSError as e:
                     error = f"{type(e).__name__}: {e}"
-                dist.all_gather_object(flags, error, group=self.pg)  # everyone has mapped every buffer
-                if shm is not None:
-                    shm.unlink()  # the mappings stay: nothing is left in /dev/shm, however the process ends
+                flags: list = [None] * self.size
+                dist.all_gather_object(flags, error, group=self.pg)
                 if all(f is None for f in flags):
-                    self.transport, self._shm = "shm", shm
-            elif shm is not None:
-                shm.unlink()
+                    try:
+                        shm.attach()
+                    except OSError as e:
+                        error = f"{type(e).__name__}: {e}"
+                    dist.all_gather_object(flags, error, group=self.pg)  # everyone has mapped every buffer
+                    if all(f is None for f in flags):
+                        self.transport, self._shm = "shm", shm
+            finally:
+                # every member's buffer name, whatever happened (a member that died after making its
+                # buffer cannot unlink it; the mappings stay): nothing is left in /dev/shm
+                _SharedSlots.unlink_all(token, self.size)
         self.stats["transport"] = self.transport
 
     def _read_shm(self, step: int, n: int, mine: bool) -> list[dict]:
@@ -280,7 +347,7 @@ class _SharedSlots:
 
     def __init__(self, token: str, index: int, size: int, slot_bytes: int) -> None:
         self.token, self.index, self.size, self.slot_bytes = token, index, size, int(slot_bytes)
-        self.paths = [f"/dev/shm/dali_mesh_share_{os.getuid()}_{token}_{m}" for m in range(size)]
+        self.paths = [self.path(token, m) for m in range(size)]
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
         fd = os.open(self.paths[index], flags, 0o600)
         try:
@@ -293,7 +360,6 @@ class _SharedSlots:
             os.unlink(self.paths[index])
             raise
         os.close(fd)
-        self.unlinked = False
 
     def attach(self) -> None:
         for m, path in enumerate(self.paths):
@@ -308,11 +374,16 @@ class _SharedSlots:
             finally:
                 os.close(fd)
 
-    def unlink(self) -> None:
-        if not self.unlinked:
-            self.unlinked = True
+    @staticmethod
+    def path(token: str, member: int) -> str:
+        return f"/dev/shm/dali_mesh_share_{os.getuid()}_{token}_{member}"
+
+    @staticmethod
+    def unlink_all(token: str, size: int) -> None:
+        """Unlink every member's buffer of the group ``token`` (those already gone are skipped)."""
+        for m in range(size):
             try:
-                os.unlink(self.paths[self.index])
+                os.unlink(_SharedSlots.path(token, m))
             except FileNotFoundError:
                 pass
 

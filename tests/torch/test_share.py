@@ -344,7 +344,7 @@ def test_shared_slots_are_private_and_refuse_what_does_not_fit():
     batch = {"window": torch.arange(1024, dtype=torch.float32).reshape(1, 32, 32)}
     layout = {"window": (0, (1, 32, 32))}  # (offset, shape) in elements
     slots.write(1, batch, layout, torch.float32)
-    slots.unlink()
+    _SharedSlots.unlink_all(token, 1)
     assert not os.path.exists(slots.paths[0])
     view = slots.view(0, 1, *layout["window"], torch.float32)
     assert torch.equal(view, batch["window"])  # the mapping outlives the name
@@ -392,3 +392,155 @@ def test_group_reader_reads_the_group_window_of_its_members_batches(tmp_path):
             np.testing.assert_array_equal(got, expect)
             own = src.read_sample(sid)[0]  # the source itself still reads this rank's window
             assert own.shape[-3:] == layout.region(src.sample_shape).window_shape
+
+
+# ---- members that disagree, a stopped member, a member dying during set-up (issue 29 items 6, 9, 10, 13)
+def _mismatch_rank(rank, world_size, root, paths):
+    """Each case builds rank 3 otherwise than the others: every rank must raise GroupReadError naming
+    rank 3 and the field at its first batch, before any data moves (no rank may finish its epoch, none
+    may die in gloo on mismatched sizes)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from dali_mesh import Layout, MeshInfo
+    from dali_mesh.torch import MeshLoader
+    from dali_mesh.torch.share import GroupReadError
+
+    mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("mp",))
+    info = MeshInfo.from_device_mesh(mesh)
+    odd = rank == 3
+    base = dict(shard={"mp": 1}, halo={1: 1})
+    cases = {  # name -> (source kind, layout kwargs, source kwargs, what the message names)
+        "seed": ("whole", base, {"seed": 4 if odd else 3}, "seed"),
+        "shuffle": ("whole", base, {"shuffle": not odd}, "shuffle"),
+        "store": ("band" if odd else "whole", base, {}, "files"),
+        "batch size": ("whole", base, {"batch_size": 1 if odd else BATCH}, "batch_size"),
+        "halo": ("whole", dict(base, halo={1: 2 if odd else 1}), {}, "halo"),
+    }
+    for name, (kind, lkw, skw, field) in cases.items():
+        layout = Layout(info, **lkw)
+        src = _source(kind, paths, layout, share="group", **skw)
+        loader = MeshLoader(_make(src), layout, device_mesh=mesh)
+        try:
+            next(loader)
+        except GroupReadError as e:
+            assert "rank 3 differs from rank 0" in str(e) and field in str(e), (name, str(e))
+        else:
+            raise AssertionError(f"{name}: members built otherwise were read together")
+        finally:
+            loader.close()
+    # a member resumed from a later group step than the others (batches of 1: steps 0..2 of 4, 4, 2)
+    layout = Layout(info, **base)
+    src = _source("whole", paths, layout, share="group", batch_size=1)
+    loader = MeshLoader(_make(src), layout, device_mesh=mesh)
+    for _ in range(4):  # group step 0
+        next(loader)
+    early = loader.state_dict()
+    for _ in range(4):  # group step 1
+        next(loader)
+    late = loader.state_dict()
+    assert (early["group_step"], late["group_step"]) == (1, 2)
+    loader.load_state_dict(late if odd else early)
+    try:
+        next(loader)
+    except GroupReadError as e:
+        assert "group_step: rank 0 1, rank 3 2" in str(e), str(e)
+    else:
+        raise AssertionError("members resumed at different group steps were read together")
+    finally:
+        loader.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_members_that_would_read_otherwise_raise_on_every_member(tmp_path):
+    paths = _data(str(tmp_path))
+    run_ranks(_mismatch_rank, 4, tmp_path, str(tmp_path), paths, timeout_s=60)
+
+
+def _stopped_rank(rank, world_size, root, paths):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from dali_mesh import Layout, MeshInfo
+    from dali_mesh.torch import MeshLoader
+
+    mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("mp",))
+    layout = Layout(MeshInfo.from_device_mesh(mesh), shard={"mp": 1})
+    src = _source("whole", paths, layout, share="group")
+    loader = MeshLoader(_make(src), layout, device_mesh=mesh, timeout=60)
+    for _ in range(4):  # group step 0
+        next(loader)
+    pid_file = os.path.join(root, "stopped.pid")
+    if rank == 3:
+        with open(pid_file, "w") as f:
+            f.write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        next(loader)  # group step 1: member 3 is stopped
+    except Exception as e:  # noqa: BLE001 - the backend's error
+        elapsed = time.monotonic() - t0
+        assert elapsed < 30, f"raised after {elapsed:.1f} s: {e}"
+    else:
+        raise AssertionError("a group step went on without member 3")
+    if rank == 0:  # the others have raised: end the stopped member (the launcher's barrier then fails at once)
+        os.kill(int(open(pid_file).read()), signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_stopped_member_makes_the_others_raise_within_the_process_groups_timeout(tmp_path):
+    """Item 9: the read group's process group takes init_process_group's timeout (20 s here: the
+    launcher's half): the members of a group with a stopped member raise within it, not after torch's
+    30 minutes; the stopped member is killed at the launcher's deadline."""
+    paths = _data(str(tmp_path))
+    with pytest.raises(RankFailure) as info:  # rank 3 is stopped until the launcher's deadline kills it
+        run_ranks(_stopped_rank, 4, tmp_path, str(tmp_path), paths, timeout_s=40, grace_s=20)
+    text = str(info.value)
+    assert "--- rank 3 ---" in text and "exit code -9" in text, text
+    assert "--- rank 0 ---" not in text and "--- rank 1 ---" not in text and "--- rank 2 ---" not in text, text
+
+
+def _dies_in_setup_rank(rank, world_size, root, paths, token_file):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from dali_mesh import Layout, MeshInfo
+    from dali_mesh.torch import MeshLoader
+    from dali_mesh.torch import share
+
+    mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("mp",))
+    layout = Layout(MeshInfo.from_device_mesh(mesh), shard={"mp": 1})
+    src = _source("whole", paths, layout, share="group")
+    made = share._SharedSlots.__init__
+
+    def make_then_die(self, token, index, size, slot_bytes):
+        made(self, token, index, size, slot_bytes)
+        with open(token_file, "w") as f:
+            f.write(token)
+        if rank == 3:
+            os.kill(os.getpid(), signal.SIGKILL)  # its buffer made, before the members have mapped it
+
+    share._SharedSlots.__init__ = make_then_die
+    loader = MeshLoader(_make(src), layout, device_mesh=mesh)
+    try:
+        next(loader)
+    except Exception:  # noqa: BLE001, S110 - the backend's error: member 3 is gone
+        pass
+    else:
+        raise AssertionError("the first group step went on without member 3")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_no_shared_memory_is_left_when_a_member_dies_during_set_up(tmp_path):
+    """Item 13: a member killed between making its shared-memory buffer and the first exchange: the
+    others raise, and no member's buffer is left in /dev/shm (the survivors unlink every member's)."""
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    paths = _data(str(tmp_path))
+    token_file = str(tmp_path / "token")
+    with pytest.raises(RankFailure) as info:
+        run_ranks(_dies_in_setup_rank, 4, tmp_path, str(tmp_path), paths, token_file, timeout_s=20, grace_s=15)
+    assert "--- rank 3 ---" in str(info.value) and "--- rank 0 ---" not in str(info.value), str(info.value)
+    token = open(token_file).read().strip()
+    left = [n for n in os.listdir("/dev/shm") if token in n]
+    assert not left, left
