@@ -90,14 +90,44 @@ class WorkerError(RuntimeError):
 
 def status_dir() -> str:
     """This process's folder of per-worker status files (created on first use, removed at exit):
-    in ``/dev/shm`` where it exists, so a status write never touches storage."""
+    in ``/dev/shm`` where it exists, so a status write never touches storage.
+
+    Removed at exit by ``atexit`` and, for a process that ends by ``os._exit`` after its
+    ``multiprocessing`` target (as every ``multiprocessing`` child does), by ``multiprocessing``'s
+    exit finalizers. A process killed outright cannot remove its folder: the next process that
+    makes one removes the folders of this user's processes that are gone (the pid is in the name)."""
     global _status_dir
     with _status_lock:
         if _status_dir is None or not os.path.isdir(_status_dir):
             base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+            _sweep_status_dirs(base or tempfile.gettempdir())
             _status_dir = tempfile.mkdtemp(prefix=f"dali_mesh_status_{os.getpid()}_", dir=base)
             atexit.register(shutil.rmtree, _status_dir, True)
+            from multiprocessing import util
+
+            util.Finalize(None, shutil.rmtree, args=(_status_dir, True), exitpriority=0)
         return _status_dir
+
+
+def _sweep_status_dirs(base: str) -> None:
+    """Remove the status folders in ``base`` that belong to this user's processes that are gone."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith("dali_mesh_status_"):
+            continue
+        pid = name[len("dali_mesh_status_"):].split("_", 1)[0]
+        path = os.path.join(base, name)
+        try:
+            if not pid.isdigit() or os.lstat(path).st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)  # alive (or another user's): kept
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (OSError, ValueError):
+            continue
 
 
 def _read_status(folder: str | None, pid: int) -> str | None:

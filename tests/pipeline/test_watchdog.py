@@ -355,3 +355,37 @@ def test_the_process_exits_after_a_stopped_worker_error(tmp_path):
         ended = time.time()
         assert "error at" in out and "detached True" in out, (run, out, err[-3000:])
         assert ended - float(out.split("error at")[1].split()[0]) < 10, (run, out)
+
+
+def _make_status_dir(out, kill):
+    from dali_mesh.pipeline import watchdog
+
+    watchdog._status_dir = None  # a process of its own (forked from the test's, which may have one)
+    path = watchdog.status_dir()
+    with open(out, "w") as f:
+        f.write(path)
+    if kill:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_status_folders_go_with_their_process_however_it_ends(tmp_path):
+    """Issue 29 item 13: a process that ends by os._exit after its multiprocessing target (every
+    multiprocessing child, the project's own launcher's ranks among them) removes its status folder;
+    the folder of one killed outright is removed by the next process that makes one."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    paths = {}
+    for kill in (False, True):
+        out = str(tmp_path / f"path{int(kill)}")
+        p = ctx.Process(target=_make_status_dir, args=(out, kill))
+        p.start()
+        p.join(30)
+        assert p.exitcode == (-signal.SIGKILL if kill else 0)
+        paths[kill] = open(out).read()
+    assert not os.path.exists(paths[False])  # os._exit after the target: removed by its finalizer
+    assert os.path.isdir(paths[True])  # killed: nothing of it ran
+    p = ctx.Process(target=_make_status_dir, args=(str(tmp_path / "path2"), False))
+    p.start()
+    p.join(30)
+    assert p.exitcode == 0 and not os.path.exists(paths[True])  # swept by the next one
