@@ -254,3 +254,16 @@ def run_python_bounded(script: str, *args: str, env: dict | None = None, timeout
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         pytest.fail(f"the process did not end within {timeout:g} s: {out[-1000:]} {err[-2000:]}")
+
+
+def need_kernel_codec(codec_id: int, library: str) -> None:
+    """Skip unless the kernels library is built and decodes codec ``codec_id`` (``library``: its
+    name, for the message)."""
+    from dali_mesh import _kernels
+
+    try:
+        available = _kernels.codec_available(codec_id)
+    except _kernels.KernelsError as e:
+        pytest.skip(f"the kernels library is not built: {e}")
+    if not available:
+        pytest.skip(f"this build of the reader has no {library}")

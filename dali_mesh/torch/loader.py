@@ -10,36 +10,13 @@ import torch
 from dali_mesh.partition import Layout, LayoutError
 from dali_mesh.pipeline.registry import sources_of
 from dali_mesh.pipeline.watchdog import DEFAULT_TIMEOUT_S, Watchdog, prefetch_batches
+from dali_mesh.torch.fingerprint import diff_fields
 from dali_mesh.torch.like import check_like, is_shard_tensor, like_spec, mesh_str, plain
 from dali_mesh.torch.wrap import device_mesh_info, to_dtensor, to_shard_tensor
 
 log = logging.getLogger(__name__)
 
 OUTPUTS = ("local", "dtensor", "shard_tensor")
-
-
-def _diff(old: Any, new: Any, path: str, out: list[str], names=("checkpoint", "this loader")) -> None:
-    """Where two fingerprints differ, as ``path: checkpoint X, this loader Y`` lines (short values;
-    ``names``: what the two are called)."""
-    if isinstance(old, Mapping) and isinstance(new, Mapping):
-        for k in sorted(set(old) | set(new), key=str):
-            _diff(old.get(k, "<missing>"), new.get(k, "<missing>"), f"{path}.{k}" if path else str(k), out, names)
-        return
-    if isinstance(old, (list, tuple)) and isinstance(new, (list, tuple)) and len(old) == len(new):
-        for i, (a, b) in enumerate(zip(old, new)):
-            if a != b:
-                _diff(a, b, f"{path}[{i}]", out, names)
-                if len(old) > 3:
-                    return  # a long list (files): its first difference is enough to act on
-        return
-    if isinstance(old, (list, tuple)) and isinstance(new, (list, tuple)) and max(len(old), len(new)) > 3:
-        out.append(f"{path}: {names[0]} {len(old)} entries, {names[1]} {len(new)}")
-        return
-    if old != new:
-        def short(v):
-            r = repr(v)
-            return r if len(r) <= 200 else r[:197] + "..."
-        out.append(f"{path}: {names[0]} {short(old)}, {names[1]} {short(new)}")
 
 
 class MeshLoader:
@@ -540,7 +517,7 @@ class MeshLoader:
                         "its source, layout and batch size cannot be checked")
         else:
             diffs: list[str] = []
-            _diff(saved, self.fingerprint(), "", diffs)
+            diff_fields(saved, self.fingerprint(), "", diffs)
             if diffs:
                 raise ValueError("load_state_dict(state): the checkpoint was taken by a loader with another "
                                  "source, layout or batch size, so it would resume at another position: "

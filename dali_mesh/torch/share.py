@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from dali_mesh.partition.share import group_coordinates, group_cut, group_region
+from dali_mesh.torch.fingerprint import diff_fields
 
 __all__ = ["GroupReadError", "GroupExchange"]
 
@@ -146,15 +147,13 @@ class GroupExchange:
         data moves (mixing another store, order or shape of windows would be silent)."""
         import torch.distributed as dist  # noqa: PLC0415
 
-        from dali_mesh.torch.loader import _diff  # noqa: PLC0415 - the loader imports this module lazily
-
         mine = dict(fingerprint, group_step=self.step, group=[self.size, list(self.dims)])
         gathered: list = [None] * self.size
         dist.all_gather_object(gathered, mine, group=self.pg)
         problems = []
         for s, theirs in enumerate(gathered[1:], 1):
             diffs: list[str] = []
-            _diff(gathered[0], theirs, "", diffs, (f"rank {self.ranks[0]}", f"rank {self.ranks[s]}"))
+            diff_fields(gathered[0], theirs, "", diffs, (f"rank {self.ranks[0]}", f"rank {self.ranks[s]}"))
             if diffs:
                 problems.append(f"rank {self.ranks[s]} differs from rank {self.ranks[0]} in "
                                 + "; ".join(diffs[:4]) + ("; ..." if len(diffs) > 4 else ""))

@@ -28,6 +28,7 @@ import pytest
 numcodecs = pytest.importorskip("numcodecs")
 
 from dali_mesh import _kernels  # noqa: E402
+from tests.helpers import need_kernel_codec  # noqa: E402
 
 BLOSC = 1  # dali_mesh.io.read_plan.CODECS["blosc"]
 SEED = 20261203
@@ -35,11 +36,7 @@ SEED = 20261203
 
 @pytest.fixture(scope="module", autouse=True)
 def _need_blosc():
-    try:
-        if not _kernels.codec_available(BLOSC):
-            pytest.skip("this build of the reader has no c-blosc2")
-    except _kernels.KernelsError as e:
-        pytest.skip(f"the kernels library is not built: {e}")
+    need_kernel_codec(BLOSC, "c-blosc2")
 
 
 def _header(chunk: bytes) -> tuple[int, int, int, int, int]:

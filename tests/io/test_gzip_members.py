@@ -14,17 +14,14 @@ import pytest
 numcodecs = pytest.importorskip("numcodecs")
 
 from dali_mesh import _kernels  # noqa: E402
+from tests.helpers import need_kernel_codec  # noqa: E402
 
 GZIP, ZLIB = 5, 4  # dali_mesh.io.read_plan.CODECS
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _need_zlib():
-    try:
-        if not _kernels.codec_available(GZIP):
-            pytest.skip("this build has no libdeflate or zlib")
-    except _kernels.KernelsError as e:
-        pytest.skip(f"the kernels library is not built: {e}")
+    need_kernel_codec(GZIP, "libdeflate or zlib")
 
 
 def _oracle(data: bytes, n: int):

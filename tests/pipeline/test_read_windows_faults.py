@@ -1042,9 +1042,7 @@ def test_npy_saved_over_while_read_natively_is_one_version_or_an_error(tmp_path)
     """Issue 29 item 8, the native reader: a file saved over (np.save) again and again while
     read_windows reads it (a window in several tasks: 64 KiB each) gives the window of one version,
     or an error naming the file; never a window of two versions (see tests/io/test_npy_rewrite.py)."""
-    import multiprocessing as mp
-
-    from tests.io.test_npy_rewrite import _rewrite
+    from tests.io.test_npy_rewrite import race_with_saves
 
     shape = (32, 256, 128)
     versions = [np.full(shape, v, np.float32) for v in (1.0, 2.0)]
@@ -1052,28 +1050,20 @@ def test_npy_saved_over_while_read_natively_is_one_version_or_an_error(tmp_path)
     np.save(path, versions[0])
     src = NumpySource([path], Layout(mesh_of((1, 4), (0, 1)), shard={"m0": 2}, halo={2: 3}), batch_size=1,
                       shuffle=False)
-    wants = [take_window(v, src.region) for v in versions]
-    seconds = 3.0
-    writer = mp.get_context("fork").Process(target=_rewrite, args=(path, versions, time.monotonic() + seconds))
-    writer.start()
-    good = refused = 0
-    try:
-        end = time.monotonic() + seconds
-        pipe = None
-        while time.monotonic() < end:
-            try:
-                pipe = pipe or native_pipeline(src, threads=2, prefetch=False, task_bytes=64 << 10)
-                w = np.array(pipe.run()[0][0])
-            except StopIteration:  # an epoch of one sample
-                pipe.reset()
-                continue
-            except (RuntimeError, ValueError) as e:  # at pipe.run(), or planning a half-written file
-                assert path in str(e), str(e)[-600:]
-                refused += 1
-                pipe = None
-                continue
-            assert any(np.array_equal(w, want) for want in wants), f"two versions: {np.unique(w).tolist()}"
-            good += 1
-    finally:
-        writer.join(30)
+    pipes = []
+
+    def read():
+        try:
+            if not pipes:
+                pipes.append(native_pipeline(src, threads=2, prefetch=False, task_bytes=64 << 10))
+            return np.array(pipes[0].run()[0][0])
+        except StopIteration:  # an epoch of one sample
+            pipes[0].reset()
+            return None
+        except (RuntimeError, ValueError):  # at pipe.run(), or planning a half-written file: a new pipeline
+            pipes.clear()
+            raise
+
+    good, refused = race_with_saves(path, versions, read, [take_window(v, src.region) for v in versions], 3.0,
+                                    (RuntimeError, ValueError))
     assert good > 0 and refused > 0, (good, refused)

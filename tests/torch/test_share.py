@@ -288,7 +288,10 @@ def test_group_reads_with_a_replica_dim_on_a_2x2_mesh(tmp_path):
               timeout_s=260)
 
 
-def _killed_rank(rank, world_size, root, paths):
+def _lost_member_rank(rank, world_size, root, paths, how="kill", within=15):
+    """Group step 0 read by all; then member 3 is killed (SIGKILL) or stopped (SIGSTOP): the others
+    must raise at group step 1 within ``within`` seconds. A stopped member is then killed by rank 0
+    (the launcher's leaving barrier would wait the process group's timeout for it again)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from dali_mesh import Layout, MeshInfo
@@ -297,20 +300,24 @@ def _killed_rank(rank, world_size, root, paths):
     mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("mp",))
     layout = Layout(MeshInfo.from_device_mesh(mesh), shard={"mp": 1})
     src = _source("whole", paths, layout, share="group")
-    loader = MeshLoader(_make(src), layout, device_mesh=mesh)
-    next(loader)
-    for _ in range(3):  # the rest of group step 0: no collective
+    loader = MeshLoader(_make(src), layout, device_mesh=mesh, timeout=60)
+    for _ in range(4):  # group step 0 (one collective, then the rest of the step's batches)
         next(loader)
+    pid_file = os.path.join(root, "lost.pid")
     if rank == 3:
-        os.kill(os.getpid(), signal.SIGKILL)
+        with open(pid_file, "w") as f:
+            f.write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
     t0 = time.monotonic()
     try:
-        next(loader)  # group step 1: member 3 is gone
+        next(loader)  # group step 1: member 3 is gone or stopped
     except Exception as e:  # noqa: BLE001 - the backend's error
         elapsed = time.monotonic() - t0
-        assert elapsed < 15, f"raised after {elapsed:.1f} s: {e}"
+        assert elapsed < within, f"raised after {elapsed:.1f} s: {e}"
     else:
         raise AssertionError("a group step went on without member 3")
+    if rank == 0 and how == "stop":
+        os.kill(int(open(pid_file).read()), signal.SIGKILL)
 
 
 @pytest.mark.slow
@@ -318,7 +325,7 @@ def _killed_rank(rank, world_size, root, paths):
 def test_a_killed_member_makes_the_others_raise_within_the_timeout(tmp_path):
     paths = _data(str(tmp_path))
     with pytest.raises(RankFailure) as info:  # rank 3's own death; the others raised and reported ok
-        run_ranks(_killed_rank, 4, tmp_path, str(tmp_path), paths, timeout_s=20, grace_s=15)
+        run_ranks(_lost_member_rank, 4, tmp_path, str(tmp_path), paths, timeout_s=20, grace_s=15)
     text = str(info.value)
     assert "--- rank 3 ---" in text and "exit code -9" in text, text
     assert "--- rank 0 ---" not in text and "--- rank 1 ---" not in text and "--- rank 2 ---" not in text, text
@@ -457,35 +464,6 @@ def test_members_that_would_read_otherwise_raise_on_every_member(tmp_path):
     run_ranks(_mismatch_rank, 4, tmp_path, str(tmp_path), paths, timeout_s=60)
 
 
-def _stopped_rank(rank, world_size, root, paths):
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from dali_mesh import Layout, MeshInfo
-    from dali_mesh.torch import MeshLoader
-
-    mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("mp",))
-    layout = Layout(MeshInfo.from_device_mesh(mesh), shard={"mp": 1})
-    src = _source("whole", paths, layout, share="group")
-    loader = MeshLoader(_make(src), layout, device_mesh=mesh, timeout=60)
-    for _ in range(4):  # group step 0
-        next(loader)
-    pid_file = os.path.join(root, "stopped.pid")
-    if rank == 3:
-        with open(pid_file, "w") as f:
-            f.write(str(os.getpid()))
-        os.kill(os.getpid(), signal.SIGSTOP)
-    t0 = time.monotonic()
-    try:
-        next(loader)  # group step 1: member 3 is stopped
-    except Exception as e:  # noqa: BLE001 - the backend's error
-        elapsed = time.monotonic() - t0
-        assert elapsed < 30, f"raised after {elapsed:.1f} s: {e}"
-    else:
-        raise AssertionError("a group step went on without member 3")
-    if rank == 0:  # the others have raised: end the stopped member (the launcher's barrier then fails at once)
-        os.kill(int(open(pid_file).read()), signal.SIGKILL)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_stopped_member_makes_the_others_raise_within_the_process_groups_timeout(tmp_path):
@@ -494,7 +472,7 @@ def test_a_stopped_member_makes_the_others_raise_within_the_process_groups_timeo
     30 minutes; the stopped member is killed at the launcher's deadline."""
     paths = _data(str(tmp_path))
     with pytest.raises(RankFailure) as info:  # rank 3 is stopped until the launcher's deadline kills it
-        run_ranks(_stopped_rank, 4, tmp_path, str(tmp_path), paths, timeout_s=40, grace_s=20)
+        run_ranks(_lost_member_rank, 4, tmp_path, str(tmp_path), paths, "stop", 30, timeout_s=40, grace_s=20)
     text = str(info.value)
     assert "--- rank 3 ---" in text and "exit code -9" in text, text
     assert "--- rank 0 ---" not in text and "--- rank 1 ---" not in text and "--- rank 2 ---" not in text, text
