@@ -306,6 +306,16 @@ DM_EXPORT int64_t dali_mesh_plan_tasks(const char *plan_path, int64_t task_bytes
 // at build time). The planner asks before it plans a coded read.
 DM_EXPORT int dali_mesh_codec_available(int64_t id) { return dali_mesh::CodecAvailable(id) ? 1 : 0; }
 
+namespace {
+// The coder of steps ids[k], args[k] (decode order) for chunks of `chunk_bytes`.
+dali_mesh::Coder CoderOf(const int64_t *ids, const int64_t *args, int64_t n_steps, int64_t chunk_bytes) {
+  dali_mesh::Coder coder;
+  for (int64_t k = 0; k < n_steps; k++) coder.steps.push_back({ids[k], args[k]});
+  coder.chunk_bytes = chunk_bytes;
+  return coder;
+}
+}  // namespace
+
 // Decodes the n stored bytes at `src` by the coder (steps ids[k], args[k] in decode order,
 // chunk_bytes, a fill value) into out[0..chunk_bytes), as the reader decodes a chunk. Returns 0, or
 // -1 with the reason in err (a coder that cannot run, a corrupt chunk).
@@ -313,9 +323,7 @@ DM_EXPORT int64_t dali_mesh_decode_chunk(const int64_t *ids, const int64_t *args
                                          int64_t chunk_bytes, const char *src, int64_t n, char *out,
                                          char *err, int64_t err_size) {
   try {
-    dali_mesh::Coder coder;
-    for (int64_t k = 0; k < n_steps; k++) coder.steps.push_back({ids[k], args[k]});
-    coder.chunk_bytes = chunk_bytes;
+    const dali_mesh::Coder coder = CoderOf(ids, args, n_steps, chunk_bytes);
     std::string why = dali_mesh::CheckCoder(coder);
     if (why.empty()) why = dali_mesh::DecodeChunk(coder, src, n, out);
     if (!why.empty()) return Fail(why, err, err_size);
@@ -336,9 +344,7 @@ DM_EXPORT int64_t dali_mesh_decode_chunk_ranges(const int64_t *ids, const int64_
                                                 const int64_t *ranges, int64_t n_ranges, int stale,
                                                 int64_t min_parts, char *out, char *err, int64_t err_size) {
   try {
-    dali_mesh::Coder coder;
-    for (int64_t k = 0; k < n_steps; k++) coder.steps.push_back({ids[k], args[k]});
-    coder.chunk_bytes = chunk_bytes;
+    const dali_mesh::Coder coder = CoderOf(ids, args, n_steps, chunk_bytes);
     std::vector<std::pair<int64_t, int64_t>> rs;
     for (int64_t k = 0; k < n_ranges; k++) {
       const int64_t lo = ranges[2 * k], hi = ranges[2 * k + 1];

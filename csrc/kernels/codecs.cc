@@ -629,8 +629,8 @@ bool MayReadInParts(const Coder &coder, int64_t n, const std::vector<std::pair<i
 namespace {
 
 #ifdef DALI_MESH_HAVE_BLOSC2
-// A Blosc chunk's layout as a read in parts needs it: the header's fields and, when read, the block
-// index (each block's stream start).
+// A Blosc chunk's layout as a read in parts needs it, from its header: the runs of whole blocks to
+// decode and where the block index ends.
 struct BloscLayout {
   int32_t blocksize = 0;
   int ts = 0;
@@ -641,9 +641,9 @@ struct BloscLayout {
 
 // false when the chunk is to be read whole (not a chunk a part of which is enough, or a header or
 // index that is not sound: decoded whole, its error is DecodeChunk's)
-bool BloscLayoutOf(const Coder &coder, const char *head, int64_t head_len, int64_t n,
-                   const std::vector<std::pair<int64_t, int64_t>> &ranges, BloscLayout *l) {
-  if (!OneBloscStep(coder) || coder.chunk_bytes > INT32_MAX || head_len < BLOSC_MIN_HEADER_LENGTH) return false;
+bool BloscLayoutOf(const Coder &coder, const char *head, int64_t n, const std::vector<std::pair<int64_t, int64_t>> &ranges,
+                   BloscLayout *l) {
+  if (!OneBloscStep(coder) || coder.chunk_bytes > INT32_MAX) return false;
   const int64_t want = coder.chunk_bytes;
   if (!BloscHeader(head, n, want, &l->blocksize, &l->ts).empty()) return false;
   if (!BloscMerged(ranges, want, l->blocksize, l->ts, &l->merged)) return false;
@@ -654,47 +654,27 @@ bool BloscLayoutOf(const Coder &coder, const char *head, int64_t head_len, int64
   l->index_end = int64_t{BLOSC_MIN_HEADER_LENGTH} + (l->memcpyed ? 0 : 4 * l->nblocks);
   return l->index_end <= n;
 }
-#endif
 
-// Sorted, disjoint ranges: whether [lo, hi) lies inside one of them.
-bool Inside(const std::vector<std::pair<int64_t, int64_t>> &have, int64_t lo, int64_t hi) {
-  if (lo >= hi) return true;
-  auto it = std::upper_bound(have.begin(), have.end(), std::make_pair(lo, INT64_MAX));
-  return it != have.begin() && std::prev(it)->first <= lo && hi <= std::prev(it)->second;
-}
-
-}  // namespace
-
-bool StoredRangesOf(const Coder &coder, const char *head, int64_t head_len, int64_t n,
-                    const std::vector<std::pair<int64_t, int64_t>> &ranges,
-                    std::vector<std::pair<int64_t, int64_t>> *stored) {
-  stored->clear();
-#ifdef DALI_MESH_HAVE_BLOSC2
-  BloscLayout l;
-  if (!BloscLayoutOf(coder, head, head_len, n, ranges, &l)) return false;
+// Which stored bytes of the chunk at `at` (its header and block index read) a decode of `l`'s runs
+// reads: the header, the index and each touched block from its start to the next start above it (or
+// the chunk's end); false for a corrupt index (decoded whole, its error). A block whose streams reach
+// further (streams that overlap, valid for c-blosc) is found by StreamsWereRead.
+bool StoredParts(const BloscLayout &l, const char *at, int64_t n, std::vector<std::pair<int64_t, int64_t>> *stored) {
   constexpr int64_t kHeader = BLOSC_MIN_HEADER_LENGTH;  // 16: a Blosc1 chunk's header
+  stored->assign(1, {0, l.index_end});
   if (l.memcpyed) {  // the decoded bytes follow the header as they are
-    stored->push_back({0, kHeader});
     for (const auto &r : l.merged) stored->push_back({kHeader + r.first, kHeader + r.second});
     MergeRanges(stored);
     return true;
   }
-  if (head_len < l.index_end) {  // the caller reads this much first, then asks again
-    stored->push_back({0, l.index_end});
-    return true;
-  }
-  // each block's stored bytes: from its start to the next start above it (or the chunk's end); a
-  // block whose streams reach further (streams that overlap, valid for c-blosc) is found by
-  // ReadStored's check of the streams and read whole
-  const auto *h = reinterpret_cast<const unsigned char *>(head);
+  const auto *h = reinterpret_cast<const unsigned char *>(at);
   std::vector<int64_t> starts(l.nblocks);
   for (int64_t j = 0; j < l.nblocks; j++) {
     starts[j] = Le32(h + kHeader + 4 * j);
-    if (starts[j] < l.index_end || starts[j] >= n) return false;  // a corrupt index: decoded whole, its error
+    if (starts[j] < l.index_end || starts[j] >= n) return false;
   }
   std::vector<int64_t> sorted = starts;
   std::sort(sorted.begin(), sorted.end());
-  stored->push_back({0, l.index_end});
   for (const auto &r : l.merged) {
     for (int64_t j = r.first / l.blocksize; j <= (r.second - 1) / l.blocksize; j++) {
       const auto next = std::upper_bound(sorted.begin(), sorted.end(), starts[j]);
@@ -703,25 +683,23 @@ bool StoredRangesOf(const Coder &coder, const char *head, int64_t head_len, int6
   }
   MergeRanges(stored);
   return true;
-#else
-  (void)coder, (void)head, (void)head_len, (void)n, (void)ranges, (void)Inside;
-  return false;
-#endif
 }
 
-bool StreamsWereRead(const Coder &coder, const char *at, int64_t n, const std::vector<std::pair<int64_t, int64_t>> &ranges,
+// Sorted, disjoint ranges: whether [lo, hi) lies inside one of them.
+bool Inside(const std::vector<std::pair<int64_t, int64_t>> &have, int64_t lo, int64_t hi) {
+  if (lo >= hi) return true;
+  auto it = std::upper_bound(have.begin(), have.end(), std::make_pair(lo, INT64_MAX));
+  return it != have.begin() && std::prev(it)->first <= lo && hi <= std::prev(it)->second;
+}
+
+// Whether the stored bytes `read` (sorted, disjoint ranges of the chunk at `at`, its parts read as
+// StoredParts names them) hold every byte c-blosc2 reads to decode `l`'s runs: each touched block's
+// streams, walked as c-blosc2 walks them.
+bool StreamsWereRead(const BloscLayout &l, const char *at, int64_t n, int64_t want,
                      const std::vector<std::pair<int64_t, int64_t>> &read) {
-#ifdef DALI_MESH_HAVE_BLOSC2
-  BloscLayout l;
-  if (!Inside(read, 0, BLOSC_MIN_HEADER_LENGTH) || !BloscLayoutOf(coder, at, n, n, ranges, &l)) return false;
-  if (!Inside(read, 0, l.index_end)) return false;
+  if (l.memcpyed) return true;  // StoredParts read every byte the runs take
   const auto *h = reinterpret_cast<const unsigned char *>(at);
-  const int64_t want = coder.chunk_bytes;
   for (const auto &r : l.merged) {
-    if (l.memcpyed) {
-      if (!Inside(read, BLOSC_MIN_HEADER_LENGTH + r.first, BLOSC_MIN_HEADER_LENGTH + r.second)) return false;
-      continue;
-    }
     for (int64_t j = r.first / l.blocksize; j <= (r.second - 1) / l.blocksize; j++) {
       const bool leftover = j == l.nblocks - 1 && want % l.blocksize != 0;
       const int nstreams = (l.splits && !leftover) ? l.ts : 1;
@@ -731,43 +709,41 @@ bool StreamsWereRead(const Coder &coder, const char *at, int64_t n, const std::v
     }
   }
   return true;
-#else
-  (void)coder, (void)at, (void)n, (void)ranges, (void)read;
-  return false;
-#endif
 }
+#endif
+
+}  // namespace
 
 bool ReadStored(const Coder &coder, int64_t n, const std::vector<std::pair<int64_t, int64_t>> *ranges, char *at,
                 const StoredReader &read, int64_t min_stored) {
-  if (!ranges || !MayReadInParts(coder, n, *ranges, min_stored)) {
-    read(0, n);
+#ifdef DALI_MESH_HAVE_BLOSC2
+  if (ranges && MayReadInParts(coder, n, *ranges, min_stored)) {
+    // a Blosc chunk whose blocks the ranges touch only some of: its header and block index, then
+    // those blocks' stored bytes; whole when a touched block's streams reach bytes not read (never
+    // decode the stale bytes of a reused buffer)
+    int64_t have = std::min<int64_t>(n, 4096);  // the chunk's leading bytes read so far
+    read(0, have);
+    BloscLayout l;
+    std::vector<std::pair<int64_t, int64_t>> parts;
+    if (have >= BLOSC_MIN_HEADER_LENGTH && BloscLayoutOf(coder, at, n, *ranges, &l)) {
+      if (l.index_end > have) {  // a longer index
+        read(have, l.index_end);
+        have = l.index_end;
+      }
+      if (StoredParts(l, at, n, &parts)) {
+        for (const auto &p : parts)
+          if (p.second > have) read(std::max(p.first, have), p.second);
+        parts.push_back({0, have});
+        MergeRanges(&parts);
+        if (StreamsWereRead(l, at, n, coder.chunk_bytes, parts)) return true;
+      }
+    }
+    read(have, n);
     return false;
   }
-  std::vector<std::pair<int64_t, int64_t>> parts, done;
-  int64_t have = std::min<int64_t>(n, 4096);  // the chunk's leading bytes read so far
-  read(0, have);
-  bool in_parts = StoredRangesOf(coder, at, have, n, *ranges, &parts);
-  if (in_parts && parts.size() == 1 && parts[0].first == 0 && parts[0].second > have) {  // a longer index
-    read(have, parts[0].second);
-    have = parts[0].second;
-    in_parts = StoredRangesOf(coder, at, have, n, *ranges, &parts);
-  }
-  if (in_parts) {
-    done.push_back({0, have});
-    for (const auto &p : parts) {
-      if (p.second > have) read(std::max(p.first, have), p.second);
-      done.push_back(p);
-    }
-    MergeRanges(&done);
-    // every byte c-blosc2 will read for these blocks must have been read: never decode stale bytes
-    in_parts = StreamsWereRead(coder, at, n, *ranges, done);
-    if (!in_parts) {
-      read(have, n);
-      return false;
-    }
-    return true;
-  }
-  read(have, n);
+#endif
+  (void)coder, (void)ranges, (void)at, (void)min_stored;
+  read(0, n);
   return false;
 }
 

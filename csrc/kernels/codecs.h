@@ -98,22 +98,6 @@ using StoredReader = std::function<void(int64_t lo, int64_t hi)>;
 bool ReadStored(const Coder &coder, int64_t n, const std::vector<std::pair<int64_t, int64_t>> *ranges, char *at,
                 const StoredReader &read, int64_t min_stored = kMinPartsBytes);
 
-// The parts of a read in parts (ReadStored's steps, for its tests): which stored bytes of a chunk
-// DecodeChunkRanges reads for `ranges`, from the chunk's first `head_len` stored bytes `head` (`n`:
-// its stored size): true and `stored` (sorted, disjoint) when a part of it may be enough (a Blosc
-// chunk: its header, its block index and the blocks the ranges touch up to the next block's start),
-// false when the whole chunk is to be read. With fewer leading bytes than the block index ends at,
-// `stored` is only those leading bytes: read them, then ask again.
-bool StoredRangesOf(const Coder &coder, const char *head, int64_t head_len, int64_t n,
-                    const std::vector<std::pair<int64_t, int64_t>> &ranges,
-                    std::vector<std::pair<int64_t, int64_t>> *stored);
-
-// Whether the stored bytes `read` (sorted, disjoint ranges of the chunk at `at`) hold every byte
-// c-blosc2 reads to decode the blocks `ranges` touch: the header, the block index and each block's
-// streams, walked as c-blosc2 walks them.
-bool StreamsWereRead(const Coder &coder, const char *at, int64_t n, const std::vector<std::pair<int64_t, int64_t>> &ranges,
-                     const std::vector<std::pair<int64_t, int64_t>> &read);
-
 // Fills `out` (coder.chunk_bytes) with a missing chunk's value.
 void FillMissingChunk(const Coder &coder, char *out);
 

@@ -209,7 +209,7 @@ def _full_sample(source, sample_id: int) -> np.ndarray:
 def _dataset_sample(source, sample_id: int) -> np.ndarray:
     """A dataset's sample read by zarr-python (a Zarr group) or h5py (NetCDF4 files) variable by
     variable, none of dali_mesh's readers in between: each channel's field at the sample's time step
-    (and level index), stacked and cast to the source's dtype, normalised by numpy."""
+    (and level index), stacked and cast to the source's dtype (the demo normalises nothing)."""
     t = source.time_index(sample_id)
     fields = []
     if len(source.files) == 1 and os.path.isdir(source.files[0]):
@@ -231,13 +231,7 @@ def _dataset_sample(source, sample_id: int) -> np.ndarray:
                         fields.append(np.asarray(ds[t] if c.level_index is None else ds[t, c.level_index]))
                     break
                 t -= n
-    out = np.stack(fields).astype(source.dtype)
-    if source.mean is not None:
-        math = np.float64 if source.dtype == np.float64 else np.float32
-        shape = (-1,) + (1,) * (out.ndim - 1)
-        out = ((out.astype(math) - source.mean.astype(math).reshape(shape)) / source.std.astype(math).reshape(shape))
-        out = out.astype(source.dtype)
-    return out
+    return np.stack(fields).astype(source.dtype)
 
 
 class _FailingSource:

@@ -374,7 +374,7 @@ class MeshLoader:
                 except Exception as e:  # noqa: BLE001 - every member must hear of it (dali_mesh.torch.share)
                     error = e
             if not ex.agreed:  # the members' fingerprints, before any data moves
-                ex.agree(self.group_fingerprint())
+                ex.agree(self.fingerprint(coordinate=False))
             self._pending = ex.exchange(batch, error)
             del self._pending[:self._skip]  # taken before the checkpoint this loader resumed from
             self._skip = 0
@@ -448,27 +448,22 @@ class MeshLoader:
         self._watched.clear()
 
     # ---- checkpoints --------------------------------------------------------------------------------
-    def fingerprint(self) -> dict[str, Any]:
+    def fingerprint(self, *, coordinate: bool = True) -> dict[str, Any]:
         """What a checkpoint of this loader is only valid for: the layout, the batch size, the output
         names and the sources registered on the pipeline by ``partitioned_source`` (class, files,
-        dataset, sample count and shape, seed, shuffle, drop_last, ...)."""
-        fp: dict[str, Any] = {"layout": repr(self.layout), "batch_size": int(self._pipeline.max_batch_size),
-                              "output_map": list(self.output_map)}
-        sources = sources_of(self._pipeline)
-        if sources:
-            fp["sources"] = [s.fingerprint() if hasattr(s, "fingerprint") else type(s).__name__ for s in sources]
-        return fp
+        dataset, sample count and shape, seed, shuffle, drop_last, ...). ``coordinate=False``: the
+        layouts by their rules, without this rank's coordinate, as every member of a read group must
+        have them (members differ along the shared dims)."""
+        def describe(layout):
+            return repr(layout) if coordinate or not hasattr(layout, "describe_rules") else layout.describe_rules()
 
-    def group_fingerprint(self) -> dict[str, Any]:
-        """:meth:`fingerprint` as every member of a read group must have it: the layout's rules and
-        each source's without this rank's coordinate (members differ along the shared dims)."""
-        fp = self.fingerprint()
-        fp["layout"] = self.layout.describe_rules()
+        fp: dict[str, Any] = {"layout": describe(self.layout), "batch_size": int(self._pipeline.max_batch_size),
+                              "output_map": list(self.output_map)}
         sources = []
         for src in sources_of(self._pipeline):
             s = src.fingerprint() if hasattr(src, "fingerprint") else type(src).__name__
-            if isinstance(s, dict) and hasattr(getattr(src, "layout", None), "describe_rules"):
-                s["layout"] = src.layout.describe_rules()
+            if not coordinate and isinstance(s, dict) and getattr(src, "layout", None) is not None:
+                s["layout"] = describe(src.layout)
             sources.append(s)
         if sources:
             fp["sources"] = sources
