@@ -393,7 +393,7 @@ def plan_dump(plan_path: str, *, size_hint: int = 1 << 16) -> dict:
     in canonical form): ``{"source", "plans", "files", "parts", "items"}``, every field of
     ``PlanSet``, ``ReadPlan`` (``copy_dst``, ``copy_src``, ``fills``: one list per axis),
     ``PlanFile``, ``PlanPart`` and ``PlanItem`` (csrc/kernels/read_plan.h) under its C++ name;
-    ``source``, ``path``, ``check`` and ``fill`` as ``bytes``. A plan file the reader refuses raises
+    ``source``, a file's ``store``, ``key``, ``tag`` and ``check``, and ``fill`` as ``bytes``. A plan file the reader refuses raises
     :class:`KernelsError` with the reader's message. ``size_hint``: the first buffer's size (the
     call is repeated once with the size the library asks for)."""
     lib = load()
@@ -412,7 +412,8 @@ def plan_dump(plan_path: str, *, size_hint: int = 1 << 16) -> dict:
     dump = json.loads(out.raw[:n])
     dump["source"] = bytes.fromhex(dump["source"])
     for f in dump["files"]:
-        f["path"], f["check"] = bytes.fromhex(f["path"]), bytes.fromhex(f["check"])
+        for k in ("store", "key", "tag", "check"):
+            f[k] = bytes.fromhex(f[k])
     for p in dump["plans"]:
         p["check"], p["fill"] = bytes.fromhex(p["check"]), bytes.fromhex(p["fill"])
     for c in dump["coders"]:

@@ -120,9 +120,11 @@ std::string PlanSetJson(const dali_mesh::PlanSet &set) {
   j.Open('[');
   for (const dali_mesh::PlanFile &f : set.files) {
     j.Open('{');
-    j.Bytes("path", f.path);
-    j.Int("expected_size", f.expected_size);
-    j.Int("expected_mtime_ns", f.expected_mtime_ns);
+    j.Bytes("store", set.stores[f.store]);
+    j.Bytes("key", f.key);
+    j.Int("size", f.size);
+    j.Int("mtime_ns", f.mtime_ns);
+    j.Bytes("tag", f.tag);
     j.Int("check_offset", f.check_offset);
     j.Bytes("check", f.check);
     j.Close('}');

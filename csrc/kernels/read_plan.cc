@@ -18,6 +18,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <numeric>
 #include <mutex>
 #include <stdexcept>
 #include <utility>
@@ -28,58 +29,7 @@ namespace dali_mesh {
 
 namespace {
 
-// ---- reads in flight (see read_plan.h) ---------------------------------------------------------------
-struct Flight {
-  std::string path;
-  int64_t offset = 0, bytes = 0;
-  std::chrono::steady_clock::time_point since;
-  pthread_t thread;
-};
-
-std::mutex &FlightMutex() {
-  static auto *m = new std::mutex;  // never destroyed: reads may still run while the process exits
-  return *m;
-}
-
-std::map<uint64_t, Flight> &Flights() {
-  static auto *m = new std::map<uint64_t, Flight>;
-  return *m;
-}
-
-// CancelReads() ends the reads in flight when it is called, not later ones: a pipeline built after
-// a failure (a resume from a checkpoint) reads as usual. A read is cancelled when it was started
-// before the last cancel: t_flight_epoch (the cancel count when the calling thread's read started;
-// none in flight: never cancelled) below g_cancel_epoch.
-std::atomic<uint64_t> g_cancel_epoch{0};
-thread_local uint64_t t_flight_epoch = UINT64_MAX;
-uint64_t g_next_flight = 0;
-
-bool Cancelled() { return t_flight_epoch < g_cancel_epoch.load(); }
-
-void OnCancelSignal(int) {}  // only interrupts the read (EINTR); the read then sees Cancelled()
-
-class FlightGuard {
- public:
-  FlightGuard(const std::string &path, int64_t offset, int64_t bytes) : outer_epoch_(t_flight_epoch) {
-    std::lock_guard<std::mutex> lock(FlightMutex());
-    id_ = ++g_next_flight;
-    Flights()[id_] = Flight{path, offset, bytes, std::chrono::steady_clock::now(), pthread_self()};
-    t_flight_epoch = std::min(outer_epoch_, g_cancel_epoch.load());
-  }
-  ~FlightGuard() {
-    std::lock_guard<std::mutex> lock(FlightMutex());
-    Flights().erase(id_);
-    t_flight_epoch = outer_epoch_;
-  }
-  FlightGuard(const FlightGuard &) = delete;
-  FlightGuard &operator=(const FlightGuard &) = delete;
-
- private:
-  uint64_t id_ = 0;
-  uint64_t outer_epoch_;
-};
-
-constexpr char kMagic[9] = "DMPLAN07";
+constexpr char kMagic[9] = "DMPLAN08";
 // the largest decoded chunk a plan may declare (a crafted plan must not make the reader allocate more)
 constexpr int64_t kMaxChunkBytes = int64_t(1) << 34;
 constexpr int kMaxPlanDims = 32;
@@ -237,52 +187,6 @@ void ReadPlanBody(Reader &r, ReadPlan *p) {
 
 std::string Errno(int e) { return std::strerror(e); }
 
-// pread of `n` bytes at `offset`, retried after EINTR/EAGAIN and short reads: the bytes read (fewer
-// than `n` only at the end of the file), or -errno.
-int64_t PreadFull(int fd, char *buf, int64_t n, int64_t offset) {
-  int64_t done = 0;
-  while (done < n) {
-    ssize_t got = ::pread(fd, buf + done, n - done, offset + done);
-    if (got < 0) {
-      if (errno == EINTR && Cancelled()) return -ECANCELED;
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return -errno;
-    }
-    if (got == 0) break;
-    done += got;
-  }
-  return done;
-}
-
-// A file name as messages show it: valid UTF-8 as is, other bytes and control characters as \xNN
-// (a Linux path may hold any bytes; an error text that is not UTF-8 would not reach Python).
-std::string Shown(const std::string &path) {
-  std::string out;
-  const auto *s = reinterpret_cast<const unsigned char *>(path.data());
-  const size_t n = path.size();
-  auto hex = [&](unsigned char c) {
-    static const char kDigits[] = "0123456789abcdef";
-    out += "\\x";
-    out += kDigits[c >> 4];
-    out += kDigits[c & 15];
-  };
-  for (size_t i = 0; i < n;) {
-    const unsigned char c = s[i];
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    bool ok = len > 0 && i + len <= n && !(len == 2 && c < 0xc2);
-    for (size_t k = 1; ok && k < len; k++) ok = (s[i + k] & 0xc0) == 0x80;
-    if (ok && len == 1 && (c < 0x20 || c == 0x7f)) ok = false;
-    if (!ok) {
-      hex(c);
-      i++;
-    } else {
-      out.append(path, i, len);
-      i += len;
-    }
-  }
-  return out;
-}
-
 void FillPattern(char *dst, int64_t nbytes, const char *value, int64_t itemsize) {
   if (nbytes <= 0) return;
   std::memcpy(dst, value, itemsize);
@@ -297,25 +201,6 @@ void FillPattern(char *dst, int64_t nbytes, const char *value, int64_t itemsize)
 template <int N>
 void SwapBytes(char *p, int64_t n_values) {
   for (int64_t i = 0; i < n_values; i++, p += N) std::reverse(p, p + N);
-}
-
-// Opens `path` to announce reads of it (PrefetchPath, PrefetchRange): calls announce(fd, file size)
-// if it is a regular file, then closes it (the kernel's reads go on after the descriptor is
-// closed). Errors are left to the read, which reports them.
-template <typename F>
-void Announce(const std::string &path, F &&announce) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return;
-  struct stat st;
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) announce(fd, static_cast<int64_t>(st.st_size));
-  ::close(fd);
-}
-
-// POSIX_FADV_WILLNEED of bytes [lo, hi) of `fd`, in pieces the kernel does not cap.
-void WillNeed(int fd, int64_t lo, int64_t hi) {
-  constexpr int64_t kPiece = 512 << 10;
-  for (int64_t a = lo; a < hi; a = hi - a > kPiece ? a + kPiece : hi)
-    ::posix_fadvise(fd, a, std::min(kPiece, hi - a), POSIX_FADV_WILLNEED);
 }
 
 // Swaps the values of units [b, e) of `plan` landed in `dst` when the plan says they are stored in
@@ -399,6 +284,9 @@ PlanSet LoadPlanSet(const std::string &path) {
   Reader r(data, path);
   PlanSet set;
   set.source = path;
+  int64_t n_stores = r.Count(int64_t(1) << 10, "store", 16);
+  set.stores.resize(n_stores);
+  for (auto &spec : set.stores) spec = r.Bytes();
   int64_t n_plans = r.Count(int64_t(1) << 32, "plan", 64);
   int64_t n_files = r.Count(int64_t(1) << 40, "file", 16);
   int64_t n_items = r.Count(int64_t(1) << 40, "item", 16);
@@ -406,15 +294,21 @@ PlanSet LoadPlanSet(const std::string &path) {
   int64_t n_chunks = r.Count(int64_t(1) << 40, "chunk", 32);
   set.files.resize(n_files);
   for (auto &f : set.files) {
-    f.path = r.Bytes();
-    f.expected_size = r.Int();
-    f.expected_mtime_ns = r.Int();
+    f.store = r.Int();
+    f.key = r.Bytes();
+    f.size = r.Int();
+    f.mtime_ns = r.Int();
+    f.tag = r.Bytes();
     f.check_offset = r.Int();
     f.check = r.Bytes();
+    if (f.store < 0 || f.store >= n_stores) r.Bad("store index " + std::to_string(f.store));
+    f.byte_store = StoreOf(set.stores[f.store]);
+    if (!f.byte_store)  // a store this build has none of: a plan of another build, or corrupt
+      r.Bad("byte store \"" + ShownName(set.stores[f.store]) + "\" (this build reads: file)");
     // a NUL would make open() read another (shorter) path than the one named
-    if (f.path.empty() || f.path.find('\0') != std::string::npos) r.Bad("file path");
-    if (f.expected_size < -1) r.Bad("expected file size " + std::to_string(f.expected_size));
-    if (f.expected_mtime_ns < -1) r.Bad("expected modification time " + std::to_string(f.expected_mtime_ns));
+    if (f.key.empty() || f.key.find('\0') != std::string::npos) r.Bad("file path");
+    if (f.size < -1) r.Bad("expected file size " + std::to_string(f.size));
+    if (f.mtime_ns < -1) r.Bad("expected modification time " + std::to_string(f.mtime_ns));
     if (f.check_offset < -1 || (f.check_offset < 0 && !f.check.empty()) || f.check.size() > (size_t(1) << 30))
       r.Bad("file check of " + std::to_string(f.check.size()) + " bytes at byte " + std::to_string(f.check_offset));
   }
@@ -479,35 +373,6 @@ PlanSet LoadPlanSet(const std::string &path) {
   return set;
 }
 
-OpenFile &OpenFile::operator=(OpenFile &&o) noexcept {
-  if (this != &o) {
-    Close();
-    fd_ = o.fd_;
-    size_ = o.size_;
-    identity_ = o.identity_;
-    path_ = std::move(o.path_);
-    o.fd_ = -1;
-  }
-  return *this;
-}
-
-namespace {
-std::array<int64_t, 5> Identity(const struct stat &st) {
-  return {int64_t(st.st_dev), int64_t(st.st_ino), int64_t(st.st_size),
-          int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec,
-          int64_t(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec};
-}
-}  // namespace
-
-void OpenFile::CheckUnchanged() const {
-  struct stat st;
-  if (::fstat(fd_, &st) != 0) Fail(path_ + ": fstat failed (" + Errno(errno) + ")");
-  if (Identity(st) != identity_)
-    Fail(path_ + ": the file changed while it was read (its size, modification or change time differ after the "
-         "read): it was rewritten in place, and what was read could mix two versions; write files to a new name "
-         "and rename them over the old ones");
-}
-
 void FileVersions::Reset(size_t n_files) {
   std::lock_guard<std::mutex> lock(mutex_);
   seen_.resize(n_files);
@@ -518,58 +383,40 @@ void FileVersions::Agree(int64_t index, const OpenFile &file) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (index < 0 || static_cast<size_t>(index) >= set_.size()) return;
   if (!set_[index]) {
-    seen_[index] = file.identity();
+    seen_[index] = file.version();
     set_[index] = 1;
-  } else if (seen_[index] != file.identity()) {
+  } else if (seen_[index] != file.version()) {
     Fail(file.path() + ": the file changed while this batch read it (its size, modification or change time "
          "differ between two reads of it): it was rewritten in place, and a window could mix two versions; "
          "write files to a new name and rename them over the old ones");
   }
 }
 
-void OpenFile::Close() {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
-}
-
 void OpenFile::Open(const PlanFile &file, const ReadPlan &plan, const std::string &first_file) {
   Close();
-  path_ = Shown(file.path);  // for messages only
-  const std::string first_path = Shown(first_file);
-  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below)
-  int fd = ::open(file.path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    int e = errno;
-    if (e == ENOENT) Fail(path_ + ": no such file; check the path and the file list");
-    Fail(path_ + ": cannot be opened (" + Errno(e) + ")");
-  }
-  fd_ = fd;
-  struct stat st;
-  if (::fstat(fd_, &st) != 0) Fail(path_ + ": fstat failed (" + Errno(errno) + ")");
-  size_ = st.st_size;
-  identity_ = Identity(st);
-  if (!S_ISREG(st.st_mode))
-    Fail(path_ + ": not a regular file (a directory, FIFO, socket or device); give data files");
-  if (file.expected_size >= 0 && st.st_size != file.expected_size) {
-    if (st.st_size < file.expected_size)
-      Fail(path_ + ": the file is truncated: " + std::to_string(st.st_size) + " bytes, but its " +
-           "layout (planned from " + first_path + ") needs " + std::to_string(file.expected_size) +
+  object_ = file.byte_store->Open(file.key);  // fails naming a missing file, a FIFO, a folder
+  const std::string &path_ = object_->name();
+  const std::string first_path = ShownName(first_file);
+  const int64_t size = object_->size();
+  if (file.size >= 0 && size != file.size) {
+    if (size < file.size)
+      Fail(path_ + ": the file is truncated: " + std::to_string(size) + " bytes, but its " +
+           "layout (planned from " + first_path + ") needs " + std::to_string(file.size) +
            "; rewrite it");
-    Fail(path_ + ": the file is " + std::to_string(st.st_size) + " bytes, but the plan (made from " +
-         first_path + ") expects " + std::to_string(file.expected_size) + ": it changed since " +
+    Fail(path_ + ": the file is " + std::to_string(size) + " bytes, but the plan (made from " +
+         first_path + ") expects " + std::to_string(file.size) + ": it changed since " +
          "the plan was made, or its shape or dtype differs; define the pipeline again, or use " +
          "per-sample shapes");
   }
-  // no readahead: the kernel reads only the pages asked for
-  ::posix_fadvise(fd_, 0, 0, POSIX_FADV_RANDOM);
+
   if (plan.check_offset == kCheckJson) {
     // the whole metadata file, compared in canonical form (attributes may change, nothing else)
     constexpr int64_t kMaxJson = int64_t(1) << 30;
-    if (st.st_size > kMaxJson)
-      Fail(path_ + ": the metadata file is " + std::to_string(st.st_size) + " bytes (at most " +
+    if (size > kMaxJson)
+      Fail(path_ + ": the metadata file is " + std::to_string(size) + " bytes (at most " +
            std::to_string(kMaxJson) + " are read); define the pipeline again");
-    std::string text(st.st_size, '\0');
-    int64_t got = PreadFull(fd_, text.data(), st.st_size, 0);
+    std::string text(size, '\0');
+    int64_t got = object_->ReadAt(text.data(), size, 0);
     if (got < 0) Fail(path_ + ": read of the metadata failed (" + Errno(-got) + ")");
     text.resize(got);
     std::string canon;
@@ -580,7 +427,7 @@ void OpenFile::Open(const PlanFile &file, const ReadPlan &plan, const std::strin
   } else if (!plan.check.empty()) {
     std::string head(plan.check.size(), '\0');
     FlightGuard flight(path_, plan.check_offset, static_cast<int64_t>(head.size()));
-    int64_t got = PreadFull(fd_, head.data(), head.size(), plan.check_offset);
+    int64_t got = object_->ReadAt(head.data(), head.size(), plan.check_offset);
     if (got < 0) Fail(path_ + ": read of the header failed (" + Errno(-got) + ")");
     if (got != static_cast<int64_t>(head.size()) || head != plan.check)
       Fail(path_ + ": its header differs from the one planned for (" + first_path + ", " +
@@ -592,9 +439,8 @@ void OpenFile::Open(const PlanFile &file, const ReadPlan &plan, const std::strin
   // last, so that a changed size or header is named as such: a file whose layout looks the same
   // but that was modified since the plan (an HDF5 file rewritten in place may hold, at the planned
   // address, another dataset with a byte-identical header)
-  if (file.expected_mtime_ns >= 0) {
-    const int64_t mtime = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-    if (mtime != file.expected_mtime_ns)
+  if ((file.mtime_ns >= 0 && object_->version().mtime_ns != file.mtime_ns) ||
+      (!file.tag.empty() && object_->version().tag != file.tag)) {
       Fail(path_ + ": the file was modified since the plan was made (the plan holds where its data "
            "lay then: an HDF5 file rewritten in place may hold another dataset at the planned address, "
            "with a byte-identical header; a Zarr shard its chunks at other offsets); define the "
@@ -603,7 +449,7 @@ void OpenFile::Open(const PlanFile &file, const ReadPlan &plan, const std::strin
   if (file.check_offset >= 0) {  // a shard's index, as read when the plan was made
     std::string held(file.check.size(), '\0');
     FlightGuard flight(path_, file.check_offset, static_cast<int64_t>(held.size()));
-    const int64_t got = PreadFull(fd_, held.data(), held.size(), file.check_offset);
+    const int64_t got = object_->ReadAt(held.data(), held.size(), file.check_offset);
     if (got < 0) Fail(path_ + ": read of its index failed (" + Errno(-got) + ")");
     if (got != static_cast<int64_t>(held.size()) || held != file.check)
       Fail(path_ + ": its index (" + std::to_string(file.check.size()) + " bytes at byte " +
@@ -613,41 +459,6 @@ void OpenFile::Open(const PlanFile &file, const ReadPlan &plan, const std::strin
   }
 }
 
-namespace {
-// preadv of every buffer of `iov` (at most IOV_MAX) at `*offset` (advanced past them), looping over
-// short reads; a read that returns nothing means the file shrank: an error naming it
-void ReadVector(const OpenFile &file, std::vector<struct iovec> *iov_in, int64_t *offset_in) {
-  std::vector<struct iovec> &iov = *iov_in;
-  int64_t &offset = *offset_in;
-  size_t i = 0;
-  while (i < iov.size()) {
-    ssize_t got = ::preadv(file.fd(), iov.data() + i, static_cast<int>(iov.size() - i), offset);
-    if (got < 0) {
-      if (errno == EINTR && Cancelled())
-        Fail(file.path() + ": read at byte " + std::to_string(offset) + " cancelled: the pipeline was "
-             "stopped after an error");
-      if (errno == EINTR || errno == EAGAIN) continue;
-      Fail(file.path() + ": read at byte " + std::to_string(offset) + " failed (" + Errno(errno) + ")");
-    }
-    if (got == 0)
-      Fail(file.path() + ": read at byte " + std::to_string(offset) + " returned nothing: the " +
-           "file was truncated while reading");
-    offset += got;
-    // drop the buffers filled, trim a partly filled one, go on
-    while (got > 0 && i < iov.size()) {
-      if (static_cast<size_t>(got) >= iov[i].iov_len) {
-        got -= iov[i].iov_len;
-        i++;
-      } else {
-        iov[i].iov_base = static_cast<char *>(iov[i].iov_base) + got;
-        iov[i].iov_len -= got;
-        got = 0;
-      }
-    }
-  }
-}
-}  // namespace
-
 void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_t g0, int64_t g1,
                 char *dst, std::vector<char> *scratch) {
   // gaps land in a scratch of at most 1 MiB (a larger gap takes several buffers of it): a plan's
@@ -656,10 +467,7 @@ void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_
   constexpr int64_t kMaxScratch = int64_t(1) << 20;
   const int64_t scratch_bytes = std::max<int64_t>(1, std::min(plan.max_gap, kMaxScratch));
   if (static_cast<int64_t>(scratch->size()) < scratch_bytes) scratch->resize(scratch_bytes);
-  static const int kIovMax = [] {
-    long v = ::sysconf(_SC_IOV_MAX);
-    return v > 1 ? static_cast<int>(std::min<long>(v, 1024)) : 1024;
-  }();
+  constexpr int kIovMax = 1024;  // buffers per request (the object splits by its own limit)
   if (g0 >= g1) return;
   // one registration for the task's reads (not one per group: a mutex and an allocation each), its
   // range from the first group's first byte to the last group's last
@@ -673,7 +481,10 @@ void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_
   // batch of at most kIovMax at a time: a unit of many runs never becomes one vector of them all
   auto push = [&](char *p, int64_t n) {
     if (iov.size() == static_cast<size_t>(kIovMax)) {
-      ReadVector(file, &iov, &offset);
+      const int64_t n = std::accumulate(iov.begin(), iov.end(), int64_t(0),
+                                        [](int64_t a, const struct iovec &v) { return a + int64_t(v.iov_len); });
+      file.object().ReadVector(&iov, offset);
+      offset += n;
       iov.clear();
     }
     iov.push_back({p, static_cast<size_t>(n)});
@@ -691,7 +502,7 @@ void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_
         at = run + plan.unit_bytes[u];
       }
     }
-    ReadVector(file, &iov, &offset);
+    file.object().ReadVector(&iov, offset);
     SwapUnits(plan, b, e, dst);  // the file holds the other byte order: swap what was just read
   }
 }
@@ -742,9 +553,8 @@ void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const 
   if (ch.nbytes < 0) {
     // never written when planned: it must still be missing (a chunk written since is data the plan
     // does not know, not fill values)
-    struct stat st;
-    if (::stat(pf.path.c_str(), &st) == 0 || errno != ENOENT)
-      Fail(Shown(pf.path) + ": this chunk was missing when the plan was made (it reads as the fill value) but "
+    if (pf.byte_store->Exists(pf.key))
+      Fail(ShownName(pf.key) + ": this chunk was missing when the plan was made (it reads as the fill value) but "
            "exists now: the array changed since; define the pipeline again");
     FillMissingChunk(coder, decoded);
     return;
@@ -761,7 +571,7 @@ void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const 
   auto read_at = [&](int64_t lo, int64_t hi) {  // the chunk's stored bytes [lo, hi), at their offsets
     if (lo >= hi) return;
     FlightGuard flight(file.path(), ch.offset + lo, hi - lo);
-    const int64_t got = PreadFull(file.fd(), at + lo, hi - lo, ch.offset + lo);
+    const int64_t got = file.object().ReadAt(at + lo, hi - lo, ch.offset + lo);
     if (got == -ECANCELED)
       Fail(where + ": read cancelled: the pipeline was stopped after an error");
     if (got < 0) Fail(where + ": read failed (" + Errno(-got) + ")");
@@ -776,11 +586,9 @@ void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const 
   if (!why.empty()) Fail(where + " cannot be decoded: " + why + "; the file is corrupt");
 }
 
-void PrefetchRange(const std::string &path, int64_t offset, int64_t nbytes) {
+void PrefetchRange(const PlanFile &file, int64_t offset, int64_t nbytes) {
   if (nbytes <= 0) return;
-  Announce(path, [&](int fd, int64_t size) {
-    if (offset < size) WillNeed(fd, offset, offset + std::min<int64_t>(nbytes, size - offset));
-  });
+  file.byte_store->Prefetch(file.key, {{offset, nbytes}});
 }
 
 void FinishWindow(const ReadPlan &plan, char *staging, char *out, bool boundary) {
@@ -989,55 +797,21 @@ void SplitLargeGroups(ReadPlan *plan, int64_t max_bytes) {
   plan->group_end = std::move(ge);
 }
 
-void PrefetchPath(const std::string &path, const ReadPlan &plan, int64_t base) {
+void PrefetchPath(const PlanFile &file, const ReadPlan &plan, int64_t base) {
   if (plan.group_begin.empty()) return;
-  Announce(path, [&](int fd, int64_t size) {
-    for (size_t g = 0; g < plan.group_begin.size(); g++) {
-      const int64_t b = plan.group_begin[g], e = plan.group_end[g];
-      int64_t lo, hi;
-      // a crafted plan or chunk index may put a group near 2**63: never overflow, and announce
-      // only what lies inside the file (the read itself reports the rest)
-      if (__builtin_add_overflow(base, plan.file_off[b], &lo) ||
-          __builtin_add_overflow(base, plan.file_end(e - 1), &hi))
-        continue;
-      WillNeed(fd, std::max<int64_t>(lo, 0), std::min(hi, size));
-    }
-  });
-}
-
-std::string ReadsInFlight() {
-  static const char kHex[] = "0123456789abcdef";
-  const auto now = std::chrono::steady_clock::now();
-  std::string out;
-  std::lock_guard<std::mutex> lock(FlightMutex());
-  for (const auto &kv : Flights()) {
-    const Flight &f = kv.second;
-    std::string hex;
-    for (unsigned char c : f.path) {
-      hex += kHex[c >> 4];
-      hex += kHex[c & 15];
-    }
-    const double seconds = std::chrono::duration<double>(now - f.since).count();
-    out += "{\"path\": \"" + hex + "\", \"offset\": " + std::to_string(f.offset) + ", \"bytes\": " +
-           std::to_string(f.bytes) + ", \"seconds\": " + std::to_string(seconds) + "}\n";
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  ranges.reserve(plan.group_begin.size());
+  for (size_t g = 0; g < plan.group_begin.size(); g++) {
+    const int64_t b = plan.group_begin[g], e = plan.group_end[g];
+    int64_t lo, hi;
+    // a crafted plan or chunk index may put a group near 2**63: never overflow (the store announces
+    // only what lies inside the object; the read itself reports the rest)
+    if (__builtin_add_overflow(base, plan.file_off[b], &lo) || __builtin_add_overflow(base, plan.file_end(e - 1), &hi))
+      continue;
+    lo = std::max<int64_t>(lo, 0);
+    if (hi > lo) ranges.emplace_back(lo, hi - lo);
   }
-  return out;
-}
-
-void CancelReads() {
-  static std::once_flag installed;
-  const int sig = SIGRTMIN + 5;  // glibc keeps SIGRTMIN..SIGRTMIN+2 for itself
-  std::call_once(installed, [sig] {
-    struct sigaction sa;
-    std::memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = OnCancelSignal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = 0;  // no SA_RESTART: a blocked read returns EINTR
-    ::sigaction(sig, &sa, nullptr);
-  });
-  std::lock_guard<std::mutex> lock(FlightMutex());
-  g_cancel_epoch.fetch_add(1);
-  for (const auto &kv : Flights()) ::pthread_kill(kv.second.thread, sig);
+  file.byte_store->Prefetch(file.key, ranges);
 }
 
 bool CanonicalJson(const std::string &text, std::string *out) {

@@ -20,8 +20,12 @@
 #include <string>
 #include <vector>
 
+#include <memory>
+
 #include "kernels/codecs.h"
 #include "kernels/slice_args.h"
+#include "storage/byte_store.h"
+#include "storage/reads_in_flight.h"
 
 namespace dali_mesh {
 
@@ -69,13 +73,17 @@ struct ReadPlan {
   int64_t max_gap = 0;  // largest gap inside a group (the scratch size, up to 1 MiB: see ReadGroups)
 };
 
+// An object read by the plans: (store, key, version) and a check.
 struct PlanFile {
-  std::string path;
-  int64_t expected_size = -1;  // -1: not checked
+  int64_t store = 0;                 // index in PlanSet::stores
+  const ByteStore *byte_store = nullptr;  // that store (resolved when the plan is loaded)
+  std::string key;                   // the object's key in it (a file's path)
+  int64_t size = -1;                 // -1: not checked
   // the file's modification time (ns) when planned, -1: not checked. Set for HDF5 files: a file
   // rewritten in place with its datasets in another order can hold, at the planned address, a
   // byte-identical object header of another dataset, so any rewrite is refused there
-  int64_t expected_mtime_ns = -1;
+  int64_t mtime_ns = -1;
+  std::string tag;                   // an object store's ETag or generation when planned ("": none)
   // bytes the file must hold at check_offset at every read (-1: none): a Zarr shard's index, so that
   // a shard rewritten at the same size with its modification time put back (cp -p, a restore) is
   // refused rather than read through the index of its former version
@@ -108,6 +116,7 @@ struct PlanItem {
 
 struct PlanSet {
   std::string source;  // the plan file it was loaded from (for messages)
+  std::vector<std::string> stores;  // the byte stores' specs ("file": this machine's files)
   std::vector<ReadPlan> plans;
   std::vector<PlanFile> files;
   std::vector<PlanPart> parts;
@@ -129,34 +138,24 @@ PlanSet LoadPlanSet(const std::string &path);
 // forgery (the plan directory is the user's own).
 uint64_t PlanChecksum(const char *words, size_t n_words);
 
-// An open, checked file (O_RDONLY | O_NONBLOCK, regular, expected size, check bytes, no
-// readahead). Closes on destruction.
+// A plan file's object opened in its store and checked against the plan (its size, modification
+// time, tag, check bytes and the plan's header or metadata check). Closes on destruction.
 class OpenFile {
  public:
-  OpenFile() = default;
-  OpenFile(const OpenFile &) = delete;
-  OpenFile &operator=(const OpenFile &) = delete;
-  OpenFile(OpenFile &&o) noexcept : fd_(o.fd_), size_(o.size_), identity_(o.identity_), path_(std::move(o.path_)) {
-    o.fd_ = -1;
-  }
-  OpenFile &operator=(OpenFile &&o) noexcept;
-  ~OpenFile() { Close(); }
   void Open(const PlanFile &file, const ReadPlan &plan, const std::string &first_path);
   // Fails naming the file when it is not as it was opened (device, inode, size, modification or
-  // change time): it was rewritten in place while it was read, and what was read may mix two
-  // versions (Linux 6.13+ gives a write right after a stat a fine-grained time, so it is seen).
-  void CheckUnchanged() const;
-  void Close();
-  const std::array<int64_t, 5> &identity() const { return identity_; }
-  int fd() const { return fd_; }
-  int64_t size() const { return size_; }             // the file's size when it was opened
-  const std::string &path() const { return path_; }  // as messages show it (see Open)
+  // change time; an object's tag): it was rewritten in place while it was read, and what was read
+  // may mix two versions (Linux 6.13+ gives a write right after a stat a fine-grained time, so it is
+  // seen).
+  void CheckUnchanged() const { object_->CheckUnchanged(); }
+  void Close() { object_.reset(); }
+  const StoredObject &object() const { return *object_; }
+  const ObjectVersion &version() const { return object_->version(); }
+  int64_t size() const { return object_->size(); }  // the object's size when it was opened
+  const std::string &path() const { return object_->name(); }  // as messages show it
 
  private:
-  int fd_ = -1;
-  int64_t size_ = -1;
-  std::array<int64_t, 5> identity_{};  // dev, ino, size, mtime ns, ctime ns at Open
-  std::string path_;
+  std::unique_ptr<StoredObject> object_;
 };
 
 // The version of each file a batch reads, as the first of its reads found it (OpenFile::identity):
@@ -171,7 +170,7 @@ class FileVersions {
 
  private:
   std::mutex mutex_;
-  std::vector<std::array<int64_t, 5>> seen_;
+  std::vector<ObjectVersion> seen_;
   std::vector<uint8_t> set_;
 };
 
@@ -217,8 +216,8 @@ bool TakesWholeChunk(const ReadPlan &plan, int64_t base, int64_t chunk_bytes);
 // Byte-swaps the units of `plan` in `dst` (its window) if the plan says so.
 void SwapPlanUnits(const ReadPlan &plan, char *dst);
 
-// Announces `nbytes` at `offset` of `path` to the kernel (POSIX_FADV_WILLNEED), as PrefetchPath.
-void PrefetchRange(const std::string &path, int64_t offset, int64_t nbytes);
+// Announces `nbytes` at `offset` of `file` to its store, as PrefetchPath.
+void PrefetchRange(const PlanFile &file, int64_t offset, int64_t nbytes);
 
 // Fortran transpose (staging -> out; staging == out for C order), then (with `boundary`) the
 // copies and fills.
@@ -252,23 +251,10 @@ SliceParams DeviceFillParams(const ReadPlan &plan, int dtype);
 // contiguous window is read by several threads. The bytes read and where they land are unchanged.
 void SplitLargeGroups(ReadPlan *plan, int64_t max_bytes);
 
-// Asks the kernel to start reading every group of `plan` from the file at `path`
-// (POSIX_FADV_WILLNEED, in pieces the kernel does not cap): cold, the ranges of all files of a batch
-// are then in flight at once. Opens, announces and closes (the kernel's reads go on); errors are
-// left to the read, which reports them.
-void PrefetchPath(const std::string &path, const ReadPlan &plan, int64_t base);
-
-// ---- reads in flight -----------------------------------------------------------------------------
-// Every read of a file (ReadGroups' preadv, the checks' pread in OpenFile::Open) is registered while
-// it runs: path, byte range, start time, thread. ReadsInFlight() lists them as JSON lines
-// {"path": hex, "offset", "bytes", "seconds"}, so that a watchdog names the file and bytes a stuck
-// read is on. CancelReads() makes the reads in flight fail (reads started later, e.g. by a pipeline
-// resumed from a checkpoint, are not affected): those blocked in the kernel are interrupted by a
-// signal (installed without SA_RESTART, so the call returns EINTR, which then fails instead of
-// retrying), so that the threads return and the process can exit. A read the kernel does not
-// interrupt (uninterruptible sleep, e.g. a hard NFS mount) returns when it returns.
-std::string ReadsInFlight();
-void CancelReads();
+// Announces every group of `plan` at `base` of `file` to its store (the POSIX store: the kernel
+// starts reading them, POSIX_FADV_WILLNEED): cold, the ranges of all files of a batch are then in
+// flight at once. Errors are left to the read, which reports them.
+void PrefetchPath(const PlanFile &file, const ReadPlan &plan, int64_t base);
 
 // Splits a plan's groups into tasks of about `task_bytes` bytes each: [g_begin, g_end) pairs.
 std::vector<std::pair<int64_t, int64_t>> SplitGroups(const ReadPlan &plan, int64_t task_bytes);

@@ -2,15 +2,16 @@
 read's arguments against the stored array."""
 from __future__ import annotations
 
-import errno
-import fcntl
-import os
-import stat
 import threading
 from dataclasses import dataclass, fields
 from typing import Mapping, Sequence
 
 import numpy as np
+
+from dali_mesh.storage.errors import (DataFileError, FileChangedError, MissingFileError, NotRegularFileError,
+                                      TruncatedFileError)
+from dali_mesh.storage.local import (check_regular_file, check_unchanged, file_identity, open_regular_file,
+                                     set_direct)
 
 __all__ = [
     "IOStats",
@@ -90,57 +91,12 @@ def reset_global_stats() -> None:
             setattr(_GLOBAL, f.name, 0)
 
 
-class DataFileError(ValueError):
-    """A data file cannot be read as asked. ``path`` names the file."""
-
-    def __init__(self, path, message: str) -> None:
-        self.path = str(path)
-        super().__init__(f"{self.path}: {message}")
-
-    def __reduce__(self):  # picklable across DALI worker processes
-        return (_rebuild_error, (type(self), self.path, self.args[0]))
-
-
-def _rebuild_error(cls, path, full_message):
-    err = cls.__new__(cls)
-    err.path = path
-    ValueError.__init__(err, full_message)
-    return err
-
-
 class HeaderError(DataFileError):
     """The file's header is missing, corrupt, oversized or disagrees with the file size."""
 
 
 class UnsupportedDtypeError(DataFileError):
     """The stored dtype is not a plain numeric type (object, structured, string ...)."""
-
-
-class TruncatedFileError(DataFileError):
-    """The file holds fewer bytes than its header promises."""
-
-
-class FileChangedError(DataFileError):
-    """The file was rewritten in place while it was read (its size, modification or change time or
-    inode differ after the read): the window could mix two versions, so none is returned."""
-
-
-def file_identity(st: os.stat_result) -> tuple:
-    """What changes when a file is rewritten in place: inode, size, modification and change times
-    (ns; since Linux 6.13 a time that was read is followed by a fine-grained one, so a write right
-    after a stat is seen)."""
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
-
-
-def check_unchanged(fd: int, path, before: tuple) -> None:
-    """:class:`FileChangedError` naming ``path`` if the open file ``fd`` is not as ``before``."""
-    after = file_identity(os.fstat(fd))
-    if after != before:
-        what = [n for n, a, b in zip(("device", "inode", "size", "modification time", "change time"), before, after)
-                if a != b]
-        raise FileChangedError(str(path), f"changed while it was read ({', '.join(what)} differ after the read): it "
-                                          "was rewritten in place; the window is not returned (write files to a new "
-                                          "name and rename them over the old one)")
 
 
 class ShapeMismatchError(DataFileError):
@@ -155,96 +111,9 @@ class UnsupportedFilterError(DataFileError):
     """An HDF5 dataset needs a filter (compressor) that is not available in this process."""
 
 
-class MissingFileError(DataFileError, FileNotFoundError):
-    """The file (or store) does not exist. Also a :class:`FileNotFoundError`, so that code catching
-    that keeps working."""
-
-
-class NotRegularFileError(DataFileError):
-    """The path is a directory, FIFO, socket or device, not a regular file: reading a FIFO would
-    block for ever, a directory cannot hold an array."""
-
-
 class ExternalStorageError(DataFileError):
     """An HDF5 dataset whose bytes live in another file (external raw storage, an external link, a
     virtual dataset): refused unless ``allow_external=True``."""
-
-
-# ---- opening files -------------------------------------------------------------------------------
-def _kind_of(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode):
-        return "a character device"
-    if stat.S_ISBLK(mode):
-        return "a block device"
-    return "not a regular file"
-
-
-def _not_regular(path, mode: int, what: str) -> NotRegularFileError:
-    return NotRegularFileError(
-        path, f"is {_kind_of(mode)}, not a regular {what}; a data file list may name regular files only")
-
-
-def check_regular_file(path, what: str = "file") -> os.stat_result:
-    """``os.stat`` of ``path`` (symlinks followed); :class:`MissingFileError` when it does not exist,
-    :class:`NotRegularFileError` unless it is a regular file. For readers that hand the path to a
-    library (HDF5, zarr) that would block for ever opening a FIFO."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise MissingFileError(path, f"no such {what}; check the path and the file list") from None
-    except OSError as e:
-        raise DataFileError(path, f"cannot be read ({e.strerror or e}); check its permissions") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise _not_regular(path, st.st_mode, what)
-    return st
-
-
-def open_regular_file(path, what: str = "file") -> int:
-    """Open ``path`` read-only and return its descriptor; refuse anything but a regular file.
-
-    The open is non-blocking (opening a FIFO with no writer would block for ever), the kind is taken
-    from ``fstat`` of the descriptor itself (no race with a rename), then the descriptor is switched
-    back to blocking reads.
-    """
-    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        raise MissingFileError(path, f"no such {what}; check the path and the file list") from None
-    except IsADirectoryError:
-        raise NotRegularFileError(path, f"is a directory, not a regular {what}") from None
-    except OSError as e:
-        raise DataFileError(path, f"cannot be opened ({e.strerror or e}); check the path and its permissions") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise _not_regular(path, mode, what)
-        fl = fcntl.fcntl(fd, fcntl.F_GETFL)
-        fcntl.fcntl(fd, fcntl.F_SETFL, fl & ~getattr(os, "O_NONBLOCK", 0))
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def set_direct(fd: int, path) -> None:
-    """Switch an open descriptor to ``O_DIRECT``; a clear error where the platform or the file
-    system refuses it."""
-    if not hasattr(os, "O_DIRECT"):
-        raise DataFileError(path, "O_DIRECT is not available on this platform; use direct=False")
-    try:
-        fl = fcntl.fcntl(fd, fcntl.F_GETFL)
-        fcntl.fcntl(fd, fcntl.F_SETFL, fl | os.O_DIRECT)
-    except OSError as e:
-        if e.errno == errno.EINVAL:  # the file system refuses O_DIRECT (tmpfs, some FUSE ...)
-            raise DataFileError(path, "its file system does not support O_DIRECT; use direct=False") from None
-        raise DataFileError(path, f"cannot switch to O_DIRECT ({e.strerror or e}); use direct=False") from None
 
 
 # ---- argument checks shared by the readers (npy, HDF5, Zarr) -------------------------------------

@@ -34,6 +34,7 @@ from dali_mesh.io._common import (
     HeaderError,
     IOStats,
     MissingArrayError,
+    MissingFileError,
     UnsupportedDtypeError,
     UnsupportedFilterError,
     _account,
@@ -57,6 +58,7 @@ from dali_mesh.io.read_plan import (
     read_file_at,
 )
 from dali_mesh.partition import Region
+from dali_mesh.storage import store_of
 
 __all__ = ["open_hdf5_dataset", "only_dataset_name", "read_hdf5_window", "hdf5_sample_info"]
 
@@ -519,8 +521,12 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
         wplan = plan_window(region, index_maps)
         shape = wplan.window_shape
         fidx = len(plans.files)
-        st = os.stat(path)  # size and time: any rewrite of an HDF5 file is refused (read_plan.h)
-        plans.files.append(PlanFile(path, st.st_size, st.st_mtime_ns))
+        bytes_store, key = store_of(path)
+        version = bytes_store.stat(key)  # size and time: any rewrite of an HDF5 file is refused (read_plan.h)
+        if version is None:
+            raise MissingFileError(path, "no such HDF5 file; check the path and the file list")
+        plans.files.append(PlanFile(key, version.size, version.mtime_ns, store=bytes_store.spec,
+                                    tag=version.tag.encode()))
         if ds.chunks is None:
             budget(locals_.size)
             offset = ds.id.get_offset()
@@ -529,10 +535,10 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
                                      "header); it is read by partitioned_source")
             if offset is None:
                 raise NotNativeError(f"{path}: dataset {name!r} has no stored data (never written)")
-            if int(offset) + math.prod(ds.shape) * ds.dtype.itemsize > st.st_size:
+            if int(offset) + math.prod(ds.shape) * ds.dtype.itemsize > version.size:
                 raise NotNativeError(f"{path}: dataset {name!r} claims data at bytes {int(offset)}.."
                                      f"{int(offset) + math.prod(ds.shape) * ds.dtype.itemsize} but the file has "
-                                     f"{st.st_size}: the file is truncated or corrupt")
+                                     f"{version.size}: the file is truncated or corrupt")
             u = plan_npy_units(StoredArray(frame, ds.dtype), wplan, (), merge_gap)
             pidx = plans.add_plan(ReadPlan.from_units(wplan, ds.dtype, False, *u.plan_args, check, check_at,
                                                       repeat=u.repeat))
@@ -557,7 +563,7 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
                     coders[mask] = plans.add_coder(Coder(_coder_steps(filters, mask, path, name), chunk_bytes))
                 return coders[mask]
 
-            parts = _coded_parts(ds, path, plans, fidx, coder_of, pieces, offsets, locals_, chunks, st.st_size,
+            parts = _coded_parts(ds, path, plans, fidx, coder_of, pieces, offsets, locals_, chunks, version.size,
                                  (check, check_at), shape)
             return parts, finish, wplan
         first_chunk = l0 // ct
@@ -568,7 +574,7 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
             base = np.empty(chunk_ids.size, np.int64)
             for k, c in enumerate(chunk_ids):
                 coord = _chunk_coord(int(c), coords, chunks)
-                base[k] = _stored_chunk(ds, path, offsets, coord, st.st_size, raw_bytes=chunk_bytes)[0]
+                base[k] = _stored_chunk(ds, path, offsets, coord, version.size, raw_bytes=chunk_bytes)[0]
                 needed.append(coord)
             parts[:, j, 0] = fidx
             parts[:, j, 2] = base[locals_ // ct - first_chunk] + (locals_ % ct) * step_stride

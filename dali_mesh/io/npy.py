@@ -37,8 +37,6 @@ import numpy as np
 from dali_mesh.io._common import (
     DataFileError,
     HeaderError,
-    check_unchanged,
-    file_identity,
     IOStats,
     ShapeMismatchError,
     TruncatedFileError,
@@ -49,14 +47,13 @@ from dali_mesh.io._common import (
     check_expected,
     check_frame,
     native_dtype,
-    open_regular_file,
-    set_direct,
     sample_shape,
     window_out,
 )
 from dali_mesh.io._plan import WindowPlan, plan_window
 from dali_mesh.io.read_plan import NotNativeError, PlanFile, PlanSet, ReadPlan, native_dtype_of
 from dali_mesh.partition import Region
+from dali_mesh.storage import ByteStore, StoredObject, readv_all, store_of
 
 __all__ = [
     "DEFAULT_MERGE_GAP",
@@ -131,20 +128,9 @@ class NpyHeader:
         return math.prod(self.shape) * self.dtype.itemsize
 
 
-def _open(path: str, direct: bool = False) -> int:
-    # the kind of file is checked before O_DIRECT is asked for, so that a directory or FIFO is named
-    # as such rather than as a file system without O_DIRECT
-    fd = open_regular_file(path, ".npy file")
-    try:
-        if direct:
-            set_direct(fd, path)
-        if hasattr(os, "posix_fadvise"):
-            # no readahead: the kernel reads only the pages we ask for
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+def _open(path: str, direct: bool = False) -> StoredObject:
+    store, key = store_of(path)
+    return store.open(key, ".npy file", direct=direct)
 
 
 def _parse_header(path: str, head: bytes, file_size: int) -> NpyHeader:
@@ -217,14 +203,14 @@ def _short(value, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _read_header_fd(fd: int, path: str, stats: IOStats) -> NpyHeader:
-    return _read_header_and_bytes_fd(fd, path, stats)[0]
+def _read_header(obj: StoredObject, path: str, stats: IOStats) -> NpyHeader:
+    return _read_header_and_bytes(obj, path, stats)[0]
 
 
-def _read_header_and_bytes_fd(fd: int, path: str, stats: IOStats) -> tuple[NpyHeader, bytes]:
+def _read_header_and_bytes(obj: StoredObject, path: str, stats: IOStats) -> tuple[NpyHeader, bytes]:
     """The header and the very bytes it was parsed from (``data_offset`` of them)."""
-    size = os.fstat(fd).st_size
-    head = os.pread(fd, 512, 0)
+    size = obj.size
+    head = obj.pread(512, 0)
     stats.read_calls += 1
     stats.bytes_read += len(head)
     if len(head) >= 12 and head[:6] == _MAGIC and head[6] in (2, 3):
@@ -234,7 +220,7 @@ def _read_header_and_bytes_fd(fd: int, path: str, stats: IOStats) -> tuple[NpyHe
     else:
         need = 0
     if len(head) < need <= min(size, MAX_HEADER_BYTES + 12):
-        more = os.pread(fd, need - len(head), len(head))
+        more = obj.pread(need - len(head), len(head))
         stats.read_calls += 1
         stats.bytes_read += len(more)
         head += more
@@ -256,13 +242,13 @@ def read_npy_header_bytes(path: str | os.PathLike) -> tuple[NpyHeader, bytes]:
     two)."""
     path = str(path)
     stats = IOStats(files_opened=1)
-    fd = _open(path)
+    obj = _open(path)
     try:
-        return _read_header_and_bytes_fd(fd, str(path), stats)
+        return _read_header_and_bytes(obj, str(path), stats)
     except OSError as e:
         raise _io_error(path, e) from None
     finally:
-        os.close(fd)
+        obj.close()
         _account(None, stats)
 
 
@@ -471,36 +457,11 @@ def group_units(fo: np.ndarray, ub: np.ndarray, merge_gap: int, page_merge: bool
     return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
 
 
-def _preadv_all(fd: int, bufs: list, lens: list, offset: int, path: str, stats: IOStats) -> None:
-    """``preadv`` every buffer (``lens``: their sizes), looping over short reads and ``IOV_MAX``; a
-    read that ends early means the file shrank: an error naming it."""
-    i = 0
-    while i < len(bufs):
-        j = min(i + _IOV_MAX, len(bufs))
-        want = sum(lens[i:j])
-        got = os.preadv(fd, bufs[i:j], offset)
-        stats.read_calls += 1
-        stats.bytes_read += got
-        offset += got
-        if got == want:
-            i = j
-            continue
-        if got == 0:
-            raise TruncatedFileError(path, f"read at byte {offset} returned nothing: the file was truncated while reading")
-        # drop the buffers filled, trim the partly filled one, and go on
-        while got >= lens[i]:
-            got -= lens[i]
-            i += 1
-        if got:
-            bufs = bufs[:i] + [bufs[i][got:]] + bufs[i + 1 :]
-            lens = lens[:i] + [lens[i] - got] + lens[i + 1 :]
-
-
 def _aligned_buffer(size: int) -> mmap.mmap:
     return mmap.mmap(-1, max(size, _DIRECT_ALIGN))  # anonymous maps are page aligned
 
 
-def _read_groups(fd, path, dest: memoryview, fo, do, ub, groups, stats, direct: bool) -> None:
+def _read_groups(obj: StoredObject, path, dest: memoryview, fo, do, ub, groups, stats, direct: bool) -> None:
     fo_l, do_l, ub_l = fo.tolist(), do.tolist(), ub.tolist()
     if direct:  # reads widen to pages: merge groups whose widened spans touch
         merged = []
@@ -530,7 +491,7 @@ def _read_groups(fd, path, dest: memoryview, fo, do, ub, groups, stats, direct: 
                 bufs.append(dest[d : d + n])
                 lens.append(n)
                 end = f + n
-            _preadv_all(fd, bufs, lens, fo_l[g0], path, stats)
+            readv_all(obj, bufs, lens, fo_l[g0], stats)
         return
     bounce = None
     for g0, g1 in groups:
@@ -542,7 +503,7 @@ def _read_groups(fd, path, dest: memoryview, fo, do, ub, groups, stats, direct: 
             if bounce is None or len(bounce) < hi - lo:
                 bounce = _aligned_buffer(hi - lo)
             view = memoryview(bounce)[: hi - lo]
-            got = os.preadv(fd, [view], lo)
+            got = obj.readv([view], lo)
             stats.read_calls += 1
             stats.bytes_read += got
             # copy every unit (or unit part) inside [lo, lo + got)
@@ -559,7 +520,7 @@ def _read_groups(fd, path, dest: memoryview, fo, do, ub, groups, stats, direct: 
             lo = hi
 
 
-def _read_mmap(fd, header: NpyHeader, plan: WindowPlan, prefix, out, stats: IOStats,
+def _read_mmap(obj: StoredObject, header: NpyHeader, plan: WindowPlan, prefix, out, stats: IOStats,
                units=None, willneed: bool = True) -> None:
     """Copy every box out of a read-only mapping of the file (no readahead: ``MADV_RANDOM``; the
     pages needed are announced with ``MADV_WILLNEED`` so that cold reads go out as large requests
@@ -568,12 +529,12 @@ def _read_mmap(fd, header: NpyHeader, plan: WindowPlan, prefix, out, stats: IOSt
     A file truncated after this check and while the boxes are copied raises SIGBUS in the process:
     that is why this path runs only when the caller asks for ``method="mmap"``."""
     path = header.path
-    size = os.fstat(fd).st_size
+    size = obj.current_size()
     if size != header.file_size:
         raise TruncatedFileError(path, f"file changed size while opening ({header.file_size} -> {size} bytes); "
                                  "it is being rewritten: read it again once it is whole")
     try:
-        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        mm = mmap.mmap(obj.fileno(), 0, access=mmap.ACCESS_READ)
     except (ValueError, OSError) as e:  # "cannot mmap an empty file", ENODEV ...
         raise DataFileError(path, f"cannot be memory-mapped ({e}); use method='preadv'") from None
     if len(mm) < header.file_size:  # shrank between fstat and mmap
@@ -662,10 +623,12 @@ def read_npy_window(
     if method == "mmap" and direct:
         raise ValueError("direct=True (O_DIRECT) reads with preadv; it cannot be combined with method='mmap'")
     local = IOStats(files_opened=1)
-    fd = _open(path, direct=direct)
+    obj = _open(path, direct=direct)
     try:
-        before = file_identity(os.fstat(fd))  # checked again after the read: never a window of two versions
-        header = _read_header_fd(fd, path, local) if not direct else None
+        if method == "mmap" and not obj.store.local:
+            raise ValueError(f"{path}: method='mmap' maps local files only; use method='preadv'")
+        # obj is checked again after the read (check_unchanged): never a window of two versions
+        header = _read_header(obj, path, local) if not direct else None
         if direct:  # O_DIRECT needs aligned reads even for the header: read it through a plain open
             header = read_npy_header(path)
         shape = sample_shape(path, header.shape, prefix, index_maps, f"shape {header.shape}")
@@ -685,8 +648,8 @@ def read_npy_window(
         fo, do, ub, groups = plan_npy_reads(header, plan, prefix, merge_gap, page_merge)
         # never mmap unless asked: a file rewritten under a mapping kills the process (SIGBUS)
         if method == "mmap":
-            _read_mmap(fd, header, plan, prefix, out, local, units=(fo, ub))
-            check_unchanged(fd, path, before)
+            _read_mmap(obj, header, plan, prefix, out, local, units=(fo, ub))
+            obj.check_unchanged()
             plan.finish(out)
             return out
         if header.fortran_order:
@@ -697,9 +660,9 @@ def read_npy_window(
             stage = out if direct_ok else np.empty(window_shape, native)
         if groups:
             dest = memoryview(stage.reshape(-1).view(np.uint8))
-            _read_groups(fd, path, dest, fo, do, ub, groups, local, direct)
+            _read_groups(obj, path, dest, fo, do, ub, groups, local, direct)
             dest.release()
-        check_unchanged(fd, path, before)
+        obj.check_unchanged()
         if header.dtype.byteorder not in "=|":
             stage.byteswap(inplace=True)  # the file is foreign-endian: make the values native
         if not direct_ok:
@@ -709,7 +672,7 @@ def read_npy_window(
     except OSError as e:
         raise _io_error(path, e) from None
     finally:
-        os.close(fd)
+        obj.close()
         _account(stats, local)
 
 
@@ -717,11 +680,8 @@ def read_npy_window(
 def _head_and_size(path: str, n: int) -> tuple[bytes, int]:
     """The first ``n`` bytes and the size of ``path``, opened as the readers open files (read-only,
     refusing anything but a regular file)."""
-    fd = _open(path)
-    try:
-        return os.pread(fd, n, 0), os.fstat(fd).st_size
-    finally:
-        os.close(fd)
+    with _open(path) as obj:
+        return obj.pread(n, 0), obj.size
 
 
 def _npy_headers(files: Sequence[str], first: NpyHeader, first_check: bytes):
@@ -813,7 +773,8 @@ def plan_npy_files(files: Sequence[str], *, region_of, index_maps=None, sample_s
             plan_of_header[check] = plans.add_plan(ReadPlan.from_units(
                 wplan, h.dtype, h.fortran_order, u.file_off, u.dst_off, u.unit_bytes, u.groups, check, repeat=u.repeat))
         k = plan_of_header[check]
-        plans.files.append(PlanFile(files[i], h.file_size))  # one entry per file: item i reads file i
+        store, key = store_of(files[i])
+        plans.files.append(PlanFile(key, h.file_size, store=store.spec))  # one entry per file: item i reads file i
         items.append((k, [(i, k, 0, 0)]))
     plans.items = items
     return plans

@@ -41,12 +41,13 @@ import numpy as np
 from dali_mesh.io._common import DataFileError
 from dali_mesh.io._plan import WindowPlan
 from dali_mesh.partition import check_fill_value
+from dali_mesh.storage import store_of
 
 __all__ = ["AxisProgram", "CHECK_JSON", "CODECS", "Coder", "NotNativeError", "PLAN_MAGIC", "PlanFile", "PlanItem", "PlanPart",
            "PlanFolderError", "PlanSet", "ReadPlan", "decode", "encode", "native_dtype_of", "stack_channels"]
 
 #: The plan file's first 8 bytes: the format and its version (bumped whenever a table changes).
-PLAN_MAGIC = b"DMPLAN07"
+PLAN_MAGIC = b"DMPLAN08"
 #: ``check_offset`` of a plan whose check is a JSON metadata file (a Zarr array's ``.zarray`` or
 #: ``zarr.json``), compared whole in canonical form (``kCheckJson`` in read_plan.h).
 CHECK_JSON = -1
@@ -119,8 +120,8 @@ _READ_PLAN = (
     Field("axes", "records", "ndim", _AXIS_PROGRAM),
 )
 
-_PLAN_FILE = (Field("path", "bytes"), Field("expected_size", "int"), Field("expected_mtime_ns", "int"),
-              Field("check_offset", "int"), Field("check", "bytes"))
+_PLAN_FILE = (Field("store", "int"), Field("key", "bytes"), Field("size", "int"), Field("mtime_ns", "int"),
+              Field("tag", "bytes"), Field("check_offset", "int"), Field("check", "bytes"))
 
 _CODER = (
     Field("n_steps", "count", "ids"),
@@ -354,16 +355,23 @@ class Coder(NamedTuple):
 
 
 class PlanFile(NamedTuple):
-    """A file read by the plans: its path, its expected size and modification time in ns (-1: not
-    checked; HDF5 files check it: see read_plan.h), and bytes it must hold at ``check_offset`` at
-    every read (-1: none; a Zarr shard's index, so that a shard rewritten at the same size with its
-    modification time put back is refused, not read through the index of its former version)."""
+    """An object read by the plans: ``(store, key, version)`` and a check.
 
-    path: str
-    expected_size: int = -1
-    expected_mtime_ns: int = -1
+    ``store`` is the byte store's spec (``"file"``: this machine's files; no credential ever goes
+    into it), ``key`` the object's key in it (a file's path). The version every read checks: ``size``
+    and, for files, the modification time in ns ``mtime_ns`` (-1: not checked; HDF5 files check it:
+    see read_plan.h); an object store's ETag or generation ``tag`` (empty: none). ``check`` are bytes
+    the object must hold at ``check_offset`` at every read (-1: none; a Zarr shard's index, so that a
+    shard rewritten at the same size with its modification time put back is refused, not read
+    through the index of its former version)."""
+
+    key: str
+    size: int = -1
+    mtime_ns: int = -1
     check_offset: int = -1
     check: bytes = b""
+    store: str = "file"
+    tag: bytes = b""
 
 
 class PlanPart(NamedTuple):
@@ -408,7 +416,7 @@ class PlanSet:
     plans: list[ReadPlan] = field(default_factory=list)
     files: list[PlanFile] = field(default_factory=list)
     _plan_index: dict = field(default_factory=dict, repr=False)
-    file_index: dict = field(default_factory=dict, repr=False)  # path -> index in files
+    file_index: dict = field(default_factory=dict, repr=False)  # (store, key) -> index in files
     # the items encoded (int64 words: per item finish, number of parts, then (file, plan, base,
     # dst_base) per part), built with numpy for time series of many steps: a list of tuples per
     # step would cost more than the reads it plans
@@ -460,15 +468,21 @@ class PlanSet:
             self.plans.append(plan)
         return idx
 
-    def add_file(self, path: str, expected_size: int = -1, expected_mtime_ns: int = -1, check_offset: int = -1,
-                 check: bytes = b"") -> int:
-        """The index of ``path`` in :attr:`files` (added the first time, with the size, modification
-        time and bytes at ``check_offset`` every read checks; -1: not checked)."""
-        idx = self.file_index.get(path)
+    def add_file(self, key: str, size: int = -1, mtime_ns: int = -1, check_offset: int = -1,
+                 check: bytes = b"", store: str = "file", tag: bytes = b"") -> int:
+        """The index of object ``key`` of the store ``store`` (its spec) in :attr:`files` (added the first
+        time, with the version (size, modification time, tag) and bytes at ``check_offset`` every read
+        checks; -1: not checked)."""
+        idx = self.file_index.get((store, key))
         if idx is None:
-            idx = self.file_index[path] = len(self.files)
-            self.files.append(PlanFile(path, int(expected_size), int(expected_mtime_ns), int(check_offset), bytes(check)))
+            idx = self.file_index[(store, key)] = len(self.files)
+            self.files.append(PlanFile(key, int(size), int(mtime_ns), int(check_offset), bytes(check), str(store),
+                                       bytes(tag)))
         return idx
+
+    def file_of(self, key: str, store: str = "file") -> int | None:
+        """The index of object ``key`` of ``store`` in :attr:`files`, or ``None``."""
+        return self.file_index.get((store, key))
 
     def add_coder(self, coder: Coder) -> int:
         """The index of ``coder`` in :attr:`coders` (equal coders are stored once)."""
@@ -553,9 +567,14 @@ class PlanSet:
     def to_bytes(self) -> bytes:
         from dali_mesh import _kernels  # the checksum is the reader's own code
 
-        out = [PLAN_MAGIC, _word(len(self.plans)), _word(len(self.files)), _word(self.num_items),
-               _word(len(self.coders)), _word(len(self._chunk_rows))]
-        out += [encode(_PLAN_FILE, PlanFile(os.fsencode(f.path), *f[1:])) for f in map(_plan_file, self.files)]
+        files = [_plan_file(f) for f in self.files]
+        stores = list(dict.fromkeys(f.store for f in files)) or ["file"]
+        store_index = {spec: i for i, spec in enumerate(stores)}
+        out = [PLAN_MAGIC, _word(len(stores))]
+        out += [encode((Field("spec", "bytes"),), _Spec(spec.encode())) for spec in stores]
+        out += [_word(len(self.plans)), _word(len(files)), _word(self.num_items), _word(len(self.coders)),
+                _word(len(self._chunk_rows))]
+        out += [encode(_PLAN_FILE, f._replace(key=os.fsencode(f.key), store=store_index[f.store])) for f in files]
         out += [encode(_CODER, c) for c in self.coders]
         out.append(np.asarray(self._chunk_rows, np.int64).reshape(-1).astype("<i8").tobytes())
         out += [p.to_bytes() for p in self.plans]
@@ -726,6 +745,10 @@ def stack_channels(sets: Sequence["PlanSet"], channel_axis: int, has_channel_axi
     return out
 
 
+class _Spec(NamedTuple):
+    spec: bytes
+
+
 class PlanFolderError(DataFileError):
     """A folder for plan files that another user could write into (or not a folder of this user)."""
 
@@ -819,7 +842,7 @@ def _remove_written() -> None:
 
 
 def read_file_at(path: str, offset: int, size: int) -> bytes:
-    """``size`` bytes of ``path`` at ``offset`` (fewer at the end of the file), for plan-time checks."""
-    with open(path, "rb") as f:
-        f.seek(offset)
-        return f.read(size)
+    """``size`` bytes of ``path`` (a location: a path or a URL) at ``offset`` (fewer at the end), for
+    plan-time checks, read through its byte store."""
+    store, key = store_of(path)
+    return store.read_range(key, offset, size)

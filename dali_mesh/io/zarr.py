@@ -39,9 +39,9 @@ from dali_mesh.io.read_plan import (
     PlanSet,
     ReadPlan,
     native_dtype_of,
-    read_file_at,
 )
 from dali_mesh.partition import Region
+from dali_mesh.storage import ByteStore, store_of
 
 __all__ = ["open_zarr_array", "plan_zarr_steps", "read_zarr_window"]
 
@@ -361,8 +361,8 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
 
     l0, l1 = steps
     locals_ = np.arange(l0, l1, dtype=np.int64)
-    arr = open_zarr_array(store, name)  # a local directory store (LocalStore) at `store`
-    root = os.fspath(store)
+    arr = open_zarr_array(store, name)
+    bytes_store, root = store_of(store)
     coding = _zarr_coding(arr, store)
     stored, steps = coding.stored, coding.steps
     plans: PlanSet = plans_of(native_dtype_of(stored, store))
@@ -379,8 +379,8 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     folder = os.path.join(root, *arr.path.split("/")) if arr.path else root
     meta = os.path.join(folder, ".zarray" if arr.metadata.zarr_format == 2 else "zarr.json")
     try:
-        meta_bytes = read_file_at(meta, 0, 1 << 30)
-    except OSError as e:
+        meta_bytes = bytes_store.read_range(meta, 0, 1 << 30)
+    except (OSError, DataFileError) as e:
         raise NotNativeError(f"{store}: the metadata file {meta} cannot be read ({e})") from None
     # in canonical form, attributes left out: adding one (z.attrs[...] = ...) rewrites zarr.json
     # but not the chunks, so the reads go on; any other change is refused
@@ -388,14 +388,14 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     if canon is None:
         raise NotNativeError(f"{meta}: the metadata file is not one JSON object")
     meta_plan = plans.add_plan(ReadPlan.reads_only(shape, stored, [], [], [], [], canon, CHECK_JSON))
-    meta_file = plans.add_file(meta)  # its size changes with its attributes: not checked
+    meta_file = plans.add_file(meta, store=bytes_store.spec)  # its size changes with its attributes: not checked
     budget(locals_.size * (1 + count_chunk_pieces(wplan, chunks)))  # before the pieces are made
     first_chunk = l0 // ct
     if steps is not None:
         check_coded_chunk(store, chunks, stored.itemsize)
         coder = plans.add_coder(Coder(steps, chunk_bytes, _fill_bytes(arr, stored)))
-        chunk_of = _ShardIndex(arr, folder, plans, coding, chunks, coder) if coding.shard else \
-            _chunk_files(arr, folder, plans, coder)
+        chunk_of = _ShardIndex(arr, bytes_store, folder, plans, coding, chunks, coder) if coding.shard else \
+            _chunk_files(arr, bytes_store, folder, plans, coder)
         pieces = chunk_pieces(wplan, chunks, stored, merge_gap, coding.fortran)
         return _coded_parts(plans, shape, chunks, stored, pieces, step_stride, chunk_of, locals_,
                             (meta_file, meta_plan)), finish, wplan
@@ -403,7 +403,7 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     # metadata file claiming a huge grid) falls back after a stat per chunk, not after planning all
     for coords in chunk_coords(wplan, chunks):
         key = arr.metadata.encode_chunk_key((first_chunk,) + coords)
-        if not os.path.exists(os.path.join(folder, *key.split("/"))):
+        if _stored_version(bytes_store, os.path.join(folder, *key.split("/")), key) is None:
             raise NotNativeError(f"{os.path.join(folder, *key.split('/'))}: chunk file missing (it reads as fill "
                                  "values)")
     pieces = chunk_pieces(wplan, chunks, stored, merge_gap, coding.fortran)
@@ -416,16 +416,15 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
         for k, c in enumerate(chunk_ids):
             key = arr.metadata.encode_chunk_key((c,) + coords)
             path = os.path.join(folder, *key.split("/"))
-            fidx = plans.file_index.get(path)
+            fidx = plans.file_of(path, bytes_store.spec)
             if fidx is None:
-                try:
-                    size = os.stat(path).st_size
-                except FileNotFoundError:
-                    raise NotNativeError(f"{path}: chunk file missing (it reads as fill values)") from None
-                if size != chunk_bytes:
-                    raise NotNativeError(f"{path}: chunk file of {size} bytes, not the {chunk_bytes} of a "
+                version = _stored_version(bytes_store, path, key)
+                if version is None:
+                    raise NotNativeError(f"{path}: chunk file missing (it reads as fill values)")
+                if version.size != chunk_bytes:
+                    raise NotNativeError(f"{path}: chunk file of {version.size} bytes, not the {chunk_bytes} of a "
                                          "raw chunk")
-                fidx = plans.add_file(path, chunk_bytes)
+                fidx = plans.add_file(path, chunk_bytes, store=bytes_store.spec, tag=version.tag.encode())
             files[k] = fidx
         parts[:, 1 + j, 0] = files[locals_ // ct - first_chunk]
         parts[:, 1 + j, 1] = pidx
@@ -433,7 +432,7 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     return parts, finish, wplan
 
 
-def _chunk_files(arr, folder, plans: PlanSet, coder: int):
+def _chunk_files(arr, bytes_store: ByteStore, folder, plans: PlanSet, coder: int):
     """``chunk_of(chunk coordinates)``: the chunk table entry of a chunk stored as its own file (its
     size: one stat per chunk file; a missing one reads as the fill value and must still be missing
     when read)."""
@@ -441,25 +440,25 @@ def _chunk_files(arr, folder, plans: PlanSet, coder: int):
     def chunk_of(coords) -> int:
         key = arr.metadata.encode_chunk_key(tuple(coords))
         path = os.path.join(folder, *key.split("/"))
-        fidx = plans.file_index.get(path)
+        fidx = plans.file_of(path, bytes_store.spec)
         if fidx is None:
-            st = _stored_stat(path, key)
-            fidx = plans.add_file(path, -1 if st is None else st.st_size)
-        return plans.add_chunk(fidx, 0, plans.files[fidx].expected_size, coder)
+            version = _stored_version(bytes_store, path, key)
+            fidx = plans.add_file(path, -1 if version is None else version.size, store=bytes_store.spec,
+                                  tag=b"" if version is None else version.tag.encode())
+        return plans.add_chunk(fidx, 0, plans.files[fidx].size, coder)
 
     return chunk_of
 
 
-def _stored_stat(path: str, key: str) -> os.stat_result | None:
-    """The ``stat`` of a chunk or shard file, None when it is missing; a key that is not a regular
-    file is :class:`NotRegularFileError` (a FIFO would block a reader)."""
+def _stored_version(bytes_store: ByteStore, path: str, key: str):
+    """The version of a chunk or shard object (a :class:`~dali_mesh.storage.Version`), None when it is
+    missing; a key that is not a regular file is :class:`NotRegularFileError` (a FIFO would block a
+    reader)."""
     try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        raise NotRegularFileError(path, f"Zarr key {key!r} is not a regular file; a store holds regular files only")
-    return st
+        return bytes_store.stat(path)
+    except NotRegularFileError:
+        raise NotRegularFileError(path, f"Zarr key {key!r} is not a regular file; a store holds regular files "
+                                  "only") from None
 
 
 def _coords(k: int, shape) -> tuple[int, ...]:
@@ -475,8 +474,8 @@ class _ShardIndex:
     an index that points past the shard or lists overlapping chunks is a :class:`HeaderError`
     naming the shard and the chunk."""
 
-    def __init__(self, arr, folder, plans: PlanSet, coding: _Coding, inner, coder: int):
-        self.arr, self.folder, self.plans, self.coder = arr, folder, plans, coder
+    def __init__(self, arr, bytes_store: ByteStore, folder, plans: PlanSet, coding: _Coding, inner, coder: int):
+        self.arr, self.bytes_store, self.folder, self.plans, self.coder = arr, bytes_store, folder, plans, coder
         self.ratio = tuple(s // c for s, c in zip(coding.shard, inner))
         if any(s % c for s, c in zip(coding.shard, inner)):
             raise NotNativeError(f"{folder}: shard shape {coding.shard} is not a multiple of the chunk shape {inner}")
@@ -487,18 +486,18 @@ class _ShardIndex:
     def _read_index(self, shard: tuple[int, ...]):
         key = self.arr.metadata.encode_chunk_key(shard)
         path = os.path.join(self.folder, *key.split("/"))
-        st = _stored_stat(path, key)
-        if st is None:
+        version = _stored_version(self.bytes_store, path, key)
+        if version is None:
             return path, None, None
-        size = st.st_size
+        size = version.size
         nbytes = 16 * self.n + 4 * self.crc
         if size < nbytes:
             raise HeaderError(path, f"shard {key!r} is {size} bytes, smaller than its index ({nbytes} bytes)")
         at = size - nbytes if self.at_end else 0
-        raw = read_file_at(path, at, nbytes)
+        raw = self.bytes_store.read_range(path, at, nbytes)
         # size, modification time and the index's bytes as the index was read: every read checks
         # them, so a shard rewritten since is refused, even at its old size and time (cp -p)
-        fidx = self.plans.add_file(path, size, st.st_mtime_ns, at, raw)
+        fidx = self.plans.add_file(path, size, version.mtime_ns, at, raw, self.bytes_store.spec, version.tag.encode())
         if self.crc:
             import google_crc32c
 
@@ -533,9 +532,9 @@ class _ShardIndex:
             got = self.index[shard] = self._read_index(shard)
         path, fidx, table = got
         if table is None:  # the whole shard was never written
-            fidx = self.plans.file_index.get(path)
+            fidx = self.plans.file_of(path, self.bytes_store.spec)
             if fidx is None:
-                fidx = self.plans.add_file(path, -1)
+                fidx = self.plans.add_file(path, -1, store=self.bytes_store.spec)
             return self.plans.add_chunk(fidx, 0, -1, self.coder)
         k = int(np.ravel_multi_index(tuple(c % r for c, r in zip(coords, self.ratio)), self.ratio))
         off, ln = int(table[k, 0]), int(table[k, 1])

@@ -61,12 +61,12 @@ uint64_t ReadEverything(const char *path, int64_t task_bytes) {
         std::vector<std::pair<int64_t, int64_t>> ranges;  // what the part copies out, as the operator asks
         AddUnitRanges(plan, part.base, &ranges);
         MergeRanges(&ranges);
-        ReadChunk(set, part.file, plan, set.files[set.chunks[part.file].file].path, &stored, decoded.get(), &ranges);
+        ReadChunk(set, part.file, plan, set.files[set.chunks[part.file].file].key, &stored, decoded.get(), &ranges);
         CopyUnits(plan, decoded.get() + part.base, dst + part.dst_base);
         continue;
       }
       OpenFile file;
-      file.Open(set.files[part.file], plan, set.files[part.file].path);
+      file.Open(set.files[part.file], plan, set.files[part.file].key);
       for (const auto &task : SplitGroups(plan, task_bytes))
         ReadGroups(file, plan, part.base, task.first, task.second, dst + part.dst_base, &scratch);
     }

@@ -44,7 +44,9 @@ def _fnv(data: bytes) -> str:
 
 #: the sanitized harnesses of the fuzz tests: (main, sources, optimisation)
 CODEC_HARNESS = ("tests/io/codec_fuzz_main.cc", ("csrc/kernels/codecs.cc",), "-O1")
-PLAN_HARNESS = ("tests/io/plan_fuzz_main.cc", ("csrc/kernels/read_plan.cc", "csrc/kernels/codecs.cc"), "-O0")
+PLAN_HARNESS = ("tests/io/plan_fuzz_main.cc", ("csrc/kernels/read_plan.cc", "csrc/kernels/codecs.cc",
+                                               "csrc/storage/byte_store.cc", "csrc/storage/posix_store.cc",
+                                               "csrc/storage/reads_in_flight.cc"), "-O0")
 _EARLY: dict = {}  # harness -> (Popen, exe, -D flags): compiles started when the tests were collected
 
 

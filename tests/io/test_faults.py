@@ -201,16 +201,16 @@ def test_file_emptied_before_mmap_is_named(tmp_path, monkeypatch):
     path = str(tmp_path / "gone.npy")
     np.save(path, np.arange(64, dtype=np.float32).reshape(8, 8))
     region = Region((0, 0), (8, 8), (0, 0), (8, 8), (0, 0), (8, 8), "constant")
-    real = npy._read_header_fd
+    real = npy._read_header
     for size in (0, 100):
         np.save(path, np.arange(64, dtype=np.float32).reshape(8, 8))
 
-        def header_then_truncate(fd, p, stats, size=size):
-            h = real(fd, p, stats)
+        def header_then_truncate(obj, p, stats, size=size):
+            h = real(obj, p, stats)
             os.truncate(p, size)  # another process empties the file right after the header was read
             return h
 
-        monkeypatch.setattr(npy, "_read_header_fd", header_then_truncate)
+        monkeypatch.setattr(npy, "_read_header", header_then_truncate)
         with pytest.raises(DataFileError, match=r"gone\.npy: .*(changed size|shrank|memory-mapped)") as info:
             read_npy_window(path, region, method="mmap")
         assert info.value.path == path
@@ -218,4 +218,4 @@ def test_file_emptied_before_mmap_is_named(tmp_path, monkeypatch):
         np.save(path, np.arange(64, dtype=np.float32).reshape(8, 8))
         with pytest.raises(TruncatedFileError, match=r"gone\.npy"):
             read_npy_window(path, region)
-        monkeypatch.setattr(npy, "_read_header_fd", real)
+        monkeypatch.setattr(npy, "_read_header", real)

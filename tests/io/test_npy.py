@@ -431,24 +431,6 @@ def test_windows_of_every_rank_tile_the_domain(tmp_path):
     np.testing.assert_array_equal(got[1:9, 0:11], arr[1:9, 0:11])
 
 
-def test_short_reads_continue_and_a_shrunk_file_is_named(tmp_path):
-    from dali_mesh.io.npy import _preadv_all
-
-    path = tmp_path / "raw.bin"
-    path.write_bytes(bytes(range(100)))
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        a, b = bytearray(30), bytearray(50)
-        _preadv_all(fd, [memoryview(a), memoryview(b)], [30, 50], 10, str(path), IOStats())
-        assert bytes(a) == bytes(range(10, 40)) and bytes(b) == bytes(range(40, 90))
-        c, d = bytearray(60), bytearray(60)  # 120 bytes asked from 100: the second buffer ends early
-        with pytest.raises(TruncatedFileError, match="raw.bin.*truncated while reading"):
-            _preadv_all(fd, [memoryview(c), memoryview(d)], [60, 60], 0, str(path), IOStats())
-        assert bytes(d[:40]) == bytes(range(60, 100))
-    finally:
-        os.close(fd)
-
-
 def test_a_failing_read_is_named(tmp_path, monkeypatch):
     """EIO from the storage (faked here) arrives as a DataFileError naming the file, not a bare OSError."""
     import errno

@@ -35,7 +35,7 @@ def test_a_rewrite_between_two_reads_of_a_window_is_refused(tmp_path, monkeypatc
     path = str(tmp_path / "x.npy")
     versions = [np.full(SHAPE, v, np.float32) for v in (1.0, 2.0)]
     np.save(path, versions[0])
-    real = npy_module._preadv_all
+    real = npy_module.readv_all
     calls = []
 
     def preadv_then_rewrite(*args, **kwargs):
@@ -45,12 +45,12 @@ def test_a_rewrite_between_two_reads_of_a_window_is_refused(tmp_path, monkeypatc
             np.save(path, versions[1])
         return out
 
-    monkeypatch.setattr(npy_module, "_preadv_all", preadv_then_rewrite)
+    monkeypatch.setattr(npy_module, "readv_all", preadv_then_rewrite)
     monkeypatch.setattr(npy_module, "DEFAULT_MERGE_GAP", 0)
     with pytest.raises(FileChangedError, match=f"{path}: changed while it was read"):
         read_npy_window(path, _region(), merge_gap=0, page_merge=False)
     assert len(calls) > 1  # the window took several reads
-    monkeypatch.setattr(npy_module, "_preadv_all", real)
+    monkeypatch.setattr(npy_module, "readv_all", real)
     np.testing.assert_array_equal(read_npy_window(path, _region()), take_window(versions[1], _region()))
 
 

@@ -30,6 +30,7 @@ zarr = pytest.importorskip("zarr")
 numcodecs = pytest.importorskip("numcodecs")
 
 from dali_mesh import _kernels  # noqa: E402
+from dali_mesh.io.read_plan import PLAN_MAGIC  # noqa: E402
 from dali_mesh.pipeline import native  # noqa: E402
 from dali_mesh.source import HDF5Source, NumpySource, ZarrSource  # noqa: E402
 
@@ -105,7 +106,7 @@ def _mutant(rng, words: np.ndarray) -> np.ndarray:
 def _write(path, words: np.ndarray) -> str:
     body = words.astype("<i8").tobytes()
     with open(path, "wb") as f:
-        f.write(b"DMPLAN07" + body + _kernels.plan_checksum(body))
+        f.write(PLAN_MAGIC + body + _kernels.plan_checksum(body))
     return str(path)
 
 
@@ -116,7 +117,7 @@ def test_crafted_plan_words_never_crash_under_sanitizers(tmp_path):
     for k, (src, windows) in enumerate(_sources(tmp_path)):
         (plan,) = native.plan_windows(src)
         data = plan.to_bytes()
-        assert data[:8] == b"DMPLAN07"
+        assert data[:8] == PLAN_MAGIC
         words = np.frombuffer(data[8:-8], "<i8")
         h = 1469598103934665603
         for w in windows:

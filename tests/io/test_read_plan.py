@@ -17,7 +17,7 @@ from dali_mesh.io._plan import AxisPlan, WindowPlan, plan_window
 from dali_mesh.io.npy import DEFAULT_MERGE_GAP, plan_npy_units, read_npy_header
 from dali_mesh import Layout, _kernels
 dali = pytest.importorskip("nvidia.dali")
-from dali_mesh.io.read_plan import CHECK_JSON, PlanFile, PlanSet, ReadPlan  # noqa: E402
+from dali_mesh.io.read_plan import CHECK_JSON, PLAN_MAGIC, PlanFile, PlanSet, ReadPlan  # noqa: E402
 from tests.helpers import SEED, random_array  # noqa: E402
 from tests.helpers import mesh_of, needs_read_windows  # noqa: E402
 from tests.helpers import crafted_plan, crafted_plan_file, run_plan_file  # noqa: E402
@@ -156,8 +156,8 @@ def test_a_plan_file_loads_as_it_was_encoded(tmp_path, case, items_as_words):
         "plans": [_expected_plan(wplan, header.dtype, header.fortran_order, fo, do, ub, groups, npy_check, 0,
                                  units.repeat),
                   _expected_plan(_read_only(window), header.dtype, False, [], [], [], [], RAW_META, CHECK_JSON)],
-        "files": [{"path": os.fsencode(f.path), "expected_size": f.expected_size, "expected_mtime_ns": f.expected_mtime_ns,
-                   "check_offset": f.check_offset, "check": f.check} for f in plans.files],
+        "files": [{"store": f.store.encode(), "key": os.fsencode(f.key), "size": f.size, "mtime_ns": f.mtime_ns,
+                   "tag": f.tag, "check_offset": f.check_offset, "check": f.check} for f in plans.files],
         "parts": parts,
         "items": want_items,
         "coders": [],
@@ -373,7 +373,7 @@ def test_plan_checksum_of_cxx_equals_its_definition(tmp_path):
     plans.files.append(PlanFile(str(tmp_path / "data.bin"), 16))
     plans.items = [(0, [(0, 0, 0, 0)])]
     data = plans.to_bytes()
-    assert data[:8] == b"DMPLAN07"
+    assert data[:8] == PLAN_MAGIC
     assert _checksum(data[8:-8]) == data[-8:]
     with pytest.raises(_kernels.KernelsError, match="not a whole number of 8-byte words"):
         _kernels.plan_checksum(b"\0" * 12)

@@ -29,6 +29,7 @@ from dali_mesh.source import HDF5Source, NumpySource
 dali = pytest.importorskip("nvidia.dali")
 from nvidia.dali import fn, pipeline_def, types  # noqa: E402
 
+from dali_mesh.io.read_plan import PLAN_MAGIC  # noqa: E402
 from dali_mesh.pipeline import native  # noqa: E402
 from tests.helpers import (SEED, crafted_plan, crafted_plan_file, mesh_of, native_pipeline,  # noqa: E402
                            needs_read_windows, random_array, run_plan_file, run_python, run_python_bounded)
@@ -788,7 +789,7 @@ def test_npy_plan_checks_exactly_the_header_it_was_planned_from(tmp_path, monkey
     assert swapped == [files[0]]
     for i, item in enumerate(plan.items):
         p = plan.plans[item.parts[0].plan]
-        checked = real(files[i], p.check, plan.files[i].expected_size)
+        checked = real(files[i], p.check, plan.files[i].size)
         assert checked.shape == (4, 6) and p.shape == (2, 6), (i, checked.shape, p.shape)
     # and the reader refuses the replaced file instead of reading its bytes as the planned shape
     with pytest.raises(RuntimeError, match="s0.npy"):
@@ -817,7 +818,7 @@ def test_default_plans_are_sealed_in_memory_and_leave_no_file(tmp_path):
     fd = os.open(path, os.O_RDWR)
     try:
         with pytest.raises(PermissionError):
-            os.write(fd, b"DMPLAN07")  # sealed: F_SEAL_WRITE
+            os.write(fd, PLAN_MAGIC)  # sealed: F_SEAL_WRITE
     finally:
         os.close(fd)
     assert plan.write() == path  # one memfd per distinct plan

@@ -85,7 +85,7 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
     for (const auto &part : plans_.parts)
       if (first_path_[part.plan].empty())
         first_path_[part.plan] = plans_.files[plans_.plans[part.plan].coded ? plans_.chunks[part.file].file
-                                                                              : part.file].path;
+                                                                              : part.file].key;
   }
 
  protected:
@@ -201,13 +201,13 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
             if (t < np) {
               const auto &part = plans_.parts[batch_parts_[t].part];
               if (!plans_.plans[part.plan].coded)
-                PrefetchPath(plans_.files[part.file].path, plans_.plans[part.plan], part.base);
+                PrefetchPath(plans_.files[part.file], plans_.plans[part.plan], part.base);
               return;
             }
             const auto &ch = plans_.chunks[coded_[chunk_tasks_[t - np]].first];
             // a chunk read in parts: its header and block index (the kernel would read all it is told)
             const bool parts = MayReadInParts(plans_.coders[ch.coder], ch.nbytes, chunk_ranges_[t - np]);
-            PrefetchRange(plans_.files[ch.file].path, ch.offset, parts ? std::min<int64_t>(ch.nbytes, 64 << 10) : ch.nbytes);
+            PrefetchRange(plans_.files[ch.file], ch.offset, parts ? std::min<int64_t>(ch.nbytes, 64 << 10) : ch.nbytes);
           },
           np + n_chunk, [&](int64_t) { return 0; });
     }

@@ -1,0 +1,45 @@
+// dali_mesh: the byte store's registry and shared helpers (see byte_store.h).
+#include "storage/byte_store.h"
+
+#include <stdexcept>
+
+#include "storage/posix_store.h"
+
+namespace dali_mesh {
+
+const ByteStore *StoreOf(const std::string &spec) {
+  static const PosixStore kPosix;
+  if (spec == kPosix.spec()) return &kPosix;
+  return nullptr;
+}
+
+[[noreturn]] void StoreFail(const std::string &msg) { throw std::runtime_error("read_windows: " + msg); }
+
+std::string ShownName(const std::string &path) {
+  std::string out;
+  const auto *s = reinterpret_cast<const unsigned char *>(path.data());
+  const size_t n = path.size();
+  auto hex = [&](unsigned char c) {
+    static const char kDigits[] = "0123456789abcdef";
+    out += "\\x";
+    out += kDigits[c >> 4];
+    out += kDigits[c & 15];
+  };
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = s[i];
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    bool ok = len > 0 && i + len <= n && !(len == 2 && c < 0xc2);
+    for (size_t k = 1; ok && k < len; k++) ok = (s[i + k] & 0xc0) == 0x80;
+    if (ok && len == 1 && (c < 0x20 || c == 0x7f)) ok = false;
+    if (!ok) {
+      hex(c);
+      i++;
+    } else {
+      out.append(path, i, len);
+      i += len;
+    }
+  }
+  return out;
+}
+
+}  // namespace dali_mesh

@@ -1,0 +1,89 @@
+// dali_mesh: the byte store, the one seam between the reader and where bytes live. Host only,
+// DALI-free.
+//
+// A store is a key space of objects read by byte ranges: this machine's files (PosixStore) today;
+// HTTP(S), S3 and GCS objects next. The reader (csrc/kernels/read_plan.cc) never holds a file
+// descriptor: it opens a plan file's key in the store the plan names, reads byte ranges of the opened
+// object into its own buffers and checks, after the reads, that the object is still the version it
+// opened (a window is never a mix of two versions). The Python side has the same seam
+// (dali_mesh/storage/). The model: zarr-python's Store + ByteRequest, tensorstore's kvstore +
+// ByteRange, DALI's FileStream siblings (local, O_DIRECT, S3).
+#ifndef DALI_MESH_STORAGE_BYTE_STORE_H_
+#define DALI_MESH_STORAGE_BYTE_STORE_H_
+
+#include <sys/uio.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dali_mesh {
+
+// One version of an object: its size; for a file its device, inode, size, modification and change
+// times (ns); for an object store its ETag or generation (tag).
+struct ObjectVersion {
+  int64_t size = -1;
+  int64_t mtime_ns = -1;
+  std::array<int64_t, 5> identity{};
+  std::string tag;
+  bool operator==(const ObjectVersion &o) const {
+    return size == o.size && mtime_ns == o.mtime_ns && identity == o.identity && tag == o.tag;
+  }
+  bool operator!=(const ObjectVersion &o) const { return !(*this == o); }
+};
+
+// An object opened for reading. Its version is fixed at the open; errors name the object.
+class StoredObject {
+ public:
+  virtual ~StoredObject() = default;
+  // The object as messages show it (a path, a URL without credentials).
+  const std::string &name() const { return name_; }
+  const ObjectVersion &version() const { return version_; }
+  int64_t size() const { return version_.size; }
+  // Reads up to `n` bytes at `offset` into `dst`: the bytes read (fewer than `n` only at the end of
+  // the object), or -errno (-ECANCELED for a read cancelled by CancelReads).
+  virtual int64_t ReadAt(char *dst, int64_t n, int64_t offset) const = 0;
+  // Fills every buffer of `iov`, in order, from `offset` on (the iovecs are consumed); fails naming
+  // the object and the byte when a read fails, is cancelled or ends early (the object shrank).
+  virtual void ReadVector(std::vector<struct iovec> *iov, int64_t offset) const = 0;
+  // Fails naming the object when it is not the version opened (rewritten in place while it was
+  // read: what was read may mix two versions).
+  virtual void CheckUnchanged() const = 0;
+
+ protected:
+  std::string name_;
+  ObjectVersion version_;
+};
+
+class ByteStore {
+ public:
+  virtual ~ByteStore() = default;
+  // What a plan names the store by (no credential ever goes into it).
+  virtual const std::string &spec() const = 0;
+  // The object `key` opened for reading; fails naming it when it does not exist ("no such file"),
+  // is no object (a folder, a FIFO) or cannot be opened.
+  virtual std::unique_ptr<StoredObject> Open(const std::string &key) const = 0;
+  // Whether `key` exists (a chunk the plan found missing must still be missing).
+  virtual bool Exists(const std::string &key) const = 0;
+  // Announces reads of [offset, offset + bytes) ranges of `key` that come soon (a hint: errors are
+  // left to the reads).
+  virtual void Prefetch(const std::string &key, const std::vector<std::pair<int64_t, int64_t>> &ranges) const = 0;
+};
+
+// The store a plan names by `spec` ("file": this machine's files), or nullptr when this build has
+// none of that name.
+const ByteStore *StoreOf(const std::string &spec);
+
+// A key as messages show it: valid UTF-8 as is, other bytes and control characters as \xNN (a Linux
+// path may hold any bytes; an error text that is not UTF-8 would not reach Python).
+std::string ShownName(const std::string &key);
+
+// Throws the reader's error (std::runtime_error "read_windows: <msg>").
+[[noreturn]] void StoreFail(const std::string &msg);
+
+}  // namespace dali_mesh
+
+#endif  // DALI_MESH_STORAGE_BYTE_STORE_H_

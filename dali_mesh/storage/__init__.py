@@ -1,0 +1,50 @@
+"""Byte stores: where the bytes of the formats live, behind one seam (see :mod:`.base`).
+
+``store_of(location)`` gives the store and key of a location. Local paths are read by the
+:class:`~dali_mesh.storage.local.LocalStore` (POSIX: ``preadv``, ``fadvise``, ``O_DIRECT``, ``mmap``);
+another backend registers its URL scheme with :func:`register_scheme` and passes the shared store
+tests (``tests/storage/store_tests.py``).
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from dali_mesh.storage.base import ByteStore, StoredObject, Version, read_exactly, readv_all
+from dali_mesh.storage.errors import (DataFileError, FileChangedError, MissingFileError, NotRegularFileError,
+                                      TruncatedFileError)
+from dali_mesh.storage.local import LOCAL, LocalStore
+
+__all__ = ["ByteStore", "DataFileError", "FileChangedError", "LOCAL", "LocalStore", "MissingFileError",
+           "NotRegularFileError", "StoredObject", "TruncatedFileError", "UnsupportedLocationError", "Version",
+           "read_exactly", "readv_all", "register_scheme", "store_of"]
+
+_SCHEMES: dict[str, Callable[[str, dict], tuple[ByteStore, str]]] = {}
+
+
+class UnsupportedLocationError(DataFileError):
+    """A location whose URL scheme no store of this build reads."""
+
+
+def register_scheme(scheme: str, resolve: Callable[[str, dict], tuple[ByteStore, str]]) -> None:
+    """Makes ``scheme://...`` locations read by the store ``resolve(location, options)`` returns
+    (with the key in it)."""
+    _SCHEMES[scheme.lower()] = resolve
+
+
+def store_of(location, options: dict | None = None) -> tuple[ByteStore, str]:
+    """The store and key of ``location``: a local path (or ``file://`` URL) is a key of the local
+    store; ``scheme://...`` goes to the store registered for its scheme."""
+    location = os.fspath(location)
+    scheme, sep, rest = location.partition("://")
+    if not sep or "/" in scheme or not scheme.isidentifier():
+        return LOCAL, location
+    scheme = scheme.lower()
+    if scheme == "file":
+        return LOCAL, rest
+    resolve = _SCHEMES.get(scheme)
+    if resolve is None:
+        known = ", ".join(sorted(_SCHEMES)) or "none"
+        raise UnsupportedLocationError(location, f"no store of this build reads {scheme}:// locations (local paths "
+                                                 f"and file:// are read; other schemes registered: {known})")
+    return resolve(location, dict(options or {}))

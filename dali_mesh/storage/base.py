@@ -1,0 +1,169 @@
+"""The byte store: the one seam between the formats and where their bytes live.
+
+A store is a key space of immutable-while-read objects (files today; HTTP, S3 and GCS objects next).
+Formats (``.npy``, HDF5, Zarr) and the plan never touch a file descriptor: they ask a store to
+``open`` a key, read byte ranges of the opened object into their own buffers, and check at the end
+that the object is still the version they opened (a window is never a mix of two versions).
+
+The model is zarr-python 3's ``abc/store.py`` (``Store.get(key, prototype, byte_range)``),
+tensorstore's ``kvstore`` (``ByteRange``) and DALI's ``util/file.h`` (``FileStream`` with local,
+O_DIRECT and S3 siblings). The C++ reader has the same seam (``csrc/storage/byte_store.h``).
+"""
+from __future__ import annotations
+
+import abc
+from typing import NamedTuple, Sequence
+
+__all__ = ["IOV_MAX", "ByteStore", "StoredObject", "Version", "read_exactly", "readv_all"]
+
+
+class Version(NamedTuple):
+    """What identifies one version of an object: its size, and for a file its modification time in
+    ns (``-1``: not known); an object store's ETag or generation goes in ``tag``. A plan records the
+    version it was made from, and every read checks it."""
+
+    size: int
+    mtime_ns: int = -1
+    tag: str = ""
+
+
+class StoredObject(abc.ABC):
+    """One object opened for reading (``ByteStore.open``): its version is fixed at the open, and every
+    read reads that version or fails (``check_unchanged`` after the reads finds a rewrite). Closes on
+    ``close()`` or at the end of a ``with`` block."""
+
+    #: the store it belongs to and its key in it
+    store: "ByteStore"
+    key: str
+
+    @property
+    def name(self) -> str:
+        """The object as errors name it (a path, a URL without credentials)."""
+        return self.store.name_of(self.key)
+
+    @property
+    @abc.abstractmethod
+    def version(self) -> Version:
+        """The version opened."""
+
+    @property
+    def size(self) -> int:
+        return self.version.size
+
+    @abc.abstractmethod
+    def readv(self, buffers: Sequence, offset: int) -> int:
+        """Reads into ``buffers`` (writable buffers, in order) the bytes from ``offset`` on, as one
+        request; returns how many bytes it read (fewer than asked only at the end of the object, or
+        for a read that may be continued: callers loop, see :func:`read_exactly`)."""
+
+    def pread(self, n: int, offset: int) -> bytes:
+        """Up to ``n`` bytes at ``offset`` (fewer at the end of the object)."""
+        buf = bytearray(max(0, n))
+        got = self.readv([buf], offset) if n > 0 else 0
+        return bytes(buf[:got])
+
+    @abc.abstractmethod
+    def check_unchanged(self) -> None:
+        """:class:`~dali_mesh.storage.errors.FileChangedError` naming the object if it is no longer the
+        version opened (rewritten in place while it was read)."""
+
+    def close(self) -> None:
+        """Releases the object (idempotent)."""
+
+    def __enter__(self) -> "StoredObject":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class ByteStore(abc.ABC):
+    """A key space of objects read by byte ranges.
+
+    ``spec`` names the store in a plan (no credential ever goes into it); ``local`` says the keys are
+    file paths of this machine (the local fast paths: ``mmap``, ``O_DIRECT``, h5py by path)."""
+
+    spec: str = ""
+    local: bool = False
+
+    @abc.abstractmethod
+    def open(self, key: str, what: str = "file", *, direct: bool = False) -> StoredObject:
+        """The object ``key`` opened for reading; :class:`~dali_mesh.storage.errors.MissingFileError`
+        when it does not exist, :class:`~dali_mesh.storage.errors.NotRegularFileError` when it is no
+        object (a folder, a FIFO), a :class:`~dali_mesh.storage.errors.DataFileError` for any other
+        failure. ``what`` names the object's kind in those messages."""
+
+    @abc.abstractmethod
+    def stat(self, key: str) -> Version | None:
+        """The version of ``key``, or ``None`` when it does not exist."""
+
+    def name_of(self, key: str) -> str:
+        """``key`` as errors name it."""
+        return key
+
+    def read_range(self, key: str, offset: int, size: int) -> bytes:
+        """``size`` bytes of ``key`` at ``offset`` (fewer at its end): for plan-time checks."""
+        with self.open(key) as obj:
+            return read_exactly(obj, size, offset, allow_short=True)
+
+    def prefetch(self, key: str, ranges: Sequence[tuple[int, int]]) -> None:
+        """Announces reads of ``(offset, size)`` ranges of ``key`` that will come soon (a hint; errors
+        are left to the reads)."""
+
+    def cancel(self) -> None:
+        """Makes the reads in flight of this process fail (a pipeline stopped after an error)."""
+
+
+def read_exactly(obj: StoredObject, n: int, offset: int, *, allow_short: bool = False) -> bytes:
+    """``n`` bytes of ``obj`` at ``offset``, looping over short reads; fewer only at the end of the
+    object when ``allow_short``, else :class:`~dali_mesh.storage.errors.TruncatedFileError`."""
+    from dali_mesh.storage.errors import TruncatedFileError
+
+    buf = bytearray(max(0, n))
+    view = memoryview(buf)
+    done = 0
+    while done < n:
+        got = obj.readv([view[done:]], offset + done)
+        if got <= 0:
+            if allow_short:
+                break
+            raise TruncatedFileError(obj.name, f"read at byte {offset + done} returned nothing: the file was "
+                                               "truncated while reading")
+        done += got
+    view.release()
+    return bytes(buf[:done]) if done < n else bytes(buf)
+
+
+#: the most buffers one request takes (the kernel's IOV_MAX for files)
+IOV_MAX = 1024
+
+
+def readv_all(obj: StoredObject, bufs: list, lens: list, offset: int, stats=None) -> None:
+    """Reads every buffer of ``bufs`` (``lens``: their sizes) from ``offset`` on, in requests of at
+    most :data:`IOV_MAX` buffers, looping over short reads; a read that ends early means the object
+    shrank: :class:`~dali_mesh.storage.errors.TruncatedFileError` naming it. ``stats`` (an ``IOStats``)
+    counts the requests and bytes."""
+    from dali_mesh.storage.errors import TruncatedFileError
+
+    i = 0
+    while i < len(bufs):
+        j = min(i + IOV_MAX, len(bufs))
+        want = sum(lens[i:j])
+        got = obj.readv(bufs[i:j], offset)
+        if stats is not None:
+            stats.read_calls += 1
+            stats.bytes_read += got
+        offset += got
+        if got == want:
+            i = j
+            continue
+        if got == 0:
+            raise TruncatedFileError(obj.name, f"read at byte {offset} returned nothing: the file was truncated while "
+                                               "reading")
+        # drop the buffers filled, trim the partly filled one, and go on
+        while got >= lens[i]:
+            got -= lens[i]
+            i += 1
+        if got:
+            bufs = bufs[:i] + [bufs[i][got:]] + bufs[i + 1:]
+            lens = lens[:i] + [lens[i] - got] + lens[i + 1:]
