@@ -118,6 +118,8 @@ class _DatasetSource(WindowSource):
     ``sample_id`` ``i`` is the time step ``time_index(i)``; ``time_of(i)`` its ``datetime64``.
     """
 
+    fingerprint_fields = ("time_start",)
+
     def __init__(self, store, channels: Sequence, layout, *, time=None, time_stride: int = 1,
                  step=None, forecast: ForecastSpec | None = None, dtype=None, mean=None, std=None,
                  time_dim: str = "time", level_dim: str | None = None, levels_by: str = "value",

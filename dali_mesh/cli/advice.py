@@ -22,7 +22,8 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from dali_mesh.cli.args import UsageError, data_kind, find_data
+from dali_mesh.cli.args import UsageError, find_data
+from dali_mesh.io.formats import format_named
 from dali_mesh.io._plan import WindowPlan, plan_window
 from dali_mesh.io.hdf5 import only_dataset_name
 from dali_mesh.partition import Layout, LayoutError, Region
@@ -294,7 +295,7 @@ class LayoutTarget:
         if not needed:
             return [f"{self.path}: the windows read nothing from storage", self.native_path(layout)]
         worst, rank = self._worst
-        what = {"npy": ".npy file", "hdf5": "HDF5 dataset", "zarr": "Zarr array"}[self.kind]
+        what = format_named(self.kind).label
         layout_text = "contiguous" if self.chunks is None else f"chunks {self.chunks}"
         lines = [f"cold read of one sample per rank: {cold / needed:.2f}x the window bytes in all "
                  f"({what} {self.path}, {layout_text}); worst rank {rank}: {worst:.2f}x", self.native_path(layout)]
@@ -435,12 +436,17 @@ def open_layout_target(path: str, dataset: str | None = None, *, allow_external:
     ``allow_external``: read HDF5 datasets kept in or linked to other files (``--allow-external``)."""
     kind, files = find_data(path)
     first = files[0]
-    if kind == "npy":
+    target = _TARGETS.get(kind)
+    if target is None:  # pragma: no cover - a format registered without a layout target
+        raise LayoutError(f"--data {path!r}: the {kind} format has no layout advice")
+    if target is _NpyTarget:
         if dataset:
             raise UsageError("--dataset names an HDF5 dataset or Zarr array; a .npy file has none")
         return _NpyTarget(first)
-    if kind == "hdf5":
+    if target is _HDF5Target:
         return _HDF5Target(first, dataset, allow_external)
-    if data_kind(first) == "zarr":
-        return _ZarrTarget(first, dataset)
-    raise LayoutError(f"--data {path!r}: unknown kind {kind}")  # pragma: no cover - find_data knows three
+    return target(first, dataset)
+
+
+#: the layout target of each format, by its registered name (dali_mesh.io.formats)
+_TARGETS = {"npy": _NpyTarget, "hdf5": _HDF5Target, "zarr": _ZarrTarget}

@@ -14,6 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
+from dali_mesh.io.formats import FORMATS, format_of
 from dali_mesh.mesh import MeshInfo, parse_mesh_shape, resolve_mesh_shape
 from dali_mesh.partition import Layout, check_fill_value
 
@@ -226,33 +227,30 @@ def sample_count(shape: Sequence[int]) -> int:
 
 
 def data_kind(path: str) -> str | None:
-    """``"npy"``, ``"hdf5"`` or ``"zarr"`` by the name's suffix, else ``None``."""
-    p = str(path).rstrip("/")
-    if p.endswith(".npy"):
-        return "npy"
-    if p.endswith((".h5", ".hdf5", ".hdf")):
-        return "hdf5"
-    if p.endswith(".zarr"):
-        return "zarr"
-    return None
+    """The name of the registered format (:mod:`dali_mesh.io.formats`) that reads ``path``, by its
+    name (``"npy"``, ``"hdf5"``, ``"zarr"``), else ``None``."""
+    fmt = format_of(path)
+    return None if fmt is None else fmt.name
 
 
 def find_data(path: str, what: str = "--data") -> tuple[str, list[str]]:
-    """``(kind, files)`` of a data path: one ``.npy``/HDF5 file or Zarr store, or a folder of them
-    (the first kind found, files sorted by name)."""
+    """``(format name, files)`` of a data path: one file or store of a registered format, or a folder
+    of them (the first format found, in the registry's order; files sorted by name)."""
     if not os.path.exists(path):
         raise UsageError(f"{what} {path!r} does not exist")
-    kind = data_kind(path)
-    if kind == "zarr" or (kind is not None and not os.path.isdir(path)):
-        return kind, [path]
+    fmt = format_of(path)
+    if fmt is not None and (fmt.container == "store" or not os.path.isdir(path)):
+        return fmt.name, [path]
+    names = ", ".join(s for f in FORMATS.values() for s in f.probe_names())
     if not os.path.isdir(path):
-        raise UsageError(f"{what} {path!r} is neither a .npy, .h5/.hdf5 or .zarr file nor a folder of them")
+        raise UsageError(f"{what} {path!r} is neither a file or store of a known format ({names}) nor a folder of "
+                         "them")
     entries = sorted(os.path.join(path, e) for e in os.listdir(path))
-    for kind in ("npy", "hdf5", "zarr"):
-        files = [e for e in entries if data_kind(e) == kind]
+    for fmt in FORMATS.values():
+        files = [e for e in entries if fmt.probe(e)]
         if files:
-            return kind, files
-    raise UsageError(f"{what} {path!r} holds no .npy, .h5 or .zarr files")
+            return fmt.name, files
+    raise UsageError(f"{what} {path!r} holds no files of a known format ({names})")
 
 
 def parse_channels(text: str) -> list:

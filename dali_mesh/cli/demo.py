@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from dali_mesh.cli.args import UsageError, find_data, make_layout, parse_ints, positive_float, positive_int
-from dali_mesh.io.hdf5 import only_dataset_name
+from dali_mesh.io.formats import format_named
 from dali_mesh.io.pagecache import descendant_pids, evict, read_bytes
 from dali_mesh.io.read_plan import NotNativeError
 from dali_mesh.partition import take_window
@@ -139,34 +139,22 @@ def write_synthetic(folder: str, num_samples: int, shape, seed: int = 0) -> list
 def check_files(kind: str, files: list[str], dataset: str | None, allow_external: bool = False) -> None:
     """Every file of ``--data`` must be readable, whole and hold samples of one shape and dtype:
     checked here (headers only) so that a bad file is one line naming it, not a failed rank."""
+    fmt = format_named(kind)
+    options = {"h5_kwargs": {"allow_external": allow_external}} if "h5_kwargs" in fmt.option_names else {}
     seen = None
     for path in files:
-        if kind == "npy":
-            from dali_mesh.io.npy import read_npy_header  # noqa: PLC0415
-
-            header = read_npy_header(path)
-            shape, dtype = tuple(header.shape), header.native_dtype
-        elif kind == "hdf5":
-            from dali_mesh.io.hdf5 import open_hdf5_dataset  # noqa: PLC0415
-
-            f, ds = open_hdf5_dataset(path, dataset, allow_external=allow_external)
-            with f:
-                shape, dtype = tuple(ds.shape[1:]), ds.dtype.newbyteorder("=")
-        else:
-            from dali_mesh.io.zarr import open_zarr_array  # noqa: PLC0415
-
-            arr = open_zarr_array(path, dataset)
-            shape, dtype = tuple(arr.shape[1:]), np.dtype(arr.dtype).newbyteorder("=")
+        info = fmt.info(path, dataset, **options)
+        shape = tuple(info.shape[1:]) if fmt.steps else tuple(info.shape)
         if seen is None:
-            seen = (path, shape, dtype)
-        elif (shape, dtype) != seen[1:]:
-            raise UsageError(f"--data: {path} holds samples of {shape} {dtype} but {seen[0]} holds {seen[1]} "
+            seen = (path, shape, info.dtype)
+        elif (shape, info.dtype) != seen[1:]:
+            raise UsageError(f"--data: {path} holds samples of {shape} {info.dtype} but {seen[0]} holds {seen[1]} "
                              f"{seen[2]}: every file must hold samples of one shape and dtype")
 
 
 def _make_source(kind, files, dataset, layout, batch_size, allow_external=False, share=None):
     from dali_mesh import Layout, MeshInfo  # noqa: PLC0415
-    from dali_mesh.source import HDF5Source, NumpySource, ZarrSource  # noqa: PLC0415
+    from dali_mesh.source import NumpySource, array_source  # noqa: PLC0415
 
     if layout is None:  # the whole sample, to read metadata
         layout = Layout(MeshInfo((1,), ("data_parallel",)))
@@ -177,33 +165,28 @@ def _make_source(kind, files, dataset, layout, batch_size, allow_external=False,
         cls = ZarrDatasetSource if os.path.isdir(files[0]) else NetCDFDatasetSource
         return cls(files[0], parse_channels(dataset), layout, batch_size=batch_size, shuffle=True, seed=0,
                    share=share)
-    if kind == "npy":
+    fmt = format_named(kind)
+    if not fmt.steps:
         return NumpySource(files, layout, batch_size=batch_size, shuffle=True, seed=0, share=share)
-    if kind == "hdf5":
-        if dataset is None:
-            dataset = only_dataset_name(files[0])
-        return HDF5Source(files, dataset, layout, batch_size=batch_size, shuffle=True, seed=0,
-                          allow_external=allow_external, share=share)
-    return ZarrSource(files, dataset, layout, batch_size=batch_size, shuffle=True, seed=0, share=share)
+    options = {"allow_external": allow_external} if "h5_kwargs" in fmt.option_names else {}
+    return array_source(files, dataset or fmt.default_name(files[0]), layout, format=fmt, batch_size=batch_size,
+                        shuffle=True, seed=0, share=share, **options)
 
 
 def _full_sample(source, sample_id: int) -> np.ndarray:
-    """The whole sample, read plainly (the oracle the demo checks windows against)."""
+    """The whole sample, read plainly by the format's own library (the oracle the demo checks windows
+    against)."""
     if hasattr(source, "parts"):  # a dataset: every channel's whole field, by zarr-python / h5py
         return _dataset_sample(source, sample_id)
     if not hasattr(source, "locate"):
         return np.load(source.files[sample_id])
     fi, local = source.locate(source.step_of(sample_id))
-    path = source.files[fi]
-    if path.rstrip("/").endswith(".zarr"):
-        from dali_mesh.io.zarr import open_zarr_array  # noqa: PLC0415
-
-        return np.asarray(open_zarr_array(path, source.name)[local])
-    from dali_mesh.io.hdf5 import open_hdf5_dataset  # noqa: PLC0415
-
-    f, dataset = open_hdf5_dataset(path, source.name, **source.h5_kwargs)
-    with f:
-        return dataset[local]
+    fmt = source.format
+    handle = fmt.open(source.files[fi], source.name, **source.format_options)
+    try:
+        return fmt.read_whole(handle, local)
+    finally:
+        fmt.close(handle)
 
 
 def _dataset_sample(source, sample_id: int) -> np.ndarray:
@@ -437,8 +420,8 @@ def run(args: argparse.Namespace) -> int:
         probe = _make_source(kind, files, channels, layout_of(cfg, mesh), args.batch_size)
     elif args.data:
         kind, files = find_data(args.data)
-        if kind == "hdf5" and args.dataset is None:
-            args.dataset = cfg["dataset"] = only_dataset_name(files[0])
+        if args.dataset is None and format_named(kind).steps:
+            args.dataset = cfg["dataset"] = format_named(kind).default_name(files[0])
         check_files(kind, files, args.dataset, args.allow_external)
         probe = _make_source(kind, files, args.dataset, None, args.batch_size, args.allow_external)
         cfg["ndim"] = len(probe.sample_shape)

@@ -641,3 +641,13 @@ def _coded_parts(ds, path, plans: PlanSet, fidx, coder_of, pieces, offsets, loca
         parts[:, j, 2] = (locals_ % ct) * step_stride
     _check_chunk_lookups(ds, path, needed, offsets)
     return parts
+
+def hdf5_filter_names(dataset) -> tuple[str, ...]:
+    """A dataset's filters in encode order, by name (``()``: stored raw): what ``dali-mesh plan``
+    describes."""
+    dcpl = dataset.id.get_create_plist()
+    out = []
+    for i in range(dcpl.get_nfilters()):
+        code, _, _, label = dcpl.get_filter(i)
+        out.append(_FILTER_NAMES.get(code, label.decode(errors="replace") if isinstance(label, bytes) else str(label)))
+    return tuple(out)

@@ -561,3 +561,22 @@ def _coded_parts(plans: PlanSet, shape, chunks, stored, pieces, step_stride, chu
         parts[:, 1 + j, 1] = pidx
         parts[:, 1 + j, 2] = (locals_ % ct) * step_stride
     return parts
+
+
+def zarr_codec_names(arr) -> tuple[str, ...]:
+    """An array's filters and codecs in encode order, by name (``()``: stored raw; a sharded array's
+    inner codecs after ``sharding``): what ``dali-mesh plan`` describes."""
+    md = arr.metadata
+    if md.zarr_format == 2:
+        parts = list(md.filters or ()) + ([md.compressor] if md.compressor is not None else [])
+        return tuple(getattr(c, "codec_id", type(c).__name__) for c in parts)
+    out = []
+    for c in md.codecs:
+        name = type(c).__name__.removesuffix("Codec").lower()
+        if name == "bytes":
+            continue
+        out.append(name)
+        if name == "sharding":
+            out += [type(i).__name__.removesuffix("Codec").lower() for i in c.codecs
+                    if type(i).__name__ != "BytesCodec"]
+    return tuple(out)

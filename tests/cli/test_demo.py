@@ -96,7 +96,7 @@ def test_demo_data_truncated_file(data_dir, capsys):
 def test_demo_data_not_a_data_file(tmp_path, capsys):
     notes = tmp_path / "notes.txt"
     notes.write_text("hello")
-    _one_line_error(capsys, ["demo", "--data", str(notes)], "is neither a .npy, .h5/.hdf5 or .zarr file")
+    _one_line_error(capsys, ["demo", "--data", str(notes)], "is neither a file or store of a known format (.npy, .h5")
     _one_line_error(capsys, ["demo", "--data", str(tmp_path / "missing")], "does not exist")
 
 

@@ -1,0 +1,64 @@
+"""Checks of the arguments the sources share."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from dali_mesh._checks import is_int as _is_int
+from dali_mesh.io._common import normalise_index_maps
+
+__all__ = ["channel_maps", "check_sample_shape", "file_list", "normalise_maps"]
+
+
+def channel_maps(channels, channel_axis):
+    if channels is None:
+        return None
+    if not _is_int(channel_axis):
+        raise ValueError(f"channel_axis must be an integer, got {channel_axis!r}")
+    values = [channels] if _is_int(channels) else channels
+    try:
+        values = list(np.asarray(values, dtype=object).reshape(-1))
+    except (TypeError, ValueError):
+        raise ValueError(f"channels must be a sequence of integers, got {channels!r}") from None
+    bad = [v for v in values if not _is_int(v)]
+    if bad:
+        raise ValueError(f"channels must be integers, got {bad[0]!r} in {channels!r}")
+    ch = np.asarray([int(v) for v in values], dtype=np.int64)
+    if ch.size == 0:
+        raise ValueError("channels is empty: give at least one channel index, or None for all")
+    return {int(channel_axis): ch}
+
+
+def check_sample_shape(shape, what: str = "sample_shape") -> tuple[int, ...]:
+    """``shape`` as a tuple of ints: integers (numpy's too) > 0 only; ``8.5``, ``True`` or strings are
+    refused (they would silently become 8 or 1)."""
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+        raise ValueError(f"{what} must be a sequence of positive integers, got {shape!r}")
+    shape = tuple(shape)
+    bad = [s for s in shape if not _is_int(s) or s <= 0]
+    if bad or not shape:
+        raise ValueError(f"{what} must be a non-empty sequence of positive integers, got {shape!r}"
+                         + (f" ({bad[0]!r} is not one)" if bad else ""))
+    return tuple(int(s) for s in shape)
+
+
+def file_list(files, who: str, kind: str) -> list[str]:
+    if isinstance(files, (str, bytes, os.PathLike)):  # one path would otherwise be read as its letters
+        raise TypeError(f"{who} takes a list of {kind}s, got one path {os.fspath(files)!r}: pass [path]")
+    out = [os.fspath(f) for f in files]
+    if not out:
+        raise ValueError(f"{who} needs at least one {kind}")
+    return out
+
+
+def normalise_maps(maps, shape, path):
+    """``maps`` keyed by non-negative axes of a sample of ``shape`` (``channel_axis=-1`` is the last
+    axis): the readers' plans look maps up by non-negative axis, so a negative key must be resolved
+    once, where the sample's number of axes is known."""
+    if not maps:
+        return maps
+    return normalise_index_maps(maps, len(shape), path)
+
+
+# ---- one sample per .npy file ---------------------------------------------------------------------
