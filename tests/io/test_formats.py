@@ -1,0 +1,89 @@
+"""The format objects (dali_mesh/io/formats.py) against the formats' own libraries: numpy, h5py and
+zarr-python describe and read the same arrays; a source given a format reads what the named source
+of that format reads."""
+from __future__ import annotations
+
+import pickle
+
+import h5py
+import numcodecs
+import numpy as np
+import pytest
+import zarr
+
+from dali_mesh import Layout, MeshInfo
+from dali_mesh.io.formats import FORMATS, HDF5, NPY, ZARR, format_named, format_of
+from dali_mesh.partition import take_window
+from dali_mesh.source import ArraySource, HDF5Source, ZarrSource, array_source
+
+DATA = np.random.default_rng(3).standard_normal((6, 10, 12)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    d = tmp_path_factory.mktemp("formats")
+    np.save(d / "a.npy", DATA[0].astype(">f4"))
+    with h5py.File(d / "b.h5", "w") as f:
+        f.create_dataset("x", data=DATA, chunks=(1, 5, 6), compression="gzip", shuffle=True)
+    zarr.create_array(str(d / "c.zarr"), shape=DATA.shape, chunks=(1, 5, 12), shards=(2, 10, 12), dtype="f4")[:] = DATA
+    zarr.create_array(str(d / "d.zarr"), shape=DATA.shape, chunks=(1, 5, 6), dtype="f4", zarr_format=2,
+                      compressors=[numcodecs.Blosc("lz4")])[:] = DATA
+    return {k: str(d / k) for k in ("a.npy", "b.h5", "c.zarr", "d.zarr")}
+
+
+def test_each_location_is_found_by_its_format(stores):
+    assert [format_of(stores[k]) for k in ("a.npy", "b.h5", "c.zarr", "d.zarr")] == [NPY, HDF5, ZARR, ZARR]
+    assert format_of("x.txt") is None and format_of("/data/X.H5") is HDF5
+    assert set(FORMATS) == {"npy", "hdf5", "zarr"} and format_named("zarr") is ZARR
+    with pytest.raises(ValueError, match="no format named 'tiff'"):
+        format_named("tiff")
+    assert all(pickle.loads(pickle.dumps(f)) is f for f in FORMATS.values())
+
+
+def test_info_says_what_the_libraries_say(stores):
+    assert NPY.info(stores["a.npy"]) == (DATA.shape[1:], np.dtype("f4"), None, ())
+    with h5py.File(stores["b.h5"]) as f:
+        ds = f["x"]
+        want = (ds.shape, ds.dtype, ds.chunks)
+    got = HDF5.info(stores["b.h5"], "x")
+    assert (got.shape, got.dtype, got.chunks) == want and got.codecs == ("shuffle", "deflate")
+    assert HDF5.default_name(stores["b.h5"]) == "x"
+    for key, codecs in (("c.zarr", ("sharding", "zstd")), ("d.zarr", ("blosc",))):
+        arr = zarr.open_array(stores[key], mode="r")
+        got = ZARR.info(stores[key])
+        assert (got.shape, got.dtype, got.chunks, got.codecs) == (arr.shape, arr.dtype, arr.chunks, codecs)
+        assert ZARR.step_info(stores[key]) == (DATA.shape[0], DATA.shape[1:], np.dtype("f4"))
+
+
+@pytest.mark.parametrize("key,name", [("b.h5", "x"), ("c.zarr", None), ("d.zarr", None)])
+def test_a_window_read_by_a_format_equals_the_libraries_whole_read(stores, key, name):
+    fmt = format_of(stores[key])
+    layout = Layout(MeshInfo((3,), ("mp",), (1,)), shard={"mp": 0}, halo={0: 2, 1: 1}, boundary="reflect")
+    region = layout.region(DATA.shape[1:])
+    handle = fmt.open(stores[key], name)
+    try:
+        for step in (0, 5):
+            whole = fmt.read_whole(handle, step)
+            np.testing.assert_array_equal(whole, DATA[step])
+            out = np.empty(region.window_shape, np.float32)
+            fmt.read_window(handle, region, out, prefix=(step,))
+            np.testing.assert_array_equal(out, take_window(DATA[step], region))
+    finally:
+        fmt.close(handle)
+
+
+def test_a_source_given_a_format_reads_as_the_named_source(stores):
+    layout = Layout(MeshInfo((2,), ("mp",), (1,)), shard={"mp": 1}, halo={1: 1})
+    named = {"hdf5": HDF5Source([stores["b.h5"]], "x", layout, batch_size=1, shuffle=False),
+             "zarr": ZarrSource([stores["d.zarr"]], None, layout, batch_size=1, shuffle=False)}
+    for fmt, src in named.items():
+        plain = ArraySource(src.files, src.name, layout, format=fmt, batch_size=1, shuffle=False,
+                            format_options=src.format_options)
+        made = array_source(src.files, src.name, layout, format=fmt, batch_size=1, shuffle=False)
+        assert type(made) is type(src) and made.fingerprint() == src.fingerprint()
+        for i in range(src.num_samples):
+            want = take_window(DATA[i], src.region)
+            for s in (src, plain, made):
+                np.testing.assert_array_equal(s.read_sample(i)[0], want)
+    with pytest.raises(ValueError, match="format must name a format of samples along axis 0"):
+        ArraySource([stores["a.npy"]], None, layout, format="npy")
