@@ -55,6 +55,7 @@ from dali_mesh.io.read_plan import (
     PlanSet,
     ReadPlan,
     native_dtype_of,
+    native_store,
     read_file_at,
 )
 from dali_mesh.partition import Region
@@ -190,6 +191,14 @@ def open_hdf5_file(path: str | os.PathLike, **file_kwargs):
 def _open_file(path: str, random_access: bool, file_kwargs):
     import h5py
 
+    bytes_store, key = store_of(path)
+    if not bytes_store.local:  # h5py reads the object through ranged reads of one version
+        fobj = bytes_store.open_file(key, "HDF5 file")
+        try:
+            return h5py.File(fobj, "r", **file_kwargs), fobj
+        except OSError as e:
+            fobj.close()
+            raise DataFileError(path, f"cannot be opened as HDF5 ({e}); is it an HDF5 file, and whole?") from None
     check_regular_file(path, "HDF5 file")
     fobj = None
     try:
@@ -502,6 +511,7 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
 
     l0, l1 = steps
     locals_ = np.arange(l0, l1, dtype=np.int64)
+    bytes_store, key = native_store(path)  # before anything is opened: a store the reader has not falls back
     f, ds = open_hdf5_dataset(path, name, **(h5_kwargs or {}))
     try:
         dcpl = ds.id.get_create_plist()
@@ -521,7 +531,6 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
         wplan = plan_window(region, index_maps)
         shape = wplan.window_shape
         fidx = len(plans.files)
-        bytes_store, key = store_of(path)
         version = bytes_store.stat(key)  # size and time: any rewrite of an HDF5 file is refused (read_plan.h)
         if version is None:
             raise MissingFileError(path, "no such HDF5 file; check the path and the file list")

@@ -51,7 +51,7 @@ from dali_mesh.io._common import (
     window_out,
 )
 from dali_mesh.io._plan import WindowPlan, plan_window
-from dali_mesh.io.read_plan import NotNativeError, PlanFile, PlanSet, ReadPlan, native_dtype_of
+from dali_mesh.io.read_plan import NotNativeError, PlanFile, PlanSet, ReadPlan, native_dtype_of, native_store
 from dali_mesh.partition import Region
 from dali_mesh.storage import ByteStore, StoredObject, readv_all, store_of
 
@@ -773,7 +773,7 @@ def plan_npy_files(files: Sequence[str], *, region_of, index_maps=None, sample_s
             plan_of_header[check] = plans.add_plan(ReadPlan.from_units(
                 wplan, h.dtype, h.fortran_order, u.file_off, u.dst_off, u.unit_bytes, u.groups, check, repeat=u.repeat))
         k = plan_of_header[check]
-        store, key = store_of(files[i])
+        store, key = native_store(files[i])
         plans.files.append(PlanFile(key, h.file_size, store=store.spec))  # one entry per file: item i reads file i
         items.append((k, [(i, k, 0, 0)]))
     plans.items = items

@@ -44,7 +44,8 @@ from dali_mesh.partition import check_fill_value
 from dali_mesh.storage import store_of
 
 __all__ = ["AxisProgram", "CHECK_JSON", "CODECS", "Coder", "NotNativeError", "PLAN_MAGIC", "PlanFile", "PlanItem", "PlanPart",
-           "PlanFolderError", "PlanSet", "ReadPlan", "decode", "encode", "native_dtype_of", "stack_channels"]
+           "PlanFolderError", "PlanSet", "ReadPlan", "decode", "encode", "native_dtype_of", "native_store",
+           "stack_channels"]
 
 #: The plan file's first 8 bytes: the format and its version (bumped whenever a table changes).
 PLAN_MAGIC = b"DMPLAN08"
@@ -64,6 +65,16 @@ _NATIVE_KINDS = "biuf"
 class NotNativeError(ValueError):
     """The source (or one of its files) cannot be read by the native operator; the message says
     why. ``read_windows`` then falls back to ``partitioned_source`` (unless told not to)."""
+
+
+def native_store(location):
+    """``(store, key)`` of ``location`` (:func:`dali_mesh.storage.store_of`), or :class:`NotNativeError`
+    when the native reader has no store of that kind (``partitioned_source`` reads it in Python)."""
+    store, key = store_of(location)
+    if not store.native:
+        raise NotNativeError(f"{location}: the native reader has no {store.spec!r} store; it is read by "
+                             "partitioned_source")
+    return store, key
 
 
 def native_dtype_of(dtype: np.dtype, path: str) -> np.dtype:

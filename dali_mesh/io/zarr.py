@@ -39,6 +39,7 @@ from dali_mesh.io.read_plan import (
     PlanSet,
     ReadPlan,
     native_dtype_of,
+    native_store,
 )
 from dali_mesh.partition import Region
 from dali_mesh.storage import ByteStore, store_of
@@ -119,11 +120,12 @@ def open_zarr_array(path: str | os.PathLike, name: str | None = None):
     writes: that one; with several, an error lists them).
     """
     import zarr
-    from zarr.storage import LocalStore
 
     path = str(path)
-    check_store_dir(path, "; check the path and the file list")
-    store = _counting_store(LocalStore(path, read_only=True))
+    bytes_store, key = store_of(path)
+    if bytes_store.local:
+        check_store_dir(key, "; check the path and the file list")
+    store = _counting_store(bytes_store.zarr_store(key))
     what = f"array {name!r}" if name else "the array at the store's root"
     if not name:
         only = _only_array(store, path)
@@ -362,7 +364,7 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     l0, l1 = steps
     locals_ = np.arange(l0, l1, dtype=np.int64)
     arr = open_zarr_array(store, name)
-    bytes_store, root = store_of(store)
+    bytes_store, root = native_store(store)
     coding = _zarr_coding(arr, store)
     stored, steps = coding.stored, coding.steps
     plans: PlanSet = plans_of(native_dtype_of(stored, store))

@@ -8,17 +8,19 @@ tests (``tests/storage/store_tests.py``).
 from __future__ import annotations
 
 import os
+import re
 from typing import Callable
 
-from dali_mesh.storage.base import ByteStore, StoredObject, Version, read_exactly, readv_all
+from dali_mesh.storage.base import ByteStore, StoredFile, StoredObject, Version, read_exactly, readv_all
 from dali_mesh.storage.errors import (DataFileError, FileChangedError, MissingFileError, NotRegularFileError,
                                       TruncatedFileError)
 from dali_mesh.storage.local import LOCAL, LocalStore
 
 __all__ = ["ByteStore", "DataFileError", "FileChangedError", "LOCAL", "LocalStore", "MissingFileError",
-           "NotRegularFileError", "StoredObject", "TruncatedFileError", "UnsupportedLocationError", "Version",
+           "NotRegularFileError", "StoredFile", "StoredObject", "TruncatedFileError", "UnsupportedLocationError", "Version",
            "read_exactly", "readv_all", "register_scheme", "store_of"]
 
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")  # RFC 3986's scheme
 _SCHEMES: dict[str, Callable[[str, dict], tuple[ByteStore, str]]] = {}
 
 
@@ -37,7 +39,7 @@ def store_of(location, options: dict | None = None) -> tuple[ByteStore, str]:
     store; ``scheme://...`` goes to the store registered for its scheme."""
     location = os.fspath(location)
     scheme, sep, rest = location.partition("://")
-    if not sep or "/" in scheme or not scheme.isidentifier():
+    if not sep or not _SCHEME.fullmatch(scheme):
         return LOCAL, location
     scheme = scheme.lower()
     if scheme == "file":

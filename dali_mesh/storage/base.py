@@ -12,9 +12,10 @@ O_DIRECT and S3 siblings). The C++ reader has the same seam (``csrc/storage/byte
 from __future__ import annotations
 
 import abc
+import io
 from typing import NamedTuple, Sequence
 
-__all__ = ["IOV_MAX", "ByteStore", "StoredObject", "Version", "read_exactly", "readv_all"]
+__all__ = ["IOV_MAX", "ByteStore", "StoredFile", "StoredObject", "Version", "read_exactly", "readv_all"]
 
 
 class Version(NamedTuple):
@@ -81,10 +82,13 @@ class ByteStore(abc.ABC):
     """A key space of objects read by byte ranges.
 
     ``spec`` names the store in a plan (no credential ever goes into it); ``local`` says the keys are
-    file paths of this machine (the local fast paths: ``mmap``, ``O_DIRECT``, h5py by path)."""
+    file paths of this machine (the local fast paths: ``mmap``, ``O_DIRECT``, h5py by path); ``native``
+    that the C++ reader has a store of that spec (``StoreOf`` in csrc/storage/byte_store.cc)."""
 
     spec: str = ""
     local: bool = False
+    #: whether the native reader (csrc/storage/) has this store too: plans name only those
+    native: bool = False
 
     @abc.abstractmethod
     def open(self, key: str, what: str = "file", *, direct: bool = False) -> StoredObject:
@@ -112,6 +116,17 @@ class ByteStore(abc.ABC):
 
     def cancel(self) -> None:
         """Makes the reads in flight of this process fail (a pipeline stopped after an error)."""
+
+    def open_file(self, key: str, what: str = "file") -> "StoredFile":
+        """``key`` as a read-only binary file object (for h5py and other libraries that take one)."""
+        return StoredFile(self.open(key, what))
+
+    def zarr_store(self, key: str):
+        """A read-only zarr-python store whose root is ``key`` (metadata and chunks of an array read
+        by zarr-python itself)."""
+        from dali_mesh.storage.errors import DataFileError  # noqa: PLC0415
+
+        raise DataFileError(self.name_of(key), f"no zarr-python store reads the {self.spec!r} store yet")
 
 
 def read_exactly(obj: StoredObject, n: int, offset: int, *, allow_short: bool = False) -> bytes:
@@ -167,3 +182,50 @@ def readv_all(obj: StoredObject, bufs: list, lens: list, offset: int, stats=None
         if got:
             bufs = bufs[:i] + [bufs[i][got:]] + bufs[i + 1:]
             lens = lens[:i] + [lens[i] - got] + lens[i + 1:]
+
+
+class StoredFile(io.RawIOBase):
+    """A read-only binary file over one opened object (for libraries that read a file object: h5py);
+    every read is a ranged read of the version opened."""
+
+    def __init__(self, obj: StoredObject) -> None:
+        super().__init__()
+        self.obj = obj
+        self._pos = 0
+
+    @property
+    def name(self) -> str:
+        return self.obj.name
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.obj.size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        n = min(len(view), max(0, self.obj.size - self._pos))
+        done = 0
+        while done < n:
+            got = self.obj.readv([view[done:n]], self._pos + done)
+            if got <= 0:
+                break
+            done += got
+        self._pos += done
+        return done
+
+    def close(self) -> None:
+        if not self.closed:
+            self.obj.close()
+        super().close()

@@ -175,6 +175,7 @@ class LocalStore(ByteStore):
 
     spec = "file"
     local = True
+    native = True
 
     def open(self, key: str, what: str = "file", *, direct: bool = False) -> LocalObject:
         return LocalObject(self, os.fspath(key), what, direct)
@@ -213,6 +214,11 @@ class LocalStore(ByteStore):
                     os.posix_fadvise(fd, a, min(_WILLNEED_CHUNK, hi - a), os.POSIX_FADV_WILLNEED)
         finally:
             os.close(fd)
+
+    def zarr_store(self, key: str):
+        from zarr.storage import LocalStore as ZarrLocalStore  # noqa: PLC0415
+
+        return ZarrLocalStore(key, read_only=True)
 
     def __reduce__(self):
         return (_local_store, ())

@@ -105,3 +105,25 @@ class StoreTests:
 
     def test_the_spec_names_no_secret(self, store):
         assert store.spec and "secret" not in store.spec.lower()
+
+
+class FileObjectTests:
+    """``ByteStore.open_file`` against ``io.BytesIO`` of the same bytes (mixed into StoreTests' users)."""
+
+    def test_open_file_reads_and_seeks_as_bytesio(self, store, data):
+        import io
+
+        key = self.put(store, "h", data)
+        rng = np.random.default_rng(2)
+        oracle = io.BytesIO(data)
+        with store.open_file(key) as f:
+            for _ in range(200):
+                whence = int(rng.integers(0, 3))
+                offset = int(rng.integers(0 if whence == io.SEEK_SET else -50, len(data) + 50))
+                base = {io.SEEK_SET: 0, io.SEEK_CUR: oracle.tell(), io.SEEK_END: len(data)}[whence]
+                if base + offset < 0:
+                    continue
+                assert f.seek(offset, whence) == oracle.seek(offset, whence)
+                n = int(rng.integers(0, 5000))
+                assert f.read(n) == oracle.read(n)
+                assert f.tell() == oracle.tell()

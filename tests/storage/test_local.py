@@ -6,11 +6,11 @@ import os
 
 import pytest
 
-from dali_mesh.storage import LOCAL, NotRegularFileError, UnsupportedLocationError, store_of
-from tests.storage.store_tests import StoreTests
+from dali_mesh.storage import LOCAL, LocalStore, NotRegularFileError, UnsupportedLocationError, store_of
+from tests.storage.store_tests import FileObjectTests, StoreTests
 
 
-class TestLocalStore(StoreTests):
+class TestLocalStore(StoreTests, FileObjectTests):
     @pytest.fixture
     def store(self, tmp_path):
         self.folder = tmp_path
@@ -47,3 +47,39 @@ def test_locations_resolve_to_the_local_store_or_are_refused(tmp_path):
     assert store_of("relative/x.zarr") == (LOCAL, "relative/x.zarr")
     with pytest.raises(UnsupportedLocationError, match=r"no store of this build reads az:// locations"):
         store_of("az://container/blob")
+
+
+class _ThroughObjects(LocalStore):
+    """This machine's files as if they were remote objects: no local fast path (h5py reads a file
+    object of ranged reads), no native store (plans fall back to Python)."""
+
+    spec = "objects-test"
+    local = False
+    native = False
+
+    def __reduce__(self):
+        return (_ThroughObjects, ())
+
+
+def test_a_store_that_is_not_local_is_read_through_the_seam(tmp_path):
+    """A non-local store: HDF5Source reads through StoredFile (h5py on ranged reads) and equals the
+    local read; the native plan says it is not native (the pipeline falls back)."""
+    import h5py
+    import numpy as np
+
+    from dali_mesh import Layout, MeshInfo
+    from dali_mesh.io.read_plan import NotNativeError
+    from dali_mesh.partition import take_window
+    from dali_mesh.source import HDF5Source
+    from dali_mesh.storage import register_scheme
+
+    data = np.random.default_rng(5).standard_normal((4, 9, 11)).astype(np.float32)
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f.create_dataset("v", data=data, chunks=(1, 3, 11), compression="gzip")
+    register_scheme("objects-test", lambda location, options: (_ThroughObjects(), location.split("://", 1)[1]))
+    layout = Layout(MeshInfo((3,), ("mp",), (2,)), shard={"mp": 0}, halo={0: 1, 1: 2}, boundary="periodic")
+    src = HDF5Source([f"objects-test://{tmp_path}/x.h5"], "v", layout, batch_size=1, shuffle=False)
+    for i in range(4):
+        np.testing.assert_array_equal(src.read_sample(i)[0], take_window(data[i], src.region))
+    with pytest.raises(NotNativeError, match="native reader has no 'objects-test' store"):
+        src.native_plans()
