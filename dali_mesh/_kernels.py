@@ -8,7 +8,7 @@ It runs the same host code and kernels as the DALI operators ``strided_slice``, 
   vectorisation and index math that ship to the GPU, checked without one);
 * ``backend="cuda"``: the CUDA kernel on device pointers (torch or cupy memory), see
   :func:`strided_slice_device`;
-* the read plans written by :mod:`dali_mesh.io.read_plan`: :func:`plan_dump` (a plan file as the C++
+* the read plans written by :mod:`dali_mesh.plan`: :func:`plan_dump` (a plan file as the C++
   reader loads it), :func:`canonical_json` and :func:`plan_checksum` (the format's canonical JSON
   and checksum, as the reader computes them), and the test hooks :func:`check_device_fill` and
   :func:`plan_tasks`.

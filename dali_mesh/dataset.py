@@ -425,7 +425,7 @@ class _DatasetSource(WindowSource):
         return fp
 
     def native_plans(self, merge_gap: int = 0) -> tuple:
-        from dali_mesh.io.read_plan import NotNativeError
+        from dali_mesh.plan import NotNativeError
 
         raise NotNativeError("a dataset of several variables is read natively by read_dataset (one reader per "
                              "variable), not by read_windows")

@@ -200,7 +200,7 @@ def crafted_plan(ndim, itemsize, swap, fortran, shape, fo, do, ub, gb, ge, check
                  axes=None, repeat=None):
     """A plan as given (``ndim`` is ``len(shape)``; ``repeat``: the units' ``(count, file step, dest
     step)``), for plans the reader must refuse or read exactly."""
-    from dali_mesh.io.read_plan import AxisProgram, ReadPlan
+    from dali_mesh.plan import AxisProgram, ReadPlan
 
     assert ndim == len(shape)
     ints = [np.asarray(v, np.int64) for v in (fo, do, ub, gb, ge)]
@@ -211,7 +211,7 @@ def crafted_plan(ndim, itemsize, swap, fortran, shape, fo, do, ub, gb, ge, check
 
 def crafted_plan_file(path, plans, files, items):
     """A plan file of exactly these plans, files ``[(path, expected size)]`` and items."""
-    from dali_mesh.io.read_plan import PlanFile, PlanSet
+    from dali_mesh.plan import PlanFile, PlanSet
 
     plan_set = PlanSet(np.dtype(np.float32), 1, plans=list(plans), files=[PlanFile(p, s) for p, s in files])
     plan_set.items = items

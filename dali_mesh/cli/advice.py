@@ -24,7 +24,7 @@ import numpy as np
 
 from dali_mesh.cli.args import UsageError, find_data
 from dali_mesh.io.formats import format_named
-from dali_mesh.io._plan import WindowPlan, plan_window
+from dali_mesh.plan import WindowPlan, plan_window
 from dali_mesh.io.hdf5 import only_dataset_name
 from dali_mesh.partition import Layout, LayoutError, Region
 
@@ -272,7 +272,7 @@ class LayoutTarget:
     def native_path(self, layout: Layout) -> str:
         """Which reader ``read_windows`` takes for this file with ``layout`` (its first sample planned,
         as the pipeline would plan it), and why: one line."""
-        from dali_mesh.io.read_plan import CODECS, NotNativeError  # noqa: PLC0415
+        from dali_mesh.plan import CODECS, NotNativeError  # noqa: PLC0415
         from dali_mesh.pipeline.native import plan_source  # noqa: PLC0415
 
         try:
@@ -334,7 +334,7 @@ class _NpyTarget(LayoutTarget):
         return NumpySource([self.path], layout, batch_size=1, shuffle=False)
 
     def _cold(self, plan: WindowPlan) -> int:
-        from dali_mesh.io.npy import count_npy_units, plan_npy_units  # noqa: PLC0415
+        from dali_mesh.plan.ranges import count_npy_units, plan_npy_units  # noqa: PLC0415
 
         units = count_npy_units(self.header, plan)
         if units > MAX_ADVICE_CHUNKS:

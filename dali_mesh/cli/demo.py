@@ -26,7 +26,7 @@ import numpy as np
 from dali_mesh.cli.args import UsageError, find_data, make_layout, parse_ints, positive_float, positive_int
 from dali_mesh.io.formats import format_named
 from dali_mesh.io.pagecache import descendant_pids, evict, read_bytes
-from dali_mesh.io.read_plan import NotNativeError
+from dali_mesh.plan import NotNativeError
 from dali_mesh.partition import take_window
 
 __all__ = ["add_arguments", "run", "write_synthetic", "MARKER"]

@@ -22,8 +22,9 @@ from dali_mesh.io._common import (
     global_stats,
     reset_global_stats,
 )
-from dali_mesh.io._plan import WindowPlan, plan_window
-from dali_mesh.io.npy import DEFAULT_MERGE_GAP, NpyHeader, read_npy_header, read_npy_window
+from dali_mesh.plan import WindowPlan, plan_window
+from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP
+from dali_mesh.io.npy import NpyHeader, read_npy_header, read_npy_window
 
 __all__ = [
     "DEFAULT_MERGE_GAP",

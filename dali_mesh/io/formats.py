@@ -98,9 +98,9 @@ class ArrayFormat:
 
     # ---- the native reader ------------------------------------------------------------------------
     def plan_steps(self, location, name, steps, region, *, options: Mapping | None = None, **kw):
-        """The native reads of ``steps`` (see :func:`dali_mesh.io.chunks.plan_time_series`), or
-        :class:`~dali_mesh.io.read_plan.NotNativeError`."""
-        from dali_mesh.io.read_plan import NotNativeError  # noqa: PLC0415
+        """The native reads of ``steps`` (see :func:`dali_mesh.plan.chunks.plan_time_series`), or
+        :class:`~dali_mesh.plan.NotNativeError`."""
+        from dali_mesh.plan import NotNativeError  # noqa: PLC0415
 
         raise NotNativeError(f"{location}: the {self.name} format is not read natively")
 

@@ -1,6 +1,6 @@
 """Read a window of one sample of an HDF5 dataset through h5py hyperslabs.
 
-Each box of the read plan (:mod:`dali_mesh.io._plan`) is one ``Dataset.read_direct`` from a
+Each box of the read plan (:mod:`dali_mesh.plan.window`) is one ``Dataset.read_direct`` from a
 hyperslab of the file into a hyperslab of the destination: HDF5 reads only the chunks (chunked
 datasets, compressed or not) or the byte runs (contiguous datasets) that the box touches, and
 converts big-endian data to the destination's native dtype. h5py is imported on first use.
@@ -43,21 +43,11 @@ from dali_mesh.io._common import (
     native_dtype,
     sample_shape,
 )
-from dali_mesh.io._plan import fill_window, plan_window
-from dali_mesh.io.chunks import check_coded_chunk, chunk_pieces, count_chunk_pieces, merge_pieces, piece_plans
-from dali_mesh.io.npy import StoredArray, plan_npy_units
-from dali_mesh.io.read_plan import (
-    CODEC_LIBRARIES,
-    CODECS,
-    Coder,
-    NotNativeError,
-    PlanFile,
-    PlanSet,
-    ReadPlan,
-    native_dtype_of,
-    native_store,
-    read_file_at,
-)
+from dali_mesh.io._common import fill_window
+from dali_mesh.plan import plan_window
+from dali_mesh.plan.chunks import check_coded_chunk, chunk_pieces, count_chunk_pieces, merge_pieces, piece_plans
+from dali_mesh.plan.ranges import StoredArray, plan_npy_units
+from dali_mesh.plan import (CODEC_LIBRARIES, CODECS, Coder, NotNativeError, PlanFile, PlanSet, ReadPlan, native_dtype_of, native_store, read_file_at)
 from dali_mesh.partition import Region
 from dali_mesh.storage import store_of
 
@@ -500,7 +490,7 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
     ``path``, each step's window ``region``: ``(parts, finish, wplan)``, ``parts`` an array
     ``(steps, parts per step, 3)`` of ``(file, plan, base)`` into the :class:`PlanSet`
     ``plans_of(native dtype)``, ``finish`` the plan that finishes a step's window, ``wplan`` its
-    window plan; ``budget(n)`` is told how many parts (see :func:`dali_mesh.io.chunks.plan_time_series`).
+    window plan; ``budget(n)`` is told how many parts (see :func:`dali_mesh.plan.chunks.plan_time_series`).
 
     Contiguous datasets: one plan, a base offset per step. Chunked datasets without filters: one
     part per box and chunk touched, its plan shared by every step (the units relative to the

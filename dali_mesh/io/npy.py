@@ -2,7 +2,7 @@
 
 - Own header parser (format 1.0, 2.0, 3.0): the header dict is parsed with ``ast.literal_eval``
   (literals only, nothing is ever unpickled); object, structured and string dtypes are refused.
-- The window's boxes (see :mod:`dali_mesh.io._plan`) become byte ranges; ranges whose gap is at most
+- The window's boxes (see :mod:`dali_mesh.plan.window`) become byte ranges; ranges whose gap is at most
   ``merge_gap`` bytes, or whose gap holds no page they do not touch anyway, are merged into one read
   (the gap lands in a scratch buffer). Each read is one ``os.preadv`` whose buffers are the
   destination's own memory, so bytes go straight from the page cache (or the disk) into the window:
@@ -50,8 +50,10 @@ from dali_mesh.io._common import (
     sample_shape,
     window_out,
 )
-from dali_mesh.io._plan import WindowPlan, plan_window
-from dali_mesh.io.read_plan import NotNativeError, PlanFile, PlanSet, ReadPlan, native_dtype_of, native_store
+from dali_mesh.plan.window import WindowPlan, plan_window
+from dali_mesh.plan import NotNativeError, PlanFile, PlanSet, ReadPlan, native_dtype_of, native_store
+from dali_mesh.plan.ranges import (DEFAULT_MERGE_GAP, StoredArray, Units, count_npy_units, group_units,
+                                   plan_npy_reads, plan_npy_units)
 from dali_mesh.partition import Region
 from dali_mesh.storage import ByteStore, StoredObject, readv_all, store_of
 
@@ -72,13 +74,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Merge byte ranges whose gap is at most this many bytes (besides gaps that add no page, which are
-#: always merged). Chosen by ``benchmarks/read_bench.py --only-sweep`` (2 KiB windows per row, see
-#: benchmarks/read_bench_results.md): up to a 4 KiB gap, merged reads were ~2x faster warm and 10-13x
-#: faster cold and read no more bytes from storage; at 8-16 KiB they were still faster but read
-#: 1.7-3x the bytes of separate reads; at 64 KiB they were 4x slower warm. So 4 KiB: the largest gap
-#: that never costs storage bytes.
-DEFAULT_MERGE_GAP = 4096
 #: Largest header accepted (numpy's own limit is 10000 bytes; a larger one is corrupt or hostile).
 MAX_HEADER_BYTES = 65536
 _MAGIC = b"\x93NUMPY"
@@ -89,18 +84,6 @@ _WILLNEED_CHUNK = 512 << 10
 _DIRECT_CHUNK = 16 << 20  # largest O_DIRECT bounce read
 #: numpy's own limit on the number of axes (NPY_MAXDIMS in numpy 2); numpy refuses more.
 MAX_NDIM = 64
-
-
-@dataclass(frozen=True)
-class StoredArray:
-    """How an array lies in a file: ``shape``, ``dtype`` as stored (its byte order), C or Fortran
-    order, and the offset of element 0 (what :func:`plan_npy_reads` needs; a :class:`NpyHeader`
-    says the same of a ``.npy`` file)."""
-
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    fortran_order: bool = False
-    data_offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -258,203 +241,6 @@ def _io_error(path: str, e: OSError) -> Exception:
     if isinstance(e, DataFileError):
         return e
     return DataFileError(path, f"reading failed ({e.strerror or e}); check the file and its storage")
-
-
-# ---- byte-range plan -----------------------------------------------------------------------------
-class Units(NamedTuple):
-    """A plan's units: unit ``u`` is ``count[u]`` runs of ``unit_bytes[u]`` bytes, run ``j`` at
-    ``file_off[u] + j file_step[u]`` of the file and ``dst_off[u] + j dst_step[u]`` of the (C-order)
-    staging; sorted by file offset, their spans (first byte of the first run to the last byte of the
-    last) disjoint; ``groups``: ``(first_unit, last_unit_exclusive)`` read in one call each (a
-    unit's runs are always in one call: the planner repeats a run only across gaps it merges)."""
-
-    file_off: np.ndarray
-    dst_off: np.ndarray
-    unit_bytes: np.ndarray
-    count: np.ndarray
-    file_step: np.ndarray
-    dst_step: np.ndarray
-    groups: list
-
-    @property
-    def spans(self) -> np.ndarray:
-        """Each unit's bytes from its first run's first byte to its last run's end."""
-        return (self.count - 1) * self.file_step + self.unit_bytes
-
-    @property
-    def repeat(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return self.count, self.file_step, self.dst_step
-
-    @property
-    def plan_args(self) -> tuple:
-        """``(file offsets, dest offsets, bytes, groups)``, as :class:`ReadPlan`'s constructors take
-        them (with ``repeat=``:attr:`repeat`)."""
-        return self.file_off, self.dst_off, self.unit_bytes, self.groups
-
-    def expanded(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(file offsets, staging offsets, bytes)`` of every run, one unit each (sorted by file
-        offset: a unit's runs follow each other and the spans are disjoint)."""
-        if not self.count.size or (self.count == 1).all():
-            return self.file_off, self.dst_off, self.unit_bytes
-        j = np.arange(int(self.count.sum()), dtype=np.int64) - np.repeat(np.cumsum(self.count) - self.count, self.count)
-        return (np.repeat(self.file_off, self.count) + j * np.repeat(self.file_step, self.count),
-                np.repeat(self.dst_off, self.count) + j * np.repeat(self.dst_step, self.count),
-                np.repeat(self.unit_bytes, self.count))
-
-
-def _merged_gap(gap: int, merge_gap: int, page_merge: bool) -> bool:
-    """Whether :func:`group_units` reads across a gap of ``gap`` bytes (a gap of less than a page
-    holds no page that its neighbours do not touch)."""
-    return gap <= merge_gap or (page_merge and gap < _PAGE)
-
-
-def _box_units(file_shape, dst_shape, itemsize, data_offset, file_start, dst_start, lengths, repeat: bool):
-    """Byte units of one box: ``(file offsets, dest offsets, unit bytes, count, file step, dest step)``;
-    each run is contiguous both in the C-order file and in the C-contiguous destination. With
-    ``repeat``, the runs along the innermost axis outside the run are one unit (``count`` runs at
-    that axis's strides), else one unit each."""
-    nd = len(file_shape)
-    k = _run_axis(file_shape, dst_shape, lengths)
-    unit_cells = lengths[k] * math.prod(file_shape[k + 1 :])
-    fstride = [math.prod(file_shape[i + 1 :]) for i in range(nd)]
-    dstride = [math.prod(dst_shape[i + 1 :]) for i in range(nd)]
-    f0 = sum(s * st for s, st in zip(file_start, fstride))
-    d0 = sum(s * st for s, st in zip(dst_start, dstride))
-    foff = np.array([f0], np.int64)
-    doff = np.array([d0], np.int64)
-    outer = k - 1 if repeat and k > 0 and lengths[k - 1] > 1 else k
-    for i in range(outer):  # outer axes, C order
-        steps = np.arange(lengths[i], dtype=np.int64)
-        foff = (foff[:, None] + steps * fstride[i]).ravel()
-        doff = (doff[:, None] + steps * dstride[i]).ravel()
-    count, fstep, dstep = 1, 0, 0
-    if outer < k:
-        count, fstep, dstep = lengths[outer], fstride[outer] * itemsize, dstride[outer] * itemsize
-    return (data_offset + foff * itemsize, doff * itemsize, unit_cells * itemsize, count, fstep, dstep)
-
-
-def _box_repeats(file_shape, dst_shape, itemsize, data_offset, boxes, merge_gap, page_merge) -> list[bool]:
-    """Per box, whether its runs are planned as repeated units: when the gap between two runs of the
-    repeat axis is one :func:`group_units` merges, and the box's file span meets no other box's
-    (two boxes whose spans interleave, e.g. a periodic halo on the last axis, are planned run by run,
-    so that the units stay sorted and disjoint)."""
-    nd = len(file_shape)
-    fstride = [math.prod(file_shape[i + 1 :]) for i in range(nd)]
-    spans, ok = [], []
-    for _, fst, ln in boxes:
-        lo = sum(s * st for s, st in zip(fst, fstride))
-        hi = sum((s + n - 1) * st for s, n, st in zip(fst, ln, fstride)) + 1
-        spans.append((lo, hi))
-        k = _run_axis(file_shape, dst_shape, ln)
-        gap = (fstride[k - 1] - ln[k] * fstride[k]) * itemsize if k > 0 else 0
-        ok.append(k > 0 and ln[k - 1] > 1 and _merged_gap(gap, merge_gap, page_merge))
-    # sweep the boxes in file order: each cluster of spans that meet is planned run by run
-    order = sorted(range(len(boxes)), key=lambda b: spans[b])
-    cluster, reach = [], -1
-    for b in order + [None]:
-        if b is not None and spans[b][0] < reach:
-            cluster.append(b)
-        else:
-            if len(cluster) > 1:
-                for c in cluster:
-                    ok[c] = False
-            if b is None:
-                break
-            cluster = [b]
-        reach = max(reach, spans[b][1])
-    return ok
-
-
-def _file_order_boxes(header: NpyHeader | StoredArray, plan: WindowPlan, prefix: Sequence[int]):
-    """``(file shape, window shape, boxes)`` in the file's own C order: the boxes of ``plan`` behind
-    the ``prefix`` axes, all reversed for a Fortran-order file (the C-order array of reversed shape)."""
-    file_shape = tuple(header.shape)
-    full_window = (1,) * len(prefix) + plan.window_shape
-    boxes = [((0,) * len(prefix) + wst, tuple(prefix) + fst, (1,) * len(prefix) + ln) for wst, fst, ln in plan.boxes()]
-    if header.fortran_order:
-        return file_shape[::-1], full_window[::-1], [(w[::-1], f[::-1], l[::-1]) for w, f, l in boxes]
-    return file_shape, full_window, boxes
-
-
-def _run_axis(file_shape, dst_shape, lengths) -> int:
-    """The outermost axis of a box's contiguous runs: the trailing axes whole in both the file and
-    the destination merge into one run."""
-    k = len(file_shape) - 1
-    while k > 0 and lengths[k] == file_shape[k] == dst_shape[k]:
-        k -= 1
-    return k
-
-
-def count_npy_units(header: NpyHeader | StoredArray, plan: WindowPlan, prefix: Sequence[int] = (),
-                    merge_gap: int = DEFAULT_MERGE_GAP, page_merge: bool = True, *, runs: bool = False) -> int:
-    """How many units :func:`plan_npy_units` makes for ``plan`` (``runs``: how many contiguous runs,
-    :func:`plan_npy_reads`' units), counted without making them, so that a window of billions of
-    units is refused before its plan is built."""
-    file_shape, full_window, boxes = _file_order_boxes(header, plan, prefix)
-    repeats = [False] * len(boxes) if runs else _box_repeats(
-        file_shape, full_window, header.dtype.itemsize, header.data_offset, boxes, merge_gap, page_merge)
-    total = 0
-    for (_, _, ln), rep in zip(boxes, repeats):
-        k = _run_axis(file_shape, full_window, ln)
-        total += math.prod(ln[:k - 1] if rep else ln[:k])
-    return total
-
-
-def plan_npy_units(header: NpyHeader | StoredArray, plan: WindowPlan, prefix: Sequence[int] = (),
-                   merge_gap: int = DEFAULT_MERGE_GAP, page_merge: bool = True) -> Units:
-    """The :class:`Units` to read for ``plan`` from a file with ``header``: the runs of each box along
-    one axis are one unit where their gaps are merged reads (so a window of many rows is a few
-    units), merged into reads as :func:`plan_npy_reads` says. Offsets into the destination are for
-    the C-order (file-order) staging of the window."""
-    file_shape, full_window, boxes = _file_order_boxes(header, plan, prefix)
-    isz = header.dtype.itemsize
-    repeats = _box_repeats(file_shape, full_window, isz, header.data_offset, boxes, merge_gap, page_merge)
-    cols: list[list[np.ndarray]] = [[] for _ in range(6)]
-    for (wst, fst, ln), rep in zip(boxes, repeats):
-        f, d, u, c, fs, ds = _box_units(file_shape, full_window, isz, header.data_offset, fst, wst, ln, rep)
-        for col, v in zip(cols, (f, d, u, c, fs, ds)):
-            col.append(v if isinstance(v, np.ndarray) else np.full(f.shape, v, np.int64))
-    if not cols[0]:
-        e = np.empty(0, np.int64)
-        return Units(e, e, e, e, e, e, [])
-    fo, do, ub, count, fstep, dstep = (np.concatenate(c) for c in cols)
-    order = np.argsort(fo, kind="stable")
-    fo, do, ub, count, fstep, dstep = fo[order], do[order], ub[order], count[order], fstep[order], dstep[order]
-    units = Units(fo, do, ub, count, fstep, dstep, [])
-    return units._replace(groups=group_units(fo, units.spans, merge_gap, page_merge))
-
-
-def plan_npy_reads(header: NpyHeader | StoredArray, plan: WindowPlan, prefix: Sequence[int] = (),
-                   merge_gap: int = DEFAULT_MERGE_GAP, page_merge: bool = True):
-    """Byte ranges to read for ``plan`` from a file with ``header``, run by run.
-
-    Two neighbouring ranges are read in one call when their gap is at most ``merge_gap`` bytes or,
-    with ``page_merge``, when the gap holds no page that the two ranges do not touch already (the
-    kernel reads whole pages: such a gap costs a copy but no storage bytes).
-
-    Returns ``(file_offsets, dest_offsets, unit_bytes, groups)``: units sorted by file offset, and
-    ``groups``, a list of ``(first_unit, last_unit_exclusive)`` merged into one read each. Offsets
-    into the destination are for the C-order (file-order) staging of the window. (The native
-    reader's plans take :func:`plan_npy_units`, the same ranges in fewer units.)
-    """
-    fo, do, ub = plan_npy_units(header, plan, prefix, merge_gap, page_merge).expanded()
-    return fo, do, ub, group_units(fo, ub, merge_gap, page_merge)
-
-
-def group_units(fo: np.ndarray, ub: np.ndarray, merge_gap: int, page_merge: bool) -> list[tuple[int, int]]:
-    """Runs of units (sorted by offset) to read in one call each."""
-    if fo.size == 0:
-        return []
-    ends = fo[:-1] + ub[:-1]
-    split = fo[1:] - ends > merge_gap
-    if page_merge:
-        # a gap holding no page that neither neighbour touches costs no storage bytes: merge it too
-        split &= (fo[1:] // _PAGE) > ((ends - 1) // _PAGE) + 1
-    # units that overlap (the plan reads each file cell once, so this is a safeguard) can never share
-    # one preadv: its buffers follow each other in the file
-    split |= fo[1:] < ends
-    bounds = np.concatenate(([0], np.flatnonzero(split) + 1, [fo.size]))
-    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
 
 
 def _aligned_buffer(size: int) -> mmap.mmap:
@@ -727,7 +513,7 @@ MAX_NATIVE_UNITS = 1 << 24
 
 def plan_npy_files(files: Sequence[str], *, region_of, index_maps=None, sample_shape=None, dtype=None,
                    sample_ndim: int, merge_gap: int = DEFAULT_MERGE_GAP):
-    """The native plan of one sample per ``.npy`` file (a :class:`~dali_mesh.io.read_plan.PlanSet`,
+    """The native plan of one sample per ``.npy`` file (a :class:`~dali_mesh.plan.PlanSet`,
     one item per file).
 
     One plan per distinct header (its bytes: shape, dtype with its byte order, C or Fortran order,

@@ -28,19 +28,10 @@ from dali_mesh.io._common import (
     native_dtype,
     sample_shape,
 )
-from dali_mesh.io._plan import fill_window, plan_window
-from dali_mesh.io.chunks import check_coded_chunk, chunk_coords, chunk_pieces, count_chunk_pieces, piece_plans
-from dali_mesh.io.read_plan import (
-    CHECK_JSON,
-    CODEC_LIBRARIES,
-    CODECS,
-    Coder,
-    NotNativeError,
-    PlanSet,
-    ReadPlan,
-    native_dtype_of,
-    native_store,
-)
+from dali_mesh.io._common import fill_window
+from dali_mesh.plan import plan_window
+from dali_mesh.plan.chunks import check_coded_chunk, chunk_coords, chunk_pieces, count_chunk_pieces, piece_plans
+from dali_mesh.plan import (CHECK_JSON, CODEC_LIBRARIES, CODECS, Coder, NotNativeError, PlanSet, ReadPlan, native_dtype_of, native_store)
 from dali_mesh.partition import Region
 from dali_mesh.storage import ByteStore, store_of
 

@@ -9,7 +9,7 @@ import logging
 
 import numpy as np
 
-from dali_mesh.io.read_plan import NotNativeError, stack_channels
+from dali_mesh.plan import NotNativeError, stack_channels
 from dali_mesh.pipeline.external import current_pipeline_for, partitioned_source
 from dali_mesh.pipeline.native import plan_windows, read_windows
 from dali_mesh.pipeline.ops import strided_slice

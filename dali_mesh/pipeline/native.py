@@ -4,8 +4,8 @@
 path: the format-specific work (parse a header, find a dataset's offset) turns each distinct file
 layout and this rank's :class:`~dali_mesh.Region` into a byte-range plan once, in the format's own
 module (:func:`dali_mesh.io.npy.plan_npy_files`, :func:`dali_mesh.io.hdf5.plan_hdf5_steps`,
-:func:`dali_mesh.io.zarr.plan_zarr_steps`, assembled by :func:`dali_mesh.io.chunks.plan_time_series`;
-each source's ``native_plans`` says which); the plans (:mod:`dali_mesh.io.read_plan`), the file table
+:func:`dali_mesh.io.zarr.plan_zarr_steps`, assembled by :func:`dali_mesh.plan.chunks.plan_time_series`;
+each source's ``native_plans`` says which); the plans (:mod:`dali_mesh.plan`), the file table
 and one item per sample id go to the operator in a plan file written once. Per batch, a cheap batch-mode ``fn.external_source`` gives the sample ids and pad
 flags from the stateless sample order (so checkpoint and resume behave as with
 ``partitioned_source``), and the operator ``preadv``-s the ranges on DALI's threads straight into
@@ -31,7 +31,7 @@ per-sample shapes)                      byte order or order mix freely; every he
 ``HDF5Source``, chunked without         native; the chunk offsets from one pass over the chunk
 filters (uncompressed), every chunk     index; steps whose chunks lie alike relative to each
 touched written                         other share one plan (one part per step, reads merged),
-                                        up to ``MAX_MERGED_LAYOUTS`` (:mod:`dali_mesh.io.chunks`) per file; beyond, a part
+                                        up to ``MAX_MERGED_LAYOUTS`` (:mod:`dali_mesh.plan.chunks`) per file; beyond, a part
                                         per chunk piece, its plan shared by all steps
 ``ZarrSource`` v2/v3, uncompressed,     native; one part per chunk file touched (plans shared
 local store, every chunk touched        by all steps, as above), then one finishing plan
@@ -86,8 +86,8 @@ import logging
 
 import numpy as np
 
-from dali_mesh.io.npy import DEFAULT_MERGE_GAP
-from dali_mesh.io.read_plan import NotNativeError, PlanSet
+from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP
+from dali_mesh.plan import NotNativeError, PlanSet
 from dali_mesh.pipeline.registry import info_of
 from dali_mesh.source import pipeline_reader
 

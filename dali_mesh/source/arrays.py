@@ -9,9 +9,9 @@ import numpy as np
 
 from dali_mesh._checks import is_int as _is_int
 from dali_mesh.io._common import DataFileError, ShapeMismatchError, apply_index_maps, check_frame
-from dali_mesh.io.chunks import plan_time_series
+from dali_mesh.plan.chunks import plan_time_series
 from dali_mesh.io.formats import FORMATS, HDF5, ZARR, ArrayFormat, format_named
-from dali_mesh.io.npy import DEFAULT_MERGE_GAP
+from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP
 from dali_mesh.partition import Layout, Region
 from dali_mesh.source.args import channel_maps, file_list, normalise_maps
 from dali_mesh.source.base import WindowSource

@@ -8,8 +8,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from dali_mesh._checks import is_int as _is_int
-from dali_mesh.io.npy import DEFAULT_MERGE_GAP
-from dali_mesh.io.read_plan import NotNativeError
+from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP
+from dali_mesh.plan import NotNativeError
 from dali_mesh.partition import GroupOrder, Layout, Region, SampleOrder
 from dali_mesh.partition.share import group_coordinates, group_region, share_dims
 from dali_mesh.source.buffers import BufferPool
@@ -241,8 +241,8 @@ class WindowSource:
 
     def native_plans(self, merge_gap: int = DEFAULT_MERGE_GAP) -> tuple:
         """The native reader's plans of this rank's windows, one
-        :class:`~dali_mesh.io.read_plan.PlanSet` per window output (:attr:`window_names`), or
-        :class:`~dali_mesh.io.read_plan.NotNativeError` saying why this source is not read natively."""
+        :class:`~dali_mesh.plan.PlanSet` per window output (:attr:`window_names`), or
+        :class:`~dali_mesh.plan.NotNativeError` saying why this source is not read natively."""
         raise NotNativeError(f"{type(self).__name__} is not read natively (NumpySource, HDF5Source and "
                              "ZarrSource are, for uncompressed data)")
 

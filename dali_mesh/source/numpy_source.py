@@ -6,8 +6,9 @@ from typing import Sequence
 
 from dali_mesh._checks import is_int as _is_int
 from dali_mesh.io._common import ShapeMismatchError, apply_index_maps, check_frame
-from dali_mesh.io.npy import DEFAULT_MERGE_GAP, plan_npy_files, read_npy_header, read_npy_window
-from dali_mesh.io.read_plan import NotNativeError
+from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP
+from dali_mesh.io.npy import plan_npy_files, read_npy_header, read_npy_window
+from dali_mesh.plan import NotNativeError
 from dali_mesh.partition import Layout
 from dali_mesh.source.args import channel_maps, file_list, normalise_maps
 from dali_mesh.source.base import WindowSource

@@ -156,7 +156,7 @@ def test_demo_on_a_compressed_zarr_store_reads_natively(tmp_path, share, capsys,
     zarr = pytest.importorskip("zarr")
     numcodecs = pytest.importorskip("numcodecs")
     from dali_mesh import _kernels
-    from dali_mesh.io.read_plan import CODECS
+    from dali_mesh.plan import CODECS
 
     if not _kernels.codec_available(CODECS["blosc"]):
         pytest.skip("this build of the reader has no c-blosc2")

@@ -260,7 +260,7 @@ def test_read_windows_compressed_on_gpu(tmp_path, kind):
     """Compressed chunks decoded on the CPU threads into the pinned staging, then copied once: the GPU
     output equals the CPU operator's and the oracle's (h5py, zarr-python), halos filled on the device."""
     from dali_mesh import _kernels
-    from dali_mesh.io.read_plan import CODECS
+    from dali_mesh.plan import CODECS
     from dali_mesh.source import HDF5Source, ZarrSource
 
     codec = {"hdf5_deflate_shuffle": "zlib", "zarr_blosc": "blosc", "zarr_zstd_sharded": "zstd"}[kind]
@@ -306,7 +306,7 @@ def test_forecast_of_compressed_chunks_on_gpu(tmp_path):
     import numcodecs
 
     from dali_mesh import _kernels
-    from dali_mesh.io.read_plan import CODECS
+    from dali_mesh.plan import CODECS
     from dali_mesh.source import ForecastSpec, ZarrSource
 
     if not _kernels.codec_available(CODECS["blosc"]):

@@ -30,7 +30,7 @@ numcodecs = pytest.importorskip("numcodecs")
 from dali_mesh import _kernels  # noqa: E402
 from tests.helpers import need_kernel_codec  # noqa: E402
 
-BLOSC = 1  # dali_mesh.io.read_plan.CODECS["blosc"]
+BLOSC = 1  # dali_mesh.plan.CODECS["blosc"]
 SEED = 20261203
 
 
@@ -328,7 +328,7 @@ def test_type_sizes_that_do_not_divide_the_chunk_decode_as_numcodecs_or_are_refu
 def test_a_v3_blosc_codec_c_blosc2_would_misread_falls_back(tmp_path):
     zarr = pytest.importorskip("zarr")
     from dali_mesh import Layout, MeshInfo
-    from dali_mesh.io.read_plan import NotNativeError
+    from dali_mesh.plan import NotNativeError
     from dali_mesh.pipeline import native
     from dali_mesh.source import ZarrSource
 

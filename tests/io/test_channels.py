@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from dali_mesh import Layout, MeshInfo
 from dali_mesh.io import DataFileError
-from dali_mesh.io._plan import plan_window
+from dali_mesh.plan import plan_window
 from dali_mesh.io.npy import read_npy_window
 from dali_mesh.partition import BOUNDARIES, Region, take_window
 from dali_mesh.source import HDF5Source, NumpySource, ZarrSource

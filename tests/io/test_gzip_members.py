@@ -16,7 +16,7 @@ numcodecs = pytest.importorskip("numcodecs")
 from dali_mesh import _kernels  # noqa: E402
 from tests.helpers import need_kernel_codec  # noqa: E402
 
-GZIP, ZLIB = 5, 4  # dali_mesh.io.read_plan.CODECS
+GZIP, ZLIB = 5, 4  # dali_mesh.plan.CODECS
 
 
 @pytest.fixture(scope="module", autouse=True)

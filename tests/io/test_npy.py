@@ -19,8 +19,8 @@ from dali_mesh.io import (
     read_npy_header,
     read_npy_window,
 )
-from dali_mesh.io.npy import plan_npy_reads
-from dali_mesh.io._plan import plan_window
+from dali_mesh.plan.ranges import plan_npy_reads
+from dali_mesh.plan import plan_window
 from dali_mesh.partition import BOUNDARIES, Layout, Region, take_window
 from dali_mesh.mesh import MeshInfo
 from tests.helpers import random_region
@@ -451,7 +451,7 @@ def test_count_npy_units_equals_the_units_planned():
     """count_npy_units (the bound checked before planning) is the number of units plan_npy_units
     makes (with runs=True: the runs of plan_npy_reads), for random shapes, windows, orders and
     boundary rules."""
-    from dali_mesh.io.npy import DEFAULT_MERGE_GAP, StoredArray, count_npy_units, plan_npy_units
+    from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP, StoredArray, count_npy_units, plan_npy_units
 
     rng = np.random.default_rng(SEED)
     for _ in range(300):
@@ -472,7 +472,7 @@ def test_an_axis_plan_applied_to_a_row_is_numpys_pad():
     one axis: its reads, copies and fills give np.pad's window, for random domains, windows (inside
     and across the domain, wider than it) and every rule; and a 2**30-cell axis plans
     without listing its cells."""
-    from dali_mesh.io._plan import plan_axis
+    from dali_mesh.plan.window import plan_axis
     from dali_mesh.partition import Region
     from tests.helpers import np_pad_window
 

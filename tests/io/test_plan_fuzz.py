@@ -30,7 +30,7 @@ zarr = pytest.importorskip("zarr")
 numcodecs = pytest.importorskip("numcodecs")
 
 from dali_mesh import _kernels  # noqa: E402
-from dali_mesh.io.read_plan import PLAN_MAGIC  # noqa: E402
+from dali_mesh.plan import PLAN_MAGIC  # noqa: E402
 from dali_mesh.pipeline import native  # noqa: E402
 from dali_mesh.source import HDF5Source, NumpySource, ZarrSource  # noqa: E402
 

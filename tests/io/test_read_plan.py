@@ -1,5 +1,5 @@
 """The plan file across the language boundary: what Python's typed plan objects
-(dali_mesh.io.read_plan: ReadPlan, PlanSet) encode is what the C++ reader loads (LoadPlanSet, seen
+(dali_mesh.plan: ReadPlan, PlanSet) encode is what the C++ reader loads (LoadPlanSet, seen
 through ``_kernels.plan_dump``): ``decode(encode(plan)) == plan``. The canonical JSON and the checksum
 exist once, in C++ (``_kernels.canonical_json``, ``_kernels.plan_checksum``, which the writer calls),
 held here to ``json`` and to the checksum's definition. The reader puts a plan's JSON check in
@@ -13,11 +13,12 @@ import os
 import numpy as np
 import pytest
 
-from dali_mesh.io._plan import AxisPlan, WindowPlan, plan_window
-from dali_mesh.io.npy import DEFAULT_MERGE_GAP, plan_npy_units, read_npy_header
+from dali_mesh.plan import AxisPlan, WindowPlan, plan_window
+from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP, plan_npy_units
+from dali_mesh.io.npy import read_npy_header
 from dali_mesh import Layout, _kernels
 dali = pytest.importorskip("nvidia.dali")
-from dali_mesh.io.read_plan import CHECK_JSON, PLAN_MAGIC, PlanFile, PlanSet, ReadPlan  # noqa: E402
+from dali_mesh.plan import CHECK_JSON, PLAN_MAGIC, PlanFile, PlanSet, ReadPlan  # noqa: E402
 from tests.helpers import SEED, random_array  # noqa: E402
 from tests.helpers import mesh_of, needs_read_windows  # noqa: E402
 from tests.helpers import crafted_plan, crafted_plan_file, run_plan_file  # noqa: E402

@@ -36,7 +36,7 @@ def _need(*names):
     """Skip unless this build decodes every codec named (each library is optional at build time;
     .ci/run installs them all, so CI runs every test here)."""
     from dali_mesh import _kernels
-    from dali_mesh.io.read_plan import CODEC_LIBRARIES, CODECS
+    from dali_mesh.plan import CODEC_LIBRARIES, CODECS
 
     for n in names:
         n = {"gzip": "zlib"}.get(n, n)
@@ -474,7 +474,7 @@ def test_corrupted_chunks_decode_as_numcodecs_or_fail(comp, name, checked):
     checksum -- zstd's, HDF5 Fletcher-32 -- where that matters.)"""
     _need(name)
     from dali_mesh import _kernels
-    from dali_mesh.io.read_plan import CODECS
+    from dali_mesh.plan import CODECS
 
     rng = np.random.default_rng(SEED)
     data = rng.standard_normal(3000).astype(np.float32)

@@ -17,7 +17,7 @@ from dali_mesh.source import NumpySource
 
 dali = pytest.importorskip("nvidia.dali")
 
-from dali_mesh.io.read_plan import PlanSet  # noqa: E402
+from dali_mesh.plan import PlanSet  # noqa: E402
 from dali_mesh.pipeline import native  # noqa: E402
 from tests.helpers import SEED, random_array  # noqa: E402
 from tests.helpers import dali_gpus, mesh_of  # noqa: E402

@@ -29,7 +29,7 @@ from dali_mesh.source import HDF5Source, NumpySource
 dali = pytest.importorskip("nvidia.dali")
 from nvidia.dali import fn, pipeline_def, types  # noqa: E402
 
-from dali_mesh.io.read_plan import PLAN_MAGIC  # noqa: E402
+from dali_mesh.plan import PLAN_MAGIC  # noqa: E402
 from dali_mesh.pipeline import native  # noqa: E402
 from tests.helpers import (SEED, crafted_plan, crafted_plan_file, mesh_of, native_pipeline,  # noqa: E402
                            needs_read_windows, random_array, run_plan_file, run_python, run_python_bounded)
@@ -854,7 +854,7 @@ def test_a_process_that_dies_leaves_no_plan_behind(tmp_path):
 def test_a_plan_folder_another_user_can_write_is_refused(tmp_path, case):
     """A plan folder someone else owns or can write into is refused, naming it (plans there could
     be swapped for a forged one that reads any file this user can read)."""
-    from dali_mesh.io.read_plan import PlanFolderError
+    from dali_mesh.plan import PlanFolderError
 
     plan = _plan_of(tmp_path)
     folder = tmp_path / "plans"

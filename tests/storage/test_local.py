@@ -68,7 +68,7 @@ def test_a_store_that_is_not_local_is_read_through_the_seam(tmp_path):
     import numpy as np
 
     from dali_mesh import Layout, MeshInfo
-    from dali_mesh.io.read_plan import NotNativeError
+    from dali_mesh.plan import NotNativeError
     from dali_mesh.partition import take_window
     from dali_mesh.source import HDF5Source
     from dali_mesh.storage import register_scheme

@@ -25,10 +25,32 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from dali_mesh.io._common import IOStats, check_expected, check_region_fits, normalise_index_maps, window_out
+from dali_mesh.storage.errors import DataFileError
 from dali_mesh.partition import Region, boundary_index, check_fill_value
 
-__all__ = ["AxisPlan", "WindowPlan", "fill_window", "plan_window"]
+__all__ = ["AxisPlan", "WindowPlan", "normalise_index_maps", "plan_window"]
+
+
+def normalise_index_maps(
+    index_maps: Mapping[int, Sequence[int]] | None, ndim: int, path: str | None = None
+) -> dict[int, Sequence[int]]:
+    """``index_maps`` with each axis in ``0..ndim-1`` (``-1`` is the last axis, as numpy counts).
+    Every plan looks its maps up by non-negative axis: a negative key left as it is would be
+    ignored and the window read without its channel subset. An axis out of range is an error
+    naming it (a :class:`DataFileError` naming ``path`` when one is given)."""
+    out: dict[int, Sequence[int]] = {}
+    for a, m in (index_maps or {}).items():
+        if isinstance(a, (bool, np.bool_)) or not isinstance(a, (int, np.integer)) or not -ndim <= a < ndim:
+            msg = (f"channel axis {a!r} is out of range for a sample of {ndim} axes "
+                   f"(use 0..{ndim - 1}, or -{ndim}..-1 counted from the end)")
+            if path is not None:
+                raise DataFileError(path, msg)
+            raise ValueError(msg)
+        a = int(a) % ndim
+        if a in out:
+            raise ValueError(f"index_maps names axis {a} twice (as {a} and {a - ndim}): give one map per axis")
+        out[a] = m
+    return out
 
 
 @dataclass(frozen=True)
@@ -254,29 +276,3 @@ def plan_window(
         for a in range(region.ndim)
     )
     return WindowPlan(axes, region.fill_value)
-
-
-def fill_window(path: str, region: Region, out: np.ndarray | None, dtype: np.dtype, shape: tuple[int, ...],
-                read_box: Callable[[np.ndarray, tuple, tuple], None], local: IOStats, *,
-                prefix: Sequence[int] = (), index_maps: Mapping[int, Sequence[int]] | None = None,
-                expected_shape: Sequence[int] | None = None, expected_dtype=None, label: str = "",
-                unit: str = "file", contiguous: bool = False) -> tuple[np.ndarray, WindowPlan | None]:
-    """What every reader of a sample ``array[prefix]`` of ``shape`` (``dtype`` native) does around its
-    reads: check the sample against what is expected and the region against the sample, make (or
-    check) ``out``, call ``read_box(buffer, window index, array index)`` for each box of the plan,
-    then run the boundary program. ``contiguous``: the reads need a C-contiguous buffer (one is
-    staged when ``out`` is not). Returns ``(out, plan)``; ``plan`` is None for an empty window."""
-    check_expected(path, shape, dtype, expected_shape, expected_dtype, label=label, unit=unit)
-    check_region_fits(path, region, shape)
-    out = window_out(path, region, out, dtype)
-    local.window_bytes += out.nbytes
-    if out.size == 0:
-        return out, None
-    plan = plan_window(region, index_maps)
-    buf = out if not contiguous or out.flags.c_contiguous else np.empty(out.shape, dtype)
-    for dst, src in plan.slices(prefix):
-        read_box(buf, dst, src)
-    if buf is not out:
-        out[...] = buf
-    plan.finish(out)
-    return out, plan

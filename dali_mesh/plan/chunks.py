@@ -16,9 +16,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from dali_mesh.io._plan import WindowPlan
-from dali_mesh.io.npy import StoredArray, Units, group_units, plan_npy_units
-from dali_mesh.io.read_plan import NotNativeError, PlanSet, ReadPlan
+from dali_mesh.plan.window import WindowPlan
+from dali_mesh.plan.ranges import StoredArray, Units, group_units, plan_npy_units
+from dali_mesh.plan.plan_set import PlanSet
+from dali_mesh.plan.types import NotNativeError, ReadPlan
 
 __all__ = ["MAX_CODED_CHUNK_BYTES", "MAX_MERGED_LAYOUTS", "MAX_NATIVE_PARTS", "MAX_NATIVE_SAMPLES", "chunk_coords", "chunk_pieces",
            "check_coded_chunk", "count_chunk_pieces", "merge_pieces", "piece_plans", "plan_time_series"]
@@ -41,7 +42,7 @@ def check_coded_chunk(path: str, chunks, itemsize: int) -> int:
     n = math.prod(int(c) for c in chunks) * int(itemsize)
     if n > MAX_CODED_CHUNK_BYTES:
         raise NotNativeError(f"{path}: a decoded chunk of shape {tuple(chunks)} is {n} bytes, more than the native "
-                             f"reader decodes (dali_mesh.io.chunks.MAX_CODED_CHUNK_BYTES = {MAX_CODED_CHUNK_BYTES}); "
+                             f"reader decodes (dali_mesh.plan.chunks.MAX_CODED_CHUNK_BYTES = {MAX_CODED_CHUNK_BYTES}); "
                              "it is read by partitioned_source")
     return n
 
@@ -195,7 +196,7 @@ def plan_time_series(first_file: str, *, num_samples: int, time_start: int, file
     n_samples = int(num_samples)
     if n_samples > MAX_NATIVE_SAMPLES:
         raise NotNativeError(f"{first_file}: {n_samples} samples are more than the native reader plans "
-                             f"(dali_mesh.io.chunks.MAX_NATIVE_SAMPLES = {MAX_NATIVE_SAMPLES}); they are read by "
+                             f"(dali_mesh.plan.chunks.MAX_NATIVE_SAMPLES = {MAX_NATIVE_SAMPLES}); they are read by "
                              "partitioned_source")
     # the steps of each output window relative to a sample's step t
     spans = [(0, 0)] if not forecast else [(-history, 0)] + ([(1, lead)] if lead else [])
@@ -216,7 +217,7 @@ def plan_time_series(first_file: str, *, num_samples: int, time_start: int, file
         used[0] += n_parts
         if used[0] * reads > MAX_NATIVE_PARTS:
             raise NotNativeError(f"{first_file}: the samples read more than "
-                                 f"dali_mesh.io.chunks.MAX_NATIVE_PARTS = {MAX_NATIVE_PARTS} file parts "
+                                 f"dali_mesh.plan.chunks.MAX_NATIVE_PARTS = {MAX_NATIVE_PARTS} file parts "
                                  "(chunks) in all; they are read by partitioned_source")
 
     shared: list[PlanSet] = []
