@@ -38,7 +38,7 @@ from dali_mesh.io.chunks import plan_time_series
 from dali_mesh.io.npy import DEFAULT_MERGE_GAP, plan_npy_files, read_npy_header, read_npy_window
 from dali_mesh.io.read_plan import NotNativeError
 from dali_mesh.partition import GroupOrder, Layout, Region, SampleOrder
-from dali_mesh.partition.share import group_coordinates, group_region, share_dims
+from dali_mesh.partition.read_groups import group_coordinates, group_region, share_dims
 
 __all__ = ["ForecastSpec", "NumpySource", "HDF5Source", "ZarrSource", "WindowSource"]
 

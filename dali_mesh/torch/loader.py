@@ -147,7 +147,7 @@ class MeshLoader:
         self.per_sample_shapes = bool(per_sample_shapes)
         self.timeout = timeout
         self._factory: Callable[..., Any] | None = pipeline if callable(pipeline) and not hasattr(pipeline, "build") else None
-        self._exchange = None  # read once per group (a source built with share=): dali_mesh.torch.share
+        self._exchange = None  # read once per group (a source built with share=): dali_mesh.torch.group_exchange
         self._pending: list[dict] = []  # the batches of the group step being yielded
         self._pending_ckpt = None  # the pipeline's checkpoint before that step's read
         self._skip = 0  # batches of the next group step already taken before a checkpoint
@@ -257,7 +257,7 @@ class MeshLoader:
                 raise ValueError("share=: every source of the pipeline must be built with the same share")
             if self.per_sample_shapes or self.drop_padded:
                 raise ValueError("share= yields whole batches of one shape: not with per_sample_shapes or drop_padded")
-            from dali_mesh.torch.share import GroupExchange  # noqa: PLC0415
+            from dali_mesh.torch.group_exchange import GroupExchange  # noqa: PLC0415
 
             self._exchange = GroupExchange(shared[0], self.layout, self.device_mesh, self.window_outputs,
                                            timeout=self.timeout)
@@ -350,7 +350,7 @@ class MeshLoader:
 
     def _next_shared(self) -> dict[str, Any]:
         """The next batch of a read group: from the group step being yielded, or the next step (this
-        member's read, then the status and data exchange; see dali_mesh.torch.share)."""
+        member's read, then the status and data exchange; see dali_mesh.torch.group_exchange)."""
         ex = self._exchange
         while not self._pending:
             step = ex.step
@@ -371,7 +371,7 @@ class MeshLoader:
                     batch = self._next_batch()
                 except StopIteration:
                     error = RuntimeError("this member's pipeline ended its epoch before its share of it")
-                except Exception as e:  # noqa: BLE001 - every member must hear of it (dali_mesh.torch.share)
+                except Exception as e:  # noqa: BLE001 - every member must hear of it (dali_mesh.torch.group_exchange)
                     error = e
             if not ex.agreed:  # the members' fingerprints, before any data moves
                 ex.agree(self.fingerprint(coordinate=False))
