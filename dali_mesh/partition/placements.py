@@ -24,7 +24,7 @@ from dali_mesh.partition.checks import LayoutError, _check_bool, _check_int, _me
 from dali_mesh.partition.rules import SPLITS, _axis_groups, split_sizes
 
 __all__ = ["placement_spec", "check_dtensor_split", "torch_placements", "shard_and_batch", "split_of_sharding_shapes",
-           "dtensor_parts", "shard_tensor_parts"]
+           "dtensor_parts", "is_shard_tensor", "shard_tensor_parts"]
 
 Placement = tuple[str, int | None]
 
@@ -233,7 +233,8 @@ def dtensor_parts(tensor_or_spec) -> tuple:
 
 
 def is_shard_tensor(tensor_or_spec) -> bool:
-    """Whether this is a PhysicsNeMo ``ShardTensor`` or ``ShardTensorSpec`` (it has ``sharding_shapes``)."""
+    """Whether this is a PhysicsNeMo ``ShardTensor`` or ``ShardTensorSpec`` (in PhysicsNeMo 2.2.2 a
+    ShardTensor is not a DTensor: it is told by its spec's ``sharding_shapes``)."""
     return hasattr(getattr(tensor_or_spec, "_spec", tensor_or_spec), "sharding_shapes")
 
 
