@@ -160,7 +160,7 @@ def _make_source(kind, files, dataset, layout, batch_size, allow_external=False,
         layout = Layout(MeshInfo((1,), ("data_parallel",)))
     if kind == "dataset":  # dataset = the --channels text
         from dali_mesh.cli.args import parse_channels  # noqa: PLC0415
-        from dali_mesh.dataset import NetCDFDatasetSource, ZarrDatasetSource  # noqa: PLC0415
+        from dali_mesh.weather import NetCDFDatasetSource, ZarrDatasetSource  # noqa: PLC0415
 
         cls = ZarrDatasetSource if os.path.isdir(files[0]) else NetCDFDatasetSource
         return cls(files[0], parse_channels(dataset), layout, batch_size=batch_size, shuffle=True, seed=0,
@@ -255,7 +255,7 @@ def reader_path(source) -> tuple[str, str]:
     from dali_mesh.pipeline.native import plan_windows  # noqa: PLC0415
 
     if hasattr(source, "parts"):  # a dataset: read_dataset, native when every variable is
-        from dali_mesh.pipeline.dataset import dataset_readers  # noqa: PLC0415
+        from dali_mesh.pipeline.dataset_reader import dataset_readers  # noqa: PLC0415
 
         why = [f"{sub.name}: {r}" for (sub, _), r in zip(source.parts, dataset_readers(source)) if r != "native"]
         return ("native", "") if not why else ("partitioned_source", "; ".join(why))
@@ -290,7 +290,7 @@ def _rank(rank, world_size, cfg, out_dir):
     path, why = reader_path(source)
     device = "gpu" if use_gpu else "cpu"
     if cfg["kind"] == "dataset":  # read_dataset: a variable that is not native falls back alone
-        from dali_mesh.pipeline.dataset import read_dataset  # noqa: PLC0415
+        from dali_mesh.pipeline.dataset_reader import read_dataset  # noqa: PLC0415
 
         @pipeline_def(batch_size=bs, num_threads=cfg["workers"], device_id=rank if use_gpu else None,
                       py_num_workers=cfg["workers"], py_start_method="spawn", prefetch_queue_depth=1)

@@ -357,7 +357,7 @@ def _add_demo_args(p: argparse.ArgumentParser) -> None:
 
 
 def _dataset_source(args, layout, share=None):
-    from dali_mesh.dataset import NetCDFDatasetSource, ZarrDatasetSource  # noqa: PLC0415
+    from dali_mesh.weather import NetCDFDatasetSource, ZarrDatasetSource  # noqa: PLC0415
 
     cls = ZarrDatasetSource if os.path.isdir(args.data) else NetCDFDatasetSource
     return cls(args.data, parse_channels(args.channels), layout, shuffle=False, share=share)
@@ -376,7 +376,7 @@ def share_lines(layout, shape, share, group_bytes, own_bytes, window_bytes) -> l
     for one sample on average with the reads shared (``group_bytes()``: the group window's, over the
     group's size) against reading independently (``own_bytes(coordinate)`` of each member), and the
     window bytes exchanged (``window_bytes(region)``)."""
-    from dali_mesh.partition.share import group_coordinates, share_dims  # noqa: PLC0415
+    from dali_mesh.partition.read_groups import group_coordinates, share_dims  # noqa: PLC0415
 
     dims = share_dims(layout, share)
     if not dims:
@@ -399,7 +399,7 @@ def cmd_plan_dataset(args: argparse.Namespace) -> int:
     """``plan --data STORE --channels ...``: per rank the window and the stored bytes the native reader
     pulls for the first sample (each variable planned as read_dataset reads it), and per variable the
     reader taken."""
-    from dali_mesh.pipeline.dataset import plan_dataset, reader_of  # noqa: PLC0415
+    from dali_mesh.pipeline.dataset_reader import plan_dataset, reader_of  # noqa: PLC0415
 
     for flag in ("dataset", "png", "json"):
         if getattr(args, flag):
@@ -506,7 +506,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 print(line)
             share = _share_arg(args)
             if share is not None:
-                from dali_mesh.partition.share import group_region, share_dims  # noqa: PLC0415
+                from dali_mesh.partition.read_groups import group_region, share_dims  # noqa: PLC0415
 
                 dims = share_dims(layout, share)
                 for line in share_lines(layout, shape, share,

@@ -1,5 +1,7 @@
 """``Layout``: how one sample is split over a mesh (shard, batch and replica dims, crop, halo,
-boundary, split), its argument checks, and the region of every rank."""
+boundary, split), its argument checks, the region of every rank (the math:
+:func:`~dali_mesh.partition.region.region_bounds`) and its DTensor / ShardTensor placements, both ways
+(the math: :mod:`dali_mesh.partition.placements`, which knows nothing of ``Layout``)."""
 from __future__ import annotations
 
 import itertools
@@ -13,10 +15,13 @@ from dali_mesh.mesh import MeshInfo
 from dali_mesh.partition.checks import (LayoutError, _check_int, _check_shape, _mesh_dim,
                                         _normalize_axis)
 from dali_mesh.partition.order import SampleOrder
-from dali_mesh.partition.placements import PlacementsMixin
-from dali_mesh.partition.region import Region
+from dali_mesh.partition.placements import (check_dtensor_split, dtensor_parts, is_shard_tensor, mesh_info,
+                                            placement_spec, shard_and_batch, shard_tensor_parts,
+                                            split_of_sharding_shapes, torch_placements)
+from dali_mesh.partition.region import Region, region_bounds
 from dali_mesh.partition.rules import (BOUNDARIES, SPLIT_ALIASES, SPLITS, _axis_groups, _check_boundary,
-                                       _check_split, _nested_sizes, shard_extent)
+                                       _check_split, _nested_sizes)
+
 
 def _per_axis(value, ndim: int, default, what: str) -> list:
     """Expand a scalar, a per-axis sequence or an ``{axis: value}`` mapping to one value per axis."""
@@ -177,7 +182,105 @@ def _check_explicit_groups(sizes: Mapping[int, tuple[int, ...]], mesh: MeshInfo,
                               "give one size per shard")
 
 
-class Layout(PlacementsMixin):
+def _parse_shard(mesh: MeshInfo, shard) -> tuple[tuple[int, int], ...]:
+    """``shard`` as ``((mesh dim index, sample axis), ...)`` in mesh-dim order (outer first)."""
+    if shard is not None and not isinstance(shard, Mapping):
+        raise LayoutError(f"shard must be a mapping {{mesh dim: sample axis}}, got {shard!r}")
+    by_dim: dict[int, int] = {}
+    for name, axis in dict(shard or {}).items():
+        d = _mesh_dim(mesh, name, "shard")
+        if d in by_dim:
+            raise LayoutError(f"shard: mesh dim {mesh.names[d]!r} is used twice")
+        if not _is_int(axis):
+            raise LayoutError(f"shard: axis {axis!r} of mesh dim {mesh.names[d]!r} is not an integer")
+        by_dim[d] = int(axis)
+    return tuple(sorted(by_dim.items()))
+
+
+def _parse_split(split, mesh: MeshInfo, shard: Sequence[tuple[int, int]]) -> tuple[str, dict | None, dict | None]:
+    """``(rule, explicit sizes, their prefix sums)``: a rule name with ``None, None``, or ``"explicit"``
+    with the sizes per mesh dim index and their prefix sums (O(1) offsets per rank)."""
+    if isinstance(split, Mapping):
+        sizes = _check_explicit_split(split, mesh, shard)
+        return "explicit", sizes, {d: tuple(itertools.accumulate(s, initial=0)) for d, s in sizes.items()}
+    if isinstance(split, str):
+        split = SPLIT_ALIASES.get(split, split)
+        _check_split(split)
+        return split, None, None
+    raise LayoutError(f"split must be a rule ({', '.join(SPLITS)}) or {{mesh dim: [sizes...]}}, got {split!r}")
+
+
+def _parse_batch(batch, mesh: MeshInfo, shard: Sequence[tuple[int, int]]) -> tuple[int, ...]:
+    """The batch dims' indices, sorted: as given, or the one mesh dim that shards nothing."""
+    by_dim = dict(shard)
+    if batch is None:
+        free = [d for d in range(mesh.ndim) if d not in by_dim]
+        if len(free) > 1:
+            names = [mesh.names[d] for d in free]
+            raise LayoutError(
+                f"batch is required: mesh dims {names} shard no axis, so say which of them split "
+                f"the dataset (e.g. batch={names[0]!r}); the others are replicas"
+            )
+        return tuple(free)
+    names = [batch] if isinstance(batch, (str, int, np.integer)) else list(batch)
+    batch_dims: list[int] = []
+    for name in names:
+        d = _mesh_dim(mesh, name, "batch")
+        if d in by_dim:
+            raise LayoutError(f"mesh dim {mesh.names[d]!r} is used twice: in shard and in batch")
+        if d in batch_dims:
+            raise LayoutError(f"batch: mesh dim {mesh.names[d]!r} is used twice")
+        batch_dims.append(d)
+    return tuple(sorted(batch_dims))
+
+
+def _check_coordinate(mesh: MeshInfo, coordinate) -> tuple[int, ...]:
+    coordinate = tuple(coordinate)
+    if len(coordinate) != mesh.ndim or any(not _is_int(c) or not 0 <= c < s for c, s in zip(coordinate, mesh.shape)):
+        raise LayoutError(f"coordinate {coordinate} is out of range for mesh shape {mesh.shape}: "
+                          "one integer per mesh dim, 0 <= c < size")
+    return tuple(int(c) for c in coordinate)
+
+
+def _crop_box(crop_key, crop, shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(domain_start, domain_stop)`` of a crop (normalised as ``_normalize_crop``; ``crop``: as given,
+    for messages) on samples of ``shape``."""
+    if crop_key is None:
+        return (0,) * len(shape), shape
+    if len(crop_key) != len(shape):
+        raise LayoutError(f"crop {crop!r} has {len(crop_key)} entries for a sample of shape {shape}")
+    lo, hi = [], []
+    for a, ((s, e), n) in enumerate(zip(crop_key, shape)):
+        e = n if e is None else e
+        if not (0 <= s < e <= n):
+            raise LayoutError(f"crop {s}:{e} of axis {a} lies outside the sample (axis size {n}) or is empty")
+        lo.append(s)
+        hi.append(e)
+    return tuple(lo), tuple(hi)
+
+
+def _keyed_by_axis(value, ndim: int, what: str):
+    """``value`` (a halo or boundary) with the axes of an ``{axis: ...}`` mapping counted from 0."""
+    if not isinstance(value, Mapping):
+        return value
+    out = {}
+    for axis, v in value.items():
+        a = _normalize_axis(axis, ndim, what)
+        if a in out:
+            raise LayoutError(f"{what}: axis {axis} is given twice (as {a} and {a - ndim})")
+        out[a] = v
+    return out
+
+
+def _rule_sizes(mesh: MeshInfo, shard: Sequence[tuple[int, int]], domain, rule: str) -> dict[str, list[int]]:
+    """Per sharded axis of the ``(start, stop)`` domain, keyed by its innermost mesh dim's name:
+    ``rule``'s sizes of its combined shards (row-major over the nested mesh dims)."""
+    d0, d1 = domain
+    return {mesh.names[dims[-1]]: _nested_sizes(d1[a] - d0[a], [mesh.shape[d] for d in dims], rule)
+            for a, dims in _axis_groups(shard, len(d0)).items()}
+
+
+class Layout:
     """How one sample is split over a mesh.
 
     Args:
@@ -226,55 +329,10 @@ class Layout(PlacementsMixin):
         self.mesh = mesh
         self.fill_value = _check_fill_type(fill_value)
 
-        # shard: mesh dim -> axis, kept in mesh-dim order (outer first)
-        if shard is not None and not isinstance(shard, Mapping):
-            raise LayoutError(f"shard must be a mapping {{mesh dim: sample axis}}, got {shard!r}")
-        shard = dict(shard or {})
-        by_dim: dict[int, int] = {}
-        for name, axis in shard.items():
-            d = _mesh_dim(mesh, name, "shard")
-            if d in by_dim:
-                raise LayoutError(f"shard: mesh dim {mesh.names[d]!r} is used twice")
-            if not _is_int(axis):
-                raise LayoutError(f"shard: axis {axis!r} of mesh dim {mesh.names[d]!r} is not an integer")
-            by_dim[d] = int(axis)
-        self._shard = tuple(sorted(by_dim.items()))  # ((mesh_dim, axis), ...)
-
+        self._shard = _parse_shard(mesh, shard)  # ((mesh_dim, axis), ...) in mesh-dim order (outer first)
         # split: a rule name, or explicit sizes with their prefix sums (O(1) offsets per rank)
-        if isinstance(split, Mapping):
-            self._split_sizes = _check_explicit_split(split, mesh, self._shard)
-            self._split_prefix = {d: tuple(itertools.accumulate(s, initial=0)) for d, s in self._split_sizes.items()}
-            self.split = "explicit"
-        elif isinstance(split, str):
-            split = SPLIT_ALIASES.get(split, split)
-            _check_split(split)
-            self._split_sizes = self._split_prefix = None
-            self.split = split
-        else:
-            raise LayoutError(f"split must be a rule ({', '.join(SPLITS)}) or {{mesh dim: [sizes...]}}, got {split!r}")
-
-        # batch dims
-        if batch is None:
-            free = [d for d in range(mesh.ndim) if d not in by_dim]
-            if len(free) > 1:
-                names = [mesh.names[d] for d in free]
-                raise LayoutError(
-                    f"batch is required: mesh dims {names} shard no axis, so say which of them split "
-                    f"the dataset (e.g. batch={names[0]!r}); the others are replicas"
-                )
-            batch_dims = free
-        else:
-            names = [batch] if isinstance(batch, (str, int, np.integer)) else list(batch)
-            batch_dims = []
-            for name in names:
-                d = _mesh_dim(mesh, name, "batch")
-                if d in by_dim:
-                    raise LayoutError(f"mesh dim {mesh.names[d]!r} is used twice: in shard and in batch")
-                if d in batch_dims:
-                    raise LayoutError(f"batch: mesh dim {mesh.names[d]!r} is used twice")
-                batch_dims.append(d)
-            batch_dims.sort()
-        self._batch_dims = tuple(batch_dims)
+        self.split, self._split_sizes, self._split_prefix = _parse_split(split, mesh, self._shard)
+        self._batch_dims = _parse_batch(batch, mesh, self._shard)
 
         self._crop_key = _normalize_crop(crop)
         self._crop = None if crop is None else list(crop)
@@ -307,20 +365,9 @@ class Layout(PlacementsMixin):
         layout.normalized(ndim)`` for every layout DTensor can describe."""
         ndim = _check_int("ndim", ndim, 1)
         shard = {self.mesh.names[d]: _normalize_axis(a, ndim, "shard") for d, a in self._shard}
-
-        def keyed(value, what):
-            if not isinstance(value, Mapping):
-                return value
-            out = {}
-            for axis, v in value.items():
-                a = _normalize_axis(axis, ndim, what)
-                if a in out:
-                    raise LayoutError(f"{what}: axis {axis} is given twice (as {a} and {a - ndim})")
-                out[a] = v
-            return out
-
         return Layout(self.mesh, shard=shard, batch=self.batch_dims, crop=self._crop,
-                      halo=keyed(self._halo, "halo"), boundary=keyed(self._boundary, "boundary"),
+                      halo=_keyed_by_axis(self._halo, ndim, "halo"),
+                      boundary=_keyed_by_axis(self._boundary, ndim, "boundary"),
                       fill_value=self.fill_value, split=self.split_sizes if self._split_sizes is not None else self.split)
 
     def without_axis(self, axis: int, ndim: int) -> "Layout":
@@ -358,13 +405,8 @@ class Layout(PlacementsMixin):
         _check_split(rule)
         if self._split_sizes is None:
             return self.split == rule
-        shape = _check_shape(global_shape)
-        d0, d1 = self.domain(shape)
-        for axis, dims in _axis_groups(self._shard, len(shape)).items():
-            want = _nested_sizes(d1[axis] - d0[axis], [self.mesh.shape[d] for d in dims], rule)
-            if tuple(want) != self._split_sizes[dims[-1]]:
-                return False
-        return True
+        want = _rule_sizes(self.mesh, self._shard, self.domain(global_shape), rule)
+        return all(tuple(sizes) == self._split_sizes[self.mesh.names.index(name)] for name, sizes in want.items())
 
     def __hash__(self) -> int:
         return hash(self._key())
@@ -450,92 +492,164 @@ class Layout(PlacementsMixin):
 
     def domain(self, global_shape: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """``(domain_start, domain_stop)``: the crop box, checked against the sample shape."""
-        shape = _check_shape(global_shape)
-        if self._crop_key is None:
-            return (0,) * len(shape), shape
-        if len(self._crop_key) != len(shape):
-            raise LayoutError(f"crop {self._crop!r} has {len(self._crop_key)} entries for a sample of shape {shape}")
-        lo, hi = [], []
-        for a, ((s, e), n) in enumerate(zip(self._crop_key, shape)):
-            e = n if e is None else e
-            if not (0 <= s < e <= n):
-                raise LayoutError(
-                    f"crop {s}:{e} of axis {a} lies outside the sample (axis size {n}) or is empty"
-                )
-            lo.append(s)
-            hi.append(e)
-        return tuple(lo), tuple(hi)
+        return _crop_box(self._crop_key, self._crop, _check_shape(global_shape))
 
     # ---- regions ------------------------------------------------------------------------------------
-    def _check_coordinate(self, coordinate) -> tuple[int, ...]:
-        coordinate = tuple(coordinate)
-        if len(coordinate) != self.mesh.ndim or any(
-            not _is_int(c) or not 0 <= c < s for c, s in zip(coordinate, self.mesh.shape)
-        ):
-            raise LayoutError(f"coordinate {coordinate} is out of range for mesh shape {self.mesh.shape}: "
-                              "one integer per mesh dim, 0 <= c < size")
-        return tuple(int(c) for c in coordinate)
-
     def region(self, global_shape: Sequence[int], coordinate: Sequence[int] | None = None) -> Region:
         """The region of the rank at ``coordinate`` (this rank by default). O(ndim), whatever the
-        mesh size (explicit sizes: offsets from prefix sums made once)."""
+        mesh size (explicit sizes: offsets from prefix sums made once); the math is
+        :func:`~dali_mesh.partition.region.region_bounds`."""
         shape = _check_shape(global_shape)
         ndim = len(shape)
-        coordinate = self.mesh.coordinate if coordinate is None else self._check_coordinate(coordinate)
+        coordinate = self.mesh.coordinate if coordinate is None else _check_coordinate(self.mesh, coordinate)
         d0, d1 = self.domain(shape)
-        halo = self.halo_pairs(ndim)
-        boundary = self.boundaries(ndim)
-        start, stop = list(d0), list(d1)
+        halo, boundary = self.halo_pairs(ndim), self.boundaries(ndim)
         groups = _axis_groups(self._shard, ndim)
         if self._split_sizes is not None:
             _check_explicit_groups(self._split_sizes, self.mesh, self._shard, ndim)
-        for axis, dims in groups.items():
-            if self._split_sizes is None:
-                for mesh_dim in dims:  # mesh-dim order: outer first, each splits the previous shard
-                    offset, size = shard_extent(stop[axis] - start[axis], self.mesh.shape[mesh_dim],
-                                                coordinate[mesh_dim], self.split)
-                    start[axis] += offset
-                    stop[axis] = start[axis] + size
-                continue
-            prefix = self._split_prefix[dims[-1]]
-            if prefix[-1] != d1[axis] - d0[axis]:
-                raise LayoutError(
-                    f"split sizes {list(self._split_sizes[dims[-1]])} of mesh dim {self.mesh.names[dims[-1]]!r} "
-                    f"sum to {prefix[-1]} but axis {axis} has {d1[axis] - d0[axis]} cells"
-                    + (" (its crop)" if self._crop_key is not None else "") + ": the sizes must tile the axis")
-            c = 0
-            for mesh_dim in dims:  # the combined shard index, row-major over the nested dims
-                c = c * self.mesh.shape[mesh_dim] + coordinate[mesh_dim]
-            start[axis] = d0[axis] + prefix[c]
-            stop[axis] = d0[axis] + prefix[c + 1]
-        ws, we = [], []
-        # where an empty shard sits, decided here only: with split="chunk" (torch.chunk, DTensor) at the
-        # domain end, as torch's compute_local_shape_and_global_offset puts it; with "physicsnemo" or
-        # explicit sizes (PhysicsNeMo ShardTensor's) at the running sum of the sizes before it, as
-        # ShardTensor.offsets() does (tests/torch/test_physicsnemo_real.py); "even" shards are empty only
-        # at the end (as the C++ mesh_roi decides it too)
-        if self.split == "chunk":
-            for a in range(ndim):
-                if stop[a] == start[a]:
-                    start[a] = stop[a] = d1[a]
-        # an empty owned region gets no halo: its window is its owned region
-        empty = any(s == e for s, e in zip(start, stop))
-        for a in range(ndim):
-            if empty:
-                ws.append(start[a])
-                we.append(stop[a])
-                continue
-            lo, hi = halo[a]
-            w0, w1 = start[a] - lo, stop[a] + hi
-            if boundary[a] == "trim":
-                w0, w1 = max(w0, d0[a]), min(w1, d1[a])
-            ws.append(w0)
-            we.append(w1)
-        return Region(d0, d1, tuple(start), tuple(stop), tuple(ws), tuple(we), boundary, self.fill_value)
+            for axis, dims in groups.items():
+                total = self._split_prefix[dims[-1]][-1]
+                if total != d1[axis] - d0[axis]:
+                    raise LayoutError(
+                        f"split sizes {list(self._split_sizes[dims[-1]])} of mesh dim {self.mesh.names[dims[-1]]!r} "
+                        f"sum to {total} but axis {axis} has {d1[axis] - d0[axis]} cells"
+                        + (" (its crop)" if self._crop_key is not None else "") + ": the sizes must tile the axis")
+        bounds = region_bounds(d0, d1, self.mesh.shape, coordinate, groups, self.split, self._split_prefix, halo,
+                               boundary)
+        return Region(d0, d1, *bounds, boundary, self.fill_value)
 
     def regions(self, global_shape: Sequence[int]) -> list[Region]:
         """The region of every rank, in rank order."""
         return [self.region(global_shape, c) for c in self.mesh.coordinates()]
+
+    # ---- DTensor / ShardTensor placements (the math: dali_mesh.partition.placements) -----------------
+    def placement_spec(self, ndim: int, *, halo_stripped: bool = False, lead_axes: int = 0,
+                       any_split: bool = False, global_shape: Sequence[int] | None = None
+                       ) -> tuple[tuple[str, int | None], ...]:
+        """Placements of the batched tensor ``(batch, *lead, *sample)`` per mesh dim, as plain data:
+        ``("shard", 0)`` for batch dims, ``("shard", 1 + lead_axes + axis)`` for shard dims,
+        ``("replicate", None)`` otherwise.
+
+        DTensor describes the batch only for ``split="chunk"`` and windows without halo (or with the
+        halo stripped: ``halo_stripped=True``); anything else raises. ``lead_axes`` counts unsplit
+        axes between the batch and the sample (the steps of a forecast). ``any_split=True`` skips the
+        split check, for PhysicsNeMo ``ShardTensor``, which carries explicit shard shapes.
+        ``global_shape``: the sample shape; explicit sizes are accepted when they equal torch.chunk's
+        for it (:meth:`explicit_matches`), as they are for the axis length they were made for.
+        """
+        if global_shape is not None and len(_check_shape(global_shape)) != ndim:
+            raise LayoutError(f"global_shape {tuple(global_shape)} has {len(global_shape)} axes, ndim is {ndim}")
+        if not any_split:
+            check_dtensor_split(self.split, self.split_sizes, global_shape, None if global_shape is None else
+                                _rule_sizes(self.mesh, self._shard, self.domain(global_shape), "chunk"))
+        if not halo_stripped and any(lo or hi for lo, hi in self.halo_pairs(ndim)):
+            raise LayoutError("no DTensor for a window with halo: strip the halo first (region.owned_in_window) "
+                              "or use the local tensor and its region")
+        return placement_spec(self.mesh.ndim, self._batch_dims, self.shard_axes(ndim), lead_axes)
+
+    def dtensor_placements(self, ndim: int, **kwargs):
+        """torch DTensor placements of the batched tensor (imports torch); arguments as
+        :meth:`placement_spec`."""
+        return torch_placements(self.placement_spec(ndim, **kwargs))
+
+    def sharding_shapes(self, global_shape: Sequence[int], batch_size: int | None = None
+                        ) -> dict[int, tuple[tuple[int, ...], ...]]:
+        """For ``ShardTensor.from_local(..., sharding_shapes=...)``: per mesh dim that shards an axis,
+        the owned shapes of the ranks along that mesh dim (this rank's coordinate elsewhere). With
+        ``batch_size`` the shapes are of the batched tensor ``(batch_size, *shape)``."""
+        out = {}
+        for d, axis in enumerate(self.shard_axes(len(_check_shape(global_shape)))):
+            if axis < 0:
+                continue
+            shapes = []
+            for i in range(self.mesh.shape[d]):
+                c = list(self.mesh.coordinate)
+                c[d] = i
+                s = self.region(global_shape, c).shape
+                shapes.append(((batch_size,) + s) if batch_size is not None else s)
+            out[d] = tuple(shapes)
+        return out
+
+    # ---- the way back: a layout from the model's input spec -------------------------------------------
+    @classmethod
+    def from_placements(cls, mesh, placements: Sequence, *, batched: bool = True, ndim: int | None = None,
+                        lead_axes: int = 0, batch: str | Sequence[str] | None = None, crop=None,
+                        halo=0, boundary="constant", fill_value: float = 0,
+                        split: str | Mapping = "chunk") -> "Layout":
+        """The layout whose :meth:`dtensor_placements` are ``placements``: the inverse of that method,
+        with axes counted from 0: ``Layout.from_placements(mesh, layout.dtensor_placements(n)) ==
+        layout.normalized(n)`` (a layout given ``shard={"mp": -1}`` comes back as ``{"mp": n - 1}``).
+
+        Args:
+            mesh: a ``MeshInfo`` or a torch ``DeviceMesh`` (this rank's coordinate is read from it).
+            placements: one per mesh dim: torch ``Shard(d)`` / ``Replicate()``, or the plain data
+                of :meth:`placement_spec` (``("shard", d)`` / ``("replicate", None)``).
+            batched: the tensor is a batch ``(batch, *lead, *sample)``: ``Shard(0)`` marks a batch
+                dim and ``Shard(1 + lead_axes + a)`` shards sample axis ``a``. Unbatched:
+                ``Shard(a)`` shards sample axis ``a``, and ``batch`` names the batch dims among the
+                replicated ones (by default as ``Layout``: the one mesh dim that shards nothing).
+            ndim: the tensor's number of dims; needed only to resolve negative ``Shard`` dims.
+            lead_axes: unsplit axes between batch and sample (the steps of a forecast).
+            batch: batched: the mesh dims expected on the batch axis (checked against the
+                ``Shard(0)`` dims); unbatched: the batch dims.
+            crop, halo, boundary, fill_value, split: as for ``Layout`` (they are not in placements).
+
+        Several mesh dims sharding one tensor dim nest in mesh-dim order, as DTensor does and as
+        ``Layout`` does. ``Partial`` (a pending reduction, not data) and ``_StridedShard`` (an
+        interleaved order no reader can serve) are refused, naming the mesh dim and placement.
+        """
+        mesh = mesh_info(mesh)
+        shard, batch = shard_and_batch(mesh, placements, batched=batched, ndim=ndim, lead_axes=lead_axes, batch=batch)
+        return cls(mesh, shard=shard, batch=batch, crop=crop, halo=halo, boundary=boundary, fill_value=fill_value,
+                   split=split)
+
+    @classmethod
+    def from_dtensor(cls, tensor_or_spec, **kwargs) -> "Layout":
+        """The layout of a DTensor (e.g. a model's example input) or of its ``DTensorSpec``
+        (``tensor._spec``): mesh and placements from it, ``split="chunk"`` (DTensor's ``Shard``);
+        other arguments as :meth:`from_placements`. A PhysicsNeMo ``ShardTensor`` goes to
+        :meth:`from_shard_tensor`."""
+        if "split" in kwargs:
+            raise LayoutError("from_dtensor: a DTensor is split by torch.chunk; for other sizes use "
+                              "from_shard_tensor or from_placements(..., split=...)")
+        if is_shard_tensor(tensor_or_spec):
+            return cls.from_shard_tensor(tensor_or_spec, **kwargs)
+        mesh, placements, ndim = dtensor_parts(tensor_or_spec)
+        kwargs.setdefault("ndim", ndim)
+        return cls.from_placements(mesh, placements, **kwargs)
+
+    @classmethod
+    def from_shard_tensor(cls, tensor, **kwargs) -> "Layout":
+        """The layout of a PhysicsNeMo ``ShardTensor`` (or its ``ShardTensorSpec``): mesh,
+        placements and ``sharding_shapes()`` (its documented API; gathering them may communicate
+        once) become explicit sizes, or the rule they equal; see :meth:`from_sharding_shapes`."""
+        mesh, placements, shapes, ndim = shard_tensor_parts(tensor)
+        if ndim is not None:
+            kwargs.setdefault("ndim", ndim)  # resolves negative Shard dims
+        return cls.from_sharding_shapes(mesh, placements, shapes, **kwargs)
+
+    @classmethod
+    def from_sharding_shapes(cls, mesh, placements: Sequence, sharding_shapes: Mapping[int, Sequence[Sequence[int]]],
+                             *, batched: bool = True, **kwargs) -> "Layout":
+        """A layout from PhysicsNeMo ``ShardTensor`` sharding shapes: ``{mesh dim index: (shape of
+        each rank's shard along that mesh dim, ...)}``, as ``ShardTensorSpec.sharding_shapes()``
+        gives them (a local shape per rank along the mesh dim, this rank's coordinate elsewhere).
+
+        The sizes of each sharded tensor dim become explicit shard sizes; when the sizes of every
+        sharded axis equal one named rule (``chunk`` first, then ``physicsnemo``, ``even``), the
+        layout uses that rule, so that ``chunk`` keeps DTensor output. A batch dim (``Shard(0)``)
+        must give every rank the same batch size. ``ShardTensor`` records one mesh dim per tensor
+        dim: two mesh dims sharding one axis are refused here (give ``split`` sizes by hand).
+        Other arguments as :meth:`from_placements`; ``split`` comes from the shapes.
+        """
+        if "split" in kwargs:
+            raise LayoutError("from_sharding_shapes: the split comes from sharding_shapes; do not pass split")
+        layout = cls.from_placements(mesh, placements, batched=batched, **kwargs)
+        offset = (1 + kwargs.get("lead_axes", 0)) if batched else 0
+        split = split_of_sharding_shapes(layout.mesh, placements, sharding_shapes, layout._shard,
+                                         layout._batch_dims, offset)
+        return cls(layout.mesh, shard=layout.shard_dims, batch=layout.batch_dims, crop=layout._crop,
+                   halo=layout._halo, boundary=layout._boundary, fill_value=layout.fill_value, split=split)
 
     def __repr__(self) -> str:
         return f"Layout(mesh={self.mesh}, {self._rules()})"

@@ -175,7 +175,7 @@ def sample_order(
 
 
 class GroupOrder:
-    """The batches of one member of a read group (:mod:`dali_mesh.partition.share`): batches
+    """The batches of one member of a read group (:mod:`dali_mesh.partition.read_groups`): batches
     ``index, index + size, index + 2 size, ...`` of ``order`` (a :class:`SampleOrder`), entry by entry,
     in O(1) per index as the order itself."""
 

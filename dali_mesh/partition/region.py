@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from dali_mesh.partition.checks import LayoutError
-from dali_mesh.partition.rules import _check_boundary, boundary_index
+from dali_mesh.partition.rules import _check_boundary, boundary_index, shard_extent
 
 # ---- regions ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -113,6 +114,60 @@ class Region:
         pos = np.arange(self.window_start[axis], self.window_stop[axis], dtype=np.int64) - d0
         idx = boundary_index(pos, d1 - d0, self.boundary[axis]) if d1 > d0 else np.full(pos.shape, -1)
         return np.where(idx < 0, -1, idx + d0)
+
+
+def region_bounds(domain_start: Sequence[int], domain_stop: Sequence[int], mesh_shape: Sequence[int],
+                  coordinate: Sequence[int], axis_groups: Mapping[int, Sequence[int]], split: str,
+                  split_prefix: Mapping[int, Sequence[int]] | None, halo: Sequence[tuple[int, int]],
+                  boundary: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+    """``(start, stop, window_start, window_stop)`` of the rank at ``coordinate``: the pure math behind
+    ``Layout.region``, O(ndim) whatever the mesh size.
+
+    ``axis_groups``: sample axis -> the mesh dims that shard it, outer first (each splits the previous
+    shard by the ``split`` rule); with explicit sizes, ``split_prefix`` maps the innermost of them to
+    the prefix sums of the sizes of their combined shards (row-major over the nested dims). Example,
+    ``(5,)`` cells over 4 ranks, one cell of halo, ``periodic``, ``split="chunk"`` (sizes 2, 2, 1, 0)::
+
+        rank0 -- owned [0:2] window [-1:3]
+        rank1 -- owned [2:4] window [1:5]
+        rank2 -- owned [4:5] window [3:6]
+        rank3 -- owned [5:5] window [5:5]   (empty: at the domain end, no halo)
+    """
+    ndim = len(domain_start)
+    start, stop = list(domain_start), list(domain_stop)
+    for axis, dims in axis_groups.items():
+        if split_prefix is None:
+            for mesh_dim in dims:  # mesh-dim order: outer first, each splits the previous shard
+                offset, size = shard_extent(stop[axis] - start[axis], mesh_shape[mesh_dim], coordinate[mesh_dim],
+                                            split)
+                start[axis] += offset
+                stop[axis] = start[axis] + size
+            continue
+        prefix = split_prefix[dims[-1]]
+        c = 0
+        for mesh_dim in dims:  # the combined shard index, row-major over the nested dims
+            c = c * mesh_shape[mesh_dim] + coordinate[mesh_dim]
+        start[axis] = domain_start[axis] + prefix[c]
+        stop[axis] = domain_start[axis] + prefix[c + 1]
+    # where an empty shard sits, decided here only: with split="chunk" (torch.chunk, DTensor) at the
+    # domain end, as torch's compute_local_shape_and_global_offset puts it; with "physicsnemo" or
+    # explicit sizes (PhysicsNeMo ShardTensor's) at the running sum of the sizes before it, as
+    # ShardTensor.offsets() does (tests/torch/test_physicsnemo_real.py); "even" shards are empty only
+    # at the end (as the C++ mesh_roi decides it too)
+    if split == "chunk":
+        for a in range(ndim):
+            if stop[a] == start[a]:
+                start[a] = stop[a] = domain_stop[a]
+    if any(s == e for s, e in zip(start, stop)):  # an empty owned region gets no halo: its window is itself
+        return tuple(start), tuple(stop), tuple(start), tuple(stop)
+    ws, we = [], []
+    for a in range(ndim):
+        w0, w1 = start[a] - halo[a][0], stop[a] + halo[a][1]
+        if boundary[a] == "trim":
+            w0, w1 = max(w0, domain_start[a]), min(w1, domain_stop[a])
+        ws.append(w0)
+        we.append(w1)
+    return tuple(start), tuple(stop), tuple(ws), tuple(we)
 
 
 def check_fill_value(fill_value, dtype, where: str = "") -> None:

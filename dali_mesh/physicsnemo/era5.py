@@ -66,8 +66,9 @@ class ERA5HDF5Datapipe:
     ``num_workers`` is the number of DALI threads reading (natively; Python worker processes only
     when the files cannot be read natively); ``process_rank``/``world_size`` are taken from the
     layout's batch dims where it has any (given values must agree); ``interpolation_type`` is refused.
+    The arguments below are dali_mesh's own, beside PhysicsNeMo's.
 
-    Args (dali_mesh's):
+    Args:
         layout: a :class:`~dali_mesh.Layout` over a step's ``(channel, lat, lon)`` after the channel
             pick (``patch_size`` must then be its crop). Default: built from ``device_mesh`` (or
             PhysicsNeMo's ``DistributedManager`` mesh, or one process), ``shard``, ``halo``,

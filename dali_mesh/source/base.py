@@ -11,7 +11,7 @@ from dali_mesh._checks import is_int as _is_int
 from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP
 from dali_mesh.plan import NotNativeError
 from dali_mesh.partition import GroupOrder, Layout, Region, SampleOrder
-from dali_mesh.partition.share import group_coordinates, group_region, share_dims
+from dali_mesh.partition.read_groups import group_coordinates, group_region, share_dims
 from dali_mesh.source.buffers import BufferPool
 from dali_mesh.source.status import WorkerStatus
 
@@ -61,7 +61,7 @@ class WindowSource:
         self.reuse_buffers = bool(reuse_buffers)
         self._status_dir: str | None = None  # set by partitioned_source: where workers say what they read
         self._memo: dict[str, Any] = {}
-        # read once per group (dali_mesh.partition.share): the mesh dims whose ranks split the reads
+        # read once per group (dali_mesh.partition.read_groups): the mesh dims whose ranks split the reads
         self.share_dims = share_dims(layout, share)
         if self.share_dims and self.per_sample_shapes:
             raise ValueError("share= needs one sample shape (the group window is cut the same way for every "

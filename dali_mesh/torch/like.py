@@ -2,15 +2,10 @@
 PhysicsNeMo ShardTensor or their specs, and the check of a yielded tensor against it."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from dali_mesh.partition import LayoutError
-
-
-def is_shard_tensor(like) -> bool:
-    """A PhysicsNeMo ``ShardTensor`` or ``ShardTensorSpec`` (in PhysicsNeMo 2.2.2 a ShardTensor is not
-    a DTensor: it is told by its spec's ``sharding_shapes``)."""
-    return hasattr(getattr(like, "_spec", like), "sharding_shapes")
+from dali_mesh.partition.placements import is_shard_tensor
 
 
 def _sharding_shapes(spec) -> dict[int, tuple[tuple[int, ...], ...]]:
@@ -79,3 +74,47 @@ def check_like(dtensor, like, name: str = "window") -> None:
 def plain(value) -> str:
     return "(" + ", ".join(repr(v) for v in value) + ")" if isinstance(value, (tuple, list)) else repr(value)
 
+
+
+def like_specs(like, window_outputs: Sequence[str]) -> dict[str, dict]:
+    """``{window output name: like_spec}`` of a loader's ``like=``: a dict names its outputs (window
+    outputs only); anything else describes the first window output."""
+    if isinstance(like, Mapping):
+        unknown = [n for n in like if n not in window_outputs]
+        if unknown:
+            raise ValueError(f"like names outputs {unknown} that are not window outputs {list(window_outputs)}")
+        return {n: like_spec(v) for n, v in like.items()}
+    if not window_outputs:
+        raise ValueError("like= needs a window output to describe; output_map has none")
+    return {window_outputs[0]: like_spec(like)}
+
+
+def check_like_layout(likes: Mapping[str, dict], layout, sample_shape: tuple[int, ...], device_mesh) -> None:
+    """What can be checked before any data: the layout's placements, domain and (ShardTensor) shard
+    shapes against the model's inputs (``likes``, from :func:`like_specs`); ``LayoutError`` names both."""
+    region = layout.region(sample_shape)
+    for name, want in likes.items():
+        lead = len(want["shape"]) - 1 - len(sample_shape)
+        got_sample = region.domain_shape
+        if lead < 0 or tuple(want["shape"][1 + lead:]) != got_sample:
+            raise LayoutError(f"the model's input {name!r} has shape {want['shape']} but the loader's samples "
+                              f"have domain shape {got_sample} (sample_shape {sample_shape}, crop applied)")
+        shard_tensor = want.get("kind") == "shard_tensor"
+        placements = tuple(layout.dtensor_placements(
+            len(sample_shape), halo_stripped=True, lead_axes=lead,
+            **({"any_split": True} if shard_tensor else {"global_shape": sample_shape})))
+        if placements != tuple(want["placements"]):
+            raise LayoutError(f"the layout gives {name!r} placements {plain(placements)} but the model's input "
+                              f"has {plain(want['placements'])} (layout {layout})")
+        if want["mesh"] != device_mesh:
+            raise LayoutError(f"the model's input {name!r} lives on {mesh_str(want['mesh'])}, the loader on "
+                              f"{mesh_str(device_mesh)}")
+        if shard_tensor:  # every rank's shard of the sample, along each mesh dim that shards it
+            ours = layout.sharding_shapes(sample_shape)
+            for d, shapes in ours.items():
+                theirs = tuple(tuple(s[1 + lead:]) for s in want["sharding_shapes"].get(d, ()))
+                if tuple(map(tuple, shapes)) != theirs:
+                    raise LayoutError(
+                        f"the layout splits {name!r} along mesh dim {layout.mesh.names[d]!r} into "
+                        f"{[tuple(s) for s in shapes]} but the model's ShardTensor into {list(theirs)} "
+                        f"(layout {layout}; split {layout.split!r})")

@@ -1,5 +1,7 @@
 """``MeshLoader``: a DALI pipeline of this rank's windows iterated as torch tensors (local, DTensor or
-ShardTensor), with the watchdog, the first-batch model-input check and checkpoints."""
+ShardTensor), with the watchdog, the first-batch model-input check and checkpoints. Its parts by job:
+the model-input checks in :mod:`.like`, fingerprints and the checkpoint check in :mod:`.fingerprint`,
+a read group's steps in :mod:`.group_steps` (over :mod:`.group_exchange`), the wrapping in :mod:`.wrap`."""
 from __future__ import annotations
 
 import logging
@@ -8,15 +10,50 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from dali_mesh.partition import Layout, LayoutError
+from dali_mesh.partition.placements import is_shard_tensor
 from dali_mesh.pipeline.registry import sources_of
 from dali_mesh.pipeline.watchdog import DEFAULT_TIMEOUT_S, Watchdog, prefetch_batches
-from dali_mesh.torch.fingerprint import diff_fields
-from dali_mesh.torch.like import check_like, is_shard_tensor, like_spec, mesh_str, plain
+from dali_mesh.torch.fingerprint import checkpoint_of, loader_fingerprint
+from dali_mesh.torch.group_steps import GroupSteps
+from dali_mesh.torch.like import check_like, check_like_layout, like_specs
 from dali_mesh.torch.wrap import device_mesh_info, to_dtensor, to_shard_tensor
 
 log = logging.getLogger(__name__)
 
 OUTPUTS = ("local", "dtensor", "shard_tensor")
+
+
+def _output_names(names, what: str) -> tuple[str, ...]:
+    """``names`` (``output_map`` or ``window_outputs``) as a tuple of distinct non-empty strings."""
+    if isinstance(names, (str, bytes)):
+        raise TypeError(f"{what} must be a sequence of output names, got one string {names!r}: pass [{names!r}]")
+    names = tuple(names)
+    bad = [n for n in names if not isinstance(n, str) or not n]
+    if bad:
+        raise TypeError(f"{what} must hold non-empty strings, got {bad[0]!r} in {list(names)}")
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"{what} names {dup} more than once: {list(names)}")
+    return names
+
+
+def _finished(batch: dict[str, Any], output_map: Sequence[str], drop_padded: bool) -> dict[str, Any]:
+    """``batch`` with ``sample_id`` (int64) and ``is_pad`` (bool) checked and flat, padded samples
+    dropped with ``drop_padded``."""
+    for name, want in (("sample_id", torch.int64), ("is_pad", torch.bool)):
+        value = batch.get(name)
+        if value is not None and getattr(value, "dtype", want) != want:
+            raise ValueError(f"output {name!r} has dtype {value.dtype}, expected {want}: output_map "
+                             f"{list(output_map)} does not follow the pipeline's outputs (partitioned_source "
+                             "returns window(s), sample_id, is_pad: use source.output_names)")
+    for name in ("is_pad", "sample_id"):
+        if name in batch:
+            batch[name] = batch[name].reshape(-1)
+    if drop_padded and "is_pad" in batch:
+        idx = torch.nonzero(~batch["is_pad"].cpu()).reshape(-1)
+        for name, value in batch.items():
+            batch[name] = [value[i] for i in idx.tolist()] if isinstance(value, list) else value[idx.to(value.device)]
+    return batch
 
 
 class MeshLoader:
@@ -90,9 +127,9 @@ class MeshLoader:
             output = like_kind or "local"
         if output not in OUTPUTS:
             raise ValueError(f"unknown output {output!r}; expected one of {', '.join(OUTPUTS)}")
-        self.output_map = self._check_names(output_map, "output_map")
+        self.output_map = _output_names(output_map, "output_map")
         if window_outputs is not None:
-            window_outputs = self._check_names(window_outputs, "window_outputs")
+            window_outputs = _output_names(window_outputs, "window_outputs")
             unknown = [n for n in window_outputs if n not in self.output_map]
             if unknown:
                 raise ValueError(f"window_outputs names {unknown} which output_map {list(self.output_map)} "
@@ -104,7 +141,7 @@ class MeshLoader:
             if special in self.window_outputs:
                 raise ValueError(f"window_outputs names {special!r}, which is the sample id / pad flag, not a window")
 
-        self._like = self._like_specs(like) if like is not None else None
+        self._like = like_specs(like, self.window_outputs) if like is not None else None
         if like is not None:
             if output != like_kind:
                 what = "a ShardTensor" if like_kind == "shard_tensor" else "a DTensor"
@@ -142,70 +179,14 @@ class MeshLoader:
         self.device_mesh = device_mesh
         self.sample_shape = sample_shape
         if self._like is not None:
-            self._check_like_layout()
+            check_like_layout(self._like, layout, sample_shape, device_mesh)
         self.drop_padded = bool(drop_padded)
         self.per_sample_shapes = bool(per_sample_shapes)
         self.timeout = timeout
         self._factory: Callable[..., Any] | None = pipeline if callable(pipeline) and not hasattr(pipeline, "build") else None
-        self._exchange = None  # read once per group (a source built with share=): dali_mesh.torch.share
-        self._pending: list[dict] = []  # the batches of the group step being yielded
-        self._pending_ckpt = None  # the pipeline's checkpoint before that step's read
-        self._skip = 0  # batches of the next group step already taken before a checkpoint
+        self._group: GroupSteps | None = None  # read once per group (a source built with share=)
         self._start(self._factory() if self._factory else pipeline)
         self.steps_taken = 0
-
-    # ---- construction helpers ---------------------------------------------------------------------------
-    @staticmethod
-    def _check_names(names, what: str) -> tuple[str, ...]:
-        if isinstance(names, (str, bytes)):
-            raise TypeError(f"{what} must be a sequence of output names, got one string {names!r}: pass [{names!r}]")
-        names = tuple(names)
-        bad = [n for n in names if not isinstance(n, str) or not n]
-        if bad:
-            raise TypeError(f"{what} must hold non-empty strings, got {bad[0]!r} in {list(names)}")
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
-            raise ValueError(f"{what} names {dup} more than once: {list(names)}")
-        return names
-
-    def _like_specs(self, like) -> dict[str, dict]:
-        if isinstance(like, Mapping):
-            unknown = [n for n in like if n not in self.window_outputs]
-            if unknown:
-                raise ValueError(f"like names outputs {unknown} that are not window outputs {list(self.window_outputs)}")
-            return {n: like_spec(v) for n, v in like.items()}
-        if not self.window_outputs:
-            raise ValueError("like= needs a window output to describe; output_map has none")
-        return {self.window_outputs[0]: like_spec(like)}
-
-    def _check_like_layout(self) -> None:
-        """What can be checked before any data: the layout's placements and domain against the model's."""
-        region = self.layout.region(self.sample_shape)
-        for name, want in self._like.items():
-            lead = len(want["shape"]) - 1 - len(self.sample_shape)
-            got_sample = region.domain_shape
-            if lead < 0 or tuple(want["shape"][1 + lead:]) != got_sample:
-                raise LayoutError(f"the model's input {name!r} has shape {want['shape']} but the loader's samples "
-                                  f"have domain shape {got_sample} (sample_shape {self.sample_shape}, crop applied)")
-            shard_tensor = want.get("kind") == "shard_tensor"
-            placements = tuple(self.layout.dtensor_placements(
-                len(self.sample_shape), halo_stripped=True, lead_axes=lead,
-                **({"any_split": True} if shard_tensor else {"global_shape": self.sample_shape})))
-            if placements != tuple(want["placements"]):
-                raise LayoutError(f"the layout gives {name!r} placements {plain(placements)} but the model's input "
-                                  f"has {plain(want['placements'])} (layout {self.layout})")
-            if want["mesh"] != self.device_mesh:
-                raise LayoutError(f"the model's input {name!r} lives on {mesh_str(want['mesh'])}, the loader on "
-                                  f"{mesh_str(self.device_mesh)}")
-            if shard_tensor:  # every rank's shard of the sample, along each mesh dim that shards it
-                ours = self.layout.sharding_shapes(self.sample_shape)
-                for d, shapes in ours.items():
-                    theirs = tuple(tuple(s[1 + lead:]) for s in want["sharding_shapes"].get(d, ()))
-                    if tuple(map(tuple, shapes)) != theirs:
-                        raise LayoutError(
-                            f"the layout splits {name!r} along mesh dim {self.layout.mesh.names[d]!r} into "
-                            f"{[tuple(s) for s in shapes]} but the model's ShardTensor into {list(theirs)} "
-                            f"(layout {self.layout}; split {self.layout.split!r})")
 
     def _start(self, pipe) -> None:
         """Build ``pipe`` and its iterator under a fresh watchdog (the build starts the workers and the
@@ -252,27 +233,28 @@ class MeshLoader:
         for src in sources_of(pipe):  # a graph defined at build time
             self._check_source(src)
         shared = [src for src in sources_of(pipe) if getattr(src, "share_dims", ())]
-        if shared and self._exchange is None:
+        if shared and self._group is None:
             if len({tuple(src.share_dims) for src in sources_of(pipe)}) != 1:
                 raise ValueError("share=: every source of the pipeline must be built with the same share")
             if self.per_sample_shapes or self.drop_padded:
                 raise ValueError("share= yields whole batches of one shape: not with per_sample_shapes or drop_padded")
-            from dali_mesh.torch.share import GroupExchange  # noqa: PLC0415
+            from dali_mesh.torch.group_exchange import GroupExchange  # noqa: PLC0415
 
-            self._exchange = GroupExchange(shared[0], self.layout, self.device_mesh, self.window_outputs,
-                                           timeout=self.timeout)
+            self._group = GroupSteps(GroupExchange(shared[0], self.layout, self.device_mesh, self.window_outputs,
+                                                   timeout=self.timeout))
         # the iterator's first batch waits for DALI's prefetch queue: prefetch_queue_depth + 1 batch times
         self._first_batches = prefetch_batches(pipe)
-        self._deferred = None
+        if self._group is not None:
+            self._group.deferred = None
         try:
             self._iterator = self._call(self._make_iterator, pipe, what="the first batch",
                                         batches=self._first_batches)
         except Exception as e:  # noqa: BLE001
-            if self._exchange is None:
+            if self._group is None:
                 raise
             # DALI's iterator reads the first batch here: in a read group its error is told to every
             # member at the first group step (raising here would leave the others in the exchange)
-            self._iterator, self._deferred = None, e
+            self._iterator, self._group.deferred = None, e
         self._after_start = True
         self._checked_like = False
 
@@ -293,11 +275,6 @@ class MeshLoader:
             given = "like.shape[1:]" if self._like is not None else "sample_shape"
             raise LayoutError(f"the loader's sample shape {self.sample_shape} (from {given}) differs from the "
                               f"shape {tuple(shape)} of the samples of the pipeline's source ({what})")
-
-    def _dtype_message(self, name, got, want) -> str:
-        return (f"output {name!r} has dtype {got}, expected {want}: output_map {list(self.output_map)} does not "
-                "follow the pipeline's outputs (partitioned_source returns window(s), sample_id, is_pad: use "
-                "source.output_names)")
 
     def _call(self, fn, *args, what: str = "the next batch", batches: float | None = 1):
         if self._stream is None:
@@ -348,63 +325,25 @@ class MeshLoader:
         self._after_start = False
         return batch
 
-    def _next_shared(self) -> dict[str, Any]:
-        """The next batch of a read group: from the group step being yielded, or the next step (this
-        member's read, then the status and data exchange; see dali_mesh.torch.share)."""
-        ex = self._exchange
-        while not self._pending:
-            step = ex.step
-            if step * ex.size >= ex.num_batches:  # the epoch's last step is done: this member's epoch ends too
-                if self._iterator is None:
-                    raise StopIteration
-                try:
-                    self._next_batch()
-                except StopIteration:
-                    raise StopIteration from None
-                raise RuntimeError("share=: this member's pipeline has more batches than its share of the epoch")
-            batch = error = None
-            self._pending_ckpt = self._checkpoint() if self._iterator is not None else None
-            if ex.mine(step) and self._deferred is not None:
-                error, self._deferred = self._deferred, None
-            elif ex.mine(step):
-                try:
-                    batch = self._next_batch()
-                except StopIteration:
-                    error = RuntimeError("this member's pipeline ended its epoch before its share of it")
-                except Exception as e:  # noqa: BLE001 - every member must hear of it (dali_mesh.torch.share)
-                    error = e
-            if not ex.agreed:  # the members' fingerprints, before any data moves
-                ex.agree(self.fingerprint(coordinate=False))
-            self._pending = ex.exchange(batch, error)
-            del self._pending[:self._skip]  # taken before the checkpoint this loader resumed from
-            self._skip = 0
-        return self._pending.pop(0)
-
     def _checkpoint(self):
         """The pipeline's checkpoint now, or ``None`` without checkpointing."""
         if not getattr(self._pipeline, "_enable_checkpointing", False):
             return None
         return self._call(self._iterator.checkpoints, what="the checkpoint")
 
+    @property
+    def _exchange(self):
+        """The read group's ``GroupExchange`` (its ``stats``, ``size``), or ``None``."""
+        return None if self._group is None else self._group.exchange
+
     def __next__(self) -> dict[str, Any]:
-        batch = self._next_shared() if self._exchange is not None else self._next_batch()
+        if self._group is None:
+            batch = self._next_batch()
+        else:  # this member's read, then the status and data exchange (dali_mesh.torch.group_steps)
+            batch = self._group.next(lambda: self._next_batch(), self._checkpoint,
+                                     lambda: self.fingerprint(coordinate=False), self._iterator is not None)
         self.steps_taken += 1
-        for name, want in (("sample_id", torch.int64), ("is_pad", torch.bool)):
-            value = batch.get(name)
-            if value is not None and getattr(value, "dtype", want) != want:
-                raise ValueError(self._dtype_message(name, value.dtype, want))
-        if "is_pad" in batch:
-            batch["is_pad"] = batch["is_pad"].reshape(-1)
-        if "sample_id" in batch:
-            batch["sample_id"] = batch["sample_id"].reshape(-1)
-        if self.drop_padded and "is_pad" in batch:
-            keep = ~batch["is_pad"].cpu()
-            idx = torch.nonzero(keep).reshape(-1)
-            for name, value in batch.items():
-                if isinstance(value, list):
-                    batch[name] = [value[i] for i in idx.tolist()]
-                else:
-                    batch[name] = value[idx.to(value.device)]
+        batch = _finished(batch, self.output_map, self.drop_padded)
         if self.output != "local":
             wrap = to_dtensor if self.output == "dtensor" else to_shard_tensor
             for name in self.window_outputs:
@@ -429,8 +368,8 @@ class MeshLoader:
         self._call(self._iterator.reset, what="the next epoch to start", batches=self._first_batches)
         self._after_start = True
         self.steps_taken = 0
-        if self._exchange is not None:
-            self._exchange.step, self._pending, self._skip = 0, [], 0
+        if self._group is not None:
+            self._group.reset()
 
     def __len__(self) -> int:
         raise TypeError("MeshLoader has no length: the source ends the epoch (size=-1)")
@@ -454,33 +393,16 @@ class MeshLoader:
         dataset, sample count and shape, seed, shuffle, drop_last, ...). ``coordinate=False``: the
         layouts by their rules, without this rank's coordinate, as every member of a read group must
         have them (members differ along the shared dims)."""
-        def describe(layout):
-            return repr(layout) if coordinate or not hasattr(layout, "describe_rules") else layout.describe_rules()
-
-        fp: dict[str, Any] = {"layout": describe(self.layout), "batch_size": int(self._pipeline.max_batch_size),
-                              "output_map": list(self.output_map)}
-        sources = []
-        for src in sources_of(self._pipeline):
-            s = src.fingerprint() if hasattr(src, "fingerprint") else type(src).__name__
-            if not coordinate and isinstance(s, dict) and getattr(src, "layout", None) is not None:
-                s["layout"] = describe(src.layout)
-            sources.append(s)
-        if sources:
-            fp["sources"] = sources
-        return fp
+        return loader_fingerprint(self.layout, self._pipeline.max_batch_size, self.output_map,
+                                  sources_of(self._pipeline), coordinate=coordinate)
 
     def state_dict(self) -> dict[str, Any]:
         """DALI's checkpoint of the pipeline (build it with ``enable_checkpointing=True``), the steps
         taken this epoch and the loader's :meth:`fingerprint`."""
-        if self._exchange is not None:
+        if self._group is not None:
             # a read group resumes at the start of a group step (every member the same step), then
             # drops the batches of it already taken
-            ex = self._exchange
-            if self._pending:
-                step = ex.step - 1
-                ckpt, skip = self._pending_ckpt, ex.batches_of(step) - len(self._pending)
-            else:
-                step, ckpt, skip = ex.step, self._checkpoint(), 0
+            ckpt, step, skip = self._group.state(self._checkpoint)
             if ckpt is None:
                 raise ValueError("Cannot access checkpoints with checkpointing disabled")
             return {"dali_checkpoints": ckpt, "steps_taken": self.steps_taken, "fingerprint": self.fingerprint(),
@@ -498,34 +420,13 @@ class MeshLoader:
         if self._factory is None:
             raise ValueError("load_state_dict needs the loader to be built from make_pipeline(checkpoint=None), "
                              "not from a built pipeline")
-        if not isinstance(state, Mapping) or "dali_checkpoints" not in state:
-            got = sorted(state) if isinstance(state, Mapping) else type(state).__name__
-            raise ValueError(f"load_state_dict(state): state must be a dict from MeshLoader.state_dict() with "
-                             f"'dali_checkpoints', got {got}")
-        checkpoints = state["dali_checkpoints"]
-        if not isinstance(checkpoints, (list, tuple)) or len(checkpoints) != 1:
-            raise ValueError(f"load_state_dict(state): expected one DALI checkpoint in state['dali_checkpoints'], "
-                             f"got {checkpoints!r:.200}")
-        saved = state.get("fingerprint")
-        if saved is None:
-            log.warning("load_state_dict: the checkpoint carries no fingerprint (saved by an older dali_mesh); "
-                        "its source, layout and batch size cannot be checked")
-        else:
-            diffs: list[str] = []
-            diff_fields(saved, self.fingerprint(), "", diffs)
-            if diffs:
-                raise ValueError("load_state_dict(state): the checkpoint was taken by a loader with another "
-                                 "source, layout or batch size, so it would resume at another position: "
-                                 + "; ".join(diffs[:5]) + ("; ..." if len(diffs) > 5 else ""))
+        checkpoint = checkpoint_of(state, self.fingerprint)
         self.close()
         self._iterator = self._pipeline = None  # let the old pipeline and its workers go first
-        self._start(self._factory(checkpoint=checkpoints[0]))
+        self._start(self._factory(checkpoint=checkpoint))
         self.steps_taken = int(state.get("steps_taken", 0))
-        if self._exchange is not None:
+        if self._group is not None:
             if "group_step" not in state:
                 raise ValueError("load_state_dict(state): the loader reads with share= but the checkpoint was "
                                  "taken without it")
-            self._exchange.step, self._pending = int(state["group_step"]), []
-            self._exchange.agreed = False  # the members compare their resumed steps before the next exchange
-            self._skip = int(state["group_skip"])
-
+            self._group.resume(state["group_step"], state["group_skip"])

@@ -502,7 +502,7 @@ def test_read_dataset_on_gpu_equals_cpu(tmp_path):
     (or, stack=False, one per variable, concatenated on the GPU), normalised on the GPU; equal to the
     CPU pipeline (whose operator normalises in place; normalised: to float32 rounding)."""
     from dali_mesh import ForecastSpec
-    from dali_mesh.dataset import NetCDFDatasetSource
+    from dali_mesh import NetCDFDatasetSource
 
     rng = np.random.default_rng(SEED)
     path = str(tmp_path / "era5.nc")

@@ -16,7 +16,7 @@ pytest.importorskip("zarr")
 pytest.importorskip("nvidia.dali")
 
 from dali_mesh import ForecastSpec, Layout, MeshInfo  # noqa: E402
-from dali_mesh.dataset import NamedLayout, ZarrDatasetSource  # noqa: E402
+from dali_mesh import NamedLayout, ZarrDatasetSource  # noqa: E402
 from dali_mesh.io import DataFileError  # noqa: E402
 from dali_mesh.partition import LayoutError, take_window  # noqa: E402
 
@@ -135,7 +135,7 @@ def test_metadata_dims_levels_dtypes(store):
     assert [(sub.name, has_level) for sub, has_level in src.parts] == [
         ("2m_temperature", False), ("geopotential", True), ("temperature", True), ("10m_u_component_of_wind", False),
         ("geopotential", True)]
-    from dali_mesh.pipeline.dataset import dataset_reader, dataset_readers
+    from dali_mesh.pipeline.dataset_reader import dataset_reader, dataset_readers
 
     assert dataset_readers(src) == ["native"] * 5
     assert dataset_reader(src) == ("one native reader" if float32 else
@@ -342,8 +342,8 @@ def netcdf_files(request, tmp_path_factory):
 
 @pytest.mark.timeout(200)
 def test_netcdf4_files_equal_xarray(netcdf_files):
-    from dali_mesh.dataset import NetCDFDatasetSource
-    from dali_mesh.pipeline.dataset import dataset_readers
+    from dali_mesh import NetCDFDatasetSource
+    from dali_mesh.pipeline.dataset_reader import dataset_readers
 
     files, _ = netcdf_files
     ds = xr.concat([xr.open_dataset(f, engine="h5netcdf") for f in files], dim="time")
@@ -366,7 +366,7 @@ def test_netcdf4_files_equal_xarray(netcdf_files):
 
 
 def test_netcdf_refusals(netcdf_files, tmp_path):
-    from dali_mesh.dataset import NetCDFDatasetSource
+    from dali_mesh import NetCDFDatasetSource
     from dali_mesh.io import HeaderError
 
     files, ds = netcdf_files
@@ -443,7 +443,7 @@ def test_a_variable_that_is_not_native_falls_back_alone(tmp_path, caplog):
     from nvidia.dali import pipeline_def
 
     from dali_mesh.fn import read_dataset
-    from dali_mesh.pipeline.dataset import dataset_readers
+    from dali_mesh.pipeline.dataset_reader import dataset_readers
 
     ds = _dataset(4)
     path = str(tmp_path / "filtered.zarr")
@@ -458,7 +458,7 @@ def test_a_variable_that_is_not_native_falls_back_alone(tmp_path, caplog):
     def pipe():
         return read_dataset(src)
 
-    with caplog.at_level(logging.INFO, logger="dali_mesh.pipeline.dataset"):
+    with caplog.at_level(logging.INFO, logger="dali_mesh.pipeline.dataset_reader"):
         p = pipe()
     assert any("variable '2m_temperature'" in r.getMessage() for r in caplog.records)
     p.build()
@@ -480,7 +480,7 @@ def test_one_operator_reads_every_float32_variable(store):
     xarray's, on every rank of a split that leaves ranks empty."""
     import re
 
-    from dali_mesh.pipeline.dataset import plan_dataset, read_dataset
+    from dali_mesh.pipeline.dataset_reader import plan_dataset, read_dataset
 
     path, ds = store
     if not path.endswith("f4.zarr"):

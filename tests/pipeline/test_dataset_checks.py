@@ -15,7 +15,7 @@ pytest.importorskip("zarr")
 pytest.importorskip("nvidia.dali")
 
 from dali_mesh import ForecastSpec, Layout, MeshInfo  # noqa: E402
-from dali_mesh.dataset import NetCDFDatasetSource, ZarrDatasetSource  # noqa: E402
+from dali_mesh import NetCDFDatasetSource, ZarrDatasetSource  # noqa: E402
 from dali_mesh.io import DataFileError  # noqa: E402
 from dali_mesh.partition import take_window  # noqa: E402
 

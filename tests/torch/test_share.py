@@ -173,7 +173,7 @@ def _group_rank(rank, world_size, root, paths, mesh_shape, names, shard, batch, 
     _dataset_case(rank, root, mesh, layout)
     # a corrupt chunk in batch 2 (samples 4, 5 without shuffle), read by member 2 only: every member
     # raises, naming rank 2 and the chunk's file
-    from dali_mesh.torch.share import GroupReadError
+    from dali_mesh.torch.group_exchange import GroupReadError
 
     bad = _source("band", {"band": os.path.join(root, "bad.zarr")}, layout, share="group", shuffle=False)
     loader = MeshLoader(_make(bad), layout, device_mesh=mesh)
@@ -193,7 +193,7 @@ def _dataset_case(rank, root, mesh, layout):
     from nvidia.dali import pipeline_def
 
     from dali_mesh import Layout
-    from dali_mesh.dataset import ZarrDatasetSource
+    from dali_mesh import ZarrDatasetSource
     from dali_mesh.fn import read_dataset
     from dali_mesh.partition import take_window
     from dali_mesh.torch import MeshLoader
@@ -340,7 +340,7 @@ def test_shared_slots_are_private_and_refuse_what_does_not_fit():
 
     import torch
 
-    from dali_mesh.torch.share import _SharedSlots
+    from dali_mesh.torch.group_exchange import _SharedSlots
 
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm")
@@ -368,7 +368,7 @@ def test_group_reader_reads_the_group_window_of_its_members_batches(tmp_path):
     is take_window of the whole sample over the group window; every member's window lies in it."""
     from dali_mesh import ForecastSpec, Layout, MeshInfo
     from dali_mesh.partition import take_window
-    from dali_mesh.partition.share import group_cut, group_region
+    from dali_mesh.partition.read_groups import group_cut, group_region
 
     paths = _data(str(tmp_path))
     data = np.load(tmp_path / "all.npy")
@@ -410,7 +410,7 @@ def _mismatch_rank(rank, world_size, root, paths):
 
     from dali_mesh import Layout, MeshInfo
     from dali_mesh.torch import MeshLoader
-    from dali_mesh.torch.share import GroupReadError
+    from dali_mesh.torch.group_exchange import GroupReadError
 
     mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("mp",))
     info = MeshInfo.from_device_mesh(mesh)
@@ -483,12 +483,12 @@ def _dies_in_setup_rank(rank, world_size, root, paths, token_file):
 
     from dali_mesh import Layout, MeshInfo
     from dali_mesh.torch import MeshLoader
-    from dali_mesh.torch import share
+    from dali_mesh.torch import group_exchange
 
     mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("mp",))
     layout = Layout(MeshInfo.from_device_mesh(mesh), shard={"mp": 1})
     src = _source("whole", paths, layout, share="group")
-    made = share._SharedSlots.__init__
+    made = group_exchange._SharedSlots.__init__
 
     def make_then_die(self, token, index, size, slot_bytes):
         made(self, token, index, size, slot_bytes)
@@ -497,7 +497,7 @@ def _dies_in_setup_rank(rank, world_size, root, paths, token_file):
         if rank == 3:
             os.kill(os.getpid(), signal.SIGKILL)  # its buffer made, before the members have mapped it
 
-    share._SharedSlots.__init__ = make_then_die
+    group_exchange._SharedSlots.__init__ = make_then_die
     loader = MeshLoader(_make(src), layout, device_mesh=mesh)
     try:
         next(loader)

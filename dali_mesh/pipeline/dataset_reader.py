@@ -1,4 +1,4 @@
-"""``read_dataset``: the channels of a :class:`~dali_mesh.dataset.ZarrDatasetSource` in a DALI pipeline:
+"""``read_dataset``: the channels of a :class:`~dali_mesh.ZarrDatasetSource` in a DALI pipeline:
 every variable's chunks decoded on DALI's threads by one native reader into their place in the
 stacked window and normalised as it is finished (or, for variables of other dtypes or one that is
 not native, one reader per variable, cast, concatenated and normalised by ``strided_slice`` on

@@ -1,6 +1,6 @@
 """Read once per group, the exchange: ``MeshLoader`` over a source built with ``share=``.
 
-Each member of a read group (:mod:`dali_mesh.partition.share`) runs a pipeline over its own batches
+Each member of a read group (:mod:`dali_mesh.partition.read_groups`) runs a pipeline over its own batches
 (``b = index, index + G, ...``: the group reader) whose windows are group windows. One *group step*
 covers the loader batches ``i G .. i G + G - 1``: member ``s`` holds batch ``i G + s``. Per step:
 
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dali_mesh.partition.share import group_coordinates, group_cut, group_region
+from dali_mesh.partition.read_groups import group_coordinates, group_cut, group_region
 from dali_mesh.torch.fingerprint import diff_fields
 
 __all__ = ["GroupReadError", "GroupExchange"]

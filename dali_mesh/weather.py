@@ -5,7 +5,7 @@ coordinate value and stride.
 ``ZarrDatasetSource(store, channels, layout)`` stacks the picked channels of one time step as
 ``(channel, *spatial)`` (e.g. ``(C, latitude, longitude)``). Each variable is read by its own
 :class:`~dali_mesh.ZarrSource` (its own chunking, codec and dtype; only this rank's window, natively
-where it can be) and the result is cast to one dtype. :func:`dali_mesh.pipeline.dataset.read_dataset`
+where it can be) and the result is cast to one dtype. :func:`dali_mesh.pipeline.dataset_reader.read_dataset`
 reads it in a pipeline (one native operator for every variable of one dtype, each chunk decoded into
 its place in the stacked window; otherwise one reader per variable, concatenated on DALI's threads);
 as a plain source (``partitioned_source``) its workers read every variable in Python.

@@ -1,6 +1,6 @@
 """Read once per group (``share``): the ranks that read the same samples split each epoch's batches
 between them; each reads its batches' *group window* (the box every member's window lies in) and the
-members' windows are cut from it and exchanged (``dali_mesh.torch.share``).
+members' windows are cut from it and exchanged (``dali_mesh.torch.group_exchange``).
 
 The group of a rank is the ranks whose coordinates differ from its own only along the share dims
 (mesh dims that do not split the batch: sharding dims, where the members' windows differ, and
