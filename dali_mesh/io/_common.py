@@ -8,6 +8,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from dali_mesh.partition import Region
 from dali_mesh.plan.window import WindowPlan, normalise_index_maps, plan_window
 from dali_mesh.storage.errors import (DataFileError, FileChangedError, MissingFileError, NotRegularFileError,
                                       TruncatedFileError)

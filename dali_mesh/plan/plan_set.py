@@ -11,7 +11,8 @@ import numpy as np
 
 from dali_mesh.plan.encoding import _CODER, _PLAN_FILE, Field, _word, encode
 from dali_mesh.plan.files import write_plan_file
-from dali_mesh.plan.types import PLAN_MAGIC, Coder, PlanFile, PlanItem, PlanPart, ReadPlan, _EMPTY, _decode_item
+from dali_mesh.plan.types import (PLAN_MAGIC, AxisProgram, Coder, NotNativeError, PlanFile, PlanItem, PlanPart,
+                                  ReadPlan, _EMPTY, _decode_item)
 
 __all__ = ["PlanSet", "stack_channels"]
 

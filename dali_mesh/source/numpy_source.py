@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+import numpy as np
+
 from dali_mesh._checks import is_int as _is_int
 from dali_mesh.io._common import ShapeMismatchError, apply_index_maps, check_frame
 from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP

@@ -150,7 +150,7 @@ def test_many_chunked_hdf5_steps_plan_per_chunk_layout(tmp_path, monkeypatch):
                  boundary="reflect")
     src = HDF5Source([path], "x", lay, batch_size=16, shuffle=True, seed=3)
     calls = []
-    from dali_mesh.io import chunks
+    from dali_mesh.plan import chunks
 
     real = chunks.plan_npy_units
     monkeypatch.setattr(chunks, "plan_npy_units", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -181,7 +181,7 @@ def test_chunked_hdf5_forecast_items(tmp_path, monkeypatch, chunks, merge):
     from dali_mesh.source import ForecastSpec, HDF5Source
 
     if not merge:
-        from dali_mesh.io import chunks as io_chunks
+        from dali_mesh.plan import chunks as io_chunks
 
         monkeypatch.setattr(io_chunks, "MAX_MERGED_LAYOUTS", 0)
 
