@@ -27,7 +27,7 @@ import numpy as np
 
 from dali_mesh._checks import is_int as _is_int
 from dali_mesh.io._common import DataFileError
-from dali_mesh.io.dataset import (decode_cf_time, open_dataset_group, open_netcdf_variables, read_coordinate,
+from dali_mesh.io.cf_variables import (decode_cf_time, open_dataset_group, open_netcdf_variables, read_coordinate,
                                   read_netcdf_coordinate)
 from dali_mesh.mesh import MeshInfo
 from dali_mesh.partition import Layout, LayoutError

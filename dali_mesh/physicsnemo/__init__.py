@@ -16,7 +16,7 @@ def __getattr__(name):
 
         return ERA5HDF5Datapipe
     if name == "ERA5Source":
-        from dali_mesh.physicsnemo.source import ERA5Source
+        from dali_mesh.physicsnemo.era5_source import ERA5Source
 
         return ERA5Source
     raise AttributeError(f"module 'dali_mesh.physicsnemo' has no attribute {name!r}")

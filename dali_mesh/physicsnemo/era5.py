@@ -24,7 +24,7 @@ import numpy as np
 
 from dali_mesh.mesh import MeshInfo
 from dali_mesh.partition import Layout, LayoutError, take_window
-from dali_mesh.physicsnemo.source import ERA5Source
+from dali_mesh.physicsnemo.era5_source import ERA5Source
 from dali_mesh.pipeline.native import batch_entries
 from dali_mesh.pipeline.watchdog import DEFAULT_TIMEOUT_S
 from dali_mesh.source import ForecastSpec
