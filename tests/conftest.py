@@ -46,12 +46,13 @@ FUZZ_TESTS = {"test_corrupted_chunks_never_crash_under_sanitizers": "CODEC_HARNE
 # ---- `make test-fast`: the single-process tests (pytest -m "not slow") ---------------------------------
 #: whole modules that run several ranks or processes, or build with sanitizers
 SLOW_MODULES = {
-    "tests/torch/test_distributed.py", "tests/torch/test_share.py", "tests/torch/test_example_conv.py",
-    "tests/torch/test_example_physicsnemo.py", "tests/cli/test_launch.py", "tests/cli/test_end_to_end.py",
-    "tests/pipeline/test_watchdog.py", "tests/test_wheel.py",
+    "tests/torch/test_distributed.py", "tests/torch/test_share.py", "tests/torch/test_example_physicsnemo.py",
+    "tests/cli/test_launch.py", "tests/cli/test_end_to_end.py", "tests/pipeline/test_watchdog.py",
+    "tests/test_wheel.py",
 }
 #: single tests of other modules: multi-rank runs, sanitizer builds, the spill check's nvcc compiles
-SLOW_NAME_PARTS = ("ranks", "gloo", "torchrun", "sanitizer", SPILL_TEST)
+SLOW_NAME_PARTS = ("torchrun", "gloo_ranks", "_4_ranks", "_8_ranks", "2x2_mesh", "world4", "world8",
+                   "sanitizer", SPILL_TEST)
 #: further tests that take long on 2 cores (tests/conftest.py's durations, measured with --durations)
 SLOW_TESTS: set[str] = set()
 
