@@ -51,11 +51,12 @@ layout = Layout(MeshInfo((1, 2), ("dp", "mp"), (0, 1)), shard={"mp": 1})
 src = NumpySource([f"{d}/s.npy"], layout, batch_size=1, shuffle=False)
 @pipeline_def(batch_size=1, num_threads=1, device_id=None)
 def pipe():
-    w = nat.read_windows(src, fallback=False)[0]
+    outs = nat.read_windows(src, fallback=False)  # the windows first, then the sample ids and flags
     s = dfn.strided_slice(fn.external_source(source=lambda: [x], batch=True), start=[1, 0], shape=[3, 6], step=[2, 1], axes=[1, 2])
-    return w, s
+    return (*outs, s)
 p = pipe(); p.build()
-w, s = p.run()
+out = p.run()
+w, s = out[0], out[-1]
 assert np.array_equal(np.array(w[0]), x[:, 4:8, :]), np.array(w[0])
 assert np.array_equal(np.array(s[0]), x[:, 1:7:2, :])
 print("pipeline from the installed wheel: read_windows and strided_slice match numpy")
