@@ -124,4 +124,4 @@ gpu-check:
 	$(PYTHON) benchmarks/gpu_check.py
 
 clean:
-	rm -rf build *.egg-info dali_mesh/*.so dali_mesh/_build_info.py
+	rm -rf build dist *.egg-info dali_mesh/*.so dali_mesh/_build_info.py
