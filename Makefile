@@ -1,5 +1,7 @@
 # `make demo` runs the main job, `make test` the tests. Both create or reuse .venv, install what is
-# needed (building the DALI plugin) and are safe to re-run.
+# needed (building the DALI plugin) and are safe to re-run. `make test-fast`: the single-process tests
+# only (no multi-rank runs, no sanitizer builds). `make wheel`: dist/dali_mesh-*.whl with the plugin
+# inside, for `pip install` on machines with the same DALI. docs/install.md has the measured times.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -21,7 +23,18 @@ NO_DEPS := blosc2==4.14.1 nvidia-physicsnemo==2.2.2 warp-lang==1.19.0 requests==
            tqdm==4.70.1 treelib==1.8.0 tensordict==0.15.3 cloudpickle==3.1.3 pyvers==0.2.3 \
            omegaconf==2.4.0 PyYAML==6.0.4 jaxtyping==0.3.11 wadler_lindig==0.1.8 termcolor==3.3.0 \
            einops==0.8.2
-STAMP := $(VENV)/.deps-$(shell echo $(DEPS) $(TEST_DEPS) $(NO_DEPS) | cksum | cut -d' ' -f1)
+# what the demo and the plugin build need: DEPS and blosc2 (c-blosc2); the tests: the rest besides
+BUILD_NO_DEPS := blosc2==4.14.1
+TEST_NO_DEPS := $(filter-out $(BUILD_NO_DEPS),$(NO_DEPS))
+STAMP := $(VENV)/.deps-$(shell echo $(DEPS) $(BUILD_NO_DEPS) | cksum | cut -d' ' -f1)
+TEST_STAMP := $(VENV)/.test-deps-$(shell echo $(TEST_DEPS) $(TEST_NO_DEPS) | cksum | cut -d' ' -f1)
+# --no-compile: no .pyc written for the ~30,000 modules installed (torch, DALI); Python compiles the
+# few it imports on first use. -q: pip's warnings still show.
+PIP_INSTALL := $(PIP) install -q --no-compile
+# the C libraries the plugin links from the system (codecs, libcurl): tools/system-libs.sh checks them
+# on every run, installs the missing -dev packages when run as root with apt-get
+# (DALI_MESH_SYSTEM_LIBS=0: never), and rewrites this file only when the list found changes
+SYSLIBS := build/system-libs.txt
 PLUGIN_SOURCES := $(wildcard csrc/* csrc/*/* csrc/*/*/*) CMakeLists.txt setup.py
 INSTALLED := $(VENV)/.installed
 
@@ -29,7 +42,7 @@ INSTALLED := $(VENV)/.installed
 # GPU kernel, and the CUDA kernels when nvcc is found) into $(KERNELS_DEST): for a machine with a GPU
 # and no DALI. It needs CMake >= 3.24 (a system CMake is fine), a C++20 compiler and, for the GPU
 # code, nvcc (its sources compile as C++17); no venv, no DALI, nothing downloaded.
-#   make kernels DALI_MESH_CUDA_ARCHS=native   the local GPU (default: SASS 75..90 + PTX of 90)
+#   make kernels DALI_MESH_CUDA_ARCHS=native   the local GPU (default: SASS 80, 90 + PTX 75)
 #   make kernels DALI_MESH_CUDA=0              CPU only;  KERNELS_DEST=/tmp/k  elsewhere
 #   make kernels DALI_MESH_MIN_BLOCKS_PER_SM=4 the kernels bounded to 4 blocks per SM (gpu-check times both)
 # `make gpu-check` runs the GPU check (benchmarks/gpu_check.py) with $(PYTHON) as it is: it creates
@@ -40,20 +53,32 @@ KERNELS_DEST ?= dali_mesh
 DALI_MESH_CUDA ?= AUTO
 DALI_MESH_MIN_BLOCKS_PER_SM ?= 0
 
-.PHONY: all install demo test bench clean kernels gpu-check
+.PHONY: all install demo test test-fast wheel wheel-check bench clean kernels gpu-check FORCE
 all: test
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
+# pip >= 23 (Debian 12's python3 -m venv gives 23.0.1); no upgrade when it is there already
 $(STAMP): | $(PY)
-	$(PIP) install -q --upgrade "pip>=23"
-	$(PIP) install -q $(DEPS) $(TEST_DEPS)
-	$(PIP) install -q --no-deps $(NO_DEPS)
+	@$(PY) -c 'import pip, sys; sys.exit(int(pip.__version__.split(".")[0]) < 23)' \
+	  || $(PIP) install -q --no-compile --upgrade "pip>=23"
+	$(PIP_INSTALL) $(DEPS)
+	$(PIP_INSTALL) --no-deps $(BUILD_NO_DEPS)
 	touch $@
 
+$(TEST_STAMP): $(STAMP)
+	$(PIP_INSTALL) $(TEST_DEPS)
+	$(PIP_INSTALL) --no-deps $(TEST_NO_DEPS)
+	touch $@
+
+$(SYSLIBS): FORCE
+	@sh tools/system-libs.sh $@
+
+FORCE:
+
 # --no-build-isolation: the plugin must be built against the DALI installed above, not a second one.
-$(INSTALLED): $(STAMP) $(PLUGIN_SOURCES)
+$(INSTALLED): $(SYSLIBS) $(STAMP) $(PLUGIN_SOURCES)
 	$(PIP) install -q --no-build-isolation --no-deps -e .
 	touch $@
 
@@ -62,8 +87,26 @@ install: $(INSTALLED)
 demo: install
 	$(VENV)/bin/dali-mesh demo
 
-test: install
+test: install $(TEST_STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# the single-process tests (tests/conftest.py marks the others `slow`: multi-rank runs, sanitizer
+# and spill-check builds, the end-to-end CLI runs)
+test-fast: install $(TEST_STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
+
+# dist/dali_mesh-<version>-<python>-<platform>.whl: the package with libdali_mesh.so,
+# libdali_mesh_kernels.so, the C libraries they link that a fresh machine may lack (dali_mesh/_libs)
+# and _build_info.py (the DALI version it was built against, checked when the plugin loads). Built
+# in build/cmake like the editable install (incremental). `make wheel-check` installs it into a
+# new venv beside DALI alone and runs a small pipeline from it.
+wheel: $(SYSLIBS) $(STAMP)
+	rm -f dist/dali_mesh-*.whl
+	DALI_MESH_WHEEL=1 $(PIP) wheel -q --no-build-isolation --no-deps -w dist .
+	@ls dist/dali_mesh-*.whl
+
+wheel-check: wheel
+	$(PY) tools/wheel_check.py dist/dali_mesh-*.whl
 
 bench: install
 	$(PY) benchmarks/region_bench.py
@@ -81,4 +124,4 @@ gpu-check:
 	$(PYTHON) benchmarks/gpu_check.py
 
 clean:
-	rm -rf build *.egg-info dali_mesh/*.so dali_mesh/_build_info.py
+	rm -rf build dist *.egg-info dali_mesh/*.so dali_mesh/_build_info.py

@@ -14,8 +14,14 @@ rebuilds only what changed). It installs, inside the package ``dali_mesh/``:
 
 Environment:
   DALI_MESH_CUDA=auto|0|1     GPU operator: when nvcc is found (default) / never / required
-  DALI_MESH_CUDA_ARCHS=...    CUDA architectures (default "75-real;80-real;86-real;89-real;90";
-                              "native": the GPUs of this machine)
+  DALI_MESH_CUDA_ARCHS=...    CUDA architectures (default: SASS for sm_80 (runs on all 8.x GPUs) and
+                              sm_90 + PTX of compute_75 (JIT on T4s and GPUs after 9.0), from one PTX
+                              compile; "native": the GPUs of this machine; or a CMake list such as
+                              "75-real;80-real;86-real;89-real;90"; see CMakeLists.txt)
+  DALI_MESH_NVCC_THREADS=N    architectures nvcc compiles at once (default 0: one per CPU)
+  DALI_MESH_WHEEL=1           building a wheel (`make wheel`): the C libraries the plugin links from
+                              other wheels or the system (c-blosc2, libcrc32c, the codec libraries)
+                              are copied into dali_mesh/_libs and found there (RUNPATH $ORIGIN/_libs)
 
 Without DALI, ``make kernels`` builds ``libdali_mesh_kernels.so`` alone (see the Makefile).
   CMAKE_BUILD_PARALLEL_LEVEL  compile jobs (default 2)
@@ -121,6 +127,8 @@ class CMakeBuild(build_ext):
         target = Path(self.get_ext_fullpath(ext.name))
         target.parent.mkdir(parents=True, exist_ok=True)
         _replace(CMAKE_BUILD_DIR / LIBS[ext.name], target)
+        if self._wheel and not (self.inplace or getattr(self, "editable_mode", False)):
+            _bundle_libraries(CMAKE_BUILD_DIR / LIBS[ext.name], target.parent / "_libs", self._lib_dirs)
         # _build_info.py next to the library; in editable mode also in the source tree (setuptools
         # copies only the libraries there)
         _replace_text(target.parent / "_build_info.py", self._build_info)
@@ -147,13 +155,20 @@ class CMakeBuild(build_ext):
             f"-DDALI_MESH_CUDA={cuda_mode}",
         ]
         blosc2 = _blosc2_dir()
+        self._lib_dirs = []
         if blosc2:
             args.append(f"-DDALI_MESH_BLOSC2_DIR={blosc2}")
+            self._lib_dirs.append(os.path.join(blosc2, "lib"))
         crc32c = _crc32c_dir()
         if crc32c:
             args.append(f"-DDALI_MESH_CRC32C_DIR={crc32c}")
-        archs = os.environ.get("DALI_MESH_CUDA_ARCHS")
-        if archs:
+            self._lib_dirs.append(crc32c)
+        self._wheel = os.environ.get("DALI_MESH_WHEEL", "0").strip().lower() in ("1", "on", "true", "yes")
+        args.append(f"-DDALI_MESH_WHEEL={'ON' if self._wheel else 'OFF'}")
+        if os.environ.get("DALI_MESH_NVCC_THREADS"):
+            args.append(f"-DDALI_MESH_NVCC_THREADS={os.environ['DALI_MESH_NVCC_THREADS']}")
+        archs = os.environ.get("DALI_MESH_CUDA_ARCHS", "").strip()
+        if archs and archs != "default":
             args += [f"-DDALI_MESH_CUDA_ARCHS={archs}", f"-DCMAKE_CUDA_ARCHITECTURES={archs}"]
         else:  # back to the default after a run with an override
             args += ["-UCMAKE_CUDA_ARCHITECTURES", "-UDALI_MESH_CUDA_ARCHS"]
@@ -178,6 +193,28 @@ class CMakeBuild(build_ext):
         )
         print(f"dali_mesh: plugin built in {time.monotonic() - t0:.1f} s "
               f"({'CPU + GPU' if with_cuda else 'CPU only'}, DALI {dali['version']})")
+
+
+# libraries every Linux has, and DALI's own (loaded by DALI before the plugin): never bundled
+_SYSTEM_LIBS = ("linux-vdso", "ld-linux", "libc.so", "libm.so", "libpthread.so", "libdl.so", "librt.so",
+                "libgcc_s.so", "libstdc++.so", "libdali", "libcuda.so")
+
+
+def _bundle_libraries(lib: Path, dest: Path, lib_dirs: list[str]) -> None:
+    """Copies the shared libraries ``lib`` needs (as ``ldd`` resolves them, with the wheels' library
+    folders searched too), except the system's and DALI's own, into ``dest`` under the names it asks
+    for: a wheel then runs on a machine without the codec -dev packages or the blosc2 wheel."""
+    env = dict(os.environ, LD_LIBRARY_PATH=":".join(lib_dirs + [os.environ.get("LD_LIBRARY_PATH", "")]))
+    out = subprocess.run(["ldd", str(lib)], capture_output=True, text=True, env=env, check=True).stdout
+    dest.mkdir(parents=True, exist_ok=True)
+    for line in out.splitlines():
+        name, _, rest = line.strip().partition(" => ")
+        path = rest.split(" (")[0].strip()
+        if not rest or name.startswith(_SYSTEM_LIBS):
+            continue
+        if path == "not found":
+            raise SystemExit(f"dali_mesh: {lib.name} needs {name}, which ldd cannot find: cannot bundle it")
+        _replace(Path(os.path.realpath(path)), dest / name)
 
 
 def _replace(src: Path, dst: Path) -> None:

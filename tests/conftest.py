@@ -43,12 +43,49 @@ FUZZ_TESTS = {"test_corrupted_chunks_never_crash_under_sanitizers": "CODEC_HARNE
               "test_crafted_plan_words_never_crash_under_sanitizers": "PLAN_HARNESS"}
 
 
+# ---- `make test-fast`: the single-process tests (pytest -m "not slow") ---------------------------------
+#: whole modules that run several ranks or processes, or build with sanitizers
+SLOW_MODULES = {
+    "tests/torch/test_distributed.py", "tests/torch/test_share.py", "tests/torch/test_example_physicsnemo.py",
+    "tests/cli/test_launch.py", "tests/cli/test_end_to_end.py", "tests/pipeline/test_watchdog.py",
+    "tests/test_wheel.py",
+}
+#: single tests of other modules: multi-rank runs, sanitizer builds, the spill check's nvcc compiles
+SLOW_NAME_PARTS = ("torchrun", "gloo_ranks", "_4_ranks", "_8_ranks", "2x2_mesh", "world4", "world8",
+                   "sanitizer", SPILL_TEST)
+#: further tests that take long on 2 cores (tests/conftest.py's durations, measured with --durations)
+SLOW_TESTS: set[str] = set()
+
+
+def _mark_slow(items):
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    for item in items:
+        try:
+            module = pathlib.Path(str(item.fspath)).resolve().relative_to(root).as_posix()
+        except ValueError:
+            continue
+        name = item.name.split("[")[0]
+        if (module in SLOW_MODULES or any(part in name for part in SLOW_NAME_PARTS)
+                or f"{module}::{name}" in SLOW_TESTS):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items):
+    """Marks the tests `make test-fast` leaves out ``slow`` (above), before ``-m`` deselects."""
+    _mark_slow(items)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
     """When the spill check is selected, its compiles (30 s of nvcc on 2 cores) start now and run beside
     the tests before it, on the core the single-process tests leave idle; so do the sanitized builds
     of the fuzz harnesses (tests/io/test_codec_fuzz.py, test_plan_fuzz.py)."""
     import tempfile
 
+    config, items = session.config, session.items
     if any(item.name == SPILL_TEST for item in items) and not hasattr(config, "_dm_spill"):
         out = tempfile.mkdtemp(prefix="dali_mesh_spill_")
         config._dm_spill = (out, spill_compiles(out))
