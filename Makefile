@@ -31,7 +31,7 @@ TEST_STAMP := $(VENV)/.test-deps-$(shell echo $(TEST_DEPS) $(TEST_NO_DEPS) | cks
 # --no-compile: no .pyc written for the ~30,000 modules installed (torch, DALI); Python compiles the
 # few it imports on first use. -q: pip's warnings still show.
 PIP_INSTALL := $(PIP) install -q --no-compile
-# the C libraries the plugin links from the system (codecs, libcurl): tools/system-libs.sh checks them
+# the C libraries the plugin links from the system (codecs, libcurl): .ci/system-libs.sh checks them
 # on every run, installs the missing -dev packages when run as root with apt-get
 # (DALI_MESH_SYSTEM_LIBS=0: never), and rewrites this file only when the list found changes
 SYSLIBS := build/system-libs.txt
@@ -73,7 +73,7 @@ $(TEST_STAMP): $(STAMP)
 	touch $@
 
 $(SYSLIBS): FORCE
-	@sh tools/system-libs.sh $@
+	@sh .ci/system-libs.sh $@
 
 FORCE:
 
@@ -106,7 +106,7 @@ wheel: $(SYSLIBS) $(STAMP)
 	@ls dist/dali_mesh-*.whl
 
 wheel-check: wheel
-	$(PY) tools/wheel_check.py dist/dali_mesh-*.whl
+	$(PY) tests/wheel_check.py dist/dali_mesh-*.whl
 
 bench: install
 	$(PY) benchmarks/region_bench.py

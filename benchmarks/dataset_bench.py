@@ -143,7 +143,7 @@ def main() -> None:
     from nvidia.dali import pipeline_def
 
     from dali_mesh import Layout, MeshInfo
-    from dali_mesh.dataset import ZarrDatasetSource
+    from dali_mesh import ZarrDatasetSource
     from dali_mesh.fn import read_dataset
     from dali_mesh.io.pagecache import evict, read_bytes
 

@@ -1,6 +1,6 @@
 """`make wheel` (issue 32): a wheel of the package with the plugin inside, built against the installed
 DALI, installs with pip into a new venv that holds only DALI and numpy, runs a small CPU pipeline
-there, and refuses another DALI version (tools/wheel_check.py). Slow (tests/conftest.py): it relinks
+there, and refuses another DALI version (tests/wheel_check.py). Slow (tests/conftest.py): it relinks
 the plugin for the wheel (the build folder is shared with the editable install: no recompile) and
 installs DALI into the new venv from pip's cache."""
 import glob

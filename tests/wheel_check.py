@@ -8,7 +8,7 @@ environment and outside the repository:
   base libraries, never the build's virtualenv;
 * the plugin refuses another DALI version with a message naming both versions.
 
-    python tools/wheel_check.py dist/dali_mesh-*.whl [--venv DIR] [--keep]
+    python tests/wheel_check.py dist/dali_mesh-*.whl [--venv DIR] [--keep]
 
 Exit status 0 when every check passed. Used by ``make wheel-check`` and tests/test_wheel.py."""
 from __future__ import annotations
