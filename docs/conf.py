@@ -50,26 +50,6 @@ def _repository_links(app, docname, source):
     source[0] = _OUTSIDE.sub(lambda m: f"](path:../{m['path']})", source[0])
 
 
-def _section_headers(app, what, name, obj, options, lines):
-    """Napoleon knows a section by a bare header ("Args:"); a header with a remark, as
-    ERA5HDF5Datapipe's "Args (dali_mesh's):", becomes the bare header after a line that keeps the
-    remark. (Until the docstring says it that way itself.)"""
-    for i, line in enumerate(lines):
-        m = re.fullmatch(r"(\s*)Args \((.+)\):\s*", line)
-        if m:
-            lines[i:i + 1] = [f"{m[1]}Arguments ({m[2]}):", "", f"{m[1]}Args:"]
-
-
-def _pending_pages(app, docname, source):
-    """index.md's toctree names install.md, which is written separately (issue 30): until it is in
-    the repository the entry is left out, so that the build does not fail on it. Once it is, this
-    hook does nothing and can go."""
-    if docname == "index" and not (Path(app.srcdir) / "install.md").exists():
-        source[0] = re.sub(r"(?m)^install\n", "", source[0], count=1)
-
-
 def setup(app):
-    app.connect("source-read", _pending_pages)
     app.connect("source-read", _repository_links)
-    app.connect("autodoc-process-docstring", _section_headers, priority=400)  # before napoleon's (500)
     return {"parallel_read_safe": True}

@@ -123,8 +123,6 @@ def test_snippets_are_found_and_the_quick_start_runs():
 
 
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\((?P<target>[^)\s]+)\)")
-# pages that issue 30 has written separately: a link to one is fine while it is still being written
-PENDING = {"docs/install.md"}
 
 
 def test_relative_links_resolve():
@@ -138,7 +136,7 @@ def test_relative_links_resolve():
             if not target or re.match(r"^[a-z][a-z0-9+.-]*:", target):  # an anchor, https:, mailto:, ...
                 continue
             resolved = (path.parent / target).resolve()
-            if not resolved.exists() and str(resolved.relative_to(ROOT)) not in PENDING:
+            if not resolved.exists():
                 broken.append(f"{path.relative_to(ROOT)}: {m['target']}")
     assert not broken, "links to files that do not exist:\n" + "\n".join(broken)
 

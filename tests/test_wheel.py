@@ -22,7 +22,7 @@ def test_the_wheel_installs_into_a_new_venv_and_runs_a_pipeline(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps",
                     "-w", str(dist), ROOT], check=True, env=env, timeout=540)
     (wheel,) = glob.glob(str(dist / "dali_mesh-*.whl"))
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "wheel_check.py"), wheel,
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "wheel_check.py"), wheel,
                            "--venv", str(tmp_path / "venv")], capture_output=True, text=True, timeout=540)
     out = proc.stdout + proc.stderr
     if proc.returncode and "No matching distribution" in out:
