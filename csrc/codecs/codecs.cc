@@ -35,7 +35,11 @@ bool IsChecksum(int64_t id) { return IsKind(id, CodecKind::kChecksum); }
 [[maybe_unused]] bool OneBloscStep(const Coder &coder) { return coder.steps.size() == 1 && coder.steps[0].id == kCodecBlosc; }
 
 #ifdef DALI_MESH_HAVE_BLOSC2
-using namespace detail;  // NOLINT: blosc.h
+using detail::AsBlosc1;
+using detail::Blosc;
+using detail::BloscContext;
+using detail::BloscHeader;
+using detail::BloscSplits;
 
 // The runs of whole blocks BloscRanges decodes for `ranges`: each range widened to the blocks it
 // touches, runs closer than a block joined; false when the chunk is to be decoded whole (the runs
