@@ -7,7 +7,7 @@ A read of a file in the page cache is the kernel copying the cached pages into t
 when the destination lies 1-31 bytes after the source modulo 4096, a case glibc's ``memmove`` avoids
 and the kernel's copy does not; a ``malloc``'d buffer often starts 16 bytes into a page. This is why
 the native reader reads a chunk's stored bytes to an address equal to their file offset modulo the
-page (``PlaceLike`` in ``csrc/kernels/read_plan.h``). Each row: ``--mib`` MiB read from offset 0 of a
+page (``PlaceLike`` in ``csrc/reader/read_units.h``). Each row: ``--mib`` MiB read from offset 0 of a
 warm file into a page-aligned anonymous mapping at ``distance`` bytes, in 1 MiB ``pread`` calls;
 GB/s is the median of ``--runs`` passes. Results: ``benchmarks/compressed_results.md``.
 """

@@ -11,7 +11,11 @@ It runs the same host code and kernels as the DALI operators ``strided_slice``, 
 * the read plans written by :mod:`dali_mesh.plan`: :func:`plan_dump` (a plan file as the C++
   reader loads it), :func:`canonical_json` and :func:`plan_checksum` (the format's canonical JSON
   and checksum, as the reader computes them), and the test hooks :func:`check_device_fill` and
-  :func:`plan_tasks`.
+  :func:`plan_tasks`;
+* the reader itself: :class:`PlanReader` reads a plan file's windows for a list of sample ids as
+  ``fn.dali_mesh.read_windows`` does on the CPU (csrc/reader/), without DALI;
+* the codecs: :func:`codec_table` (the one list of codecs, csrc/codecs/codec_table.inc, from which
+  :data:`dali_mesh.plan.CODECS` comes), :func:`codec_available`, :func:`decode_chunk`.
 
 Used by the tests and ``benchmarks/kernel_bench.py``; numpy only (no DALI, no torch).
 """
@@ -44,12 +48,17 @@ __all__ = [
     "plan_checksum",
     "check_device_fill",
     "plan_tasks",
+    "PlanReader",
+    "codec_table",
+    "codec_available",
+    "decode_chunk",
+    "decode_chunk_ranges",
     "CudaLauncher",
 ]
 
 LIB_NAME = "libdali_mesh_kernels.so"
 #: the C API this module calls (csrc/c_api/c_api.cc dm_abi_version)
-ABI_VERSION = 7
+ABI_VERSION = 8
 #: numpy dtype -> DALI type id (the ids the C API takes)
 DTYPE_IDS = {
     np.dtype(np.uint8): 0, np.dtype(np.uint16): 1, np.dtype(np.uint32): 2, np.dtype(np.uint64): 3,
@@ -141,6 +150,19 @@ def load() -> ctypes.CDLL:
                                                   ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64]
     lib.dali_mesh_decode_chunk_ranges.restype = ctypes.c_int64
     lib.dali_mesh_plan_checksum.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_uint64)]
+    lib.dali_mesh_codec_table.restype = ctypes.c_int64
+    lib.dali_mesh_codec_table.argtypes = [ctypes.c_char_p, ctypes.c_int64]
+    lib.dali_mesh_reader_open.restype = ctypes.c_void_p
+    lib.dali_mesh_reader_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int,
+                                          f32p, f32p, ctypes.c_int64, ctypes.c_int, ctypes.c_char_p, ctypes.c_int64]
+    lib.dali_mesh_reader_close.restype = None
+    lib.dali_mesh_reader_close.argtypes = [ctypes.c_void_p]
+    lib.dali_mesh_reader_shapes.restype = ctypes.c_int64
+    lib.dali_mesh_reader_shapes.argtypes = [ctypes.c_void_p, i64p, ctypes.c_int64, i64p, i64p, ctypes.c_int64,
+                                            ctypes.c_char_p, ctypes.c_int64]
+    lib.dali_mesh_reader_read.restype = ctypes.c_int64
+    lib.dali_mesh_reader_read.argtypes = [ctypes.c_void_p, i64p, ctypes.c_int64, vpp, i64p, ctypes.c_int,
+                                          ctypes.c_char_p, ctypes.c_int64]
     _lib = lib
     return lib
 
@@ -392,7 +414,7 @@ def plan_dump(plan_path: str, *, size_hint: int = 1 << 16) -> dict:
     """The plan file at ``plan_path`` as the C++ reader loads it (LoadPlanSet: checked, JSON checks
     in canonical form): ``{"source", "plans", "files", "parts", "items"}``, every field of
     ``PlanSet``, ``ReadPlan`` (``copy_dst``, ``copy_src``, ``fills``: one list per axis),
-    ``PlanFile``, ``PlanPart`` and ``PlanItem`` (csrc/kernels/read_plan.h) under its C++ name;
+    ``PlanFile``, ``PlanPart`` and ``PlanItem`` (csrc/plan/plan.h) under its C++ name;
     ``source``, a file's ``store``, ``key``, ``tag`` and ``check``, and ``fill`` as ``bytes``. A plan file the reader refuses raises
     :class:`KernelsError` with the reader's message. ``size_hint``: the first buffer's size (the
     call is repeated once with the size the library asks for)."""
@@ -421,9 +443,30 @@ def plan_dump(plan_path: str, *, size_hint: int = 1 << 16) -> dict:
     return dump
 
 
+# ---- codecs (csrc/c_api/codec_api.cc) --------------------------------------------------------------
+_codec_table = None
+
+
+def codec_table() -> tuple[dict, ...]:
+    """The reader's codec table (csrc/codecs/codec_table.inc, the one list of codecs), one dict per
+    codec in table order: ``id`` (as plan files write it), ``name``, ``kind`` (``"decompressor"``,
+    ``"checksum"`` or ``"keeps_size"``), ``library`` (what decodes it, ``""`` for a step built
+    in) and ``available`` (whether this build has that library). :class:`KernelsError` when the
+    library is not built."""
+    global _codec_table
+    if _codec_table is None:
+        lib = load()
+        n = lib.dali_mesh_codec_table(None, 0)
+        out = ctypes.create_string_buffer(n + 1)
+        if lib.dali_mesh_codec_table(out, n + 1) != n:
+            raise KernelsError("codec_table: the library's table changed between two calls")
+        _codec_table = tuple(json.loads(out.raw[:n]))
+    return _codec_table
+
+
 def codec_available(codec_id: int) -> bool:
     """Whether this build of the reader decodes codec ``codec_id`` (``read_plan.CODECS``): its
-    library (c-blosc2, libzstd, liblz4, zlib) was found when the plugin was built."""
+    library (``codec_table()``'s ``library``) was found when the plugin was built."""
     return bool(load().dali_mesh_codec_available(int(codec_id)))
 
 
@@ -512,6 +555,90 @@ def plan_tasks(plan_path: str, task_bytes: int) -> tuple[int, int]:
     if n < 0:
         raise KernelsError(err.value.decode(errors="replace"))
     return int(n), int(most.value)
+
+
+# ---- the reader (csrc/c_api/reader_api.cc) ------------------------------------------------------------
+class PlanReader:
+    """The native reader's batch reader (csrc/reader/batch_reader.h) on the plan file at
+    ``plan_path``, driven without DALI: :meth:`read` gives the windows of a list of sample ids as
+    ``fn.dali_mesh.read_windows`` gives them on the CPU (the same prefetch, read tasks of about
+    ``task_bytes``, chunks decoded once per batch, file versions checked per batch, boundary cells
+    and normalisation), its tasks on ``threads`` threads of the library's own.
+
+    Args:
+        plan_path: a plan file written by :meth:`dali_mesh.plan.PlanSet.write`.
+        dtype: the windows' numpy dtype (native byte order, the plans' item size).
+        outputs: windows per sample id (a forecast's input and target: 2).
+        task_bytes, prefetch: as the operator's arguments.
+        normalize: ``(channel_axis, mean, std)``, as ``read_windows(normalize=...)``.
+
+    The loader's and the reader's errors raise :class:`KernelsError` with the reader's message.
+    Use as a context manager, or call :meth:`close`.
+    """
+
+    MAX_NDIM = 32
+
+    def __init__(self, plan_path: str, dtype, *, outputs: int = 1, task_bytes: int = 4 << 20, prefetch: bool = True,
+                 normalize=None) -> None:
+        self.dtype = np.dtype(dtype)
+        self.outputs = int(outputs)
+        axis, mean, std = normalize if normalize is not None else (-1, (), ())
+        mean, std = np.ascontiguousarray(mean, np.float32), np.ascontiguousarray(std, np.float32)
+        if mean.shape != std.shape:
+            raise ValueError(f"normalize: {mean.size} means but {std.size} standard deviations")
+        f32p = ctypes.POINTER(ctypes.c_float)
+        err = ctypes.create_string_buffer(1024)
+        self._lib = load()
+        self._handle = self._lib.dali_mesh_reader_open(
+            os.fsencode(plan_path), DTYPE_IDS[self.dtype], self.outputs, int(task_bytes), int(bool(prefetch)),
+            mean.ctypes.data_as(f32p), std.ctypes.data_as(f32p), mean.size, int(axis), err, len(err))
+        if not self._handle:
+            raise KernelsError(err.value.decode(errors="replace"))
+
+    def shapes(self, ids: Sequence[int]) -> list[tuple[int, ...]]:
+        """The shapes of the windows of the batch ``ids``: ``outputs * len(ids)`` of them, output
+        ``k``'s window of ``ids[i]`` at ``k * len(ids) + i``."""
+        ids = list(ids)
+        return self._shapes(_i64(ids), len(ids))
+
+    def read(self, ids: Sequence[int], *, threads: int = 1) -> list[list[np.ndarray]]:
+        """The windows of the batch ``ids`` (sample ids of the plan set), read on ``threads``
+        threads: ``[output][i]`` is output ``k``'s window of ``ids[i]``."""
+        ids = list(ids)
+        n = len(ids)
+        c_ids = _i64(ids)
+        shapes = self._shapes(c_ids, n)
+        wins = [np.empty(shape, self.dtype) for shape in shapes]
+        ptrs = (ctypes.c_void_p * max(len(wins), 1))(*[w.ctypes.data for w in wins])
+        sizes = _i64([w.nbytes for w in wins] or [0])
+        err = ctypes.create_string_buffer(4096)
+        if self._lib.dali_mesh_reader_read(self._handle, c_ids, n, ptrs, sizes, int(threads), err, len(err)) < 0:
+            raise KernelsError(err.value.decode(errors="replace"))
+        return [wins[k * n:(k + 1) * n] for k in range(self.outputs)]
+
+    def _shapes(self, c_ids, n: int) -> list[tuple[int, ...]]:
+        count = self.outputs * n
+        ndims = (ctypes.c_int64 * max(count, 1))()
+        extents = (ctypes.c_int64 * max(count * self.MAX_NDIM, 1))()
+        err = ctypes.create_string_buffer(4096)
+        got = self._lib.dali_mesh_reader_shapes(self._handle, c_ids, n, ndims, extents, self.MAX_NDIM, err, len(err))
+        if got < 0:
+            raise KernelsError(err.value.decode(errors="replace"))
+        return [tuple(extents[j * self.MAX_NDIM:j * self.MAX_NDIM + ndims[j]]) for j in range(got)]
+
+    def close(self) -> None:
+        if getattr(self, "_handle", None):
+            self._lib.dali_mesh_reader_close(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> "PlanReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
 
 
 # ---- numpy reference (the oracle of the tests) ------------------------------------------------------

@@ -5,9 +5,11 @@ Import as ``from tests.helpers import ...`` (the repository root is on ``sys.pat
 ``tests/`` itself never is: ``tests/torch`` and ``tests/io`` are packages, not the libraries)."""
 import os
 import random
+import re
 import subprocess
 import sys
 import textwrap
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -267,3 +269,45 @@ def need_kernel_codec(codec_id: int, library: str) -> None:
         pytest.skip(f"the kernels library is not built: {e}")
     if not available:
         pytest.skip(f"this build of the reader has no {library}")
+
+
+class CodecRow(NamedTuple):
+    """One row of the codec table (csrc/codecs/codec_table.inc)."""
+
+    id: int
+    symbol: str
+    name: str
+    kind: str  # "Decompressor", "Checksum" or "KeepsSize"
+    library: str
+    cmake_libs: tuple[str, ...]
+    source: str  # csrc/codecs/<source>.cc
+
+
+#: a row of the codec table, as CMakeLists.txt reads it (the same regular expression)
+CODEC_ROW = re.compile(r'^DM_CODEC\(([0-9]+), ([A-Za-z0-9]+), "([a-z0-9_]+)", (Decompressor|Checksum|KeepsSize), '
+                       r'"([^"]*)", "([A-Z0-9 ]*)", ([a-z0-9_]+)\)$')
+
+
+def codec_rows() -> tuple[CodecRow, ...]:
+    """The rows of the codec table, read from its source as CMake reads them (no library needed:
+    the sanitizer harnesses and the table's round trip through the kernels library use it)."""
+    rows = []
+    with open(os.path.join(ROOT, "csrc", "codecs", "codec_table.inc")) as f:
+        for line in f:
+            if not line.startswith("DM_CODEC("):
+                continue
+            m = CODEC_ROW.match(line.rstrip("\n"))
+            assert m, f"csrc/codecs/codec_table.inc: a row CMake cannot read: {line!r}"
+            rows.append(CodecRow(int(m[1]), m[2], m[3], m[4], m[5], tuple(m[6].split()), m[7]))
+    return tuple(rows)
+
+
+def codec_sources() -> tuple[str, ...]:
+    """The codecs' C++ sources, as CMakeLists.txt lists them: the table, the shared decode steps,
+    then each codec's decoder file once."""
+    files = ["csrc/codecs/codec_table.cc", "csrc/codecs/codecs.cc"]
+    for row in codec_rows():
+        path = f"csrc/codecs/{row.source}.cc"
+        if path not in files:
+            files.append(path)
+    return tuple(files)

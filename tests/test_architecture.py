@@ -4,10 +4,14 @@ no module imports itself through others (no import circle).
 The picture, top-down: cli -> torch / pipeline (fn) -> weather -> source -> io (the formats) -> plan ->
 storage; plan -> partition -> mesh. Read from the source text (``ast``), so it holds for imports inside
 functions too.
+
+In C++ (csrc/): only the operators include DALI (the reader, plans, codecs, stores and kernels are the
+DALI-free core), and a codec id is written in one place, the codec table.
 """
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -169,3 +173,38 @@ def test_modules_and_classes_stay_small(path):
             n = node.end_lineno - node.lineno + 1
             assert n <= MAX_CLASS_LINES, (f"{_module_name(path)}.{node.name} has {n} lines (at most "
                                           f"{MAX_CLASS_LINES}): split it by job")
+
+
+# ---- the C++ rooms (csrc/) ----------------------------------------------------------------------------
+CSRC = PACKAGE.parent / "csrc"
+CXX_FILES = sorted(p for p in CSRC.rglob("*") if p.suffix in (".h", ".cc", ".cu", ".cuh", ".inc"))
+#: a C++ or Python codec id written down outside the codec table: an enum value (kCodecX = 3), a row of
+#: the table's form, or a name given its id ("blosc": 1; "shuffle" is left out in Python, where it is
+#: mostly the sample order's)
+_CODEC_NAMES = r"blosc|zstd|lz4|zlib|gzip|fletcher32|lzf|szip|crc32c"
+_CXX_CODEC_ID = re.compile(r"\bkCodec[A-Z]\w*\s*=\s*\d|^\s*DM_CODEC\(\d", re.M)
+_PY_CODEC_ID = re.compile(rf"[\"']({_CODEC_NAMES})[\"']\s*:\s*\d+\b|\b({_CODEC_NAMES.upper()})\s*=\s*\d+\b")
+
+
+def _rel(p: Path) -> str:
+    return p.relative_to(PACKAGE.parent).as_posix()
+
+
+def test_only_the_operators_include_dali():
+    """The reader, plans, codecs, stores and kernels are DALI-free (the kernels library builds them
+    without DALI, and the tests drive them so): only csrc/operators/ includes DALI's headers."""
+    assert CXX_FILES
+    include = re.compile(r'^\s*#\s*include\s*[<"]dali/', re.M)
+    bad = [_rel(p) for p in CXX_FILES if not _rel(p).startswith("csrc/operators/") and include.search(p.read_text())]
+    assert not bad, f"{bad} include DALI headers; only csrc/operators/ may (the rest is the DALI-free core)"
+
+
+def test_the_codec_table_is_the_only_place_a_codec_id_is_defined():
+    table = CSRC / "codecs" / "codec_table.inc"
+    assert _CXX_CODEC_ID.search(table.read_text())
+    bad = [_rel(p) for p in CXX_FILES if p != table and _CXX_CODEC_ID.search(p.read_text())]
+    tests = PACKAGE.parent / "tests"
+    py = [p for p in [*MODULES, *tests.rglob("*.py")] if p != Path(__file__).resolve()]
+    bad += [f"{_rel(p)}: {m.group(0)}" for p in py for m in [_PY_CODEC_ID.search(p.read_text())] if m]
+    assert not bad, (f"codec ids written outside csrc/codecs/codec_table.inc: {bad}; take them from the table "
+                     "(C++: codec_table.h; Python: dali_mesh.plan.CODECS; tests: tests.helpers.codec_rows)")

@@ -37,7 +37,7 @@ for lib in ("libdali_mesh.so", "libdali_mesh_kernels.so"):
         assert "not found" not in line or "libdali.so" in line, line
         assert build_venv not in line, ("resolved in the build's venv", line)
 from dali_mesh import _kernels, Layout, MeshInfo
-from dali_mesh.io.read_plan import CODECS
+from dali_mesh.plan import CODECS
 native = [c for c in ("blosc", "zstd", "lz4", "zlib", "lzf", "szip", "crc32c") if _kernels.codec_available(CODECS[c])]
 print("codecs decoded natively:", " ".join(native))
 from nvidia.dali import pipeline_def, fn

@@ -1,4 +1,4 @@
-// dali_mesh: the C entry points of the read plans (csrc/kernels/read_plan.h), in
+// dali_mesh: the C entry points of the read plans (csrc/plan/plan.h, csrc/reader/), in
 // libdali_mesh_kernels.so and bound in dali_mesh/_kernels.py: a loaded plan file as JSON, the plan
 // format's canonical JSON and checksum (so that Python's writer is checked against this reader),
 // and test hooks that run the plan executor's pieces on a plan file written by dali_mesh.pipeline.native.
@@ -14,8 +14,11 @@
 #include <vector>
 
 #include "c_api/export.h"
-#include "kernels/read_plan.h"
 #include "kernels/slice_gpu.h"
+#include "plan/plan.h"
+#include "reader/device_fill.h"
+#include "reader/finish.h"
+#include "reader/tasks.h"
 
 using dali_mesh::c_api::Fail;
 
@@ -83,7 +86,7 @@ class Json {
   bool after_key_ = false;
 };
 
-// Every field of a loaded plan set, named as in read_plan.h.
+// Every field of a loaded plan set, named as in plan/plan.h.
 std::string PlanSetJson(const dali_mesh::PlanSet &set) {
   Json j;
   j.Open('{');
@@ -186,20 +189,14 @@ std::string PlanSetJson(const dali_mesh::PlanSet &set) {
 
 // The plan file at `plan_path` as LoadPlanSet loads it (checked, JSON checks in canonical form),
 // as one JSON object: {"source", "plans": [ReadPlan...], "files": [PlanFile...], "parts":
-// [PlanPart...], "items": [PlanItem...]}, every field named as in read_plan.h, byte strings
+// [PlanPart...], "items": [PlanItem...]}, every field named as in plan/plan.h, byte strings
 // (source, path, check, fill) in hex. Returns the text's length n (without its NUL); the text and a
 // NUL are written to out[0..out_size) only when out_size > n, so that a caller can retry with a
 // buffer of n + 1. -1 on an error (the plan file refused), described in `err`.
 DM_EXPORT int64_t dali_mesh_plan_dump(const char *plan_path, char *out, int64_t out_size, char *err,
                                       int64_t err_size) {
   try {
-    const std::string json = PlanSetJson(dali_mesh::LoadPlanSet(plan_path));
-    const int64_t n = json.size();
-    if (out && out_size > n) {
-      std::memcpy(out, json.data(), n);
-      out[n] = '\0';
-    }
-    return n;
+    return dali_mesh::c_api::CopyText(PlanSetJson(dali_mesh::LoadPlanSet(plan_path)), out, out_size);
   } catch (const std::exception &e) {
     return Fail(e.what(), err, err_size);
   }
@@ -301,70 +298,5 @@ DM_EXPORT int64_t dali_mesh_plan_tasks(const char *plan_path, int64_t task_bytes
     return n;
   } catch (const std::exception &e) {
     return Fail(e.what(), err, err_len);
-  }
-}
-
-// Whether codec `id` (dali_mesh::CodecId) is in this build: 1 yes, 0 no (its library was not found
-// at build time). The planner asks before it plans a coded read.
-DM_EXPORT int dali_mesh_codec_available(int64_t id) { return dali_mesh::CodecAvailable(id) ? 1 : 0; }
-
-namespace {
-// The coder of steps ids[k], args[k] (decode order) for chunks of `chunk_bytes`.
-dali_mesh::Coder CoderOf(const int64_t *ids, const int64_t *args, int64_t n_steps, int64_t chunk_bytes) {
-  dali_mesh::Coder coder;
-  for (int64_t k = 0; k < n_steps; k++) coder.steps.push_back({ids[k], args[k]});
-  coder.chunk_bytes = chunk_bytes;
-  return coder;
-}
-}  // namespace
-
-// Decodes the n stored bytes at `src` by the coder (steps ids[k], args[k] in decode order,
-// chunk_bytes, a fill value) into out[0..chunk_bytes), as the reader decodes a chunk. Returns 0, or
-// -1 with the reason in err (a coder that cannot run, a corrupt chunk).
-DM_EXPORT int64_t dali_mesh_decode_chunk(const int64_t *ids, const int64_t *args, int64_t n_steps,
-                                         int64_t chunk_bytes, const char *src, int64_t n, char *out,
-                                         char *err, int64_t err_size) {
-  try {
-    const dali_mesh::Coder coder = CoderOf(ids, args, n_steps, chunk_bytes);
-    std::string why = dali_mesh::CheckCoder(coder);
-    if (why.empty()) why = dali_mesh::DecodeChunk(coder, src, n, out);
-    if (!why.empty()) return Fail(why, err, err_size);
-    return 0;
-  } catch (const std::exception &e) {
-    return Fail(e.what(), err, err_size);
-  }
-}
-
-// As dali_mesh_decode_chunk, but only the byte ranges ranges[2k]..ranges[2k+1] (sorted, disjoint)
-// of the chunk must be decoded, as the reader decodes a batch's ranges: its stored bytes are taken
-// from `src` as a read does (ReadStored: a Blosc chunk in parts), into a buffer whose other bytes
-// are `stale` (as a thread's reused buffer holds another chunk's), then DecodeChunkRanges writes the
-// ranges' bytes at their offsets in out[0..chunk_bytes). `min_parts`: the smallest stored size read
-// in parts (-1: the reader's). Returns 1 (read in parts) or 0 (read whole), or -1 with the reason.
-DM_EXPORT int64_t dali_mesh_decode_chunk_ranges(const int64_t *ids, const int64_t *args, int64_t n_steps,
-                                                int64_t chunk_bytes, const char *src, int64_t n,
-                                                const int64_t *ranges, int64_t n_ranges, int stale,
-                                                int64_t min_parts, char *out, char *err, int64_t err_size) {
-  try {
-    const dali_mesh::Coder coder = CoderOf(ids, args, n_steps, chunk_bytes);
-    std::vector<std::pair<int64_t, int64_t>> rs;
-    for (int64_t k = 0; k < n_ranges; k++) {
-      const int64_t lo = ranges[2 * k], hi = ranges[2 * k + 1];
-      if (lo < 0 || hi <= lo || hi > chunk_bytes || (k && lo < rs.back().second))
-        return Fail("ranges must be sorted, disjoint, non-empty and inside the chunk", err, err_size);
-      rs.push_back({lo, hi});
-    }
-    std::string why = dali_mesh::CheckCoder(coder);
-    if (!why.empty()) return Fail(why, err, err_size);
-    std::vector<char> stored(n, static_cast<char>(stale));
-    const bool parts = dali_mesh::ReadStored(coder, n, &rs, stored.data(), [&](int64_t lo, int64_t hi) {
-      if (lo < 0 || hi > n || lo > hi) throw std::runtime_error("a read outside the chunk");
-      std::memcpy(stored.data() + lo, src + lo, hi - lo);
-    }, min_parts < 0 ? dali_mesh::kMinPartsBytes : min_parts);
-    why = dali_mesh::DecodeChunkRanges(coder, stored.data(), n, out, rs);
-    if (!why.empty()) return Fail(why, err, err_size);
-    return parts ? 1 : 0;
-  } catch (const std::exception &e) {
-    return Fail(e.what(), err, err_size);
   }
 }

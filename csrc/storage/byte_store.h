@@ -2,7 +2,7 @@
 // DALI-free.
 //
 // A store is a key space of objects read by byte ranges: this machine's files (PosixStore) today;
-// HTTP(S), S3 and GCS objects next. The reader (csrc/kernels/read_plan.cc) never holds a file
+// HTTP(S), S3 and GCS objects next. The reader (csrc/reader/) never holds a file
 // descriptor: it opens a plan file's key in the store the plan names, reads byte ranges of the opened
 // object into its own buffers and checks, after the reads, that the object is still the version it
 // opened (a window is never a mix of two versions). The Python side has the same seam

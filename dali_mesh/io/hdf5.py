@@ -428,11 +428,11 @@ def _chunk_offsets(ds) -> dict:
     return out
 
 
-#: HDF5 filters the native reader applies (H5Z filter ids), as coder steps
+#: HDF5 filters the native reader applies (H5Z filter ids), as coder steps: codec names of the codec
+#: table (``read_plan.CODECS``; tests/io/test_codec_table.py checks each is there)
 _FILTERS = {1: "zlib", 2: "shuffle", 3: "fletcher32", 4: "szip", 32000: "lzf"}
 _FILTER_NAMES = {1: "deflate", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit", 6: "scaleoffset",
                  307: "bzip2", 32000: "lzf", 32001: "blosc", 32004: "lz4", 32008: "bitshuffle", 32015: "zstd"}
-_DECOMPRESSORS = ("zlib", "lzf", "szip")
 
 
 def _hdf5_filters(dcpl, path, name) -> tuple[tuple[str, int, int], ...] | None:
@@ -473,10 +473,12 @@ def _coder_steps(encode, mask: int, path, name) -> tuple[tuple[int, int], ...]:
     not skip (bit i set: filter i was not applied, as HDF5 records for an optional filter that
     failed, e.g. LZF on incompressible data), or :class:`NotNativeError` when the checksum is not the
     last filter applied, or the compressor not just before it."""
+    from dali_mesh import _kernels
+
     steps = tuple((cid, arg) for i, (_, cid, arg) in reversed(list(enumerate(encode))) if not mask >> i & 1)
-    zips = {CODECS[c] for c in _DECOMPRESSORS}
-    kinds = ["check" if c == CODECS["fletcher32"] else "zip" if c in zips else "keep" for c, _ in steps]
-    # checksums first, then at most one decompressor, then size-keeping steps (codecs.h CheckCoder)
+    kind = {row["id"]: row["kind"] for row in _kernels.codec_table()}  # the codec table's kinds
+    kinds = [{"checksum": "check", "decompressor": "zip"}.get(kind[c], "keep") for c, _ in steps]
+    # checksums first, then at most one decompressor, then size-keeping steps (csrc/codecs/codecs.h CheckCoder)
     if kinds != sorted(kinds, key=["check", "zip", "keep"].index) or kinds.count("zip") > 1 or \
             any(c == CODECS["shuffle"] and a < 1 for c, a in steps):
         raise NotNativeError(f"{path}: dataset {name!r} has its filters in an order the native reader does not run "
@@ -521,7 +523,7 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
         wplan = plan_window(region, index_maps)
         shape = wplan.window_shape
         fidx = len(plans.files)
-        version = bytes_store.stat(key)  # size and time: any rewrite of an HDF5 file is refused (read_plan.h)
+        version = bytes_store.stat(key)  # size and time: any rewrite of an HDF5 file is refused (csrc/plan/plan.h)
         if version is None:
             raise MissingFileError(path, "no such HDF5 file; check the path and the file list")
         plans.files.append(PlanFile(key, version.size, version.mtime_ns, store=bytes_store.spec,

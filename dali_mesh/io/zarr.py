@@ -218,7 +218,8 @@ def read_zarr_window(
 
 
 # ---- the native reader's plan ---------------------------------------------------------------------
-#: Zarr v2 compressors (numcodecs ``codec_id``) and Zarr v3 bytes-to-bytes codecs the reader decodes
+#: Zarr v2 compressors (numcodecs ``codec_id``) and Zarr v3 bytes-to-bytes codecs the reader decodes, as
+#: codec names of the codec table (``read_plan.CODECS``; tests/io/test_codec_table.py checks each is there)
 _V2_COMPRESSORS = ("blosc", "zstd", "lz4", "zlib", "gzip")
 _V3_CODECS = {"BloscCodec": "blosc", "ZstdCodec": "zstd", "GzipCodec": "gzip"}
 
@@ -286,7 +287,7 @@ def _v3_codecs(codecs, path, arr, what: str) -> tuple[np.dtype, tuple | None, bo
 def _check_v3_blosc(codec, path, arr) -> None:
     """:class:`NotNativeError` for a ``BloscCodec`` whose chunks c-blosc2 would decode other than
     numcodecs (c-blosc1) does: bit shuffle by a ``typesize`` that does not divide the chunk's bytes
-    (its last block is then not a whole number of items; see csrc/kernels/codecs.cc BloscHeader)."""
+    (its last block is then not a whole number of items; see csrc/codecs/blosc.cc BloscHeader)."""
     typesize = getattr(codec, "typesize", None)
     shuffle = str(getattr(getattr(codec, "shuffle", None), "value", getattr(codec, "shuffle", "")))
     chunk_bytes = int(np.prod(arr.chunks)) * np.dtype(arr.dtype).itemsize

@@ -19,7 +19,7 @@ __all__ = ["PlanSet", "stack_channels"]
 
 @dataclass
 class PlanSet:
-    """Everything the operator needs (``PlanSet`` in read_plan.h): the distinct plans, the file
+    """Everything the operator needs (``PlanSet`` in csrc/plan/plan.h): the distinct plans, the file
     table, one item per sample id, and the output dtype (native byte order) and number of axes."""
 
     dtype: np.dtype

@@ -1,4 +1,4 @@
-"""The byte-range read plan of the native reader: typed objects mirroring ``csrc/kernels/read_plan.h``,
+"""The byte-range read plan of the native reader: typed objects mirroring ``csrc/plan/plan.h``,
 and the one field table per object that writes them into the plan file the C++ reader loads.
 
 A plan turns one file layout (shape, dtype, header, byte order, C/Fortran order) and one rank's window
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field, fields
-from typing import Any, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
@@ -43,14 +43,55 @@ __all__ = ["AxisProgram", "CHECK_JSON", "CODECS", "CODEC_LIBRARIES", "Coder", "N
 #: The plan file's first 8 bytes: the format and its version (bumped whenever a table changes).
 PLAN_MAGIC = b"DMPLAN08"
 #: ``check_offset`` of a plan whose check is a JSON metadata file (a Zarr array's ``.zarray`` or
-#: ``zarr.json``), compared whole in canonical form (``kCheckJson`` in read_plan.h).
+#: ``zarr.json``), compared whole in canonical form (``kCheckJson`` in csrc/plan/plan.h).
 CHECK_JSON = -1
-#: codec ids of the plan file (``CodecId`` in csrc/kernels/codecs.h), by name
-CODECS = {"blosc": 1, "zstd": 2, "lz4": 3, "zlib": 4, "gzip": 5, "shuffle": 6, "fletcher32": 7, "lzf": 8, "szip": 9,
-          "crc32c": 10}
-#: the library that decodes each codec in the reader (for messages about a build without it)
-CODEC_LIBRARIES = {"blosc": "c-blosc2", "zstd": "libzstd", "lz4": "liblz4", "zlib": "libdeflate or zlib",
-                   "gzip": "libdeflate or zlib", "lzf": "liblzf", "szip": "libaec", "crc32c": "libcrc32c (the google-crc32c wheel's)"}
+
+class _CodecColumn(Mapping):
+    """One column of the reader's codec table by codec name (:func:`dali_mesh._kernels.codec_table`),
+    read from the kernels library when first used. The table is defined once, in
+    csrc/codecs/codec_table.inc, for C++, CMake and Python alike: a static copy here could drift from
+    it. Every use of a codec's id or library is on the native path, which needs the library anyway
+    (it writes the plan's checksum and reads the plan); without it, using the column raises
+    :class:`dali_mesh._kernels.KernelsError` saying how to build it."""
+
+    def __init__(self, column: str, *, built_in: bool = True) -> None:
+        self._column = column
+        self._built_in = built_in  # False: only the codecs decoded by a library
+        self._map: dict | None = None
+
+    def _table(self) -> dict:
+        if self._map is None:
+            from dali_mesh import _kernels  # noqa: PLC0415 - the library is loaded when first needed
+
+            try:
+                rows = _kernels.codec_table()
+            except _kernels.KernelsError as e:
+                raise _kernels.KernelsError(f"the codec table (dali_mesh.plan.CODECS, CODEC_LIBRARIES) is the "
+                                            f"kernels library's: {e}") from e
+            self._map = {r["name"]: r[self._column] for r in rows if self._built_in or r["library"]}
+        return self._map
+
+    def __getitem__(self, name: str):
+        return self._table()[name]
+
+    def __iter__(self):
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+    def __repr__(self) -> str:
+        try:
+            return repr(self._table())
+        except RuntimeError:
+            return f"<the codec table's {self._column!r} column (the kernels library is not built)>"
+
+
+#: codec ids of the plan file by name (``CodecId``: the codec table, csrc/codecs/codec_table.inc)
+CODECS: Mapping[str, int] = _CodecColumn("id")
+#: the library that decodes each codec in the reader (for messages about a build without it); the
+#: steps built into the reader (shuffle, fletcher32) have none
+CODEC_LIBRARIES: Mapping[str, str] = _CodecColumn("library", built_in=False)
 #: dtype kinds DALI carries (complex, datetime and timedelta have no DALI type)
 _NATIVE_KINDS = "biuf"
 
@@ -100,7 +141,7 @@ _EMPTY = np.empty(0, np.int64)
 
 @dataclass(frozen=True, eq=False)
 class ReadPlan:
-    """A window read from one file layout (``ReadPlan`` in read_plan.h; fields in file order)."""
+    """A window read from one file layout (``ReadPlan`` in csrc/plan/plan.h; fields in file order)."""
 
     itemsize: int
     swap_unit: int                      # bytes of each value to reverse after reading (0: native order)
@@ -223,7 +264,7 @@ class ReadPlan:
 
 
 class Coder(NamedTuple):
-    """How a chunk's stored bytes decode (``Coder`` in codecs.h): the steps ``(codec id, arg)`` in
+    """How a chunk's stored bytes decode (``Coder`` in csrc/codecs/codecs.h): the steps ``(codec id, arg)`` in
     decode order (checksums, at most one decompressor, size-keeping steps), the decoded size, and a
     missing chunk's value (one item in the stored byte order; empty: zeros)."""
 
@@ -249,7 +290,7 @@ class PlanFile(NamedTuple):
     ``store`` is the byte store's spec (``"file"``: this machine's files; no credential ever goes
     into it), ``key`` the object's key in it (a file's path). The version every read checks: ``size``
     and, for files, the modification time in ns ``mtime_ns`` (-1: not checked; HDF5 files check it:
-    see read_plan.h); an object store's ETag or generation ``tag`` (empty: none). ``check`` are bytes
+    see csrc/plan/plan.h); an object store's ETag or generation ``tag`` (empty: none). ``check`` are bytes
     the object must hold at ``check_offset`` at every read (-1: none; a Zarr shard's index, so that a
     shard rewritten at the same size with its modification time put back is refused, not read
     through the index of its former version)."""

@@ -1,7 +1,7 @@
 // dali_mesh: the codec fuzz harness (tests/io/test_codec_fuzz.py builds it with AddressSanitizer and
 // UndefinedBehaviorSanitizer and runs it over a corpus of corrupted chunks). Reads records from
 // the file argv[1]: little-endian int64 n_steps, ids[n_steps], args[n_steps], chunk_bytes, n, then
-// n bytes; decodes each (csrc/kernels/codecs.h) from a buffer of exactly n bytes (so that a read
+// n bytes; decodes each (csrc/codecs/codecs.h) from a buffer of exactly n bytes (so that a read
 // past the chunk is a heap overflow the sanitizer reports) and prints one line per record:
 // "ok <FNV-1a of the output> <ranges>" or "err <reason>", where <ranges> says what decoding only
 // the record's ranges of the chunk (DecodeChunkRanges, into another buffer of the chunk's size) gave:
@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/codecs.h"
+#include "codecs/codecs.h"
 
 int main(int argc, char **argv) {
   if (argc != 2) return 2;

@@ -1,11 +1,11 @@
 // dali_mesh: the plan fuzz harness (tests/io/test_plan_fuzz.py builds it with AddressSanitizer and
 // UndefinedBehaviorSanitizer and runs it over plan files with crafted words). For each plan file of
-// argv[2..]: LoadPlanSet, then every item read as fn.dali_mesh.read_windows reads it (groups split
-// into tasks of argv[1] bytes; raw parts opened, checked and read by ReadGroups; coded parts'
-// chunks read and decoded by ReadChunk into a buffer of exactly the chunk's bytes, their units
-// copied out by CopyUnits; FinishWindow), into heap buffers of exactly the window's bytes, so that
-// a write or read past any of them is a report. Prints one line per file: "ok <FNV-1a of every
-// window>" or "err <reason>".
+// argv[2..]: LoadPlanSet, then every item read by the reader's pieces (csrc/reader/) as
+// fn.dali_mesh.read_windows reads it (groups split into tasks of argv[1] bytes; raw parts opened,
+// checked and read by ReadGroups; coded parts' chunks read and decoded by ReadChunk into a buffer of
+// exactly the chunk's bytes, their units copied out by CopyUnits; FinishWindow), into heap buffers
+// of exactly the window's bytes, so that a write or read past any of them is a report. Prints one
+// line per file: "ok <FNV-1a of every window>" or "err <reason>".
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -15,7 +15,12 @@
 #include <string>
 #include <vector>
 
-#include "kernels/read_plan.h"
+#include "codecs/codecs.h"
+#include "plan/plan.h"
+#include "reader/finish.h"
+#include "reader/open_file.h"
+#include "reader/read_units.h"
+#include "reader/tasks.h"
 
 namespace {
 

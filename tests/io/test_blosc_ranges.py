@@ -1,4 +1,4 @@
-"""Blosc chunks decoded in parts (csrc/kernels/codecs.cc: ReadStored, DecodeChunkRanges) against
+"""Blosc chunks decoded in parts (csrc/codecs/codecs.cc: ReadStored, DecodeChunkRanges) against
 numcodecs' whole decode, the oracle (issue 29, "trust first").
 
 c-blosc2's ``blosc2_getitem_bytes_ctx`` (c-blosc2 3.3.5, the pinned ``blosc2`` 4.14.1 wheel) returns
@@ -28,9 +28,9 @@ import pytest
 numcodecs = pytest.importorskip("numcodecs")
 
 from dali_mesh import _kernels  # noqa: E402
-from tests.helpers import need_kernel_codec  # noqa: E402
+from tests.helpers import codec_rows, need_kernel_codec  # noqa: E402
 
-BLOSC = 1  # dali_mesh.plan.CODECS["blosc"]
+BLOSC = next(r.id for r in codec_rows() if r.name == "blosc")  # the codec table's id
 SEED = 20261203
 
 

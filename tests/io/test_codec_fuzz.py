@@ -1,4 +1,4 @@
-"""Bounded fuzz of the chunk decoder (csrc/kernels/codecs.cc) under AddressSanitizer and
+"""Bounded fuzz of the chunk decoder (csrc/codecs/) under AddressSanitizer and
 UndefinedBehaviorSanitizer (issue 15, "bad data never becomes data").
 
 Valid chunks of every codec the reader decodes (numcodecs' Blosc with each compressor and shuffle,
@@ -24,15 +24,14 @@ import zlib
 import numpy as np
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, codec_rows, codec_sources
 
 numcodecs = pytest.importorskip("numcodecs")
 h5py = pytest.importorskip("h5py")
 
 SEED = 20261201
 MUTANTS_PER_CHUNK = 60
-IDS = {"blosc": 1, "zstd": 2, "lz4": 3, "zlib": 4, "gzip": 5, "shuffle": 6, "fletcher32": 7, "lzf": 8, "szip": 9,
-       "crc32c": 10}
+IDS = {row.name: row.id for row in codec_rows()}  # the codec table's ids (csrc/codecs/codec_table.inc)
 
 
 def _fnv(data: bytes) -> str:
@@ -43,8 +42,10 @@ def _fnv(data: bytes) -> str:
 
 
 #: the sanitized harnesses of the fuzz tests: (main, sources, optimisation)
-CODEC_HARNESS = ("tests/io/codec_fuzz_main.cc", ("csrc/kernels/codecs.cc",), "-O1")
-PLAN_HARNESS = ("tests/io/plan_fuzz_main.cc", ("csrc/kernels/read_plan.cc", "csrc/kernels/codecs.cc",
+CODEC_HARNESS = ("tests/io/codec_fuzz_main.cc", codec_sources(), "-O1")
+PLAN_HARNESS = ("tests/io/plan_fuzz_main.cc", ("csrc/plan/plan_file.cc", "csrc/plan/canonical_json.cc",
+                                               "csrc/reader/open_file.cc", "csrc/reader/read_units.cc",
+                                               "csrc/reader/tasks.cc", "csrc/reader/finish.cc", *codec_sources(),
                                                "csrc/storage/byte_store.cc", "csrc/storage/posix_store.cc",
                                                "csrc/storage/reads_in_flight.cc"), "-O0")
 _EARLY: dict = {}  # harness -> (Popen, exe, -D flags): compiles started when the tests were collected

@@ -1,7 +1,7 @@
 """Gzip chunks (Zarr v2 ``gzip``, v3 ``GzipCodec``) decoded as numcodecs' GZip decodes them (issue 29
 item 11): Python's GzipFile reads one member after another and zero padding after a member; it
 refuses any other bytes after a member (garbage, a member cut short). The reader's decoder
-(csrc/kernels/codecs.cc) must agree case by case: the same bytes, or a refusal where numcodecs
+(csrc/codecs/inflate.cc) must agree case by case: the same bytes, or a refusal where numcodecs
 refuses."""
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 numcodecs = pytest.importorskip("numcodecs")
 
 from dali_mesh import _kernels  # noqa: E402
-from tests.helpers import need_kernel_codec  # noqa: E402
+from tests.helpers import codec_rows, need_kernel_codec  # noqa: E402
 
-GZIP, ZLIB = 5, 4  # dali_mesh.plan.CODECS
+GZIP, ZLIB = ({r.name: r.id for r in codec_rows()}[n] for n in ("gzip", "zlib"))  # the codec table's ids
 
 
 @pytest.fixture(scope="module", autouse=True)

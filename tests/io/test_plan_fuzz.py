@@ -1,4 +1,4 @@
-"""Bounded fuzz of the plan loader and executor (csrc/kernels/read_plan.cc) under AddressSanitizer
+"""Bounded fuzz of the plan loader and executor (csrc/plan/, csrc/reader/) under AddressSanitizer
 and UndefinedBehaviorSanitizer (issue 19: "treat a plan file as untrusted input"; item 12: units
 repeated at a stride).
 

@@ -351,7 +351,7 @@ def _as_dump(plan: ReadPlan) -> dict:
 
 # ---- checksum ----------------------------------------------------------------------------------------
 def _checksum(words: bytes) -> bytes:
-    """The checksum's definition (read_plan.h): sum of word_i * k_i mod 2**64 over the little-endian
+    """The checksum's definition (csrc/plan/plan.h): sum of word_i * k_i mod 2**64 over the little-endian
     words, k_i = (i * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) | 1 -- plain integers, no numpy."""
     total = 0
     for i in range(len(words) // 8):

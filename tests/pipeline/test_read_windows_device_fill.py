@@ -2,7 +2,7 @@
 
 read_windows(device="gpu") hands a plan's boundary program (copies and constant fills, done on the
 host by FinishWindow) to the GPU strided-slice kernel when the program is one strided slice of the
-cells read (DeviceFillProgram in csrc/kernels/read_plan.cc). The test hook dali_mesh_check_device_fill
+cells read (DeviceFillProgram in csrc/reader/device_fill.cc). The test hook dali_mesh_check_device_fill
 finishes a window of random bytes both ways, the kernel through its exact host emulation
 (BuildGpuPlan + EmulateGpuPlan), and compares them byte for byte, for every plan of a plan file.
 Plans the device cannot take (chained copies of halos wider than the axis) stay on the host.

@@ -24,33 +24,20 @@
 #include "dali/core/cuda_error.h"
 #include "kernels/slice_gpu.h"
 #include "operators/read_windows/read_windows_op.h"
+#include "reader/device_fill.h"
 
 namespace dali_mesh {
 
 class ReadWindowsMixed : public ReadWindowsBase<dali::MixedBackend> {
  public:
   explicit ReadWindowsMixed(const dali::OpSpec &spec) : ReadWindowsBase<dali::MixedBackend>(spec) {
-    DALI_ENFORCE(mean_.empty(), dali::make_string("read_windows: ", plans_.source, ": mean/stddev normalise "
-                                                  "on the CPU operator only; on the GPU use strided_slice after "
-                                                  "the read"));
+    DALI_ENFORCE(reader_.options().mean.empty(),
+                 dali::make_string("read_windows: ", reader_.plans().source, ": mean/stddev normalise on the CPU "
+                                   "operator only; on the GPU use strided_slice after the read"));
     const char *env = std::getenv("DALI_MESH_DEVICE_FILL");
     if (env != nullptr && std::strcmp(env, "0") == 0) return;
-    // DType numbers are DALI's DALIDataType numbers
-    const int dtype = static_cast<int>(dtype_);
-    device_fill_.assign(plans_.plans.size(), 0);
-    fill_program_.resize(plans_.plans.size());
-    int64_t fill_plan = -1;  // one launch takes one fill value: the first plan's that has one
-    for (size_t k = 0; k < plans_.plans.size(); k++) {
-      const ReadPlan &plan = plans_.plans[k];
-      if (!DeviceFillProgram(plan, &fill_program_[k]).empty()) continue;
-      if (!plan.fill.empty()) {
-        if (fill_plan < 0) fill_plan = k;
-        else if (plan.fill != plans_.plans[fill_plan].fill) continue;
-      }
-      device_fill_[k] = 1;
-    }
-    fill_params_ = DeviceFillParams(fill_plan >= 0 ? plans_.plans[fill_plan] : ReadPlan(), dtype);
-    fill_params_.in_type = fill_params_.out_type = dtype;
+    fills_ = ChooseDeviceFills(reader_.plans(), static_cast<int>(dtype_));  // DType: DALI's numbers
+    reader_.FillOnDevice(fills_.on);
   }
 
   ~ReadWindowsMixed() override {
@@ -73,13 +60,13 @@ class ReadWindowsMixed : public ReadWindowsBase<dali::MixedBackend> {
 
  protected:
   void RunImpl(dali::Workspace &ws) override {
-    // the batch's windows: output j / n's of sample j % n (items_[j])
+    // the batch's windows: output j / n's of sample j % n (BatchReader::window_plan(j))
     const int n_ids = ws.Output<dali::GPUBackend>(0).num_samples();
-    const int n = outputs_ * n_ids;
+    const int n = outputs() * n_ids;
     constexpr int64_t kAlign = 256;
     std::vector<int64_t> offset(n + 1, 0), bytes(n);
     for (int i = 0; i < n; i++) {
-      bytes[i] = plans_.plans[items_[i].finish].bytes();
+      bytes[i] = reader_.window_plan(i).bytes();
       offset[i + 1] = offset[i] + (bytes[i] + kAlign - 1) / kAlign * kAlign;
     }
     if (device_id_ < 0) CUDA_CALL(cudaGetDevice(&device_id_));  // DALI made the op's device current
@@ -103,7 +90,7 @@ class ReadWindowsMixed : public ReadWindowsBase<dali::MixedBackend> {
     std::vector<int64_t> scratch_off(n, -1);
     int64_t scratch_bytes = 0;
     for (int i = 0; i < n; i++) {
-      if (bytes[i] == 0 || !DeviceFills(items_[i].finish)) continue;
+      if (bytes[i] == 0 || !reader_.FillsOnDevice(reader_.window_plan_index(i))) continue;
       scratch_off[i] = scratch_bytes;
       scratch_bytes += (bytes[i] + kAlign - 1) / kAlign * kAlign;
     }
@@ -124,7 +111,7 @@ class ReadWindowsMixed : public ReadWindowsBase<dali::MixedBackend> {
       if (bytes[i] == 0) continue;
       void *dst = ws.Output<dali::GPUBackend>(i / n_ids).raw_mutable_tensor(i % n_ids);
       if (scratch_off[i] >= 0) {
-        fill_samples_.push_back(fill_program_[items_[i].finish]);
+        fill_samples_.push_back(fills_.program[reader_.window_plan_index(i)]);
         fill_in_.push_back(scratch_ + scratch_off[i]);
         fill_out_.push_back(dst);
         dst = scratch_ + scratch_off[i];
@@ -133,9 +120,9 @@ class ReadWindowsMixed : public ReadWindowsBase<dali::MixedBackend> {
     }
     CUDA_CALL(cudaEventRecord(s.event, ws.stream()));
     if (!fill_samples_.empty()) {
-      std::string err = BuildGpuPlan(fill_samples_, fill_in_.data(), fill_out_.data(), fill_params_,
+      std::string err = BuildGpuPlan(fill_samples_, fill_in_.data(), fill_out_.data(), fills_.params,
                                      &fill_plan_);
-      DALI_ENFORCE(err.empty(), dali::make_string("read_windows: ", plans_.source,
+      DALI_ENFORCE(err.empty(), dali::make_string("read_windows: ", reader_.plans().source,
                                                   ": the device boundary fill: ", err));
       err = launcher_.Run(fill_plan_, ws.stream());
       DALI_ENFORCE(err.empty(), dali::make_string("read_windows: the device boundary fill: ", err));
@@ -153,8 +140,7 @@ class ReadWindowsMixed : public ReadWindowsBase<dali::MixedBackend> {
   int next_ = 0;
   std::vector<char *> host_;
   // device boundary fills
-  std::vector<SliceSample> fill_program_;  // per plan (valid where device_fill_)
-  SliceParams fill_params_;
+  DeviceFills fills_;  // which plans the device fills, their programs and the launch's parameters
   std::vector<SliceSample> fill_samples_;
   std::vector<const void *> fill_in_;
   std::vector<void *> fill_out_;

@@ -92,16 +92,16 @@ class ReadWindowsCPU : public ReadWindowsBase<dali::CPUBackend> {
   void RunImpl(dali::Workspace &ws) override {
     const int n = shape_[0].num_samples();
     const size_t es = dali::TypeTable::GetTypeInfo(dtype_).size();
-    std::vector<size_t> batch_bytes(outputs_, 0);
+    std::vector<size_t> batch_bytes(outputs(), 0);
     size_t all_bytes = 0;
-    for (int k = 0; k < outputs_; k++) {
+    for (int k = 0; k < outputs(); k++) {
       for (int i = 0; i < n; i++) batch_bytes[k] += dali::volume(shape_[k].tensor_shape_span(i)) * es;
       all_bytes += batch_bytes[k];
     }
     // enough for the batches DALI's queues and the user may hold at once
     pool_->SetLimit(4 * all_bytes);
-    out_.resize(static_cast<size_t>(outputs_) * n);
-    for (int k = 0; k < outputs_; k++) {
+    out_.resize(static_cast<size_t>(outputs()) * n);
+    for (int k = 0; k < outputs(); k++) {
       // one contiguous buffer per output's batch: a pipeline output that is not contiguous would be
       // copied into one (MakeContiguous)
       auto &output = ws.Output<dali::CPUBackend>(k);

@@ -1,14 +1,16 @@
 // dali_mesh: decoding one compressed chunk (Zarr v2/v3 compressors, HDF5 filter pipelines) into
 // exactly the chunk's bytes, with the codecs of well-kept libraries: c-blosc2 (Blosc1 chunks),
 // libzstd, liblz4, libdeflate or zlib, liblzf, libaec (szip). DALI-free, host only, thread-safe (per-thread contexts).
+// The codecs are listed in one table (codec_table.inc: id, name, kind, library), each decoded by its
+// own file (csrc/codecs/<codec>.cc); this header strings their steps together.
 //
 // A coder is a short program: checksum steps on the stored bytes (HDF5 Fletcher-32: verified and
 // stripped), at most one decompressor, then steps that keep the size (HDF5 byte shuffle). The
 // decompressor's output must be exactly the chunk's size: a stream that declares or yields another
 // size (a decompression bomb, a truncated or foreign stream) is an error, never a short or padded
 // chunk. Errors are returned as text (the caller names the file and chunk).
-#ifndef DALI_MESH_CODECS_H_
-#define DALI_MESH_CODECS_H_
+#ifndef DALI_MESH_CODECS_CODECS_H_
+#define DALI_MESH_CODECS_CODECS_H_
 
 #include <cstdint>
 #include <functional>
@@ -16,28 +18,12 @@
 #include <utility>
 #include <vector>
 
+#include "codecs/codec_table.h"
+
 namespace dali_mesh {
 
-// Codec ids as the plan file writes them (dali_mesh/io/read_plan.py CODECS mirrors this list).
-enum CodecId : int64_t {
-  kCodecBlosc = 1,       // Blosc1 chunk (numcodecs Blosc, Zarr v3 blosc); arg: the array's item size
-                         // (informative: a chunk shuffled by any type size decodes)
-  kCodecZstd = 2,        // zstd frame(s)
-  kCodecLz4 = 3,         // numcodecs LZ4: 4-byte little-endian decoded size, then one LZ4 block
-  kCodecZlib = 4,        // zlib stream (numcodecs Zlib, HDF5 deflate)
-  kCodecGzip = 5,        // gzip member (numcodecs GZip, Zarr v3 gzip)
-  kCodecShuffle = 6,     // HDF5 byte shuffle, arg: element size
-  kCodecFletcher32 = 7,  // HDF5 Fletcher-32: the last 4 bytes checksum the others
-  kCodecLzf = 8,         // HDF5 LZF (h5py's filter 32000): one LZF stream
-  kCodecSzip = 9,        // HDF5 szip: 4-byte little-endian decoded size, then the stream (libaec);
-                         // arg: options_mask | pixels_per_block << 16 | bits_per_pixel << 24 |
-                         // pixels_per_scanline << 32 (the filter's parameters)
-  kCodecCrc32c = 10,     // Zarr v3 crc32c: the last 4 bytes, little-endian, are the CRC-32C of the others
-                         // (Google's crc32c library, as the google-crc32c wheel ships it)
-};
-
 struct CodecStep {
-  int64_t id = 0;
+  int64_t id = 0;  // a CodecId (codec_table.inc)
   int64_t arg = 0;
 };
 
@@ -51,15 +37,15 @@ struct Coder {
 // decompressor, size-keeping steps after it, arguments in range), else why not.
 std::string CheckCoder(const Coder &coder);
 
-// Whether this build has the library of codec `id` (c-blosc2, libzstd, liblz4, zlib are each
-// optional at build time; the planner then falls back, naming the missing library).
+// Whether this build decodes codec `id` (its library, each optional at build time, was found; the
+// planner then falls back, naming the missing library).
 bool CodecAvailable(int64_t id);
 
 // The codec's name as messages and the planner show it ("blosc", "zstd", ...).
 const char *CodecName(int64_t id);
 
 // The library that provides codec `id` ("c-blosc2", "libzstd", "liblz4", "libdeflate or zlib", "" for the
-// built-in steps), for messages about a build without it.
+// built-in steps and unknown ids), for messages about a build without it.
 const char *CodecLibrary(int64_t id);
 
 // Decodes the `n` stored bytes at `src` by `coder` into `out` (coder.chunk_bytes bytes). Returns ""
@@ -103,4 +89,4 @@ void FillMissingChunk(const Coder &coder, char *out);
 
 }  // namespace dali_mesh
 
-#endif  // DALI_MESH_CODECS_H_
+#endif  // DALI_MESH_CODECS_CODECS_H_

@@ -1,0 +1,393 @@
+// dali_mesh: decoding compressed chunks (see codecs.h): the coder's steps strung together, each
+// codec's decoder from the table (codec_table.h; one file per codec); and a Blosc chunk read and
+// decoded in its blocks (the header checks and the whole decode are blosc.cc's). Each library is
+// optional at build time (DALI_MESH_HAVE_BLOSC2, _ZSTD, ...: CMakeLists.txt from the table), so
+// that a machine without one still builds.
+#include "codecs/codecs.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "codecs/blosc.h"
+#include "codecs/codec_util.h"
+
+namespace dali_mesh {
+
+namespace {
+
+using detail::Le32;
+using detail::Num;
+
+bool IsKind(int64_t id, CodecKind kind) {
+  const CodecInfo *c = FindCodec(id);
+  return c && c->kind == kind;
+}
+
+bool IsDecompressor(int64_t id) { return IsKind(id, CodecKind::kDecompressor); }
+
+bool IsChecksum(int64_t id) { return IsKind(id, CodecKind::kChecksum); }
+
+// A coder of exactly one Blosc step, no checksum: what c-blosc2 can read and decode in parts.
+[[maybe_unused]] bool OneBloscStep(const Coder &coder) { return coder.steps.size() == 1 && coder.steps[0].id == kCodecBlosc; }
+
+#ifdef DALI_MESH_HAVE_BLOSC2
+using detail::AsBlosc1;
+using detail::Blosc;
+using detail::BloscContext;
+using detail::BloscHeader;
+using detail::BloscSplits;
+
+// The runs of whole blocks BloscRanges decodes for `ranges`: each range widened to the blocks it
+// touches, runs closer than a block joined; false when the chunk is to be decoded whole (the runs
+// cover three quarters of it or more, or its blocks do not fall on whole items).
+//
+// Whole blocks only, because c-blosc2's blosc2_getitem_bytes_ctx (c-blosc2 3.3.5, the blosc2 4.14.1
+// wheel) returns wrong bytes with no error for a range exactly one block long, or exactly the last
+// block's length, that crosses a block boundary: _blosc_getitem takes the block it reaches second for
+// "the single block asked" (startb == 0 && bsize == nitems_bytes) and decodes it over the start of
+// the output (tests/io/test_blosc_ranges.py holds the reproducer). A run that starts on a block and
+// ends on a block (or the chunk's end) never meets that condition except when it is that one block.
+bool BloscMerged(const std::vector<std::pair<int64_t, int64_t>> &ranges, int64_t want, int32_t blocksize, int ts,
+                 std::vector<std::pair<int64_t, int64_t>> *merged) {
+  merged->clear();
+  if (ts < 1 || blocksize % ts || want % ts) return false;
+  int64_t covered = 0;
+  for (auto r : ranges) {
+    r.first = std::max<int64_t>(0, r.first) / blocksize * blocksize;
+    r.second = std::min(want, (r.second + blocksize - 1) / blocksize * blocksize);
+    if (r.first >= r.second) continue;
+    if (!merged->empty() && r.first - merged->back().second < blocksize) {
+      merged->back().second = std::max(merged->back().second, r.second);
+    } else {
+      merged->push_back(r);
+    }
+  }
+  for (const auto &r : *merged) covered += r.second - r.first;
+  return covered * 4 < want * 3;
+}
+
+// Only the byte ranges `ranges` of a Blosc chunk (sorted, disjoint, inside `want`): c-blosc2 decodes
+// the whole blocks they touch (BloscMerged), each block straight into its place in `out` where the
+// blocks are large (one blosc2_getitem_bytes_ctx call per block: no copy through c-blosc2's scratch),
+// a run of small blocks in one call; when they cover most of the chunk, the whole chunk as by Blosc.
+std::string BloscRanges(const char *src, int64_t n, char *out, int64_t want,
+                        const std::vector<std::pair<int64_t, int64_t>> &ranges) {
+  int32_t blocksize = 0;
+  int ts = 0;
+  std::string why = BloscHeader(src, n, want, &blocksize, &ts);
+  if (!why.empty()) return why;
+  std::vector<std::pair<int64_t, int64_t>> merged;
+  if (!BloscMerged(ranges, want, blocksize, ts, &merged)) return Blosc(src, n, out, want);
+  blosc2_context *ctx = BloscContext();
+  if (ctx == nullptr) return "c-blosc2 could not make a decompression context";
+  thread_local std::vector<char> copy;
+  src = AsBlosc1(src, n, blocksize, &copy);
+  const int64_t step = blocksize >= (int64_t(64) << 10) ? blocksize : want;
+  for (const auto &r : merged) {
+    for (int64_t lo = r.first; lo < r.second; lo += step) {
+      const int64_t len = std::min(r.second, lo + step) - lo;
+      const int got = blosc2_getitem_bytes_ctx(ctx, src, static_cast<int32_t>(n), static_cast<int32_t>(lo),
+                                               static_cast<int32_t>(len), out + lo, static_cast<int32_t>(len));
+      if (got < 0) return "c-blosc2 failed to decode it (error " + Num(got) + ")";
+      if (got != len) return "c-blosc2 decoded " + Num(got) + " bytes of a range of " + Num(len);
+    }
+  }
+  return "";
+}
+
+// The end of block `j`'s streams in a Blosc1 chunk that is not memcpyed, read as c-blosc2's blosc_d
+// reads them (c-blosc2 3.3.5): `nstreams` streams from `start`, each a little-endian int32 size c then
+// c bytes (c > 0), nothing (c == 0: zeros) or one token byte (c < 0: a run). `inside(lo, hi)` says
+// whether the bytes [lo, hi) of the chunk were read; -1 when a stream reaches bytes that were not
+// (streams that overlap another block's, or run past the next block's start), or past `n`.
+template <typename Inside>
+int64_t BloscBlockEnd(const unsigned char *chunk, int64_t n, int64_t start, int nstreams, const Inside &inside) {
+  int64_t pos = start;
+  for (int s = 0; s < nstreams; s++) {
+    if (pos + 4 > n || !inside(pos, pos + 4)) return -1;
+    const int32_t c = static_cast<int32_t>(Le32(chunk + pos));
+    pos += 4;
+    const int64_t body = c > 0 ? c : (c < 0 ? 1 : 0);
+    if (pos + body > n || !inside(pos, pos + body)) return -1;
+    pos += body;
+  }
+  return pos;
+}
+#endif
+
+// The decompressor `id`'s output: exactly `want` bytes, or why not.
+std::string Decompress(int64_t id, int64_t arg, const char *src, int64_t n, char *out, int64_t want) {
+  const CodecInfo *c = FindCodec(id);
+  if (c && c->decoder && c->decoder->decode) return c->decoder->decode(src, n, out, want, arg);
+  return std::string(CodecName(id)) + " is not in this build (" + CodecLibrary(id) + " was not found)";
+}
+
+}  // namespace
+
+const char *CodecName(int64_t id) {
+  const CodecInfo *c = FindCodec(id);
+  return c ? c->name : "an unknown codec";
+}
+
+const char *CodecLibrary(int64_t id) {
+  const CodecInfo *c = FindCodec(id);
+  return c ? c->library : "";
+}
+
+bool CodecAvailable(int64_t id) {
+  const CodecInfo *c = FindCodec(id);
+  return c && c->decoder;
+}
+
+std::string CheckCoder(const Coder &coder) {
+  if (coder.chunk_bytes < 0) return "a negative chunk size";
+  int stage = 0;  // 0: checksums, 1: after the decompressor
+  for (const auto &s : coder.steps) {
+    const CodecInfo *c = FindCodec(s.id);
+    if (c == nullptr) return "codec id " + Num(s.id) + " is unknown";
+    if (c->decoder == nullptr) return std::string(c->name) + " is not in this build (" + c->library + ")";
+    const bool arg_ok = c->decoder->arg_ok == nullptr || c->decoder->arg_ok(s.arg);
+    switch (c->kind) {
+      case CodecKind::kChecksum:
+        if (stage != 0) return "a checksum after the decompressor";
+        break;
+      case CodecKind::kDecompressor:
+        if (stage != 0) return "two decompressors";
+        [[fallthrough]];
+      case CodecKind::kKeepsSize:  // nothing but more size-keeping steps may follow
+        if (!arg_ok) return std::string(c->name) + " " + c->decoder->arg_name + " " + Num(s.arg);
+        stage = 1;
+        break;
+    }
+  }
+  if (!coder.fill.empty() && coder.chunk_bytes % static_cast<int64_t>(coder.fill.size()))
+    return "a fill value of " + Num(coder.fill.size()) + " bytes for a chunk of " + Num(coder.chunk_bytes);
+  return "";
+}
+
+void MergeRanges(std::vector<std::pair<int64_t, int64_t>> *ranges) {
+  std::sort(ranges->begin(), ranges->end());
+  size_t k = 0;
+  for (size_t i = 0; i < ranges->size(); i++) {
+    if (k && (*ranges)[i].first <= (*ranges)[k - 1].second) {
+      (*ranges)[k - 1].second = std::max((*ranges)[k - 1].second, (*ranges)[i].second);
+    } else {
+      (*ranges)[k++] = (*ranges)[i];
+    }
+  }
+  ranges->resize(k);
+}
+
+bool MayReadInParts(const Coder &coder, int64_t n, const std::vector<std::pair<int64_t, int64_t>> &ranges,
+                    int64_t min_stored) {
+#ifdef DALI_MESH_HAVE_BLOSC2
+  if (!OneBloscStep(coder) || n < min_stored) return false;
+  int64_t covered = 0;
+  for (const auto &r : ranges) covered += r.second - r.first;
+  return covered * 4 < coder.chunk_bytes * 3;
+#else
+  (void)coder, (void)n, (void)ranges, (void)min_stored;
+  return false;
+#endif
+}
+
+namespace {
+
+#ifdef DALI_MESH_HAVE_BLOSC2
+// A Blosc chunk's layout as a read in parts needs it, from its header: the runs of whole blocks to
+// decode and where the block index ends.
+struct BloscLayout {
+  int32_t blocksize = 0;
+  int ts = 0;
+  bool memcpyed = false, splits = false;  // splits: BloscSplits
+  int64_t nblocks = 0, index_end = 0;
+  std::vector<std::pair<int64_t, int64_t>> merged;  // the runs of whole blocks to decode (BloscMerged)
+};
+
+// false when the chunk is to be read whole (not a chunk a part of which is enough, or a header or
+// index that is not sound: decoded whole, its error is DecodeChunk's)
+bool BloscLayoutOf(const Coder &coder, const char *head, int64_t n, const std::vector<std::pair<int64_t, int64_t>> &ranges,
+                   BloscLayout *l) {
+  if (!OneBloscStep(coder) || coder.chunk_bytes > INT32_MAX) return false;
+  const int64_t want = coder.chunk_bytes;
+  if (!BloscHeader(head, n, want, &l->blocksize, &l->ts).empty()) return false;
+  if (!BloscMerged(ranges, want, l->blocksize, l->ts, &l->merged)) return false;
+  const auto *h = reinterpret_cast<const unsigned char *>(head);
+  l->memcpyed = h[2] & 0x02;
+  l->splits = BloscSplits(h, l->blocksize);
+  l->nblocks = (want + l->blocksize - 1) / l->blocksize;
+  l->index_end = int64_t{BLOSC_MIN_HEADER_LENGTH} + (l->memcpyed ? 0 : 4 * l->nblocks);
+  return l->index_end <= n;
+}
+
+// Which stored bytes of the chunk at `at` (its header and block index read) a decode of `l`'s runs
+// reads: the header, the index and each touched block from its start to the next start above it (or
+// the chunk's end); false for a corrupt index (decoded whole, its error). A block whose streams reach
+// further (streams that overlap, valid for c-blosc) is found by StreamsWereRead.
+bool StoredParts(const BloscLayout &l, const char *at, int64_t n, std::vector<std::pair<int64_t, int64_t>> *stored) {
+  constexpr int64_t kHeader = BLOSC_MIN_HEADER_LENGTH;  // 16: a Blosc1 chunk's header
+  stored->assign(1, {0, l.index_end});
+  if (l.memcpyed) {  // the decoded bytes follow the header as they are
+    for (const auto &r : l.merged) stored->push_back({kHeader + r.first, kHeader + r.second});
+    MergeRanges(stored);
+    return true;
+  }
+  const auto *h = reinterpret_cast<const unsigned char *>(at);
+  std::vector<int64_t> starts(l.nblocks);
+  for (int64_t j = 0; j < l.nblocks; j++) {
+    starts[j] = Le32(h + kHeader + 4 * j);
+    if (starts[j] < l.index_end || starts[j] >= n) return false;
+  }
+  std::vector<int64_t> sorted = starts;
+  std::sort(sorted.begin(), sorted.end());
+  for (const auto &r : l.merged) {
+    for (int64_t j = r.first / l.blocksize; j <= (r.second - 1) / l.blocksize; j++) {
+      const auto next = std::upper_bound(sorted.begin(), sorted.end(), starts[j]);
+      stored->push_back({starts[j], next == sorted.end() ? n : *next});
+    }
+  }
+  MergeRanges(stored);
+  return true;
+}
+
+// Sorted, disjoint ranges: whether [lo, hi) lies inside one of them.
+bool Inside(const std::vector<std::pair<int64_t, int64_t>> &have, int64_t lo, int64_t hi) {
+  if (lo >= hi) return true;
+  auto it = std::upper_bound(have.begin(), have.end(), std::make_pair(lo, INT64_MAX));
+  return it != have.begin() && std::prev(it)->first <= lo && hi <= std::prev(it)->second;
+}
+
+// Whether the stored bytes `read` (sorted, disjoint ranges of the chunk at `at`, its parts read as
+// StoredParts names them) hold every byte c-blosc2 reads to decode `l`'s runs: each touched block's
+// streams, walked as c-blosc2 walks them.
+bool StreamsWereRead(const BloscLayout &l, const char *at, int64_t n, int64_t want,
+                     const std::vector<std::pair<int64_t, int64_t>> &read) {
+  if (l.memcpyed) return true;  // StoredParts read every byte the runs take
+  const auto *h = reinterpret_cast<const unsigned char *>(at);
+  for (const auto &r : l.merged) {
+    for (int64_t j = r.first / l.blocksize; j <= (r.second - 1) / l.blocksize; j++) {
+      const bool leftover = j == l.nblocks - 1 && want % l.blocksize != 0;
+      const int nstreams = (l.splits && !leftover) ? l.ts : 1;
+      const int64_t start = Le32(h + BLOSC_MIN_HEADER_LENGTH + 4 * j);
+      if (BloscBlockEnd(h, n, start, nstreams, [&](int64_t lo, int64_t hi) { return Inside(read, lo, hi); }) < 0)
+        return false;
+    }
+  }
+  return true;
+}
+#endif
+
+}  // namespace
+
+bool ReadStored(const Coder &coder, int64_t n, const std::vector<std::pair<int64_t, int64_t>> *ranges, char *at,
+                const StoredReader &read, int64_t min_stored) {
+#ifdef DALI_MESH_HAVE_BLOSC2
+  if (ranges && MayReadInParts(coder, n, *ranges, min_stored)) {
+    // a Blosc chunk whose blocks the ranges touch only some of: its header and block index, then
+    // those blocks' stored bytes; whole when a touched block's streams reach bytes not read (never
+    // decode the stale bytes of a reused buffer)
+    int64_t have = std::min<int64_t>(n, 4096);  // the chunk's leading bytes read so far
+    read(0, have);
+    BloscLayout l;
+    std::vector<std::pair<int64_t, int64_t>> parts;
+    if (have >= BLOSC_MIN_HEADER_LENGTH && BloscLayoutOf(coder, at, n, *ranges, &l)) {
+      if (l.index_end > have) {  // a longer index
+        read(have, l.index_end);
+        have = l.index_end;
+      }
+      if (StoredParts(l, at, n, &parts)) {
+        for (const auto &p : parts)
+          if (p.second > have) read(std::max(p.first, have), p.second);
+        parts.push_back({0, have});
+        MergeRanges(&parts);
+        if (StreamsWereRead(l, at, n, coder.chunk_bytes, parts)) return true;
+      }
+    }
+    read(have, n);
+    return false;
+  }
+#endif
+  (void)coder, (void)ranges, (void)at, (void)min_stored;
+  read(0, n);
+  return false;
+}
+
+std::string DecodeChunkRanges(const Coder &coder, const char *src, int64_t n, char *out,
+                              const std::vector<std::pair<int64_t, int64_t>> &ranges) {
+#ifdef DALI_MESH_HAVE_BLOSC2
+  if (OneBloscStep(coder) && coder.chunk_bytes <= INT32_MAX)
+    return BloscRanges(src, n, out, coder.chunk_bytes, ranges);
+#endif
+  // every other coder decodes the whole chunk, whose size is then checked: a Zstd frame, say,
+  // could be decoded only up to the ranges' end, but the blocks before it do not state their
+  // decoded sizes, so a corrupt block could shift the bytes decoded after it unseen (the frame's
+  // declared size, checked at its end, is what catches that)
+  (void)ranges;
+  return DecodeChunk(coder, src, n, out);
+}
+
+std::string DecodeChunk(const Coder &coder, const char *src, int64_t n, char *out) {
+  const int64_t want = coder.chunk_bytes;
+  // the stored bytes after the checksums, then the decompressor's output; `out` is the last step's
+  thread_local std::vector<char> tmp;
+  const char *cur = src;
+  int64_t size = n;
+  size_t k = 0;
+  for (; k < coder.steps.size() && IsChecksum(coder.steps[k].id); k++) {
+    const CodecInfo *c = FindCodec(coder.steps[k].id);
+    const char *what = c->decoder && c->decoder->label ? c->decoder->label : c->name;
+    if (size < 4) return "a chunk of " + Num(size) + " bytes has no room for its " + what + " checksum";
+    size -= 4;
+    const auto *b = reinterpret_cast<const unsigned char *>(cur);
+    if (c->decoder == nullptr) continue;  // not in this build (CheckCoder refuses such a coder)
+    std::string why = c->decoder->verify(b, size, Le32(b + size));
+    if (!why.empty()) return why;
+  }
+  // the steps left: [decompressor] then size-keeping steps, each into out or tmp so that the last
+  // one lands in out
+  const size_t left = coder.steps.size() - k;
+  if (left == 0) {
+    if (size != want) return "a chunk of " + Num(size) + " stored bytes, not the " + Num(want) + " of a raw chunk";
+    std::memcpy(out, cur, want);
+    return "";
+  }
+  for (size_t s = k; s < coder.steps.size(); s++) {
+    const CodecStep &step = coder.steps[s];
+    // the destination: out and tmp by turns, counted back from the last step (into out), so that no
+    // step writes over its own source and none copies its source aside
+    char *dst = out;
+    if ((coder.steps.size() - 1 - s) % 2) {
+      tmp.resize(want);
+      dst = tmp.data();
+    }
+    if (IsDecompressor(step.id)) {
+      std::string err = Decompress(step.id, step.arg, cur, size, dst, want);
+      if (!err.empty()) return err;
+    } else {
+      if (size != want) return "a chunk of " + Num(size) + " bytes before " + CodecName(step.id) + ", not " + Num(want);
+      const CodecInfo *c = FindCodec(step.id);
+      if (c && c->decoder && c->decoder->decode) {
+        std::string err = c->decoder->decode(cur, size, dst, want, step.arg);
+        if (!err.empty()) return err;
+      }
+    }
+    cur = dst;
+    size = want;
+  }
+  return "";
+}
+
+void FillMissingChunk(const Coder &coder, char *out) {
+  const int64_t n = coder.chunk_bytes, es = coder.fill.size();
+  if (es == 0) {
+    std::memset(out, 0, n);
+    return;
+  }
+  for (int64_t i = 0; i + es <= n; i += es) std::memcpy(out + i, coder.fill.data(), es);
+}
+
+}  // namespace dali_mesh

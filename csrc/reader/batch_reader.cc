@@ -1,0 +1,236 @@
+// dali_mesh: the batch reader (see batch_reader.h).
+#include "reader/batch_reader.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "codecs/codecs.h"
+#include "kernels/dm_types.h"
+#include "reader/finish.h"
+#include "reader/read_units.h"
+#include "reader/tasks.h"
+
+namespace dali_mesh {
+
+using detail::Fail;
+
+namespace {
+
+// The text of its arguments streamed one after another (as dali::make_string, whose messages the
+// operator gave before this reader was its own).
+template <typename... Args>
+std::string Str(const Args &...args) {
+  std::ostringstream s;
+  (s << ... << args);
+  return s.str();
+}
+
+}  // namespace
+
+void RunSerially(const TaskFn &fn, int64_t n, const TaskCost &) {
+  for (int64_t t = 0; t < n; t++) fn(t);
+}
+
+BatchReader::BatchReader(PlanSet plans, ReaderOptions options)
+    : plans_(std::move(plans)), options_(std::move(options)) {
+  ReaderOptions &o = options_;
+  const std::string &src = plans_.source;
+  if (o.dtype_name.empty()) o.dtype_name = DTypeName(o.dtype);
+  o.task_bytes = std::max<int64_t>(4096, o.task_bytes);
+  if (o.outputs < 1 || plans_.items.size() % o.outputs != 0)
+    Fail(Str(src, ": ", plans_.items.size(), " items are not ", o.outputs,
+             " outputs' items per sample id; define the pipeline again"));
+  num_ids_ = static_cast<int64_t>(plans_.items.size()) / o.outputs;
+  // a group larger than a task is read by several tasks (several threads); a coded plan's units
+  // are copied from a decoded chunk, not read
+  for (auto &plan : plans_.plans)
+    if (!plan.coded) SplitLargeGroups(&plan, o.task_bytes);
+  const int64_t size = DTypeSize(o.dtype);
+  for (size_t p = 0; p < plans_.plans.size(); p++) {
+    if (plans_.plans[p].itemsize != size)
+      Fail(Str(src, ": plan ", p, " has items of ", plans_.plans[p].itemsize, " bytes but dtype ", o.dtype_name,
+               " has ", size, "; define the pipeline again"));
+  }
+  // every sample's window (its finishing plan) of an output has the same number of axes: the
+  // output's
+  ndim_.assign(o.outputs, 0);
+  for (int k = 0; k < o.outputs; k++) {
+    if (num_ids_ == 0) continue;
+    ndim_[k] = plans_.plans[plans_.items[k * num_ids_].finish].ndim;
+    for (int64_t id = 0; id < num_ids_; id++)
+      if (plans_.plans[plans_.items[k * num_ids_ + id].finish].ndim != ndim_[k])
+        Fail(Str(src, ": the samples' windows have different numbers of axes; define the pipeline again"));
+  }
+  // per-channel normalisation of the finished windows
+  if (!o.mean.empty() || !o.stddev.empty()) {
+    const std::string where = src + ": ";
+    if (o.mean.size() != o.stddev.size())
+      Fail(Str(where, "mean has ", o.mean.size(), " values, stddev ", o.stddev.size()));
+    if (o.dtype != kFloat32) Fail(Str(where, "normalising needs float32 windows, not ", o.dtype_name));
+    for (int nd : ndim_)
+      if (o.channel_axis < 0 || o.channel_axis >= nd)
+        Fail(Str(where, "channel_axis ", o.channel_axis, " is not an axis of the ", nd, "-dimensional windows"));
+    for (size_t k = 0; k < o.stddev.size(); k++)
+      if (!std::isfinite(o.mean[k]) || !std::isfinite(o.stddev[k]) || o.stddev[k] == 0)
+        Fail(Str(where, "channel ", k, ": mean ", o.mean[k], " and stddev ", o.stddev[k],
+                 " must be finite, stddev not 0"));
+    for (const auto &it : plans_.items)
+      if (plans_.plans[it.finish].shape[o.channel_axis] != static_cast<int64_t>(o.mean.size()))
+        Fail(Str(where, "the windows have ", plans_.plans[it.finish].shape[o.channel_axis], " channels on axis ",
+                 o.channel_axis, ", mean and stddev ", o.mean.size()));
+  }
+  // the first file of each plan, named in messages about files that differ from it
+  first_path_.assign(plans_.plans.size(), std::string());
+  for (const auto &part : plans_.parts)
+    if (first_path_[part.plan].empty())
+      first_path_[part.plan] = plans_.files[plans_.plans[part.plan].coded ? plans_.chunks[part.file].file
+                                                                            : part.file].key;
+}
+
+void BatchReader::SetBatch(const int64_t *ids, int n) {
+  const int outputs = options_.outputs;
+  items_.resize(static_cast<size_t>(outputs) * n);  // output k's window of sample i: items_[k * n + i]
+  for (int i = 0; i < n; i++) {
+    const int64_t id = ids[i];
+    if (id < 0 || id >= num_ids_)
+      Fail(Str("sample id ", id, " is out of range for the ", num_ids_, " samples of ", plans_.source));
+    for (int k = 0; k < outputs; k++) items_[k * n + i] = plans_.items[k * num_ids_ + id];
+  }
+}
+
+void BatchReader::Read(const std::vector<char *> &out, const RunTasks &run) {
+  const int n = static_cast<int>(items_.size());
+  // the parts of this batch: (window, part index in plans_.parts)
+  batch_parts_.clear();
+  for (int i = 0; i < n; i++)
+    for (int64_t k = items_[i].part_begin; k < items_[i].part_end; k++) batch_parts_.push_back({i, k});
+  const int64_t np = batch_parts_.size();
+  staging_.resize(n);
+  dsts_.resize(n);
+  for (int i = 0; i < n; i++) {
+    const auto &plan = plans_.plans[items_[i].finish];
+    dsts_[i] = out[i];
+    if (plan.fortran && plan.volume() > 0) {  // read the file order, transposed in step 3
+      staging_[i].resize(plan.bytes());
+      dsts_[i] = staging_[i].data();
+    }
+  }
+  // the byte ranges, in tasks of about task_bytes (large groups were split at load, so one large
+  // sample uses every thread); a part that reads nothing (a Zarr array's metadata file) is one
+  // task that only opens and checks its file
+  // compressed chunks: each chunk the batch needs is read and decoded once (one task), however
+  // many parts (forecast steps, halo boxes, samples) copy from it: coded_ holds (chunk, batch
+  // part) sorted by chunk, chunk_tasks_ the runs of one chunk
+  tasks_.clear();
+  coded_.clear();
+  versions_.Reset(plans_.files.size());
+  for (int64_t j = 0; j < np; j++) {
+    const auto &part = plans_.parts[batch_parts_[j].part];
+    if (plans_.plans[part.plan].coded) {
+      coded_.push_back({part.file, j});
+      continue;
+    }
+    const auto split = SplitGroups(plans_.plans[part.plan], options_.task_bytes);
+    if (split.empty()) tasks_.push_back({j, 0, 0});
+    for (auto &g : split) tasks_.push_back({j, g.first, g.second});
+  }
+  std::sort(coded_.begin(), coded_.end());
+  chunk_tasks_.clear();
+  for (size_t k = 0; k < coded_.size(); k++)
+    if (k == 0 || coded_[k].first != coded_[k - 1].first) chunk_tasks_.push_back(k);
+  const int64_t n_raw = tasks_.size(), n_chunk = chunk_tasks_.size();
+  chunk_tasks_.push_back(coded_.size());
+  // per chunk: the bytes of its decoded chunk that its parts copy out (only those are decoded; a
+  // Blosc chunk is read in parts when they are few)
+  chunk_ranges_.resize(n_chunk);
+  for (int64_t t = 0; t < n_chunk; t++) {
+    auto &ranges = chunk_ranges_[t];
+    ranges.clear();
+    for (int64_t k = chunk_tasks_[t]; k < chunk_tasks_[t + 1]; k++) {
+      const auto &part = plans_.parts[batch_parts_[coded_[k].second].part];
+      AddUnitRanges(plans_.plans[part.plan], part.base, &ranges);
+    }
+    MergeRanges(&ranges);
+  }
+  auto no_cost = [](int64_t) -> int64_t { return 0; };
+  // 1: announce every range of the batch, so that cold reads of all files run at once
+  if (options_.prefetch) {
+    run([&](int64_t t) {
+          if (t < np) {
+            const auto &part = plans_.parts[batch_parts_[t].part];
+            if (!plans_.plans[part.plan].coded)
+              PrefetchPath(plans_.files[part.file], plans_.plans[part.plan], part.base);
+            return;
+          }
+          const auto &ch = plans_.chunks[coded_[chunk_tasks_[t - np]].first];
+          // a chunk read in parts: its header and block index (the kernel would read all it is told)
+          const bool parts = MayReadInParts(plans_.coders[ch.coder], ch.nbytes, chunk_ranges_[t - np]);
+          PrefetchRange(plans_.files[ch.file], ch.offset, parts ? std::min<int64_t>(ch.nbytes, 64 << 10) : ch.nbytes);
+        },
+        np + n_chunk, no_cost);
+  }
+  // 2: per task: open and check the file (still what was planned for), read, close; or read and
+  // decode a chunk and copy every part's units out of it
+  run([&](int64_t t) {
+        if (t >= n_raw) {
+          ReadChunkTask(t - n_raw);
+        } else {
+          ReadRawTask(tasks_[t]);
+        }
+      },
+      n_raw + n_chunk, [&](int64_t t) -> int64_t {
+        if (t < n_raw) return tasks_[t].g1 - tasks_[t].g0;
+        return plans_.chunks[coded_[chunk_tasks_[t - n_raw]].first].nbytes;
+      });
+  // 3: transpose and boundary fills (those of plans filled on the device are left to the GPU)
+  run([&](int64_t i) {
+        const int64_t f = items_[i].finish;
+        FinishWindow(plans_.plans[f], dsts_[i], out[i], !FillsOnDevice(f));
+        if (!options_.mean.empty())
+          NormalizeWindow(plans_.plans[f], out[i], options_.channel_axis, options_.mean, options_.stddev);
+      },
+      n, no_cost);
+}
+
+void BatchReader::ReadChunkTask(int64_t t) {
+  const int64_t b = chunk_tasks_[t], e = chunk_tasks_[t + 1];
+  const int64_t c = coded_[b].first;
+  const auto &first = plans_.parts[batch_parts_[coded_[b].second].part];
+  thread_local std::vector<char> stored, decoded;
+  const int64_t chunk_bytes = plans_.coders[plans_.chunks[c].coder].chunk_bytes;
+  const ReadPlan &first_plan = plans_.plans[first.plan];
+  if (e - b == 1 && TakesWholeChunk(first_plan, first.base, chunk_bytes)) {
+    // the chunk is the part's whole window (chunks that follow the shards): decoded straight into it
+    char *window = dsts_[batch_parts_[coded_[b].second].sample] + first.dst_base;
+    ReadChunk(plans_, c, first_plan, first_path_[first.plan], &stored, window + first_plan.dst_off[0]);
+    SwapPlanUnits(first_plan, window);
+    return;
+  }
+  decoded.resize(chunk_bytes);
+  // what the parts copy out of the chunk: only those bytes need decoding (a Blosc chunk of a whole
+  // field decodes, and reads, the blocks of this rank's band)
+  ReadChunk(plans_, c, first_plan, first_path_[first.plan], &stored, decoded.data(), &chunk_ranges_[t]);
+  for (int64_t k = b; k < e; k++) {
+    const auto &bp = batch_parts_[coded_[k].second];
+    const auto &part = plans_.parts[bp.part];
+    CopyUnits(plans_.plans[part.plan], decoded.data() + part.base, dsts_[bp.sample] + part.dst_base);
+  }
+}
+
+void BatchReader::ReadRawTask(const Task &task) {
+  const auto &bp = batch_parts_[task.part];
+  const auto &part = plans_.parts[bp.part];
+  OpenFile file;
+  file.Open(plans_.files[part.file], plans_.plans[part.plan], first_path_[part.plan]);
+  versions_.Agree(part.file, file);  // a window read in several tasks: one version of its file
+  thread_local std::vector<char> scratch;
+  ReadGroups(file, plans_.plans[part.plan], part.base, task.g0, task.g1, dsts_[bp.sample] + part.dst_base,
+             &scratch);
+  file.CheckUnchanged();
+}
+
+}  // namespace dali_mesh

@@ -1,0 +1,120 @@
+// dali_mesh: the batch reader: the windows of a batch of sample ids, read by a plan set into host
+// memory on the threads of a "run these tasks" callback. DALI-free: the read_windows operator
+// (csrc/operators/read_windows/) parses its arguments into ReaderOptions and runs the tasks on DALI's
+// thread pool; the C API (csrc/c_api/reader_api.cc) runs them on threads of its own, so that the
+// tests drive the reader without DALI.
+//
+// A batch is read in three phases:
+//   1. every range of the batch is announced to its store (prefetch), so that cold reads of all
+//      files run at once;
+//   2. tasks: the byte ranges of raw parts in tasks of about `task_bytes` (large groups are split
+//      when the plans are loaded, so one large window uses every thread), each opening, checking
+//      and closing its file (at most one open object per thread, whatever the batch size or the
+//      number of files per sample); and each compressed chunk the batch needs read and decoded
+//      once (only the bytes its parts copy out: a Blosc chunk's blocks of this rank's band), every
+//      part's units copied out of it; every file's version must agree across the batch's tasks
+//      (FileVersions);
+//   3. per window: the Fortran transpose, the boundary program (unless the device fills it) and
+//      the per-channel normalisation.
+// With `outputs` K > 1 (a forecast's input and target) the plan set's items are K runs of one item
+// per sample id, output k's first; the K windows of a batch are read as one batch of K * n, so a
+// compressed chunk that several outputs need (a time chunk holding input and target steps, the
+// target of one sample that is the input of another) is read and decoded once.
+#ifndef DALI_MESH_READER_BATCH_READER_H_
+#define DALI_MESH_READER_BATCH_READER_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "plan/plan.h"
+#include "reader/open_file.h"
+
+namespace dali_mesh {
+
+using TaskFn = std::function<void(int64_t task)>;
+using TaskCost = std::function<int64_t(int64_t task)>;
+// Runs fn(0) .. fn(n - 1), in any order and on any threads, and returns when all have run; an
+// error of a task is rethrown (DALI's ThreadPool::RunAll does both). cost(t): task t's size, a hint
+// for the order (ThreadPool::AddWork's priority).
+using RunTasks = std::function<void(const TaskFn &fn, int64_t n, const TaskCost &cost)>;
+
+// RunTasks on this thread, task after task (an error stops the rest).
+void RunSerially(const TaskFn &fn, int64_t n, const TaskCost &cost);
+
+// What the read_windows operator's arguments say, as plain values.
+struct ReaderOptions {
+  int dtype = -1;          // the output type, a DType (DALI's type numbers)
+  std::string dtype_name;  // as messages name it ("": DTypeName(dtype))
+  int outputs = 1;         // windows per sample id
+  int64_t task_bytes = int64_t(4) << 20;  // bytes read per task (at least 4096)
+  bool prefetch = true;    // announce every range of a batch to its store first
+  // per-channel normalisation of float32 windows (x - mean[c]) / stddev[c], c the index on
+  // channel_axis; empty: none
+  std::vector<float> mean, stddev;
+  int channel_axis = -1;
+};
+
+class BatchReader {
+ public:
+  // Checks `plans` against `options` (items per output, item sizes, numbers of axes, the
+  // normalisation's channels), naming the plan file, and splits every raw plan's groups larger than
+  // a task so that several threads read them.
+  BatchReader(PlanSet plans, ReaderOptions options);
+
+  const PlanSet &plans() const { return plans_; }
+  const ReaderOptions &options() const { return options_; }
+  int64_t num_ids() const { return num_ids_; }  // the sample ids the plan set has items for
+  int ndim(int output) const { return ndim_[output]; }  // the number of axes of an output's windows
+
+  // The batch of sample ids ids[0..n): window j = k * n + i is output k's window of ids[i].
+  // Fails for an id out of range.
+  void SetBatch(const int64_t *ids, int n);
+  int64_t num_windows() const { return static_cast<int64_t>(items_.size()); }
+  // The finishing plan of window j of the batch (its shape and bytes), and that plan's index.
+  int64_t window_plan_index(int64_t j) const { return items_[j].finish; }
+  const ReadPlan &window_plan(int64_t j) const { return plans_.plans[items_[j].finish]; }
+
+  // Leaves the boundary cells of the plans with on[plan] to the device (Read does not fill them).
+  void FillOnDevice(std::vector<uint8_t> on) { device_fill_ = std::move(on); }
+  bool FillsOnDevice(int64_t plan) const { return !device_fill_.empty() && device_fill_[plan]; }
+
+  // Reads every window j of the batch into out[j] (host memory of window_plan(j).bytes()), the
+  // tasks run by `run`.
+  void Read(const std::vector<char *> &out, const RunTasks &run);
+
+ private:
+  struct BatchPart {
+    int sample;    // the window (index into items_)
+    int64_t part;  // index into plans_.parts
+  };
+  struct Task {
+    int64_t part;  // index into batch_parts_
+    int64_t g0, g1;
+  };
+  void ReadChunkTask(int64_t t);  // read and decode chunk run t of chunk_tasks_, copy its parts out
+  void ReadRawTask(const Task &task);
+
+  PlanSet plans_;
+  ReaderOptions options_;
+  int64_t num_ids_ = 0;
+  std::vector<int> ndim_;                // per output
+  std::vector<std::string> first_path_;  // per plan: the first file it reads, named in messages
+  std::vector<uint8_t> device_fill_;     // per plan: its boundary cells are filled on the device
+  // the batch
+  std::vector<PlanItem> items_;
+  std::vector<std::vector<char>> staging_;  // Fortran-order windows are read here, transposed to out
+  std::vector<char *> dsts_;
+  std::vector<BatchPart> batch_parts_;
+  std::vector<Task> tasks_;
+  FileVersions versions_;  // each file's version, as the batch's first read of it found it
+  std::vector<std::pair<int64_t, int64_t>> coded_;  // (chunk, index into batch_parts_), by chunk
+  std::vector<int64_t> chunk_tasks_;                 // runs of coded_ with one chunk, and the end
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> chunk_ranges_;  // per run: the bytes copied out
+};
+
+}  // namespace dali_mesh
+
+#endif  // DALI_MESH_READER_BATCH_READER_H_

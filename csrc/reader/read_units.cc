@@ -1,0 +1,199 @@
+// dali_mesh: reading a plan's units into a window (see read_units.h). Host only, DALI-free.
+#include "reader/read_units.h"
+
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "codecs/codecs.h"
+#include "storage/reads_in_flight.h"
+
+namespace dali_mesh {
+
+using detail::Fail;
+
+namespace {
+
+template <int N>
+void SwapBytes(char *p, int64_t n_values) {
+  for (int64_t i = 0; i < n_values; i++, p += N) std::reverse(p, p + N);
+}
+
+// Swaps the values of units [b, e) of `plan` landed in `dst` when the plan says they are stored in
+// the other byte order.
+void SwapUnits(const ReadPlan &plan, int64_t b, int64_t e, char *dst) {
+  if (plan.swap_unit <= 1) return;
+  for (int64_t u = b; u < e; u++) {
+    const int64_t n = plan.unit_bytes[u] / plan.swap_unit;
+    for (int64_t j = 0; j < plan.unit_count[u]; j++) {
+      char *p = dst + plan.dst_off[u] + j * plan.dst_step[u];
+      switch (plan.swap_unit) {
+        case 2: SwapBytes<2>(p, n); break;
+        case 4: SwapBytes<4>(p, n); break;
+        case 8: SwapBytes<8>(p, n); break;
+        default:
+          for (int64_t i = 0; i < n; i++) std::reverse(p + i * plan.swap_unit, p + (i + 1) * plan.swap_unit);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_t g0, int64_t g1,
+                char *dst, std::vector<char> *scratch) {
+  // gaps land in a scratch of at most 1 MiB (a larger gap takes several buffers of it): a plan's
+  // gaps are a few KiB (merged reads), and a crafted plan's gap of terabytes must not become an
+  // allocation of that size
+  constexpr int64_t kMaxScratch = int64_t(1) << 20;
+  const int64_t scratch_bytes = std::max<int64_t>(1, std::min(plan.max_gap, kMaxScratch));
+  if (static_cast<int64_t>(scratch->size()) < scratch_bytes) scratch->resize(scratch_bytes);
+  constexpr int kIovMax = 1024;  // buffers per request (the object splits by its own limit)
+  if (g0 >= g1) return;
+  // one registration for the task's reads (not one per group: a mutex and an allocation each), its
+  // range from the first group's first byte to the last group's last
+  const int64_t last = plan.group_end[g1 - 1] - 1;
+  FlightGuard flight(file.path(), base + plan.file_off[plan.group_begin[g0]],
+                     plan.file_end(last) - plan.file_off[plan.group_begin[g0]]);
+  std::vector<struct iovec> iov;
+  iov.reserve(kIovMax);
+  int64_t offset = 0;
+  // the group's buffers in file order (runs, and the gaps before them into the scratch), read a
+  // batch of at most kIovMax at a time: a unit of many runs never becomes one vector of them all
+  auto push = [&](char *p, int64_t n) {
+    if (iov.size() == static_cast<size_t>(kIovMax)) {
+      const int64_t n = std::accumulate(iov.begin(), iov.end(), int64_t(0),
+                                        [](int64_t a, const struct iovec &v) { return a + int64_t(v.iov_len); });
+      file.object().ReadVector(&iov, offset);
+      offset += n;
+      iov.clear();
+    }
+    iov.push_back({p, static_cast<size_t>(n)});
+  };
+  for (int64_t g = g0; g < g1; g++) {
+    const int64_t b = plan.group_begin[g], e = plan.group_end[g];
+    offset = base + plan.file_off[b];
+    iov.clear();
+    int64_t at = plan.file_off[b];  // the file byte read next
+    for (int64_t u = b; u < e; u++) {
+      for (int64_t j = 0; j < plan.unit_count[u]; j++) {
+        const int64_t run = plan.file_off[u] + j * plan.file_step[u];
+        for (int64_t gap = run - at; gap > 0; gap -= scratch_bytes) push(scratch->data(), std::min(gap, scratch_bytes));
+        push(dst + plan.dst_off[u] + j * plan.dst_step[u], plan.unit_bytes[u]);
+        at = run + plan.unit_bytes[u];
+      }
+    }
+    file.object().ReadVector(&iov, offset);
+    SwapUnits(plan, b, e, dst);  // the file holds the other byte order: swap what was just read
+  }
+}
+
+void CopyUnits(const ReadPlan &plan, const char *src, char *dst) {
+  const int64_t n = plan.file_off.size();
+  for (int64_t u = 0; u < n; u++) {
+    const char *s = src + plan.file_off[u];
+    char *d = dst + plan.dst_off[u];
+    const int64_t bytes = plan.unit_bytes[u], fs = plan.file_step[u], ds = plan.dst_step[u];
+    for (int64_t j = 0; j < plan.unit_count[u]; j++, s += fs, d += ds) std::memcpy(d, s, bytes);
+  }
+  SwapUnits(plan, 0, n, dst);
+}
+
+bool TakesWholeChunk(const ReadPlan &plan, int64_t base, int64_t chunk_bytes) {
+  return plan.coded && base == 0 && plan.file_off.size() == 1 && plan.file_off[0] == 0 &&
+         plan.unit_count[0] == 1 && plan.unit_bytes[0] == chunk_bytes;
+}
+
+void SwapPlanUnits(const ReadPlan &plan, char *dst) { SwapUnits(plan, 0, plan.file_off.size(), dst); }
+
+void AddUnitRanges(const ReadPlan &plan, int64_t base, std::vector<std::pair<int64_t, int64_t>> *ranges) {
+  for (size_t u = 0; u < plan.file_off.size(); u++)
+    ranges->push_back({base + plan.file_off[u], base + plan.file_end(u)});
+}
+
+char *PlaceLike(std::vector<char> *buffer, int64_t n, int64_t offset) {
+  constexpr int64_t kPage = 4096;
+  if (static_cast<int64_t>(buffer->size()) < n + kPage) buffer->resize(n + kPage);
+  const auto start = reinterpret_cast<uintptr_t>(buffer->data());
+  return buffer->data() + ((static_cast<uintptr_t>(offset) - start) & (kPage - 1));
+}
+
+void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const std::string &first_path,
+               std::vector<char> *stored, char *decoded, const std::vector<std::pair<int64_t, int64_t>> *ranges) {
+  const PlanChunk &ch = set.chunks[c];
+  const Coder &coder = set.coders[ch.coder];
+  const PlanFile &pf = set.files[ch.file];
+  if (ch.nbytes == -2) {
+    // an inner chunk a shard's index lists as never written: the shard file must still be the one
+    // whose index was read (its size and modification time are checked), then the fill value
+    OpenFile file;
+    file.Open(pf, check_plan, first_path);
+    FillMissingChunk(coder, decoded);
+    return;
+  }
+  if (ch.nbytes < 0) {
+    // never written when planned: it must still be missing (a chunk written since is data the plan
+    // does not know, not fill values)
+    if (pf.byte_store->Exists(pf.key))
+      Fail(ShownName(pf.key) + ": this chunk was missing when the plan was made (it reads as the fill value) but "
+           "exists now: the array changed since; define the pipeline again");
+    FillMissingChunk(coder, decoded);
+    return;
+  }
+  OpenFile file;
+  file.Open(pf, check_plan, first_path);
+  const int64_t size = file.size();
+  const std::string where = file.path() + ": chunk of " + std::to_string(ch.nbytes) + " bytes at byte " +
+                            std::to_string(ch.offset);
+  if (ch.offset > size || ch.nbytes > size - ch.offset)
+    Fail(where + " runs past the end of the file (" + std::to_string(size) + " bytes): the file is "
+         "truncated or changed since the plan was made");
+  char *const at = PlaceLike(stored, ch.nbytes, ch.offset);
+  auto read_at = [&](int64_t lo, int64_t hi) {  // the chunk's stored bytes [lo, hi), at their offsets
+    if (lo >= hi) return;
+    FlightGuard flight(file.path(), ch.offset + lo, hi - lo);
+    const int64_t got = file.object().ReadAt(at + lo, hi - lo, ch.offset + lo);
+    if (got == -ECANCELED)
+      Fail(where + ": read cancelled: the pipeline was stopped after an error");
+    if (got < 0) Fail(where + ": read failed (" + std::strerror(-got) + ")");
+    if (got != hi - lo) Fail(where + ": the file was truncated while reading");
+  };
+  // a Blosc chunk whose blocks this batch needs only some of (a band of a whole field): its header
+  // and block index, then those blocks' stored bytes (about a quarter of the chunk); others whole
+  ReadStored(coder, ch.nbytes, ranges, at, read_at);
+  file.CheckUnchanged();
+  const std::string why = ranges ? DecodeChunkRanges(coder, at, ch.nbytes, decoded, *ranges)
+                                 : DecodeChunk(coder, at, ch.nbytes, decoded);
+  if (!why.empty()) Fail(where + " cannot be decoded: " + why + "; the file is corrupt");
+}
+
+void PrefetchRange(const PlanFile &file, int64_t offset, int64_t nbytes) {
+  if (nbytes <= 0) return;
+  file.byte_store->Prefetch(file.key, {{offset, nbytes}});
+}
+
+void PrefetchPath(const PlanFile &file, const ReadPlan &plan, int64_t base) {
+  if (plan.group_begin.empty()) return;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  ranges.reserve(plan.group_begin.size());
+  for (size_t g = 0; g < plan.group_begin.size(); g++) {
+    const int64_t b = plan.group_begin[g], e = plan.group_end[g];
+    int64_t lo, hi;
+    // a crafted plan or chunk index may put a group near 2**63: never overflow (the store announces
+    // only what lies inside the object; the read itself reports the rest)
+    if (__builtin_add_overflow(base, plan.file_off[b], &lo) || __builtin_add_overflow(base, plan.file_end(e - 1), &hi))
+      continue;
+    lo = std::max<int64_t>(lo, 0);
+    if (hi > lo) ranges.emplace_back(lo, hi - lo);
+  }
+  file.byte_store->Prefetch(file.key, ranges);
+}
+
+}  // namespace dali_mesh
