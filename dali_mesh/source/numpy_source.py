@@ -38,7 +38,7 @@ class NumpySource(WindowSource):
         share: ``"group"`` (or a list of mesh dim names): read once per group; the ranks that read the
             same samples (every mesh dim that does not split the batch, or the dims named) split the
             batches, each reads its batches' group window and ``MeshLoader`` exchanges the members'
-            windows over torch.distributed (:mod:`dali_mesh.torch.share`). The same for every source.
+            windows over torch.distributed (:mod:`dali_mesh.torch.group_exchange`). The same for every source.
     """
 
     def __init__(self, files: Sequence[str | os.PathLike], layout: Layout, *, batch_size: int = 1,
