@@ -49,12 +49,72 @@ SLOW_MODULES = {
     "tests/torch/test_distributed.py", "tests/torch/test_share.py", "tests/torch/test_example_physicsnemo.py",
     "tests/cli/test_launch.py", "tests/cli/test_end_to_end.py", "tests/pipeline/test_watchdog.py",
     "tests/test_wheel.py",
+    # subprocesses of DALI pipelines or ranks: the demo, the benchmark scripts' tiny runs, the docs'
+    # snippets and Sphinx build, PhysicsNeMo's real DistributedManager and its ERA5 datapipe
+    "tests/cli/test_demo.py", "tests/test_bench_scripts.py", "tests/test_docs.py",
+    "tests/torch/test_physicsnemo_real.py", "tests/torch/test_physicsnemo_era5.py",
 }
 #: single tests of other modules: multi-rank runs, sanitizer builds, the spill check's nvcc compiles
 SLOW_NAME_PARTS = ("torchrun", "gloo_ranks", "_4_ranks", "_8_ranks", "2x2_mesh", "world4", "world8",
                    "sanitizer", SPILL_TEST)
-#: further tests that take long on 2 cores (tests/conftest.py's durations, measured with --durations)
-SLOW_TESTS: set[str] = set()
+#: further tests that took 1.2 s or more (setup and call, all parametrisations) in a full run on 2 cores
+#: (`PYTEST_ADDOPTS=--durations=200 bash .ci/run`, 2026-12-03): each still runs in `make test`
+SLOW_TESTS: set[str] = {
+    "tests/cli/test_convert.py::test_a_full_disk_is_one_line_exit_2_and_no_partial_copy",
+    "tests/cli/test_convert.py::test_sigterm_removes_the_partial_copy_and_sigkill_leftovers_go_next_time",
+    "tests/cli/test_plan.py::test_plan_data_channels_counts_the_chunks_each_rank_reads",
+    "tests/cli/test_plan.py::test_plan_huge_meshes_are_bounded",
+    "tests/cli/test_plan.py::test_plan_png",
+    "tests/io/test_channels.py::test_channel_lists_with_repeats_on_every_read_path",
+    "tests/io/test_crafted_fuzz.py::test_crafted_files_are_refused_or_read_exactly",
+    "tests/io/test_faults.py::test_concurrent_rewrite_never_kills_a_default_read",
+    "tests/io/test_faults.py::test_fifo_in_a_zarr_store_is_refused_without_blocking",
+    "tests/io/test_faults.py::test_fifo_in_place_of_a_file_is_refused_without_blocking",
+    "tests/io/test_npy_fuzz.py::test_mutated_npy_files_read_like_numpy_or_raise_data_file_error",
+    "tests/io/test_npy_rewrite.py::test_a_window_is_never_of_two_versions",
+    "tests/partition/test_partition.py::test_chunk_matches_torch_dtensor",
+    "tests/partition/test_partition.py::test_window_equals_np_pad",
+    "tests/pipeline/test_dataset.py::test_a_variable_that_is_not_native_falls_back_alone",
+    "tests/pipeline/test_dataset.py::test_every_window_of_every_rank_equals_xarray",
+    "tests/pipeline/test_dataset.py::test_netcdf4_files_equal_xarray",
+    "tests/pipeline/test_dataset.py::test_partitioned_source_and_normalisation",
+    "tests/pipeline/test_dataset_checks.py::test_float64_output_is_normalised_in_float64",
+    "tests/pipeline/test_kernels.py::test_random_windows_every_mode_and_dtype",
+    "tests/pipeline/test_partitioned_source.py::test_checkpoint_restores_the_same_next_sample",
+    "tests/pipeline/test_partitioned_source.py::test_hdf5_forecast_source_in_a_pipeline",
+    "tests/pipeline/test_partitioned_source.py::test_parallel_source_two_epochs_match_the_oracle",
+    "tests/pipeline/test_read_windows.py::test_demo_verifies_a_folder_of_mixed_byte_orders_and_orders",
+    "tests/pipeline/test_read_windows.py::test_hdf5_types_h5py_converts_are_read_through_h5py",
+    "tests/pipeline/test_read_windows.py::test_layout_string_and_fallback_to_partitioned_source",
+    "tests/pipeline/test_read_windows.py::test_same_outputs_as_partitioned_source_over_two_shuffled_epochs",
+    "tests/pipeline/test_read_windows_compressed.py::test_filters_and_unknown_codecs_fall_back_naming_them",
+    "tests/pipeline/test_read_windows_compressed.py::test_random_compressed_configurations_match_the_oracle",
+    "tests/pipeline/test_read_windows_compressed.py::test_the_process_exits_after_a_decode_error",
+    "tests/pipeline/test_read_windows_compressed.py::test_zarr_compressed_equals_partitioned_source_and_resumes",
+    "tests/pipeline/test_read_windows_compressed.py::test_zarr_v3_sharded",
+    "tests/pipeline/test_read_windows_differential.py::test_every_window_equals_zarr_python",
+    "tests/pipeline/test_read_windows_faults.py::test_a_group_near_2_63_is_refused_not_prefetched_for_ever",
+    "tests/pipeline/test_read_windows_faults.py::test_a_process_that_dies_leaves_no_plan_behind",
+    "tests/pipeline/test_read_windows_faults.py::test_a_stuck_native_read_is_named_and_the_process_exits",
+    "tests/pipeline/test_read_windows_faults.py::test_checksum_valid_nonsense_never_crashes",
+    "tests/pipeline/test_read_windows_faults.py::test_hdf5_external_link_is_never_read_natively",
+    "tests/pipeline/test_read_windows_faults.py::test_many_chunk_zarr_batch_reads_under_a_low_open_file_limit",
+    "tests/pipeline/test_read_windows_faults.py::test_npy_saved_over_while_read_natively_is_one_version_or_an_error",
+    "tests/pipeline/test_read_windows_faults.py::test_short_reads_and_eintr_in_the_header_check_and_the_reads",
+    "tests/pipeline/test_read_windows_scale.py::test_a_window_of_many_rows_plans_in_runs_not_elements",
+    "tests/pipeline/test_read_windows_scale.py::test_many_chunked_hdf5_steps_plan_per_chunk_layout",
+    "tests/pipeline/test_read_windows_scale.py::test_two_to_the_31_steps_define_and_read_without_planning_every_step",
+    "tests/reader/test_plan_reader.py::test_the_reader_runs_without_dali",
+    "tests/test_architecture.py::test_no_import_circle_through_annotations_either",
+    "tests/test_source.py::test_many_hdf5_files_read_under_a_low_open_file_limit",
+    "tests/torch/test_like.py::test_first_batch_is_checked_against_the_model_input",
+    "tests/torch/test_loader.py::test_padded_samples_flagged_or_dropped",
+    "tests/torch/test_loader.py::test_per_sample_shapes_come_as_lists",
+    "tests/torch/test_loader_checks.py::test_checkpoint_of_another_source_or_batch_size_is_refused_and_the_same_resumes",
+    "tests/torch/test_loader_checks.py::test_load_state_dict_refuses_what_is_not_a_state",
+    "tests/torch/test_loader_checks.py::test_output_map_of_the_wrong_length_is_refused",
+    "tests/torch/test_loader_checks.py::test_output_map_swapping_sample_id_and_is_pad_is_refused",
+}
 
 
 def _mark_slow(items):
