@@ -182,19 +182,10 @@ class LocalStore(ByteStore):
 
     def stat(self, key: str) -> Version | None:
         try:
-            st = os.stat(key)
-        except FileNotFoundError:
+            st = check_regular_file(key)
+        except MissingFileError:
             return None
-        except OSError as e:
-            raise DataFileError(key, f"cannot be read ({e.strerror or e}); check its permissions") from None
-        if not stat.S_ISREG(st.st_mode):
-            raise _not_regular(key, st.st_mode, "file")
         return Version(st.st_size, st.st_mtime_ns)
-
-    def read_range(self, key: str, offset: int, size: int) -> bytes:
-        with open(key, "rb") as f:
-            f.seek(offset)
-            return f.read(size)
 
     def prefetch(self, key: str, ranges) -> None:
         if not hasattr(os, "posix_fadvise"):

@@ -36,6 +36,8 @@ def test_a_fifo_or_a_folder_is_refused_without_blocking(tmp_path):
         LOCAL.open(str(fifo))
     with pytest.raises(NotRegularFileError, match="FIFO"):
         LOCAL.stat(str(fifo))
+    with pytest.raises(NotRegularFileError, match="FIFO"):  # a plan-time read too (it used to open() and wait)
+        LOCAL.read_range(str(fifo), 0, 16)
     with pytest.raises(NotRegularFileError, match="directory"):
         LOCAL.open(str(tmp_path))
 
