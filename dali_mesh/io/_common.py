@@ -1,5 +1,5 @@
 """What every reader shares: I/O counters, the errors readers raise and the checks of a window
-read's arguments against the stored array."""
+read's arguments against the stored array; and what every writer is (:class:`ArrayWriter`)."""
 from __future__ import annotations
 
 import threading
@@ -28,6 +28,8 @@ __all__ = [
     "NotRegularFileError",
     "ExternalStorageError",
     "UnsupportedFilterError",
+    "NotWritableError",
+    "ArrayWriter",
     "global_stats",
     "reset_global_stats",
 ]
@@ -116,6 +118,43 @@ class UnsupportedFilterError(DataFileError):
 class ExternalStorageError(DataFileError):
     """An HDF5 dataset whose bytes live in another file (external raw storage, an external link, a
     virtual dataset): refused unless ``allow_external=True``."""
+
+
+class NotWritableError(DataFileError):
+    """A copy was asked of a format that dali_mesh reads but does not write (``.npy``)."""
+
+
+# ---- what a format's create() returns ---------------------------------------------------------------
+class ArrayWriter:
+    """An array being written, from :meth:`ArrayFormat.create <dali_mesh.io.formats.ArrayFormat.create>`.
+
+    ``write(index, values)`` stores ``array[index] = values`` and may be called from several threads;
+    ``close()`` returns once every write has reached storage (a write that fails, a full disk say,
+    raises here at the latest, after discarding); ``discard()`` ends a copy that failed or was
+    interrupted, without raising (the caller removes ``location``). In a ``with`` block the writer
+    closes, or discards when the block raised.
+    """
+
+    location = ""
+
+    def write(self, index, values) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Every write has reached storage (nothing is pending by default)."""
+
+    def discard(self) -> None:
+        """Ends a failed copy without raising (nothing to undo by default)."""
+
+    def __enter__(self) -> "ArrayWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            self.close()
+        else:
+            self.discard()
+        return False
 
 
 # ---- argument checks shared by the readers (npy, HDF5, Zarr) -------------------------------------

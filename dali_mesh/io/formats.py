@@ -1,5 +1,5 @@
 """Formats as objects: one registered object per storage format, with everything a source, the CLI
-(``plan``, ``demo``, ``convert``, advice) and the native planner ask of a format.
+(``plan``, ``demo``, ``convert``, advice) and the native planner ask of a format, reading and writing.
 
 The model is xarray's ``BackendEntrypoint`` (``open_dataset``, ``guess_can_open``): the sources and the
 CLI ask the format; nobody switches on a file name's suffix. A format added here (an object with the
@@ -11,6 +11,9 @@ Three formats today:
 - ``npy``  one sample per ``.npy`` file (its header, byte ranges; :mod:`dali_mesh.io.npy`)
 - ``hdf5`` samples along axis 0 of an HDF5 dataset (NetCDF4 files are HDF5; :mod:`dali_mesh.io.hdf5`)
 - ``zarr`` samples along axis 0 of a Zarr array, v2 or v3, sharded or not (:mod:`dali_mesh.io.zarr`)
+
+HDF5 and Zarr are also written (:meth:`ArrayFormat.create`: chunked, uncompressed, what ``dali-mesh
+convert`` writes); ``.npy`` is read only.
 """
 from __future__ import annotations
 
@@ -19,10 +22,10 @@ from typing import Mapping, NamedTuple
 
 import numpy as np
 
-from dali_mesh.io._common import DataFileError, native_dtype
+from dali_mesh.io._common import ArrayWriter, DataFileError, NotWritableError, native_dtype
 
-__all__ = ["ArrayFormat", "ArrayInfo", "FORMATS", "HDF5", "NPY", "ZARR", "format_named", "format_of",
-           "register_format"]
+__all__ = ["ArrayFormat", "ArrayInfo", "ArrayWriter", "FORMATS", "HDF5", "NPY", "ZARR", "format_named", "format_of",
+           "register_format", "written_suffixes"]
 
 
 class ArrayInfo(NamedTuple):
@@ -52,6 +55,8 @@ class ArrayFormat:
     steps = True
     #: the names of an array's options this format takes (e.g. HDF5's ``h5_kwargs``)
     option_names: tuple[str, ...] = ()
+    #: the names a copy written by :meth:`create` is given, for messages (``()``: not written)
+    write_suffixes: tuple[str, ...] = ()
 
     # ---- finding ----------------------------------------------------------------------------------
     def probe(self, location) -> bool:
@@ -95,6 +100,20 @@ class ArrayFormat:
         """The whole array (or ``array[index]``, a step) by the format's own library: the oracle the
         demo checks windows against and what ``convert`` copies."""
         raise NotImplementedError
+
+    # ---- writing ----------------------------------------------------------------------------------
+    def create(self, location, name: str, shape, dtype, chunks, **options) -> ArrayWriter:
+        """A new array ``name`` of ``shape`` and ``dtype`` at ``location`` (what is there is replaced),
+        stored in ``chunks``, uncompressed: an :class:`ArrayWriter` (``write(index, values)`` from any
+        thread, ``close()``; a ``with`` block discards the pending writes when it raises), or
+        :class:`~dali_mesh.io.NotWritableError` for a format that is read only."""
+        raise NotWritableError(location, f"the {self.name} format is read, not written: dali_mesh writes "
+                                         f"{', '.join(written_suffixes())}")
+
+    def is_store(self, location) -> bool:
+        """Whether ``location`` is a folder holding a store of this format (``convert --overwrite``
+        replaces a folder only then)."""
+        return False
 
     # ---- the native reader ------------------------------------------------------------------------
     def plan_steps(self, location, name, steps, region, *, options: Mapping | None = None, **kw):
@@ -141,6 +160,7 @@ class _HDF5(ArrayFormat):
     name, label, container, array_word = "hdf5", "HDF5 dataset", "file", "dataset"
     suffixes = (".h5", ".hdf5", ".hdf", ".nc")
     option_names = ("h5_kwargs",)
+    write_suffixes = (".h5", ".hdf5")
 
     def probe(self, location) -> bool:
         # NetCDF4 files are HDF5, but a folder of .nc files is a weather dataset: found by suffix only
@@ -181,6 +201,11 @@ class _HDF5(ArrayFormat):
     def read_whole(self, handle, index=None) -> np.ndarray:
         return handle[1][()] if index is None else handle[1][index]
 
+    def create(self, location, name, shape, dtype, chunks, **options) -> ArrayWriter:
+        from dali_mesh.io.hdf5 import create_hdf5_dataset  # noqa: PLC0415
+
+        return create_hdf5_dataset(location, name, shape, dtype, chunks, **options)
+
     def plan_steps(self, location, name, steps, region, *, options: Mapping | None = None, **kw):
         from dali_mesh.io.hdf5 import plan_hdf5_steps  # noqa: PLC0415
 
@@ -190,6 +215,7 @@ class _HDF5(ArrayFormat):
 
 class _Zarr(ArrayFormat):
     name, label, container, array_word, suffixes = "zarr", "Zarr array", "store", "array", (".zarr",)
+    write_suffixes = (".zarr",)
 
     def info(self, location, name=None, **options) -> ArrayInfo:
         from dali_mesh.io.zarr import zarr_codec_names  # noqa: PLC0415
@@ -215,6 +241,16 @@ class _Zarr(ArrayFormat):
 
     def read_whole(self, handle, index=None) -> np.ndarray:
         return np.asarray(handle[...] if index is None else handle[index])
+
+    def create(self, location, name, shape, dtype, chunks, zarr_format: int = 3, **options) -> ArrayWriter:
+        from dali_mesh.io.zarr import create_zarr_array  # noqa: PLC0415
+
+        return create_zarr_array(location, name, shape, dtype, chunks, zarr_format=zarr_format, **options)
+
+    def is_store(self, location) -> bool:
+        from dali_mesh.io.zarr import is_zarr_store  # noqa: PLC0415
+
+        return is_zarr_store(location)
 
     def plan_steps(self, location, name, steps, region, *, options: Mapping | None = None, **kw):
         from dali_mesh.io.zarr import plan_zarr_steps  # noqa: PLC0415
@@ -242,6 +278,12 @@ def format_named(name: str) -> ArrayFormat:
         return FORMATS[name]
     except KeyError:
         raise ValueError(f"no format named {name!r} (formats: {', '.join(FORMATS)})") from None
+
+
+def written_suffixes() -> tuple[str, ...]:
+    """The names of the copies the registered formats write (``.h5``, ``.hdf5``, ``.zarr``), in the
+    registry's order."""
+    return tuple(s for fmt in FORMATS.values() for s in fmt.write_suffixes)
 
 
 def format_of(location) -> ArrayFormat | None:

@@ -15,6 +15,8 @@ could otherwise make the loader deliver any file on the host as a sample (``allo
 for files you trust); a filter HDF5 cannot apply here (e.g. a plugin compressor that is not
 installed); dtypes the pipeline cannot carry. HDF5's own refusals (a truncated file, a header
 claiming more data than the file holds) are reported naming the file and the dataset.
+
+:func:`create_hdf5_dataset` writes one (what ``dali-mesh convert`` writes).
 """
 from __future__ import annotations
 
@@ -24,11 +26,13 @@ import logging
 import math
 import os
 import posixpath
+import threading
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from dali_mesh.io._common import (
+    ArrayWriter,
     DataFileError,
     ExternalStorageError,
     HeaderError,
@@ -51,7 +55,7 @@ from dali_mesh.plan import (CODEC_LIBRARIES, CODECS, Coder, NotNativeError, Plan
 from dali_mesh.partition import Region
 from dali_mesh.storage import store_of
 
-__all__ = ["open_hdf5_dataset", "only_dataset_name", "read_hdf5_window", "hdf5_sample_info"]
+__all__ = ["create_hdf5_dataset", "open_hdf5_dataset", "only_dataset_name", "read_hdf5_window", "hdf5_sample_info"]
 
 log = logging.getLogger(__name__)
 
@@ -643,6 +647,7 @@ def _coded_parts(ds, path, plans: PlanSet, fidx, coder_of, pieces, offsets, loca
     _check_chunk_lookups(ds, path, needed, offsets)
     return parts
 
+
 def hdf5_filter_names(dataset) -> tuple[str, ...]:
     """A dataset's filters in encode order, by name (``()``: stored raw): what ``dali-mesh plan``
     describes."""
@@ -652,3 +657,55 @@ def hdf5_filter_names(dataset) -> tuple[str, ...]:
         code, _, _, label = dcpl.get_filter(i)
         out.append(_FILTER_NAMES.get(code, label.decode(errors="replace") if isinstance(label, bytes) else str(label)))
     return tuple(out)
+
+
+# ---- writing ------------------------------------------------------------------------------------
+class _HDF5Writer(ArrayWriter):
+    """An HDF5 file being written, holding one chunked, uncompressed dataset (see :class:`ArrayWriter`)."""
+
+    def __init__(self, path: str, name: str, shape, dtype, chunks) -> None:
+        import h5py
+
+        self.location = path
+        self._lock = threading.Lock()  # h5py serialises its calls anyway; this says so
+        self._file = h5py.File(path, "w")
+        try:
+            self._dataset = self._file.create_dataset(name, shape=shape, dtype=dtype, chunks=chunks)
+        except BaseException:
+            self.discard()
+            raise
+
+    def write(self, index, values) -> None:
+        with self._lock:
+            self._dataset[index] = values
+
+    def close(self) -> None:
+        try:
+            self._file.flush()  # a write that fails (a full disk) fails here, not in close()
+        except BaseException:
+            self.discard()
+            raise
+        self._file.close()
+
+    def discard(self) -> None:
+        """Points the file's descriptor at /dev/null, so that the writes its close still makes succeed,
+        then closes it: an HDF5 close that fails (a full disk, a file size limit) leaves the library in
+        a state that crashes the process at exit (SIGSEGV)."""
+        try:
+            fd = int(self._file.id.get_vfd_handle())
+        except Exception:  # noqa: BLE001 - another file driver, or the file is closed: nothing to redirect
+            fd = None
+        if fd is not None:
+            null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.dup2(null, fd)
+            finally:
+                os.close(null)
+        self._file.close()
+
+
+def create_hdf5_dataset(path: str | os.PathLike, name: str, shape: Sequence[int], dtype, chunks: Sequence[int]
+                        ) -> ArrayWriter:
+    """A new HDF5 file at ``path`` (what is there is replaced) holding dataset ``name`` of ``shape`` and
+    ``dtype``, stored in ``chunks``, uncompressed: an :class:`~dali_mesh.io.formats.ArrayWriter`."""
+    return _HDF5Writer(str(path), name, tuple(shape), np.dtype(dtype), tuple(chunks))

@@ -6,6 +6,8 @@ only the chunks the box touches. The store is wrapped in a counter, so ``bytes_r
 
 Every key the store serves must be a regular file (a FIFO in place of a chunk or of the metadata
 would block zarr for ever); a missing chunk reads as the array's fill value, as zarr defines it.
+
+:func:`create_zarr_array` writes one (what ``dali-mesh convert`` writes).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Mapping, NamedTuple, Sequence
 import numpy as np
 
 from dali_mesh.io._common import (
+    ArrayWriter,
     DataFileError,
     HeaderError,
     IOStats,
@@ -35,7 +38,7 @@ from dali_mesh.plan import (CHECK_JSON, CODEC_LIBRARIES, CODECS, Coder, NotNativ
 from dali_mesh.partition import Region
 from dali_mesh.storage import ByteStore, store_of
 
-__all__ = ["open_zarr_array", "plan_zarr_steps", "read_zarr_window"]
+__all__ = ["create_zarr_array", "is_zarr_store", "open_zarr_array", "plan_zarr_steps", "read_zarr_window"]
 
 _counting_store_cls = None
 _METADATA_KEYS = ("zarr.json", ".zarray")
@@ -574,3 +577,39 @@ def zarr_codec_names(arr) -> tuple[str, ...]:
             out += [type(i).__name__.removesuffix("Codec").lower() for i in c.codecs
                     if type(i).__name__ != "BytesCodec"]
     return tuple(out)
+
+
+# ---- writing ------------------------------------------------------------------------------------
+def is_zarr_store(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a folder holding a Zarr store's root metadata (v3 ``zarr.json``, v2
+    ``.zarray`` or ``.zgroup``)."""
+    return os.path.isdir(path) and any(os.path.exists(os.path.join(path, m)) for m in _METADATA_KEYS + (".zgroup",))
+
+
+class _ZarrWriter(ArrayWriter):
+    """A Zarr group being written, holding one chunked, uncompressed array (see :class:`ArrayWriter`).
+    Nothing is pending after a write returns; after a failed write zarr's event loop may still be
+    storing the other chunks of that write, so a caller that removes the store removes it until it
+    stays gone."""
+
+    def __init__(self, path: str, name: str, shape, dtype, chunks, zarr_format: int) -> None:
+        import zarr
+
+        self.location = path
+        group = zarr.open_group(path, mode="w", zarr_format=zarr_format)
+        # every chunk is stored (also all-zero ones) so that each rank's read is the same size
+        self._array = group.create_array(name, shape=shape, chunks=chunks, dtype=dtype, compressors=None,
+                                         fill_value=0, config={"write_empty_chunks": True})
+
+    def write(self, index, values) -> None:
+        self._array[index] = values
+
+
+def create_zarr_array(path: str | os.PathLike, name: str, shape: Sequence[int], dtype, chunks: Sequence[int], *,
+                      zarr_format: int = 3) -> ArrayWriter:
+    """A new Zarr group at ``path`` (what is there is replaced), format ``zarr_format`` (3 or 2), holding
+    array ``name`` of ``shape`` and ``dtype`` in ``chunks``, uncompressed, every chunk stored (all-zero
+    ones too): an :class:`~dali_mesh.io.formats.ArrayWriter`."""
+    if zarr_format not in (2, 3):
+        raise ValueError(f"zarr_format must be 2 or 3, got {zarr_format!r}")
+    return _ZarrWriter(str(path), name, tuple(shape), np.dtype(dtype), tuple(chunks), zarr_format)

@@ -87,3 +87,76 @@ def test_a_source_given_a_format_reads_as_the_named_source(stores):
                 np.testing.assert_array_equal(s.read_sample(i)[0], want)
     with pytest.raises(ValueError, match="format must name a format of samples along axis 0"):
         ArraySource([stores["a.npy"]], None, layout, format="npy")
+
+
+# ---- writing: what convert writes, read back by the formats' own libraries ---------------------------
+def _read_with_library(path, fmt, name):
+    if fmt is HDF5:
+        with h5py.File(path, "r") as f:
+            ds = f[name]
+            return ds[()], ds.chunks, ds.compression, None
+    arr = zarr.open_array(path, path=name, mode="r")
+    return arr[...], arr.chunks, arr.compressors, arr.metadata.zarr_format
+
+
+@pytest.mark.parametrize("fmt,suffix,options", [(HDF5, ".h5", {}), (ZARR, ".zarr", {}),
+                                                (ZARR, ".zarr", {"zarr_format": 2})],
+                         ids=["hdf5", "zarr-v3", "zarr-v2"])
+@pytest.mark.parametrize("dtype", ["<f4", "<i2", "u1", "<f8"])
+def test_each_writable_format_round_trips(tmp_path, fmt, suffix, options, dtype):
+    """Samples written by several threads, in chunks that do not divide the array, read back bit for
+    bit by h5py / zarr-python; uncompressed, in the chunks asked for."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    data = (DATA * 50).astype(dtype)
+    if data.dtype.kind == "f":  # bit patterns a value compare would miss
+        data.flat[:3] = [np.nan, -0.0, np.inf]
+    path = str(tmp_path / ("copy" + suffix))
+    assert format_of(path) is fmt and suffix in fmt.write_suffixes
+    chunks = (1, 4, 5)
+    with fmt.create(path, "data", data.shape, data.dtype, chunks, **options) as out:
+        with ThreadPoolExecutor(3) as pool:
+            list(pool.map(lambda i: out.write(i, data[i]), range(len(data))))
+    back, got_chunks, codecs, zarr_format = _read_with_library(path, fmt, "data")
+    assert back.dtype == data.dtype and back.shape == data.shape and got_chunks == chunks
+    assert np.array_equal(back.view(np.uint8), data.view(np.uint8))
+    assert not codecs and zarr_format == options.get("zarr_format", 3 if fmt is ZARR else None)
+    # and the format's own reader reads it
+    handle = fmt.open(path, "data")
+    try:
+        np.testing.assert_array_equal(fmt.read_whole(handle, 5), data[5])
+    finally:
+        fmt.close(handle)
+
+
+@pytest.mark.parametrize("zarr_format", [3, 2])
+def test_a_zarr_copy_stores_every_chunk_even_all_zero_ones(tmp_path, zarr_format):
+    """Every rank's read is the same size: zarr would skip all-zero chunks (write_empty_chunks)."""
+    path = str(tmp_path / "zeros.zarr")
+    with ZARR.create(path, "data", (2, 4, 6), "f4", (1, 2, 3), zarr_format=zarr_format) as out:
+        out.write(0, np.zeros((4, 6), np.float32))
+        out.write(1, np.ones((4, 6), np.float32))
+    arr = zarr.open_array(path, path="data", mode="r")
+    assert arr.nchunks_initialized == arr.nchunks == 8
+    assert ZARR.is_store(path) and not ZARR.is_store(str(tmp_path)) and not HDF5.is_store(path)
+
+
+def test_a_failed_copy_is_discarded_and_npy_is_not_written(tmp_path):
+    from dali_mesh.io import NotWritableError
+    from dali_mesh.io.formats import written_suffixes
+
+    path = str(tmp_path / "x.h5")
+    with pytest.raises(RuntimeError, match="the source failed"):
+        with HDF5.create(path, "data", (2, 3), "f4", (1, 3)) as out:
+            out.write(0, np.ones(3, np.float32))
+            raise RuntimeError("the source failed")
+    with HDF5.create(path, "data", (2, 3), "f4", (1, 3)) as out:  # closed, so it can be written again
+        out.write(1, np.full(3, 2, np.float32))
+    with h5py.File(path, "r") as f:
+        np.testing.assert_array_equal(f["data"][()], [[0, 0, 0], [2, 2, 2]])
+    assert written_suffixes() == (".h5", ".hdf5", ".zarr") and NPY.write_suffixes == ()
+    with pytest.raises(NotWritableError, match=r"x\.npy: the npy format is read, not written: dali_mesh writes "
+                                               r"\.h5, \.hdf5, \.zarr"):
+        NPY.create(str(tmp_path / "x.npy"), "data", (2, 3), "f4", (1, 3))
+    with pytest.raises(ValueError, match="zarr_format must be 2 or 3, got 4"):
+        ZARR.create(str(tmp_path / "x.zarr"), "data", (2, 3), "f4", (1, 3), zarr_format=4)
