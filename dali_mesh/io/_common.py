@@ -130,9 +130,9 @@ class ArrayWriter:
 
     ``write(index, values)`` stores ``array[index] = values`` and may be called from several threads;
     ``close()`` returns once every write has reached storage (a write that fails, a full disk say,
-    raises here at the latest, after discarding); ``discard()`` ends a copy that failed or was
-    interrupted, without raising (the caller removes ``location``). In a ``with`` block the writer
-    closes, or discards when the block raised.
+    raises here at the latest, after discarding); ``discard(error)`` ends a copy that ``error`` (a
+    failed write, an interrupt) stopped; the caller removes ``location``. In a ``with`` block the
+    writer closes, or discards when the block raised.
     """
 
     location = ""
@@ -143,8 +143,8 @@ class ArrayWriter:
     def close(self) -> None:
         """Every write has reached storage (nothing is pending by default)."""
 
-    def discard(self) -> None:
-        """Ends a failed copy without raising (nothing to undo by default)."""
+    def discard(self, error: BaseException | None = None) -> None:
+        """Ends a copy that ``error`` stopped (nothing to undo by default)."""
 
     def __enter__(self) -> "ArrayWriter":
         return self
@@ -153,7 +153,7 @@ class ArrayWriter:
         if exc_type is None:
             self.close()
         else:
-            self.discard()
+            self.discard(exc)
         return False
 
 

@@ -671,8 +671,8 @@ class _HDF5Writer(ArrayWriter):
         self._file = h5py.File(path, "w")
         try:
             self._dataset = self._file.create_dataset(name, shape=shape, dtype=dtype, chunks=chunks)
-        except BaseException:
-            self.discard()
+        except BaseException as e:
+            self.discard(e)
             raise
 
     def write(self, index, values) -> None:
@@ -682,17 +682,20 @@ class _HDF5Writer(ArrayWriter):
     def close(self) -> None:
         try:
             self._file.flush()  # a write that fails (a full disk) fails here, not in close()
-        except BaseException:
-            self.discard()
+        except BaseException as e:
+            self.discard(e)
             raise
         self._file.close()
 
-    def discard(self) -> None:
-        """Points the file's descriptor at /dev/null, so that the writes its close still makes succeed,
-        then closes it: an HDF5 close that fails (a full disk, a file size limit) leaves the library in
-        a state that crashes the process at exit (SIGSEGV)."""
+    def discard(self, error: BaseException | None = None) -> None:
+        """Closes the file. After a write that failed (``error`` an ``OSError`` or ``RuntimeError``: a
+        full disk, a file size limit) its descriptor is first pointed at /dev/null, so that the writes
+        its close still makes succeed: an HDF5 close that fails leaves the library in a state that
+        crashes the process at exit (SIGSEGV). After an interrupt it closes as usual: HDF5's close may
+        extend the file (``ftruncate``), which /dev/null refuses (EINVAL, seen when SIGTERM came just
+        after the file was created)."""
         try:
-            fd = int(self._file.id.get_vfd_handle())
+            fd = int(self._file.id.get_vfd_handle()) if isinstance(error, (OSError, RuntimeError)) else None
         except Exception:  # noqa: BLE001 - another file driver, or the file is closed: nothing to redirect
             fd = None
         if fd is not None:

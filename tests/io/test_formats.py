@@ -142,14 +142,14 @@ def test_a_zarr_copy_stores_every_chunk_even_all_zero_ones(tmp_path, zarr_format
 
 
 def test_a_failed_copy_is_discarded_and_npy_is_not_written(tmp_path):
-    from dali_mesh.io import NotWritableError
+    from dali_mesh.io import DataFileError, NotWritableError
     from dali_mesh.io.formats import written_suffixes
 
     path = str(tmp_path / "x.h5")
-    with pytest.raises(RuntimeError, match="the source failed"):
+    with pytest.raises(DataFileError, match="the source failed"):
         with HDF5.create(path, "data", (2, 3), "f4", (1, 3)) as out:
             out.write(0, np.ones(3, np.float32))
-            raise RuntimeError("the source failed")
+            raise DataFileError(path, "the source failed")
     with HDF5.create(path, "data", (2, 3), "f4", (1, 3)) as out:  # closed, so it can be written again
         out.write(1, np.full(3, 2, np.float32))
     with h5py.File(path, "r") as f:
