@@ -12,8 +12,10 @@ that a rank's cold read is its window.
 - DST: ``.h5``/``.hdf5`` (an HDF5 dataset) or ``.zarr`` (a Zarr v3 group holding the array); the
   dataset / array is named ``--name`` (default ``data``). Read it back with ``HDF5Source`` /
   ``ZarrSource`` and that name.
+- DST's format object (:mod:`dali_mesh.io.formats`) writes the copy (``create``) and reads it back
+  (``open``, ``read_whole``); nothing here knows HDF5 or Zarr.
 - Samples are copied by a few threads (the readers release the GIL while reading; HDF5 calls are
-  serialised by one lock, as h5py serialises them anyway), with a plain-text progress bar on stderr.
+  serialised, as h5py serialises them anyway), with a plain-text progress bar on stderr.
 - Nothing is written at DST until the copy is complete and verified: the copy goes to a hidden
   sibling ``.DST.partial-PID`` first, every sample is read back and compared bit for bit with the
   source, and only then is it renamed to DST (never over anything that appeared there meanwhile). An
@@ -37,8 +39,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from dali_mesh.cli.args import UsageError, data_kind, find_data, make_layout, parse_ints, parse_mesh
+from dali_mesh.cli.args import UsageError, find_data, make_layout, parse_ints, parse_mesh
 from dali_mesh.io._common import DataFileError
+from dali_mesh.io.formats import ArrayFormat, format_of, written_suffixes
 from dali_mesh.mesh import MeshInfo
 from dali_mesh.partition import Layout
 
@@ -200,20 +203,19 @@ class ConvertResult:
 
     def __str__(self) -> str:
         mib = self.bytes_written / 2**20
-        return (f"wrote {self.dst} ({'Zarr array' if data_kind(self.dst) == 'zarr' else 'HDF5 dataset'} "
+        return (f"wrote {self.dst} ({format_of(self.dst).label} "
                 f"{self.name!r}: {'x'.join(map(str, self.shape))} {self.dtype}, chunks {self.chunks}, uncompressed), "
                 f"{mib:.1f} MiB in {self.seconds:.1f} s; every sample verified against the source"
                 + (f"\nnote: these chunks do not follow every shard boundary: {self.note}" if self.note else ""))
 
 
-def _is_zarr_store(path: str) -> bool:
-    return any(os.path.exists(os.path.join(path, m)) for m in ("zarr.json", ".zarray", ".zgroup"))
-
-
-def _check_dst(dst: str, src_files: Sequence[str], overwrite: bool) -> str:
-    kind = data_kind(dst)
-    if kind not in ("hdf5", "zarr"):
-        raise UsageError(f"DST {dst!r} must end in .h5, .hdf5 or .zarr (the format is taken from the name)")
+def _check_dst(dst: str, src_files: Sequence[str], overwrite: bool) -> ArrayFormat:
+    """DST's format (one that writes), after checking that DST may be written (see the module docstring)."""
+    fmt = format_of(dst)
+    if fmt is None or not fmt.write_suffixes:
+        names = written_suffixes()
+        raise UsageError(f"DST {dst!r} must end in {', '.join(names[:-1])} or {names[-1]} (the format is taken "
+                         "from the name)")
     real = os.path.realpath(dst)
     if any(os.path.realpath(f) == real for f in src_files):
         raise UsageError(f"DST {dst!r} is also the source: write the copy elsewhere")
@@ -224,13 +226,13 @@ def _check_dst(dst: str, src_files: Sequence[str], overwrite: bool) -> str:
     if os.path.lexists(dst):
         if not overwrite:
             raise UsageError(f"DST {dst!r} exists: pass --overwrite to replace it, or choose another name")
-        if os.path.isdir(dst) and not (kind == "zarr" and _is_zarr_store(dst)):
+        if os.path.isdir(dst) and not fmt.is_store(dst):
             raise UsageError(f"DST {dst!r} is a folder that is not a Zarr store: it is never removed, even with "
                              "--overwrite; remove it yourself or choose another name")
     folder = os.path.dirname(os.path.abspath(dst))
     if not os.path.isdir(folder):
         raise UsageError(f"DST {dst!r}: folder {folder!r} does not exist")
-    return kind
+    return fmt
 
 
 def _parse_chunks(text: str | Sequence[int], layout: Layout, sample_shape, itemsize: int) -> tuple[int, ...]:
@@ -311,21 +313,6 @@ def _rename_noreplace(src: str, dst: str) -> None:
     os.rename(src, dst)
 
 
-def _discard_pending_writes(h5file) -> None:
-    """A write of the copy failed (a full disk, a file size limit) and the copy is thrown away: point
-    the HDF5 file's descriptor at /dev/null, so that the writes its close still makes succeed. An
-    HDF5 close that fails leaves the library in a state that crashes the process at exit (SIGSEGV)."""
-    try:
-        fd = int(h5file.id.get_vfd_handle())
-    except Exception:  # noqa: BLE001 - another file driver: nothing to redirect
-        return
-    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.dup2(null, fd)
-    finally:
-        os.close(null)
-
-
 def _remove(path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path)
@@ -334,9 +321,9 @@ def _remove(path: str) -> None:
 
 
 def _remove_settled(path: str, quiet_s: float = 0.3, limit_s: float = 5.0) -> None:
-    """Remove the partial copy after a failed write, until it has stayed gone for ``quiet_s``: zarr's
-    event loop may still be writing the other chunks of the sample whose write failed (it raises at
-    the first failure), and a chunk written after the removal recreates the folder."""
+    """Remove the partial copy after a failed write, until it has stayed gone for ``quiet_s``: a
+    format's writer may still be storing the other chunks of the sample whose write failed (zarr's
+    event loop raises at the first failure), and a chunk written after the removal recreates the folder."""
     deadline = time.monotonic() + limit_s
     while True:
         try:
@@ -369,7 +356,7 @@ def convert_array(
     lock = threading.Lock()
     source = open_samples(src, dataset, lock, allow_external=allow_external)
     try:
-        kind = _check_dst(dst, source.files, overwrite)
+        fmt = _check_dst(dst, source.files, overwrite)
         sample_shape, dtype = source.sample_shape, source.dtype
         layout.region(sample_shape)  # the layout fits the sample
         chunk_shape = _parse_chunks(chunks, layout, sample_shape, dtype.itemsize)
@@ -389,40 +376,11 @@ def convert_array(
         t0 = time.perf_counter()
         sample_bytes = math.prod(sample_shape) * dtype.itemsize
         try:
-            if kind == "hdf5":
-                import h5py  # noqa: PLC0415
-
-                out_file = h5py.File(tmp, "w")
-                written = failed_io = False
-                try:
-                    out = out_file.create_dataset(name, shape=shape, dtype=dtype, chunks=chunk_shape)
-
-                    def write(i):
-                        sample = source.read(i)
-                        with lock:
-                            out[i] = sample
-                    _run_parallel(write, n, workers, _Progress("copy  ", n, sample_bytes, progress))
-                    out_file.flush()  # a write that fails (a full disk) fails here, not in close()
-                    written = True
-                except (OSError, RuntimeError):
-                    failed_io = True
-                    raise
-                finally:
-                    if failed_io:
-                        _discard_pending_writes(out_file)
-                    out_file.close()
-            else:
-                import zarr  # noqa: PLC0415
-
-                group = zarr.open_group(tmp, mode="w")
-                # every chunk is stored (also all-zero ones) so that each rank's read is the same size
-                out = group.create_array(name, shape=shape, chunks=chunk_shape, dtype=dtype, compressors=None,
-                                         fill_value=0, config={"write_empty_chunks": True})
-
+            with fmt.create(tmp, name, shape, dtype, chunk_shape) as out:  # a failed copy is discarded
                 def write(i):
-                    out[i] = source.read(i)
+                    out.write(i, source.read(i))
                 _run_parallel(write, n, workers, _Progress("copy  ", n, sample_bytes, progress))
-            _verify(source, tmp, kind, name, workers, lock, progress, sample_bytes)
+            _verify(source, fmt, tmp, name, workers, progress, sample_bytes)
             seconds = time.perf_counter() - t0
             # DST again: it may have appeared (or changed) while the copy ran; never remove what
             # was not checked, never replace what --overwrite was not given for
@@ -438,38 +396,22 @@ def convert_array(
     return ConvertResult(dst, name, shape, dtype, chunk_shape, seconds, n * sample_bytes, note)
 
 
-def _verify(source: SampleReader, path: str, kind: str, name: str, workers: int, lock, progress: bool,
+def _verify(source: SampleReader, fmt: ArrayFormat, path: str, name: str, workers: int, progress: bool,
             sample_bytes: int) -> None:
-    """Every sample of the copy equals the source's, bit for bit (NaN payloads and -0.0 included)."""
-    if kind == "hdf5":
-        import h5py  # noqa: PLC0415
-
-        f = h5py.File(path, "r")
-        arr = f[name]
-
-        def read(i):
-            with lock:
-                return arr[i]
-    else:
-        import zarr  # noqa: PLC0415
-
-        f = None
-        arr = zarr.open_array(path, path=name, mode="r")
-
-        def read(i):
-            return arr[i]
+    """Every sample of the copy, read back by its format's own library, equals the source's, bit for
+    bit (NaN payloads and -0.0 included)."""
+    handle = fmt.open(path, name)
 
     def check(i):
         want = np.ascontiguousarray(source.read(i))
-        got = np.ascontiguousarray(read(i)).astype(want.dtype, copy=False)
+        got = np.ascontiguousarray(fmt.read_whole(handle, i)).astype(want.dtype, copy=False)
         if got.shape != want.shape or not np.array_equal(got.view(np.uint8), want.view(np.uint8)):
             raise DataFileError(path, f"sample {i} of the copy differs from the source; the copy is removed "
                                 "(is the source being rewritten?)")
     try:
         _run_parallel(check, source.num_samples, workers, _Progress("verify", source.num_samples, sample_bytes, progress))
     finally:
-        if f is not None:
-            f.close()
+        fmt.close(handle)
 
 
 def convert(args: argparse.Namespace) -> ConvertResult:
