@@ -205,12 +205,22 @@ def _bundle_libraries(lib: Path, dest: Path, lib_dirs: list[str]) -> None:
     folders searched too), except the system's and DALI's own, into ``dest`` under the names it asks
     for: a wheel then runs on a machine without the codec -dev packages or the blosc2 wheel."""
     env = dict(os.environ, LD_LIBRARY_PATH=":".join(lib_dirs + [os.environ.get("LD_LIBRARY_PATH", "")]))
-    out = subprocess.run(["ldd", str(lib)], capture_output=True, text=True, env=env, check=True).stdout
+
+    def needs(path) -> list[tuple[str, str]]:
+        out = subprocess.run(["ldd", str(path)], capture_output=True, text=True, env=env, check=True).stdout
+        pairs = [line.strip().partition(" => ") for line in out.splitlines()]
+        return [(name, rest.split(" (")[0].strip()) for name, _, rest in pairs if rest]
+
     dest.mkdir(parents=True, exist_ok=True)
-    for line in out.splitlines():
-        name, _, rest = line.strip().partition(" => ")
-        path = rest.split(" (")[0].strip()
-        if not rest or name.startswith(_SYSTEM_LIBS):
+    # libcurl stays the system's (Debian's libcurl4), with the TLS and other libraries it links: a
+    # wheel does not carry a TLS stack
+    linked = needs(lib)
+    system = {name for name, _ in linked if name.startswith("libcurl")}
+    for name, path in linked:
+        if name.startswith("libcurl") and path != "not found":
+            system |= {n for n, _ in needs(path)}
+    for name, path in linked:
+        if name.startswith(_SYSTEM_LIBS) or name in system:
             continue
         if path == "not found":
             raise SystemExit(f"dali_mesh: {lib.name} needs {name}, which ldd cannot find: cannot bundle it")

@@ -225,7 +225,7 @@ PlanSet LoadPlanSet(const std::string &path) {
     if (f.store < 0 || f.store >= n_stores) r.Bad("store index " + std::to_string(f.store));
     f.byte_store = StoreOf(set.stores[f.store]);
     if (!f.byte_store)  // a store this build has none of: a plan of another build, or corrupt
-      r.Bad("byte store \"" + ShownName(set.stores[f.store]) + "\" (this build reads: file)");
+      r.Bad(WhyNoStore(set.stores[f.store]));
     // a NUL would make open() read another (shorter) path than the one named
     if (f.key.empty() || f.key.find('\0') != std::string::npos) r.Bad("file path");
     if (f.size < -1) r.Bad("expected file size " + std::to_string(f.size));

@@ -33,7 +33,13 @@ void FileVersions::Agree(int64_t index, const OpenFile &file) {
 
 void OpenFile::Open(const PlanFile &file, const ReadPlan &plan, const std::string &first_file) {
   Close();
-  object_ = file.byte_store->Open(file.key);  // fails naming a missing file, a FIFO, a folder
+  ObjectVersion planned;
+  planned.size = file.size;
+  planned.mtime_ns = file.mtime_ns;
+  planned.tag = file.tag;
+  // fails naming a missing file, a FIFO, a folder; an object store takes the planned version (ETag)
+  // and checks it at every read
+  object_ = file.byte_store->OpenVersion(file.key, planned);
   const std::string &path_ = object_->name();
   const std::string first_path = ShownName(first_file);
   const int64_t size = object_->size();

@@ -1,8 +1,12 @@
 // dali_mesh: the byte store's registry and shared helpers (see byte_store.h).
 #include "storage/byte_store.h"
 
+#include <map>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 
+#include "storage/http_store.h"
 #include "storage/posix_store.h"
 
 namespace dali_mesh {
@@ -10,7 +14,25 @@ namespace dali_mesh {
 const ByteStore *StoreOf(const std::string &spec) {
   static const PosixStore kPosix;
   if (spec == kPosix.spec()) return &kPosix;
-  return nullptr;
+  HttpStoreConfig config;
+  std::string why;
+  if (!HaveHttp() || !ParseHttpSpec(spec, &config, &why)) return nullptr;
+  // one store per spec for the life of the process (plans and readers hold pointers to it)
+  static std::mutex mutex;
+  static std::map<std::string, std::unique_ptr<HttpStore>> stores;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto &store = stores[spec];
+  if (!store) store = std::make_unique<HttpStore>(spec, config);
+  return store.get();
+}
+
+std::string WhyNoStore(const std::string &spec) {
+  HttpStoreConfig config;
+  std::string why;
+  if (!ParseHttpSpec(spec, &config, &why))
+    return "byte store \"" + ShownName(spec) + "\" (" + why + "; this build reads: file" +
+           (HaveHttp() ? ", s3, http)" : ")");
+  return "byte store \"" + ShownName(spec) + "\": this build has no libcurl (remote objects are read in Python)";
 }
 
 [[noreturn]] void StoreFail(const std::string &msg) { throw std::runtime_error("read_windows: " + msg); }

@@ -66,6 +66,13 @@ class ByteStore {
   // The object `key` opened for reading; fails naming it when it does not exist ("no such file"),
   // is no object (a folder, a FIFO) or cannot be opened.
   virtual std::unique_ptr<StoredObject> Open(const std::string &key) const = 0;
+  // As Open, for an object a plan recorded at version `planned`: a store may take it as the version
+  // and check it at every read instead of asking (an object store sends If-Match with the ETag, and
+  // saves a request per open); the local store opens and checks as Open does.
+  virtual std::unique_ptr<StoredObject> OpenVersion(const std::string &key, const ObjectVersion &planned) const {
+    (void)planned;
+    return Open(key);
+  }
   // Whether `key` exists (a chunk the plan found missing must still be missing).
   virtual bool Exists(const std::string &key) const = 0;
   // Announces reads of [offset, offset + bytes) ranges of `key` that come soon (a hint: errors are
@@ -73,9 +80,10 @@ class ByteStore {
   virtual void Prefetch(const std::string &key, const std::vector<std::pair<int64_t, int64_t>> &ranges) const = 0;
 };
 
-// The store a plan names by `spec` ("file": this machine's files), or nullptr when this build has
-// none of that name.
+// The store a plan names by `spec` ("file": this machine's files; "s3;...", "http": remote objects, see
+// http_store.h), or nullptr when this build has none of that name (WhyNoStore says why).
 const ByteStore *StoreOf(const std::string &spec);
+std::string WhyNoStore(const std::string &spec);
 
 // A key as messages show it: valid UTF-8 as is, other bytes and control characters as \xNN (a Linux
 // path may hold any bytes; an error text that is not UTF-8 would not reach Python).

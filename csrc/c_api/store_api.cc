@@ -1,0 +1,81 @@
+// dali_mesh: the C entry points of the remote byte stores (csrc/storage/http_store.h), in
+// libdali_mesh_kernels.so and in the DALI plugin (each library has its own copy of the stores and of
+// the credentials the process gave them), bound in dali_mesh/storage/remote.py: Python's planning and
+// fallback reads go through the same libcurl client, retries and checks as the native reader.
+//
+// Functions that take `err` return a count (>= 0) on success, or -1 with a message in err[0..err_len).
+#include <cstdint>
+#include <exception>
+#include <string>
+
+#include "c_api/export.h"
+#include "storage/http_store.h"
+
+using dali_mesh::c_api::Fail;
+
+namespace {
+const dali_mesh::HttpStore *HttpStoreOf(const char *spec) {
+  const auto *store = dynamic_cast<const dali_mesh::HttpStore *>(dali_mesh::StoreOf(spec ? spec : ""));
+  if (!store) throw std::runtime_error(dali_mesh::WhyNoStore(spec ? spec : ""));
+  return store;
+}
+}  // namespace
+
+// 1 when this library reads remote stores (it was linked with libcurl), else 0.
+DM_EXPORT int dali_mesh_store_have_http() { return dali_mesh::HaveHttp() ? 1 : 0; }
+
+// Gives the store `spec` the credentials key_id / secret / token (token may be empty; an empty key_id
+// removes them: unsigned requests) for the life of the process. 0, or -1 for a spec that is no remote
+// store of this build.
+DM_EXPORT int dali_mesh_store_credentials(const char *spec, const char *key_id, const char *secret, const char *token,
+                                          char *err, int64_t err_len) {
+  try {
+    HttpStoreOf(spec);
+    dali_mesh::SetStoreCredentials(spec, key_id ? key_id : "", secret ? secret : "", token ? token : "");
+    return 0;
+  } catch (const std::exception &e) {
+    return Fail(e.what(), err, err_len);
+  }
+}
+
+// HEAD of `key`: 1 with its size and tag (ETag; the text and a NUL in tag[0..tag_size)), 0 when it does
+// not exist, -1 with a message.
+DM_EXPORT int64_t dali_mesh_store_head(const char *spec, const char *key, int64_t *size, char *tag, int64_t tag_size,
+                                       char *err, int64_t err_len) {
+  try {
+    dali_mesh::ObjectVersion v;
+    if (!HttpStoreOf(spec)->Head(key, &v)) return 0;
+    if (static_cast<int64_t>(v.tag.size()) >= tag_size) return Fail("the object's ETag is too long", err, err_len);
+    dali_mesh::c_api::CopyText(v.tag, tag, tag_size);
+    *size = v.size;
+    return 1;
+  } catch (const std::exception &e) {
+    return Fail(e.what(), err, err_len);
+  }
+}
+
+// One ranged GET of `n` bytes of `key` at `offset` into dst (fewer only at the end of the object),
+// with If-Match `if_match` when not empty and the object's size `size` when known (-1): the bytes read,
+// or -1 with a message naming the object, the range, the status and the attempts.
+DM_EXPORT int64_t dali_mesh_store_get(const char *spec, const char *key, int64_t offset, int64_t n, const char *if_match,
+                                      int64_t size, void *dst, char *err, int64_t err_len) {
+  try {
+    return HttpStoreOf(spec)->Get(key, offset, n, static_cast<char *>(dst), if_match ? if_match : "", size);
+  } catch (const std::exception &e) {
+    return Fail(e.what(), err, err_len);
+  }
+}
+
+// One page of an S3 ListObjectsV2 of `bucket` under `prefix` (grouped at '/' when delimiter != 0)
+// after `continuation` (empty: the first): the XML's length n; the text and a NUL are written to
+// out[0..out_size) only when out_size > n (ask again with n + 1 bytes: the page is fetched again).
+DM_EXPORT int64_t dali_mesh_store_list(const char *spec, const char *bucket, const char *prefix, int delimiter,
+                                       const char *continuation, char *out, int64_t out_size, char *err,
+                                       int64_t err_len) {
+  try {
+    const std::string text = HttpStoreOf(spec)->ListPage(bucket, prefix, delimiter != 0, continuation ? continuation : "");
+    return dali_mesh::c_api::CopyText(text, out, out_size);
+  } catch (const std::exception &e) {
+    return Fail(e.what(), err, err_len);
+  }
+}

@@ -1,0 +1,617 @@
+// dali_mesh: remote object stores through libcurl (see http_store.h).
+#include "storage/http_store.h"
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cinttypes>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "storage/reads_in_flight.h"
+
+#ifdef DALI_MESH_HAVE_CURL
+#include <curl/curl.h>
+#endif
+
+namespace dali_mesh {
+
+namespace {
+
+struct Credentials {
+  std::string key_id, secret, token;
+};
+
+std::mutex &CredentialsMutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::string, Credentials> &CredentialsTable() {
+  static std::map<std::string, Credentials> table;
+  return table;
+}
+
+Credentials CredentialsOf(const std::string &spec) {
+  std::lock_guard<std::mutex> lock(CredentialsMutex());
+  auto it = CredentialsTable().find(spec);
+  return it == CredentialsTable().end() ? Credentials{} : it->second;
+}
+
+bool ParseSeconds(const std::string &v, double *out) {
+  char *end = nullptr;
+  const double d = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end || !(d > 0) || d > 1e6) return false;
+  *out = d;
+  return true;
+}
+
+// The URL without user information or query (a presigned URL's signature is in its query).
+std::string Shown(const std::string &url) {
+  std::string u = url.substr(0, url.find_first_of("?#"));
+  const size_t scheme = u.find("://");
+  if (scheme != std::string::npos) {
+    const size_t host = scheme + 3, slash = u.find('/', host), at = u.find('@', host);
+    if (at != std::string::npos && (slash == std::string::npos || at < slash)) u.erase(host, at + 1 - host);
+  }
+  return ShownName(u);
+}
+
+}  // namespace
+
+bool ParseHttpSpec(const std::string &spec, HttpStoreConfig *config, std::string *why) {
+  HttpStoreConfig c;
+  size_t start = 0;
+  bool first = true;
+  while (start <= spec.size()) {
+    size_t end = spec.find(';', start);
+    if (end == std::string::npos) end = spec.size();
+    const std::string item = spec.substr(start, end - start);
+    start = end + 1;
+    if (first) {
+      if (item != "s3" && item != "http") {
+        *why = "not a remote store";
+        return false;
+      }
+      c.kind = item;
+      first = false;
+      continue;
+    }
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) {
+      *why = "setting without a value: " + ShownName(item);
+      return false;
+    }
+    const std::string k = item.substr(0, eq), v = item.substr(eq + 1);
+    bool ok = true;
+    if (k == "endpoint") {
+      c.endpoint = v;
+      ok = (v.rfind("http://", 0) == 0 || v.rfind("https://", 0) == 0) && v.back() != '/';
+    } else if (k == "region") {
+      c.region = v;
+      ok = !v.empty() && v.find(':') == std::string::npos;
+    } else if (k == "addressing") {
+      ok = v == "path" || v == "virtual";
+      c.path_style = v == "path";
+    } else if (k == "anon") {
+      ok = v == "0" || v == "1";
+      c.anonymous = v == "1";
+    } else if (k == "retries") {
+      char *e = nullptr;
+      const long n = std::strtol(v.c_str(), &e, 10);
+      ok = !v.empty() && !*e && n >= 0 && n <= 100;
+      c.retries = static_cast<int>(n);
+    } else if (k == "retry_seconds") {
+      ok = ParseSeconds(v, &c.retry_seconds);
+    } else if (k == "timeout") {
+      ok = ParseSeconds(v, &c.timeout);
+    } else if (k == "stall") {
+      ok = ParseSeconds(v, &c.stall);
+    } else if (k == "connect") {
+      ok = ParseSeconds(v, &c.connect);
+    } else {
+      *why = "unknown setting " + ShownName(k);
+      return false;
+    }
+    if (!ok) {
+      *why = "bad value for " + k + ": " + ShownName(v);
+      return false;
+    }
+  }
+  if (c.kind == "s3" && c.endpoint.empty()) {
+    *why = "an s3 store needs an endpoint";
+    return false;
+  }
+  *config = c;
+  return true;
+}
+
+void SetStoreCredentials(const std::string &spec, const std::string &key_id, const std::string &secret,
+                         const std::string &token) {
+  std::lock_guard<std::mutex> lock(CredentialsMutex());
+  if (key_id.empty())
+    CredentialsTable().erase(spec);
+  else
+    CredentialsTable()[spec] = Credentials{key_id, secret, token};
+}
+
+HttpStore::HttpStore(std::string spec, HttpStoreConfig config) : spec_(std::move(spec)), config_(std::move(config)) {}
+
+std::string HttpStore::NameOf(const std::string &key) const {
+  return config_.kind == "s3" ? ShownName("s3://" + key) : Shown(key);
+}
+
+#ifndef DALI_MESH_HAVE_CURL
+
+bool HaveHttp() { return false; }
+std::string HttpStore::UrlOf(const std::string &key) const { return key; }
+[[noreturn]] static void NoCurl() {
+  StoreFail("this build of dali_mesh has no libcurl: remote objects are read in Python (install "
+            "libcurl4-openssl-dev and rebuild for the native reader)");
+}
+std::unique_ptr<StoredObject> HttpStore::Open(const std::string &) const { NoCurl(); }
+std::unique_ptr<StoredObject> HttpStore::OpenVersion(const std::string &, const ObjectVersion &) const { NoCurl(); }
+bool HttpStore::Exists(const std::string &) const { NoCurl(); }
+bool HttpStore::Head(const std::string &, ObjectVersion *) const { NoCurl(); }
+int64_t HttpStore::Get(const std::string &, int64_t, int64_t, char *, const std::string &, int64_t) const { NoCurl(); }
+void HttpStore::GetVector(const std::string &, const std::vector<std::pair<char *, int64_t>> &, int64_t,
+                          const std::string &, int64_t) const {
+  NoCurl();
+}
+std::string HttpStore::ListPage(const std::string &, const std::string &, bool, const std::string &) const { NoCurl(); }
+
+#else  // DALI_MESH_HAVE_CURL
+
+bool HaveHttp() { return true; }
+
+namespace {
+
+void GlobalInit() {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+// One curl handle per thread: its connections stay open between requests (curl_easy_reset keeps them).
+struct ThreadHandle {
+  CURL *curl = nullptr;
+  ~ThreadHandle() {
+    if (curl) curl_easy_cleanup(curl);
+  }
+};
+
+CURL *HandleOfThread() {
+  thread_local ThreadHandle handle;
+  if (!handle.curl) {
+    GlobalInit();
+    handle.curl = curl_easy_init();
+    if (!handle.curl) StoreFail("libcurl could not make a handle (out of memory?)");
+  } else {
+    curl_easy_reset(handle.curl);
+  }
+  return handle.curl;
+}
+
+std::string Lower(std::string s) {
+  for (auto &ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+std::string Trim(const std::string &s) {
+  const size_t a = s.find_first_not_of(" \t\r\n"), b = s.find_last_not_of(" \t\r\n");
+  return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
+}
+
+// What one response said, and where its body went.
+struct Exchange {
+  // the destination of a 2xx body: buffers in order
+  const std::vector<std::pair<char *, int64_t>> *bufs = nullptr;
+  size_t buf = 0;
+  int64_t in_buf = 0, received = 0;
+  bool overflow = false;
+  std::string error_body;  // the first KiBs of a body of an error answer
+  std::string *text = nullptr;  // where a 2xx body goes when it is not read into buffers (a listing)
+  CURL *curl = nullptr;
+  // headers (of the last response: a redirect's are dropped)
+  std::string etag, content_range, last_modified, generation;
+  int64_t content_length = -1;
+
+  void Reset() {
+    buf = 0;
+    in_buf = received = 0;
+    overflow = false;
+    error_body.clear();
+    etag.clear();
+    content_range.clear();
+    last_modified.clear();
+    generation.clear();
+    content_length = -1;
+  }
+};
+
+size_t OnHeader(char *data, size_t size, size_t n, void *user) {
+  auto *x = static_cast<Exchange *>(user);
+  const std::string line(data, size * n);
+  if (line.rfind("HTTP/", 0) == 0) {  // a new response (after a redirect or a 100 Continue)
+    x->etag.clear();
+    x->content_range.clear();
+    x->last_modified.clear();
+    x->generation.clear();
+    x->content_length = -1;
+    return size * n;
+  }
+  const size_t colon = line.find(':');
+  if (colon == std::string::npos) return size * n;
+  const std::string name = Lower(Trim(line.substr(0, colon))), value = Trim(line.substr(colon + 1));
+  if (name == "etag") x->etag = value;
+  else if (name == "content-range") x->content_range = value;
+  else if (name == "last-modified") x->last_modified = value;
+  else if (name == "x-goog-generation") x->generation = value;
+  else if (name == "content-length") x->content_length = std::strtoll(value.c_str(), nullptr, 10);
+  return size * n;
+}
+
+size_t OnBody(char *data, size_t size, size_t n, void *user) {
+  auto *x = static_cast<Exchange *>(user);
+  const int64_t total = static_cast<int64_t>(size * n);
+  long status = 0;
+  curl_easy_getinfo(x->curl, CURLINFO_RESPONSE_CODE, &status);
+  if (x->text && status >= 200 && status < 300) {
+    if (x->text->size() + total > (size_t(64) << 20)) return 0;  // no listing page is that large
+    x->text->append(data, total);
+    return size * n;
+  }
+  if (status < 200 || status >= 300 || !x->bufs) {
+    if (x->error_body.size() < 4096) x->error_body.append(data, std::min<size_t>(total, 4096 - x->error_body.size()));
+    return size * n;
+  }
+  int64_t done = 0;
+  while (done < total) {
+    if (x->buf >= x->bufs->size()) {  // more than asked for: an error, never data
+      x->overflow = true;
+      return 0;
+    }
+    const auto &b = (*x->bufs)[x->buf];
+    const int64_t take = std::min(total - done, b.second - x->in_buf);
+    std::memcpy(b.first + x->in_buf, data + done, take);
+    done += take;
+    x->in_buf += take;
+    if (x->in_buf == b.second) {
+      x->buf++;
+      x->in_buf = 0;
+    }
+  }
+  x->received += total;
+  return size * n;
+}
+
+int OnProgress(void *, curl_off_t, curl_off_t, curl_off_t, curl_off_t) { return ReadCancelled() ? 1 : 0; }
+
+// The <Code> and <Message> of an S3 error body (never the rest: a SignatureDoesNotMatch body echoes
+// the string that was signed).
+std::string ErrorCode(const std::string &body) {
+  auto tag = [&](const std::string &name) {
+    const size_t a = body.find("<" + name + ">");
+    if (a == std::string::npos) return std::string();
+    const size_t from = a + name.size() + 2, b = body.find("</" + name + ">", from);
+    return b == std::string::npos ? std::string() : ShownName(body.substr(from, std::min<size_t>(b - from, 200)));
+  };
+  std::string code = tag("Code"), msg = tag("Message");
+  if (code.empty()) return std::string();
+  return msg.empty() ? code : code + ": " + msg;
+}
+
+bool Transient(CURLcode rc) {
+  switch (rc) {
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_RECV_ERROR:
+    case CURLE_SEND_ERROR:
+    case CURLE_GOT_NOTHING:
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool TransientStatus(long status) {
+  return status == 408 || status == 429 || status == 500 || status == 502 || status == 503 || status == 504;
+}
+
+double Jitter(double cap) {
+  thread_local std::mt19937_64 gen{std::random_device{}()};
+  return std::uniform_real_distribution<double>(0.0, cap)(gen);
+}
+
+}  // namespace
+
+namespace {
+
+// `text` percent-encoded as SigV4 canonicalises it (all but A-Z a-z 0-9 - . _ ~; '/' kept when `path`).
+std::string Escape(const std::string &text, bool path) {
+  static const char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : text) {
+    if (std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~' || (path && c == '/')) {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// The URL of the bucket (with a trailing '/') for the store's addressing style.
+static std::string BucketUrl(const HttpStoreConfig &config, const std::string &bucket) {
+  if (config.path_style) return config.endpoint + "/" + Escape(bucket, false) + "/";
+  const size_t scheme = config.endpoint.find("://") + 3;
+  return config.endpoint.substr(0, scheme) + bucket + "." + config.endpoint.substr(scheme) + "/";
+}
+
+std::string HttpStore::UrlOf(const std::string &key) const {
+  if (config_.kind == "http") return key;
+  // s3: bucket/path, each segment percent-encoded as SigV4 canonicalises it
+  const size_t slash = key.find('/');
+  const std::string bucket = key.substr(0, slash), path = slash == std::string::npos ? "" : key.substr(slash + 1);
+  return BucketUrl(config_, bucket) + Escape(path, true);
+}
+
+namespace {
+
+// One request (HEAD when `head`, else GET of `range` when not empty), retried as the header says;
+// fills `x` and returns the final status, or fails naming `name`, `what` and the attempts.
+long Perform(const HttpStore &store, const std::string &url, const std::string &name, const std::string &what,
+             bool head, const std::string &range, const std::string &if_match, Exchange *x) {
+  const HttpStoreConfig &cfg = store.config();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string last;
+  for (int attempt = 0;; attempt++) {
+    CURL *curl = HandleOfThread();
+    x->Reset();
+    if (x->text) x->text->clear();
+    x->curl = curl;
+    char errbuf[CURL_ERROR_SIZE] = {0};
+    struct curl_slist *headers = nullptr;
+    headers = curl_slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");  // curl 7.88 omits it
+    if (!range.empty()) headers = curl_slist_append(headers, ("Range: bytes=" + range).c_str());
+    if (!if_match.empty()) headers = curl_slist_append(headers, ("If-Match: " + if_match).c_str());
+    const Credentials cred = cfg.kind == "s3" && !cfg.anonymous ? CredentialsOf(store.spec()) : Credentials{};
+    if (!cred.token.empty()) headers = curl_slist_append(headers, ("x-amz-security-token: " + cred.token).c_str());
+    curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
+    curl_easy_setopt(curl, CURLOPT_NOBODY, head ? 1L : 0L);
+    curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 0L);
+    curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, errbuf);
+    curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, OnHeader);
+    curl_easy_setopt(curl, CURLOPT_HEADERDATA, x);
+    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, OnBody);
+    curl_easy_setopt(curl, CURLOPT_WRITEDATA, x);
+    curl_easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, OnProgress);
+    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(cfg.connect * 1000));
+    curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(cfg.timeout * 1000));
+    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME, std::max(1L, static_cast<long>(cfg.stall)));
+    curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(curl, CURLOPT_ACCEPT_ENCODING, nullptr);  // bytes as stored: no Content-Encoding
+    if (!cred.key_id.empty()) {
+      const std::string sigv4 = "aws:amz:" + cfg.region + ":s3";
+      curl_easy_setopt(curl, CURLOPT_AWS_SIGV4, sigv4.c_str());
+      curl_easy_setopt(curl, CURLOPT_USERNAME, cred.key_id.c_str());
+      curl_easy_setopt(curl, CURLOPT_PASSWORD, cred.secret.c_str());
+    }
+    const CURLcode rc = curl_easy_perform(curl);
+    long status = 0;
+    curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
+    // the secret is not left in the handle between requests
+    curl_easy_setopt(curl, CURLOPT_PASSWORD, "");
+    curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, nullptr);
+    curl_slist_free_all(headers);
+    const std::string where = name + " (" + what + ")";
+    if (rc == CURLE_ABORTED_BY_CALLBACK)
+      StoreFail(where + ": cancelled: the pipeline was stopped after an error");
+    if (rc == CURLE_WRITE_ERROR && x->overflow)
+      StoreFail(where + ": the server sent more bytes than the range asked for (HTTP " + std::to_string(status) +
+                "): a broken server or proxy; nothing of it is used");
+    bool again = false;
+    if (rc != CURLE_OK) {
+      last = std::string(curl_easy_strerror(rc)) + (errbuf[0] ? std::string(" (") + errbuf + ")" : "");
+      if (!Transient(rc)) StoreFail(where + ": " + last);
+      again = true;
+    } else if (TransientStatus(status)) {
+      last = "HTTP " + std::to_string(status);
+      const std::string code = ErrorCode(x->error_body);
+      if (!code.empty()) last += " " + code;
+      again = true;
+    }
+    if (!again) return status;
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double wait = Jitter(std::min(5.0, 0.05 * double(int64_t(1) << std::min(attempt, 20))));
+    if (attempt >= cfg.retries || elapsed + wait > cfg.retry_seconds)
+      StoreFail(where + ": " + last + " after " + std::to_string(attempt + 1) + " attempt" + (attempt ? "s" : "") +
+                " in " + std::to_string(static_cast<int>(elapsed + 0.5)) + " s (retries=" +
+                std::to_string(cfg.retries) + ", retry_seconds=" + std::to_string(static_cast<int>(cfg.retry_seconds)) +
+                "); the store is unreachable or overloaded");
+    std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+    if (ReadCancelled()) StoreFail(where + ": cancelled: the pipeline was stopped after an error");
+  }
+}
+
+[[noreturn]] void FailStatus(const std::string &where, long status, const Exchange &x) {
+  const std::string code = ErrorCode(x.error_body);
+  const std::string said = "HTTP " + std::to_string(status) + (code.empty() ? "" : " " + code);
+  if (status == 404) StoreFail(where + ": no such object (" + said + "); check the location");
+  if (status == 412)
+    StoreFail(where + ": the object was replaced since the plan was made (" + said + ": its ETag differs): what "
+              "was read could mix two versions; define the pipeline again");
+  if (status == 401 || status == 403)
+    StoreFail(where + ": access denied (" + said + "); check the credentials (storage_options key/secret/token, "
+              "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, AWS_PROFILE), the region and the "
+              "object's permissions, or anon=True for a public bucket");
+  StoreFail(where + ": " + said);
+}
+
+}  // namespace
+
+bool HttpStore::Head(const std::string &key, ObjectVersion *version) const {
+  Exchange x;
+  const std::string name = NameOf(key);
+  const long status = Perform(*this, UrlOf(key), name, "HEAD", true, "", "", &x);
+  if (status == 404) return false;
+  if (status < 200 || status >= 300) FailStatus(name + " (HEAD)", status, x);
+  if (x.content_length < 0) StoreFail(name + " (HEAD): the answer has no Content-Length: the size of the object is unknown");
+  version->size = x.content_length;
+  version->mtime_ns = -1;
+  version->tag = !x.etag.empty() ? x.etag : !x.generation.empty() ? "gen:" + x.generation : "";
+  if (version->tag.empty() && !x.last_modified.empty()) version->tag = "lm:" + x.last_modified;
+  return true;
+}
+
+void HttpStore::GetVector(const std::string &key, const std::vector<std::pair<char *, int64_t>> &bufs,
+                          int64_t offset, const std::string &if_match, int64_t size) const {
+  int64_t n = 0;
+  for (const auto &b : bufs) n += b.second;
+  if (n <= 0) return;
+  const std::string name = NameOf(key);
+  const std::string range = std::to_string(offset) + "-" + std::to_string(offset + n - 1);
+  const std::string what = "bytes " + range;
+  Exchange x;
+  x.bufs = &bufs;
+  FlightGuard flight(name, offset, n);
+  // If-Match only with an ETag (a tag made of a generation or a date is checked after the answer)
+  const bool etag = !if_match.empty() && if_match.rfind("gen:", 0) != 0 && if_match.rfind("lm:", 0) != 0;
+  const long status = Perform(*this, UrlOf(key), name, what, false, range, etag ? if_match : "", &x);
+  const std::string where = name + " (" + what + ")";
+  if (status == 416) StoreFail(where + ": the range lies past the end of the object (HTTP 416): it is shorter than planned");
+  if (status != 206 && status != 200) FailStatus(where, status, x);
+  if (!if_match.empty() && !x.etag.empty() && etag && x.etag != if_match)
+    StoreFail(where + ": the object was replaced since the plan was made (its ETag differs): define the pipeline again");
+  int64_t first = 0, last = -1, total = -1;
+  if (status == 206) {
+    if (std::sscanf(x.content_range.c_str(), "bytes %" SCNd64 "-%" SCNd64 "/%" SCNd64, &first, &last, &total) < 2)
+      StoreFail(where + ": the answer has no valid Content-Range (\"" + ShownName(x.content_range) + "\")");
+    if (x.content_range.find("/*") != std::string::npos) total = -1;
+  } else {  // 200: the server ignored the range and sent the whole object
+    first = 0;
+    last = x.received - 1;
+    total = x.received;
+    if (offset != 0)
+      StoreFail(where + ": the server ignored the Range header (HTTP 200): byte ranges are not supported there");
+  }
+  if (first != offset || last - first + 1 != x.received)
+    StoreFail(where + ": the answer holds bytes " + std::to_string(first) + "-" + std::to_string(last) + " in " +
+              std::to_string(x.received) + " bytes of body, not the range asked for: a short or broken answer; "
+              "nothing of it is used");
+  if (size >= 0 && total >= 0 && total != size)
+    StoreFail(where + ": the object is " + std::to_string(total) + " bytes now, " + std::to_string(size) +
+              " when it was opened: it was replaced; define the pipeline again");
+  if (x.received != n)
+    StoreFail(where + ": the object ended after " + std::to_string(x.received) + " of the " + std::to_string(n) +
+              " bytes (it is " + std::to_string(total) + " bytes): it is shorter than planned");
+}
+
+int64_t HttpStore::Get(const std::string &key, int64_t offset, int64_t n, char *dst, const std::string &if_match,
+                       int64_t size) const {
+  if (n <= 0) return 0;
+  if (offset < 0) StoreFail(NameOf(key) + ": read at negative offset " + std::to_string(offset));
+  if (size >= 0) {  // fewer bytes only at the end of the object
+    if (offset >= size) return 0;
+    n = std::min(n, size - offset);
+    GetVector(key, {{dst, n}}, offset, if_match, size);
+    return n;
+  }
+  ObjectVersion v;
+  if (!Head(key, &v)) StoreFail(NameOf(key) + ": no such object; check the location");
+  return Get(key, offset, n, dst, if_match.empty() ? v.tag : if_match, v.size);
+}
+
+namespace {
+
+class HttpObject : public StoredObject {
+ public:
+  HttpObject(const HttpStore *store, std::string key, const ObjectVersion &v) : store_(store), key_(std::move(key)) {
+    name_ = store->NameOf(key_);
+    version_ = v;
+  }
+  int64_t ReadAt(char *dst, int64_t n, int64_t offset) const override {
+    return store_->Get(key_, offset, n, dst, version_.tag, version_.size);
+  }
+  void ReadVector(std::vector<struct iovec> *iov, int64_t offset) const override {
+    std::vector<std::pair<char *, int64_t>> bufs;
+    bufs.reserve(iov->size());
+    int64_t n = 0;
+    for (const auto &v : *iov) {
+      bufs.emplace_back(static_cast<char *>(v.iov_base), static_cast<int64_t>(v.iov_len));
+      n += v.iov_len;
+    }
+    if (offset + n > version_.size)
+      StoreFail(name_ + ": read of " + std::to_string(n) + " bytes at byte " + std::to_string(offset) +
+                " runs past the end of the object (" + std::to_string(version_.size) + " bytes): it is shorter than "
+                "planned");
+    store_->GetVector(key_, bufs, offset, version_.tag, version_.size);
+    iov->clear();
+  }
+  void CheckUnchanged() const override {
+    // every read sent If-Match (an ETag) and had its total size checked; a tag made of a generation
+    // or a date is asked for again
+    if (version_.tag.rfind("gen:", 0) != 0 && version_.tag.rfind("lm:", 0) != 0 && !version_.tag.empty()) return;
+    ObjectVersion now;
+    if (!store_->Head(key_, &now) || now.size != version_.size || now.tag != version_.tag)
+      StoreFail(name_ + ": the object was replaced while it was read: what was read could mix two versions; define "
+                "the pipeline again");
+  }
+
+ private:
+  const HttpStore *store_;
+  std::string key_;
+};
+
+}  // namespace
+
+std::unique_ptr<StoredObject> HttpStore::Open(const std::string &key) const {
+  ObjectVersion v;
+  if (!Head(key, &v)) StoreFail(NameOf(key) + ": no such object; check the location");
+  return std::make_unique<HttpObject>(this, key, v);
+}
+
+std::unique_ptr<StoredObject> HttpStore::OpenVersion(const std::string &key, const ObjectVersion &planned) const {
+  if (planned.tag.empty() || planned.size < 0) return Open(key);
+  return std::make_unique<HttpObject>(this, key, planned);
+}
+
+bool HttpStore::Exists(const std::string &key) const {
+  ObjectVersion v;
+  return Head(key, &v);
+}
+
+std::string HttpStore::ListPage(const std::string &bucket, const std::string &prefix, bool delimiter,
+                                const std::string &continuation) const {
+  if (config_.kind != "s3") StoreFail(Shown(bucket) + ": plain HTTP(S) locations cannot be listed");
+  // the query's parameters sorted by name, encoded (SigV4 signs them so)
+  std::string query;
+  if (!continuation.empty()) query += "continuation-token=" + Escape(continuation, false) + "&";
+  if (delimiter) query += "delimiter=%2F&";
+  query += "list-type=2&prefix=" + Escape(prefix, false);
+  const std::string name = ShownName("s3://" + bucket + "/" + prefix);
+  std::string text;
+  Exchange x;
+  x.text = &text;
+  const long status = Perform(*this, BucketUrl(config_, bucket) + "?" + query, name, "list", false, "", "", &x);
+  if (status != 200) FailStatus(name + " (list)", status, x);
+  return text;
+}
+
+#endif  // DALI_MESH_HAVE_CURL
+
+}  // namespace dali_mesh

@@ -1,0 +1,92 @@
+// dali_mesh: remote object stores read by ranged GETs through libcurl: S3 and S3-compatible stores
+// (SigV4: keys, session tokens, custom endpoints, path-style or virtual-hosted addressing), Google
+// Cloud Storage through its S3-interoperable XML API (HMAC keys, or anonymous for public buckets) and
+// plain HTTP(S). Host only, DALI-free.
+//
+// A store is named in a plan by its spec, which holds no credential:
+//   "s3;endpoint=<url>;region=<r>;addressing=path|virtual;anon=0|1[;retries=N;retry_seconds=S;
+//    timeout=S;stall=S;connect=S]"   keys "bucket/path/of/object"
+//   "http[;retries=...]"                                keys are whole http:// or https:// URLs
+// Credentials are given to the process (SetStoreCredentials, from Python's storage_options or the
+// environment) and kept in memory only; never in a spec, a message or a plan.
+//
+// Each thread keeps one curl handle (its connections stay open between requests). Every read is one
+// ranged GET whose answer is checked (status, Content-Range, body length); an object opened with the
+// version a plan recorded (ETag) sends If-Match, so an object replaced since is an error naming it,
+// never a mix of two versions. 429, 5xx, dropped connections and stalls are retried with exponential
+// backoff and full jitter, bounded in attempts and in total time; errors name the URL (without
+// credentials or query), the range, the status and the attempts.
+#ifndef DALI_MESH_STORAGE_HTTP_STORE_H_
+#define DALI_MESH_STORAGE_HTTP_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "storage/byte_store.h"
+
+namespace dali_mesh {
+
+struct HttpStoreConfig {
+  std::string kind;          // "s3" (keys bucket/path) or "http" (keys are URLs)
+  std::string endpoint;      // s3: scheme://host[:port] (no trailing slash)
+  std::string region = "us-east-1";
+  bool path_style = true;    // s3: endpoint/bucket/key, else scheme://bucket.host/key
+  bool anonymous = false;    // s3: unsigned requests (public buckets)
+  int retries = 8;           // attempts after the first, for 429, 5xx, dropped connections and stalls
+  double retry_seconds = 60; // no new attempt starts this long after the first
+  double timeout = 300;      // one request, connect to last byte
+  double stall = 30;         // a request that receives nothing for this long is dropped (and retried)
+  double connect = 10;       // connecting
+};
+
+// Parses a spec (see above); false with the reason in `why`.
+bool ParseHttpSpec(const std::string &spec, HttpStoreConfig *config, std::string *why);
+
+// Whether this build reads remote stores (it was linked with libcurl).
+bool HaveHttp();
+
+// The credentials of the store named `spec` for this process (empty key: none, unsigned requests).
+void SetStoreCredentials(const std::string &spec, const std::string &key_id, const std::string &secret,
+                         const std::string &token);
+
+class HttpStore : public ByteStore {
+ public:
+  HttpStore(std::string spec, HttpStoreConfig config);
+  const std::string &spec() const override { return spec_; }
+  std::unique_ptr<StoredObject> Open(const std::string &key) const override;
+  // With the version the plan recorded (an ETag): no HEAD request; every read sends If-Match.
+  std::unique_ptr<StoredObject> OpenVersion(const std::string &key, const ObjectVersion &planned) const override;
+  bool Exists(const std::string &key) const override;
+  void Prefetch(const std::string &, const std::vector<std::pair<int64_t, int64_t>> &) const override {}
+
+  // The object as messages name it: s3://bucket/key, or the URL without credentials and query.
+  std::string NameOf(const std::string &key) const;
+  // HEAD: the version of `key` (size, ETag in tag), or false when it does not exist.
+  bool Head(const std::string &key, ObjectVersion *version) const;
+  // One ranged GET of [offset, offset + n) into `dst` (fewer bytes only at the end of the object);
+  // `if_match` (an ETag) when not empty; `size` the object's size when known (-1). Returns the bytes.
+  int64_t Get(const std::string &key, int64_t offset, int64_t n, char *dst, const std::string &if_match,
+              int64_t size) const;
+  // As Get, into the buffers of `iov` in order, all of them filled or an error.
+  void GetVector(const std::string &key, const std::vector<std::pair<char *, int64_t>> &bufs, int64_t offset,
+                 const std::string &if_match, int64_t size) const;
+
+  // One page (at most 1000 keys) of an S3 ListObjectsV2 of `bucket` under `prefix`, grouped at '/'
+  // when `delimiter`, after `continuation` (empty: the first page): the XML answer as the server sent it.
+  std::string ListPage(const std::string &bucket, const std::string &prefix, bool delimiter,
+                       const std::string &continuation) const;
+
+  const HttpStoreConfig &config() const { return config_; }
+
+ private:
+  std::string UrlOf(const std::string &key) const;
+  std::string spec_;
+  HttpStoreConfig config_;
+};
+
+}  // namespace dali_mesh
+
+#endif  // DALI_MESH_STORAGE_HTTP_STORE_H_
