@@ -516,7 +516,7 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
             _coder_steps(filters, 0, path, name)  # the pipeline runs as a whole
         if ds.external or ds.is_virtual:
             raise NotNativeError(f"{path}: dataset {name!r} has external or virtual storage")
-        if not os.path.samefile(ds.file.filename, path):
+        if (not os.path.samefile(ds.file.filename, path)) if bytes_store.local else ds.file.filename != f.filename:
             # an external link (allow_external=True): the offsets are in another file
             raise NotNativeError(f"{path}: dataset {name!r} lives in {ds.file.filename} "
                                  "(an external link)")

@@ -560,7 +560,11 @@ def plan_npy_files(files: Sequence[str], *, region_of, index_maps=None, sample_s
                 wplan, h.dtype, h.fortran_order, u.file_off, u.dst_off, u.unit_bytes, u.groups, check, repeat=u.repeat))
         k = plan_of_header[check]
         store, key = native_store(files[i])
-        plans.files.append(PlanFile(key, h.file_size, store=store.spec))  # one entry per file: item i reads file i
+        # one entry per file: item i reads file i. A local file is checked by its size and header at
+        # each read; an object also by its ETag (every read sends If-Match: no HEAD request per read)
+        version = None if store.local else store.stat(key)
+        tag = version.tag.encode() if version is not None and version.size == h.file_size else b""
+        plans.files.append(PlanFile(key, h.file_size, store=store.spec, tag=tag))
         items.append((k, [(i, k, 0, 0)]))
     plans.items = items
     return plans

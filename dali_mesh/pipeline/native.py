@@ -202,9 +202,10 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
 
             log.info("read_windows: %s; using partitioned_source", e)
             return partitioned_source(source, device, name=name, layout=layout, **kwargs)
-    from dali_mesh.pipeline.plugin import load_plugin
+    from dali_mesh.pipeline.plugin import load_plugin, share_plugin_credentials
 
     ops = load_plugin()
+    share_plugin_credentials(f.store for p in plans for f in p.files)
     # several outputs (a forecast's input and target) are one operator's, so that the chunks they
     # share are read and decoded once per batch
     path = (plans[0] if len(plans) == 1 else PlanSet.joined(plans)).write(plan_dir)

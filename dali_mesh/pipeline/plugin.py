@@ -106,3 +106,17 @@ def _entry(name: str, restype, argtypes):
     if fn is not None:
         fn.restype, fn.argtypes = restype, argtypes
     return fn
+
+
+def share_plugin_credentials(specs) -> None:
+    """Gives the plugin's remote stores ``specs`` this process's credentials (the plugin has its own
+    copy of the stores: csrc/c_api/store_api.cc); nothing for local files."""
+    specs = [s for s in specs if s != "file"]
+    if not specs:
+        return
+    import ctypes  # noqa: PLC0415
+
+    from dali_mesh.storage.remote import share_credentials  # noqa: PLC0415
+
+    # the library DALI loaded: dlopen of the same path gives the same handle
+    share_credentials(ctypes.CDLL(str(PLUGIN_PATH)), specs)

@@ -2,8 +2,10 @@
 
 ``store_of(location)`` gives the store and key of a location. Local paths are read by the
 :class:`~dali_mesh.storage.local.LocalStore` (POSIX: ``preadv``, ``fadvise``, ``O_DIRECT``, ``mmap``);
-another backend registers its URL scheme with :func:`register_scheme` and passes the shared store
-tests (``tests/storage/store_tests.py``).
+``s3://``, ``gs://`` and ``http(s)://`` locations by the
+:class:`~dali_mesh.storage.remote.RemoteStore` (ranged GETs through libcurl). Another backend
+registers its URL scheme with :func:`register_scheme` and passes the shared store tests
+(``tests/storage/store_tests.py``).
 """
 from __future__ import annotations
 
@@ -50,3 +52,16 @@ def store_of(location, options: dict | None = None) -> tuple[ByteStore, str]:
         raise UnsupportedLocationError(location, f"no store of this build reads {scheme}:// locations (local paths "
                                                  f"and file:// are read; other schemes registered: {known})")
     return resolve(location, dict(options or {}))
+
+
+def _remote(name: str):
+    def resolve(location: str, options: dict):
+        from dali_mesh.storage import remote  # noqa: PLC0415 - ctypes and the kernels library on first use
+
+        return getattr(remote, name)(location, options)
+
+    return resolve
+
+
+for _scheme, _name in (("s3", "resolve_s3"), ("gs", "resolve_gs"), ("http", "resolve_http"), ("https", "resolve_http")):
+    register_scheme(_scheme, _remote(_name))

@@ -1,0 +1,442 @@
+"""Remote object stores: ``s3://bucket/key`` (S3 and S3-compatible stores: SigV4 with keys and session
+tokens, custom endpoints, path-style or virtual-hosted addressing), ``gs://bucket/key`` (Google Cloud
+Storage through its S3-interoperable XML API: anonymous for public buckets, or HMAC keys) and
+``https://host/path`` (anonymous HTTP(S), e.g. ``https://storage.googleapis.com/BUCKET/KEY``).
+
+Every request goes through one client, libcurl's, in ``csrc/storage/http_store.cc`` (called here
+through the kernels library, and by the native reader on DALI's threads): ranged GETs whose answers
+are checked (status, ``Content-Range``, body length), ``If-Match`` with the ETag of the version opened
+(an object replaced meanwhile is an error naming it, never a mix of two versions), retries with
+backoff and jitter on 429, 5xx, dropped connections and stalls, bounded in attempts and time.
+
+Credentials come from ``storage_options`` (named as fsspec's s3fs names them: ``anon``, ``key``,
+``secret``, ``token``, ``endpoint_url``, ``client_kwargs={"region_name": ...}``, ``profile``) or the
+environment as boto3 reads it (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
+``AWS_ENDPOINT_URL``, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, ``AWS_PROFILE`` with
+``~/.aws/credentials``). They live in this process's memory only: a store's ``spec`` (what a plan
+records), its ``repr``, its messages and its pickles (the worker processes resolve them again) hold none.
+"""
+from __future__ import annotations
+
+import configparser
+import ctypes
+import os
+import threading
+import urllib.parse
+import xml.etree.ElementTree as ET
+from typing import NamedTuple, Sequence
+
+from dali_mesh.storage.base import ByteStore, StoredObject, Version
+from dali_mesh.storage.errors import DataFileError, FileChangedError, MissingFileError, TruncatedFileError
+
+__all__ = ["RemoteObject", "RemoteStore", "have_native_http", "resolve_gs", "resolve_http", "resolve_s3",
+           "share_credentials"]
+
+#: settings of the client, besides credentials (see csrc/storage/http_store.h)
+CLIENT_SETTINGS = ("retries", "retry_seconds", "timeout", "stall", "connect")
+_S3_OPTIONS = {"anon", "key", "secret", "token", "endpoint_url", "client_kwargs", "config_kwargs", "profile",
+               "region", "addressing", "use_ssl", *CLIENT_SETTINGS}
+_GS_OPTIONS = {"anon", "key", "secret", "token", "endpoint_url", "project", *CLIENT_SETTINGS}
+_HTTP_OPTIONS = set(CLIENT_SETTINGS)
+_ERR = 4096
+
+
+class _Credentials(NamedTuple):
+    key: str
+    secret: str
+    token: str
+
+    def __repr__(self) -> str:  # never shown
+        return "_Credentials(...)"
+
+
+# ---- the C entry points (csrc/c_api/store_api.cc) -----------------------------------------------------
+_lib_lock = threading.Lock()
+_libs: list = []
+
+
+def _kernels():
+    from dali_mesh import _kernels  # noqa: PLC0415 - the native library, loaded on first use
+
+    lib = _kernels.load()
+    if not getattr(lib, "_dm_store_bound", False):
+        _bind(lib)
+    return lib
+
+
+def _bind(lib) -> None:
+    c, i64, p = ctypes.c_char_p, ctypes.c_int64, ctypes.c_void_p
+    lib.dali_mesh_store_have_http.restype = ctypes.c_int
+    lib.dali_mesh_store_credentials.argtypes = [c, c, c, c, c, i64]
+    lib.dali_mesh_store_credentials.restype = ctypes.c_int
+    lib.dali_mesh_store_head.argtypes = [c, c, ctypes.POINTER(i64), c, i64, c, i64]
+    lib.dali_mesh_store_head.restype = i64
+    lib.dali_mesh_store_get.argtypes = [c, c, i64, i64, c, i64, p, c, i64]
+    lib.dali_mesh_store_get.restype = i64
+    lib.dali_mesh_store_list.argtypes = [c, c, c, ctypes.c_int, c, c, i64, c, i64]
+    lib.dali_mesh_store_list.restype = i64
+    lib._dm_store_bound = True
+
+
+def have_native_http() -> bool:
+    """Whether this build reads remote objects through libcurl (it was built with
+    ``libcurl4-openssl-dev``)."""
+    try:
+        return bool(_kernels().dali_mesh_store_have_http())
+    except Exception:  # noqa: BLE001 - no kernels library: no native reads of any kind
+        return False
+
+
+def _message(err) -> str:
+    text = err.value.decode("utf-8", "replace")
+    return text.removeprefix("read_windows: ")
+
+
+def give_credentials(lib, spec: str, cred: _Credentials | None) -> None:
+    """Gives the store ``spec`` of the library ``lib`` (the kernels library, or the DALI plugin, which
+    has its own copy of the stores) this process's credentials."""
+    err = ctypes.create_string_buffer(_ERR)
+    key, secret, token = cred if cred else ("", "", "")
+    if lib.dali_mesh_store_credentials(spec.encode(), key.encode(), secret.encode(), token.encode(), err, _ERR) < 0:
+        raise DataFileError(spec, _message(err))
+
+
+def share_credentials(lib, specs) -> None:
+    """Gives the stores ``specs`` of the loaded library ``lib`` (the DALI plugin, whose stores are its
+    own) the credentials this process resolved for them (plans name stores without credentials)."""
+    remote = [spec for spec in dict.fromkeys(specs) if spec.split(";")[0] in ("s3", "http")]
+    if not remote:
+        return
+    if not getattr(lib, "_dm_store_bound", False):
+        _bind(lib)
+    for spec in remote:
+        give_credentials(lib, spec, _known_credentials.get(spec))
+
+
+# ---- the store ------------------------------------------------------------------------------------------
+class RemoteObject(StoredObject):
+    """One object opened at its version (size and ETag from a HEAD request); every read sends
+    ``If-Match``."""
+
+    def __init__(self, store: "RemoteStore", key: str, version: Version) -> None:
+        self.store, self.key = store, key
+        self._version = version
+
+    @property
+    def version(self) -> Version:
+        return self._version
+
+    def _get(self, dst, n: int, offset: int) -> int:
+        lib = self.store._lib()
+        err = ctypes.create_string_buffer(_ERR)
+        got = lib.dali_mesh_store_get(self.store.spec.encode(), self.key.encode(), offset, n,
+                                      self._version.tag.encode(), self._version.size, dst, err, _ERR)
+        if got < 0:
+            self.store._raise(self.key, _message(err))
+        return got
+
+    def readv(self, buffers: Sequence, offset: int) -> int:
+        views = [memoryview(b).cast("B") for b in buffers]
+        n = sum(len(v) for v in views)
+        if n == 0 or offset >= self._version.size:
+            return 0
+        if len(views) == 1 and not views[0].readonly:
+            return self._get(ctypes.addressof(ctypes.c_char.from_buffer(views[0])) if n else None, n, offset)
+        tmp = bytearray(min(n, self._version.size - offset))
+        got = self._get((ctypes.c_char * len(tmp)).from_buffer(tmp), len(tmp), offset)
+        done = 0
+        for v in views:
+            take = min(len(v), got - done)
+            v[:take] = tmp[done:done + take]
+            done += take
+            if done == got:
+                break
+        return got
+
+    def check_unchanged(self) -> None:
+        now = self.store.stat(self.key)
+        if now is None or now.size != self._version.size or now.tag != self._version.tag:
+            raise FileChangedError(self.name, "changed while it was read (it was replaced: its ETag or size "
+                                              "differs); the window is not returned")
+
+
+class RemoteStore(ByteStore):
+    """Objects of one remote service read by ranged GETs (see the module's doc). ``kind`` is ``"s3"``
+    (keys ``bucket/path``) or ``"http"`` (keys are URLs)."""
+
+    local = False
+
+    def __init__(self, kind: str, *, endpoint: str = "", region: str = "us-east-1", addressing: str = "path",
+                 anon: bool = False, settings: dict | None = None, credentials: _Credentials | None = None,
+                 scheme: str = "s3") -> None:
+        self.kind = kind
+        self.scheme = scheme
+        parts = [kind]
+        if kind == "s3":
+            parts += [f"endpoint={endpoint}", f"region={region}", f"addressing={addressing}", f"anon={int(anon)}"]
+        for name in CLIENT_SETTINGS:
+            if settings and settings.get(name) is not None:
+                parts.append(f"{name}={settings[name]}")
+        self.spec = ";".join(parts)
+        self.anon = anon
+        self._credentials = None if anon else credentials
+        self._given: set[int] = set()
+
+    @property
+    def native(self) -> bool:  # type: ignore[override]
+        return have_native_http()
+
+    def _lib(self):
+        lib = _kernels()
+        if not lib.dali_mesh_store_have_http():
+            raise DataFileError(self.spec.split(";")[0] + "://", "this build of dali_mesh has no libcurl, so it "
+                                "reads no remote objects: install libcurl4-openssl-dev and rebuild (make install)")
+        if id(lib) not in self._given:
+            give_credentials(lib, self.spec, self._credentials)
+            self._given.add(id(lib))
+        return lib
+
+    def give_credentials_to(self, lib) -> None:
+        """Gives another loaded library with the store C API (the DALI plugin) this store's credentials."""
+        give_credentials(lib, self.spec, self._credentials)
+
+    def name_of(self, key: str) -> str:
+        if self.kind == "s3":
+            return f"{self.scheme}://{key}"
+        parts = urllib.parse.urlsplit(key)
+        host = parts.hostname or ""
+        if parts.port:
+            host += f":{parts.port}"
+        return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+    def _raise(self, key: str, message: str):
+        name = self.name_of(key)
+        message = message.removeprefix(name).lstrip(" :")
+        if "no such object" in message:
+            raise MissingFileError(name, message)
+        if "replaced" in message:
+            raise FileChangedError(name, message)
+        if "shorter than planned" in message or "past the end" in message:
+            raise TruncatedFileError(name, message)
+        raise DataFileError(name, message)
+
+    def stat(self, key: str) -> Version | None:
+        lib = self._lib()
+        size, tag, err = ctypes.c_int64(), ctypes.create_string_buffer(1024), ctypes.create_string_buffer(_ERR)
+        found = lib.dali_mesh_store_head(self.spec.encode(), key.encode(), ctypes.byref(size), tag, 1024, err, _ERR)
+        if found < 0:
+            self._raise(key, _message(err))
+        return Version(size.value, -1, tag.value.decode()) if found else None
+
+    def open(self, key: str, what: str = "file", *, direct: bool = False) -> RemoteObject:
+        version = self.stat(key)
+        if version is None:
+            raise MissingFileError(self.name_of(key), f"no such {what} (no such object); check the location")
+        return RemoteObject(self, key, version)
+
+    def open_version(self, key: str, version: Version) -> RemoteObject:
+        """``key`` at a version known already (a listing's ETag and size): no HEAD request."""
+        return RemoteObject(self, key, version)
+
+    def list_page(self, bucket: str, prefix: str, delimiter: bool, continuation: str = "") -> str:
+        lib = self._lib()
+        err = ctypes.create_string_buffer(_ERR)
+        size = 1 << 20
+        while True:
+            out = ctypes.create_string_buffer(size)
+            n = lib.dali_mesh_store_list(self.spec.encode(), bucket.encode(), prefix.encode(), int(delimiter),
+                                         continuation.encode(), out, size, err, _ERR)
+            if n < 0:
+                self._raise(f"{bucket}/{prefix}", _message(err))
+            if n < size:
+                return out.value.decode("utf-8")
+            size = n + 1
+
+    def list(self, prefix: str, delimiter: bool = True) -> tuple[list[tuple[str, Version]], list[str]]:
+        """The objects under ``prefix`` (``bucket/path/``: keys and versions) and, with ``delimiter``, the
+        ``prefixes`` one level down (S3 ListObjectsV2, every page)."""
+        if self.kind != "s3":
+            raise DataFileError(self.name_of(prefix), "plain HTTP(S) locations cannot be listed: give the object's "
+                                "own URL, or its s3:// or gs:// location")
+        bucket, _, sub = prefix.partition("/")
+        objects, prefixes, token = [], [], ""
+        while True:
+            root = ET.fromstring(self.list_page(bucket, sub, delimiter, token))
+            ns = root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+            for c in root.iter(f"{ns}Contents"):
+                objects.append((f"{bucket}/{c.findtext(f'{ns}Key')}",
+                                Version(int(c.findtext(f"{ns}Size") or -1), -1, c.findtext(f"{ns}ETag") or "")))
+            prefixes += [f"{bucket}/{p.findtext(f'{ns}Prefix')}" for p in root.iter(f"{ns}CommonPrefixes")]
+            token = root.findtext(f"{ns}NextContinuationToken") or ""
+            if (root.findtext(f"{ns}IsTruncated") or "false").lower() != "true" or not token:
+                return objects, prefixes
+
+    def zarr_store(self, key: str):
+        from dali_mesh.storage.zarr_store import ByteZarrStore  # noqa: PLC0415 - zarr only when asked
+
+        return ByteZarrStore(self, key)
+
+    def __reduce__(self):
+        # the credentials are not pickled: a worker process resolves its own (storage_options are
+        # registered again by the source that holds them, the environment is inherited)
+        return (_unpickle, (self.kind, self.spec, self.scheme, self.anon))
+
+    def __repr__(self) -> str:
+        return f"RemoteStore({self.spec!r})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, RemoteStore) and other.spec == self.spec and other.scheme == self.scheme
+
+    def __hash__(self) -> int:
+        return hash((self.spec, self.scheme))
+
+
+def _unpickle(kind: str, spec: str, scheme: str, anon: bool) -> RemoteStore:
+    store = RemoteStore.__new__(RemoteStore)
+    store.kind, store.spec, store.scheme, store.anon = kind, spec, scheme, anon
+    store._given = set()
+    store._credentials = None if anon else _known_credentials.get(spec) or _environment_credentials(None)
+    return store
+
+
+#: credentials this process resolved, per store spec (so that a store unpickled in this process finds them)
+_known_credentials: dict[str, _Credentials] = {}
+
+
+# ---- locations and options ------------------------------------------------------------------------------
+def _check_options(options: dict, known: set, scheme: str) -> None:
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"storage_options for {scheme}:// locations do not take {unknown}; known: {sorted(known)}")
+
+
+def _settings(options: dict) -> dict:
+    out = {}
+    for name in CLIENT_SETTINGS:
+        value = options.get(name)
+        if value is None:
+            continue
+        if name == "retries":
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 100:
+                raise ValueError(f"storage_options retries must be an integer in [0, 100], got {value!r}")
+        elif not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 1e6:
+            raise ValueError(f"storage_options {name} must be a number of seconds > 0, got {value!r}")
+        out[name] = value
+    return out
+
+
+def _profile_credentials(profile: str | None) -> _Credentials | None:
+    """The keys of ``profile`` (or ``AWS_PROFILE``, or ``default``) in ``~/.aws/credentials``
+    (``AWS_SHARED_CREDENTIALS_FILE``), as boto3 reads them."""
+    path = os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or os.path.expanduser("~/.aws/credentials")
+    name = profile or os.environ.get("AWS_PROFILE") or "default"
+    parser = configparser.RawConfigParser()
+    try:
+        parser.read(path)
+    except (OSError, configparser.Error):
+        return None
+    if not parser.has_section(name) or not parser.has_option(name, "aws_access_key_id"):
+        if profile:
+            raise ValueError(f"profile {profile!r} has no aws_access_key_id in {path}")
+        return None
+    sec = parser[name]
+    return _Credentials(sec.get("aws_access_key_id", ""), sec.get("aws_secret_access_key", ""),
+                        sec.get("aws_session_token", ""))
+
+
+def _profile_region(profile: str | None) -> str | None:
+    path = os.environ.get("AWS_CONFIG_FILE") or os.path.expanduser("~/.aws/config")
+    name = profile or os.environ.get("AWS_PROFILE") or "default"
+    parser = configparser.RawConfigParser()
+    try:
+        parser.read(path)
+    except (OSError, configparser.Error):
+        return None
+    section = name if name == "default" else f"profile {name}"
+    return parser.get(section, "region", fallback=None) if parser.has_section(section) else None
+
+
+def _environment_credentials(profile: str | None) -> _Credentials | None:
+    key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if key and secret and not profile:
+        return _Credentials(key, secret, os.environ.get("AWS_SESSION_TOKEN", ""))
+    return _profile_credentials(profile)
+
+
+def _bucket_and_key(location: str, scheme: str) -> str:
+    rest = location.split("://", 1)[1]
+    bucket = rest.split("/", 1)[0]
+    if not bucket or "?" in rest or "#" in rest:
+        raise DataFileError(location, f"is not a {scheme}://BUCKET/KEY location")
+    return rest
+
+
+def resolve_s3(location: str, options: dict) -> tuple[RemoteStore, str]:
+    """The store and key of ``s3://bucket/key`` with s3fs-named ``options``."""
+    _check_options(options, _S3_OPTIONS, "s3")
+    key = _bucket_and_key(location, "s3")
+    client = dict(options.get("client_kwargs") or {})
+    profile = options.get("profile")
+    region = (options.get("region") or client.get("region_name") or os.environ.get("AWS_REGION")
+              or os.environ.get("AWS_DEFAULT_REGION") or _profile_region(profile) or "us-east-1")
+    endpoint = (options.get("endpoint_url") or client.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3")
+                or os.environ.get("AWS_ENDPOINT_URL") or "")
+    addressing = options.get("addressing") or ((options.get("config_kwargs") or {}).get("s3") or {}).get(
+        "addressing_style")
+    if not endpoint:
+        endpoint = f"https://s3.{region}.amazonaws.com"
+        addressing = addressing or "virtual"
+    addressing = addressing or "path"  # a custom endpoint (MinIO, Ceph, a local server): path-style
+    if addressing not in ("path", "virtual"):
+        raise ValueError(f"storage_options addressing must be 'path' or 'virtual', got {addressing!r}")
+    endpoint = endpoint.rstrip("/")
+    if not endpoint.startswith(("http://", "https://")):
+        raise ValueError(f"endpoint_url must start with http:// or https://, got {endpoint!r}")
+    anon = bool(options.get("anon", False))
+    cred = None
+    if not anon:
+        if options.get("key") or options.get("secret"):
+            if not (options.get("key") and options.get("secret")):
+                raise ValueError("storage_options needs both key and secret (or neither)")
+            cred = _Credentials(str(options["key"]), str(options["secret"]), str(options.get("token") or ""))
+        else:
+            cred = _environment_credentials(profile)
+        anon = cred is None  # no credentials anywhere: unsigned requests (a public bucket)
+    store = RemoteStore("s3", endpoint=endpoint, region=region, addressing=addressing, anon=anon,
+                        settings=_settings(options), credentials=cred, scheme="s3")
+    if cred:
+        _known_credentials[store.spec] = cred
+    return store, key
+
+
+def resolve_gs(location: str, options: dict) -> tuple[RemoteStore, str]:
+    """The store and key of ``gs://bucket/key``: GCS's XML API (``https://storage.googleapis.com``),
+    anonymous (public buckets) or signed with HMAC keys (``key``, ``secret``)."""
+    _check_options(options, _GS_OPTIONS, "gs")
+    key = _bucket_and_key(location, "gs")
+    token = options.get("token")
+    if token not in (None, "anon"):
+        raise DataFileError(location, "GCS OAuth tokens and service-account files are not supported yet: give HMAC "
+                            "keys (storage_options key=..., secret=...) or read a public bucket anonymously "
+                            "(anon=True or token='anon')")
+    endpoint = str(options.get("endpoint_url") or "https://storage.googleapis.com").rstrip("/")
+    cred = None
+    if options.get("key") and options.get("secret") and not options.get("anon") and token != "anon":
+        cred = _Credentials(str(options["key"]), str(options["secret"]), "")
+    store = RemoteStore("s3", endpoint=endpoint, region="auto", addressing="path", anon=cred is None,
+                        settings=_settings(options), credentials=cred, scheme="gs")
+    if cred:
+        _known_credentials[store.spec] = cred
+    return store, key
+
+
+def resolve_http(location: str, options: dict) -> tuple[RemoteStore, str]:
+    """The store and key of an ``http(s)://`` URL: anonymous GETs of the URL itself."""
+    _check_options(options, _HTTP_OPTIONS, "http(s)")
+    parts = urllib.parse.urlsplit(location)
+    if not parts.hostname:
+        raise DataFileError(location, "is not an http(s):// URL with a host")
+    if parts.username or parts.password:
+        raise DataFileError(f"{parts.scheme}://{parts.hostname}{parts.path}",
+                            "credentials in a URL are not taken (they would show in plans and logs)")
+    return RemoteStore("http", settings=_settings(options), scheme=parts.scheme), location
