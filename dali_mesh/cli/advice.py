@@ -27,6 +27,7 @@ from dali_mesh.io.formats import format_named
 from dali_mesh.plan import WindowPlan, plan_window
 from dali_mesh.io.hdf5 import only_dataset_name
 from dali_mesh.partition import Layout, LayoutError, Region
+from dali_mesh.storage import store_of
 
 __all__ = [
     "MAX_CHUNK_BYTES",
@@ -416,6 +417,13 @@ class _ZarrTarget(LayoutTarget):
 
     def _chunk_size(self, idx) -> int:
         key = self._metadata.encode_chunk_key(tuple(idx))
+        store, root = store_of(self._root)
+        if not store.local:  # an object's size, asked once (a HEAD request)
+            sizes = self.__dict__.setdefault("_remote_sizes", {})
+            if key not in sizes:
+                version = store.stat(f"{root.rstrip('/')}/{key}")
+                sizes[key] = 0 if version is None else version.size
+            return sizes[key]
         try:
             return os.path.getsize(os.path.join(self._root, *key.split("/")))
         except OSError:  # a chunk never written: zarr returns the fill value, reading nothing

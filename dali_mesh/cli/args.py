@@ -17,6 +17,7 @@ import numpy as np
 from dali_mesh.io.formats import FORMATS, format_of
 from dali_mesh.mesh import MeshInfo, parse_mesh_shape, resolve_mesh_shape
 from dali_mesh.partition import Layout, check_fill_value
+from dali_mesh.storage import DataFileError, store_of
 
 __all__ = [
     "UsageError",
@@ -236,16 +237,32 @@ def data_kind(path: str) -> str | None:
 def find_data(path: str, what: str = "--data") -> tuple[str, list[str]]:
     """``(format name, files)`` of a data path: one file or store of a registered format, or a folder
     of them (the first format found, in the registry's order; files sorted by name)."""
-    if not os.path.exists(path):
-        raise UsageError(f"{what} {path!r} does not exist")
-    fmt = format_of(path)
-    if fmt is not None and (fmt.container == "store" or not os.path.isdir(path)):
-        return fmt.name, [path]
     names = ", ".join(s for f in FORMATS.values() for s in f.probe_names())
-    if not os.path.isdir(path):
-        raise UsageError(f"{what} {path!r} is neither a file or store of a known format ({names}) nor a folder of "
-                         "them")
-    entries = sorted(os.path.join(path, e) for e in os.listdir(path))
+    store, key = store_of(path)
+    if not store.local:  # s3://, gs://, https://: by name; a prefix is listed
+        fmt = format_of(path)
+        if fmt is not None:
+            return fmt.name, [path]
+        try:
+            objects, prefixes = store.list(key.rstrip("/") + "/")
+        except AttributeError:
+            raise UsageError(f"{what} {path!r} is not a file or store of a known format ({names}), and its store "
+                             "cannot list a folder") from None
+        except DataFileError as e:
+            raise UsageError(f"{what} {path!r} is not a file or store of a known format ({names}), and {e}") from None
+        entries = sorted(store.name_of(k) for k, _ in objects) + sorted(store.name_of(p.rstrip("/")) for p in prefixes)
+        if not entries:
+            raise UsageError(f"{what} {path!r} does not exist (no object under it)")
+    else:
+        if not os.path.exists(path):
+            raise UsageError(f"{what} {path!r} does not exist")
+        fmt = format_of(path)
+        if fmt is not None and (fmt.container == "store" or not os.path.isdir(path)):
+            return fmt.name, [path]
+        if not os.path.isdir(path):
+            raise UsageError(f"{what} {path!r} is neither a file or store of a known format ({names}) nor a folder "
+                             "of them")
+        entries = sorted(os.path.join(path, e) for e in os.listdir(path))
     for fmt in FORMATS.values():
         files = [e for e in entries if fmt.probe(e)]
         if files:

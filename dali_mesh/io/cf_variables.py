@@ -85,14 +85,16 @@ def open_dataset_group(path: str | os.PathLike) -> dict[str, DatasetVariable]:
     file is what the reader reads chunks by, and a consolidated copy left stale (an array grown or
     rewritten without consolidating again) would describe another array."""
     import zarr
-    from zarr.storage import LocalStore
 
     from dali_mesh.io.zarr import check_store_dir
+    from dali_mesh.storage import store_of
 
     path = str(path)
-    check_store_dir(path)
+    bytes_store, key = store_of(path)
+    if bytes_store.local:
+        check_store_dir(key)
     try:
-        group = zarr.open_group(store=LocalStore(path, read_only=True), mode="r", use_consolidated=False)
+        group = zarr.open_group(store=bytes_store.zarr_store(key), mode="r", use_consolidated=False)
     except Exception as e:  # noqa: BLE001 - zarr raises many kinds for a folder that is no group
         raise DataFileError(path, f"is not a Zarr group of variables ({type(e).__name__}: {e})") from None
     out = {}

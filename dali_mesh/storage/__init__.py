@@ -20,10 +20,12 @@ from dali_mesh.storage.local import LOCAL, LocalStore
 
 __all__ = ["ByteStore", "DataFileError", "FileChangedError", "LOCAL", "LocalStore", "MissingFileError",
            "NotRegularFileError", "StoredFile", "StoredObject", "TruncatedFileError", "UnsupportedLocationError", "Version",
-           "read_exactly", "readv_all", "register_scheme", "store_of"]
+           "read_exactly", "readv_all", "register_options", "register_scheme", "store_of"]
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")  # RFC 3986's scheme
 _SCHEMES: dict[str, Callable[[str, dict], tuple[ByteStore, str]]] = {}
+#: storage options given for the locations of one bucket or host ("scheme://bucket"), in this process
+_OPTIONS: dict[str, dict] = {}
 
 
 class UnsupportedLocationError(DataFileError):
@@ -36,9 +38,31 @@ def register_scheme(scheme: str, resolve: Callable[[str, dict], tuple[ByteStore,
     _SCHEMES[scheme.lower()] = resolve
 
 
+def _root(location: str) -> str:
+    scheme, _, rest = location.partition("://")
+    return f"{scheme.lower()}://{rest.split('/', 1)[0]}"
+
+
+def register_options(locations, options: dict | None) -> None:
+    """Makes :func:`store_of` read every location of the buckets (or hosts) of ``locations`` with
+    ``options`` (``storage_options``, named as fsspec's s3fs names them) when it is given none: a
+    source registers its ``storage_options`` so that every reader below it, in this process and in
+    its worker processes, finds them. Local paths take none."""
+    if isinstance(locations, (str, os.PathLike)):
+        locations = [locations]
+    for location in locations:
+        location = os.fspath(location)
+        if "://" in location and not location.lower().startswith("file://"):
+            if options is None:
+                _OPTIONS.pop(_root(location), None)
+            else:
+                _OPTIONS[_root(location)] = dict(options)
+
+
 def store_of(location, options: dict | None = None) -> tuple[ByteStore, str]:
     """The store and key of ``location``: a local path (or ``file://`` URL) is a key of the local
-    store; ``scheme://...`` goes to the store registered for its scheme."""
+    store; ``scheme://...`` goes to the store registered for its scheme, with ``options`` (default:
+    those registered for its bucket by :func:`register_options`, else the environment's)."""
     location = os.fspath(location)
     scheme, sep, rest = location.partition("://")
     if not sep or not _SCHEME.fullmatch(scheme):
@@ -51,6 +75,8 @@ def store_of(location, options: dict | None = None) -> tuple[ByteStore, str]:
         known = ", ".join(sorted(_SCHEMES)) or "none"
         raise UnsupportedLocationError(location, f"no store of this build reads {scheme}:// locations (local paths "
                                                  f"and file:// are read; other schemes registered: {known})")
+    if options is None:
+        options = _OPTIONS.get(_root(location))
     return resolve(location, dict(options or {}))
 
 
