@@ -175,7 +175,7 @@ class _DatasetSource(WindowSource):
         fc = None if forecast is None else ForecastSpec(forecast.history, forecast.lead, forecast.stride * stride)
         ndim = 1 + len(self.spatial_dims)
         self._flat_layout = None
-        self.parts: list[tuple[ZarrSource, bool]] = []  # (source, has a channel axis)
+        self._parts: list[tuple[ZarrSource, bool]] = []  # (source, has a channel axis), reading its own windows
         for var, chans, lev in _runs(picks):
             has_level = lev is not None
             if has_level:
@@ -188,9 +188,9 @@ class _DatasetSource(WindowSource):
                                    drop_last=drop_last, forecast=fc, time_range=(start, stop), time_stride=stride,
                                    channels=[c.level_index for c in chans] if has_level else None, channel_axis=0,
                                    share=share)
-            self.parts.append((sub, has_level))
-        self.num_samples = self.parts[0][0].num_samples
-        self.time_start, self.time_stride = self.parts[0][0].time_start, stride
+            self._parts.append((sub, has_level))
+        self.num_samples = self._parts[0][0].num_samples
+        self.time_start, self.time_stride = self._parts[0][0].time_start, stride
         self.sample_shape = (len(self.channels),) + tuple(s for _, s in spatial)
         self.sample_ndim = len(self.sample_shape)
         self.mean, self.std = self._stats(mean, "mean"), self._stats(std, "std")
@@ -373,13 +373,14 @@ class _DatasetSource(WindowSource):
     def _sub_source(self, var, layout, **kw):  # pragma: no cover - per format
         raise NotImplementedError
 
-    def group_reader(self) -> "_DatasetSource":
-        """With ``share``: a copy that reads the group window of this member's batches, its variables
-        too (see :meth:`WindowSource.group_reader`)."""
-        reader = super().group_reader()
-        if reader is not self:
-            reader.parts = [(sub.group_reader(), has) for sub, has in self.parts]
-        return reader
+    @property
+    def parts(self) -> list[tuple[WindowSource, bool]]:
+        """The variables' sources in output order, ``(source, has a channel axis)``, reading what this
+        source reads (its :attr:`reads`: a group reader's variables read the group window)."""
+        parts = self._memo.get("parts")
+        if parts is None:
+            parts = self._memo["parts"] = [(sub.with_reads(self.reads), has) for sub, has in self._parts]
+        return parts
 
     # ---- what the source says ----------------------------------------------------------------------
     def time_index(self, sample_id: int) -> int:

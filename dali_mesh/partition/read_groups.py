@@ -9,17 +9,25 @@ replica dims, where they are the same). Batch ``b`` of an epoch is read by membe
 follows from the stateless sample order alone. A member's window is a box of the group window:
 both apply the same boundary rule to the same sample index, so the cut is exact (halo cells and
 boundary fills included).
+
+What a rank's pipeline reads is a *reads* value: :class:`OwnReads` (its own window, its sample group's
+order: every source by default) or :class:`GroupReads` (the group window, this member's batches: a
+source's ``group_reader()``). Both are small frozen values carrying their own math, applied to the
+layout of the source that holds them, so the variables of a dataset source (each with its own layout)
+read with the same value as the dataset.
 """
 from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 from dali_mesh.partition.checks import LayoutError
+from dali_mesh.partition.order import GroupOrder, SampleOrder
 from dali_mesh.partition.region import Region
 
-__all__ = ["share_dims", "group_coordinates", "group_region", "group_cut"]
+__all__ = ["share_dims", "group_coordinates", "group_region", "group_cut", "OwnReads", "GroupReads"]
 
 
 def share_dims(layout, share) -> tuple[str, ...]:
@@ -91,3 +99,33 @@ def group_cut(group: Region, member: Region) -> tuple[slice, ...] | None:
             raise LayoutError(f"the window of {member} is not inside the group window {group}")
         out.append(slice(o, o + n))
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class OwnReads:
+    """Every rank reads its own window of its sample group's order (no ``share``)."""
+
+    def region_of(self, layout, shape: Sequence[int]) -> Region:
+        return layout.region(tuple(shape))
+
+    def order_of(self, layout, order: SampleOrder):
+        return order
+
+
+@dataclass(frozen=True)
+class GroupReads:
+    """A member of the read group over mesh dims ``dims`` reads the group window
+    (:func:`group_region`) of its batches of the sample group's order (:class:`GroupOrder`: batches
+    ``index, index + size, ...``)."""
+
+    dims: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dims", tuple(self.dims))  # a list of names compares equal to the tuple
+
+    def region_of(self, layout, shape: Sequence[int]) -> Region:
+        return group_region(layout, tuple(shape), self.dims)
+
+    def order_of(self, layout, order: SampleOrder) -> GroupOrder:
+        members = group_coordinates(layout, self.dims)
+        return GroupOrder(order, order.batch_size, len(members), members.index(tuple(layout.mesh.coordinate)))

@@ -10,8 +10,8 @@ import numpy as np
 from dali_mesh._checks import is_int as _is_int
 from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP
 from dali_mesh.plan import NotNativeError
-from dali_mesh.partition import GroupOrder, Layout, Region, SampleOrder
-from dali_mesh.partition.read_groups import group_coordinates, group_region, share_dims
+from dali_mesh.partition import Layout, Region, SampleOrder
+from dali_mesh.partition.read_groups import GroupReads, OwnReads, group_coordinates, share_dims
 from dali_mesh.source.buffers import BufferPool
 from dali_mesh.source.status import WorkerStatus
 
@@ -32,7 +32,7 @@ class WindowSource:
 
     window_names: tuple[str, ...] = ("window",)
     share_dims: tuple[str, ...] = ()  # read once per group: see __init__'s share
-    _reading = False  # a group reader (group_reader)
+    reads: OwnReads | GroupReads = OwnReads()  # what this rank's reads are (group_reader: the group's)
     # what the fingerprint holds besides the order's settings (declared, never probed): every source
     # has these (the defaults where it has none); `fingerprint_fields` names further attributes a
     # source records (a time series: its array's name and first step)
@@ -66,7 +66,7 @@ class WindowSource:
         if self.share_dims and self.per_sample_shapes:
             raise ValueError("share= needs one sample shape (the group window is cut the same way for every "
                              "sample): per-sample shapes are read by each rank")
-        self._reading = False  # a group reader (group_reader): group windows of this member's batches
+        self.reads: OwnReads | GroupReads = OwnReads()  # this rank's window of its sample group's order
 
     # ---- output buffers -----------------------------------------------------------------------------
     def _empty(self, shape, dtype) -> np.ndarray:
@@ -89,15 +89,21 @@ class WindowSource:
         return len(members), members.index(tuple(self.layout.mesh.coordinate))
 
     def group_reader(self) -> "WindowSource":
-        """What this rank's pipeline reads: the source itself, or with ``share`` a copy whose windows are
-        the group window and whose epoch is this member's batches (batches ``index, index + size, ...``).
-        ``MeshLoader`` cuts and exchanges the members' windows."""
-        if not self.share_dims or self._reading:
+        """What this rank's pipeline reads: the source itself, or with ``share`` the source reading
+        :class:`~dali_mesh.partition.read_groups.GroupReads`: its windows are the group window and its
+        epoch is this member's batches (batches ``index, index + size, ...``). ``MeshLoader`` cuts and
+        exchanges the members' windows. A group reader's group reader is itself."""
+        return self.with_reads(GroupReads(self.share_dims)) if self.share_dims else self
+
+    def with_reads(self, reads: OwnReads | GroupReads) -> "WindowSource":
+        """This source reading ``reads`` (its regions and its order), the rest the same: itself when it
+        already does, else a copy of the state a pickle carries (``__getstate__``: no caches, no open
+        handles, none shared with this source)."""
+        if reads == self.reads:
             return self
-        reader = copy.copy(self)
-        reader._memo = {}
-        reader._reading = True
-        return reader
+        source = copy.copy(self)  # copy goes through __getstate__, as pickling into DALI's workers does
+        source.reads = reads
+        return source
 
     # ---- pickling: caches and open handles stay behind ---------------------------------------------
     def __getstate__(self):
@@ -136,10 +142,9 @@ class WindowSource:
         memo = self._memo.get("sample_order")
         if memo is not None and memo.epoch == epoch:
             return memo
-        res = self.layout.order(self.num_samples, epoch, seed=self.seed, shuffle=self.shuffle,
-                                batch_size=self.batch_size, drop_last=self.drop_last)
-        if self._reading:  # this member's batches of the group's order
-            res = GroupOrder(res, self.batch_size, *self.group)
+        res = self.reads.order_of(self.layout, self.layout.order(
+            self.num_samples, epoch, seed=self.seed, shuffle=self.shuffle, batch_size=self.batch_size,
+            drop_last=self.drop_last))
         self._memo["sample_order"] = res
         return res
 
@@ -180,9 +185,9 @@ class WindowSource:
         return reg
 
     def region_of(self, shape: Sequence[int]) -> Region:
-        if self._reading:  # a group reader reads the group window
-            return group_region(self.layout, tuple(shape), self.share_dims)
-        return self.layout.region(tuple(shape))
+        """The window this source reads of a sample of ``shape`` (this rank's, or a group reader's group
+        window: see :attr:`reads`)."""
+        return self.reads.region_of(self.layout, shape)
 
     # ---- outputs --------------------------------------------------------------------------------------
     @property

@@ -573,3 +573,49 @@ def test_window_coordinate_follows_the_boundary_rule(store):
         src.window_coordinate("level")
     with pytest.raises(DataFileError, match="no coordinate 'height'"):
         src.coordinate("height")
+
+
+def test_a_group_reader_reads_its_variables_group_windows_and_pickles(store):
+    """share="group": the group reader of a dataset reads the group window with every variable (each
+    variable's source is built over its own layout, the level-less ones without the channel axis), of
+    this member's batches; pickled, as into DALI's workers, it reads the same. The source itself and its
+    variables still read this rank's window, and neither shares a cache with the reader."""
+    import pickle
+
+    from dali_mesh.partition.read_groups import GroupReads, OwnReads, group_region
+
+    path, ds = store
+    _mixed_only(path)
+    for coord in itertools.product(range(2), range(3)):
+        mesh = MeshInfo((2, 3), ("dp", "mp"), coord)
+        layout = NamedLayout(mesh, shard={"mp": "latitude"}, batch="dp", halo={"latitude": 2, "longitude": 1},
+                             boundary={"latitude": "reflect", "longitude": "periodic"})
+        src = ZarrDatasetSource(path, CHANNELS, layout, batch_size=2, seed=3, dtype=np.float32, share="group")
+        reader = src.group_reader()
+        assert reader.group_reader() is reader and reader.reads == GroupReads(("mp",)) and src.reads == OwnReads()
+        assert [sub for sub, _ in src.parts] == [sub for sub, _ in src._parts]  # the same objects
+        gw = group_region(src.layout, src.sample_shape, ("mp",))
+        assert reader.region == gw and src.region == src.layout.region(src.sample_shape)
+        for (sub, _), (own, _) in zip(reader.parts, src.parts):
+            assert sub.reads == reader.reads and own.reads == OwnReads()
+            assert sub.region == group_region(sub.layout, sub.sample_shape, ("mp",))
+        ids, _ = reader.order(0)
+        full, _ = src.order(0)
+        assert ids.tolist() == [int(s) for b in range(coord[1], len(full) // 2, 3) for s in full[2 * b:2 * b + 2]]
+        sid = int(ids[0])
+        want = take_window(_oracle(ds, src.time_index(sid), np.float32), gw)
+        np.testing.assert_array_equal(reader.read_sample(sid)[0], want)
+        again = pickle.loads(pickle.dumps(reader))
+        assert again.reads == reader.reads and again.order(0)[0].tolist() == ids.tolist()
+        np.testing.assert_array_equal(again.read_sample(sid)[0], want)
+        np.testing.assert_array_equal(src.read_sample(sid)[0], take_window(_oracle(ds, src.time_index(sid), np.float32),
+                                                                            src.region))
+        assert reader._memo is not src._memo and reader.parts[0][0]._memo is not src.parts[0][0]._memo
+
+
+def test_a_source_without_share_is_its_own_group_reader(store):
+    path, _ = store
+    _mixed_only(path)
+    layout = NamedLayout(MeshInfo((3,), ("mp",), (1,)), shard={"mp": "latitude"})
+    src = ZarrDatasetSource(path, CHANNELS, layout, batch_size=2)
+    assert src.share_dims == () and src.group_reader() is src and src.group == (1, 0)
