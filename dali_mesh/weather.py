@@ -32,6 +32,7 @@ from dali_mesh.io.cf_variables import (decode_cf_time, open_dataset_group, open_
 from dali_mesh.mesh import MeshInfo
 from dali_mesh.partition import Layout, LayoutError
 from dali_mesh.source import ForecastSpec, HDF5Source, WindowSource, ZarrSource
+from dali_mesh.storage import register_options, store_of
 
 __all__ = ["ZarrDatasetSource", "NetCDFDatasetSource", "NamedLayout", "Channel"]
 
@@ -114,6 +115,7 @@ class _DatasetSource(WindowSource):
             ``LEVEL_DIMS`` a picked variable has).
         levels_by: ``"value"`` (the level coordinate's values) or ``"index"``.
         batch_size, shuffle, seed, drop_last, share: as the other sources.
+        storage_options: for ``s3://``, ``gs://`` and ``https://`` stores (see :class:`NumpySource`).
 
     ``sample_id`` ``i`` is the time step ``time_index(i)``; ``time_of(i)`` its ``datetime64``.
     """
@@ -124,8 +126,10 @@ class _DatasetSource(WindowSource):
                  step=None, forecast: ForecastSpec | None = None, dtype=None, mean=None, std=None,
                  time_dim: str = "time", level_dim: str | None = None, levels_by: str = "value",
                  batch_size: int = 1, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
-                 share=None) -> None:
+                 share=None, storage_options: dict | None = None) -> None:
+        register_options([store] if isinstance(store, (str, os.PathLike)) else store, storage_options)
         self._set_store(store)
+        self._use_storage_options(storage_options)
         variables = self._variables()
         if levels_by not in ("value", "index"):
             raise ValueError(f"levels_by must be 'value' or 'index', got {levels_by!r}")
@@ -484,11 +488,14 @@ class NetCDFDatasetSource(_DatasetSource):
             raise ValueError("NetCDFDatasetSource needs at least one file")
         seen = {}
         for f in files:
-            try:
-                st = os.stat(f)
-            except OSError as e:
-                raise DataFileError(f, f"cannot be read ({e.strerror})") from None
-            key = (st.st_dev, st.st_ino)
+            if not store_of(f)[0].local:  # an object: its location names it
+                key = f
+            else:
+                try:
+                    st = os.stat(f)
+                except OSError as e:
+                    raise DataFileError(f, f"cannot be read ({e.strerror})") from None
+                key = (st.st_dev, st.st_ino)
             if key in seen:
                 raise DataFileError(f, f"is given twice (as {seen[key]!r} and {f!r}): each file once, please")
             seen[key] = f

@@ -190,9 +190,11 @@ def read_netcdf_coordinate(path: str | os.PathLike, name: str) -> np.ndarray:
 def read_coordinate(path: str | os.PathLike, name: str) -> np.ndarray:
     """The values of the 1-D array ``name`` of the group (a coordinate), read whole."""
     import zarr
-    from zarr.storage import LocalStore
 
-    arr = zarr.open_array(store=LocalStore(str(path), read_only=True), path=name, mode="r")
+    from dali_mesh.storage import store_of
+
+    bytes_store, key = store_of(str(path))
+    arr = zarr.open_array(store=bytes_store.zarr_store(key), path=name, mode="r")
     if arr.ndim != 1:
         raise DataFileError(str(path), f"coordinate {name!r} has shape {arr.shape}, not 1-D")
     return np.asarray(arr[:])

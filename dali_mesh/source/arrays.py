@@ -50,7 +50,7 @@ class ArraySource(WindowSource):
     def __init__(self, files, name, layout, *, format, format_options: dict | None = None, batch_size=1,
                  shuffle=True, seed=0, drop_last=False, forecast: ForecastSpec | None = None, channels=None,
                  channel_axis=0, time_range: tuple[int, int] | None = None, time_stride: int = 1,
-                 per_sample_shapes=False, reuse_buffers=True, share=None) -> None:
+                 per_sample_shapes=False, reuse_buffers=True, share=None, storage_options: dict | None = None) -> None:
         super().__init__(layout, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                          per_sample_shapes=per_sample_shapes, reuse_buffers=reuse_buffers, share=share)
         self.format = format_named(format) if isinstance(format, str) else format
@@ -60,6 +60,7 @@ class ArraySource(WindowSource):
         self.format_options = dict(format_options or {})
         self._kind = self.format.container
         self.files = file_list(files, type(self).__name__, self._kind)
+        self._use_storage_options(storage_options)
         self.name = name
         self.forecast = forecast
         self.index_maps = channel_maps(channels, channel_axis)

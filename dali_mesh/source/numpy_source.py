@@ -39,6 +39,11 @@ class NumpySource(WindowSource):
             same samples (every mesh dim that does not split the batch, or the dims named) split the
             batches, each reads its batches' group window and ``MeshLoader`` exchanges the members'
             windows over torch.distributed (:mod:`dali_mesh.torch.group_exchange`). The same for every source.
+        storage_options: for ``s3://``, ``gs://`` and ``https://`` files, named as fsspec's s3fs names them
+            (``anon``, ``key``, ``secret``, ``token``, ``endpoint_url``, ``client_kwargs={"region_name": ...}``,
+            ``profile``; and the client's ``retries``, ``retry_seconds``, ``timeout``, ``stall``); without
+            them, the environment's (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ...). Kept
+            in memory only (never in a plan, a fingerprint or a checkpoint). The same for every source.
     """
 
     def __init__(self, files: Sequence[str | os.PathLike], layout: Layout, *, batch_size: int = 1,
@@ -46,10 +51,11 @@ class NumpySource(WindowSource):
                  channels: Sequence[int] | None = None, channel_axis: int = 0,
                  per_sample_shapes: bool = False, merge_gap: int = DEFAULT_MERGE_GAP,
                  direct: bool = False, method: str = "auto", check_files: bool = False,
-                 reuse_buffers: bool = True, share=None) -> None:
+                 reuse_buffers: bool = True, share=None, storage_options: dict | None = None) -> None:
         super().__init__(layout, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                          per_sample_shapes=per_sample_shapes, reuse_buffers=reuse_buffers, share=share)
         self.files = file_list(files, "NumpySource", "file")
+        self._use_storage_options(storage_options)
         self.num_samples = len(self.files)
         self.index_maps = channel_maps(channels, channel_axis)
         if not _is_int(merge_gap) or merge_gap < 0:
