@@ -94,6 +94,10 @@ class ERA5Source(HDF5Source):
                              f"batch dims ({groups} sample groups, this rank in group {layout.batch_index}): "
                              "the data-parallel rank is the layout's; leave process_rank and world_size out")
         kw.setdefault("drop_last", True)
+        if kw.get("share") is not None:
+            # its sample order is PhysicsNeMo's (sample_order below), which read groups do not split
+            raise ValueError("ERA5Source does not take share= (PhysicsNeMo's sample order is not split into read "
+                             "groups); use an HDF5Source with share=, or leave share out")
         super().__init__(files, "fields", layout, forecast=forecast, **kw)
         lengths = np.diff(self._offsets)
         span = forecast.span

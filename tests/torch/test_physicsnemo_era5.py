@@ -254,6 +254,13 @@ def test_refusals(era5, tmp_path, monkeypatch):
             f["fields"] = years[y][:n]
     with pytest.raises(DataFileError, match=r"2001\.h5.*holds 9 steps, fewer than the 13"):
         ERA5HDF5Datapipe(str(short), device="cpu", num_steps=1)
+    # PhysicsNeMo's sample order is not split into read groups: a group reader would read every batch
+    from dali_mesh import ForecastSpec
+    from dali_mesh.physicsnemo.era5_source import ERA5Source
+
+    files = sorted(str(p) for p in (root / "data").glob("*.h5"))
+    with pytest.raises(ValueError, match="ERA5Source does not take share="):
+        ERA5Source(files, dp, forecast=ForecastSpec(0, 1), process_rank=1, world_size=2, share="group")
 
 
 
