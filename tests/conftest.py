@@ -60,6 +60,11 @@ SLOW_NAME_PARTS = ("torchrun", "gloo_ranks", "_4_ranks", "_8_ranks", "2x2_mesh",
 #: further tests that took 1.2 s or more (setup and call, all parametrisations) in a full run on 2 cores
 #: (`PYTEST_ADDOPTS=--durations=200 bash .ci/run`, 2026-12-03): each still runs in `make test`
 SLOW_TESTS: set[str] = {
+    # remote storage against the moto server (each > 4 s)
+    "tests/storage/test_remote.py::test_dataset_sources_read_from_s3_with_storage_options_equal_xarray",
+    "tests/storage/test_remote.py::test_the_differential_zarr_fuzz_holds_over_s3",
+    "tests/storage/test_remote.py::test_listing_pages_through_every_object",
+    "tests/storage/test_remote.py::test_every_rank_reads_hdf5_and_zarr_from_s3_natively_as_the_local_copy",
     "tests/cli/test_convert.py::test_a_full_disk_is_one_line_exit_2_and_no_partial_copy",
     "tests/cli/test_convert.py::test_sigterm_removes_the_partial_copy_and_sigkill_leftovers_go_next_time",
     "tests/cli/test_plan.py::test_plan_data_channels_counts_the_chunks_each_rank_reads",
