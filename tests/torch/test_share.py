@@ -20,6 +20,7 @@ pytest.importorskip("zarr")
 h5py = pytest.importorskip("h5py")
 
 from dali_mesh.cli.launch import RankFailure, run_ranks  # noqa: E402
+from tests.storage.s3_server import s3_endpoint, s3_env  # noqa: E402, F401
 
 T, C, H, W = 10, 2, 13, 16
 BATCH = 2
@@ -522,3 +523,17 @@ def test_no_shared_memory_is_left_when_a_member_dies_during_set_up(tmp_path):
     token = open(token_file).read().strip()
     left = [n for n in os.listdir("/dev/shm") if token in n]
     assert not left, left
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_group_reads_from_s3_equal_independent_reads_on_4_ranks(tmp_path, s3_env):
+    """share="group" over S3 (a moto server on 127.0.0.1): each whole-field Blosc chunk is fetched once
+    per group, and every member's windows equal the local oracle's, under two boundary rules."""
+    from tests.storage.s3_server import upload
+
+    root = str(tmp_path)
+    paths = _data(root)
+    remote = {"whole": upload(s3_env, paths["whole"], "data", "share/whole.zarr")}
+    run_ranks(_group_rank, 4, tmp_path, root, remote, (4,), ("mp",), {"mp": 1}, None, BATCH, "shm", False,
+              timeout_s=240)
