@@ -112,6 +112,8 @@ bool ParseHttpSpec(const std::string &spec, HttpStoreConfig *config, std::string
       ok = ParseSeconds(v, &c.stall);
     } else if (k == "connect") {
       ok = ParseSeconds(v, &c.connect);
+    } else if (k == "signer") {  // which credentials (a hash of them; stores with other keys differ)
+      ok = !v.empty() && v.size() <= 64;
     } else {
       *why = "unknown setting " + ShownName(k);
       return false;
@@ -182,8 +184,17 @@ struct ThreadHandle {
   }
 };
 
+// Set when this thread's last answer was rejected (a short, long or misplaced body): its connection
+// may hold bytes of that answer, so the next request opens a new one.
+thread_local bool t_fresh_connection = false;
+
 CURL *HandleOfThread() {
   thread_local ThreadHandle handle;
+  if (handle.curl && t_fresh_connection) {  // drop the connections of this thread's handle
+    curl_easy_cleanup(handle.curl);
+    handle.curl = nullptr;
+  }
+  t_fresh_connection = false;
   if (!handle.curl) {
     GlobalInit();
     handle.curl = curl_easy_init();
@@ -213,6 +224,11 @@ struct Exchange {
   bool overflow = false;
   std::string error_body;  // the first KiBs of a body of an error answer
   std::string *text = nullptr;  // where a 2xx body goes when it is not read into buffers (a listing)
+  // the stall watch (OnProgress): bytes received so far, when the last arrived, the limit
+  int64_t last_down = 0;
+  std::chrono::steady_clock::time_point last_byte;
+  double stall = 30;
+  bool stalled = false;
   CURL *curl = nullptr;
   // headers (of the last response: a redirect's are dropped)
   std::string etag, content_range, last_modified, generation;
@@ -287,7 +303,21 @@ size_t OnBody(char *data, size_t size, size_t n, void *user) {
   return size * n;
 }
 
-int OnProgress(void *, curl_off_t, curl_off_t, curl_off_t, curl_off_t) { return ReadCancelled() ? 1 : 0; }
+// Cancellation, and a stall: no byte received for `stall` seconds (libcurl's own low-speed limit
+// averages over its last seconds, so a stall after some bytes would be seen late).
+int OnProgress(void *user, curl_off_t, curl_off_t now_down, curl_off_t, curl_off_t) {
+  auto *x = static_cast<Exchange *>(user);
+  if (ReadCancelled()) return 1;
+  const auto now = std::chrono::steady_clock::now();
+  if (now_down != x->last_down) {
+    x->last_down = now_down;
+    x->last_byte = now;
+  } else if (std::chrono::duration<double>(now - x->last_byte).count() > x->stall) {
+    x->stalled = true;
+    return 1;
+  }
+  return 0;
+}
 
 // The <Code> and <Message> of an S3 error body (never the rest: a SignatureDoesNotMatch body echoes
 // the string that was signed).
@@ -314,6 +344,8 @@ bool Transient(CURLcode rc) {
     case CURLE_SSL_CONNECT_ERROR:
     case CURLE_HTTP2:
     case CURLE_HTTP2_STREAM:
+    case CURLE_WEIRD_SERVER_REPLY:     // e.g. bytes of an earlier, broken answer
+    case CURLE_UNSUPPORTED_PROTOCOL:   // ("Received HTTP/0.9"): the retry opens a new connection
       return true;
     default:
       return false;
@@ -380,6 +412,10 @@ long Perform(const HttpStore &store, const std::string &url, const std::string &
     x->Reset();
     if (x->text) x->text->clear();
     x->curl = curl;
+    x->last_down = 0;
+    x->last_byte = std::chrono::steady_clock::now();
+    x->stall = cfg.stall;
+    x->stalled = false;
     char errbuf[CURL_ERROR_SIZE] = {0};
     struct curl_slist *headers = nullptr;
     headers = curl_slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");  // curl 7.88 omits it
@@ -399,10 +435,9 @@ long Perform(const HttpStore &store, const std::string &url, const std::string &
     curl_easy_setopt(curl, CURLOPT_WRITEDATA, x);
     curl_easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, OnProgress);
+    curl_easy_setopt(curl, CURLOPT_XFERINFODATA, x);
     curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(cfg.connect * 1000));
     curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(cfg.timeout * 1000));
-    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME, std::max(1L, static_cast<long>(cfg.stall)));
     curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(curl, CURLOPT_ACCEPT_ENCODING, nullptr);  // bytes as stored: no Content-Encoding
     if (!cred.key_id.empty()) {
@@ -419,13 +454,19 @@ long Perform(const HttpStore &store, const std::string &url, const std::string &
     curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, nullptr);
     curl_slist_free_all(headers);
     const std::string where = name + " (" + what + ")";
-    if (rc == CURLE_ABORTED_BY_CALLBACK)
+    if (rc == CURLE_ABORTED_BY_CALLBACK && !x->stalled)
       StoreFail(where + ": cancelled: the pipeline was stopped after an error");
+    if (rc != CURLE_OK) t_fresh_connection = true;  // whatever the connection holds, it is not used again
     if (rc == CURLE_WRITE_ERROR && x->overflow)
       StoreFail(where + ": the server sent more bytes than the range asked for (HTTP " + std::to_string(status) +
                 "): a broken server or proxy; nothing of it is used");
     bool again = false;
-    if (rc != CURLE_OK) {
+    if (x->stalled) {
+      char secs[32];
+      std::snprintf(secs, sizeof(secs), "%g", cfg.stall);
+      last = std::string("stalled: no byte for ") + secs + " s (stall=" + secs + ")";
+      again = true;
+    } else if (rc != CURLE_OK) {
       last = std::string(curl_easy_strerror(rc)) + (errbuf[0] ? std::string(" (") + errbuf + ")" : "");
       if (!Transient(rc)) StoreFail(where + ": " + last);
       again = true;
@@ -459,6 +500,9 @@ long Perform(const HttpStore &store, const std::string &url, const std::string &
     StoreFail(where + ": access denied (" + said + "); check the credentials (storage_options key/secret/token, "
               "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, AWS_PROFILE), the region and the "
               "object's permissions, or anon=True for a public bucket");
+  if (status == 400)
+    StoreFail(where + ": the server refused the request (" + said + "); check the credentials (an expired or "
+              "wrong session token), the region and the endpoint");
   StoreFail(where + ": " + said);
 }
 
@@ -493,6 +537,7 @@ void HttpStore::GetVector(const std::string &key, const std::vector<std::pair<ch
   const bool etag = !if_match.empty() && if_match.rfind("gen:", 0) != 0 && if_match.rfind("lm:", 0) != 0;
   const long status = Perform(*this, UrlOf(key), name, what, false, range, etag ? if_match : "", &x);
   const std::string where = name + " (" + what + ")";
+  t_fresh_connection = true;  // until the answer is accepted: a rejected one may leave bytes behind
   if (status == 416) StoreFail(where + ": the range lies past the end of the object (HTTP 416): it is shorter than planned");
   if (status != 206 && status != 200) FailStatus(where, status, x);
   if (!if_match.empty() && !x.etag.empty() && etag && x.etag != if_match)
@@ -519,6 +564,7 @@ void HttpStore::GetVector(const std::string &key, const std::vector<std::pair<ch
   if (x.received != n)
     StoreFail(where + ": the object ended after " + std::to_string(x.received) + " of the " + std::to_string(n) +
               " bytes (it is " + std::to_string(total) + " bytes): it is shorter than planned");
+  t_fresh_connection = false;
 }
 
 int64_t HttpStore::Get(const std::string &key, int64_t offset, int64_t n, char *dst, const std::string &if_match,

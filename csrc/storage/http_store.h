@@ -4,8 +4,9 @@
 // plain HTTP(S). Host only, DALI-free.
 //
 // A store is named in a plan by its spec, which holds no credential:
-//   "s3;endpoint=<url>;region=<r>;addressing=path|virtual;anon=0|1[;retries=N;retry_seconds=S;
-//    timeout=S;stall=S;connect=S]"   keys "bucket/path/of/object"
+//   "s3;endpoint=<url>;region=<r>;addressing=path|virtual;anon=0|1[;signer=H][;retries=N;retry_seconds=S;
+//    timeout=S;stall=S;connect=S]"   keys "bucket/path/of/object"; signer: 64 bits of a hash of the
+//    credentials, so that stores of one endpoint with other keys are other stores (never a key or secret)
 //   "http[;retries=...]"                                keys are whole http:// or https:// URLs
 // Credentials are given to the process (SetStoreCredentials, from Python's storage_options or the
 // environment) and kept in memory only; never in a spec, a message or a plan.

@@ -24,7 +24,7 @@ __all__ = ["ByteStore", "DataFileError", "FileChangedError", "LOCAL", "LocalStor
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")  # RFC 3986's scheme
 _SCHEMES: dict[str, Callable[[str, dict], tuple[ByteStore, str]]] = {}
-#: storage options given for the locations of one bucket or host ("scheme://bucket"), in this process
+#: storage options given for locations (and what lies under them), in this process
 _OPTIONS: dict[str, dict] = {}
 
 
@@ -38,25 +38,41 @@ def register_scheme(scheme: str, resolve: Callable[[str, dict], tuple[ByteStore,
     _SCHEMES[scheme.lower()] = resolve
 
 
-def _root(location: str) -> str:
+def _location_key(location: str) -> str:
     scheme, _, rest = location.partition("://")
-    return f"{scheme.lower()}://{rest.split('/', 1)[0]}"
+    return f"{scheme.lower()}://{rest.rstrip('/')}"
 
 
 def register_options(locations, options: dict | None) -> None:
-    """Makes :func:`store_of` read every location of the buckets (or hosts) of ``locations`` with
+    """Makes :func:`store_of` read ``locations`` and everything under them (a Zarr store's keys) with
     ``options`` (``storage_options``, named as fsspec's s3fs names them) when it is given none: a
-    source registers its ``storage_options`` so that every reader below it, in this process and in
-    its worker processes, finds them. Local paths take none."""
+    source registers its ``storage_options`` for its own locations, so that every reader below it, in
+    this process and in its worker processes, finds them (another source's locations in the same bucket
+    are not affected). ``None`` forgets them. Local paths take none."""
     if isinstance(locations, (str, os.PathLike)):
         locations = [locations]
     for location in locations:
         location = os.fspath(location)
         if "://" in location and not location.lower().startswith("file://"):
             if options is None:
-                _OPTIONS.pop(_root(location), None)
+                _OPTIONS.pop(_location_key(location), None)
             else:
-                _OPTIONS[_root(location)] = dict(options)
+                _OPTIONS[_location_key(location)] = dict(options)
+
+
+def _registered_options(location: str) -> dict | None:
+    """The options registered for ``location`` or the nearest location above it."""
+    if not _OPTIONS:
+        return None
+    key = _location_key(location)
+    while True:
+        hit = _OPTIONS.get(key)
+        if hit is not None:
+            return hit
+        cut = key.rfind("/")
+        if cut <= key.find("://") + 2:
+            return None
+        key = key[:cut]
 
 
 def store_of(location, options: dict | None = None) -> tuple[ByteStore, str]:
@@ -76,7 +92,7 @@ def store_of(location, options: dict | None = None) -> tuple[ByteStore, str]:
         raise UnsupportedLocationError(location, f"no store of this build reads {scheme}:// locations (local paths "
                                                  f"and file:// are read; other schemes registered: {known})")
     if options is None:
-        options = _OPTIONS.get(_root(location))
+        options = _registered_options(location)
     return resolve(location, dict(options or {}))
 
 

@@ -19,6 +19,8 @@ records), its ``repr``, its messages and its pickles (the worker processes resol
 from __future__ import annotations
 
 import configparser
+import hashlib
+import re
 import ctypes
 import os
 import threading
@@ -174,6 +176,8 @@ class RemoteStore(ByteStore):
         parts = [kind]
         if kind == "s3":
             parts += [f"endpoint={endpoint}", f"region={region}", f"addressing={addressing}", f"anon={int(anon)}"]
+            if credentials and not anon:  # other keys, another store (credentials are kept per spec)
+                parts.append("signer=" + _signer(credentials))
         for name in CLIENT_SETTINGS:
             if settings and settings.get(name) is not None:
                 parts.append(f"{name}={settings[name]}")
@@ -211,7 +215,8 @@ class RemoteStore(ByteStore):
 
     def _raise(self, key: str, message: str):
         name = self.name_of(key)
-        message = message.removeprefix(name).lstrip(" :")
+        # "NAME (bytes A-B): why" -> "bytes A-B: why" (the error puts the name in front)
+        message = re.sub(r"^\((.*?)\):\s*", r"\1: ", message.removeprefix(name).lstrip(" :"))
         if "no such object" in message:
             raise MissingFileError(name, message)
         if "replaced" in message:
@@ -295,8 +300,20 @@ def _unpickle(kind: str, spec: str, scheme: str, anon: bool) -> RemoteStore:
     store = RemoteStore.__new__(RemoteStore)
     store.kind, store.spec, store.scheme, store.anon = kind, spec, scheme, anon
     store._given = set()
-    store._credentials = None if anon else _known_credentials.get(spec) or _environment_credentials(None)
+    cred = None if anon else _known_credentials.get(spec)
+    if cred is None and not anon:  # another process: the environment's keys, if they are the ones signed with
+        env = _environment_credentials(None)
+        signer = dict(p.split("=", 1) for p in spec.split(";")[1:] if "=" in p).get("signer")
+        if env is not None and signer == _signer(env):
+            cred = env
+    store._credentials = cred
     return store
+
+
+def _signer(cred: _Credentials) -> str:
+    """What a spec names its credentials by: 64 bits of a SHA-256 of the key id and secret (never either
+    of them), so that stores of one endpoint signed with other keys are other stores."""
+    return hashlib.sha256(f"{cred.key}\0{cred.secret}\0{cred.token}".encode()).hexdigest()[:16]
 
 
 #: credentials this process resolved, per store spec (so that a store unpickled in this process finds them)
