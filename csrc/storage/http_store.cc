@@ -112,6 +112,14 @@ bool ParseHttpSpec(const std::string &spec, HttpStoreConfig *config, std::string
       ok = ParseSeconds(v, &c.stall);
     } else if (k == "connect") {
       ok = ParseSeconds(v, &c.connect);
+    } else if (k == "cache") {
+      c.cache = v;
+      ok = !v.empty() && v[0] == '/';
+    } else if (k == "cache_bytes") {
+      char *e = nullptr;
+      const long long n = std::strtoll(v.c_str(), &e, 10);
+      ok = !v.empty() && !*e && n > 0;
+      c.cache_bytes = n;
     } else if (k == "signer") {  // which credentials (a hash of them; stores with other keys differ)
       ok = !v.empty() && v.size() <= 64;
     } else {
@@ -140,7 +148,9 @@ void SetStoreCredentials(const std::string &spec, const std::string &key_id, con
     CredentialsTable()[spec] = Credentials{key_id, secret, token};
 }
 
-HttpStore::HttpStore(std::string spec, HttpStoreConfig config) : spec_(std::move(spec)), config_(std::move(config)) {}
+HttpStore::HttpStore(std::string spec, HttpStoreConfig config) : spec_(std::move(spec)), config_(std::move(config)) {
+  if (!config_.cache.empty()) cache_ = std::make_unique<RangeCache>(config_.cache, config_.cache_bytes);
+}
 
 std::string HttpStore::NameOf(const std::string &key) const {
   return config_.kind == "s3" ? ShownName("s3://" + key) : Shown(key);
@@ -535,6 +545,10 @@ void HttpStore::GetVector(const std::string &key, const std::vector<std::pair<ch
   FlightGuard flight(name, offset, n);
   // If-Match only with an ETag (a tag made of a generation or a date is checked after the answer)
   const bool etag = !if_match.empty() && if_match.rfind("gen:", 0) != 0 && if_match.rfind("lm:", 0) != 0;
+  // the cache keys a range by the object's name, its version and the range: only with an ETag (a
+  // replaced object has another)
+  const std::string cache_id = cache_ && etag ? name + "\n" + if_match + "\n" + range : "";
+  if (!cache_id.empty() && cache_->Get(cache_id, bufs)) return;
   const long status = Perform(*this, UrlOf(key), name, what, false, range, etag ? if_match : "", &x);
   const std::string where = name + " (" + what + ")";
   t_fresh_connection = true;  // until the answer is accepted: a rejected one may leave bytes behind
@@ -565,6 +579,7 @@ void HttpStore::GetVector(const std::string &key, const std::vector<std::pair<ch
     StoreFail(where + ": the object ended after " + std::to_string(x.received) + " of the " + std::to_string(n) +
               " bytes (it is " + std::to_string(total) + " bytes): it is shorter than planned");
   t_fresh_connection = false;
+  if (!cache_id.empty()) cache_->Put(cache_id, bufs);
 }
 
 int64_t HttpStore::Get(const std::string &key, int64_t offset, int64_t n, char *dst, const std::string &if_match,

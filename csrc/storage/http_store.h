@@ -5,9 +5,10 @@
 //
 // A store is named in a plan by its spec, which holds no credential:
 //   "s3;endpoint=<url>;region=<r>;addressing=path|virtual;anon=0|1[;signer=H][;retries=N;retry_seconds=S;
-//    timeout=S;stall=S;connect=S]"   keys "bucket/path/of/object"; signer: 64 bits of a hash of the
+//    timeout=S;stall=S;connect=S][;cache=DIR;cache_bytes=N]"   keys "bucket/path/of/object"; signer: 64 bits of a hash of the
 //    credentials, so that stores of one endpoint with other keys are other stores (never a key or secret)
-//   "http[;retries=...]"                                keys are whole http:// or https:// URLs
+//   "http[;retries=...;cache=...]"                      keys are whole http:// or https:// URLs
+// cache: the ranges fetched are kept in the folder DIR, at most N bytes (range_cache.h).
 // Credentials are given to the process (SetStoreCredentials, from Python's storage_options or the
 // environment) and kept in memory only; never in a spec, a message or a plan.
 //
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "storage/byte_store.h"
+#include "storage/range_cache.h"
 
 namespace dali_mesh {
 
@@ -41,6 +43,8 @@ struct HttpStoreConfig {
   double timeout = 300;      // one request, connect to last byte
   double stall = 30;         // a request that receives nothing for this long is dropped (and retried)
   double connect = 10;       // connecting
+  std::string cache;         // a folder caching the ranges fetched (range_cache.h); "": none
+  int64_t cache_bytes = int64_t(8) << 30;
 };
 
 // Parses a spec (see above); false with the reason in `why`.
@@ -86,6 +90,7 @@ class HttpStore : public ByteStore {
   std::string UrlOf(const std::string &key) const;
   std::string spec_;
   HttpStoreConfig config_;
+  std::unique_ptr<RangeCache> cache_;
 };
 
 }  // namespace dali_mesh

@@ -34,8 +34,11 @@ from dali_mesh.storage.errors import DataFileError, FileChangedError, MissingFil
 __all__ = ["RemoteObject", "RemoteStore", "have_native_http", "resolve_gs", "resolve_http", "resolve_s3",
            "share_credentials"]
 
-#: settings of the client, besides credentials (see csrc/storage/http_store.h)
-CLIENT_SETTINGS = ("retries", "retry_seconds", "timeout", "stall", "connect")
+#: settings of the client, besides credentials (see csrc/storage/http_store.h); cache_dir and
+#: cache_bytes: a local cache of the ranges fetched (csrc/storage/range_cache.h)
+CLIENT_SETTINGS = ("retries", "retry_seconds", "timeout", "stall", "connect", "cache_dir", "cache_bytes")
+#: the cache's bound when cache_dir is given without cache_bytes
+DEFAULT_CACHE_BYTES = 8 << 30
 _S3_OPTIONS = {"anon", "key", "secret", "token", "endpoint_url", "client_kwargs", "config_kwargs", "profile",
                "region", "addressing", "use_ssl", *CLIENT_SETTINGS}
 _GS_OPTIONS = {"anon", "key", "secret", "token", "endpoint_url", "project", *CLIENT_SETTINGS}
@@ -180,7 +183,7 @@ class RemoteStore(ByteStore):
                 parts.append("signer=" + _signer(credentials))
         for name in CLIENT_SETTINGS:
             if settings and settings.get(name) is not None:
-                parts.append(f"{name}={settings[name]}")
+                parts.append(f"{'cache' if name == 'cache_dir' else name}={settings[name]}")
         self.spec = ";".join(parts)
         self.anon = anon
         self._credentials = None if anon else credentials
@@ -336,9 +339,20 @@ def _settings(options: dict) -> dict:
         if name == "retries":
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 100:
                 raise ValueError(f"storage_options retries must be an integer in [0, 100], got {value!r}")
+        elif name == "cache_dir":
+            value = os.path.abspath(os.path.expanduser(os.fspath(value)))
+            if ";" in value or any(ord(c) < 32 for c in value):
+                raise ValueError(f"storage_options cache_dir {value!r} holds ';' or a control character")
+        elif name == "cache_bytes":
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"storage_options cache_bytes must be a positive integer, got {value!r}")
         elif not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 1e6:
             raise ValueError(f"storage_options {name} must be a number of seconds > 0, got {value!r}")
         out[name] = value
+    if "cache_bytes" in out and "cache_dir" not in out:
+        raise ValueError("storage_options cache_bytes needs cache_dir (the folder of the cache)")
+    if "cache_dir" in out:
+        out.setdefault("cache_bytes", DEFAULT_CACHE_BYTES)
     return out
 
 
