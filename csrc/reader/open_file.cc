@@ -54,7 +54,11 @@ void OpenFile::Open(const PlanFile &file, const ReadPlan &plan, const std::strin
          "per-sample shapes");
   }
 
-  if (plan.check_offset == kCheckJson) {
+  if (plan.check_offset == kCheckJson && !file.tag.empty()) {
+    // a metadata object of an object store, named by its ETag when planned: not read again (a request
+    // per sample); every chunk object the plan reads is pinned by its own ETag (If-Match), and a
+    // chunk planned as missing must still be missing, so no chunk of another array is read
+  } else if (plan.check_offset == kCheckJson) {
     // the whole metadata file, compared in canonical form (attributes may change, nothing else)
     constexpr int64_t kMaxJson = int64_t(1) << 30;
     if (size > kMaxJson)

@@ -287,8 +287,44 @@ class LayoutTarget:
         return "reader: native (read_windows)" + (f", decoding {'+'.join(used)} chunks on DALI's threads, each "
                                                   "chunk once per batch" if used else "")
 
-    def source(self, layout: Layout):  # pragma: no cover - per format
+    def source(self, layout: Layout, **kw):  # pragma: no cover - per format
+        """The source that reads this file's first sample with ``layout`` (``kw``: e.g. ``share``)."""
         raise NotImplementedError
+
+    def fetch_lines(self, layout_of, ranks, share=None, fmt=str) -> list[str]:
+        """For data in object storage: per rank (``layout_of(rank)``: its layout), the bytes and requests
+        the native reader fetches for one sample (its plan's, before any cache), and with ``share`` per
+        rank of a read group (``fmt``: how a byte count is shown); nothing for local files."""
+        from dali_mesh.plan import NotNativeError  # noqa: PLC0415
+        from dali_mesh.pipeline.native import plan_source  # noqa: PLC0415
+
+        if store_of(self.path)[0].local:
+            return []
+        shown = list(ranks[:8])
+        cells = []
+        try:
+            for rank in shown:
+                plans = plan_source(self.source(layout_of(rank)))
+                n = plans.item_requests(0)
+                cells.append(f"rank {rank}: {fmt(plans.item_read_bytes(0))} in {n} request{'s' * (n != 1)}")
+            lines = ["fetched from the object store per sample by the native reader (at least; a Blosc chunk "
+                     "read in parts takes 2-3 requests and fewer bytes): " + "; ".join(cells)
+                     + ("; ..." if len(ranks) > len(shown) else "")]
+            if share is not None:
+                from dali_mesh.partition.read_groups import group_coordinates, share_dims  # noqa: PLC0415
+
+                layout = layout_of(shown[0])
+                dims = share_dims(layout, share)
+                if dims:
+                    g = len(group_coordinates(layout, dims))
+                    plans = plan_source(self.source(layout, share=share).group_reader())
+                    got, n = plans.item_read_bytes(0), plans.item_requests(0)
+                    lines.append(f"with share={share if isinstance(share, str) else ','.join(share)}: one member of "
+                                 f"each group of {g} fetches the group window's {fmt(got)} in {n} request{'s' * (n != 1)} per "
+                                 f"sample: {fmt(got // g)} and {n / g:.1f} requests per rank on average")
+        except NotNativeError as e:
+            return [f"fetched from the object store: not planned natively ({e})"]
+        return lines
 
     def summary(self, layout: Layout) -> list[str]:
         """Lines after the table: totals, the worst rank, and a chunk shape when the ratio is high."""
@@ -329,10 +365,10 @@ class _NpyTarget(LayoutTarget):
         # the reader reads the first 512 bytes, then the rest of the header if it is longer
         self.header_bytes = max(min(512, self.header.file_size), self.header.data_offset)
 
-    def source(self, layout: Layout):
+    def source(self, layout: Layout, **kw):
         from dali_mesh.source import NumpySource  # noqa: PLC0415
 
-        return NumpySource([self.path], layout, batch_size=1, shuffle=False)
+        return NumpySource([self.path], layout, batch_size=1, shuffle=False, **kw)
 
     def _cold(self, plan: WindowPlan) -> int:
         from dali_mesh.plan.ranges import count_npy_units, plan_npy_units  # noqa: PLC0415
@@ -379,10 +415,10 @@ class _HDF5Target(LayoutTarget):
         finally:
             f.close()
 
-    def source(self, layout: Layout):
+    def source(self, layout: Layout, **kw):
         from dali_mesh.source import HDF5Source  # noqa: PLC0415
 
-        return HDF5Source([self.path], self.name, layout, batch_size=1, shuffle=False, time_range=(0, 1))
+        return HDF5Source([self.path], self.name, layout, batch_size=1, shuffle=False, time_range=(0, 1), **kw)
 
     def _cold(self, plan: WindowPlan) -> int:
         itemsize = self.dtype.itemsize
@@ -410,10 +446,10 @@ class _ZarrTarget(LayoutTarget):
         self._metadata = arr.metadata
         super().__init__(path, tuple(arr.shape[1:]), np.dtype(arr.dtype).newbyteorder("="), tuple(arr.chunks), (0,))
 
-    def source(self, layout: Layout):
+    def source(self, layout: Layout, **kw):
         from dali_mesh.source import ZarrSource  # noqa: PLC0415
 
-        return ZarrSource([self.path], self._name, layout, batch_size=1, shuffle=False, time_range=(0, 1))
+        return ZarrSource([self.path], self._name, layout, batch_size=1, shuffle=False, time_range=(0, 1), **kw)
 
     def _chunk_size(self, idx) -> int:
         key = self._metadata.encode_chunk_key(tuple(idx))

@@ -514,6 +514,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                         lambda c: advice.cost(layout.region(shape, c))[1],
                                         lambda r: int(np.prod(r.window_shape)) * np.dtype(dtype).itemsize):
                     print(line)
+            # object storage: what the native reader fetches (bytes and requests), per rank
+            for line in advice.fetch_lines(
+                    lambda rank: build_layout(args, coordinate=layout.mesh.coordinate_of(rank), shape=shape,
+                                              dtype=dtype)[0], ranks, share, _fmt_bytes):
+                print(line)
     if args.png:
         try:
             draw_png(args.png, layout, shape, ranks)

@@ -36,7 +36,7 @@ from dali_mesh.plan import plan_window
 from dali_mesh.plan.chunks import check_coded_chunk, chunk_coords, chunk_pieces, count_chunk_pieces, piece_plans
 from dali_mesh.plan import (CHECK_JSON, CODEC_LIBRARIES, CODECS, Coder, NotNativeError, PlanSet, ReadPlan, native_dtype_of, native_store)
 from dali_mesh.partition import Region
-from dali_mesh.storage import ByteStore, store_of
+from dali_mesh.storage import ByteStore, Version, store_of
 
 __all__ = ["create_zarr_array", "is_zarr_store", "open_zarr_array", "plan_zarr_steps", "read_zarr_window"]
 
@@ -385,7 +385,11 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     if canon is None:
         raise NotNativeError(f"{meta}: the metadata file is not one JSON object")
     meta_plan = plans.add_plan(ReadPlan.reads_only(shape, stored, [], [], [], [], canon, CHECK_JSON))
-    meta_file = plans.add_file(meta, store=bytes_store.spec)  # its size changes with its attributes: not checked
+    # its size changes with its attributes: not checked. In an object store it is named by its ETag, and
+    # the reader does not read it again: every chunk object the plan reads is pinned by its own ETag
+    # (csrc/reader/open_file.cc)
+    meta_tag = b"" if bytes_store.local else (bytes_store.stat(meta) or Version(-1)).tag.encode()
+    meta_file = plans.add_file(meta, store=bytes_store.spec, tag=meta_tag)
     budget(locals_.size * (1 + count_chunk_pieces(wplan, chunks)))  # before the pieces are made
     first_chunk = l0 // ct
     if steps is not None:

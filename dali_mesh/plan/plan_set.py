@@ -106,7 +106,17 @@ class PlanSet:
 
     def item_read_bytes(self, item: int) -> int:
         """The stored bytes the native reader reads for sample id ``item``: each coded chunk once
-        (its stored, compressed size), the byte ranges of raw parts."""
+        (its stored, compressed size; a Blosc chunk of which a window needs some blocks is read in
+        parts, fewer bytes), the byte ranges of raw parts."""
+        return self._item_reads(item)[0]
+
+    def item_requests(self, item: int) -> int:
+        """The reads (requests, for an object store) the native reader makes for sample id ``item``, at
+        least: one per coded chunk (two or three for a Blosc chunk read in parts: its header, then its
+        blocks) and one per merged byte range of raw parts (what the read groups merge)."""
+        return self._item_reads(item)[1]
+
+    def _item_reads(self, item: int) -> tuple[int, int]:
         if not 0 <= item < self._n_items:
             raise IndexError(f"item {item} is out of range for {self._n_items} items")
         i = 0
@@ -114,16 +124,18 @@ class PlanSet:
             i += 2 + 4 * int(self._item_words[i + 1])
         it, _ = _decode_item(self._item_words, i)
         chunks = self._chunk_rows
-        seen, total = set(), 0
+        seen, total, requests = set(), 0, 0
         for part in it.parts:
             plan = self.plans[part.plan]
             if plan.coded:
                 if part.file not in seen:
                     seen.add(part.file)
                     total += max(0, chunks[part.file][2])
+                    requests += chunks[part.file][2] > 0  # a chunk never written reads nothing
             else:
                 total += plan.read_bytes
-        return total
+                requests += len(plan.group_begin)
+        return total, requests
 
     def add_chunk(self, file: int, offset: int, nbytes: int, coder: int) -> int:
         """The index of the chunk stored at ``offset`` of file ``file`` (``nbytes`` stored bytes; -1: the

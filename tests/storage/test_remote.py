@@ -287,3 +287,41 @@ def test_dataset_sources_read_from_s3_with_storage_options_equal_xarray(s3_endpo
                     np.testing.assert_array_equal(np.array(inp[j]), want, err_msg=f"{src.store} rank {mp} step {t}")
                     np.testing.assert_array_equal(np.array(tgt[j])[0],
                                                   take_window(_oracle(ds, t + 1, np.float64), src.region))
+
+
+@pytest.mark.usefixtures("_plugin")
+def test_plan_data_prints_what_each_rank_fetches_and_the_reader_fetches_it(s3_endpoint, tmp_path, monkeypatch, capsys):
+    """``dali-mesh plan --data s3://...``: per rank the bytes and requests of one sample, with and without
+    ``--share group``; the requests are the GETs the native reader then makes for that sample (counted by
+    a proxy in front of the server), the bytes the stored bytes of the chunks the window touches."""
+    import zarr
+
+    from dali_mesh import Layout, MeshInfo, ZarrSource
+    from dali_mesh.cli.main import main
+    from tests.helpers import native_pipeline
+    from tests.storage.fault_proxy import FaultProxy
+
+    a = np.random.default_rng(2).normal(size=(2, 4, 60, 40)).astype("f4")
+    z = zarr.create_array(tmp_path / "p.zarr", shape=a.shape, chunks=(1, 4, 20, 40), dtype="f4", zarr_format=3)
+    z[:] = a
+    location = upload(s3_endpoint, tmp_path / "p.zarr", "data", "plan/p.zarr")
+    stored = {k: client(s3_endpoint).head_object(Bucket="data", Key=f"plan/p.zarr/c/0/0/{k}/0")["ContentLength"]
+              for k in range(3)}
+    with FaultProxy(s3_endpoint) as proxy:
+        for var, value in (("AWS_ACCESS_KEY_ID", KEY), ("AWS_SECRET_ACCESS_KEY", SECRET),
+                           ("AWS_ENDPOINT_URL", proxy.endpoint)):
+            monkeypatch.setenv(var, value)
+        assert main(["plan", "--data", location, "--mesh", "mp=2", "--shard", "mp=1", "--share", "group"]) == 0
+        out = capsys.readouterr().out
+        # rank 0's window (rows 0..29) touches chunks 0 and 1, rank 1's chunks 1 and 2
+        from dali_mesh.cli.main import _fmt_bytes
+
+        assert f"rank 0: {_fmt_bytes(stored[0] + stored[1])} in 2 requests; " \
+               f"rank 1: {_fmt_bytes(stored[1] + stored[2])} in 2 requests" in out
+        assert (f"one member of each group of 2 fetches the group window's {_fmt_bytes(sum(stored.values()))} in 3 "
+                "requests per sample") in out
+        layout = Layout(MeshInfo((2,), ("mp",), (1,)), shard={"mp": 1})
+        p = native_pipeline(ZarrSource([location], None, layout, batch_size=1, shuffle=False, time_range=(0, 1)))
+        before, heads, k = proxy.count("GET"), proxy.count("HEAD"), len(proxy.requests)
+        p.run()
+        assert proxy.count("GET") - before == 2 and proxy.count("HEAD") == heads  # what the plan said for rank 1
