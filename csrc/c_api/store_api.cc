@@ -21,6 +21,10 @@ const dali_mesh::HttpStore *HttpStoreOf(const char *spec) {
 }
 }  // namespace
 
+// What this library's remote stores fetched in this process: requests sent (every attempt) and body
+// bytes received.
+DM_EXPORT void dali_mesh_store_counters(int64_t *requests, int64_t *bytes) { dali_mesh::FetchCounters(requests, bytes); }
+
 // 1 when this library reads remote stores (it was linked with libcurl), else 0.
 DM_EXPORT int dali_mesh_store_have_http() { return dali_mesh::HaveHttp() ? 1 : 0; }
 

@@ -2,6 +2,7 @@
 #include "storage/http_store.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cinttypes>
@@ -21,6 +22,8 @@
 namespace dali_mesh {
 
 namespace {
+
+std::atomic<int64_t> g_requests{0}, g_bytes{0};
 
 struct Credentials {
   std::string key_id, secret, token;
@@ -159,6 +162,7 @@ std::string HttpStore::NameOf(const std::string &key) const {
 #ifndef DALI_MESH_HAVE_CURL
 
 bool HaveHttp() { return false; }
+void FetchCounters(int64_t *requests, int64_t *bytes) { *requests = *bytes = 0; }
 std::string HttpStore::UrlOf(const std::string &key) const { return key; }
 [[noreturn]] static void NoCurl() {
   StoreFail("this build of dali_mesh has no libcurl: remote objects are read in Python (install "
@@ -178,6 +182,11 @@ std::string HttpStore::ListPage(const std::string &, const std::string &, bool, 
 #else  // DALI_MESH_HAVE_CURL
 
 bool HaveHttp() { return true; }
+
+void FetchCounters(int64_t *requests, int64_t *bytes) {
+  *requests = g_requests.load();
+  *bytes = g_bytes.load();
+}
 
 namespace {
 
@@ -284,6 +293,7 @@ size_t OnBody(char *data, size_t size, size_t n, void *user) {
   const int64_t total = static_cast<int64_t>(size * n);
   long status = 0;
   curl_easy_getinfo(x->curl, CURLINFO_RESPONSE_CODE, &status);
+  if (status >= 200 && status < 300) g_bytes += total;
   if (x->text && status >= 200 && status < 300) {
     if (x->text->size() + total > (size_t(64) << 20)) return 0;  // no listing page is that large
     x->text->append(data, total);
@@ -456,6 +466,7 @@ long Perform(const HttpStore &store, const std::string &url, const std::string &
       curl_easy_setopt(curl, CURLOPT_USERNAME, cred.key_id.c_str());
       curl_easy_setopt(curl, CURLOPT_PASSWORD, cred.secret.c_str());
     }
+    g_requests++;
     const CURLcode rc = curl_easy_perform(curl);
     long status = 0;
     curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);

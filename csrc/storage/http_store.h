@@ -53,6 +53,10 @@ bool ParseHttpSpec(const std::string &spec, HttpStoreConfig *config, std::string
 // Whether this build reads remote stores (it was linked with libcurl).
 bool HaveHttp();
 
+// What this library's remote stores fetched in this process: requests sent (every attempt) and body
+// bytes received (ranges read, listings; error bodies not), for tools that report network bytes.
+void FetchCounters(int64_t *requests, int64_t *bytes);
+
 // The credentials of the store named `spec` for this process (empty key: none, unsigned requests).
 void SetStoreCredentials(const std::string &spec, const std::string &key_id, const std::string &secret,
                          const std::string &token);

@@ -234,6 +234,15 @@ def data_kind(path: str) -> str | None:
     return None if fmt is None else fmt.name
 
 
+def is_zarr_group(location: str) -> bool:
+    """Whether a weather dataset's location is a Zarr group (else NetCDF4 files): a folder here, and in
+    an object store any name but a NetCDF4/HDF5 file's."""
+    store, key = store_of(location)
+    if store.local:
+        return os.path.isdir(location)
+    return not location.rstrip("/").lower().endswith((".nc", ".nc4", ".h5", ".hdf5", ".hdf"))
+
+
 def find_data(path: str, what: str = "--data") -> tuple[str, list[str]]:
     """``(format name, files)`` of a data path: one file or store of a registered format, or a folder
     of them (the first format found, in the registry's order; files sorted by name)."""

@@ -28,6 +28,7 @@ from dali_mesh.io.formats import format_named
 from dali_mesh.io.pagecache import descendant_pids, evict, read_bytes
 from dali_mesh.plan import NotNativeError
 from dali_mesh.partition import take_window
+from dali_mesh.storage import store_of
 
 __all__ = ["add_arguments", "run", "write_synthetic", "MARKER"]
 
@@ -159,10 +160,10 @@ def _make_source(kind, files, dataset, layout, batch_size, allow_external=False,
     if layout is None:  # the whole sample, to read metadata
         layout = Layout(MeshInfo((1,), ("data_parallel",)))
     if kind == "dataset":  # dataset = the --channels text
-        from dali_mesh.cli.args import parse_channels  # noqa: PLC0415
+        from dali_mesh.cli.args import is_zarr_group, parse_channels  # noqa: PLC0415
         from dali_mesh.weather import NetCDFDatasetSource, ZarrDatasetSource  # noqa: PLC0415
 
-        cls = ZarrDatasetSource if os.path.isdir(files[0]) else NetCDFDatasetSource
+        cls = ZarrDatasetSource if is_zarr_group(files[0]) else NetCDFDatasetSource
         return cls(files[0], parse_channels(dataset), layout, batch_size=batch_size, shuffle=True, seed=0,
                    share=share)
     fmt = format_named(kind)
@@ -173,13 +174,27 @@ def _make_source(kind, files, dataset, layout, batch_size, allow_external=False,
                         shuffle=True, seed=0, share=share, **options)
 
 
+def fetched(path: str) -> int | None:
+    """Body bytes the native reader (the plugin's stores) fetched from object stores in this process so
+    far; None for partitioned_source (its workers' fetches are not counted)."""
+    if path != "native":
+        return None
+    from dali_mesh.pipeline.plugin import plugin_fetch_counters  # noqa: PLC0415
+
+    return plugin_fetch_counters()[1]
+
+
 def _full_sample(source, sample_id: int) -> np.ndarray:
     """The whole sample, read plainly by the format's own library (the oracle the demo checks windows
     against)."""
     if hasattr(source, "parts"):  # a dataset: every channel's whole field, by zarr-python / h5py
         return _dataset_sample(source, sample_id)
     if not hasattr(source, "locate"):
-        return np.load(source.files[sample_id])
+        store, key = store_of(source.files[sample_id])
+        if store.local:
+            return np.load(key)
+        with store.open_file(key, ".npy file") as f:  # an object: numpy reads it through ranged reads
+            return np.load(f)
     fi, local = source.locate(source.step_of(sample_id))
     fmt = source.format
     handle = fmt.open(source.files[fi], source.name, **source.format_options)
@@ -195,18 +210,22 @@ def _dataset_sample(source, sample_id: int) -> np.ndarray:
     (and level index), stacked and cast to the source's dtype (the demo normalises nothing)."""
     t = source.time_index(sample_id)
     fields = []
-    if len(source.files) == 1 and os.path.isdir(source.files[0]):
+    from dali_mesh.cli.args import is_zarr_group  # noqa: PLC0415
+
+    if len(source.files) == 1 and is_zarr_group(source.files[0]):
         import zarr  # noqa: PLC0415
 
-        group = zarr.open_group(source.files[0], mode="r", use_consolidated=False)
+        store, key = store_of(source.files[0])
+        group = zarr.open_group(store=store.zarr_store(key) if not store.local else key, mode="r",
+                                use_consolidated=False)
         for c in source.channels:
             arr = group[c.variable]
             fields.append(np.asarray(arr[t] if c.level_index is None else arr[t, c.level_index]))
     else:
-        import h5py  # noqa: PLC0415
+        from dali_mesh.io.hdf5 import open_hdf5_file  # noqa: PLC0415
 
         for f_path in source.files:  # the files in time order: the step's file and its local step
-            with h5py.File(f_path, "r") as f:
+            with open_hdf5_file(f_path) as f:
                 n = f[source.time_dim].shape[0]
                 if t < n:
                     for c in source.channels:
@@ -308,10 +327,12 @@ def _rank(rank, world_size, cfg, out_dir):
         def pipe():
             return partitioned_source(source, device=device)
 
-    evict(files)  # cold files: count what the readers pull from storage
+    remote = not all(store_of(f)[0].local for f in files)
+    evict([f for f in files if store_of(f)[0].local])  # cold files: count what the readers pull from storage
     dist.barrier()
-    # the native reader reads in this process, partitioned_source in its workers: count both, from here
-    before = read_bytes([os.getpid()])
+    # the native reader reads in this process, partitioned_source in its workers: count both, from here;
+    # from an object store, the body bytes the native reader's requests received
+    before = fetched(path) if remote else read_bytes([os.getpid()])
     t0 = time.perf_counter()
     # a rank waits for a batch no longer than the demo as a whole (--timeout)
     loader = MeshLoader(pipe(), layout, sample_shape=source.sample_shape, timeout=cfg["timeout"],
@@ -328,7 +349,7 @@ def _rank(rank, world_size, cfg, out_dir):
             sys.stderr.write(f"\r  epoch [{'#' * done}{'.' * (30 - done)}] {steps}/{num_steps} steps")
             sys.stderr.flush()
     elapsed = time.perf_counter() - t0
-    worker_bytes = read_bytes([os.getpid()] + descendant_pids(os.getpid()))
+    worker_bytes = fetched(path) if remote else read_bytes([os.getpid()] + descendant_pids(os.getpid()))
     if worker_bytes is not None:
         worker_bytes -= before
     if rank == 0:
@@ -413,7 +434,7 @@ def run(args: argparse.Namespace) -> int:
     if channels:
         if args.dataset:
             raise UsageError("--dataset does not go with --channels")
-        kind, files = "dataset", [os.path.abspath(args.data)]
+        kind, files = "dataset", [args.data if not store_of(args.data)[0].local else os.path.abspath(args.data)]
         args.dataset = cfg["dataset"] = channels
         probe = _make_source(kind, files, channels, None, args.batch_size)
         cfg["ndim"] = len(probe.sample_shape)
@@ -470,8 +491,10 @@ def run(args: argparse.Namespace) -> int:
     seen = {sid for s in stats for sid in s["real_ids"]}
     checked = sum(s["verified"] for s in stats)
     dtensor = all(s["dtensor"] for s in stats)
-    source_note = ("cold /proc/<pid>/io read_bytes of each rank and its DALI workers during the epoch (local ranks "
-                   "share one page cache: a page one rank pulled is not read again by another)"
+    remote = not all(store_of(f)[0].local for f in files)
+    source_note = ("body bytes each rank's native reader fetched from the object store during the epoch" if remote
+                   and measured else "cold /proc/<pid>/io read_bytes of each rank and its DALI workers during the "
+                   "epoch (local ranks share one page cache: a page one rank pulled is not read again by another)"
                    if measured else "planned window bytes")
     paths = sorted({(s["path"], s["why"]) for s in stats})
     for path, why in paths:

@@ -19,6 +19,7 @@ import numpy as np
 
 from dali_mesh.cli.args import (
     UsageError,
+    is_zarr_group,
     make_layout,
     parse_boundary,
     parse_channels,
@@ -359,7 +360,7 @@ def _add_demo_args(p: argparse.ArgumentParser) -> None:
 def _dataset_source(args, layout, share=None):
     from dali_mesh.weather import NetCDFDatasetSource, ZarrDatasetSource  # noqa: PLC0415
 
-    cls = ZarrDatasetSource if os.path.isdir(args.data) else NetCDFDatasetSource
+    cls = ZarrDatasetSource if is_zarr_group(args.data) else NetCDFDatasetSource
     return cls(args.data, parse_channels(args.channels), layout, shuffle=False, share=share)
 
 

@@ -236,11 +236,7 @@ def only_dataset_name(path: str | os.PathLike) -> str:
     import h5py
 
     path = str(path)
-    check_regular_file(path, "HDF5 file")
-    try:
-        f = h5py.File(path, "r")
-    except OSError as e:
-        raise DataFileError(path, f"cannot be opened as HDF5 ({e}); is it an HDF5 file, and whole?") from None
+    f = open_hdf5_file(path)  # local or in a byte store; its errors name the file
     with f:
         names = []
         f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)

@@ -11,10 +11,16 @@ threads where the files are compressed) instead of whole fields in Python worker
 What it does not do: ``interpolation_type`` (a resize of each rank's band is not the band of the
 resized field) is refused; ``cos_zenith`` needs ``latlon_resolution`` equal to the fields' ``(H, W)``
 when the fields are split (the zenith grid is split with them).
+
+``data_dir`` and ``stats_dir`` may be ``s3://`` or ``gs://`` prefixes (``stats_dir`` also an
+``https://`` one) read with ``storage_options``: the year files are found by listing the prefix, by
+the local glob's rule.
 """
 from __future__ import annotations
 
 import datetime
+import fnmatch
+import io
 import logging
 import os
 from pathlib import Path
@@ -28,11 +34,14 @@ from dali_mesh.physicsnemo.era5_source import ERA5Source
 from dali_mesh.pipeline.native import batch_entries
 from dali_mesh.pipeline.watchdog import DEFAULT_TIMEOUT_S
 from dali_mesh.source import ForecastSpec
+from dali_mesh.storage import MissingFileError, read_exactly, register_options, store_of
 
 log = logging.getLogger(__name__)
 
 #: the fields' axes in a step as the layout sees them: (channel, lat, lon)
 AXES = {"channel": 0, "lat": 1, "lon": 2}
+#: PhysicsNeMo's year files, ``Path.glob``'s pattern (a remote prefix's names are matched by it too)
+YEAR_FILES = "????.h5"
 
 
 class _Times:
@@ -85,6 +94,9 @@ class ERA5HDF5Datapipe:
             shuffled by numpy at every epoch) or ``"dali_mesh"`` (dali_mesh's keyed permutation with
             ``seed``: every data-parallel rank draws from all years).
         timeout: seconds a batch may take (:class:`~dali_mesh.torch.MeshLoader`'s watchdog).
+        storage_options: for ``s3://`` and ``gs://`` ``data_dir``/``stats_dir`` prefixes (``stats_dir``
+            also ``https://``), named as fsspec's s3fs names them (see :class:`~dali_mesh.NumpySource`);
+            used for the listing and the statistics and given to the source. Default: the environment's.
 
     Iterate it as PhysicsNeMo's: ``for data in pipe: data[0]["invar"]``; each ``iter()`` is one
     epoch; ``len(pipe)`` batches per epoch. ``state_dict()`` / ``load_state_dict()`` checkpoint it.
@@ -122,6 +134,7 @@ class ERA5HDF5Datapipe:
         order: str = "physicsnemo",
         seed: int = 0,
         timeout: float | None = DEFAULT_TIMEOUT_S,
+        storage_options: dict | None = None,
     ) -> None:
         import torch  # noqa: PLC0415
 
@@ -131,11 +144,15 @@ class ERA5HDF5Datapipe:
                              "resolution, or use PhysicsNeMo's own ERA5HDF5Datapipe")
         if output not in ("local", "shard_tensor"):
             raise ValueError(f"output must be 'local' or 'shard_tensor', got {output!r}")
-        self.data_dir = Path(data_dir)
-        self.stats_dir = Path(stats_dir) if stats_dir is not None else None
-        if not self.data_dir.is_dir():
+        if storage_options is not None and not isinstance(storage_options, dict):
+            raise TypeError(f"storage_options must be a dict, got {type(storage_options).__name__}")
+        self.storage_options = None if storage_options is None else dict(storage_options)
+        # a folder is a Path (PhysicsNeMo's checks, unchanged); a remote prefix its location, no "/" at the end
+        self.data_dir = _directory(data_dir, self.storage_options)
+        self.stats_dir = _directory(stats_dir, self.storage_options) if stats_dir is not None else None
+        if isinstance(self.data_dir, Path) and not self.data_dir.is_dir():
             raise IOError(f"Error, data directory {self.data_dir} does not exist")
-        if self.stats_dir is not None and not self.stats_dir.is_dir():
+        if isinstance(self.stats_dir, Path) and not self.stats_dir.is_dir():
             raise IOError(f"Error, stats directory {self.stats_dir} does not exist")
         self.batch_size, self.num_steps, self.num_history, self.stride = batch_size, num_steps, num_history, stride
         self.num_workers, self.shuffle, self.output = int(num_workers), bool(shuffle), output
@@ -159,10 +176,17 @@ class ERA5HDF5Datapipe:
         if self.use_cos_zenith and not latlon_resolution:
             raise ValueError("latlon_resolution must be set for cos zenith angle")
 
-        self.data_paths = sorted(self.data_dir.glob("????.h5"))
-        if not self.data_paths:
-            raise IOError(f"no year files (????.h5) in {self.data_dir}")
-        with _h5(self.data_paths[0]) as f:
+        if isinstance(self.data_dir, Path):
+            self.data_paths = sorted(self.data_dir.glob(YEAR_FILES))
+            if not self.data_paths:
+                raise IOError(f"no year files ({YEAR_FILES}) in {self.data_dir}")
+            first = _h5(self.data_paths[0])
+        else:
+            if self.storage_options is not None:  # the first file's reader below finds them too
+                register_options([self.data_dir], self.storage_options)
+            self.data_paths = _remote_year_files(self.data_dir, self.storage_options)
+            first = open_hdf5_file(self.data_paths[0])
+        with first as f:
             if "fields" not in f:
                 raise IOError(f"{self.data_paths[0]} has no dataset 'fields' (it holds {sorted(f)})")
             shape = f["fields"].shape
@@ -193,7 +217,7 @@ class ERA5HDF5Datapipe:
             [str(p) for p in self.data_paths], self.layout, batch_size=batch_size, shuffle=self.shuffle, seed=seed,
             forecast=ForecastSpec(history=num_history, lead=num_steps, stride=stride), channels=self.channels,
             samples_per_year=num_samples_per_year, process_rank=self.process_rank, world_size=self.world_size,
-            order=order)
+            order=order, storage_options=self.storage_options)
         self.num_samples_per_year = self.source.samples_per_year
         self.n_years = len(self.data_paths)
         self.total_length = self.n_years * self.num_samples_per_year
@@ -219,12 +243,17 @@ class ERA5HDF5Datapipe:
         """``global_means.npy`` / ``global_stds.npy`` of shape ``(1, C, 1, 1)``, as PhysicsNeMo loads them."""
         if self.stats_dir is None:
             return
-        mean_file, std_file = self.stats_dir / "global_means.npy", self.stats_dir / "global_stds.npy"
-        for f in (mean_file, std_file):
-            if not f.exists():
-                raise IOError(f"{'Mean' if f == mean_file else 'Std'} statistics file {f} not found")
-        self.mu = np.load(str(mean_file))[:, self.channels]
-        self.sd = np.load(str(std_file))[:, self.channels]
+        if isinstance(self.stats_dir, Path):
+            mean_file, std_file = self.stats_dir / "global_means.npy", self.stats_dir / "global_stds.npy"
+            for f in (mean_file, std_file):
+                if not f.exists():
+                    raise IOError(f"{'Mean' if f == mean_file else 'Std'} statistics file {f} not found")
+            mu, sd = np.load(str(mean_file)), np.load(str(std_file))
+        else:
+            mu, sd = (_remote_npy(f"{self.stats_dir}/{name}", what, self.storage_options)
+                      for name, what in (("global_means.npy", "Mean"), ("global_stds.npy", "Std")))
+        self.mu = mu[:, self.channels]
+        self.sd = sd[:, self.channels]
         if not self.mu.shape == self.sd.shape == (1, len(self.channels), 1, 1):
             raise AssertionError(f"Error, normalisation arrays have wrong shape: {self.mu.shape}, {self.sd.shape}; "
                                  f"expected (1, {len(self.channels)}, 1, 1)")
@@ -358,6 +387,43 @@ def _latlon_grid(bounds, shape) -> tuple[np.ndarray, np.ndarray]:
     from physicsnemo.datapipes.climate.utils.invariant import latlon_grid  # noqa: PLC0415
 
     return latlon_grid(bounds=bounds, shape=shape)
+
+
+def _directory(location, storage_options: dict | None) -> Path | str:
+    """A local folder as a ``Path`` (``file://`` taken off), a remote prefix as its location string."""
+    store, key = store_of(location, storage_options)
+    if store.local:
+        return Path(key)
+    return os.fspath(location).rstrip("/")
+
+
+def _remote_year_files(location: str, storage_options: dict | None) -> list[str]:
+    """The year files directly under the prefix ``location``, named and sorted by the local glob's
+    rule (objects deeper down, as files in subfolders, are not year files)."""
+    store, key = store_of(location, storage_options)
+    prefix = key.rstrip("/") + "/"
+    try:
+        objects, _ = store.list(prefix)
+    except DataFileError as e:
+        raise IOError(f"Error, data directory {location} cannot be listed for its year files ({e})") from e
+    names = sorted(k[len(prefix):] for k, _ in objects if k.startswith(prefix))
+    years = [n for n in names if fnmatch.fnmatchcase(n, YEAR_FILES)]
+    if not years:
+        held = f"it holds {len(names)} objects, none named so" if names else "nothing is stored under it"
+        raise IOError(f"no year files ({YEAR_FILES}) in {location} ({held})")
+    return [f"{location}/{n}" for n in years]
+
+
+def _remote_npy(location: str, what: str, storage_options: dict | None) -> np.ndarray:
+    """A ``.npy`` object read whole (one version) and loaded as ``np.load`` loads a file."""
+    store, key = store_of(location, storage_options)
+    try:
+        obj = store.open(key, "statistics file")
+    except MissingFileError:
+        raise IOError(f"{what} statistics file {location} not found") from None
+    with obj:
+        data = read_exactly(obj, obj.size, 0)
+    return np.load(io.BytesIO(data))
 
 
 def _h5(path: os.PathLike):

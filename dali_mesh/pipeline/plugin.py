@@ -108,6 +108,17 @@ def _entry(name: str, restype, argtypes):
     return fn
 
 
+def plugin_fetch_counters() -> tuple[int, int]:
+    """``(requests, body bytes)`` the plugin's remote stores fetched in this process (what the native
+    reader fetched from object stores)."""
+    import ctypes  # noqa: PLC0415
+
+    from dali_mesh.storage.remote import fetch_counters  # noqa: PLC0415
+
+    load_plugin()
+    return fetch_counters(ctypes.CDLL(str(PLUGIN_PATH)))
+
+
 def share_plugin_credentials(specs) -> None:
     """Gives the plugin's remote stores ``specs`` this process's credentials (the plugin has its own
     copy of the stores: csrc/c_api/store_api.cc); nothing for local files."""

@@ -31,7 +31,7 @@ from typing import NamedTuple, Sequence
 from dali_mesh.storage.base import ByteStore, StoredObject, Version
 from dali_mesh.storage.errors import DataFileError, FileChangedError, MissingFileError, TruncatedFileError
 
-__all__ = ["RemoteObject", "RemoteStore", "have_native_http", "resolve_gs", "resolve_http", "resolve_s3",
+__all__ = ["RemoteObject", "RemoteStore", "fetch_counters", "have_native_http", "resolve_gs", "resolve_http", "resolve_s3",
            "share_credentials"]
 
 #: settings of the client, besides credentials (see csrc/storage/http_store.h); cache_dir and
@@ -80,7 +80,21 @@ def _bind(lib) -> None:
     lib.dali_mesh_store_get.restype = i64
     lib.dali_mesh_store_list.argtypes = [c, c, c, ctypes.c_int, c, c, i64, c, i64]
     lib.dali_mesh_store_list.restype = i64
+    lib.dali_mesh_store_counters.argtypes = [ctypes.POINTER(i64), ctypes.POINTER(i64)]
+    lib.dali_mesh_store_counters.restype = None
     lib._dm_store_bound = True
+
+
+def fetch_counters(lib=None) -> tuple[int, int]:
+    """``(requests, body bytes)`` the remote stores of ``lib`` (default: the kernels library, which
+    Python's planning and fallback reads use; the DALI plugin has its own) sent and received in this
+    process so far."""
+    lib = lib or _kernels()
+    if not getattr(lib, "_dm_store_bound", False):
+        _bind(lib)
+    requests, got = ctypes.c_int64(), ctypes.c_int64()
+    lib.dali_mesh_store_counters(ctypes.byref(requests), ctypes.byref(got))
+    return requests.value, got.value
 
 
 def have_native_http() -> bool:

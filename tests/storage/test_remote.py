@@ -4,7 +4,11 @@ anonymously from ``http://``) equal to the local copy's, for every format; listi
 options; credentials absent from specs, plans, pickles and messages. Faults: test_remote_faults.py."""
 from __future__ import annotations
 
+import os
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -325,3 +329,47 @@ def test_plan_data_prints_what_each_rank_fetches_and_the_reader_fetches_it(s3_en
         before, heads, k = proxy.count("GET"), proxy.count("HEAD"), len(proxy.requests)
         p.run()
         assert proxy.count("GET") - before == 2 and proxy.count("HEAD") == heads  # what the plan said for rank 1
+
+
+def _cli_env(endpoint):
+    return dict(os.environ, AWS_ACCESS_KEY_ID=KEY, AWS_SECRET_ACCESS_KEY=SECRET, AWS_ENDPOINT_URL=endpoint,
+                PYTHONPATH=str(Path(__file__).parents[2]))
+
+
+def test_convert_copies_an_s3_source_as_h5py_reads_it(s3_endpoint, tmp_path):
+    import h5py
+    import zarr
+
+    a = np.random.default_rng(4).normal(size=(5, 2, 30, 24)).astype("f4")
+    with h5py.File(tmp_path / "c.h5", "w") as f:
+        f.create_dataset("fields", data=a, chunks=(1, 2, 10, 24), compression="gzip")
+    location = upload(s3_endpoint, tmp_path / "c.h5", "data", "convert/c.h5")
+    out = tmp_path / "out.zarr"
+    r = subprocess.run([sys.executable, "-m", "dali_mesh.cli", "convert", location, str(out), "--mesh", "mp=2",
+                        "--shard", "mp=1"], env=_cli_env(s3_endpoint), capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "every sample verified against the source" in r.stdout
+    np.testing.assert_array_equal(zarr.open_array(str(out), path="fields" if (out / "fields").exists() else "data",
+                                                  mode="r")[:], a)
+
+
+@pytest.mark.timeout(300)
+def test_demo_reads_an_s3_store_and_counts_the_bytes_fetched(s3_endpoint, tmp_path):
+    import zarr
+    from numcodecs import Blosc
+
+    a = np.random.default_rng(6).normal(size=(8, 2, 256, 128)).astype("f4")
+    z = zarr.create_array(tmp_path / "d.zarr", shape=a.shape, chunks=(1, 2, 64, 128), dtype="f4", zarr_format=2,
+                          compressors=[Blosc("lz4", 5, Blosc.SHUFFLE)])
+    z[:] = a
+    location = upload(s3_endpoint, tmp_path / "d.zarr", "data", "demo/d.zarr")
+    r = subprocess.run([sys.executable, "-m", "dali_mesh.cli", "demo", "--data", location, "--nproc", "2",
+                        "--mesh", "mp=2", "--shard", "mp=1", "--timeout", "200"], env=_cli_env(s3_endpoint),
+                       capture_output=True, text=True, timeout=280)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "body bytes each rank's native reader fetched from the object store" in r.stdout
+    assert "all 8 samples verified" in r.stdout
+    # each rank's band is 2 of the 4 chunks of a sample: about half of the stored bytes, never all of them
+    stored = sum(p.stat().st_size for p in (tmp_path / "d.zarr").rglob("*") if p.is_file() and p.name[0] != ".")
+    mib = [float(line.split()[-4]) for line in r.stdout.splitlines() if line.strip()[:1].isdigit() and "MiB" in line]
+    assert len(mib) == 2 and all(0.3 * stored / 2**20 < m < 0.7 * stored / 2**20 for m in mib), (mib, stored)
