@@ -39,7 +39,7 @@ ALLOWED = {
     "torch": {"pipeline", "source", "partition", "mesh", "_checks"},
     "cli": {"torch", "pipeline", "fn", "weather", "source", "io", "plan", "storage", "partition", "mesh", "_checks",
             "_kernels"},
-    "physicsnemo": {"torch", "pipeline", "source", "io", "partition", "mesh", "_checks"},
+    "physicsnemo": {"torch", "pipeline", "source", "io", "partition", "mesh", "storage", "_checks"},
     "__init__": {"pipeline", "weather", "source", "partition", "mesh"},
 }
 
