@@ -28,13 +28,14 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from dali_mesh.io.hdf5 import open_hdf5_file
 from dali_mesh.mesh import MeshInfo
 from dali_mesh.partition import Layout, LayoutError, take_window
 from dali_mesh.physicsnemo.era5_source import ERA5Source
 from dali_mesh.pipeline.native import batch_entries
 from dali_mesh.pipeline.watchdog import DEFAULT_TIMEOUT_S
 from dali_mesh.source import ForecastSpec
-from dali_mesh.storage import MissingFileError, read_exactly, register_options, store_of
+from dali_mesh.storage import DataFileError, MissingFileError, read_exactly, register_options, store_of
 
 log = logging.getLogger(__name__)
 
@@ -402,14 +403,17 @@ def _remote_year_files(location: str, storage_options: dict | None) -> list[str]
     rule (objects deeper down, as files in subfolders, are not year files)."""
     store, key = store_of(location, storage_options)
     prefix = key.rstrip("/") + "/"
+    if not hasattr(store, "list"):
+        raise IOError(f"Error, data directory {location}: its store ({store.spec}) cannot list a folder; give an "
+                      "s3:// or gs:// prefix, or a local folder")
     try:
         objects, _ = store.list(prefix)
     except DataFileError as e:
         raise IOError(f"Error, data directory {location} cannot be listed for its year files ({e})") from e
-    names = sorted(k[len(prefix):] for k, _ in objects if k.startswith(prefix))
+    names = sorted(k[len(prefix):] for k, _ in objects if k.startswith(prefix) and k != prefix)
     years = [n for n in names if fnmatch.fnmatchcase(n, YEAR_FILES)]
     if not years:
-        held = f"it holds {len(names)} objects, none named so" if names else "nothing is stored under it"
+        held = f"it holds {len(names)} objects, none named {YEAR_FILES}" if names else "nothing is stored under it"
         raise IOError(f"no year files ({YEAR_FILES}) in {location} ({held})")
     return [f"{location}/{n}" for n in years]
 

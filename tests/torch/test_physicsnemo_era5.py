@@ -19,6 +19,7 @@ pytest.importorskip("physicsnemo.distributed", reason="PhysicsNeMo is not instal
 
 from dali_mesh import Layout, MeshInfo  # noqa: E402
 from dali_mesh.partition import LayoutError, take_window  # noqa: E402
+from tests.storage.s3_server import client, options, s3_endpoint, upload  # noqa: E402, F401
 
 STEPS, CHANNELS, H, W = 13, 4, 10, 12
 REFERENCE = os.path.join(os.path.dirname(__file__), "physicsnemo_era5_reference.py")
@@ -95,7 +96,9 @@ def reference(era5, tmp_path_factory):
     return {name: dict(np.load(out / f"{name}.npz")) for name in CONFIGS}
 
 
-def _ours(root, name, mp_rank, **extra):
+def _ours(root, name, mp_rank, *, dirs=None, **extra):
+    """Our datapipe over ``root``'s folders (``dirs``: other ``(data_dir, stats_dir)``) as rank
+    ``mp_rank`` of 3 of a lat split, with the config's data-parallel rank."""
     from dali_mesh.physicsnemo import ERA5HDF5Datapipe
 
     kw, (rank, world) = CONFIGS[name]
@@ -104,8 +107,9 @@ def _ours(root, name, mp_rank, **extra):
     if layout is None:
         crop = None if "patch_size" not in kw else [None, (0, 8), (0, 10)]
         layout = Layout(mesh, shard={"mp": 1}, batch="dp", split="physicsnemo", crop=crop)
-    stats = None if name.startswith("no_stats") else str(root / "stats")
-    return ERA5HDF5Datapipe(str(root / "data"), stats, device="cpu", num_workers=1, layout=layout, **kw, **extra)
+    data, stats = dirs or (str(root / "data"), str(root / "stats"))
+    stats = None if name.startswith("no_stats") else stats
+    return ERA5HDF5Datapipe(data, stats, device="cpu", num_workers=1, layout=layout, **kw, **extra)
 
 
 def _band(full, region, key):
@@ -353,3 +357,64 @@ def test_negative_channel_indexes_count_from_the_last_field(era5):
     pos.close()
     with pytest.raises(ValueError, match="greater than the number of fields 4"):
         ERA5HDF5Datapipe(str(root / "data"), channels=[-5], device="cpu")
+
+
+# ---- data_dir and stats_dir in object storage (issue 31) ----------------------------------------------
+@pytest.fixture(scope="module")
+def era5_s3(era5, s3_endpoint):
+    """The module's year files (notes.h5 too) and stats under ``s3://data/physicsnemo-era5/`` on the
+    tests' moto server, and a year file one level deeper (not a year file of the prefix, as the local
+    glob does not descend either)."""
+    root, _ = era5
+    data = upload(s3_endpoint, root / "data", "data", "physicsnemo-era5/data")
+    stats = upload(s3_endpoint, root / "stats", "data", "physicsnemo-era5/stats")
+    client(s3_endpoint).upload_file(str(root / "data" / "2000.h5"), "data", "physicsnemo-era5/data/old/1999.h5")
+    return data, stats, options(s3_endpoint)
+
+
+@pytest.mark.timeout(120)
+def test_s3_prefixes_give_the_local_folders_batches(era5, era5_s3):
+    """``data_dir``/``stats_dir`` as ``s3://`` prefixes with ``storage_options``: the same year files,
+    statistics and, on every rank of the lat split, the same batches (invar, outvar, cos_zenith,
+    time_of_year_idx) as over the local folders, read natively."""
+    from dali_mesh.pipeline import native
+
+    root, _ = era5
+    data, stats, opts = era5_s3
+    name = "h1s2st1"  # stats, cos zenith and the time index; data-parallel rank 1 of 2
+    for mp_rank in range(3):
+        local = _ours(root, name, mp_rank)
+        remote = _ours(root, name, mp_rank, dirs=(data + "/", stats), storage_options=opts)
+        assert remote.data_paths == [f"{data}/2000.h5", f"{data}/2001.h5"]
+        assert remote.data_dir == data and remote.stats_dir == stats
+        native.plan_windows(remote.source)  # read natively (no fallback): raises NotNativeError otherwise
+        np.testing.assert_array_equal(remote.mu, local.mu)
+        np.testing.assert_array_equal(remote.sd, local.sd)
+        assert remote.region == local.region and len(remote) == len(local) > 0
+        want = [batch for (batch,) in local]
+        got = [batch for (batch,) in remote]
+        assert len(got) == len(want) == len(local)
+        for b, (have, expect) in enumerate(zip(got, want)):
+            assert sorted(have) == sorted(expect) == sorted(local.output_keys)
+            for k in expect:
+                assert have[k].dtype == expect[k].dtype
+                np.testing.assert_array_equal(have[k].numpy(), expect[k].numpy(),
+                                              err_msg=f"rank {mp_rank} batch {b} {k}")
+        local.close()
+        remote.close()
+
+
+def test_s3_prefixes_without_year_files_or_stats_are_named(era5_s3):
+    from dali_mesh.physicsnemo import ERA5HDF5Datapipe
+
+    data, stats, opts = era5_s3
+    nowhere = data.rsplit("/", 1)[0] + "/nowhere"
+    with pytest.raises(IOError, match=rf"no year files \(\?\?\?\?\.h5\) in {nowhere} \(nothing is stored under it\)"):
+        ERA5HDF5Datapipe(nowhere, device="cpu", storage_options=opts)
+    with pytest.raises(IOError, match=rf"no year files \(\?\?\?\?\.h5\) in {stats} \(it holds 2 objects, none named"):
+        ERA5HDF5Datapipe(stats, device="cpu", storage_options=opts)
+    with pytest.raises(IOError, match=rf"Mean statistics file {data}/global_means\.npy not found"):
+        ERA5HDF5Datapipe(data, data, device="cpu", storage_options=opts)
+    # plain HTTP(S) has no listing: refused before any request, naming the location
+    with pytest.raises(IOError, match=r"data directory https://127\.0\.0\.1:9/era5 cannot be listed .*plain HTTP"):
+        ERA5HDF5Datapipe("https://127.0.0.1:9/era5/", device="cpu")
