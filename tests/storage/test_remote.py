@@ -422,3 +422,16 @@ def test_a_checkpoint_mid_epoch_resumes_the_same_batches_from_s3(s3_endpoint, tm
         for (sid, x), (_, y) in zip(b, c):
             np.testing.assert_array_equal(x, y)
             np.testing.assert_array_equal(x, take_window(a[sid], src.region))
+
+
+def test_virtual_hosted_addressing_and_gcs_hmac_keys(s3_endpoint):
+    """Virtual-hosted addressing (bucket.host: libcurl resolves *.localhost to loopback itself) and a
+    gs:// location signed with HMAC keys (GCS's XML API, region "auto"), both against the test server."""
+    client(s3_endpoint).put_object(Bucket="data", Key="v/a.bin", Body=b"0123456789")
+    port = s3_endpoint.rsplit(":", 1)[1]
+    virtual, key = store_of("s3://data/v/a.bin", options(f"http://localhost:{port}", addressing="virtual"))
+    assert "addressing=virtual" in virtual.spec
+    assert virtual.read_range(key, 2, 4) == b"2345"
+    gs, key = store_of("gs://data/v/a.bin", options(s3_endpoint))
+    assert "region=auto" in gs.spec and "anon=0" in gs.spec and gs.name_of(key) == "gs://data/v/a.bin"
+    assert gs.read_range(key, 6, 10) == b"6789"
