@@ -108,7 +108,8 @@ class ByteStore(abc.ABC):
     def read_range(self, key: str, offset: int, size: int) -> bytes:
         """``size`` bytes of ``key`` at ``offset`` (fewer at its end): for plan-time checks."""
         with self.open(key) as obj:
-            return read_exactly(obj, size, offset, allow_short=True)
+            # at most what the object holds (a caller may ask for "all of it" with a large size)
+            return read_exactly(obj, max(0, min(size, obj.size - offset)), offset, allow_short=True)
 
     def prefetch(self, key: str, ranges: Sequence[tuple[int, int]]) -> None:
         """Announces reads of ``(offset, size)`` ranges of ``key`` that will come soon (a hint; errors
