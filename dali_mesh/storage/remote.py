@@ -146,6 +146,14 @@ class RemoteObject(StoredObject):
         return self._version
 
     def _get(self, dst, n: int, offset: int) -> int:
+        py = self.store._python()
+        if py is not None:
+            try:
+                data = py.get(self.key, self.name, offset, n, self._version.tag, self._version.size)
+            except RuntimeError as e:
+                self.store._raise(self.key, str(e))
+            ctypes.memmove(dst, data, len(data))
+            return len(data)
         lib = self.store._lib()
         err = ctypes.create_string_buffer(_ERR)
         got = lib.dali_mesh_store_get(self.store.spec.encode(), self.key.encode(), offset, n,
@@ -205,7 +213,20 @@ class RemoteStore(ByteStore):
 
     @property
     def native(self) -> bool:  # type: ignore[override]
-        return have_native_http()
+        return have_native_http() and not _python_forced()
+
+    def _python(self):
+        """The Python client (py_http.py) where this build has no libcurl or ``DALI_MESH_HTTP=python``
+        asks for it, else None (the native client)."""
+        if not (_python_forced() or not have_native_http()):
+            return None
+        client = self.__dict__.get("_py")
+        if client is None:
+            from dali_mesh.storage.py_http import PythonHttp  # noqa: PLC0415
+
+            _say_python_once()
+            client = self._py = PythonHttp(self.spec, self._credentials)
+        return client
 
     def _lib(self):
         lib = _kernels()
@@ -243,6 +264,13 @@ class RemoteStore(ByteStore):
         raise DataFileError(name, message)
 
     def stat(self, key: str) -> Version | None:
+        py = self._python()
+        if py is not None:
+            try:
+                found = py.head(key, self.name_of(key))
+            except RuntimeError as e:
+                self._raise(key, str(e))
+            return None if found is None else Version(found[0], -1, found[1])
         lib = self._lib()
         size, tag, err = ctypes.c_int64(), ctypes.create_string_buffer(1024), ctypes.create_string_buffer(_ERR)
         found = lib.dali_mesh_store_head(self.spec.encode(), key.encode(), ctypes.byref(size), tag, 1024, err, _ERR)
@@ -261,6 +289,12 @@ class RemoteStore(ByteStore):
         return RemoteObject(self, key, version)
 
     def list_page(self, bucket: str, prefix: str, delimiter: bool, continuation: str = "") -> str:
+        py = self._python()
+        if py is not None:
+            try:
+                return py.list_page(bucket, prefix, delimiter, continuation, self.name_of(f"{bucket}/{prefix}"))
+            except RuntimeError as e:
+                self._raise(f"{bucket}/{prefix}", str(e))
         lib = self._lib()
         err = ctypes.create_string_buffer(_ERR)
         size = 1 << 20
@@ -311,6 +345,24 @@ class RemoteStore(ByteStore):
 
     def __hash__(self) -> int:
         return hash((self.spec, self.scheme))
+
+
+def _python_forced() -> bool:
+    return os.environ.get("DALI_MESH_HTTP", "").lower() == "python"
+
+
+_said_python = False
+
+
+def _say_python_once() -> None:
+    global _said_python
+    if not _said_python:
+        _said_python = True
+        import logging  # noqa: PLC0415
+
+        why = "DALI_MESH_HTTP=python" if _python_forced() else "this build has no libcurl (libcurl4-openssl-dev)"
+        logging.getLogger("dali_mesh.storage").warning(
+            "remote objects are read in Python (urllib), not by the native reader: %s", why)
 
 
 def _unpickle(kind: str, spec: str, scheme: str, anon: bool) -> RemoteStore:
