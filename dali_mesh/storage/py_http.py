@@ -61,9 +61,13 @@ class PythonHttp:
         headers = dict(headers, **{"x-amz-content-sha256": "UNSIGNED-PAYLOAD"})
         if self.cfg["kind"] != "s3" or not self.credentials:
             return headers
-        from botocore.auth import S3SigV4Auth  # noqa: PLC0415 - only to sign
-        from botocore.awsrequest import AWSRequest  # noqa: PLC0415
-        from botocore.credentials import Credentials  # noqa: PLC0415
+        try:
+            from botocore.auth import S3SigV4Auth  # noqa: PLC0415 - only to sign
+            from botocore.awsrequest import AWSRequest  # noqa: PLC0415
+            from botocore.credentials import Credentials  # noqa: PLC0415
+        except ImportError:
+            raise RuntimeError(f"{url.split('?')[0]}: signed requests without libcurl need botocore's signer: pip "
+                               "install botocore, or rebuild dali_mesh with libcurl4-openssl-dev") from None
 
         key, secret, token = self.credentials
         request = AWSRequest(method=method, url=url, headers=headers)
