@@ -284,7 +284,7 @@ bool StreamsWereRead(const BloscLayout &l, const char *at, int64_t n, int64_t wa
 }  // namespace
 
 bool ReadStored(const Coder &coder, int64_t n, const std::vector<std::pair<int64_t, int64_t>> *ranges, char *at,
-                const StoredReader &read, int64_t min_stored) {
+                const StoredReader &read, int64_t min_stored, const StoredRangesReader &read_many) {
 #ifdef DALI_MESH_HAVE_BLOSC2
   if (ranges && MayReadInParts(coder, n, *ranges, min_stored)) {
     // a Blosc chunk whose blocks the ranges touch only some of: its header and block index, then
@@ -300,8 +300,14 @@ bool ReadStored(const Coder &coder, int64_t n, const std::vector<std::pair<int64
         have = l.index_end;
       }
       if (StoredParts(l, at, n, &parts)) {
+        std::vector<std::pair<int64_t, int64_t>> todo;
         for (const auto &p : parts)
-          if (p.second > have) read(std::max(p.first, have), p.second);
+          if (p.second > have) todo.emplace_back(std::max(p.first, have), p.second);
+        if (read_many && todo.size() > 1) {
+          read_many(todo);
+        } else {
+          for (const auto &p : todo) read(p.first, p.second);
+        }
         parts.push_back({0, have});
         MergeRanges(&parts);
         if (StreamsWereRead(l, at, n, coder.chunk_bytes, parts)) return true;
@@ -311,7 +317,7 @@ bool ReadStored(const Coder &coder, int64_t n, const std::vector<std::pair<int64
     return false;
   }
 #endif
-  (void)coder, (void)ranges, (void)at, (void)min_stored;
+  (void)coder, (void)ranges, (void)at, (void)min_stored, (void)read_many;
   read(0, n);
   return false;
 }

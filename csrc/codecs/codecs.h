@@ -72,6 +72,9 @@ bool MayReadInParts(const Coder &coder, int64_t n, const std::vector<std::pair<i
 
 // Reads bytes [lo, hi) of a stored chunk to at + lo, or throws.
 using StoredReader = std::function<void(int64_t lo, int64_t hi)>;
+// Reads several such ranges (disjoint, sorted), or throws: a store may read them at once (an object
+// store's requests in flight together).
+using StoredRangesReader = std::function<void(const std::vector<std::pair<int64_t, int64_t>> &ranges)>;
 
 // Reads the stored bytes of a chunk of `n` stored bytes that DecodeChunkRanges (or, without
 // `ranges`, DecodeChunk) needs, each at its offset in `at`, through `read`. A chunk that
@@ -80,9 +83,11 @@ using StoredReader = std::function<void(int64_t lo, int64_t hi)>;
 // (streams that overlap or run past the next block's start are valid Blosc; then the rest of the
 // chunk is read). Every other chunk is read whole. Returns whether it was read in parts (the bytes
 // of `at` outside the parts read are then not the chunk's). `min_stored`: MayReadInParts' (tests
-// read small chunks in parts too).
+// read small chunks in parts too). `read_many`, when given, reads the blocks' parts together (else
+// one `read` after another).
 bool ReadStored(const Coder &coder, int64_t n, const std::vector<std::pair<int64_t, int64_t>> *ranges, char *at,
-                const StoredReader &read, int64_t min_stored = kMinPartsBytes);
+                const StoredReader &read, int64_t min_stored = kMinPartsBytes,
+                const StoredRangesReader &read_many = nullptr);
 
 // Fills `out` (coder.chunk_bytes) with a missing chunk's value.
 void FillMissingChunk(const Coder &coder, char *out);

@@ -165,9 +165,18 @@ void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const 
     if (got < 0) Fail(where + ": read failed (" + std::strerror(-got) + ")");
     if (got != hi - lo) Fail(where + ": the file was truncated while reading");
   };
+  // the blocks' parts at once (an object store's requests in flight together: one round trip)
+  auto read_many = [&](const std::vector<std::pair<int64_t, int64_t>> &parts) {
+    std::vector<StoredObject::Range> rs;
+    for (const auto &p : parts)
+      if (p.first < p.second) rs.push_back({at + p.first, ch.offset + p.first, p.second - p.first});
+    if (rs.empty()) return;
+    FlightGuard flight(file.path(), ch.offset + parts.front().first, parts.back().second - parts.front().first);
+    file.object().ReadRanges(rs);
+  };
   // a Blosc chunk whose blocks this batch needs only some of (a band of a whole field): its header
   // and block index, then those blocks' stored bytes (about a quarter of the chunk); others whole
-  ReadStored(coder, ch.nbytes, ranges, at, read_at);
+  ReadStored(coder, ch.nbytes, ranges, at, read_at, kMinPartsBytes, read_many);
   file.CheckUnchanged();
   const std::string why = ranges ? DecodeChunkRanges(coder, at, ch.nbytes, decoded, *ranges)
                                  : DecodeChunk(coder, at, ch.nbytes, decoded);

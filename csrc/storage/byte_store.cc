@@ -1,6 +1,8 @@
 // dali_mesh: the byte store's registry and shared helpers (see byte_store.h).
 #include "storage/byte_store.h"
 
+#include <cerrno>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -36,6 +38,19 @@ std::string WhyNoStore(const std::string &spec) {
 }
 
 [[noreturn]] void StoreFail(const std::string &msg) { throw std::runtime_error("read_windows: " + msg); }
+
+void StoredObject::ReadRanges(const std::vector<Range> &ranges) const {
+  for (const auto &r : ranges) {
+    const int64_t got = ReadAt(r.dst, r.bytes, r.offset);
+    if (got == -ECANCELED)
+      StoreFail(name_ + ": read at byte " + std::to_string(r.offset) + " cancelled: the pipeline was stopped after "
+                "an error");
+    if (got < 0) StoreFail(name_ + ": read at byte " + std::to_string(r.offset) + " failed (" + std::strerror(-got) + ")");
+    if (got != r.bytes)
+      StoreFail(name_ + ": read at byte " + std::to_string(r.offset) + " returned " + std::to_string(got) + " of " +
+                std::to_string(r.bytes) + " bytes: the file was truncated while reading");
+  }
+}
 
 std::string ShownName(const std::string &path) {
   std::string out;

@@ -49,6 +49,15 @@ class StoredObject {
   // Fills every buffer of `iov`, in order, from `offset` on (the iovecs are consumed); fails naming
   // the object and the byte when a read fails, is cancelled or ends early (the object shrank).
   virtual void ReadVector(std::vector<struct iovec> *iov, int64_t offset) const = 0;
+  // Fills each of `ranges` (dst, offset, bytes) with the object's bytes, all of them or a failure
+  // naming the object and the byte; a store may read them at once (an object store sends the
+  // requests together), this one reads them in turn.
+  struct Range {
+    char *dst;
+    int64_t offset;
+    int64_t bytes;
+  };
+  virtual void ReadRanges(const std::vector<Range> &ranges) const;
   // Fails naming the object when it is not the version opened (rewritten in place while it was
   // read: what was read may mix two versions).
   virtual void CheckUnchanged() const = 0;

@@ -7,7 +7,11 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdlib>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
 #include <map>
 #include <mutex>
 #include <random>
@@ -175,6 +179,10 @@ bool HttpStore::Head(const std::string &, ObjectVersion *) const { NoCurl(); }
 int64_t HttpStore::Get(const std::string &, int64_t, int64_t, char *, const std::string &, int64_t) const { NoCurl(); }
 void HttpStore::GetVector(const std::string &, const std::vector<std::pair<char *, int64_t>> &, int64_t,
                           const std::string &, int64_t) const {
+  NoCurl();
+}
+void HttpStore::GetMany(const std::string &, const std::vector<StoredObject::Range> &, const std::string &,
+                        int64_t) const {
   NoCurl();
 }
 std::string HttpStore::ListPage(const std::string &, const std::string &, bool, const std::string &) const { NoCurl(); }
@@ -593,6 +601,83 @@ void HttpStore::GetVector(const std::string &key, const std::vector<std::pair<ch
   if (!cache_id.empty()) cache_->Put(cache_id, bufs);
 }
 
+namespace {
+
+// Threads that send requests for a thread that asked for several ranges at once (GetMany), each with
+// its own curl handle (its connections kept between requests). Started as they are needed (at most
+// kMaxThreads), never stopped: the pool is never destroyed, so none waits on a destroyed queue at exit.
+class FetchPool {
+ public:
+  static FetchPool &Get() {
+    static FetchPool *pool = new FetchPool();
+    return *pool;
+  }
+
+  std::future<void> Submit(std::function<void()> fn) {
+    auto task = std::make_shared<std::packaged_task<void()>>(std::move(fn));
+    std::future<void> done = task->get_future();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.emplace_back([task] { (*task)(); });
+      if (idle_ < static_cast<int>(queue_.size()) && threads_ < kMaxThreads) {
+        threads_++;
+        std::thread([this] { Loop(); }).detach();
+      }
+    }
+    cv_.notify_one();
+    return done;
+  }
+
+ private:
+  static constexpr int kMaxThreads = 32;
+
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      idle_++;
+      cv_.wait(lock, [this] { return !queue_.empty(); });
+      idle_--;
+      auto fn = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      fn();
+      lock.lock();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  int threads_ = 0, idle_ = 0;
+};
+
+}  // namespace
+
+void HttpStore::GetMany(const std::string &key, const std::vector<StoredObject::Range> &ranges,
+                        const std::string &if_match, int64_t size) const {
+  std::vector<std::future<void>> others;
+  for (size_t k = 1; k < ranges.size(); k++) {
+    const StoredObject::Range r = ranges[k];
+    others.push_back(FetchPool::Get().Submit([this, key, r, if_match, size] {
+      GetVector(key, {{r.dst, r.bytes}}, r.offset, if_match, size);
+    }));
+  }
+  std::exception_ptr error;
+  try {
+    if (!ranges.empty()) GetVector(key, {{ranges[0].dst, ranges[0].bytes}}, ranges[0].offset, if_match, size);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  for (auto &f : others) {  // every request ends before this returns: they write into the caller's buffers
+    try {
+      f.get();
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
 int64_t HttpStore::Get(const std::string &key, int64_t offset, int64_t n, char *dst, const std::string &if_match,
                        int64_t size) const {
   if (n <= 0) return 0;
@@ -633,6 +718,13 @@ class HttpObject : public StoredObject {
                 "planned");
     store_->GetVector(key_, bufs, offset, version_.tag, version_.size);
     iov->clear();
+  }
+  void ReadRanges(const std::vector<Range> &ranges) const override {
+    for (const auto &r : ranges)
+      if (r.offset < 0 || (version_.size >= 0 && r.offset + r.bytes > version_.size))
+        StoreFail(name_ + ": read of " + std::to_string(r.bytes) + " bytes at byte " + std::to_string(r.offset) +
+                  " runs past the end of the object (" + std::to_string(version_.size) + " bytes)");
+    store_->GetMany(key_, ranges, version_.tag, version_.size);
   }
   void CheckUnchanged() const override {
     // every read sent If-Match (an ETag) and had its total size checked; a tag made of a generation

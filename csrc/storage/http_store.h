@@ -82,6 +82,11 @@ class HttpStore : public ByteStore {
   // As Get, into the buffers of `iov` in order, all of them filled or an error.
   void GetVector(const std::string &key, const std::vector<std::pair<char *, int64_t>> &bufs, int64_t offset,
                  const std::string &if_match, int64_t size) const;
+  // Each range (dst, offset, bytes) as its own ranged GET, the requests in flight together (this
+  // thread's and those of a pool of fetch threads, each with its kept connections): one round trip
+  // for a Blosc chunk's blocks of a band instead of one per range. All filled, or the first failure.
+  void GetMany(const std::string &key, const std::vector<StoredObject::Range> &ranges, const std::string &if_match,
+               int64_t size) const;
 
   // One page (at most 1000 keys) of an S3 ListObjectsV2 of `bucket` under `prefix`, grouped at '/'
   // when `delimiter`, after `continuation` (empty: the first page): the XML answer as the server sent it.
