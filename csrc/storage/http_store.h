@@ -76,12 +76,14 @@ class HttpStore : public ByteStore {
   // HEAD: the version of `key` (size, ETag in tag), or false when it does not exist.
   bool Head(const std::string &key, ObjectVersion *version) const;
   // One ranged GET of [offset, offset + n) into `dst` (fewer bytes only at the end of the object);
-  // `if_match` (an ETag) when not empty; `size` the object's size when known (-1). Returns the bytes.
+  // `if_match` (an ETag) when not empty; `size` the object's size when known (-1: the answer says
+  // where it ends). Returns the bytes.
   int64_t Get(const std::string &key, int64_t offset, int64_t n, char *dst, const std::string &if_match,
               int64_t size) const;
   // As Get, into the buffers of `iov` in order, all of them filled or an error.
-  void GetVector(const std::string &key, const std::vector<std::pair<char *, int64_t>> &bufs, int64_t offset,
-                 const std::string &if_match, int64_t size) const;
+  // `short_ok`: the object may end inside the range (its size is not known): the bytes received.
+  int64_t GetVector(const std::string &key, const std::vector<std::pair<char *, int64_t>> &bufs, int64_t offset,
+                    const std::string &if_match, int64_t size, bool short_ok = false) const;
   // Each range (dst, offset, bytes) as its own ranged GET, the requests in flight together (this
   // thread's and those of a pool of fetch threads, each with its kept connections): one round trip
   // for a Blosc chunk's blocks of a band instead of one per range. All filled, or the first failure.

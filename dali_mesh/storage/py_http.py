@@ -141,6 +141,8 @@ class PythonHttp:
         etag = bool(if_match) and not if_match.startswith(("gen:", "lm:"))
         headers = {"Range": f"bytes={offset}-{offset + n - 1}", **({"If-Match": if_match} if etag else {})}
         a = self.request("GET", self.url_of(key), headers, where)
+        if a.status == 416 and size < 0:
+            return b""  # the object ends before offset
         if a.status == 416:
             raise RuntimeError(f"{where}: the range lies past the end of the object (HTTP 416): it is shorter than "
                                "planned")
@@ -162,6 +164,9 @@ class PythonHttp:
         if first != offset or last - first + 1 != len(a.body) or len(a.body) > n:
             raise RuntimeError(f"{where}: the answer holds bytes {first}-{last} in {len(a.body)} bytes of body, not the "
                                "range asked for: a short or broken answer; nothing of it is used")
+        if len(a.body) != n and not (total >= 0 and last == total - 1):
+            raise RuntimeError(f"{where}: the object ended after {len(a.body)} of the {n} bytes: it is shorter than "
+                               "planned")
         if size >= 0 and total >= 0 and total != size:
             raise RuntimeError(f"{where}: the object is {total} bytes now, {size} when it was opened: it was replaced; "
                                "define the pipeline again")

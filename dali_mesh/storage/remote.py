@@ -284,6 +284,24 @@ class RemoteStore(ByteStore):
             raise MissingFileError(self.name_of(key), f"no such {what} (no such object); check the location")
         return RemoteObject(self, key, version)
 
+    def read_range(self, key: str, offset: int, size: int) -> bytes:
+        """One GET of ``size`` bytes at ``offset`` (fewer where the object ends): no HEAD request first.
+        :class:`~dali_mesh.storage.errors.MissingFileError` when it does not exist."""
+        if size <= 0:
+            return b""
+        py = self._python()
+        if py is not None:
+            try:
+                return py.get(key, self.name_of(key), offset, size, "", -1)
+            except RuntimeError as e:
+                self._raise(key, str(e))
+        lib = self._lib()
+        buf, err = ctypes.create_string_buffer(size), ctypes.create_string_buffer(_ERR)
+        got = lib.dali_mesh_store_get(self.spec.encode(), key.encode(), offset, size, b"", -1, buf, err, _ERR)
+        if got < 0:
+            self._raise(key, _message(err))
+        return buf.raw[:got]
+
     def open_version(self, key: str, version: Version) -> RemoteObject:
         """``key`` at a version known already (a listing's ETag and size): no HEAD request."""
         return RemoteObject(self, key, version)

@@ -11,6 +11,7 @@ from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Sto
 from zarr.core.buffer import Buffer, BufferPrototype
 
 from dali_mesh.storage.base import ByteStore, read_exactly
+from dali_mesh.storage.errors import MissingFileError
 
 __all__ = ["ByteZarrStore"]
 
@@ -38,8 +39,20 @@ class ByteZarrStore(Store):
     def __repr__(self) -> str:
         return f"ByteZarrStore({self.store.name_of(self.prefix)!r})"
 
+    #: a whole object up to this size is read in one request (no HEAD first: metadata, small chunks)
+    ONE_READ = 1 << 20
+
     def _get(self, key: str, byte_range: ByteRequest | None) -> bytes | None:
         full = self._key(key)
+        if byte_range is None or isinstance(byte_range, RangeByteRequest):
+            start, n = (0, self.ONE_READ) if byte_range is None else (byte_range.start, byte_range.end - byte_range.start)
+            try:
+                data = self.store.read_range(full, start, n)
+            except MissingFileError:
+                return None
+            if byte_range is not None or len(data) < n:
+                return data
+            # larger: read at one version (its ETag), whatever the number of requests
         version = self.store.stat(full)
         if version is None:
             return None

@@ -85,8 +85,8 @@ def test_the_folder_must_be_this_users_own(proxy, obj, tmp_path):
     shared.mkdir()
     shared.chmod(0o777)
     store, key = store_of(f"s3://{key}", options(proxy.endpoint, cache_dir=str(shared)))
-    with pytest.raises(DataFileError, match="writable by others"):
-        store.read_range(key, 0, 10)
+    with pytest.raises(DataFileError, match="writable by others"), store.open(key) as o:
+        o.pread(10, 0)
     with pytest.raises(ValueError, match="cache_bytes needs cache_dir"):
         store_of(f"s3://{key}", options(proxy.endpoint, cache_bytes=10))
     with pytest.raises(ValueError, match="cache_bytes must be a positive integer"):
