@@ -39,6 +39,8 @@ __all__ = ["RemoteObject", "RemoteStore", "fetch_counters", "have_native_http", 
 CLIENT_SETTINGS = ("retries", "retry_seconds", "timeout", "stall", "connect", "cache_dir", "cache_bytes")
 #: the cache's bound when cache_dir is given without cache_bytes
 DEFAULT_CACHE_BYTES = 8 << 30
+#: a read of unknown size up to this many bytes is one GET (larger ones are read at one version)
+ONE_READ = 1 << 20
 _S3_OPTIONS = {"anon", "key", "secret", "token", "endpoint_url", "client_kwargs", "config_kwargs", "profile",
                "region", "addressing", "use_ssl", *CLIENT_SETTINGS}
 _GS_OPTIONS = {"anon", "key", "secret", "token", "endpoint_url", "project", *CLIENT_SETTINGS}
@@ -289,18 +291,23 @@ class RemoteStore(ByteStore):
         :class:`~dali_mesh.storage.errors.MissingFileError` when it does not exist."""
         if size <= 0:
             return b""
+        first = min(size, ONE_READ)  # a caller may ask for "all of it" with a large size
         py = self._python()
         if py is not None:
             try:
-                return py.get(key, self.name_of(key), offset, size, "", -1)
+                data = py.get(key, self.name_of(key), offset, first, "", -1)
             except RuntimeError as e:
                 self._raise(key, str(e))
-        lib = self._lib()
-        buf, err = ctypes.create_string_buffer(size), ctypes.create_string_buffer(_ERR)
-        got = lib.dali_mesh_store_get(self.spec.encode(), key.encode(), offset, size, b"", -1, buf, err, _ERR)
-        if got < 0:
-            self._raise(key, _message(err))
-        return buf.raw[:got]
+        else:
+            lib = self._lib()
+            buf, err = ctypes.create_string_buffer(first), ctypes.create_string_buffer(_ERR)
+            got = lib.dali_mesh_store_get(self.spec.encode(), key.encode(), offset, first, b"", -1, buf, err, _ERR)
+            if got < 0:
+                self._raise(key, _message(err))
+            data = buf.raw[:got]
+        if len(data) < first or first == size:
+            return data
+        return super().read_range(key, offset, size)  # larger: at one version (its ETag), HEAD first
 
     def open_version(self, key: str, version: Version) -> RemoteObject:
         """``key`` at a version known already (a listing's ETag and size): no HEAD request."""
