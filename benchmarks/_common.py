@@ -1,4 +1,4 @@
-"""What several benchmark scripts share: their sample files."""
+"""What several benchmark scripts share: their sample files, an epoch of a one-output DALI pipeline."""
 from __future__ import annotations
 
 import os
@@ -18,3 +18,18 @@ def make_npy_samples(folder: str, n: int, shape) -> list[str]:
         os.fsync(fd)
         os.close(fd)
     return files
+
+
+def pipeline_epoch(pipe, keep: bool = False) -> list:
+    """Runs one epoch of ``pipe`` (a built DALI pipeline whose first output is the window; reset at its
+    end); with ``keep``, a copy of each batch's first sample (for the check: a timed epoch hands the
+    batch on as DALI gives it)."""
+    out = []
+    while True:
+        try:
+            w = pipe.run()[0]
+        except StopIteration:
+            pipe.reset()
+            return out
+        if keep:
+            out.append(np.array(w[0]))

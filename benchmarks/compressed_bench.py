@@ -44,6 +44,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from benchmarks._common import pipeline_epoch  # noqa: E402
 from dali_mesh import Layout, MeshInfo  # noqa: E402
 from dali_mesh.io.pagecache import evict, read_bytes  # noqa: E402
 
@@ -114,15 +115,7 @@ class _Native:
         self.steps = steps
 
     def epoch(self, keep=False):
-        out = []
-        while True:
-            try:
-                (w,) = self.pipe.run()
-            except StopIteration:
-                self.pipe.reset()
-                return out
-            if keep:  # a copy, for the check (the timed epochs hand the batch on as DALI gives it)
-                out.append(np.array(w[0]))
+        return pipeline_epoch(self.pipe, keep)
 
 
 class _TensorStore:

@@ -353,3 +353,19 @@ def test_pread_bench_tiny_reports_every_distance(tmp_path):
     assert [int(d) for d, _ in rows] == list(mod.DISTANCES), r.stdout
     assert all(float(g) > 0 for _, g in rows), r.stdout
     assert os.listdir(tmp_path) == [], os.listdir(tmp_path)  # its file is gone
+
+
+def test_remote_bench_quick(tmp_path):
+    """The remote benchmark's CI-size run: a moto server and the latency proxy on 127.0.0.1, every
+    reader's windows checked against numpy, the native reader fetching at most what tensorstore does."""
+    _needs_plugin()
+    pytest.importorskip("moto")
+    pytest.importorskip("tensorstore")
+    r = _run([str(BENCH / "remote_bench.py"), "--quick", "--readers", "native,tensorstore"], tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in r.stdout.splitlines()
+            if line.startswith("| 20 |")]
+    assert {row[2] for row in rows} == {"native", "tensorstore"}, r.stdout
+    for store in {row[1] for row in rows}:
+        fetched = {row[2]: float(row[4].rstrip("x")) for row in rows if row[1] == store}
+        assert fetched["native"] <= fetched["tensorstore"] + 0.02, (store, fetched)

@@ -109,6 +109,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        # the answer's headers and body go out in two writes: with Nagle's algorithm a small body waits
+        # for the client's delayed ACK of the headers (~40 ms on Linux), more than latency= says
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.upstream: http.client.HTTPConnection | None = None
         with self.server.owner._lock:
             self.server.owner._connections.add(self.connection)

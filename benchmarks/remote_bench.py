@@ -1,0 +1,468 @@
+"""Remote object storage (issue 31's "Performance"): the native reader against tensorstore and zarr-python
+(fsspec's s3fs, obstore) on the same S3 objects and windows, side by side in one run, through a proxy
+that adds latency per request.
+
+    python benchmarks/remote_bench.py [--steps 8] [--runs 3] [--latencies 0.02,0] [--concurrency 2] [--quick]
+
+Server: a moto S3 server on 127.0.0.1 and, in front of it, the tests' forwarding proxy
+(tests/storage/fault_proxy.py) that waits ``latency`` seconds before it forwards each request (per
+request: requests in flight wait side by side) and here also counts the body bytes of every GET answer
+(the tests' proxy sets TCP_NODELAY: without it every small answer waits ~40 ms for the client's delayed ACK).
+Both run in a process of their own (``--serve``), so that their Python does not share this process's
+interpreter lock with the readers. Nothing reaches beyond 127.0.0.1.
+
+Data: ``--steps`` × (4, 721, 1440) float32 (compressed_bench.py's ERA5-like smooth fields plus noise),
+rank 1 of 4, latitude split (axis 1 of (C, lat, lon); torch.chunk: rows 181..362), one sample per step.
+Stores, uploaded to the server once:
+  blosc_globe     Zarr v2, Blosc(lz4, 5, shuffle), chunks (1, 4, 721, 1440): a whole field per object
+  zstd_sharded    Zarr v3, Zstd(3), inner chunks (1, 4, 721, 1440), shards of 4 steps (crc32c index)
+  blosc_band      Zarr v2, Blosc(lz4, 5, shuffle), chunks (1, 4, 181, 1440): one chunk per window
+Readers (each reads rank 1's window of every step in order, one step at a time, at most
+``--concurrency`` requests in flight and as many threads decoding):
+  native        dali_mesh ZarrSource(s3://..., storage_options=...) + read_windows, CPU pipeline
+                (device_id=None), batch 1, num_threads = concurrency, prefetch_queue_depth=1
+  tensorstore   ts.open(zarr / zarr3, kvstore s3 with endpoint = the proxy), window[t].read() per step;
+                s3_request_concurrency, data_copy_concurrency = concurrency, no cache pool
+  zarr_fsspec   zarr-python 3 over FsspecStore (s3fs), array[t, :, lat0:lat1, :] per step;
+                async.concurrency = threading.max_workers = concurrency
+  zarr_obstore  the same over zarr.storage.ObjectStore(obstore S3Store) (left out when obstore is not
+                installed)
+Per run, latency, store and reader: a new reader (new pipeline / context / store objects: nothing cached
+from an earlier one), proxy counts reset; ``open`` = making the reader (metadata, plans, pipeline build),
+``epoch`` = reading every step's window (cold: nothing of the data cached anywhere); bytes = body bytes of
+GET answers at the proxy, requests = GETs of objects, HEADs and bucket-level GETs (LIST), all counted from
+the reader's creation to the epoch's end. In the first run an untimed epoch at latency 0 then checks every
+reader's windows against numpy. Medians over ``--runs``; the ratio column is the median of per-run ratios
+of the epoch time to tensorstore's, measured in the same run. Readers take turns going first.
+
+Cache (when ``storage_options`` take ``cache_dir``): a native pipeline with a fresh ``cache_dir`` reads two
+epochs; the second (its time, bytes and requests at the proxy) against the same windows from local copies
+of the stores (a native pipeline's second epoch, files in the page cache).
+
+``--quick``: 4 steps of (4, 91, 180), one run, latency 20 ms (a CI-size check that every reader runs and
+agrees).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+
+import numpy as np
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+
+from benchmarks._common import pipeline_epoch  # noqa: E402
+
+BUCKET = "bench"
+STORES = ("blosc_globe", "zstd_sharded", "blosc_band")
+READERS = ("native", "tensorstore", "zarr_fsspec", "zarr_obstore")
+STEPS_PER_SHARD = 4
+CONTROL = "/__bench__/"  # the proxy's own paths (counts, reset, latency): neither forwarded nor counted
+
+
+# ---- the server process: moto + the counting proxy -------------------------------------------------------
+def _counting_proxy_class():
+    """The tests' FaultProxy (which counts requests but not bytes) with a handler that also counts the
+    body bytes of GET answers and answers the benchmark's control paths."""
+    from tests.storage.fault_proxy import FaultProxy, _Handler, _Server
+
+    class Handler(_Handler):
+        def _serve(self) -> None:
+            if self.path.startswith(CONTROL):
+                self._control()
+                return
+            t0 = time.monotonic()
+            super()._serve()
+            with self.server.owner._lock:
+                self.server.owner.timeline.append((t0, time.monotonic(), self.command, self.path,
+                                                   self.headers.get("Range")))
+
+        def _forward(self, body: bytes):
+            status, reason, headers, content = super()._forward(body)
+            if self.command == "GET":
+                with self.server.owner._lock:
+                    self.server.owner.body_bytes += len(content)
+            return status, reason, headers, content
+
+        def _control(self) -> None:
+            owner = self.server.owner
+            what, _, arg = self.path[len(CONTROL):].partition("/")
+            with owner._lock:
+                if what == "reset":
+                    owner.requests.clear()
+                    owner.timeline.clear()
+                    owner.body_bytes = 0
+                elif what == "latency":
+                    owner.latency = float(arg)
+                elif what == "log":  # (start, end, method, path, range) of every request since the last reset
+                    body = json.dumps(owner.timeline).encode()
+                out = {"GET": 0, "HEAD": 0, "LIST": 0, "other": 0, "bytes": owner.body_bytes}
+                for method, path, _, _ in owner.requests:
+                    bucket_level = "/" not in urllib.parse.urlsplit(path).path.strip("/")
+                    kind = "LIST" if method == "GET" and bucket_level else method
+                    out[kind if kind in out else "other"] += 1
+            if what != "log":
+                body = json.dumps(out).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    class CountingProxy(FaultProxy):
+        body_bytes = 0
+
+        def __init__(self, upstream: str, latency: float = 0.0) -> None:
+            super().__init__(upstream, latency)
+            self.timeline: list = []
+
+        def start(self) -> "CountingProxy":
+            self._server = _Server(("127.0.0.1", 0), Handler)
+            self._server.owner = self
+            self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                            name="counting-proxy", daemon=True)
+            self._thread.start()
+            return self
+
+    return CountingProxy
+
+
+def serve() -> None:
+    """``--serve``: starts moto and the proxy, prints ``MOTO_ENDPOINT PROXY_ENDPOINT``, serves until stdin
+    closes."""
+    from tests.storage.s3_server import make_bucket, start_server
+
+    server, endpoint = start_server()
+    make_bucket(endpoint, BUCKET)
+    proxy = _counting_proxy_class()(endpoint).start()
+    print(endpoint, proxy.endpoint, flush=True)
+    sys.stdin.read()
+    proxy.stop()
+    server.stop()
+
+
+class Server:
+    """The server process, seen from the benchmark: endpoints, counts, latency."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        line = self.proc.stdout.readline().split()
+        if len(line) != 2:
+            self.proc.kill()
+            raise RuntimeError("the moto server and proxy did not start (see the output above)")
+        self.moto, self.proxy = line
+
+    def control(self, what: str) -> dict:
+        with urllib.request.urlopen(self.proxy + CONTROL + what, timeout=30) as r:
+            return json.loads(r.read())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+# ---- data ---------------------------------------------------------------------------------------------------
+def _write(store: str, folder: str, data: np.ndarray) -> str:
+    import numcodecs
+    import zarr
+
+    shape = data.shape[1:]
+    path = os.path.join(folder, f"{store}.zarr")
+    if store == "zstd_sharded":
+        z = zarr.create_array(path, shape=data.shape, chunks=(1,) + shape, shards=(STEPS_PER_SHARD,) + shape,
+                              dtype="f4", compressors=zarr.codecs.ZstdCodec(level=3))
+    else:
+        band = -(-shape[1] // 4)  # torch.chunk's rows per rank: one chunk per window
+        chunks = (1,) + shape if store == "blosc_globe" else (1, shape[0], band, shape[2])
+        z = zarr.create_array(path, shape=data.shape, chunks=chunks, dtype="f4", zarr_format=2,
+                              compressors=numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE))
+    z[:] = data
+    return path
+
+
+def _data_bytes(path: str) -> int:
+    """Stored bytes of a store's chunks (or shards): every object but the metadata."""
+    meta = {".zarray", ".zattrs", ".zgroup", "zarr.json"}
+    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs if f not in meta)
+
+
+def _options(endpoint: str, **more) -> dict:
+    from tests.storage.s3_server import options
+
+    return options(endpoint, **more)
+
+
+# ---- readers ------------------------------------------------------------------------------------------------
+class _Native:
+    def __init__(self, location, steps, conc, layout, storage_options=None):
+        from nvidia.dali import pipeline_def
+
+        from dali_mesh.pipeline import native
+        from dali_mesh.source import ZarrSource
+
+        kw = {"storage_options": storage_options} if storage_options is not None else {}
+        src = ZarrSource([location], None, layout, batch_size=1, shuffle=False, **kw)
+
+        @pipeline_def(batch_size=1, num_threads=conc, device_id=None, prefetch_queue_depth=1)
+        def pipe():
+            return native.read_windows(src, fallback=False)[0]
+
+        self.pipe = pipe()
+        self.pipe.build()
+
+    def epoch(self, keep=False):
+        return pipeline_epoch(self.pipe, keep)
+
+
+class _TensorStore:
+    def __init__(self, store, endpoint, steps, conc, sl):
+        import tensorstore as ts
+
+        ctx = ts.Context({"s3_request_concurrency": {"limit": conc}, "data_copy_concurrency": {"limit": conc},
+                          "cache_pool": {"total_bytes_limit": 0}})
+        spec = {"driver": "zarr3" if store == "zstd_sharded" else "zarr",
+                "kvstore": {"driver": "s3", "bucket": BUCKET, "path": f"{store}.zarr/", "endpoint": endpoint,
+                            "aws_region": "us-east-1"}}
+        self.arr = ts.open(spec, context=ctx, read=True).result()
+        self.steps, self.sl = steps, sl
+
+    def epoch(self, keep=False):
+        return [self.arr[(t,) + self.sl].read().result() for t in range(self.steps)]
+
+
+class _Zarr:
+    def __init__(self, store, endpoint, steps, conc, sl, backend):
+        import zarr
+
+        zarr.config.set({"async.concurrency": conc, "threading.max_workers": conc})
+        if backend == "fsspec":
+            zstore = zarr.storage.FsspecStore.from_url(
+                f"s3://{BUCKET}/{store}.zarr", read_only=True,
+                storage_options={**_options(endpoint), "skip_instance_cache": True,
+                                 "client_kwargs": {"region_name": "us-east-1"}})
+        else:
+            from obstore.store import S3Store
+
+            from tests.storage.s3_server import KEY, SECRET
+
+            zstore = zarr.storage.ObjectStore(S3Store(BUCKET, prefix=f"{store}.zarr", endpoint=endpoint,
+                                                      access_key_id=KEY, secret_access_key=SECRET,
+                                                      region="us-east-1", client_options={"allow_http": True}),
+                                              read_only=True)
+        self.arr = zarr.open_array(store=zstore, mode="r", zarr_format=3 if store == "zstd_sharded" else 2)
+        self.steps, self.sl = steps, sl
+
+    def epoch(self, keep=False):
+        return [self.arr[(t,) + self.sl] for t in range(self.steps)]
+
+
+def _have_obstore() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("obstore") is not None
+
+
+def _versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for name in ("tensorstore", "zarr", "s3fs", "obstore", "moto", "nvidia-dali-cuda120"):
+        try:
+            out.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            pass
+    return ", ".join(out)
+
+
+def _make(reader, store, server, steps, conc, layout, sl):
+    if reader == "native":
+        return _Native(f"s3://{BUCKET}/{store}.zarr", steps, conc, layout, _options(server.proxy))
+    if reader == "tensorstore":
+        return _TensorStore(store, server.proxy, steps, conc, sl)
+    return _Zarr(store, server.proxy, steps, conc, sl, reader.removeprefix("zarr_"))
+
+
+def _requests(counts: dict) -> int:
+    return counts["GET"] + counts["HEAD"] + counts["LIST"] + counts["other"]
+
+
+def _check(got, want, what: str) -> None:
+    assert len(got) == len(want), (what, len(got), len(want))
+    for t, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(np.asarray(g), w, err_msg=f"{what}, step {t}")
+
+
+def _cache_option_exists() -> bool:
+    from dali_mesh.storage import remote
+
+    return "cache_dir" in getattr(remote, "CLIENT_SETTINGS", ())
+
+
+def _measure_cache(server, stores, paths, steps, conc, layout, want, latency, runs) -> list[str]:
+    """Rows of the cache table: the second epoch of a native pipeline with a fresh cache_dir against the
+    second epoch of one over the local copy."""
+    server.control(f"latency/{latency}")
+    r = {}
+    for run in range(runs):
+        for store in stores:
+            for kind in ("cache", "local"):
+                folder = tempfile.mkdtemp(prefix="dm_remote_cache_")
+                try:
+                    server.control("reset")
+                    if kind == "cache":
+                        obj = _Native(f"s3://{BUCKET}/{store}.zarr", steps, conc, layout,
+                                      _options(server.proxy, cache_dir=folder))
+                    else:
+                        obj = _Native(paths[store], steps, conc, layout)
+                    obj.epoch()
+                    first = server.control("reset")
+                    t0 = time.perf_counter()
+                    obj.epoch()
+                    dt = time.perf_counter() - t0
+                    counts = server.control("counts")
+                    if run == 0:
+                        _check(obj.epoch(keep=True), want, f"native {kind} {store}")
+                    e = r.setdefault((store, kind), {"t": [], "bytes": [], "req": [], "first": []})
+                    e["t"].append(dt)
+                    e["bytes"].append(counts["bytes"])
+                    e["req"].append(_requests(counts))
+                    e["first"].append(first["bytes"])
+                    del obj
+                finally:
+                    shutil.rmtree(folder, ignore_errors=True)
+    rows = []
+    for (store, kind), e in r.items():
+        local = r[(store, "local")]["t"]
+        ratio = statistics.median(a / b for a, b in zip(e["t"], local))
+        fetched = f"{statistics.median(e['bytes']) / 1e6:.1f}" if kind == "cache" else "-"
+        reqs = f"{statistics.median(e['req']):.0f}" if kind == "cache" else "-"
+        rows.append(f"| {store} | {'native, cache_dir' if kind == 'cache' else 'native, local files'} | "
+                    f"{fetched} | {reqs} | {statistics.median(e['t']):.3f} | {ratio:.2f}x |")
+    return rows
+
+
+# ---- the benchmark ----------------------------------------------------------------------------------------
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--latencies", default="0.02,0", help="seconds the proxy adds per request, comma-separated")
+    ap.add_argument("--concurrency", type=int, default=2, help="requests in flight and decoding threads, every reader")
+    ap.add_argument("--stores", default=",".join(STORES))
+    ap.add_argument("--readers", default=",".join(READERS))
+    ap.add_argument("--shape", default="4,721,1440", help="one step's (C, lat, lon)")
+    ap.add_argument("--quick", action="store_true", help="4 steps of (4, 91, 180), one run, 20 ms: a CI-size check")
+    ap.add_argument("--no-cache", action="store_true", help="leave out the cache_dir measurement")
+    args = ap.parse_args(argv)
+    if args.serve:
+        serve()
+        return
+    if args.quick:
+        args.steps, args.runs, args.latencies, args.shape = 4, 1, "0.02", "4,91,180"
+    import benchmarks.compressed_bench as cb
+    from benchmarks.compressed_bench import _layout
+    from tests.storage.s3_server import KEY, SECRET, upload
+
+    shape = tuple(int(x) for x in args.shape.split(","))
+    if args.steps % STEPS_PER_SHARD:
+        ap.error(f"--steps must be a multiple of {STEPS_PER_SHARD} (the sharded store's steps per shard)")
+    stores = args.stores.split(",")
+    readers = [r for r in args.readers.split(",") if r != "zarr_obstore" or _have_obstore()]
+    skipped = [r for r in args.readers.split(",") if r not in readers]
+    latencies = [float(x) for x in args.latencies.split(",")]
+    os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"] = KEY, SECRET  # tensorstore's credentials
+    os.environ.pop("AWS_SESSION_TOKEN", None)
+
+    cb.SHAPE = shape  # the same fields as compressed_bench's, of this shape
+    data = cb._fields(args.steps)
+    region = _layout().region(shape)
+    sl = tuple(slice(a, b) for a, b in zip(region.start, region.stop))
+    want = [data[t][sl] for t in range(args.steps)]
+    folder = tempfile.mkdtemp(prefix="dm_remote_bench_")
+    server = Server()
+    results = {}  # (latency, store, reader) -> {"open": [], "epoch": [], "bytes": [], "GET": [], ...}
+    try:
+        paths = {s: _write(s, folder, data) for s in stores}
+        stored = {s: _data_bytes(paths[s]) for s in stores}
+        for s in stores:
+            upload(server.moto, paths[s], BUCKET, f"{s}.zarr")
+        order = list(readers)
+        for run in range(args.runs):
+            for latency in latencies:
+                for store in stores:
+                    for reader in order:
+                        server.control(f"latency/{latency}")
+                        server.control("reset")
+                        t0 = time.perf_counter()
+                        obj = _make(reader, store, server, args.steps, args.concurrency, _layout(), sl)
+                        t1 = time.perf_counter()
+                        opened = server.control("counts")  # neither timed nor counted
+                        t2 = time.perf_counter()
+                        obj.epoch()
+                        t3 = time.perf_counter()
+                        counts = server.control("counts")
+                        r = results.setdefault((latency, store, reader), {"open": [], "epoch": []})
+                        r["open"].append(t1 - t0)
+                        r["epoch"].append(t3 - t2)
+                        for k in ("bytes", "GET", "HEAD", "LIST", "other"):
+                            r.setdefault(k, []).append(counts[k])
+                        r.setdefault("open_requests", []).append(_requests(opened))
+                        if run == 0 and latency == latencies[0]:  # every reader's windows checked, untimed
+                            server.control("latency/0")
+                            _check(obj.epoch(keep=True), want, f"{reader} {store}")
+                        del obj
+                order = order[1:] + order[:1]  # readers take turns going first
+            print(f"run {run + 1}/{args.runs} done", file=sys.stderr)
+        cache_rows = None
+        if not args.no_cache and _cache_option_exists():
+            cache_rows = _measure_cache(server, stores, paths, args.steps, args.concurrency, _layout(), want,
+                                        latencies[0], args.runs)
+    finally:
+        server.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+    print(f"{args.steps} x {shape} float32, rank 1 of 4 (latitude rows {region.start[1]}..{region.stop[1]}), "
+          f"batch 1, {args.concurrency} requests in flight / threads per reader, medians of {args.runs} runs")
+    print(_versions())
+    if skipped:
+        print(f"left out (not installed): {', '.join(skipped)}")
+    print("\n| latency ms | store | reader | stored MB (steps read) | fetched / stored | requests: open + epoch "
+          "| GET / HEAD / LIST | open s | epoch s | epoch vs tensorstore |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    med = statistics.median
+    for (latency, store, reader), r in results.items():
+        ref = results.get((latency, store, "tensorstore"))
+        ratio = f"{med(a / b for a, b in zip(r['epoch'], ref['epoch'])):.2f}x" if ref else "-"
+        reqs = [g + h + li + o for g, h, li, o in zip(r["GET"], r["HEAD"], r["LIST"], r["other"])]
+        opened = med(r["open_requests"])
+        print(f"| {latency * 1e3:g} | {store} | {reader} | {stored[store] / 1e6:.1f} | "
+              f"{med(r['bytes']) / stored[store]:.2f}x | {opened:.0f} + {med(reqs) - opened:.0f} | "
+              f"{med(r['GET']):.0f} / {med(r['HEAD']):.0f} / {med(r['LIST']):.0f} | {med(r['open']):.3f} | "
+              f"{med(r['epoch']):.3f} | {ratio} |")
+    if cache_rows is None:
+        print("\ncache: not yet built" if not _cache_option_exists() else "\ncache: not measured (--no-cache)")
+    else:
+        print(f"\nCache, latency {latencies[0] * 1e3:g} ms: the second epoch of one pipeline\n")
+        print("| store | reader | fetched MB | requests | epoch s | vs local files |")
+        print("|---|---|---|---|---|---|")
+        print("\n".join(cache_rows))
+
+
+if __name__ == "__main__":
+    main()
