@@ -150,10 +150,15 @@ def pytest_collection_modifyitems(session, config, items):
 def pytest_collection_finish(session):
     """When the spill check is selected, its compiles (30 s of nvcc on 2 cores) start now and run beside
     the tests before it, on the core the single-process tests leave idle; so do the sanitized builds
-    of the fuzz harnesses (tests/io/test_codec_fuzz.py, test_plan_fuzz.py)."""
+    of the fuzz harnesses (tests/io/test_codec_fuzz.py, test_plan_fuzz.py). Not in pytest-xdist workers."""
+    import os
     import tempfile
 
     config, items = session.config, session.items
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # under pytest-xdist every worker collects every test: each would start the compiles though one
+        # worker runs the test; the tests compile when they run instead
+        return
     if any(item.name == SPILL_TEST for item in items) and not hasattr(config, "_dm_spill"):
         out = tempfile.mkdtemp(prefix="dali_mesh_spill_")
         config._dm_spill = (out, spill_compiles(out))
