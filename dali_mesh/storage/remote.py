@@ -148,21 +148,7 @@ class RemoteObject(StoredObject):
         return self._version
 
     def _get(self, dst, n: int, offset: int) -> int:
-        py = self.store._python()
-        if py is not None:
-            try:
-                data = py.get(self.key, self.name, offset, n, self._version.tag, self._version.size)
-            except RuntimeError as e:
-                self.store._raise(self.key, str(e))
-            ctypes.memmove(dst, data, len(data))
-            return len(data)
-        lib = self.store._lib()
-        err = ctypes.create_string_buffer(_ERR)
-        got = lib.dali_mesh_store_get(self.store.spec.encode(), self.key.encode(), offset, n,
-                                      self._version.tag.encode(), self._version.size, dst, err, _ERR)
-        if got < 0:
-            self.store._raise(self.key, _message(err))
-        return got
+        return self.store._get_into(self.key, dst, n, offset, self._version.tag, self._version.size)
 
     def readv(self, buffers: Sequence, offset: int) -> int:
         views = [memoryview(b).cast("B") for b in buffers]
@@ -231,18 +217,32 @@ class RemoteStore(ByteStore):
         return client
 
     def _lib(self):
+        """The kernels library, its store given this store's credentials (only called where this build
+        has libcurl: else :meth:`_python` answers)."""
         lib = _kernels()
-        if not lib.dali_mesh_store_have_http():
-            raise DataFileError(self.spec.split(";")[0] + "://", "this build of dali_mesh has no libcurl, so it "
-                                "reads no remote objects: install libcurl4-openssl-dev and rebuild (make install)")
         if id(lib) not in self._given:
             give_credentials(lib, self.spec, self._credentials)
             self._given.add(id(lib))
         return lib
 
-    def give_credentials_to(self, lib) -> None:
-        """Gives another loaded library with the store C API (the DALI plugin) this store's credentials."""
-        give_credentials(lib, self.spec, self._credentials)
+    def _get_into(self, key: str, dst, n: int, offset: int, tag: str, size: int) -> int:
+        """One ranged GET of ``n`` bytes of ``key`` at ``offset`` into ``dst`` (a ctypes buffer or address),
+        with If-Match ``tag`` (``""``: none) and the object's ``size`` (-1: unknown, the answer says where
+        it ends), through the native or the Python client; the bytes read."""
+        py = self._python()
+        if py is not None:
+            try:
+                data = py.get(key, self.name_of(key), offset, n, tag, size)
+            except RuntimeError as e:
+                self._raise(key, str(e))
+            ctypes.memmove(dst, data, len(data))
+            return len(data)
+        err = ctypes.create_string_buffer(_ERR)
+        got = self._lib().dali_mesh_store_get(self.spec.encode(), key.encode(), offset, n, tag.encode(), size, dst,
+                                              err, _ERR)
+        if got < 0:
+            self._raise(key, _message(err))
+        return got
 
     def name_of(self, key: str) -> str:
         if self.kind == "s3":
@@ -292,19 +292,9 @@ class RemoteStore(ByteStore):
         if size <= 0:
             return b""
         first = min(size, ONE_READ)  # a caller may ask for "all of it" with a large size
-        py = self._python()
-        if py is not None:
-            try:
-                data = py.get(key, self.name_of(key), offset, first, "", -1)
-            except RuntimeError as e:
-                self._raise(key, str(e))
-        else:
-            lib = self._lib()
-            buf, err = ctypes.create_string_buffer(first), ctypes.create_string_buffer(_ERR)
-            got = lib.dali_mesh_store_get(self.spec.encode(), key.encode(), offset, first, b"", -1, buf, err, _ERR)
-            if got < 0:
-                self._raise(key, _message(err))
-            data = buf.raw[:got]
+        buf = ctypes.create_string_buffer(first)
+        got = self._get_into(key, buf, first, offset, "", -1)
+        data = buf.raw[:got]
         if len(data) < first or first == size:
             return data
         return super().read_range(key, offset, size)  # larger: at one version (its ETag), HEAD first
@@ -447,15 +437,23 @@ def _settings(options: dict) -> dict:
     return out
 
 
-def _profile_credentials(profile: str | None) -> _Credentials | None:
-    """The keys of ``profile`` (or ``AWS_PROFILE``, or ``default``) in ``~/.aws/credentials``
-    (``AWS_SHARED_CREDENTIALS_FILE``), as boto3 reads them."""
-    path = os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or os.path.expanduser("~/.aws/credentials")
-    name = profile or os.environ.get("AWS_PROFILE") or "default"
+def _aws_file(env: str, default: str, profile: str | None) -> tuple[configparser.RawConfigParser | None, str, str]:
+    """``(parsed file, profile name, path)`` of one of boto3's files (``env`` names it, else ``default``) for
+    ``profile`` (else ``AWS_PROFILE``, else ``default``); no parser when the file cannot be read."""
+    path = os.environ.get(env) or os.path.expanduser(default)
     parser = configparser.RawConfigParser()
     try:
         parser.read(path)
     except (OSError, configparser.Error):
+        parser = None
+    return parser, profile or os.environ.get("AWS_PROFILE") or "default", path
+
+
+def _profile_credentials(profile: str | None) -> _Credentials | None:
+    """The keys of ``profile`` (or ``AWS_PROFILE``, or ``default``) in ``~/.aws/credentials``
+    (``AWS_SHARED_CREDENTIALS_FILE``), as boto3 reads them."""
+    parser, name, path = _aws_file("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials", profile)
+    if parser is None:
         return None
     if not parser.has_section(name) or not parser.has_option(name, "aws_access_key_id"):
         if profile:
@@ -467,15 +465,9 @@ def _profile_credentials(profile: str | None) -> _Credentials | None:
 
 
 def _profile_region(profile: str | None) -> str | None:
-    path = os.environ.get("AWS_CONFIG_FILE") or os.path.expanduser("~/.aws/config")
-    name = profile or os.environ.get("AWS_PROFILE") or "default"
-    parser = configparser.RawConfigParser()
-    try:
-        parser.read(path)
-    except (OSError, configparser.Error):
-        return None
+    parser, name, _ = _aws_file("AWS_CONFIG_FILE", "~/.aws/config", profile)
     section = name if name == "default" else f"profile {name}"
-    return parser.get(section, "region", fallback=None) if parser.has_section(section) else None
+    return parser.get(section, "region", fallback=None) if parser is not None and parser.has_section(section) else None
 
 
 def _environment_credentials(profile: str | None) -> _Credentials | None:
