@@ -66,6 +66,7 @@ SLOW_TESTS: set[str] = {
     "tests/storage/test_remote.py::test_listing_pages_through_every_object",
     "tests/storage/test_remote.py::test_every_rank_reads_hdf5_and_zarr_from_s3_natively_as_the_local_copy",
     "tests/storage/test_remote.py::test_demo_reads_an_s3_store_and_counts_the_bytes_fetched",
+    "tests/storage/test_remote.py::test_blosc_chunks_read_in_parts_over_s3_equal_zarr_python",
     "tests/storage/test_remote.py::test_convert_copies_an_s3_source_as_h5py_reads_it",
     "tests/storage/test_remote.py::test_plan_data_prints_what_each_rank_fetches_and_the_reader_fetches_it",
     "tests/cli/test_convert.py::test_a_full_disk_is_one_line_exit_2_and_no_partial_copy",

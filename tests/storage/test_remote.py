@@ -265,7 +265,7 @@ def test_dataset_sources_read_from_s3_with_storage_options_equal_xarray(s3_endpo
     """ZarrDatasetSource (v2 Blosc/Zstd, v3 sharded) and NetCDFDatasetSource (several files) from s3://,
     credentials given as storage_options only (none in the environment), forecasts and halos under
     every boundary rule, against xarray on the local copy."""
-    xr = pytest.importorskip("xarray")
+    pytest.importorskip("xarray")
     from numcodecs import Blosc, Zstd
 
     from dali_mesh import ForecastSpec, MeshInfo, NamedLayout, NetCDFDatasetSource, ZarrDatasetSource
@@ -337,7 +337,7 @@ def test_plan_data_prints_what_each_rank_fetches_and_the_reader_fetches_it(s3_en
                 "requests per sample") in out
         layout = Layout(MeshInfo((2,), ("mp",), (1,)), shard={"mp": 1})
         p = native_pipeline(ZarrSource([location], None, layout, batch_size=1, shuffle=False, time_range=(0, 1)))
-        before, heads, k = proxy.count("GET"), proxy.count("HEAD"), len(proxy.requests)
+        before, heads = proxy.count("GET"), proxy.count("HEAD")
         p.run()
         assert proxy.count("GET") - before == 2 and proxy.count("HEAD") == heads  # what the plan said for rank 1
 
@@ -495,3 +495,47 @@ def test_without_libcurl_partitioned_source_reads_s3_through_the_python_client(s
             np.testing.assert_array_equal(np.array(w[i]), take_window(a[sid], src.region))
             seen += 1
     assert seen == 4
+
+
+@pytest.mark.usefixtures("_plugin")
+def test_blosc_chunks_read_in_parts_over_s3_equal_zarr_python(s3_endpoint, tmp_path, monkeypatch):
+    """The fast path of whole-field Blosc chunks over the network: the header and block index, then the
+    blocks of each level's band as ranged GETs sent together (HttpStore::GetMany). Every rank's window
+    against zarr-python's read of the local copy, under two boundary rules, and the proxy's log shows
+    the parts."""
+    import zarr
+    from numcodecs import Blosc
+
+    from dali_mesh import ZarrSource
+    from dali_mesh.partition import take_window
+    from tests.helpers import native_batches
+    from tests.storage.fault_proxy import FaultProxy
+
+    a = np.round(np.random.default_rng(12).normal(size=(2, 4, 360, 720)), 1).astype("f4")  # compresses
+    z = zarr.create_array(tmp_path / "p.zarr", shape=a.shape, chunks=(1, 4, 360, 720), dtype="f4", zarr_format=2,
+                          compressors=[Blosc("lz4", 5, Blosc.SHUFFLE)])
+    z[:] = a
+    oracle = zarr.open_array(str(tmp_path / "p.zarr"), mode="r")[:]
+    location = upload(s3_endpoint, tmp_path / "p.zarr", "data", "parts/p.zarr")
+    stored = sum(client(s3_endpoint).head_object(Bucket="data", Key=f"parts/p.zarr/{t}.0.0.0")["ContentLength"]
+                 for t in range(2))
+    parts = {}  # GETs of chunk objects per (boundary, rank)
+    with FaultProxy(s3_endpoint) as proxy:
+        for boundary in ("reflect", "constant"):
+            for layout in _layouts(a.shape[1:], n=4, axis=1, halo=3, boundary=boundary):
+                src = ZarrSource([location], None, layout, shuffle=False,
+                                 storage_options=options(proxy.endpoint))
+                start = len(proxy.requests)
+                got = dict(native_batches(src, 2))
+                for sid, win in got.items():
+                    np.testing.assert_array_equal(win, take_window(oracle[sid], src.region),
+                                                  err_msg=f"{boundary} rank {layout.mesh.coordinate}")
+                reads = [r for r in proxy.requests[start:] if r[0] == "GET" and "/p.zarr/" in r[1] and "." in
+                         r[1].rsplit("/", 1)[1] and r[1][-1].isdigit() and r[2]]
+                parts[(boundary, layout.mesh.coordinate)] = len(reads)
+    assert stored > 2 * (256 << 10)  # large enough to be read in parts (codecs.h kMinPartsBytes)
+    # read whole, a chunk is two GETs (its first 4 KiB, then the rest); in parts, its header and index,
+    # then the levels' bands together: under each boundary rule some rank's chunks went in parts (a
+    # rank whose band's blocks hold streams reaching past what was read takes the whole chunk)
+    for boundary in ("reflect", "constant"):
+        assert max(n for (b, _), n in parts.items() if b == boundary) >= 2 * (1 + 3), parts
