@@ -58,7 +58,7 @@ __all__ = [
 
 LIB_NAME = "libdali_mesh_kernels.so"
 #: the C API this module calls (csrc/c_api/c_api.cc dm_abi_version)
-ABI_VERSION = 9
+ABI_VERSION = 10
 #: numpy dtype -> DALI type id (the ids the C API takes)
 DTYPE_IDS = {
     np.dtype(np.uint8): 0, np.dtype(np.uint16): 1, np.dtype(np.uint32): 2, np.dtype(np.uint64): 3,
@@ -147,7 +147,8 @@ def load() -> ctypes.CDLL:
     lib.dali_mesh_decode_chunk.restype = ctypes.c_int64
     lib.dali_mesh_decode_chunk_ranges.argtypes = [i64p, i64p, ctypes.c_int64, ctypes.c_int64, ctypes.c_char_p,
                                                   ctypes.c_int64, i64p, ctypes.c_int64, ctypes.c_int, ctypes.c_int64,
-                                                  ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64]
+                                                  ctypes.c_char_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_char_p,
+                                                  ctypes.c_int64]
     lib.dali_mesh_decode_chunk_ranges.restype = ctypes.c_int64
     lib.dali_mesh_plan_checksum.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_uint64)]
     lib.dali_mesh_codec_table.restype = ctypes.c_int64
@@ -493,17 +494,30 @@ def decode_chunk_ranges(steps, chunk_bytes: int, data: bytes, ranges, *, stale: 
     blocks the ranges touch; -1: the reader's 256 KiB) into a buffer of ``stale`` bytes, then decoded.
     Returns the chunk-sized output (bytes outside the ranges are undefined) and whether it was read
     in parts; :class:`KernelsError` with the reader's reason."""
+    out, parts, _ = read_chunk_ranges(steps, chunk_bytes, data, ranges, stale=stale, min_parts=min_parts)
+    return out, parts
+
+
+def read_chunk_ranges(steps, chunk_bytes: int, data: bytes, ranges, *, guess_from: bytes | None = None,
+                      stale: int = 0x5A, min_parts: int = -1) -> tuple[bytes, bool, int]:
+    """As :func:`decode_chunk_ranges`; with ``guess_from`` (the stored bytes of another chunk of the same
+    coder) that chunk is read first for the same ranges, and the layout it shows is the guess the read
+    of ``data`` starts from, as a remote store's reads start (its header and index fetched together
+    with the parts the guess places). Returns ``(output, read in parts, reads in turn)``: the reads in
+    turn are the round trips a remote store would take."""
     data = bytes(data)
+    prev = None if guess_from is None else bytes(guess_from)
     ids = _i64([s[0] for s in steps] or [0])
     args = _i64([s[1] for s in steps] or [0])
     flat = _i64([v for r in ranges for v in r] or [0])
     out = ctypes.create_string_buffer(max(int(chunk_bytes), 1))
     err = ctypes.create_string_buffer(1024)
     rc = load().dali_mesh_decode_chunk_ranges(ids, args, len(steps), int(chunk_bytes), data, len(data), flat,
-                                              len(ranges), int(stale), int(min_parts), out, err, len(err))
+                                              len(ranges), int(stale), int(min_parts), prev,
+                                              0 if prev is None else len(prev), out, err, len(err))
     if rc < 0:
         raise KernelsError(err.value.decode(errors="replace"))
-    return out.raw[:int(chunk_bytes)], bool(rc)
+    return out.raw[:int(chunk_bytes)], bool(rc & 1), int(rc >> 1)
 
 
 def canonical_json(text: bytes) -> bytes | None:

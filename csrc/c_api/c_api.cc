@@ -45,7 +45,7 @@ dali_mesh::SliceUserArgs SampleArgs(int i, int ndim, const int64_t *in_shapes, c
 // 3: dm_mesh_roi takes explicit split sizes; 4: the read plans' test hooks (plan_api.cc); 5: plan
 // dump, canonical JSON and checksum; 8: the codec table (codec_api.cc) and the batch reader
 // (reader_api.cc)
-DM_EXPORT int dm_abi_version(void) { return 9; }
+DM_EXPORT int dm_abi_version(void) { return 10; }
 
 DM_EXPORT int dm_has_cuda(void) {
 #ifdef DALI_MESH_WITH_CUDA

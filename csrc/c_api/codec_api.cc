@@ -60,11 +60,16 @@ DM_EXPORT int64_t dali_mesh_decode_chunk(const int64_t *ids, const int64_t *args
 // from `src` as a read does (ReadStored: a Blosc chunk in parts), into a buffer whose other bytes
 // are `stale` (as a thread's reused buffer holds another chunk's), then DecodeChunkRanges writes the
 // ranges' bytes at their offsets in out[0..chunk_bytes). `min_parts`: the smallest stored size read
-// in parts (-1: the reader's). Returns 1 (read in parts) or 0 (read whole), or -1 with the reason.
+// in parts (-1: the reader's). With `prev` (n_prev stored bytes of another chunk of the same coder),
+// `prev` is read first for the same ranges and the layout it shows is the guess the read of `src`
+// starts from (PartsGuess: as a remote store's reads do). Returns 2 * (the reads in turn the chunk
+// took, a read of several ranges counting one) + 1 when it was read in parts (+ 0 when whole), or -1
+// with the reason.
 DM_EXPORT int64_t dali_mesh_decode_chunk_ranges(const int64_t *ids, const int64_t *args, int64_t n_steps,
                                                 int64_t chunk_bytes, const char *src, int64_t n,
                                                 const int64_t *ranges, int64_t n_ranges, int stale,
-                                                int64_t min_parts, char *out, char *err, int64_t err_size) {
+                                                int64_t min_parts, const char *prev, int64_t n_prev, char *out,
+                                                char *err, int64_t err_size) {
   try {
     const dali_mesh::Coder coder = CoderOf(ids, args, n_steps, chunk_bytes);
     std::vector<std::pair<int64_t, int64_t>> rs;
@@ -76,14 +81,32 @@ DM_EXPORT int64_t dali_mesh_decode_chunk_ranges(const int64_t *ids, const int64_
     }
     std::string why = dali_mesh::CheckCoder(coder);
     if (!why.empty()) return Fail(why, err, err_size);
+    const int64_t min_stored = min_parts < 0 ? dali_mesh::kMinPartsBytes : min_parts;
+    // a read of `from`'s bytes into `to` as a store's reads land (one range, or several together)
+    auto reads = [](const char *from, int64_t size, char *to) {
+      auto one = [=](int64_t lo, int64_t hi) {
+        if (lo < 0 || hi > size || lo > hi) throw std::runtime_error("a read outside the chunk");
+        std::memcpy(to + lo, from + lo, hi - lo);
+      };
+      auto many = [=](const std::vector<std::pair<int64_t, int64_t>> &parts) {
+        for (const auto &p : parts) one(p.first, p.second);
+      };
+      return std::make_pair(dali_mesh::StoredReader(one), dali_mesh::StoredRangesReader(many));
+    };
+    dali_mesh::PartsGuess guess;
+    if (prev) {
+      std::vector<char> before(n_prev, static_cast<char>(stale));
+      const auto [one, many] = reads(prev, n_prev, before.data());
+      dali_mesh::ReadStored(coder, n_prev, &rs, before.data(), one, min_stored, many, nullptr, &guess);
+    }
     std::vector<char> stored(n, static_cast<char>(stale));
-    const bool parts = dali_mesh::ReadStored(coder, n, &rs, stored.data(), [&](int64_t lo, int64_t hi) {
-      if (lo < 0 || hi > n || lo > hi) throw std::runtime_error("a read outside the chunk");
-      std::memcpy(stored.data() + lo, src + lo, hi - lo);
-    }, min_parts < 0 ? dali_mesh::kMinPartsBytes : min_parts);
+    const auto [one, many] = reads(src, n, stored.data());
+    int trips = 0;
+    const bool parts = dali_mesh::ReadStored(coder, n, &rs, stored.data(), one, min_stored, many,
+                                             guess.n > 0 ? &guess : nullptr, nullptr, &trips);
     why = dali_mesh::DecodeChunkRanges(coder, stored.data(), n, out, rs);
     if (!why.empty()) return Fail(why, err, err_size);
-    return parts ? 1 : 0;
+    return 2 * int64_t{trips} + (parts ? 1 : 0);
   } catch (const std::exception &e) {
     return Fail(e.what(), err, err_size);
   }

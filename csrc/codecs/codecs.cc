@@ -228,16 +228,20 @@ bool BloscLayoutOf(const Coder &coder, const char *head, int64_t n, const std::v
 // reads: the header, the index and each touched block from its start to the next start above it (or
 // the chunk's end); false for a corrupt index (decoded whole, its error). A block whose streams reach
 // further (streams that overlap, valid for c-blosc) is found by StreamsWereRead.
-bool StoredParts(const BloscLayout &l, const char *at, int64_t n, std::vector<std::pair<int64_t, int64_t>> *stored) {
+// `starts`: set to the block index (empty for a memcpyed chunk).
+bool StoredParts(const BloscLayout &l, const char *at, int64_t n, std::vector<std::pair<int64_t, int64_t>> *stored,
+                 std::vector<int64_t> *starts_out) {
   constexpr int64_t kHeader = BLOSC_MIN_HEADER_LENGTH;  // 16: a Blosc1 chunk's header
   stored->assign(1, {0, l.index_end});
+  starts_out->clear();
   if (l.memcpyed) {  // the decoded bytes follow the header as they are
     for (const auto &r : l.merged) stored->push_back({kHeader + r.first, kHeader + r.second});
     MergeRanges(stored);
     return true;
   }
   const auto *h = reinterpret_cast<const unsigned char *>(at);
-  std::vector<int64_t> starts(l.nblocks);
+  std::vector<int64_t> &starts = *starts_out;
+  starts.resize(l.nblocks);
   for (int64_t j = 0; j < l.nblocks; j++) {
     starts[j] = Le32(h + kHeader + 4 * j);
     if (starts[j] < l.index_end || starts[j] >= n) return false;
@@ -252,6 +256,54 @@ bool StoredParts(const BloscLayout &l, const char *at, int64_t n, std::vector<st
   }
   MergeRanges(stored);
   return true;
+}
+
+// The parts of `ranges` not in `have` (both sorted and disjoint).
+std::vector<std::pair<int64_t, int64_t>> Missing(const std::vector<std::pair<int64_t, int64_t>> &ranges,
+                                                 const std::vector<std::pair<int64_t, int64_t>> &have) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  size_t k = 0;
+  for (auto [lo, hi] : ranges) {
+    while (k < have.size() && have[k].second <= lo) k++;
+    for (size_t i = k; i < have.size() && have[i].first < hi && lo < hi; i++) {
+      if (have[i].first > lo) out.push_back({lo, have[i].first});
+      lo = std::max(lo, have[i].second);
+    }
+    if (lo < hi) out.push_back({lo, hi});
+  }
+  return out;
+}
+
+// Adds to `out` the stored bytes of a chunk of `n` stored bytes that `guess` (an earlier chunk of the
+// same array) places the header, index and parts for `ranges` in: its block starts scaled by the
+// chunks' sizes, each part widened by a margin of 1/64 of it (at least 4 KiB), clipped to the chunk.
+void AddGuessedParts(const PartsGuess &g, const Coder &coder, int64_t n,
+                     const std::vector<std::pair<int64_t, int64_t>> &ranges, std::vector<std::pair<int64_t, int64_t>> *out) {
+  if (g.n <= 0 || g.blocksize <= 0 || g.index_end <= 0) return;
+  constexpr int64_t kHeader = BLOSC_MIN_HEADER_LENGTH;
+  out->push_back({0, std::min(n, g.index_end)});
+  std::vector<std::pair<int64_t, int64_t>> merged;
+  if (!BloscMerged(ranges, coder.chunk_bytes, g.blocksize, g.ts, &merged)) return;
+  auto add = [&](double lo, double hi) {  // in double: a crafted size must not overflow
+    const double margin = std::max(4096.0, (hi - lo) / 64);
+    lo = std::clamp(lo - margin, 0.0, static_cast<double>(n));
+    hi = std::clamp(hi + margin, 0.0, static_cast<double>(n));
+    if (lo < hi) out->push_back({static_cast<int64_t>(lo), static_cast<int64_t>(hi)});
+  };
+  if (g.memcpyed) {  // the decoded bytes follow the header as they are
+    for (const auto &r : merged) add(kHeader + r.first, kHeader + r.second);
+    return;
+  }
+  const int64_t nblocks = static_cast<int64_t>(g.starts.size());
+  std::vector<int64_t> sorted = g.starts;
+  std::sort(sorted.begin(), sorted.end());
+  const double scale = static_cast<double>(n) / static_cast<double>(g.n);
+  for (const auto &r : merged) {
+    for (int64_t j = r.first / g.blocksize; j <= (r.second - 1) / g.blocksize && j < nblocks; j++) {
+      const auto next = std::upper_bound(sorted.begin(), sorted.end(), g.starts[j]);
+      add(g.starts[j] * scale, (next == sorted.end() ? g.n : *next) * scale);
+    }
+  }
 }
 
 // Sorted, disjoint ranges: whether [lo, hi) lies inside one of them.
@@ -284,40 +336,50 @@ bool StreamsWereRead(const BloscLayout &l, const char *at, int64_t n, int64_t wa
 }  // namespace
 
 bool ReadStored(const Coder &coder, int64_t n, const std::vector<std::pair<int64_t, int64_t>> *ranges, char *at,
-                const StoredReader &read, int64_t min_stored, const StoredRangesReader &read_many) {
+                const StoredReader &read, int64_t min_stored, const StoredRangesReader &read_many,
+                const PartsGuess *guess, PartsGuess *learnt, int *trips) {
+  if (trips) *trips = 1;
 #ifdef DALI_MESH_HAVE_BLOSC2
   if (ranges && MayReadInParts(coder, n, *ranges, min_stored)) {
     // a Blosc chunk whose blocks the ranges touch only some of: its header and block index, then
     // those blocks' stored bytes; whole when a touched block's streams reach bytes not read (never
     // decode the stale bytes of a reused buffer)
-    int64_t have = std::min<int64_t>(n, 4096);  // the chunk's leading bytes read so far
-    read(0, have);
+    std::vector<std::pair<int64_t, int64_t>> have;  // the stored bytes read so far (sorted, disjoint)
+    int turns = 0;
+    auto fetch = [&](std::vector<std::pair<int64_t, int64_t>> want) {  // what of `want` is not read yet, at once
+      MergeRanges(&want);
+      const auto todo = Missing(want, have);
+      if (todo.empty()) return;
+      if (read_many && todo.size() > 1) {
+        read_many(todo);
+      } else {
+        for (const auto &p : todo) read(p.first, p.second);
+      }
+      turns += read_many ? 1 : static_cast<int>(todo.size());
+      have.insert(have.end(), todo.begin(), todo.end());
+      MergeRanges(&have);
+    };
+    std::vector<std::pair<int64_t, int64_t>> first = {{0, std::min<int64_t>(n, 4096)}};
+    if (guess) AddGuessedParts(*guess, coder, n, *ranges, &first);
+    fetch(first);
     BloscLayout l;
     std::vector<std::pair<int64_t, int64_t>> parts;
-    if (have >= BLOSC_MIN_HEADER_LENGTH && BloscLayoutOf(coder, at, n, *ranges, &l)) {
-      if (l.index_end > have) {  // a longer index
-        read(have, l.index_end);
-        have = l.index_end;
-      }
-      if (StoredParts(l, at, n, &parts)) {
-        std::vector<std::pair<int64_t, int64_t>> todo;
-        for (const auto &p : parts)
-          if (p.second > have) todo.emplace_back(std::max(p.first, have), p.second);
-        if (read_many && todo.size() > 1) {
-          read_many(todo);
-        } else {
-          for (const auto &p : todo) read(p.first, p.second);
-        }
-        parts.push_back({0, have});
-        MergeRanges(&parts);
-        if (StreamsWereRead(l, at, n, coder.chunk_bytes, parts)) return true;
+    std::vector<int64_t> starts;
+    bool in_parts = false;
+    if (BloscLayoutOf(coder, at, n, *ranges, &l)) {
+      fetch({{0, l.index_end}});  // a longer index than the first read took
+      if (StoredParts(l, at, n, &parts, &starts)) {
+        fetch(parts);
+        in_parts = StreamsWereRead(l, at, n, coder.chunk_bytes, have);
+        if (learnt) *learnt = PartsGuess{n, l.blocksize, l.ts, l.memcpyed, l.index_end, std::move(starts)};
       }
     }
-    read(have, n);
-    return false;
+    if (!in_parts) fetch({{0, n}});
+    if (trips) *trips = turns;
+    return in_parts;
   }
 #endif
-  (void)coder, (void)ranges, (void)at, (void)min_stored, (void)read_many;
+  (void)coder, (void)ranges, (void)at, (void)min_stored, (void)read_many, (void)guess, (void)learnt;
   read(0, n);
   return false;
 }

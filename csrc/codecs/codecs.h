@@ -76,6 +76,20 @@ using StoredReader = std::function<void(int64_t lo, int64_t hi)>;
 // store's requests in flight together).
 using StoredRangesReader = std::function<void(const std::vector<std::pair<int64_t, int64_t>> &ranges)>;
 
+// What a chunk read in parts showed of its layout (its Blosc header and block index), kept to guess
+// where the parts of the next chunk of the same array lie: chunks of one array by one coder have the
+// same block size and compress alike, so their blocks start at about the same fractions of the
+// chunk. A guess only decides what is fetched first; what is decoded is always checked against the
+// chunk's own header and index.
+struct PartsGuess {
+  int64_t n = 0;  // the stored bytes of the chunk it was learnt from (0: nothing learnt)
+  int32_t blocksize = 0;
+  int ts = 0;
+  bool memcpyed = false;
+  int64_t index_end = 0;
+  std::vector<int64_t> starts;  // the block index
+};
+
 // Reads the stored bytes of a chunk of `n` stored bytes that DecodeChunkRanges (or, without
 // `ranges`, DecodeChunk) needs, each at its offset in `at`, through `read`. A chunk that
 // MayReadInParts for `ranges` is read in parts: its header and block index, the stored bytes of the
@@ -83,11 +97,17 @@ using StoredRangesReader = std::function<void(const std::vector<std::pair<int64_
 // (streams that overlap or run past the next block's start are valid Blosc; then the rest of the
 // chunk is read). Every other chunk is read whole. Returns whether it was read in parts (the bytes
 // of `at` outside the parts read are then not the chunk's). `min_stored`: MayReadInParts' (tests
-// read small chunks in parts too). `read_many`, when given, reads the blocks' parts together (else
+// read small chunks in parts too). `read_many`, when given, reads several ranges together (else
 // one `read` after another).
+// `guess` (an earlier chunk's layout, see PartsGuess): the header and index are read together with
+// the parts the guess places (each widened by a margin), in one `read_many`, so that a store for
+// which a request is a round trip takes one instead of two; what the guess missed is read after.
+// `learnt`: set to this chunk's layout when it was read in parts. `trips`: set to the number of
+// reads in turn it took (`read_many` counting one).
 bool ReadStored(const Coder &coder, int64_t n, const std::vector<std::pair<int64_t, int64_t>> *ranges, char *at,
                 const StoredReader &read, int64_t min_stored = kMinPartsBytes,
-                const StoredRangesReader &read_many = nullptr);
+                const StoredRangesReader &read_many = nullptr, const PartsGuess *guess = nullptr,
+                PartsGuess *learnt = nullptr, int *trips = nullptr);
 
 // Fills `out` (coder.chunk_bytes) with a missing chunk's value.
 void FillMissingChunk(const Coder &coder, char *out);

@@ -213,7 +213,7 @@ void BatchReader::ReadChunkTask(int64_t t) {
   decoded.resize(chunk_bytes);
   // what the parts copy out of the chunk: only those bytes need decoding (a Blosc chunk of a whole
   // field decodes, and reads, the blocks of this rank's band)
-  ReadChunk(plans_, c, first_plan, first_path_[first.plan], &stored, decoded.data(), &chunk_ranges_[t]);
+  ReadChunk(plans_, c, first_plan, first_path_[first.plan], &stored, decoded.data(), &chunk_ranges_[t], &guesses_);
   for (int64_t k = b; k < e; k++) {
     const auto &bp = batch_parts_[coded_[k].second];
     const auto &part = plans_.parts[bp.part];

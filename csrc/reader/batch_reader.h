@@ -31,6 +31,7 @@
 
 #include "plan/plan.h"
 #include "reader/open_file.h"
+#include "reader/read_units.h"
 
 namespace dali_mesh {
 
@@ -113,6 +114,7 @@ class BatchReader {
   std::vector<std::pair<int64_t, int64_t>> coded_;  // (chunk, index into batch_parts_), by chunk
   std::vector<int64_t> chunk_tasks_;                 // runs of coded_ with one chunk, and the end
   std::vector<std::vector<std::pair<int64_t, int64_t>>> chunk_ranges_;  // per run: the bytes copied out
+  PartsGuesses guesses_;  // where the chunks read in parts lay out, for the next ones (remote stores)
 };
 
 }  // namespace dali_mesh

@@ -125,8 +125,28 @@ char *PlaceLike(std::vector<char> *buffer, int64_t n, int64_t offset) {
   return buffer->data() + ((static_cast<uintptr_t>(offset) - start) & (kPage - 1));
 }
 
+bool PartsGuesses::Get(const std::string &stem, int64_t coder, PartsGuess *guess) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = last_.find({stem, coder});
+  if (it == last_.end()) return false;
+  *guess = it->second;
+  return true;
+}
+
+void PartsGuesses::Put(const std::string &stem, int64_t coder, PartsGuess guess) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  last_[{stem, coder}] = std::move(guess);
+}
+
+std::string PartsGuesses::StemOf(const std::string &key) {
+  size_t end = key.size();
+  while (end > 0 && std::strchr("0123456789./c", key[end - 1]) != nullptr) end--;
+  return key.substr(0, end);
+}
+
 void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const std::string &first_path,
-               std::vector<char> *stored, char *decoded, const std::vector<std::pair<int64_t, int64_t>> *ranges) {
+               std::vector<char> *stored, char *decoded, const std::vector<std::pair<int64_t, int64_t>> *ranges,
+               PartsGuesses *guesses) {
   const PlanChunk &ch = set.chunks[c];
   const Coder &coder = set.coders[ch.coder];
   const PlanFile &pf = set.files[ch.file];
@@ -176,7 +196,15 @@ void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const 
   };
   // a Blosc chunk whose blocks this batch needs only some of (a band of a whole field): its header
   // and block index, then those blocks' stored bytes (about a quarter of the chunk); others whole
-  ReadStored(coder, ch.nbytes, ranges, at, read_at, kMinPartsBytes, read_many);
+  // where a request is a round trip: the header and index fetched together with the parts an earlier
+  // chunk of the array suggests (one round trip instead of two when the guess holds)
+  PartsGuess guess, learnt;
+  const bool guessing = guesses && ranges && file.object().GuessParts();
+  const std::string stem = guessing ? PartsGuesses::StemOf(pf.key) : std::string();
+  const bool have_guess = guessing && guesses->Get(stem, ch.coder, &guess);
+  ReadStored(coder, ch.nbytes, ranges, at, read_at, kMinPartsBytes, read_many, have_guess ? &guess : nullptr,
+             guessing ? &learnt : nullptr);
+  if (guessing && learnt.n > 0) guesses->Put(stem, ch.coder, std::move(learnt));
   file.CheckUnchanged();
   const std::string why = ranges ? DecodeChunkRanges(coder, at, ch.nbytes, decoded, *ranges)
                                  : DecodeChunk(coder, at, ch.nbytes, decoded);

@@ -5,10 +5,13 @@
 #define DALI_MESH_READER_READ_UNITS_H_
 
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "codecs/codecs.h"
 #include "plan/plan.h"
 #include "reader/open_file.h"
 
@@ -36,9 +39,26 @@ char *PlaceLike(std::vector<char> *buffer, int64_t n, int64_t offset);
 // that does not match).
 // With `ranges` (sorted, disjoint byte ranges of the decoded chunk: what its parts copy out), only
 // those must be decoded (DecodeChunkRanges: a Blosc chunk decodes only the blocks they touch).
+// `guesses`: where chunks read in parts before lay out (read_units.h PartsGuesses), used when the
+// store guesses (StoredObject::GuessParts) and updated.
+class PartsGuesses;
 void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const std::string &first_path,
                std::vector<char> *stored, char *decoded,
-               const std::vector<std::pair<int64_t, int64_t>> *ranges = nullptr);
+               const std::vector<std::pair<int64_t, int64_t>> *ranges = nullptr, PartsGuesses *guesses = nullptr);
+
+// The last layout (PartsGuess) a chunk read in parts showed, per array and coder: an array's key
+// stem (its chunk key without the trailing chunk coordinates) and the coder's index. Any thread.
+class PartsGuesses {
+ public:
+  bool Get(const std::string &stem, int64_t coder, PartsGuess *guess) const;
+  void Put(const std::string &stem, int64_t coder, PartsGuess guess);
+  // The stem of a chunk key: without its trailing chunk coordinates ("t2m/0.1.2", "t2m/c/0/1/2").
+  static std::string StemOf(const std::string &key);
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::pair<std::string, int64_t>, PartsGuess> last_;
+};
 
 // Adds to `ranges` the bytes of a decoded chunk that the units of the coded plan `plan` at `base`
 // copy (one range per unit: its first run to its last run's end).

@@ -58,6 +58,11 @@ class StoredObject {
     int64_t bytes;
   };
   virtual void ReadRanges(const std::vector<Range> &ranges) const;
+  // Whether a read in parts (a Blosc chunk's header and index, then its blocks) should send its
+  // first request together with the parts an earlier chunk's layout suggests (PartsGuess): true where
+  // each request is a round trip (an object store without a local cache), false for local files,
+  // where the extra bytes cost more than a second read.
+  virtual bool GuessParts() const { return false; }
   // Fails naming the object when it is not the version opened (rewritten in place while it was
   // read: what was read may mix two versions).
   virtual void CheckUnchanged() const = 0;

@@ -730,6 +730,9 @@ class HttpObject : public StoredObject {
                   " runs past the end of the object (" + std::to_string(version_.size) + " bytes)");
     store_->GetMany(key_, ranges, version_.tag, version_.size);
   }
+  // with a cache, the same ranges each epoch (guesses differ with the order chunks are read in, and
+  // the cache keeps exact ranges)
+  bool GuessParts() const override { return store_->config().cache.empty(); }
   void CheckUnchanged() const override {
     // every read sent If-Match (an ETag) and had its total size checked; a tag made of a generation
     // or a date is asked for again

@@ -161,6 +161,110 @@ def test_large_chunks_read_in_parts_equal_numcodecs(ts, cname, shuffle):
     assert parts_seen > 10  # the read in parts ran
 
 
+def _field(rng, n: int, ts: int, seed_shift: float = 0.0, noise: int = 16) -> np.ndarray:
+    """A smooth field plus noise of ``n`` bytes in items of ``ts`` (another step of one array: another
+    ``seed_shift``, the same kind of data)."""
+    raw = (np.sin(np.arange(n) / 700.0 + seed_shift) * 90 + 100).astype(np.uint8) + rng.integers(0, noise, n).astype(np.uint8)
+    return np.frombuffer(raw.tobytes(), dtype=f"V{ts}" if ts not in (1, 2, 4, 8) else f"u{ts}")
+
+
+def _check_guessed(prev: bytes, stored: bytes, want: bytes, ranges, ts: int, *, min_parts=-1, stale=0x5A):
+    """The read of ``stored`` that starts from the layout ``prev`` showed equals numcodecs on every range
+    and decides as the read without a guess (in parts or whole); returns its reads in turn."""
+    steps = [(BLOSC, ts)]
+    got, parts, trips = _kernels.read_chunk_ranges(steps, len(want), stored, ranges, guess_from=prev,
+                                                   min_parts=min_parts, stale=stale)
+    _, parts_plain, trips_plain = _kernels.read_chunk_ranges(steps, len(want), stored, ranges, min_parts=min_parts)
+    for lo, hi in ranges:
+        assert got[lo:hi] == want[lo:hi], (f"range [{lo}, {hi}) of a chunk of {len(want)} bytes read from the guess "
+                                           f"of another chunk (header {_header(prev)}) differs from numcodecs")
+    assert parts == parts_plain, ranges
+    assert trips <= trips_plain + 1, (trips, trips_plain)  # a wrong guess costs at most one read more
+    return parts, trips
+
+
+def test_guessed_parts_equal_numcodecs_for_every_pair():
+    """A remote read in parts starts from the layout of the array's last chunk read (PartsGuess): its
+    header and index are fetched with the parts the guess places, then what the guess missed. Every
+    pair of chunks (another step of the same array, the same chunk, another compressor, shuffle, type
+    size or block size, a memcpyed one, a much smaller or larger one) and every class of range: the
+    bytes equal numcodecs', the decision (parts or whole) is the unguessed read's, and a chunk guessed
+    from itself or from another step of its array takes one read in turn."""
+    rng = np.random.default_rng(SEED + 7)
+    pairs = one_trip = alike_parts = 0
+    kinds = [("lz4", 5, 1, 0), ("zstd", 3, 1, 0), ("blosclz", 5, 2, 0), ("lz4", 5, 0, 8192), ("zlib", 1, 1, 0),
+             ("lz4", 0, 0, 0)]
+    for ts in (1, 4, 8, 3):
+        n = int(rng.integers(60_000, 200_000)) // ts * ts
+        for k, (cname, clevel, shuffle, bsize) in enumerate(kinds):
+            comp = numcodecs.Blosc(cname, clevel, shuffle, blocksize=bsize)
+            a, b = _field(rng, n, ts, 0.0), _field(rng, n, ts, 0.3)
+            stored, want = comp.encode(b), b.tobytes()
+            other_kind = kinds[(k + 1) % len(kinds)]
+            others = {
+                "itself": stored,
+                "another step": comp.encode(a),
+                "another coder": numcodecs.Blosc(other_kind[0], other_kind[1], other_kind[2],
+                                                 blocksize=other_kind[3]).encode(a),
+                "smaller": comp.encode(_field(rng, max(ts, n // 40 // ts * ts), ts)),
+                "larger": comp.encode(_field(rng, 3 * n, ts)),
+                "noise": comp.encode(np.frombuffer(rng.integers(0, 256, n).astype(np.uint8).tobytes(), dtype=a.dtype)),
+            }
+            _, hts, _, bs, _ = _header(stored)
+            for name, prev in others.items():
+                for ranges in _range_classes(rng, len(want), bs, hts)[:6]:
+                    parts, trips = _check_guessed(prev, stored, want, ranges, ts, min_parts=0,
+                                                  stale=int(rng.integers(0, 256)))
+                    pairs += 1
+                    if parts and name in ("itself", "another step"):
+                        alike_parts += 1
+                        one_trip += trips == 1
+                        if name == "itself":
+                            assert trips == 1, (ranges, _header(stored))
+    assert pairs > 800 and alike_parts > 50, (pairs, alike_parts)
+    assert one_trip >= 0.9 * alike_parts, (one_trip, alike_parts)
+
+
+def test_guessed_parts_of_a_corrupt_chunk_fail_as_unguessed():
+    """A guess never makes a corrupt chunk decode: with a good chunk's layout as the guess, a chunk whose
+    index or streams are damaged gives the unguessed read's result (the same error, or the same bytes
+    where the damage lies outside the blocks read)."""
+    rng = np.random.default_rng(SEED + 8)
+    ts = 4
+    a = _field(rng, 400_000, ts)
+    comp = numcodecs.Blosc("lz4", 5, 1, blocksize=16384)
+    good = comp.encode(a)
+    prev = comp.encode(_field(rng, 400_000, ts, 0.5))
+    want = a.tobytes()
+    nblocks = -(-len(want) // 16384)
+    outcomes = set()
+    for trial in range(120):
+        bad = bytearray(good)
+        where = int(rng.integers(0, 3))
+        if where == 0:  # an index entry
+            j = int(rng.integers(0, nblocks))
+            bad[16 + 4 * j:20 + 4 * j] = struct.pack("<I", int(rng.choice([0, 7, len(good) - 1, len(good) + 9,
+                                                                            int(rng.integers(0, len(good)))])))
+        elif where == 1:  # bytes of a stream
+            at = int(rng.integers(16 + 4 * nblocks, len(good)))
+            bad[at:at + 8] = rng.integers(0, 256, 8).astype(np.uint8).tobytes()
+        else:  # the header's sizes
+            bad[4 + 4 * int(rng.integers(0, 3)):8 + 4 * int(rng.integers(0, 3))] = struct.pack("<I", int(rng.integers(0, 2**32)))
+        lo = int(rng.integers(0, len(want) // 2)) // ts * ts
+        ranges = [(lo, lo + int(rng.integers(1, 40_000)) // ts * ts + ts)]
+        results = []
+        for guess in (prev, None):
+            try:
+                got, parts, _ = _kernels.read_chunk_ranges([(BLOSC, ts)], len(want), bytes(bad), ranges,
+                                                           guess_from=guess, min_parts=0)
+                results.append(("ok", parts, got[ranges[0][0]:ranges[0][1]]))
+            except _kernels.KernelsError as e:
+                results.append(("error", str(e)))
+        assert results[0] == results[1], (trial, where, ranges)
+        outcomes.add(results[0][0])
+    assert outcomes == {"ok", "error"}  # both kinds of damage occurred
+
+
 def test_memcpyed_chunks_read_in_parts_equal_numcodecs():
     rng = np.random.default_rng(SEED + 1)
     raw = rng.integers(0, 256, 3 << 20).astype(np.uint8)  # noise: stored as it is

@@ -257,10 +257,15 @@ def test_corrupted_chunks_never_crash_under_sanitizers(tmp_path):
     for line, want in zip(lines, expect):
         if want is not None:  # an unmutated chunk: its data, exactly, and two ranges of it alone alike
             assert line.startswith(f"ok {want} same parts-") and line.split()[3] in ("parts-same", "parts-whole"), line
+            assert line.split()[4] in ("guess-same", "guess-whole"), line
     # a chunk that decodes whole: its ranges decode alike (a Blosc chunk's blocks alone), and from only
     # the stored bytes a read in parts takes, alike too or refused (never other values, never bad ranges)
     oks = [line.split() for line in lines if line.startswith("ok ")]
     assert all(w[2] == "same" and w[3] in ("parts-same", "parts-whole", "parts-refused") for w in oks), oks
     assert sum(w[3] == "parts-same" for w in oks) > 100  # Blosc chunks read in parts
+    # and so from a guess of the chunk's layout (the last one's, or one of any values): the guess decides
+    # only what is fetched first
+    assert all(w[4] in ("guess-same", "guess-whole", "guess-refused") for w in oks), oks
+    assert sum(w[4] == "guess-same" for w in oks) > 100
     errors = sum(line.startswith("err ") for line in lines)
     assert errors > len(lines) // 4  # the mutations are mostly refused, with a reason
