@@ -71,6 +71,34 @@ STEPS_PER_SHARD = 4
 CONTROL = "/__bench__/"  # the proxy's own paths (counts, reset, latency): neither forwarded nor counted
 
 
+class _Paced:
+    """A connection's writer that sends at most the proxy's ``bandwidth`` bytes per second (0: as fast as
+    it can), per connection (a link whose bandwidth is per connection, as an object store's usually is):
+    in 64 KiB pieces, each sent when the bytes before it have had their time. The rate is read per
+    write, so that a change applies to kept connections too."""
+
+    def __init__(self, raw, owner) -> None:
+        self.raw, self.owner = raw, owner
+
+    def write(self, data) -> int:
+        rate = self.owner.bandwidth
+        if not rate:
+            return self.raw.write(data)
+        view = memoryview(data)
+        t0 = time.monotonic()
+        for k in range(0, len(view), 64 << 10):
+            piece = view[k:k + (64 << 10)]
+            self.raw.write(piece)
+            due = t0 + (k + len(piece)) / rate
+            now = time.monotonic()
+            if due > now:
+                time.sleep(due - now)
+        return len(view)
+
+    def __getattr__(self, name):
+        return getattr(self.raw, name)
+
+
 # ---- the server process: moto + the counting proxy -------------------------------------------------------
 def _counting_proxy_class():
     """The tests' FaultProxy (which counts requests but not bytes) with a handler that also counts the
@@ -83,6 +111,8 @@ def _counting_proxy_class():
                 self._control()
                 return
             t0 = time.monotonic()
+            if not isinstance(self.wfile, _Paced):
+                self.wfile = _Paced(self.wfile, self.server.owner)
             super()._serve()
             with self.server.owner._lock:
                 self.server.owner.timeline.append((t0, time.monotonic(), self.command, self.path,
@@ -105,6 +135,8 @@ def _counting_proxy_class():
                     owner.body_bytes = 0
                 elif what == "latency":
                     owner.latency = float(arg)
+                elif what == "bandwidth":  # bytes per second per connection, 0: unlimited
+                    owner.bandwidth = float(arg)
                 elif what == "log":  # (start, end, method, path, range) of every request since the last reset
                     body = json.dumps(owner.timeline).encode()
                 out = {"GET": 0, "HEAD": 0, "LIST": 0, "other": 0, "bytes": owner.body_bytes}
@@ -120,15 +152,21 @@ def _counting_proxy_class():
             self.end_headers()
             self.wfile.write(body)
 
+    class Server(_Server):
+        def handle_error(self, request, client_address) -> None:
+            if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that exited with a kept connection
+                super().handle_error(request, client_address)
+
     class CountingProxy(FaultProxy):
         body_bytes = 0
+        bandwidth = 0.0
 
         def __init__(self, upstream: str, latency: float = 0.0) -> None:
             super().__init__(upstream, latency)
             self.timeline: list = []
 
         def start(self) -> "CountingProxy":
-            self._server = _Server(("127.0.0.1", 0), Handler)
+            self._server = Server(("127.0.0.1", 0), Handler)
             self._server.owner = self
             self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                             name="counting-proxy", daemon=True)
@@ -139,17 +177,33 @@ def _counting_proxy_class():
 
 
 def serve() -> None:
-    """``--serve``: starts moto and the proxy, prints ``MOTO_ENDPOINT PROXY_ENDPOINT``, serves until stdin
-    closes."""
+    """``--serve``: starts moto, and the proxy in a process of its own (so that the proxy's Python does not
+    take turns with moto's for one interpreter lock: a network is not part of the server), prints
+    ``MOTO_ENDPOINT PROXY_ENDPOINT``, serves until stdin closes."""
     from tests.storage.s3_server import make_bucket, start_server
 
     server, endpoint = start_server()
     make_bucket(endpoint, BUCKET)
-    proxy = _counting_proxy_class()(endpoint).start()
-    print(endpoint, proxy.endpoint, flush=True)
+    proxy = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve-proxy", endpoint],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    proxy_endpoint = proxy.stdout.readline().strip()
+    print(endpoint, proxy_endpoint, flush=True)
+    sys.stdin.read()
+    proxy.stdin.close()
+    try:
+        proxy.wait(30)
+    except subprocess.TimeoutExpired:
+        proxy.kill()
+    server.stop()
+
+
+def serve_proxy(upstream: str) -> None:
+    """``--serve-proxy UPSTREAM``: the counting proxy in front of ``UPSTREAM``, prints its endpoint, serves
+    until stdin closes."""
+    proxy = _counting_proxy_class()(upstream).start()
+    print(proxy.endpoint, flush=True)
     sys.stdin.read()
     proxy.stop()
-    server.stop()
 
 
 class Server:
@@ -313,10 +367,21 @@ def _cache_option_exists() -> bool:
     return "cache_dir" in getattr(remote, "CLIENT_SETTINGS", ())
 
 
-def _measure_cache(server, stores, paths, steps, conc, layout, want, latency, runs) -> list[str]:
+def _link(text: str) -> tuple[float, float]:
+    """``"0.02:100"`` -> (0.02 s per request, 100 MB/s per connection); no colon: unlimited (0)."""
+    latency, _, mbps = text.partition(":")
+    return float(latency), float(mbps or 0)
+
+
+def _link_name(link: tuple[float, float]) -> str:
+    return f"{link[0] * 1e3:g} ms" + (f", {link[1]:g} MB/s per connection" if link[1] else "")
+
+
+def _measure_cache(server, stores, paths, steps, conc, layout, want, link, runs) -> list[str]:
     """Rows of the cache table: the second epoch of a native pipeline with a fresh cache_dir against the
     second epoch of one over the local copy."""
-    server.control(f"latency/{latency}")
+    server.control(f"latency/{link[0]}")
+    server.control(f"bandwidth/{link[1] * 1e6}")
     r = {}
     for run in range(runs):
         for store in stores:
@@ -360,9 +425,12 @@ def _measure_cache(server, stores, paths, steps, conc, layout, want, latency, ru
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--serve-proxy", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--latencies", default="0.02,0", help="seconds the proxy adds per request, comma-separated")
+    ap.add_argument("--latencies", default="0.02,0,0.02:100",
+                    help="the links, comma-separated: seconds the proxy adds per request, and after a colon the "
+                         "MB/s it lets through per connection (none: unlimited)")
     ap.add_argument("--concurrency", type=int, default=2, help="requests in flight and decoding threads, every reader")
     ap.add_argument("--stores", default=",".join(STORES))
     ap.add_argument("--readers", default=",".join(READERS))
@@ -372,6 +440,9 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.serve:
         serve()
+        return
+    if args.serve_proxy:
+        serve_proxy(args.serve_proxy)
         return
     if args.quick:
         args.steps, args.runs, args.latencies, args.shape = 4, 1, "0.02", "4,91,180"
@@ -385,7 +456,7 @@ def main(argv=None) -> None:
     stores = args.stores.split(",")
     readers = [r for r in args.readers.split(",") if r != "zarr_obstore" or _have_obstore()]
     skipped = [r for r in args.readers.split(",") if r not in readers]
-    latencies = [float(x) for x in args.latencies.split(",")]
+    links = [_link(x) for x in args.latencies.split(",")]
     os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"] = KEY, SECRET  # tensorstore's credentials
     os.environ.pop("AWS_SESSION_TOKEN", None)
 
@@ -396,7 +467,7 @@ def main(argv=None) -> None:
     want = [data[t][sl] for t in range(args.steps)]
     folder = tempfile.mkdtemp(prefix="dm_remote_bench_")
     server = Server()
-    results = {}  # (latency, store, reader) -> {"open": [], "epoch": [], "bytes": [], "GET": [], ...}
+    results = {}  # (link, store, reader) -> {"open": [], "epoch": [], "bytes": [], "GET": [], ...}
     try:
         paths = {s: _write(s, folder, data) for s in stores}
         stored = {s: _data_bytes(paths[s]) for s in stores}
@@ -404,10 +475,11 @@ def main(argv=None) -> None:
             upload(server.moto, paths[s], BUCKET, f"{s}.zarr")
         order = list(readers)
         for run in range(args.runs):
-            for latency in latencies:
+            for link in links:
                 for store in stores:
                     for reader in order:
-                        server.control(f"latency/{latency}")
+                        server.control(f"latency/{link[0]}")
+                        server.control(f"bandwidth/{link[1] * 1e6}")
                         server.control("reset")
                         t0 = time.perf_counter()
                         obj = _make(reader, store, server, args.steps, args.concurrency, _layout(), sl)
@@ -417,14 +489,15 @@ def main(argv=None) -> None:
                         obj.epoch()
                         t3 = time.perf_counter()
                         counts = server.control("counts")
-                        r = results.setdefault((latency, store, reader), {"open": [], "epoch": []})
+                        r = results.setdefault((link, store, reader), {"open": [], "epoch": []})
                         r["open"].append(t1 - t0)
                         r["epoch"].append(t3 - t2)
                         for k in ("bytes", "GET", "HEAD", "LIST", "other"):
                             r.setdefault(k, []).append(counts[k])
                         r.setdefault("open_requests", []).append(_requests(opened))
-                        if run == 0 and latency == latencies[0]:  # every reader's windows checked, untimed
+                        if run == 0 and link == links[0]:  # every reader's windows checked, untimed
                             server.control("latency/0")
+                            server.control("bandwidth/0")
                             _check(obj.epoch(keep=True), want, f"{reader} {store}")
                         del obj
                 order = order[1:] + order[:1]  # readers take turns going first
@@ -432,7 +505,7 @@ def main(argv=None) -> None:
         cache_rows = None
         if not args.no_cache and _cache_option_exists():
             cache_rows = _measure_cache(server, stores, paths, args.steps, args.concurrency, _layout(), want,
-                                        latencies[0], args.runs)
+                                        links[0], args.runs)
     finally:
         server.close()
         shutil.rmtree(folder, ignore_errors=True)
@@ -442,23 +515,23 @@ def main(argv=None) -> None:
     print(_versions())
     if skipped:
         print(f"left out (not installed): {', '.join(skipped)}")
-    print("\n| latency ms | store | reader | stored MB (steps read) | fetched / stored | requests: open + epoch "
+    print("\n| link | store | reader | stored MB (steps read) | fetched / stored | requests: open + epoch "
           "| GET / HEAD / LIST | open s | epoch s | epoch vs tensorstore |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     med = statistics.median
-    for (latency, store, reader), r in results.items():
-        ref = results.get((latency, store, "tensorstore"))
+    for (link, store, reader), r in results.items():
+        ref = results.get((link, store, "tensorstore"))
         ratio = f"{med(a / b for a, b in zip(r['epoch'], ref['epoch'])):.2f}x" if ref else "-"
         reqs = [g + h + li + o for g, h, li, o in zip(r["GET"], r["HEAD"], r["LIST"], r["other"])]
         opened = med(r["open_requests"])
-        print(f"| {latency * 1e3:g} | {store} | {reader} | {stored[store] / 1e6:.1f} | "
+        print(f"| {_link_name(link)} | {store} | {reader} | {stored[store] / 1e6:.1f} | "
               f"{med(r['bytes']) / stored[store]:.2f}x | {opened:.0f} + {med(reqs) - opened:.0f} | "
               f"{med(r['GET']):.0f} / {med(r['HEAD']):.0f} / {med(r['LIST']):.0f} | {med(r['open']):.3f} | "
               f"{med(r['epoch']):.3f} | {ratio} |")
     if cache_rows is None:
         print("\ncache: not yet built" if not _cache_option_exists() else "\ncache: not measured (--no-cache)")
     else:
-        print(f"\nCache, latency {latencies[0] * 1e3:g} ms: the second epoch of one pipeline\n")
+        print(f"\nCache, {_link_name(links[0])}: the second epoch of one pipeline\n")
         print("| store | reader | fetched MB | requests | epoch s | vs local files |")
         print("|---|---|---|---|---|---|")
         print("\n".join(cache_rows))

@@ -2,12 +2,13 @@
 whole-field Blosc (or Zstd) chunks, latitude split.
 
     python benchmarks/share_bench.py [--steps 16] [--shape 4,721,1440] [--epochs 3] [--mesh 4 | --mesh 2,2]
-                                     [--cname lz4 | zstd | zstd-frame]
+                                     [--cname lz4 | zstd | zstd-frame | zstd-sharded] [--remote 0.02[:100]]
 
 The store: ``--steps`` samples of float32 ``--shape`` (ERA5's 0.25 degree grid), Zarr v2, one chunk per
 sample (the whole field, as WeatherBench2 and ARCO-ERA5 chunk), Blosc(``--cname``, clevel 5, shuffle)
-(``zstd-frame``: numcodecs' Zstd(3), one frame per chunk, which no reader decodes in parts), values
-rounded to 0.01. Mesh ``4``: ``mp=4`` shards the latitude (a group of 4); ``2,2``: ``mp=2`` shards it and ``tp=2``
+(``zstd-frame``: numcodecs' Zstd(3), one frame per chunk, which no reader decodes in parts;
+``zstd-sharded``: Zarr v3, Zstd(3) inner chunks of one sample, shards of 4 samples), values rounded
+to 0.01. Mesh ``4``: ``mp=4`` shards the latitude (a group of 4); ``2,2``: ``mp=2`` shards it and ``tp=2``
 replicates (a group of 4 whose pairs share a window). Batch 1, 2 reader threads per rank, every
 sample once per epoch. Per mode and rank:
 
@@ -19,6 +20,12 @@ sample once per epoch. Per mode and rank:
 - epoch seconds (median of ``--epochs`` after the cold one; the slowest rank, between barriers);
 - for the group: bytes of windows sent and received per rank, and seconds in the exchange (status
   and data collectives, waiting for the members' reads included).
+
+``--remote LATENCY[:MBPS]``: the store is uploaded to a moto S3 server on 127.0.0.1 behind
+remote_bench.py's proxy (LATENCY seconds added per request, at most MBPS per connection), and every rank
+reads ``s3://``; ``requested`` is then the body bytes the rank fetched (the plugin's and the kernels
+library's ``fetch_counters``: every request of the rank's process, planning included, over the epochs
+after the first) and ``cold`` the requests it sent per epoch.
 """
 from __future__ import annotations
 
@@ -40,16 +47,20 @@ def make_store(path, steps, shape, cname="lz4"):
     import zarr
     from numcodecs import Blosc
 
-    if os.path.exists(os.path.join(path, ".zarray")):
+    if os.path.exists(os.path.join(path, ".zarray")) or os.path.exists(os.path.join(path, "zarr.json")):
         return
     rng = np.random.default_rng(0)
     from numcodecs import Zstd
 
     # "zstd-frame": numcodecs' Zstd, one frame per chunk (decoded whole); else Blosc with that cname
     # (divisible into blocks: a rank's band decodes alone)
-    codec = Zstd(3) if cname == "zstd-frame" else Blosc(cname, 5, Blosc.SHUFFLE)
-    z = zarr.create_array(path, shape=(steps,) + shape, chunks=(1,) + shape, dtype="f4", zarr_format=2,
-                          compressors=[codec])
+    if cname == "zstd-sharded":
+        z = zarr.create_array(path, shape=(steps,) + shape, chunks=(1,) + shape, shards=(4,) + shape, dtype="f4",
+                              compressors=zarr.codecs.ZstdCodec(level=3))
+    else:
+        codec = Zstd(3) if cname == "zstd-frame" else Blosc(cname, 5, Blosc.SHUFFLE)
+        z = zarr.create_array(path, shape=(steps,) + shape, chunks=(1,) + shape, dtype="f4", zarr_format=2,
+                              compressors=[codec])
     for t in range(steps):
         z[t] = np.round(rng.standard_normal(shape), 2).astype("f4")
 
@@ -63,7 +74,17 @@ def _io():
     return out
 
 
-def _rank(rank, world, store, mesh_shape, epochs, out_dir, share):
+def _fetched():
+    """As _io's keys: the body bytes and the requests this process's remote stores fetched and sent (the
+    plugin's reads and Python's planning: each library counts its own)."""
+    from dali_mesh.pipeline.plugin import plugin_fetch_counters
+    from dali_mesh.storage.remote import fetch_counters
+
+    (r1, b1), (r2, b2) = plugin_fetch_counters(), fetch_counters()
+    return {"rchar": b1 + b2, "read_bytes": r1 + r2}
+
+
+def _rank(rank, world, store, mesh_shape, epochs, out_dir, share, storage_options=None):
     import torch.distributed as dist
     from nvidia.dali import pipeline_def
     from torch.distributed.device_mesh import init_device_mesh
@@ -76,16 +97,18 @@ def _rank(rank, world, store, mesh_shape, epochs, out_dir, share):
     names = ("mp",) if len(mesh_shape) == 1 else ("mp", "tp")
     mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
     layout = Layout(MeshInfo.from_device_mesh(mesh), shard={"mp": 1}, batch=(), halo={1: 1})  # tp: a replica
-    src = ZarrSource([store], None, layout, batch_size=1, share=share, shuffle=True, seed=1)
+    kw = {} if storage_options is None else {"storage_options": storage_options}
+    src = ZarrSource([store], None, layout, batch_size=1, share=share, shuffle=True, seed=1, **kw)
+    io = _io if storage_options is None else _fetched
 
     @pipeline_def(batch_size=1, num_threads=2, device_id=None, prefetch_queue_depth=2)
     def pipe():
         return read_windows(src, fallback=False)
 
-    if rank == 0:
+    if rank == 0 and storage_options is None:
         evict(store)
     dist.barrier()
-    io0 = _io()
+    io0 = io()
     loader = MeshLoader(pipe(), layout, device_mesh=mesh)  # builds the pipeline: reads the first batch
     waited = [0.0]
     inner = loader._next_batch
@@ -106,20 +129,74 @@ def _rank(rank, world, store, mesh_shape, epochs, out_dir, share):
         dist.barrier()
         times.append(time.perf_counter() - t0)
         if e == 0:
-            first = _io()
+            first = io()
             waited0 = waited[0]
             stats0 = dict(loader._exchange.stats) if loader._exchange is not None else None
         loader.reset()
-    io1 = _io()
+    io1 = io()
     stats = None
     if loader._exchange is not None:  # the warm epochs'
         stats = {k: v if isinstance(v, str) else (v - stats0[k]) / epochs for k, v in loader._exchange.stats.items()}
     result = {"rank": rank, "batches": n, "cold_read_bytes": first["read_bytes"] - io0["read_bytes"],
-              "rchar_epoch": (io1["rchar"] - first["rchar"]) / epochs, "seconds": times[1:], "stats": stats,
+              "rchar_epoch": (io1["rchar"] - first["rchar"]) / epochs,
+              "requests_epoch": (io1["read_bytes"] - first["read_bytes"]) / epochs, "seconds": times[1:], "stats": stats,
               "steps": src.num_samples, "pipeline_wait": (waited[0] - waited0) / epochs}
     with open(os.path.join(out_dir, f"{share}.{rank}.json"), "w") as f:
         json.dump(result, f)
     loader.close()
+
+
+def _tensorstore_rank(rank, world, key, mesh_shape, epochs, out_dir, proxy, v3):
+    """``--remote``'s peer: every rank reads its windows (halo included) of every sample with tensorstore (an
+    ``s3`` kvstore through the proxy, 2 requests in flight, 2 threads, no cache); bytes and requests at the
+    proxy over the epochs after the first, per rank (the group's total / the world)."""
+    import tensorstore as ts
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from benchmarks.remote_bench import BUCKET
+    from dali_mesh import Layout, MeshInfo
+    from tests.storage.s3_server import KEY, SECRET
+
+    os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"] = KEY, SECRET
+    names = ("mp",) if len(mesh_shape) == 1 else ("mp", "tp")
+    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
+    layout = Layout(MeshInfo.from_device_mesh(mesh), shard={"mp": 1}, batch=(), halo={1: 1})
+    ctx = ts.Context({"s3_request_concurrency": {"limit": 2}, "data_copy_concurrency": {"limit": 2},
+                      "cache_pool": {"total_bytes_limit": 0}})
+    arr = ts.open({"driver": "zarr3" if v3 else "zarr",
+                   "kvstore": {"driver": "s3", "bucket": BUCKET, "path": key + "/", "endpoint": proxy,
+                               "aws_region": "us-east-1"}}, context=ctx, read=True).result()
+    region = layout.region(tuple(arr.shape[1:]))
+    sl = tuple(slice(max(0, a - (d == 1)), min(n, b + (d == 1)))
+               for d, (a, b, n) in enumerate(zip(region.start, region.stop, arr.shape[1:])))
+
+    def control(what):
+        import urllib.request
+
+        with urllib.request.urlopen(proxy + "/__bench__/" + what, timeout=30) as r:
+            return json.loads(r.read())
+
+    times, counts = [], []
+    for e in range(epochs + 1):
+        dist.barrier()
+        if rank == 0:
+            control("reset")
+        dist.barrier()
+        t0 = time.perf_counter()
+        for t in range(arr.shape[0]):
+            arr[(t,) + sl].read().result()
+        dist.barrier()
+        times.append(time.perf_counter() - t0)
+        if rank == 0:
+            counts.append(control("counts"))
+    result = {"rank": rank, "batches": arr.shape[0], "cold_read_bytes": 0, "stats": None, "seconds": times[1:],
+              "steps": arr.shape[0], "pipeline_wait": statistics.median(times[1:])}
+    if rank == 0:
+        result["rchar_epoch"] = statistics.mean(c["bytes"] for c in counts[1:]) / world
+        result["requests_epoch"] = statistics.mean(c["GET"] + c["HEAD"] + c["LIST"] for c in counts[1:]) / world
+    with open(os.path.join(out_dir, f"tensorstore.{rank}.json"), "w") as f:
+        json.dump(result, f)
 
 
 def main():
@@ -132,6 +209,8 @@ def main():
                     "numcodecs' Zstd(3), not Blosc")
     ap.add_argument("--dir", default="/tmp/dali_mesh_share_bench")
     ap.add_argument("--tiny", action="store_true", help="4 samples of (2, 16, 32), 1 epoch, mesh 2: a smoke test")
+    ap.add_argument("--remote", help="LATENCY[:MBPS]: read s3:// from a loopback moto behind a proxy adding LATENCY "
+                    "seconds per request (at most MBPS per connection)")
     args = ap.parse_args()
     if args.tiny:
         args.steps, args.shape, args.epochs, args.mesh = 4, "2,16,32", 1, "2"
@@ -141,36 +220,69 @@ def main():
     os.makedirs(args.dir, exist_ok=True)
     store = os.path.join(args.dir, f"whole_{args.cname}_{args.steps}_{'x'.join(map(str, shape))}.zarr")
     make_store(store, args.steps, shape, args.cname)
-    stored = sum(os.path.getsize(os.path.join(store, f)) for f in os.listdir(store) if not f.startswith("."))
+    from benchmarks.remote_bench import _data_bytes
+
+    stored = _data_bytes(store)
 
     from dali_mesh.cli.launch import run_ranks
 
     world = int(np.prod(mesh_shape))
     results = {}
-    for share in (None, "group"):
-        with tempfile.TemporaryDirectory() as tmp:
-            run_ranks(_rank, world, tmp, store, mesh_shape, args.epochs, tmp, share, timeout_s=1800)
-            results[share] = [json.load(open(os.path.join(tmp, f"{share}.{r}.json"))) for r in range(world)]
-    what = "Zstd(3)" if args.cname == "zstd-frame" else f"Blosc({args.cname}, shuffle)"
-    print(f"{args.steps} samples of float32 {shape}, Zarr v2, whole-field {what} chunks ({stored / 2**20:.0f} MiB "
-          f"stored); mesh {mesh_shape} ({'mp' if len(mesh_shape) == 1 else 'mp, tp'}), latitude split, halo 1, batch 1, "
+    server, location, options = None, store, None
+    if args.remote:
+        from benchmarks.remote_bench import BUCKET, Server, _link, _link_name, _options
+        from tests.storage.s3_server import upload
+
+        link = _link(args.remote)
+        server = Server()
+        upload(server.moto, store, BUCKET, os.path.basename(store))
+        location, options = f"s3://{BUCKET}/{os.path.basename(store)}", _options(server.proxy)
+        server.control(f"latency/{link[0]}")
+        server.control(f"bandwidth/{link[1] * 1e6}")
+    try:
+        for share in (None, "group") + (("tensorstore",) if args.remote else ()):
+            with tempfile.TemporaryDirectory() as tmp:
+                if share == "tensorstore":
+                    run_ranks(_tensorstore_rank, world, tmp, os.path.basename(store), mesh_shape, args.epochs, tmp,
+                              server.proxy, args.cname == "zstd-sharded", timeout_s=1800)
+                else:
+                    run_ranks(_rank, world, tmp, location, mesh_shape, args.epochs, tmp, share, options, timeout_s=1800)
+                results[share] = [json.load(open(os.path.join(tmp, f"{share}.{r}.json"))) for r in range(world)]
+    finally:
+        if server is not None:
+            server.close()
+    what = {"zstd-frame": "Zstd(3)", "zstd-sharded": "Zstd(3), shards of 4"}.get(args.cname, f"Blosc({args.cname}, shuffle)")
+    where = f"from s3:// on 127.0.0.1 ({_link_name(link)})" if args.remote else "local files"
+    print(f"{args.steps} samples of float32 {shape}, Zarr v{3 if args.cname == 'zstd-sharded' else 2}, whole-field "
+          f"{what} chunks ({stored / 2**20:.0f} MiB stored), {where}; mesh {mesh_shape} "
+          f"({'mp' if len(mesh_shape) == 1 else 'mp, tp'}), latitude split, halo 1, batch 1, "
           f"2 threads per rank; {os.cpu_count()} CPUs; epoch: median of {args.epochs} after the cold one")
     print()
-    print("| mode | rank | requested / stored (epoch) | cold MiB from disk | epoch s (slowest rank) | s waiting for its pipeline | exchange per epoch: transport: MiB sent, received, s |")
+    if args.remote:
+        print("| mode | rank | fetched / stored (epoch) | requests per epoch | epoch s (slowest rank) | s waiting for its pipeline | exchange per epoch: transport: MiB sent, received, s |")
+    else:
+        print("| mode | rank | requested / stored (epoch) | cold MiB from disk | epoch s (slowest rank) | s waiting for its pipeline | exchange per epoch: transport: MiB sent, received, s |")
     print("|---|---|---|---|---|---|---|")
     epoch = {}
     for share, rows in results.items():
         slowest = [max(r["seconds"][i] for r in rows) for i in range(args.epochs)]
         epoch[share] = statistics.median(slowest)
         for r in rows:
+            if "rchar_epoch" not in r:  # tensorstore's ranks other than 0: counted at the proxy, by rank 0
+                continue
             st = r["stats"]
             ex = "-" if st is None else (f"{st['transport']}: {st['bytes_sent'] / 2**20:.0f}, {st['bytes_received'] / 2**20:.0f}, "
                                          f"{st['seconds']:.2f} ({st['status_seconds']:.2f} status, "
                                          f"{st['data_seconds']:.2f} data)")
-            print(f"| {'group' if share else 'independent'} | {r['rank']} | {r['rchar_epoch'] / stored:.3f} | "
-                  f"{r['cold_read_bytes'] / 2**20:.0f} | {epoch[share]:.2f} | {r['pipeline_wait']:.2f} | {ex} |")
+            cold = r["requests_epoch"] if args.remote else r["cold_read_bytes"] / 2**20
+            mode = {None: "independent", "group": "group"}.get(share, f"tensorstore (the world's / {world})")
+            print(f"| {mode} | {r['rank']} | {r['rchar_epoch'] / stored:.3f} | "
+                  f"{cold:.0f} | {epoch[share]:.2f} | {r['pipeline_wait']:.2f} | {ex} |")
     print()
     print(f"group epoch / independent epoch: {epoch['group'] / epoch[None]:.2f}")
+    if "tensorstore" in epoch:
+        print(f"group epoch / tensorstore's epoch: {epoch['group'] / epoch['tensorstore']:.2f}; independent / "
+              f"tensorstore: {epoch[None] / epoch['tensorstore']:.2f}")
 
 
 if __name__ == "__main__":
