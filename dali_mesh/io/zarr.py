@@ -37,6 +37,7 @@ from dali_mesh.plan.chunks import check_coded_chunk, chunk_coords, chunk_pieces,
 from dali_mesh.plan import (CHECK_JSON, CODEC_LIBRARIES, CODECS, Coder, NotNativeError, PlanSet, ReadPlan, native_dtype_of, native_store)
 from dali_mesh.partition import Region
 from dali_mesh.storage import ByteStore, Version, store_of
+from dali_mesh.storage.base import read_exactly
 
 __all__ = ["create_zarr_array", "is_zarr_store", "open_zarr_array", "plan_zarr_steps", "read_zarr_window"]
 
@@ -121,12 +122,27 @@ def open_zarr_array(path: str | os.PathLike, name: str | None = None):
         check_store_dir(key, "; check the path and the file list")
     store = _counting_store(bytes_store.zarr_store(key))
     what = f"array {name!r}" if name else "the array at the store's root"
-    if not name:
+    asked = name
+    # a remote store opened before in this process: the array found then, in its format (zarr-python
+    # then asks for that format's metadata only: one round trip instead of a group's and an array's
+    # probes); whatever fails is opened as the first time
+    known = None if bytes_store.local else _OPENED.get((path, asked))
+    if known is not None:
+        try:
+            arr = zarr.open_array(store=store, path=known[0] or "", mode="r", zarr_format=known[1])
+        except Exception:  # noqa: BLE001 - changed since: opened below as the first time
+            known = None
+        else:
+            name = known[0]
+            if name and not asked:
+                what = f"array {name!r} (the only one in the store)"
+    if known is None and not name:
         only = _only_array(store, path)
         if only is not None:
             name, what = only, f"array {only!r} (the only one in the store)"
     try:
-        arr = zarr.open_array(store=store, path=name or "", mode="r")
+        if known is None:
+            arr = zarr.open_array(store=store, path=name or "", mode="r")
     except DataFileError:
         raise
     except Exception as e:  # zarr raises several kinds, for a missing node and for corrupt metadata
@@ -150,7 +166,13 @@ def open_zarr_array(path: str | os.PathLike, name: str | None = None):
     if any(not isinstance(c, int) or c < 1 for c in chunks):
         raise HeaderError(path, f"{what} has chunk shape {chunks}; every chunk side must be at least 1: "
                           "the metadata is corrupt")
+    if not bytes_store.local:
+        _OPENED[(path, asked)] = (name, arr.metadata.zarr_format)
     return arr
+
+
+#: (location, array name asked) -> (array name, Zarr format) of the remote arrays opened in this process
+_OPENED: dict[tuple[str, str | None], tuple[str | None, int]] = {}
 
 
 def _only_array(store, path: str) -> str | None:
@@ -375,8 +397,17 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     # files of an array rewritten with another shape, chunking or dtype are refused, not read
     folder = os.path.join(root, *arr.path.split("/")) if arr.path else root
     meta = os.path.join(folder, ".zarray" if arr.metadata.zarr_format == 2 else "zarr.json")
+    # an object store: the chunk objects' sizes and ETags from one listing of the array's folder (a
+    # request per 1000 objects) instead of a HEAD request per chunk; the metadata object's too, and it
+    # is read at that version (If-Match): its bytes and the ETag the plan names it by agree
+    listed = _Listed.of(bytes_store, folder)
+    meta_version = listed.stat(meta) if isinstance(listed, _Listed) else None
     try:
-        meta_bytes = bytes_store.read_range(meta, 0, 1 << 30)
+        if meta_version is not None:
+            with bytes_store.open_version(meta, meta_version) as obj:
+                meta_bytes = read_exactly(obj, meta_version.size, 0)
+        else:
+            meta_bytes = bytes_store.read_range(meta, 0, 1 << 30)
     except (OSError, DataFileError) as e:
         raise NotNativeError(f"{store}: the metadata file {meta} cannot be read ({e})") from None
     # in canonical form, attributes left out: adding one (z.attrs[...] = ...) rewrites zarr.json
@@ -388,12 +419,10 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     # its size changes with its attributes: not checked. In an object store it is named by its ETag, and
     # the reader does not read it again: every chunk object the plan reads is pinned by its own ETag
     # (csrc/reader/open_file.cc)
-    meta_tag = b"" if bytes_store.local else (bytes_store.stat(meta) or Version(-1)).tag.encode()
+    meta_tag = b"" if bytes_store.local else (meta_version or bytes_store.stat(meta) or Version(-1)).tag.encode()
     meta_file = plans.add_file(meta, store=bytes_store.spec, tag=meta_tag)
     budget(locals_.size * (1 + count_chunk_pieces(wplan, chunks)))  # before the pieces are made
-    # an object store: the chunk objects' sizes and ETags from one listing of the array's folder (a
-    # request per 1000 objects) instead of a HEAD request per chunk
-    bytes_store = _Listed.of(bytes_store, folder)
+    bytes_store = listed
     first_chunk = l0 // ct
     if steps is not None:
         check_coded_chunk(store, chunks, stored.itemsize)

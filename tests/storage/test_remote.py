@@ -539,3 +539,43 @@ def test_blosc_chunks_read_in_parts_over_s3_equal_zarr_python(s3_endpoint, tmp_p
     # rank whose band's blocks hold streams reaching past what was read takes the whole chunk)
     for boundary in ("reflect", "constant"):
         assert max(n for (b, _), n in parts.items() if b == boundary) >= 2 * (1 + 3), parts
+
+
+def test_a_remote_array_opened_again_asks_for_its_format_only_and_follows_a_rewrite(s3_endpoint, tmp_path):
+    """A remote array opened a second time in a process (a source, then its plan) asks zarr-python for
+    the metadata of the format found the first time only (one round trip, not a group's and an array's
+    probes); a store rewritten in the other format since, or emptied, opens as the first time did."""
+    import zarr
+
+    from dali_mesh.io.zarr import open_zarr_array
+    from dali_mesh.storage import register_options
+    from tests.storage.fault_proxy import FaultProxy
+
+    a = np.arange(2 * 8 * 6, dtype="f4").reshape(2, 8, 6)
+    for fmt in (2, 3):
+        zarr.create_array(tmp_path / f"v{fmt}.zarr", shape=a.shape, chunks=(1, 8, 6), dtype="f4",
+                          zarr_format=fmt)[:] = a * fmt
+    key = f"reopen/{os.getpid()}.zarr"
+    location = upload(s3_endpoint, tmp_path / "v2.zarr", "data", key)
+    with FaultProxy(s3_endpoint) as proxy:
+        register_options([location], options(proxy.endpoint))
+        first = open_zarr_array(location)
+        n_first = len(proxy.requests)
+        again = open_zarr_array(location)
+        second = proxy.requests[n_first:]
+        np.testing.assert_array_equal(first[:], a * 2)
+        np.testing.assert_array_equal(again[:], a * 2)
+        assert n_first >= 5, proxy.requests  # the first open probes a group's and an array's metadata
+        assert sorted(p.rsplit("/", 1)[1] for _, p, _, _ in second) == [".zarray", ".zattrs"], second
+        # rewritten as Zarr v3 at the same location: the hint fails, and the array opens as new
+        s3 = client(s3_endpoint)
+        for obj in s3.list_objects_v2(Bucket="data", Prefix=key + "/")["Contents"]:
+            s3.delete_object(Bucket="data", Key=obj["Key"])
+        upload(s3_endpoint, tmp_path / "v3.zarr", "data", key)
+        np.testing.assert_array_equal(open_zarr_array(location)[:], a * 3)
+        for obj in s3.list_objects_v2(Bucket="data", Prefix=key + "/")["Contents"]:
+            s3.delete_object(Bucket="data", Key=obj["Key"])
+        from dali_mesh.storage import DataFileError as _Err
+
+        with pytest.raises(_Err):
+            open_zarr_array(location)
