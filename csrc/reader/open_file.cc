@@ -95,7 +95,9 @@ void OpenFile::Open(const PlanFile &file, const ReadPlan &plan, const std::strin
            "with a byte-identical header; a Zarr shard its chunks at other offsets); define the "
            "pipeline again");
   }
-  if (file.check_offset >= 0) {  // a shard's index, as read when the plan was made
+  // a shard's index, as read when the plan was made; an object read at its planned ETag (If-Match, and
+  // the plan read the index at that ETag too) is that version's, without a request per open
+  if (file.check_offset >= 0 && !object_->ReadsArePinned()) {
     std::string held(file.check.size(), '\0');
     FlightGuard flight(path_, file.check_offset, static_cast<int64_t>(held.size()));
     const int64_t got = object_->ReadAt(held.data(), held.size(), file.check_offset);

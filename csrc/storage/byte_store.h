@@ -63,6 +63,10 @@ class StoredObject {
   // each request is a round trip (an object store without a local cache), false for local files,
   // where the extra bytes cost more than a second read.
   virtual bool GuessParts() const { return false; }
+  // Whether every read of this object is of the version opened, checked by the store as it answers
+  // (an object store's If-Match with the ETag the plan recorded): bytes read when the plan was made
+  // at that version (a shard's index) then need no second look.
+  virtual bool ReadsArePinned() const { return false; }
   // Fails naming the object when it is not the version opened (rewritten in place while it was
   // read: what was read may mix two versions).
   virtual void CheckUnchanged() const = 0;

@@ -733,6 +733,10 @@ class HttpObject : public StoredObject {
   // with a cache, the same ranges each epoch (guesses differ with the order chunks are read in, and
   // the cache keeps exact ranges)
   bool GuessParts() const override { return store_->config().cache.empty(); }
+  // If-Match goes with an ETag (a tag made of a generation or a date is checked after the answer)
+  bool ReadsArePinned() const override {
+    return !version_.tag.empty() && version_.tag.rfind("gen:", 0) != 0 && version_.tag.rfind("lm:", 0) != 0;
+  }
   void CheckUnchanged() const override {
     // every read sent If-Match (an ETag) and had its total size checked; a tag made of a generation
     // or a date is asked for again

@@ -552,7 +552,13 @@ class _ShardIndex:
         if size < nbytes:
             raise HeaderError(path, f"shard {key!r} is {size} bytes, smaller than its index ({nbytes} bytes)")
         at = size - nbytes if self.at_end else 0
-        raw = self.bytes_store.read_range(path, at, nbytes)
+        if not self.bytes_store.local and version.tag and not version.tag.startswith(("gen:", "lm:")):
+            # read at the ETag the plan records (If-Match): every read of the shard is at that ETag,
+            # so the reader need not read the index again (csrc/reader/open_file.cc)
+            with self.bytes_store.open_version(path, version) as obj:
+                raw = read_exactly(obj, nbytes, at)
+        else:
+            raw = self.bytes_store.read_range(path, at, nbytes)
         # size, modification time and the index's bytes as the index was read: every read checks
         # them, so a shard rewritten since is refused, even at its old size and time (cp -p)
         fidx = self.plans.add_file(path, size, version.mtime_ns, at, raw, self.bytes_store.spec, version.tag.encode())

@@ -427,6 +427,42 @@ def test_the_native_reader_fails_on_an_object_replaced_after_the_plan(proxy, npy
     assert proxy.count("GET") >= 1
 
 
+def test_the_native_reader_fails_on_a_shard_replaced_after_the_plan(proxy, monkeypatch, s3_endpoint, tmp_path):
+    """A shard's index is read at the shard's ETag when the plan is made, and the reader does not read
+    it again (every read sends If-Match with that ETag): a shard rewritten since, at the same size and
+    with its chunks elsewhere, is an error naming it, never the planned offsets read in the new bytes."""
+    import zarr
+
+    from dali_mesh import ZarrSource
+    from tests.helpers import native_pipeline, one_rank_layout
+    from tests.storage.s3_server import upload
+
+    a = np.arange(4 * 12 * 10, dtype="f4").reshape(4, 12, 10)
+
+    def write(path, values):
+        z = zarr.create_array(path, shape=a.shape, chunks=(1, 12, 10), shards=(4, 12, 10), dtype="f4",
+                              compressors=None)
+        z[:] = values
+
+    write(tmp_path / "one.zarr", a)
+    key = f"faults/{os.getpid()}-shard.zarr"
+    location = upload(s3_endpoint, tmp_path / "one.zarr", "data", key)
+    src = ZarrSource([location], None, one_rank_layout(), batch_size=1, shuffle=False,
+                     storage_options=options(proxy.endpoint, retries=2, retry_seconds=5, stall=1, timeout=10))
+    pipe = native_pipeline(src, plan_dir=str(tmp_path / "plans"))  # planned: the shard's index read
+    write(tmp_path / "two.zarr", a[::-1] + 1000)  # the same size, other values
+    shard = "c/0/0/0"
+    body = (tmp_path / "two.zarr" / shard).read_bytes()
+    assert len(body) == len((tmp_path / "one.zarr" / shard).read_bytes())
+    client(s3_endpoint).put_object(Bucket="data", Key=f"{key}/{shard}", Body=body)
+    proxy.reset_counts()
+    with pytest.raises(Exception) as info:
+        window, _, _ = pipe.run()
+        pytest.fail(f"a window came: {np.array(window[0]).ravel()[:4]}")
+    msg = no_secret(str(info.value))
+    assert "replaced" in msg and shard in msg
+
+
 # ---- credentials ---------------------------------------------------------------------------------------------
 def test_no_credential_in_repr_spec_pickle_or_messages(proxy, obj):
     key, _ = obj
