@@ -2,14 +2,19 @@
 (fsspec's s3fs, obstore) on the same S3 objects and windows, side by side in one run, through a proxy
 that adds latency per request.
 
-    python benchmarks/remote_bench.py [--steps 8] [--runs 3] [--latencies 0.02,0] [--concurrency 2] [--quick]
+    python benchmarks/remote_bench.py [--steps 8] [--runs 3] [--latencies 0.02,0,0.02:100] [--concurrency 2] [--quick]
 
 Server: a moto S3 server on 127.0.0.1 and, in front of it, the tests' forwarding proxy
 (tests/storage/fault_proxy.py) that waits ``latency`` seconds before it forwards each request (per
 request: requests in flight wait side by side) and here also counts the body bytes of every GET answer
 (the tests' proxy sets TCP_NODELAY: without it every small answer waits ~40 ms for the client's delayed ACK).
-Both run in a process of their own (``--serve``), so that their Python does not share this process's
-interpreter lock with the readers. Nothing reaches beyond 127.0.0.1.
+A link: ``--latencies`` entries ``SECONDS[:MBPS]``; with ``MBPS`` the proxy sends each answer at most
+that many MB/s per connection (an object store's throughput is per connection; on loopback bandwidth
+is otherwise free, and only round trips count). moto runs in a process of its own (``--serve``) and the
+proxy in another (``--serve-proxy``), so that neither's Python shares an interpreter lock with the
+readers or with the other. moto still serves one request at a time (its interpreter lock): requests
+sent together are answered in turn, where S3 answers them side by side. Nothing reaches beyond
+127.0.0.1.
 
 Data: ``--steps`` × (4, 721, 1440) float32 (compressed_bench.py's ERA5-like smooth fields plus noise),
 rank 1 of 4, latitude split (axis 1 of (C, lat, lon); torch.chunk: rows 181..362), one sample per step.
@@ -266,8 +271,11 @@ class _Native:
     def __init__(self, location, steps, conc, layout, storage_options=None):
         from nvidia.dali import pipeline_def
 
+        from dali_mesh.io import zarr as dm_zarr
         from dali_mesh.pipeline import native
         from dali_mesh.source import ZarrSource
+
+        dm_zarr._OPENED.clear()  # a cold open: nothing known of the array from an earlier reader
 
         kw = {"storage_options": storage_options} if storage_options is not None else {}
         src = ZarrSource([location], None, layout, batch_size=1, shuffle=False, **kw)
