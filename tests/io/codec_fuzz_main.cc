@@ -79,30 +79,35 @@ int main(int argc, char **argv) {
       for (const auto &r : ranges)
         if (std::memcmp(part.get() + r.first, out.get() + r.first, r.second - r.first) != 0) parts = "differ";
     }
-    // a read in parts (ReadStored) into a buffer of stale bytes
-    const char *in_parts = "parts-whole";
-    std::unique_ptr<char[]> src2(new char[n ? n : 1]), part2(new char[chunk_bytes > 0 ? chunk_bytes : 1]);
-    std::memset(src2.get(), 0x5a, n);
-    bool bad = false;
-    const bool was_parts = dali_mesh::ReadStored(coder, n, &ranges, src2.get(), [&](int64_t lo, int64_t hi) {
-      if (lo < 0 || hi > n || lo > hi) {
-        bad = true;
-        return;
-      }
-      std::memcpy(src2.get() + lo, src.get() + lo, hi - lo);
-    }, /*min_stored=*/0);
-    if (bad) {
-      in_parts = "parts-bad";
-    } else if (was_parts) {
-      in_parts = "parts-refused";
-      if (dali_mesh::DecodeChunkRanges(coder, src2.get(), n, part2.get(), ranges).empty()) {
-        in_parts = "parts-same";
-        for (const auto &r : ranges)
-          if (std::memcmp(part2.get() + r.first, out.get() + r.first, r.second - r.first) != 0) in_parts = "parts-differ";
-      }
-    }
+    // a read in parts (ReadStored) into a buffer of `stale` bytes, from `guess` when given: what the
+    // ranges decoded from it are ("<kind>-same", "-differ", "-refused", "-whole", "-bad")
+    auto read_in_parts = [&](const std::string &kind, int stale, const dali_mesh::PartsGuess *guess,
+                             dali_mesh::PartsGuess *learnt) {
+      std::unique_ptr<char[]> stored(new char[n ? n : 1]), decoded(new char[chunk_bytes > 0 ? chunk_bytes : 1]);
+      std::memset(stored.get(), stale, n);
+      bool bad = false;
+      auto one = [&](int64_t lo, int64_t hi) {
+        if (lo < 0 || hi > n || lo > hi) {
+          bad = true;
+          return;
+        }
+        std::memcpy(stored.get() + lo, src.get() + lo, hi - lo);
+      };
+      auto many = [&](const std::vector<std::pair<int64_t, int64_t>> &rs) {
+        for (const auto &r : rs) one(r.first, r.second);
+      };
+      const bool was_parts = dali_mesh::ReadStored(coder, n, &ranges, stored.get(), one, /*min_stored=*/0,
+                                                   guess ? dali_mesh::StoredRangesReader(many) : nullptr, guess,
+                                                   learnt);
+      if (bad) return kind + "-bad";
+      if (!was_parts) return kind + "-whole";
+      if (!dali_mesh::DecodeChunkRanges(coder, stored.get(), n, decoded.get(), ranges).empty()) return kind + "-refused";
+      for (const auto &r : ranges)
+        if (std::memcmp(decoded.get() + r.first, out.get() + r.first, r.second - r.first) != 0) return kind + "-differ";
+      return kind + "-same";
+    };
+    const std::string in_parts = read_in_parts("parts", 0x5a, nullptr, nullptr);
     // the same read in parts, started from a guess
-    const char *guessed = "guess-whole";
     dali_mesh::PartsGuess guess = last;
     if (record % 3 == 2 && n >= 16) {  // a guess of any values, from the record's own bytes
       auto le32 = [&](int64_t at) {
@@ -118,35 +123,12 @@ int main(int argc, char **argv) {
       guess.starts.clear();
       for (int64_t j = 0; j < 40; j++) guess.starts.push_back(le32(16 + 4 * j) ^ (j * 7919));
     }
-    std::unique_ptr<char[]> src3(new char[n ? n : 1]), part3(new char[chunk_bytes > 0 ? chunk_bytes : 1]);
-    std::memset(src3.get(), 0xa5, n);
-    bool bad3 = false;
-    auto one = [&](int64_t lo, int64_t hi) {
-      if (lo < 0 || hi > n || lo > hi) {
-        bad3 = true;
-        return;
-      }
-      std::memcpy(src3.get() + lo, src.get() + lo, hi - lo);
-    };
     dali_mesh::PartsGuess learnt;
-    const bool guessed_parts = dali_mesh::ReadStored(coder, n, &ranges, src3.get(), one, /*min_stored=*/0,
-        [&](const std::vector<std::pair<int64_t, int64_t>> &rs) {
-          for (const auto &r : rs) one(r.first, r.second);
-        }, guess.n > 0 ? &guess : nullptr, &learnt);
+    const std::string guessed = read_in_parts("guess", 0xa5, guess.n > 0 ? &guess : nullptr, &learnt);
     if (learnt.n > 0) last = learnt;
-    if (bad3) {
-      guessed = "guess-bad";
-    } else if (guessed_parts) {
-      guessed = "guess-refused";
-      if (dali_mesh::DecodeChunkRanges(coder, src3.get(), n, part3.get(), ranges).empty()) {
-        guessed = "guess-same";
-        for (const auto &r : ranges)
-          if (std::memcmp(part3.get() + r.first, out.get() + r.first, r.second - r.first) != 0) guessed = "guess-differ";
-      }
-    }
     uint64_t h = 1469598103934665603ull;
     for (int64_t i = 0; i < chunk_bytes; i++) h = (h ^ static_cast<unsigned char>(out[i])) * 1099511628211ull;
-    std::printf("ok %016llx %s %s %s\n", static_cast<unsigned long long>(h), parts, in_parts, guessed);
+    std::printf("ok %016llx %s %s %s\n", static_cast<unsigned long long>(h), parts, in_parts.c_str(), guessed.c_str());
   }
   return 0;
 }
