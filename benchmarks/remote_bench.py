@@ -271,11 +271,8 @@ class _Native:
     def __init__(self, location, steps, conc, layout, storage_options=None):
         from nvidia.dali import pipeline_def
 
-        from dali_mesh.io import zarr as dm_zarr
         from dali_mesh.pipeline import native
         from dali_mesh.source import ZarrSource
-
-        dm_zarr._OPENED.clear()  # a cold open: nothing known of the array from an earlier reader
 
         kw = {"storage_options": storage_options} if storage_options is not None else {}
         src = ZarrSource([location], None, layout, batch_size=1, shuffle=False, **kw)

@@ -67,12 +67,15 @@ def _counting_store(store):
         from zarr.storage import WrapperStore
 
         class CountingStore(WrapperStore):
-            def __init__(self, store, counter=None):
+            def __init__(self, store, counter=None, metadata=None):
                 super().__init__(store)
                 self.counter = counter if counter is not None else IOStats()
+                #: key -> the bytes of each array metadata object zarr-python read whole (.zarray,
+                #: zarr.json): what the array it opened was made from
+                self.metadata = metadata if metadata is not None else {}
 
             def _with_store(self, store):
-                return type(self)(store, self.counter)
+                return type(self)(store, self.counter, self.metadata)
 
             async def get(self, key, prototype, byte_range=None):
                 _check_key(self._store, key)
@@ -80,6 +83,8 @@ def _counting_store(store):
                 self.counter.read_calls += 1
                 if buf is not None:
                     self.counter.bytes_read += len(buf)
+                    if byte_range is None and key.rsplit("/", 1)[-1] in (".zarray", "zarr.json"):
+                        self.metadata[key] = buf.to_bytes()
                 return buf
 
             async def get_partial_values(self, prototype, key_ranges):
@@ -122,27 +127,12 @@ def open_zarr_array(path: str | os.PathLike, name: str | None = None):
         check_store_dir(key, "; check the path and the file list")
     store = _counting_store(bytes_store.zarr_store(key))
     what = f"array {name!r}" if name else "the array at the store's root"
-    asked = name
-    # a remote store opened before in this process: the array found then, in its format (zarr-python
-    # then asks for that format's metadata only: one round trip instead of a group's and an array's
-    # probes); whatever fails is opened as the first time
-    known = None if bytes_store.local else _OPENED.get((path, asked))
-    if known is not None:
-        try:
-            arr = zarr.open_array(store=store, path=known[0] or "", mode="r", zarr_format=known[1])
-        except Exception:  # noqa: BLE001 - changed since: opened below as the first time
-            known = None
-        else:
-            name = known[0]
-            if name and not asked:
-                what = f"array {name!r} (the only one in the store)"
-    if known is None and not name:
+    if not name:
         only = _only_array(store, path)
         if only is not None:
             name, what = only, f"array {only!r} (the only one in the store)"
     try:
-        if known is None:
-            arr = zarr.open_array(store=store, path=name or "", mode="r")
+        arr = zarr.open_array(store=store, path=name or "", mode="r")
     except DataFileError:
         raise
     except Exception as e:  # zarr raises several kinds, for a missing node and for corrupt metadata
@@ -166,13 +156,7 @@ def open_zarr_array(path: str | os.PathLike, name: str | None = None):
     if any(not isinstance(c, int) or c < 1 for c in chunks):
         raise HeaderError(path, f"{what} has chunk shape {chunks}; every chunk side must be at least 1: "
                           "the metadata is corrupt")
-    if not bytes_store.local:
-        _OPENED[(path, asked)] = (name, arr.metadata.zarr_format)
     return arr
-
-
-#: (location, array name asked) -> (array name, Zarr format) of the remote arrays opened in this process
-_OPENED: dict[tuple[str, str | None], tuple[str | None, int]] = {}
 
 
 def _only_array(store, path: str) -> str | None:
@@ -415,6 +399,14 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     canon = _kernels.canonical_json(meta_bytes)
     if canon is None:
         raise NotNativeError(f"{meta}: the metadata file is not one JSON object")
+    # the metadata the opened array was made from must be the one the plan holds (and, in an object
+    # store, names by its ETag): an array rewritten between the two reads would be planned with one
+    # version's dtype, shape or codecs and read with the other's chunks
+    opened = getattr(arr.store, "metadata", {}).get(
+        "/".join(filter(None, (arr.path, ".zarray" if arr.metadata.zarr_format == 2 else "zarr.json"))))
+    if opened is not None and _kernels.canonical_json(opened) != canon:
+        raise DataFileError(meta, "the array's metadata changed while the plan was made (it differs from "
+                            "the one the array was opened with); define the pipeline again")
     meta_plan = plans.add_plan(ReadPlan.reads_only(shape, stored, [], [], [], [], canon, CHECK_JSON))
     # its size changes with its attributes: not checked. In an object store it is named by its ETag, and
     # the reader does not read it again: every chunk object the plan reads is pinned by its own ETag
@@ -528,7 +520,8 @@ class _ShardIndex:
     """``chunk_of(inner chunk coordinates)`` of a sharded v3 array: each shard's index is read once
     (its crc32c verified with google-crc32c, zarr's own dependency) and kept in the plan as the
     inner chunks' byte ranges; the shard file's size, modification time and index bytes are checked
-    at every read (a rewritten shard may hold its chunks elsewhere). A missing shard reads as the fill value;
+    at every read (a rewritten shard may hold its chunks elsewhere), except for an object that an S3
+    ETag pins (RemoteStore.pins): its index is read at that ETag, as every read of it is. A missing shard reads as the fill value;
     an index that points past the shard or lists overlapping chunks is a :class:`HeaderError`
     naming the shard and the chunk."""
 
@@ -552,7 +545,7 @@ class _ShardIndex:
         if size < nbytes:
             raise HeaderError(path, f"shard {key!r} is {size} bytes, smaller than its index ({nbytes} bytes)")
         at = size - nbytes if self.at_end else 0
-        if not self.bytes_store.local and version.tag and not version.tag.startswith(("gen:", "lm:")):
+        if not self.bytes_store.local and self.bytes_store.pins(version):
             # read at the ETag the plan records (If-Match): every read of the shard is at that ETag,
             # so the reader need not read the index again (csrc/reader/open_file.cc)
             with self.bytes_store.open_version(path, version) as obj:

@@ -160,3 +160,42 @@ def test_a_failed_copy_is_discarded_and_npy_is_not_written(tmp_path):
         NPY.create(str(tmp_path / "x.npy"), "data", (2, 3), "f4", (1, 3))
     with pytest.raises(ValueError, match="zarr_format must be 2 or 3, got 4"):
         ZARR.create(str(tmp_path / "x.zarr"), "data", (2, 3), "f4", (1, 3), zarr_format=4)
+
+
+def test_zarr_metadata_changed_between_open_and_plan_is_refused(tmp_path, monkeypatch):
+    """The array the planner opened (zarr-python's read of its metadata) and the metadata object the plan
+    holds (read again, in an object store at the ETag the plan names it by) must agree: an array rewritten
+    between the two reads, here f4 -> i4 with the same chunks, is refused, never planned with one
+    version's dtype and read with the other's chunks."""
+    pytest.importorskip("nvidia.dali")
+    import json
+
+    import zarr
+    from nvidia.dali import pipeline_def
+
+    import dali_mesh.io.zarr as dm_zarr
+    from dali_mesh import ZarrSource
+    from dali_mesh.pipeline import native
+    from dali_mesh.storage import DataFileError
+    from tests.helpers import one_rank_layout
+
+    path = tmp_path / "a.zarr"
+    zarr.create_array(path, shape=(2, 4, 6), chunks=(1, 4, 6), dtype="f4", zarr_format=2)[:] = 1.5
+    src = ZarrSource([str(path)], None, one_rank_layout(), batch_size=1, shuffle=False)
+    opened = dm_zarr.open_zarr_array
+
+    def open_then_rewrite(*args, **kw):
+        arr = opened(*args, **kw)
+        meta = json.loads((path / ".zarray").read_text())
+        meta["dtype"] = "<i4"
+        (path / ".zarray").write_text(json.dumps(meta))
+        return arr
+
+    monkeypatch.setattr(dm_zarr, "open_zarr_array", open_then_rewrite)
+
+    @pipeline_def(batch_size=1, num_threads=1, device_id=None)
+    def pipe():
+        return native.read_windows(src, fallback=False)[0]
+
+    with pytest.raises(DataFileError, match="changed while the plan was made"):
+        pipe().build()
