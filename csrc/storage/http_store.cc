@@ -733,9 +733,12 @@ class HttpObject : public StoredObject {
   // with a cache, the same ranges each epoch (guesses differ with the order chunks are read in, and
   // the cache keeps exact ranges)
   bool GuessParts() const override { return store_->config().cache.empty(); }
-  // If-Match goes with an ETag (a tag made of a generation or a date is checked after the answer)
+  // an S3 (or GCS XML) ETag, which the service changes with the content and honours in If-Match (as
+  // RemoteStore.pins): not a plain HTTP(S) server's (nginx's is the modification time and size, kept
+  // by a copy that keeps both), nor a generation or a date (checked after the answer)
   bool ReadsArePinned() const override {
-    return !version_.tag.empty() && version_.tag.rfind("gen:", 0) != 0 && version_.tag.rfind("lm:", 0) != 0;
+    return store_->config().kind == "s3" && !version_.tag.empty() && version_.tag.rfind("gen:", 0) != 0 &&
+           version_.tag.rfind("lm:", 0) != 0;
   }
   void CheckUnchanged() const override {
     // every read sent If-Match (an ETag) and had its total size checked; a tag made of a generation

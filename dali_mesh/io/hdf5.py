@@ -54,6 +54,7 @@ from dali_mesh.plan.ranges import StoredArray, plan_npy_units
 from dali_mesh.plan import (CODEC_LIBRARIES, CODECS, Coder, NotNativeError, PlanFile, PlanSet, ReadPlan, native_dtype_of, native_store, read_file_at)
 from dali_mesh.partition import Region
 from dali_mesh.storage import store_of
+from dali_mesh.storage.base import StoredFile, read_exactly
 
 __all__ = ["create_hdf5_dataset", "open_hdf5_dataset", "only_dataset_name", "read_hdf5_window", "hdf5_sample_info"]
 
@@ -129,7 +130,7 @@ def _check_storage(h5py, path: str, ds, allow_external: bool) -> None:
 
 
 def open_hdf5_dataset(path: str | os.PathLike, name: str, *, random_access: bool = False,
-                      allow_external: bool = False, **file_kwargs):
+                      allow_external: bool = False, version=None, **file_kwargs):
     """Open ``path`` read-only and return ``(h5py.File, Dataset)``; errors name the file.
 
     ``random_access=True`` opens the file in Python with ``POSIX_FADV_RANDOM`` and hands h5py the
@@ -142,6 +143,9 @@ def open_hdf5_dataset(path: str | os.PathLike, name: str, *, random_access: bool
     dataset's path, a virtual dataset. ``True`` follows them, as h5py does; do that only for files
     you trust (such a file can make the loader deliver the bytes of any file on the host).
 
+    ``version`` (a :class:`~dali_mesh.storage.Version` of an object in an object store): h5py reads
+    that version of the object (every read sends its ETag) instead of the one a HEAD finds.
+
     Raises :class:`DataFileError` subclasses naming the file: missing, not a regular file, not
     HDF5, no such dataset or a corrupt one (e.g. a dataset claiming 2**40 elements in a 2 KiB file),
     a dtype the pipeline cannot carry, a filter that is not available.
@@ -149,7 +153,7 @@ def open_hdf5_dataset(path: str | os.PathLike, name: str, *, random_access: bool
     import h5py
 
     path = str(path)
-    f, fobj = _open_file(path, random_access, file_kwargs)
+    f, fobj = _open_file(path, random_access, file_kwargs, version)
     try:
         try:
             obj = _resolve_links(h5py, f, path, name, allow_external)
@@ -182,12 +186,13 @@ def open_hdf5_file(path: str | os.PathLike, **file_kwargs):
     return _open_file(str(path), False, file_kwargs)[0]
 
 
-def _open_file(path: str, random_access: bool, file_kwargs):
+def _open_file(path: str, random_access: bool, file_kwargs, version=None):
     import h5py
 
     bytes_store, key = store_of(path)
     if not bytes_store.local:  # h5py reads the object through ranged reads of one version
-        fobj = bytes_store.open_file(key, "HDF5 file")
+        fobj = bytes_store.open_file(key, "HDF5 file") if version is None else \
+            StoredFile(bytes_store.open_version(key, version))
         try:
             return h5py.File(fobj, "r", **file_kwargs), fobj
         except OSError as e:
@@ -324,16 +329,18 @@ def read_hdf5_window(
 
 
 # ---- the native reader's plan ---------------------------------------------------------------------
-def _header_check(ds, path) -> tuple[int, bytes]:
+def _header_check(ds, path, read_at=None) -> tuple[int, bytes]:
     """``(offset, bytes)`` of the first chunk of the dataset's object header (its dataspace,
     datatype and storage layout messages: shape, dtype, data address, chunking): the operator
-    checks them at every read, so a file rewritten with another layout since the plan is refused."""
+    checks them at every read, so a file rewritten with another layout since the plan is refused.
+    ``read_at(offset, size)``: how the file's bytes are read (default: through its byte store)."""
     import h5py
 
+    read_at = read_at or (lambda offset, size: read_file_at(path, offset, size))
     # the object header's address counts from the HDF5 base address, after a user block (data
     # offsets from H5Dget_offset and the chunk index are absolute already)
     addr = int(h5py.h5o.get_info(ds.id).addr) + int(ds.file.id.get_create_plist().get_userblock())
-    head = read_file_at(path, addr, 64)
+    head = read_at(addr, 64)
     if head[:4] == b"OHDR":  # version 2: signature, version, flags, [times], [phase change], chunk 0 size
         flags = head[5]
         pos = 6 + (16 if flags & 0x20 else 0) + (4 if flags & 0x10 else 0)
@@ -343,7 +350,7 @@ def _header_check(ds, path) -> tuple[int, bytes]:
         size = 16 + int.from_bytes(head[8:12], "little")
     else:
         raise NotNativeError(f"{path}: dataset {ds.name!r}: object header of unknown version at byte {addr}")
-    check = read_file_at(path, addr, size)
+    check = read_at(addr, size)
     if len(check) != size:
         raise NotNativeError(f"{path}: dataset {ds.name!r}: object header at byte {addr} runs past the end of the file")
     return addr, check
@@ -504,7 +511,13 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
     l0, l1 = steps
     locals_ = np.arange(l0, l1, dtype=np.int64)
     bytes_store, key = native_store(path)  # before anything is opened: a store the reader has not falls back
-    f, ds = open_hdf5_dataset(path, name, **(h5_kwargs or {}))
+    # the file's version before h5py opens it: whatever h5py then reads is this version (an object
+    # store's, read at its ETag) or a later one, which the reader refuses (size, time, identity)
+    version = bytes_store.stat(key)
+    if version is None:
+        raise MissingFileError(path, "no such HDF5 file; check the path and the file list")
+    pinned = not bytes_store.local and bytes_store.pins(version)
+    f, ds = open_hdf5_dataset(path, name, version=version if pinned else None, **(h5_kwargs or {}))
     try:
         dcpl = ds.id.get_create_plist()
         filters = _hdf5_filters(dcpl, path, name)
@@ -518,14 +531,20 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
                                  "(an external link)")
         _check_stored_type(ds, path, name)
         plans: PlanSet = plans_of(native_dtype_of(ds.dtype, path))
-        check_at, check = _header_check(ds, path)
+        if pinned:
+            # every read of the plan is at this ETag (If-Match), as everything h5py read to plan it
+            # and the object header read here: the reader need not read the header again (a request
+            # per sample)
+            with bytes_store.open_version(key, version) as obj:
+                check_at, _ = _header_check(ds, path, lambda at, n: read_exactly(obj, n, at, allow_short=True))
+            check = b""
+        else:
+            check_at, check = _header_check(ds, path)
         frame = tuple(ds.shape[1:])
         wplan = plan_window(region, index_maps)
         shape = wplan.window_shape
         fidx = len(plans.files)
-        version = bytes_store.stat(key)  # size and time: any rewrite of an HDF5 file is refused (csrc/plan/plan.h)
-        if version is None:
-            raise MissingFileError(path, "no such HDF5 file; check the path and the file list")
+        # size and time (an object's ETag): any rewrite of an HDF5 file is refused (csrc/plan/plan.h)
         plans.files.append(PlanFile(key, version.size, version.mtime_ns, store=bytes_store.spec,
                                     tag=version.tag.encode()))
         if ds.chunks is None:

@@ -299,6 +299,14 @@ class RemoteStore(ByteStore):
             return data
         return super().read_range(key, offset, size)  # larger: at one version (its ETag), HEAD first
 
+    def pins(self, version: Version | None) -> bool:
+        """Whether reads of an object at ``version`` are of those bytes and no others: an S3 (or GCS XML)
+        ETag, which the service changes with the content and honours in If-Match. Not a plain HTTP(S)
+        server's (nginx's is the modification time and size: a copy that keeps both keeps it), nor a
+        generation or a date. Bytes planned at such a version need no second look at read time."""
+        return (self.kind == "s3" and version is not None and bool(version.tag)
+                and not version.tag.startswith(("gen:", "lm:")))
+
     def open_version(self, key: str, version: Version) -> RemoteObject:
         """``key`` at a version known already (a listing's ETag and size): no HEAD request."""
         return RemoteObject(self, key, version)

@@ -463,6 +463,39 @@ def test_the_native_reader_fails_on_a_shard_replaced_after_the_plan(proxy, monke
     assert "replaced" in msg and shard in msg
 
 
+def test_the_native_reader_reads_hdf5_at_its_planned_etag_and_fails_on_a_replaced_file(proxy, s3_endpoint, tmp_path):
+    """An HDF5 object is planned at one ETag (h5py's reads, the object header, the plan's tag all at
+    it), so a sample is one ranged GET (no header read per sample); the file rewritten since, the same
+    size and layout with other values, is an error naming it, never the new values."""
+    import h5py
+
+    from dali_mesh import HDF5Source
+    from tests.helpers import native_pipeline, one_rank_layout
+    from tests.storage.s3_server import upload
+
+    a = np.arange(4 * 12 * 10, dtype="f4").reshape(4, 12, 10)
+    for name, values in (("one.h5", a), ("two.h5", a[::-1] + 1000)):
+        with h5py.File(tmp_path / name, "w") as f:
+            f.create_dataset("x", data=values)
+    key = f"faults/{os.getpid()}-file.h5"
+    location = upload(s3_endpoint, tmp_path / "one.h5", "data", key)
+    src = HDF5Source([location], "x", one_rank_layout(), batch_size=1, shuffle=False,
+                     storage_options=options(proxy.endpoint, retries=2, retry_seconds=5, stall=1, timeout=10))
+    pipe = native_pipeline(src, plan_dir=str(tmp_path / "plans"))
+    proxy.reset_counts()
+    window, _, _ = pipe.run()
+    np.testing.assert_array_equal(np.array(window[0]), a[0])
+    assert proxy.count("GET", key) == 1, proxy.requests  # the window's range; no header read
+    assert (tmp_path / "two.h5").stat().st_size == (tmp_path / "one.h5").stat().st_size
+    client(s3_endpoint).put_object(Bucket="data", Key=key, Body=(tmp_path / "two.h5").read_bytes())
+    with pytest.raises(Exception) as info:
+        for _ in range(3):  # past the batches DALI may have read ahead
+            window, _, _ = pipe.run()
+            assert not np.array_equal(np.array(window[0]), a[::-1][0] + 1000), "a window of the new file came"
+    msg = no_secret(str(info.value))
+    assert "replaced" in msg and key in msg
+
+
 # ---- credentials ---------------------------------------------------------------------------------------------
 def test_no_credential_in_repr_spec_pickle_or_messages(proxy, obj):
     key, _ = obj
