@@ -346,9 +346,18 @@ bool ReadStored(const Coder &coder, int64_t n, const std::vector<std::pair<int64
     // decode the stale bytes of a reused buffer)
     std::vector<std::pair<int64_t, int64_t>> have;  // the stored bytes read so far (sorted, disjoint)
     int turns = 0;
-    auto fetch = [&](std::vector<std::pair<int64_t, int64_t>> want) {  // what of `want` is not read yet, at once
+    // what of `want` is not read yet, at once: ranges less than 64 KiB apart as one (a request saved
+    // is worth more than the bytes between), or all of it as one range (`whole`: the chunk read whole)
+    auto fetch = [&](std::vector<std::pair<int64_t, int64_t>> want, bool whole = false) {
       MergeRanges(&want);
-      const auto todo = Missing(want, have);
+      std::vector<std::pair<int64_t, int64_t>> todo;
+      for (const auto &p : Missing(want, have)) {
+        if (!todo.empty() && (whole || p.first - todo.back().second < (int64_t(64) << 10))) {
+          todo.back().second = p.second;
+        } else {
+          todo.push_back(p);
+        }
+      }
       if (todo.empty()) return;
       if (read_many && todo.size() > 1) {
         read_many(todo);
@@ -374,7 +383,7 @@ bool ReadStored(const Coder &coder, int64_t n, const std::vector<std::pair<int64
         if (learnt) *learnt = PartsGuess{n, l.blocksize, l.ts, l.memcpyed, l.index_end, std::move(starts)};
       }
     }
-    if (!in_parts) fetch({{0, n}});
+    if (!in_parts) fetch({{0, n}}, true);
     if (trips) *trips = turns;
     return in_parts;
   }

@@ -139,8 +139,20 @@ void PartsGuesses::Put(const std::string &stem, int64_t coder, PartsGuess guess)
 }
 
 std::string PartsGuesses::StemOf(const std::string &key) {
+  // drop trailing path components of digits and dots (v2's "0.1.2", "/"-separated coordinates), then
+  // v3's "c" before them
+  auto coordinate = [](const std::string &part) {
+    return !part.empty() && part.find_first_not_of("0123456789.") == std::string::npos;
+  };
   size_t end = key.size();
-  while (end > 0 && std::strchr("0123456789./c", key[end - 1]) != nullptr) end--;
+  for (;;) {
+    const size_t slash = key.rfind('/', end ? end - 1 : 0);
+    const size_t begin = slash == std::string::npos ? 0 : slash + 1;
+    if (begin >= end || !coordinate(key.substr(begin, end - begin))) break;
+    if (slash == std::string::npos) return std::string();
+    end = slash;
+  }
+  if (end >= 2 && key.compare(end - 2, 2, "/c") == 0) end -= 2;
   return key.substr(0, end);
 }
 

@@ -178,7 +178,10 @@ def _check_guessed(prev: bytes, stored: bytes, want: bytes, ranges, ts: int, *, 
     for lo, hi in ranges:
         assert got[lo:hi] == want[lo:hi], (f"range [{lo}, {hi}) of a chunk of {len(want)} bytes read from the guess "
                                            f"of another chunk (header {_header(prev)}) differs from numcodecs")
-    assert parts == parts_plain, ranges
+    # read in parts whenever the unguessed read is (a guess only adds bytes read; it may also reach a
+    # block's stream that runs past the next block's start, valid c-blosc, and then read in parts
+    # where the unguessed read takes the whole chunk)
+    assert parts or not parts_plain, ranges
     assert trips <= trips_plain + 1, (trips, trips_plain)  # a wrong guess costs at most one read more
     return parts, trips
 
@@ -188,8 +191,8 @@ def test_guessed_parts_equal_numcodecs_for_every_pair():
     header and index are fetched with the parts the guess places, then what the guess missed. Every
     pair of chunks (another step of the same array, the same chunk, another compressor, shuffle, type
     size or block size, a memcpyed one, a much smaller or larger one) and every class of range: the
-    bytes equal numcodecs', the decision (parts or whole) is the unguessed read's, and a chunk guessed
-    from itself or from another step of its array takes one read in turn."""
+    bytes equal numcodecs', a chunk the unguessed read takes in parts is read in parts, and a chunk
+    guessed from itself or from another step of its array takes one read in turn."""
     rng = np.random.default_rng(SEED + 7)
     pairs = one_trip = alike_parts = 0
     kinds = [("lz4", 5, 1, 0), ("zstd", 3, 1, 0), ("blosclz", 5, 2, 0), ("lz4", 5, 0, 8192), ("zlib", 1, 1, 0),
