@@ -167,3 +167,45 @@ def test_a_second_epoch_of_the_native_reader_reads_the_cache(proxy, tmp_path, s3
             assert len(chunk_gets) >= 4  # a chunk at least once
         else:  # every chunk range comes from the cache
             assert chunk_gets == []
+
+
+def test_chunks_read_in_parts_come_from_the_cache_in_the_next_epoch_of_one_pipeline(proxy, tmp_path, s3_endpoint):
+    """Whole-field Blosc chunks read in parts with ``cache_dir``: the second epoch of the same pipeline
+    sends no request for a chunk. (Without a cache, a read in parts starts from the previous chunk's
+    layout, and the next epoch's first chunk would ask for other ranges than this epoch's: with a cache
+    the ranges are the exact parts, the same each epoch.)"""
+    pytest.importorskip("nvidia.dali")
+    import re
+
+    import zarr
+    from numcodecs import Blosc
+
+    from dali_mesh import Layout, MeshInfo, ZarrSource
+    from dali_mesh.partition import take_window
+    from tests.helpers import native_pipeline
+
+    arr = np.round(np.random.default_rng(4).normal(size=(3, 4, 360, 720)), 1).astype("f4")
+    z = zarr.create_array(tmp_path / "g.zarr", shape=arr.shape, chunks=(1, 4, 360, 720), dtype="f4", zarr_format=2,
+                          compressors=[Blosc("lz4", 5, Blosc.SHUFFLE)])
+    z[:] = arr
+    location = upload(s3_endpoint, tmp_path / "g.zarr", "data", "cache/g.zarr")
+    assert client(s3_endpoint).head_object(Bucket="data", Key="cache/g.zarr/0.0.0.0")["ContentLength"] > 2 * (256 << 10)
+    layout = Layout(MeshInfo((1, 4), ("dp", "mp"), (0, 1)), shard={"mp": 1})  # a band of latitude rows
+    src = ZarrSource([location], None, layout, batch_size=1, shuffle=False,
+                     storage_options=options(proxy.endpoint, cache_dir=str(tmp_path / "c")))
+    pipe = native_pipeline(src, plan_dir=str(tmp_path / "plans"))
+    counts = []
+    for epoch in range(2):
+        before = len(proxy.requests)
+        for _ in range(3):
+            try:
+                w, ids, _ = pipe.run()
+            except StopIteration:
+                pipe.reset()
+                w, ids, _ = pipe.run()
+            np.testing.assert_array_equal(np.array(w[0]), take_window(arr[int(np.array(ids[0]))], src.region))
+        chunk_gets = [r for r in proxy.requests[before:] if r[0] == "GET" and re.search(r"/g\.zarr/\d+\.", r[1])]
+        counts.append(len(chunk_gets))
+        if epoch == 0:  # read in parts: the header and index, then the band's blocks
+            assert all(r[2] for r in chunk_gets) and len(chunk_gets) >= 2 * 3, chunk_gets
+    assert counts[1] == 0, counts
