@@ -463,47 +463,42 @@ def read_npy_window(
 
 
 # ---- the native reader's plan ---------------------------------------------------------------------
-def _head_and_size(path: str, n: int) -> tuple[bytes, int]:
-    """The first ``n`` bytes and the size of ``path``, opened as the readers open files (read-only,
-    refusing anything but a regular file)."""
-    with _open(path) as obj:
-        return obj.pread(n, 0), obj.size
-
-
 def _npy_headers(files: Sequence[str], first: NpyHeader, first_check: bytes):
-    """Every file's ``(header, header bytes)``, the bytes always those the header was parsed from
-    (``first_check`` for ``files[0]``). A file whose header bytes and size equal those of a header
-    already parsed shares it (one small read, no parse); any other is parsed. Read on a few threads
-    when there are many, since cold storage answers many small reads at once faster than one after
-    another."""
+    """Every file's ``(header, header bytes, version)``, the bytes always those the header was parsed
+    from, read from one opening of the file at ``version`` (an object store's reads at its ETag). A
+    file whose header bytes and size equal those of a header already parsed shares it (one small read,
+    no parse); any other is parsed. Read on a few threads when there are many, or when they are in an
+    object store (each read a round trip), since storage answers many small reads at once faster than
+    one after another."""
     known = {first_check: first}  # header bytes -> parsed header (size checked per file)
 
     def one(path):
         try:
-            head, size = _head_and_size(path, 4096)
+            with _open(path) as obj:
+                head, size = obj.pread(4096, 0), obj.size
+                # the header's length from its prefix (as numpy writes it: magic, version, length)
+                if len(head) >= 10 and head[6] in (1, 2, 3):
+                    n = 10 + int.from_bytes(head[8:10], "little") if head[6] == 1 else \
+                        12 + int.from_bytes(head[8:12], "little")
+                    h = known.get(head[:n])
+                    if h is not None and size == h.file_size:
+                        return h, head[:n], obj.version
+                h, check = _read_header_and_bytes(obj, path, IOStats())
+                known.setdefault(check, h)
+                return h, check, obj.version
         except OSError as e:
-            raise DataFileError(path, f"cannot be read ({e})") from None
-        # the header's length from its prefix (as numpy writes it: magic, version, length)
-        if len(head) >= 10 and head[6] in (1, 2, 3):
-            n = 10 + int.from_bytes(head[8:10], "little") if head[6] == 1 else \
-                12 + int.from_bytes(head[8:12], "little")
-            h = known.get(head[:n])
-            if h is not None and size == h.file_size:
-                return h, head[:n]
-        h, check = read_npy_header_bytes(path)
-        known.setdefault(check, h)
-        return h, check
+            raise _io_error(path, e) from None
 
-    rest = files[1:]
-    if len(rest) <= 1024:
-        return [(first, first_check)] + [one(f) for f in rest]
+    remote = not store_of(files[0])[0].local
+    if len(files) <= 1024 and not remote:
+        return [one(f) for f in files]
     from concurrent.futures import ThreadPoolExecutor
 
     # a few long slices, not a task per file (a task costs more than a warm read)
-    step = -(-len(rest) // 8)
+    step = -(-len(files) // 8)
     with ThreadPoolExecutor(8) as ex:
-        parts = list(ex.map(lambda i: [one(f) for f in rest[i:i + step]], range(0, len(rest), step)))
-    return [(first, first_check)] + [h for part in parts for h in part]
+        parts = list(ex.map(lambda i: [one(f) for f in files[i:i + step]], range(0, len(files), step)))
+    return [h for part in parts for h in part]
 
 
 #: the most byte ranges (units) one native .npy plan holds: 24 bytes each in the plan, so about
@@ -539,7 +534,15 @@ def plan_npy_files(files: Sequence[str], *, region_of, index_maps=None, sample_s
     plans = PlanSet(native, sample_ndim)
     plan_of_header: dict = {}
     items = []
-    for i, (h, check) in enumerate(_npy_headers(files, first, first_check)):
+    headers = _npy_headers(files, first, first_check)
+    stores = [native_store(f) for f in files]
+    # every file an object an S3 ETag pins, its header read at that ETag as every read of it will be:
+    # the reader need not read the headers again (a request per sample)
+    pinned = all(not s.local and s.pins(v) and v.size == h.file_size for (s, _), (h, _, v) in zip(stores, headers))
+    if headers[0][1] != first_check:  # read twice, and replaced in between: which is the sample?
+        raise DataFileError(files[0], "changed while the plan was made (its header now differs from the one "
+                            "read first); define the pipeline again")
+    for i, (h, check, version) in enumerate(headers):
         if h.native_dtype != native:
             raise ShapeMismatchError(h.path, f"dtype {h.native_dtype} differs from the first file's ({files[0]}) {native}")
         if check not in plan_of_header:
@@ -557,13 +560,14 @@ def plan_npy_files(files: Sequence[str], *, region_of, index_maps=None, sample_s
                                      "a chunked copy (dali-mesh convert) reads it in a few ranges")
             u = plan_npy_units(h, wplan, (), merge_gap)
             plan_of_header[check] = plans.add_plan(ReadPlan.from_units(
-                wplan, h.dtype, h.fortran_order, u.file_off, u.dst_off, u.unit_bytes, u.groups, check, repeat=u.repeat))
+                wplan, h.dtype, h.fortran_order, u.file_off, u.dst_off, u.unit_bytes, u.groups,
+                b"" if pinned else check, repeat=u.repeat))
         k = plan_of_header[check]
-        store, key = native_store(files[i])
+        store, key = stores[i]
         # one entry per file: item i reads file i. A local file is checked by its size and header at
-        # each read; an object also by its ETag (every read sends If-Match: no HEAD request per read)
-        version = None if store.local else store.stat(key)
-        tag = version.tag.encode() if version is not None and version.size == h.file_size else b""
+        # each read; an object also by its ETag, the version its header was read at (every read sends
+        # If-Match: no HEAD request per read)
+        tag = version.tag.encode() if not store.local and version.size == h.file_size else b""
         plans.files.append(PlanFile(key, h.file_size, store=store.spec, tag=tag))
         items.append((k, [(i, k, 0, 0)]))
     plans.items = items

@@ -408,6 +408,19 @@ def test_the_native_reader_retries_and_its_plan_file_holds_no_secret(proxy, npy,
         assert kind is None or any(r == byte_range for _, _, r, _ in proxy.requests[i + 1:])
 
 
+def test_the_native_reader_reads_a_remote_npy_window_in_one_request(proxy, npy, monkeypatch, tmp_path):
+    """A .npy object's header is read at the ETag the plan records (as every read of it is): the reader
+    sends one GET per window, no header read before it."""
+    from tests.helpers import native_pipeline
+
+    location, array = npy
+    pipe = native_pipeline(native_source(location, proxy, monkeypatch), plan_dir=str(tmp_path))
+    proxy.reset_counts()
+    window, _, _ = pipe.run()
+    np.testing.assert_array_equal(np.array(window[0]), array)
+    assert proxy.count("GET") == 1 and proxy.count("HEAD") == 0, proxy.requests
+
+
 def test_the_native_reader_fails_on_an_object_replaced_after_the_plan(proxy, npy, monkeypatch, s3_endpoint, tmp_path):
     from tests.helpers import native_pipeline
 
