@@ -29,8 +29,9 @@ BUILD_NO_DEPS := blosc2==4.14.1
 TEST_NO_DEPS := $(filter-out $(BUILD_NO_DEPS),$(NO_DEPS))
 STAMP := $(VENV)/.deps-$(shell echo $(DEPS) $(BUILD_NO_DEPS) | cksum | cut -d' ' -f1)
 TEST_STAMP := $(VENV)/.test-deps-$(shell echo $(TEST_DEPS) $(TEST_NO_DEPS) | cksum | cut -d' ' -f1)
-# --no-compile: no .pyc written for the ~30,000 modules installed (torch, DALI); Python compiles the
-# few it imports on first use. -q: pip's warnings still show.
+# --no-compile: no .pyc written for the ~30,000 modules installed (torch, DALI) at install time;
+# Python compiles the few it imports on first use (the test set-up compiles them all, below). -q: pip's
+# warnings still show.
 PIP_INSTALL := $(PIP) install -q --no-compile
 # the C libraries the plugin links from the system (codecs, libcurl): .ci/system-libs.sh checks them
 # on every run, installs the missing -dev packages when run as root with apt-get
@@ -68,9 +69,15 @@ $(STAMP): | $(PY)
 	$(PIP_INSTALL) --no-deps $(BUILD_NO_DEPS)
 	touch $@
 
+# then the bytecode of everything installed, once (75 s on 2 cores): the suite starts hundreds of
+# interpreters, and where PYTHONDONTWRITEBYTECODE is set (as on these machines) Python would otherwise
+# compile torch and DALI again in each (`import torch, torch.distributed.tensor, nvidia.dali.fn`:
+# 18 s without the bytecode, 7.5 s with it, 2026-12-04). The one file skipped is Python 3.12 syntax
+# that torch never imports on 3.11.
 $(TEST_STAMP): $(STAMP)
 	$(PIP_INSTALL) $(TEST_DEPS)
 	$(PIP_INSTALL) --no-deps $(TEST_NO_DEPS)
+	$(PY) -m compileall -q -j 0 -x '/py312_intrinsics\.py$$' $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 	touch $@
 
 $(SYSLIBS): FORCE
