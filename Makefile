@@ -10,7 +10,7 @@ PIP := $(PY) -m pip
 # let a range pull a multi-GB CUDA build here.
 DEPS := torch==2.13.0 numpy==2.4.6 nvidia-dali-cuda120==2.4.0 h5py==3.16.0 zarr==3.1.6 \
         matplotlib==3.11.2 setuptools==84.2.1 wheel==0.48.0 cmake==4.4.5 ninja==1.13.2 google-crc32c==1.9.0
-TEST_DEPS := pytest==9.2.0 pytest-timeout==2.4.0 hypothesis==6.170.17 xarray==2026.9.0 pandas==3.1.1 h5netcdf==1.8.2 \
+TEST_DEPS := pytest==9.2.0 pytest-timeout==2.4.0 pytest-xdist==3.8.0 execnet==2.1.2 hypothesis==6.170.17 xarray==2026.9.0 pandas==3.1.1 h5netcdf==1.8.2 \
              sphinx==8.2.3 myst-parser==4.0.1 moto[server]==5.2.5 boto3==1.43.117 botocore==1.43.117
 # installed with --no-deps: blosc2 for its C library only (c-blosc2: headers, libblosc2.so), which
 # the plugin links; PhysicsNeMo (for tests against the real package) and the light pure-Python
@@ -95,13 +95,19 @@ install: $(INSTALLED)
 demo: install
 	$(VENV)/bin/dali-mesh demo
 
+# two pytest-xdist workers (the machines these run on have 2 cores; much of the suite waits on
+# subprocesses, timeouts and the other rank); --dist loadgroup keeps a module marked xdist_group on one
+# worker (its module fixtures made once). PYTEST_XDIST=0 runs them in one process.
+PYTEST_XDIST ?= 2
+PYTEST_ARGS := -q -p no:cacheprovider $(if $(filter-out 0,$(PYTEST_XDIST)),-n $(PYTEST_XDIST) --dist loadgroup)
+
 test: install $(TEST_STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 # the single-process tests (tests/conftest.py marks the others `slow`: multi-rank runs, sanitizer
 # and spill-check builds, the end-to-end CLI runs)
 test-fast: install $(TEST_STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
+	$(PY) -m pytest $(PYTEST_ARGS) -m "not slow"
 
 # dist/dali_mesh-<version>-<python>-<platform>.whl: the package with libdali_mesh.so,
 # libdali_mesh_kernels.so, the C libraries they link that a fresh machine may lack (dali_mesh/_libs)
