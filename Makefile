@@ -96,10 +96,11 @@ demo: install
 	$(VENV)/bin/dali-mesh demo
 
 # two pytest-xdist workers (the machines these run on have 2 cores; much of the suite waits on
-# subprocesses, timeouts and the other rank); --dist loadgroup keeps a module marked xdist_group on one
-# worker (its module fixtures made once). PYTEST_XDIST=0 runs them in one process.
+# subprocesses, timeouts and the other rank). PYTEST_XDIST=0 runs them in one process. Not
+# xdist_group/--dist loadgroup: with pytest 9.2 it has no effect (xdist 3.8.0 renames item._nodeid,
+# which pytest 9 no longer reads), so a module fixture is made once per worker that runs its tests.
 PYTEST_XDIST ?= 2
-PYTEST_ARGS := -q -p no:cacheprovider $(if $(filter-out 0,$(PYTEST_XDIST)),-n $(PYTEST_XDIST) --dist loadgroup)
+PYTEST_ARGS := -q -p no:cacheprovider $(if $(filter-out 0,$(PYTEST_XDIST)),-n $(PYTEST_XDIST) --dist load)
 
 test: install $(TEST_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -17,10 +17,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("h5py")
 pytest.importorskip("physicsnemo.distributed", reason="PhysicsNeMo is not installed (make test installs it)")
 
-# under pytest-xdist (make test), this module's tests on one worker: the reference fixture (PhysicsNeMo's
-# datapipe over every config, 25 s) is made once, not once per worker
-pytestmark = pytest.mark.xdist_group("physicsnemo_era5")
-
 from dali_mesh import Layout, MeshInfo  # noqa: E402
 from dali_mesh.partition import LayoutError, take_window  # noqa: E402
 from tests.storage.s3_server import client, options, s3_endpoint, upload  # noqa: E402, F401
