@@ -10,7 +10,7 @@ PIP := $(PY) -m pip
 # let a range pull a multi-GB CUDA build here.
 DEPS := torch==2.13.0 numpy==2.4.6 nvidia-dali-cuda120==2.4.0 h5py==3.16.0 zarr==3.1.6 \
         matplotlib==3.11.2 setuptools==84.2.1 wheel==0.48.0 cmake==4.4.5 ninja==1.13.2 google-crc32c==1.9.0
-TEST_DEPS := pytest==9.2.0 pytest-timeout==2.4.0 hypothesis==6.170.17 xarray==2026.9.0 pandas==3.1.1 h5netcdf==1.8.2 \
+TEST_DEPS := pytest==9.2.0 pytest-timeout==2.4.0 pytest-xdist==3.8.0 execnet==2.1.2 hypothesis==6.170.17 xarray==2026.9.0 pandas==3.1.1 h5netcdf==1.8.2 \
              sphinx==8.2.3 myst-parser==4.0.1 moto[server]==5.2.5 boto3==1.43.117 botocore==1.43.117
 # installed with --no-deps: blosc2 for its C library only (c-blosc2: headers, libblosc2.so), which
 # the plugin links; PhysicsNeMo (for tests against the real package) and the light pure-Python
@@ -29,8 +29,9 @@ BUILD_NO_DEPS := blosc2==4.14.1
 TEST_NO_DEPS := $(filter-out $(BUILD_NO_DEPS),$(NO_DEPS))
 STAMP := $(VENV)/.deps-$(shell echo $(DEPS) $(BUILD_NO_DEPS) | cksum | cut -d' ' -f1)
 TEST_STAMP := $(VENV)/.test-deps-$(shell echo $(TEST_DEPS) $(TEST_NO_DEPS) | cksum | cut -d' ' -f1)
-# --no-compile: no .pyc written for the ~30,000 modules installed (torch, DALI); Python compiles the
-# few it imports on first use. -q: pip's warnings still show.
+# --no-compile: no .pyc written for the ~30,000 modules installed (torch, DALI) at install time;
+# Python compiles the few it imports on first use (the test set-up compiles them all, below). -q: pip's
+# warnings still show.
 PIP_INSTALL := $(PIP) install -q --no-compile
 # the C libraries the plugin links from the system (codecs, libcurl): .ci/system-libs.sh checks them
 # on every run, installs the missing -dev packages when run as root with apt-get
@@ -68,9 +69,15 @@ $(STAMP): | $(PY)
 	$(PIP_INSTALL) --no-deps $(BUILD_NO_DEPS)
 	touch $@
 
+# then the bytecode of everything installed, once (75 s on 2 cores): the suite starts hundreds of
+# interpreters, and where PYTHONDONTWRITEBYTECODE is set (as on these machines) Python would otherwise
+# compile torch and DALI again in each (`import torch, torch.distributed.tensor, nvidia.dali.fn`:
+# 18 s without the bytecode, 7.5 s with it, 2026-12-04). The one file skipped is Python 3.12 syntax
+# that torch never imports on 3.11.
 $(TEST_STAMP): $(STAMP)
 	$(PIP_INSTALL) $(TEST_DEPS)
 	$(PIP_INSTALL) --no-deps $(TEST_NO_DEPS)
+	$(PY) -m compileall -q -j 0 -x '/py312_intrinsics\.py$$' $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 	touch $@
 
 $(SYSLIBS): FORCE
@@ -88,13 +95,20 @@ install: $(INSTALLED)
 demo: install
 	$(VENV)/bin/dali-mesh demo
 
+# two pytest-xdist workers (the machines these run on have 2 cores; much of the suite waits on
+# subprocesses, timeouts and the other rank). PYTEST_XDIST=0 runs them in one process. Not
+# xdist_group/--dist loadgroup: with pytest 9.2 it has no effect (xdist 3.8.0 renames item._nodeid,
+# which pytest 9 no longer reads), so a module fixture is made once per worker that runs its tests.
+PYTEST_XDIST ?= 2
+PYTEST_ARGS := -q -p no:cacheprovider $(if $(filter-out 0,$(PYTEST_XDIST)),-n $(PYTEST_XDIST) --dist load)
+
 test: install $(TEST_STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 # the single-process tests (tests/conftest.py marks the others `slow`: multi-rank runs, sanitizer
 # and spill-check builds, the end-to-end CLI runs)
 test-fast: install $(TEST_STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
+	$(PY) -m pytest $(PYTEST_ARGS) -m "not slow"
 
 # dist/dali_mesh-<version>-<python>-<platform>.whl: the package with libdali_mesh.so,
 # libdali_mesh_kernels.so, the C libraries they link that a fresh machine may lack (dali_mesh/_libs)

@@ -22,8 +22,12 @@ import traceback
 #: what the fork server imports before it forks the gloo ranks: modules that initialise no GPU when
 #: imported (DALI's own default start method for its workers, fork, relies on that for nvidia.dali);
 #: the one thread they start, numpy's OpenBLAS pool, is made fork-safe by OpenBLAS. A module that
-#: fails to import is skipped (as ``multiprocessing`` does)
-PRELOAD = ["numpy", "torch", "torch.distributed", "nvidia.dali.fn"]
+#: fails to import is skipped (as ``multiprocessing`` does). DeviceMesh and DTensor (the demo's and
+#: MeshLoader's ranks build both) and torch._dynamo, which DTensor.from_local imports on its first call:
+#: 2-3 s of one core per rank when each rank imported them itself (4 ranks on 2 cores, bytecode cached,
+#: 2026-12-04); none of them starts a thread
+PRELOAD = ["numpy", "torch", "torch.distributed", "torch.distributed.device_mesh", "torch.distributed.tensor",
+           "torch._dynamo", "nvidia.dali.fn"]
 
 
 def _context(backend: str):

@@ -1,8 +1,6 @@
 """End to end on real processes (gloo, CPU): DALI pipelines with partitioned sources, MeshLoader,
 windows against np.pad, sample groups, equal step counts, DTensor gathering and mid-epoch resume."""
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -134,25 +132,38 @@ def test_world8_two_model_parallel_dims_shard_h_and_w_periodic_w(tmp_path):
               False, timeout_s=280)
 
 
+def _demo(argv, tmp_path, monkeypatch, capsys):
+    """``dali-mesh demo`` run in this process (its ranks fork from the launcher's fork server, started
+    once for the suite, instead of a new interpreter importing torch and DALI and starting its own:
+    about 15 s of 2 cores each; tests/cli/test_demo.py does the same, and its bad-argument tests run
+    ``python -m dali_mesh.cli``): ``(exit code, stdout, stderr)``."""
+    from dali_mesh.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    code = main(["demo"] + argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_demo_runs_and_verifies(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "dali_mesh.cli", "demo", "--nproc", "4", "--samples", "6",
-                           "--shape", "2,32,16", "--batch-size", "1", "--timeout", "200"],
-                          capture_output=True, text=True, timeout=230, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    last = proc.stdout.strip().splitlines()[-1]
+def test_demo_runs_and_verifies(tmp_path, monkeypatch, capsys):
+    code, out, err = _demo(["--nproc", "4", "--samples", "6", "--shape", "2,32,16", "--batch-size", "1",
+                            "--timeout", "200"], tmp_path, monkeypatch, capsys)
+    assert code == 0, out + err
+    last = out.strip().splitlines()[-1]
     assert last.startswith("each rank read ") and last.endswith("of full-sample loading; all 6 samples verified")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_demo_fails_when_a_reader_fails(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "dali_mesh.cli", "demo", "--nproc", "2", "--mesh", "model_parallel=2",
-                           "--shard", "model_parallel=1", "--samples", "4", "--shape", "2,8,8", "--fail-rank", "1",
-                           "--timeout", "100"], capture_output=True, text=True, timeout=110, cwd=tmp_path)
-    assert proc.returncode != 0
-    assert "deliberate failure (--fail-rank)" in proc.stderr and "sample_00000.npy" in proc.stderr
+def test_demo_fails_when_a_reader_fails(tmp_path, monkeypatch, capsys):
+    code, out, err = _demo(["--nproc", "2", "--mesh", "model_parallel=2", "--shard", "model_parallel=1",
+                            "--samples", "4", "--shape", "2,8,8", "--fail-rank", "1", "--timeout", "100"],
+                           tmp_path, monkeypatch, capsys)
+    assert code != 0
+    assert "deliberate failure (--fail-rank)" in err and "sample_00000.npy" in err, out + err
 
 
 def _dtensor_loader_rank(rank, world_size, files, batch_size):
@@ -209,7 +220,7 @@ def test_world4_meshloader_dtensor_output_with_forecast_steps(tmp_path):
 
 
 @pytest.mark.timeout(240)
-def test_demo_on_a_dataset_of_variables_and_levels(tmp_path):
+def test_demo_on_a_dataset_of_variables_and_levels(tmp_path, monkeypatch, capsys):
     """dali-mesh demo --data STORE --channels: an xarray-written Zarr group (zstd chunks), read natively
     by read_dataset on every rank, every window checked against the whole fields."""
     xr = pytest.importorskip("xarray")
@@ -221,10 +232,9 @@ def test_demo_on_a_dataset_of_variables_and_levels(tmp_path):
     store = str(tmp_path / "wb2.zarr")
     ds.to_zarr(store, zarr_format=3, mode="w", consolidated=False,
                encoding={"t2m": {"chunks": (1, 10, 8)}, "z": {"chunks": (1, 1, 5, 8)}})
-    proc = subprocess.run([sys.executable, "-m", "dali_mesh.cli", "demo", "--nproc", "2", "--mesh", "mp=2",
-                           "--shard", "mp=1", "--data", store, "--channels", "t2m,z@850/500", "--batch-size", "1",
-                           "--halo", "1=1", "--timeout", "200"],
-                          capture_output=True, text=True, timeout=230, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "12 windows checked against the files" in proc.stdout, proc.stdout
-    assert "reader: native" in proc.stdout and proc.stdout.strip().endswith("all 6 samples verified"), proc.stdout
+    code, out, err = _demo(["--nproc", "2", "--mesh", "mp=2", "--shard", "mp=1", "--data", store, "--channels",
+                            "t2m,z@850/500", "--batch-size", "1", "--halo", "1=1", "--timeout", "200"],
+                           tmp_path, monkeypatch, capsys)
+    assert code == 0, out + err
+    assert "12 windows checked against the files" in out, out
+    assert "reader: native" in out and out.strip().endswith("all 6 samples verified"), out
