@@ -29,6 +29,12 @@ namespace {
 
 std::atomic<int64_t> g_requests{0}, g_bytes{0};
 
+// Whether a version's tag is an ETag (sent as If-Match), not a generation ("gen:...") or a
+// modification date ("lm:...", HEAD answers without either), which are checked after the answer.
+bool IsEtag(const std::string &tag) {
+  return !tag.empty() && tag.rfind("gen:", 0) != 0 && tag.rfind("lm:", 0) != 0;
+}
+
 struct Credentials {
   std::string key_id, secret, token;
 };
@@ -563,7 +569,7 @@ int64_t HttpStore::GetVector(const std::string &key, const std::vector<std::pair
   x.bufs = &bufs;
   FlightGuard flight(name, offset, n);
   // If-Match only with an ETag (a tag made of a generation or a date is checked after the answer)
-  const bool etag = !if_match.empty() && if_match.rfind("gen:", 0) != 0 && if_match.rfind("lm:", 0) != 0;
+  const bool etag = IsEtag(if_match);
   // the cache keys a range by the object's name, its version and the range: only with an ETag (a
   // replaced object has another)
   const std::string cache_id = cache_ && etag ? name + "\n" + if_match + "\n" + range : "";
@@ -736,14 +742,11 @@ class HttpObject : public StoredObject {
   // an S3 (or GCS XML) ETag, which the service changes with the content and honours in If-Match (as
   // RemoteStore.pins): not a plain HTTP(S) server's (nginx's is the modification time and size, kept
   // by a copy that keeps both), nor a generation or a date (checked after the answer)
-  bool ReadsArePinned() const override {
-    return store_->config().kind == "s3" && !version_.tag.empty() && version_.tag.rfind("gen:", 0) != 0 &&
-           version_.tag.rfind("lm:", 0) != 0;
-  }
+  bool ReadsArePinned() const override { return store_->config().kind == "s3" && IsEtag(version_.tag); }
   void CheckUnchanged() const override {
     // every read sent If-Match (an ETag) and had its total size checked; a tag made of a generation
     // or a date is asked for again
-    if (version_.tag.rfind("gen:", 0) != 0 && version_.tag.rfind("lm:", 0) != 0 && !version_.tag.empty()) return;
+    if (IsEtag(version_.tag)) return;
     ObjectVersion now;
     if (!store_->Head(key_, &now) || now.size != version_.size || now.tag != version_.tag)
       StoreFail(name_ + ": the object was replaced while it was read: what was read could mix two versions; define "

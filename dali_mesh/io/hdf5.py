@@ -516,7 +516,7 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
     version = bytes_store.stat(key)
     if version is None:
         raise MissingFileError(path, "no such HDF5 file; check the path and the file list")
-    pinned = not bytes_store.local and bytes_store.pins(version)
+    pinned = bytes_store.pins(version)
     f, ds = open_hdf5_dataset(path, name, version=version if pinned else None, **(h5_kwargs or {}))
     try:
         dcpl = ds.id.get_create_plist()

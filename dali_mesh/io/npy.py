@@ -538,7 +538,7 @@ def plan_npy_files(files: Sequence[str], *, region_of, index_maps=None, sample_s
     stores = [native_store(f) for f in files]
     # every file an object an S3 ETag pins, its header read at that ETag as every read of it will be:
     # the reader need not read the headers again (a request per sample)
-    pinned = all(not s.local and s.pins(v) and v.size == h.file_size for (s, _), (h, _, v) in zip(stores, headers))
+    pinned = all(s.pins(v) and v.size == h.file_size for (s, _), (h, _, v) in zip(stores, headers))
     if headers[0][1] != first_check:  # read twice, and replaced in between: which is the sample?
         raise DataFileError(files[0], "changed while the plan was made (its header now differs from the one "
                             "read first); define the pipeline again")

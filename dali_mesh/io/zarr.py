@@ -545,7 +545,7 @@ class _ShardIndex:
         if size < nbytes:
             raise HeaderError(path, f"shard {key!r} is {size} bytes, smaller than its index ({nbytes} bytes)")
         at = size - nbytes if self.at_end else 0
-        if not self.bytes_store.local and self.bytes_store.pins(version):
+        if self.bytes_store.pins(version):
             # read at the ETag the plan records (If-Match): every read of the shard is at that ETag,
             # so the reader need not read the index again (csrc/reader/open_file.cc)
             with self.bytes_store.open_version(path, version) as obj:

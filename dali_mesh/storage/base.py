@@ -15,7 +15,7 @@ import abc
 import io
 from typing import NamedTuple, Sequence
 
-__all__ = ["IOV_MAX", "ByteStore", "StoredFile", "StoredObject", "Version", "read_exactly", "readv_all"]
+__all__ = ["IOV_MAX", "ByteStore", "StoredFile", "StoredObject", "Version", "is_etag", "read_exactly", "readv_all"]
 
 
 class Version(NamedTuple):
@@ -26,6 +26,12 @@ class Version(NamedTuple):
     size: int
     mtime_ns: int = -1
     tag: str = ""
+
+
+def is_etag(tag: str) -> bool:
+    """Whether a version's ``tag`` is an ETag (sent as If-Match), not a generation (``gen:...``) or a
+    modification date (``lm:...``), which are checked after the answer (as http_store.cc's IsEtag)."""
+    return bool(tag) and not tag.startswith(("gen:", "lm:"))
 
 
 class StoredObject(abc.ABC):
@@ -100,6 +106,12 @@ class ByteStore(abc.ABC):
     @abc.abstractmethod
     def stat(self, key: str) -> Version | None:
         """The version of ``key``, or ``None`` when it does not exist."""
+
+    def pins(self, version: Version | None) -> bool:
+        """Whether every read of an object at ``version`` is checked by the store to be of those bytes and
+        no others (an S3 ETag sent as If-Match, :meth:`RemoteStore.pins`): what the plan read at that
+        version then needs no second look at read time. Local files: no (a file is rewritten in place)."""
+        return False
 
     def name_of(self, key: str) -> str:
         """``key`` as errors name it."""

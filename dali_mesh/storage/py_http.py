@@ -14,6 +14,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from dali_mesh.storage.base import is_etag
+
 __all__ = ["PythonHttp", "parse_spec"]
 
 _TRANSIENT = {408, 429, 500, 502, 503, 504}
@@ -138,7 +140,7 @@ class PythonHttp:
             n = min(n, size - offset)
         what = f"bytes {offset}-{offset + n - 1}"
         where = f"{name} ({what})"
-        etag = bool(if_match) and not if_match.startswith(("gen:", "lm:"))
+        etag = is_etag(if_match)
         headers = {"Range": f"bytes={offset}-{offset + n - 1}", **({"If-Match": if_match} if etag else {})}
         a = self.request("GET", self.url_of(key), headers, where)
         if a.status == 416 and size < 0:

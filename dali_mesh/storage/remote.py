@@ -28,7 +28,7 @@ import urllib.parse
 import xml.etree.ElementTree as ET
 from typing import NamedTuple, Sequence
 
-from dali_mesh.storage.base import ByteStore, StoredObject, Version
+from dali_mesh.storage.base import ByteStore, StoredObject, Version, is_etag
 from dali_mesh.storage.errors import DataFileError, FileChangedError, MissingFileError, TruncatedFileError
 
 __all__ = ["RemoteObject", "RemoteStore", "fetch_counters", "have_native_http", "resolve_gs", "resolve_http", "resolve_s3",
@@ -304,8 +304,7 @@ class RemoteStore(ByteStore):
         ETag, which the service changes with the content and honours in If-Match. Not a plain HTTP(S)
         server's (nginx's is the modification time and size: a copy that keeps both keeps it), nor a
         generation or a date. Bytes planned at such a version need no second look at read time."""
-        return (self.kind == "s3" and version is not None and bool(version.tag)
-                and not version.tag.startswith(("gen:", "lm:")))
+        return self.kind == "s3" and version is not None and is_etag(version.tag)
 
     def open_version(self, key: str, version: Version) -> RemoteObject:
         """``key`` at a version known already (a listing's ETag and size): no HEAD request."""
