@@ -6,6 +6,7 @@
 #include "codecs/codecs.h"
 
 #include <algorithm>
+#include <functional>
 #include <climits>
 #include <cstring>
 #include <iterator>
@@ -224,6 +225,22 @@ bool BloscLayoutOf(const Coder &coder, const char *head, int64_t n, const std::v
   return l->index_end <= n;
 }
 
+// Each block that the runs `merged` (of whole blocks of `blocksize`) touch, as its stored bytes in a
+// chunk of `n` stored bytes whose block index is `starts`: from its start to the next start above it
+// (or the chunk's end); blocks past the index are left out.
+void ForTouchedBlocks(const std::vector<std::pair<int64_t, int64_t>> &merged, int64_t blocksize,
+                      const std::vector<int64_t> &starts, int64_t n, const std::function<void(int64_t, int64_t)> &fn) {
+  std::vector<int64_t> sorted = starts;
+  std::sort(sorted.begin(), sorted.end());
+  const int64_t nblocks = static_cast<int64_t>(starts.size());
+  for (const auto &r : merged) {
+    for (int64_t j = r.first / blocksize; j <= (r.second - 1) / blocksize && j < nblocks; j++) {
+      const auto next = std::upper_bound(sorted.begin(), sorted.end(), starts[j]);
+      fn(starts[j], next == sorted.end() ? n : *next);
+    }
+  }
+}
+
 // Which stored bytes of the chunk at `at` (its header and block index read) a decode of `l`'s runs
 // reads: the header, the index and each touched block from its start to the next start above it (or
 // the chunk's end); false for a corrupt index (decoded whole, its error). A block whose streams reach
@@ -246,14 +263,7 @@ bool StoredParts(const BloscLayout &l, const char *at, int64_t n, std::vector<st
     starts[j] = Le32(h + kHeader + 4 * j);
     if (starts[j] < l.index_end || starts[j] >= n) return false;
   }
-  std::vector<int64_t> sorted = starts;
-  std::sort(sorted.begin(), sorted.end());
-  for (const auto &r : l.merged) {
-    for (int64_t j = r.first / l.blocksize; j <= (r.second - 1) / l.blocksize; j++) {
-      const auto next = std::upper_bound(sorted.begin(), sorted.end(), starts[j]);
-      stored->push_back({starts[j], next == sorted.end() ? n : *next});
-    }
-  }
+  ForTouchedBlocks(l.merged, l.blocksize, starts, n, [&](int64_t lo, int64_t hi) { stored->push_back({lo, hi}); });
   MergeRanges(stored);
   return true;
 }
@@ -294,16 +304,8 @@ void AddGuessedParts(const PartsGuess &g, const Coder &coder, int64_t n,
     for (const auto &r : merged) add(kHeader + r.first, kHeader + r.second);
     return;
   }
-  const int64_t nblocks = static_cast<int64_t>(g.starts.size());
-  std::vector<int64_t> sorted = g.starts;
-  std::sort(sorted.begin(), sorted.end());
   const double scale = static_cast<double>(n) / static_cast<double>(g.n);
-  for (const auto &r : merged) {
-    for (int64_t j = r.first / g.blocksize; j <= (r.second - 1) / g.blocksize && j < nblocks; j++) {
-      const auto next = std::upper_bound(sorted.begin(), sorted.end(), g.starts[j]);
-      add(g.starts[j] * scale, (next == sorted.end() ? g.n : *next) * scale);
-    }
-  }
+  ForTouchedBlocks(merged, g.blocksize, g.starts, g.n, [&](int64_t lo, int64_t hi) { add(lo * scale, hi * scale); });
 }
 
 // Sorted, disjoint ranges: whether [lo, hi) lies inside one of them.

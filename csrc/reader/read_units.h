@@ -31,21 +31,6 @@ void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_
 // reads took that path); glibc's memmove avoids such short distances, the kernel's copy does not.
 char *PlaceLike(std::vector<char> *buffer, int64_t n, int64_t offset);
 
-// Reads chunk `c` of `set` (its file opened and checked by `check_plan` as a part's file is) and
-// decodes it into `decoded` (its coder's chunk_bytes); a missing chunk is filled with the coder's
-// fill value once its file is seen to be still missing. `stored` is grown to the stored size and a
-// page (the stored bytes are read to PlaceLike's address).
-// Errors name the file, the chunk's bytes and the reason (a corrupt stream, a size or checksum
-// that does not match).
-// With `ranges` (sorted, disjoint byte ranges of the decoded chunk: what its parts copy out), only
-// those must be decoded (DecodeChunkRanges: a Blosc chunk decodes only the blocks they touch).
-// `guesses`: where chunks read in parts before lay out (read_units.h PartsGuesses), used when the
-// store guesses (StoredObject::GuessParts) and updated.
-class PartsGuesses;
-void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const std::string &first_path,
-               std::vector<char> *stored, char *decoded,
-               const std::vector<std::pair<int64_t, int64_t>> *ranges = nullptr, PartsGuesses *guesses = nullptr);
-
 // The last layout (PartsGuess) a chunk read in parts showed, per array and coder: an array's key
 // stem (its chunk key without the trailing chunk coordinates) and the coder's index. Any thread.
 class PartsGuesses {
@@ -59,6 +44,20 @@ class PartsGuesses {
   mutable std::mutex mutex_;
   std::map<std::pair<std::string, int64_t>, PartsGuess> last_;
 };
+
+// Reads chunk `c` of `set` (its file opened and checked by `check_plan` as a part's file is) and
+// decodes it into `decoded` (its coder's chunk_bytes); a missing chunk is filled with the coder's
+// fill value once its file is seen to be still missing. `stored` is grown to the stored size and a
+// page (the stored bytes are read to PlaceLike's address).
+// Errors name the file, the chunk's bytes and the reason (a corrupt stream, a size or checksum
+// that does not match).
+// With `ranges` (sorted, disjoint byte ranges of the decoded chunk: what its parts copy out), only
+// those must be decoded (DecodeChunkRanges: a Blosc chunk decodes only the blocks they touch).
+// `guesses`: where chunks read in parts before lay out (PartsGuesses, above), used when the store
+// guesses (StoredObject::GuessParts) and updated.
+void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const std::string &first_path,
+               std::vector<char> *stored, char *decoded,
+               const std::vector<std::pair<int64_t, int64_t>> *ranges = nullptr, PartsGuesses *guesses = nullptr);
 
 // Adds to `ranges` the bytes of a decoded chunk that the units of the coded plan `plan` at `base`
 // copy (one range per unit: its first run to its last run's end).
