@@ -84,19 +84,27 @@ def _fetched():
     return {"rchar": b1 + b2, "read_bytes": r1 + r2}
 
 
+def _mesh_and_layout(mesh_shape):
+    """This rank's mesh (``mp``, and ``tp`` a replica dim) and its layout: latitude split, halo 1."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from dali_mesh import Layout, MeshInfo
+
+    names = ("mp",) if len(mesh_shape) == 1 else ("mp", "tp")
+    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
+    return mesh, Layout(MeshInfo.from_device_mesh(mesh), shard={"mp": 1}, batch=(), halo={1: 1})  # tp: a replica
+
+
 def _rank(rank, world, store, mesh_shape, epochs, out_dir, share, storage_options=None):
     import torch.distributed as dist
     from nvidia.dali import pipeline_def
-    from torch.distributed.device_mesh import init_device_mesh
 
-    from dali_mesh import Layout, MeshInfo, ZarrSource
+    from dali_mesh import ZarrSource
     from dali_mesh.fn import read_windows
     from dali_mesh.io.pagecache import evict
     from dali_mesh.torch import MeshLoader
 
-    names = ("mp",) if len(mesh_shape) == 1 else ("mp", "tp")
-    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
-    layout = Layout(MeshInfo.from_device_mesh(mesh), shard={"mp": 1}, batch=(), halo={1: 1})  # tp: a replica
+    mesh, layout = _mesh_and_layout(mesh_shape)
     kw = {} if storage_options is None else {"storage_options": storage_options}
     src = ZarrSource([store], None, layout, batch_size=1, share=share, shuffle=True, seed=1, **kw)
     io = _io if storage_options is None else _fetched
@@ -153,16 +161,12 @@ def _tensorstore_rank(rank, world, key, mesh_shape, epochs, out_dir, proxy, v3):
     total / the world)."""
     import tensorstore as ts
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
 
-    from benchmarks.remote_bench import BUCKET
-    from dali_mesh import Layout, MeshInfo
+    from benchmarks.remote_bench import BUCKET, CONTROL
     from tests.storage.s3_server import KEY, SECRET
 
     os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"] = KEY, SECRET
-    names = ("mp",) if len(mesh_shape) == 1 else ("mp", "tp")
-    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
-    layout = Layout(MeshInfo.from_device_mesh(mesh), shard={"mp": 1}, batch=(), halo={1: 1})
+    _, layout = _mesh_and_layout(mesh_shape)
     ctx = ts.Context({"s3_request_concurrency": {"limit": 2}, "data_copy_concurrency": {"limit": 2},
                       "cache_pool": {"total_bytes_limit": 0}})
     arr = ts.open({"driver": "zarr3" if v3 else "zarr",
@@ -175,7 +179,7 @@ def _tensorstore_rank(rank, world, key, mesh_shape, epochs, out_dir, proxy, v3):
     def control(what):
         import urllib.request
 
-        with urllib.request.urlopen(proxy + "/__bench__/" + what, timeout=30) as r:
+        with urllib.request.urlopen(proxy + CONTROL + what, timeout=30) as r:
             return json.loads(r.read())
 
     times, counts = [], []
