@@ -58,7 +58,7 @@ __all__ = [
 
 LIB_NAME = "libdali_mesh_kernels.so"
 #: the C API this module calls (csrc/c_api/c_api.cc dm_abi_version)
-ABI_VERSION = 10
+ABI_VERSION = 11
 #: numpy dtype -> DALI type id (the ids the C API takes)
 DTYPE_IDS = {
     np.dtype(np.uint8): 0, np.dtype(np.uint16): 1, np.dtype(np.uint32): 2, np.dtype(np.uint64): 3,
@@ -155,7 +155,8 @@ def load() -> ctypes.CDLL:
     lib.dali_mesh_codec_table.argtypes = [ctypes.c_char_p, ctypes.c_int64]
     lib.dali_mesh_reader_open.restype = ctypes.c_void_p
     lib.dali_mesh_reader_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int,
-                                          f32p, f32p, ctypes.c_int64, ctypes.c_int, ctypes.c_char_p, ctypes.c_int64]
+                                          f32p, f32p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
+                                          ctypes.c_int64]
     lib.dali_mesh_reader_close.restype = None
     lib.dali_mesh_reader_close.argtypes = [ctypes.c_void_p]
     lib.dali_mesh_reader_shapes.restype = ctypes.c_int64
@@ -164,6 +165,11 @@ def load() -> ctypes.CDLL:
     lib.dali_mesh_reader_read.restype = ctypes.c_int64
     lib.dali_mesh_reader_read.argtypes = [ctypes.c_void_p, i64p, ctypes.c_int64, vpp, i64p, ctypes.c_int,
                                           ctypes.c_char_p, ctypes.c_int64]
+    lib.dali_mesh_reader_read_ahead.restype = ctypes.c_int64
+    lib.dali_mesh_reader_read_ahead.argtypes = [ctypes.c_void_p, i64p, ctypes.c_int64, ctypes.c_int, ctypes.c_char_p,
+                                                ctypes.c_int64]
+    lib.dali_mesh_reader_ahead_counts.restype = None
+    lib.dali_mesh_reader_ahead_counts.argtypes = [ctypes.c_void_p, i64p]
     _lib = lib
     return lib
 
@@ -585,6 +591,8 @@ class PlanReader:
         outputs: windows per sample id (a forecast's input and target: 2).
         task_bytes, prefetch: as the operator's arguments.
         normalize: ``(channel_axis, mean, std)``, as ``read_windows(normalize=...)``.
+        read_ahead: the operator's argument: ``0`` never, ``1`` when the plans read an object
+            store, ``2`` always (:meth:`read_ahead`).
 
     The loader's and the reader's errors raise :class:`KernelsError` with the reader's message.
     Use as a context manager, or call :meth:`close`.
@@ -593,7 +601,7 @@ class PlanReader:
     MAX_NDIM = 32
 
     def __init__(self, plan_path: str, dtype, *, outputs: int = 1, task_bytes: int = 4 << 20, prefetch: bool = True,
-                 normalize=None) -> None:
+                 normalize=None, read_ahead: int = 1) -> None:
         self.dtype = np.dtype(dtype)
         self.outputs = int(outputs)
         axis, mean, std = normalize if normalize is not None else (-1, (), ())
@@ -605,7 +613,7 @@ class PlanReader:
         self._lib = load()
         self._handle = self._lib.dali_mesh_reader_open(
             os.fsencode(plan_path), DTYPE_IDS[self.dtype], self.outputs, int(task_bytes), int(bool(prefetch)),
-            mean.ctypes.data_as(f32p), std.ctypes.data_as(f32p), mean.size, int(axis), err, len(err))
+            mean.ctypes.data_as(f32p), std.ctypes.data_as(f32p), mean.size, int(axis), int(read_ahead), err, len(err))
         if not self._handle:
             raise KernelsError(err.value.decode(errors="replace"))
 
@@ -629,6 +637,25 @@ class PlanReader:
         if self._lib.dali_mesh_reader_read(self._handle, c_ids, n, ptrs, sizes, int(threads), err, len(err)) < 0:
             raise KernelsError(err.value.decode(errors="replace"))
         return [wins[k * n:(k + 1) * n] for k in range(self.outputs)]
+
+    def read_ahead(self, ids: Sequence[int], *, threads: int = 1) -> bool:
+        """Starts reading the batch ``ids`` in the background (as the operator reads the next
+        batch while it reads this one): a later :meth:`read` of the same ids waits for it and copies
+        its windows, or raises its error. Whether it was started (reading ahead is on, the batch fits
+        and its ids are in range)."""
+        ids = list(ids)
+        err = ctypes.create_string_buffer(4096)
+        got = self._lib.dali_mesh_reader_read_ahead(self._handle, _i64(ids), len(ids), int(threads), err, len(err))
+        if got < 0:
+            raise KernelsError(err.value.decode(errors="replace"))
+        return bool(got)
+
+    def ahead_counts(self) -> tuple[int, int]:
+        """``(used, dropped)``: batches read from what was read ahead, and batches read ahead then
+        dropped unused."""
+        out = (ctypes.c_int64 * 2)()
+        self._lib.dali_mesh_reader_ahead_counts(self._handle, out)
+        return int(out[0]), int(out[1])
 
     def _shapes(self, c_ids, n: int) -> list[tuple[int, ...]]:
         count = self.outputs * n

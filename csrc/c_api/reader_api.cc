@@ -7,14 +7,10 @@
 // Functions that take `err` return a count (>= 0) on success, or -1 with a message in
 // err[0..err_len).
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <memory>
-#include <mutex>
-#include <numeric>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "c_api/export.h"
@@ -22,50 +18,17 @@
 
 using dali_mesh::c_api::Fail;
 
-namespace {
-
-// RunTasks on `threads` threads (this one among them), the larger tasks first (as DALI's thread
-// pool orders its work by priority); every task runs, the first error is rethrown after the last.
-dali_mesh::RunTasks ThreadsRunner(int threads) {
-  if (threads <= 1) return dali_mesh::RunSerially;
-  return [threads](const dali_mesh::TaskFn &fn, int64_t n, const dali_mesh::TaskCost &cost) {
-    std::vector<int64_t> order(n), costs(n);
-    std::iota(order.begin(), order.end(), int64_t(0));
-    for (int64_t t = 0; t < n; t++) costs[t] = cost(t);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return costs[a] > costs[b]; });
-    std::atomic<int64_t> next{0};
-    std::mutex mutex;
-    std::exception_ptr error;
-    auto work = [&] {
-      for (int64_t k; (k = next.fetch_add(1)) < n;) {
-        try {
-          fn(order[k]);
-        } catch (...) {
-          std::lock_guard<std::mutex> lock(mutex);
-          if (!error) error = std::current_exception();
-        }
-      }
-    };
-    std::vector<std::thread> pool;
-    const int64_t helpers = std::min<int64_t>(threads, n) - 1;
-    for (int64_t k = 0; k < helpers; k++) pool.emplace_back(work);
-    work();
-    for (auto &t : pool) t.join();
-    if (error) std::rethrow_exception(error);
-  };
-}
-
-}  // namespace
 
 // A batch reader of the plan file at `plan_path` for windows of type `dtype` (a DType: DALI's type
 // numbers), `outputs` windows per sample id, reads of about `task_bytes` per task, `prefetch`
 // (1: announce a batch's ranges first), and, with n_channels > 0, the per-channel normalisation
-// (x - mean[c]) / stddev[c] on `channel_axis` (the operator's arguments of the same names). Returns
+// (x - mean[c]) / stddev[c] on `channel_axis` (the operator's arguments of the same names), and
+// `read_ahead` (ReaderOptions::read_ahead: 0 off, 1 object stores, 2 always). Returns
 // the reader (free it with dali_mesh_reader_close), or null with the reason in `err` (a plan file
 // the loader refuses, options that do not fit it).
 DM_EXPORT void *dali_mesh_reader_open(const char *plan_path, int dtype, int outputs, int64_t task_bytes,
                                       int prefetch, const float *mean, const float *stddev, int64_t n_channels,
-                                      int channel_axis, char *err, int64_t err_len) {
+                                      int channel_axis, int read_ahead, char *err, int64_t err_len) {
   try {
     dali_mesh::ReaderOptions options;
     options.dtype = dtype;
@@ -77,6 +40,7 @@ DM_EXPORT void *dali_mesh_reader_open(const char *plan_path, int dtype, int outp
       options.stddev.assign(stddev, stddev + n_channels);
     }
     options.channel_axis = channel_axis;
+    options.read_ahead = read_ahead;
     return new dali_mesh::BatchReader(dali_mesh::LoadPlanSet(plan_path), std::move(options));
   } catch (const std::exception &e) {
     Fail(e.what(), err, err_len);
@@ -128,9 +92,30 @@ DM_EXPORT int64_t dali_mesh_reader_read(void *reader, const int64_t *ids, int64_
                     err, err_len);
       dst[j] = static_cast<char *>(out[j]);
     }
-    r->Read(dst, ThreadsRunner(threads));
+    r->Read(dst, dali_mesh::RunOnThreads(threads));
     return r->num_windows();
   } catch (const std::exception &e) {
     return Fail(e.what(), err, err_len);
   }
+}
+
+// Starts reading the batch ids[0..n_ids) ahead on `threads` threads of its own (BatchReader::ReadAhead:
+// a later dali_mesh_reader_read of those ids waits for it and copies). Returns 1 when it was started
+// or is on its way, 0 when not (reading ahead is off, or the batch is too large or has an id out of
+// range), -1 on an error.
+DM_EXPORT int64_t dali_mesh_reader_read_ahead(void *reader, const int64_t *ids, int64_t n_ids, int threads, char *err,
+                                              int64_t err_len) {
+  try {
+    auto *r = static_cast<dali_mesh::BatchReader *>(reader);
+    return r->ReadAhead(ids, static_cast<int>(n_ids), threads) ? 1 : 0;
+  } catch (const std::exception &e) {
+    return Fail(e.what(), err, err_len);
+  }
+}
+
+// Batches read from what was read ahead (used[0]) and batches read ahead then dropped unused (used[1]).
+DM_EXPORT void dali_mesh_reader_ahead_counts(void *reader, int64_t *used) {
+  auto *r = static_cast<dali_mesh::BatchReader *>(reader);
+  used[0] = r->ahead_used();
+  used[1] = r->ahead_dropped();
 }

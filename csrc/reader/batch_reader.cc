@@ -2,9 +2,16 @@
 #include "reader/batch_reader.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <numeric>
 #include <sstream>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -13,6 +20,8 @@
 #include "reader/finish.h"
 #include "reader/read_units.h"
 #include "reader/tasks.h"
+#include "storage/byte_store.h"
+#include "storage/reads_in_flight.h"
 
 namespace dali_mesh {
 
@@ -35,8 +44,77 @@ void RunSerially(const TaskFn &fn, int64_t n, const TaskCost &) {
   for (int64_t t = 0; t < n; t++) fn(t);
 }
 
+RunTasks RunOnThreads(int threads) {
+  if (threads <= 1) return RunSerially;
+  return [threads](const TaskFn &fn, int64_t n, const TaskCost &cost) {
+    std::vector<int64_t> order(n), costs(n);
+    std::iota(order.begin(), order.end(), int64_t(0));
+    for (int64_t t = 0; t < n; t++) costs[t] = cost(t);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return costs[a] > costs[b]; });
+    std::atomic<int64_t> next{0};
+    std::mutex mutex;
+    std::exception_ptr error;
+    const CancelFlag *flag = CurrentCancelFlag();
+    auto work = [&] {
+      CancelScope scope(flag);
+      for (int64_t k; (k = next.fetch_add(1)) < n;) {
+        try {
+          fn(order[k]);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(mutex);
+          if (!error) error = std::current_exception();
+        }
+      }
+    };
+    std::vector<std::thread> pool;
+    const int64_t helpers = std::min<int64_t>(threads, n) - 1;
+    for (int64_t k = 0; k < helpers; k++) pool.emplace_back(work);
+    work();
+    for (auto &t : pool) t.join();
+    if (error) std::rethrow_exception(error);
+  };
+}
+
+namespace {
+
+std::atomic<int64_t> g_ahead_used{0}, g_ahead_dropped{0};
+
+}  // namespace
+
+void ReadAheadCounts(int64_t *used, int64_t *dropped) {
+  *used = g_ahead_used.load();
+  *dropped = g_ahead_dropped.load();
+}
+
+namespace {
+
+// The plan set with every raw plan's groups larger than a task split, so that several threads read
+// them (a coded plan's units are copied from a decoded chunk, not read), shared by the reader and
+// the readers of its batches read ahead.
+std::shared_ptr<const PlanSet> SplitForTasks(PlanSet plans, int64_t task_bytes) {
+  for (auto &plan : plans.plans)
+    if (!plan.coded) SplitLargeGroups(&plan, std::max<int64_t>(4096, task_bytes));
+  return std::make_shared<const PlanSet>(std::move(plans));
+}
+
+}  // namespace
+
+// a batch read ahead: its ids, the reader that reads it (of the same plans, with its own batch
+// state), its windows, and the thread reading them with its cancel flag and how it ended
+struct BatchReader::Ahead {
+  std::vector<int64_t> ids;
+  std::unique_ptr<BatchReader> reader;
+  std::vector<std::vector<char>> windows;
+  std::unique_ptr<CancelFlag> cancel;
+  std::thread thread;
+  std::exception_ptr error;
+};
+
 BatchReader::BatchReader(PlanSet plans, ReaderOptions options)
-    : plans_(std::move(plans)), options_(std::move(options)) {
+    : BatchReader(SplitForTasks(std::move(plans), options.task_bytes), std::move(options)) {}
+
+BatchReader::BatchReader(std::shared_ptr<const PlanSet> plans, ReaderOptions options)
+    : shared_plans_(std::move(plans)), plans_(*shared_plans_), options_(std::move(options)) {
   ReaderOptions &o = options_;
   const std::string &src = plans_.source;
   if (o.dtype_name.empty()) o.dtype_name = DTypeName(o.dtype);
@@ -45,10 +123,6 @@ BatchReader::BatchReader(PlanSet plans, ReaderOptions options)
     Fail(Str(src, ": ", plans_.items.size(), " items are not ", o.outputs,
              " outputs' items per sample id; define the pipeline again"));
   num_ids_ = static_cast<int64_t>(plans_.items.size()) / o.outputs;
-  // a group larger than a task is read by several tasks (several threads); a coded plan's units
-  // are copied from a decoded chunk, not read
-  for (auto &plan : plans_.plans)
-    if (!plan.coded) SplitLargeGroups(&plan, o.task_bytes);
   const int64_t size = DTypeSize(o.dtype);
   for (size_t p = 0; p < plans_.plans.size(); p++) {
     if (plans_.plans[p].itemsize != size)
@@ -83,6 +157,12 @@ BatchReader::BatchReader(PlanSet plans, ReaderOptions options)
         Fail(Str(where, "the windows have ", plans_.plans[it.finish].shape[o.channel_axis], " channels on axis ",
                  o.channel_axis, ", mean and stddev ", o.mean.size()));
   }
+  // read ahead: always, or when a file is an object store's (a local file's reads are announced to
+  // the kernel instead, and the page cache reads ahead)
+  const ByteStore *local = StoreOf("file");
+  reads_ahead_ = o.read_ahead == kReadAheadAlways;
+  for (const auto &f : plans_.files)
+    if (o.read_ahead == kReadAheadRemote && f.byte_store != nullptr && f.byte_store != local) reads_ahead_ = true;
   // the first file of each plan, named in messages about files that differ from it
   first_path_.assign(plans_.plans.size(), std::string());
   for (const auto &part : plans_.parts)
@@ -100,10 +180,105 @@ void BatchReader::SetBatch(const int64_t *ids, int n) {
       Fail(Str("sample id ", id, " is out of range for the ", num_ids_, " samples of ", plans_.source));
     for (int k = 0; k < outputs; k++) items_[k * n + i] = plans_.items[k * num_ids_ + id];
   }
+  ids_.assign(ids, ids + n);
+}
+
+BatchReader::~BatchReader() {
+  while (!ahead_.empty()) {
+    auto a = std::move(ahead_.front());
+    ahead_.pop_front();
+    Drop(std::move(a));
+  }
+}
+
+void BatchReader::Drop(std::unique_ptr<Ahead> ahead) {
+  if (ahead->thread.joinable()) {
+    ahead->cancel->Cancel();
+    ahead->thread.join();
+    ahead_dropped_++;
+    g_ahead_dropped++;
+  }
+  ahead->error = nullptr;
+  spare_.push_back(std::move(ahead));
+}
+
+bool BatchReader::ReadAhead(const int64_t *ids, int n, int threads) {
+  if (!reads_ahead_ || n <= 0) return false;
+  std::vector<int64_t> want(ids, ids + n);
+  for (const auto &a : ahead_)
+    if (a->ids == want) return true;  // already on its way
+  int64_t bytes = 0;
+  for (int64_t id : want) {
+    if (id < 0 || id >= num_ids_) return false;  // that batch's Read refuses it
+    for (int k = 0; k < options_.outputs; k++) bytes += plans_.plans[plans_.items[k * num_ids_ + id].finish].bytes();
+  }
+  if (bytes > options_.read_ahead_bytes) return false;
+  while (ahead_.size() >= 2) {  // the oldest is not wanted any more: the batches read came after it
+    auto a = std::move(ahead_.front());
+    ahead_.pop_front();
+    Drop(std::move(a));
+  }
+  std::unique_ptr<Ahead> a;
+  if (!spare_.empty()) {
+    a = std::move(spare_.front());
+    spare_.pop_front();
+  } else {
+    a = std::make_unique<Ahead>();
+    ReaderOptions o = options_;
+    o.read_ahead = kReadAheadOff;
+    a->reader.reset(new BatchReader(shared_plans_, std::move(o)));
+  }
+  a->ids = std::move(want);
+  a->reader->device_fill_ = device_fill_;
+  a->reader->SetBatch(ids, n);
+  a->windows.resize(a->reader->num_windows());
+  for (int64_t j = 0; j < a->reader->num_windows(); j++) a->windows[j].resize(a->reader->window_plan(j).bytes());
+  a->cancel = std::make_unique<CancelFlag>();
+  Ahead *job = a.get();
+  try {
+    a->thread = std::thread([job, threads] {
+      CancelScope scope(job->cancel.get());
+      try {
+        std::vector<char *> out;
+        for (auto &w : job->windows) out.push_back(w.data());
+        job->reader->Read(out, RunOnThreads(threads));
+      } catch (...) {
+        job->error = std::current_exception();
+      }
+    });
+  } catch (const std::system_error &) {  // no thread to be had: the batch is read when it is wanted
+    spare_.push_back(std::move(a));
+    return false;
+  }
+  ahead_.push_back(std::move(a));
+  return true;
 }
 
 void BatchReader::Read(const std::vector<char *> &out, const RunTasks &run) {
   const int n = static_cast<int>(items_.size());
+  // this batch read ahead: wait for it and copy its windows (the batches read ahead before it were
+  // not wanted: dropped)
+  for (size_t k = 0; k < ahead_.size(); k++) {
+    if (ahead_[k]->ids != ids_) continue;
+    for (size_t d = 0; d < k; d++) {
+      auto stale = std::move(ahead_.front());
+      ahead_.pop_front();
+      Drop(std::move(stale));
+    }
+    auto a = std::move(ahead_.front());
+    ahead_.pop_front();
+    a->thread.join();
+    std::exception_ptr error = a->error;
+    if (!error) {
+      run([&](int64_t j) { std::memcpy(out[j], a->windows[j].data(), a->windows[j].size()); }, n,
+          [&](int64_t j) -> int64_t { return static_cast<int64_t>(a->windows[j].size()); });
+      ahead_used_++;
+      g_ahead_used++;
+    }
+    Drop(std::move(a));
+    if (error) std::rethrow_exception(error);
+    return;
+  }
   // the parts of this batch: (window, part index in plans_.parts)
   batch_parts_.clear();
   for (int i = 0; i < n; i++)

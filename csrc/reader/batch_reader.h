@@ -24,7 +24,9 @@
 #define DALI_MESH_READER_BATCH_READER_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,6 +47,15 @@ using RunTasks = std::function<void(const TaskFn &fn, int64_t n, const TaskCost 
 // RunTasks on this thread, task after task (an error stops the rest).
 void RunSerially(const TaskFn &fn, int64_t n, const TaskCost &cost);
 
+// RunTasks on `threads` threads (this one among them, the others under its CancelScope's flag), the
+// larger tasks first (as DALI's thread pool orders its work by priority); every task runs, the first
+// error is rethrown after the last.
+RunTasks RunOnThreads(int threads);
+
+// Batches read from what was read ahead, and batches read ahead then dropped unused, by every batch
+// reader of this library in this process (BatchReader::ReadAhead).
+void ReadAheadCounts(int64_t *used, int64_t *dropped);
+
 // What the read_windows operator's arguments say, as plain values.
 struct ReaderOptions {
   int dtype = -1;          // the output type, a DType (DALI's type numbers)
@@ -56,7 +67,12 @@ struct ReaderOptions {
   // channel_axis; empty: none
   std::vector<float> mean, stddev;
   int channel_axis = -1;
+  // reading the next batch while this one is used (ReadAhead): kReadAheadOff, kReadAheadRemote (when
+  // the plan set reads an object store: there a batch's reads wait on round trips) or kReadAheadAlways
+  int read_ahead = 1;
+  int64_t read_ahead_bytes = int64_t(1) << 30;  // a batch whose windows are larger is not read ahead
 };
+constexpr int kReadAheadOff = 0, kReadAheadRemote = 1, kReadAheadAlways = 2;
 
 class BatchReader {
  public:
@@ -83,10 +99,33 @@ class BatchReader {
   bool FillsOnDevice(int64_t plan) const { return !device_fill_.empty() && device_fill_[plan]; }
 
   // Reads every window j of the batch into out[j] (host memory of window_plan(j).bytes()), the
-  // tasks run by `run`.
+  // tasks run by `run`. A batch of these ids read ahead is waited for and copied instead (its error,
+  // if reading it failed, is thrown here, for this batch).
   void Read(const std::vector<char *> &out, const RunTasks &run);
 
+  // Starts reading the batch ids[0..n) on threads of its own (`threads` of them) into buffers of its
+  // own, when this reader reads ahead (ReaderOptions::read_ahead) and the batch's windows fit
+  // read_ahead_bytes: the batch the sample order gives next, announced while this one is read, so
+  // that its round trips overlap this batch's. At most two batches are read ahead; one that is not
+  // the next Read's is dropped (its reads cancelled) when a later one would be a third, or when a
+  // later batch is read. Ids out of range are left to that batch's Read to refuse. Only a hint: the
+  // data, the checks and the errors are those of a Read of that batch. Returns whether the batch is
+  // being read ahead.
+  bool ReadAhead(const int64_t *ids, int n, int threads);
+  bool ReadsAhead() const { return reads_ahead_; }
+  // Batches read whose windows were read ahead, and batches read ahead then dropped unused.
+  int64_t ahead_used() const { return ahead_used_; }
+  int64_t ahead_dropped() const { return ahead_dropped_; }
+
+  ~BatchReader();
+  BatchReader(const BatchReader &) = delete;
+  BatchReader &operator=(const BatchReader &) = delete;
+
  private:
+  BatchReader(std::shared_ptr<const PlanSet> plans, ReaderOptions options);
+  struct Ahead;
+  void Drop(std::unique_ptr<Ahead> ahead);  // cancels its reads, waits for its thread, keeps it for reuse
+
   struct BatchPart {
     int sample;    // the window (index into items_)
     int64_t part;  // index into plans_.parts
@@ -98,7 +137,8 @@ class BatchReader {
   void ReadChunkTask(int64_t t);  // read and decode chunk run t of chunk_tasks_, copy its parts out
   void ReadRawTask(const Task &task);
 
-  PlanSet plans_;
+  std::shared_ptr<const PlanSet> shared_plans_;  // shared with the readers of batches read ahead
+  const PlanSet &plans_;
   ReaderOptions options_;
   int64_t num_ids_ = 0;
   std::vector<int> ndim_;                // per output
@@ -115,6 +155,11 @@ class BatchReader {
   std::vector<int64_t> chunk_tasks_;                 // runs of coded_ with one chunk, and the end
   std::vector<std::vector<std::pair<int64_t, int64_t>>> chunk_ranges_;  // per run: the bytes copied out
   PartsGuesses guesses_;  // where the chunks read in parts lay out, for the next ones (remote stores)
+  std::vector<int64_t> ids_;  // the batch's sample ids
+  // batches read ahead, oldest first, and those done with (their readers and buffers reused)
+  bool reads_ahead_ = false;
+  std::deque<std::unique_ptr<Ahead>> ahead_, spare_;
+  int64_t ahead_used_ = 0, ahead_dropped_ = 0;
 };
 
 }  // namespace dali_mesh

@@ -442,6 +442,7 @@ long Perform(const HttpStore &store, const std::string &url, const std::string &
   const auto t0 = std::chrono::steady_clock::now();
   std::string last;
   for (int attempt = 0;; attempt++) {
+    if (ReadCancelled()) StoreFail(name + " (" + what + "): cancelled: the pipeline was stopped after an error");
     CURL *curl = HandleOfThread();
     x->Reset();
     if (x->text) x->text->clear();
@@ -669,7 +670,9 @@ void HttpStore::GetMany(const std::string &key, const std::vector<StoredObject::
   std::vector<std::future<void>> others;
   for (size_t k = 1; k < ranges.size(); k++) {
     const StoredObject::Range r = ranges[k];
-    others.push_back(FetchPool::Get().Submit([this, key, r, if_match, size] {
+    // the pool's thread reads under the asking thread's cancel flag (a batch read ahead, dropped)
+    others.push_back(FetchPool::Get().Submit([this, key, r, if_match, size, flag = CurrentCancelFlag()] {
+      CancelScope scope(flag);
       GetVector(key, {{r.dst, r.bytes}}, r.offset, if_match, size);
     }));
   }

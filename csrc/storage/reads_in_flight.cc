@@ -57,7 +57,21 @@ FlightGuard::~FlightGuard() {
   t_flight_epoch = outer_epoch_;
 }
 
-bool ReadCancelled() { return t_flight_epoch < g_cancel_epoch.load(); }
+namespace {
+thread_local const CancelFlag *t_cancel_flag = nullptr;
+}  // namespace
+
+bool ReadCancelled() {
+  return t_flight_epoch < g_cancel_epoch.load() || (t_cancel_flag != nullptr && t_cancel_flag->cancelled());
+}
+
+CancelScope::CancelScope(const CancelFlag *flag) : outer_(t_cancel_flag) {
+  if (flag != nullptr) t_cancel_flag = flag;
+}
+
+CancelScope::~CancelScope() { t_cancel_flag = outer_; }
+
+const CancelFlag *CurrentCancelFlag() { return t_cancel_flag; }
 
 std::string ReadsInFlight() {
   static const char kHex[] = "0123456789abcdef";

@@ -12,6 +12,7 @@
 #ifndef DALI_MESH_STORAGE_READS_IN_FLIGHT_H_
 #define DALI_MESH_STORAGE_READS_IN_FLIGHT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -30,8 +31,37 @@ class FlightGuard {
   uint64_t outer_epoch_;
 };
 
-// Whether the calling thread's read in flight was cancelled (CancelReads after it started).
+// Whether the calling thread's read in flight was cancelled (CancelReads after it started), or the
+// thread runs under a CancelScope whose flag is set.
 bool ReadCancelled();
+
+// A flag that cancels the reads of the threads running under it (CancelScope), as CancelReads does
+// for every read of the process: a batch read ahead and then not wanted is dropped this way. Reads
+// blocked in the kernel are not interrupted (the flag is for remote reads, which look at it at
+// least once a second); a read sees it at its next look and fails as cancelled.
+class CancelFlag {
+ public:
+  void Cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+
+ private:
+  std::atomic<bool> cancelled_{false};
+};
+
+// While it lives, the calling thread's reads are also cancelled by `flag` (null: none); scopes nest.
+class CancelScope {
+ public:
+  explicit CancelScope(const CancelFlag *flag);
+  ~CancelScope();
+  CancelScope(const CancelScope &) = delete;
+  CancelScope &operator=(const CancelScope &) = delete;
+
+ private:
+  const CancelFlag *outer_;
+};
+
+// The flag the calling thread runs under (null: none), for work it hands to other threads.
+const CancelFlag *CurrentCancelFlag();
 
 std::string ReadsInFlight();
 void CancelReads();

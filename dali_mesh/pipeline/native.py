@@ -114,16 +114,39 @@ def plan_windows(source, *, merge_gap: int = DEFAULT_MERGE_GAP) -> tuple[PlanSet
 
 # ---- the pipeline side ---------------------------------------------------------------------------
 class _SampleIds:
-    """Batch-mode external source: this rank's sample ids and pad flags of one batch, from the
-    source's stateless sample order (``BatchInfo``: iteration and epoch), so DALI's checkpoints
-    resume it exactly. ``StopIteration`` after the last whole batch."""
+    """Batch-mode external source: this rank's sample ids and pad flags of one batch, and the next
+    batch's sample ids (the reader reads that batch ahead; -1: none, the epoch's last batch: a batch
+    of the next epoch is not fetched before it is asked for), from the source's stateless sample
+    order (``BatchInfo``: iteration and epoch), so DALI's checkpoints resume it exactly.
+    ``StopIteration`` after the last whole batch."""
 
-    def __init__(self, source) -> None:
+    def __init__(self, source, next_ids: bool = True) -> None:
         self.source = source
+        self.next_ids = next_ids
 
     def __call__(self, info):
         batch = batch_entries(self.source, info)
-        return ([np.array(int(s), np.int64) for s, _ in batch], [np.array(bool(p)) for _, p in batch])
+        if not self.next_ids:
+            return ([np.array(int(s), np.int64) for s, _ in batch], [np.array(bool(p)) for _, p in batch])
+        try:
+            after = batch_entries(self.source, _Next(info))
+        except StopIteration:
+            after = []
+        nxt = [int(s) for s, _ in after] if len(after) == len(batch) else [-1] * len(batch)
+        return ([np.array(int(s), np.int64) for s, _ in batch], [np.array(bool(p)) for _, p in batch],
+                [np.array(s, np.int64) for s in nxt])
+
+
+class _Next:
+    """The ``BatchInfo`` of the batch after ``info``'s, in the same epoch."""
+
+    def __init__(self, info) -> None:
+        self.iteration = int(info.iteration) + 1
+        self.epoch_idx = int(info.epoch_idx)
+
+
+#: the attribute of a sample-id node that holds its next-batch-id node (the same external source's)
+_NEXT_IDS = "_dali_mesh_next_ids"
 
 
 def batch_entries(source, info) -> list[tuple[int, bool]]:
@@ -142,7 +165,7 @@ def batch_entries(source, info) -> list[tuple[int, bool]]:
 def read_windows(source, device: str = "cpu", *, name: str | None = None, layout: str | None = None,
                  fallback: bool = True, task_bytes: int = 4 << 20, prefetch: bool = True,
                  merge_gap: int = DEFAULT_MERGE_GAP, plan_dir: str | None = None, sample_ids=None, plans=None,
-                 normalize=None, **kwargs):
+                 normalize=None, read_ahead: bool | None = None, **kwargs):
     """This rank's windows of ``source``, read by the native operator (``fn.dali_mesh.read_windows``).
 
     Outputs as :func:`dali_mesh.fn.partitioned_source`: ``(window, sample_id, is_pad)``, or with a
@@ -175,6 +198,13 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
             in place as the operator finishes it (every cell, halo cells too; ``c`` the index on
             ``channel_axis``). CPU only: on the GPU ``strided_slice(..., channel_axis, mean, std)``
             after the read is one pass on the device.
+        read_ahead: read the next batch on threads of the operator's own while this one is read
+            (its windows in buffers of the operator's own, at most two batches, each at most 1 GiB),
+            so that the round trips of two batches overlap: ``None`` (default) when the source is in
+            an object store (``s3://``, ``gs://``, ``https://``), ``True`` also for local files,
+            ``False`` never. The sample order gives the next batch, within the epoch (the first
+            batch of an epoch is read when it is asked for); the data, the checks and the errors
+            are those of reading that batch when it comes.
         kwargs: passed to the ``partitioned_source`` fallback.
     """
     from nvidia.dali import fn, types
@@ -211,14 +241,24 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
     path = (plans[0] if len(plans) == 1 else PlanSet.joined(plans)).write(plan_dir)
     if pipe is not None:  # as partitioned_source does: MeshLoader checks it and fingerprints checkpoints
         info_of(pipe).sources.append(source)
+    # read ahead: by default when a file is an object store's (local reads are announced to the kernel)
+    remote = any(f.store != "file" for p in plans for f in p.files)
+    ahead = {None: 1 if remote else 0, True: 2, False: 0}[read_ahead]
     if sample_ids is not None:
-        ids, pads = sample_ids
+        ids, pads = sample_ids[:2]
+        nxt = sample_ids[2] if len(sample_ids) > 2 else getattr(ids, _NEXT_IDS, None)
+    elif ahead:
+        ids, pads, nxt = fn.external_source(source=_SampleIds(reader), num_outputs=3, batch=True,
+                                            batch_info=True, dtype=[types.INT64, types.BOOL, types.INT64],
+                                            ndim=[0, 0, 0], name=name)
+        setattr(ids, _NEXT_IDS, nxt)  # for read_windows(sample_ids=(ids, pads)) of other sources
     else:
-        ids, pads = fn.external_source(source=_SampleIds(reader), num_outputs=2, batch=True,
-                                       batch_info=True, dtype=[types.INT64, types.BOOL], ndim=[0, 0],
-                                       name=name)
-    wins = ops.read_windows(ids, plan_file=path, dtype=types.to_dali_type(plans[0].dtype), outputs=len(plans),
-                            task_bytes=int(task_bytes), prefetch=bool(prefetch),
+        ids, pads = fn.external_source(source=_SampleIds(reader, next_ids=False), num_outputs=2, batch=True,
+                                       batch_info=True, dtype=[types.INT64, types.BOOL], ndim=[0, 0], name=name)
+        nxt = None
+    inputs = (ids,) if nxt is None or ahead == 0 else (ids, nxt)
+    wins = ops.read_windows(*inputs, plan_file=path, dtype=types.to_dali_type(plans[0].dtype), outputs=len(plans),
+                            task_bytes=int(task_bytes), prefetch=bool(prefetch), read_ahead=ahead,
                             device="mixed" if device == "gpu" else "cpu", **norm)
     wins = [wins] if len(plans) == 1 else list(wins)
     if layout is not None:

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "c_api/export.h"
+#include "reader/batch_reader.h"
 #include "storage/reads_in_flight.h"
 
 // The native reads in flight as JSON lines (see ReadsInFlight in storage/reads_in_flight.h), by
@@ -16,3 +17,7 @@ DM_EXPORT int64_t dali_mesh_reads_in_flight(char *out, int64_t out_size) {
 // Makes the native reads in flight fail, interrupting those blocked in the kernel (see CancelReads in
 // storage/reads_in_flight.h): after a pipeline failure, so that its threads return.
 DM_EXPORT void dali_mesh_cancel_reads() { dali_mesh::CancelReads(); }
+
+// The operator's batches read from what was read ahead (out[0]) and read ahead then dropped unused
+// (out[1]) in this process (ReadAheadCounts in reader/batch_reader.h).
+DM_EXPORT void dali_mesh_read_ahead_counts(int64_t *out) { dali_mesh::ReadAheadCounts(&out[0], &out[1]); }

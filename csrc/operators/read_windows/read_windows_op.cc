@@ -134,10 +134,13 @@ constant fills), plus the file table and, per sample id, its file, plan and base
 is one sample id per sample. Files are opened read-only with ``O_NONBLOCK`` and
 ``POSIX_FADV_RANDOM``; a missing, non-regular, truncated or changed file is an error naming it.
 Stateless: checkpointing works.)")
-    .NumInput(1)
+    .NumInput(1, 2)
     .NumOutput(1)
     .OutputFn([](const OpSpec &spec) { return spec.GetArgument<int>("outputs"); })
     .InputDox(0, "sample_id", "TensorList", "One int32/int64 sample id per sample.")
+    .InputDox(1, "next_sample_id", "TensorList", "Optional: the next batch's sample ids (-1: none), "
+              "read ahead on threads of the operator's own while this batch is read (read_ahead). A "
+              "hint: a batch read ahead that is not the next one is dropped.")
     .AddArg("plan_file", "Path of the plan file written by dali_mesh.pipeline.native.", DALI_STRING)
     .AddArg("dtype", "Output type (the planned files' dtype, native byte order).", DALI_DATA_TYPE)
     .AddOptionalArg("outputs", "Windows per sample id, one output each (a forecast's input and target: "
@@ -153,7 +156,12 @@ Stateless: checkpointing works.)")
                     "(boundary cells too). CPU only (on the GPU, strided_slice after the read).",
                     std::vector<float>())
     .AddOptionalArg("stddev", "Per-channel standard deviations (as many as mean).", std::vector<float>())
-    .AddOptionalArg("channel_axis", "The windows' axis that mean and stddev index.", -1);
+    .AddOptionalArg("channel_axis", "The windows' axis that mean and stddev index.", -1)
+    .AddOptionalArg("read_ahead", "Read the batch of next_sample_id ahead: 0 never, 1 when the plan "
+                    "reads an object store (its reads wait on round trips), 2 always.", 1)
+    .AddOptionalArg<int64_t>("read_ahead_bytes", "A batch whose windows are larger is not read ahead "
+                             "(at most two batches are, in buffers of the operator's own).",
+                             int64_t(1) << 30);
 
 DALI_REGISTER_OPERATOR(dali_mesh__ReadWindows, ::dali_mesh::ReadWindowsCPU, CPU);
 

@@ -7,6 +7,8 @@
 #ifndef DALI_MESH_READ_WINDOWS_OP_H_
 #define DALI_MESH_READ_WINDOWS_OP_H_
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -38,27 +40,38 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
     o.mean = spec.GetRepeatedArgument<float>("mean");
     o.stddev = spec.GetRepeatedArgument<float>("stddev");
     o.channel_axis = spec.GetArgument<int>("channel_axis");
+    o.read_ahead = spec.GetArgument<int>("read_ahead");
+    o.read_ahead_bytes = spec.GetArgument<int64_t>("read_ahead_bytes");
     return o;
   }
 
   int outputs() const { return reader_.options().outputs; }
 
-  bool SetupImpl(std::vector<dali::OutputDesc> &output_desc, const dali::Workspace &ws) override {
-    const auto &ids = ws.Input<dali::CPUBackend>(0);
+  // The sample ids of input `input`, one per sample.
+  static void IdsOf(const dali::Workspace &ws, int input, std::vector<int64_t> *out) {
+    const auto &ids = ws.Input<dali::CPUBackend>(input);
+    const char *what = input == 0 ? "sample ids" : "next batch's sample ids";
     const int n = ids.num_samples();
-    ids_.resize(n);
+    out->resize(n);
     for (int i = 0; i < n; i++) {
       DALI_ENFORCE(dali::volume(ids.tensor_shape(i)) == 1,
-                   dali::make_string("read_windows: sample ", i, ": the input must be one sample id "
-                                     "per sample, got shape ", ids.tensor_shape(i)));
+                   dali::make_string("read_windows: sample ", i, ": the input ", input == 0 ? "" : "of the next batch ",
+                                     "must be one sample id per sample, got shape ", ids.tensor_shape(i)));
       switch (ids.type()) {
-        case DALI_INT64: ids_[i] = *static_cast<const int64_t *>(ids.raw_tensor(i)); break;
-        case DALI_INT32: ids_[i] = *static_cast<const int32_t *>(ids.raw_tensor(i)); break;
+        case DALI_INT64: (*out)[i] = *static_cast<const int64_t *>(ids.raw_tensor(i)); break;
+        case DALI_INT32: (*out)[i] = *static_cast<const int32_t *>(ids.raw_tensor(i)); break;
         default:
-          DALI_FAIL(dali::make_string("read_windows: sample ids have type ", ids.type(),
-                                      "; expected int32 or int64"));
+          DALI_FAIL(dali::make_string("read_windows: ", what, " have type ", ids.type(), "; expected int32 or int64"));
       }
     }
+  }
+
+  bool SetupImpl(std::vector<dali::OutputDesc> &output_desc, const dali::Workspace &ws) override {
+    IdsOf(ws, 0, &ids_);
+    const int n = static_cast<int>(ids_.size());
+    // the next batch's ids (-1: none, the epoch's last batch), read ahead while this one is read
+    next_.clear();
+    if (ws.NumInput() > 1) IdsOf(ws, 1, &next_);
     reader_.SetBatch(ids_.data(), n);
     output_desc.resize(outputs());
     for (int k = 0; k < outputs(); k++) {
@@ -77,6 +90,9 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
   // Reads every window of the batch (window j: output j / n's window of sample j % n) into `out[j]`
   // (host memory of the window's size), the tasks on `pool` (null: on this thread).
   void ReadAll(const std::vector<char *> &out, dali::ThreadPool *pool) {
+    // the next batch starts first, so that its round trips overlap this one's
+    if (!next_.empty() && std::find(next_.begin(), next_.end(), int64_t(-1)) == next_.end())
+      reader_.ReadAhead(next_.data(), static_cast<int>(next_.size()), pool ? pool->NumThreads() : 1);
     if (pool == nullptr) {
       reader_.Read(out, RunSerially);
       return;
@@ -89,7 +105,7 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
 
   dali::DALIDataType dtype_ = DALI_NO_TYPE;
   BatchReader reader_;
-  std::vector<int64_t> ids_;
+  std::vector<int64_t> ids_, next_;
 };
 
 }  // namespace dali_mesh

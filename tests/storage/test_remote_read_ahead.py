@@ -1,0 +1,152 @@
+"""The native reader reads the next batch ahead from an object store (``read_windows(read_ahead=None)``:
+on for s3://, gs://, https:// sources), against a real S3 server (moto) behind the tests' counting
+proxy: every window of two shuffled epochs equals the oracle's (zarr-python's array, ``take_window``);
+each range is fetched once (the same GETs as without reading ahead: a batch read ahead is never
+fetched again); no batch of the next epoch is fetched before it is asked for; an object replaced after
+the plan fails the batch that reads it, when that batch is read; a batch read ahead then not wanted,
+stuck on a server that does not answer, is cancelled at once."""
+from __future__ import annotations
+
+import io
+import re
+import time
+
+import numpy as np
+import pytest
+
+from dali_mesh.storage.remote import have_native_http
+from tests.storage.fault_proxy import proxy  # noqa: F401
+from tests.storage.s3_server import client, options, s3_endpoint, upload  # noqa: F401
+
+pytestmark = [pytest.mark.skipif(not have_native_http(), reason="this build has no libcurl"),
+              pytest.mark.timeout(120)]
+
+
+def _epochs(pipe, epochs):
+    """``[(sample id, window)]`` per epoch, every batch of ``epochs`` epochs."""
+    out = []
+    for _ in range(epochs):
+        got = []
+        while True:
+            try:
+                w, ids, _ = pipe.run()
+            except StopIteration:
+                pipe.reset()
+                break
+            got += [(int(np.array(ids[i])), np.array(w[i])) for i in range(len(w))]
+        out.append(got)
+    return out
+
+
+@pytest.mark.parametrize("store", ["sharded_zstd", "blosc_parts"])
+def test_batches_read_ahead_from_s3_are_the_oracles_and_fetched_once(store, proxy, tmp_path, s3_endpoint):
+    pytest.importorskip("nvidia.dali")
+    import zarr
+    from numcodecs import Blosc
+
+    from dali_mesh import Layout, MeshInfo, ZarrSource
+    from dali_mesh.partition import take_window
+    from dali_mesh.pipeline.plugin import plugin_read_ahead_counts
+    from tests.helpers import native_pipeline
+
+    a = np.round(np.random.default_rng(11).normal(size=(8, 3, 96, 64)), 2).astype("f4")
+    if store == "sharded_zstd":
+        z = zarr.create_array(tmp_path / "a.zarr", shape=a.shape, chunks=(1, 3, 32, 64), shards=(2, 3, 96, 64),
+                              dtype="f4", compressors=[zarr.codecs.ZstdCodec(level=3)])
+    else:  # whole-field chunks of many Blosc blocks: read in parts
+        z = zarr.create_array(tmp_path / "a.zarr", shape=a.shape, chunks=(1, 3, 96, 64), dtype="f4", zarr_format=2,
+                              compressors=[Blosc("lz4", 5, Blosc.SHUFFLE, blocksize=4096)])
+    z[:] = a
+    full = zarr.open_array(str(tmp_path / "a.zarr"), mode="r")[:]
+    location = upload(s3_endpoint, tmp_path / "a.zarr", "data", f"ahead/{store}.zarr")
+    layout = Layout(MeshInfo((1, 3), ("dp", "mp"), (0, 1)), shard={"mp": 1}, halo={1: 2}, boundary="reflect")
+    chunk_gets = {}
+    for ahead in (None, False):
+        src = ZarrSource([location], None, layout, batch_size=2, shuffle=True, seed=3,
+                         storage_options=options(proxy.endpoint))
+        pipe = native_pipeline(src, plan_dir=str(tmp_path / "plans"), read_ahead=ahead)
+        used0, dropped0 = plugin_read_ahead_counts()
+        start = len(proxy.requests)
+        epochs = _epochs(pipe, 2)
+        for got in epochs:
+            assert sorted(i for i, _ in got) == list(range(8))
+            for sid, w in got:
+                np.testing.assert_array_equal(w, take_window(full[sid], src.region), err_msg=f"sample {sid}")
+        used, dropped = plugin_read_ahead_counts()
+        # 4 batches an epoch: the 2nd, 3rd and 4th were read ahead; the next epoch's 1st never is
+        assert (used - used0, dropped - dropped0) == ((6, 0) if ahead is None else (0, 0))
+        del pipe
+        chunk_gets[ahead] = sorted((path, rng) for method, path, rng, _ in proxy.requests[start:]
+                                   if method == "GET" and re.search(r"\.zarr/(c/|\d)", path))
+    if store == "sharded_zstd":  # the same inner chunks' ranges, each once per epoch
+        assert chunk_gets[None] == chunk_gets[False]
+    else:  # read in parts: where the first chunk's guess falls differs by reader; never more chunks
+        assert {p for p, _ in chunk_gets[None]} == {p for p, _ in chunk_gets[False]}
+
+
+def test_an_object_replaced_after_the_plan_fails_its_batch_when_read(proxy, tmp_path, s3_endpoint):
+    """The batch read ahead that reads the replaced object fails when that batch is read (not before,
+    and the batch before it gives its window); the error names the object."""
+    pytest.importorskip("nvidia.dali")
+    from dali_mesh import NumpySource
+    from tests.helpers import native_pipeline, one_rank_layout
+
+    a = np.arange(3 * 2 * 8 * 6, dtype="f4").reshape(3, 2, 8, 6)
+    locations = []
+    for t in range(3):
+        buf = io.BytesIO()
+        np.save(buf, a[t])
+        client(s3_endpoint).put_object(Bucket="data", Key=f"ahead/s{t}.npy", Body=buf.getvalue())
+        locations.append(f"s3://data/ahead/s{t}.npy")
+    src = NumpySource(locations, one_rank_layout(), batch_size=1, shuffle=False,
+                      storage_options=options(proxy.endpoint, retries=2, retry_seconds=5, stall=1, timeout=10))
+    pipe = native_pipeline(src, plan_dir=str(tmp_path))
+    buf = io.BytesIO()
+    np.save(buf, a[1] + 1000)  # the same size: only the ETag tells
+    client(s3_endpoint).put_object(Bucket="data", Key="ahead/s1.npy", Body=buf.getvalue())
+    w, _, _ = pipe.run()  # reads sample 0, and sample 1 ahead
+    np.testing.assert_array_equal(np.array(w[0]), a[0])
+    with pytest.raises(Exception) as info:
+        w, _, _ = pipe.run()
+        pytest.fail(f"a window came: {np.array(w[0]).ravel()[:4]}")
+    assert "replaced" in str(info.value) and "ahead/s1.npy" in str(info.value)
+
+
+def test_a_batch_read_ahead_then_not_wanted_is_cancelled_at_once(proxy, tmp_path, s3_endpoint):
+    """A server that never answers the batch read ahead (stall=60: curl would wait a minute): when a
+    third batch is read ahead the first is dropped, its request cancelled within about a second (curl's
+    progress callback); closing the reader cancels the others the same way."""
+    from dali_mesh import NumpySource, _kernels
+    from dali_mesh.pipeline import native
+    from tests.helpers import one_rank_layout
+
+    locations = []
+    for t in range(4):
+        buf = io.BytesIO()
+        np.save(buf, np.full((2, 8, 6), t, "f4"))
+        client(s3_endpoint).put_object(Bucket="data", Key=f"ahead/h{t}.npy", Body=buf.getvalue())
+        locations.append(f"s3://data/ahead/h{t}.npy")
+    src = NumpySource(locations, one_rank_layout(), batch_size=1, shuffle=False,
+                      storage_options=options(proxy.endpoint, retries=1, retry_seconds=120, stall=60, timeout=120))
+    path = native.plan_windows(src)[0].write(str(tmp_path))
+    for t in (1, 2, 3):
+        proxy.add("hang", key=f"ahead/h{t}.npy", seconds=60)
+    proxy.reset_counts()
+    reader = _kernels.PlanReader(path, "f4")  # read_ahead=1: these are an object store's
+    try:
+        assert reader.read_ahead([1]) and reader.read_ahead([2])
+        deadline = time.monotonic() + 10
+        while proxy.count("GET", "ahead/h") < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert proxy.count("GET", "ahead/h1.npy") == proxy.count("GET", "ahead/h2.npy") == 1  # both in flight
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        assert reader.read_ahead([3])  # the batch of [1] is dropped: its request cancelled
+        assert time.monotonic() - t0 < 5
+        assert reader.ahead_counts() == (0, 1)
+        (w,), = reader.read([0])  # another batch, read now
+        np.testing.assert_array_equal(w, np.zeros((2, 8, 6), "f4"))
+    finally:
+        t0 = time.monotonic()
+        reader.close()
+        assert time.monotonic() - t0 < 5
