@@ -22,12 +22,18 @@ Stores, uploaded to the server once:
   blosc_globe     Zarr v2, Blosc(lz4, 5, shuffle), chunks (1, 4, 721, 1440): a whole field per object
   zstd_sharded    Zarr v3, Zstd(3), inner chunks (1, 4, 721, 1440), shards of 4 steps (crc32c index)
   blosc_band      Zarr v2, Blosc(lz4, 5, shuffle), chunks (1, 4, 181, 1440): one chunk per window
-Readers (each reads rank 1's window of every step in order, one step at a time, at most
-``--concurrency`` requests in flight and as many threads decoding):
+Readers (each reads rank 1's window of every step in order, at most ``--concurrency`` requests in flight
+per step and as many threads decoding):
   native        dali_mesh ZarrSource(s3://..., storage_options=...) + read_windows, CPU pipeline
-                (device_id=None), batch 1, num_threads = concurrency, prefetch_queue_depth=1
-  tensorstore   ts.open(zarr / zarr3, kvstore s3 with endpoint = the proxy), window[t].read() per step;
-                s3_request_concurrency, data_copy_concurrency = concurrency, no cache pool
+                (device_id=None), batch 1, num_threads = concurrency, prefetch_queue_depth=1; the
+                operator reads the next step ahead while it reads this one (read_ahead's default for
+                object stores): two steps in flight
+  native_sync   the same with read_ahead=False: one step at a time
+  tensorstore   ts.open(zarr / zarr3, kvstore s3 with endpoint = the proxy), window[t].read() per step,
+                one step at a time; s3_request_concurrency, data_copy_concurrency = concurrency, no
+                cache pool
+  tensorstore_ahead  the same, step t+1's read issued before step t's is waited for: two steps in
+                flight, as the native reader reads ahead (the context's limits as above)
   zarr_fsspec   zarr-python 3 over FsspecStore (s3fs), array[t, :, lat0:lat1, :] per step;
                 async.concurrency = threading.max_workers = concurrency
   zarr_obstore  the same over zarr.storage.ObjectStore(obstore S3Store) (left out when obstore is not
@@ -71,7 +77,7 @@ from benchmarks._common import pipeline_epoch  # noqa: E402
 
 BUCKET = "bench"
 STORES = ("blosc_globe", "zstd_sharded", "blosc_band")
-READERS = ("native", "tensorstore", "zarr_fsspec", "zarr_obstore")
+READERS = ("native", "native_sync", "tensorstore", "tensorstore_ahead", "zarr_fsspec", "zarr_obstore")
 STEPS_PER_SHARD = 4
 CONTROL = "/__bench__/"  # the proxy's own paths (counts, reset, latency): neither forwarded nor counted
 
@@ -268,7 +274,7 @@ def _options(endpoint: str, **more) -> dict:
 
 # ---- readers ------------------------------------------------------------------------------------------------
 class _Native:
-    def __init__(self, location, steps, conc, layout, storage_options=None):
+    def __init__(self, location, steps, conc, layout, storage_options=None, read_ahead=None):
         from nvidia.dali import pipeline_def
 
         from dali_mesh.pipeline import native
@@ -279,7 +285,7 @@ class _Native:
 
         @pipeline_def(batch_size=1, num_threads=conc, device_id=None, prefetch_queue_depth=1)
         def pipe():
-            return native.read_windows(src, fallback=False)[0]
+            return native.read_windows(src, fallback=False, read_ahead=read_ahead)[0]
 
         self.pipe = pipe()
         self.pipe.build()
@@ -289,7 +295,7 @@ class _Native:
 
 
 class _TensorStore:
-    def __init__(self, store, endpoint, steps, conc, sl):
+    def __init__(self, store, endpoint, steps, conc, sl, ahead=False):
         import tensorstore as ts
 
         ctx = ts.Context({"s3_request_concurrency": {"limit": conc}, "data_copy_concurrency": {"limit": conc},
@@ -298,10 +304,20 @@ class _TensorStore:
                 "kvstore": {"driver": "s3", "bucket": BUCKET, "path": f"{store}.zarr/", "endpoint": endpoint,
                             "aws_region": "us-east-1"}}
         self.arr = ts.open(spec, context=ctx, read=True).result()
-        self.steps, self.sl = steps, sl
+        self.steps, self.sl, self.ahead = steps, sl, ahead
 
     def epoch(self, keep=False):
-        return [self.arr[(t,) + self.sl].read().result() for t in range(self.steps)]
+        if not self.ahead:
+            return [self.arr[(t,) + self.sl].read().result() for t in range(self.steps)]
+        # the next step's read is issued before this one's is waited for (two steps in flight)
+        futures = [self.arr[(0,) + self.sl].read()]
+        out = []
+        for t in range(self.steps):
+            if t + 1 < self.steps:
+                futures.append(self.arr[(t + 1,) + self.sl].read())
+            out.append(futures[t].result())
+            futures[t] = None
+        return out
 
 
 class _Zarr:
@@ -349,10 +365,11 @@ def _versions() -> str:
 
 
 def _make(reader, store, server, steps, conc, layout, sl):
-    if reader == "native":
-        return _Native(f"s3://{BUCKET}/{store}.zarr", steps, conc, layout, _options(server.proxy))
-    if reader == "tensorstore":
-        return _TensorStore(store, server.proxy, steps, conc, sl)
+    if reader in ("native", "native_sync"):
+        return _Native(f"s3://{BUCKET}/{store}.zarr", steps, conc, layout, _options(server.proxy),
+                       read_ahead=False if reader == "native_sync" else None)
+    if reader in ("tensorstore", "tensorstore_ahead"):
+        return _TensorStore(store, server.proxy, steps, conc, sl, ahead=reader == "tensorstore_ahead")
     return _Zarr(store, server.proxy, steps, conc, sl, reader.removeprefix("zarr_"))
 
 

@@ -5,13 +5,14 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <condition_variable>
 #include <exception>
+#include <future>
 #include <mutex>
 #include <numeric>
 #include <sstream>
 #include <string>
 #include <system_error>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "reader/read_units.h"
 #include "reader/tasks.h"
 #include "storage/byte_store.h"
+#include "storage/kept_threads.h"
 #include "storage/reads_in_flight.h"
 
 namespace dali_mesh {
@@ -47,31 +49,60 @@ void RunSerially(const TaskFn &fn, int64_t n, const TaskCost &) {
 RunTasks RunOnThreads(int threads) {
   if (threads <= 1) return RunSerially;
   return [threads](const TaskFn &fn, int64_t n, const TaskCost &cost) {
-    std::vector<int64_t> order(n), costs(n);
-    std::iota(order.begin(), order.end(), int64_t(0));
+    // the calling thread takes tasks in cost order, and up to threads - 1 kept threads help it; a
+    // helper that starts after the last task was taken (the pool was busy) finds none and leaves, so
+    // the caller never waits for a helper that has not started, only for those running a task
+    struct Shared {
+      const TaskFn *fn;
+      std::vector<int64_t> order;
+      std::atomic<int64_t> next{0};
+      std::mutex mutex;
+      std::condition_variable done;
+      std::exception_ptr error;
+      int running = 0;
+      bool closed = false;
+      const CancelFlag *flag;
+    };
+    auto shared = std::make_shared<Shared>();
+    shared->fn = &fn;
+    shared->flag = CurrentCancelFlag();
+    shared->order.resize(n);
+    std::vector<int64_t> costs(n);
+    std::iota(shared->order.begin(), shared->order.end(), int64_t(0));
     for (int64_t t = 0; t < n; t++) costs[t] = cost(t);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return costs[a] > costs[b]; });
-    std::atomic<int64_t> next{0};
-    std::mutex mutex;
-    std::exception_ptr error;
-    const CancelFlag *flag = CurrentCancelFlag();
-    auto work = [&] {
-      CancelScope scope(flag);
-      for (int64_t k; (k = next.fetch_add(1)) < n;) {
+    std::stable_sort(shared->order.begin(), shared->order.end(),
+                     [&](int64_t a, int64_t b) { return costs[a] > costs[b]; });
+    auto work = [](Shared &s) {
+      for (int64_t k; (k = s.next.fetch_add(1)) < static_cast<int64_t>(s.order.size());) {
         try {
-          fn(order[k]);
+          (*s.fn)(s.order[k]);
         } catch (...) {
-          std::lock_guard<std::mutex> lock(mutex);
-          if (!error) error = std::current_exception();
+          std::lock_guard<std::mutex> lock(s.mutex);
+          if (!s.error) s.error = std::current_exception();
         }
       }
     };
-    std::vector<std::thread> pool;
     const int64_t helpers = std::min<int64_t>(threads, n) - 1;
-    for (int64_t k = 0; k < helpers; k++) pool.emplace_back(work);
-    work();
-    for (auto &t : pool) t.join();
-    if (error) std::rethrow_exception(error);
+    for (int64_t k = 0; k < helpers; k++) {
+      KeptThreads::Readers().Submit([shared, work] {
+        {
+          std::lock_guard<std::mutex> lock(shared->mutex);
+          if (shared->closed) return;
+          shared->running++;
+        }
+        {
+          CancelScope scope(shared->flag);
+          work(*shared);
+        }
+        std::lock_guard<std::mutex> lock(shared->mutex);
+        if (--shared->running == 0) shared->done.notify_all();
+      });
+    }
+    work(*shared);
+    std::unique_lock<std::mutex> lock(shared->mutex);
+    shared->closed = true;
+    shared->done.wait(lock, [&] { return shared->running == 0; });
+    if (shared->error) std::rethrow_exception(shared->error);
   };
 }
 
@@ -106,7 +137,7 @@ struct BatchReader::Ahead {
   std::unique_ptr<BatchReader> reader;
   std::vector<std::vector<char>> windows;
   std::unique_ptr<CancelFlag> cancel;
-  std::thread thread;
+  std::future<void> done;  // the job on a kept thread (KeptThreads::Readers)
   std::exception_ptr error;
 };
 
@@ -192,9 +223,9 @@ BatchReader::~BatchReader() {
 }
 
 void BatchReader::Drop(std::unique_ptr<Ahead> ahead) {
-  if (ahead->thread.joinable()) {
+  if (ahead->done.valid()) {
     ahead->cancel->Cancel();
-    ahead->thread.join();
+    ahead->done.get();
     ahead_dropped_++;
     g_ahead_dropped++;
   }
@@ -236,7 +267,7 @@ bool BatchReader::ReadAhead(const int64_t *ids, int n, int threads) {
   a->cancel = std::make_unique<CancelFlag>();
   Ahead *job = a.get();
   try {
-    a->thread = std::thread([job, threads] {
+    a->done = KeptThreads::Readers().Submit([job, threads] {
       CancelScope scope(job->cancel.get());
       try {
         std::vector<char *> out;
@@ -267,7 +298,7 @@ void BatchReader::Read(const std::vector<char *> &out, const RunTasks &run) {
     }
     auto a = std::move(ahead_.front());
     ahead_.pop_front();
-    a->thread.join();
+    a->done.get();
     std::exception_ptr error = a->error;
     if (!error) {
       run([&](int64_t j) { std::memcpy(out[j], a->windows[j].data(), a->windows[j].size()); }, n,

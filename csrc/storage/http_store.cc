@@ -7,16 +7,14 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdlib>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
-#include <functional>
 #include <future>
 #include <map>
 #include <mutex>
 #include <random>
 #include <thread>
 
+#include "storage/kept_threads.h"
 #include "storage/reads_in_flight.h"
 
 #ifdef DALI_MESH_HAVE_CURL
@@ -613,65 +611,13 @@ int64_t HttpStore::GetVector(const std::string &key, const std::vector<std::pair
   return x.received;
 }
 
-namespace {
-
-// Threads that send requests for a thread that asked for several ranges at once (GetMany), each with
-// its own curl handle (its connections kept between requests). Started as they are needed (at most
-// kMaxThreads), never stopped: the pool is never destroyed, so none waits on a destroyed queue at exit.
-class FetchPool {
- public:
-  static FetchPool &Get() {
-    static FetchPool *pool = new FetchPool();
-    return *pool;
-  }
-
-  std::future<void> Submit(std::function<void()> fn) {
-    auto task = std::make_shared<std::packaged_task<void()>>(std::move(fn));
-    std::future<void> done = task->get_future();
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      queue_.emplace_back([task] { (*task)(); });
-      if (idle_ < static_cast<int>(queue_.size()) && threads_ < kMaxThreads) {
-        threads_++;
-        std::thread([this] { Loop(); }).detach();
-      }
-    }
-    cv_.notify_one();
-    return done;
-  }
-
- private:
-  static constexpr int kMaxThreads = 32;
-
-  void Loop() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    for (;;) {
-      idle_++;
-      cv_.wait(lock, [this] { return !queue_.empty(); });
-      idle_--;
-      auto fn = std::move(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      fn();
-      lock.lock();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  int threads_ = 0, idle_ = 0;
-};
-
-}  // namespace
-
 void HttpStore::GetMany(const std::string &key, const std::vector<StoredObject::Range> &ranges,
                         const std::string &if_match, int64_t size) const {
   std::vector<std::future<void>> others;
   for (size_t k = 1; k < ranges.size(); k++) {
     const StoredObject::Range r = ranges[k];
     // the pool's thread reads under the asking thread's cancel flag (a batch read ahead, dropped)
-    others.push_back(FetchPool::Get().Submit([this, key, r, if_match, size, flag = CurrentCancelFlag()] {
+    others.push_back(KeptThreads::Fetch().Submit([this, key, r, if_match, size, flag = CurrentCancelFlag()] {
       CancelScope scope(flag);
       GetVector(key, {{r.dst, r.bytes}}, r.offset, if_match, size);
     }));

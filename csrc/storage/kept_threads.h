@@ -1,0 +1,45 @@
+// dali_mesh: threads kept for the life of the process, for work that runs outside DALI's thread
+// pool: the requests one thread sends together (HttpStore::GetMany) and the batches a reader reads
+// ahead. Host only, DALI-free.
+//
+// A thread is started when work waits and none is idle (at most a pool's bound), and never stopped:
+// no thread waits on a destroyed queue at exit, and a thread's thread-local state (its curl handle
+// with its open connections, its codec contexts and scratch buffers) serves all the work it runs,
+// where a thread per batch would connect again and fault in fresh buffers every batch.
+#ifndef DALI_MESH_STORAGE_KEPT_THREADS_H_
+#define DALI_MESH_STORAGE_KEPT_THREADS_H_
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+
+namespace dali_mesh {
+
+class KeptThreads {
+ public:
+  // The requests a thread sends together (GetMany): they never wait on other work of this pool.
+  static KeptThreads &Fetch();
+  // Batches read ahead and the C API's reads (RunOnThreads): work that may send requests through
+  // Fetch(), so it has a pool of its own (a full Fetch() pool then still answers).
+  static KeptThreads &Readers();
+
+  // Runs `fn` on one of the threads; the future holds its end (and its exception). Throws
+  // std::system_error, with `fn` not queued, when the pool has no thread and none can be started.
+  std::future<void> Submit(std::function<void()> fn);
+
+ private:
+  explicit KeptThreads(int max_threads) : max_threads_(max_threads) {}
+  void Loop();
+
+  const int max_threads_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  int threads_ = 0, idle_ = 0;
+};
+
+}  // namespace dali_mesh
+
+#endif  // DALI_MESH_STORAGE_KEPT_THREADS_H_
