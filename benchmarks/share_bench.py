@@ -95,7 +95,7 @@ def _mesh_and_layout(mesh_shape):
     return mesh, Layout(MeshInfo.from_device_mesh(mesh), shard={"mp": 1}, batch=(), halo={1: 1})  # tp: a replica
 
 
-def _rank(rank, world, store, mesh_shape, epochs, out_dir, share, storage_options=None):
+def _rank(rank, world, store, mesh_shape, epochs, out_dir, share, storage_options=None, read_ahead=None):
     import torch.distributed as dist
     from nvidia.dali import pipeline_def
 
@@ -111,7 +111,7 @@ def _rank(rank, world, store, mesh_shape, epochs, out_dir, share, storage_option
 
     @pipeline_def(batch_size=1, num_threads=2, device_id=None, prefetch_queue_depth=2)
     def pipe():
-        return read_windows(src, fallback=False)
+        return read_windows(src, fallback=False, read_ahead=read_ahead)
 
     if rank == 0 and storage_options is None:
         evict(store)
@@ -219,6 +219,8 @@ def main():
     ap.add_argument("--cname", default="lz4", help="Blosc's compressor (lz4, zstd, ...), or zstd-frame: "
                     "numcodecs' Zstd(3), not Blosc")
     ap.add_argument("--dir", default="/tmp/dali_mesh_share_bench")
+    ap.add_argument("--read-ahead", choices=("auto", "off"), default="auto",
+                    help="the native ranks' read_ahead: auto (the default: on for s3://) or off")
     ap.add_argument("--tiny", action="store_true", help="4 samples of (2, 16, 32), 1 epoch, mesh 2: a smoke test")
     ap.add_argument("--remote", help="LATENCY[:MBPS]: read s3:// from a loopback moto behind a proxy adding LATENCY "
                     "seconds per request (at most MBPS per connection)")
@@ -257,7 +259,8 @@ def main():
                     run_ranks(_tensorstore_rank, world, tmp, os.path.basename(store), mesh_shape, args.epochs, tmp,
                               server.proxy, args.cname == "zstd-sharded", timeout_s=1800)
                 else:
-                    run_ranks(_rank, world, tmp, location, mesh_shape, args.epochs, tmp, share, options, timeout_s=1800)
+                    run_ranks(_rank, world, tmp, location, mesh_shape, args.epochs, tmp, share, options,
+                              {"auto": None, "off": False}[args.read_ahead], timeout_s=1800)
                 results[share] = [json.load(open(os.path.join(tmp, f"{share}.{r}.json"))) for r in range(world)]
     finally:
         if server is not None:
