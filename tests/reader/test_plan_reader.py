@@ -28,14 +28,6 @@ from dali_mesh.plan import PlanSet  # noqa: E402
 from dali_mesh.pipeline import native  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _library():
-    try:
-        _kernels.load()
-    except _kernels.KernelsError as e:
-        pytest.skip(f"the kernels library is not built: {e}")
-
-
 def _need(name: str) -> None:
     from dali_mesh.plan import CODEC_LIBRARIES, CODECS
 

@@ -29,14 +29,6 @@ from dali_mesh.pipeline import native  # noqa: E402
 STEPS = 6
 
 
-@pytest.fixture(autouse=True)
-def _library():
-    try:
-        _kernels.load()
-    except _kernels.KernelsError as e:
-        pytest.skip(f"the kernels library is not built: {e}")
-
-
 def _layout(**kw):
     return Layout(mesh_of((1, 2, 2), (0, 1, 0)), shard={"m0": 1, "m1": 2}, halo={1: 2, 2: 3},
                   boundary={1: "reflect", 2: "periodic"}, **kw)
