@@ -9,6 +9,7 @@
 #include <exception>
 #include <future>
 #include <mutex>
+#include <new>
 #include <numeric>
 #include <sstream>
 #include <string>
@@ -249,6 +250,14 @@ bool BatchReader::ReadAhead(const int64_t *ids, int n, int threads) {
     ahead_.pop_front();
     Drop(std::move(a));
   }
+  try {
+    return StartAhead(std::move(want), ids, n, threads);
+  } catch (const std::bad_alloc &) {  // no memory for its buffers: the batch is read when it is wanted
+    return false;
+  }
+}
+
+bool BatchReader::StartAhead(std::vector<int64_t> want, const int64_t *ids, int n, int threads) {
   std::unique_ptr<Ahead> a;
   if (!spare_.empty()) {
     a = std::move(spare_.front());

@@ -125,6 +125,7 @@ class BatchReader {
   BatchReader(std::shared_ptr<const PlanSet> plans, ReaderOptions options);
   struct Ahead;
   void Drop(std::unique_ptr<Ahead> ahead);  // cancels its reads, waits for its thread, keeps it for reuse
+  bool StartAhead(std::vector<int64_t> ids, const int64_t *id_data, int n, int threads);
 
   struct BatchPart {
     int sample;    // the window (index into items_)

@@ -14,16 +14,18 @@
 namespace dali_mesh {
 
 const ByteStore *StoreOf(const std::string &spec) {
-  static const PosixStore kPosix;
-  if (spec == kPosix.spec()) return &kPosix;
+  // never destroyed: reads on kept threads (a batch read ahead, requests sent together) may still
+  // run while the process exits, past static destructors
+  static const auto *posix = new PosixStore();
+  if (spec == posix->spec()) return posix;
   HttpStoreConfig config;
   std::string why;
   if (!HaveHttp() || !ParseHttpSpec(spec, &config, &why)) return nullptr;
   // one store per spec for the life of the process (plans and readers hold pointers to it)
-  static std::mutex mutex;
-  static std::map<std::string, std::unique_ptr<HttpStore>> stores;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto &store = stores[spec];
+  static auto *mutex = new std::mutex;
+  static auto *stores = new std::map<std::string, std::unique_ptr<HttpStore>>;
+  std::lock_guard<std::mutex> lock(*mutex);
+  auto &store = (*stores)[spec];
   if (!store) store = std::make_unique<HttpStore>(spec, config);
   return store.get();
 }

@@ -150,3 +150,61 @@ def test_a_batch_read_ahead_then_not_wanted_is_cancelled_at_once(proxy, tmp_path
         t0 = time.monotonic()
         reader.close()
         assert time.monotonic() - t0 < 5
+
+
+_EXITS = r"""
+import sys
+import numpy as np
+from dali_mesh import NumpySource
+from tests.helpers import native_pipeline, one_rank_layout
+from tests.storage.s3_server import options
+endpoint, how = sys.argv[1:]
+src = NumpySource([f"s3://data/ahead/x{t}.npy" for t in range(3)], one_rank_layout(), batch_size=1, shuffle=False,
+                  storage_options=options(endpoint, retries=1, retry_seconds=120, stall=60, timeout=120))
+pipe = native_pipeline(src)
+print("planned", flush=True)
+sys.stdin.readline()  # the test makes sample 1's object hang now (its header was read by the plan)
+w, _, _ = pipe.run()  # sample 0; sample 1 read ahead, its answer never comes
+assert float(np.array(w[0]).ravel()[0]) == 0.0
+print("read", flush=True)
+if how == "error":
+    raise RuntimeError("the training step failed")
+sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "error"])
+def test_the_process_exits_while_a_batch_read_ahead_waits_on_the_server(how, proxy, tmp_path, s3_endpoint):
+    """A training script that ends (or fails) after a batch, while the next one, read ahead, waits on
+    a server that never answers: the process exits at once with its own status, neither waiting for
+    the request nor crashing in it."""
+    pytest.importorskip("nvidia.dali")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    for t in range(3):
+        buf = io.BytesIO()
+        np.save(buf, np.full((2, 8, 6), t, "f4"))
+        client(s3_endpoint).put_object(Bucket="data", Key=f"ahead/x{t}.npy", Body=buf.getvalue())
+    root = Path(__file__).parents[2]
+    p = subprocess.Popen([sys.executable, "-c", _EXITS, proxy.endpoint, how], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(root),
+                         env=dict(os.environ, PYTHONPATH=str(root)))
+    try:
+        assert p.stdout.readline().strip() == "planned", p.stderr.read()[-3000:]
+        proxy.add("hang", key="ahead/x1.npy", method="GET", seconds=60, times=10)
+        planned = proxy.count("GET", "ahead/x1.npy")  # its header, read by the plan
+        t0 = time.monotonic()
+        out, err = p.communicate("go\n", timeout=60)
+    finally:
+        p.kill()
+    elapsed = time.monotonic() - t0
+    assert "read" in out, err[-3000:]
+    if how == "exit":
+        assert p.returncode == 0, err[-3000:]
+    else:
+        assert p.returncode == 1 and "the training step failed" in err, err[-3000:]
+    assert proxy.count("GET", "ahead/x1.npy") > planned  # the batch read ahead was on its way
+    assert elapsed < 30, elapsed
