@@ -246,20 +246,23 @@ def test_window_sources_on_gpu_two_epochs(tmp_path, reader, boundary):
         p.reset()
 
 
-def _read_windows_pipe(source, device):
-    """A built pipeline of batch 2, 2 threads, of ``read_windows(source, device)`` (native only)."""
+def _read_windows_pipe(source, device, **kw):
+    """A built pipeline of batch 2, 2 threads, of ``read_windows(source, device, **kw)`` (native only)."""
     @pipeline_def(batch_size=2, num_threads=2, device_id=0)
     def pipe():
-        return dfn.read_windows(source, device=device, fallback=False)
+        return dfn.read_windows(source, device=device, fallback=False, **kw)
 
     return _build(pipe)
 
 
+@pytest.mark.parametrize("read_ahead", [None, True], ids=["", "read_ahead"])
 @pytest.mark.parametrize("kind", ["hdf5_deflate_shuffle", "zarr_blosc", "zarr_zstd_sharded"])
-def test_read_windows_compressed_on_gpu(tmp_path, kind):
+def test_read_windows_compressed_on_gpu(tmp_path, kind, read_ahead):
     """Compressed chunks decoded on the CPU threads into the pinned staging, then copied once: the GPU
-    output equals the CPU operator's and the oracle's (h5py, zarr-python), halos filled on the device."""
+    output equals the CPU operator's and the oracle's (h5py, zarr-python), halos filled on the device;
+    with ``read_ahead=True`` the mixed operator's batches come from those it read ahead."""
     from dali_mesh import _kernels
+    from dali_mesh.pipeline.plugin import plugin_read_ahead_counts
     from dali_mesh.plan import CODECS
     from dali_mesh.source import HDF5Source, ZarrSource
 
@@ -290,13 +293,15 @@ def test_read_windows_compressed_on_gpu(tmp_path, kind):
         z[:] = arr
         source = ZarrSource([path], None, layout, batch_size=2, shuffle=False)
 
-    gpu, cpu = _read_windows_pipe(source, "gpu"), _read_windows_pipe(source, "cpu")
+    gpu, cpu = _read_windows_pipe(source, "gpu", read_ahead=read_ahead), _read_windows_pipe(source, "cpu")
+    used = plugin_read_ahead_counts()[0]
     for _ in range(3):
         (gw, gid, _), (cw, cid, _) = gpu.run(), cpu.run()
         for w, c, sid in zip(_np(gw), _np(cw), _np(gid)):
             np.testing.assert_array_equal(w, c)
             np.testing.assert_array_equal(w, take_window(arr[source.step_of(int(sid))], source.region))
         np.testing.assert_array_equal(np.concatenate(_np(gid)), np.concatenate(_np(cid)))
+    assert plugin_read_ahead_counts()[0] - used == (2 if read_ahead else 0)  # batches 2 and 3 of the epoch
 
 
 def test_forecast_of_compressed_chunks_on_gpu(tmp_path):
