@@ -650,12 +650,12 @@ class PlanReader:
             raise KernelsError(err.value.decode(errors="replace"))
         return bool(got)
 
-    def ahead_counts(self) -> tuple[int, int]:
-        """``(used, dropped)``: batches read from what was read ahead, and batches read ahead then
-        dropped unused."""
-        out = (ctypes.c_int64 * 2)()
+    def ahead_counts(self) -> tuple[int, int, int]:
+        """``(used, dropped, failed)``: batches read from what was read ahead, batches read ahead then
+        dropped unused, and batches whose read ahead failed (read again by :meth:`read`)."""
+        out = (ctypes.c_int64 * 3)()
         self._lib.dali_mesh_reader_ahead_counts(self._handle, out)
-        return int(out[0]), int(out[1])
+        return int(out[0]), int(out[1]), int(out[2])
 
     def _shapes(self, c_ids, n: int) -> list[tuple[int, ...]]:
         count = self.outputs * n

@@ -113,9 +113,11 @@ DM_EXPORT int64_t dali_mesh_reader_read_ahead(void *reader, const int64_t *ids, 
   }
 }
 
-// Batches read from what was read ahead (used[0]) and batches read ahead then dropped unused (used[1]).
-DM_EXPORT void dali_mesh_reader_ahead_counts(void *reader, int64_t *used) {
+// Batches read from what was read ahead (out[0]), batches read ahead then dropped unused (out[1]) and
+// batches whose read ahead failed, read again when wanted (out[2]).
+DM_EXPORT void dali_mesh_reader_ahead_counts(void *reader, int64_t *out) {
   auto *r = static_cast<dali_mesh::BatchReader *>(reader);
-  used[0] = r->ahead_used();
-  used[1] = r->ahead_dropped();
+  out[0] = r->ahead_used();
+  out[1] = r->ahead_dropped();
+  out[2] = r->ahead_failed();
 }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <condition_variable>
@@ -84,20 +85,23 @@ RunTasks RunOnThreads(int threads) {
       }
     };
     const int64_t helpers = std::min<int64_t>(threads, n) - 1;
-    for (int64_t k = 0; k < helpers; k++) {
-      KeptThreads::Readers().Submit([shared, work] {
-        {
+    try {
+      for (int64_t k = 0; k < helpers; k++) {
+        KeptThreads::Readers().Submit([shared, work] {
+          {
+            std::lock_guard<std::mutex> lock(shared->mutex);
+            if (shared->closed) return;
+            shared->running++;
+          }
+          {
+            CancelScope scope(shared->flag);
+            work(*shared);
+          }
           std::lock_guard<std::mutex> lock(shared->mutex);
-          if (shared->closed) return;
-          shared->running++;
-        }
-        {
-          CancelScope scope(shared->flag);
-          work(*shared);
-        }
-        std::lock_guard<std::mutex> lock(shared->mutex);
-        if (--shared->running == 0) shared->done.notify_all();
-      });
+          if (--shared->running == 0) shared->done.notify_all();
+        });
+      }
+    } catch (const std::exception &) {  // no thread or memory for more helpers: fewer help
     }
     work(*shared);
     std::unique_lock<std::mutex> lock(shared->mutex);
@@ -109,13 +113,14 @@ RunTasks RunOnThreads(int threads) {
 
 namespace {
 
-std::atomic<int64_t> g_ahead_used{0}, g_ahead_dropped{0};
+std::atomic<int64_t> g_ahead_used{0}, g_ahead_dropped{0}, g_ahead_failed{0};
 
 }  // namespace
 
-void ReadAheadCounts(int64_t *used, int64_t *dropped) {
+void ReadAheadCounts(int64_t *used, int64_t *dropped, int64_t *failed) {
   *used = g_ahead_used.load();
   *dropped = g_ahead_dropped.load();
+  *failed = g_ahead_failed.load();
 }
 
 namespace {
@@ -132,7 +137,8 @@ std::shared_ptr<const PlanSet> SplitForTasks(PlanSet plans, int64_t task_bytes) 
 }  // namespace
 
 // a batch read ahead: its ids, the reader that reads it (of the same plans, with its own batch
-// state), its windows, and the thread reading them with its cancel flag and how it ended
+// state), its windows, and the job reading it with its cancel flag and how it ended. The job holds
+// it too (a shared_ptr), so a batch dropped while its job runs is let go without waiting for it
 struct BatchReader::Ahead {
   std::vector<int64_t> ids;
   std::unique_ptr<BatchReader> reader;
@@ -223,16 +229,23 @@ BatchReader::~BatchReader() {
   }
 }
 
-void BatchReader::Drop(std::unique_ptr<Ahead> ahead) {
-  if (ahead->done.valid()) {
-    ahead->cancel->Cancel();
-    ahead->done.get();
-    ahead_dropped_++;
-    g_ahead_dropped++;
-  }
+void BatchReader::Drop(std::shared_ptr<Ahead> ahead) {
+  // a job still running is cancelled and let go: it ends on its own (its reads see the flag within
+  // about a second; a local read blocked in the kernel when it returns), holding what it uses (its
+  // Ahead, whose reader shares the plan set), so nothing here waits on a server or a disk
+  ahead->cancel->Cancel();
+  ahead_dropped_++;
+  g_ahead_dropped++;
+  if (ahead->done.wait_for(std::chrono::seconds(0)) == std::future_status::ready) Keep(std::move(ahead));
+}
+
+void BatchReader::Keep(std::shared_ptr<Ahead> ahead) {
+  ahead->done = std::future<void>();
   ahead->error = nullptr;
   spare_.push_back(std::move(ahead));
 }
+
+void BatchReader::ReleaseSpare() { spare_.clear(); }
 
 bool BatchReader::ReadAhead(const int64_t *ids, int n, int threads) {
   if (!reads_ahead_ || n <= 0) return false;
@@ -258,12 +271,12 @@ bool BatchReader::ReadAhead(const int64_t *ids, int n, int threads) {
 }
 
 bool BatchReader::StartAhead(std::vector<int64_t> want, const int64_t *ids, int n, int threads) {
-  std::unique_ptr<Ahead> a;
+  std::shared_ptr<Ahead> a;
   if (!spare_.empty()) {
     a = std::move(spare_.front());
     spare_.pop_front();
   } else {
-    a = std::make_unique<Ahead>();
+    a = std::make_shared<Ahead>();
     ReaderOptions o = options_;
     o.read_ahead = kReadAheadOff;
     a->reader.reset(new BatchReader(shared_plans_, std::move(o)));
@@ -274,9 +287,8 @@ bool BatchReader::StartAhead(std::vector<int64_t> want, const int64_t *ids, int 
   a->windows.resize(a->reader->num_windows());
   for (int64_t j = 0; j < a->reader->num_windows(); j++) a->windows[j].resize(a->reader->window_plan(j).bytes());
   a->cancel = std::make_unique<CancelFlag>();
-  Ahead *job = a.get();
   try {
-    a->done = KeptThreads::Readers().Submit([job, threads] {
+    a->done = KeptThreads::Readers().Submit([job = a, threads] {
       CancelScope scope(job->cancel.get());
       try {
         std::vector<char *> out;
@@ -287,7 +299,7 @@ bool BatchReader::StartAhead(std::vector<int64_t> want, const int64_t *ids, int 
       }
     });
   } catch (const std::system_error &) {  // no thread to be had: the batch is read when it is wanted
-    spare_.push_back(std::move(a));
+    Keep(std::move(a));
     return false;
   }
   ahead_.push_back(std::move(a));
@@ -308,16 +320,21 @@ void BatchReader::Read(const std::vector<char *> &out, const RunTasks &run) {
     auto a = std::move(ahead_.front());
     ahead_.pop_front();
     a->done.get();
-    std::exception_ptr error = a->error;
-    if (!error) {
+    const bool failed = a->error != nullptr;
+    if (!failed) {
       run([&](int64_t j) { std::memcpy(out[j], a->windows[j].data(), a->windows[j].size()); }, n,
           [&](int64_t j) -> int64_t { return static_cast<int64_t>(a->windows[j].size()); });
       ahead_used_++;
       g_ahead_used++;
+    } else {
+      ahead_failed_++;
+      g_ahead_failed++;
     }
-    Drop(std::move(a));
-    if (error) std::rethrow_exception(error);
-    return;
+    Keep(std::move(a));
+    if (!failed) return;
+    // reading it ahead failed: the batch is read now, and fails (or not) as it does now (a transient
+    // fault, or a cancel meant for another pipeline, is not replayed)
+    break;
   }
   // the parts of this batch: (window, part index in plans_.parts)
   batch_parts_.clear();

@@ -52,9 +52,10 @@ void RunSerially(const TaskFn &fn, int64_t n, const TaskCost &cost);
 // error is rethrown after the last.
 RunTasks RunOnThreads(int threads);
 
-// Batches read from what was read ahead, and batches read ahead then dropped unused, by every batch
-// reader of this library in this process (BatchReader::ReadAhead).
-void ReadAheadCounts(int64_t *used, int64_t *dropped);
+// Batches read from what was read ahead, batches read ahead then dropped unused, and batches whose
+// read ahead failed (read again when wanted), by every batch reader of this library in this process
+// (BatchReader::ReadAhead).
+void ReadAheadCounts(int64_t *used, int64_t *dropped, int64_t *failed);
 
 // What the read_windows operator's arguments say, as plain values.
 struct ReaderOptions {
@@ -99,8 +100,8 @@ class BatchReader {
   bool FillsOnDevice(int64_t plan) const { return !device_fill_.empty() && device_fill_[plan]; }
 
   // Reads every window j of the batch into out[j] (host memory of window_plan(j).bytes()), the
-  // tasks run by `run`. A batch of these ids read ahead is waited for and copied instead (its error,
-  // if reading it failed, is thrown here, for this batch).
+  // tasks run by `run`. A batch of these ids read ahead is waited for and copied instead (if reading
+  // it ahead failed, it is read now: its error is this read's).
   void Read(const std::vector<char *> &out, const RunTasks &run);
 
   // Starts reading the batch ids[0..n) on threads of its own (`threads` of them) into buffers of its
@@ -108,14 +109,18 @@ class BatchReader {
   // read_ahead_bytes: the batch the sample order gives next, announced while this one is read, so
   // that its round trips overlap this batch's. At most two batches are read ahead; one that is not
   // the next Read's is dropped (its reads cancelled) when a later one would be a third, or when a
-  // later batch is read. Ids out of range are left to that batch's Read to refuse. Only a hint: the
-  // data, the checks and the errors are those of a Read of that batch. Returns whether the batch is
-  // being read ahead.
+  // later batch is read, without waiting for its reads. Ids out of range are left to that batch's
+  // Read to refuse. Only a hint: the data, the checks and the errors are those of a Read of that
+  // batch. Returns whether the batch is being read ahead.
   bool ReadAhead(const int64_t *ids, int n, int threads);
   bool ReadsAhead() const { return reads_ahead_; }
-  // Batches read whose windows were read ahead, and batches read ahead then dropped unused.
+  // Frees the buffers kept from batches read ahead (at an epoch's end: no batch is read ahead across it).
+  void ReleaseSpare();
+  // Batches read whose windows were read ahead, batches read ahead then dropped unused, and batches
+  // whose read ahead failed (read again by Read).
   int64_t ahead_used() const { return ahead_used_; }
   int64_t ahead_dropped() const { return ahead_dropped_; }
+  int64_t ahead_failed() const { return ahead_failed_; }
 
   ~BatchReader();
   BatchReader(const BatchReader &) = delete;
@@ -124,7 +129,8 @@ class BatchReader {
  private:
   BatchReader(std::shared_ptr<const PlanSet> plans, ReaderOptions options);
   struct Ahead;
-  void Drop(std::unique_ptr<Ahead> ahead);  // cancels its reads, waits for its thread, keeps it for reuse
+  void Drop(std::shared_ptr<Ahead> ahead);  // cancels its job and lets it go (kept for reuse if it ended)
+  void Keep(std::shared_ptr<Ahead> ahead);  // an ended one, for reuse
   bool StartAhead(std::vector<int64_t> ids, const int64_t *id_data, int n, int threads);
 
   struct BatchPart {
@@ -159,8 +165,8 @@ class BatchReader {
   std::vector<int64_t> ids_;  // the batch's sample ids
   // batches read ahead, oldest first, and those done with (their readers and buffers reused)
   bool reads_ahead_ = false;
-  std::deque<std::unique_ptr<Ahead>> ahead_, spare_;
-  int64_t ahead_used_ = 0, ahead_dropped_ = 0;
+  std::deque<std::shared_ptr<Ahead>> ahead_, spare_;
+  int64_t ahead_used_ = 0, ahead_dropped_ = 0, ahead_failed_ = 0;
 };
 
 }  // namespace dali_mesh

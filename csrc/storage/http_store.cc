@@ -37,13 +37,14 @@ struct Credentials {
   std::string key_id, secret, token;
 };
 
+// never destroyed: a kept thread may still send a request while the process exits
 std::mutex &CredentialsMutex() {
-  static std::mutex m;
-  return m;
+  static auto *m = new std::mutex;
+  return *m;
 }
 std::map<std::string, Credentials> &CredentialsTable() {
-  static std::map<std::string, Credentials> table;
-  return table;
+  static auto *table = new std::map<std::string, Credentials>;
+  return *table;
 }
 
 Credentials CredentialsOf(const std::string &spec) {
@@ -518,7 +519,12 @@ long Perform(const HttpStore &store, const std::string &url, const std::string &
                 " in " + std::to_string(static_cast<int>(elapsed + 0.5)) + " s (retries=" +
                 std::to_string(cfg.retries) + ", retry_seconds=" + std::to_string(static_cast<int>(cfg.retry_seconds)) +
                 "); the store is unreachable or overloaded");
-    std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+    // in slices, so that a cancelled read (a batch read ahead, dropped) does not sleep on
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point until =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait));
+    while (!ReadCancelled() && Clock::now() < until)
+      std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(50), until - Clock::now()));
     if (ReadCancelled()) StoreFail(where + ": cancelled: the pipeline was stopped after an error");
   }
 }
@@ -614,20 +620,29 @@ int64_t HttpStore::GetVector(const std::string &key, const std::vector<std::pair
 void HttpStore::GetMany(const std::string &key, const std::vector<StoredObject::Range> &ranges,
                         const std::string &if_match, int64_t size) const {
   std::vector<std::future<void>> others;
-  for (size_t k = 1; k < ranges.size(); k++) {
-    const StoredObject::Range r = ranges[k];
-    // the pool's thread reads under the asking thread's cancel flag (a batch read ahead, dropped)
-    others.push_back(KeptThreads::Fetch().Submit([this, key, r, if_match, size, flag = CurrentCancelFlag()] {
-      CancelScope scope(flag);
-      GetVector(key, {{r.dst, r.bytes}}, r.offset, if_match, size);
-    }));
+  size_t k = 1;
+  try {
+    for (; k < ranges.size(); k++) {
+      const StoredObject::Range r = ranges[k];
+      // the pool's thread reads under the asking thread's cancel flag (a batch read ahead, dropped)
+      others.push_back(KeptThreads::Fetch().Submit([this, key, r, if_match, size, flag = CurrentCancelFlag()] {
+        CancelScope scope(flag);
+        GetVector(key, {{r.dst, r.bytes}}, r.offset, if_match, size);
+      }));
+    }
+  } catch (const std::exception &) {  // no thread or memory to be had: ranges k.. are read here
   }
   std::exception_ptr error;
-  try {
-    if (!ranges.empty()) GetVector(key, {{ranges[0].dst, ranges[0].bytes}}, ranges[0].offset, if_match, size);
-  } catch (...) {
-    error = std::current_exception();
-  }
+  auto read_here = [&](const StoredObject::Range &r) {
+    if (error) return;
+    try {
+      GetVector(key, {{r.dst, r.bytes}}, r.offset, if_match, size);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  };
+  if (!ranges.empty()) read_here(ranges[0]);
+  for (size_t j = k; j < ranges.size(); j++) read_here(ranges[j]);
   for (auto &f : others) {  // every request ends before this returns: they write into the caller's buffers
     try {
       f.get();

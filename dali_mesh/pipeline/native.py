@@ -213,6 +213,8 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
 
     if device not in ("cpu", "gpu"):
         raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+    if not (read_ahead is None or isinstance(read_ahead, bool)):
+        raise ValueError(f"read_ahead must be None (object stores), True or False, got {read_ahead!r}")
     norm = {}
     if normalize is not None:
         if device != "cpu":
@@ -243,7 +245,7 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
         info_of(pipe).sources.append(source)
     # read ahead: by default when a file is an object store's (local reads are announced to the kernel)
     remote = any(f.store != "file" for p in plans for f in p.files)
-    ahead = {None: 1 if remote else 0, True: 2, False: 0}[read_ahead]
+    ahead = 2 if read_ahead is True else 0 if read_ahead is False else 1 if remote else 0
     if sample_ids is not None:
         ids, pads = sample_ids[:2]
         nxt = sample_ids[2] if len(sample_ids) > 2 else getattr(ids, _NEXT_IDS, None)

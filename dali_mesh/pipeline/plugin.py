@@ -119,17 +119,18 @@ def plugin_fetch_counters() -> tuple[int, int]:
     return fetch_counters(ctypes.CDLL(str(PLUGIN_PATH)))
 
 
-def plugin_read_ahead_counts() -> tuple[int, int]:
-    """``(used, dropped)``: batches the operator read from what it had read ahead, and batches it read
-    ahead then dropped unused (the sample order went elsewhere), in this process."""
+def plugin_read_ahead_counts() -> tuple[int, int, int]:
+    """``(used, dropped, failed)``: batches the operator read from what it had read ahead, batches it
+    read ahead then dropped unused (the sample order went elsewhere), and batches whose read ahead
+    failed (read again when wanted), in this process."""
     import ctypes  # noqa: PLC0415
 
     load_plugin()
     fn = getattr(ctypes.CDLL(str(PLUGIN_PATH)), "dali_mesh_read_ahead_counts")
     fn.restype, fn.argtypes = None, [ctypes.POINTER(ctypes.c_int64)]
-    out = (ctypes.c_int64 * 2)()
+    out = (ctypes.c_int64 * 3)()
     fn(out)
-    return int(out[0]), int(out[1])
+    return int(out[0]), int(out[1]), int(out[2])
 
 
 def share_plugin_credentials(specs) -> None:

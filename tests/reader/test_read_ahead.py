@@ -109,20 +109,20 @@ def test_a_batch_read_ahead_is_the_batch_read(kind, tmp_path):
     with reader:
         assert reader.read_ahead([1, 0]) and reader.read_ahead([1, 0])  # the same batch: once
         _check(reader, outputs, want, [1, 0])
-        assert reader.ahead_counts() == (1, 0)
+        assert reader.ahead_counts() == (1, 0, 0)
         _check(reader, outputs, want, [1, 0])  # read again: nothing read ahead for it any more
-        assert reader.ahead_counts() == (1, 0)
+        assert reader.ahead_counts() == (1, 0, 0)
         # three hints: the first is dropped; reading the third drops the second
         for batch in ([0], [2, 2], [n - 1, 1]):
             assert reader.read_ahead(batch, threads=2)
-        assert reader.ahead_counts() == (1, 1)
+        assert reader.ahead_counts() == (1, 1, 0)
         _check(reader, outputs, want, [n - 1, 1])
-        assert reader.ahead_counts() == (2, 2)
+        assert reader.ahead_counts() == (2, 2, 0)
         # a hint then another batch read: the hint stays for when its batch comes
         assert reader.read_ahead([2, n - 1])
         _check(reader, outputs, want, [0])
         _check(reader, outputs, want, [2, n - 1])
-        assert reader.ahead_counts() == (3, 2)
+        assert reader.ahead_counts() == (3, 2, 0)
         # ids out of range are not read ahead (that batch's read refuses them)
         assert not reader.read_ahead([0, n]) and not reader.read_ahead([-1])
         with pytest.raises(_kernels.KernelsError, match="out of range"):
@@ -132,7 +132,7 @@ def test_a_batch_read_ahead_is_the_batch_read(kind, tmp_path):
         with reader:
             assert not reader.read_ahead([0])
             _check(reader, outputs, want, [0])
-            assert reader.ahead_counts() == (0, 0)
+            assert reader.ahead_counts() == (0, 0, 0)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -160,7 +160,8 @@ def test_random_orders_of_hints_and_reads_agree_with_the_oracle(kind, tmp_path):
                     batch = hints[-1] if rng.random() < 0.7 else hints[int(rng.integers(0, len(hints)))]
                 reads_hinted += batch in hints[-2:]
                 _check(reader, outputs, want, batch, threads=int(rng.integers(1, 4)))
-        used, dropped = reader.ahead_counts()
+        used, dropped, failed = reader.ahead_counts()
+        assert failed == 0
         assert 0 < used <= reads_hinted and used + dropped <= len(hints)
 
 
@@ -184,5 +185,5 @@ def test_an_error_of_a_batch_read_ahead_comes_at_its_read(tmp_path):
         with pytest.raises(_kernels.KernelsError) as direct:
             plain.read([2, 3])
         assert "s3.npy" in str(got.value) and str(got.value) == str(direct.value)
-        assert ahead.ahead_counts() == (2, 0)
+        assert ahead.ahead_counts() == (2, 0, 1)  # [2, 3] failed ahead: read again, its error that read's
         _check(ahead, 1, want, [0, 1, 2])  # the reader goes on

@@ -65,14 +65,14 @@ def test_batches_read_ahead_from_s3_are_the_oracles_and_fetched_once(store, prox
         src = ZarrSource([location], None, layout, batch_size=2, shuffle=True, seed=3,
                          storage_options=options(proxy.endpoint))
         pipe = native_pipeline(src, plan_dir=str(tmp_path / "plans"), read_ahead=ahead)
-        used0, dropped0 = plugin_read_ahead_counts()
+        used0, dropped0, _ = plugin_read_ahead_counts()
         start = len(proxy.requests)
         epochs = _epochs(pipe, 2)
         for got in epochs:
             assert sorted(i for i, _ in got) == list(range(8))
             for sid, w in got:
                 np.testing.assert_array_equal(w, take_window(full[sid], src.region), err_msg=f"sample {sid}")
-        used, dropped = plugin_read_ahead_counts()
+        used, dropped, _ = plugin_read_ahead_counts()
         # 4 batches an epoch: the 2nd, 3rd and 4th were read ahead; the next epoch's 1st never is
         assert (used - used0, dropped - dropped0) == ((6, 0) if ahead is None else (0, 0))
         del pipe
@@ -104,12 +104,45 @@ def test_an_object_replaced_after_the_plan_fails_its_batch_when_read(proxy, tmp_
     buf = io.BytesIO()
     np.save(buf, a[1] + 1000)  # the same size: only the ETag tells
     client(s3_endpoint).put_object(Bucket="data", Key="ahead/s1.npy", Body=buf.getvalue())
+    from dali_mesh.pipeline.plugin import plugin_read_ahead_counts
+
+    failed = plugin_read_ahead_counts()[2]
     w, _, _ = pipe.run()  # reads sample 0, and sample 1 ahead
     np.testing.assert_array_equal(np.array(w[0]), a[0])
     with pytest.raises(Exception) as info:
         w, _, _ = pipe.run()
         pytest.fail(f"a window came: {np.array(w[0]).ravel()[:4]}")
     assert "replaced" in str(info.value) and "ahead/s1.npy" in str(info.value)
+    assert plugin_read_ahead_counts()[2] == failed + 1  # read ahead, failed, read again: the same error
+
+
+def test_a_transient_failure_of_a_batch_read_ahead_is_not_replayed(proxy, tmp_path, s3_endpoint):
+    """The batch read ahead meets a 503 with no retries left and fails; by the time the batch is
+    wanted the server answers again: the batch is read again, and its windows come (the failure of
+    the read ahead is not that batch's error)."""
+    from dali_mesh import NumpySource, _kernels
+    from dali_mesh.pipeline import native
+    from tests.helpers import one_rank_layout
+
+    a = np.arange(3 * 2 * 8 * 6, dtype="f4").reshape(3, 2, 8, 6)
+    locations = []
+    for t in range(3):
+        buf = io.BytesIO()
+        np.save(buf, a[t])
+        client(s3_endpoint).put_object(Bucket="data", Key=f"ahead/t{t}.npy", Body=buf.getvalue())
+        locations.append(f"s3://data/ahead/t{t}.npy")
+    src = NumpySource(locations, one_rank_layout(), batch_size=1, shuffle=False,
+                      storage_options=options(proxy.endpoint, retries=0, retry_seconds=5, stall=5, timeout=10))
+    path = native.plan_windows(src)[0].write(str(tmp_path))
+    proxy.add("status", status=503, key="ahead/t1.npy", times=1)
+    with _kernels.PlanReader(path, "f4") as reader:
+        assert reader.read_ahead([1])
+        (w,), = reader.read([0])
+        np.testing.assert_array_equal(w, a[0])
+        (w,), = reader.read([1])
+        np.testing.assert_array_equal(w, a[1])
+        assert reader.ahead_counts() == (0, 0, 1)
+    assert [kind for _, path, _, kind in proxy.requests if "ahead/t1.npy" in path][-2:] == ["status", None]
 
 
 def test_a_batch_read_ahead_then_not_wanted_is_cancelled_at_once(proxy, tmp_path, s3_endpoint):
@@ -143,7 +176,7 @@ def test_a_batch_read_ahead_then_not_wanted_is_cancelled_at_once(proxy, tmp_path
         t0 = time.monotonic()
         assert reader.read_ahead([3])  # the batch of [1] is dropped: its request cancelled
         assert time.monotonic() - t0 < 5
-        assert reader.ahead_counts() == (0, 1)
+        assert reader.ahead_counts() == (0, 1, 0)
         (w,), = reader.read([0])  # another batch, read now
         np.testing.assert_array_equal(w, np.zeros((2, 8, 6), "f4"))
     finally:

@@ -18,6 +18,9 @@ DM_EXPORT int64_t dali_mesh_reads_in_flight(char *out, int64_t out_size) {
 // storage/reads_in_flight.h): after a pipeline failure, so that its threads return.
 DM_EXPORT void dali_mesh_cancel_reads() { dali_mesh::CancelReads(); }
 
-// The operator's batches read from what was read ahead (out[0]) and read ahead then dropped unused
-// (out[1]) in this process (ReadAheadCounts in reader/batch_reader.h).
-DM_EXPORT void dali_mesh_read_ahead_counts(int64_t *out) { dali_mesh::ReadAheadCounts(&out[0], &out[1]); }
+// The operator's batches read from what was read ahead (out[0]), read ahead then dropped unused
+// (out[1]), and read ahead in vain (it failed: read again when wanted, out[2]) in this process
+// (ReadAheadCounts in reader/batch_reader.h).
+DM_EXPORT void dali_mesh_read_ahead_counts(int64_t *out) {
+  dali_mesh::ReadAheadCounts(&out[0], &out[1], &out[2]);
+}

@@ -70,8 +70,8 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
     IdsOf(ws, 0, &ids_);
     const int n = static_cast<int>(ids_.size());
     // the next batch's ids (-1: none, the epoch's last batch), read ahead while this one is read
-    next_.clear();
-    if (ws.NumInput() > 1) IdsOf(ws, 1, &next_);
+    next_ids_.clear();
+    if (ws.NumInput() > 1) IdsOf(ws, 1, &next_ids_);
     reader_.SetBatch(ids_.data(), n);
     output_desc.resize(outputs());
     for (int k = 0; k < outputs(); k++) {
@@ -90,9 +90,12 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
   // Reads every window of the batch (window j: output j / n's window of sample j % n) into `out[j]`
   // (host memory of the window's size), the tasks on `pool` (null: on this thread).
   void ReadAll(const std::vector<char *> &out, dali::ThreadPool *pool) {
-    // the next batch starts first, so that its round trips overlap this one's
-    if (!next_.empty() && std::find(next_.begin(), next_.end(), int64_t(-1)) == next_.end())
-      reader_.ReadAhead(next_.data(), static_cast<int>(next_.size()), pool ? pool->NumThreads() : 1);
+    // the next batch starts first, so that its round trips overlap this one's; at an epoch's last
+    // batch (no next one) the buffers kept from batches read ahead are freed
+    if (!next_ids_.empty() && std::find(next_ids_.begin(), next_ids_.end(), int64_t(-1)) == next_ids_.end())
+      reader_.ReadAhead(next_ids_.data(), static_cast<int>(next_ids_.size()), pool ? pool->NumThreads() : 1);
+    else if (!next_ids_.empty())
+      reader_.ReleaseSpare();
     if (pool == nullptr) {
       reader_.Read(out, RunSerially);
       return;
@@ -105,7 +108,7 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
 
   dali::DALIDataType dtype_ = DALI_NO_TYPE;
   BatchReader reader_;
-  std::vector<int64_t> ids_, next_;
+  std::vector<int64_t> ids_, next_ids_;
 };
 
 }  // namespace dali_mesh
