@@ -22,6 +22,17 @@ pytestmark = [pytest.mark.skipif(not have_native_http(), reason="this build has 
               pytest.mark.timeout(120)]
 
 
+def _npy_objects(endpoint, prefix, arrays) -> list[str]:
+    """The ``s3://`` locations of ``arrays`` uploaded as ``.npy`` objects ``ahead/<prefix><t>.npy``."""
+    locations = []
+    for t, arr in enumerate(arrays):
+        buf = io.BytesIO()
+        np.save(buf, arr)
+        client(endpoint).put_object(Bucket="data", Key=f"ahead/{prefix}{t}.npy", Body=buf.getvalue())
+        locations.append(f"s3://data/ahead/{prefix}{t}.npy")
+    return locations
+
+
 def _epochs(pipe, epochs):
     """``[(sample id, window)]`` per epoch, every batch of ``epochs`` epochs."""
     out = []
@@ -89,22 +100,17 @@ def test_an_object_replaced_after_the_plan_fails_its_batch_when_read(proxy, tmp_
     and the batch before it gives its window); the error names the object."""
     pytest.importorskip("nvidia.dali")
     from dali_mesh import NumpySource
+    from dali_mesh.pipeline.plugin import plugin_read_ahead_counts
     from tests.helpers import native_pipeline, one_rank_layout
 
     a = np.arange(3 * 2 * 8 * 6, dtype="f4").reshape(3, 2, 8, 6)
-    locations = []
-    for t in range(3):
-        buf = io.BytesIO()
-        np.save(buf, a[t])
-        client(s3_endpoint).put_object(Bucket="data", Key=f"ahead/s{t}.npy", Body=buf.getvalue())
-        locations.append(f"s3://data/ahead/s{t}.npy")
+    locations = _npy_objects(s3_endpoint, "s", a)
     src = NumpySource(locations, one_rank_layout(), batch_size=1, shuffle=False,
                       storage_options=options(proxy.endpoint, retries=2, retry_seconds=5, stall=1, timeout=10))
     pipe = native_pipeline(src, plan_dir=str(tmp_path))
     buf = io.BytesIO()
     np.save(buf, a[1] + 1000)  # the same size: only the ETag tells
     client(s3_endpoint).put_object(Bucket="data", Key="ahead/s1.npy", Body=buf.getvalue())
-    from dali_mesh.pipeline.plugin import plugin_read_ahead_counts
 
     failed = plugin_read_ahead_counts()[2]
     w, _, _ = pipe.run()  # reads sample 0, and sample 1 ahead
@@ -125,12 +131,7 @@ def test_a_transient_failure_of_a_batch_read_ahead_is_not_replayed(proxy, tmp_pa
     from tests.helpers import one_rank_layout
 
     a = np.arange(3 * 2 * 8 * 6, dtype="f4").reshape(3, 2, 8, 6)
-    locations = []
-    for t in range(3):
-        buf = io.BytesIO()
-        np.save(buf, a[t])
-        client(s3_endpoint).put_object(Bucket="data", Key=f"ahead/t{t}.npy", Body=buf.getvalue())
-        locations.append(f"s3://data/ahead/t{t}.npy")
+    locations = _npy_objects(s3_endpoint, "t", a)
     src = NumpySource(locations, one_rank_layout(), batch_size=1, shuffle=False,
                       storage_options=options(proxy.endpoint, retries=0, retry_seconds=5, stall=5, timeout=10))
     path = native.plan_windows(src)[0].write(str(tmp_path))
@@ -153,12 +154,7 @@ def test_a_batch_read_ahead_then_not_wanted_is_cancelled_at_once(proxy, tmp_path
     from dali_mesh.pipeline import native
     from tests.helpers import one_rank_layout
 
-    locations = []
-    for t in range(4):
-        buf = io.BytesIO()
-        np.save(buf, np.full((2, 8, 6), t, "f4"))
-        client(s3_endpoint).put_object(Bucket="data", Key=f"ahead/h{t}.npy", Body=buf.getvalue())
-        locations.append(f"s3://data/ahead/h{t}.npy")
+    locations = _npy_objects(s3_endpoint, "h", [np.full((2, 8, 6), t, "f4") for t in range(4)])
     src = NumpySource(locations, one_rank_layout(), batch_size=1, shuffle=False,
                       storage_options=options(proxy.endpoint, retries=1, retry_seconds=120, stall=60, timeout=120))
     path = native.plan_windows(src)[0].write(str(tmp_path))
@@ -217,10 +213,7 @@ def test_the_process_exits_while_a_batch_read_ahead_waits_on_the_server(how, pro
     import sys
     from pathlib import Path
 
-    for t in range(3):
-        buf = io.BytesIO()
-        np.save(buf, np.full((2, 8, 6), t, "f4"))
-        client(s3_endpoint).put_object(Bucket="data", Key=f"ahead/x{t}.npy", Body=buf.getvalue())
+    _npy_objects(s3_endpoint, "x", [np.full((2, 8, 6), t, "f4") for t in range(3)])
     root = Path(__file__).parents[2]
     p = subprocess.Popen([sys.executable, "-c", _EXITS, proxy.endpoint, how], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(root),
