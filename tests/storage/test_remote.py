@@ -270,6 +270,7 @@ def test_dataset_sources_read_from_s3_with_storage_options_equal_xarray(s3_endpo
 
     from dali_mesh import ForecastSpec, MeshInfo, NamedLayout, NetCDFDatasetSource, ZarrDatasetSource
     from dali_mesh.partition import take_window
+    from dali_mesh.pipeline.plugin import plugin_read_ahead_counts
     from tests.pipeline.test_dataset import CHANNELS, H, W, _dataset, _oracle, _pipeline
 
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_PROFILE"):
@@ -294,6 +295,7 @@ def test_dataset_sources_read_from_s3_with_storage_options_equal_xarray(s3_endpo
                     NetCDFDatasetSource(files, CHANNELS, layout, batch_size=2, shuffle=False,
                                         forecast=ForecastSpec(1, 1), dtype="f8", storage_options=opts)):
             p = _pipeline(src)
+            used = plugin_read_ahead_counts()[0]
             for _ in range(2):
                 inp, tgt, ids, _ = p.run()
                 for j in range(2):
@@ -302,6 +304,7 @@ def test_dataset_sources_read_from_s3_with_storage_options_equal_xarray(s3_endpo
                     np.testing.assert_array_equal(np.array(inp[j]), want, err_msg=f"{src.store} rank {mp} step {t}")
                     np.testing.assert_array_equal(np.array(tgt[j])[0],
                                                   take_window(_oracle(ds, t + 1, np.float64), src.region))
+            assert plugin_read_ahead_counts()[0] > used  # the 2nd batch (input and target) came read ahead
 
 
 @pytest.mark.usefixtures("_plugin")
@@ -395,6 +398,7 @@ def test_a_checkpoint_mid_epoch_resumes_the_same_batches_from_s3(s3_endpoint, tm
 
     from dali_mesh import ZarrSource
     from dali_mesh.partition import take_window
+    from dali_mesh.pipeline.plugin import plugin_read_ahead_counts
     from tests.helpers import native_pipeline
 
     a = np.random.default_rng(8).normal(size=(6, 2, 40, 24)).astype("f4")
@@ -427,7 +431,9 @@ def test_a_checkpoint_mid_epoch_resumes_the_same_batches_from_s3(s3_endpoint, tm
     assert len(rest) == 3
     q = native_pipeline(ZarrSource([location], None, layout, batch_size=2, shuffle=True, seed=5,
                                    storage_options=options(s3_endpoint)), checkpoint=ck)
+    used = plugin_read_ahead_counts()[0]
     again = batches(q)
+    assert plugin_read_ahead_counts()[0] - used == 1  # the resumed epoch's 3rd batch came read ahead
     assert [[i for i, _ in b] for b in rest] == [[i for i, _ in b] for b in again]
     for b, c in zip(rest, again):
         for (sid, x), (_, y) in zip(b, c):
