@@ -130,7 +130,7 @@ namespace {
 // the readers of its batches read ahead.
 std::shared_ptr<const PlanSet> SplitForTasks(PlanSet plans, int64_t task_bytes) {
   for (auto &plan : plans.plans)
-    if (!plan.coded) SplitLargeGroups(&plan, std::max<int64_t>(4096, task_bytes));
+    if (!plan.coded) SplitLargeGroups(&plan, std::max(kMinTaskBytes, task_bytes));
   return std::make_shared<const PlanSet>(std::move(plans));
 }
 
@@ -156,7 +156,7 @@ BatchReader::BatchReader(std::shared_ptr<const PlanSet> plans, ReaderOptions opt
   ReaderOptions &o = options_;
   const std::string &src = plans_.source;
   if (o.dtype_name.empty()) o.dtype_name = DTypeName(o.dtype);
-  o.task_bytes = std::max<int64_t>(4096, o.task_bytes);
+  o.task_bytes = std::max(kMinTaskBytes, o.task_bytes);
   if (o.outputs < 1 || plans_.items.size() % o.outputs != 0)
     Fail(Str(src, ": ", plans_.items.size(), " items are not ", o.outputs,
              " outputs' items per sample id; define the pipeline again"));
@@ -264,13 +264,13 @@ bool BatchReader::ReadAhead(const int64_t *ids, int n, int threads) {
     Drop(std::move(a));
   }
   try {
-    return StartAhead(std::move(want), ids, n, threads);
+    return StartAhead(std::move(want), threads);
   } catch (const std::bad_alloc &) {  // no memory for its buffers: the batch is read when it is wanted
     return false;
   }
 }
 
-bool BatchReader::StartAhead(std::vector<int64_t> want, const int64_t *ids, int n, int threads) {
+bool BatchReader::StartAhead(std::vector<int64_t> ids, int threads) {
   std::shared_ptr<Ahead> a;
   if (!spare_.empty()) {
     a = std::move(spare_.front());
@@ -281,9 +281,9 @@ bool BatchReader::StartAhead(std::vector<int64_t> want, const int64_t *ids, int 
     o.read_ahead = kReadAheadOff;
     a->reader.reset(new BatchReader(shared_plans_, std::move(o)));
   }
-  a->ids = std::move(want);
   a->reader->device_fill_ = device_fill_;
-  a->reader->SetBatch(ids, n);
+  a->reader->SetBatch(ids.data(), static_cast<int>(ids.size()));
+  a->ids = std::move(ids);
   a->windows.resize(a->reader->num_windows());
   for (int64_t j = 0; j < a->reader->num_windows(); j++) a->windows[j].resize(a->reader->window_plan(j).bytes());
   a->cancel = std::make_unique<CancelFlag>();

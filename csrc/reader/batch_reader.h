@@ -57,12 +57,15 @@ RunTasks RunOnThreads(int threads);
 // (BatchReader::ReadAhead).
 void ReadAheadCounts(int64_t *used, int64_t *dropped, int64_t *failed);
 
+// The fewest bytes a read task is given (ReaderOptions::task_bytes below it is raised to it).
+constexpr int64_t kMinTaskBytes = 4096;
+
 // What the read_windows operator's arguments say, as plain values.
 struct ReaderOptions {
   int dtype = -1;          // the output type, a DType (DALI's type numbers)
   std::string dtype_name;  // as messages name it ("": DTypeName(dtype))
   int outputs = 1;         // windows per sample id
-  int64_t task_bytes = int64_t(4) << 20;  // bytes read per task (at least 4096)
+  int64_t task_bytes = int64_t(4) << 20;  // bytes read per task (at least kMinTaskBytes)
   bool prefetch = true;    // announce every range of a batch to its store first
   // per-channel normalisation of float32 windows (x - mean[c]) / stddev[c], c the index on
   // channel_axis; empty: none
@@ -131,7 +134,7 @@ class BatchReader {
   struct Ahead;
   void Drop(std::shared_ptr<Ahead> ahead);  // cancels its job and lets it go (kept for reuse if it ended)
   void Keep(std::shared_ptr<Ahead> ahead);  // an ended one, for reuse
-  bool StartAhead(std::vector<int64_t> ids, const int64_t *id_data, int n, int threads);
+  bool StartAhead(std::vector<int64_t> ids, int threads);  // ReadAhead's work, once it is worth it
 
   struct BatchPart {
     int sample;    // the window (index into items_)

@@ -126,15 +126,15 @@ class _SampleIds:
 
     def __call__(self, info):
         batch = batch_entries(self.source, info)
+        ids, pads = [np.array(int(s), np.int64) for s, _ in batch], [np.array(bool(p)) for _, p in batch]
         if not self.next_ids:
-            return ([np.array(int(s), np.int64) for s, _ in batch], [np.array(bool(p)) for _, p in batch])
+            return ids, pads
         try:
             after = batch_entries(self.source, _Next(info))
         except StopIteration:
             after = []
         nxt = [int(s) for s, _ in after] if len(after) == len(batch) else [-1] * len(batch)
-        return ([np.array(int(s), np.int64) for s, _ in batch], [np.array(bool(p)) for _, p in batch],
-                [np.array(s, np.int64) for s in nxt])
+        return ids, pads, [np.array(s, np.int64) for s in nxt]
 
 
 class _Next:

@@ -126,8 +126,7 @@ def plugin_read_ahead_counts() -> tuple[int, int, int]:
     import ctypes  # noqa: PLC0415
 
     load_plugin()
-    fn = getattr(ctypes.CDLL(str(PLUGIN_PATH)), "dali_mesh_read_ahead_counts")
-    fn.restype, fn.argtypes = None, [ctypes.POINTER(ctypes.c_int64)]
+    fn = _entry("dali_mesh_read_ahead_counts", None, [ctypes.POINTER(ctypes.c_int64)])
     out = (ctypes.c_int64 * 3)()
     fn(out)
     return int(out[0]), int(out[1]), int(out[2])

@@ -92,10 +92,12 @@ class ReadWindowsBase : public dali::StatelessOperator<Backend> {
   void ReadAll(const std::vector<char *> &out, dali::ThreadPool *pool) {
     // the next batch starts first, so that its round trips overlap this one's; at an epoch's last
     // batch (no next one) the buffers kept from batches read ahead are freed
-    if (!next_ids_.empty() && std::find(next_ids_.begin(), next_ids_.end(), int64_t(-1)) == next_ids_.end())
-      reader_.ReadAhead(next_ids_.data(), static_cast<int>(next_ids_.size()), pool ? pool->NumThreads() : 1);
-    else if (!next_ids_.empty())
-      reader_.ReleaseSpare();
+    if (!next_ids_.empty()) {
+      if (std::find(next_ids_.begin(), next_ids_.end(), int64_t(-1)) == next_ids_.end())
+        reader_.ReadAhead(next_ids_.data(), static_cast<int>(next_ids_.size()), pool ? pool->NumThreads() : 1);
+      else
+        reader_.ReleaseSpare();
+    }
     if (pool == nullptr) {
       reader_.Read(out, RunSerially);
       return;
