@@ -25,6 +25,7 @@ is 30 minutes for gloo and 10 for NCCL); they then raise the backend's error.
 """
 from __future__ import annotations
 
+import logging
 import math
 import mmap
 import os
@@ -36,6 +37,8 @@ import torch
 
 from dali_mesh.partition.read_groups import group_coordinates, group_cut, group_region
 from dali_mesh.torch.fingerprint import diff_fields
+
+log = logging.getLogger(__name__)
 
 __all__ = ["GroupReadError", "GroupExchange"]
 
@@ -379,12 +382,20 @@ class _SharedSlots:
 
     @staticmethod
     def unlink_all(token: str, size: int) -> None:
-        """Unlink every member's buffer of the group ``token`` (those already gone are skipped)."""
+        """Unlink every member's buffer of the group ``token`` (those already gone, or never made, are
+        skipped). Never raises: it runs in a ``finally`` whatever happened, and a ``/dev/shm`` that is
+        read-only (EROFS: no buffer could be made there) or not ours to change must leave the members
+        on the collectives, not fail their first step. A buffer that exists and cannot be unlinked is
+        logged."""
         for m in range(size):
+            path = _SharedSlots.path(token, m)
             try:
-                os.unlink(_SharedSlots.path(token, m))
+                os.unlink(path)
             except FileNotFoundError:
                 pass
+            except OSError as e:
+                if os.path.lexists(path):
+                    log.warning("the read group's shared-memory buffer %s could not be removed (%s)", path, e)
 
     def _array(self, m: int, slot: int, dtype) -> torch.Tensor:
         buf = memoryview(self.maps[m])[slot * self.slot_bytes:(slot + 1) * self.slot_bytes]

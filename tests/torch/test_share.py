@@ -537,3 +537,44 @@ def test_group_reads_from_s3_equal_independent_reads_on_4_ranks(tmp_path, s3_env
     remote = {"whole": upload(s3_env, paths["whole"], "data", "share/whole.zarr")}
     run_ranks(_group_rank, 4, tmp_path, root, remote, (4,), ("mp",), {"mp": 1}, None, BATCH, "shm", False,
               timeout_s=240)
+
+
+def _read_only_shm_rank(rank, world_size, root, paths):
+    """A member whose /dev/shm is read-only: making a group buffer there and unlinking one both fail with
+    EROFS, as the kernel answers on a read-only mount (root ignores modes, so the test cannot make one)."""
+    import errno
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from dali_mesh import Layout, MeshInfo
+    from dali_mesh.torch import MeshLoader
+
+    real_open, real_unlink = os.open, os.unlink
+
+    def refuse(call):
+        def wrapped(path, *args, **kw):
+            if str(path).startswith("/dev/shm/dali_mesh_share_"):
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+            return call(path, *args, **kw)
+        return wrapped
+
+    os.open, os.unlink = refuse(real_open), refuse(real_unlink)
+    os.environ["DALI_MESH_SHARE_SHM"] = "1"
+    data = np.load(os.path.join(root, "all.npy"))
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("mp",))
+    layout = Layout(MeshInfo.from_device_mesh(mesh), shard={"mp": 1}, halo={1: 1}, boundary="periodic")
+    shared = _source("whole", paths, layout, share="group", seed=1)
+    loader = MeshLoader(_make(shared), layout, device_mesh=mesh)
+    got = _epoch(loader, ("window",))
+    assert loader._exchange.stats["transport"] == "collective", loader._exchange.stats
+    _oracle(got, data, _source("whole", paths, layout, seed=1))
+    loader.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_read_only_dev_shm_falls_back_to_the_collectives(tmp_path):
+    """Issue 40, finding 12: with /dev/shm read-only (EROFS at every create and unlink) a read group's
+    first step neither fails nor hangs: the members exchange through the collectives, windows right."""
+    paths = _data(str(tmp_path))
+    run_ranks(_read_only_shm_rank, 2, tmp_path, str(tmp_path), paths, timeout_s=90)
