@@ -32,7 +32,7 @@ from dali_mesh.io.cf_variables import (decode_cf_time, open_dataset_group, open_
 from dali_mesh.mesh import MeshInfo
 from dali_mesh.partition import Layout, LayoutError
 from dali_mesh.source import ForecastSpec, HDF5Source, WindowSource, ZarrSource
-from dali_mesh.storage import register_options, store_of
+from dali_mesh.storage import resolve_locations, store_of
 
 __all__ = ["ZarrDatasetSource", "NetCDFDatasetSource", "NamedLayout", "Channel"]
 
@@ -127,8 +127,12 @@ class _DatasetSource(WindowSource):
                  time_dim: str = "time", level_dim: str | None = None, levels_by: str = "value",
                  batch_size: int = 1, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
                  share=None, storage_options: dict | None = None) -> None:
-        register_options([store] if isinstance(store, (str, os.PathLike)) else store, storage_options)
-        self._set_store(store)
+        if storage_options is not None and not isinstance(storage_options, dict):
+            raise TypeError(f"storage_options must be a dict, got {type(storage_options).__name__}")
+        # the store (or files) resolved once, with these options, before anything is read from them
+        many = not isinstance(store, (str, bytes, os.PathLike))
+        resolved = resolve_locations(list(store) if many else [store], storage_options)
+        self._set_store(resolved if many else resolved[0])
         self._use_storage_options(storage_options)
         variables = self._variables()
         if levels_by not in ("value", "index"):

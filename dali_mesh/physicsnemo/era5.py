@@ -35,7 +35,7 @@ from dali_mesh.physicsnemo.era5_source import ERA5Source
 from dali_mesh.pipeline.native import batch_entries
 from dali_mesh.pipeline.watchdog import DEFAULT_TIMEOUT_S
 from dali_mesh.source import ForecastSpec
-from dali_mesh.storage import DataFileError, MissingFileError, read_exactly, register_options, store_of
+from dali_mesh.storage import DataFileError, MissingFileError, StoredLocation, read_exactly, store_of
 
 log = logging.getLogger(__name__)
 
@@ -183,9 +183,7 @@ class ERA5HDF5Datapipe:
                 raise IOError(f"no year files ({YEAR_FILES}) in {self.data_dir}")
             first = _h5(self.data_paths[0])
         else:
-            if self.storage_options is not None:  # the first file's reader below finds them too
-                register_options([self.data_dir], self.storage_options)
-            self.data_paths = _remote_year_files(self.data_dir, self.storage_options)
+            self.data_paths = _remote_year_files(self.data_dir, self.storage_options)  # StoredLocations
             first = open_hdf5_file(self.data_paths[0])
         with first as f:
             if "fields" not in f:
@@ -215,7 +213,7 @@ class ERA5HDF5Datapipe:
             process_rank, world_size = self.layout.batch_index, self.layout.num_batch_groups
         self.process_rank, self.world_size = int(process_rank), int(world_size)
         self.source = ERA5Source(
-            [str(p) for p in self.data_paths], self.layout, batch_size=batch_size, shuffle=self.shuffle, seed=seed,
+            [p if isinstance(p, str) else str(p) for p in self.data_paths], self.layout, batch_size=batch_size, shuffle=self.shuffle, seed=seed,
             forecast=ForecastSpec(history=num_history, lead=num_steps, stride=stride), channels=self.channels,
             samples_per_year=num_samples_per_year, process_rank=self.process_rank, world_size=self.world_size,
             order=order, storage_options=self.storage_options)
@@ -415,7 +413,8 @@ def _remote_year_files(location: str, storage_options: dict | None) -> list[str]
     if not years:
         held = f"it holds {len(names)} objects, none named {YEAR_FILES}" if names else "nothing is stored under it"
         raise IOError(f"no year files ({YEAR_FILES}) in {location} ({held})")
-    return [f"{location}/{n}" for n in years]
+    # each year file resolved already, with this prefix's store (its options): read with them below
+    return [StoredLocation(store, prefix + n) for n in years]
 
 
 def _remote_npy(location: str, what: str, storage_options: dict | None) -> np.ndarray:

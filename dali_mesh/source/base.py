@@ -13,7 +13,7 @@ from dali_mesh.plan import NotNativeError
 from dali_mesh.partition import Layout, Region, SampleOrder
 from dali_mesh.partition.read_groups import GroupReads, OwnReads, group_coordinates, share_dims
 from dali_mesh.source.buffers import BufferPool
-from dali_mesh.storage import register_options
+from dali_mesh.storage import adopt_credentials, carry_credentials, resolve_locations
 from dali_mesh.source.status import WorkerStatus
 
 __all__ = ["SEED_LIMIT", "WindowSource"]
@@ -110,26 +110,29 @@ class WindowSource:
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_memo"] = {}
+        # the credentials of this source's stores go with it into DALI's workers (in memory, as its
+        # storage_options), so that each of its files reads there with its own
+        state["_carried"] = carry_credentials(self.files)
         return state
 
     def __setstate__(self, state) -> None:
+        adopt_credentials(state.pop("_carried", {}))
         self.__dict__.update(state)
-        if state.get("storage_options") is not None:  # a worker process: its readers find them too
-            register_options(self.files, self.storage_options)
 
     # ---- where the bytes live -------------------------------------------------------------------------
     storage_options: dict | None = None
 
     def _use_storage_options(self, storage_options) -> None:
         """Keeps ``storage_options`` (for ``s3://``, ``gs://`` and ``https://`` locations; named as fsspec's
-        s3fs names them) and registers them for this source's files, so that every reader below it, in
-        this process and in DALI's worker processes, reads with them. They are never part of a
-        fingerprint, a plan or a checkpoint."""
+        s3fs names them) and resolves this source's files with them, once: each remote file becomes a
+        :class:`~dali_mesh.storage.StoredLocation` carrying its store, which every reader below it, in
+        this process and in DALI's worker processes, reads with (another source of the same bucket
+        with other options reads with its own). They are never part of a fingerprint, a plan or a
+        checkpoint."""
         if storage_options is not None and not isinstance(storage_options, dict):
             raise TypeError(f"storage_options must be a dict, got {type(storage_options).__name__}")
         self.storage_options = None if storage_options is None else dict(storage_options)
-        if storage_options is not None:
-            register_options(self.files, self.storage_options)
+        self.files = resolve_locations(self.files, self.storage_options)
 
     # ---- what a checkpoint is valid for -------------------------------------------------------------
     def fingerprint(self) -> dict[str, Any]:

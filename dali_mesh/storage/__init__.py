@@ -1,6 +1,10 @@
 """Byte stores: where the bytes of the formats live, behind one seam (see :mod:`.base`).
 
-``store_of(location)`` gives the store and key of a location. Local paths are read by the
+A source resolves each of its locations once, with its own ``storage_options``, into a
+:class:`StoredLocation` (:func:`resolve_locations`): the location's name (a ``str``) carrying its store
+and key, which formats, planning, the native reader and DALI's worker processes receive and read with.
+No table of options keyed by location exists: two sources of one bucket with other endpoints or keys
+each read with their own. ``store_of(location)`` gives the store and key of a location. Local paths are read by the
 :class:`~dali_mesh.storage.local.LocalStore` (POSIX: ``preadv``, ``fadvise``, ``O_DIRECT``, ``mmap``);
 ``s3://``, ``gs://`` and ``http(s)://`` locations by the
 :class:`~dali_mesh.storage.remote.RemoteStore` (ranged GETs through libcurl). Another backend
@@ -19,13 +23,12 @@ from dali_mesh.storage.errors import (DataFileError, FileChangedError, MissingFi
 from dali_mesh.storage.local import LOCAL, LocalStore
 
 __all__ = ["ByteStore", "DataFileError", "FileChangedError", "LOCAL", "LocalStore", "MissingFileError",
-           "NotRegularFileError", "StoredFile", "StoredObject", "TruncatedFileError", "UnsupportedLocationError", "Version",
-           "read_exactly", "readv_all", "register_options", "register_scheme", "store_of"]
+           "NotRegularFileError", "StoredFile", "StoredLocation", "StoredObject", "TruncatedFileError",
+           "UnsupportedLocationError", "Version", "adopt_credentials", "carry_credentials", "read_exactly", "readv_all",
+           "register_scheme", "resolve_locations", "store_of"]
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")  # RFC 3986's scheme
 _SCHEMES: dict[str, Callable[[str, dict], tuple[ByteStore, str]]] = {}
-#: storage options given for locations (and what lies under them), in this process
-_OPTIONS: dict[str, dict] = {}
 
 
 class UnsupportedLocationError(DataFileError):
@@ -38,62 +41,101 @@ def register_scheme(scheme: str, resolve: Callable[[str, dict], tuple[ByteStore,
     _SCHEMES[scheme.lower()] = resolve
 
 
-def _location_key(location: str) -> str:
-    scheme, _, rest = location.partition("://")
-    return f"{scheme.lower()}://{rest.rstrip('/')}"
+class StoredLocation(str):
+    """A location resolved once into its ``store`` and ``key`` (with the options of the source that
+    resolved it): a ``str`` that names it as errors, fingerprints and checkpoints show it (the store's
+    :meth:`~ByteStore.name_of`: an https URL without its query, which is a credential of the store), and
+    that every reader below the source reads through :func:`store_of` without resolving it again. It
+    pickles with its store (a remote store carries its credentials in memory, as the source carries its
+    ``storage_options``), so DALI's worker processes read with the same options. A string derived from
+    it (``f"{loc}/x"``) is a plain location again."""
+
+    store: ByteStore
+    key: str
+
+    def __new__(cls, store: ByteStore, key: str) -> "StoredLocation":
+        loc = super().__new__(cls, store.name_of(key))
+        loc.store, loc.key = store, key
+        return loc
+
+    def __str__(self) -> str:
+        # str(loc) keeps the store (readers take str(path) of what they are given); an operation that
+        # makes a new string (slicing, +, rstrip) gives a plain location
+        return self
+
+    def __reduce__(self):
+        return (StoredLocation, (self.store, self.key))
+
+    def __repr__(self) -> str:
+        return f"StoredLocation({str.__repr__(self)})"
 
 
-def register_options(locations, options: dict | None) -> None:
-    """Makes :func:`store_of` read ``locations`` and everything under them (a Zarr store's keys) with
-    ``options`` (``storage_options``, named as fsspec's s3fs names them) when it is given none: a
-    source registers its ``storage_options`` for its own locations, so that every reader below it, in
-    this process and in its worker processes, finds them (another source's locations in the same bucket
-    are not affected). ``None`` forgets them. Local paths take none."""
-    if isinstance(locations, (str, os.PathLike)):
-        locations = [locations]
+def carry_credentials(locations) -> dict:
+    """The credentials of the stores of ``locations`` (``{spec: credentials}``), for a source to carry
+    into DALI's worker processes in its pickle (as it carries its ``storage_options``); a store's own
+    pickle holds none. Nothing for local paths."""
+    carried = {}
     for location in locations:
+        state = getattr(getattr(location, "store", None), "credentials_state", lambda: None)()
+        if state is not None:
+            carried[state[0]] = state[1]
+    return carried
+
+
+def adopt_credentials(carried: dict) -> None:
+    """Makes the stores named in ``carried`` (:func:`carry_credentials` of another process) read with
+    those credentials in this process."""
+    if carried:
+        from dali_mesh.storage import remote  # noqa: PLC0415
+
+        remote.adopt_credentials(carried)
+
+
+def resolve_locations(locations, options: dict | None) -> list:
+    """``locations`` with each remote one resolved once with ``options`` (a :class:`StoredLocation`);
+    local paths stay as they are (the local store takes no options)."""
+    out = []
+    for location in locations:
+        if isinstance(location, StoredLocation):
+            out.append(location)
+            continue
         location = os.fspath(location)
-        if "://" in location and not location.lower().startswith("file://"):
-            if options is None:
-                _OPTIONS.pop(_location_key(location), None)
-            else:
-                _OPTIONS[_location_key(location)] = dict(options)
-
-
-def _registered_options(location: str) -> dict | None:
-    """The options registered for ``location`` or the nearest location above it."""
-    if not _OPTIONS:
-        return None
-    key = _location_key(location)
-    while True:
-        hit = _OPTIONS.get(key)
-        if hit is not None:
-            return hit
-        cut = key.rfind("/")
-        if cut <= key.find("://") + 2:
-            return None
-        key = key[:cut]
+        store, key = store_of(location, options)
+        out.append(location if store.local else StoredLocation(store, key))
+    return out
 
 
 def store_of(location, options: dict | None = None) -> tuple[ByteStore, str]:
-    """The store and key of ``location``: a local path (or ``file://`` URL) is a key of the local
-    store; ``scheme://...`` goes to the store registered for its scheme, with ``options`` (default:
-    those registered for its bucket by :func:`register_options`, else the environment's)."""
+    """The store and key of ``location``: a :class:`StoredLocation`'s own (resolved once by its
+    source); a local path (or ``file://`` URL) is a key of the local store; ``scheme://...`` goes to the
+    store registered for its scheme, with ``options`` (default: the environment's, as boto3 reads it)."""
+    if isinstance(location, StoredLocation):
+        return location.store, location.key
     location = os.fspath(location)
     scheme, sep, rest = location.partition("://")
     if not sep or not _SCHEME.fullmatch(scheme):
         return LOCAL, location
     scheme = scheme.lower()
     if scheme == "file":
-        return LOCAL, rest
+        return LOCAL, _file_url_path(location, rest)
     resolve = _SCHEMES.get(scheme)
     if resolve is None:
         known = ", ".join(sorted(_SCHEMES)) or "none"
         raise UnsupportedLocationError(location, f"no store of this build reads {scheme}:// locations (local paths "
                                                  f"and file:// are read; other schemes registered: {known})")
-    if options is None:
-        options = _registered_options(location)
     return resolve(location, dict(options or {}))
+
+
+def _file_url_path(location: str, rest: str) -> str:
+    """The path of a ``file://`` URL (RFC 8089): ``file:///abs`` and ``file://localhost/abs`` are this
+    host's ``/abs``; a URL naming another host (``file://server/x``, or ``file://data/x.npy`` meant as a
+    relative path) is refused, never read as a relative path."""
+    host, _, path = rest.partition("/")
+    if host == "" or host.lower() == "localhost":
+        return "/" + path
+    raise UnsupportedLocationError(location, f"names the host {host!r}: file:// URLs are read on this host only "
+                                             "(file:///abs/path or file://localhost/abs/path; a relative path "
+                                             "is given without file://)")
 
 
 def _remote(name: str):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import configparser
 import hashlib
+import hmac
 import re
 import ctypes
 import os
@@ -191,6 +192,10 @@ class RemoteStore(ByteStore):
             parts += [f"endpoint={endpoint}", f"region={region}", f"addressing={addressing}", f"anon={int(anon)}"]
             if credentials and not anon:  # other keys, another store (credentials are kept per spec)
                 parts.append("signer=" + _signer(credentials))
+        elif credentials and credentials.token:
+            # an https URL's query (a presigned URL's signature): a credential of this store, appended to
+            # each request by the client; the spec (what plans and the cache name) has its hash only
+            parts.append("q=" + query_id(credentials.token))
         for name in CLIENT_SETTINGS:
             if settings and settings.get(name) is not None:
                 parts.append(f"{'cache' if name == 'cache_dir' else name}={settings[name]}")
@@ -213,7 +218,7 @@ class RemoteStore(ByteStore):
             from dali_mesh.storage.py_http import PythonHttp  # noqa: PLC0415
 
             _say_python_once()
-            client = self._py = PythonHttp(self.spec, self._credentials)
+            client = self._py = PythonHttp(self.spec, self.credentials)
         return client
 
     def _lib(self):
@@ -221,7 +226,7 @@ class RemoteStore(ByteStore):
         has libcurl: else :meth:`_python` answers)."""
         lib = _kernels()
         if id(lib) not in self._given:
-            give_credentials(lib, self.spec, self._credentials)
+            give_credentials(lib, self.spec, self.credentials)
             self._given.add(id(lib))
         return lib
 
@@ -354,9 +359,22 @@ class RemoteStore(ByteStore):
 
         return ByteZarrStore(self, key)
 
+    @property
+    def credentials(self) -> _Credentials | None:
+        """This store's credentials: its own, or for a store unpickled in another process those its
+        source carried there (:func:`~dali_mesh.storage.carry_credentials`: a spec names one set of
+        credentials, its signer an HMAC under the resolving process's random salt)."""
+        return self._credentials or _known_credentials.get(self.spec)
+
+    def credentials_state(self):
+        """``(spec, credentials)`` for the source that holds this store to carry into its worker
+        processes (never written anywhere), or ``None``."""
+        cred = self.credentials
+        return None if cred is None or self.anon else (self.spec, tuple(cred))
+
     def __reduce__(self):
-        # the credentials are not pickled: a worker process resolves its own (storage_options are
-        # registered again by the source that holds them, the environment is inherited)
+        # the credentials are not pickled with the store: the source that resolved it carries them
+        # (carry_credentials, in memory, as it carries its storage_options) into its worker processes
         return (_unpickle, (self.kind, self.spec, self.scheme, self.anon))
 
     def __repr__(self) -> str:
@@ -391,20 +409,35 @@ def _unpickle(kind: str, spec: str, scheme: str, anon: bool) -> RemoteStore:
     store = RemoteStore.__new__(RemoteStore)
     store.kind, store.spec, store.scheme, store.anon = kind, spec, scheme, anon
     store._given = set()
-    cred = None if anon else _known_credentials.get(spec)
-    if cred is None and not anon:  # another process: the environment's keys, if they are the ones signed with
-        env = _environment_credentials(None)
-        signer = dict(p.split("=", 1) for p in spec.split(";")[1:] if "=" in p).get("signer")
-        if env is not None and signer == _signer(env):
-            cred = env
-    store._credentials = cred
+    store._credentials = None  # looked up by spec when used: the source installs them (adopt_credentials)
     return store
 
 
+def adopt_credentials(carried) -> None:
+    """Makes the stores of the specs in ``carried`` (``{spec: (key, secret, token)}``, from
+    :meth:`RemoteStore.credentials_state` in the process that resolved them) sign with those
+    credentials in this process."""
+    for spec, cred in carried.items():
+        _known_credentials[spec] = _Credentials(*cred)
+
+
+#: a random salt of this process: a spec's signer (and so a plan or a message) cannot be checked offline
+#: against guessed keys (minioadmin/minioadmin); pickled stores carry their spec, so workers agree
+_SALT = os.urandom(16)
+
+
 def _signer(cred: _Credentials) -> str:
-    """What a spec names its credentials by: 64 bits of a SHA-256 of the key id and secret (never either
-    of them), so that stores of one endpoint signed with other keys are other stores."""
-    return hashlib.sha256(f"{cred.key}\0{cred.secret}\0{cred.token}".encode()).hexdigest()[:16]
+    """What a spec names its credentials by: 64 bits of an HMAC-SHA-256, under this process's random
+    salt, of the key id, secret and token (never any of them), so that stores of one endpoint signed
+    with other keys are other stores."""
+    return hmac.new(_SALT, f"{cred.key}\0{cred.secret}\0{cred.token}".encode(), hashlib.sha256).hexdigest()[:16]
+
+
+def query_id(query: str) -> str:
+    """What names an https URL's query in a spec, a plan and the cache: 128 bits of its SHA-256 (the same
+    in every process, so the cache of one run serves the next; a presigned query's signature is
+    random enough that its hash tells nothing of it)."""
+    return hashlib.sha256(query.encode()).hexdigest()[:32]
 
 
 #: credentials this process resolved, per store spec (so that a store unpickled in this process finds them)
@@ -485,11 +518,23 @@ def _environment_credentials(profile: str | None) -> _Credentials | None:
 
 
 def _bucket_and_key(location: str, scheme: str) -> str:
+    """``bucket/key`` of ``scheme://bucket/key``. The key is opaque bytes, as S3 takes it: ``?``, ``#``,
+    ``..``, spaces, ``+`` and unicode are parts of the key, never a query, a fragment or a path step.
+    User info (``s3://KEY:SECRET@bucket``) is refused without showing it."""
     rest = location.split("://", 1)[1]
     bucket = rest.split("/", 1)[0]
-    if not bucket or "?" in rest or "#" in rest:
-        raise DataFileError(location, f"is not a {scheme}://BUCKET/KEY location")
+    if "@" in bucket or ":" in bucket:
+        shown = f"{scheme}://…@{bucket.rpartition('@')[2]}/…"
+        raise DataFileError(shown, "holds user info (credentials in a location are not taken: they would show in "
+                                   "plans, checkpoints and logs); give them in storage_options (key=, secret=)")
+    if not _BUCKET.fullmatch(bucket):
+        raise DataFileError(f"{scheme}://{bucket}/…", f"is not a {scheme}://BUCKET/KEY location (a bucket's name is "
+                                                       "letters, digits, '.', '-' and '_')")
     return rest
+
+
+#: S3's bucket names (and the legacy ones with capitals and '_' that some stores keep)
+_BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def resolve_s3(location: str, options: dict) -> tuple[RemoteStore, str]:
@@ -557,7 +602,15 @@ def resolve_http(location: str, options: dict) -> tuple[RemoteStore, str]:
     parts = urllib.parse.urlsplit(location)
     if not parts.hostname:
         raise DataFileError(location, "is not an http(s):// URL with a host")
-    if parts.username or parts.password:
-        raise DataFileError(f"{parts.scheme}://{parts.hostname}{parts.path}",
+    if parts.username or parts.password or "@" in parts.netloc:
+        raise DataFileError(f"{parts.scheme}://…@{parts.hostname}{parts.path}",
                             "credentials in a URL are not taken (they would show in plans and logs)")
-    return RemoteStore("http", settings=_settings(options), scheme=parts.scheme), location
+    # the query (a presigned URL's X-Amz-Signature and token) is a credential of the store, never part of
+    # the key: plans, fingerprints, checkpoints and messages name the URL without it; the fragment is
+    # not sent by HTTP clients, so it is dropped
+    key = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+    cred = _Credentials("", "", parts.query) if parts.query else None
+    store = RemoteStore("http", settings=_settings(options), scheme=parts.scheme, credentials=cred)
+    if cred:
+        _known_credentials[store.spec] = cred
+    return store, key

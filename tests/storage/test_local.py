@@ -85,3 +85,15 @@ def test_a_store_that_is_not_local_is_read_through_the_seam(tmp_path):
         np.testing.assert_array_equal(src.read_sample(i)[0], take_window(data[i], src.region))
     with pytest.raises(NotNativeError, match="native reader has no 'objects-test' store"):
         src.native_plans()
+
+
+def test_file_urls_follow_rfc_8089(tmp_path):
+    """Issue 40, finding 17: ``file://localhost/abs`` is this host's ``/abs`` (it was read as the relative
+    path ``localhost/abs``); a URL naming another host is refused, never read as a relative path."""
+    (tmp_path / "a.npy").write_bytes(b"x")
+    assert store_of(f"file://localhost{tmp_path}/a.npy") == (LOCAL, f"{tmp_path}/a.npy")
+    assert store_of(f"file://LOCALHOST{tmp_path}/a.npy") == (LOCAL, f"{tmp_path}/a.npy")
+    assert store_of(f"file://{tmp_path}/a.npy") == (LOCAL, f"{tmp_path}/a.npy")
+    for url in ("file://server/share/a.npy", "file://data/a.npy"):
+        with pytest.raises(UnsupportedLocationError, match="file:// URLs are read on this host only"):
+            store_of(url)

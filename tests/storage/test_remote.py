@@ -4,6 +4,7 @@ anonymously from ``http://``) equal to the local copy's, for every format; listi
 options; credentials absent from specs, plans, pickles and messages. Faults: test_remote_faults.py."""
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import subprocess
@@ -64,8 +65,12 @@ def test_locations_name_their_store_and_key(s3_endpoint):
     aws, _ = store_of("s3://b/k", {"client_kwargs": {"region_name": "eu-west-1"}, "anon": True})
     assert aws.spec.startswith("s3;endpoint=https://s3.eu-west-1.amazonaws.com;region=eu-west-1;addressing=virtual")
     http, key = store_of("https://example.org/d/a.npy?sig=1", {"retries": 2})
-    assert http.spec == "http;retries=2" and key == "https://example.org/d/a.npy?sig=1"
-    assert http.name_of(key) == "https://example.org/d/a.npy"  # a presigned URL's query is never shown
+    # a presigned URL's query is a credential of its store: not in the key, the spec holds its hash
+    assert http.spec == f"http;q={hashlib.sha256(b'sig=1').hexdigest()[:32]};retries=2", http.spec
+    assert key == "https://example.org/d/a.npy" and http.credentials.token == "sig=1"
+    assert http.name_of(key) == "https://example.org/d/a.npy"
+    plain, key = store_of("https://example.org/d/a.npy#part", {"retries": 2})
+    assert plain.spec == "http;retries=2" and key == "https://example.org/d/a.npy"
 
 
 @pytest.mark.parametrize("location, opts, match", [
@@ -546,3 +551,35 @@ def test_blosc_chunks_read_in_parts_over_s3_equal_zarr_python(s3_endpoint, tmp_p
     for boundary in ("reflect", "constant"):
         assert max(n for (b, _), n in parts.items() if b == boundary) >= 2 * (1 + 3), parts
 
+
+
+@pytest.mark.parametrize("location", ["s3://AKIDSECRETID:SECRETKEY0123@data/k.npy", "gs://AKIDSECRETID:SECRETKEY0123@b/k",
+                                      "s3://SECRETKEY0123@data/k.npy", "https://AKIDSECRETID:SECRETKEY0123@host/k.npy"])
+def test_user_info_in_a_location_is_refused_without_showing_it(location):
+    """Issue 40, finding 16: ``s3://KEY:SECRET@bucket/key`` was taken as bucket ``KEY:SECRET@bucket`` and the
+    secret showed in names and errors: refused, and the message shows neither part."""
+    with pytest.raises(DataFileError) as info:
+        store_of(location, {"anon": True} if not location.startswith("http") else {})
+    text = str(info.value) + repr(info.value)
+    assert "credentials in a" in text and "SECRETKEY0123" not in text and "AKIDSECRETID" not in text, text
+
+
+@pytest.mark.parametrize("key", ["k/sub/../a.npy", "../other/a.npy", "a?b=1#c", "sp ace+plus/ü.npy"])
+def test_s3_keys_are_opaque(key):
+    """Issue 40, finding 7 (locations): a key holding ``?``, ``#``, ``..``, spaces, ``+`` or unicode is a key of
+    its bucket as written (it was refused as "not a s3://BUCKET/KEY location")."""
+    store, got = store_of(f"s3://data/{key}", {"anon": True, "endpoint_url": "http://127.0.0.1:9"})
+    assert got == f"data/{key}" and store.name_of(got) == f"s3://data/{key}"
+
+
+def test_a_specs_signer_is_salted_per_process():
+    """Issue 40, finding 16: the signer was 64 bits of an unsalted SHA-256 of key and secret (a spec of
+    minioadmin/minioadmin was found offline); now an HMAC under a random salt of the process: two processes
+    name the same keys differently, and the plain hash is not it."""
+    code = ("from dali_mesh.storage import store_of; print(store_of('s3://data/k', {'key': 'minioadmin', "
+            "'secret': 'minioadmin', 'endpoint_url': 'http://127.0.0.1:9'})[0].spec)")
+    specs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            cwd=Path(__file__).parents[2]).stdout.strip() for _ in range(2)}
+    assert len(specs) == 2, specs
+    plain = hashlib.sha256(b"minioadmin\0minioadmin\0").hexdigest()[:16]
+    assert all("signer=" in s and plain not in s for s in specs), specs
