@@ -23,6 +23,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from dali_mesh.cli.args import UsageError, find_data
+from dali_mesh.cli.locations import scrub, shown
 from dali_mesh.io.formats import format_named
 from dali_mesh.plan import WindowPlan, plan_window
 from dali_mesh.io.hdf5 import only_dataset_name
@@ -182,7 +183,7 @@ def _check_chunk_count(path: str, plan: WindowPlan, chunks: Sequence[int]) -> No
     n = sum(math.prod(len(r) for r in _chunk_ranges((0,) + tuple(fst), (1,) + tuple(ln), chunks))
             for _, fst, ln in plan.boxes())
     if n > MAX_ADVICE_CHUNKS:
-        raise UsageError(f"{path}: a window touches {n} chunks of {tuple(chunks)}; plan --data looks at most "
+        raise UsageError(f"{shown(path)}: a window touches {n} chunks of {tuple(chunks)}; plan --data looks at most "
                          f"{MAX_ADVICE_CHUNKS} per window: these chunks are far too small for the layout "
                          "(dali-mesh convert makes chunks that follow the shards)")
 
@@ -196,7 +197,8 @@ class LayoutTarget:
 
     def __init__(self, path: str, sample_shape: tuple[int, ...], dtype: np.dtype, chunks: tuple[int, ...] | None,
                  prefix: tuple[int, ...]) -> None:
-        self.path = path
+        self.path = path  # read from; printed only as self.shown (no presigned query, no user info)
+        self.shown = shown(path)
         self.sample_shape = tuple(int(s) for s in sample_shape)
         self.dtype = np.dtype(dtype)
         self.chunks = chunks  # stored chunk shape (prefix axes included), None: contiguous
@@ -216,7 +218,7 @@ class LayoutTarget:
         if hit is None:
             if max(region.window_shape) > MAX_ADVICE_AXIS_CELLS:
                 # a window plan holds a few integers per cell of each axis
-                raise UsageError(f"{self.path}: a window spans {max(region.window_shape)} cells on one axis; "
+                raise UsageError(f"{self.shown}: a window spans {max(region.window_shape)} cells on one axis; "
                                  f"plan --data plans at most {MAX_ADVICE_AXIS_CELLS} per axis, and at most "
                                  f"{MAX_ADVICE_CHUNKS} separate byte ranges or chunks per window")
             plan = plan_window(region)
@@ -279,9 +281,9 @@ class LayoutTarget:
         try:
             plans = plan_source(self.source(layout))
         except NotNativeError as e:
-            return f"reader: partitioned_source (the native reader falls back: {e})"
+            return f"reader: partitioned_source (the native reader falls back: {scrub(str(e), [self.path])})"
         except (OSError, ValueError, RuntimeError) as e:  # e.g. no kernels library in this install
-            return f"reader: not checked ({type(e).__name__}: {e})"
+            return f"reader: not checked ({type(e).__name__}: {scrub(str(e), [self.path])})"
         names = {v: k for k, v in CODECS.items()}
         used = sorted({names.get(i, str(i)) for c in plans.coders for i in c.ids})
         return "reader: native (read_windows)" + (f", decoding {'+'.join(used)} chunks on DALI's threads, each "
@@ -323,26 +325,26 @@ class LayoutTarget:
                                  f"each group of {g} fetches the group window's {fmt(got)} in {n} request{'s' * (n != 1)} per "
                                  f"sample: {fmt(got // g)} and {n / g:.1f} requests per rank on average")
         except NotNativeError as e:
-            return [f"fetched from the object store: not planned natively ({e})"]
+            return [f"fetched from the object store: not planned natively ({scrub(str(e), [self.path])})"]
         return lines
 
     def summary(self, layout: Layout) -> list[str]:
         """Lines after the table: totals, the worst rank, and a chunk shape when the ratio is high."""
         needed, cold = self._totals
         if not needed:
-            return [f"{self.path}: the windows read nothing from storage", self.native_path(layout)]
+            return [f"{self.shown}: the windows read nothing from storage", self.native_path(layout)]
         worst, rank = self._worst
         what = format_named(self.kind).label
         layout_text = "contiguous" if self.chunks is None else f"chunks {self.chunks}"
         lines = [f"cold read of one sample per rank: {cold / needed:.2f}x the window bytes in all "
-                 f"({what} {self.path}, {layout_text}); worst rank {rank}: {worst:.2f}x", self.native_path(layout)]
+                 f"({what} {self.shown}, {layout_text}); worst rank {rank}: {worst:.2f}x", self.native_path(layout)]
         if worst > ADVICE_RATIO:
             chunks, note = chunk_advice(layout, self.sample_shape, self.dtype.itemsize)
             after = self.chunked_ratio(layout, chunks)
             already = self.chunks is not None and tuple(self.chunks) == tuple(chunks)
             if note is None and not after > ADVICE_RATIO:
                 lines.append(f"advice: store the data chunked {chunks} (sample axis first; HDF5 or Zarr) to read "
-                             f"~{after:.2f}x: dali-mesh convert {self.path} OUT.zarr (or OUT.h5) with the same "
+                             f"~{after:.2f}x: dali-mesh convert {self.shown} OUT.zarr (or OUT.h5) with the same "
                              "--mesh/--shard/--split")
             else:
                 best = (f"The data already has the best regular chunks found ({chunks}, ~{after:.2f}x): "
@@ -375,7 +377,7 @@ class _NpyTarget(LayoutTarget):
 
         units = count_npy_units(self.header, plan)
         if units > MAX_ADVICE_CHUNKS:
-            raise UsageError(f"{self.path}: a window is {units} separate byte ranges; plan --data plans at most "
+            raise UsageError(f"{self.shown}: a window is {units} separate byte ranges; plan --data plans at most "
                              f"{MAX_ADVICE_CHUNKS}: split another axis, or convert the file (dali-mesh convert)")
         u = plan_npy_units(self.header, plan)
         fo_l, end_l = u.file_off.tolist(), (u.file_off + u.spans).tolist()
@@ -395,7 +397,7 @@ class _HDF5Target(LayoutTarget):
         f, ds = open_hdf5_dataset(path, name, allow_external=allow_external)
         try:
             if ds.ndim < 2:
-                raise UsageError(f"{path}: dataset {name!r} has shape {ds.shape}: samples lie along axis 0, so it "
+                raise UsageError(f"{shown(path)}: dataset {name!r} has shape {ds.shape}: samples lie along axis 0, so it "
                                  "needs at least 2 axes")
             chunks = None if ds.chunks is None else tuple(ds.chunks)
             self._sizes: dict[tuple[int, ...], int] = {}
@@ -440,7 +442,7 @@ class _ZarrTarget(LayoutTarget):
         arr = open_zarr_array(path, name)
         self._name = name
         if arr.ndim < 2:
-            raise UsageError(f"{path}: array {name or '/'} has shape {arr.shape}: samples lie along axis 0, so it "
+            raise UsageError(f"{shown(path)}: array {name or '/'} has shape {arr.shape}: samples lie along axis 0, so it "
                              "needs at least 2 axes")
         self._root = os.path.join(path, arr.path) if arr.path else path
         self._metadata = arr.metadata
@@ -482,7 +484,7 @@ def open_layout_target(path: str, dataset: str | None = None, *, allow_external:
     first = files[0]
     target = _TARGETS.get(kind)
     if target is None:  # pragma: no cover - a format registered without a layout target
-        raise LayoutError(f"--data {path!r}: the {kind} format has no layout advice")
+        raise LayoutError(f"--data {shown(path)!r}: the {kind} format has no layout advice")
     if target is _NpyTarget:
         if dataset:
             raise UsageError("--dataset names an HDF5 dataset or Zarr array; a .npy file has none")

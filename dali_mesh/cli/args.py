@@ -14,7 +14,8 @@ from typing import Sequence
 
 import numpy as np
 
-from dali_mesh.io.formats import FORMATS, format_of
+from dali_mesh.cli.locations import format_of_location, name_of, scrub, shown
+from dali_mesh.io.formats import FORMATS
 from dali_mesh.mesh import MeshInfo, parse_mesh_shape, resolve_mesh_shape
 from dali_mesh.partition import Layout, check_fill_value
 from dali_mesh.storage import DataFileError, store_of
@@ -230,7 +231,7 @@ def sample_count(shape: Sequence[int]) -> int:
 def data_kind(path: str) -> str | None:
     """The name of the registered format (:mod:`dali_mesh.io.formats`) that reads ``path``, by its
     name (``"npy"``, ``"hdf5"``, ``"zarr"``), else ``None``."""
-    fmt = format_of(path)
+    fmt = format_of_location(path)
     return None if fmt is None else fmt.name
 
 
@@ -240,43 +241,45 @@ def is_zarr_group(location: str) -> bool:
     store, key = store_of(location)
     if store.local:
         return os.path.isdir(location)
-    return not location.rstrip("/").lower().endswith((".nc", ".nc4", ".h5", ".hdf5", ".hdf"))
+    return not name_of(location).rstrip("/").lower().endswith((".nc", ".nc4", ".h5", ".hdf5", ".hdf"))
 
 
 def find_data(path: str, what: str = "--data") -> tuple[str, list[str]]:
     """``(format name, files)`` of a data path: one file or store of a registered format, or a folder
     of them (the first format found, in the registry's order; files sorted by name)."""
     names = ", ".join(s for f in FORMATS.values() for s in f.probe_names())
+    said = shown(path)  # never the query of a presigned URL, nor user info
     store, key = store_of(path)
-    if not store.local:  # s3://, gs://, https://: by name; a prefix is listed
-        fmt = format_of(path)
+    if not store.local:  # s3://, gs://, https://: by name (an http(s) URL's without its query); a prefix is listed
+        fmt = format_of_location(path)
         if fmt is not None:
             return fmt.name, [path]
         try:
             objects, prefixes = store.list(key.rstrip("/") + "/")
         except AttributeError:
-            raise UsageError(f"{what} {path!r} is not a file or store of a known format ({names}), and its store "
+            raise UsageError(f"{what} {said!r} is not a file or store of a known format ({names}), and its store "
                              "cannot list a folder") from None
         except DataFileError as e:
-            raise UsageError(f"{what} {path!r} is not a file or store of a known format ({names}), and {e}") from None
+            raise UsageError(f"{what} {said!r} is not a file or store of a known format ({names}), and "
+                             f"{scrub(str(e), [path])}") from None
         entries = sorted(store.name_of(k) for k, _ in objects) + sorted(store.name_of(p.rstrip("/")) for p in prefixes)
         if not entries:
-            raise UsageError(f"{what} {path!r} does not exist (no object under it)")
+            raise UsageError(f"{what} {said!r} does not exist (no object under it)")
     else:
         if not os.path.exists(path):
-            raise UsageError(f"{what} {path!r} does not exist")
-        fmt = format_of(path)
+            raise UsageError(f"{what} {said!r} does not exist")
+        fmt = format_of_location(path)
         if fmt is not None and (fmt.container == "store" or not os.path.isdir(path)):
             return fmt.name, [path]
         if not os.path.isdir(path):
-            raise UsageError(f"{what} {path!r} is neither a file or store of a known format ({names}) nor a folder "
+            raise UsageError(f"{what} {said!r} is neither a file or store of a known format ({names}) nor a folder "
                              "of them")
         entries = sorted(os.path.join(path, e) for e in os.listdir(path))
     for fmt in FORMATS.values():
         files = [e for e in entries if fmt.probe(e)]
         if files:
             return fmt.name, files
-    raise UsageError(f"{what} {path!r} holds no files of a known format ({names})")
+    raise UsageError(f"{what} {said!r} holds no files of a known format ({names})")
 
 
 def parse_channels(text: str) -> list:

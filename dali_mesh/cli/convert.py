@@ -40,6 +40,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from dali_mesh.cli.args import UsageError, find_data, make_layout, parse_ints, parse_mesh
+from dali_mesh.cli.locations import local_destination, shown
 from dali_mesh.io._common import DataFileError
 from dali_mesh.io.formats import ArrayFormat, format_of, written_suffixes
 from dali_mesh.mesh import MeshInfo
@@ -79,8 +80,9 @@ class SampleReader:
 
 def _same(first: tuple, path: str, shape, dtype, what: str) -> None:
     if (tuple(shape), np.dtype(dtype)) != first[1:]:
-        raise UsageError(f"{what}: {path} holds samples of {tuple(shape)} {np.dtype(dtype)} but {first[0]} holds "
-                         f"{first[1]} {first[2]}: every file must hold samples of one shape and dtype")
+        raise UsageError(f"{what}: {shown(path)} holds samples of {tuple(shape)} {np.dtype(dtype)} but "
+                         f"{shown(first[0])} holds {first[1]} {first[2]}: every file must hold samples of one shape "
+                         "and dtype")
 
 
 def open_samples(src: str, dataset: str | None = None, lock: threading.Lock | None = None, *,
@@ -130,7 +132,7 @@ def open_samples(src: str, dataset: str | None = None, lock: threading.Lock | No
     try:
         for f, a in zip(files, arrays):
             if len(a.shape) < 2:
-                raise UsageError(f"SRC: {f} holds an array of shape {tuple(a.shape)}: samples lie along axis 0, so "
+                raise UsageError(f"SRC: {shown(f)} holds an array of shape {tuple(a.shape)}: samples lie along axis 0, so "
                                  "it needs at least 2 axes")
         first = (files[0], tuple(arrays[0].shape[1:]), np.dtype(arrays[0].dtype).newbyteorder("="))
         for f, a in zip(files, arrays):
@@ -350,7 +352,9 @@ def convert_array(
     progress: bool = True,
     allow_external: bool = False,
 ) -> ConvertResult:
-    """Copy ``src`` to ``dst`` chunked for ``layout`` (see the module docstring); returns what was written."""
+    """Copy ``src`` to ``dst`` chunked for ``layout`` (see the module docstring); returns what was written.
+    ``dst`` is a local path or ``file://`` URL: another scheme is refused before anything is read."""
+    dst = local_destination(dst, "DST")
     if not isinstance(workers, int) or workers < 1:
         raise UsageError(f"workers must be an integer >= 1, got {workers!r}")
     lock = threading.Lock()
@@ -366,7 +370,7 @@ def convert_array(
 
             note = chunk_advice(layout, sample_shape, dtype.itemsize)[1]
             if note:
-                log.info("convert %s: %s", src, note)
+                log.info("convert %s: %s", shown(src), note)
         _check_name(name)
         n = source.num_samples
         shape = (n,) + tuple(sample_shape)
@@ -418,13 +422,14 @@ def convert(args: argparse.Namespace) -> ConvertResult:
     """``dali-mesh convert``: the layout from ``--mesh --shard --batch --split --crop`` (the sample
     shape from SRC), then :func:`convert_array`."""
     allow_external = bool(getattr(args, "allow_external", False))
+    local_destination(args.dst, "DST")  # refused before SRC is read: s3://... would become a local ./s3:/ folder
     source = open_samples(args.src, args.dataset, allow_external=allow_external)
     try:
         sample_shape = source.sample_shape
     finally:
         source.close()
     if args.shape and parse_ints(args.shape, "--shape") != sample_shape:
-        raise UsageError(f"--shape {args.shape} disagrees with SRC {args.src!r} (samples of {sample_shape}): "
+        raise UsageError(f"--shape {args.shape} disagrees with SRC {shown(args.src)!r} (samples of {sample_shape}): "
                          "leave --shape out")
     mesh_shape, names = parse_mesh(args.mesh, args.world_size)
     layout = make_layout(MeshInfo(mesh_shape, names), len(sample_shape), shard=args.shard, batch=args.batch,

@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from dali_mesh.cli.args import UsageError, find_data, make_layout, parse_ints, positive_float, positive_int
+from dali_mesh.cli.locations import scrub, shown
 from dali_mesh.io.formats import format_named
 from dali_mesh.io.pagecache import descendant_pids, evict, read_bytes
 from dali_mesh.plan import NotNativeError
@@ -149,8 +150,8 @@ def check_files(kind: str, files: list[str], dataset: str | None, allow_external
         if seen is None:
             seen = (path, shape, info.dtype)
         elif (shape, info.dtype) != seen[1:]:
-            raise UsageError(f"--data: {path} holds samples of {shape} {info.dtype} but {seen[0]} holds {seen[1]} "
-                             f"{seen[2]}: every file must hold samples of one shape and dtype")
+            raise UsageError(f"--data: {shown(path)} holds samples of {shape} {info.dtype} but {shown(seen[0])} "
+                             f"holds {seen[1]} {seen[2]}: every file must hold samples of one shape and dtype")
 
 
 def _make_source(kind, files, dataset, layout, batch_size, allow_external=False, share=None):
@@ -248,7 +249,7 @@ class _FailingSource:
         return getattr(self.source, name)
 
     def __call__(self, sample_info):
-        raise OSError(f"cannot read {self.source.files[0]}: deliberate failure (--fail-rank)")
+        raise OSError(f"cannot read {shown(self.source.files[0])}: deliberate failure (--fail-rank)")
 
     def native_plans(self, merge_gap=None):
         # its reads fail in partitioned_source's workers: the native reader would read the files
@@ -471,7 +472,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             run_ranks(_rank, args.nproc, tmp, cfg, tmp, timeout_s=args.timeout, backend="nccl" if gpu else "gloo")
         except RankFailure as e:
-            print(f"dali-mesh demo: a rank failed:\n{e}", file=sys.stderr)
+            # a rank's traceback names the files it read: their credentials are not shown
+            print(f"dali-mesh demo: a rank failed:\n{scrub(str(e), [args.data, *files])}", file=sys.stderr)
             return 1
         stats = [json.load(open(os.path.join(tmp, f"stats{r}.json"))) for r in range(args.nproc)]
     wall = time.perf_counter() - t0

@@ -31,6 +31,7 @@ from dali_mesh.cli.args import (
     parse_shard,
     positive_int,
 )
+from dali_mesh.cli.locations import scrub, scrub_logs, shown
 from dali_mesh.io._common import DataFileError
 from dali_mesh.mesh import MeshError, MeshInfo
 from dali_mesh.partition import BOUNDARIES, SPLITS, Layout, LayoutError
@@ -294,7 +295,7 @@ def _add_layout_args(p: argparse.ArgumentParser, *, shape_required: bool) -> Non
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line and exit 2, as argparse does, with our prefix
-        self.exit(2, f"dali-mesh: error: {message}\n")
+        self.exit(2, f"dali-mesh: error: {scrub(message)}\n")  # it may quote an argument: a presigned URL
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -412,7 +413,7 @@ def cmd_plan_dataset(args: argparse.Namespace) -> int:
         raise UsageError(f"--shape {args.shape} disagrees with the channels' samples {shape}: leave --shape out")
     layout, shape = build_layout(args, shape=shape, dtype=dtype)
     ranks = selected_ranks(args, layout.mesh.size)
-    print(f"{args.data}: samples (channel, {', '.join(probe.spatial_dims)}) = {shape} {dtype}, "
+    print(f"{shown(args.data)}: samples (channel, {', '.join(probe.spatial_dims)}) = {shape} {dtype}, "
           f"{len(probe.channels)} channels ({', '.join(map(str, probe.channels))}), {probe.num_samples} steps")
     print("| rank | coordinate | window | window bytes (stored dtypes) | read bytes (one sample, stored) | read / window |")
     print("|---|---|---|---|---|---|")
@@ -468,10 +469,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         target = open_layout_target(args.data, args.dataset, allow_external=args.allow_external)
         shape, dtype = target.sample_shape, target.dtype
         if args.shape and parse_ints(args.shape, "--shape") != shape:
-            raise UsageError(f"--shape {args.shape} disagrees with --data {args.data!r} (samples of {shape}): "
+            raise UsageError(f"--shape {args.shape} disagrees with --data {shown(args.data)!r} (samples of {shape}): "
                              "leave --shape out")
         if args.dtype and parse_dtype(args.dtype) != dtype:
-            raise UsageError(f"--dtype {args.dtype} disagrees with --data {args.data!r} ({dtype}): leave --dtype out")
+            raise UsageError(f"--dtype {args.dtype} disagrees with --data {shown(args.data)!r} ({dtype}): leave --dtype out")
         advice = target
     else:
         if not args.shape:
@@ -569,6 +570,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
+    # the locations given: every message is scrubbed of their credentials (a presigned URL's query,
+    # user info) before it is printed, whichever part of dali_mesh wrote it
+    given = [getattr(args, k, None) for k in ("data", "src", "dst")]
+    scrub_logs(given)
     try:
         if args.command == "plan":
             return cmd_plan(args)
@@ -581,10 +586,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run(args)
     except (UsageError, MeshError, LayoutError, DataFileError) as e:
-        print(f"dali-mesh: error: {e}", file=sys.stderr)
+        print(f"dali-mesh: error: {scrub(str(e), given)}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0
+    except Exception as e:  # a defect, or an error no check foresaw: the traceback, for a report, scrubbed
+        import traceback  # noqa: PLC0415
+
+        sys.stderr.write(scrub("".join(traceback.format_exception(e)), given))
+        return 1
     return 2
 
 

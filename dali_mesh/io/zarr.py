@@ -147,7 +147,8 @@ def open_zarr_array(path: str | os.PathLike, name: str | None = None):
             names = sorted(k for k, _ in grp.arrays())
         except Exception:
             pass
-        raise MissingArrayError(path, f"has no {what} ({type(e).__name__}); arrays in the store: {names}") from None
+        missing = what if name else "array at the store's root"  # not "has no the array ..."
+        raise MissingArrayError(path, f"has no {missing} ({type(e).__name__}); arrays in the store: {names}") from None
     check_dtype(path, arr.dtype, label=f"{what}: ")
     try:
         chunks = tuple(arr.chunks)
