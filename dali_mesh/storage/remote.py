@@ -524,7 +524,9 @@ def _bucket_and_key(location: str, scheme: str) -> str:
     rest = location.split("://", 1)[1]
     bucket = rest.split("/", 1)[0]
     if "@" in bucket or ":" in bucket:
-        shown = f"{scheme}://…@{bucket.rpartition('@')[2]}/…"
+        # shown without the user info; a secret holding "/" leaves part of itself in the first segment
+        # ("s3://KEY:SEC/RET@bucket/k"): then nothing after the scheme is shown
+        shown = f"{scheme}://…@{rest.partition('@')[2]}" if "@" in bucket else f"{scheme}://…"
         raise DataFileError(shown, "holds user info (credentials in a location are not taken: they would show in "
                                    "plans, checkpoints and logs); give them in storage_options (key=, secret=)")
     if not _BUCKET.fullmatch(bucket):

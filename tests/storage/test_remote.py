@@ -583,3 +583,10 @@ def test_a_specs_signer_is_salted_per_process():
     assert len(specs) == 2, specs
     plain = hashlib.sha256(b"minioadmin\0minioadmin\0").hexdigest()[:16]
     assert all("signer=" in s and plain not in s for s in specs), specs
+
+
+def test_user_info_with_a_slash_in_the_secret_is_not_shown():
+    with pytest.raises(DataFileError) as info:
+        store_of("s3://AKIDSECRETID:SEC/RETKEY0123@data/k.npy", {"anon": True})
+    assert "AKIDSECRETID" not in str(info.value) and "SEC" not in str(info.value).replace("SECRET", "")
+    assert "RETKEY0123" not in str(info.value), str(info.value)
