@@ -7,7 +7,9 @@
 //   "s3;endpoint=<url>;region=<r>;addressing=path|virtual;anon=0|1[;signer=H][;retries=N;retry_seconds=S;
 //    timeout=S;stall=S;connect=S][;cache=DIR;cache_bytes=N]"   keys "bucket/path/of/object"; signer: 64 bits of a hash of the
 //    credentials, so that stores of one endpoint with other keys are other stores (never a key or secret)
-//   "http[;retries=...;cache=...]"                      keys are whole http:// or https:// URLs
+//   "http[;q=H][;retries=...;cache=...]"               keys are whole http:// or https:// URLs (without
+//    their query: a presigned URL's query is the store's credential, its token, sent on every request;
+//    q: 32 hex digits of a SHA-256 of it, so that stores of other queries are other stores)
 // cache: the ranges fetched are kept in the folder DIR, at most N bytes (range_cache.h).
 // Credentials are given to the process (SetStoreCredentials, from Python's storage_options or the
 // environment) and kept in memory only; never in a spec, a message or a plan.
@@ -43,6 +45,7 @@ struct HttpStoreConfig {
   double timeout = 300;      // one request, connect to last byte
   double stall = 30;         // a request that receives nothing for this long is dropped (and retried)
   double connect = 10;       // connecting
+  std::string query_hash;    // http: which URL query the store's credentials are (a hash of it), "": none
   std::string cache;         // a folder caching the ranges fetched (range_cache.h); "": none
   int64_t cache_bytes = int64_t(8) << 30;
 };
@@ -75,6 +78,12 @@ class HttpStore : public ByteStore {
   std::string NameOf(const std::string &key) const;
   // HEAD: the version of `key` (size, ETag in tag), or false when it does not exist.
   bool Head(const std::string &key, ObjectVersion *version) const;
+  // An open: one GET of bytes [0, n) (n >= 1), no If-Match; at most n bytes into `dst` (`got`: fewer
+  // when the object is smaller) and its version as Head names it (size from Content-Range, or a 200's
+  // length, or 0 for a 416 "bytes */0"; ETag, else "gen:"/"lm:"), or false when it does not exist.
+  bool OpenRange(const std::string &key, int64_t n, char *dst, int64_t *got, ObjectVersion *version) const;
+  // How many first bytes an open fetches and keeps (a format's header is read from them).
+  static constexpr int64_t kOpenBytes = int64_t(64) << 10;
   // One ranged GET of [offset, offset + n) into `dst` (fewer bytes only at the end of the object);
   // `if_match` (an ETag) when not empty; `size` the object's size when known (-1: the answer says
   // where it ends). Returns the bytes.
@@ -99,6 +108,13 @@ class HttpStore : public ByteStore {
 
  private:
   std::string UrlOf(const std::string &key) const;
+  // A read's answer had no ETag (its server may ignore If-Match): the object must still be `etag`
+  // (and `size` bytes), asked again; fails naming `where` when it was replaced or cannot be told.
+  void CheckVersion(const std::string &key, const std::string &etag, int64_t size, const std::string &where) const;
+  // The cache's id of `range` of `key` at `etag`: the store's kind, its endpoint (s3) or its URL
+  // query's hash (http), the key, the ETag and the range; never the signer nor a query in clear.
+  // "": not cached (an http key holding a query, or a query the spec does not name).
+  std::string CacheId(const std::string &key, const std::string &etag, const std::string &range) const;
   std::string spec_;
   HttpStoreConfig config_;
   std::unique_ptr<RangeCache> cache_;
