@@ -14,6 +14,7 @@
 #include <random>
 #include <thread>
 
+#include "storage/http_object.h"
 #include "storage/http_text.h"
 #include "storage/kept_threads.h"
 #include "storage/reads_in_flight.h"
@@ -27,12 +28,6 @@ namespace dali_mesh {
 namespace {
 
 std::atomic<int64_t> g_requests{0}, g_bytes{0};
-
-// Whether a version's tag is an ETag (sent as If-Match), not a generation ("gen:...") or a
-// modification date ("lm:...", HEAD answers without either), which are checked after the answer.
-bool IsEtag(const std::string &tag) {
-  return !tag.empty() && tag.rfind("gen:", 0) != 0 && tag.rfind("lm:", 0) != 0;
-}
 
 struct Credentials {
   std::string key_id, secret, token;
@@ -54,14 +49,6 @@ Credentials CredentialsOf(const std::string &spec) {
   return it == CredentialsTable().end() ? Credentials{} : it->second;
 }
 
-bool ParseSeconds(const std::string &v, double *out) {
-  char *end = nullptr;
-  const double d = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end || !(d > 0) || d > 1e6) return false;
-  *out = d;
-  return true;
-}
-
 // The URL without user information or query (a presigned URL's signature is in its query).
 std::string Shown(const std::string &url) {
   std::string u = url.substr(0, url.find_first_of("?#"));
@@ -74,86 +61,6 @@ std::string Shown(const std::string &url) {
 }
 
 }  // namespace
-
-bool ParseHttpSpec(const std::string &spec, HttpStoreConfig *config, std::string *why) {
-  HttpStoreConfig c;
-  size_t start = 0;
-  bool first = true;
-  while (start <= spec.size()) {
-    size_t end = spec.find(';', start);
-    if (end == std::string::npos) end = spec.size();
-    const std::string item = spec.substr(start, end - start);
-    start = end + 1;
-    if (first) {
-      if (item != "s3" && item != "http") {
-        *why = "not a remote store";
-        return false;
-      }
-      c.kind = item;
-      first = false;
-      continue;
-    }
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos) {
-      *why = "setting without a value: " + ShownName(item);
-      return false;
-    }
-    const std::string k = item.substr(0, eq), v = item.substr(eq + 1);
-    bool ok = true;
-    if (k == "endpoint") {
-      c.endpoint = v;
-      ok = (v.rfind("http://", 0) == 0 || v.rfind("https://", 0) == 0) && v.back() != '/';
-    } else if (k == "region") {
-      c.region = v;
-      ok = !v.empty() && v.find(':') == std::string::npos;
-    } else if (k == "addressing") {
-      ok = v == "path" || v == "virtual";
-      c.path_style = v == "path";
-    } else if (k == "anon") {
-      ok = v == "0" || v == "1";
-      c.anonymous = v == "1";
-    } else if (k == "retries") {
-      char *e = nullptr;
-      const long n = std::strtol(v.c_str(), &e, 10);
-      ok = !v.empty() && !*e && n >= 0 && n <= 100;
-      c.retries = static_cast<int>(n);
-    } else if (k == "retry_seconds") {
-      ok = ParseSeconds(v, &c.retry_seconds);
-    } else if (k == "timeout") {
-      ok = ParseSeconds(v, &c.timeout);
-    } else if (k == "stall") {
-      ok = ParseSeconds(v, &c.stall);
-    } else if (k == "connect") {
-      ok = ParseSeconds(v, &c.connect);
-    } else if (k == "cache") {
-      c.cache = v;
-      ok = !v.empty() && v[0] == '/';
-    } else if (k == "cache_bytes") {
-      char *e = nullptr;
-      const long long n = std::strtoll(v.c_str(), &e, 10);
-      ok = !v.empty() && !*e && n > 0;
-      c.cache_bytes = n;
-    } else if (k == "q") {  // which URL query (a hash of it: the query is the store's credential)
-      ok = !v.empty() && v.size() <= 64 && v.find_first_not_of("0123456789abcdef") == std::string::npos;
-      c.query_hash = v;
-    } else if (k == "signer") {  // which credentials (a hash of them; stores with other keys differ)
-      ok = !v.empty() && v.size() <= 64;
-    } else {
-      *why = "unknown setting " + ShownName(k);
-      return false;
-    }
-    if (!ok) {
-      *why = "bad value for " + k + ": " + ShownName(v);
-      return false;
-    }
-  }
-  if (c.kind == "s3" && c.endpoint.empty()) {
-    *why = "an s3 store needs an endpoint";
-    return false;
-  }
-  *config = c;
-  return true;
-}
 
 void SetStoreCredentials(const std::string &spec, const std::string &key_id, const std::string &secret,
                          const std::string &token) {
@@ -770,94 +677,6 @@ int64_t HttpStore::Get(const std::string &key, int64_t offset, int64_t n, char *
   return GetVector(key, {{dst, n}}, offset, if_match, -1, true);
 }
 
-namespace {
-
-class HttpObject : public StoredObject {
- public:
-  // `first`: the object's first bytes, from the answer that named its version (an open): reads inside
-  // them cost no request
-  HttpObject(const HttpStore *store, std::string key, const ObjectVersion &v, std::string first = std::string())
-      : store_(store), key_(std::move(key)), first_(std::move(first)) {
-    name_ = store->NameOf(key_);
-    version_ = v;
-  }
-  int64_t ReadAt(char *dst, int64_t n, int64_t offset) const override {
-    if (offset >= 0 && version_.size >= 0 && n > 0) {
-      const int64_t want = std::min(n, std::max<int64_t>(0, version_.size - offset));
-      if (Kept(offset, want)) {
-        std::memcpy(dst, first_.data() + offset, want);
-        return want;
-      }
-    }
-    return store_->Get(key_, offset, n, dst, version_.tag, version_.size);
-  }
-  void ReadVector(std::vector<struct iovec> *iov, int64_t offset) const override {
-    std::vector<std::pair<char *, int64_t>> bufs;
-    bufs.reserve(iov->size());
-    int64_t n = 0;
-    for (const auto &v : *iov) {
-      bufs.emplace_back(static_cast<char *>(v.iov_base), static_cast<int64_t>(v.iov_len));
-      n += v.iov_len;
-    }
-    if (version_.size >= 0 && offset + n > version_.size)
-      StoreFail(name_ + ": read of " + std::to_string(n) + " bytes at byte " + std::to_string(offset) +
-                " runs past the end of the object (" + std::to_string(version_.size) + " bytes): it is shorter than "
-                "planned");
-    if (Kept(offset, n)) {
-      for (const auto &b : bufs) {
-        std::memcpy(b.first, first_.data() + offset, b.second);
-        offset += b.second;
-      }
-    } else {
-      store_->GetVector(key_, bufs, offset, version_.tag, version_.size);
-    }
-    iov->clear();
-  }
-  void ReadRanges(const std::vector<Range> &ranges) const override {
-    std::vector<Range> remote;
-    for (const auto &r : ranges) {
-      if (r.offset < 0 || (version_.size >= 0 && r.offset + r.bytes > version_.size))
-        StoreFail(name_ + ": read of " + std::to_string(r.bytes) + " bytes at byte " + std::to_string(r.offset) +
-                  " runs past the end of the object (" + std::to_string(version_.size) + " bytes)");
-      if (Kept(r.offset, r.bytes))
-        std::memcpy(r.dst, first_.data() + r.offset, r.bytes);
-      else
-        remote.push_back(r);
-    }
-    if (!remote.empty()) store_->GetMany(key_, remote, version_.tag, version_.size);
-  }
-  // with a cache, the same ranges each epoch (guesses differ with the order chunks are read in, and
-  // the cache keeps exact ranges)
-  bool GuessParts() const override { return store_->config().cache.empty(); }
-  // an S3 (or GCS XML) ETag, which the service changes with the content and honours in If-Match (as
-  // RemoteStore.pins): not a plain HTTP(S) server's (nginx's is the modification time and size, kept
-  // by a copy that keeps both), nor a generation or a date (checked after the answer)
-  bool ReadsArePinned() const override { return store_->config().kind == "s3" && IsEtag(version_.tag); }
-  void CheckUnchanged() const override {
-    // every read sent If-Match (an ETag) and had its total size checked (an answer without the ETag
-    // had its version asked for again); a tag made of a generation or a date is asked for again, by a
-    // GET of one byte (a URL presigned for GET refuses HEAD)
-    if (IsEtag(version_.tag)) return;
-    ObjectVersion now;
-    char byte;
-    int64_t got = 0;
-    if (!store_->OpenRange(key_, 1, &byte, &got, &now) || now.size != version_.size || now.tag != version_.tag)
-      StoreFail(name_ + ": the object was replaced while it was read: what was read could mix two versions; define "
-                "the pipeline again");
-  }
-
- private:
-  // whether [offset, offset + n) lies in the first bytes kept
-  bool Kept(int64_t offset, int64_t n) const {
-    return offset >= 0 && n >= 0 && offset + n <= static_cast<int64_t>(first_.size());
-  }
-  const HttpStore *store_;
-  std::string key_;
-  std::string first_;
-};
-
-}  // namespace
-
 std::unique_ptr<StoredObject> HttpStore::Open(const std::string &key) const {
   // one ranged GET names the version (size from Content-Range, ETag) and brings the first bytes (a
   // format's header): no HEAD, which S3 refuses on a URL presigned for GET
@@ -866,13 +685,13 @@ std::unique_ptr<StoredObject> HttpStore::Open(const std::string &key) const {
   int64_t got = 0;
   if (!OpenRange(key, kOpenBytes, first.data(), &got, &v)) StoreFail(NameOf(key) + ": no such object; check the location");
   first.resize(got);
-  return std::make_unique<HttpObject>(this, key, v, std::move(first));
+  return MakeHttpObject(this, key, v, std::move(first));
 }
 
 std::unique_ptr<StoredObject> HttpStore::OpenVersion(const std::string &key, const ObjectVersion &planned) const {
   // a tag only (a size not planned: a Zarr metadata object): its reads ask for the size first
   if (planned.tag.empty()) return Open(key);
-  return std::make_unique<HttpObject>(this, key, planned);
+  return MakeHttpObject(this, key, planned);
 }
 
 bool HttpStore::Exists(const std::string &key) const {

@@ -9,6 +9,12 @@
 
 namespace dali_mesh {
 
+// Whether a version's tag is an ETag (sent as If-Match), not a generation ("gen:...") or a
+// modification date ("lm:...", answers without either), which are checked after the answer.
+inline bool IsEtag(const std::string &tag) {
+  return !tag.empty() && tag.rfind("gen:", 0) != 0 && tag.rfind("lm:", 0) != 0;
+}
+
 // `text` percent-encoded as SigV4 canonicalises it: every byte but A-Z a-z 0-9 - . _ ~ as %XX
 // (uppercase hex), and '/' kept when `path` (between the segments of a key). An S3 key is opaque
 // bytes: "k/sub/../a.npy" stays those bytes (sent with CURLOPT_PATH_AS_IS, never squashed).
