@@ -142,8 +142,8 @@ class PythonHttp:
         if a.status == 404:
             return None
         content_range = a.headers.get("Content-Range", "").strip()
-        if a.status == 416:
-            if content_range != "bytes */0":
+        if a.status == 416:  # a range from byte 0 is unsatisfiable only for an empty object
+            if content_range not in ("", "bytes */0"):
                 raise RuntimeError(f"{where}: HTTP 416 for the object's first bytes, and its Content-Range does not "
                                    "say it is empty: a broken answer")
             total, body = 0, b""

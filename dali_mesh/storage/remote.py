@@ -155,7 +155,12 @@ class RemoteObject(StoredObject):
         return self._version
 
     def _get(self, dst, n: int, offset: int) -> int:
-        return self.store._get_into(self.key, dst, n, offset, self._version.tag, self._version.size)
+        tag = self._version.tag
+        if any(ord(c) < 0x20 or c == "\x7f" for c in tag):  # a NUL would not even reach the C client whole
+            raise DataFileError(self.name, "the If-Match header's value (the version's ETag) holds a control "
+                                "character, which would end the header and start another; it is not sent (a broken "
+                                "or hostile listing): list the objects again")
+        return self.store._get_into(self.key, dst, n, offset, tag, self._version.size)
 
     def readv(self, buffers: Sequence, offset: int) -> int:
         views = [memoryview(b).cast("B") for b in buffers]
