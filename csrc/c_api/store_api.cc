@@ -30,9 +30,10 @@ DM_EXPORT void dali_mesh_store_counters(int64_t *requests, int64_t *bytes) { dal
 // 1 when this library reads remote stores (it was linked with libcurl), else 0.
 DM_EXPORT int dali_mesh_store_have_http() { return dali_mesh::HaveHttp() ? 1 : 0; }
 
-// Gives the store `spec` the credentials key_id / secret / token (token may be empty; an empty key_id
-// removes them: unsigned requests) for the life of the process. 0, or -1 for a spec that is no remote
-// store of this build.
+// Gives the store `spec` the credentials key_id / secret / token for the life of the process: an s3
+// store signs with key_id and secret (token: a session token, may be empty); an http store's token is
+// its URL query (without '?'), appended to every request and shown in no message. All three empty
+// removes them (unsigned requests). 0, or -1 for a spec that is no remote store of this build.
 DM_EXPORT int dali_mesh_store_credentials(const char *spec, const char *key_id, const char *secret, const char *token,
                                           char *err, int64_t err_len) {
   try {

@@ -14,10 +14,14 @@
 // Credentials are given to the process (SetStoreCredentials, from Python's storage_options or the
 // environment) and kept in memory only; never in a spec, a message or a plan.
 //
-// Each thread keeps one curl handle (its connections stay open between requests). Every read is one
-// ranged GET whose answer is checked (status, Content-Range, body length); an object opened with the
-// version a plan recorded (ETag) sends If-Match, so an object replaced since is an error naming it,
-// never a mix of two versions. 429, 5xx, dropped connections and stalls are retried with exponential
+// Each thread keeps one curl handle (its connections stay open between requests). An object is
+// opened by one ranged GET of its first bytes (no HEAD: S3 refuses it on a URL presigned for GET):
+// its Content-Range gives the size, its ETag the version, and the bytes are kept. Every read is one
+// ranged GET whose answer is checked (status, Content-Range, body length) and sends If-Match with
+// the ETag opened (or the plan's), so an object replaced since is an error naming it, never a mix of
+// two versions; an answer without that ETag (a server that may ignore If-Match) has the version asked
+// for again. S3 keys are opaque bytes, sent percent-encoded as SigV4 signs them and never normalised
+// ("a/../b" is that key); no header value holding a control character is sent. 429, 5xx, dropped connections and stalls are retried with exponential
 // backoff and full jitter, bounded in attempts and in total time; errors name the URL (without
 // credentials or query), the range, the status and the attempts.
 #ifndef DALI_MESH_STORAGE_HTTP_STORE_H_
