@@ -129,6 +129,48 @@ def test_a_url_presigned_for_get_is_read_without_head_and_its_query_shown_nowher
     assert signature not in repr(store) + store.spec
 
 
+class _NoRanges(http.server.BaseHTTPRequestHandler):
+    """A server without byte ranges: every GET is answered 200 with the whole object (``/chunked``:
+    without a Content-Length)."""
+
+    protocol_version = "HTTP/1.1"
+    body = np.random.default_rng(7).bytes(300_000)
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802
+        self.send_response(200)
+        self.send_header("ETag", '"whole-1"')
+        if self.path.startswith("/chunked"):
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(0, len(self.body), 65536):
+                piece = self.body[i:i + 65536]
+                self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+            self.wfile.write(b"0\r\n\r\n")
+        else:
+            self.send_header("Content-Length", str(len(self.body)))
+            self.end_headers()
+            self.wfile.write(self.body)
+
+
+@pytest.mark.parametrize("path", ["/whole.bin", "/chunked.bin"])
+def test_an_open_of_a_server_without_ranges_takes_the_first_bytes_and_the_size(path, client_kind):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NoRanges)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        store, key = store_of(f"http://127.0.0.1:{server.server_address[1]}{path}", FAST)
+        for n in (1, 1000, 64 * 1024):
+            assert store.open_range(key, n) == (_NoRanges.body[:n], len(_NoRanges.body), '"whole-1"')
+        o = store.open(key)
+        assert o.size == len(_NoRanges.body) and o.pread(100, 500) == _NoRanges.body[500:600]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 # ---- finding 7: S3 keys are opaque bytes ----------------------------------------------------------------------
 ODD_KEYS = ["k/sub/../a.npy", "../other/k/a.npy", "k/./b.bin", "k//c.bin", "k/q?x=1&y=2.bin", "k/h#frag.bin",
             "k/sp ace+plus.bin", "k/é ü ☃.bin", "k/pct%2F%41.bin", "k/semi;colon=eq,comma.bin", "k/~tilde'quote\".bin"]
