@@ -84,7 +84,7 @@ class HttpStore : public ByteStore {
   bool Head(const std::string &key, ObjectVersion *version) const;
   // An open: one GET of bytes [0, n) (n >= 1), no If-Match; at most n bytes into `dst` (`got`: fewer
   // when the object is smaller) and its version as Head names it (size from Content-Range, or a 200's
-  // length, or 0 for a 416 "bytes */0"; ETag, else "gen:"/"lm:"), or false when it does not exist.
+  // length, or 0 for a 416: an empty object; ETag, else "gen:"/"lm:"), or false when it does not exist.
   bool OpenRange(const std::string &key, int64_t n, char *dst, int64_t *got, ObjectVersion *version) const;
   // How many first bytes an open fetches and keeps (a format's header is read from them).
   static constexpr int64_t kOpenBytes = int64_t(64) << 10;

@@ -135,7 +135,7 @@ class PythonHttp:
     def open_range(self, key: str, name: str, n: int) -> tuple[bytes, int, str] | None:
         """An open without HEAD (S3 refuses HEAD on a URL presigned for GET): one GET of the first ``n``
         (>= 1) bytes, no If-Match; ``(bytes, size, tag)`` (at most ``n`` bytes; the size from
-        ``Content-Range``, a 200's length, or 0 for a 416 ``bytes */0``; the tag as :meth:`head` names
+        ``Content-Range``, a 200's length, or 0 for a 416, an empty object; the tag as :meth:`head` names
         it), or None when ``key`` does not exist (as http_store.cc's OpenRange)."""
         where = f"{name} (open, bytes 0-{n - 1})"
         a = self.request("GET", self.url_of(key), {"Range": f"bytes=0-{n - 1}"}, where)
