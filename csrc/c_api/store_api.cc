@@ -14,6 +14,8 @@
 using dali_mesh::c_api::Fail;
 
 namespace {
+const char *Text(const char *s) { return s ? s : ""; }
+
 const dali_mesh::HttpStore *HttpStoreOf(const char *spec) {
   const auto *store = dynamic_cast<const dali_mesh::HttpStore *>(dali_mesh::StoreOf(spec ? spec : ""));
   if (!store) throw std::runtime_error(dali_mesh::WhyNoStore(spec ? spec : ""));
@@ -28,14 +30,16 @@ DM_EXPORT void dali_mesh_store_counters(int64_t *requests, int64_t *bytes) { dal
 // 1 when this library reads remote stores (it was linked with libcurl), else 0.
 DM_EXPORT int dali_mesh_store_have_http() { return dali_mesh::HaveHttp() ? 1 : 0; }
 
-// Gives the store `spec` the credentials key_id / secret / token (token may be empty; an empty key_id
-// removes them: unsigned requests) for the life of the process. 0, or -1 for a spec that is no remote
-// store of this build.
+// Gives the store `spec` the credentials key_id / secret / token for the life of the process: an s3
+// store signs with key_id and secret (token: a session token, may be empty); an http store's token is
+// its URL query (without '?'), appended to every request and shown in no message. All three empty
+// removes them (unsigned requests). 0, or -1 for a spec that is no remote store of this build.
 DM_EXPORT int dali_mesh_store_credentials(const char *spec, const char *key_id, const char *secret, const char *token,
                                           char *err, int64_t err_len) {
   try {
     HttpStoreOf(spec);
-    dali_mesh::SetStoreCredentials(spec, key_id ? key_id : "", secret ? secret : "", token ? token : "");
+    // an http store's token is its URL query (without '?'), appended to every request
+    dali_mesh::SetStoreCredentials(spec, Text(key_id), Text(secret), Text(token));
     return 0;
   } catch (const std::exception &e) {
     return Fail(e.what(), err, err_len);
@@ -47,8 +51,9 @@ DM_EXPORT int dali_mesh_store_credentials(const char *spec, const char *key_id, 
 DM_EXPORT int64_t dali_mesh_store_head(const char *spec, const char *key, int64_t *size, char *tag, int64_t tag_size,
                                        char *err, int64_t err_len) {
   try {
+    if (!size || !tag || tag_size < 1) return Fail("dali_mesh_store_head: size and tag must be buffers", err, err_len);
     dali_mesh::ObjectVersion v;
-    if (!HttpStoreOf(spec)->Head(key, &v)) return 0;
+    if (!HttpStoreOf(spec)->Head(Text(key), &v)) return 0;
     if (static_cast<int64_t>(v.tag.size()) >= tag_size) return Fail("the object's ETag is too long", err, err_len);
     dali_mesh::c_api::CopyText(v.tag, tag, tag_size);
     *size = v.size;
@@ -64,9 +69,34 @@ DM_EXPORT int64_t dali_mesh_store_head(const char *spec, const char *key, int64_
 DM_EXPORT int64_t dali_mesh_store_get(const char *spec, const char *key, int64_t offset, int64_t n, const char *if_match,
                                       int64_t size, void *dst, char *err, int64_t err_len) {
   try {
-    return HttpStoreOf(spec)->Get(key, offset, n, static_cast<char *>(dst), if_match ? if_match : "", size);
+    if (n > 0 && !dst)
+      return Fail("dali_mesh_store_get: dst is NULL but n=" + std::to_string(n) + " bytes are asked for: give a "
+                  "buffer of n bytes", err, err_len);
+    return HttpStoreOf(spec)->Get(Text(key), offset, n, static_cast<char *>(dst), Text(if_match), size);
   } catch (const std::exception &e) {
     return Fail(e.what(), err, err_len);
+  }
+}
+
+// An open without HEAD (S3 refuses HEAD on a URL presigned for GET): one GET of bytes [0, n) of `key`
+// (n >= 1), no If-Match. Copies at most n bytes into dst and returns how many (fewer when the object
+// is smaller); *size is the object's size and tag[0..tag_cap) its version tag (and a NUL) as
+// dali_mesh_store_head names it. -2 when the object does not exist, -1 with a message.
+DM_EXPORT int64_t dali_mesh_store_open(const char *spec, const char *key, int64_t n, void *dst, int64_t *size, char *tag,
+                                       int64_t tag_cap, char *err, int64_t err_cap) {
+  try {
+    if (n < 1 || !dst || !size || !tag || tag_cap < 1)
+      return Fail("dali_mesh_store_open: give n >= 1 (got " + std::to_string(n) + "), a buffer dst of n bytes, size "
+                  "and a tag buffer", err, err_cap);
+    dali_mesh::ObjectVersion v;
+    int64_t got = 0;
+    if (!HttpStoreOf(spec)->OpenRange(Text(key), n, static_cast<char *>(dst), &got, &v)) return -2;
+    if (static_cast<int64_t>(v.tag.size()) >= tag_cap) return Fail("the object's ETag is too long", err, err_cap);
+    dali_mesh::c_api::CopyText(v.tag, tag, tag_cap);
+    *size = v.size;
+    return got;
+  } catch (const std::exception &e) {
+    return Fail(e.what(), err, err_cap);
   }
 }
 
@@ -77,7 +107,7 @@ DM_EXPORT int64_t dali_mesh_store_list(const char *spec, const char *bucket, con
                                        const char *continuation, char *out, int64_t out_size, char *err,
                                        int64_t err_len) {
   try {
-    const std::string text = HttpStoreOf(spec)->ListPage(bucket, prefix, delimiter != 0, continuation ? continuation : "");
+    const std::string text = HttpStoreOf(spec)->ListPage(Text(bucket), Text(prefix), delimiter != 0, Text(continuation));
     return dali_mesh::c_api::CopyText(text, out, out_size);
   } catch (const std::exception &e) {
     return Fail(e.what(), err, err_len);

@@ -14,6 +14,8 @@
 #include <random>
 #include <thread>
 
+#include "storage/http_object.h"
+#include "storage/http_text.h"
 #include "storage/kept_threads.h"
 #include "storage/reads_in_flight.h"
 
@@ -26,12 +28,6 @@ namespace dali_mesh {
 namespace {
 
 std::atomic<int64_t> g_requests{0}, g_bytes{0};
-
-// Whether a version's tag is an ETag (sent as If-Match), not a generation ("gen:...") or a
-// modification date ("lm:...", HEAD answers without either), which are checked after the answer.
-bool IsEtag(const std::string &tag) {
-  return !tag.empty() && tag.rfind("gen:", 0) != 0 && tag.rfind("lm:", 0) != 0;
-}
 
 struct Credentials {
   std::string key_id, secret, token;
@@ -53,14 +49,6 @@ Credentials CredentialsOf(const std::string &spec) {
   return it == CredentialsTable().end() ? Credentials{} : it->second;
 }
 
-bool ParseSeconds(const std::string &v, double *out) {
-  char *end = nullptr;
-  const double d = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end || !(d > 0) || d > 1e6) return false;
-  *out = d;
-  return true;
-}
-
 // The URL without user information or query (a presigned URL's signature is in its query).
 std::string Shown(const std::string &url) {
   std::string u = url.substr(0, url.find_first_of("?#"));
@@ -74,87 +62,11 @@ std::string Shown(const std::string &url) {
 
 }  // namespace
 
-bool ParseHttpSpec(const std::string &spec, HttpStoreConfig *config, std::string *why) {
-  HttpStoreConfig c;
-  size_t start = 0;
-  bool first = true;
-  while (start <= spec.size()) {
-    size_t end = spec.find(';', start);
-    if (end == std::string::npos) end = spec.size();
-    const std::string item = spec.substr(start, end - start);
-    start = end + 1;
-    if (first) {
-      if (item != "s3" && item != "http") {
-        *why = "not a remote store";
-        return false;
-      }
-      c.kind = item;
-      first = false;
-      continue;
-    }
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos) {
-      *why = "setting without a value: " + ShownName(item);
-      return false;
-    }
-    const std::string k = item.substr(0, eq), v = item.substr(eq + 1);
-    bool ok = true;
-    if (k == "endpoint") {
-      c.endpoint = v;
-      ok = (v.rfind("http://", 0) == 0 || v.rfind("https://", 0) == 0) && v.back() != '/';
-    } else if (k == "region") {
-      c.region = v;
-      ok = !v.empty() && v.find(':') == std::string::npos;
-    } else if (k == "addressing") {
-      ok = v == "path" || v == "virtual";
-      c.path_style = v == "path";
-    } else if (k == "anon") {
-      ok = v == "0" || v == "1";
-      c.anonymous = v == "1";
-    } else if (k == "retries") {
-      char *e = nullptr;
-      const long n = std::strtol(v.c_str(), &e, 10);
-      ok = !v.empty() && !*e && n >= 0 && n <= 100;
-      c.retries = static_cast<int>(n);
-    } else if (k == "retry_seconds") {
-      ok = ParseSeconds(v, &c.retry_seconds);
-    } else if (k == "timeout") {
-      ok = ParseSeconds(v, &c.timeout);
-    } else if (k == "stall") {
-      ok = ParseSeconds(v, &c.stall);
-    } else if (k == "connect") {
-      ok = ParseSeconds(v, &c.connect);
-    } else if (k == "cache") {
-      c.cache = v;
-      ok = !v.empty() && v[0] == '/';
-    } else if (k == "cache_bytes") {
-      char *e = nullptr;
-      const long long n = std::strtoll(v.c_str(), &e, 10);
-      ok = !v.empty() && !*e && n > 0;
-      c.cache_bytes = n;
-    } else if (k == "signer") {  // which credentials (a hash of them; stores with other keys differ)
-      ok = !v.empty() && v.size() <= 64;
-    } else {
-      *why = "unknown setting " + ShownName(k);
-      return false;
-    }
-    if (!ok) {
-      *why = "bad value for " + k + ": " + ShownName(v);
-      return false;
-    }
-  }
-  if (c.kind == "s3" && c.endpoint.empty()) {
-    *why = "an s3 store needs an endpoint";
-    return false;
-  }
-  *config = c;
-  return true;
-}
-
 void SetStoreCredentials(const std::string &spec, const std::string &key_id, const std::string &secret,
                          const std::string &token) {
   std::lock_guard<std::mutex> lock(CredentialsMutex());
-  if (key_id.empty())
+  // an http store's credentials are its URL query alone (token, without a key)
+  if (key_id.empty() && secret.empty() && token.empty())
     CredentialsTable().erase(spec);
   else
     CredentialsTable()[spec] = Credentials{key_id, secret, token};
@@ -181,6 +93,7 @@ std::unique_ptr<StoredObject> HttpStore::Open(const std::string &) const { NoCur
 std::unique_ptr<StoredObject> HttpStore::OpenVersion(const std::string &, const ObjectVersion &) const { NoCurl(); }
 bool HttpStore::Exists(const std::string &) const { NoCurl(); }
 bool HttpStore::Head(const std::string &, ObjectVersion *) const { NoCurl(); }
+bool HttpStore::OpenRange(const std::string &, int64_t, char *, int64_t *, ObjectVersion *) const { NoCurl(); }
 int64_t HttpStore::Get(const std::string &, int64_t, int64_t, char *, const std::string &, int64_t) const { NoCurl(); }
 int64_t HttpStore::GetVector(const std::string &, const std::vector<std::pair<char *, int64_t>> &, int64_t,
                              const std::string &, int64_t, bool) const {
@@ -254,6 +167,11 @@ struct Exchange {
   size_t buf = 0;
   int64_t in_buf = 0, received = 0;
   bool overflow = false;
+  // an open's first bytes (OpenRange): a 200 answer (the whole object) is taken as far as the buffers
+  // go; the rest is cut off (`cut`: its Content-Length gives the size) or, without one, counted
+  // (`skipped`) and dropped
+  bool open = false, cut = false;
+  int64_t skipped = 0;
   std::string error_body;  // the first KiBs of a body of an error answer
   std::string *text = nullptr;  // where a 2xx body goes when it is not read into buffers (a listing)
   // the stall watch (OnProgress): bytes received so far, when the last arrived, the limit
@@ -265,12 +183,15 @@ struct Exchange {
   // headers (of the last response: a redirect's are dropped)
   std::string etag, content_range, last_modified, generation;
   int64_t content_length = -1;
+  // a non-2xx answer's "Code: Message", credentials removed (http_text.h)
+  std::string error_code;
 
   void Reset() {
     buf = 0;
-    in_buf = received = 0;
-    overflow = false;
+    in_buf = received = skipped = 0;
+    overflow = cut = false;
     error_body.clear();
+    error_code.clear();
     etag.clear();
     content_range.clear();
     last_modified.clear();
@@ -319,6 +240,15 @@ size_t OnBody(char *data, size_t size, size_t n, void *user) {
   int64_t done = 0;
   while (done < total) {
     if (x->buf >= x->bufs->size()) {  // more than asked for: an error, never data
+      if (x->open && status == 200) {  // an open's whole object: its first bytes only
+        x->received += done;
+        if (x->content_length >= 0) {
+          x->cut = true;
+          return 0;
+        }
+        x->skipped += total - done;
+        return size * n;
+      }
       x->overflow = true;
       return 0;
     }
@@ -352,20 +282,6 @@ int OnProgress(void *user, curl_off_t, curl_off_t now_down, curl_off_t, curl_off
   return 0;
 }
 
-// The <Code> and <Message> of an S3 error body (never the rest: a SignatureDoesNotMatch body echoes
-// the string that was signed).
-std::string ErrorCode(const std::string &body) {
-  auto tag = [&](const std::string &name) {
-    const size_t a = body.find("<" + name + ">");
-    if (a == std::string::npos) return std::string();
-    const size_t from = a + name.size() + 2, b = body.find("</" + name + ">", from);
-    return b == std::string::npos ? std::string() : ShownName(body.substr(from, std::min<size_t>(b - from, 200)));
-  };
-  std::string code = tag("Code"), msg = tag("Message");
-  if (code.empty()) return std::string();
-  return msg.empty() ? code : code + ": " + msg;
-}
-
 bool Transient(CURLcode rc) {
   switch (rc) {
     case CURLE_COULDNT_CONNECT:
@@ -396,39 +312,26 @@ double Jitter(double cap) {
 
 }  // namespace
 
-namespace {
-
-// `text` percent-encoded as SigV4 canonicalises it (all but A-Z a-z 0-9 - . _ ~; '/' kept when `path`).
-std::string Escape(const std::string &text, bool path) {
-  static const char kHex[] = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : text) {
-    if (std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~' || (path && c == '/')) {
-      out += static_cast<char>(c);
-    } else {
-      out += '%';
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  return out;
-}
-
-}  // namespace
 
 // The URL of the bucket (with a trailing '/') for the store's addressing style.
 static std::string BucketUrl(const HttpStoreConfig &config, const std::string &bucket) {
-  if (config.path_style) return config.endpoint + "/" + Escape(bucket, false) + "/";
+  if (config.path_style) return config.endpoint + "/" + EscapeKey(bucket, false) + "/";
   const size_t scheme = config.endpoint.find("://") + 3;
   return config.endpoint.substr(0, scheme) + bucket + "." + config.endpoint.substr(scheme) + "/";
 }
 
 std::string HttpStore::UrlOf(const std::string &key) const {
-  if (config_.kind == "http") return key;
+  if (config_.kind == "http") {
+    // the store's credentials are its URL query (a presigned URL's signature): on every request, in
+    // no message (NameOf shows the URL without it)
+    const std::string query = CredentialsOf(spec_).token;
+    if (query.empty()) return key;
+    return key + (key.find('?') == std::string::npos ? "?" : "&") + query;
+  }
   // s3: bucket/path, each segment percent-encoded as SigV4 canonicalises it
   const size_t slash = key.find('/');
   const std::string bucket = key.substr(0, slash), path = slash == std::string::npos ? "" : key.substr(slash + 1);
-  return BucketUrl(config_, bucket) + Escape(path, true);
+  return BucketUrl(config_, bucket) + EscapeKey(path, true);
 }
 
 namespace {
@@ -451,13 +354,26 @@ long Perform(const HttpStore &store, const std::string &url, const std::string &
     x->stall = cfg.stall;
     x->stalled = false;
     char errbuf[CURL_ERROR_SIZE] = {0};
+    const Credentials cred = CredentialsOf(store.spec());
+    const bool s3_signed = cfg.kind == "s3" && !cfg.anonymous;
+    // every header value and the URL checked before anything is sent: a control character would end
+    // the header (or request line) and start another
+    const std::string where_sent = name + " (" + what + ")";
+    CheckHeaderValue(where_sent, "If-Match", if_match);
+    CheckHeaderValue(where_sent, "Range", range);
+    if (s3_signed) CheckHeaderValue(where_sent, "x-amz-security-token", cred.token);
+    if (ControlCharAt(url) >= 0)
+      StoreFail(where_sent + ": the URL holds a control character; it is not sent (give the location without one)");
     struct curl_slist *headers = nullptr;
     headers = curl_slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");  // curl 7.88 omits it
     if (!range.empty()) headers = curl_slist_append(headers, ("Range: bytes=" + range).c_str());
     if (!if_match.empty()) headers = curl_slist_append(headers, ("If-Match: " + if_match).c_str());
-    const Credentials cred = cfg.kind == "s3" && !cfg.anonymous ? CredentialsOf(store.spec()) : Credentials{};
-    if (!cred.token.empty()) headers = curl_slist_append(headers, ("x-amz-security-token: " + cred.token).c_str());
+    if (s3_signed && !cred.token.empty())
+      headers = curl_slist_append(headers, ("x-amz-security-token: " + cred.token).c_str());
     curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+    // the path as given: an S3 key is opaque bytes ("k/sub/../a.npy" is that object, never "k/a.npy"),
+    // and SigV4 signs the path sent
+    curl_easy_setopt(curl, CURLOPT_PATH_AS_IS, 1L);
     curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
     curl_easy_setopt(curl, CURLOPT_NOBODY, head ? 1L : 0L);
     curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 0L);
@@ -474,7 +390,7 @@ long Perform(const HttpStore &store, const std::string &url, const std::string &
     curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(cfg.timeout * 1000));
     curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(curl, CURLOPT_ACCEPT_ENCODING, nullptr);  // bytes as stored: no Content-Encoding
-    if (!cred.key_id.empty()) {
+    if (s3_signed && !cred.key_id.empty()) {
       const std::string sigv4 = "aws:amz:" + cfg.region + ":s3";
       curl_easy_setopt(curl, CURLOPT_AWS_SIGV4, sigv4.c_str());
       curl_easy_setopt(curl, CURLOPT_USERNAME, cred.key_id.c_str());
@@ -488,10 +404,13 @@ long Perform(const HttpStore &store, const std::string &url, const std::string &
     curl_easy_setopt(curl, CURLOPT_PASSWORD, "");
     curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, nullptr);
     curl_slist_free_all(headers);
-    const std::string where = name + " (" + what + ")";
+    const std::vector<std::string> secrets = {cred.key_id, cred.secret, cred.token};
+    if (status < 200 || status >= 300) x->error_code = ErrorCode(x->error_body, secrets);
+    const std::string &where = where_sent;
     if (rc == CURLE_ABORTED_BY_CALLBACK && !x->stalled)
       StoreFail(where + ": cancelled: the pipeline was stopped after an error");
     if (rc != CURLE_OK) t_fresh_connection = true;  // whatever the connection holds, it is not used again
+    if (rc == CURLE_WRITE_ERROR && x->cut) return status;  // an open's first bytes of a whole object
     if (rc == CURLE_WRITE_ERROR && x->overflow)
       StoreFail(where + ": the server sent more bytes than the range asked for (HTTP " + std::to_string(status) +
                 "): a broken server or proxy; nothing of it is used");
@@ -502,13 +421,14 @@ long Perform(const HttpStore &store, const std::string &url, const std::string &
       last = std::string("stalled: no byte for ") + secs + " s (stall=" + secs + ")";
       again = true;
     } else if (rc != CURLE_OK) {
-      last = std::string(curl_easy_strerror(rc)) + (errbuf[0] ? std::string(" (") + errbuf + ")" : "");
+      // libcurl's own words (a host, a TLS failure); a URL's query is withheld if it shows in them
+      last = std::string(curl_easy_strerror(rc)) +
+             (errbuf[0] ? " (" + WithoutCredentials(errbuf, secrets) + ")" : std::string());
       if (!Transient(rc)) StoreFail(where + ": " + last);
       again = true;
     } else if (TransientStatus(status)) {
       last = "HTTP " + std::to_string(status);
-      const std::string code = ErrorCode(x->error_body);
-      if (!code.empty()) last += " " + code;
+      if (!x->error_code.empty()) last += " " + x->error_code;
       again = true;
     }
     if (!again) return status;
@@ -530,8 +450,7 @@ long Perform(const HttpStore &store, const std::string &url, const std::string &
 }
 
 [[noreturn]] void FailStatus(const std::string &where, long status, const Exchange &x) {
-  const std::string code = ErrorCode(x.error_body);
-  const std::string said = "HTTP " + std::to_string(status) + (code.empty() ? "" : " " + code);
+  const std::string said = "HTTP " + std::to_string(status) + (x.error_code.empty() ? "" : " " + x.error_code);
   if (status == 404) StoreFail(where + ": no such object (" + said + "); check the location");
   if (status == 412)
     StoreFail(where + ": the object was replaced since the plan was made (" + said + ": its ETag differs): what "
@@ -548,6 +467,13 @@ long Perform(const HttpStore &store, const std::string &url, const std::string &
 
 }  // namespace
 
+// The version an answer names: its ETag, else its generation ("gen:"), else its date ("lm:").
+static std::string TagOf(const Exchange &x) {
+  if (!x.etag.empty()) return x.etag;
+  if (!x.generation.empty()) return "gen:" + x.generation;
+  return x.last_modified.empty() ? std::string() : "lm:" + x.last_modified;
+}
+
 bool HttpStore::Head(const std::string &key, ObjectVersion *version) const {
   Exchange x;
   const std::string name = NameOf(key);
@@ -557,9 +483,94 @@ bool HttpStore::Head(const std::string &key, ObjectVersion *version) const {
   if (x.content_length < 0) StoreFail(name + " (HEAD): the answer has no Content-Length: the size of the object is unknown");
   version->size = x.content_length;
   version->mtime_ns = -1;
-  version->tag = !x.etag.empty() ? x.etag : !x.generation.empty() ? "gen:" + x.generation : "";
-  if (version->tag.empty() && !x.last_modified.empty()) version->tag = "lm:" + x.last_modified;
+  version->tag = TagOf(x);
   return true;
+}
+
+bool HttpStore::OpenRange(const std::string &key, int64_t n, char *dst, int64_t *got, ObjectVersion *version) const {
+  const std::string name = NameOf(key);
+  if (n < 1 || !dst) StoreFail(name + ": an open reads the first bytes of the object: give n >= 1 and a buffer");
+  const std::string range = "0-" + std::to_string(n - 1);
+  const std::string where = name + " (open, bytes " + range + ")";
+  std::vector<std::pair<char *, int64_t>> bufs = {{dst, n}};
+  Exchange x;
+  x.bufs = &bufs;
+  x.open = true;
+  FlightGuard flight(name, 0, n);
+  // no If-Match: this answer names the version (no HEAD first, which S3 refuses on a URL presigned for GET)
+  const long status = Perform(*this, UrlOf(key), name, "open, bytes " + range, false, range, "", &x);
+  t_fresh_connection = true;  // until the answer is accepted: a rejected one may leave bytes behind
+  if (status == 404) {
+    t_fresh_connection = false;
+    return false;
+  }
+  int64_t first = 0, last = -1, total = -1;
+  if (status == 416) {
+    // a range from byte 0 is unsatisfiable only for an empty object (RFC 9110; S3 and moto send no
+    // Content-Range then, others "bytes */0"): one that names another size is a broken answer
+    total = 0;
+    if (!x.content_range.empty() &&
+        (std::sscanf(x.content_range.c_str(), "bytes */%" SCNd64, &total) != 1 || total != 0))
+      StoreFail(where + ": HTTP 416 for the object's first bytes, and its Content-Range (\"" +
+                ShownName(x.content_range) + "\") does not say it is empty: a broken answer");
+  } else if (status == 206) {
+    if (std::sscanf(x.content_range.c_str(), "bytes %" SCNd64 "-%" SCNd64 "/%" SCNd64, &first, &last, &total) < 3)
+      StoreFail(where + ": the answer has no valid Content-Range with the object's size (\"" +
+                ShownName(x.content_range) + "\")");
+    if (first != 0 || last - first + 1 != x.received || x.received != std::min(n, total))
+      StoreFail(where + ": the answer holds bytes " + std::to_string(first) + "-" + std::to_string(last) + " of " +
+                std::to_string(total) + " in " + std::to_string(x.received) + " bytes of body, not the range asked "
+                "for: a short or broken answer; nothing of it is used");
+  } else if (status == 200) {  // the server ignored the range: the whole object's first bytes
+    total = x.cut ? x.content_length : x.received + x.skipped;
+    if (x.received != std::min(n, total))
+      StoreFail(where + ": the answer's body (" + std::to_string(x.received + x.skipped) + " bytes) is not the " +
+                std::to_string(total) + " bytes its Content-Length says: a short or broken answer");
+  } else {
+    FailStatus(where, status, x);
+  }
+  if (!x.cut) t_fresh_connection = false;
+  *got = x.received;
+  version->size = total;
+  version->mtime_ns = -1;
+  version->tag = TagOf(x);
+  return true;
+}
+
+void HttpStore::CheckVersion(const std::string &key, const std::string &etag, int64_t size,
+                             const std::string &where) const {
+  ObjectVersion now;
+  char byte;
+  int64_t got = 0;
+  if (!OpenRange(key, 1, &byte, &got, &now))
+    StoreFail(where + ": the object was deleted or replaced while it was read: what was read could mix two "
+              "versions; define the pipeline again");
+  // the answer to a GET without its ETag (a proxy that drops it): a HEAD may still name it
+  if (!IsEtag(now.tag) && (!Head(key, &now) || !IsEtag(now.tag)))
+    StoreFail(where + ": the server answers without the object's ETag and may ignore If-Match, so whether the bytes "
+              "are of the version planned cannot be checked; they are not used (read through a server or proxy "
+              "that keeps ETag and If-Match)");
+  if (now.tag != etag || (size >= 0 && now.size != size))
+    StoreFail(where + ": the object was replaced while it was read (the server ignored If-Match and sent no ETag; "
+              "its ETag differs now): what was read could mix two versions; define the pipeline again");
+}
+
+std::string HttpStore::CacheId(const std::string &key, const std::string &etag, const std::string &range) const {
+  if (config_.kind == "http") {
+    // a query is never written in clear, and one the spec does not name by its hash cannot be told
+    // apart from another: such ranges are not cached
+    if (key.find_first_of("?#") != std::string::npos) return "";
+    if (config_.query_hash.empty() && !CredentialsOf(spec_).token.empty()) return "";
+  }
+  // each field with its length: no key can pass for another key and ETag
+  std::string id;
+  auto field = [&id](const std::string &v) { id += std::to_string(v.size()) + ":" + v + "\n"; };
+  field(config_.kind);
+  field(config_.kind == "s3" ? config_.endpoint : config_.query_hash);
+  field(key);
+  field(etag);
+  field(range);
+  return id;
 }
 
 int64_t HttpStore::GetVector(const std::string &key, const std::vector<std::pair<char *, int64_t>> &bufs,
@@ -575,9 +586,9 @@ int64_t HttpStore::GetVector(const std::string &key, const std::vector<std::pair
   FlightGuard flight(name, offset, n);
   // If-Match only with an ETag (a tag made of a generation or a date is checked after the answer)
   const bool etag = IsEtag(if_match);
-  // the cache keys a range by the object's name, its version and the range: only with an ETag (a
-  // replaced object has another)
-  const std::string cache_id = cache_ && etag ? name + "\n" + if_match + "\n" + range : "";
+  // the cache keys a range by the store, the object, its version and the range: only with an ETag
+  // (a replaced object has another)
+  const std::string cache_id = cache_ && etag ? CacheId(key, if_match, range) : "";
   if (!cache_id.empty() && cache_->Get(cache_id, bufs)) return n;
   const long status = Perform(*this, UrlOf(key), name, what, false, range, etag ? if_match : "", &x);
   const std::string where = name + " (" + what + ")";
@@ -613,6 +624,9 @@ int64_t HttpStore::GetVector(const std::string &key, const std::vector<std::pair
     StoreFail(where + ": the object ended after " + std::to_string(x.received) + " of the " + std::to_string(n) +
               " bytes (it is " + std::to_string(total) + " bytes): it is shorter than planned");
   t_fresh_connection = false;
+  // an answer without the ETag asked for: the server may have ignored If-Match (and sent another
+  // version's bytes); the version is asked for again, so these bytes are the planned version's or an error
+  if (etag && x.etag.empty()) CheckVersion(key, if_match, size, where);
   if (!cache_id.empty() && x.received == n) cache_->Put(cache_id, bufs);
   return x.received;
 }
@@ -667,78 +681,29 @@ int64_t HttpStore::Get(const std::string &key, int64_t offset, int64_t n, char *
   return GetVector(key, {{dst, n}}, offset, if_match, -1, true);
 }
 
-namespace {
-
-class HttpObject : public StoredObject {
- public:
-  HttpObject(const HttpStore *store, std::string key, const ObjectVersion &v) : store_(store), key_(std::move(key)) {
-    name_ = store->NameOf(key_);
-    version_ = v;
-  }
-  int64_t ReadAt(char *dst, int64_t n, int64_t offset) const override {
-    return store_->Get(key_, offset, n, dst, version_.tag, version_.size);
-  }
-  void ReadVector(std::vector<struct iovec> *iov, int64_t offset) const override {
-    std::vector<std::pair<char *, int64_t>> bufs;
-    bufs.reserve(iov->size());
-    int64_t n = 0;
-    for (const auto &v : *iov) {
-      bufs.emplace_back(static_cast<char *>(v.iov_base), static_cast<int64_t>(v.iov_len));
-      n += v.iov_len;
-    }
-    if (version_.size >= 0 && offset + n > version_.size)
-      StoreFail(name_ + ": read of " + std::to_string(n) + " bytes at byte " + std::to_string(offset) +
-                " runs past the end of the object (" + std::to_string(version_.size) + " bytes): it is shorter than "
-                "planned");
-    store_->GetVector(key_, bufs, offset, version_.tag, version_.size);
-    iov->clear();
-  }
-  void ReadRanges(const std::vector<Range> &ranges) const override {
-    for (const auto &r : ranges)
-      if (r.offset < 0 || (version_.size >= 0 && r.offset + r.bytes > version_.size))
-        StoreFail(name_ + ": read of " + std::to_string(r.bytes) + " bytes at byte " + std::to_string(r.offset) +
-                  " runs past the end of the object (" + std::to_string(version_.size) + " bytes)");
-    store_->GetMany(key_, ranges, version_.tag, version_.size);
-  }
-  // with a cache, the same ranges each epoch (guesses differ with the order chunks are read in, and
-  // the cache keeps exact ranges)
-  bool GuessParts() const override { return store_->config().cache.empty(); }
-  // an S3 (or GCS XML) ETag, which the service changes with the content and honours in If-Match (as
-  // RemoteStore.pins): not a plain HTTP(S) server's (nginx's is the modification time and size, kept
-  // by a copy that keeps both), nor a generation or a date (checked after the answer)
-  bool ReadsArePinned() const override { return store_->config().kind == "s3" && IsEtag(version_.tag); }
-  void CheckUnchanged() const override {
-    // every read sent If-Match (an ETag) and had its total size checked; a tag made of a generation
-    // or a date is asked for again
-    if (IsEtag(version_.tag)) return;
-    ObjectVersion now;
-    if (!store_->Head(key_, &now) || now.size != version_.size || now.tag != version_.tag)
-      StoreFail(name_ + ": the object was replaced while it was read: what was read could mix two versions; define "
-                "the pipeline again");
-  }
-
- private:
-  const HttpStore *store_;
-  std::string key_;
-};
-
-}  // namespace
-
 std::unique_ptr<StoredObject> HttpStore::Open(const std::string &key) const {
+  // one ranged GET names the version (size from Content-Range, ETag) and brings the first bytes (a
+  // format's header): no HEAD, which S3 refuses on a URL presigned for GET
+  std::string first(kOpenBytes, '\0');
   ObjectVersion v;
-  if (!Head(key, &v)) StoreFail(NameOf(key) + ": no such object; check the location");
-  return std::make_unique<HttpObject>(this, key, v);
+  int64_t got = 0;
+  if (!OpenRange(key, kOpenBytes, first.data(), &got, &v)) StoreFail(NameOf(key) + ": no such object; check the location");
+  first.resize(got);
+  return MakeHttpObject(this, key, v, std::move(first));
 }
 
 std::unique_ptr<StoredObject> HttpStore::OpenVersion(const std::string &key, const ObjectVersion &planned) const {
   // a tag only (a size not planned: a Zarr metadata object): its reads ask for the size first
   if (planned.tag.empty()) return Open(key);
-  return std::make_unique<HttpObject>(this, key, planned);
+  return MakeHttpObject(this, key, planned);
 }
 
 bool HttpStore::Exists(const std::string &key) const {
+  // a GET of one byte, not a HEAD (refused on a URL presigned for GET)
   ObjectVersion v;
-  return Head(key, &v);
+  char byte;
+  int64_t got = 0;
+  return OpenRange(key, 1, &byte, &got, &v);
 }
 
 std::string HttpStore::ListPage(const std::string &bucket, const std::string &prefix, bool delimiter,
@@ -746,9 +711,9 @@ std::string HttpStore::ListPage(const std::string &bucket, const std::string &pr
   if (config_.kind != "s3") StoreFail(Shown(bucket) + ": plain HTTP(S) locations cannot be listed");
   // the query's parameters sorted by name, encoded (SigV4 signs them so)
   std::string query;
-  if (!continuation.empty()) query += "continuation-token=" + Escape(continuation, false) + "&";
+  if (!continuation.empty()) query += "continuation-token=" + EscapeKey(continuation, false) + "&";
   if (delimiter) query += "delimiter=%2F&";
-  query += "list-type=2&prefix=" + Escape(prefix, false);
+  query += "list-type=2&prefix=" + EscapeKey(prefix, false);
   const std::string name = ShownName("s3://" + bucket + "/" + prefix);
   std::string text;
   Exchange x;

@@ -7,15 +7,21 @@
 //   "s3;endpoint=<url>;region=<r>;addressing=path|virtual;anon=0|1[;signer=H][;retries=N;retry_seconds=S;
 //    timeout=S;stall=S;connect=S][;cache=DIR;cache_bytes=N]"   keys "bucket/path/of/object"; signer: 64 bits of a hash of the
 //    credentials, so that stores of one endpoint with other keys are other stores (never a key or secret)
-//   "http[;retries=...;cache=...]"                      keys are whole http:// or https:// URLs
+//   "http[;q=H][;retries=...;cache=...]"               keys are whole http:// or https:// URLs (without
+//    their query: a presigned URL's query is the store's credential, its token, sent on every request;
+//    q: 32 hex digits of a SHA-256 of it, so that stores of other queries are other stores)
 // cache: the ranges fetched are kept in the folder DIR, at most N bytes (range_cache.h).
 // Credentials are given to the process (SetStoreCredentials, from Python's storage_options or the
 // environment) and kept in memory only; never in a spec, a message or a plan.
 //
-// Each thread keeps one curl handle (its connections stay open between requests). Every read is one
-// ranged GET whose answer is checked (status, Content-Range, body length); an object opened with the
-// version a plan recorded (ETag) sends If-Match, so an object replaced since is an error naming it,
-// never a mix of two versions. 429, 5xx, dropped connections and stalls are retried with exponential
+// Each thread keeps one curl handle (its connections stay open between requests). An object is
+// opened by one ranged GET of its first bytes (no HEAD: S3 refuses it on a URL presigned for GET):
+// its Content-Range gives the size, its ETag the version, and the bytes are kept. Every read is one
+// ranged GET whose answer is checked (status, Content-Range, body length) and sends If-Match with
+// the ETag opened (or the plan's), so an object replaced since is an error naming it, never a mix of
+// two versions; an answer without that ETag (a server that may ignore If-Match) has the version asked
+// for again. S3 keys are opaque bytes, sent percent-encoded as SigV4 signs them and never normalised
+// ("a/../b" is that key); no header value holding a control character is sent. 429, 5xx, dropped connections and stalls are retried with exponential
 // backoff and full jitter, bounded in attempts and in total time; errors name the URL (without
 // credentials or query), the range, the status and the attempts.
 #ifndef DALI_MESH_STORAGE_HTTP_STORE_H_
@@ -43,6 +49,7 @@ struct HttpStoreConfig {
   double timeout = 300;      // one request, connect to last byte
   double stall = 30;         // a request that receives nothing for this long is dropped (and retried)
   double connect = 10;       // connecting
+  std::string query_hash;    // http: which URL query the store's credentials are (a hash of it), "": none
   std::string cache;         // a folder caching the ranges fetched (range_cache.h); "": none
   int64_t cache_bytes = int64_t(8) << 30;
 };
@@ -75,6 +82,12 @@ class HttpStore : public ByteStore {
   std::string NameOf(const std::string &key) const;
   // HEAD: the version of `key` (size, ETag in tag), or false when it does not exist.
   bool Head(const std::string &key, ObjectVersion *version) const;
+  // An open: one GET of bytes [0, n) (n >= 1), no If-Match; at most n bytes into `dst` (`got`: fewer
+  // when the object is smaller) and its version as Head names it (size from Content-Range, or a 200's
+  // length, or 0 for a 416: an empty object; ETag, else "gen:"/"lm:"), or false when it does not exist.
+  bool OpenRange(const std::string &key, int64_t n, char *dst, int64_t *got, ObjectVersion *version) const;
+  // How many first bytes an open fetches and keeps (a format's header is read from them).
+  static constexpr int64_t kOpenBytes = int64_t(64) << 10;
   // One ranged GET of [offset, offset + n) into `dst` (fewer bytes only at the end of the object);
   // `if_match` (an ETag) when not empty; `size` the object's size when known (-1: the answer says
   // where it ends). Returns the bytes.
@@ -99,6 +112,13 @@ class HttpStore : public ByteStore {
 
  private:
   std::string UrlOf(const std::string &key) const;
+  // A read's answer had no ETag (its server may ignore If-Match): the object must still be `etag`
+  // (and `size` bytes), asked again; fails naming `where` when it was replaced or cannot be told.
+  void CheckVersion(const std::string &key, const std::string &etag, int64_t size, const std::string &where) const;
+  // The cache's id of `range` of `key` at `etag`: the store's kind, its endpoint (s3) or its URL
+  // query's hash (http), the key, the ETag and the range; never the signer nor a query in clear.
+  // "": not cached (an http key holding a query, or a query the spec does not name).
+  std::string CacheId(const std::string &key, const std::string &etag, const std::string &range) const;
   std::string spec_;
   HttpStoreConfig config_;
   std::unique_ptr<RangeCache> cache_;

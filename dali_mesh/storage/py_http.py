@@ -132,6 +132,39 @@ class PythonHttp:
                                         else f"lm:{a.headers.get('Last-Modified', '')}")
         return int(size), tag
 
+    def open_range(self, key: str, name: str, n: int) -> tuple[bytes, int, str] | None:
+        """An open without HEAD (S3 refuses HEAD on a URL presigned for GET): one GET of the first ``n``
+        (>= 1) bytes, no If-Match; ``(bytes, size, tag)`` (at most ``n`` bytes; the size from
+        ``Content-Range``, a 200's length, or 0 for a 416, an empty object; the tag as :meth:`head` names
+        it), or None when ``key`` does not exist (as http_store.cc's OpenRange)."""
+        where = f"{name} (open, bytes 0-{n - 1})"
+        a = self.request("GET", self.url_of(key), {"Range": f"bytes=0-{n - 1}"}, where)
+        if a.status == 404:
+            return None
+        content_range = a.headers.get("Content-Range", "").strip()
+        if a.status == 416:  # a range from byte 0 is unsatisfiable only for an empty object
+            if content_range not in ("", "bytes */0"):
+                raise RuntimeError(f"{where}: HTTP 416 for the object's first bytes, and its Content-Range does not "
+                                   "say it is empty: a broken answer")
+            total, body = 0, b""
+        elif a.status == 206:
+            m = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+)", content_range)
+            if not m:
+                raise RuntimeError(f"{where}: the answer has no valid Content-Range with the object's size")
+            first, last, total = int(m[1]), int(m[2]), int(m[3])
+            body = a.body
+            if first != 0 or last - first + 1 != len(body) or len(body) != min(n, total):
+                raise RuntimeError(f"{where}: the answer holds bytes {first}-{last} of {total} in {len(body)} bytes "
+                                   "of body, not the range asked for: a short or broken answer; nothing of it is used")
+        elif a.status == 200:  # the server ignored the range: the whole object
+            total, body = len(a.body), a.body[:n]
+        else:
+            fail_status(where, a)
+        etag, generation = a.headers.get("ETag"), a.headers.get("x-goog-generation")
+        tag = etag or (f"gen:{generation}" if generation else
+                       f"lm:{a.headers['Last-Modified']}" if a.headers.get("Last-Modified") else "")
+        return bytes(body), total, tag
+
     def get(self, key: str, name: str, offset: int, n: int, if_match: str, size: int) -> bytes:
         """Bytes [offset, offset + n) of ``key`` (fewer only at the end of the object)."""
         if size >= 0:

@@ -42,6 +42,9 @@ CLIENT_SETTINGS = ("retries", "retry_seconds", "timeout", "stall", "connect", "c
 DEFAULT_CACHE_BYTES = 8 << 30
 #: a read of unknown size up to this many bytes is one GET (larger ones are read at one version)
 ONE_READ = 1 << 20
+#: the first bytes an open fetches and keeps (a format's header is read from them): as
+#: HttpStore::kOpenBytes (csrc/storage/http_store.h)
+OPEN_BYTES = 64 << 10
 _S3_OPTIONS = {"anon", "key", "secret", "token", "endpoint_url", "client_kwargs", "config_kwargs", "profile",
                "region", "addressing", "use_ssl", *CLIENT_SETTINGS}
 _GS_OPTIONS = {"anon", "key", "secret", "token", "endpoint_url", "project", *CLIENT_SETTINGS}
@@ -81,6 +84,8 @@ def _bind(lib) -> None:
     lib.dali_mesh_store_head.restype = i64
     lib.dali_mesh_store_get.argtypes = [c, c, i64, i64, c, i64, p, c, i64]
     lib.dali_mesh_store_get.restype = i64
+    lib.dali_mesh_store_open.argtypes = [c, c, i64, p, ctypes.POINTER(i64), c, i64, c, i64]
+    lib.dali_mesh_store_open.restype = i64
     lib.dali_mesh_store_list.argtypes = [c, c, c, ctypes.c_int, c, c, i64, c, i64]
     lib.dali_mesh_store_list.restype = i64
     lib.dali_mesh_store_counters.argtypes = [ctypes.POINTER(i64), ctypes.POINTER(i64)]
@@ -137,25 +142,40 @@ def share_credentials(lib, specs) -> None:
 
 # ---- the store ------------------------------------------------------------------------------------------
 class RemoteObject(StoredObject):
-    """One object opened at its version (size and ETag from a HEAD request); every read sends
-    ``If-Match``."""
+    """One object opened at its version (size and ETag from the GET of its first bytes, or a listing's);
+    every read sends ``If-Match``. ``first``: the object's first bytes from the answer that named the
+    version (an open): reads inside them cost no request."""
 
-    def __init__(self, store: "RemoteStore", key: str, version: Version) -> None:
+    def __init__(self, store: "RemoteStore", key: str, version: Version, first: bytes = b"") -> None:
         self.store, self.key = store, key
         self._version = version
+        self._first = first
 
     @property
     def version(self) -> Version:
         return self._version
 
     def _get(self, dst, n: int, offset: int) -> int:
-        return self.store._get_into(self.key, dst, n, offset, self._version.tag, self._version.size)
+        tag = self._version.tag
+        if any(ord(c) < 0x20 or c == "\x7f" for c in tag):  # a NUL would not even reach the C client whole
+            raise DataFileError(self.name, "the If-Match header's value (the version's ETag) holds a control "
+                                "character, which would end the header and start another; it is not sent (a broken "
+                                "or hostile listing): list the objects again")
+        return self.store._get_into(self.key, dst, n, offset, tag, self._version.size)
 
     def readv(self, buffers: Sequence, offset: int) -> int:
         views = [memoryview(b).cast("B") for b in buffers]
         n = sum(len(v) for v in views)
         if n == 0 or offset >= self._version.size:
             return 0
+        if 0 <= offset and offset + min(n, self._version.size - offset) <= len(self._first):
+            data = memoryview(self._first)[offset:offset + n]  # fewer at the end of the object
+            done = 0
+            for v in views:
+                take = min(len(v), len(data) - done)
+                v[:take] = data[done:done + take]
+                done += take
+            return len(data)
         if len(views) == 1 and not views[0].readonly:
             return self._get(ctypes.addressof(ctypes.c_char.from_buffer(views[0])) if n else None, n, offset)
         tmp = bytearray(min(n, self._version.size - offset))
@@ -170,8 +190,9 @@ class RemoteObject(StoredObject):
         return got
 
     def check_unchanged(self) -> None:
-        now = self.store.stat(self.key)
-        if now is None or now.size != self._version.size or now.tag != self._version.tag:
+        # by a GET of one byte, not a HEAD (refused on a URL presigned for GET)
+        found = self.store.open_range(self.key, 1)
+        if found is None or found[1] != self._version.size or found[2] != self._version.tag:
             raise FileChangedError(self.name, "changed while it was read (it was replaced: its ETag or size "
                                               "differs); the window is not returned")
 
@@ -285,11 +306,33 @@ class RemoteStore(ByteStore):
             self._raise(key, _message(err))
         return Version(size.value, -1, tag.value.decode()) if found else None
 
+    def open_range(self, key: str, n: int) -> tuple[bytes, int, str] | None:
+        """One GET of the first ``n`` (>= 1) bytes of ``key``, no If-Match: ``(bytes, size, tag)`` (at most
+        ``n`` bytes, fewer when the object is smaller; its size and version tag as :meth:`stat` names
+        them), or None when it does not exist. No HEAD: S3 refuses HEAD on a URL presigned for GET."""
+        py = self._python()
+        if py is not None:
+            try:
+                return py.open_range(key, self.name_of(key), n)
+            except RuntimeError as e:
+                self._raise(key, str(e))
+        lib = self._lib()
+        buf, size = ctypes.create_string_buffer(n), ctypes.c_int64()
+        tag, err = ctypes.create_string_buffer(1024), ctypes.create_string_buffer(_ERR)
+        got = lib.dali_mesh_store_open(self.spec.encode(), key.encode(), n, buf, ctypes.byref(size), tag, 1024, err,
+                                       _ERR)
+        if got == -2:
+            return None
+        if got < 0:
+            self._raise(key, _message(err))
+        return buf.raw[:got], size.value, tag.value.decode()
+
     def open(self, key: str, what: str = "file", *, direct: bool = False) -> RemoteObject:
-        version = self.stat(key)
-        if version is None:
+        found = self.open_range(key, OPEN_BYTES)
+        if found is None:
             raise MissingFileError(self.name_of(key), f"no such {what} (no such object); check the location")
-        return RemoteObject(self, key, version)
+        first, size, tag = found
+        return RemoteObject(self, key, Version(size, -1, tag), first)
 
     def read_range(self, key: str, offset: int, size: int) -> bytes:
         """One GET of ``size`` bytes at ``offset`` (fewer where the object ends): no HEAD request first.
@@ -302,7 +345,7 @@ class RemoteStore(ByteStore):
         data = buf.raw[:got]
         if len(data) < first or first == size:
             return data
-        return super().read_range(key, offset, size)  # larger: at one version (its ETag), HEAD first
+        return super().read_range(key, offset, size)  # larger: at one version (its ETag), opened first
 
     def pins(self, version: Version | None) -> bool:
         """Whether reads of an object at ``version`` are of those bytes and no others: an S3 (or GCS XML)

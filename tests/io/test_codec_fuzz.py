@@ -48,7 +48,8 @@ PLAN_HARNESS = ("tests/io/plan_fuzz_main.cc", ("csrc/plan/plan_file.cc", "csrc/p
                                                "csrc/reader/tasks.cc", "csrc/reader/finish.cc", *codec_sources(),
                                                "csrc/storage/byte_store.cc", "csrc/storage/posix_store.cc",
                                                "csrc/storage/reads_in_flight.cc", "csrc/storage/kept_threads.cc",
-                                               "csrc/storage/http_store.cc",
+                                               "csrc/storage/http_store.cc", "csrc/storage/http_spec.cc",
+                                               "csrc/storage/http_object.cc", "csrc/storage/http_text.cc",
                                                "csrc/storage/range_cache.cc"), "-O0")
 _EARLY: dict = {}  # harness -> (Popen, exe, -D flags): compiles started when the tests were collected
 

@@ -31,6 +31,10 @@ Kinds of fault (``status``, ``seconds``, ``after`` and ``value`` as each needs):
                         unchanged
 ``"wrong_length"``      the whole body under ``Content-Length: value`` (smaller: the bytes past it come
                         50 ms later; or larger), then the connection is closed
+``"unpinned"``          a server that ignores ``If-Match`` and sends no ``ETag``: the request goes upstream
+                        without its ``If-Match``, the answer comes back without its ``ETag``
+``"echo"``              403 ``AccessDenied`` whose ``<Message>`` echoes the request's ``Authorization`` and
+                        ``x-amz-security-token`` headers and its query (as some servers and proxies do)
 ======================  ====================================================================================
 """
 from __future__ import annotations
@@ -49,7 +53,7 @@ __all__ = ["ECHO", "Fault", "FaultProxy", "proxy"]
 
 #: the text a 403's <StringToSign> holds: an error message that shows it leaked the server's echo
 ECHO = "SECRET-ECHO"
-KINDS = ("status", "stall", "hang", "drop", "short", "long", "bad_range", "wrong_length")
+KINDS = ("status", "stall", "hang", "drop", "short", "long", "bad_range", "wrong_length", "unpinned", "echo")
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                "transfer-encoding", "upgrade"}
 _S3_CODES = {403: ("SignatureDoesNotMatch", "The request signature we calculated does not match the signature "
@@ -157,13 +161,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if fault is not None and fault.kind == "status":
                 self._send_error(fault.status)
                 return
-            status, reason, headers, content = self._forward(body)
+            if fault is not None and fault.kind == "echo":
+                self._send_echo()
+                return
+            status, reason, headers, content = self._forward(body, drop_if_match=fault is not None
+                                                             and fault.kind == "unpinned")
             self._answer(fault, status, reason, headers, content)
         except OSError:  # the client went away (it gave up on a stall): nothing more to send
             self.close_connection = True
 
-    def _forward(self, body: bytes):
-        """The upstream's answer to this request: ``(status, reason, [(name, value)], body)``."""
+    def _forward(self, body: bytes, drop_if_match: bool = False):
+        """The upstream's answer to this request: ``(status, reason, [(name, value)], body)``
+        (``drop_if_match``: sent without its If-Match header)."""
         for again in (False, True):
             if self.upstream is None:
                 self.upstream = http.client.HTTPConnection(self.server.owner.upstream_host,
@@ -171,7 +180,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             try:
                 self.upstream.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
                 for name, value in self.headers.items():
-                    if name.lower() not in _HOP_BY_HOP:
+                    if name.lower() not in _HOP_BY_HOP and not (drop_if_match and name.lower() == "if-match"):
                         self.upstream.putheader(name, value)  # Host too: the signature covers it
                 self.upstream.endheaders(body or None)
                 resp = self.upstream.getresponse()
@@ -199,6 +208,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
+    def _send_echo(self) -> None:
+        query = urllib.parse.urlsplit(self.path).query
+        echoed = (f"Access Denied for Authorization: {self.headers.get('Authorization', '')} with token "
+                  f"{self.headers.get('x-amz-security-token', '')} and query {query}")
+        body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code><Message>{echoed}'
+                f"</Message><RequestId>FAULTPROXY0002</RequestId></Error>").encode()
+        self.send_response(403)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
     def _answer(self, fault: Fault | None, status: int, reason: str, headers, content: bytes) -> None:
         kind = fault.kind if fault is not None else None
         sent_length = None  # from the upstream, for HEAD; else the body's
@@ -206,6 +228,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         for k, v in headers:
             if k.lower() == "content-length":
                 sent_length = v
+            elif k.lower() == "etag" and kind == "unpinned":
+                pass
             elif k.lower() == "content-range" and kind == "bad_range":
                 shift = fault.value if fault.value is not None else 1
                 m = re.fullmatch(r"bytes (\d+)-(\d+)/(\S+)", v)

@@ -1,0 +1,43 @@
+// dali_mesh: the text of the remote stores' requests and answers (http_store.cc): an S3 key
+// percent-encoded as SigV4 signs it, header values checked before they are sent, and a server's
+// error text made safe to show. Host only, DALI-free, no libcurl.
+#ifndef DALI_MESH_STORAGE_HTTP_TEXT_H_
+#define DALI_MESH_STORAGE_HTTP_TEXT_H_
+
+#include <string>
+#include <vector>
+
+namespace dali_mesh {
+
+// Whether a version's tag is an ETag (sent as If-Match), not a generation ("gen:...") or a
+// modification date ("lm:...", answers without either), which are checked after the answer.
+inline bool IsEtag(const std::string &tag) {
+  return !tag.empty() && tag.rfind("gen:", 0) != 0 && tag.rfind("lm:", 0) != 0;
+}
+
+// `text` percent-encoded as SigV4 canonicalises it: every byte but A-Z a-z 0-9 - . _ ~ as %XX
+// (uppercase hex), and '/' kept when `path` (between the segments of a key). An S3 key is opaque
+// bytes: "k/sub/../a.npy" stays those bytes (sent with CURLOPT_PATH_AS_IS, never squashed).
+std::string EscapeKey(const std::string &text, bool path);
+
+// The first control character (< 0x20 or 0x7f: CR, LF, NUL...) of `value`, or -1. A header value
+// holding one would end the header and start another (an ETag "x\r\nHost: elsewhere").
+int ControlCharAt(const std::string &value);
+
+// Fails naming `where` and the header when `value` holds a control character (it is never sent).
+void CheckHeaderValue(const std::string &where, const std::string &header, const std::string &value);
+
+// `text` (a server's error message) with anything credential-like removed: each of `secrets` (a key
+// id, secret, session token, URL query) wherever it occurs, and everything from a credential's
+// marker on (an echoed Authorization header "AWS4-HMAC-SHA256 Credential=...", "Signature=",
+// "X-Amz-Signature", "X-Amz-Security-Token", "X-Amz-Credential", "Bearer ...").
+std::string WithoutCredentials(const std::string &text, const std::vector<std::string> &secrets);
+
+// "Code: Message" of an S3 error body (each at most 200 characters, shown as ShownName shows keys,
+// the message WithoutCredentials), or "" when the body has no <Code>. Never the rest of the body: a
+// SignatureDoesNotMatch body echoes the string that was signed.
+std::string ErrorCode(const std::string &body, const std::vector<std::string> &secrets);
+
+}  // namespace dali_mesh
+
+#endif  // DALI_MESH_STORAGE_HTTP_TEXT_H_
