@@ -2,13 +2,20 @@
 same requests, checks and messages as csrc/storage/http_store.cc, through the standard library's
 ``urllib.request``, signed by botocore's ``S3SigV4Auth`` (where botocore is installed; without it only
 anonymous requests). Its reads serve planning and ``partitioned_source``; the native reader needs
-libcurl."""
+libcurl.
+
+As libcurl's client: no redirect is followed (urllib's default opener would send a signed request's
+``Authorization`` to the host a 307 names); each request has one deadline (``timeout``) over its
+connection, headers and body, besides ``stall`` for each read of the socket; a body is read in pieces
+and never past the range asked for (a listing page: :data:`MAX_BODY`); a server's words shown in an
+error are stripped of anything that looks like a credential."""
 from __future__ import annotations
 
 import http.client
 import random
 import re
 import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -16,9 +23,13 @@ import urllib.request
 
 from dali_mesh.storage.base import is_etag
 
-__all__ = ["PythonHttp", "parse_spec"]
+__all__ = ["MAX_BODY", "PythonHttp", "parse_spec"]
 
 _TRANSIENT = {408, 429, 500, 502, 503, 504}
+#: the most bytes of an answer without a Range (a listing page; S3's are ~1 MiB for 1,000 keys)
+MAX_BODY = 16 << 20
+#: the most bytes of an error answer's body read (its Code and Message come first)
+_ERROR_BODY = 4096
 
 
 def parse_spec(spec: str) -> dict:
@@ -37,17 +48,129 @@ class _Answer:
         self.status, self.headers, self.body = status, headers, body
 
 
+class _Refused(Exception):
+    """An answer not to be used nor asked again (a body longer than asked for)."""
+
+
+# ---- one deadline per request -----------------------------------------------------------------------------
+class _Deadline:
+    """The deadline of one request: when it passes, the sockets of the request are shut down, so that a
+    blocked read returns at once (a socket's timeout bounds one read only: a body or headers sent a byte
+    a second would never end)."""
+
+    def __init__(self, seconds: float, connect: float) -> None:
+        self.connect = connect
+        self.expired = False
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            expired = self.expired
+        if expired:
+            _shut(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _shut(sock)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # closed already, or detached (wrapped in TLS: the wrapper is watched too)
+        pass
+
+
+#: the deadline of the request this thread is sending (urllib builds the connection inside ``open``)
+_current = threading.local()
+
+
+class _Watched:
+    """A connection whose sockets the current request's :class:`_Deadline` watches; its connect is
+    bounded by the spec's ``connect``, each later read of the socket by ``stall``."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._create_connection = self._connect_watched
+
+    def _connect_watched(self, address, timeout, source_address=None):
+        deadline = getattr(_current, "deadline", None)
+        sock = socket.create_connection(address, deadline.connect if deadline else timeout, source_address)
+        sock.settimeout(timeout)
+        if deadline:
+            deadline.watch(sock)
+        return sock
+
+    def connect(self) -> None:
+        super().connect()
+        deadline = getattr(_current, "deadline", None)
+        if deadline:
+            deadline.watch(self.sock)  # over TLS: the wrapping socket
+
+
+class _HTTPConnection(_Watched, http.client.HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_Watched, http.client.HTTPSConnection):
+    pass
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req):
+        return self.do_open(_HTTPConnection, req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def https_open(self, req):
+        return self.do_open(_HTTPSConnection, req, context=self._context)
+
+
+def _opener() -> urllib.request.OpenerDirector:
+    """http and https through the environment's proxies, and no redirect handler: a 3xx is an answer
+    (an error), never a second request with the first one's headers to where it points."""
+    opener = urllib.request.OpenerDirector()
+    for handler in (urllib.request.ProxyHandler(), urllib.request.UnknownHandler(), _HTTPHandler(), _HTTPSHandler(),
+                    urllib.request.HTTPDefaultErrorHandler(), urllib.request.HTTPErrorProcessor()):
+        opener.add_handler(handler)
+    return opener
+
+
+def _range_length(headers: dict) -> int | None:
+    m = re.fullmatch(r"bytes=(\d+)-(\d+)", headers.get("Range", ""))
+    return int(m[2]) - int(m[1]) + 1 if m else None
+
+
 class PythonHttp:
-    """Requests of one store (its ``spec``'s settings) signed with ``credentials`` (or none)."""
+    """Requests of one store (its ``spec``'s settings) signed with ``credentials`` (or none). An ``http``
+    store's credentials are a URL's query (a presigned URL's): their ``token``, sent as ``?token`` with
+    every request and never shown."""
 
     def __init__(self, spec: str, credentials) -> None:
         self.cfg = parse_spec(spec)
         self.credentials = None if self.cfg["anon"] == "1" else credentials
+        self._opener = _opener()
+        # what no message may show: the credentials (a signed request's server may echo them)
+        self._secrets = sorted({s for s in (credentials or ()) if s and len(s) >= 4}, key=len, reverse=True)
 
     # ---- addresses --------------------------------------------------------------------------------------
     def url_of(self, key: str, query: str = "") -> str:
         if self.cfg["kind"] == "http":
-            return key
+            token = self.credentials.token if self.credentials else ""
+            return key + (("&" if "?" in key else "?") + token if token else "")
+        # an S3 key is opaque bytes: each is sent as SigV4 signs it (unreserved ones and '/' as they are,
+        # the rest %XX of their UTF-8), so '?', '#', '+', ' ' are in the key and '..' is never resolved
         bucket, _, path = key.partition("/")
         path = urllib.parse.quote(path, safe="/~")
         endpoint = self.cfg["endpoint"]
@@ -57,6 +180,13 @@ class PythonHttp:
             scheme, _, host = endpoint.partition("://")
             url = f"{scheme}://{bucket}.{host}/{path}"
         return url + (f"?{query}" if query else "")
+
+    def scrub(self, text: str) -> str:
+        """``text`` (a server's words, an exception's) without this store's credentials nor anything
+        credential-like (see :func:`scrub`)."""
+        for secret in self._secrets:
+            text = text.replace(secret, "[withheld]")
+        return scrub(text)
 
     # ---- one request, retried ---------------------------------------------------------------------------
     def _signed(self, method: str, url: str, headers: dict) -> dict:
@@ -76,38 +206,51 @@ class PythonHttp:
         S3SigV4Auth(Credentials(key, secret, token or None), "s3", self.cfg["region"]).add_auth(request)
         return dict(request.headers.items())
 
-    def request(self, method: str, url: str, headers: dict, where: str) -> _Answer:
-        """The answer to ``method url``, after retries of 408/429/5xx, dropped connections and stalls
-        (bounded by the spec's retries and retry_seconds); a ``RuntimeError`` naming ``where`` else."""
+    def request(self, method: str, url: str, headers: dict, where: str, limit: int | None = None) -> _Answer:
+        """The answer to ``method url``, after retries of 408/429/5xx, dropped connections, stalls and
+        requests past their ``timeout`` (bounded by the spec's retries and retry_seconds); a
+        ``RuntimeError`` naming ``where`` else. The body holds at most ``limit`` bytes (default: the
+        length of the ``Range`` asked for, else :data:`MAX_BODY`): a longer one is an error, never read
+        whole."""
+        ranged = _range_length(headers)
+        limit = limit if limit is not None else ranged if ranged is not None else MAX_BODY
         t0 = time.monotonic()
         attempt = 0
         while True:
             last = None
+            deadline = _Deadline(self.cfg["timeout"], min(self.cfg["connect"], self.cfg["timeout"]))
+            _current.deadline = deadline
             try:
                 req = urllib.request.Request(url, headers=self._signed(method, url, headers), method=method)
-                deadline = time.monotonic() + self.cfg["timeout"]
-                with urllib.request.urlopen(req, timeout=min(self.cfg["stall"], self.cfg["timeout"])) as r:
-                    body = bytearray()
-                    while method != "HEAD":  # in pieces: a request never runs past its timeout
-                        piece = r.read(1 << 20)
-                        if not piece:
-                            break
-                        body += piece
-                        if time.monotonic() > deadline:
-                            raise TimeoutError(f"the request took more than timeout={self.cfg['timeout']:g} s")
+                with self._opener.open(req, timeout=min(self.cfg["stall"], self.cfg["timeout"])) as r:
+                    body = b"" if method == "HEAD" else _read_body(r, limit)
+                    if deadline.expired:  # a body without a length may have looked complete
+                        raise TimeoutError("timed out")
                     length = r.headers.get("Content-Length")
                     if method != "HEAD" and length is not None and length.isdigit() and int(length) != len(body):
                         # the connection dropped mid-body (read in pieces, http.client does not raise)
-                        raise http.client.IncompleteRead(bytes(body), int(length) - len(body))
-                    answer = _Answer(r.status, r.headers, bytes(body))
+                        raise http.client.IncompleteRead(body, int(length) - len(body))
+                    answer = _Answer(r.status, r.headers, body)
             except urllib.error.HTTPError as e:
-                answer = _Answer(e.code, e.headers, e.read(4096) if method != "HEAD" else b"")
+                with e:
+                    answer = _Answer(e.code, e.headers, e.read(_ERROR_BODY) if method != "HEAD" else b"")
+            except _Refused as e:
+                said = "the range asked for" if ranged is not None else f"{limit} (the most this client reads)"
+                raise RuntimeError(f"{where}: the server sent more bytes than {said} (HTTP {e.args[0]}): a broken "
+                                   "server or proxy; nothing of it is used") from None
             except (urllib.error.URLError, http.client.HTTPException, OSError) as e:  # dropped, refused, timed out
-                answer, last = None, f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+                answer = None
+                if deadline.expired:
+                    last = f"TimeoutError: the request took more than timeout={self.cfg['timeout']:g} s"
+                else:
+                    last = self.scrub(f"{type(e).__name__}: {getattr(e, 'reason', e)}")
+            finally:
+                deadline.cancel()
+                _current.deadline = None
             if answer is not None and answer.status not in _TRANSIENT:
                 return answer
             if answer is not None:
-                last = f"HTTP {answer.status}" + (f" {code}" if (code := error_code(answer.body)) else "")
+                last = f"HTTP {answer.status}" + (f" {code}" if (code := self.error_code(answer.body)) else "")
             elapsed = time.monotonic() - t0
             wait = random.uniform(0, min(5.0, 0.05 * 2 ** min(attempt, 20)))
             if attempt >= self.cfg["retries"] or elapsed + wait > self.cfg["retry_seconds"]:
@@ -117,6 +260,14 @@ class PythonHttp:
             time.sleep(wait)
             attempt += 1
 
+
+    def error_code(self, body: bytes) -> str:
+        """``Code: Message`` of an S3 error body, scrubbed (never the rest: it may echo what was signed)."""
+        return self.scrub(error_code(body))
+
+    def fail_status(self, where: str, a: _Answer):
+        fail_status(where, a, self.error_code(a.body))
+
     # ---- what the store asks ----------------------------------------------------------------------------
     def head(self, key: str, name: str) -> tuple[int, str] | None:
         """``(size, tag)`` of ``key``, None when it does not exist."""
@@ -124,7 +275,7 @@ class PythonHttp:
         if a.status == 404:
             return None
         if not 200 <= a.status < 300:
-            fail_status(f"{name} (HEAD)", a)
+            self.fail_status(f"{name} (HEAD)", a)
         size = a.headers.get("Content-Length")
         if size is None:
             raise RuntimeError(f"{name} (HEAD): the answer has no Content-Length: the size of the object is unknown")
@@ -149,7 +300,7 @@ class PythonHttp:
             raise RuntimeError(f"{where}: the range lies past the end of the object (HTTP 416): it is shorter than "
                                "planned")
         if a.status not in (200, 206):
-            fail_status(where, a)
+            self.fail_status(where, a)
         if etag and a.headers.get("ETag") and a.headers["ETag"] != if_match:
             raise RuntimeError(f"{where}: the object was replaced since the plan was made (its ETag differs): define "
                                "the pipeline again")
@@ -172,7 +323,19 @@ class PythonHttp:
         if size >= 0 and total >= 0 and total != size:
             raise RuntimeError(f"{where}: the object is {total} bytes now, {size} when it was opened: it was replaced; "
                                "define the pipeline again")
+        if etag and not a.headers.get("ETag"):
+            self._verify(key, name, where, if_match, size)
         return a.body
+
+    def _verify(self, key: str, name: str, where: str, if_match: str, size: int) -> None:
+        """After an answer to a GET with If-Match that names no ETag (the server may have ignored If-Match
+        and sent another version of the same size): the object's version, asked again, must still be the
+        one read at. A replacement during the reads is an error, never bytes of two versions."""
+        now = self.head(key, name)
+        if now is None or now[1] != if_match or (size >= 0 and now[0] != size):
+            raise RuntimeError(f"{where}: the object was replaced since the plan was made (the answer named no ETag "
+                               "and the object's differs now): what was read could mix two versions; define the "
+                               "pipeline again")
 
     def list_page(self, bucket: str, prefix: str, delimiter: bool, continuation: str, name: str) -> str:
         q = {"list-type": "2", "prefix": prefix, **({"delimiter": "/"} if delimiter else {}),
@@ -180,21 +343,62 @@ class PythonHttp:
         query = "&".join(f"{k}={urllib.parse.quote(v, safe='~')}" for k, v in sorted(q.items()))
         a = self.request("GET", self.url_of(f"{bucket}/", query), {}, f"{name} (list)")
         if a.status != 200:
-            fail_status(f"{name} (list)", a)
+            self.fail_status(f"{name} (list)", a)
         return a.body.decode("utf-8")
 
 
+def _read_body(r, limit: int) -> bytes:
+    """The body of the answer ``r``, read in pieces (each read of the socket bounded by ``stall``, the
+    whole by the request's deadline); :class:`_Refused` once more than ``limit`` bytes came (whatever the
+    Content-Length says: a body that ends before it is a dropped connection, retried)."""
+    body = bytearray()
+    while True:
+        piece = r.read1(min(1 << 20, limit + 1 - len(body)))  # one more than the limit: too long shows
+        if not piece:
+            return bytes(body)
+        body += piece
+        if len(body) > limit:
+            raise _Refused(r.status)
+
+
+#: a header or field that carries a credential, with its value; a SigV4 authorization and all after it
+_CREDENTIAL_FIELD = re.compile(
+    r"(?is)\b(authorization|x-amz-security-token|x-amz-signature|x-amz-credential|signature|credential|"
+    r"access[-_]?key[-_]?id|secret[-_]?access[-_]?key|secret|session[-_]?token|token|password|awsaccesskeyid)"
+    r"\s*[:=]\s*\S+|AWS4-HMAC-SHA256.*")
+#: a run of the characters that keys, secrets, signatures and tokens are made of
+_KEYLIKE_RUN = re.compile(r"[A-Za-z0-9+/=_%.-]{16,}")
+
+
+def _keylike(m: re.Match) -> str:
+    # a long run, or one with a digit: an id, a secret, a signature (words and plain paths stay)
+    run = m[0]
+    return "[withheld]" if len(run) >= 32 or any(c.isdigit() for c in run) else run
+
+
+def scrub(text: str) -> str:
+    """``text`` with control characters made spaces and everything credential-like replaced by
+    ``[withheld]``: what a server says can echo what it was sent (an ``Authorization`` header, a
+    presigned query)."""
+    text = re.sub(r"[\x00-\x1f\x7f]+", " ", text)
+    return _KEYLIKE_RUN.sub(_keylike, _CREDENTIAL_FIELD.sub("[withheld]", text))
+
+
 def error_code(body: bytes) -> str:
-    """``Code: Message`` of an S3 error body (never the rest: it may echo what was signed)."""
+    """``Code: Message`` of an S3 error body (never the rest: it may echo what was signed), scrubbed."""
     text = body.decode("utf-8", "replace")
-    code = re.search(r"<Code>(.{0,200}?)</Code>", text)
-    msg = re.search(r"<Message>(.{0,200}?)</Message>", text)
-    return "" if not code else code[1] + (f": {msg[1]}" if msg else "")
+    code = re.search(r"<Code>([A-Za-z0-9._-]{1,64})</Code>", text)
+    msg = re.search(r"<Message>(.{0,200}?)</Message>", text, re.S)
+    return "" if not code else code[1] + (f": {scrub(msg[1])}" if msg else "")
 
 
-def fail_status(where: str, a: _Answer):
-    code = error_code(a.body)
+def fail_status(where: str, a: _Answer, code: str | None = None):
+    code = error_code(a.body) if code is None else code
     said = f"HTTP {a.status}" + (f" {code}" if code else "")
+    if 300 <= a.status < 400:
+        raise RuntimeError(f"{where}: the server answers with a redirect ({said}): redirects are not followed (the "
+                           "request's credentials would go to the host it names); give the final location, or the "
+                           "endpoint_url of the bucket's region")
     if a.status == 404:
         raise RuntimeError(f"{where}: no such object ({said}); check the location")
     if a.status == 412:
