@@ -46,6 +46,7 @@ def parse_spec(spec: str) -> dict:
 class _Answer:
     def __init__(self, status: int, headers, body: bytes) -> None:
         self.status, self.headers, self.body = status, headers, body
+        self.cut = False  # the body is the first bytes of a longer one (request's ``cut``)
 
 
 class _Refused(Exception):
@@ -206,12 +207,13 @@ class PythonHttp:
         S3SigV4Auth(Credentials(key, secret, token or None), "s3", self.cfg["region"]).add_auth(request)
         return dict(request.headers.items())
 
-    def request(self, method: str, url: str, headers: dict, where: str, limit: int | None = None) -> _Answer:
+    def request(self, method: str, url: str, headers: dict, where: str, limit: int | None = None,
+                cut: bool = False) -> _Answer:
         """The answer to ``method url``, after retries of 408/429/5xx, dropped connections, stalls and
         requests past their ``timeout`` (bounded by the spec's retries and retry_seconds); a
         ``RuntimeError`` naming ``where`` else. The body holds at most ``limit`` bytes (default: the
         length of the ``Range`` asked for, else :data:`MAX_BODY`): a longer one is an error, never read
-        whole."""
+        whole; with ``cut``, its first ``limit`` bytes (the rest is not read; ``answer.cut`` says so)."""
         ranged = _range_length(headers)
         limit = limit if limit is not None else ranged if ranged is not None else MAX_BODY
         t0 = time.monotonic()
@@ -223,14 +225,16 @@ class PythonHttp:
             try:
                 req = urllib.request.Request(url, headers=self._signed(method, url, headers), method=method)
                 with self._opener.open(req, timeout=min(self.cfg["stall"], self.cfg["timeout"])) as r:
-                    body = b"" if method == "HEAD" else _read_body(r, limit)
+                    body = b"" if method == "HEAD" else _read_body(r, limit, cut)
                     if deadline.expired:  # a body without a length may have looked complete
                         raise TimeoutError("timed out")
                     length = r.headers.get("Content-Length")
-                    if method != "HEAD" and length is not None and length.isdigit() and int(length) != len(body):
+                    cut_off = len(body) > limit  # with ``cut``: the rest is not read
+                    if method != "HEAD" and not cut_off and length and length.isdigit() and int(length) != len(body):
                         # the connection dropped mid-body (read in pieces, http.client does not raise)
                         raise http.client.IncompleteRead(body, int(length) - len(body))
-                    answer = _Answer(r.status, r.headers, body)
+                    answer = _Answer(r.status, r.headers, body[:limit] if cut_off else body)
+                    answer.cut = cut_off
             except urllib.error.HTTPError as e:
                 with e:
                     answer = _Answer(e.code, e.headers, e.read(_ERROR_BODY) if method != "HEAD" else b"")
@@ -347,10 +351,11 @@ class PythonHttp:
         return a.body.decode("utf-8")
 
 
-def _read_body(r, limit: int) -> bytes:
+def _read_body(r, limit: int, cut: bool) -> bytes:
     """The body of the answer ``r``, read in pieces (each read of the socket bounded by ``stall``, the
-    whole by the request's deadline); :class:`_Refused` once more than ``limit`` bytes came (whatever the
-    Content-Length says: a body that ends before it is a dropped connection, retried)."""
+    whole by the request's deadline), ``limit + 1`` bytes at most; once more than ``limit`` came:
+    :class:`_Refused`, or with ``cut`` those bytes (whatever the Content-Length says: a body that ends
+    before it is a dropped connection, retried)."""
     body = bytearray()
     while True:
         piece = r.read1(min(1 << 20, limit + 1 - len(body)))  # one more than the limit: too long shows
@@ -358,6 +363,8 @@ def _read_body(r, limit: int) -> bytes:
             return bytes(body)
         body += piece
         if len(body) > limit:
+            if cut:
+                return bytes(body)
             raise _Refused(r.status)
 
 
