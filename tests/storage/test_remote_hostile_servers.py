@@ -400,3 +400,65 @@ def test_keys_with_special_characters_and_dot_segments_are_read_as_named(python_
         assert o.version.size == len(want[k]) and o.pread(9, 3) == want[k][3:12], k
     listed = {name.removeprefix("data/special/") for name, _ in store.list("data/special/", delimiter=False)[0]}
     assert listed == set(KEYS)
+
+
+def test_keys_with_special_characters_are_signed_as_a_checking_server_computes_it(python_client):
+    """moto checking every SigV4 signature against an IAM user's key: each key's request is signed over
+    the bytes sent (a wrong secret is refused, so the check is real)."""
+    from tests.storage.s3_server import start_checking_server
+
+    proc, endpoint, key, secret = start_checking_server()
+    try:
+        s3 = client(endpoint, key, secret)
+        s3.create_bucket(Bucket="data")
+        for k in KEYS:
+            s3.put_object(Bucket="data", Key=f"special/{k}", Body=k.encode())
+        store, _ = store_of("s3://data/x", {"key": key, "secret": secret, "endpoint_url": endpoint, **FAST})
+        assert [store.read_range(f"data/special/{k}", 0, 1000) for k in KEYS] == [k.encode() for k in KEYS]
+        wrong, _ = store_of("s3://data/x", {"key": key, "secret": secret + "x", "endpoint_url": endpoint, **FAST})
+        with pytest.raises(DataFileError, match="SignatureDoesNotMatch"):
+            wrong.read_range(f"data/special/{KEYS[1]}", 0, 10)
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+
+
+def test_a_native_listing_page_over_its_bound_is_an_error(monkeypatch):
+    """The native client returns a page's length when the buffer is too small: a page over
+    LIST_PAGE_BYTES (made 1,000 here; a page here is 1.5 MiB, past the first 1 MiB buffer) is refused."""
+    if not have_native_http():
+        pytest.skip("this build has no libcurl")
+    monkeypatch.delenv("DALI_MESH_HTTP", raising=False)
+    monkeypatch.setattr(remote_module, "LIST_PAGE_BYTES", 1000)
+    body = listing("t", 1).replace(b"</ListBucketResult>", b" " * (3 << 19) + b"</ListBucketResult>")
+    body = body.replace(b"<IsTruncated>true", b"<IsTruncated>false")  # one page: the bound alone stops it
+
+    with Loopback(lambda h: send(h, 200, {"Content-Length": str(len(body))}, body)) as server:
+        store, _ = s3_store(server.endpoint)
+        with pytest.raises(DataFileError, match=f"a listing page of {len(body)} bytes, more than 1000"):
+            store.list("data/x/")
+
+
+def test_a_request_with_cut_takes_the_first_bytes_of_a_longer_answer_and_reads_no_more():
+    """``PythonHttp.request(..., cut=True)`` (for an open by a ranged GET that a server answers with the
+    whole object): the first ``limit`` bytes, ``cut`` set, the rest never read."""
+    from dali_mesh.storage.py_http import PythonHttp
+
+    def huge(h):
+        h.send_response(200)
+        h.send_header("Content-Length", str(8 << 30))
+        h.end_headers()
+        server.write(h, data)
+        while server.sent < 256 << 20 and not server.stopped.is_set():
+            server.write(h, b"\0" * (1 << 20))
+
+    data = bytes(range(256)) * 40
+    with Loopback(huge) as server:
+        py = PythonHttp("http;retries=0;stall=1;timeout=10", None)
+        a = py.request("GET", f"{server.endpoint}/a.bin", {"Range": "bytes=0-999"}, "a.bin", cut=True)
+        assert (a.status, a.body, a.cut, a.headers["Content-Length"]) == (200, data[:1000], True, str(8 << 30))
+        a = py.request("GET", f"{server.endpoint}/a.bin", {"Range": "bytes=0-9999"}, "a.bin", limit=len(data) + 5,
+                       cut=True)
+        assert a.body == data + b"\0" * 5 and a.cut
+        time.sleep(0.2)
+        assert server.sent < 128 << 20
