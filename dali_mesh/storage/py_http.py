@@ -11,7 +11,10 @@ and never past the range asked for (a listing page: :data:`MAX_BODY`); a server'
 error are stripped of anything that looks like a credential."""
 from __future__ import annotations
 
+import heapq
 import http.client
+import itertools
+import os
 import random
 import re
 import socket
@@ -57,16 +60,15 @@ class _Refused(Exception):
 class _Deadline:
     """The deadline of one request: when it passes, the sockets of the request are shut down, so that a
     blocked read returns at once (a socket's timeout bounds one read only: a body or headers sent a byte
-    a second would never end)."""
+    a second would never end). One thread of the process (:class:`_Watchdog`) keeps every deadline."""
 
     def __init__(self, seconds: float, connect: float) -> None:
         self.connect = connect
-        self.expired = False
+        self.when = time.monotonic() + seconds
+        self.expired = self.done = False
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
-        self._timer = threading.Timer(seconds, self._expire)
-        self._timer.daemon = True
-        self._timer.start()
+        _watchdog.add(self)
 
     def watch(self, sock: socket.socket) -> None:
         with self._lock:
@@ -75,15 +77,68 @@ class _Deadline:
         if expired:
             _shut(sock)
 
-    def _expire(self) -> None:
+    def expire(self) -> None:
         with self._lock:
+            if self.done:
+                return
             self.expired = True
             sockets = list(self._sockets)
         for sock in sockets:
             _shut(sock)
 
     def cancel(self) -> None:
-        self._timer.cancel()
+        with self._lock:
+            self.done = True
+            self._sockets.clear()
+        _watchdog.cancelled()
+
+
+class _Watchdog:
+    """The deadlines of the requests in flight, and one thread that expires each when it passes (a
+    thread per request costs more than a small request)."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._heap: list[tuple[float, int, _Deadline]] = []
+        self._seq = itertools.count()
+        self._stale = 0
+        self._thread: threading.Thread | None = None
+
+    def add(self, deadline: _Deadline) -> None:
+        with self._cv:
+            heapq.heappush(self._heap, (deadline.when, next(self._seq), deadline))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="dali_mesh-http-deadlines", daemon=True)
+                self._thread.start()
+            if self._heap[0][2] is deadline:
+                self._cv.notify()
+
+    def cancelled(self) -> None:
+        with self._cv:
+            self._stale += 1
+            if self._stale > 1000 and self._stale > len(self._heap) // 2:  # cancelled ones wait for their time
+                self._heap = [e for e in self._heap if not e[2].done]
+                heapq.heapify(self._heap)
+                self._stale = 0
+
+    def _run(self) -> None:
+        with self._cv:
+            while True:
+                while self._heap and self._heap[0][2].done:
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    self._cv.wait()
+                    continue
+                wait = self._heap[0][0] - time.monotonic()
+                if wait > 0:
+                    self._cv.wait(wait)
+                    continue
+                heapq.heappop(self._heap)[2].expire()
+
+
+_watchdog = _Watchdog()
+# a forked child has no watchdog thread, and may hold a lock the parent's thread had taken
+os.register_at_fork(after_in_child=lambda: globals().__setitem__("_watchdog", _Watchdog()))
 
 
 def _shut(sock: socket.socket) -> None:
