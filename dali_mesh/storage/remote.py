@@ -45,6 +45,11 @@ ONE_READ = 1 << 20
 #: the first bytes an open fetches and keeps (a format's header is read from them): as
 #: HttpStore::kOpenBytes (csrc/storage/http_store.h)
 OPEN_BYTES = 64 << 10
+#: the most one listing's pages and bytes may be (S3 pages hold 1,000 keys of ~300 bytes: 13 million objects), and
+#: the most bytes of one page
+LIST_PAGES = 100_000
+LIST_BYTES = 4 << 30
+LIST_PAGE_BYTES = 16 << 20
 _S3_OPTIONS = {"anon", "key", "secret", "token", "endpoint_url", "client_kwargs", "config_kwargs", "profile",
                "region", "addressing", "use_ssl", *CLIENT_SETTINGS}
 _GS_OPTIONS = {"anon", "key", "secret", "token", "endpoint_url", "project", *CLIENT_SETTINGS}
@@ -376,18 +381,26 @@ class RemoteStore(ByteStore):
                 self._raise(f"{bucket}/{prefix}", _message(err))
             if n < size:
                 return out.value.decode("utf-8")
+            if n > LIST_PAGE_BYTES:
+                self._raise(f"{bucket}/{prefix}", f"(list): a listing page of {n} bytes, more than {LIST_PAGE_BYTES} "
+                            "(the most one page may be): a broken server; nothing of the listing is used")
             size = n + 1
 
     def list(self, prefix: str, delimiter: bool = True) -> tuple[list[tuple[str, Version]], list[str]]:
         """The objects under ``prefix`` (``bucket/path/``: keys and versions) and, with ``delimiter``, the
-        ``prefixes`` one level down (S3 ListObjectsV2, every page)."""
+        ``prefixes`` one level down (S3 ListObjectsV2, every page). A listing that never ends (a token
+        repeated, more than :data:`LIST_PAGES` pages or :data:`LIST_BYTES` bytes) is an error."""
         if self.kind != "s3":
             raise DataFileError(self.name_of(prefix), "plain HTTP(S) locations cannot be listed: give the object's "
                                 "own URL, or its s3:// or gs:// location")
         bucket, _, sub = prefix.partition("/")
         objects, prefixes, token = [], [], ""
+        tokens: set[str] = set()
+        pages = got = 0
         while True:
-            root = ET.fromstring(self.list_page(bucket, sub, delimiter, token))
+            page = self.list_page(bucket, sub, delimiter, token)
+            pages, got = pages + 1, got + len(page)
+            root = ET.fromstring(page)
             ns = root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
             for c in root.iter(f"{ns}Contents"):
                 objects.append((f"{bucket}/{c.findtext(f'{ns}Key')}",
@@ -396,6 +409,14 @@ class RemoteStore(ByteStore):
             token = root.findtext(f"{ns}NextContinuationToken") or ""
             if (root.findtext(f"{ns}IsTruncated") or "false").lower() != "true" or not token:
                 return objects, prefixes
+            # a server that never ends its listing would hold this loop and its memory for ever
+            if token in tokens:
+                raise DataFileError(self.name_of(prefix), f"the listing's page {pages} gives a continuation token "
+                                    "given before: it would never end (a broken server); nothing of it is used")
+            if pages >= LIST_PAGES or got >= LIST_BYTES:
+                raise DataFileError(self.name_of(prefix), f"the listing goes on after {pages} pages and {got} bytes "
+                                    f"(the most read: {LIST_PAGES} pages, {LIST_BYTES} bytes); list a narrower prefix")
+            tokens.add(token)
 
     def zarr_store(self, key: str):
         from dali_mesh.storage.zarr_store import ByteZarrStore  # noqa: PLC0415 - zarr only when asked

@@ -1,0 +1,464 @@
+"""The remote stores' clients against servers that answer wrongly on purpose (issue 40): redirects to
+another host, bodies sent a byte at a time, bodies far longer than the range asked for, listings that
+never end, answers that ignore If-Match and name no ETag, error messages that echo the request's
+credentials, presigned URLs' queries. Each server is a loopback one of this file (nothing reaches beyond
+127.0.0.1); keys with special characters are read from moto, uploaded with boto3.
+
+Most tests run both clients: libcurl's (csrc/storage/http_store.cc) and the Python one
+(dali_mesh/storage/py_http.py, ``DALI_MESH_HTTP=python``); those of the Python client alone say so."""
+from __future__ import annotations
+
+import http.server
+import re
+import socket
+import threading
+import time
+import tracemalloc
+
+import pytest
+
+from dali_mesh.storage import DataFileError, FileChangedError, store_of
+from dali_mesh.storage import remote as remote_module
+from dali_mesh.storage.remote import RemoteStore, _Credentials, have_native_http
+from tests.storage.s3_server import KEY, SECRET, client, options, s3_endpoint  # noqa: F401
+
+pytestmark = pytest.mark.timeout(60)
+
+TOKEN = "FwoGZXIvYXdzEJr-SESSION-TOKEN-OF-THE-TESTS-7f3a9c"
+#: quick settings: every test ends in seconds
+FAST = {"retries": 0, "retry_seconds": 5, "stall": 1, "timeout": 1.5}
+
+
+@pytest.fixture(params=["libcurl", "python"])
+def client_kind(request, monkeypatch):
+    if request.param == "python":
+        monkeypatch.setenv("DALI_MESH_HTTP", "python")
+    else:
+        if not have_native_http():
+            pytest.skip("this build has no libcurl")
+        monkeypatch.delenv("DALI_MESH_HTTP", raising=False)
+    return request.param
+
+
+@pytest.fixture
+def python_client(monkeypatch):
+    monkeypatch.setenv("DALI_MESH_HTTP", "python")
+
+
+# ---- a loopback server whose answers each test writes ----------------------------------------------------
+class Loopback:
+    """A threaded HTTP/1.1 server on 127.0.0.1 answering each request with ``answer(handler)``; it records
+    ``(method, path, headers)`` of each request (header names in lower case) and counts the body bytes its answers wrote."""
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+        self.requests: list[tuple[str, str, dict]] = []
+        self.sent = 0
+        self.stopped = threading.Event()
+        self.lock = threading.Lock()
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's names
+                self.serve()
+
+            def do_HEAD(self) -> None:  # noqa: N802
+                self.serve()
+
+            def serve(self) -> None:
+                with owner.lock:
+                    owner.requests.append((self.command, self.path, {k.lower(): v for k, v in self.headers.items()}))
+                try:
+                    owner.answer(self)
+                except OSError:  # the client went away
+                    self.close_connection = True
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> "Loopback":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopped.set()
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(10)
+
+    def write(self, h, data: bytes) -> None:
+        h.wfile.write(data)
+        with self.lock:
+            self.sent += len(data)
+
+
+def send(h, status: int, headers: dict, body: bytes = b"") -> None:
+    h.send_response(status)
+    for k, v in headers.items():
+        h.send_header(k, v)
+    h.end_headers()
+    if h.command != "HEAD":
+        h.wfile.write(body)
+
+
+def s3_store(endpoint: str, key: str = "data/x.bin", **settings):
+    """``(store, key)`` of ``s3://key`` at ``endpoint``, signed with the tests' key, secret and a session
+    token, with :data:`FAST` settings (``settings`` override them)."""
+    return store_of(f"s3://{key}", options(endpoint, token=TOKEN, **{**FAST, **settings}))
+
+
+def no_secret(text: str) -> str:
+    for secret in (SECRET, TOKEN, KEY):
+        assert secret not in text, text
+    assert "Signature=" not in text and "AWS4-HMAC-SHA256" not in text, text
+    return text
+
+
+# ---- finding 4: no redirect is followed --------------------------------------------------------------------
+@pytest.mark.parametrize("status", [301, 302, 307])
+@pytest.mark.parametrize("method", ["HEAD", "GET"])
+def test_a_redirect_to_another_host_is_an_error_and_that_host_gets_nothing(client_kind, status, method):
+    with Loopback(lambda h: send(h, 200, {"Content-Length": "0"})) as other:
+        def redirect(h):
+            send(h, status, {"Location": f"{other.endpoint}{h.path}", "Content-Length": "0"})
+
+        with Loopback(redirect) as first:
+            store, key = s3_store(first.endpoint)
+            with pytest.raises(DataFileError) as info:
+                store.stat(key) if method == "HEAD" else store.read_range(key, 0, 100)
+            msg = no_secret(str(info.value))
+            assert [m for m, _, _ in first.requests] == [method]
+            assert "authorization" in first.requests[0][2]  # it was signed, with the session token
+            assert first.requests[0][2].get("x-amz-security-token") == TOKEN
+            assert other.requests == []  # neither the request nor its Authorization went there
+            assert f"HTTP {status}" in msg and "s3://data/x.bin" in msg
+            if client_kind == "python":
+                assert "redirects are not followed" in msg
+
+
+# ---- finding 13: one deadline per request, bodies capped ---------------------------------------------------
+@pytest.mark.parametrize("slow", ["body", "headers"])
+def test_a_server_sending_a_byte_at_a_time_is_stopped_at_the_timeout(client_kind, slow):
+    """A byte every 0.2 s never trips stall=1 (each read of the socket gets one); timeout=1.5 bounds the
+    whole request, headers and body."""
+    size = 400
+
+    def trickle(h):
+        head = (f"HTTP/1.1 206 Partial Content\r\nContent-Length: {size}\r\nContent-Range: bytes 0-{size - 1}/{size}"
+                f"\r\nETag: \"v1\"\r\n\r\n").encode()
+        if slow == "body":
+            h.wfile.write(head)
+        for b in (head if slow == "headers" else b"") + b"\0" * size:
+            h.wfile.write(bytes([b]))
+            h.wfile.flush()
+            if server.stopped.wait(0.2):
+                return
+
+    with Loopback(trickle) as server:
+        store, key = s3_store(server.endpoint)
+        t0 = time.monotonic()
+        with pytest.raises(DataFileError) as info:
+            store.read_range(key, 0, size)
+        elapsed = time.monotonic() - t0
+        msg = no_secret(str(info.value))
+    assert elapsed < 4, elapsed  # 80 s of trickle
+    assert "bytes 0-399" in msg and "after 1 attempt" in msg
+    if client_kind == "python":
+        assert elapsed > 1.2 and "took more than timeout=1.5 s" in msg, msg
+    else:  # libcurl's stall watch counts body bytes only: silent headers are a stall
+        assert "Timeout" in msg or "stalled" in msg, msg
+
+
+@pytest.mark.parametrize("length", [8 << 30, None])  # a Content-Length of 8 GiB, or none (till closed)
+def test_a_200_with_a_huge_body_to_a_ranged_get_is_read_no_further_than_the_range(client_kind, length):
+    """The server ignores the Range and streams zeros (at most 256 MiB, then it closes): the client stops
+    after the range's length, keeps no more than that in memory, and says why."""
+    cap = 256 << 20
+
+    def huge(h):
+        h.send_response(200)
+        h.send_header("ETag", '"v1"')
+        if length is not None:
+            h.send_header("Content-Length", str(length))
+        else:
+            h.send_header("Connection", "close")
+        h.end_headers()
+        zeros = b"\0" * (1 << 20)
+        while server.sent < cap and not server.stopped.is_set():
+            server.write(h, zeros)
+        h.close_connection = True
+
+    with Loopback(huge) as server:
+        store, key = s3_store(server.endpoint, timeout=20)
+        tracemalloc.start()
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(DataFileError) as info:
+                store.read_range(key, 0, 1000)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        msg = no_secret(str(info.value))
+        time.sleep(0.2)  # the server sees the connection gone
+        sent = server.sent
+    assert "more bytes than the range asked for" in msg and "HTTP 200" in msg and "bytes 0-999" in msg
+    assert sent < 64 << 20, sent  # what loopback's socket buffers took, not the body
+    assert peak < 8 << 20, peak
+    assert time.monotonic() - t0 < 10
+
+
+def test_a_listing_page_without_end_is_capped(python_client):
+    """A listing answer (no Range) streams without end: the Python client reads at most MAX_BODY bytes."""
+    from dali_mesh.storage.py_http import MAX_BODY
+
+    def endless(h):
+        h.send_response(200)
+        h.send_header("Connection", "close")
+        h.end_headers()
+        server.write(h, b"<ListBucketResult>")
+        while server.sent < 4 * MAX_BODY and not server.stopped.is_set():
+            server.write(h, b" " * (1 << 20))
+
+    with Loopback(endless) as server:
+        store, _ = s3_store(server.endpoint)
+        with pytest.raises(DataFileError) as info:
+            store.list("data/x/")
+        time.sleep(0.2)
+        assert server.sent < MAX_BODY + (48 << 20), server.sent
+    assert f"more bytes than {MAX_BODY}" in str(info.value)
+
+
+# ---- finding 8: listings that never end ----------------------------------------------------------------------
+def listing(token: str, n: int) -> bytes:
+    return (f'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+            f"<Name>data</Name><Prefix>x/</Prefix><KeyCount>1</KeyCount><MaxKeys>1000</MaxKeys>"
+            f"<IsTruncated>true</IsTruncated><NextContinuationToken>{token}</NextContinuationToken>"
+            f"<Contents><Key>x/{n}.bin</Key><Size>10</Size><ETag>&quot;e{n}&quot;</ETag></Contents>"
+            f"</ListBucketResult>").encode()
+
+
+@pytest.mark.parametrize("tokens", ["same", "new"])
+def test_a_listing_that_never_ends_is_an_error(client_kind, tokens, monkeypatch):
+    """Every page says IsTruncated=true: with the same continuation token (stopped at its second page),
+    or with a new one each time (stopped at LIST_PAGES pages, made 30 here)."""
+    monkeypatch.setattr(remote_module, "LIST_PAGES", 30)
+    pages = []
+
+    def answer(h):
+        pages.append(h.path)
+        body = listing("same-token" if tokens == "same" else f"token-{len(pages)}", len(pages))
+        send(h, 200, {"Content-Length": str(len(body)), "Content-Type": "application/xml"}, body)
+
+    with Loopback(answer) as server:
+        store, _ = s3_store(server.endpoint)
+        t0 = time.monotonic()
+        with pytest.raises(DataFileError) as info:
+            store.list("data/x/")
+        assert time.monotonic() - t0 < 20
+    msg = no_secret(str(info.value))
+    assert "s3://data/x/" in msg
+    if tokens == "same":
+        assert "continuation token given before" in msg and len(pages) == 2
+        assert "continuation-token=same-token" in pages[1]
+    else:
+        assert "goes on after 30 pages" in msg and len(pages) == 30
+
+
+def test_a_listing_larger_than_its_byte_bound_is_an_error(client_kind, monkeypatch):
+    monkeypatch.setattr(remote_module, "LIST_BYTES", 5000)
+
+    def answer(h):
+        body = listing(f"token-{len(server.requests)}", len(server.requests))
+        send(h, 200, {"Content-Length": str(len(body))}, body)
+
+    with Loopback(answer) as server:
+        store, _ = s3_store(server.endpoint)
+        with pytest.raises(DataFileError, match="list a narrower prefix"):
+            store.list("data/x/")
+        page = len(listing("token-1", 1))
+        assert 5000 // page <= len(server.requests) <= 5000 // page + 2  # no further than the bound
+
+
+# ---- finding 9: an answer to If-Match that names no ETag ------------------------------------------------------
+def test_an_object_replaced_mid_read_by_a_server_ignoring_if_match_is_an_error(python_client):
+    """The server ignores If-Match and its 206 answers name no ETag; between two reads of an opened object
+    it replaces the object by another of the same size: the second read must fail, never give the new
+    bytes."""
+    size = 1000
+    versions = [(b"A" * size, '"v1"'), (b"B" * size, '"v2"')]
+    state = {"now": 0, "heads": 0, "replace_after_heads": None}
+
+    def answer(h):
+        data, etag = versions[state["now"]]
+        if h.command == "HEAD":
+            send(h, 200, {"Content-Length": str(size), "ETag": etag})
+            state["heads"] += 1
+            if state["heads"] == state["replace_after_heads"]:
+                state["now"] = 1  # replaced, same size
+            return
+        first, last = map(int, re.fullmatch(r"bytes=(\d+)-(\d+)", h.headers["Range"]).groups())
+        send(h, 206, {"Content-Length": str(last - first + 1), "Content-Range": f"bytes {first}-{last}/{size}"},
+             data[first:last + 1])
+
+    with Loopback(answer) as server:
+        store, key = s3_store(server.endpoint)
+        o = store.open(key)
+        assert o.pread(100, 0) == b"A" * 100 and o.pread(100, 500) == b"A" * 100  # unchanged: read
+        assert [m for m, _, _ in server.requests] == ["HEAD", "GET", "HEAD", "GET", "HEAD"]  # each read checked
+        # open (HEAD 4), the first read (GET, HEAD 5): then the object is replaced
+        state["replace_after_heads"] = 5
+        o = store.open(key)
+        assert o.pread(100, 0) == b"A" * 100
+        with pytest.raises(FileChangedError, match="replaced"):
+            o.pread(100, 500)
+        assert server.requests[-2][0] == "GET"  # the B bytes came, and were not returned
+
+
+# ---- finding 16: a server's words are stripped of credentials -------------------------------------------------
+ECHOES = ["Authorization: {auth}", "The signature {sig} does not match; token {token}",
+          "wrong key {key} or secret {secret}", "signature={sig}&token={token}"]
+
+
+@pytest.mark.parametrize("status", [403, 503])
+@pytest.mark.parametrize("echo", ECHOES)
+def test_a_servers_message_echoing_the_request_shows_no_credential(python_client, status, echo):
+    """The <Message> of an error (shown: it says what went wrong) echoes what the request carried."""
+    def answer(h):
+        auth = h.headers["Authorization"]
+        said = echo.format(auth=auth[:150], sig=auth.rsplit("Signature=", 1)[1], token=TOKEN, key=KEY,
+                           secret=SECRET)
+        body = (f"<Error><Code>AccessDenied</Code><Message>{said}</Message><Resource>{h.path}</Resource>"
+                f"</Error>").encode()
+        send(h, status, {"Content-Length": str(len(body))}, body)
+
+    with Loopback(answer) as server:
+        store, key = s3_store(server.endpoint)
+        with pytest.raises(DataFileError) as info:
+            store.read_range(key, 0, 100)
+        signature = server.requests[0][2]["authorization"].rsplit("Signature=", 1)[1]
+    msg = no_secret(str(info.value))
+    assert signature not in msg and signature[:16] not in msg
+    assert f"HTTP {status} AccessDenied: " in msg and "[withheld]" in msg
+
+
+# ---- contract A: an http store's query is a credential ---------------------------------------------------------
+def test_an_http_stores_query_goes_with_every_request_and_never_into_a_message(python_client):
+    query = "X-Amz-Signature=0123456789abcdef0123456789abcdef&X-Amz-Security-Token=" + TOKEN
+    data = bytes(range(256)) * 4
+
+    def answer(h):
+        if h.path.startswith("/missing"):
+            body = f"<Error><Code>NoSuchKey</Code><Message>{h.path}</Message></Error>".encode()
+            send(h, 404, {"Content-Length": str(len(body))}, body)
+        elif h.path.startswith("/moved"):
+            send(h, 307, {"Location": f"http://127.0.0.1:1{h.path}", "Content-Length": "0"})
+        else:
+            first, last = map(int, re.fullmatch(r"bytes=(\d+)-(\d+)", h.headers["Range"]).groups())
+            send(h, 206, {"Content-Length": str(last - first + 1), "Content-Range": f"bytes {first}-{last}/1024",
+                          "ETag": '"e"'}, data[first:last + 1])
+
+    with Loopback(answer) as server:
+        store = RemoteStore("http", settings=dict(FAST), credentials=_Credentials("", "", query), scheme="http")
+        assert store.read_range(f"{server.endpoint}/a.bin", 10, 20) == data[10:30]
+        assert server.requests[-1][1] == f"/a.bin?{query}"
+        for path in ("missing.bin", "moved.bin"):
+            with pytest.raises(DataFileError) as info:
+                store.read_range(f"{server.endpoint}/{path}", 0, 10)
+            msg = no_secret(str(info.value))
+            assert "X-Amz" not in msg and "0123456789abcdef" not in msg and path in msg
+            assert server.requests[-1][1] == f"/{path}?{query}"
+
+
+# ---- finding 7: S3 keys are opaque bytes -------------------------------------------------------------------
+KEYS = ["k/a.bin", "k/sub/../a.bin", "k/./a.bin", "k//a.bin", "k/q?x=1#frag.bin", "k/sp ace+plus.bin",
+        "k/ünïcödé €.bin", "k/pct%41%2F.bin", "k/tilde~*'()!$&,;=@:.bin", "k/..", "k/."]
+
+
+def test_keys_with_special_characters_and_dot_segments_are_read_as_named(python_client, s3_endpoint):
+    """Each key holds other bytes (boto3 uploaded them); the Python client reads each by its own name:
+    '?', '#', ' ', '+', unicode and '%' in the key, '..' and '.' never resolved."""
+    s3 = client(s3_endpoint)
+    want = {}
+    for i, k in enumerate(KEYS):
+        want[k] = f"object {i}: {k}".encode() * 7
+        s3.put_object(Bucket="data", Key=f"special/{k}", Body=want[k])
+    store, _ = store_of("s3://data/special/k/a.bin", options(s3_endpoint))
+    for k in KEYS:
+        key = f"data/special/{k}"
+        assert store.read_range(key, 0, 10_000) == want[k], k
+        o = store.open(key)
+        assert o.version.size == len(want[k]) and o.pread(9, 3) == want[k][3:12], k
+    listed = {name.removeprefix("data/special/") for name, _ in store.list("data/special/", delimiter=False)[0]}
+    assert listed == set(KEYS)
+
+
+def test_keys_with_special_characters_are_signed_as_a_checking_server_computes_it(python_client):
+    """moto checking every SigV4 signature against an IAM user's key: each key's request is signed over
+    the bytes sent (a wrong secret is refused, so the check is real)."""
+    from tests.storage.s3_server import start_checking_server
+
+    proc, endpoint, key, secret = start_checking_server()
+    try:
+        s3 = client(endpoint, key, secret)
+        s3.create_bucket(Bucket="data")
+        for k in KEYS:
+            s3.put_object(Bucket="data", Key=f"special/{k}", Body=k.encode())
+        store, _ = store_of("s3://data/x", {"key": key, "secret": secret, "endpoint_url": endpoint, **FAST})
+        assert [store.read_range(f"data/special/{k}", 0, 1000) for k in KEYS] == [k.encode() for k in KEYS]
+        wrong, _ = store_of("s3://data/x", {"key": key, "secret": secret + "x", "endpoint_url": endpoint, **FAST})
+        with pytest.raises(DataFileError, match="SignatureDoesNotMatch"):
+            wrong.read_range(f"data/special/{KEYS[1]}", 0, 10)
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+
+
+def test_a_native_listing_page_over_its_bound_is_an_error(monkeypatch):
+    """The native client returns a page's length when the buffer is too small: a page over
+    LIST_PAGE_BYTES (made 1,000 here; a page here is 1.5 MiB, past the first 1 MiB buffer) is refused."""
+    if not have_native_http():
+        pytest.skip("this build has no libcurl")
+    monkeypatch.delenv("DALI_MESH_HTTP", raising=False)
+    monkeypatch.setattr(remote_module, "LIST_PAGE_BYTES", 1000)
+    body = listing("t", 1).replace(b"</ListBucketResult>", b" " * (3 << 19) + b"</ListBucketResult>")
+    body = body.replace(b"<IsTruncated>true", b"<IsTruncated>false")  # one page: the bound alone stops it
+
+    with Loopback(lambda h: send(h, 200, {"Content-Length": str(len(body))}, body)) as server:
+        store, _ = s3_store(server.endpoint)
+        with pytest.raises(DataFileError, match=f"a listing page of {len(body)} bytes, more than 1000"):
+            store.list("data/x/")
+
+
+def test_a_request_with_cut_takes_the_first_bytes_of_a_longer_answer_and_reads_no_more():
+    """``PythonHttp.request(..., cut=True)`` (for an open by a ranged GET that a server answers with the
+    whole object): the first ``limit`` bytes, ``cut`` set, the rest never read."""
+    from dali_mesh.storage.py_http import PythonHttp
+
+    def huge(h):
+        h.send_response(200)
+        h.send_header("Content-Length", str(8 << 30))
+        h.end_headers()
+        server.write(h, data)
+        while server.sent < 256 << 20 and not server.stopped.is_set():
+            server.write(h, b"\0" * (1 << 20))
+
+    data = bytes(range(256)) * 40
+    with Loopback(huge) as server:
+        py = PythonHttp("http;retries=0;stall=1;timeout=10", None)
+        a = py.request("GET", f"{server.endpoint}/a.bin", {"Range": "bytes=0-999"}, "a.bin", cut=True)
+        assert (a.status, a.body, a.cut, a.headers["Content-Length"]) == (200, data[:1000], True, str(8 << 30))
+        a = py.request("GET", f"{server.endpoint}/a.bin", {"Range": "bytes=0-9999"}, "a.bin", limit=len(data) + 5,
+                       cut=True)
+        assert a.body == data + b"\0" * 5 and a.cut
+        time.sleep(0.2)
+        assert server.sent < 128 << 20
