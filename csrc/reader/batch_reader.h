@@ -54,8 +54,10 @@ void RunSerially(const TaskFn &fn, int64_t n, const TaskCost &cost);
 // lane) that help while they can: the calling thread never waits for one that has not started.
 RunTasks RunOnThreads(int threads);
 
-// The most threads one reader's batches read ahead hold at once, their jobs and the jobs' helpers
-// together (the background lane of KeptThreads::Readers is shared by every reader of the process).
+// The threads one reader's batches read ahead hold at once, their jobs and the jobs' helpers together
+// (the background lane of KeptThreads::Readers is shared by every reader of the process): a helper
+// starts only below this; a job always runs (at most two live, and dropped ones ending), so one more
+// may be held.
 constexpr int kAheadThreadsPerReader = 16;
 
 // Batches read from what was read ahead, batches read ahead then dropped unused, and batches whose

@@ -330,7 +330,7 @@ def test_a_read_never_waits_behind_other_pipelines_batches_read_ahead(proxy, tmp
 
 def test_one_readers_batches_read_ahead_hold_a_bounded_share_of_the_threads(proxy, tmp_path, s3_endpoint):
     """A reader with 64 threads reads ahead two batches of 32 windows from a server that never answers:
-    its jobs and their helpers hold at most 16 kept threads (16 requests in flight), so another
+    its jobs and their helpers hold about 16 kept threads (16 requests in flight), so another
     reader's batch is still read ahead (counted as used) and read at once."""
     from dali_mesh import NumpySource, _kernels
     from dali_mesh.pipeline import native
@@ -352,7 +352,8 @@ def test_one_readers_batches_read_ahead_hold_a_bounded_share_of_the_threads(prox
         while proxy.count("GET", "ahead/e") < 16 and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.5)  # more would come now, were there no bound
-        assert proxy.count("GET", "ahead/e") == 16
+        # 16, or 17 when the second batch's job (a job always runs) started after the helpers took 16
+        assert proxy.count("GET", "ahead/e") in (16, 17)
         with _kernels.PlanReader(healthy_path, "f4") as r:
             t0 = time.monotonic()
             assert r.read_ahead([1])
