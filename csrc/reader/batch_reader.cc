@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <condition_variable>
 #include <exception>
@@ -12,6 +13,7 @@
 #include <mutex>
 #include <new>
 #include <numeric>
+#include <stdexcept>
 #include <sstream>
 #include <string>
 #include <system_error>
@@ -48,9 +50,13 @@ void RunSerially(const TaskFn &fn, int64_t n, const TaskCost &) {
   for (int64_t t = 0; t < n; t++) fn(t);
 }
 
-RunTasks RunOnThreads(int threads) {
+namespace {
+
+// RunOnThreads with its helpers in `lane`; with `held` (a reader's batches read ahead), a helper
+// that would make more than kAheadThreadsPerReader threads of that reader leaves at once.
+RunTasks RunOn(int threads, KeptThreads::Lane lane, std::shared_ptr<std::atomic<int>> held) {
   if (threads <= 1) return RunSerially;
-  return [threads](const TaskFn &fn, int64_t n, const TaskCost &cost) {
+  return [threads, lane, held](const TaskFn &fn, int64_t n, const TaskCost &cost) {
     // the calling thread takes tasks in cost order, and up to threads - 1 kept threads help it; a
     // helper that starts after the last task was taken (the pool was busy) finds none and leaves, so
     // the caller never waits for a helper that has not started, only for those running a task
@@ -87,19 +93,26 @@ RunTasks RunOnThreads(int threads) {
     const int64_t helpers = std::min<int64_t>(threads, n) - 1;
     try {
       for (int64_t k = 0; k < helpers; k++) {
-        KeptThreads::Readers().Submit([shared, work] {
-          {
-            std::lock_guard<std::mutex> lock(shared->mutex);
-            if (shared->closed) return;
-            shared->running++;
-          }
-          {
-            CancelScope scope(shared->flag);
-            work(*shared);
-          }
-          std::lock_guard<std::mutex> lock(shared->mutex);
-          if (--shared->running == 0) shared->done.notify_all();
-        });
+        KeptThreads::Readers().Submit(
+            [shared, work, held] {
+              {
+                std::lock_guard<std::mutex> lock(shared->mutex);
+                if (shared->closed) return;
+                if (held && held->fetch_add(1) >= kAheadThreadsPerReader) {
+                  held->fetch_sub(1);
+                  return;
+                }
+                shared->running++;
+              }
+              {
+                CancelScope scope(shared->flag);
+                work(*shared);
+              }
+              if (held) held->fetch_sub(1);
+              std::lock_guard<std::mutex> lock(shared->mutex);
+              if (--shared->running == 0) shared->done.notify_all();
+            },
+            lane);
       }
     } catch (const std::exception &) {  // no thread or memory for more helpers: fewer help
     }
@@ -111,9 +124,28 @@ RunTasks RunOnThreads(int threads) {
   };
 }
 
+}  // namespace
+
+RunTasks RunOnThreads(int threads) { return RunOn(threads, KeptThreads::Lane::kForeground, nullptr); }
+
 namespace {
 
 std::atomic<int64_t> g_ahead_used{0}, g_ahead_dropped{0}, g_ahead_failed{0};
+
+// Rethrows a store's or reader's error (std::runtime_error) of a batch read ahead that failed while
+// its Read waited `waited` seconds for it, saying so: its counts of attempts and seconds are all this
+// batch's, nothing was read again. Returns for another error (no memory, ...): the batch is read again.
+void FailAsRead(const std::exception_ptr &error, double waited) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::runtime_error &e) {
+    char secs[32];
+    std::snprintf(secs, sizeof(secs), "%.1f", waited);
+    throw std::runtime_error(std::string(e.what()) + " (met while this batch was read ahead, " + secs +
+                             " s after it was wanted; the batch was not read a second time)");
+  } catch (...) {
+  }
+}
 
 }  // namespace
 
@@ -140,12 +172,18 @@ std::shared_ptr<const PlanSet> SplitForTasks(PlanSet plans, int64_t task_bytes) 
 // state), its windows, and the job reading it with its cancel flag and how it ended. The job holds
 // it too (a shared_ptr), so a batch dropped while its job runs is let go without waiting for it
 struct BatchReader::Ahead {
+  // the job: queued, running (taken by a kept thread), or taken back before it ran (by its Read,
+  // or dropped): the one that moves it from kQueued decides who reads the batch
+  static constexpr int kQueued = 0, kRunning = 1, kTaken = 2;
   std::vector<int64_t> ids;
   std::unique_ptr<BatchReader> reader;
   std::vector<std::vector<char>> windows;
   std::unique_ptr<CancelFlag> cancel;
-  std::future<void> done;  // the job on a kept thread (KeptThreads::Readers)
+  std::atomic<int> state{kQueued};
+  std::future<void> done;  // the job on a kept thread (KeptThreads::Readers, background lane)
   std::exception_ptr error;
+  std::chrono::steady_clock::time_point ended;  // when the job ended
+  bool cancels_meanwhile = false;  // CancelReads was called while the job ran
 };
 
 BatchReader::BatchReader(PlanSet plans, ReaderOptions options)
@@ -233,6 +271,8 @@ void BatchReader::Drop(std::shared_ptr<Ahead> ahead) {
   // a job still running is cancelled and let go: it ends on its own (its reads see the flag within
   // about a second; a local read blocked in the kernel when it returns), holding what it uses (its
   // Ahead, whose reader shares the plan set), so nothing here waits on a server or a disk
+  int queued = Ahead::kQueued;
+  ahead->state.compare_exchange_strong(queued, Ahead::kTaken);  // not started: it never will
   ahead->cancel->Cancel();
   ahead_dropped_++;
   g_ahead_dropped++;
@@ -287,17 +327,29 @@ bool BatchReader::StartAhead(std::vector<int64_t> ids, int threads) {
   a->windows.resize(a->reader->num_windows());
   for (int64_t j = 0; j < a->reader->num_windows(); j++) a->windows[j].resize(a->reader->window_plan(j).bytes());
   a->cancel = std::make_unique<CancelFlag>();
+  a->state.store(Ahead::kQueued);
   try {
-    a->done = KeptThreads::Readers().Submit([job = a, threads] {
-      CancelScope scope(job->cancel.get());
-      try {
-        std::vector<char *> out;
-        for (auto &w : job->windows) out.push_back(w.data());
-        job->reader->Read(out, RunOnThreads(threads));
-      } catch (...) {
-        job->error = std::current_exception();
-      }
-    });
+    a->done = KeptThreads::Readers().Submit(
+        [job = a, threads, held = ahead_threads_] {
+          int queued = Ahead::kQueued;
+          if (!job->state.compare_exchange_strong(queued, Ahead::kRunning)) return;  // its Read took it back
+          held->fetch_add(1);
+          const uint64_t cancels = CancelCount();
+          {
+            CancelScope scope(job->cancel.get());
+            try {
+              std::vector<char *> out;
+              for (auto &w : job->windows) out.push_back(w.data());
+              job->reader->Read(out, RunOn(threads, KeptThreads::Lane::kBackground, held));
+            } catch (...) {
+              job->error = std::current_exception();
+            }
+          }
+          job->cancels_meanwhile = CancelCount() != cancels;
+          job->ended = std::chrono::steady_clock::now();
+          held->fetch_sub(1);
+        },
+        KeptThreads::Lane::kBackground);
   } catch (const std::system_error &) {  // no thread to be had: the batch is read when it is wanted
     Keep(std::move(a));
     return false;
@@ -308,6 +360,7 @@ bool BatchReader::StartAhead(std::vector<int64_t> ids, int threads) {
 
 void BatchReader::Read(const std::vector<char *> &out, const RunTasks &run) {
   const int n = static_cast<int>(items_.size());
+  const auto wanted = std::chrono::steady_clock::now();
   // this batch read ahead: wait for it and copy its windows (the batches read ahead before it were
   // not wanted: dropped)
   for (size_t k = 0; k < ahead_.size(); k++) {
@@ -319,6 +372,21 @@ void BatchReader::Read(const std::vector<char *> &out, const RunTasks &run) {
     }
     auto a = std::move(ahead_.front());
     ahead_.pop_front();
+    // its job not started while the background threads are all busy (maybe with other pipelines'
+    // batches stuck on a dead server): it is taken back and the batch read here, now, rather than
+    // wait behind work that is not this batch's; the job finds it taken and ends (it holds the Ahead:
+    // not kept for reuse). A job queued while a thread is free is about to start: it is waited for
+    bool taken = false;
+    while (a->state.load() == Ahead::kQueued &&
+           a->done.wait_for(std::chrono::milliseconds(2)) != std::future_status::ready) {
+      int queued = Ahead::kQueued;
+      if (KeptThreads::Readers().Backlogged(KeptThreads::Lane::kBackground) &&
+          a->state.compare_exchange_strong(queued, Ahead::kTaken)) {
+        taken = true;
+        break;
+      }
+    }
+    if (taken) break;
     a->done.get();
     const bool failed = a->error != nullptr;
     if (!failed) {
@@ -330,10 +398,16 @@ void BatchReader::Read(const std::vector<char *> &out, const RunTasks &run) {
       ahead_failed_++;
       g_ahead_failed++;
     }
+    const std::exception_ptr error = a->error;
+    // failed while this read waited for it, and not for a cancel of the process's reads: its store
+    // retries were this batch's (read again, it would wait as long again), so its error is this read's
+    const bool own = failed && a->ended > wanted && !a->cancels_meanwhile;
+    const double waited = std::chrono::duration<double>(a->ended - wanted).count();
     Keep(std::move(a));
     if (!failed) return;
-    // reading it ahead failed: the batch is read now, and fails (or not) as it does now (a transient
-    // fault, or a cancel meant for another pipeline, is not replayed)
+    if (own) FailAsRead(error, waited);
+    // it failed before the batch was wanted: the batch is read now, and fails (or not) as it does now
+    // (a transient fault, or a cancel meant for another pipeline, is not replayed)
     break;
   }
   // the parts of this batch: (window, part index in plans_.parts)

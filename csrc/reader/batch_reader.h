@@ -23,6 +23,7 @@
 #ifndef DALI_MESH_READER_BATCH_READER_H_
 #define DALI_MESH_READER_BATCH_READER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -49,8 +50,15 @@ void RunSerially(const TaskFn &fn, int64_t n, const TaskCost &cost);
 
 // RunTasks on `threads` threads (this one among them, the others under its CancelScope's flag), the
 // larger tasks first (as DALI's thread pool orders its work by priority); every task runs, the first
-// error is rethrown after the last.
+// error is rethrown after the last. The others are kept threads (KeptThreads::Readers, foreground
+// lane) that help while they can: the calling thread never waits for one that has not started.
 RunTasks RunOnThreads(int threads);
+
+// The threads one reader's batches read ahead hold at once, their jobs and the jobs' helpers together
+// (the background lane of KeptThreads::Readers is shared by every reader of the process): a helper
+// starts only below this; a job always runs (at most two live, and dropped ones ending), so one more
+// may be held.
+constexpr int kAheadThreadsPerReader = 16;
 
 // Batches read from what was read ahead, batches read ahead then dropped unused, and batches whose
 // read ahead failed (read again when wanted), by every batch reader of this library in this process
@@ -103,12 +111,16 @@ class BatchReader {
   bool FillsOnDevice(int64_t plan) const { return !device_fill_.empty() && device_fill_[plan]; }
 
   // Reads every window j of the batch into out[j] (host memory of window_plan(j).bytes()), the
-  // tasks run by `run`. A batch of these ids read ahead is waited for and copied instead (if reading
-  // it ahead failed, it is read now: its error is this read's).
+  // tasks run by `run`. A batch of these ids read ahead is waited for and copied instead, when its
+  // job has started; one still queued (every background thread busy, e.g. with other pipelines'
+  // batches stuck on a dead server) is taken back and read now, so a read never waits behind work
+  // that is not its own. A batch whose read ahead failed while this read waited for it fails with
+  // that error (its retries were this batch's: a second read would wait as long again); one whose
+  // read ahead failed before it was wanted, or while reads were cancelled (CancelReads), is read now.
   void Read(const std::vector<char *> &out, const RunTasks &run);
 
-  // Starts reading the batch ids[0..n) on threads of its own (`threads` of them) into buffers of its
-  // own, when this reader reads ahead (ReaderOptions::read_ahead) and the batch's windows fit
+  // Starts reading the batch ids[0..n) on threads of its own (`threads` of them, at most
+  // kAheadThreadsPerReader for all its batches read ahead) into buffers of its own, when this reader reads ahead (ReaderOptions::read_ahead) and the batch's windows fit
   // read_ahead_bytes: the batch the sample order gives next, announced while this one is read, so
   // that its round trips overlap this batch's. At most two batches are read ahead; one that is not
   // the next Read's is dropped (its reads cancelled) when a later one would be a third, or when a
@@ -169,6 +181,8 @@ class BatchReader {
   // batches read ahead, oldest first, and those done with (their readers and buffers reused)
   bool reads_ahead_ = false;
   std::deque<std::shared_ptr<Ahead>> ahead_, spare_;
+  // the kept threads its batches read ahead hold now (shared with their jobs, which may outlive it)
+  std::shared_ptr<std::atomic<int>> ahead_threads_ = std::make_shared<std::atomic<int>>(0);
   int64_t ahead_used_ = 0, ahead_dropped_ = 0, ahead_failed_ = 0;
 };
 

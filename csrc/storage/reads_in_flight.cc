@@ -92,6 +92,8 @@ std::string ReadsInFlight() {
   return out;
 }
 
+uint64_t CancelCount() { return g_cancel_epoch.load(); }
+
 void CancelReads() {
   static std::once_flag installed;
   const int sig = SIGRTMIN + 5;  // glibc keeps SIGRTMIN..SIGRTMIN+2 for itself

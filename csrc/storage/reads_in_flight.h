@@ -65,6 +65,9 @@ const CancelFlag *CurrentCancelFlag();
 
 std::string ReadsInFlight();
 void CancelReads();
+// How many times CancelReads was called: a read that failed while it changed may have been cancelled
+// for another pipeline's sake (a batch read ahead that failed so is read again when wanted).
+uint64_t CancelCount();
 
 }  // namespace dali_mesh
 
