@@ -371,8 +371,11 @@ class PythonHttp:
         elif a.status == 200:  # the server ignored the range: the whole object (cut after n bytes)
             length = a.headers.get("Content-Length", "")
             if getattr(a, "cut", False) and not length.isdigit():
-                raise RuntimeError(f"{where}: the server ignored the range and sent the whole object without its "
-                                   "length: its size is unknown")
+                # no length (chunked): the size is known only by reading it all, up to MAX_BODY
+                a = self.request("GET", self.url_of(key), {}, where)
+                if a.status != 200:
+                    fail_status(where, a)
+                length = str(len(a.body))
             total, body = (int(length) if getattr(a, "cut", False) else len(a.body)), a.body[:n]
         else:
             fail_status(where, a)
