@@ -171,7 +171,8 @@ void RangeCache::Ready() const {
       if (st.st_uid != ::geteuid()) {
         ::close(fd);
         StoreFail(what + " belongs to uid " + std::to_string(st.st_uid) + ", not to this user (" +
-                  std::to_string(::geteuid()) + "): its owner could put other bytes in place of the ones fetched; " + fix);
+                  std::to_string(::geteuid()) + "): its owner could put other bytes in place of the ones fetched; " +
+                  fix);
       }
       if (st.st_mode & 022) {
         ::close(fd);
