@@ -38,7 +38,8 @@ def opened(store, key):
 
 
 def _entries(folder) -> list[Path]:
-    return [p for p in Path(folder).glob("??/*") if not p.name.startswith(".")]
+    """The cache's entries: in its own subfolder of ``cache_dir``."""
+    return [p for p in Path(folder, "dali_mesh-cache-v1").glob("??/*") if not p.name.startswith(".")]
 
 
 def test_a_second_read_of_a_range_fetches_nothing(proxy, obj, tmp_path):
@@ -137,7 +138,7 @@ def test_several_processes_share_the_folder(obj, tmp_path, s3_endpoint):
         assert p.returncode == 0, err.decode()[-2000:]
         assert out == data * 3
     assert len(_entries(cache)) == 50
-    assert not list(Path(cache).glob("??/.tmp-*"))  # every entry renamed into place
+    assert not list(Path(cache, "dali_mesh-cache-v1").glob("??/.dmrc-tmp-*"))  # every entry renamed into place
 
 
 @pytest.mark.usefixtures("proxy")
