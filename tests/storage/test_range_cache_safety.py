@@ -216,7 +216,7 @@ def test_eviction_leaves_every_file_it_did_not_write(obj, tmp_path, s3_endpoint,
     before = snapshot(tmp_path)
     store, key = store_of(f"s3://{key}", options(s3_endpoint, cache_dir=str(tmp_path / cache_dir),
                                                  cache_bytes=20_000))
-    with store.open(key) as o:
+    with store.open_version(key, store.stat(key)) as o:  # reads reach the cache
         for _ in range(2):
             for i in range(40):
                 assert o.pread(1000, i * 1000) == data[i * 1000:(i + 1) * 1000]
@@ -239,7 +239,7 @@ def _entry_files(folder: Path) -> list[Path]:
 def test_a_world_writable_entry_subfolder_is_not_used(proxy, obj, tmp_path):
     key, data = obj
     store, key = store_of(f"s3://{key}", options(proxy.endpoint, cache_dir=str(tmp_path / "c")))
-    with store.open(key) as o:
+    with store.open_version(key, store.stat(key)) as o:  # reads reach the cache
         assert o.pread(1000, 3000) == data[3000:4000]
         (entry,) = _entry_files(tmp_path / "c")
         kept = entry.read_bytes()
@@ -300,7 +300,7 @@ def test_a_bad_cache_folder_is_refused(obj, tmp_path, s3_endpoint, case):
             os.chown(own, OTHER_UID, OTHER_UID)
             match = f"belongs to uid {OTHER_UID}"
     store, key = store_of(f"s3://{key}", options(s3_endpoint, cache_dir=str(tmp_path / "c")))
-    with pytest.raises(DataFileError, match=match), store.open(key) as o:
+    with pytest.raises(DataFileError, match=match), store.open_version(key, store.stat(key)) as o:
         o.pread(10, 0)
     if case == "symlink":
         assert list((tmp_path / "elsewhere").iterdir()) == []  # not followed
