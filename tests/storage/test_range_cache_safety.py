@@ -17,7 +17,6 @@ import multiprocessing
 import os
 import stat
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +28,8 @@ from dali_mesh._kernels import load
 from dali_mesh.storage import DataFileError, store_of
 from dali_mesh.storage.remote import have_native_http
 from tests.storage.fault_proxy import proxy  # noqa: F401
-from tests.storage.s3_server import client, options, s3_endpoint  # noqa: F401
+from tests.storage.s3_server import options, s3_endpoint  # noqa: F401
+from tests.storage.test_remote_cache import obj  # noqa: F401 - the object of each test, uploaded
 
 pytestmark = pytest.mark.timeout(120)
 native = pytest.mark.skipif(not have_native_http(), reason="this build has no libcurl")
@@ -194,12 +194,6 @@ def home_folder(tmp: Path) -> dict:
 
 # ---- findings 1 and 2 through remote reads ----------------------------------------------------------
 
-@pytest.fixture
-def obj(s3_endpoint, request):
-    data = np.random.default_rng(zlib.crc32(request.node.name.encode())).bytes(50_000)
-    name = f"cache-safety/{request.node.name}.bin"
-    client(s3_endpoint).put_object(Bucket="data", Key=name, Body=data)
-    return f"data/{name}", data
 
 
 @native

@@ -33,6 +33,23 @@ def _npy_objects(endpoint, prefix, arrays) -> list[str]:
     return locations
 
 
+def _dead_and_healthy(s3_endpoint, proxy, tmp_path, dead: str, healthy: str):
+    """``(arrays, dead plan, healthy plan)``: the plan files of two 3-sample ``.npy`` sources, one read
+    through the proxy (objects ``ahead/<dead>*``, to be hung by the test) with a 60 s stall, one from the
+    server directly."""
+    from dali_mesh import NumpySource
+    from dali_mesh.pipeline import native
+    from tests.helpers import one_rank_layout
+
+    a = np.arange(3 * 2 * 8 * 6, dtype="f4").reshape(3, 2, 8, 6)
+    dead_src = NumpySource(_npy_objects(s3_endpoint, dead, a), one_rank_layout(), batch_size=1, shuffle=False,
+                           storage_options=options(proxy.endpoint, retries=0, retry_seconds=60, stall=60, timeout=60))
+    healthy_src = NumpySource(_npy_objects(s3_endpoint, healthy, a), one_rank_layout(), batch_size=1, shuffle=False,
+                              storage_options=options(s3_endpoint, retries=0, stall=10, timeout=10))
+    return (a, native.plan_windows(dead_src)[0].write(str(tmp_path / "dead")),
+            native.plan_windows(healthy_src)[0].write(str(tmp_path / "healthy")))
+
+
 def _epochs(pipe, epochs):
     """``[(sample id, window)]`` per epoch, every batch of ``epochs`` epochs."""
     out = []
@@ -280,17 +297,9 @@ def test_a_read_never_waits_behind_other_pipelines_batches_read_ahead(proxy, tmp
     ahead included (its job, queued behind the stuck ones, is taken back and read by its read)."""
     import threading
 
-    from dali_mesh import NumpySource, _kernels
-    from dali_mesh.pipeline import native
-    from tests.helpers import one_rank_layout
+    from dali_mesh import _kernels
 
-    a = np.arange(3 * 2 * 8 * 6, dtype="f4").reshape(3, 2, 8, 6)
-    dead = NumpySource(_npy_objects(s3_endpoint, "d", a), one_rank_layout(), batch_size=1, shuffle=False,
-                       storage_options=options(proxy.endpoint, retries=0, retry_seconds=60, stall=60, timeout=60))
-    dead_path = native.plan_windows(dead)[0].write(str(tmp_path / "dead"))
-    healthy = NumpySource(_npy_objects(s3_endpoint, "g", a), one_rank_layout(), batch_size=1, shuffle=False,
-                          storage_options=options(s3_endpoint, retries=0, stall=10, timeout=10))
-    healthy_path = native.plan_windows(healthy)[0].write(str(tmp_path / "healthy"))
+    a, dead_path, healthy_path = _dead_and_healthy(s3_endpoint, proxy, tmp_path, "d", "g")
     proxy.add("hang", key="ahead/d", seconds=60, times=1000)
     stuck = [_kernels.PlanReader(dead_path, "f4") for _ in range(70)]
     got, errors = [], []
@@ -332,17 +341,9 @@ def test_one_readers_batches_read_ahead_hold_a_bounded_share_of_the_threads(prox
     """A reader with 64 threads reads ahead two batches of 32 windows from a server that never answers:
     its jobs and their helpers hold about 16 kept threads (16 requests in flight), so another
     reader's batch is still read ahead (counted as used) and read at once."""
-    from dali_mesh import NumpySource, _kernels
-    from dali_mesh.pipeline import native
-    from tests.helpers import one_rank_layout
+    from dali_mesh import _kernels
 
-    a = np.arange(3 * 2 * 8 * 6, dtype="f4").reshape(3, 2, 8, 6)
-    dead = NumpySource(_npy_objects(s3_endpoint, "e", a), one_rank_layout(), batch_size=1, shuffle=False,
-                       storage_options=options(proxy.endpoint, retries=0, retry_seconds=60, stall=60, timeout=60))
-    dead_path = native.plan_windows(dead)[0].write(str(tmp_path / "dead"))
-    healthy = NumpySource(_npy_objects(s3_endpoint, "f", a), one_rank_layout(), batch_size=1, shuffle=False,
-                          storage_options=options(s3_endpoint, retries=0, stall=10, timeout=10))
-    healthy_path = native.plan_windows(healthy)[0].write(str(tmp_path / "healthy"))
+    a, dead_path, healthy_path = _dead_and_healthy(s3_endpoint, proxy, tmp_path, "e", "f")
     proxy.add("hang", key="ahead/e", seconds=60, times=1000)
     proxy.reset_counts()
     stuck = _kernels.PlanReader(dead_path, "f4")

@@ -99,6 +99,22 @@ def _clean(blob, what):
         assert s not in text, f"{what} holds {s!r}"
 
 
+def _checkpointed(src):
+    """``make(checkpoint=None)``: a CPU pipeline of the native operator over ``src``, checkpointing on."""
+    from nvidia.dali import pipeline_def
+
+    from dali_mesh.fn import read_windows
+
+    def make(checkpoint=None):
+        @pipeline_def(batch_size=1, num_threads=1, device_id=None, enable_checkpointing=True)
+        def pipe():
+            return read_windows(src, fallback=False)
+
+        return pipe(checkpoint=checkpoint)
+
+    return make
+
+
 @pytest.mark.parametrize("client", ["libcurl", "python"])
 def test_presigned_urls_are_read_and_their_query_shows_nowhere(presigned, client, tmp_path, monkeypatch, caplog,
                                                                 process_group):
@@ -125,22 +141,13 @@ def test_presigned_urls_are_read_and_their_query_shows_nowhere(presigned, client
     assert [str(f) for f in src.files] == [u.split("?")[0] for u in urls]
     if client == "libcurl":
         pytest.importorskip("nvidia.dali")
-        from nvidia.dali import pipeline_def
-
-        from dali_mesh.fn import read_windows
         from dali_mesh.pipeline import native
         from dali_mesh.torch import MeshLoader
 
         plan = native.plan_windows(src)[0].write(str(tmp_path))
         _clean(Path(plan).read_bytes(), "the plan file")
 
-        def make(checkpoint=None):
-            @pipeline_def(batch_size=1, num_threads=1, device_id=None, enable_checkpointing=True)
-            def pipe():
-                return read_windows(src, fallback=False)
-
-            return pipe(checkpoint=checkpoint)
-
+        make = _checkpointed(src)
         p = make()
         p.build()
         _clean(p.serialize(), "pipe.serialize()")
@@ -181,10 +188,7 @@ def test_no_s3_secret_in_plans_state_dicts_serialize_logs_errors_or_the_cache(s3
     (and the signer's input) absent from plans, fingerprints, the loader's state dict, pipe.serialize(),
     DEBUG logs, errors and the cache's entries."""
     pytest.importorskip("nvidia.dali")
-    from nvidia.dali import pipeline_def
-
     from dali_mesh import NumpySource
-    from dali_mesh.fn import read_windows
     from dali_mesh.pipeline import native
     from dali_mesh.storage import DataFileError
     from dali_mesh.storage.remote import have_native_http
@@ -210,13 +214,7 @@ def test_no_s3_secret_in_plans_state_dicts_serialize_logs_errors_or_the_cache(s3
     src = NumpySource(locations, one_rank_layout(), batch_size=1, shuffle=False, storage_options=opts)
     texts = [repr(src.fingerprint()), repr(list(src.files)), Path(native.plan_windows(src)[0].write(str(tmp_path))).read_bytes()]
 
-    def make(checkpoint=None):
-        @pipeline_def(batch_size=1, num_threads=1, device_id=None, enable_checkpointing=True)
-        def pipe():
-            return read_windows(src, fallback=False)
-
-        return pipe(checkpoint=checkpoint)
-
+    make = _checkpointed(src)
     p = make()
     p.build()
     texts.append(p.serialize())
