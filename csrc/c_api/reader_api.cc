@@ -115,6 +115,9 @@ DM_EXPORT int64_t dali_mesh_reader_read_ahead(void *reader, const int64_t *ids, 
 
 // Batches read from what was read ahead (out[0]), batches read ahead then dropped unused (out[1]) and
 // batches whose read ahead failed, read again when wanted (out[2]).
+// Batches read ahead whose buffers exist now, in this process (AheadAlive).
+DM_EXPORT int64_t dali_mesh_reader_ahead_alive() { return dali_mesh::AheadAlive(); }
+
 DM_EXPORT void dali_mesh_reader_ahead_counts(void *reader, int64_t *out) {
   auto *r = static_cast<dali_mesh::BatchReader *>(reader);
   out[0] = r->ahead_used();

@@ -131,6 +131,7 @@ RunTasks RunOnThreads(int threads) { return RunOn(threads, KeptThreads::Lane::kF
 namespace {
 
 std::atomic<int64_t> g_ahead_used{0}, g_ahead_dropped{0}, g_ahead_failed{0};
+std::atomic<int64_t> g_ahead_alive{0};  // batches read ahead whose buffers exist (Ahead objects)
 
 // Rethrows a store's or reader's error (std::runtime_error) of a batch read ahead that failed while
 // its Read waited `waited` seconds for it, saying so: its counts of attempts and seconds are all this
@@ -148,6 +149,8 @@ void FailAsRead(const std::exception_ptr &error, double waited) {
 }
 
 }  // namespace
+
+int64_t AheadAlive() { return g_ahead_alive.load(); }
 
 void ReadAheadCounts(int64_t *used, int64_t *dropped, int64_t *failed) {
   *used = g_ahead_used.load();
@@ -184,6 +187,10 @@ struct BatchReader::Ahead {
   std::exception_ptr error;
   std::chrono::steady_clock::time_point ended;  // when the job ended
   bool cancels_meanwhile = false;  // CancelReads was called while the job ran
+  Ahead() { g_ahead_alive++; }
+  ~Ahead() { g_ahead_alive--; }
+  Ahead(const Ahead &) = delete;
+  Ahead &operator=(const Ahead &) = delete;
 };
 
 BatchReader::BatchReader(PlanSet plans, ReaderOptions options)
@@ -330,7 +337,14 @@ bool BatchReader::StartAhead(std::vector<int64_t> ids, int threads) {
   a->state.store(Ahead::kQueued);
   try {
     a->done = KeptThreads::Readers().Submit(
-        [job = a, threads, held = ahead_threads_] {
+        [job = a, threads, held = ahead_threads_]() mutable {
+          // the task (held by job->done's shared state) holds this lambda, which holds the Ahead: the
+          // Ahead is let go when the job ends, however it ends, or the two would keep each other (a
+          // batch taken back or dropped while it ran would never be freed)
+          struct LetGo {
+            std::shared_ptr<Ahead> &ahead;
+            ~LetGo() { ahead.reset(); }
+          } let_go{job};
           int queued = Ahead::kQueued;
           if (!job->state.compare_exchange_strong(queued, Ahead::kRunning)) return;  // its Read took it back
           held->fetch_add(1);

@@ -64,6 +64,9 @@ constexpr int kAheadThreadsPerReader = 16;
 // read ahead failed (read again when wanted), by every batch reader of this library in this process
 // (BatchReader::ReadAhead).
 void ReadAheadCounts(int64_t *used, int64_t *dropped, int64_t *failed);
+// Batches read ahead whose buffers exist now, in this process (each freed when its batch was read,
+// dropped or taken back, and its job has ended): for tests of leaks.
+int64_t AheadAlive();
 
 // The fewest bytes a read task is given (ReaderOptions::task_bytes below it is raised to it).
 constexpr int64_t kMinTaskBytes = 4096;

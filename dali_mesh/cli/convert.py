@@ -40,7 +40,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from dali_mesh.cli.args import UsageError, find_data, make_layout, parse_ints, parse_mesh
-from dali_mesh.cli.locations import local_destination, shown
+from dali_mesh.cli.locations import scheme_of, shown
 from dali_mesh.io._common import DataFileError
 from dali_mesh.io.formats import ArrayFormat, format_of, written_suffixes
 from dali_mesh.mesh import MeshInfo
@@ -76,6 +76,23 @@ class SampleReader:
 
     def close(self) -> None:
         self._close()
+
+
+def local_destination(location, what: str) -> str:
+    """The local path a command writes ``location`` to: a plain path, or a ``file://`` URL's path.
+    Any other ``scheme://`` is refused (raises :class:`~dali_mesh.cli.args.UsageError`): written as a
+    path it would become a local folder named after the URL (``./s3:/bucket/...``)."""
+    location = os.fspath(location)
+    scheme = scheme_of(location)
+    if scheme is None:
+        return location
+    if scheme == "file":
+        from dali_mesh.storage import store_of  # noqa: PLC0415
+
+        return store_of(location)[1]
+    raise UsageError(f"{what} {shown(location)!r} is not local ({scheme}://): dali-mesh writes only to local "
+                     "paths; write the copy to a local path (or a file:// URL), then upload it with your object "
+                     "store's own tool (e.g. aws s3 cp --recursive); nothing was read or written")
 
 
 def _same(first: tuple, path: str, shape, dtype, what: str) -> None:

@@ -13,8 +13,7 @@ import logging
 import os
 import re
 
-__all__ = ["HIDDEN", "scheme_of", "shown", "scrub", "scrub_logs", "name_of", "format_of_location",
-           "local_destination"]
+__all__ = ["HIDDEN", "scheme_of", "shown", "scrub", "scrub_logs", "name_of", "format_of_location"]
 
 #: what stands where a query, a fragment or user info was
 HIDDEN = "\u2026"
@@ -121,25 +120,6 @@ def format_of_location(location):
     from dali_mesh.io.formats import format_of  # noqa: PLC0415
 
     return format_of(name_of(location))
-
-
-def local_destination(location, what: str) -> str:
-    """The local path a command writes ``location`` to: a plain path, or a ``file://`` URL's path.
-    Any other ``scheme://`` is refused (raises :class:`~dali_mesh.cli.args.UsageError`): written as a
-    path it would become a local folder named after the URL (``./s3:/bucket/...``)."""
-    from dali_mesh.cli.args import UsageError  # noqa: PLC0415
-
-    location = os.fspath(location)
-    scheme = scheme_of(location)
-    if scheme is None:
-        return location
-    if scheme == "file":
-        from dali_mesh.storage import store_of  # noqa: PLC0415
-
-        return store_of(location)[1]
-    raise UsageError(f"{what} {shown(location)!r} is not local ({scheme}://): dali-mesh writes only to local "
-                     "paths; write the copy to a local path (or a file:// URL), then upload it with your object "
-                     "store's own tool (e.g. aws s3 cp --recursive); nothing was read or written")
 
 
 class _ScrubRecords(logging.Filter):

@@ -335,6 +335,12 @@ def test_a_read_never_waits_behind_other_pipelines_batches_read_ahead(proxy, tmp
     for b, w, _ in got:
         np.testing.assert_array_equal(w, a[b])
     assert got[-1][2] - t0 < 5, [round(t - t0, 2) for _, _, t in got]
+    # every batch read ahead is freed once its job has ended: those taken back by their read, and the
+    # stuck ones dropped (their reads cancelled), leave no buffers behind
+    deadline = time.monotonic() + 20
+    while _kernels.ahead_alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _kernels.ahead_alive() == 0
 
 
 def test_one_readers_batches_read_ahead_hold_a_bounded_share_of_the_threads(proxy, tmp_path, s3_endpoint):
