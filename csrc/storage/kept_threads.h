@@ -26,7 +26,10 @@ class KeptThreads {
  public:
   enum class Lane { kForeground, kBackground };
 
-  // The requests a thread sends together (GetMany): they never wait on other work of this pool.
+  // The requests a thread sends together (GetMany): they never wait on other work of this pool, and
+  // the thread never waits on one of them that no thread of this pool has started (it takes it back
+  // and sends it itself: the pool is the whole process's, and may be held by other pipelines'
+  // requests stuck on a dead server).
   static KeptThreads &Fetch();
   // Batches read ahead (background) and the helpers of the C API's reads (RunOnThreads): work that
   // may send requests through Fetch(), so it has a pool of its own (a full Fetch() pool then still
