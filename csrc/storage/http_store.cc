@@ -30,6 +30,10 @@ namespace {
 
 std::atomic<int64_t> g_requests{0}, g_bytes{0};
 
+// the most of a whole-object answer without a length an open counts through to learn the object's size
+// (as the Python client's MAX_BODY): a server that ignores ranges and streams without end is an error
+constexpr int64_t kMaxSkipped = int64_t{16} << 20;
+
 struct Credentials {
   std::string key_id, secret, token;
 };
@@ -248,6 +252,10 @@ size_t OnBody(char *data, size_t size, size_t n, void *user) {
           return 0;
         }
         x->skipped += total - done;
+        if (x->skipped > kMaxSkipped) {  // no length, and no end in sight: not read whole to learn the size
+          x->overflow = true;
+          return 0;
+        }
         return size * n;
       }
       x->overflow = true;
@@ -316,6 +324,12 @@ double Jitter(double cap) {
 
 // The URL of the bucket (with a trailing '/') for the store's addressing style.
 static std::string BucketUrl(const HttpStoreConfig &config, const std::string &bucket) {
+  // a bucket's name is letters, digits, '.', '-' and '_' (as remote.py's locations check): anything else
+  // in a virtual-hosted URL's host ("evil.com/x?") would send the signed request elsewhere
+  if (bucket.empty() || !std::all_of(bucket.begin(), bucket.end(), [](unsigned char c) {
+        return std::isalnum(c) || c == '.' || c == '-' || c == '_';
+      }))
+    StoreFail("\"" + ShownName(bucket) + "\" is not a bucket's name (letters, digits, '.', '-' and '_')");
   if (config.path_style) return config.endpoint + "/" + EscapeKey(bucket, false) + "/";
   const size_t scheme = config.endpoint.find("://") + 3;
   return config.endpoint.substr(0, scheme) + bucket + "." + config.endpoint.substr(scheme) + "/";
@@ -589,7 +603,9 @@ int64_t HttpStore::GetVector(const std::string &key, const std::vector<std::pair
   const bool etag = IsEtag(if_match);
   // the cache keys a range by the store, the object, its version and the range: only with an ETag
   // (a replaced object has another)
-  const std::string cache_id = cache_ && etag ? CacheId(key, if_match, range) : "";
+  // and only for S3 (GCS XML) objects, whose ETag changes with their bytes: a plain HTTP server's may be
+  // a modification time and a size (nginx), which a copy that keeps both keeps (RemoteStore.pins)
+  const std::string cache_id = cache_ && etag && config_.kind == "s3" ? CacheId(key, if_match, range) : "";
   if (!cache_id.empty() && cache_->Get(cache_id, bufs)) return n;
   const long status = Perform(*this, UrlOf(key), name, what, false, range, etag ? if_match : "", &x);
   const std::string where = name + " (" + what + ")";

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 from typing import Any, Sequence
 
 import numpy as np
@@ -138,7 +139,9 @@ class WindowSource:
     def fingerprint(self) -> dict[str, Any]:
         """Plain data that decides which sample comes at ``(epoch, idx_in_epoch)``: a checkpoint taken
         with one fingerprint resumes at another position under another (see ``MeshLoader``)."""
-        fp = {"class": type(self).__name__, "files": list(self.files),
+        # plain strings (a StoredLocation's name, not the location with its store): a checkpoint loads with
+        # torch.load's weights_only default and names no store's settings
+        fp = {"class": type(self).__name__, "files": [str.__str__(os.fspath(f)) for f in self.files],
               "num_samples": int(self.num_samples), "seed": self.seed, "shuffle": self.shuffle,
               "drop_last": self.drop_last, "batch_size": self.batch_size,
               "sample_shape": None if self.sample_shape is None else list(self.sample_shape),
@@ -146,7 +149,8 @@ class WindowSource:
               "channels": None if not self.index_maps else
               {int(a): m.tolist() for a, m in self.index_maps.items()}}
         for attr in self.fingerprint_fields:
-            fp[attr] = getattr(self, attr)
+            value = getattr(self, attr)
+            fp[attr] = str.__str__(value) if isinstance(value, str) else value
         if self.share_dims:  # absent without share: old checkpoints still resume
             fp["share"] = list(self.share_dims)
         if self.time_stride != 1:  # absent at 1: old checkpoints still resume

@@ -297,6 +297,11 @@ class RemoteStore(ByteStore):
         raise DataFileError(name, message)
 
     def stat(self, key: str) -> Version | None:
+        if self.kind == "http" and self.credentials is not None and self.credentials.token:
+            # a presigned URL (its query a credential): S3 refuses HEAD on a URL presigned for GET, so
+            # its version comes from a one-byte GET
+            found = self.open_range(key, 1)
+            return None if found is None else Version(found[1], -1, found[2])
         py = self._python()
         if py is not None:
             try:
@@ -590,9 +595,12 @@ def _bucket_and_key(location: str, scheme: str) -> str:
     if "@" in bucket or ":" in bucket:
         # shown without the user info; a secret holding "/" leaves part of itself in the first segment
         # ("s3://KEY:SEC/RET@bucket/k"): then nothing after the scheme is shown
-        shown = f"{scheme}://…@{rest.partition('@')[2]}" if "@" in bucket else f"{scheme}://…"
+        shown = f"{scheme}://…@{rest[len(bucket.rpartition('@')[0]) + 1:]}" if "@" in bucket else f"{scheme}://…"
         raise DataFileError(shown, "holds user info (credentials in a location are not taken: they would show in "
                                    "plans, checkpoints and logs); give them in storage_options (key=, secret=)")
+    if any(ord(c) < 32 or ord(c) == 127 for c in rest):
+        raise DataFileError(f"{scheme}://{bucket}/…", "holds a control character (NUL, CR, LF, ...): no object key is "
+                                                       "read with one")
     if not _BUCKET.fullmatch(bucket):
         raise DataFileError(f"{scheme}://{bucket}/…", f"is not a {scheme}://BUCKET/KEY location (a bucket's name is "
                                                        "letters, digits, '.', '-' and '_')")
@@ -665,9 +673,17 @@ def resolve_gs(location: str, options: dict) -> tuple[RemoteStore, str]:
 def resolve_http(location: str, options: dict) -> tuple[RemoteStore, str]:
     """The store and key of an ``http(s)://`` URL: anonymous GETs of the URL itself."""
     _check_options(options, _HTTP_OPTIONS, "http(s)")
+    if any(ord(c) < 32 or ord(c) == 127 for c in location):
+        raise DataFileError(location.split("?", 1)[0].split("://", 1)[0] + "://…",
+                            "holds a control character (NUL, CR, LF, ...): no URL is read with one")
     parts = urllib.parse.urlsplit(location)
+    try:
+        parts.port
+    except ValueError:  # "https://KEY:SEC/RET@host": a secret with a '/' ends the authority early
+        raise DataFileError(f"{parts.scheme}://…", "is not an http(s):// URL with a host and a numeric port (user "
+                                                   "info in a URL is not taken)") from None
     if not parts.hostname:
-        raise DataFileError(location, "is not an http(s):// URL with a host")
+        raise DataFileError(f"{parts.scheme}://…", "is not an http(s):// URL with a host")
     if parts.username or parts.password or "@" in parts.netloc:
         raise DataFileError(f"{parts.scheme}://…@{parts.hostname}{parts.path}",
                             "credentials in a URL are not taken (they would show in plans and logs)")

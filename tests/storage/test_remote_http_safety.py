@@ -317,6 +317,10 @@ def test_the_cache_keeps_urls_of_other_queries_apart(same_etag_servers, tmp_path
             assert store.open_version(key, version).pread(1000, 7) == _expected("dev", f"/get?{query}")[7:1007], query
     assert all(p.startswith("/get?key=") for p in server.paths)
     assert b"key=a.bin" not in _cached_bytes(tmp_path / "c") and b"key=b.bin" not in _cached_bytes(tmp_path / "c")
+    # a plain HTTP server's ETag (nginx's "mtime-size") does not pin bytes: nothing of it is cached, every
+    # read asks the server (a copy keeping mtime and size would be served stale for ever)
+    assert len([p for p in server.paths if p == "/get?key=a.bin"]) == 4, server.paths
+    assert _cached_bytes(tmp_path / "c") == b"", "a plain http(s) store's ranges were cached"
 
 
 # ---- finding 16: a server's text without credentials ---------------------------------------------------------
