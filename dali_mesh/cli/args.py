@@ -254,11 +254,11 @@ def find_data(path: str, what: str = "--data") -> tuple[str, list[str]]:
         fmt = format_of_location(path)
         if fmt is not None:
             return fmt.name, [path]
+        if not store.supports_listing:
+            raise UsageError(f"{what} {said!r} is not a file or store of a known format ({names}), and its store "
+                             "cannot list a folder")
         try:
             objects, prefixes = store.list(key.rstrip("/") + "/")
-        except AttributeError:
-            raise UsageError(f"{what} {said!r} is not a file or store of a known format ({names}), and its store "
-                             "cannot list a folder") from None
         except DataFileError as e:
             raise UsageError(f"{what} {said!r} is not a file or store of a known format ({names}), and "
                              f"{scrub(str(e), [path])}") from None

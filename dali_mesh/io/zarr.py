@@ -486,7 +486,7 @@ class _Listed:
     @classmethod
     def of(cls, store, folder: str):
         """``store`` listed under ``folder``, or ``store`` itself (a local store, one that cannot list)."""
-        if store.local or not hasattr(store, "list"):
+        if not store.supports_listing:
             return store
         try:
             objects, _ = store.list(folder.rstrip("/") + "/", delimiter=False)

@@ -401,7 +401,7 @@ def _remote_year_files(location: str, storage_options: dict | None) -> list[str]
     rule (objects deeper down, as files in subfolders, are not year files)."""
     store, key = store_of(location, storage_options)
     prefix = key.rstrip("/") + "/"
-    if not hasattr(store, "list"):
+    if not store.supports_listing:
         raise IOError(f"Error, data directory {location}: its store ({store.spec}) cannot list a folder; give an "
                       "s3:// or gs:// prefix, or a local folder")
     try:

@@ -95,6 +95,9 @@ class ByteStore(abc.ABC):
     local: bool = False
     #: whether the native reader (csrc/storage/) has this store too: plans name only those
     native: bool = False
+    #: whether :meth:`list` answers (S3 and GCS prefixes; not a plain HTTP(S) server, not local paths):
+    #: callers ask this, never probe for the method
+    supports_listing: bool = False
 
     @abc.abstractmethod
     def open(self, key: str, what: str = "file", *, direct: bool = False) -> StoredObject:
@@ -134,12 +137,20 @@ class ByteStore(abc.ABC):
         """``key`` as a read-only binary file object (for h5py and other libraries that take one)."""
         return StoredFile(self.open(key, what))
 
-    def zarr_store(self, key: str):
-        """A read-only zarr-python store whose root is ``key`` (metadata and chunks of an array read
-        by zarr-python itself)."""
+    def list(self, prefix: str, delimiter: bool = True) -> tuple[list[tuple[str, Version]], list[str]]:
+        """The objects under ``prefix`` (keys and versions) and, with ``delimiter``, the prefixes one
+        level down; only where :attr:`supports_listing`, else a
+        :class:`~dali_mesh.storage.errors.DataFileError` saying so."""
         from dali_mesh.storage.errors import DataFileError  # noqa: PLC0415
 
-        raise DataFileError(self.name_of(key), f"no zarr-python store reads the {self.spec!r} store yet")
+        raise DataFileError(self.name_of(prefix), f"its store ({self.spec!r}) cannot list a folder")
+
+    def zarr_store(self, key: str):
+        """A read-only zarr-python store whose root is ``key`` (metadata and chunks of an array read
+        by zarr-python itself, through this store's reads: any store, :class:`ByteZarrStore`)."""
+        from dali_mesh.storage.zarr_store import ByteZarrStore  # noqa: PLC0415 - zarr only when asked
+
+        return ByteZarrStore(self, key)
 
 
 def read_exactly(obj: StoredObject, n: int, offset: int, *, allow_short: bool = False) -> bytes:

@@ -231,6 +231,11 @@ class RemoteStore(ByteStore):
         self._given: set[int] = set()
 
     @property
+    def supports_listing(self) -> bool:  # type: ignore[override]
+        """S3 and GCS (XML) prefixes list (ListObjectsV2); a plain HTTP(S) server does not."""
+        return self.kind == "s3"
+
+    @property
     def native(self) -> bool:  # type: ignore[override]
         return have_native_http() and not _python_forced()
 
@@ -422,11 +427,6 @@ class RemoteStore(ByteStore):
                 raise DataFileError(self.name_of(prefix), f"the listing goes on after {pages} pages and {got} bytes "
                                     f"(the most read: {LIST_PAGES} pages, {LIST_BYTES} bytes); list a narrower prefix")
             tokens.add(token)
-
-    def zarr_store(self, key: str):
-        from dali_mesh.storage.zarr_store import ByteZarrStore  # noqa: PLC0415 - zarr only when asked
-
-        return ByteZarrStore(self, key)
 
     @property
     def credentials(self) -> _Credentials | None:

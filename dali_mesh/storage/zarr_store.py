@@ -1,7 +1,7 @@
-"""A read-only zarr-python store over a byte store (``ByteStore.zarr_store`` of the remote stores):
-zarr-python reads metadata and chunks through the same client, credentials, retries and version
-checks as the rest of dali_mesh. Listing (groups without consolidated metadata) uses the store's
-``list`` (S3 ListObjectsV2)."""
+"""A read-only zarr-python store over any byte store (``ByteStore.zarr_store``; the local store uses
+zarr-python's own): zarr-python reads metadata and chunks through the same client, credentials,
+retries and version checks as the rest of dali_mesh. Listing (groups without consolidated metadata)
+uses the store's ``list`` where it ``supports_listing`` (S3 ListObjectsV2)."""
 from __future__ import annotations
 
 import asyncio
@@ -27,6 +27,7 @@ class ByteZarrStore(Store):
     def __init__(self, store: ByteStore, root: str) -> None:
         super().__init__(read_only=True)
         self.store = store
+        self.supports_listing = store.supports_listing  # zarr-python asks before it lists a group
         self.root = None  # not a local folder (io.zarr's FIFO check looks for a root path)
         self.prefix = root.rstrip("/")
 
