@@ -147,10 +147,10 @@ class ByteStore(abc.ABC):
 
     def zarr_store(self, key: str):
         """A read-only zarr-python store whose root is ``key`` (metadata and chunks of an array read
-        by zarr-python itself, through this store's reads: any store, :class:`ByteZarrStore`)."""
-        from dali_mesh.storage.zarr_store import ByteZarrStore  # noqa: PLC0415 - zarr only when asked
+        by zarr-python itself)."""
+        from dali_mesh.storage.errors import DataFileError  # noqa: PLC0415
 
-        return ByteZarrStore(self, key)
+        raise DataFileError(self.name_of(key), f"no zarr-python store reads the {self.spec!r} store yet")
 
 
 def read_exactly(obj: StoredObject, n: int, offset: int, *, allow_short: bool = False) -> bytes:

@@ -1,5 +1,5 @@
-"""A read-only zarr-python store over any byte store (``ByteStore.zarr_store``; the local store uses
-zarr-python's own): zarr-python reads metadata and chunks through the same client, credentials,
+"""A read-only zarr-python store over a byte store (``ByteStore.zarr_store`` of the remote stores; the
+local store uses zarr-python's own): zarr-python reads metadata and chunks through the same client, credentials,
 retries and version checks as the rest of dali_mesh. Listing (groups without consolidated metadata)
 uses the store's ``list`` where it ``supports_listing`` (S3 ListObjectsV2)."""
 from __future__ import annotations

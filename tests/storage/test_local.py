@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from dali_mesh.storage import LOCAL, ByteStore, LocalStore, NotRegularFileError, UnsupportedLocationError, store_of
+from dali_mesh.storage import LOCAL, LocalStore, NotRegularFileError, UnsupportedLocationError, store_of
 from tests.storage.store_tests import FileObjectTests, StoreTests
 
 
@@ -99,67 +99,18 @@ def test_file_urls_follow_rfc_8089(tmp_path):
             store_of(url)
 
 
-class _MemoryStore(ByteStore):
-    """Objects held in a dict: a store that is neither local nor remote, to hold the seam to itself."""
 
-    spec = "memory-test"
-
-    def __init__(self, objects: dict) -> None:
-        self.objects = objects
-
-    def open(self, key, what="file", *, direct=False):
-        from dali_mesh.storage import MissingFileError, StoredObject, Version
-
-        if key not in self.objects:
-            raise MissingFileError(key, f"no such {what}")
-        store = self
-
-        class _Object(StoredObject):
-            def __init__(self):
-                self.store, self.key = store, key
-
-            @property
-            def version(self):
-                return Version(len(store.objects[key]))
-
-            def readv(self, buffers, offset):
-                data, done = store.objects[key], 0
-                for b in buffers:
-                    view = memoryview(b).cast("B")
-                    piece = data[offset + done:offset + done + len(view)]
-                    view[:len(piece)] = piece
-                    done += len(piece)
-                return done
-
-            def check_unchanged(self):
-                pass
-
-        return _Object()
-
-    def stat(self, key):
-        from dali_mesh.storage import Version
-
-        return Version(len(self.objects[key])) if key in self.objects else None
-
-
-def test_any_store_gives_zarr_python_a_store_and_says_whether_it_lists(tmp_path):
-    """Issue 41 (the store seam): ``zarr_store`` is generic (ByteZarrStore over any ByteStore, not only the
-    remote ones), and listing is a capability asked for (``supports_listing``), never probed with hasattr."""
-    import numpy as np
-    import zarr
-
+def test_stores_say_whether_they_list():
+    """Issue 41 (the store seam): listing is a capability asked for (``supports_listing``), never probed with
+    hasattr; a store that does not list says so in a DataFileError naming it."""
     from dali_mesh.storage import DataFileError
     from dali_mesh.storage.remote import RemoteStore
 
-    a = np.arange(6 * 10, dtype="f4").reshape(6, 10)
-    z = zarr.create_array(tmp_path / "a.zarr", shape=a.shape, chunks=(4, 5), dtype="f4", zarr_format=2)
-    z[:] = a
-    objects = {f"a.zarr/{p.relative_to(tmp_path / 'a.zarr').as_posix()}": p.read_bytes()
-               for p in (tmp_path / "a.zarr").rglob("*") if p.is_file()}
-    mem = _MemoryStore(objects)
-    np.testing.assert_array_equal(zarr.open_array(store=mem.zarr_store("a.zarr"), mode="r")[:], a)
-    assert not mem.supports_listing and not LOCAL.supports_listing
+    assert not LOCAL.supports_listing
     with pytest.raises(DataFileError, match="cannot list a folder"):
-        mem.list("a.zarr/")
+        LOCAL.list("/tmp/")
     assert RemoteStore("s3", endpoint="http://127.0.0.1:9", anon=True).supports_listing
-    assert not RemoteStore("http").supports_listing
+    http = RemoteStore("http")
+    assert not http.supports_listing
+    with pytest.raises(DataFileError, match="cannot be listed"):
+        http.list("https://host/folder/")
