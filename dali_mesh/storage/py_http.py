@@ -338,9 +338,7 @@ class PythonHttp:
         size = a.headers.get("Content-Length")
         if size is None:
             raise RuntimeError(f"{name} (HEAD): the answer has no Content-Length: the size of the object is unknown")
-        tag = a.headers.get("ETag") or (f"gen:{a.headers['x-goog-generation']}" if a.headers.get("x-goog-generation")
-                                        else f"lm:{a.headers.get('Last-Modified', '')}")
-        return int(size), tag
+        return int(size), _tag_of(a.headers)
 
     def open_range(self, key: str, name: str, n: int) -> tuple[bytes, int, str] | None:
         """An open without HEAD (S3 refuses HEAD on a URL presigned for GET): one GET of the first ``n``
@@ -382,10 +380,7 @@ class PythonHttp:
             total, body = (int(length) if getattr(a, "cut", False) else len(a.body)), a.body[:n]
         else:
             fail_status(where, a)
-        etag, generation = a.headers.get("ETag"), a.headers.get("x-goog-generation")
-        tag = etag or (f"gen:{generation}" if generation else
-                       f"lm:{a.headers['Last-Modified']}" if a.headers.get("Last-Modified") else "")
-        return bytes(body), total, tag
+        return bytes(body), total, _tag_of(a.headers)
 
     def get(self, key: str, name: str, offset: int, n: int, if_match: str, size: int) -> bytes:
         """Bytes [offset, offset + n) of ``key`` (fewer only at the end of the object)."""
@@ -449,6 +444,13 @@ class PythonHttp:
         if a.status != 200:
             self.fail_status(f"{name} (list)", a)
         return a.body.decode("utf-8")
+
+
+def _tag_of(headers) -> str:
+    """The version an answer names (as http_store.cc's TagOf, for HEAD and GET alike): its ETag, else its
+    generation (``gen:``), else its date (``lm:``), else ``""``."""
+    generation, date = headers.get("x-goog-generation"), headers.get("Last-Modified")
+    return headers.get("ETag") or (f"gen:{generation}" if generation else f"lm:{date}" if date else "")
 
 
 def _read_body(r, limit: int, cut: bool) -> bytes:

@@ -145,6 +145,13 @@ def share_credentials(lib, specs) -> None:
         give_credentials(lib, spec, _known_credentials.get(spec))
 
 
+def has_control_char(text: str) -> bool:
+    """Whether ``text`` holds a control character (< 0x20 or 0x7f: NUL, CR, LF...): in a key a NUL would
+    cut it where C reads it, in a header value CR/LF would start another header (as http_text.cc's
+    ControlCharAt)."""
+    return any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
+
+
 # ---- the store ------------------------------------------------------------------------------------------
 class RemoteObject(StoredObject):
     """One object opened at its version (size and ETag from the GET of its first bytes, or a listing's);
@@ -162,7 +169,7 @@ class RemoteObject(StoredObject):
 
     def _get(self, dst, n: int, offset: int) -> int:
         tag = self._version.tag
-        if any(ord(c) < 0x20 or c == "\x7f" for c in tag):  # a NUL would not even reach the C client whole
+        if has_control_char(tag):  # a NUL would not even reach the C client whole
             raise DataFileError(self.name, "the If-Match header's value (the version's ETag) holds a control "
                                 "character, which would end the header and start another; it is not sent (a broken "
                                 "or hostile listing): list the objects again")
@@ -603,7 +610,7 @@ def _bucket_and_key(location: str, scheme: str) -> str:
         shown = f"{scheme}://…@{rest[len(bucket.rpartition('@')[0]) + 1:]}" if "@" in bucket else f"{scheme}://…"
         raise DataFileError(shown, "holds user info (credentials in a location are not taken: they would show in "
                                    "plans, checkpoints and logs); give them in storage_options (key=, secret=)")
-    if any(ord(c) < 32 or ord(c) == 127 for c in rest):
+    if has_control_char(rest):
         raise DataFileError(f"{scheme}://{bucket}/…", "holds a control character (NUL, CR, LF, ...): no object key is "
                                                        "read with one")
     if not _BUCKET.fullmatch(bucket):
@@ -678,7 +685,7 @@ def resolve_gs(location: str, options: dict) -> tuple[RemoteStore, str]:
 def resolve_http(location: str, options: dict) -> tuple[RemoteStore, str]:
     """The store and key of an ``http(s)://`` URL: anonymous GETs of the URL itself."""
     _check_options(options, _HTTP_OPTIONS, "http(s)")
-    if any(ord(c) < 32 or ord(c) == 127 for c in location):
+    if has_control_char(location):
         raise DataFileError(location.split("?", 1)[0].split("://", 1)[0] + "://…",
                             "holds a control character (NUL, CR, LF, ...): no URL is read with one")
     parts = urllib.parse.urlsplit(location)
