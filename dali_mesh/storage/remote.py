@@ -31,6 +31,7 @@ from typing import NamedTuple, Sequence
 
 from dali_mesh.storage.base import ByteStore, StoredObject, Version, is_etag
 from dali_mesh.storage.errors import DataFileError, FileChangedError, MissingFileError, TruncatedFileError
+from dali_mesh.storage.names import shown
 
 __all__ = ["RemoteObject", "RemoteStore", "fetch_counters", "have_native_http", "resolve_gs", "resolve_http", "resolve_s3",
            "share_credentials"]
@@ -604,12 +605,10 @@ def _bucket_and_key(location: str, scheme: str) -> str:
     User info (``s3://KEY:SECRET@bucket``) is refused without showing it."""
     rest = location.split("://", 1)[1]
     bucket = rest.split("/", 1)[0]
-    if "@" in bucket or ":" in bucket:
-        # shown without the user info; a secret holding "/" leaves part of itself in the first segment
-        # ("s3://KEY:SEC/RET@bucket/k"): then nothing after the scheme is shown
-        shown = f"{scheme}://…@{rest[len(bucket.rpartition('@')[0]) + 1:]}" if "@" in bucket else f"{scheme}://…"
-        raise DataFileError(shown, "holds user info (credentials in a location are not taken: they would show in "
-                                   "plans, checkpoints and logs); give them in storage_options (key=, secret=)")
+    if "@" in bucket or ":" in bucket:  # shown without it (also a secret holding '/' or '@': names.shown)
+        raise DataFileError(shown(location), "holds user info (credentials in a location are not taken: they would "
+                                             "show in plans, checkpoints and logs); give them in storage_options "
+                                             "(key=, secret=)")
     if has_control_char(rest):
         raise DataFileError(f"{scheme}://{bucket}/…", "holds a control character (NUL, CR, LF, ...): no object key is "
                                                        "read with one")
@@ -692,12 +691,12 @@ def resolve_http(location: str, options: dict) -> tuple[RemoteStore, str]:
     try:
         parts.port
     except ValueError:  # "https://KEY:SEC/RET@host": a secret with a '/' ends the authority early
-        raise DataFileError(f"{parts.scheme}://…", "is not an http(s):// URL with a host and a numeric port (user "
-                                                   "info in a URL is not taken)") from None
+        raise DataFileError(shown(location), "is not an http(s):// URL with a host and a numeric port (user info "
+                                             "in a URL is not taken)") from None
     if not parts.hostname:
         raise DataFileError(f"{parts.scheme}://…", "is not an http(s):// URL with a host")
     if parts.username or parts.password or "@" in parts.netloc:
-        raise DataFileError(f"{parts.scheme}://…@{parts.hostname}{parts.path}",
+        raise DataFileError(shown(location),
                             "credentials in a URL are not taken (they would show in plans and logs)")
     # the query (a presigned URL's X-Amz-Signature and token) is a credential of the store, never part of
     # the key: plans, fingerprints, checkpoints and messages name the URL without it; the fragment is
