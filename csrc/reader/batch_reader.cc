@@ -175,14 +175,11 @@ std::shared_ptr<const PlanSet> SplitForTasks(PlanSet plans, int64_t task_bytes) 
 // state), its windows, and the job reading it with its cancel flag and how it ended. The job holds
 // it too (a shared_ptr), so a batch dropped while its job runs is let go without waiting for it
 struct BatchReader::Ahead {
-  // the job: queued, running (taken by a kept thread), or taken back before it ran (by its Read,
-  // or dropped): the one that moves it from kQueued decides who reads the batch
-  static constexpr int kQueued = 0, kRunning = 1, kTaken = 2;
   std::vector<int64_t> ids;
   std::unique_ptr<BatchReader> reader;
   std::vector<std::vector<char>> windows;
   std::unique_ptr<CancelFlag> cancel;
-  std::atomic<int> state{kQueued};
+  JobClaim claim;  // its job, or its Read (or a drop) taking it back before the job started
   std::future<void> done;  // the job on a kept thread (KeptThreads::Readers, background lane)
   std::exception_ptr error;
   std::chrono::steady_clock::time_point ended;  // when the job ended
@@ -278,8 +275,7 @@ void BatchReader::Drop(std::shared_ptr<Ahead> ahead) {
   // a job still running is cancelled and let go: it ends on its own (its reads see the flag within
   // about a second; a local read blocked in the kernel when it returns), holding what it uses (its
   // Ahead, whose reader shares the plan set), so nothing here waits on a server or a disk
-  int queued = Ahead::kQueued;
-  ahead->state.compare_exchange_strong(queued, Ahead::kTaken);  // not started: it never will
+  ahead->claim.TakeBack();  // not started: it never will
   ahead->cancel->Cancel();
   ahead_dropped_++;
   g_ahead_dropped++;
@@ -334,7 +330,7 @@ bool BatchReader::StartAhead(std::vector<int64_t> ids, int threads) {
   a->windows.resize(a->reader->num_windows());
   for (int64_t j = 0; j < a->reader->num_windows(); j++) a->windows[j].resize(a->reader->window_plan(j).bytes());
   a->cancel = std::make_unique<CancelFlag>();
-  a->state.store(Ahead::kQueued);
+  a->claim.Reset();
   try {
     a->done = KeptThreads::Readers().Submit(
         [job = a, threads, held = ahead_threads_]() mutable {
@@ -345,8 +341,7 @@ bool BatchReader::StartAhead(std::vector<int64_t> ids, int threads) {
             std::shared_ptr<Ahead> &ahead;
             ~LetGo() { ahead.reset(); }
           } let_go{job};
-          int queued = Ahead::kQueued;
-          if (!job->state.compare_exchange_strong(queued, Ahead::kRunning)) return;  // its Read took it back
+          if (!job->claim.Start()) return;  // its Read took it back
           held->fetch_add(1);
           const uint64_t cancels = CancelCount();
           {
@@ -391,11 +386,8 @@ void BatchReader::Read(const std::vector<char *> &out, const RunTasks &run) {
     // wait behind work that is not this batch's; the job finds it taken and ends (it holds the Ahead:
     // not kept for reuse). A job queued while a thread is free is about to start: it is waited for
     bool taken = false;
-    while (a->state.load() == Ahead::kQueued &&
-           a->done.wait_for(std::chrono::milliseconds(2)) != std::future_status::ready) {
-      int queued = Ahead::kQueued;
-      if (KeptThreads::Readers().Backlogged(KeptThreads::Lane::kBackground) &&
-          a->state.compare_exchange_strong(queued, Ahead::kTaken)) {
+    while (a->claim.queued() && a->done.wait_for(std::chrono::milliseconds(2)) != std::future_status::ready) {
+      if (KeptThreads::Readers().Backlogged(KeptThreads::Lane::kBackground) && a->claim.TakeBack()) {
         taken = true;
         break;
       }

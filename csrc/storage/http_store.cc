@@ -648,39 +648,29 @@ int64_t HttpStore::GetVector(const std::string &key, const std::vector<std::pair
   return x.received;
 }
 
-namespace {
-
-// The state of a request GetMany hands to the fetch threads: queued, running (a fetch thread took
-// it), or taken back by GetMany's thread before any did; the one that moves it from kQueued decides
-// who sends it.
-constexpr int kQueued = 0, kRunning = 1, kTaken = 2;
-
-}  // namespace
-
 void HttpStore::GetMany(const std::string &key, const std::vector<StoredObject::Range> &ranges,
                         const std::string &if_match, int64_t size) const {
   // The fetch threads are the whole process's: with other pipelines' requests stuck on a dead server
   // ahead of this read's in their queue, a request may wait there for as long as those do. So this
   // thread takes back each of its requests that no fetch thread has started and sends it itself: it
   // never waits on a request that has not started, only on those running (under its cancel flag).
-  std::vector<std::shared_ptr<std::atomic<int>>> states;  // of ranges 1..k-1
+  std::vector<std::shared_ptr<JobClaim>> claims;  // of ranges 1..k-1: a fetch thread's, or taken back
   std::vector<std::future<void>> others;
   size_t k = 1;
   try {
-    states.reserve(ranges.size());  // no push_back below throws: states[j] is the state of others[j]
+    claims.reserve(ranges.size());  // no push_back below throws: claims[j] is the claim of others[j]
     others.reserve(ranges.size());
     for (; k < ranges.size(); k++) {
       const StoredObject::Range r = ranges[k];
-      auto state = std::make_shared<std::atomic<int>>(kQueued);
+      auto claim = std::make_shared<JobClaim>();
       // the pool's thread reads under the asking thread's cancel flag (a batch read ahead, dropped);
       // a request taken back is never sent by it (its buffer and flag may be gone by then)
-      others.push_back(KeptThreads::Fetch().Submit([this, key, r, if_match, size, flag = CurrentCancelFlag(), state] {
-        int queued = kQueued;
-        if (!state->compare_exchange_strong(queued, kRunning)) return;
+      others.push_back(KeptThreads::Fetch().Submit([this, key, r, if_match, size, flag = CurrentCancelFlag(), claim] {
+        if (!claim->Start()) return;
         CancelScope scope(flag);
         GetVector(key, {{r.dst, r.bytes}}, r.offset, if_match, size);
       }));
-      states.push_back(std::move(state));
+      claims.push_back(std::move(claim));
     }
   } catch (const std::exception &) {  // no thread or memory to be had: ranges k.. are read here
   }
@@ -697,13 +687,11 @@ void HttpStore::GetMany(const std::string &key, const std::vector<StoredObject::
   for (size_t j = k; j < ranges.size(); j++) read_here(ranges[j]);
   // the requests not started yet, the last handed first (the fetch threads take the first first);
   // after a failure they are taken back and not sent (the read fails anyway)
-  for (size_t j = states.size(); j-- > 0;) {
-    int queued = kQueued;
-    if (states[j]->compare_exchange_strong(queued, kTaken)) read_here(ranges[1 + j]);
-  }
+  for (size_t j = claims.size(); j-- > 0;)
+    if (claims[j]->TakeBack()) read_here(ranges[1 + j]);
   // every request sent ends before this returns: they write into the caller's buffers
   for (size_t j = 0; j < others.size(); j++) {
-    if (states[j]->load() != kRunning) continue;  // taken back: its job returns without sending
+    if (!claims[j]->running()) continue;  // taken back: its job returns without sending
     try {
       others[j].get();
     } catch (...) {

@@ -14,6 +14,7 @@
 #ifndef DALI_MESH_STORAGE_KEPT_THREADS_H_
 #define DALI_MESH_STORAGE_KEPT_THREADS_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -21,6 +22,23 @@
 #include <mutex>
 
 namespace dali_mesh {
+
+// Who does a job handed to the kept threads: the thread that starts it (Start), or the one that asked
+// for it, taking it back before any thread started it (TakeBack); exactly one of them wins, so a job
+// is never done twice nor left undone, and the asker never waits on a job that has not started.
+class JobClaim {
+ public:
+  bool Start() { return From(kQueued, kRunning); }
+  bool TakeBack() { return From(kQueued, kTaken); }
+  bool queued() const { return state_.load() == kQueued; }
+  bool running() const { return state_.load() == kRunning; }
+  void Reset() { state_.store(kQueued); }  // for a job handed out again
+
+ private:
+  static constexpr int kQueued = 0, kRunning = 1, kTaken = 2;
+  bool From(int from, int to) { return state_.compare_exchange_strong(from, to); }
+  std::atomic<int> state_{kQueued};
+};
 
 class KeptThreads {
  public:
