@@ -107,6 +107,34 @@ def test_open_range_gives_the_first_bytes_the_size_and_the_heads_tag(s3_endpoint
     assert o.pread(size + 5, 0) == body and o.size == size
 
 
+@pytest.mark.parametrize("size", [1000, 64 * 1024, 64 * 1024 + 1, 200_000])
+def test_reads_of_an_opened_object_equal_its_bytes_inside_across_and_past_the_first_bytes(s3_endpoint, client_kind,
+                                                                                           size):
+    """The open's fast path (its first 64 KiB kept, reads inside them sending nothing) against the object's
+    bytes and against an object opened without them (every read a GET), for every class of read: inside the
+    first bytes, ending at their end, across it, past it, at and past the object's end, empty, in one
+    buffer or several."""
+    import random
+
+    body = os.urandom(size)
+    client(s3_endpoint).put_object(Bucket="data", Key=f"safety/first-{size}.bin", Body=body)
+    store, key = store_of(f"s3://data/safety/first-{size}.bin", options(s3_endpoint, **FAST))
+    opened, plain = store.open(key), store.open_version(key, store.stat(key))
+    first = 64 * 1024
+    rng = random.Random(size)
+    offsets = [0, 1, first - 1, first, first + 1, size - 1, size, size + 5] + [rng.randrange(size) for _ in range(8)]
+    lengths = [0, 1, 7, first - 1, first, first + 1] + [rng.randrange(1, 100_000) for _ in range(4)]
+    cases = [(o, n) for o in offsets for n in lengths if o >= 0]
+    for offset, n in rng.sample(cases, 40) + [(0, first), (first - 10, 20), (0, size + 10)]:
+        cuts = sorted(rng.sample(range(n + 1), min(2, n + 1))) if n else []
+        sizes = [b - a for a, b in zip([0] + cuts, cuts + [n])]
+        want = body[offset:offset + n]
+        for o in (opened, plain):
+            bufs = [bytearray(k) for k in sizes] or [bytearray(0)]
+            got = o.readv(bufs, offset)
+            assert got == len(want) and b"".join(bufs)[:got] == want, (offset, n, sizes, o is opened)
+
+
 def test_a_url_presigned_for_get_is_read_without_head_and_its_query_shown_nowhere(proxy, obj, monkeypatch):
     monkeypatch.delenv("DALI_MESH_HTTP", raising=False)  # the Python client's side of contract A is pyhttp's
     import boto3
