@@ -97,6 +97,7 @@ def presigned():
         yield urls, arrays
     finally:
         server.shutdown()
+        server.server_close()
 
 
 def _clean(blob, what):
