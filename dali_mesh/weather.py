@@ -127,13 +127,11 @@ class _DatasetSource(WindowSource):
                  time_dim: str = "time", level_dim: str | None = None, levels_by: str = "value",
                  batch_size: int = 1, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
                  share=None, storage_options: dict | None = None) -> None:
-        if storage_options is not None and not isinstance(storage_options, dict):
-            raise TypeError(f"storage_options must be a dict, got {type(storage_options).__name__}")
+        self._use_storage_options(storage_options)  # checked and kept (no files yet)
         # the store (or files) resolved once, with these options, before anything is read from them
         many = not isinstance(store, (str, bytes, os.PathLike))
-        resolved = resolve_locations(list(store) if many else [store], storage_options)
+        resolved = resolve_locations(list(store) if many else [store], self.storage_options)
         self._set_store(resolved if many else resolved[0])
-        self._use_storage_options(storage_options)
         variables = self._variables()
         if levels_by not in ("value", "index"):
             raise ValueError(f"levels_by must be 'value' or 'index', got {levels_by!r}")
