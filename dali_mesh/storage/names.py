@@ -1,0 +1,69 @@
+"""How a location is shown: user info (any scheme) and an http(s) URL's query and fragment hidden.
+
+A location may carry a credential: a presigned ``https://`` URL's query (``X-Amz-Signature``,
+``X-Amz-Security-Token``) and user info (``s3://KEY:SECRET@bucket/...``). The stores' refusals and the
+command line's output name locations through :func:`shown`. Only ``http(s)`` URLs have a query: an
+``s3://`` or ``gs://`` key is opaque bytes and may hold a literal ``?`` or ``#``.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+__all__ = ["HIDDEN", "name_of", "scheme_of", "shown", "split_location"]
+
+#: what stands where a query, a fragment or user info was
+HIDDEN = "\u2026"
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+_HTTP = ("http", "https")
+
+
+def scheme_of(location) -> str | None:
+    """The lower-case scheme of a ``scheme://...`` location, else ``None`` (a local path)."""
+    scheme, sep, _ = os.fspath(location).partition("://")
+    return scheme.lower() if sep and _SCHEME.fullmatch(scheme) else None
+
+
+def split_location(location: str) -> tuple[str, str, str, str]:
+    """``(scheme://, user info with its '@' or '', the rest up to any query, '?query' / '#fragment' or '')``
+    of a URL; the query only for http(s)."""
+    scheme, _, rest = location.partition("://")
+    head = scheme + "://"
+    query = ""
+    if scheme.lower() in _HTTP:
+        cut = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=-1)
+        if cut >= 0:
+            rest, query = rest[:cut], rest[cut:]
+    authority = rest.split("/", 1)[0]
+    if "@" in authority:  # KEY:SECRET@host: user info ends at the authority's last '@'
+        at = authority.rindex("@") + 1
+        return head, rest[:at], rest[at:], query
+    host, colon, port = authority.rpartition(":")
+    if colon and not port.isdigit() and not authority.startswith("[") and "@" in rest:  # [IPv6]: no user info
+        # KEY:SECR/ET@bucket: a secret holding an unescaped '/' (AWS secrets often do) ends the authority
+        # early; no bucket or host:port has such a ':', so the user info runs to the last '@'
+        at = rest.rindex("@") + 1
+        return head, rest[:at], rest[at:], query
+    return head, "", rest, query
+
+
+def shown(location) -> str:
+    """``location`` as messages show it: user info (any scheme) and an http(s) URL's query and
+    fragment replaced by ``\u2026`` (``https://host/a.h5?\u2026``, ``s3://\u2026@bucket/x.zarr``); a local
+    path as it is."""
+    location = os.fspath(location)
+    if scheme_of(location) is None:
+        return location
+    head, userinfo, rest, query = split_location(location)
+    return head + (HIDDEN + "@" if userinfo else "") + rest + (query[0] + HIDDEN if query else "")
+
+
+def name_of(location) -> str:
+    """The name a location's format is detected on: an http(s) URL's path, without its query and
+    fragment (``https://host/a.h5?X-Amz-...`` is an HDF5 file); any other location as it is."""
+    location = os.fspath(location)
+    if scheme_of(location) not in _HTTP:
+        return location
+    head, _, rest, _ = split_location(location)
+    return head + rest
