@@ -145,12 +145,19 @@ class ByteStore(abc.ABC):
 
         raise DataFileError(self.name_of(prefix), f"its store ({self.spec!r}) cannot list a folder")
 
+    def local_path(self, key: str) -> str | None:
+        """The path of this machine's file that holds ``key``'s bytes, for the readers that take a path
+        (``mmap``, ``O_DIRECT``, h5py by name), or ``None`` when ``key`` is no file of this machine (an
+        object store's object): callers ask this, never whether a store "is local"."""
+        return None
+
     def zarr_store(self, key: str):
         """A read-only zarr-python store whose root is ``key`` (metadata and chunks of an array read
-        by zarr-python itself)."""
-        from dali_mesh.storage.errors import DataFileError  # noqa: PLC0415
+        by zarr-python itself): by default one over this store's own reads
+        (:class:`~dali_mesh.storage.zarr_store.ByteZarrStore`), listing where :attr:`supports_listing`."""
+        from dali_mesh.storage.zarr_store import ByteZarrStore  # noqa: PLC0415 - zarr only when asked
 
-        raise DataFileError(self.name_of(key), f"no zarr-python store reads the {self.spec!r} store yet")
+        return ByteZarrStore(self, key)
 
 
 def read_exactly(obj: StoredObject, n: int, offset: int, *, allow_short: bool = False) -> bytes:

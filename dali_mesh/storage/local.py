@@ -206,6 +206,9 @@ class LocalStore(ByteStore):
         finally:
             os.close(fd)
 
+    def local_path(self, key: str) -> str:
+        return os.fspath(key)
+
     def zarr_store(self, key: str):
         from zarr.storage import LocalStore as ZarrLocalStore  # noqa: PLC0415
 

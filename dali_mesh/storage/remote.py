@@ -449,11 +449,6 @@ class RemoteStore(ByteStore):
         cred = self.credentials
         return None if cred is None or self.anon else (self.spec, tuple(cred))
 
-    def zarr_store(self, key: str):
-        from dali_mesh.storage.zarr_store import ByteZarrStore  # noqa: PLC0415 - zarr only when asked
-
-        return ByteZarrStore(self, key)
-
     def __reduce__(self):
         # the credentials are not pickled with the store: the source that resolved it carries them
         # (carry_credentials, in memory, as it carries its storage_options) into its worker processes
