@@ -63,6 +63,10 @@ class StoredObject(abc.ABC):
         request; returns how many bytes it read (fewer than asked only at the end of the object, or
         for a read that may be continued: callers loop, see :func:`read_exactly`)."""
 
+    def read_exactly(self, n: int, offset: int, *, allow_short: bool = False) -> bytes:
+        """:func:`read_exactly` of this object."""
+        return read_exactly(self, n, offset, allow_short=allow_short)
+
     def pread(self, n: int, offset: int) -> bytes:
         """Up to ``n`` bytes at ``offset`` (fewer at the end of the object)."""
         buf = bytearray(max(0, n))

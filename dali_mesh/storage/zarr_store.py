@@ -10,7 +10,6 @@ from typing import AsyncIterator, Iterable
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype
 
-from dali_mesh.storage.base import ByteStore, read_exactly
 from dali_mesh.storage.errors import MissingFileError
 
 __all__ = ["ByteZarrStore"]
@@ -24,7 +23,8 @@ class ByteZarrStore(Store):
     supports_partial_writes = False
     supports_listing = True
 
-    def __init__(self, store: ByteStore, root: str) -> None:
+    def __init__(self, store, root: str) -> None:
+        # store: a dali_mesh.storage.base.ByteStore (not imported: the base imports this module)
         super().__init__(read_only=True)
         self.store = store
         self.supports_listing = store.supports_listing  # zarr-python asks before it lists a group
@@ -73,7 +73,7 @@ class ByteZarrStore(Store):
         open_version = getattr(self.store, "open_version", None)
         obj = open_version(full, version) if open_version else self.store.open(full)
         with obj:
-            return read_exactly(obj, stop - start, start)
+            return obj.read_exactly(stop - start, start)
 
     async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
         data = await asyncio.to_thread(self._get, key, byte_range)
