@@ -30,7 +30,7 @@ Example (ERA5-like ``(C, 721, 1440)`` samples, latitude split over 4 ranks, peri
 from __future__ import annotations
 
 from dali_mesh.pipeline.external import partitioned_source
-from dali_mesh.pipeline.image import decode_tile
+from dali_mesh.pipeline.image_tiles import decode_tile
 from dali_mesh.pipeline.dataset_reader import read_dataset
 from dali_mesh.pipeline.native import read_windows
 from dali_mesh.pipeline.ops import mesh_roi, mesh_roi_args, mesh_slice, slice_boundaries, strided_slice

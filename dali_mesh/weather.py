@@ -32,7 +32,7 @@ from dali_mesh.io.cf_variables import (decode_cf_time, open_dataset_group, open_
 from dali_mesh.mesh import MeshInfo
 from dali_mesh.partition import Layout, LayoutError
 from dali_mesh.source import ForecastSpec, HDF5Source, WindowSource, ZarrSource
-from dali_mesh.storage import resolve_locations, store_of
+from dali_mesh.storage import local_path_of, resolve_locations, store_of
 
 __all__ = ["ZarrDatasetSource", "NetCDFDatasetSource", "NamedLayout", "Channel"]
 
@@ -490,7 +490,7 @@ class NetCDFDatasetSource(_DatasetSource):
             raise ValueError("NetCDFDatasetSource needs at least one file")
         seen = {}
         for f in files:
-            if not store_of(f)[0].local:  # an object: its location names it
+            if local_path_of(f) is None:  # an object: its location names it
                 key = f
             else:
                 try:

@@ -202,3 +202,36 @@ def test_the_codec_table_is_the_only_place_a_codec_id_is_defined():
     bad += [f"{_rel(p)}: {m.group(0)}" for p in py for m in [_PY_CODEC_ID.search(p.read_text())] if m]
     assert not bad, (f"codec ids written outside csrc/codecs/codec_table.inc: {bad}; take them from the table "
                      "(C++: codec_table.h; Python: dali_mesh.plan.CODECS; tests: tests.helpers.codec_rows)")
+
+
+def test_no_two_modules_share_a_name():
+    """A module's name says which one it is (``args`` twice, in ``cli`` and in ``source``, made every
+    traceback and import a question): ``__init__`` and ``__main__`` aside, each name is used once."""
+    seen: dict[str, list[str]] = {}
+    for p in MODULES:
+        if p.stem not in ("__init__", "__main__"):
+            seen.setdefault(p.stem, []).append(_module_name(p))
+    twice = {name: mods for name, mods in seen.items() if len(mods) > 1}
+    assert not twice, f"modules of one name: {twice}; name each by its job"
+
+
+@pytest.mark.parametrize("path", CXX_FILES, ids=_rel)
+def test_cxx_files_stay_small(path):
+    n = path.read_text().count("\n")
+    assert n <= MAX_MODULE_LINES, f"{_rel(path)} has {n} lines (at most {MAX_MODULE_LINES}): cut it by job"
+
+
+#: ``store.local`` or ``x.store.local`` read as an attribute (a store "being local")
+_LOCAL_BRANCH = re.compile(r"\.local\b(?!\s*\()")
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if _room(_module_name(p)) != "storage"],
+                         ids=lambda p: _module_name(p))
+def test_no_branch_on_a_store_being_local_outside_storage(path):
+    """Outside ``storage/`` code asks a store what it can do (``local_path(key)``: the file of this
+    machine that holds a key, or None; ``supports_listing``), never whether it "is local": a store of
+    another kind (memory://, a cache) then works everywhere a file does."""
+    bad = [f"{_module_name(path)}:{i}" for i, line in enumerate(path.read_text().splitlines(), 1)
+           if _LOCAL_BRANCH.search(line.split("#")[0]) and "threading.local" not in line
+           and not re.search(r"storage\.local\b", line)]
+    assert not bad, f"{bad} branch on a store being local; ask store.local_path(key) instead"

@@ -22,13 +22,13 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from dali_mesh.cli.args import UsageError, find_data
+from dali_mesh.cli.options import UsageError, find_data
 from dali_mesh.cli.locations import scrub, shown
 from dali_mesh.io.formats import format_named
 from dali_mesh.plan import WindowPlan, plan_window
 from dali_mesh.io.hdf5 import only_dataset_name
 from dali_mesh.partition import Layout, LayoutError, Region
-from dali_mesh.storage import store_of
+from dali_mesh.storage import local_path_of, store_of
 
 __all__ = [
     "MAX_CHUNK_BYTES",
@@ -300,7 +300,7 @@ class LayoutTarget:
         from dali_mesh.plan import NotNativeError  # noqa: PLC0415
         from dali_mesh.pipeline.native import plan_source  # noqa: PLC0415
 
-        if store_of(self.path)[0].local:
+        if local_path_of(self.path) is not None:
             return []
         shown = list(ranks[:8])
         cells = []
@@ -456,7 +456,7 @@ class _ZarrTarget(LayoutTarget):
     def _chunk_size(self, idx) -> int:
         key = self._metadata.encode_chunk_key(tuple(idx))
         store, root = store_of(self._root)
-        if not store.local:  # an object's size, asked once (a HEAD request)
+        if store.local_path(root) is None:  # an object's size, asked once (a HEAD request)
             sizes = self.__dict__.setdefault("_remote_sizes", {})
             if key not in sizes:
                 version = store.stat(f"{root.rstrip('/')}/{key}")

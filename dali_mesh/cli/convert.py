@@ -39,7 +39,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from dali_mesh.cli.args import UsageError, find_data, make_layout, parse_ints, parse_mesh
+from dali_mesh.cli.options import UsageError, find_data, make_layout, parse_ints, parse_mesh
 from dali_mesh.cli.locations import scheme_of, shown
 from dali_mesh.io._common import DataFileError
 from dali_mesh.io.formats import ArrayFormat, format_of, written_suffixes
@@ -80,7 +80,7 @@ class SampleReader:
 
 def local_destination(location, what: str) -> str:
     """The local path a command writes ``location`` to: a plain path, or a ``file://`` URL's path.
-    Any other ``scheme://`` is refused (raises :class:`~dali_mesh.cli.args.UsageError`): written as a
+    Any other ``scheme://`` is refused (raises :class:`~dali_mesh.cli.options.UsageError`): written as a
     path it would become a local folder named after the URL (``./s3:/bucket/...``)."""
     location = os.fspath(location)
     scheme = scheme_of(location)

@@ -23,13 +23,13 @@ import time
 
 import numpy as np
 
-from dali_mesh.cli.args import UsageError, find_data, make_layout, parse_ints, positive_float, positive_int
+from dali_mesh.cli.options import UsageError, find_data, make_layout, parse_ints, positive_float, positive_int
 from dali_mesh.cli.locations import scrub, shown
 from dali_mesh.io.formats import format_named
 from dali_mesh.io.pagecache import descendant_pids, evict, read_bytes
 from dali_mesh.plan import NotNativeError
 from dali_mesh.partition import take_window
-from dali_mesh.storage import store_of
+from dali_mesh.storage import local_path_of, store_of
 
 __all__ = ["add_arguments", "run", "write_synthetic", "MARKER"]
 
@@ -108,7 +108,7 @@ def write_synthetic(folder: str, num_samples: int, shape, seed: int = 0) -> list
     """ERA5-like fields: smooth waves in (lat, lon) per channel plus noise; one ``.npy`` per sample.
 
     Writes only into a new or empty folder, or one the demo wrote before (it holds :data:`MARKER`);
-    raises :class:`~dali_mesh.cli.args.UsageError` rather than overwrite a file it did not write."""
+    raises :class:`~dali_mesh.cli.options.UsageError` rather than overwrite a file it did not write."""
     names = [f"sample_{i:05d}.npy" for i in range(num_samples)] + ["meta.json"]
     record = _claim_folder(folder, names)
     files = [os.path.join(folder, n) for n in names[:-1]]
@@ -161,7 +161,7 @@ def _make_source(kind, files, dataset, layout, batch_size, allow_external=False,
     if layout is None:  # the whole sample, to read metadata
         layout = Layout(MeshInfo((1,), ("data_parallel",)))
     if kind == "dataset":  # dataset = the --channels text
-        from dali_mesh.cli.args import is_zarr_group, parse_channels  # noqa: PLC0415
+        from dali_mesh.cli.options import is_zarr_group, parse_channels  # noqa: PLC0415
         from dali_mesh.weather import NetCDFDatasetSource, ZarrDatasetSource  # noqa: PLC0415
 
         cls = ZarrDatasetSource if is_zarr_group(files[0]) else NetCDFDatasetSource
@@ -192,8 +192,9 @@ def _full_sample(source, sample_id: int) -> np.ndarray:
         return _dataset_sample(source, sample_id)
     if not hasattr(source, "locate"):
         store, key = store_of(source.files[sample_id])
-        if store.local:
-            return np.load(key)
+        path = store.local_path(key)
+        if path is not None:
+            return np.load(path)
         with store.open_file(key, ".npy file") as f:  # an object: numpy reads it through ranged reads
             return np.load(f)
     fi, local = source.locate(source.step_of(sample_id))
@@ -211,13 +212,13 @@ def _dataset_sample(source, sample_id: int) -> np.ndarray:
     (and level index), stacked and cast to the source's dtype (the demo normalises nothing)."""
     t = source.time_index(sample_id)
     fields = []
-    from dali_mesh.cli.args import is_zarr_group  # noqa: PLC0415
+    from dali_mesh.cli.options import is_zarr_group  # noqa: PLC0415
 
     if len(source.files) == 1 and is_zarr_group(source.files[0]):
         import zarr  # noqa: PLC0415
 
         store, key = store_of(source.files[0])
-        group = zarr.open_group(store=store.zarr_store(key) if not store.local else key, mode="r",
+        group = zarr.open_group(store=store.zarr_store(key), mode="r",
                                 use_consolidated=False)
         for c in source.channels:
             arr = group[c.variable]
@@ -328,8 +329,8 @@ def _rank(rank, world_size, cfg, out_dir):
         def pipe():
             return partitioned_source(source, device=device)
 
-    remote = not all(store_of(f)[0].local for f in files)
-    evict([f for f in files if store_of(f)[0].local])  # cold files: count what the readers pull from storage
+    remote = any(local_path_of(f) is None for f in files)
+    evict([f for f in files if local_path_of(f) is not None])  # cold files: count what the readers pull from storage
     dist.barrier()
     # the native reader reads in this process, partitioned_source in its workers: count both, from here;
     # from an object store, the body bytes the native reader's requests received
@@ -435,7 +436,7 @@ def run(args: argparse.Namespace) -> int:
     if channels:
         if args.dataset:
             raise UsageError("--dataset does not go with --channels")
-        kind, files = "dataset", [args.data if not store_of(args.data)[0].local else os.path.abspath(args.data)]
+        kind, files = "dataset", [args.data if local_path_of(args.data) is None else os.path.abspath(args.data)]
         args.dataset = cfg["dataset"] = channels
         probe = _make_source(kind, files, channels, None, args.batch_size)
         cfg["ndim"] = len(probe.sample_shape)
@@ -493,7 +494,7 @@ def run(args: argparse.Namespace) -> int:
     seen = {sid for s in stats for sid in s["real_ids"]}
     checked = sum(s["verified"] for s in stats)
     dtensor = all(s["dtensor"] for s in stats)
-    remote = not all(store_of(f)[0].local for f in files)
+    remote = any(local_path_of(f) is None for f in files)
     source_note = ("body bytes each rank's native reader fetched from the object store during the epoch" if remote
                    and measured else "cold /proc/<pid>/io read_bytes of each rank and its DALI workers during the "
                    "epoch (local ranks share one page cache: a page one rank pulled is not read again by another)"

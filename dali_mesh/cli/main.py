@@ -17,7 +17,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from dali_mesh.cli.args import (
+from dali_mesh.cli.options import (
     UsageError,
     is_zarr_group,
     make_layout,

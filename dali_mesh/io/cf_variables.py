@@ -91,8 +91,9 @@ def open_dataset_group(path: str | os.PathLike) -> dict[str, DatasetVariable]:
 
     path = str(path)
     bytes_store, key = store_of(path)
-    if bytes_store.local:
-        check_store_dir(key)
+    local = bytes_store.local_path(key)
+    if local is not None:
+        check_store_dir(local)
     try:
         group = zarr.open_group(store=bytes_store.zarr_store(key), mode="r", use_consolidated=False)
     except Exception as e:  # noqa: BLE001 - zarr raises many kinds for a folder that is no group

@@ -164,7 +164,7 @@ class _HDF5(ArrayFormat):
 
     def probe(self, location) -> bool:
         # NetCDF4 files are HDF5, but a folder of .nc files is a weather dataset: found by suffix only
-        # where the CLI asks for arrays (see dali_mesh.cli.args.find_data)
+        # where the CLI asks for arrays (see dali_mesh.cli.options.find_data)
         return str(location).rstrip("/").lower().endswith(self.probe_names())
 
     def probe_names(self) -> tuple[str, ...]:

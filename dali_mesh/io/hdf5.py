@@ -54,7 +54,7 @@ from dali_mesh.plan.ranges import StoredArray, plan_npy_units
 from dali_mesh.plan import (CODEC_LIBRARIES, CODECS, Coder, NotNativeError, PlanFile, PlanSet, ReadPlan, native_dtype_of, native_store, read_file_at)
 from dali_mesh.partition import Region
 from dali_mesh.storage import store_of
-from dali_mesh.storage.base import StoredFile, read_exactly
+from dali_mesh.storage.byte_store import StoredFile, read_exactly
 
 __all__ = ["create_hdf5_dataset", "open_hdf5_dataset", "only_dataset_name", "read_hdf5_window", "hdf5_sample_info"]
 
@@ -190,7 +190,7 @@ def _open_file(path: str, random_access: bool, file_kwargs, version=None):
     import h5py
 
     bytes_store, key = store_of(path)
-    if not bytes_store.local:  # h5py reads the object through ranged reads of one version
+    if bytes_store.local_path(key) is None:  # h5py reads the object through ranged reads of one version
         fobj = bytes_store.open_file(key, "HDF5 file") if version is None else \
             StoredFile(bytes_store.open_version(key, version))
         try:
@@ -525,7 +525,8 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
             _coder_steps(filters, 0, path, name)  # the pipeline runs as a whole
         if ds.external or ds.is_virtual:
             raise NotNativeError(f"{path}: dataset {name!r} has external or virtual storage")
-        if (not os.path.samefile(ds.file.filename, path)) if bytes_store.local else ds.file.filename != f.filename:
+        local = bytes_store.local_path(key)
+        if (not os.path.samefile(ds.file.filename, local)) if local is not None else ds.file.filename != f.filename:
             # an external link (allow_external=True): the offsets are in another file
             raise NotNativeError(f"{path}: dataset {name!r} lives in {ds.file.filename} "
                                  "(an external link)")

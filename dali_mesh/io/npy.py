@@ -55,7 +55,7 @@ from dali_mesh.plan import NotNativeError, PlanFile, PlanSet, ReadPlan, native_d
 from dali_mesh.plan.ranges import (DEFAULT_MERGE_GAP, StoredArray, Units, count_npy_units, group_units,
                                    plan_npy_reads, plan_npy_units)
 from dali_mesh.partition import Region
-from dali_mesh.storage import ByteStore, StoredObject, readv_all, store_of
+from dali_mesh.storage import ByteStore, StoredObject, local_path_of, readv_all, store_of
 
 __all__ = [
     "DEFAULT_MERGE_GAP",
@@ -411,7 +411,7 @@ def read_npy_window(
     local = IOStats(files_opened=1)
     obj = _open(path, direct=direct)
     try:
-        if method == "mmap" and not obj.store.local:
+        if method == "mmap" and obj.store.local_path(obj.key) is None:
             raise ValueError(f"{path}: method='mmap' maps local files only; use method='preadv'")
         # obj is checked again after the read (check_unchanged): never a window of two versions
         header = _read_header(obj, path, local) if not direct else None
@@ -489,7 +489,7 @@ def _npy_headers(files: Sequence[str], first: NpyHeader, first_check: bytes):
         except OSError as e:
             raise _io_error(path, e) from None
 
-    remote = not store_of(files[0])[0].local
+    remote = local_path_of(files[0]) is None
     if len(files) <= 1024 and not remote:
         return [one(f) for f in files]
     from concurrent.futures import ThreadPoolExecutor
@@ -567,7 +567,7 @@ def plan_npy_files(files: Sequence[str], *, region_of, index_maps=None, sample_s
         # one entry per file: item i reads file i. A local file is checked by its size and header at
         # each read; an object also by its ETag, the version its header was read at (every read sends
         # If-Match: no HEAD request per read)
-        tag = version.tag.encode() if not store.local and version.size == h.file_size else b""
+        tag = version.tag.encode() if version.size == h.file_size else b""  # a local file has none
         plans.files.append(PlanFile(key, h.file_size, store=store.spec, tag=tag))
         items.append((k, [(i, k, 0, 0)]))
     plans.items = items

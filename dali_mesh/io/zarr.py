@@ -37,7 +37,7 @@ from dali_mesh.plan.chunks import check_coded_chunk, chunk_coords, chunk_pieces,
 from dali_mesh.plan import (CHECK_JSON, CODEC_LIBRARIES, CODECS, Coder, NotNativeError, PlanSet, ReadPlan, native_dtype_of, native_store)
 from dali_mesh.partition import Region
 from dali_mesh.storage import ByteStore, Version, store_of
-from dali_mesh.storage.base import read_exactly
+from dali_mesh.storage.byte_store import read_exactly
 
 __all__ = ["create_zarr_array", "is_zarr_store", "open_zarr_array", "plan_zarr_steps", "read_zarr_window"]
 
@@ -123,8 +123,9 @@ def open_zarr_array(path: str | os.PathLike, name: str | None = None):
 
     path = str(path)
     bytes_store, key = store_of(path)
-    if bytes_store.local:
-        check_store_dir(key, "; check the path and the file list")
+    local = bytes_store.local_path(key)
+    if local is not None:
+        check_store_dir(local, "; check the path and the file list")
     store = _counting_store(bytes_store.zarr_store(key))
     what = f"array {name!r}" if name else "the array at the store's root"
     if not name:
@@ -412,7 +413,8 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     # its size changes with its attributes: not checked. In an object store it is named by its ETag, and
     # the reader does not read it again: every chunk object the plan reads is pinned by its own ETag
     # (csrc/reader/open_file.cc)
-    meta_tag = b"" if bytes_store.local else (meta_version or bytes_store.stat(meta) or Version(-1)).tag.encode()
+    # a local file's version has no tag (its size and times are checked instead)
+    meta_tag = (meta_version or bytes_store.stat(meta) or Version(-1)).tag.encode()
     meta_file = plans.add_file(meta, store=bytes_store.spec, tag=meta_tag)
     budget(locals_.size * (1 + count_chunk_pieces(wplan, chunks)))  # before the pieces are made
     bytes_store = listed

@@ -391,8 +391,9 @@ def _latlon_grid(bounds, shape) -> tuple[np.ndarray, np.ndarray]:
 def _directory(location, storage_options: dict | None) -> Path | str:
     """A local folder as a ``Path`` (``file://`` taken off), a remote prefix as its location string."""
     store, key = store_of(location, storage_options)
-    if store.local:
-        return Path(key)
+    path = store.local_path(key)
+    if path is not None:
+        return Path(path)
     return os.fspath(location).rstrip("/")
 
 

@@ -27,7 +27,7 @@ HDF5Source and ZarrSource take ``forecast=ForecastSpec(history=k, lead=m, stride
 step t is the input steps ``t-k*s, .., t-s, t`` and the target steps ``t+s, .., t+m*s`` (crossing files
 where needed), both windows of the same region; and ``channels=[...]`` (a subset of ``channel_axis`` of each step).
 """
-from dali_mesh.source.args import check_sample_shape
+from dali_mesh.source.arguments import check_sample_shape
 from dali_mesh.source.arrays import ArraySource, HDF5Source, ZarrSource, array_source, pipeline_reader
 from dali_mesh.source.base import SEED_LIMIT, WindowSource
 from dali_mesh.source.forecast import ForecastSpec

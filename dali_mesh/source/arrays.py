@@ -13,7 +13,7 @@ from dali_mesh.plan.chunks import plan_time_series
 from dali_mesh.io.formats import FORMATS, HDF5, ZARR, ArrayFormat, format_named
 from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP
 from dali_mesh.partition import Layout, Region
-from dali_mesh.source.args import channel_maps, file_list, normalise_maps
+from dali_mesh.source.arguments import channel_maps, file_list, normalise_maps
 from dali_mesh.source.base import WindowSource
 from dali_mesh.source.forecast import ForecastSpec
 

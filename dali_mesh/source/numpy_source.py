@@ -12,7 +12,7 @@ from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP
 from dali_mesh.io.npy import plan_npy_files, read_npy_header, read_npy_window
 from dali_mesh.plan import NotNativeError
 from dali_mesh.partition import Layout
-from dali_mesh.source.args import channel_maps, file_list, normalise_maps
+from dali_mesh.source.arguments import channel_maps, file_list, normalise_maps
 from dali_mesh.source.base import WindowSource
 
 __all__ = ["NumpySource"]

@@ -17,7 +17,7 @@ import os
 import re
 from typing import Callable
 
-from dali_mesh.storage.base import ByteStore, StoredFile, StoredObject, Version, read_exactly, readv_all
+from dali_mesh.storage.byte_store import ByteStore, StoredFile, StoredObject, Version, read_exactly, readv_all
 from dali_mesh.storage.errors import (DataFileError, FileChangedError, MissingFileError, NotRegularFileError,
                                       TruncatedFileError)
 from dali_mesh.storage.local import LOCAL, LocalStore
@@ -25,7 +25,7 @@ from dali_mesh.storage.local import LOCAL, LocalStore
 __all__ = ["ByteStore", "DataFileError", "FileChangedError", "LOCAL", "LocalStore", "MissingFileError",
            "NotRegularFileError", "StoredFile", "StoredLocation", "StoredObject", "TruncatedFileError",
            "UnsupportedLocationError", "Version", "adopt_credentials", "carry_credentials", "read_exactly", "readv_all",
-           "register_scheme", "resolve_locations", "store_of"]
+           "local_path_of", "register_scheme", "resolve_locations", "store_of"]
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")  # RFC 3986's scheme
 _SCHEMES: dict[str, Callable[[str, dict], tuple[ByteStore, str]]] = {}
@@ -101,7 +101,7 @@ def resolve_locations(locations, options: dict | None) -> list:
             continue
         location = os.fspath(location)
         store, key = store_of(location, options)
-        out.append(location if store.local else StoredLocation(store, key))
+        out.append(location if store.local_path(key) is not None else StoredLocation(store, key))
     return out
 
 
@@ -124,6 +124,13 @@ def store_of(location, options: dict | None = None) -> tuple[ByteStore, str]:
         raise UnsupportedLocationError(location, f"no store of this build reads {scheme}:// locations (local paths "
                                                  f"and file:// are read; other schemes registered: {known})")
     return resolve(location, dict(options or {}))
+
+
+def local_path_of(location) -> str | None:
+    """The path of this machine's file that holds ``location`` (:meth:`ByteStore.local_path` of its
+    store and key), or ``None`` for an object of another store."""
+    store, key = store_of(location)
+    return store.local_path(key)
 
 
 def _file_url_path(location: str, rest: str) -> str:

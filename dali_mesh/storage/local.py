@@ -11,7 +11,7 @@ import os
 import stat
 from typing import Sequence
 
-from dali_mesh.storage.base import ByteStore, StoredObject, Version
+from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version
 from dali_mesh.storage.errors import DataFileError, FileChangedError, MissingFileError, NotRegularFileError
 
 __all__ = ["LocalObject", "LocalStore", "LOCAL", "check_regular_file", "check_unchanged", "file_identity",
@@ -174,7 +174,6 @@ class LocalStore(ByteStore):
     """Files of this machine; a key is a path (absolute, or relative to the working folder)."""
 
     spec = "file"
-    local = True
     native = True
 
     def open(self, key: str, what: str = "file", *, direct: bool = False) -> LocalObject:

@@ -24,7 +24,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from dali_mesh.storage.base import is_etag
+from dali_mesh.storage.byte_store import is_etag
 
 __all__ = ["MAX_BODY", "PythonHttp", "parse_spec"]
 

@@ -29,7 +29,7 @@ import urllib.parse
 import xml.etree.ElementTree as ET
 from typing import NamedTuple, Sequence
 
-from dali_mesh.storage.base import ByteStore, StoredObject, Version, is_etag
+from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, is_etag
 from dali_mesh.storage.errors import DataFileError, FileChangedError, MissingFileError, TruncatedFileError
 from dali_mesh.storage.names import shown
 
@@ -214,7 +214,6 @@ class RemoteStore(ByteStore):
     """Objects of one remote service read by ranged GETs (see the module's doc). ``kind`` is ``"s3"``
     (keys ``bucket/path``) or ``"http"`` (keys are URLs)."""
 
-    local = False
 
     def __init__(self, kind: str, *, endpoint: str = "", region: str = "us-east-1", addressing: str = "path",
                  anon: bool = False, settings: dict | None = None, credentials: _Credentials | None = None,

@@ -24,7 +24,7 @@ class ByteZarrStore(Store):
     supports_listing = True
 
     def __init__(self, store, root: str) -> None:
-        # store: a dali_mesh.storage.base.ByteStore (not imported: the base imports this module)
+        # store: a dali_mesh.storage.byte_store.ByteStore (not imported: the base imports this module)
         super().__init__(read_only=True)
         self.store = store
         self.supports_listing = store.supports_listing  # zarr-python asks before it lists a group

@@ -48,7 +48,7 @@ def test_write_synthetic_marks_its_folder_and_keeps_foreign_files(tmp_path):
     foreign = os.path.join(folder, "sample_00003.npy")
     np.save(foreign, np.ones(3))
     data = open(foreign, "rb").read()
-    from dali_mesh.cli.args import UsageError
+    from dali_mesh.cli.options import UsageError
 
     with pytest.raises(UsageError, match="sample_00003.npy was not written by the demo"):
         write_synthetic(folder, 4, (2, 4, 8))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dali_mesh.cli import main
-from dali_mesh.cli.args import data_kind, find_data
+from dali_mesh.cli.options import data_kind, find_data
 from dali_mesh.cli.locations import format_of_location, name_of, scrub, shown
 from tests.helpers import run_python
 

@@ -344,7 +344,7 @@ def test_forecast_of_compressed_chunks_on_gpu(tmp_path):
 @pytest.mark.parametrize("boundaries", [("constant", "edge"), ("reflect", "symmetric"), ("trim", "trim")])
 def test_decode_tile_mixed_equals_tile_of_mixed_full_decode(tmp_path, subsampling, boundaries):
     """nvJPEG on both sides (hw_decoder_load=0: the CUDA decoder for the full image and the tile)."""
-    from dali_mesh.pipeline.image import decode_tile
+    from dali_mesh.pipeline.image_tiles import decode_tile
 
     files = []
     for (h, w, sub), b64 in _JPEG_B64.items():

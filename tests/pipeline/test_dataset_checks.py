@@ -174,7 +174,7 @@ def test_statistics_that_are_not_finite_are_refused_when_the_source_is_made(tmp_
 
 
 def test_cli_channels_refuse_an_empty_level():
-    from dali_mesh.cli.args import UsageError, parse_channels
+    from dali_mesh.cli.options import UsageError, parse_channels
 
     assert parse_channels("t2m,z@500/850") == ["t2m", ("z", [500, 850])]
     for bad in ("z@", "t2m,z@", "z@500/", "@500"):

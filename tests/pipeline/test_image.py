@@ -36,7 +36,7 @@ def _jpegs(tmp_path, subsampling):
 def _run(files, layouts):
     from nvidia.dali import fn, pipeline_def
 
-    from dali_mesh.pipeline.image import decode_tile
+    from dali_mesh.pipeline.image_tiles import decode_tile
 
     @pipeline_def(batch_size=len(files), num_threads=1, device_id=None)
     def pipe():
@@ -79,7 +79,7 @@ def test_halo_bigger_than_the_tile(tmp_path):
 def test_unsupported_image_layouts():
     from nvidia.dali import fn, pipeline_def
 
-    from dali_mesh.pipeline.image import decode_tile
+    from dali_mesh.pipeline.image_tiles import decode_tile
 
     mesh = MeshInfo((2,), ("h",))
     for kwargs, match in [({"boundary": {0: "periodic"}}, "boundary 'periodic' on image axis 0"),

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from dali_mesh.storage import DataFileError, FileChangedError, MissingFileError, store_of
-from dali_mesh.storage.base import Version
+from dali_mesh.storage.byte_store import Version
 from dali_mesh.storage.remote import RemoteStore, _Credentials, _kernels, have_native_http, resolve_s3
 from tests.storage.fault_proxy import ECHO, proxy  # noqa: F401
 from tests.storage.s3_server import KEY, SECRET, client, options, s3_endpoint, start_checking_server  # noqa: F401

@@ -91,12 +91,12 @@ class StoredObject(abc.ABC):
 class ByteStore(abc.ABC):
     """A key space of objects read by byte ranges.
 
-    ``spec`` names the store in a plan (no credential ever goes into it); ``local`` says the keys are
-    file paths of this machine (the local fast paths: ``mmap``, ``O_DIRECT``, h5py by path); ``native``
+    ``spec`` names the store in a plan (no credential ever goes into it); :meth:`local_path` gives the
+    file of this machine that holds a key, if any (the local fast paths: ``mmap``, ``O_DIRECT``, h5py by
+    path); ``native``
     that the C++ reader has a store of that spec (``StoreOf`` in csrc/storage/byte_store.cc)."""
 
     spec: str = ""
-    local: bool = False
     #: whether the native reader (csrc/storage/) has this store too: plans name only those
     native: bool = False
     #: whether :meth:`list` answers (S3 and GCS prefixes; not a plain HTTP(S) server, not local paths):

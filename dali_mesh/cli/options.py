@@ -18,7 +18,7 @@ from dali_mesh.cli.locations import format_of_location, name_of, scrub, shown
 from dali_mesh.io.formats import FORMATS
 from dali_mesh.mesh import MeshInfo, parse_mesh_shape, resolve_mesh_shape
 from dali_mesh.partition import Layout, check_fill_value
-from dali_mesh.storage import DataFileError, store_of
+from dali_mesh.storage import DataFileError, local_path_of, store_of
 
 __all__ = [
     "UsageError",
@@ -238,9 +238,9 @@ def data_kind(path: str) -> str | None:
 def is_zarr_group(location: str) -> bool:
     """Whether a weather dataset's location is a Zarr group (else NetCDF4 files): a folder here, and in
     an object store any name but a NetCDF4/HDF5 file's."""
-    store, key = store_of(location)
-    if store.local:
-        return os.path.isdir(location)
+    path = local_path_of(location)
+    if path is not None:
+        return os.path.isdir(path)
     return not name_of(location).rstrip("/").lower().endswith((".nc", ".nc4", ".h5", ".hdf5", ".hdf"))
 
 
@@ -250,7 +250,7 @@ def find_data(path: str, what: str = "--data") -> tuple[str, list[str]]:
     names = ", ".join(s for f in FORMATS.values() for s in f.probe_names())
     said = shown(path)  # never the query of a presigned URL, nor user info
     store, key = store_of(path)
-    if not store.local:  # s3://, gs://, https://: by name (an http(s) URL's without its query); a prefix is listed
+    if store.local_path(key) is None:  # s3://, gs://, https://: by name (an http(s) URL's without its query); a prefix is listed
         fmt = format_of_location(path)
         if fmt is not None:
             return fmt.name, [path]
