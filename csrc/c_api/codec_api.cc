@@ -1,5 +1,5 @@
 // dali_mesh: the C entry points of the codecs (csrc/codecs/), in libdali_mesh_kernels.so and bound
-// in dali_mesh/_kernels.py: the codec table (the one list of codecs, which Python's CODECS come
+// in dali_mesh/_kernels/codec_api.py: the codec table (the one list of codecs, which Python's CODECS come
 // from), and a chunk decoded as the reader decodes it (the tests hold it to numcodecs and h5py).
 //
 // Functions that take `err` return a count or size (>= 0) on success, or -1 with a message in

@@ -1,5 +1,5 @@
 // dali_mesh: the C entry points of the read plans (csrc/plan/plan.h, csrc/reader/), in
-// libdali_mesh_kernels.so and bound in dali_mesh/_kernels.py: a loaded plan file as JSON, the plan
+// libdali_mesh_kernels.so and bound in dali_mesh/_kernels/plan_api.py: a loaded plan file as JSON, the plan
 // format's canonical JSON and checksum (so that Python's writer is checked against this reader),
 // and test hooks that run the plan executor's pieces on a plan file written by dali_mesh.pipeline.native.
 //

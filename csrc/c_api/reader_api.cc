@@ -1,5 +1,5 @@
 // dali_mesh: the C entry points of the batch reader (csrc/reader/batch_reader.h), in
-// libdali_mesh_kernels.so and bound in dali_mesh/_kernels.py (PlanReader): a plan file's windows
+// libdali_mesh_kernels.so and bound in dali_mesh/_kernels/reader_api.py (PlanReader): a plan file's windows
 // for a list of sample ids read into the caller's host buffers, as fn.dali_mesh.read_windows reads
 // them on the CPU, on threads of this library's own instead of DALI's. The tests hold it to numpy,
 // zarr-python and h5py without importing DALI.
