@@ -55,7 +55,8 @@ DM_EXPORT int64_t dali_mesh_store_head(const char *spec, const char *key, int64_
     if (!size || !tag || tag_size < 1) return Fail("dali_mesh_store_head: size and tag must be buffers", err, err_len);
     dali_mesh::ObjectVersion v;
     if (!StoreNamed(spec)->Head(Text(key), &v)) return 0;
-    if (static_cast<int64_t>(v.tag.size()) >= tag_size) return Fail("the object's version tag (ETag) is too long", err, err_len);
+    if (static_cast<int64_t>(v.tag.size()) >= tag_size)
+      return Fail("the object's version tag (ETag) is too long", err, err_len);
     dali_mesh::c_api::CopyText(v.tag, tag, tag_size);
     *size = v.size;
     return 1;
@@ -93,7 +94,8 @@ DM_EXPORT int64_t dali_mesh_store_open(const char *spec, const char *key, int64_
     dali_mesh::ObjectVersion v;
     int64_t got = 0;
     if (!StoreNamed(spec)->OpenRange(Text(key), n, static_cast<char *>(dst), &got, &v)) return -2;
-    if (static_cast<int64_t>(v.tag.size()) >= tag_cap) return Fail("the object's version tag (ETag) is too long", err, err_cap);
+    if (static_cast<int64_t>(v.tag.size()) >= tag_cap)
+      return Fail("the object's version tag (ETag) is too long", err, err_cap);
     dali_mesh::c_api::CopyText(v.tag, tag, tag_cap);
     *size = v.size;
     return got;

@@ -3,10 +3,10 @@
 //
 // A store is a key space of objects read by byte ranges: this machine's files (posix_store.h), HTTP(S),
 // S3 and GCS objects (http_store.h), objects held in the process (memory_store.cc). Each store's file
-// registers its kind (DM_REGISTER_STORE); StoreOf finds a plan's store by its spec. The reader (csrc/reader/) never holds a file
-// descriptor: it opens a plan file's key in the store the plan names, reads byte ranges of the opened
-// object into its own buffers and checks, after the reads, that the object is still the version it
-// opened (a window is never a mix of two versions). The Python side has the same seam
+// registers its kind (DM_REGISTER_STORE); StoreOf finds a plan's store by its spec. The reader
+// (csrc/reader/) never holds a file descriptor: it opens a plan file's key in the store the plan names,
+// reads byte ranges of the opened object into its own buffers and checks, after the reads, that the
+// object is still the version it opened (a window is never a mix of two versions). The Python side has the same seam
 // (dali_mesh/storage/). The model: zarr-python's Store + ByteRequest, tensorstore's kvstore +
 // ByteRange, DALI's FileStream siblings (local, O_DIRECT, S3).
 #ifndef DALI_MESH_STORAGE_BYTE_STORE_H_
