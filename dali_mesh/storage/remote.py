@@ -32,8 +32,8 @@ from dali_mesh.storage.base import ByteStore, StoredObject, Version, is_etag
 from dali_mesh.storage.errors import DataFileError, FileChangedError, MissingFileError, TruncatedFileError
 from dali_mesh.storage.names import shown
 
-__all__ = ["RemoteObject", "RemoteStore", "fetch_counters", "have_native_http", "resolve_gs", "resolve_http", "resolve_s3",
-           "share_credentials", "store_api", "store_message"]
+__all__ = ["RemoteObject", "RemoteStore", "fetch_counters", "have_native_http", "resolve_gs", "resolve_http",
+           "resolve_s3", "share_credentials", "store_api", "store_message"]
 
 #: settings of the client, besides credentials (see csrc/storage/http_store.h); cache_dir and
 #: cache_bytes: a local cache of the ranges fetched (csrc/storage/range_cache.h)
