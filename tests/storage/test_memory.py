@@ -90,6 +90,11 @@ def test_a_listing_follows_writes_and_deletes():
     assert store.delete("d/1") and not store.delete("d/1")
     assert [k for k, _ in store.list("d/")[0]] == ["d/2"]
     assert store.stat("d/1") is None
+    # any buffer is written as its bytes
+    arr = np.arange(7, dtype="<i2")
+    assert store.put("d/3", arr).size == arr.nbytes and store.read_range("d/3", 0, 100) == arr.tobytes()
+    assert store.put("d/4", bytearray(b"ab")).size == 2 and store.read_range("d/4", 1, 9) == b"b"
+    assert [k for k, _ in store.list("d/")[0]] == ["d/2", "d/3", "d/4"]
 
 
 def test_a_zarr_group_lists_through_the_store():

@@ -101,13 +101,14 @@ class MemoryStore(ByteStore):
     # ---- writes -----------------------------------------------------------------------------------------
     def put(self, key: str, data) -> Version:
         """Writes ``data`` (bytes or any buffer) as the object ``key``, a new version; returns it."""
-        view = memoryview(data).cast("B")
-        buf = (ctypes.c_char * len(view)).from_buffer_copy(view) if len(view) else None
+        # bytes pass as they are (the store copies them); another buffer is copied into bytes first
+        payload = data if isinstance(data, bytes) else memoryview(data).cast("B").tobytes()
         with _writes:
-            self._call(key, "dali_mesh_store_put", _encoded(self._checked(key)), buf, len(view), None)
+            self._call(key, "dali_mesh_store_put", _encoded(self._checked(key)), payload, len(payload), None)
             version = self.stat(key)
             for lib in _copies_of(self.spec):
-                self._call(key, "dali_mesh_store_put", _encoded(key), buf, len(view), version.tag.encode(), lib=lib)
+                self._call(key, "dali_mesh_store_put", _encoded(key), payload, len(payload), version.tag.encode(),
+                           lib=lib)
         return version
 
     def delete(self, key: str) -> bool:
@@ -236,8 +237,7 @@ def share_objects(lib, specs) -> None:
             for key, version in objects:
                 with store.open_version(key, version) as obj:
                     data = obj.pread(version.size, 0)
-                buf = (ctypes.c_char * len(data)).from_buffer_copy(data) if data else None
-                store._call(key, "dali_mesh_store_put", _encoded(key), buf, len(data), version.tag.encode(), lib=lib)
+                store._call(key, "dali_mesh_store_put", _encoded(key), data, len(data), version.tag.encode(), lib=lib)
             shared.add(spec)
 
 
