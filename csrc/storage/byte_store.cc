@@ -1,6 +1,8 @@
-// dali_mesh: the byte store's registry and shared helpers (see byte_store.h).
+// dali_mesh: the byte stores' registry, the operations a store may lack, and shared helpers (see
+// byte_store.h).
 #include "storage/byte_store.h"
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -8,35 +10,107 @@
 #include <mutex>
 #include <stdexcept>
 
-#include "storage/http_store.h"
-#include "storage/posix_store.h"
-
 namespace dali_mesh {
 
-const ByteStore *StoreOf(const std::string &spec) {
-  // never destroyed: reads on kept threads (a batch read ahead, requests sent together) may still
-  // run while the process exits, past static destructors
-  static const auto *posix = new PosixStore();
-  if (spec == posix->spec()) return posix;
-  HttpStoreConfig config;
-  std::string why;
-  if (!HaveHttp() || !ParseHttpSpec(spec, &config, &why)) return nullptr;
-  // one store per spec for the life of the process (plans and readers hold pointers to it)
+namespace {
+
+// Never destroyed: reads on kept threads (a batch read ahead, requests sent together) may still run
+// while the process exits, past static destructors. Built at first use: the stores' files register
+// their kinds from their static initialisers, in an order the linker picks.
+std::mutex &RegistryMutex() {
   static auto *mutex = new std::mutex;
-  static auto *stores = new std::map<std::string, std::unique_ptr<HttpStore>>;
-  std::lock_guard<std::mutex> lock(*mutex);
-  auto &store = (*stores)[spec];
-  if (!store) store = std::make_unique<HttpStore>(spec, config);
-  return store.get();
+  return *mutex;
+}
+std::map<std::string, StoreFactory> &Factories() {
+  static auto *factories = new std::map<std::string, StoreFactory>;
+  return *factories;
+}
+// one store per spec for the life of the process (plans and readers hold pointers to it)
+std::map<std::string, std::unique_ptr<ByteStore>> &Stores() {
+  static auto *stores = new std::map<std::string, std::unique_ptr<ByteStore>>;
+  return *stores;
+}
+
+std::string KindOf(const std::string &spec) { return spec.substr(0, spec.find(';')); }
+
+std::string Kinds() {
+  std::string kinds;
+  for (const auto &f : Factories()) kinds += (kinds.empty() ? "" : ", ") + f.first;
+  return kinds.empty() ? "none" : kinds;
+}
+
+// the requests and body bytes of the network stores (FetchCounters)
+std::atomic<int64_t> g_requests{0}, g_bytes{0};
+
+// The store named `spec`, made by its kind's factory at the first ask, or nullptr with the reason.
+const ByteStore *Find(const std::string &spec, std::string *why) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  const auto known = Stores().find(spec);
+  if (known != Stores().end()) return known->second.get();
+  const std::string kind = KindOf(spec);
+  const auto factory = Factories().find(kind);
+  if (factory == Factories().end()) {
+    *why = "this build has no store of kind \"" + ShownName(kind) + "\" (its kinds: " + Kinds() + ")";
+    return nullptr;
+  }
+  std::unique_ptr<ByteStore> store = factory->second(spec, why);
+  return store ? (Stores()[spec] = std::move(store)).get() : nullptr;
+}
+
+}  // namespace
+
+bool RegisterStore(const char *kind, StoreFactory factory) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  Factories()[kind] = factory;
+  return true;
+}
+
+const ByteStore *StoreOf(const std::string &spec) {
+  std::string why;
+  return Find(spec, &why);
 }
 
 std::string WhyNoStore(const std::string &spec) {
-  HttpStoreConfig config;
   std::string why;
-  if (!ParseHttpSpec(spec, &config, &why))
-    return "byte store \"" + ShownName(spec) + "\" (" + why + "; this build reads: file" +
-           (HaveHttp() ? ", s3, http)" : ")");
-  return "byte store \"" + ShownName(spec) + "\": this build has no libcurl (remote objects are read in Python)";
+  if (Find(spec, &why)) return "byte store \"" + ShownName(spec) + "\" is read by this build";
+  return "byte store \"" + ShownName(spec) + "\": " + why;
+}
+
+void FetchCounters(int64_t *requests, int64_t *bytes) {
+  *requests = g_requests.load();
+  *bytes = g_bytes.load();
+}
+
+void CountFetch(int64_t requests, int64_t bytes) {
+  g_requests += requests;
+  g_bytes += bytes;
+}
+
+bool ByteStore::Head(const std::string &, ObjectVersion *) const { NotSupported("ask for an object's version"); }
+
+bool ByteStore::OpenRange(const std::string &, int64_t, char *, int64_t *, ObjectVersion *) const {
+  NotSupported("open an object by its first bytes");
+}
+
+int64_t ByteStore::Get(const std::string &, int64_t, int64_t, char *, const std::string &, int64_t) const {
+  NotSupported("read a range of an object without opening it");
+}
+
+std::string ByteStore::ListPage(const std::string &, bool, const std::string &) const { NotSupported("list keys"); }
+
+void ByteStore::SetCredentials(const std::string &, const std::string &, const std::string &) const {
+  NotSupported("take credentials");
+}
+
+void ByteStore::Put(const std::string &, const char *, int64_t, const std::string &) const {
+  NotSupported("write objects");
+}
+
+bool ByteStore::Delete(const std::string &) const { NotSupported("delete objects"); }
+
+void ByteStore::NotSupported(const std::string &what) const {
+  StoreFail("byte store \"" + ShownName(spec()) + "\" cannot " + what + ": a store of kind " + KindOf(spec()) +
+            " does not");
 }
 
 [[noreturn]] void StoreFail(const std::string &msg) { throw std::runtime_error("read_windows: " + msg); }

@@ -1,11 +1,12 @@
 // dali_mesh: the byte store, the one seam between the reader and where bytes live. Host only,
 // DALI-free.
 //
-// A store is a key space of objects read by byte ranges: this machine's files (PosixStore) today;
-// HTTP(S), S3 and GCS objects next. The reader (csrc/reader/) never holds a file
-// descriptor: it opens a plan file's key in the store the plan names, reads byte ranges of the opened
-// object into its own buffers and checks, after the reads, that the object is still the version it
-// opened (a window is never a mix of two versions). The Python side has the same seam
+// A store is a key space of objects read by byte ranges: this machine's files (posix_store.h), HTTP(S),
+// S3 and GCS objects (http_store.h), objects held in the process (memory_store.cc). Each store's file
+// registers its kind (DM_REGISTER_STORE); StoreOf finds a plan's store by its spec. The reader
+// (csrc/reader/) never holds a file descriptor: it opens a plan file's key in the store the plan names,
+// reads byte ranges of the opened object into its own buffers and checks, after the reads, that the
+// object is still the version it opened (a window is never a mix of two versions). The Python side has the same seam
 // (dali_mesh/storage/). The model: zarr-python's Store + ByteRequest, tensorstore's kvstore +
 // ByteRange, DALI's FileStream siblings (local, O_DIRECT, S3).
 #ifndef DALI_MESH_STORAGE_BYTE_STORE_H_
@@ -96,12 +97,70 @@ class ByteStore {
   // Announces reads of [offset, offset + bytes) ranges of `key` that come soon (a hint: errors are
   // left to the reads).
   virtual void Prefetch(const std::string &key, const std::vector<std::pair<int64_t, int64_t>> &ranges) const = 0;
+
+  // What Python's stores (dali_mesh/storage/) ask through the C API (csrc/c_api/store_api.cc) for
+  // planning and fallback reads. A store that lacks one fails naming itself and the operation
+  // (NotSupported).
+  //
+  // The version of `key` (its size and tag), or false when it does not exist.
+  virtual bool Head(const std::string &key, ObjectVersion *version) const;
+  // An open in one request: at most `n` (>= 1) first bytes of `key` into `dst` (`got`: fewer when the
+  // object is smaller) and its version as Head names it, or false when it does not exist.
+  virtual bool OpenRange(const std::string &key, int64_t n, char *dst, int64_t *got, ObjectVersion *version) const;
+  // `n` bytes of `key` at `offset` into `dst`, fewer only at the end of the object; of the version
+  // tagged `if_match` when not empty (another is an error naming the object as replaced); `size` the
+  // object's size when known (-1: not). Returns the bytes.
+  virtual int64_t Get(const std::string &key, int64_t offset, int64_t n, char *dst, const std::string &if_match,
+                      int64_t size) const;
+  // One page of the listing of the keys under `prefix` (a key's first bytes), those further down
+  // grouped at their next '/' into prefixes when `delimiter`, after `continuation` ("": the first
+  // page), as S3's ListObjectsV2 answers it: XML with Contents (Key, Size, ETag), CommonPrefixes
+  // (Prefix), IsTruncated and NextContinuationToken, and EncodingType "url" where keys are
+  // percent-encoded. The one listing text of the stores: the object stores' own, which the others
+  // write too.
+  virtual std::string ListPage(const std::string &prefix, bool delimiter, const std::string &continuation) const;
+  // Gives the store credentials for the life of the process (all three empty: none).
+  virtual void SetCredentials(const std::string &key_id, const std::string &secret, const std::string &token) const;
+  // Writes `n` bytes at `data` as the object `key`, a new version (a store that keeps versions in
+  // `tag` takes `tag` when not empty: a copy of another library's object at its version).
+  virtual void Put(const std::string &key, const char *data, int64_t n, const std::string &tag) const;
+  // Removes the object `key`: false when there was none.
+  virtual bool Delete(const std::string &key) const;
+
+ protected:
+  // Fails naming the store and `what` it cannot do ("list", "write").
+  [[noreturn]] void NotSupported(const std::string &what) const;
 };
 
-// The store a plan names by `spec` ("file": this machine's files; "s3;...", "http": remote objects, see
-// http_store.h), or nullptr when this build has none of that name (WhyNoStore says why).
+// The store a plan names by `spec` (its kind, the first field up to ';': "file", "s3", "http",
+// "memory"), one for the life of the process and never destroyed (plans, readers and reads on kept
+// threads hold pointers to it), or nullptr when this build has no store of that spec (WhyNoStore
+// says why).
 const ByteStore *StoreOf(const std::string &spec);
 std::string WhyNoStore(const std::string &spec);
+
+// How a store's kind makes the store named `spec`: the store, or nullptr with the reason in `why` (a
+// spec it cannot parse, a build without the store's library).
+using StoreFactory = std::unique_ptr<ByteStore> (*)(const std::string &spec, std::string *why);
+
+// Registers `factory` for the specs of `kind` (through DM_REGISTER_STORE, at static initialisation:
+// StoreOf is first called after it); returns true.
+bool RegisterStore(const char *kind, StoreFactory factory);
+
+// How a store's file registers its kind (at namespace scope): DM_REGISTER_STORE("memory", MakeMemoryStore).
+// Every store's object file is linked whole into both libraries (CMakeLists.txt: an OBJECT library,
+// not an archive whose unreferenced members the linker would drop); tests/storage/test_memory.py
+// checks that each library has every kind.
+#define DM_REGISTER_STORE(kind, factory) DM_REGISTER_STORE_AT(kind, factory, __LINE__)
+#define DM_REGISTER_STORE_AT(kind, factory, line) DM_REGISTER_STORE_NAMED(kind, factory, line)
+#define DM_REGISTER_STORE_NAMED(kind, factory, line) \
+  [[maybe_unused]] static const bool dm_store_registered_##line = ::dali_mesh::RegisterStore(kind, factory);
+
+// What this library's network stores fetched in this process: requests sent (every attempt) and body
+// bytes received (ranges read, listings; error bodies not), for tools that report network bytes.
+void FetchCounters(int64_t *requests, int64_t *bytes);
+// Counts a request sent, or body bytes received, of a network store.
+void CountFetch(int64_t requests, int64_t bytes);
 
 // A key as messages show it: valid UTF-8 as is, other bytes and control characters as \xNN (a Linux
 // path may hold any bytes; an error text that is not UTF-8 would not reach Python).

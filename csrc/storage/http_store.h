@@ -24,6 +24,9 @@
 // ("a/../b" is that key); no header value holding a control character is sent. 429, 5xx, dropped connections and stalls are retried with exponential
 // backoff and full jitter, bounded in attempts and in total time; errors name the URL (without
 // credentials or query), the range, the status and the attempts.
+//
+// Registered as the kinds "s3" and "http" (byte_store.h); the files: http_store.cc (the store),
+// http_transfer.h (one request through libcurl), http_credentials.cc, http_spec.cc, http_object.h.
 #ifndef DALI_MESH_STORAGE_HTTP_STORE_H_
 #define DALI_MESH_STORAGE_HTTP_STORE_H_
 
@@ -60,13 +63,14 @@ bool ParseHttpSpec(const std::string &spec, HttpStoreConfig *config, std::string
 // Whether this build reads remote stores (it was linked with libcurl).
 bool HaveHttp();
 
-// What this library's remote stores fetched in this process: requests sent (every attempt) and body
-// bytes received (ranges read, listings; error bodies not), for tools that report network bytes.
-void FetchCounters(int64_t *requests, int64_t *bytes);
-
-// The credentials of the store named `spec` for this process (empty key: none, unsigned requests).
+// The credentials of the store named `spec` for this process (empty key: none, unsigned requests);
+// what the requests are sent with (http_credentials.cc).
 void SetStoreCredentials(const std::string &spec, const std::string &key_id, const std::string &secret,
                          const std::string &token);
+struct Credentials {
+  std::string key_id, secret, token;
+};
+Credentials CredentialsOf(const std::string &spec);
 
 class HttpStore : public ByteStore {
  public:
@@ -81,18 +85,18 @@ class HttpStore : public ByteStore {
   // The object as messages name it: s3://bucket/key, or the URL without credentials and query.
   std::string NameOf(const std::string &key) const;
   // HEAD: the version of `key` (size, ETag in tag), or false when it does not exist.
-  bool Head(const std::string &key, ObjectVersion *version) const;
+  bool Head(const std::string &key, ObjectVersion *version) const override;
   // An open: one GET of bytes [0, n) (n >= 1), no If-Match; at most n bytes into `dst` (`got`: fewer
   // when the object is smaller) and its version as Head names it (size from Content-Range, or a 200's
   // length, or 0 for a 416: an empty object; ETag, else "gen:"/"lm:"), or false when it does not exist.
-  bool OpenRange(const std::string &key, int64_t n, char *dst, int64_t *got, ObjectVersion *version) const;
+  bool OpenRange(const std::string &key, int64_t n, char *dst, int64_t *got, ObjectVersion *version) const override;
   // How many first bytes an open fetches and keeps (a format's header is read from them).
   static constexpr int64_t kOpenBytes = int64_t(64) << 10;
   // One ranged GET of [offset, offset + n) into `dst` (fewer bytes only at the end of the object);
   // `if_match` (an ETag) when not empty; `size` the object's size when known (-1: the answer says
   // where it ends). Returns the bytes.
   int64_t Get(const std::string &key, int64_t offset, int64_t n, char *dst, const std::string &if_match,
-              int64_t size) const;
+              int64_t size) const override;
   // As Get, into the buffers of `iov` in order, all of them filled or an error.
   // `short_ok`: the object may end inside the range (its size is not known): the bytes received.
   int64_t GetVector(const std::string &key, const std::vector<std::pair<char *, int64_t>> &bufs, int64_t offset,
@@ -103,10 +107,14 @@ class HttpStore : public ByteStore {
   void GetMany(const std::string &key, const std::vector<StoredObject::Range> &ranges, const std::string &if_match,
                int64_t size) const;
 
-  // One page (at most 1000 keys) of an S3 ListObjectsV2 of `bucket` under `prefix`, grouped at '/'
-  // when `delimiter`, after `continuation` (empty: the first page): the XML answer as the server sent it.
-  std::string ListPage(const std::string &bucket, const std::string &prefix, bool delimiter,
-                       const std::string &continuation) const;
+  // One page (at most 1000 keys) of an S3 ListObjectsV2 of the bucket of `prefix` ("bucket/path")
+  // under its path, grouped at '/' when `delimiter`, after `continuation` (empty: the first page): the
+  // XML answer as the server sent it. A plain HTTP(S) store cannot list.
+  std::string ListPage(const std::string &prefix, bool delimiter, const std::string &continuation) const override;
+  // The credentials of this store's spec (SetStoreCredentials): an s3 store signs with key_id and
+  // secret (token: a session token, may be empty); an http store's token is its URL query (without
+  // '?'), appended to every request and shown in no message.
+  void SetCredentials(const std::string &key_id, const std::string &secret, const std::string &token) const override;
 
   const HttpStoreConfig &config() const { return config_; }
 

@@ -149,6 +149,39 @@ bool PosixStore::Exists(const std::string &key) const {
   return ::stat(key.c_str(), &st) == 0 || errno != ENOENT;
 }
 
+bool PosixStore::Head(const std::string &key, ObjectVersion *version) const {
+  struct stat st;
+  if (::stat(key.c_str(), &st) != 0) {
+    if (errno == ENOENT) return false;
+    StoreFail(ShownName(key) + ": stat failed (" + Errno(errno) + ")");
+  }
+  if (!S_ISREG(st.st_mode)) StoreFail(ShownName(key) + ": not a regular file (a directory, FIFO, socket or device)");
+  *version = VersionOf(st);
+  return true;
+}
+
+bool PosixStore::OpenRange(const std::string &key, int64_t n, char *dst, int64_t *got, ObjectVersion *version) const {
+  if (!Exists(key)) return false;
+  const std::unique_ptr<StoredObject> file = Open(key);
+  const int64_t read = file->ReadAt(dst, n, 0);
+  if (read < 0) StoreFail(file->name() + ": read at byte 0 failed (" + Errno(-read) + ")");
+  file->CheckUnchanged();  // the bytes are of the version named
+  *got = read;
+  *version = file->version();
+  return true;
+}
+
+int64_t PosixStore::Get(const std::string &key, int64_t offset, int64_t n, char *dst, const std::string &if_match,
+                        int64_t) const {
+  if (!if_match.empty())
+    StoreFail(ShownName(key) + ": a file has no version tag to match (\"" + ShownName(if_match) + "\" given)");
+  if (offset < 0) StoreFail(ShownName(key) + ": read at negative offset " + std::to_string(offset));
+  const std::unique_ptr<StoredObject> file = Open(key);
+  const int64_t got = file->ReadAt(dst, n, offset);
+  if (got < 0) StoreFail(file->name() + ": read at byte " + std::to_string(offset) + " failed (" + Errno(-got) + ")");
+  return got;
+}
+
 void PosixStore::Prefetch(const std::string &key, const std::vector<std::pair<int64_t, int64_t>> &ranges) const {
   // opened to announce, then closed: the kernel's reads go on after the descriptor is closed
   int fd = ::open(key.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -166,5 +199,19 @@ void PosixStore::Prefetch(const std::string &key, const std::vector<std::pair<in
   }
   ::close(fd);
 }
+
+namespace {
+
+std::unique_ptr<ByteStore> MakePosixStore(const std::string &spec, std::string *why) {
+  if (spec != "file") {
+    *why = "the local store takes no settings (its spec is \"file\")";
+    return nullptr;
+  }
+  return std::make_unique<PosixStore>();
+}
+
+}  // namespace
+
+DM_REGISTER_STORE("file", MakePosixStore)
 
 }  // namespace dali_mesh

@@ -20,6 +20,12 @@ class PosixStore : public ByteStore {
   std::unique_ptr<StoredObject> Open(const std::string &key) const override;
   bool Exists(const std::string &key) const override;
   void Prefetch(const std::string &key, const std::vector<std::pair<int64_t, int64_t>> &ranges) const override;
+  // A file's version (device, inode, size, times; no tag), or false when there is no such file.
+  bool Head(const std::string &key, ObjectVersion *version) const override;
+  bool OpenRange(const std::string &key, int64_t n, char *dst, int64_t *got, ObjectVersion *version) const override;
+  // A file has no tag: `if_match` must be empty.
+  int64_t Get(const std::string &key, int64_t offset, int64_t n, char *dst, const std::string &if_match,
+              int64_t size) const override;
 };
 
 // pread of `n` bytes at `offset`, retried after EINTR/EAGAIN and short reads: the bytes read (fewer

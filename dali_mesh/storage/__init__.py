@@ -7,7 +7,8 @@ No table of options keyed by location exists: two sources of one bucket with oth
 each read with their own. ``store_of(location)`` gives the store and key of a location. Local paths are read by the
 :class:`~dali_mesh.storage.local.LocalStore` (POSIX: ``preadv``, ``fadvise``, ``O_DIRECT``, ``mmap``);
 ``s3://``, ``gs://`` and ``http(s)://`` locations by the
-:class:`~dali_mesh.storage.remote.RemoteStore` (ranged GETs through libcurl). Another backend
+:class:`~dali_mesh.storage.remote.RemoteStore` (ranged GETs through libcurl); ``memory://name/key`` by the
+:class:`~dali_mesh.storage.memory.MemoryStore` (objects held in the process, for tests). Another backend
 registers its URL scheme with :func:`register_scheme` and passes the shared store tests
 (``tests/storage/store_tests.py``).
 """
@@ -156,3 +157,12 @@ def _remote(name: str):
 
 for _scheme, _name in (("s3", "resolve_s3"), ("gs", "resolve_gs"), ("http", "resolve_http"), ("https", "resolve_http")):
     register_scheme(_scheme, _remote(_name))
+
+
+def _memory(location: str, options: dict):
+    from dali_mesh.storage.memory import resolve_memory  # noqa: PLC0415 - ctypes and the kernels library on first use
+
+    return resolve_memory(location, options)
+
+
+register_scheme("memory", _memory)

@@ -24,7 +24,6 @@ import hmac
 import re
 import ctypes
 import os
-import threading
 import urllib.parse
 import xml.etree.ElementTree as ET
 from typing import NamedTuple, Sequence
@@ -33,8 +32,8 @@ from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, is_et
 from dali_mesh.storage.errors import DataFileError, FileChangedError, MissingFileError, TruncatedFileError
 from dali_mesh.storage.names import shown
 
-__all__ = ["RemoteObject", "RemoteStore", "fetch_counters", "have_native_http", "resolve_gs", "resolve_http", "resolve_s3",
-           "share_credentials"]
+__all__ = ["RemoteObject", "RemoteStore", "fetch_counters", "have_native_http", "resolve_gs", "resolve_http",
+           "resolve_s3", "share_credentials", "store_api", "store_message"]
 
 #: settings of the client, besides credentials (see csrc/storage/http_store.h); cache_dir and
 #: cache_bytes: a local cache of the ranges fetched (csrc/storage/range_cache.h)
@@ -68,14 +67,19 @@ class _Credentials(NamedTuple):
 
 
 # ---- the C entry points (csrc/c_api/store_api.cc) -----------------------------------------------------
-_lib_lock = threading.Lock()
-_libs: list = []
-
-
 def _kernels():
     from dali_mesh import _kernels  # noqa: PLC0415 - the native library, loaded on first use
 
-    lib = _kernels.load()
+    return store_api(_kernels.load())
+
+
+def store_api(lib=None):
+    """``lib`` (default: the kernels library, which Python's planning and fallback reads use; the DALI
+    plugin has its own copy of the stores) with the byte stores' C entry points bound: the one binding of
+    csrc/c_api/store_api.cc, for every Python store that reads through it (this module's RemoteStore,
+    :class:`~dali_mesh.storage.memory.MemoryStore`)."""
+    if lib is None:
+        return _kernels()
     if not getattr(lib, "_dm_store_bound", False):
         _bind(lib)
     return lib
@@ -92,8 +96,12 @@ def _bind(lib) -> None:
     lib.dali_mesh_store_get.restype = i64
     lib.dali_mesh_store_open.argtypes = [c, c, i64, p, ctypes.POINTER(i64), c, i64, c, i64]
     lib.dali_mesh_store_open.restype = i64
-    lib.dali_mesh_store_list.argtypes = [c, c, c, ctypes.c_int, c, c, i64, c, i64]
+    lib.dali_mesh_store_list.argtypes = [c, c, ctypes.c_int, c, c, i64, c, i64]
     lib.dali_mesh_store_list.restype = i64
+    lib.dali_mesh_store_put.argtypes = [c, c, p, i64, c, c, i64]
+    lib.dali_mesh_store_put.restype = ctypes.c_int
+    lib.dali_mesh_store_delete.argtypes = [c, c, c, i64]
+    lib.dali_mesh_store_delete.restype = ctypes.c_int
     lib.dali_mesh_store_counters.argtypes = [ctypes.POINTER(i64), ctypes.POINTER(i64)]
     lib.dali_mesh_store_counters.restype = None
     lib._dm_store_bound = True
@@ -103,9 +111,7 @@ def fetch_counters(lib=None) -> tuple[int, int]:
     """``(requests, body bytes)`` the remote stores of ``lib`` (default: the kernels library, which
     Python's planning and fallback reads use; the DALI plugin has its own) sent and received in this
     process so far."""
-    lib = lib or _kernels()
-    if not getattr(lib, "_dm_store_bound", False):
-        _bind(lib)
+    lib = store_api(lib)
     requests, got = ctypes.c_int64(), ctypes.c_int64()
     lib.dali_mesh_store_counters(ctypes.byref(requests), ctypes.byref(got))
     return requests.value, got.value
@@ -120,7 +126,8 @@ def have_native_http() -> bool:
         return False
 
 
-def _message(err) -> str:
+def store_message(err) -> str:
+    """The message an entry point of csrc/c_api/store_api.cc wrote into ``err`` (a ctypes buffer)."""
     text = err.value.decode("utf-8", "replace")
     return text.removeprefix("read_windows: ")
 
@@ -131,7 +138,7 @@ def give_credentials(lib, spec: str, cred: _Credentials | None) -> None:
     err = ctypes.create_string_buffer(_ERR)
     key, secret, token = cred if cred else ("", "", "")
     if lib.dali_mesh_store_credentials(spec.encode(), key.encode(), secret.encode(), token.encode(), err, _ERR) < 0:
-        raise DataFileError(spec, _message(err))
+        raise DataFileError(spec, store_message(err))
 
 
 def share_credentials(lib, specs) -> None:
@@ -140,8 +147,7 @@ def share_credentials(lib, specs) -> None:
     remote = [spec for spec in dict.fromkeys(specs) if spec.split(";")[0] in ("s3", "http")]
     if not remote:
         return
-    if not getattr(lib, "_dm_store_bound", False):
-        _bind(lib)
+    store_api(lib)
     for spec in remote:
         give_credentials(lib, spec, _known_credentials.get(spec))
 
@@ -284,7 +290,7 @@ class RemoteStore(ByteStore):
         got = self._lib().dali_mesh_store_get(self.spec.encode(), key.encode(), offset, n, tag.encode(), size, dst,
                                               err, _ERR)
         if got < 0:
-            self._raise(key, _message(err))
+            self._raise(key, store_message(err))
         return got
 
     def name_of(self, key: str) -> str:
@@ -325,7 +331,7 @@ class RemoteStore(ByteStore):
         size, tag, err = ctypes.c_int64(), ctypes.create_string_buffer(1024), ctypes.create_string_buffer(_ERR)
         found = lib.dali_mesh_store_head(self.spec.encode(), key.encode(), ctypes.byref(size), tag, 1024, err, _ERR)
         if found < 0:
-            self._raise(key, _message(err))
+            self._raise(key, store_message(err))
         return Version(size.value, -1, tag.value.decode()) if found else None
 
     def open_range(self, key: str, n: int) -> tuple[bytes, int, str] | None:
@@ -346,7 +352,7 @@ class RemoteStore(ByteStore):
         if got == -2:
             return None
         if got < 0:
-            self._raise(key, _message(err))
+            self._raise(key, store_message(err))
         return buf.raw[:got], size.value, tag.value.decode()
 
     def open(self, key: str, what: str = "file", *, direct: bool = False) -> RemoteObject:
@@ -392,10 +398,10 @@ class RemoteStore(ByteStore):
         size = 1 << 20
         while True:
             out = ctypes.create_string_buffer(size)
-            n = lib.dali_mesh_store_list(self.spec.encode(), bucket.encode(), prefix.encode(), int(delimiter),
+            n = lib.dali_mesh_store_list(self.spec.encode(), f"{bucket}/{prefix}".encode(), int(delimiter),
                                          continuation.encode(), out, size, err, _ERR)
             if n < 0:
-                self._raise(f"{bucket}/{prefix}", _message(err))
+                self._raise(f"{bucket}/{prefix}", store_message(err))
             if n < size:
                 return out.value.decode("utf-8")
             if n > LIST_PAGE_BYTES:
