@@ -46,7 +46,7 @@ dali_mesh::SliceUserArgs SampleArgs(int i, int ndim, const int64_t *in_shapes, c
 // dump, canonical JSON and checksum; 8: the codec table (codec_api.cc) and the batch reader
 // (reader_api.cc); 11: the batch reader reads ahead (dali_mesh_reader_open's read_ahead,
 // dali_mesh_reader_read_ahead, dali_mesh_reader_ahead_counts)
-DM_EXPORT int dm_abi_version(void) { return 11; }
+DM_EXPORT int dm_abi_version(void) { return 12; }
 
 DM_EXPORT int dm_has_cuda(void) {
 #ifdef DALI_MESH_WITH_CUDA

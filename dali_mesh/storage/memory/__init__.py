@@ -22,7 +22,7 @@ import urllib.parse
 import xml.etree.ElementTree as ET
 from typing import Sequence
 
-from dali_mesh.storage.base import ByteStore, StoredObject, Version
+from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version
 from dali_mesh.storage.errors import DataFileError, FileChangedError, MissingFileError, TruncatedFileError
 from dali_mesh.storage.remote import store_api, store_message
 
