@@ -24,6 +24,10 @@ class WorkerStatus:
         self._pid = -1
         self._fd = -1
 
+    def __getstate__(self):
+        # the open file is this process's: a copy (a worker's) opens its own
+        return {"folder": self.folder, "_pid": -1, "_fd": -1}
+
     def note(self, text: str) -> None:
         if self.folder is None:
             return
