@@ -1,9 +1,9 @@
 """The folders are the architecture: each room of ``dali_mesh`` imports only the rooms below it, and
 no module imports itself through others (no import circle).
 
-The picture, top-down: cli -> torch / pipeline (fn) -> weather -> source -> io (the formats) -> plan ->
-storage; plan -> partition -> mesh. Read from the source text (``ast``), so it holds for imports inside
-functions too.
+The picture, top-down: cli -> torch / pipeline (fn) -> weather -> datasets -> source -> io (the
+formats) -> plan -> storage; plan -> partition -> mesh. Read from the source text (``ast``), so it holds
+for imports inside functions too.
 
 In C++ (csrc/): only the operators include DALI (the reader, plans, codecs, stores and kernels are the
 DALI-free core), and a codec id is written in one place, the codec table.
@@ -30,16 +30,17 @@ ALLOWED = {
     "plan": {"storage", "partition", "mesh", "_checks", "_kernels"},
     "io": {"plan", "storage", "partition", "mesh", "_checks", "_kernels"},
     "source": {"io", "plan", "storage", "partition", "mesh", "_checks"},
-    "weather": {"source", "io", "plan", "storage", "partition", "mesh", "_checks"},
+    "datasets": {"source", "io", "plan", "storage", "partition", "mesh", "_checks"},
+    "weather": {"datasets", "source", "io", "plan", "storage", "partition", "mesh", "_checks"},
     "dataset": {"weather"},  # the weather sources' former module, kept for ``from dali_mesh.dataset import``
-    "pipeline": {"weather", "source", "io", "plan", "storage", "partition", "mesh", "_checks", "_kernels",
-                 "_build_info"},
+    "pipeline": {"weather", "datasets", "source", "io", "plan", "storage", "partition", "mesh", "_checks",
+                 "_kernels", "_build_info"},
     "fn": {"pipeline"},
     "image": {"pipeline"},
     "torch": {"pipeline", "source", "partition", "mesh", "_checks"},
-    "cli": {"torch", "pipeline", "fn", "weather", "source", "io", "plan", "storage", "partition", "mesh", "_checks",
-            "_kernels"},
-    "physicsnemo": {"torch", "pipeline", "source", "io", "partition", "mesh", "storage", "_checks"},
+    "cli": {"torch", "pipeline", "fn", "weather", "datasets", "source", "io", "plan", "storage", "partition", "mesh",
+            "_checks", "_kernels"},
+    "physicsnemo": {"torch", "pipeline", "datasets", "source", "io", "partition", "mesh", "storage", "_checks"},
     "__init__": {"pipeline", "weather", "source", "partition", "mesh"},
 }
 

@@ -10,10 +10,10 @@ import logging
 import numpy as np
 
 from dali_mesh.plan import NotNativeError, stack_channels
-from dali_mesh.pipeline.external import current_pipeline_for, partitioned_source
-from dali_mesh.pipeline.native import plan_windows, read_windows
+from dali_mesh.pipeline.external import current_pipeline_for, define_partitioned
+from dali_mesh.pipeline.native import define_native, plan_windows
 from dali_mesh.pipeline.ops import strided_slice
-from dali_mesh.pipeline.registry import info_of
+from dali_mesh.pipeline.registry import Defined, register
 from dali_mesh.source import pipeline_reader
 
 log = logging.getLogger(__name__)
@@ -85,25 +85,34 @@ def read_dataset(source, device: str = "cpu", *, fallback: bool = True, stack: b
     ids, pads and padding), are cast to ``source.dtype``, concatenated on the channel axis and
     normalised by ``strided_slice`` (``stack=False``: so in any case). ``kwargs`` (``task_bytes``,
     ``prefetch``, ``plan_dir``) go to the native reads.
-    """
-    from nvidia.dali import fn, types
 
+    The dataset itself is registered on the pipeline, once (the loader checks and fingerprints the
+    dataset, not its variables' readers).
+    """
     if device not in ("cpu", "gpu"):
         raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
     pipe = current_pipeline_for(source)
-    info = info_of(pipe) if pipe is not None else None
-    known = len(info.sources) if info is not None else 0
+    return register(pipe, define_dataset(source, device, fallback=fallback, stack=stack, **kwargs))
+
+
+def define_dataset(source, device: str, *, fallback: bool = True, stack: bool = True, **kwargs) -> Defined:
+    """:func:`read_dataset`'s readers, defined in the current pipeline: its outputs, the dataset as
+    the one source to register, and the prefetch depth of any variable read by ``partitioned_source``
+    (its variables' readers are not registered: the entry point registers the dataset)."""
+    from nvidia.dali import fn, types
+
     axis = 0 if source.forecast is None else 1
     nwin = len(source.window_names)
     registered, source = source, pipeline_reader(source)  # share=: the group window of this member's batches
     plans, stacked = plan_dataset(source, stack)
     out_type = types.to_dali_type(source.dtype)
     fused = False
+    depth = 0  # the deepest prefetch queue of a variable read by partitioned_source
     if not isinstance(stacked, str):
         fused = (device == "cpu" and source.mean is not None and source.dtype == np.float32
                  and stacked[0].dtype == np.float32)
-        outs = read_windows(source, device, plans=stacked,
-                            normalize=(axis, source.mean, source.std) if fused else None, **kwargs)
+        outs = define_native(source, device, plans=stacked,
+                             normalize=(axis, source.mean, source.std) if fused else None, **kwargs).outputs
         wins, (ids, pads) = list(outs[:nwin]), outs[-2:]
         if stacked[0].dtype != source.dtype:
             wins = [fn.cast(w, dtype=out_type) for w in wins]
@@ -116,13 +125,14 @@ def read_dataset(source, device: str = "cpu", *, fallback: bool = True, stack: b
                 if not fallback:
                     raise NotNativeError(f"variable {sub.name!r}: {part_plans}")
                 log.info("read_dataset: variable %r of %s: %s", sub.name, source.store, part_plans)
-                outs = partitioned_source(sub, device)
+                parallel = define_partitioned(sub, device)
+                outs, depth = parallel.outputs, max(depth, parallel.prefetch)
                 if fallback_ids is None:
                     fallback_ids = outs[-2:]
             else:
                 # the parts share one sample order: the first native part's ids feed the other native parts
-                outs = read_windows(sub, device, plans=part_plans, sample_ids=None if ids is None else (ids, pads),
-                                    **kwargs)
+                outs = define_native(sub, device, plans=part_plans, sample_ids=None if ids is None else (ids, pads),
+                                     **kwargs).outputs
                 if ids is None:
                     ids, pads = outs[-2], outs[-1]
             for w in range(nwin):
@@ -141,16 +151,13 @@ def read_dataset(source, device: str = "cpu", *, fallback: bool = True, stack: b
             steps = [None] if fc is None else [fc.history + 1] + ([fc.lead] if fc.lead else [])
             shapes = [list(window if n is None else (n,) + window) for n in steps]
             wins = [strided_slice(w, [0] * len(sh), sh, device=device) for w, sh in zip(wins, shapes)]
-    if info is not None:  # the loader checks and fingerprints the dataset, not its parts
-        del info.sources[known:]
-        info.sources.append(registered)
     if source.mean is not None and not fused and source.dtype == np.float64:
         wins = [_normalized_f64(w, source, axis, device) for w in wins]
     elif source.mean is not None and not fused:  # one pass of the strided slice (empty windows too)
         nc = len(source.channels)
         wins = [strided_slice(w, [0], [nc], axes=[axis], channel_axis=axis, mean=source.mean, std=source.std,
                               dtype=out_type, device=device) for w in wins]
-    return (*wins, ids, pads)
+    return Defined((*wins, ids, pads), (registered,), depth)
 
 
 class _Constant:

@@ -5,11 +5,12 @@ Needs DALI (imported when called), not the compiled plugin.
 """
 from __future__ import annotations
 
-from dali_mesh.pipeline.registry import info_of
+from dali_mesh.pipeline.registry import Defined, register
 from dali_mesh.pipeline.watchdog import status_dir
 from dali_mesh.source import pipeline_reader
+from dali_mesh.source.status import StatusReader
 
-__all__ = ["current_pipeline_for", "partitioned_source"]
+__all__ = ["current_pipeline_for", "define_partitioned", "partitioned_source"]
 
 
 def current_pipeline_for(source):
@@ -52,8 +53,6 @@ def partitioned_source(source, device: str = "cpu", *, name: str | None = None,
         ``(window, sample_id, is_pad)`` or, with a forecast, ``(input, target, sample_id, is_pad)``
         (see ``source.output_names``).
     """
-    from nvidia.dali import fn, types
-
     if device not in ("cpu", "gpu"):
         raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
     for attr in ("num_outputs", "output_dtypes", "output_ndims", "batch_size"):
@@ -61,13 +60,21 @@ def partitioned_source(source, device: str = "cpu", *, name: str | None = None,
             raise TypeError(f"partitioned_source needs a dali_mesh source (NumpySource, HDF5Source, "
                             f"ZarrSource); {type(source).__name__} has no {attr!r}")
     pipe = current_pipeline_for(source)
-    if pipe is not None:  # the source itself is registered (MeshLoader exchanges a group's windows)
-        info = info_of(pipe)
-        info.sources.append(source)
-        info.source_prefetch = max(info.source_prefetch, int(prefetch_queue_depth))
-    reader = pipeline_reader(source)  # share=: the group window of this member's batches
-    if hasattr(reader, "_status_dir"):
-        reader._status_dir = status_dir()  # pickled into the workers with the source
+    # the source itself is registered (MeshLoader exchanges a group's windows), once, here
+    return register(pipe, define_partitioned(source, device, name=name, layout=layout,
+                                             prefetch_queue_depth=prefetch_queue_depth, **kwargs))
+
+
+def define_partitioned(source, device: str, *, name: str | None = None, layout: str | None = None,
+                       prefetch_queue_depth: int = 2, **kwargs) -> Defined:
+    """:func:`partitioned_source`'s external source, defined in the current pipeline and registered
+    nowhere: the entry point that called it registers what it returns (``read_windows`` falling
+    back, ``read_dataset`` for a variable it cannot read natively: the dataset, not the variable)."""
+    from nvidia.dali import fn, types
+
+    # share=: the group window of this member's batches; the workers say what they read in the
+    # pipeline's status folder
+    reader = StatusReader(pipeline_reader(source), status_dir=status_dir())
     nwin = source.num_outputs - 2
     layouts = [layout] * nwin + [None, None] if layout is not None else None
     outs = fn.external_source(
@@ -85,4 +92,4 @@ def partitioned_source(source, device: str = "cpu", *, name: str | None = None,
     outs = list(outs)
     if device == "gpu":
         outs[:nwin] = [o.gpu() for o in outs[:nwin]]
-    return tuple(outs)
+    return Defined(tuple(outs), (source,), int(prefetch_queue_depth))

@@ -88,10 +88,10 @@ import numpy as np
 
 from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP
 from dali_mesh.plan import NotNativeError, PlanSet
-from dali_mesh.pipeline.registry import info_of
+from dali_mesh.pipeline.registry import Defined, register
 from dali_mesh.source import pipeline_reader
 
-__all__ = ["NotNativeError", "plan_source", "plan_windows", "read_windows"]
+__all__ = ["NotNativeError", "define_native", "plan_source", "plan_windows", "read_windows"]
 
 log = logging.getLogger(__name__)
 
@@ -207,9 +207,24 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
             are those of reading that batch when it comes.
         kwargs: passed to the ``partitioned_source`` fallback.
     """
-    from nvidia.dali import fn, types
-
     from dali_mesh.pipeline.external import current_pipeline_for
+
+    pipe = current_pipeline_for(source)
+    # as partitioned_source does: MeshLoader checks the source and fingerprints checkpoints with it
+    return register(pipe, define_native(
+        source, device, name=name, layout=layout, fallback=fallback, task_bytes=task_bytes, prefetch=prefetch,
+        merge_gap=merge_gap, plan_dir=plan_dir, sample_ids=sample_ids, plans=plans, normalize=normalize,
+        read_ahead=read_ahead, **kwargs))
+
+
+def define_native(source, device: str, *, name: str | None = None, layout: str | None = None,
+                  fallback: bool = True, task_bytes: int = 4 << 20, prefetch: bool = True,
+                  merge_gap: int = DEFAULT_MERGE_GAP, plan_dir: str | None = None, sample_ids=None, plans=None,
+                  normalize=None, read_ahead: bool | None = None, **kwargs) -> Defined:
+    """:func:`read_windows`'s operators (or its ``partitioned_source`` fallback), defined in the
+    current pipeline and registered nowhere: the entry point that called it registers what it returns
+    (``read_dataset``: the dataset, not its variables). Arguments as :func:`read_windows`'s."""
+    from nvidia.dali import fn, types
 
     if device not in ("cpu", "gpu"):
         raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
@@ -222,7 +237,6 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
                              "after the read")
         axis, mean, std = normalize
         norm = {"channel_axis": int(axis), "mean": [float(v) for v in mean], "stddev": [float(v) for v in std]}
-    pipe = current_pipeline_for(source)
     reader = pipeline_reader(source)  # share=: the group window of this member's batches
     if plans is None:
         try:
@@ -230,10 +244,10 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
         except NotNativeError as e:
             if not fallback or normalize is not None:  # partitioned_source does not normalise
                 raise
-            from dali_mesh.pipeline.external import partitioned_source
+            from dali_mesh.pipeline.external import define_partitioned
 
             log.info("read_windows: %s; using partitioned_source", e)
-            return partitioned_source(source, device, name=name, layout=layout, **kwargs)
+            return define_partitioned(source, device, name=name, layout=layout, **kwargs)
     from dali_mesh.pipeline.plugin import load_plugin, share_plugin_credentials
 
     ops = load_plugin()
@@ -241,8 +255,6 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
     # several outputs (a forecast's input and target) are one operator's, so that the chunks they
     # share are read and decoded once per batch
     path = (plans[0] if len(plans) == 1 else PlanSet.joined(plans)).write(plan_dir)
-    if pipe is not None:  # as partitioned_source does: MeshLoader checks it and fingerprints checkpoints
-        info_of(pipe).sources.append(source)
     # read ahead: by default when a file is an object store's (local reads are announced to the kernel)
     remote = any(f.store != "file" for p in plans for f in p.files)
     ahead = 2 if read_ahead is True else 0 if read_ahead is False else 1 if remote else 0
@@ -265,4 +277,4 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
     wins = [wins] if len(plans) == 1 else list(wins)
     if layout is not None:
         wins = [fn.reshape(win, layout=layout) for win in wins]
-    return (*wins, ids, pads)
+    return Defined((*wins, ids, pads), (source,))

@@ -15,7 +15,6 @@ from dali_mesh.partition import Layout, Region, SampleOrder
 from dali_mesh.partition.read_groups import GroupReads, OwnReads, group_coordinates, share_dims
 from dali_mesh.source.buffers import BufferPool
 from dali_mesh.storage import adopt_credentials, carry_credentials, resolve_locations
-from dali_mesh.source.status import WorkerStatus
 
 __all__ = ["SEED_LIMIT", "WindowSource"]
 
@@ -61,7 +60,6 @@ class WindowSource:
         self.drop_last = bool(drop_last)
         self.per_sample_shapes = bool(per_sample_shapes)
         self.reuse_buffers = bool(reuse_buffers)
-        self._status_dir: str | None = None  # set by partitioned_source: where workers say what they read
         self._memo: dict[str, Any] = {}
         # read once per group (dali_mesh.partition.read_groups): the mesh dims whose ranks split the reads
         self.share_dims = share_dims(layout, share)
@@ -250,26 +248,11 @@ class WindowSource:
         if i >= len(order):
             raise StopIteration
         sample_id, is_pad = order[i]
-        self._note(f"reading sample {sample_id} from {self._files_of(sample_id)}")
-        out = self._read(sample_id) + (np.array(sample_id, np.int64), np.array(is_pad))
-        self._note(f"idle (last read sample {sample_id} from {self._files_of(sample_id)})")
-        return out
+        return self._read(sample_id) + (np.array(sample_id, np.int64), np.array(is_pad))
 
     def _files_of(self, sample_id: int) -> str:
         """The file(s) sample ``sample_id`` is read from, for status and error messages."""
         return "?"
-
-    def _note(self, text: str) -> None:
-        """What this worker reads now, for the watchdog (:class:`~dali_mesh.source.status.WorkerStatus`;
-        nothing when ``partitioned_source`` set no status folder)."""
-        if self._status_dir is None:
-            return
-        status = self._memo.get("status")
-        if status is None or status.folder != self._status_dir:
-            status = self._memo["status"] = WorkerStatus(self._status_dir)
-        status.note(text)
-        if status.folder is None:  # no status file can be made here: stop trying
-            self._status_dir = None
 
     def native_plans(self, merge_gap: int = DEFAULT_MERGE_GAP) -> tuple:
         """The native reader's plans of this rank's windows, one

@@ -1,10 +1,11 @@
-"""What a DALI worker process is reading, for the watchdog of the main process."""
+"""What a DALI worker process is reading, for the watchdog of the main process: :class:`WorkerStatus`
+writes it, :class:`StatusReader` (what ``partitioned_source`` gives DALI) says it around each read."""
 from __future__ import annotations
 
 import logging
 import os
 
-__all__ = ["STATUS_BYTES", "WorkerStatus"]
+__all__ = ["STATUS_BYTES", "StatusReader", "WorkerStatus"]
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,10 @@ class WorkerStatus:
         self._pid = -1
         self._fd = -1
 
+    def __getstate__(self):
+        # the open file is this process's: a copy (a worker's) opens its own
+        return {"folder": self.folder, "_pid": -1, "_fd": -1}
+
     def note(self, text: str) -> None:
         if self.folder is None:
             return
@@ -37,3 +42,29 @@ class WorkerStatus:
             self._pid = pid
         data = text.encode("utf-8", "replace")[:STATUS_BYTES - 1]
         os.pwrite(self._fd, data + b"\0" * (STATUS_BYTES - len(data)), 0)
+
+
+class StatusReader:
+    """``source`` as DALI's parallel external source calls it (``reader(sample_info)``), writing to
+    ``<status_dir>/<pid>`` what this worker reads, before and after each read: the watchdog names the
+    sample and file(s) of a worker that died or hangs. ``status_dir`` is given when the external
+    source is made (``partitioned_source``: the pipeline's status folder), and pickles into the workers
+    with the reader; ``source`` itself writes nothing. Any source with the sources' sample order
+    (``sample_order``, ``_files_of``) is read through its own ``__call__`` (a wrapper that fails its
+    reads, say)."""
+
+    def __init__(self, source, *, status_dir: str) -> None:
+        self.source = source
+        self.status = WorkerStatus(status_dir)
+
+    def __call__(self, sample_info):
+        order = self.source.sample_order(int(sample_info.epoch_idx))
+        i = int(sample_info.idx_in_epoch)
+        read = None
+        if i < len(order):  # past the end: the source's own StopIteration
+            sample_id = order[i][0]
+            read = f"sample {sample_id} from {self.source._files_of(sample_id)}"
+            self.status.note(f"reading {read}")
+        out = self.source(sample_info)
+        self.status.note(f"idle (last read {read})")
+        return out

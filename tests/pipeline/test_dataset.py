@@ -286,7 +286,7 @@ def test_refusals(store, tmp_path):
 
 
 def test_cf_time_decoding_against_xarray(tmp_path):
-    from dali_mesh.io.cf_variables import decode_cf_time
+    from dali_mesh.datasets import decode_cf_time
 
     for units, values in [("hours since 1959-01-01", np.arange(0, 48, 6)),
                           ("days since 2000-02-28 12:00:00", np.array([0, 1, 2, 366])),

@@ -703,7 +703,7 @@ def test_the_process_exits_after_a_decode_error(tmp_path):
             for _ in range(4):
                 p.run()
         except RuntimeError as e:
-            print("raised:", " ".join(str(e).split())[:600])
+            print("raised:", " ".join(str(e).split())[:3000])
             sys.exit(3)
     """, timeout=90)
     assert "raised:" in out and "3.0.0.0: chunk of" in out and "cannot be decoded" in out, (out, err[-2000:])

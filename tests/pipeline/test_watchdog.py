@@ -389,3 +389,32 @@ def test_status_folders_go_with_their_process_however_it_ends(tmp_path):
     p.start()
     p.join(30)
     assert p.exitcode == 0 and not os.path.exists(paths[True])  # swept by the next one
+
+
+def test_the_status_folder_is_the_readers_own_value(tmp_path):
+    """StatusReader is made with its status folder (partitioned_source gives the pipeline's): around a
+    read it writes the sample and file there, under this process's id, also once pickled (as into
+    DALI's workers); the source it reads writes nothing and carries no folder; past the epoch's end
+    the source's own StopIteration comes through."""
+    import pickle
+    from types import SimpleNamespace
+
+    from dali_mesh.pipeline.watchdog import _read_status
+    from dali_mesh.source.status import StatusReader
+
+    source, files = _source(tmp_path, delay=0.0, n=4)
+    folder = tmp_path / "status"
+    folder.mkdir()
+    reader = StatusReader(source, status_dir=str(folder))
+    sid = int(source.sample_order(0)[1][0])
+    out = reader(SimpleNamespace(epoch_idx=0, idx_in_epoch=1))
+    np.testing.assert_array_equal(out[0], source.read_sample(sid)[0])
+    assert _read_status(str(folder), os.getpid()) == f"idle (last read sample {sid} from {files[sid]})"
+    again = pickle.loads(pickle.dumps(reader))
+    assert again.status.folder == str(folder)
+    again(SimpleNamespace(epoch_idx=0, idx_in_epoch=0))
+    first = int(source.sample_order(0)[0][0])
+    assert _read_status(str(folder), os.getpid()) == f"idle (last read sample {first} from {files[first]})"
+    assert not any("status" in k for k in vars(source))
+    with pytest.raises(StopIteration):
+        reader(SimpleNamespace(epoch_idx=0, idx_in_epoch=len(source)))

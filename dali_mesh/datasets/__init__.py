@@ -1,0 +1,26 @@
+"""Datasets as a format of variables: a kind of dataset (:class:`DatasetFormat`: an xarray-written
+Zarr group, NetCDF4 files), registered by name, says what variables it holds (:class:`Variable`:
+location, array name, dims, shape, dtype), reads its coordinates and CF time axis, and makes the
+array source of each variable; one :class:`VariablesSource` composes those array sources into
+channels, whatever the kind. A new kind is one module with a :class:`DatasetFormat` subclass and
+:func:`register_dataset_format`.
+
+==================  =====================  ==========================================
+name                class                  variables read by
+==================  =====================  ==========================================
+``zarr_group``      :class:`ZarrGroup`     :class:`~dali_mesh.ZarrSource` of the group
+``netcdf_files``    :class:`NetCDFFiles`   :class:`~dali_mesh.HDF5Source` of every file
+==================  =====================  ==========================================
+"""
+from __future__ import annotations
+
+from dali_mesh.datasets.cf_time import CALENDARS, decode_cf_time
+from dali_mesh.datasets.named_layout import NamedLayout
+from dali_mesh.datasets.netcdf_files import NetCDFFiles
+from dali_mesh.datasets.variables import (DATASET_FORMATS, DatasetFormat, Variable, dataset_format_named,
+                                          register_dataset_format)
+from dali_mesh.datasets.variables_source import Channel, VariablesSource
+from dali_mesh.datasets.zarr_group import ZarrGroup
+
+__all__ = ["CALENDARS", "Channel", "DATASET_FORMATS", "DatasetFormat", "NamedLayout", "NetCDFFiles", "Variable",
+           "VariablesSource", "ZarrGroup", "dataset_format_named", "decode_cf_time", "register_dataset_format"]
