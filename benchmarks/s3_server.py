@@ -229,7 +229,8 @@ class FolderObjects:
 
 class _Counts:
     """Requests and body bytes per kind since the last reset, the most in flight at once, and the
-    process's CPU time at the reset."""
+    process's CPU time at the reset. A request is counted when it comes and its body bytes before they
+    are sent: a client that reads the counts after its last answer finds that answer in them."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -242,17 +243,20 @@ class _Counts:
         self.received = self.in_flight_max = 0
         self.cpu0 = _cpu_seconds()
 
-    def begin(self) -> None:
+    def begin(self, kind: str) -> None:
         with self._lock:
+            self.requests[kind] += 1
             self.in_flight += 1
             self.in_flight_max = max(self.in_flight_max, self.in_flight)
 
-    def end(self, kind: str, sent: int, received: int) -> None:
+    def add(self, kind: str, sent: int = 0, received: int = 0) -> None:
         with self._lock:
-            self.in_flight -= 1
-            self.requests[kind] += 1
             self.bytes[kind] += sent
             self.received += received
+
+    def end(self) -> None:
+        with self._lock:
+            self.in_flight -= 1
 
     def snapshot(self, reset: bool = False) -> dict:
         with self._lock:
@@ -297,15 +301,15 @@ class _Handler(BaseHTTPRequestHandler):
         kind = self.command if self.command in KINDS else "other"
         if kind == "GET" and not key:
             kind = "LIST"
-        owner.counter.begin()
-        self._sent = self._received = 0
+        owner.counter.begin(kind)
+        self._kind = kind
         try:
             try:
                 self._s3(owner, bucket, key, {k: v[-1] for k, v in query.items()})
             except S3Error as e:
                 self._error(e, bucket, key)
         finally:
-            owner.counter.end(kind, self._sent, self._received)
+            owner.counter.end()
 
     # ---- S3's operations -----------------------------------------------------------------------------------
     def _s3(self, owner: "S3Server", bucket: str, key: str, query: dict) -> None:
@@ -450,7 +454,7 @@ class _Handler(BaseHTTPRequestHandler):
             raw = _unchunk(self.rfile.readline, self.rfile.read)
         else:
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self._received = len(raw)
+        self.server.owner.counter.add(self._kind, received=len(raw))
         streaming = self.headers.get("x-amz-content-sha256", "").startswith("STREAMING-")
         if streaming or "aws-chunked" in self.headers.get("Content-Encoding", ""):
             pos = [0]
@@ -493,6 +497,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command == "HEAD" or n == 0:
             sock.sendall(head)
             return
+        owner.counter.add(self._kind, sent=n)
         if stored is None:
             source, start, stop = memoryview(body), 0, n
         else:
@@ -506,7 +511,6 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 with open(stored.path, "rb") as f:
                     self._send(f, start, stop)
-        self._sent = n
 
     def _send(self, source, start: int, stop: int) -> None:
         """Bytes [start, stop) of ``source`` (a memoryview, or a file sent by ``sendfile``), paced to the
@@ -533,7 +537,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif what == "reset":
             out = owner.reset()
         elif what == "set":
-            self._body()
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))  # a POST's body, if any: not read later
             q = {k: float(v[-1]) for k, v in urllib.parse.parse_qs(url.query).items()}
             owner.configure(latency=q.get("latency"), mbps=q.get("mbps"))
             out = {"latency": owner.latency, "mbps": owner.mbps}

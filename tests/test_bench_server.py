@@ -223,3 +223,17 @@ def test_cli_serves_a_folder(tmp_path):
     finally:
         proc.stdin.close()
         assert proc.wait(10) == 0
+
+
+def test_counts_hold_the_answer_just_read():
+    """A client that reads the counts right after an answer finds that answer counted (a benchmark reads
+    them as soon as its last read returns)."""
+    with S3Server(buckets=["bucket"]) as s:
+        s.put("bucket", "c.bin", bytes(1000))
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+        seen = []
+        for i in range(300):
+            _call(s, "GET", "/bucket/c.bin", headers={"Range": "bytes=0-99"}, conn=conn)
+            counts = s.counts()
+            seen.append((counts["GET"], counts["bytes"]))
+    assert seen == [(i + 1, 100 * (i + 1)) for i in range(300)]
