@@ -531,20 +531,23 @@ class _Handler(BaseHTTPRequestHandler):
                 sock.sendfile(source, k, n)
 
     def _control(self, owner: "S3Server", url) -> None:
-        what = url.path[len(CONTROL):]
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))  # a POST's body (unused), off the connection
+        what, status = url.path[len(CONTROL):], 200
         if what == "counts":
             out = owner.counts()
         elif what == "reset":
             out = owner.reset()
         elif what == "set":
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))  # a POST's body, if any: not read later
-            q = {k: float(v[-1]) for k, v in urllib.parse.parse_qs(url.query).items()}
-            owner.configure(latency=q.get("latency"), mbps=q.get("mbps"))
-            out = {"latency": owner.latency, "mbps": owner.mbps}
+            q = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
+            try:
+                owner.configure(latency=float(q.get("latency", owner.latency)), mbps=float(q.get("mbps", owner.mbps)))
+                out = {"latency": owner.latency, "mbps": owner.mbps}
+            except ValueError as e:
+                out, status = {"error": f"{url.path}?{url.query}: {e}"}, 400
         else:
-            out = {"error": f"no control path {url.path!r}: {CONTROL}counts, {CONTROL}reset, {CONTROL}set"}
+            out, status = {"error": f"no control path {url.path!r}: {CONTROL}counts, {CONTROL}reset, {CONTROL}set"}, 404
         body = json.dumps(out).encode()
-        self.send_response(200 if "error" not in out else 404)
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -646,11 +649,12 @@ class S3Server:
 
     def configure(self, latency: float | None = None, mbps: float | None = None) -> None:
         """A new latency (seconds) or bandwidth (MB/s per connection, 0: unlimited), for the next answers."""
-        for name, value in (("latency", latency), ("mbps", mbps)):
-            if value is not None:
-                if not value >= 0:
-                    raise ValueError(f"the benchmark server's {name} must be >= 0, got {value!r}")
-                setattr(self, name, float(value))
+        given = {k: v for k, v in (("latency", latency), ("mbps", mbps)) if v is not None}
+        for name, value in given.items():  # all checked before any is changed
+            if not value >= 0:
+                raise ValueError(f"the benchmark server's {name} must be a number >= 0, got {value!r}")
+        for name, value in given.items():
+            setattr(self, name, float(value))
 
     def counts(self) -> dict:
         """Requests and body bytes since the last reset (see the module's docstring)."""

@@ -191,6 +191,8 @@ def test_latency_bandwidth_and_counts():
         s.put("bucket", "m.bin", bytes(1 << 20))
         conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
         _call(s, "HEAD", "/bucket/m.bin", conn=conn)
+        assert _call(s, "POST", CONTROL + "set?latency=0.1&mbps=-4", conn=conn)[0] == 400
+        assert (s.latency, s.mbps) == (0, 0)  # a refused setting changes nothing
         assert _call(s, "POST", CONTROL + "set?latency=0.1&mbps=4", conn=conn)[0] == 200
         t0 = time.perf_counter()
         assert _call(s, "HEAD", "/bucket/m.bin", conn=conn)[0] == 200
