@@ -7,8 +7,8 @@ loopback S3 server that answers in parallel and adds latency per request.
 Server: benchmarks/s3_server.py on 127.0.0.1, in a process of its own (so that its Python shares no
 interpreter lock with the readers), serving the stores' files as S3 objects: a thread per connection,
 so requests sent together are answered side by side as S3 answers them (moto, used here before, answered
-one at a time, ~8 ms each, and hid every reader's concurrency); its cost is ~0.13-0.16 ms of CPU per
-request (its docstring). A link: ``--latencies`` entries ``SECONDS[:MBPS]``: the server sleeps
+one at a time, ~8 ms each, and hid every reader's concurrency); its cost is ~0.12 ms of CPU per request
+(its docstring). A link: ``--latencies`` entries ``SECONDS[:MBPS]``: the server sleeps
 ``SECONDS`` before each answer's first byte (requests in flight wait side by side), and with ``MBPS``
 sends each body at most that many MB/s per connection (an object store's throughput is per connection;
 on loopback bandwidth is otherwise free, and only round trips count). It does not check signatures

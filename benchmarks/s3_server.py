@@ -42,9 +42,9 @@ client's connections, not the server. Counters, not counted themselves and answe
 
 Its cost, measured on this 2-core VM (2026-12-05, 64 client threads of ``http.client`` with kept
 connections, 1000 GETs of 4 KiB ranges of a 1 MiB object, latency 0; ``python benchmarks/s3_server.py
---measure``): 0.13 ms of the server's CPU per request (0.13 s for 1000, its process's user + system
+--measure``, three runs): 0.11-0.12 ms of the server's CPU per request (its process's user + system
 time), against ~8 ms of moto's; with latency 0.2 s, 64 requests sent at once were all in flight
-together (the counts' ``in_flight_max`` 64) and all answered in 0.24 s.
+together (the counts' ``in_flight_max``: 64) and all answered in 0.21 s.
 """
 from __future__ import annotations
 
