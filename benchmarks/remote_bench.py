@@ -1,24 +1,22 @@
-"""Remote object storage (issue 31's "Performance"): the native reader against tensorstore and zarr-python
-(fsspec's s3fs, obstore) on the same S3 objects and windows, side by side in one run, through a proxy
-that adds latency per request.
+"""Remote object storage (issues 31 and 42's "Performance"): the native reader against tensorstore and
+zarr-python (fsspec's s3fs, obstore) on the same S3 objects and windows, side by side in one run, from a
+loopback S3 server that answers in parallel and adds latency per request.
 
-    python benchmarks/remote_bench.py [--steps 8] [--runs 3] [--latencies 0.02,0,0.02:100] [--concurrency 2] [--quick]
+    python benchmarks/remote_bench.py [--steps 8] [--runs 3] [--latencies 0,0.02,0.05] [--concurrency 2] [--quick]
 
-Server: a moto S3 server on 127.0.0.1 and, in front of it, the tests' forwarding proxy
-(tests/storage/fault_proxy.py) that waits ``latency`` seconds before it forwards each request (per
-request: requests in flight wait side by side) and here also counts the body bytes of every GET answer
-(the tests' proxy sets TCP_NODELAY: without it every small answer waits ~40 ms for the client's delayed ACK).
-A link: ``--latencies`` entries ``SECONDS[:MBPS]``; with ``MBPS`` the proxy sends each answer at most
-that many MB/s per connection (an object store's throughput is per connection; on loopback bandwidth
-is otherwise free, and only round trips count). moto runs in a process of its own (``--serve``) and the
-proxy in another (``--serve-proxy``), so that neither's Python shares an interpreter lock with the
-readers or with the other. moto still serves one request at a time (its interpreter lock): requests
-sent together are answered in turn, where S3 answers them side by side. Nothing reaches beyond
-127.0.0.1.
+Server: benchmarks/s3_server.py on 127.0.0.1, in a process of its own (so that its Python shares no
+interpreter lock with the readers), serving the stores' files as S3 objects: a thread per connection,
+so requests sent together are answered side by side as S3 answers them (moto, used here before, answered
+one at a time, ~8 ms each, and hid every reader's concurrency); its cost is ~0.12 ms of CPU per request
+(its docstring). A link: ``--latencies`` entries ``SECONDS[:MBPS]``: the server sleeps
+``SECONDS`` before each answer's first byte (requests in flight wait side by side), and with ``MBPS``
+sends each body at most that many MB/s per connection (an object store's throughput is per connection;
+on loopback bandwidth is otherwise free, and only round trips count). It does not check signatures
+(every reader signs as it would for S3). Nothing reaches beyond 127.0.0.1.
 
 Data: ``--steps`` × (4, 721, 1440) float32 (compressed_bench.py's ERA5-like smooth fields plus noise),
 rank 1 of 4, latitude split (axis 1 of (C, lat, lon); torch.chunk: rows 181..362), one sample per step.
-Stores, uploaded to the server once:
+Stores, written once into the server's folder:
   blosc_globe     Zarr v2, Blosc(lz4, 5, shuffle), chunks (1, 4, 721, 1440): a whole field per object
   zstd_sharded    Zarr v3, Zstd(3), inner chunks (1, 4, 721, 1440), shards of 4 steps (crc32c index)
   blosc_band      Zarr v2, Blosc(lz4, 5, shuffle), chunks (1, 4, 181, 1440): one chunk per window
@@ -29,7 +27,7 @@ per step and as many threads decoding):
                 operator reads the next step ahead while it reads this one (read_ahead's default for
                 object stores): two steps in flight
   native_sync   the same with read_ahead=False: one step at a time
-  tensorstore   ts.open(zarr / zarr3, kvstore s3 with endpoint = the proxy), window[t].read() per step,
+  tensorstore   ts.open(zarr / zarr3, kvstore s3 with endpoint = the server), window[t].read() per step,
                 one step at a time; s3_request_concurrency, data_copy_concurrency = concurrency, no
                 cache pool
   tensorstore_ahead  the same, step t+1's read issued before step t's is waited for: two steps in
@@ -39,15 +37,16 @@ per step and as many threads decoding):
   zarr_obstore  the same over zarr.storage.ObjectStore(obstore S3Store) (left out when obstore is not
                 installed)
 Per run, latency, store and reader: a new reader (new pipeline / context / store objects: nothing cached
-from an earlier one), proxy counts reset; ``open`` = making the reader (metadata, plans, pipeline build),
-``epoch`` = reading every step's window (cold: nothing of the data cached anywhere); bytes = body bytes of
-GET answers at the proxy, requests = GETs of objects, HEADs and bucket-level GETs (LIST), all counted from
-the reader's creation to the epoch's end. In the first run an untimed epoch at latency 0 then checks every
+from an earlier one), the server's counts reset; ``open`` = making the reader (metadata, plans, pipeline
+build), ``epoch`` = reading every step's window (cold: nothing of the data cached anywhere); counted at the
+server from the reader's creation to the epoch's end: bytes = body bytes of its answers (GETs of objects
+and listings), requests = GETs of objects, HEADs and bucket-level GETs (LIST), the most requests in
+flight at once, and the server's CPU seconds (what serving cost it, not the reader). In the first run an untimed epoch at latency 0 then checks every
 reader's windows against numpy. Medians over ``--runs``; the ratio column is the median of per-run ratios
 of the epoch time to tensorstore's, measured in the same run. Readers take turns going first.
 
 Cache (when ``storage_options`` take ``cache_dir``): a native pipeline with a fresh ``cache_dir`` reads two
-epochs; the second (its time, bytes and requests at the proxy) against the same windows from local copies
+epochs; the second (its time, bytes and requests at the server) against the same windows from local copies
 of the stores (a native pipeline's second epoch, files in the page cache).
 
 ``--quick``: 4 steps of (4, 91, 180), one run, latency 20 ms (a CI-size check that every reader runs and
@@ -63,9 +62,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.parse
 import urllib.request
 
 import numpy as np
@@ -74,164 +71,45 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
 from benchmarks._common import pipeline_epoch  # noqa: E402
+from benchmarks.s3_server import CONTROL  # noqa: E402  (share_bench.py's tensorstore ranks read the counts)
 
 BUCKET = "bench"
 STORES = ("blosc_globe", "zstd_sharded", "blosc_band")
 READERS = ("native", "native_sync", "tensorstore", "tensorstore_ahead", "zarr_fsspec", "zarr_obstore")
 STEPS_PER_SHARD = 4
-CONTROL = "/__bench__/"  # the proxy's own paths (counts, reset, latency): neither forwarded nor counted
-
-
-class _Paced:
-    """A connection's writer that sends at most the proxy's ``bandwidth`` bytes per second (0: as fast as
-    it can), per connection (a link whose bandwidth is per connection, as an object store's usually is):
-    in 64 KiB pieces, each sent when the bytes before it have had their time. The rate is read per
-    write, so that a change applies to kept connections too."""
-
-    def __init__(self, raw, owner) -> None:
-        self.raw, self.owner = raw, owner
-
-    def write(self, data) -> int:
-        rate = self.owner.bandwidth
-        if not rate:
-            return self.raw.write(data)
-        view = memoryview(data)
-        t0 = time.monotonic()
-        for k in range(0, len(view), 64 << 10):
-            piece = view[k:k + (64 << 10)]
-            self.raw.write(piece)
-            due = t0 + (k + len(piece)) / rate
-            now = time.monotonic()
-            if due > now:
-                time.sleep(due - now)
-        return len(view)
-
-    def __getattr__(self, name):
-        return getattr(self.raw, name)
-
-
-# ---- the server process: moto + the counting proxy -------------------------------------------------------
-def _counting_proxy_class():
-    """The tests' FaultProxy (which counts requests but not bytes) with a handler that also counts the
-    body bytes of GET answers and answers the benchmark's control paths."""
-    from tests.storage.fault_proxy import FaultProxy, _Handler, _Server
-
-    class Handler(_Handler):
-        def _serve(self) -> None:
-            if self.path.startswith(CONTROL):
-                self._control()
-                return
-            t0 = time.monotonic()
-            if not isinstance(self.wfile, _Paced):
-                self.wfile = _Paced(self.wfile, self.server.owner)
-            super()._serve()
-            with self.server.owner._lock:
-                self.server.owner.timeline.append((t0, time.monotonic(), self.command, self.path,
-                                                   self.headers.get("Range")))
-
-        def _forward(self, body: bytes):
-            status, reason, headers, content = super()._forward(body)
-            if self.command == "GET":
-                with self.server.owner._lock:
-                    self.server.owner.body_bytes += len(content)
-            return status, reason, headers, content
-
-        def _control(self) -> None:
-            owner = self.server.owner
-            what, _, arg = self.path[len(CONTROL):].partition("/")
-            with owner._lock:
-                if what == "reset":
-                    owner.requests.clear()
-                    owner.timeline.clear()
-                    owner.body_bytes = 0
-                elif what == "latency":
-                    owner.latency = float(arg)
-                elif what == "bandwidth":  # bytes per second per connection, 0: unlimited
-                    owner.bandwidth = float(arg)
-                elif what == "log":  # (start, end, method, path, range) of every request since the last reset
-                    body = json.dumps(owner.timeline).encode()
-                out = {"GET": 0, "HEAD": 0, "LIST": 0, "other": 0, "bytes": owner.body_bytes}
-                for method, path, _, _ in owner.requests:
-                    bucket_level = "/" not in urllib.parse.urlsplit(path).path.strip("/")
-                    kind = "LIST" if method == "GET" and bucket_level else method
-                    out[kind if kind in out else "other"] += 1
-            if what != "log":
-                body = json.dumps(out).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    class Server(_Server):
-        def handle_error(self, request, client_address) -> None:
-            if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that exited with a kept connection
-                super().handle_error(request, client_address)
-
-    class CountingProxy(FaultProxy):
-        body_bytes = 0
-        bandwidth = 0.0
-
-        def __init__(self, upstream: str, latency: float = 0.0) -> None:
-            super().__init__(upstream, latency)
-            self.timeline: list = []
-
-        def start(self) -> "CountingProxy":
-            self._server = Server(("127.0.0.1", 0), Handler)
-            self._server.owner = self
-            self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                            name="counting-proxy", daemon=True)
-            self._thread.start()
-            return self
-
-    return CountingProxy
-
-
-def serve() -> None:
-    """``--serve``: starts moto, and the proxy in a process of its own (so that the proxy's Python does not
-    take turns with moto's for one interpreter lock: a network is not part of the server), prints
-    ``MOTO_ENDPOINT PROXY_ENDPOINT``, serves until stdin closes."""
-    from tests.storage.s3_server import make_bucket, start_server
-
-    server, endpoint = start_server()
-    make_bucket(endpoint, BUCKET)
-    proxy = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve-proxy", endpoint],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
-    proxy_endpoint = proxy.stdout.readline().strip()
-    print(endpoint, proxy_endpoint, flush=True)
-    sys.stdin.read()
-    proxy.stdin.close()
-    try:
-        proxy.wait(30)
-    except subprocess.TimeoutExpired:
-        proxy.kill()
-    server.stop()
-
-
-def serve_proxy(upstream: str) -> None:
-    """``--serve-proxy UPSTREAM``: the counting proxy in front of ``UPSTREAM``, prints its endpoint, serves
-    until stdin closes."""
-    proxy = _counting_proxy_class()(upstream).start()
-    print(proxy.endpoint, flush=True)
-    sys.stdin.read()
-    proxy.stop()
 
 
 class Server:
-    """The server process, seen from the benchmark: endpoints, counts, latency."""
+    """benchmarks/s3_server.py in a process of its own (``--stdin``: it ends with this one), so that its
+    Python shares no interpreter lock with the readers: objects from ``root`` (its folder ``BUCKET``
+    holds the stores; files ``ROOT/BUCKET/KEY``), or in memory with an empty bucket ``BUCKET`` (uploads:
+    share_bench.py's)."""
 
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, cwd=ROOT)
-        line = self.proc.stdout.readline().split()
-        if len(line) != 2:
+    def __init__(self, root: str | None = None) -> None:
+        where = ["--root", root] if root is not None else ["--bucket", BUCKET]
+        self.proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "benchmarks", "s3_server.py"), "--port", "0",
+                                      "--stdin", *where], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     cwd=ROOT)
+        line = self.proc.stdout.readline().strip()
+        if not line.isdigit():
             self.proc.kill()
-            raise RuntimeError("the moto server and proxy did not start (see the output above)")
-        self.moto, self.proxy = line
+            raise RuntimeError("the benchmark's S3 server did not start (see the output above)")
+        self.endpoint = f"http://127.0.0.1:{line}"
+        # share_bench.py's names for it (uploads went to moto, reads through the proxy)
+        self.moto = self.proxy = self.endpoint
 
     def control(self, what: str) -> dict:
-        with urllib.request.urlopen(self.proxy + CONTROL + what, timeout=30) as r:
+        """``counts``, ``reset`` (the counts, then zero), ``latency/SECONDS``, ``bandwidth/BYTES_PER_S``."""
+        name, _, arg = what.partition("/")
+        if name in ("latency", "bandwidth"):
+            what = f"set?latency={arg}" if name == "latency" else f"set?mbps={float(arg) / 1e6}"
+        data = None if what == "counts" else b""  # a POST: anything but reading the counts
+        with urllib.request.urlopen(self.endpoint + CONTROL + what, data=data, timeout=30) as r:
             return json.loads(r.read())
+
+    def link(self, link: tuple[float, float]) -> None:
+        """Every answer from now on after ``link[0]`` seconds, at most ``link[1]`` MB/s per connection."""
+        self.control(f"set?latency={link[0]}&mbps={link[1]}")
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -356,7 +234,7 @@ def _versions() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     out = []
-    for name in ("tensorstore", "zarr", "s3fs", "obstore", "moto", "nvidia-dali-cuda120"):
+    for name in ("tensorstore", "zarr", "s3fs", "obstore", "nvidia-dali-cuda120"):
         try:
             out.append(f"{name} {version(name)}")
         except PackageNotFoundError:
@@ -366,15 +244,11 @@ def _versions() -> str:
 
 def _make(reader, store, server, steps, conc, layout, sl):
     if reader in ("native", "native_sync"):
-        return _Native(f"s3://{BUCKET}/{store}.zarr", steps, conc, layout, _options(server.proxy),
+        return _Native(f"s3://{BUCKET}/{store}.zarr", steps, conc, layout, _options(server.endpoint),
                        read_ahead=False if reader == "native_sync" else None)
     if reader in ("tensorstore", "tensorstore_ahead"):
-        return _TensorStore(store, server.proxy, steps, conc, sl, ahead=reader == "tensorstore_ahead")
-    return _Zarr(store, server.proxy, steps, conc, sl, reader.removeprefix("zarr_"))
-
-
-def _requests(counts: dict) -> int:
-    return counts["GET"] + counts["HEAD"] + counts["LIST"] + counts["other"]
+        return _TensorStore(store, server.endpoint, steps, conc, sl, ahead=reader == "tensorstore_ahead")
+    return _Zarr(store, server.endpoint, steps, conc, sl, reader.removeprefix("zarr_"))
 
 
 def _check(got, want, what: str) -> None:
@@ -402,8 +276,7 @@ def _link_name(link: tuple[float, float]) -> str:
 def _measure_cache(server, stores, paths, steps, conc, layout, want, link, runs) -> list[str]:
     """Rows of the cache table: the second epoch of a native pipeline with a fresh cache_dir against the
     second epoch of one over the local copy."""
-    server.control(f"latency/{link[0]}")
-    server.control(f"bandwidth/{link[1] * 1e6}")
+    server.link(link)
     r = {}
     for run in range(runs):
         for store in stores:
@@ -413,22 +286,21 @@ def _measure_cache(server, stores, paths, steps, conc, layout, want, link, runs)
                     server.control("reset")
                     if kind == "cache":
                         obj = _Native(f"s3://{BUCKET}/{store}.zarr", steps, conc, layout,
-                                      _options(server.proxy, cache_dir=folder))
+                                      _options(server.endpoint, cache_dir=folder))
                     else:
                         obj = _Native(paths[store], steps, conc, layout)
                     obj.epoch()
-                    first = server.control("reset")
+                    server.control("reset")
                     t0 = time.perf_counter()
                     obj.epoch()
                     dt = time.perf_counter() - t0
                     counts = server.control("counts")
                     if run == 0:
                         _check(obj.epoch(keep=True), want, f"native {kind} {store}")
-                    e = r.setdefault((store, kind), {"t": [], "bytes": [], "req": [], "first": []})
+                    e = r.setdefault((store, kind), {"t": [], "bytes": [], "req": []})
                     e["t"].append(dt)
                     e["bytes"].append(counts["bytes"])
-                    e["req"].append(_requests(counts))
-                    e["first"].append(first["bytes"])
+                    e["req"].append(counts["requests"])
                     del obj
                 finally:
                     shutil.rmtree(folder, ignore_errors=True)
@@ -446,13 +318,11 @@ def _measure_cache(server, stores, paths, steps, conc, layout, want, link, runs)
 # ---- the benchmark ----------------------------------------------------------------------------------------
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--serve-proxy", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--latencies", default="0.02,0,0.02:100",
-                    help="the links, comma-separated: seconds the proxy adds per request, and after a colon the "
-                         "MB/s it lets through per connection (none: unlimited)")
+    ap.add_argument("--latencies", default="0,0.02,0.05",
+                    help="the links, comma-separated: seconds the server waits before each answer, and after a "
+                         "colon the MB/s it sends per connection (none: unlimited)")
     ap.add_argument("--concurrency", type=int, default=2, help="requests in flight and decoding threads, every reader")
     ap.add_argument("--stores", default=",".join(STORES))
     ap.add_argument("--readers", default=",".join(READERS))
@@ -460,17 +330,11 @@ def main(argv=None) -> None:
     ap.add_argument("--quick", action="store_true", help="4 steps of (4, 91, 180), one run, 20 ms: a CI-size check")
     ap.add_argument("--no-cache", action="store_true", help="leave out the cache_dir measurement")
     args = ap.parse_args(argv)
-    if args.serve:
-        serve()
-        return
-    if args.serve_proxy:
-        serve_proxy(args.serve_proxy)
-        return
     if args.quick:
         args.steps, args.runs, args.latencies, args.shape = 4, 1, "0.02", "4,91,180"
     import benchmarks.compressed_bench as cb
     from benchmarks.compressed_bench import _layout
-    from tests.storage.s3_server import KEY, SECRET, upload
+    from tests.storage.s3_server import KEY, SECRET
 
     shape = tuple(int(x) for x in args.shape.split(","))
     if args.steps % STEPS_PER_SHARD:
@@ -488,20 +352,20 @@ def main(argv=None) -> None:
     sl = tuple(slice(a, b) for a, b in zip(region.start, region.stop))
     want = [data[t][sl] for t in range(args.steps)]
     folder = tempfile.mkdtemp(prefix="dm_remote_bench_")
-    server = Server()
+    server = None
     results = {}  # (link, store, reader) -> {"open": [], "epoch": [], "bytes": [], "GET": [], ...}
     try:
-        paths = {s: _write(s, folder, data) for s in stores}
+        # the stores are written where the server serves them from (its root's folder BUCKET), before it
+        # starts: it computes every object's ETag then, not while a reader waits
+        paths = {s: _write(s, os.path.join(folder, BUCKET), data) for s in stores}
         stored = {s: _data_bytes(paths[s]) for s in stores}
-        for s in stores:
-            upload(server.moto, paths[s], BUCKET, f"{s}.zarr")
+        server = Server(folder)
         order = list(readers)
         for run in range(args.runs):
             for link in links:
                 for store in stores:
                     for reader in order:
-                        server.control(f"latency/{link[0]}")
-                        server.control(f"bandwidth/{link[1] * 1e6}")
+                        server.link(link)
                         server.control("reset")
                         t0 = time.perf_counter()
                         obj = _make(reader, store, server, args.steps, args.concurrency, _layout(), sl)
@@ -514,12 +378,11 @@ def main(argv=None) -> None:
                         r = results.setdefault((link, store, reader), {"open": [], "epoch": []})
                         r["open"].append(t1 - t0)
                         r["epoch"].append(t3 - t2)
-                        for k in ("bytes", "GET", "HEAD", "LIST", "other"):
+                        for k in ("requests", "bytes", "GET", "HEAD", "LIST", "in_flight_max", "cpu_seconds"):
                             r.setdefault(k, []).append(counts[k])
-                        r.setdefault("open_requests", []).append(_requests(opened))
+                        r.setdefault("open_requests", []).append(opened["requests"])
                         if run == 0 and link == links[0]:  # every reader's windows checked, untimed
-                            server.control("latency/0")
-                            server.control("bandwidth/0")
+                            server.link((0, 0))
                             _check(obj.epoch(keep=True), want, f"{reader} {store}")
                         del obj
                 order = order[1:] + order[:1]  # readers take turns going first
@@ -529,7 +392,8 @@ def main(argv=None) -> None:
             cache_rows = _measure_cache(server, stores, paths, args.steps, args.concurrency, _layout(), want,
                                         links[0], args.runs)
     finally:
-        server.close()
+        if server is not None:
+            server.close()
         shutil.rmtree(folder, ignore_errors=True)
 
     print(f"{args.steps} x {shape} float32, rank 1 of 4 (latitude rows {region.start[1]}..{region.stop[1]}), "
@@ -538,18 +402,27 @@ def main(argv=None) -> None:
     if skipped:
         print(f"left out (not installed): {', '.join(skipped)}")
     print("\n| link | store | reader | stored MB (steps read) | fetched / stored | requests: open + epoch "
-          "| GET / HEAD / LIST | open s | epoch s | epoch vs tensorstore |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| GET / HEAD / LIST | open s | epoch s | epoch vs tensorstore | fetched MB | most in flight "
+          "| server CPU s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     med = statistics.median
     for (link, store, reader), r in results.items():
         ref = results.get((link, store, "tensorstore"))
         ratio = f"{med(a / b for a, b in zip(r['epoch'], ref['epoch'])):.2f}x" if ref else "-"
-        reqs = [g + h + li + o for g, h, li, o in zip(r["GET"], r["HEAD"], r["LIST"], r["other"])]
         opened = med(r["open_requests"])
         print(f"| {_link_name(link)} | {store} | {reader} | {stored[store] / 1e6:.1f} | "
-              f"{med(r['bytes']) / stored[store]:.2f}x | {opened:.0f} + {med(reqs) - opened:.0f} | "
+              f"{med(r['bytes']) / stored[store]:.2f}x | {opened:.0f} + {med(r['requests']) - opened:.0f} | "
               f"{med(r['GET']):.0f} / {med(r['HEAD']):.0f} / {med(r['LIST']):.0f} | {med(r['open']):.3f} | "
-              f"{med(r['epoch']):.3f} | {ratio} |")
+              f"{med(r['epoch']):.3f} | {ratio} | {med(r['bytes']) / 1e6:.1f} | {max(r['in_flight_max'])} | "
+              f"{med(r['cpu_seconds']):.2f} |")
+    if len(links) > 1:
+        print("\nEpoch s by link (medians, as above)\n")
+        print("| store | reader | " + " | ".join(_link_name(link) for link in links) + " |")
+        print("|---|---|" + "---|" * len(links))
+        for store in stores:
+            for reader in readers:
+                print(f"| {store} | {reader} | " + " | ".join(f"{med(results[(link, store, reader)]['epoch']):.3f}"
+                                                            for link in links) + " |")
     if cache_rows is None:
         print("\ncache: not yet built" if not _cache_option_exists() else "\ncache: not measured (--no-cache)")
     else:

@@ -374,10 +374,10 @@ def test_pread_bench_tiny_reports_every_distance(tmp_path):
 
 
 def test_remote_bench_quick(tmp_path):
-    """The remote benchmark's CI-size run: a moto server and the latency proxy on 127.0.0.1, every
-    reader's windows checked against numpy, the native reader fetching at most what tensorstore does."""
+    """The remote benchmark's CI-size run: its parallel S3 server (benchmarks/s3_server.py) on 127.0.0.1
+    with 20 ms per request, every reader's windows checked against numpy, the native reader fetching at
+    most what tensorstore does."""
     _needs_plugin()
-    pytest.importorskip("moto")
     pytest.importorskip("tensorstore")
     readers = {"native", "native_sync", "tensorstore", "tensorstore_ahead"}
     r = _run([str(BENCH / "remote_bench.py"), "--quick", "--readers", ",".join(sorted(readers))], tmp_path, timeout=300)
