@@ -1,8 +1,8 @@
 """The folders are the architecture: each room of ``dali_mesh`` imports only the rooms below it, and
 no module imports itself through others (no import circle).
 
-The picture, top-down: cli -> torch / pipeline (fn) -> weather -> source -> io (the formats) -> plan ->
-storage; plan -> partition -> mesh. Read from the source text (``ast``), so it holds for imports inside
+The picture, top-down: cli -> torch / pipeline (fn) -> weather -> source -> formats (one folder per
+format) -> io (what the readers share) -> plan -> storage; plan -> partition -> mesh. Read from the source text (``ast``), so it holds for imports inside
 functions too.
 
 In C++ (csrc/): only the operators include DALI (the reader, plans, codecs, stores and kernels are the
@@ -29,17 +29,18 @@ ALLOWED = {
     "_kernels": {"partition", "mesh", "_checks"},
     "plan": {"storage", "partition", "mesh", "_checks", "_kernels"},
     "io": {"plan", "storage", "partition", "mesh", "_checks", "_kernels"},
-    "source": {"io", "plan", "storage", "partition", "mesh", "_checks"},
-    "weather": {"source", "io", "plan", "storage", "partition", "mesh", "_checks"},
+    "formats": {"io", "plan", "storage", "partition", "mesh", "_checks", "_kernels"},
+    "source": {"formats", "io", "plan", "storage", "partition", "mesh", "_checks"},
+    "weather": {"source", "formats", "io", "plan", "storage", "partition", "mesh", "_checks"},
     "dataset": {"weather"},  # the weather sources' former module, kept for ``from dali_mesh.dataset import``
-    "pipeline": {"weather", "source", "io", "plan", "storage", "partition", "mesh", "_checks", "_kernels",
+    "pipeline": {"weather", "source", "formats", "io", "plan", "storage", "partition", "mesh", "_checks", "_kernels",
                  "_build_info"},
     "fn": {"pipeline"},
     "image": {"pipeline"},
     "torch": {"pipeline", "source", "partition", "mesh", "_checks"},
-    "cli": {"torch", "pipeline", "fn", "weather", "source", "io", "plan", "storage", "partition", "mesh", "_checks",
+    "cli": {"torch", "pipeline", "fn", "weather", "source", "formats", "io", "plan", "storage", "partition", "mesh", "_checks",
             "_kernels"},
-    "physicsnemo": {"torch", "pipeline", "source", "io", "partition", "mesh", "storage", "_checks"},
+    "physicsnemo": {"torch", "pipeline", "source", "formats", "io", "partition", "mesh", "storage", "_checks"},
     "__init__": {"pipeline", "weather", "source", "partition", "mesh"},
 }
 
@@ -94,8 +95,8 @@ MODULES = sorted(PACKAGE.rglob("*.py"))
 
 def test_the_package_has_the_rooms_of_the_design():
     rooms = {_room(_module_name(p)) for p in MODULES}
-    assert {"partition", "storage", "plan", "io", "pipeline", "torch", "cli", "source", "mesh", "fn"} <= rooms
-    for folder in ("partition", "storage", "plan", "io", "source", "pipeline", "torch", "cli"):
+    assert {"partition", "storage", "plan", "io", "formats", "pipeline", "torch", "cli", "source", "mesh", "fn"} <= rooms
+    for folder in ("partition", "storage", "plan", "io", "formats", "source", "pipeline", "torch", "cli"):
         assert (PACKAGE / folder / "__init__.py").is_file(), folder
 
 

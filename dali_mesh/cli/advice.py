@@ -2,7 +2,7 @@
 shape that would make it cost no more than the window (``dali-mesh plan --data FILE``).
 
 Everything here is computed from metadata, never from the data: the ``.npy`` header and the byte
-ranges of :func:`dali_mesh.io.npy.plan_npy_reads` merged as the reader merges them; an HDF5
+ranges of :func:`dali_mesh.formats.npy.plan_npy_reads` merged as the reader merges them; an HDF5
 dataset's chunk index (or, contiguous, its hyperslab bytes); a Zarr array's chunk objects and their
 sizes. The numbers are those the readers count in :class:`dali_mesh.io.IOStats` ``bytes_read`` for
 the same window (the byte ranges a read asks storage for, header included for ``.npy``; the kernel
@@ -24,9 +24,9 @@ import numpy as np
 
 from dali_mesh.cli.options import UsageError, find_data
 from dali_mesh.cli.locations import scrub, shown
-from dali_mesh.io.formats import format_named
+from dali_mesh.formats import format_named
 from dali_mesh.plan import WindowPlan, plan_window
-from dali_mesh.io.hdf5 import only_dataset_name
+from dali_mesh.formats.hdf5 import only_dataset_name
 from dali_mesh.partition import Layout, LayoutError, Region
 from dali_mesh.storage import local_path_of, store_of
 
@@ -360,7 +360,7 @@ class _NpyTarget(LayoutTarget):
     kind = "npy"
 
     def __init__(self, path: str) -> None:
-        from dali_mesh.io.npy import read_npy_header  # noqa: PLC0415
+        from dali_mesh.formats.npy import read_npy_header  # noqa: PLC0415
 
         self.header = read_npy_header(path)
         super().__init__(path, self.header.shape, self.header.native_dtype, None, ())
@@ -390,7 +390,7 @@ class _HDF5Target(LayoutTarget):
     kind = "hdf5"
 
     def __init__(self, path: str, name: str | None, allow_external: bool = False) -> None:
-        from dali_mesh.io.hdf5 import open_hdf5_dataset  # noqa: PLC0415
+        from dali_mesh.formats.hdf5 import open_hdf5_dataset  # noqa: PLC0415
 
         name = name or only_dataset_name(path)
         self.name = name
@@ -437,7 +437,7 @@ class _ZarrTarget(LayoutTarget):
     kind = "zarr"
 
     def __init__(self, path: str, name: str | None) -> None:
-        from dali_mesh.io.zarr import open_zarr_array  # noqa: PLC0415
+        from dali_mesh.formats.zarr import open_zarr_array  # noqa: PLC0415
 
         arr = open_zarr_array(path, name)
         self._name = name
@@ -494,5 +494,5 @@ def open_layout_target(path: str, dataset: str | None = None, *, allow_external:
     return target(first, dataset)
 
 
-#: the layout target of each format, by its registered name (dali_mesh.io.formats)
+#: the layout target of each format, by its registered name (dali_mesh.formats)
 _TARGETS = {"npy": _NpyTarget, "hdf5": _HDF5Target, "zarr": _ZarrTarget}

@@ -12,7 +12,7 @@ that a rank's cold read is its window.
 - DST: ``.h5``/``.hdf5`` (an HDF5 dataset) or ``.zarr`` (a Zarr v3 group holding the array); the
   dataset / array is named ``--name`` (default ``data``). Read it back with ``HDF5Source`` /
   ``ZarrSource`` and that name.
-- DST's format object (:mod:`dali_mesh.io.formats`) writes the copy (``create``) and reads it back
+- DST's format object (:mod:`dali_mesh.formats`) writes the copy (``create``) and reads it back
   (``open``, ``read_whole``); nothing here knows HDF5 or Zarr.
 - Samples are copied by a few threads (the readers release the GIL while reading; HDF5 calls are
   serialised, as h5py serialises them anyway), with a plain-text progress bar on stderr.
@@ -42,7 +42,7 @@ import numpy as np
 from dali_mesh.cli.options import UsageError, find_data, make_layout, parse_ints, parse_mesh
 from dali_mesh.cli.locations import scheme_of, shown
 from dali_mesh.io._common import DataFileError
-from dali_mesh.io.formats import ArrayFormat, format_of, written_suffixes
+from dali_mesh.formats import ArrayFormat, format_of, written_suffixes
 from dali_mesh.mesh import MeshInfo
 from dali_mesh.partition import Layout
 
@@ -112,7 +112,7 @@ def open_samples(src: str, dataset: str | None = None, lock: threading.Lock | No
     if kind == "npy":
         if dataset:
             raise UsageError("--dataset names an HDF5 dataset or Zarr array; .npy files have none")
-        from dali_mesh.io.npy import read_npy_header  # noqa: PLC0415
+        from dali_mesh.formats.npy import read_npy_header  # noqa: PLC0415
 
         headers = [read_npy_header(f) for f in files]
         first = (files[0], tuple(headers[0].shape), headers[0].native_dtype)
@@ -124,8 +124,8 @@ def open_samples(src: str, dataset: str | None = None, lock: threading.Lock | No
 
         return SampleReader(kind, files, first[1], first[2], [1] * len(files), read_npy, lambda: None)
     if kind == "hdf5":
-        from dali_mesh.io.hdf5 import only_dataset_name  # noqa: PLC0415
-        from dali_mesh.io.hdf5 import open_hdf5_dataset  # noqa: PLC0415
+        from dali_mesh.formats.hdf5 import only_dataset_name  # noqa: PLC0415
+        from dali_mesh.formats.hdf5 import open_hdf5_dataset  # noqa: PLC0415
 
         name = dataset or only_dataset_name(files[0])
         handles = [open_hdf5_dataset(f, name, allow_external=allow_external) for f in files]
@@ -139,7 +139,7 @@ def open_samples(src: str, dataset: str | None = None, lock: threading.Lock | No
             with lock:
                 return arrays[fi][j]
     else:
-        from dali_mesh.io.zarr import open_zarr_array  # noqa: PLC0415
+        from dali_mesh.formats.zarr import open_zarr_array  # noqa: PLC0415
 
         arrays = [open_zarr_array(f, dataset) for f in files]
         close_hdf5 = lambda: None  # noqa: E731

@@ -25,7 +25,7 @@ import numpy as np
 
 from dali_mesh.cli.options import UsageError, find_data, make_layout, parse_ints, positive_float, positive_int
 from dali_mesh.cli.locations import scrub, shown
-from dali_mesh.io.formats import format_named
+from dali_mesh.formats import format_named
 from dali_mesh.io.pagecache import descendant_pids, evict, read_bytes
 from dali_mesh.plan import NotNativeError
 from dali_mesh.partition import take_window
@@ -224,7 +224,7 @@ def _dataset_sample(source, sample_id: int) -> np.ndarray:
             arr = group[c.variable]
             fields.append(np.asarray(arr[t] if c.level_index is None else arr[t, c.level_index]))
     else:
-        from dali_mesh.io.hdf5 import open_hdf5_file  # noqa: PLC0415
+        from dali_mesh.io.containers import open_hdf5_file  # noqa: PLC0415
 
         for f_path in source.files:  # the files in time order: the step's file and its local step
             with open_hdf5_file(f_path) as f:

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from dali_mesh.cli.locations import format_of_location, name_of, scrub, shown
-from dali_mesh.io.formats import FORMATS
+from dali_mesh.formats import FORMATS
 from dali_mesh.mesh import MeshInfo, parse_mesh_shape, resolve_mesh_shape
 from dali_mesh.partition import Layout, check_fill_value
 from dali_mesh.storage import DataFileError, local_path_of, store_of
@@ -229,7 +229,7 @@ def sample_count(shape: Sequence[int]) -> int:
 
 
 def data_kind(path: str) -> str | None:
-    """The name of the registered format (:mod:`dali_mesh.io.formats`) that reads ``path``, by its
+    """The name of the registered format (:mod:`dali_mesh.formats`) that reads ``path``, by its
     name (``"npy"``, ``"hdf5"``, ``"zarr"``), else ``None``."""
     fmt = format_of_location(path)
     return None if fmt is None else fmt.name

@@ -86,7 +86,7 @@ def open_dataset_group(path: str | os.PathLike) -> dict[str, DatasetVariable]:
     rewritten without consolidating again) would describe another array."""
     import zarr
 
-    from dali_mesh.io.zarr import check_store_dir
+    from dali_mesh.io.containers import check_store_dir
     from dali_mesh.storage import store_of
 
     path = str(path)
@@ -135,7 +135,7 @@ def _zarr_cf_fill(arr, attrs):
 def open_netcdf_variables(path: str | os.PathLike) -> dict[str, DatasetVariable]:
     """Every dataset at the root of a NetCDF4 (HDF5) file whose dims are dimension scales, by name,
     as the netCDF library and h5netcdf write them."""
-    from dali_mesh.io.hdf5 import open_hdf5_file
+    from dali_mesh.io.containers import open_hdf5_file
 
     path = str(path)
     f = open_hdf5_file(path)
@@ -176,7 +176,7 @@ def _attr(value):
 
 def read_netcdf_coordinate(path: str | os.PathLike, name: str) -> np.ndarray:
     """The values of the 1-D dataset ``name`` of a NetCDF4 file, read whole."""
-    from dali_mesh.io.hdf5 import open_hdf5_file
+    from dali_mesh.io.containers import open_hdf5_file
 
     f = open_hdf5_file(str(path))
     try:

@@ -19,7 +19,7 @@ Sources::
 
     NumpySource(files, layout)                 one sample per ``.npy`` file
     ArraySource(files, name, layout, format=)  samples along axis 0 of an array, across files, in a
-                                               registered format (dali_mesh.io.formats)
+                                               registered format (dali_mesh.formats)
     HDF5Source(files, dataset, layout)         ArraySource of HDF5 datasets
     ZarrSource(stores, array, layout)          ArraySource of Zarr arrays (v2 or v3)
 

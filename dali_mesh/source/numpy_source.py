@@ -9,7 +9,7 @@ import numpy as np
 from dali_mesh._checks import is_int as _is_int
 from dali_mesh.io._common import ShapeMismatchError, apply_index_maps, check_frame
 from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP
-from dali_mesh.io.npy import plan_npy_files, read_npy_header, read_npy_window
+from dali_mesh.formats.npy import plan_npy_files, read_npy_header, read_npy_window
 from dali_mesh.plan import NotNativeError
 from dali_mesh.partition import Layout
 from dali_mesh.source.arguments import channel_maps, file_list, normalise_maps

@@ -24,7 +24,6 @@ from dali_mesh.io._common import (
     HeaderError,
     IOStats,
     MissingArrayError,
-    MissingFileError,
     NotRegularFileError,
     _account,
     check_dtype,
@@ -36,6 +35,7 @@ from dali_mesh.plan import plan_window
 from dali_mesh.plan.chunks import check_coded_chunk, chunk_coords, chunk_pieces, count_chunk_pieces, piece_plans
 from dali_mesh.plan import (CHECK_JSON, CODEC_LIBRARIES, CODECS, Coder, NotNativeError, PlanSet, ReadPlan, native_dtype_of, native_store)
 from dali_mesh.partition import Region
+from dali_mesh.io.containers import check_store_dir
 from dali_mesh.storage import ByteStore, Version, store_of
 from dali_mesh.storage.byte_store import read_exactly
 
@@ -98,18 +98,6 @@ def _counting_store(store):
 
         _counting_store_cls = CountingStore
     return _counting_store_cls(store)
-
-
-def check_store_dir(path: str, hint: str = "; check the path") -> None:
-    """Refuse, naming ``path``, a Zarr store that does not exist or is not a directory (``hint`` ends
-    the message)."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise MissingFileError(path, f"no such Zarr store{hint}") from None
-    if not stat.S_ISDIR(mode):
-        raise NotRegularFileError(path, f"is not a directory: a Zarr store is a directory holding zarr.json or "
-                                  f".zarray{hint}")
 
 
 def open_zarr_array(path: str | os.PathLike, name: str | None = None):
@@ -356,7 +344,7 @@ def _fill_bytes(arr, stored: np.dtype) -> bytes:
 def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region: Region, *, plans_of, budget,
                     index_maps=None, merge_gap: int):
     """The native reads of steps ``[first, stop)`` along axis 0 of the Zarr array ``name`` of the
-    local store ``store`` (uncompressed v2/v3), as :func:`dali_mesh.io.hdf5.plan_hdf5_steps`: per
+    local store ``store`` (uncompressed v2/v3), as :func:`dali_mesh.formats.hdf5.plan_hdf5_steps`: per
     step the array's metadata file (checked, nothing read), then one part per box and chunk file
     touched (every chunk file is a raw C-order array of the full chunk shape), its plan shared by
     every step, its base the step's place in the chunk; then a finishing plan (boundary cells).
@@ -672,7 +660,7 @@ def create_zarr_array(path: str | os.PathLike, name: str, shape: Sequence[int], 
                       zarr_format: int = 3) -> ArrayWriter:
     """A new Zarr group at ``path`` (what is there is replaced), format ``zarr_format`` (3 or 2), holding
     array ``name`` of ``shape`` and ``dtype`` in ``chunks``, uncompressed, every chunk stored (all-zero
-    ones too): an :class:`~dali_mesh.io.formats.ArrayWriter`."""
+    ones too): an :class:`~dali_mesh.formats.ArrayWriter`."""
     if zarr_format not in (2, 3):
         raise ValueError(f"zarr_format must be 2 or 3, got {zarr_format!r}")
     return _ZarrWriter(str(path), name, tuple(shape), np.dtype(dtype), tuple(chunks), zarr_format)

@@ -8,9 +8,9 @@ methods of :class:`ArrayFormat`, registered with :func:`register_format`) is rea
 
 Three formats today:
 
-- ``npy``  one sample per ``.npy`` file (its header, byte ranges; :mod:`dali_mesh.io.npy`)
-- ``hdf5`` samples along axis 0 of an HDF5 dataset (NetCDF4 files are HDF5; :mod:`dali_mesh.io.hdf5`)
-- ``zarr`` samples along axis 0 of a Zarr array, v2 or v3, sharded or not (:mod:`dali_mesh.io.zarr`)
+- ``npy``  one sample per ``.npy`` file (its header, byte ranges; :mod:`dali_mesh.formats.npy`)
+- ``hdf5`` samples along axis 0 of an HDF5 dataset (NetCDF4 files are HDF5; :mod:`dali_mesh.formats.hdf5`)
+- ``zarr`` samples along axis 0 of a Zarr array, v2 or v3, sharded or not (:mod:`dali_mesh.formats.zarr`)
 
 HDF5 and Zarr are also written (:meth:`ArrayFormat.create`: chunked, uncompressed, what ``dali-mesh
 convert`` writes); ``.npy`` is read only.
@@ -134,7 +134,7 @@ class _Npy(ArrayFormat):
     name, label, container, array_word, suffixes, steps = "npy", ".npy file", "file", "array", (".npy",), False
 
     def info(self, location, name=None, **options) -> ArrayInfo:
-        from dali_mesh.io.npy import read_npy_header  # noqa: PLC0415
+        from dali_mesh.formats.npy import read_npy_header  # noqa: PLC0415
 
         if name:
             raise DataFileError(location, "a .npy file holds one array: it has no named dataset or array")
@@ -146,7 +146,7 @@ class _Npy(ArrayFormat):
 
     def read_window(self, handle, region, out, *, prefix=(), index_maps=None, expected_shape=None,
                     expected_dtype=None, **read_options) -> None:
-        from dali_mesh.io.npy import read_npy_window  # noqa: PLC0415
+        from dali_mesh.formats.npy import read_npy_window  # noqa: PLC0415
 
         read_npy_window(handle, region, out, prefix=prefix, index_maps=index_maps, expected_shape=expected_shape,
                         expected_dtype=expected_dtype, **read_options)
@@ -171,12 +171,12 @@ class _HDF5(ArrayFormat):
         return self.suffixes[:3]
 
     def default_name(self, location) -> str:
-        from dali_mesh.io.hdf5 import only_dataset_name  # noqa: PLC0415
+        from dali_mesh.formats.hdf5 import only_dataset_name  # noqa: PLC0415
 
         return only_dataset_name(location)
 
     def info(self, location, name=None, h5_kwargs: Mapping | None = None, **options) -> ArrayInfo:
-        from dali_mesh.io.hdf5 import hdf5_filter_names  # noqa: PLC0415
+        from dali_mesh.formats.hdf5 import hdf5_filter_names  # noqa: PLC0415
 
         f, ds = self.open(location, name, h5_kwargs=h5_kwargs)
         with f:
@@ -184,7 +184,7 @@ class _HDF5(ArrayFormat):
                              hdf5_filter_names(ds))
 
     def open(self, location, name=None, h5_kwargs: Mapping | None = None, **options):
-        from dali_mesh.io.hdf5 import open_hdf5_dataset  # noqa: PLC0415
+        from dali_mesh.formats.hdf5 import open_hdf5_dataset  # noqa: PLC0415
 
         return open_hdf5_dataset(location, name or self.default_name(location), **dict(h5_kwargs or {}))
 
@@ -193,7 +193,7 @@ class _HDF5(ArrayFormat):
 
     def read_window(self, handle, region, out, *, prefix=(), index_maps=None, expected_shape=None,
                     expected_dtype=None) -> None:
-        from dali_mesh.io.hdf5 import read_hdf5_window  # noqa: PLC0415
+        from dali_mesh.formats.hdf5 import read_hdf5_window  # noqa: PLC0415
 
         read_hdf5_window(handle[1], region, out, prefix=prefix, index_maps=index_maps, expected_shape=expected_shape,
                          expected_dtype=expected_dtype, path=handle[0].filename)
@@ -202,12 +202,12 @@ class _HDF5(ArrayFormat):
         return handle[1][()] if index is None else handle[1][index]
 
     def create(self, location, name, shape, dtype, chunks, **options) -> ArrayWriter:
-        from dali_mesh.io.hdf5 import create_hdf5_dataset  # noqa: PLC0415
+        from dali_mesh.formats.hdf5 import create_hdf5_dataset  # noqa: PLC0415
 
         return create_hdf5_dataset(location, name, shape, dtype, chunks, **options)
 
     def plan_steps(self, location, name, steps, region, *, options: Mapping | None = None, **kw):
-        from dali_mesh.io.hdf5 import plan_hdf5_steps  # noqa: PLC0415
+        from dali_mesh.formats.hdf5 import plan_hdf5_steps  # noqa: PLC0415
 
         return plan_hdf5_steps(location, name, steps, region, h5_kwargs=dict((options or {}).get("h5_kwargs") or {}),
                                **kw)
@@ -218,7 +218,7 @@ class _Zarr(ArrayFormat):
     write_suffixes = (".zarr",)
 
     def info(self, location, name=None, **options) -> ArrayInfo:
-        from dali_mesh.io.zarr import zarr_codec_names  # noqa: PLC0415
+        from dali_mesh.formats.zarr import zarr_codec_names  # noqa: PLC0415
 
         arr = self.open(location, name)
         try:
@@ -228,13 +228,13 @@ class _Zarr(ArrayFormat):
         return ArrayInfo(tuple(arr.shape), native_dtype(arr.dtype), chunks, zarr_codec_names(arr))
 
     def open(self, location, name=None, **options):
-        from dali_mesh.io.zarr import open_zarr_array  # noqa: PLC0415
+        from dali_mesh.formats.zarr import open_zarr_array  # noqa: PLC0415
 
         return open_zarr_array(location, name)
 
     def read_window(self, handle, region, out, *, prefix=(), index_maps=None, expected_shape=None,
                     expected_dtype=None) -> None:
-        from dali_mesh.io.zarr import read_zarr_window  # noqa: PLC0415
+        from dali_mesh.formats.zarr import read_zarr_window  # noqa: PLC0415
 
         read_zarr_window(handle, region, out, prefix=prefix, index_maps=index_maps, expected_shape=expected_shape,
                          expected_dtype=expected_dtype)
@@ -243,17 +243,17 @@ class _Zarr(ArrayFormat):
         return np.asarray(handle[...] if index is None else handle[index])
 
     def create(self, location, name, shape, dtype, chunks, zarr_format: int = 3, **options) -> ArrayWriter:
-        from dali_mesh.io.zarr import create_zarr_array  # noqa: PLC0415
+        from dali_mesh.formats.zarr import create_zarr_array  # noqa: PLC0415
 
         return create_zarr_array(location, name, shape, dtype, chunks, zarr_format=zarr_format, **options)
 
     def is_store(self, location) -> bool:
-        from dali_mesh.io.zarr import is_zarr_store  # noqa: PLC0415
+        from dali_mesh.formats.zarr import is_zarr_store  # noqa: PLC0415
 
         return is_zarr_store(location)
 
     def plan_steps(self, location, name, steps, region, *, options: Mapping | None = None, **kw):
-        from dali_mesh.io.zarr import plan_zarr_steps  # noqa: PLC0415
+        from dali_mesh.formats.zarr import plan_zarr_steps  # noqa: PLC0415
 
         return plan_zarr_steps(location, name, steps, region, **kw)
 

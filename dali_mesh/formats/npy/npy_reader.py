@@ -556,7 +556,7 @@ def plan_npy_files(files: Sequence[str], *, region_of, index_maps=None, sample_s
             units = count_npy_units(h, wplan, (), merge_gap)
             if units > MAX_NATIVE_UNITS:
                 raise NotNativeError(f"{h.path}: the window is {units} separate byte ranges, more than the native "
-                                     f"reader plans (dali_mesh.io.npy.MAX_NATIVE_UNITS = {MAX_NATIVE_UNITS}); "
+                                     f"reader plans (dali_mesh.formats.npy.MAX_NATIVE_UNITS = {MAX_NATIVE_UNITS}); "
                                      "a chunked copy (dali-mesh convert) reads it in a few ranges")
             u = plan_npy_units(h, wplan, (), merge_gap)
             plan_of_header[check] = plans.add_plan(ReadPlan.from_units(

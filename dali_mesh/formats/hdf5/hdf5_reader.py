@@ -43,7 +43,6 @@ from dali_mesh.io._common import (
     UnsupportedFilterError,
     _account,
     check_dtype,
-    check_regular_file,
     native_dtype,
     sample_shape,
 )
@@ -53,8 +52,8 @@ from dali_mesh.plan.chunks import check_coded_chunk, chunk_pieces, count_chunk_p
 from dali_mesh.plan.ranges import StoredArray, plan_npy_units
 from dali_mesh.plan import (CODEC_LIBRARIES, CODECS, Coder, NotNativeError, PlanFile, PlanSet, ReadPlan, native_dtype_of, native_store, read_file_at)
 from dali_mesh.partition import Region
-from dali_mesh.storage import store_of
-from dali_mesh.storage.byte_store import StoredFile, read_exactly
+from dali_mesh.io.containers import open_hdf5_container, open_hdf5_file
+from dali_mesh.storage.byte_store import read_exactly
 
 __all__ = ["create_hdf5_dataset", "open_hdf5_dataset", "only_dataset_name", "read_hdf5_window", "hdf5_sample_info"]
 
@@ -153,7 +152,7 @@ def open_hdf5_dataset(path: str | os.PathLike, name: str, *, random_access: bool
     import h5py
 
     path = str(path)
-    f, fobj = _open_file(path, random_access, file_kwargs, version)
+    f, fobj = open_hdf5_container(path, random_access, file_kwargs, version)
     try:
         try:
             obj = _resolve_links(h5py, f, path, name, allow_external)
@@ -179,58 +178,6 @@ def open_hdf5_dataset(path: str | os.PathLike, name: str, *, random_access: bool
             fobj.close()
         raise
     return f, obj
-
-
-def open_hdf5_file(path: str | os.PathLike, **file_kwargs):
-    """``h5py.File(path, "r")``, its errors naming the file (a NetCDF3 file is named as such)."""
-    return _open_file(str(path), False, file_kwargs)[0]
-
-
-def _open_file(path: str, random_access: bool, file_kwargs, version=None):
-    import h5py
-
-    bytes_store, key = store_of(path)
-    if bytes_store.local_path(key) is None:  # h5py reads the object through ranged reads of one version
-        fobj = bytes_store.open_file(key, "HDF5 file") if version is None else \
-            StoredFile(bytes_store.open_version(key, version))
-        try:
-            return h5py.File(fobj, "r", **file_kwargs), fobj
-        except OSError as e:
-            fobj.close()
-            raise DataFileError(path, f"cannot be opened as HDF5 ({e}); is it an HDF5 file, and whole?") from None
-    check_regular_file(path, "HDF5 file")
-    fobj = None
-    try:
-        if random_access:
-            fobj = open(path, "rb", buffering=0)
-            if hasattr(os, "posix_fadvise"):
-                os.posix_fadvise(fobj.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
-            f = h5py.File(fobj, "r", **file_kwargs)
-        else:
-            f = h5py.File(path, "r", **file_kwargs)
-    except OSError as e:
-        if fobj is not None:
-            fobj.close()
-        classic = _netcdf3_kind(path)
-        if classic:
-            raise HeaderError(path, f"is a NetCDF3 file ({classic}), not NetCDF4/HDF5: the reader opens NetCDF4 "
-                              "files (which are HDF5) only; convert it (e.g. `nccopy -k nc4 IN OUT`, or xarray's "
-                              "to_netcdf(engine='h5netcdf'))") from None
-        raise DataFileError(path, f"cannot be opened as HDF5 ({e}); is it an HDF5 file, and whole?") from None
-    return f, fobj
-
-
-_NETCDF3 = {b"CDF\x01": "classic format, CDF-1", b"CDF\x02": "64-bit offset format, CDF-2",
-            b"CDF\x05": "64-bit data format, CDF-5"}
-
-
-def _netcdf3_kind(path: str) -> str | None:
-    """The NetCDF3 format a file's magic names, or None."""
-    try:
-        with open(path, "rb") as f:
-            return _NETCDF3.get(f.read(4))
-    except OSError:
-        return None
 
 
 def only_dataset_name(path: str | os.PathLike) -> str:
@@ -726,5 +673,5 @@ class _HDF5Writer(ArrayWriter):
 def create_hdf5_dataset(path: str | os.PathLike, name: str, shape: Sequence[int], dtype, chunks: Sequence[int]
                         ) -> ArrayWriter:
     """A new HDF5 file at ``path`` (what is there is replaced) holding dataset ``name`` of ``shape`` and
-    ``dtype``, stored in ``chunks``, uncompressed: an :class:`~dali_mesh.io.formats.ArrayWriter`."""
+    ``dtype``, stored in ``chunks``, uncompressed: an :class:`~dali_mesh.formats.ArrayWriter`."""
     return _HDF5Writer(str(path), name, tuple(shape), np.dtype(dtype), tuple(chunks))
