@@ -1,0 +1,435 @@
+"""Plan the native reads of a Zarr array's steps (v2 or v3, uncompressed or with the codecs the native
+reader decodes, sharded or not): its chunk objects, or the inner chunks of its shards; what
+:class:`~dali_mesh.formats.zarr.zarr_format.ZarrFormat` ``plan_steps`` returns. And the names of an
+array's codecs, which ``dali-mesh plan`` describes."""
+from __future__ import annotations
+
+import math
+import os
+from typing import NamedTuple
+
+import numpy as np
+
+from dali_mesh.io._common import DataFileError, HeaderError, NotRegularFileError
+from dali_mesh.plan import plan_window
+from dali_mesh.plan.chunks import check_coded_chunk, chunk_coords, chunk_pieces, count_chunk_pieces, piece_plans
+from dali_mesh.plan import (CHECK_JSON, CODEC_LIBRARIES, CODECS, Coder, NotNativeError, PlanSet, ReadPlan, native_dtype_of, native_store)
+from dali_mesh.partition import Region
+from dali_mesh.storage import ByteStore, Version
+from dali_mesh.formats.zarr.zarr_reader import open_zarr_array
+from dali_mesh.storage.byte_store import read_exactly
+
+__all__ = ["plan_zarr_steps", "zarr_codec_names"]
+
+
+#: Zarr v2 compressors (numcodecs ``codec_id``) and Zarr v3 bytes-to-bytes codecs the reader decodes, as
+#: codec names of the codec table (``read_plan.CODECS``; tests/io/test_codec_table.py checks each is there)
+_V2_COMPRESSORS = ("blosc", "zstd", "lz4", "zlib", "gzip")
+_V3_CODECS = {"BloscCodec": "blosc", "ZstdCodec": "zstd", "GzipCodec": "gzip"}
+
+
+def _codec_steps(name: str, path: str, arr) -> tuple[tuple[int, int], ...]:
+    """The coder steps of one decompressor (Blosc's argument: the type size its header must hold,
+    the array's item size, as numcodecs and Zarr v3 write it), or :class:`NotNativeError` when this
+    build lacks its library."""
+    from dali_mesh import _kernels
+
+    cid = CODECS[name]
+    if not _kernels.codec_available(cid):
+        what = "crc32c-checked" if name == "crc32c" else f"{name}-compressed"
+        raise NotNativeError(f"{path}: Zarr array {arr.path!r} is {what}, but this build of the native "
+                             f"reader has no {CODEC_LIBRARIES[name]} (it was not found when the plugin was built); "
+                             "it is decoded by partitioned_source")
+    return ((cid, np.dtype(arr.dtype).itemsize if name == "blosc" else 0),)
+
+
+class _Coding(NamedTuple):
+    """How an array's chunks are stored: the dtype of a chunk's decoded bytes (its byte order as
+    stored), the coder steps that decode a stored chunk (``None``: stored raw), and, for a sharded
+    v3 array, the shard shape and where its index lies (``None``: chunks are files)."""
+
+    stored: np.dtype
+    steps: tuple | None
+    shard: tuple[int, ...] | None = None
+    index_at_end: bool = True
+    index_crc: bool = False
+    fortran: bool = False  # chunks in Fortran order (v2 order "F", v3 transpose to the reversed axes)
+
+
+def _v3_codecs(codecs, path, arr, what: str) -> tuple[np.dtype, tuple | None, bool]:
+    """The stored dtype, coder steps and Fortran order of a v3 codec list [transpose to the
+    reversed axes] ``bytes`` [+ one compressor] [+ crc32c] (decoded in the other order: the checksum
+    verified first, then the compressor)."""
+    names = [type(c).__name__ for c in codecs]
+    fortran = bool(names) and names[0] == "TransposeCodec"
+    if fortran:
+        order = tuple(int(a) for a in codecs[0].order)
+        if order != tuple(range(len(order)))[::-1]:
+            raise NotNativeError(f"{path}: Zarr array {arr.path!r} has TransposeCodec(order={order}); the native "
+                                 "reader reads chunks in C order or transposed to the reversed axes (Fortran "
+                                 "order); it is decoded by partitioned_source")
+        codecs, names = codecs[1:], names[1:]
+    crc = bool(names) and names[-1] == "Crc32cCodec"
+    body = names[:-1] if crc else names
+    if not body or body[0] != "BytesCodec" or len(body) > 2 or (len(body) == 2 and body[1] not in _V3_CODECS):
+        raise NotNativeError(f"{path}: Zarr array {arr.path!r} has {what} {names}; the native reader decodes bytes "
+                             f"followed by at most one of {sorted(_V3_CODECS)}, then optionally crc32c, after a "
+                             "transpose to the reversed axes or none, in a shard or not; it is decoded by "
+                             "partitioned_source")
+    dtype = np.dtype(arr.dtype)
+    endian = getattr(codecs[0].endian, "value", None)
+    if dtype.itemsize > 1 and endian in ("little", "big"):
+        dtype = dtype.newbyteorder("<" if endian == "little" else ">")
+    if len(body) == 2 and body[1] == "BloscCodec":
+        _check_v3_blosc(codecs[1], path, arr)
+    steps = () if len(body) == 1 else _codec_steps(_V3_CODECS[body[1]], path, arr)
+    if crc:
+        steps = _codec_steps("crc32c", path, arr) + steps
+    return dtype, steps or None, fortran
+
+
+def _check_v3_blosc(codec, path, arr) -> None:
+    """:class:`NotNativeError` for a ``BloscCodec`` whose chunks c-blosc2 would decode other than
+    numcodecs (c-blosc1) does: bit shuffle by a ``typesize`` that does not divide the chunk's bytes
+    (its last block is then not a whole number of items; see csrc/codecs/blosc.cc BloscHeader)."""
+    typesize = getattr(codec, "typesize", None)
+    shuffle = str(getattr(getattr(codec, "shuffle", None), "value", getattr(codec, "shuffle", "")))
+    chunk_bytes = int(np.prod(arr.chunks)) * np.dtype(arr.dtype).itemsize
+    if typesize and shuffle == "bitshuffle" and chunk_bytes % int(typesize):
+        raise NotNativeError(f"{path}: Zarr array {arr.path!r} is Blosc bit-shuffled by typesize {typesize}, which "
+                             f"does not divide its chunks' {chunk_bytes} bytes (c-blosc2 decodes their last block "
+                             "other than numcodecs does); it is decoded by partitioned_source")
+
+
+def _zarr_coding(arr, path) -> _Coding:
+    """How ``arr``'s chunks are stored (:class:`_Coding`), or :class:`NotNativeError` naming what the
+    native reader does not decode (a filter, a codec, a transposition other than to the reversed axes)."""
+    md = arr.metadata
+    dtype = np.dtype(arr.dtype)
+    if md.zarr_format == 2:
+        if md.filters:
+            names = [getattr(f, "codec_id", type(f).__name__) for f in md.filters]
+            raise NotNativeError(f"{path}: Zarr array {arr.path!r} has filters {names}, which the native reader "
+                                 "does not apply; it is decoded by partitioned_source")
+        fortran = md.order == "F"
+        if md.compressor is None:
+            return _Coding(dtype, None, fortran=fortran)
+        cid = getattr(md.compressor, "codec_id", type(md.compressor).__name__)
+        if cid not in _V2_COMPRESSORS:
+            raise NotNativeError(f"{path}: Zarr array {arr.path!r} has compressor {cid!r}, which the native reader "
+                                 f"does not decode (it decodes {', '.join(_V2_COMPRESSORS)}); it is decoded by "
+                                 "partitioned_source")
+        return _Coding(dtype, _codec_steps(cid, path, arr), fortran=fortran)
+    if type(md.chunk_grid).__name__ != "RegularChunkGrid":
+        raise NotNativeError(f"{path}: Zarr array {arr.path!r} has chunk grid {type(md.chunk_grid).__name__}; it is "
+                             "read by partitioned_source")
+    names = [type(c).__name__ for c in md.codecs]
+    if names == ["ShardingCodec"]:
+        sc = md.codecs[0]
+        stored, steps, fortran = _v3_codecs(sc.codecs, path, arr, "inner codecs")
+        index = [type(c).__name__ for c in sc.index_codecs]
+        little = getattr(getattr(sc.index_codecs[0], "endian", None), "value", None) == "little" if index else False
+        if index not in (["BytesCodec"], ["BytesCodec", "Crc32cCodec"]) or not little:
+            raise NotNativeError(f"{path}: Zarr array {arr.path!r} has shard index codecs {index}; the native reader "
+                                 "reads a little-endian index with or without crc32c; it is read by partitioned_source")
+        # a coder without steps copies a raw inner chunk (sizes checked) out of the shard
+        return _Coding(stored, steps or (), tuple(int(n) for n in md.chunk_grid.chunk_shape),
+                       getattr(sc.index_location, "value", sc.index_location) == "end", len(index) == 2, fortran)
+    stored, steps, fortran = _v3_codecs(md.codecs, path, arr, "codecs")
+    return _Coding(stored, steps, fortran=fortran)
+
+
+def _fill_bytes(arr, stored: np.dtype) -> bytes:
+    """A missing chunk's value as zarr-python reads it (``fill_value``; none: zeros), one item in the
+    stored byte order."""
+    fv = arr.metadata.fill_value
+    return np.asarray(0 if fv is None else fv).astype(stored).tobytes()
+
+
+def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region: Region, *, plans_of, budget,
+                    index_maps=None, merge_gap: int):
+    """The native reads of steps ``[first, stop)`` along axis 0 of the Zarr array ``name`` of the
+    local store ``store`` (uncompressed v2/v3), as :func:`dali_mesh.formats.hdf5.plan_hdf5_steps`: per
+    step the array's metadata file (checked, nothing read), then one part per box and chunk file
+    touched (every chunk file is a raw C-order array of the full chunk shape), its plan shared by
+    every step, its base the step's place in the chunk; then a finishing plan (boundary cells).
+    Every chunk file needed is looked at once (its size): a missing one is :class:`NotNativeError`
+    (``partitioned_source`` reads it as fill values)."""
+    from dali_mesh import _kernels  # the canonical form of the metadata is the reader's own code
+
+    l0, l1 = steps
+    locals_ = np.arange(l0, l1, dtype=np.int64)
+    arr = open_zarr_array(store, name)
+    bytes_store, root = native_store(store)
+    coding = _zarr_coding(arr, store)
+    stored, steps = coding.stored, coding.steps
+    plans: PlanSet = plans_of(native_dtype_of(stored, store))
+    chunks = tuple(int(c) for c in arr.chunks)
+    ct = chunks[0]
+    chunk_bytes = math.prod(chunks) * stored.itemsize
+    # a chunk's steps lie one step's bytes apart in C order, one item apart in Fortran order
+    step_stride = stored.itemsize if coding.fortran else math.prod(chunks[1:]) * stored.itemsize
+    wplan = plan_window(region, index_maps)
+    shape = wplan.window_shape
+    finish = plans.add_plan(ReadPlan.finishing(wplan, stored, coding.fortran))
+    # the array's metadata file, checked whole at every read (a part that reads nothing): chunk
+    # files of an array rewritten with another shape, chunking or dtype are refused, not read
+    folder = os.path.join(root, *arr.path.split("/")) if arr.path else root
+    meta = os.path.join(folder, ".zarray" if arr.metadata.zarr_format == 2 else "zarr.json")
+    # an object store: the chunk objects' sizes and ETags from one listing of the array's folder (a
+    # request per 1000 objects) instead of a HEAD request per chunk; the metadata object's too, and it
+    # is read at that version (If-Match): its bytes and the ETag the plan names it by agree
+    listed = _Listed.of(bytes_store, folder)
+    meta_version = listed.stat(meta) if isinstance(listed, _Listed) else None
+    try:
+        if meta_version is not None:
+            with bytes_store.open_version(meta, meta_version) as obj:
+                meta_bytes = read_exactly(obj, meta_version.size, 0)
+        else:
+            meta_bytes = bytes_store.read_range(meta, 0, 1 << 30)
+    except (OSError, DataFileError) as e:
+        raise NotNativeError(f"{store}: the metadata file {meta} cannot be read ({e})") from None
+    # in canonical form, attributes left out: adding one (z.attrs[...] = ...) rewrites zarr.json
+    # but not the chunks, so the reads go on; any other change is refused
+    canon = _kernels.canonical_json(meta_bytes)
+    if canon is None:
+        raise NotNativeError(f"{meta}: the metadata file is not one JSON object")
+    # the metadata the opened array was made from must be the one the plan holds (and, in an object
+    # store, names by its ETag): an array rewritten between the two reads would be planned with one
+    # version's dtype, shape or codecs and read with the other's chunks
+    opened = getattr(arr.store, "metadata", {}).get(
+        "/".join(filter(None, (arr.path, ".zarray" if arr.metadata.zarr_format == 2 else "zarr.json"))))
+    if opened is not None and _kernels.canonical_json(opened) != canon:
+        raise DataFileError(meta, "the array's metadata changed while the plan was made (it differs from "
+                            "the one the array was opened with); define the pipeline again")
+    meta_plan = plans.add_plan(ReadPlan.reads_only(shape, stored, [], [], [], [], canon, CHECK_JSON))
+    # its size changes with its attributes: not checked. In an object store it is named by its ETag, and
+    # the reader does not read it again: every chunk object the plan reads is pinned by its own ETag
+    # (csrc/reader/open_file.cc)
+    # a local file's version has no tag (its size and times are checked instead)
+    meta_tag = (meta_version or bytes_store.stat(meta) or Version(-1)).tag.encode()
+    meta_file = plans.add_file(meta, store=bytes_store.spec, tag=meta_tag)
+    budget(locals_.size * (1 + count_chunk_pieces(wplan, chunks)))  # before the pieces are made
+    bytes_store = listed
+    first_chunk = l0 // ct
+    if steps is not None:
+        check_coded_chunk(store, chunks, stored.itemsize)
+        coder = plans.add_coder(Coder(steps, chunk_bytes, _fill_bytes(arr, stored)))
+        chunk_of = _ShardIndex(arr, bytes_store, folder, plans, coding, chunks, coder) if coding.shard else \
+            _chunk_files(arr, bytes_store, folder, plans, coder)
+        pieces = chunk_pieces(wplan, chunks, stored, merge_gap, coding.fortran)
+        return _coded_parts(plans, shape, chunks, stored, pieces, step_stride, chunk_of, locals_,
+                            (meta_file, meta_plan)), finish, wplan
+    # the chunk files of the first step first: a store whose chunks were never written (a small
+    # metadata file claiming a huge grid) falls back after a stat per chunk, not after planning all
+    for coords in chunk_coords(wplan, chunks):
+        key = arr.metadata.encode_chunk_key((first_chunk,) + coords)
+        if _stored_version(bytes_store, os.path.join(folder, *key.split("/")), key) is None:
+            raise NotNativeError(f"{os.path.join(folder, *key.split('/'))}: chunk file missing (it reads as fill "
+                                 "values)")
+    pieces = chunk_pieces(wplan, chunks, stored, merge_gap, coding.fortran)
+    piece_ids = piece_plans(pieces, plans, shape, stored)
+    chunk_ids = range(first_chunk, (l1 - 1) // ct + 1)
+    parts = np.empty((locals_.size, 1 + len(pieces), 3), np.int64)
+    parts[:, 0] = (meta_file, meta_plan, 0)
+    for j, ((_, coords), pidx) in enumerate(zip(pieces, piece_ids)):
+        files = np.empty(len(chunk_ids), np.int64)
+        for k, c in enumerate(chunk_ids):
+            key = arr.metadata.encode_chunk_key((c,) + coords)
+            path = os.path.join(folder, *key.split("/"))
+            fidx = plans.file_of(path, bytes_store.spec)
+            if fidx is None:
+                version = _stored_version(bytes_store, path, key)
+                if version is None:
+                    raise NotNativeError(f"{path}: chunk file missing (it reads as fill values)")
+                if version.size != chunk_bytes:
+                    raise NotNativeError(f"{path}: chunk file of {version.size} bytes, not the {chunk_bytes} of a "
+                                         "raw chunk")
+                fidx = plans.add_file(path, chunk_bytes, store=bytes_store.spec, tag=version.tag.encode())
+            files[k] = fidx
+        parts[:, 1 + j, 0] = files[locals_ // ct - first_chunk]
+        parts[:, 1 + j, 1] = pidx
+        parts[:, 1 + j, 2] = (locals_ % ct) * step_stride
+    return parts, finish, wplan
+
+
+def _chunk_files(arr, bytes_store: ByteStore, folder, plans: PlanSet, coder: int):
+    """``chunk_of(chunk coordinates)``: the chunk table entry of a chunk stored as its own file (its
+    size: one stat per chunk file; a missing one reads as the fill value and must still be missing
+    when read)."""
+
+    def chunk_of(coords) -> int:
+        key = arr.metadata.encode_chunk_key(tuple(coords))
+        path = os.path.join(folder, *key.split("/"))
+        fidx = plans.file_of(path, bytes_store.spec)
+        if fidx is None:
+            version = _stored_version(bytes_store, path, key)
+            fidx = plans.add_file(path, -1 if version is None else version.size, store=bytes_store.spec,
+                                  tag=b"" if version is None else version.tag.encode())
+        return plans.add_chunk(fidx, 0, plans.files[fidx].size, coder)
+
+    return chunk_of
+
+
+class _Listed:
+    """A remote store whose ``stat`` answers, while one array is planned, from one listing of the
+    array's folder (``RemoteStore.list``); everything else goes to the store itself."""
+
+    def __init__(self, store, versions: dict) -> None:
+        self._store, self._versions = store, versions
+
+    @classmethod
+    def of(cls, store, folder: str):
+        """``store`` listed under ``folder``, or ``store`` itself (a local store, one that cannot list)."""
+        if not store.supports_listing:
+            return store
+        try:
+            objects, _ = store.list(folder.rstrip("/") + "/", delimiter=False)
+        except DataFileError:  # e.g. plain HTTPS: HEAD requests, one per chunk
+            return store
+        return cls(store, dict(objects))
+
+    def stat(self, key: str):
+        return self._versions.get(key)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+def _stored_version(bytes_store: ByteStore, path: str, key: str):
+    """The version of a chunk or shard object (a :class:`~dali_mesh.storage.Version`), None when it is
+    missing; a key that is not a regular file is :class:`NotRegularFileError` (a FIFO would block a
+    reader)."""
+    try:
+        return bytes_store.stat(path)
+    except NotRegularFileError:
+        raise NotRegularFileError(path, f"Zarr key {key!r} is not a regular file; a store holds regular files "
+                                  "only") from None
+
+
+def _coords(k: int, shape) -> tuple[int, ...]:
+    """The coordinates of inner chunk ``k`` (C order) of a shard of ``shape`` inner chunks."""
+    return tuple(int(i) for i in np.unravel_index(k, shape))
+
+
+class _ShardIndex:
+    """``chunk_of(inner chunk coordinates)`` of a sharded v3 array: each shard's index is read once
+    (its crc32c verified with google-crc32c, zarr's own dependency) and kept in the plan as the
+    inner chunks' byte ranges; the shard file's size, modification time and index bytes are checked
+    at every read (a rewritten shard may hold its chunks elsewhere), except for an object that an S3
+    ETag pins (RemoteStore.pins): its index is read at that ETag, as every read of it is. A missing shard reads as the fill value;
+    an index that points past the shard or lists overlapping chunks is a :class:`HeaderError`
+    naming the shard and the chunk."""
+
+    def __init__(self, arr, bytes_store: ByteStore, folder, plans: PlanSet, coding: _Coding, inner, coder: int):
+        self.arr, self.bytes_store, self.folder, self.plans, self.coder = arr, bytes_store, folder, plans, coder
+        self.ratio = tuple(s // c for s, c in zip(coding.shard, inner))
+        if any(s % c for s, c in zip(coding.shard, inner)):
+            raise NotNativeError(f"{folder}: shard shape {coding.shard} is not a multiple of the chunk shape {inner}")
+        self.at_end, self.crc = coding.index_at_end, coding.index_crc
+        self.n = math.prod(self.ratio)
+        self.index: dict = {}
+
+    def _read_index(self, shard: tuple[int, ...]):
+        key = self.arr.metadata.encode_chunk_key(shard)
+        path = os.path.join(self.folder, *key.split("/"))
+        version = _stored_version(self.bytes_store, path, key)
+        if version is None:
+            return path, None, None
+        size = version.size
+        nbytes = 16 * self.n + 4 * self.crc
+        if size < nbytes:
+            raise HeaderError(path, f"shard {key!r} is {size} bytes, smaller than its index ({nbytes} bytes)")
+        at = size - nbytes if self.at_end else 0
+        if self.bytes_store.pins(version):
+            # read at the ETag the plan records (If-Match): every read of the shard is at that ETag,
+            # so the reader need not read the index again (csrc/reader/open_file.cc)
+            with self.bytes_store.open_version(path, version) as obj:
+                raw = read_exactly(obj, nbytes, at)
+        else:
+            raw = self.bytes_store.read_range(path, at, nbytes)
+        # size, modification time and the index's bytes as the index was read: every read checks
+        # them, so a shard rewritten since is refused, even at its old size and time (cp -p)
+        fidx = self.plans.add_file(path, size, version.mtime_ns, at, raw, self.bytes_store.spec, version.tag.encode())
+        if self.crc:
+            import google_crc32c
+
+            want = int.from_bytes(raw[-4:], "little")
+            if google_crc32c.value(raw[:-4]) != want:
+                raise HeaderError(path, f"shard {key!r}: its index's crc32c does not match (the shard is corrupt)")
+        table = np.frombuffer(raw[:16 * self.n], "<u8").reshape(self.n, 2)
+        missing = (table[:, 0] == 2**64 - 1) & (table[:, 1] == 2**64 - 1)
+        lo = 0 if self.at_end else nbytes
+        hi = size - nbytes if self.at_end else size
+        present = np.flatnonzero(~missing)
+        offs, lens = table[present, 0], table[present, 1]
+        bad = (offs < lo) | (lens > hi) | (offs > hi - np.minimum(lens, hi))
+        if bad.any():
+            k = int(present[np.argmax(bad)])
+            raise HeaderError(path, f"shard {key!r}: its index puts inner chunk {_coords(k, self.ratio)} at "
+                              f"bytes {int(table[k, 0])}..{int(table[k, 0]) + int(table[k, 1])}, outside the shard's "
+                              f"data (bytes {lo}..{hi}): the shard is corrupt")
+        order = np.argsort(offs, kind="stable")
+        ends = offs[order] + lens[order]
+        overlap = np.flatnonzero(offs[order][1:] < ends[:-1])
+        if overlap.size:
+            a, b = (int(present[order[i]]) for i in (overlap[0], overlap[0] + 1))
+            raise HeaderError(path, f"shard {key!r}: its index lists inner chunks {_coords(a, self.ratio)} "
+                              f"and {_coords(b, self.ratio)} over the same bytes: the shard is corrupt")
+        return path, fidx, table
+
+    def __call__(self, coords) -> int:
+        shard = tuple(c // r for c, r in zip(coords, self.ratio))
+        got = self.index.get(shard)
+        if got is None:
+            got = self.index[shard] = self._read_index(shard)
+        path, fidx, table = got
+        if table is None:  # the whole shard was never written
+            fidx = self.plans.file_of(path, self.bytes_store.spec)
+            if fidx is None:
+                fidx = self.plans.add_file(path, -1, store=self.bytes_store.spec)
+            return self.plans.add_chunk(fidx, 0, -1, self.coder)
+        k = int(np.ravel_multi_index(tuple(c % r for c, r in zip(coords, self.ratio)), self.ratio))
+        off, ln = int(table[k, 0]), int(table[k, 1])
+        if off == 2**64 - 1 and ln == 2**64 - 1:
+            return self.plans.add_chunk(fidx, 0, -2, self.coder)  # the inner chunk was never written
+        return self.plans.add_chunk(fidx, off, ln, self.coder)
+
+
+def _coded_parts(plans: PlanSet, shape, chunks, stored, pieces, step_stride, chunk_of, locals_, meta_part):
+    """The parts of compressed chunks: per step the metadata part, then one part per piece
+    (:func:`chunk_pieces`: a box and a chunk touched), reading from the chunk table (``chunk_of(chunk
+    coordinates)`` gives a chunk's entry), its plan shared by every step, its base the step's place in
+    the decoded chunk (``step_stride`` bytes a step)."""
+    ct = chunks[0]
+    piece_ids = [plans.add_plan(ReadPlan.reads_only(shape, stored, *u.plan_args, coded=True, repeat=u.repeat))
+                 for u, _ in pieces]
+    first_chunk = int(locals_[0]) // ct if locals_.size else 0
+    chunk_ids = range(first_chunk, (int(locals_[-1]) // ct + 1) if locals_.size else first_chunk)
+    parts = np.empty((locals_.size, 1 + len(pieces), 3), np.int64)
+    parts[:, 0] = (*meta_part, 0)
+    for j, ((_, coords), pidx) in enumerate(zip(pieces, piece_ids)):
+        ids = np.asarray([chunk_of((c,) + coords) for c in chunk_ids], np.int64)
+        parts[:, 1 + j, 0] = ids[locals_ // ct - first_chunk]
+        parts[:, 1 + j, 1] = pidx
+        parts[:, 1 + j, 2] = (locals_ % ct) * step_stride
+    return parts
+
+
+def zarr_codec_names(arr) -> tuple[str, ...]:
+    """An array's filters and codecs in encode order, by name (``()``: stored raw; a sharded array's
+    inner codecs after ``sharding``): what ``dali-mesh plan`` describes."""
+    md = arr.metadata
+    if md.zarr_format == 2:
+        parts = list(md.filters or ()) + ([md.compressor] if md.compressor is not None else [])
+        return tuple(getattr(c, "codec_id", type(c).__name__) for c in parts)
+    out = []
+    for c in md.codecs:
+        name = type(c).__name__.removesuffix("Codec").lower()
+        if name == "bytes":
+            continue
+        out.append(name)
+        if name == "sharding":
+            out += [type(i).__name__.removesuffix("Codec").lower() for i in c.codecs
+                    if type(i).__name__ != "BytesCodec"]
+    return tuple(out)
