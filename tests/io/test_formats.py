@@ -173,7 +173,7 @@ def test_zarr_metadata_changed_between_open_and_plan_is_refused(tmp_path, monkey
     import zarr
     from nvidia.dali import pipeline_def
 
-    import dali_mesh.formats.zarr.zarr_reader as dm_zarr
+    import dali_mesh.formats.zarr.zarr_planner as dm_zarr
     from dali_mesh import ZarrSource
     from dali_mesh.pipeline import native
     from dali_mesh.storage import DataFileError
