@@ -236,3 +236,26 @@ def test_no_branch_on_a_store_being_local_outside_storage(path):
            if _LOCAL_BRANCH.search(line.split("#")[0]) and "threading.local" not in line
            and not re.search(r"storage\.local\b", line)]
     assert not bad, f"{bad} branch on a store being local; ask store.local_path(key) instead"
+
+
+#: a format's name where code would switch on it: ``== "npy"``, ``kind ==`` / ``!=`` / ``in`` a name, or a
+#: dict keyed by a name (``{"hdf5": ...}``)
+_FORMAT_NAME = r"""["'](npy|hdf5|zarr)["']"""
+_FORMAT_SWITCH = re.compile(rf"""(==|!=|\bin)\s*\(?\s*{_FORMAT_NAME}|{_FORMAT_NAME}\s*(==|!=|:)""")
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if _room(_module_name(p)) == "cli"], ids=lambda p: _module_name(p))
+def test_the_cli_never_switches_on_a_format_name(path):
+    """The CLI asks the format object (``open``, ``read_whole``, ``info``, ``create``, ``advice_target``),
+    as xarray's backends are asked: a format registered from another package then works in every command."""
+    bad = [f"{_module_name(path)}:{i}: {line.strip()}" for i, line in enumerate(path.read_text().splitlines(), 1)
+           if _FORMAT_SWITCH.search(line.split("#")[0])]
+    assert not bad, f"{bad} switch on a format's name; ask the format (dali_mesh.formats.ArrayFormat) instead"
+
+
+def test_the_format_switch_check_sees_a_switch():
+    for line in ('if kind == "npy":', "if 'hdf5' == fmt.name:", '_TARGETS = {"npy": A, "zarr": B}',
+                 'if kind in ("hdf5", "zarr"):'):
+        assert _FORMAT_SWITCH.search(line), line
+    for line in ('kind = fmt.name', 'help="a folder of .npy files"', 'return "dataset"'):
+        assert not _FORMAT_SWITCH.search(line), line

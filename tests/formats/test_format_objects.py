@@ -1,4 +1,4 @@
-"""The format objects (dali_mesh/io/formats.py) against the formats' own libraries: numpy, h5py and
+"""The format objects (dali_mesh/formats/) against the formats' own libraries: numpy, h5py and
 zarr-python describe and read the same arrays; a source given a format reads what the named source
 of that format reads."""
 from __future__ import annotations
