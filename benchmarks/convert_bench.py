@@ -33,10 +33,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dali_mesh import Layout, MeshInfo  # noqa: E402
 from dali_mesh.cli.advice import open_layout_target  # noqa: E402
 from dali_mesh.cli.convert import convert_array  # noqa: E402
-from dali_mesh.io import IOStats, read_npy_window  # noqa: E402
-from dali_mesh.io.hdf5 import open_hdf5_dataset, read_hdf5_window  # noqa: E402
+from dali_mesh.formats.npy import read_npy_window  # noqa: E402
+from dali_mesh.io import IOStats  # noqa: E402
+from dali_mesh.formats.hdf5 import open_hdf5_dataset, read_hdf5_window  # noqa: E402
 from dali_mesh.io.pagecache import evict, read_bytes  # noqa: E402
-from dali_mesh.io.zarr import open_zarr_array, read_zarr_window  # noqa: E402
+from dali_mesh.formats.zarr import open_zarr_array, read_zarr_window  # noqa: E402
 
 
 def cold_epoch(paths, read_all):

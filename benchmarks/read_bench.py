@@ -38,7 +38,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dali_mesh import Layout, MeshInfo  # noqa: E402
-from dali_mesh.io import DEFAULT_MERGE_GAP, IOStats, read_npy_window  # noqa: E402
+from dali_mesh.formats.npy import read_npy_window  # noqa: E402
+from dali_mesh.io import DEFAULT_MERGE_GAP, IOStats  # noqa: E402
 from dali_mesh.io.pagecache import evict, read_bytes, walk_files  # noqa: E402
 from dali_mesh.partition import take_window  # noqa: E402
 
@@ -251,8 +252,8 @@ class Chunked(Method):
         self.paths, self.region, self.kind, self.stats, self.ra = paths, region, kind, stats, random_access
 
     def one(self, p):
-        from dali_mesh.io.hdf5 import open_hdf5_dataset, read_hdf5_window
-        from dali_mesh.io.zarr import open_zarr_array, read_zarr_window
+        from dali_mesh.formats.hdf5 import open_hdf5_dataset, read_hdf5_window
+        from dali_mesh.formats.zarr import open_zarr_array, read_zarr_window
 
         if self.kind == "hdf5":
             f, ds = open_hdf5_dataset(p, "x", random_access=self.ra)

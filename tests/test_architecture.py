@@ -1,9 +1,9 @@
 """The folders are the architecture: each room of ``dali_mesh`` imports only the rooms below it, and
 no module imports itself through others (no import circle).
 
-The picture, top-down: cli -> torch / pipeline (fn) -> weather -> datasets -> source -> io (the
-formats) -> plan -> storage; plan -> partition -> mesh. Read from the source text (``ast``), so it holds
-for imports inside functions too.
+The picture, top-down: cli -> torch / pipeline (fn) -> weather -> datasets -> source -> formats (one
+folder per format) -> io (what the readers share) -> plan -> storage; plan -> partition -> mesh. Read from
+the source text (``ast``), so it holds for imports inside functions too.
 
 In C++ (csrc/): only the operators include DALI (the reader, plans, codecs, stores and kernels are the
 DALI-free core), and a codec id is written in one place, the codec table.
@@ -29,18 +29,20 @@ ALLOWED = {
     "_kernels": {"partition", "mesh", "_checks"},
     "plan": {"storage", "partition", "mesh", "_checks", "_kernels"},
     "io": {"plan", "storage", "partition", "mesh", "_checks", "_kernels"},
-    "source": {"io", "plan", "storage", "partition", "mesh", "_checks"},
-    "datasets": {"source", "io", "plan", "storage", "partition", "mesh", "_checks"},
-    "weather": {"datasets", "source", "io", "plan", "storage", "partition", "mesh", "_checks"},
+    "formats": {"io", "plan", "storage", "partition", "mesh", "_checks", "_kernels"},
+    "source": {"formats", "io", "plan", "storage", "partition", "mesh", "_checks"},
+    "datasets": {"source", "formats", "io", "plan", "storage", "partition", "mesh", "_checks"},
+    "weather": {"datasets", "source", "formats", "io", "plan", "storage", "partition", "mesh", "_checks"},
     "dataset": {"weather"},  # the weather sources' former module, kept for ``from dali_mesh.dataset import``
-    "pipeline": {"weather", "datasets", "source", "io", "plan", "storage", "partition", "mesh", "_checks",
+    "pipeline": {"weather", "datasets", "source", "formats", "io", "plan", "storage", "partition", "mesh", "_checks",
                  "_kernels", "_build_info"},
     "fn": {"pipeline"},
     "image": {"pipeline"},
     "torch": {"pipeline", "source", "partition", "mesh", "_checks"},
-    "cli": {"torch", "pipeline", "fn", "weather", "datasets", "source", "io", "plan", "storage", "partition", "mesh",
-            "_checks", "_kernels"},
-    "physicsnemo": {"torch", "pipeline", "datasets", "source", "io", "partition", "mesh", "storage", "_checks"},
+    "cli": {"torch", "pipeline", "fn", "weather", "datasets", "source", "formats", "io", "plan", "storage", "partition",
+            "mesh", "_checks", "_kernels"},
+    "physicsnemo": {"torch", "pipeline", "datasets", "source", "formats", "io", "partition", "mesh", "storage",
+                    "_checks"},
     "__init__": {"pipeline", "weather", "source", "partition", "mesh"},
 }
 
@@ -95,8 +97,8 @@ MODULES = sorted(PACKAGE.rglob("*.py"))
 
 def test_the_package_has_the_rooms_of_the_design():
     rooms = {_room(_module_name(p)) for p in MODULES}
-    assert {"partition", "storage", "plan", "io", "pipeline", "torch", "cli", "source", "mesh", "fn"} <= rooms
-    for folder in ("partition", "storage", "plan", "io", "source", "pipeline", "torch", "cli"):
+    assert {"partition", "storage", "plan", "io", "formats", "pipeline", "torch", "cli", "source", "mesh", "fn"} <= rooms
+    for folder in ("partition", "storage", "plan", "io", "formats", "source", "pipeline", "torch", "cli"):
         assert (PACKAGE / folder / "__init__.py").is_file(), folder
 
 
@@ -236,3 +238,26 @@ def test_no_branch_on_a_store_being_local_outside_storage(path):
            if _LOCAL_BRANCH.search(line.split("#")[0]) and "threading.local" not in line
            and not re.search(r"storage\.local\b", line)]
     assert not bad, f"{bad} branch on a store being local; ask store.local_path(key) instead"
+
+
+#: a format's name where code would switch on it: ``== "npy"``, ``kind ==`` / ``!=`` / ``in`` a name, or a
+#: dict keyed by a name (``{"hdf5": ...}``)
+_FORMAT_NAME = r"""["'](npy|hdf5|zarr)["']"""
+_FORMAT_SWITCH = re.compile(rf"""(==|!=|\bin)\s*\(?\s*{_FORMAT_NAME}|{_FORMAT_NAME}\s*(==|!=|:)""")
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if _room(_module_name(p)) == "cli"], ids=lambda p: _module_name(p))
+def test_the_cli_never_switches_on_a_format_name(path):
+    """The CLI asks the format object (``open``, ``read_whole``, ``info``, ``create``, ``advice_target``),
+    as xarray's backends are asked: a format registered from another package then works in every command."""
+    bad = [f"{_module_name(path)}:{i}: {line.strip()}" for i, line in enumerate(path.read_text().splitlines(), 1)
+           if _FORMAT_SWITCH.search(line.split("#")[0])]
+    assert not bad, f"{bad} switch on a format's name; ask the format (dali_mesh.formats.ArrayFormat) instead"
+
+
+def test_the_format_switch_check_sees_a_switch():
+    for line in ('if kind == "npy":', "if 'hdf5' == fmt.name:", '_TARGETS = {"npy": A, "zarr": B}',
+                 'if kind in ("hdf5", "zarr"):'):
+        assert _FORMAT_SWITCH.search(line), line
+    for line in ('kind = fmt.name', 'help="a folder of .npy files"', 'return "dataset"'):
+        assert not _FORMAT_SWITCH.search(line), line

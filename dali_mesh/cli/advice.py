@@ -1,12 +1,10 @@
 """Layout advice: what a cold read of each rank's window costs with the file's layout, and a chunk
 shape that would make it cost no more than the window (``dali-mesh plan --data FILE``).
 
-Everything here is computed from metadata, never from the data: the ``.npy`` header and the byte
-ranges of :func:`dali_mesh.io.npy.plan_npy_reads` merged as the reader merges them; an HDF5
-dataset's chunk index (or, contiguous, its hyperslab bytes); a Zarr array's chunk objects and their
-sizes. The numbers are those the readers count in :class:`dali_mesh.io.IOStats` ``bytes_read`` for
-the same window (the byte ranges a read asks storage for, header included for ``.npy``; the kernel
-pulls whole pages, which adds at most a page at each end of a range).
+Everything here is computed from metadata, never from the data: what a cold read of a window costs is
+the format's own answer (:meth:`ArrayFormat.advice_target <dali_mesh.formats.ArrayFormat.advice_target>`,
+a :class:`~dali_mesh.formats.cold_reads.ColdReads` in the format's folder: ``.npy`` byte ranges, an HDF5
+chunk index, Zarr chunk objects); this module turns it into per-rank rows, totals and a chunk shape.
 
 Samples: a ``.npy`` file is one sample; HDF5 and Zarr arrays hold samples along axis 0 (as
 :class:`~dali_mesh.HDF5Source` and :class:`~dali_mesh.ZarrSource` read them); sample 0 is planned
@@ -17,18 +15,15 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import os
 from typing import Iterable, Iterator, Sequence
 
-import numpy as np
 
 from dali_mesh.cli.options import UsageError, find_data
 from dali_mesh.cli.locations import scrub, shown
-from dali_mesh.io.formats import format_named
+from dali_mesh.formats.cold_reads import MAX_ADVICE_CHUNKS, ColdReads, chunk_ranges
 from dali_mesh.plan import WindowPlan, plan_window
-from dali_mesh.io.hdf5 import only_dataset_name
-from dali_mesh.partition import Layout, LayoutError, Region
-from dali_mesh.storage import local_path_of, store_of
+from dali_mesh.partition import Layout, Region
+from dali_mesh.storage import local_path_of
 
 __all__ = [
     "MAX_CHUNK_BYTES",
@@ -154,10 +149,6 @@ def _bytes(n: int) -> str:
     return f"{n} B"
 
 
-def _chunk_ranges(file_start: Sequence[int], lengths: Sequence[int], chunks: Sequence[int]):
-    return [range(s // c, (s + n - 1) // c + 1) for s, n, c in zip(file_start, lengths, chunks)]
-
-
 def chunked_cold_bytes(plan: WindowPlan, chunks: Sequence[int], itemsize: int, prefix: Sequence[int] = ()) -> int:
     """Bytes of the (uncompressed) chunks of shape ``chunks`` that the boxes of ``plan`` touch,
     each chunk counted once."""
@@ -166,49 +157,33 @@ def chunked_cold_bytes(plan: WindowPlan, chunks: Sequence[int], itemsize: int, p
     for _, fst, ln in plan.boxes():
         full_start = tuple(prefix) + tuple(fst)
         full_len = (1,) * len(prefix) + tuple(ln)
-        seen.update(itertools.product(*_chunk_ranges(full_start, full_len, chunks)))
+        seen.update(itertools.product(*chunk_ranges(full_start, full_len, chunks)))
     return len(seen) * chunk_bytes
 
 
-#: ``plan --data`` looks at most this many chunks per window (a stat or an index entry each): a
-#: small file may claim millions of one-cell chunks
-MAX_ADVICE_CHUNKS = 1 << 20
-#: and windows of at most this many cells along any one axis
+#: ``plan --data`` plans windows of at most this many cells along any one axis
 MAX_ADVICE_AXIS_CELLS = 1 << 26
-
-
-def _check_chunk_count(path: str, plan: WindowPlan, chunks: Sequence[int]) -> None:
-    """:class:`UsageError` before any chunk is looked at when a window touches more than
-    :data:`MAX_ADVICE_CHUNKS` of them."""
-    n = sum(math.prod(len(r) for r in _chunk_ranges((0,) + tuple(fst), (1,) + tuple(ln), chunks))
-            for _, fst, ln in plan.boxes())
-    if n > MAX_ADVICE_CHUNKS:
-        raise UsageError(f"{shown(path)}: a window touches {n} chunks of {tuple(chunks)}; plan --data looks at most "
-                         f"{MAX_ADVICE_CHUNKS} per window: these chunks are far too small for the layout "
-                         "(dali-mesh convert makes chunks that follow the shards)")
 
 
 # ---- what a cold read of a window costs, per format ------------------------------------------------------
 class LayoutTarget:
-    """A data file whose layout is judged against a split. ``cost(region)`` gives
-    ``(needed_bytes, cold_bytes)`` of one sample's window."""
+    """A data file whose layout is judged against a split, from its format's
+    :class:`~dali_mesh.formats.cold_reads.ColdReads`. ``cost(region)`` gives ``(needed_bytes, cold_bytes)``
+    of one sample's window."""
 
-    kind = ""
-
-    def __init__(self, path: str, sample_shape: tuple[int, ...], dtype: np.dtype, chunks: tuple[int, ...] | None,
-                 prefix: tuple[int, ...]) -> None:
-        self.path = path  # read from; printed only as self.shown (no presigned query, no user info)
-        self.shown = shown(path)
-        self.sample_shape = tuple(int(s) for s in sample_shape)
-        self.dtype = np.dtype(dtype)
-        self.chunks = chunks  # stored chunk shape (prefix axes included), None: contiguous
-        self.prefix = prefix
+    def __init__(self, cold: ColdReads) -> None:
+        self.cold = cold
+        self.format = cold.format
+        self.path = cold.path  # read from; printed only as self.shown (no presigned query, no user info)
+        self.shown = shown(cold.path)
+        self.name = cold.name
+        self.sample_shape = cold.sample_shape
+        self.dtype = cold.dtype
+        self.chunks = cold.chunks  # stored chunk shape (prefix axes included), None: contiguous
+        self.prefix = cold.prefix
         self._cache: dict = {}
         self._worst: tuple[float, int] | None = None
         self._totals = [0, 0]
-
-    def _cold(self, plan: WindowPlan) -> int:  # pragma: no cover - per format
-        raise NotImplementedError
 
     def cost(self, region: Region) -> tuple[int, int]:
         """``(needed_bytes, cold_bytes)``: the bytes of the window cells read from storage (halo
@@ -223,7 +198,7 @@ class LayoutTarget:
                                  f"{MAX_ADVICE_CHUNKS} separate byte ranges or chunks per window")
             plan = plan_window(region)
             needed = 0 if plan.empty else plan.read_cells * self.dtype.itemsize
-            hit = (needed, self._cold(plan))  # .npy: the header is read even for an empty window
+            hit = (needed, self.cold.cold_bytes(plan))  # .npy: the header is read even for an empty window
             if len(self._cache) < 4096:  # replicas and sample groups repeat the same few windows
                 self._cache[key] = hit
         return hit
@@ -289,9 +264,14 @@ class LayoutTarget:
         return "reader: native (read_windows)" + (f", decoding {'+'.join(used)} chunks on DALI's threads, each "
                                                   "chunk once per batch" if used else "")
 
-    def source(self, layout: Layout, **kw):  # pragma: no cover - per format
+    def source(self, layout: Layout, **kw):
         """The source that reads this file's first sample with ``layout`` (``kw``: e.g. ``share``)."""
-        raise NotImplementedError
+        from dali_mesh.source import array_source, file_source  # noqa: PLC0415
+
+        if not self.format.steps:
+            return file_source([self.path], layout, format=self.format, batch_size=1, shuffle=False, **kw)
+        return array_source([self.path], self.name, layout, format=self.format, batch_size=1, shuffle=False,
+                            time_range=(0, 1), **kw)
 
     def fetch_lines(self, layout_of, ranks, share=None, fmt=str) -> list[str]:
         """For data in object storage: per rank (``layout_of(rank)``: its layout), the bytes and requests
@@ -334,7 +314,7 @@ class LayoutTarget:
         if not needed:
             return [f"{self.shown}: the windows read nothing from storage", self.native_path(layout)]
         worst, rank = self._worst
-        what = format_named(self.kind).label
+        what = self.format.label
         layout_text = "contiguous" if self.chunks is None else f"chunks {self.chunks}"
         lines = [f"cold read of one sample per rank: {cold / needed:.2f}x the window bytes in all "
                  f"({what} {self.shown}, {layout_text}); worst rank {rank}: {worst:.2f}x", self.native_path(layout)]
@@ -356,143 +336,11 @@ class LayoutTarget:
         return lines
 
 
-class _NpyTarget(LayoutTarget):
-    kind = "npy"
-
-    def __init__(self, path: str) -> None:
-        from dali_mesh.io.npy import read_npy_header  # noqa: PLC0415
-
-        self.header = read_npy_header(path)
-        super().__init__(path, self.header.shape, self.header.native_dtype, None, ())
-        # the reader reads the first 512 bytes, then the rest of the header if it is longer
-        self.header_bytes = max(min(512, self.header.file_size), self.header.data_offset)
-
-    def source(self, layout: Layout, **kw):
-        from dali_mesh.source import NumpySource  # noqa: PLC0415
-
-        return NumpySource([self.path], layout, batch_size=1, shuffle=False, **kw)
-
-    def _cold(self, plan: WindowPlan) -> int:
-        from dali_mesh.plan.ranges import count_npy_units, plan_npy_units  # noqa: PLC0415
-
-        units = count_npy_units(self.header, plan)
-        if units > MAX_ADVICE_CHUNKS:
-            raise UsageError(f"{self.shown}: a window is {units} separate byte ranges; plan --data plans at most "
-                             f"{MAX_ADVICE_CHUNKS}: split another axis, or convert the file (dali-mesh convert)")
-        u = plan_npy_units(self.header, plan)
-        fo_l, end_l = u.file_off.tolist(), (u.file_off + u.spans).tolist()
-        # one preadv per group of merged ranges: it reads from the first byte to the last, gaps included
-        spans = sum(end_l[g1 - 1] - fo_l[g0] for g0, g1 in u.groups)
-        return self.header_bytes + spans
-
-
-class _HDF5Target(LayoutTarget):
-    kind = "hdf5"
-
-    def __init__(self, path: str, name: str | None, allow_external: bool = False) -> None:
-        from dali_mesh.io.hdf5 import open_hdf5_dataset  # noqa: PLC0415
-
-        name = name or only_dataset_name(path)
-        self.name = name
-        f, ds = open_hdf5_dataset(path, name, allow_external=allow_external)
-        try:
-            if ds.ndim < 2:
-                raise UsageError(f"{shown(path)}: dataset {name!r} has shape {ds.shape}: samples lie along axis 0, so it "
-                                 "needs at least 2 axes")
-            chunks = None if ds.chunks is None else tuple(ds.chunks)
-            self._sizes: dict[tuple[int, ...], int] = {}
-            if chunks is not None:  # stored size of every written chunk of sample 0, in one pass over
-                # the chunk index (a lookup per chunk of the grid took minutes for a tiny file claiming
-                # millions of one-cell chunks); a chunk never written reads nothing
-                def record(c):
-                    if c.chunk_offset[0] == 0:
-                        self._sizes[tuple(o // n for o, n in zip(c.chunk_offset, chunks))] = c.size or 0
-
-                if hasattr(ds.id, "chunk_iter"):
-                    ds.id.chunk_iter(record)
-                else:  # pragma: no cover - HDF5 < 1.12.3
-                    for i in range(ds.id.get_num_chunks()):
-                        record(ds.id.get_chunk_info(i))
-            super().__init__(path, tuple(ds.shape[1:]), np.dtype(ds.dtype).newbyteorder("="), chunks, (0,))
-        finally:
-            f.close()
-
-    def source(self, layout: Layout, **kw):
-        from dali_mesh.source import HDF5Source  # noqa: PLC0415
-
-        return HDF5Source([self.path], self.name, layout, batch_size=1, shuffle=False, time_range=(0, 1), **kw)
-
-    def _cold(self, plan: WindowPlan) -> int:
-        itemsize = self.dtype.itemsize
-        if self.chunks is None:  # contiguous: HDF5 reads the hyperslab's byte runs
-            return sum(math.prod(ln) for _, _, ln in plan.boxes()) * itemsize
-        _check_chunk_count(self.path, plan, self.chunks)
-        seen = set()
-        for _, fst, ln in plan.boxes():
-            seen.update(itertools.product(*_chunk_ranges((0,) + tuple(fst), (1,) + tuple(ln), self.chunks)))
-        return sum(self._sizes.get(idx, 0) for idx in seen)
-
-
-class _ZarrTarget(LayoutTarget):
-    kind = "zarr"
-
-    def __init__(self, path: str, name: str | None) -> None:
-        from dali_mesh.io.zarr import open_zarr_array  # noqa: PLC0415
-
-        arr = open_zarr_array(path, name)
-        self._name = name
-        if arr.ndim < 2:
-            raise UsageError(f"{shown(path)}: array {name or '/'} has shape {arr.shape}: samples lie along axis 0, so it "
-                             "needs at least 2 axes")
-        self._root = os.path.join(path, arr.path) if arr.path else path
-        self._metadata = arr.metadata
-        super().__init__(path, tuple(arr.shape[1:]), np.dtype(arr.dtype).newbyteorder("="), tuple(arr.chunks), (0,))
-
-    def source(self, layout: Layout, **kw):
-        from dali_mesh.source import ZarrSource  # noqa: PLC0415
-
-        return ZarrSource([self.path], self._name, layout, batch_size=1, shuffle=False, time_range=(0, 1), **kw)
-
-    def _chunk_size(self, idx) -> int:
-        key = self._metadata.encode_chunk_key(tuple(idx))
-        store, root = store_of(self._root)
-        if store.local_path(root) is None:  # an object's size, asked once (a HEAD request)
-            sizes = self.__dict__.setdefault("_remote_sizes", {})
-            if key not in sizes:
-                version = store.stat(f"{root.rstrip('/')}/{key}")
-                sizes[key] = 0 if version is None else version.size
-            return sizes[key]
-        try:
-            return os.path.getsize(os.path.join(self._root, *key.split("/")))
-        except OSError:  # a chunk never written: zarr returns the fill value, reading nothing
-            return 0
-
-    def _cold(self, plan: WindowPlan) -> int:
-        # the reader selects box by box: a chunk two boxes touch is fetched twice
-        _check_chunk_count(self.path, plan, self.chunks)
-        total = 0
-        for _, fst, ln in plan.boxes():
-            for idx in itertools.product(*_chunk_ranges((0,) + tuple(fst), (1,) + tuple(ln), self.chunks)):
-                total += self._chunk_size(idx)
-        return total
-
-
 def open_layout_target(path: str, dataset: str | None = None, *, allow_external: bool = False) -> LayoutTarget:
-    """The :class:`LayoutTarget` of ``--data`` (a folder: its first data file, by name).
-    ``allow_external``: read HDF5 datasets kept in or linked to other files (``--allow-external``)."""
-    kind, files = find_data(path)
-    first = files[0]
-    target = _TARGETS.get(kind)
-    if target is None:  # pragma: no cover - a format registered without a layout target
-        raise LayoutError(f"--data {shown(path)!r}: the {kind} format has no layout advice")
-    if target is _NpyTarget:
-        if dataset:
-            raise UsageError("--dataset names an HDF5 dataset or Zarr array; a .npy file has none")
-        return _NpyTarget(first)
-    if target is _HDF5Target:
-        return _HDF5Target(first, dataset, allow_external)
-    return target(first, dataset)
-
-
-#: the layout target of each format, by its registered name (dali_mesh.io.formats)
-_TARGETS = {"npy": _NpyTarget, "hdf5": _HDF5Target, "zarr": _ZarrTarget}
+    """The :class:`LayoutTarget` of ``--data`` (a folder: its first data file, by name): its format's
+    :meth:`~dali_mesh.formats.ArrayFormat.advice_target`. ``allow_external``: read HDF5 datasets kept in
+    or linked to other files (``--allow-external``)."""
+    fmt, files = find_data(path)
+    if dataset and not fmt.steps:  # a format of one array per location names none
+        raise UsageError(f"--dataset names an HDF5 dataset or Zarr array; a {fmt.label} has none")
+    return LayoutTarget(fmt.advice_target(files[0], dataset, **fmt.trust_options(allow_external)))

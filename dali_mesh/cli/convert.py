@@ -12,7 +12,7 @@ that a rank's cold read is its window.
 - DST: ``.h5``/``.hdf5`` (an HDF5 dataset) or ``.zarr`` (a Zarr v3 group holding the array); the
   dataset / array is named ``--name`` (default ``data``). Read it back with ``HDF5Source`` /
   ``ZarrSource`` and that name.
-- DST's format object (:mod:`dali_mesh.io.formats`) writes the copy (``create``) and reads it back
+- DST's format object (:mod:`dali_mesh.formats`) writes the copy (``create``) and reads it back
   (``open``, ``read_whole``); nothing here knows HDF5 or Zarr.
 - Samples are copied by a few threads (the readers release the GIL while reading; HDF5 calls are
   serialised, as h5py serialises them anyway), with a plain-text progress bar on stderr.
@@ -42,7 +42,7 @@ import numpy as np
 from dali_mesh.cli.options import UsageError, find_data, make_layout, parse_ints, parse_mesh
 from dali_mesh.cli.locations import scheme_of, shown
 from dali_mesh.io._common import DataFileError
-from dali_mesh.io.formats import ArrayFormat, format_of, written_suffixes
+from dali_mesh.formats import ArrayFormat, format_of, written_suffixes
 from dali_mesh.mesh import MeshInfo
 from dali_mesh.partition import Layout
 
@@ -107,57 +107,54 @@ def open_samples(src: str, dataset: str | None = None, lock: threading.Lock | No
     """A :class:`SampleReader` over ``src`` (see the module docstring); every file's metadata is
     checked now (shape, dtype, size), so a bad file fails before anything is written.
     ``allow_external``: read HDF5 datasets kept in or linked to other files (``--allow-external``)."""
-    kind, files = find_data(src, "SRC")
+    fmt, files = find_data(src, "SRC")
     lock = lock or threading.Lock()
-    if kind == "npy":
+    if not fmt.steps:  # one sample per file
         if dataset:
-            raise UsageError("--dataset names an HDF5 dataset or Zarr array; .npy files have none")
-        from dali_mesh.io.npy import read_npy_header  # noqa: PLC0415
+            raise UsageError(f"--dataset names an HDF5 dataset or Zarr array; {fmt.label}s have none")
+        infos = [fmt.info(f) for f in files]
+        first = (files[0], tuple(infos[0].shape), infos[0].dtype)
+        for f, info in zip(files, infos):
+            _same(first, f, info.shape, info.dtype, "SRC")
 
-        headers = [read_npy_header(f) for f in files]
-        first = (files[0], tuple(headers[0].shape), headers[0].native_dtype)
-        for f, h in zip(files, headers):
-            _same(first, f, h.shape, h.native_dtype, "SRC")
+        def read_file(fi, _):
+            handle = fmt.open(files[fi])
+            try:
+                return fmt.read_whole(handle)
+            finally:
+                fmt.close(handle)
 
-        def read_npy(fi, _):
-            return np.load(files[fi], allow_pickle=False)  # no mmap: a file rewritten meanwhile must not SIGBUS
+        return SampleReader(fmt.name, files, first[1], first[2], [1] * len(files), read_file, lambda: None)
+    options = fmt.trust_options(allow_external)
+    name = dataset or fmt.default_name(files[0])
+    handles = []
 
-        return SampleReader(kind, files, first[1], first[2], [1] * len(files), read_npy, lambda: None)
-    if kind == "hdf5":
-        from dali_mesh.io.hdf5 import only_dataset_name  # noqa: PLC0415
-        from dali_mesh.io.hdf5 import open_hdf5_dataset  # noqa: PLC0415
+    def close_all():
+        for h in handles:
+            fmt.close(h)
 
-        name = dataset or only_dataset_name(files[0])
-        handles = [open_hdf5_dataset(f, name, allow_external=allow_external) for f in files]
-        arrays = [ds for _, ds in handles]
+    def read_step(fi, j):
+        if fmt.reads_in_parallel:
+            return fmt.read_whole(handles[fi], j)
+        with lock:
+            return fmt.read_whole(handles[fi], j)
 
-        def close_hdf5():
-            for f, _ in handles:
-                f.close()
-
-        def read_hdf5(fi, j):
-            with lock:
-                return arrays[fi][j]
-    else:
-        from dali_mesh.io.zarr import open_zarr_array  # noqa: PLC0415
-
-        arrays = [open_zarr_array(f, dataset) for f in files]
-        close_hdf5 = lambda: None  # noqa: E731
-
-        def read_hdf5(fi, j):
-            return arrays[fi][j]
     try:
-        for f, a in zip(files, arrays):
-            if len(a.shape) < 2:
-                raise UsageError(f"SRC: {shown(f)} holds an array of shape {tuple(a.shape)}: samples lie along axis 0, so "
-                                 "it needs at least 2 axes")
-        first = (files[0], tuple(arrays[0].shape[1:]), np.dtype(arrays[0].dtype).newbyteorder("="))
-        for f, a in zip(files, arrays):
-            _same(first, f, a.shape[1:], np.dtype(a.dtype).newbyteorder("="), "SRC")
+        for f in files:
+            handles.append(fmt.open(f, name, **options))
+        infos = [fmt.info(f, name, **options) for f in files]
+        for f, info in zip(files, infos):
+            if len(info.shape) < 2:
+                raise UsageError(f"SRC: {shown(f)} holds an array of shape {tuple(info.shape)}: samples lie along "
+                                 "axis 0, so it needs at least 2 axes")
+        first = (files[0], tuple(infos[0].shape[1:]), infos[0].dtype)
+        for f, info in zip(files, infos):
+            _same(first, f, info.shape[1:], info.dtype, "SRC")
     except BaseException:
-        close_hdf5()
+        close_all()
         raise
-    return SampleReader(kind, files, first[1], first[2], [int(a.shape[0]) for a in arrays], read_hdf5, close_hdf5)
+    return SampleReader(fmt.name, files, first[1], first[2], [int(info.shape[0]) for info in infos], read_step,
+                        close_all)
 
 
 # ---- progress --------------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import numpy as np
 
 from dali_mesh.cli.options import UsageError, find_data, make_layout, parse_ints, positive_float, positive_int
 from dali_mesh.cli.locations import scrub, shown
-from dali_mesh.io.formats import format_named
+from dali_mesh.formats import format_named, format_of
 from dali_mesh.io.pagecache import descendant_pids, evict, read_bytes
 from dali_mesh.plan import NotNativeError
 from dali_mesh.partition import take_window
@@ -142,7 +142,7 @@ def check_files(kind: str, files: list[str], dataset: str | None, allow_external
     """Every file of ``--data`` must be readable, whole and hold samples of one shape and dtype:
     checked here (headers only) so that a bad file is one line naming it, not a failed rank."""
     fmt = format_named(kind)
-    options = {"h5_kwargs": {"allow_external": allow_external}} if "h5_kwargs" in fmt.option_names else {}
+    options = fmt.trust_options(allow_external)
     seen = None
     for path in files:
         info = fmt.info(path, dataset, **options)
@@ -156,7 +156,7 @@ def check_files(kind: str, files: list[str], dataset: str | None, allow_external
 
 def _make_source(kind, files, dataset, layout, batch_size, allow_external=False, share=None):
     from dali_mesh import Layout, MeshInfo  # noqa: PLC0415
-    from dali_mesh.source import NumpySource, array_source  # noqa: PLC0415
+    from dali_mesh.source import array_source, file_source  # noqa: PLC0415
 
     if layout is None:  # the whole sample, to read metadata
         layout = Layout(MeshInfo((1,), ("data_parallel",)))
@@ -169,10 +169,9 @@ def _make_source(kind, files, dataset, layout, batch_size, allow_external=False,
                    share=share)
     fmt = format_named(kind)
     if not fmt.steps:
-        return NumpySource(files, layout, batch_size=batch_size, shuffle=True, seed=0, share=share)
-    options = {"allow_external": allow_external} if "h5_kwargs" in fmt.option_names else {}
+        return file_source(files, layout, format=fmt, batch_size=batch_size, shuffle=True, seed=0, share=share)
     return array_source(files, dataset or fmt.default_name(files[0]), layout, format=fmt, batch_size=batch_size,
-                        shuffle=True, seed=0, share=share, **options)
+                        shuffle=True, seed=0, share=share, allow_external=allow_external)
 
 
 def fetched(path: str) -> int | None:
@@ -190,15 +189,11 @@ def _full_sample(source, sample_id: int) -> np.ndarray:
     against)."""
     if hasattr(source, "parts"):  # a dataset: every channel's whole field, by zarr-python / h5py
         return _dataset_sample(source, sample_id)
-    if not hasattr(source, "locate"):
-        store, key = store_of(source.files[sample_id])
-        path = store.local_path(key)
-        if path is not None:
-            return np.load(path)
-        with store.open_file(key, ".npy file") as f:  # an object: numpy reads it through ranged reads
-            return np.load(f)
-    fi, local = source.locate(source.step_of(sample_id))
     fmt = source.format
+    if not fmt.steps:  # one sample per file
+        fi, local = sample_id, None
+    else:
+        fi, local = source.locate(source.step_of(sample_id))
     handle = fmt.open(source.files[fi], source.name, **source.format_options)
     try:
         return fmt.read_whole(handle, local)
@@ -224,7 +219,7 @@ def _dataset_sample(source, sample_id: int) -> np.ndarray:
             arr = group[c.variable]
             fields.append(np.asarray(arr[t] if c.level_index is None else arr[t, c.level_index]))
     else:
-        from dali_mesh.io.hdf5 import open_hdf5_file  # noqa: PLC0415
+        from dali_mesh.io.containers import open_hdf5_file  # noqa: PLC0415
 
         for f_path in source.files:  # the files in time order: the step's file and its local step
             with open_hdf5_file(f_path) as f:
@@ -442,16 +437,17 @@ def run(args: argparse.Namespace) -> int:
         cfg["ndim"] = len(probe.sample_shape)
         probe = _make_source(kind, files, channels, layout_of(cfg, mesh), args.batch_size)
     elif args.data:
-        kind, files = find_data(args.data)
-        if args.dataset is None and format_named(kind).steps:
-            args.dataset = cfg["dataset"] = format_named(kind).default_name(files[0])
+        fmt, files = find_data(args.data)
+        kind = fmt.name
+        if args.dataset is None and fmt.steps:
+            args.dataset = cfg["dataset"] = fmt.default_name(files[0])
         check_files(kind, files, args.dataset, args.allow_external)
         probe = _make_source(kind, files, args.dataset, None, args.batch_size, args.allow_external)
         cfg["ndim"] = len(probe.sample_shape)
         probe = _make_source(kind, files, args.dataset, layout_of(cfg, mesh), args.batch_size,
                              args.allow_external)
     else:
-        kind, folder = "npy", os.path.join(os.getcwd(), "demo_data")
+        folder = os.path.join(os.getcwd(), "demo_data")
         shape = parse_ints(args.shape, "--shape")
         if any(s <= 0 for s in shape) or args.samples <= 0:
             raise UsageError(f"--shape {args.shape} and --samples {args.samples} must be positive")
@@ -459,6 +455,7 @@ def run(args: argparse.Namespace) -> int:
         layout_of(cfg, mesh).region(shape)
         files = write_synthetic(folder, args.samples, shape)
         print(f"synthetic data: {args.samples} samples {'x'.join(map(str, shape))} float32 in {folder}")
+        kind = format_of(files[0]).name  # the format that reads what write_synthetic wrote
         probe = _make_source(kind, files, None, layout_of(cfg, mesh), args.batch_size)
     cfg.update(files=files, kind=kind)
     if len(probe) == 0:

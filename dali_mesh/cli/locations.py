@@ -62,9 +62,9 @@ def _secrets_of(location: str) -> set[str]:
 
 
 def format_of_location(location):
-    """The registered format (:mod:`dali_mesh.io.formats`) that reads ``location``, by its name
+    """The registered format (:mod:`dali_mesh.formats`) that reads ``location``, by its name
     (:func:`name_of`), else ``None``."""
-    from dali_mesh.io.formats import format_of  # noqa: PLC0415
+    from dali_mesh.formats import format_of  # noqa: PLC0415
 
     return format_of(name_of(location))
 

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from dali_mesh.cli.locations import format_of_location, name_of, scrub, shown
-from dali_mesh.io.formats import FORMATS
+from dali_mesh.formats import FORMATS, ArrayFormat
 from dali_mesh.mesh import MeshInfo, parse_mesh_shape, resolve_mesh_shape
 from dali_mesh.partition import Layout, check_fill_value
 from dali_mesh.storage import DataFileError, local_path_of, store_of
@@ -229,8 +229,8 @@ def sample_count(shape: Sequence[int]) -> int:
 
 
 def data_kind(path: str) -> str | None:
-    """The name of the registered format (:mod:`dali_mesh.io.formats`) that reads ``path``, by its
-    name (``"npy"``, ``"hdf5"``, ``"zarr"``), else ``None``."""
+    """The name of the registered format (:mod:`dali_mesh.formats`) that reads ``path``, by its
+    name, else ``None``."""
     fmt = format_of_location(path)
     return None if fmt is None else fmt.name
 
@@ -244,8 +244,8 @@ def is_zarr_group(location: str) -> bool:
     return not name_of(location).rstrip("/").lower().endswith((".nc", ".nc4", ".h5", ".hdf5", ".hdf"))
 
 
-def find_data(path: str, what: str = "--data") -> tuple[str, list[str]]:
-    """``(format name, files)`` of a data path: one file or store of a registered format, or a folder
+def find_data(path: str, what: str = "--data") -> tuple[ArrayFormat, list[str]]:
+    """``(format, files)`` of a data path: one file or store of a registered format, or a folder
     of them (the first format found, in the registry's order; files sorted by name)."""
     names = ", ".join(s for f in FORMATS.values() for s in f.probe_names())
     said = shown(path)  # never the query of a presigned URL, nor user info
@@ -253,7 +253,7 @@ def find_data(path: str, what: str = "--data") -> tuple[str, list[str]]:
     if store.local_path(key) is None:  # s3://, gs://, https://: by name (an http(s) URL's without its query); a prefix is listed
         fmt = format_of_location(path)
         if fmt is not None:
-            return fmt.name, [path]
+            return fmt, [path]
         if not store.supports_listing:
             raise UsageError(f"{what} {said!r} is not a file or store of a known format ({names}), and its store "
                              "cannot list a folder")
@@ -270,7 +270,7 @@ def find_data(path: str, what: str = "--data") -> tuple[str, list[str]]:
             raise UsageError(f"{what} {said!r} does not exist")
         fmt = format_of_location(path)
         if fmt is not None and (fmt.container == "store" or not os.path.isdir(path)):
-            return fmt.name, [path]
+            return fmt, [path]
         if not os.path.isdir(path):
             raise UsageError(f"{what} {said!r} is neither a file or store of a known format ({names}) nor a folder "
                              "of them")
@@ -278,7 +278,7 @@ def find_data(path: str, what: str = "--data") -> tuple[str, list[str]]:
     for fmt in FORMATS.values():
         files = [e for e in entries if fmt.probe(e)]
         if files:
-            return fmt.name, files
+            return fmt, files
     raise UsageError(f"{what} {said!r} holds no files of a known format ({names})")
 
 

@@ -116,7 +116,7 @@ def _check_one_grid(files: Sequence[str], per_file: Sequence[dict[str, Variable]
 def open_netcdf_variables(path: str | os.PathLike) -> dict[str, Variable]:
     """Every dataset at the root of a NetCDF4 (HDF5) file whose dims are dimension scales, by name,
     as the netCDF library and h5netcdf write them."""
-    from dali_mesh.io.hdf5 import open_hdf5_file
+    from dali_mesh.io.containers import open_hdf5_file
 
     path = str(path)
     f = open_hdf5_file(path)
@@ -157,7 +157,7 @@ def _attr(value):
 
 def read_netcdf_coordinate(path: str | os.PathLike, name: str) -> np.ndarray:
     """The values of the 1-D dataset ``name`` of a NetCDF4 file, read whole."""
-    from dali_mesh.io.hdf5 import open_hdf5_file
+    from dali_mesh.io.containers import open_hdf5_file
 
     f = open_hdf5_file(str(path))
     try:

@@ -62,7 +62,7 @@ def open_dataset_group(path: str | os.PathLike) -> dict[str, Variable]:
     rewritten without consolidating again) would describe another array."""
     import zarr
 
-    from dali_mesh.io.zarr import check_store_dir
+    from dali_mesh.io.containers import check_store_dir
 
     bytes_store, key = store_of(path)
     local = bytes_store.local_path(key)

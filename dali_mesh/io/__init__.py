@@ -1,8 +1,10 @@
-"""Readers that fill a window of one sample from a file, reading only the bytes the window needs.
+"""What every reader shares: the errors readers raise, I/O counters, the window plan, and the opening of
+containers (an HDF5 file, a Zarr store) that formats and dataset variables both read.
 
-Readers know nothing of meshes: they take a :class:`~dali_mesh.Region` (window, domain, boundary per
-axis, fill value) and fill a caller's buffer of ``region.window_shape``. The result equals
-``dali_mesh.partition.take_window(full_sample, region)``.
+The readers themselves live in the folder of their format (:mod:`dali_mesh.formats`; ``.npy``:
+:mod:`dali_mesh.formats.npy`). Readers know nothing of meshes: they take a :class:`~dali_mesh.Region`
+(window, domain, boundary per axis, fill value) and fill a caller's buffer of ``region.window_shape``.
+The result equals ``dali_mesh.partition.take_window(full_sample, region)``.
 
 h5py and zarr are imported only when their readers are used.
 """
@@ -25,7 +27,6 @@ from dali_mesh.io._common import (
 )
 from dali_mesh.plan import WindowPlan, plan_window
 from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP
-from dali_mesh.io.npy import NpyHeader, read_npy_header, read_npy_window
 
 __all__ = [
     "DEFAULT_MERGE_GAP",
@@ -38,7 +39,6 @@ __all__ = [
     "MissingFileError",
     "NotRegularFileError",
     "NotWritableError",
-    "NpyHeader",
     "ShapeMismatchError",
     "TruncatedFileError",
     "UnsupportedDtypeError",
@@ -46,7 +46,5 @@ __all__ = [
     "WindowPlan",
     "global_stats",
     "plan_window",
-    "read_npy_header",
-    "read_npy_window",
     "reset_global_stats",
 ]

@@ -126,7 +126,7 @@ class NotWritableError(DataFileError):
 
 # ---- what a format's create() returns ---------------------------------------------------------------
 class ArrayWriter:
-    """An array being written, from :meth:`ArrayFormat.create <dali_mesh.io.formats.ArrayFormat.create>`.
+    """An array being written, from :meth:`ArrayFormat.create <dali_mesh.formats.ArrayFormat.create>`.
 
     ``write(index, values)`` stores ``array[index] = values`` and may be called from several threads;
     ``close()`` returns once every write has reached storage (a write that fails, a full disk say,

@@ -28,7 +28,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from dali_mesh.io.hdf5 import open_hdf5_file
+from dali_mesh.io.containers import open_hdf5_file
 from dali_mesh.mesh import MeshInfo
 from dali_mesh.partition import Layout, LayoutError, take_window
 from dali_mesh.physicsnemo.era5_source import ERA5Source

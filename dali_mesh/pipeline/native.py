@@ -3,8 +3,8 @@
 :func:`read_windows` puts a dali_mesh source's windows into the pipeline without Python on the hot
 path: the format-specific work (parse a header, find a dataset's offset) turns each distinct file
 layout and this rank's :class:`~dali_mesh.Region` into a byte-range plan once, in the format's own
-module (:func:`dali_mesh.io.npy.plan_npy_files`, :func:`dali_mesh.io.hdf5.plan_hdf5_steps`,
-:func:`dali_mesh.io.zarr.plan_zarr_steps`, assembled by :func:`dali_mesh.plan.chunks.plan_time_series`;
+module (:func:`dali_mesh.formats.npy.plan_npy_files`, :func:`dali_mesh.formats.hdf5.plan_hdf5_steps`,
+:func:`dali_mesh.formats.zarr.plan_zarr_steps`, assembled by :func:`dali_mesh.plan.chunks.plan_time_series`;
 each source's ``native_plans`` says which); the plans (:mod:`dali_mesh.plan`), the file table
 and one item per sample id go to the operator in a plan file written once. Per batch, a cheap batch-mode ``fn.external_source`` gives the sample ids and pad
 flags from the stateless sample order (so checkpoint and resume behave as with

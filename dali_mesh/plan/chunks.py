@@ -1,5 +1,5 @@
 """Native plans of chunked arrays and of time series (HDF5 datasets and Zarr arrays whose axis 0 is
-the step), shared by :mod:`dali_mesh.io.hdf5` and :mod:`dali_mesh.io.zarr`.
+the step), shared by :mod:`dali_mesh.formats.hdf5` and :mod:`dali_mesh.formats.zarr`.
 
 A window is cut by the chunk grid of the axes after the step axis into pieces, one per chunk it
 touches; each piece's reads are planned once for a chunk's first step (:func:`chunk_pieces`) and

@@ -10,7 +10,7 @@ whole batch (every rank of every sample group gets the same number of batches).
 
 The package is cut by job: ``base`` (the DALI protocol, the sample order, regions, the checkpoint
 fingerprint from declared fields), ``buffers`` (recycled outputs), ``status`` (what a worker reads,
-for the watchdog), ``numpy_source`` and ``arrays`` (the sources), ``forecast``, ``args``.
+for the watchdog), ``file_source`` and ``arrays`` (the sources), ``forecast``, ``args``.
 
 This package imports numpy and dali_mesh only: DALI's ``spawn`` workers import nothing heavy (h5py
 or zarr only when an HDF5 or Zarr source reads).
@@ -18,8 +18,9 @@ or zarr only when an HDF5 or Zarr source reads).
 Sources::
 
     NumpySource(files, layout)                 one sample per ``.npy`` file
+    FileSource(files, layout, format=)         one sample per file, in a registered format
     ArraySource(files, name, layout, format=)  samples along axis 0 of an array, across files, in a
-                                               registered format (dali_mesh.io.formats)
+                                               registered format (dali_mesh.formats)
     HDF5Source(files, dataset, layout)         ArraySource of HDF5 datasets
     ZarrSource(stores, array, layout)          ArraySource of Zarr arrays (v2 or v3)
 
@@ -31,7 +32,7 @@ from dali_mesh.source.arguments import check_sample_shape
 from dali_mesh.source.arrays import ArraySource, HDF5Source, ZarrSource, array_source, pipeline_reader
 from dali_mesh.source.base import SEED_LIMIT, WindowSource
 from dali_mesh.source.forecast import ForecastSpec
-from dali_mesh.source.numpy_source import NumpySource
+from dali_mesh.source.file_source import FileSource, NumpySource, file_source
 
-__all__ = ["ArraySource", "ForecastSpec", "HDF5Source", "NumpySource", "WindowSource", "ZarrSource",
-           "array_source", "check_sample_shape", "pipeline_reader", "SEED_LIMIT"]
+__all__ = ["ArraySource", "FileSource", "ForecastSpec", "HDF5Source", "NumpySource", "WindowSource", "ZarrSource",
+           "array_source", "file_source", "check_sample_shape", "pipeline_reader", "SEED_LIMIT"]

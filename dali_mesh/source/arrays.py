@@ -10,7 +10,7 @@ import numpy as np
 from dali_mesh._checks import is_int as _is_int
 from dali_mesh.io._common import DataFileError, ShapeMismatchError, apply_index_maps, check_frame
 from dali_mesh.plan.chunks import plan_time_series
-from dali_mesh.io.formats import FORMATS, HDF5, ZARR, ArrayFormat, format_named
+from dali_mesh.formats import FORMATS, HDF5, ZARR, ArrayFormat, format_named
 from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP
 from dali_mesh.partition import Layout, Region
 from dali_mesh.source.arguments import channel_maps, file_list, normalise_maps
@@ -29,7 +29,7 @@ def pipeline_reader(source):
 
 class ArraySource(WindowSource):
     """Samples along axis 0 (time) of one array per file or store, in any registered format
-    (:mod:`dali_mesh.io.formats`: ``"hdf5"``, ``"zarr"``, or a format object); time runs across the
+    (:mod:`dali_mesh.formats`: ``"hdf5"``, ``"zarr"``, or a format object); time runs across the
     files in order. :class:`HDF5Source` and :class:`ZarrSource` are this source with their format.
 
     Args:
@@ -215,7 +215,7 @@ class HDF5Source(ArraySource):
 
     Every step is one hyperslab read per box of this rank's window (``read_direct``). Arguments as
     :class:`ArraySource`, plus ``h5_kwargs`` (for ``h5py.File``, e.g. ``rdcc_nbytes``; and
-    ``random_access=True``: see :func:`dali_mesh.io.hdf5.open_hdf5_dataset`).
+    ``random_access=True``: see :func:`dali_mesh.formats.hdf5.open_hdf5_dataset`).
     ``allow_external=True`` lets datasets with external raw storage, external links or virtual
     datasets be read (refused by default: they can deliver files the user never named).
     """

@@ -28,7 +28,7 @@ class ByteZarrStore(Store):
         super().__init__(read_only=True)
         self.store = store
         self.supports_listing = store.supports_listing  # zarr-python asks before it lists a group
-        self.root = None  # not a local folder (io.zarr's FIFO check looks for a root path)
+        self.root = None  # not a local folder (the Zarr reader's FIFO check looks for a root path)
         self.prefix = root.rstrip("/")
 
     def _key(self, key: str) -> str:

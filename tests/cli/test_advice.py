@@ -10,7 +10,7 @@ from dali_mesh import Layout, MeshInfo
 from dali_mesh.cli.advice import aligned_chunks, open_layout_target
 from dali_mesh.cli import main
 from dali_mesh.io import IOStats
-from dali_mesh.io.npy import read_npy_window
+from dali_mesh.formats.npy import read_npy_window
 
 SHAPE = (6, 40, 300)  # odd sizes: shards of 10/10/10/10 rows, 75 columns; rows of 1200 bytes
 
@@ -64,7 +64,7 @@ def test_npy_cold_bytes_equal_reader_counters(tmp_path, capsys, sample, axis, ex
 @pytest.mark.parametrize("chunks", [None, (1, 3, 8, 300), (2, 6, 40, 64), (1, 6, 10, 75)])
 def test_hdf5_cold_bytes_equal_reader_counters(tmp_path, capsys, sample, chunks):
     h5py = pytest.importorskip("h5py")
-    from dali_mesh.io.hdf5 import open_hdf5_dataset, read_hdf5_window
+    from dali_mesh.formats.hdf5 import open_hdf5_dataset, read_hdf5_window
 
     path = tmp_path / "s.h5"
     with h5py.File(path, "w") as f:
@@ -81,7 +81,7 @@ def test_hdf5_cold_bytes_equal_reader_counters(tmp_path, capsys, sample, chunks)
 @pytest.mark.parametrize("zarr_format", [2, 3])
 def test_zarr_cold_bytes_equal_reader_counters(tmp_path, capsys, sample, zarr_format):
     zarr = pytest.importorskip("zarr")
-    from dali_mesh.io.zarr import open_zarr_array, read_zarr_window
+    from dali_mesh.formats.zarr import open_zarr_array, read_zarr_window
 
     path = tmp_path / "s.zarr"
     data = np.stack([sample, sample * 2])

@@ -9,7 +9,7 @@ import pytest
 from dali_mesh import Layout, MeshInfo
 from dali_mesh.cli import main
 from dali_mesh.io import IOStats
-from dali_mesh.io.npy import read_npy_window
+from dali_mesh.formats.npy import read_npy_window
 from dali_mesh.partition import take_window
 from dali_mesh.source import ZarrSource
 from tests.helpers import run_python
@@ -94,13 +94,13 @@ def test_innermost_split_reads_its_window_after_conversion(tmp_path, capsys, suf
         after = IOStats()
         for i in range(3):
             if suffix == ".h5":
-                from dali_mesh.io.hdf5 import open_hdf5_dataset, read_hdf5_window
+                from dali_mesh.formats.hdf5 import open_hdf5_dataset, read_hdf5_window
 
                 f, ds = open_hdf5_dataset(dst, "data")
                 with f:
                     w = read_hdf5_window(ds, region, prefix=(i,), stats=after)
             else:
-                from dali_mesh.io.zarr import open_zarr_array, read_zarr_window
+                from dali_mesh.formats.zarr import open_zarr_array, read_zarr_window
 
                 w = read_zarr_window(open_zarr_array(dst, "data"), region, prefix=(i,), stats=after)
             assert _bits_equal(samples[i][region.window_slices], w)
@@ -175,7 +175,7 @@ def test_convert_zarr_then_read_without_a_name(tmp_path, capsys):
     zarr = pytest.importorskip("zarr")
     from dali_mesh.cli import main
     from dali_mesh.io import MissingArrayError
-    from dali_mesh.io.zarr import open_zarr_array
+    from dali_mesh.formats.zarr import open_zarr_array
 
     a = np.arange(2 * 3 * 8 * 16, dtype="<f4").reshape(2, 3, 8, 16)
     for i in range(2):

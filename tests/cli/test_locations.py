@@ -46,7 +46,8 @@ def test_format_is_detected_on_the_url_path_without_its_query(location, kind):
 def test_find_data_takes_a_presigned_url_as_one_file_by_its_path():
     """No listing (a plain HTTPS location cannot be listed) and no request: the URL itself, query kept for the read."""
     location = f"https://127.0.0.1:1/d/{PRESIGNED}"
-    assert find_data(location) == ("hdf5", [location])
+    fmt, files = find_data(location)
+    assert (fmt.name, files) == ("hdf5", [location])
 
 
 # ---- finding 5 and 16: no query, no user info in anything the command line prints ----------------------------

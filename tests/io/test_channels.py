@@ -14,15 +14,15 @@ from hypothesis import strategies as st
 from dali_mesh import Layout, MeshInfo
 from dali_mesh.io import DataFileError
 from dali_mesh.plan import plan_window
-from dali_mesh.io.npy import read_npy_window
+from dali_mesh.formats.npy import read_npy_window
 from dali_mesh.partition import BOUNDARIES, Region, take_window
 from dali_mesh.source import HDF5Source, NumpySource, ZarrSource
 from tests.helpers import one_rank_layout
 
 h5py = pytest.importorskip("h5py")
 zarr = pytest.importorskip("zarr")
-from dali_mesh.io.hdf5 import read_hdf5_window  # noqa: E402
-from dali_mesh.io.zarr import open_zarr_array, read_zarr_window  # noqa: E402
+from dali_mesh.formats.hdf5 import read_hdf5_window  # noqa: E402
+from dali_mesh.formats.zarr import open_zarr_array, read_zarr_window  # noqa: E402
 
 T, C, H, W = 3, 6, 9, 11
 DATA = np.random.default_rng(3).standard_normal((T, C, H, W)).astype(">f4")

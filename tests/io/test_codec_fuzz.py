@@ -193,7 +193,7 @@ def _hdf5_chunks(tmp_path, have):
 
 
 def _compressor_step(ds):
-    """The coder step of a dataset's compression filter, as dali_mesh.io.hdf5 makes it."""
+    """The coder step of a dataset's compression filter, as dali_mesh.formats.hdf5 makes it."""
     dcpl = ds.id.get_create_plist()
     for i in range(dcpl.get_nfilters()):
         code, _, values, _ = dcpl.get_filter(i)

@@ -9,7 +9,8 @@ import os
 import pytest
 
 from dali_mesh import _kernels
-from dali_mesh.io import hdf5, zarr
+from dali_mesh.formats.hdf5 import hdf5_planner as hdf5
+from dali_mesh.formats.zarr import zarr_planner as zarr
 from tests.helpers import ROOT, codec_rows, codec_sources
 
 KINDS = {"Decompressor": "decompressor", "Checksum": "checksum", "KeepsSize": "keeps_size"}

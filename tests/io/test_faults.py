@@ -17,7 +17,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from dali_mesh.io import DataFileError, NotRegularFileError, TruncatedFileError, read_npy_window
+from dali_mesh.formats.npy import read_npy_window
+from dali_mesh.io import DataFileError, NotRegularFileError, TruncatedFileError
 from dali_mesh.partition import Region
 
 DEADLINE_S = 30  # generous on 2 busy cores; a blocked open never returns at all
@@ -46,14 +47,14 @@ def report(fn):
 """
 
 _FIFO_CASES = {
-    "npy header": "from dali_mesh.io import read_npy_header; report(lambda: read_npy_header(P))",
-    "npy window": "from dali_mesh.io import read_npy_window; from dali_mesh.partition import Region; "
+    "npy header": "from dali_mesh.formats.npy import read_npy_header; report(lambda: read_npy_header(P))",
+    "npy window": "from dali_mesh.formats.npy import read_npy_window; from dali_mesh.partition import Region; "
                   "report(lambda: read_npy_window(P, Region((0,), (4,), (0,), (4,), (0,), (4,), 'constant')))",
-    "npy window direct": "from dali_mesh.io import read_npy_window; from dali_mesh.partition import Region; "
+    "npy window direct": "from dali_mesh.formats.npy import read_npy_window; from dali_mesh.partition import Region; "
                          "report(lambda: read_npy_window(P, Region((0,), (4,), (0,), (4,), (0,), (4,), 'constant'), "
                          "direct=True))",
-    "hdf5": "from dali_mesh.io.hdf5 import open_hdf5_dataset; report(lambda: open_hdf5_dataset(P, 'x'))",
-    "hdf5 random access": "from dali_mesh.io.hdf5 import open_hdf5_dataset; "
+    "hdf5": "from dali_mesh.formats.hdf5 import open_hdf5_dataset; report(lambda: open_hdf5_dataset(P, 'x'))",
+    "hdf5 random access": "from dali_mesh.formats.hdf5 import open_hdf5_dataset; "
                           "report(lambda: open_hdf5_dataset(P, 'x', random_access=True))",
 }
 
@@ -79,7 +80,7 @@ def test_fifo_in_a_zarr_store_is_refused_without_blocking(tmp_path, which):
     os.remove(victim)
     os.mkfifo(victim)
     proc = _run(_REPORT + f"""
-from dali_mesh.io.zarr import open_zarr_array, read_zarr_window
+from dali_mesh.formats.zarr import open_zarr_array, read_zarr_window
 from dali_mesh.partition import Region
 def go():
     a = open_zarr_array({store!r})
@@ -134,7 +135,8 @@ print(n)
 _READER = """
 import json, sys, time
 import numpy as np
-from dali_mesh.io import DataFileError, read_npy_window
+from dali_mesh.formats.npy import read_npy_window
+from dali_mesh.io import DataFileError
 from dali_mesh.partition import Region, take_window
 path, seconds = sys.argv[1], float(sys.argv[2])
 # the file holds arange(256 * 4096) (the oracle is built here: np.load would race the writer too)
@@ -196,7 +198,7 @@ def test_concurrent_rewrite_never_kills_a_default_read(tmp_path):
 def test_file_emptied_before_mmap_is_named(tmp_path, monkeypatch):
     """method="mmap" on a file that is emptied (or changes size) after its header was read: an
     error naming the file. Before: ValueError "cannot mmap an empty file", no file named."""
-    import dali_mesh.io.npy as npy
+    import dali_mesh.formats.npy.npy_reader as npy
 
     path = str(tmp_path / "gone.npy")
     np.save(path, np.arange(64, dtype=np.float32).reshape(8, 8))

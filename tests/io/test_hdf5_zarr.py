@@ -13,8 +13,8 @@ from dali_mesh.partition import BOUNDARIES, Layout, Region, take_window
 
 h5py = pytest.importorskip("h5py")
 zarr = pytest.importorskip("zarr")
-from dali_mesh.io.hdf5 import open_hdf5_dataset, read_hdf5_window  # noqa: E402
-from dali_mesh.io.zarr import open_zarr_array, read_zarr_window  # noqa: E402
+from dali_mesh.formats.hdf5 import open_hdf5_dataset, read_hdf5_window  # noqa: E402
+from dali_mesh.formats.zarr import open_zarr_array, read_zarr_window  # noqa: E402
 
 DATA = np.random.default_rng(0).standard_normal((3, 4, 10, 12)).astype(">f4")  # (time, channel, lat, lon)
 CHUNKS = (1, 2, 5, 4)

@@ -16,9 +16,8 @@ from dali_mesh.io import (
     ShapeMismatchError,
     TruncatedFileError,
     UnsupportedDtypeError,
-    read_npy_header,
-    read_npy_window,
 )
+from dali_mesh.formats.npy import read_npy_header, read_npy_window
 from dali_mesh.plan.ranges import plan_npy_reads
 from dali_mesh.plan import plan_window
 from dali_mesh.partition import BOUNDARIES, Layout, Region, take_window

@@ -21,7 +21,8 @@ import warnings
 import numpy as np
 import pytest
 
-from dali_mesh.io import DataFileError, read_npy_header, read_npy_window
+from dali_mesh.formats.npy import read_npy_header, read_npy_window
+from dali_mesh.io import DataFileError
 from dali_mesh.partition import BOUNDARIES, Region, take_window
 from tests.helpers import random_region
 

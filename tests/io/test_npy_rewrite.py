@@ -17,8 +17,9 @@ import time
 import numpy as np
 import pytest
 
-from dali_mesh.io import DataFileError, FileChangedError, read_npy_window
-from dali_mesh.io import npy as npy_module
+from dali_mesh.formats.npy import read_npy_window
+from dali_mesh.io import DataFileError, FileChangedError
+from dali_mesh.formats.npy import npy_reader as npy_module
 from dali_mesh.mesh import MeshInfo
 from dali_mesh.partition import Layout, take_window
 

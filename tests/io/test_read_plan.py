@@ -15,7 +15,7 @@ import pytest
 
 from dali_mesh.plan import AxisPlan, WindowPlan, plan_window
 from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP, plan_npy_units
-from dali_mesh.io.npy import read_npy_header
+from dali_mesh.formats.npy import read_npy_header
 from dali_mesh import Layout, _kernels
 dali = pytest.importorskip("nvidia.dali")
 from dali_mesh.plan import CHECK_JSON, PLAN_MAGIC, PlanFile, PlanSet, ReadPlan  # noqa: E402

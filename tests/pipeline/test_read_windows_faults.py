@@ -765,7 +765,7 @@ def test_npy_plan_checks_exactly_the_header_it_was_planned_from(tmp_path, monkey
     checking header B read B's bytes as A's). The planner reads the first file's header twice (the
     source's shape, then the plan's header at the version the plan records): it refuses the file as
     changed, or plans it from one header and the reader refuses the replacement."""
-    from dali_mesh.io import npy
+    from dali_mesh.formats.npy import npy_reader as npy
 
     a = np.arange(24, dtype=np.float32).reshape(4, 6)
     files = [str(tmp_path / "s0.npy"), str(tmp_path / "s1.npy")]

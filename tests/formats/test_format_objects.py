@@ -1,4 +1,4 @@
-"""The format objects (dali_mesh/io/formats.py) against the formats' own libraries: numpy, h5py and
+"""The format objects (dali_mesh/formats/) against the formats' own libraries: numpy, h5py and
 zarr-python describe and read the same arrays; a source given a format reads what the named source
 of that format reads."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import zarr
 
 from dali_mesh import Layout, MeshInfo
-from dali_mesh.io.formats import FORMATS, HDF5, NPY, ZARR, format_named, format_of
+from dali_mesh.formats import FORMATS, HDF5, NPY, ZARR, format_named, format_of
 from dali_mesh.partition import take_window
 from dali_mesh.source import ArraySource, HDF5Source, ZarrSource, array_source
 
@@ -143,7 +143,7 @@ def test_a_zarr_copy_stores_every_chunk_even_all_zero_ones(tmp_path, zarr_format
 
 def test_a_failed_copy_is_discarded_and_npy_is_not_written(tmp_path):
     from dali_mesh.io import DataFileError, NotWritableError
-    from dali_mesh.io.formats import written_suffixes
+    from dali_mesh.formats import written_suffixes
 
     path = str(tmp_path / "x.h5")
     with pytest.raises(DataFileError, match="the source failed"):
@@ -173,7 +173,7 @@ def test_zarr_metadata_changed_between_open_and_plan_is_refused(tmp_path, monkey
     import zarr
     from nvidia.dali import pipeline_def
 
-    import dali_mesh.io.zarr as dm_zarr
+    import dali_mesh.formats.zarr.zarr_planner as dm_zarr
     from dali_mesh import ZarrSource
     from dali_mesh.pipeline import native
     from dali_mesh.storage import DataFileError

@@ -1,0 +1,203 @@
+"""Read a window of one sample of a Zarr array (format v2 or v3, zarr-python >= 3).
+
+Each box of the read plan is one region selection ``array[prefix, box]``: zarr fetches and decodes
+only the chunks the box touches. The store is wrapped in a counter, so ``bytes_read`` and
+``read_calls`` are the bytes and ``get`` calls the store really served. zarr is imported on first use.
+
+Every key the store serves must be a regular file (a FIFO in place of a chunk or of the metadata
+would block zarr for ever); a missing chunk reads as the array's fill value, as zarr defines it.
+
+:mod:`.zarr_planner` plans the native reads of an array, :mod:`.zarr_writer` writes one (what
+``dali-mesh convert`` writes).
+"""
+from __future__ import annotations
+
+import os
+import stat
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from dali_mesh.io._common import (DataFileError, HeaderError, IOStats, MissingArrayError, NotRegularFileError, _account,
+                                  check_dtype, native_dtype, sample_shape)
+from dali_mesh.io._common import fill_window
+from dali_mesh.partition import Region
+from dali_mesh.io.containers import check_store_dir
+from dali_mesh.storage import store_of
+
+__all__ = ["METADATA_KEYS", "open_zarr_array", "read_zarr_window"]
+
+_counting_store_cls = None
+#: the keys of an array's metadata (v3, v2), in a store's root or an array's folder
+METADATA_KEYS = ("zarr.json", ".zarray")
+
+
+def _check_key(store, key: str) -> None:
+    """Refuse a key whose file exists but is not a regular file (zarr would block on a FIFO)."""
+    root = getattr(store, "root", None)
+    if root is None:  # not a local store: nothing on this file system to check
+        return
+    full = os.path.join(str(root), key)
+    try:
+        mode = os.stat(full).st_mode
+    except OSError:
+        return  # missing: zarr's own answer (None, a fill-value chunk)
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+        raise NotRegularFileError(full, f"Zarr key {key!r} is {kind}; a store holds regular files only")
+
+
+def _counting_store(store):
+    """Wrap a zarr store so that every ``get`` is counted (bytes and calls)."""
+    global _counting_store_cls
+    if _counting_store_cls is None:
+        from zarr.storage import WrapperStore
+
+        class CountingStore(WrapperStore):
+            def __init__(self, store, counter=None, metadata=None):
+                super().__init__(store)
+                self.counter = counter if counter is not None else IOStats()
+                #: key -> the bytes of each array metadata object zarr-python read whole (.zarray,
+                #: zarr.json): what the array it opened was made from
+                self.metadata = metadata if metadata is not None else {}
+
+            def _with_store(self, store):
+                return type(self)(store, self.counter, self.metadata)
+
+            async def get(self, key, prototype, byte_range=None):
+                _check_key(self._store, key)
+                buf = await self._store.get(key, prototype, byte_range)
+                self.counter.read_calls += 1
+                if buf is not None:
+                    self.counter.bytes_read += len(buf)
+                    if byte_range is None and key.rsplit("/", 1)[-1] in (".zarray", "zarr.json"):
+                        self.metadata[key] = buf.to_bytes()
+                return buf
+
+            async def get_partial_values(self, prototype, key_ranges):
+                key_ranges = list(key_ranges)
+                for key, _ in key_ranges:
+                    _check_key(self._store, key)
+                bufs = await self._store.get_partial_values(prototype, key_ranges)
+                self.counter.read_calls += len(key_ranges)
+                self.counter.bytes_read += sum(len(b) for b in bufs if b is not None)
+                return bufs
+
+        _counting_store_cls = CountingStore
+    return _counting_store_cls(store)
+
+
+def open_zarr_array(path: str | os.PathLike, name: str | None = None):
+    """Open a Zarr array read-only, its store wrapped in a byte counter; errors name the path.
+
+    ``path`` is a directory store (v2 or v3); ``name`` the array's path inside it (``None``: the
+    store is the array, or its root is a group holding exactly one array, as ``dali-mesh convert``
+    writes: that one; with several, an error lists them).
+    """
+    import zarr
+
+    path = str(path)
+    bytes_store, key = store_of(path)
+    local = bytes_store.local_path(key)
+    if local is not None:
+        check_store_dir(local, "; check the path and the file list")
+    store = _counting_store(bytes_store.zarr_store(key))
+    what = f"array {name!r}" if name else "the array at the store's root"
+    if not name:
+        only = _only_array(store, path)
+        if only is not None:
+            name, what = only, f"array {only!r} (the only one in the store)"
+    try:
+        arr = zarr.open_array(store=store, path=name or "", mode="r")
+    except DataFileError:
+        raise
+    except Exception as e:  # zarr raises several kinds, for a missing node and for corrupt metadata
+        node = os.path.join(path, *(name or "").split("/"))
+        meta = [os.path.join(node, k) for k in METADATA_KEYS if os.path.isfile(os.path.join(node, k))]
+        if meta:  # the metadata is there, so it is corrupt, not missing
+            raise HeaderError(path, f"metadata of {what} ({', '.join(meta)}) cannot be read "
+                              f"({type(e).__name__}: {_short(e)}); the store is corrupt") from None
+        names = []
+        try:
+            grp = zarr.open_group(store=store, mode="r")
+            names = sorted(k for k, _ in grp.arrays())
+        except Exception:
+            pass
+        missing = what if name else "array at the store's root"  # not "has no the array ..."
+        raise MissingArrayError(path, f"has no {missing} ({type(e).__name__}); arrays in the store: {names}") from None
+    check_dtype(path, arr.dtype, label=f"{what}: ")
+    try:
+        chunks = tuple(arr.chunks)
+    except Exception:  # sharded arrays describe their chunks otherwise; zarr checked those
+        chunks = ()
+    if any(not isinstance(c, int) or c < 1 for c in chunks):
+        raise HeaderError(path, f"{what} has chunk shape {chunks}; every chunk side must be at least 1: "
+                          "the metadata is corrupt")
+    return arr
+
+
+def _only_array(store, path: str) -> str | None:
+    """The name of the only array in a store whose root is a group; ``None`` when the root is not a
+    readable group (then it is opened as an array, and errors come from there); a
+    :class:`MissingArrayError` listing them when the group holds none or several."""
+    import zarr
+
+    try:
+        grp = zarr.open_group(store=store, mode="r")
+        names = sorted(k for k, _ in grp.arrays())
+    except Exception:  # noqa: BLE001 - not a group (an array, or corrupt metadata: reported by open_array)
+        return None
+    if len(names) == 1:
+        return names[0]
+    if not names:
+        raise MissingArrayError(path, "is a Zarr group with no array at its top level; name the array "
+                                "(--dataset / the array argument) with its path inside the store")
+    raise MissingArrayError(path, f"is a Zarr group holding {len(names)} arrays {names}: name the one to read "
+                            "(--dataset / the array argument)")
+
+
+def _short(value, limit: int = 200) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def read_zarr_window(
+    array,
+    region: Region,
+    out: np.ndarray | None = None,
+    *,
+    prefix: Sequence[int] = (),
+    index_maps: Mapping[int, Sequence[int]] | None = None,
+    expected_shape: Sequence[int] | None = None,
+    expected_dtype=None,
+    stats: IOStats | None = None,
+) -> np.ndarray:
+    """Fill ``out`` with the window of sample ``array[prefix]`` (a ``zarr.Array`` from
+    :func:`open_zarr_array`). Arguments as :func:`dali_mesh.io.read_npy_window`."""
+    store = array.store
+    path = str(getattr(getattr(store, "_store", store), "root", store))
+    counter = getattr(store, "counter", None)
+    before = counter.copy() if counter is not None else None
+    local = IOStats()
+
+    def read_box(buf, dst, src):
+        try:
+            buf[dst] = array[src]
+        except DataFileError:
+            raise
+        except (OSError, ValueError, RuntimeError, TypeError, ZeroDivisionError) as e:
+            raise DataFileError(path, f"reading array {array.path or '/'} failed ({type(e).__name__}: {e}); "
+                                "a chunk is corrupt or unreadable") from None
+
+    try:
+        full = tuple(array.shape)
+        native = native_dtype(array.dtype)
+        shape = sample_shape(path, full, prefix, index_maps, f"array shape {full}")
+        out, _ = fill_window(path, region, out, native, shape, read_box, local, prefix=prefix, index_maps=index_maps,
+                             expected_shape=expected_shape, expected_dtype=expected_dtype, unit="store")
+        return out
+    finally:
+        if counter is not None:
+            local.bytes_read += counter.bytes_read - before.bytes_read
+            local.read_calls += counter.read_calls - before.read_calls
+        _account(stats, local)
