@@ -137,9 +137,14 @@ class ArrayFormat:
 
         raise NotNativeError(f"{files[0]}: the {self.name} format is not read natively")
 
-    def plan_steps(self, location, name, steps, region, *, options: Mapping | None = None, **kw):
-        """The native reads of ``steps`` (see :func:`dali_mesh.plan.chunks.plan_time_series`), or
-        :class:`~dali_mesh.plan.NotNativeError`."""
+    def plan_steps(self, location, name, steps, region, *, plans, max_parts: int, options: Mapping | None = None,
+                   index_maps=None, merge_gap: int = 0):
+        """The native reads of the steps ``[first, stop)`` (``steps``) of the array ``name`` of
+        ``location``, each step's window ``region``: a :class:`~dali_mesh.plan.chunks.StepReads` (data: the
+        parts of each step, its finishing plan and window plan), its plans and files added to ``plans``
+        (the series' :class:`~dali_mesh.plan.PlanSet`), at most ``max_parts`` parts
+        (:func:`~dali_mesh.plan.chunks.too_many_parts`, asked before they are made); or
+        :class:`~dali_mesh.plan.NotNativeError`. :func:`dali_mesh.plan.chunks.plan_time_series` calls it."""
         from dali_mesh.plan import NotNativeError  # noqa: PLC0415
 
         raise NotNativeError(f"{location}: the {self.name} format is not read natively")

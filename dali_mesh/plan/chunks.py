@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Callable, Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from dali_mesh.plan.forecast_spec import ForecastSpec
 from dali_mesh.plan.window import WindowPlan
 from dali_mesh.plan.ranges import StoredArray, Units, group_units, plan_npy_units
 from dali_mesh.plan.plan_set import PlanSet
 from dali_mesh.plan.types import NotNativeError, ReadPlan
 
 __all__ = ["MAX_CODED_CHUNK_BYTES", "MAX_MERGED_LAYOUTS", "MAX_NATIVE_PARTS", "MAX_NATIVE_SAMPLES", "chunk_coords", "chunk_pieces",
-           "check_coded_chunk", "count_chunk_pieces", "merge_pieces", "piece_plans", "plan_time_series"]
+           "check_coded_chunk", "count_chunk_pieces", "merge_pieces", "piece_plans", "plan_time_series", "SeriesFiles",
+           "StepReads", "same_dtype", "too_many_parts"]
 
 #: The most samples (and parts: reads of one file or chunk, over all samples) the native reader
 #: plans; a source with more (a file claiming 2**31 steps, say) is read by ``partitioned_source``,
@@ -165,33 +167,72 @@ def _item_words(finish: np.ndarray, parts: np.ndarray) -> np.ndarray:
     return words.ravel()
 
 
-#: ``steps_of(plans_of, ranges, budget) -> {file index: (parts, finish, wplan)}``: the parts of the
-#: needed steps of each file (``parts`` an array ``(steps, parts per step, 3)`` of ``(file, plan,
-#: base)`` for the local steps ``ranges[file] = (first, stop)``), its finishing plan and window plan.
-#: ``plans_of(native dtype)`` gives the shared :class:`PlanSet`; ``budget(n)`` counts parts.
-StepsOf = Callable
+class StepReads(NamedTuple):
+    """What a format's planner (``ArrayFormat.plan_steps``) returns for the steps of one file, the
+    plans and files they name added to the :class:`PlanSet` it was given: ``parts``, an array
+    ``(steps, parts per step, 3)`` of ``(file, plan, base)`` (a part reads plan ``plan`` of file
+    ``file`` from byte ``base``); ``finish``, the plan that finishes a step's window (boundary cells);
+    ``wplan``, that window's plan."""
+
+    parts: np.ndarray
+    finish: int
+    wplan: WindowPlan
 
 
-def plan_time_series(first_file: str, *, num_samples: int, time_start: int, file_offsets: np.ndarray,
-                     sample_ndim: int, history: int | None, lead: int, per_sample_shapes: bool,
-                     steps_of: StepsOf, stride: int = 1, sample_stride: int = 1) -> tuple[PlanSet, ...]:
+class SeriesFiles(NamedTuple):
+    """The arrays of a time series as its planner needs them: one array ``name`` of ``format`` per
+    file of ``files`` (its steps along axis 0; ``file_offsets``: the global step of each file's first
+    step, and the total last), a step's window in file ``i`` ``regions[i]``, the format's
+    ``options``, the window's ``index_maps`` and the reads' ``merge_gap``."""
+
+    format: object
+    files: Sequence[str]
+    name: str | None
+    regions: Sequence
+    file_offsets: np.ndarray
+    options: dict | None = None
+    index_maps: object = None
+    merge_gap: int = 0
+
+
+def same_dtype(plans: PlanSet, dtype, location) -> None:
+    """:class:`NotNativeError` when a file of a series holds another dtype than the series' plans (a
+    file rewritten since the source was made): ``partitioned_source`` reads it, and says so."""
+    if np.dtype(dtype) != plans.dtype:
+        raise NotNativeError(f"{location}: its dtype {np.dtype(dtype)} is not the series' {plans.dtype}")
+
+
+def too_many_parts(location, n_parts: int, max_parts: int) -> None:
+    """:class:`NotNativeError` when ``n_parts`` file parts are more than the ``max_parts`` a planner
+    was given (what is left of :data:`MAX_NATIVE_PARTS`): a planner asks before it makes them."""
+    if n_parts > max_parts:
+        raise NotNativeError(f"{location}: the samples read more than dali_mesh.plan.chunks.MAX_NATIVE_PARTS = "
+                             f"{MAX_NATIVE_PARTS} file parts (chunks) in all; they are read by partitioned_source")
+
+
+def plan_time_series(series: SeriesFiles, *, dtype, sample_ndim: int, num_samples: int, time_start: int,
+                     forecast: ForecastSpec | None, per_sample_shapes: bool,
+                     sample_stride: int = 1) -> tuple[PlanSet, ...]:
     """The plans of a time series (samples along axis 0 across files): one :class:`PlanSet` per
     output window (the window; or a forecast's input and, with a lead, target: steps stacked on a
     new leading axis), sharing the plan and file tables.
 
+    Each file's needed steps are planned by its format (``plan_steps``: a :class:`StepReads`, its plans
+    added to the one :class:`PlanSet` of ``dtype`` it is given, and the parts it may still make given as
+    a number); this function turns them into the items of every sample.
+
     Args:
-        first_file: named in messages.
+        series: the files and how to plan them (:class:`SeriesFiles`).
+        dtype: the windows' dtype (native byte order); ``sample_ndim``: a step's number of axes.
         num_samples, time_start, sample_stride: sample id ``i`` is the step ``time_start + i * sample_stride``
             (global).
-        file_offsets: the global step of each file's first step, and the total (``len(files) + 1``).
-        sample_ndim: a step's number of axes.
-        history, lead: a forecast's steps (``history=None``: no forecast, one step per sample).
-        stride: stored steps between a forecast's steps (``ForecastSpec.stride``).
+        forecast: a :class:`~dali_mesh.plan.forecast_spec.ForecastSpec` (its history, lead and stride), or
+            ``None``: one step per sample.
         per_sample_shapes: the steps differ in shape (refused for forecasts).
-        steps_of: the format's planner of steps (see :data:`StepsOf`).
     """
-    forecast = history is not None
-    if forecast and per_sample_shapes:
+    first_file = series.files[0]
+    file_offsets = series.file_offsets
+    if forecast is not None and per_sample_shapes:
         raise NotNativeError("a forecast with per-sample shapes is read by partitioned_source")
     n_samples = int(num_samples)
     if n_samples > MAX_NATIVE_SAMPLES:
@@ -199,50 +240,41 @@ def plan_time_series(first_file: str, *, num_samples: int, time_start: int, file
                              f"(dali_mesh.plan.chunks.MAX_NATIVE_SAMPLES = {MAX_NATIVE_SAMPLES}); they are read by "
                              "partitioned_source")
     # the steps of each output window relative to a sample's step t
-    spans = [(0, 0)] if not forecast else [(-history, 0)] + ([(1, lead)] if lead else [])
-    k = history * stride if forecast else 0
-    m = lead * stride if forecast else 0
-    g0 = time_start - k  # global steps [g0, g1) are read by some sample (every stride-th of them)
-    g1 = time_start + (n_samples - 1) * sample_stride + 1 + m
+    history, lead, stride = (forecast.history, forecast.lead, forecast.stride) if forecast is not None else (0, 0, 1)
+    spans = [(0, 0)] if forecast is None else [(-history, 0)] + ([(1, lead)] if lead else [])
+    g0 = time_start - history * stride  # global steps [g0, g1) are read by some sample (every stride-th of them)
+    g1 = time_start + (n_samples - 1) * sample_stride + 1 + lead * stride
     ranges = {}
     for fi in range(len(file_offsets) - 1):
         a, b = max(g0, int(file_offsets[fi])), min(g1, int(file_offsets[fi + 1]))
         if a < b:
             ranges[fi] = (a - int(file_offsets[fi]), b - int(file_offsets[fi]))
+    # the parts over the steps, times the steps per sample: what the items will hold
     reads = sum(hi - lo + 1 for lo, hi in spans)
-    used = [0]
-
-    def budget(n_parts: int) -> None:
-        # parts over the steps, times the steps per sample: what the items will hold
-        used[0] += n_parts
-        if used[0] * reads > MAX_NATIVE_PARTS:
-            raise NotNativeError(f"{first_file}: the samples read more than "
-                                 f"dali_mesh.plan.chunks.MAX_NATIVE_PARTS = {MAX_NATIVE_PARTS} file parts "
-                                 "(chunks) in all; they are read by partitioned_source")
-
-    shared: list[PlanSet] = []
-
-    def plans_of(native_dtype) -> PlanSet:
-        if not shared:
-            shared.append(PlanSet(native_dtype, sample_ndim))
-        return shared[0]
-
-    steps = steps_of(plans_of, ranges, budget)
-    base = shared[0]
+    base = PlanSet(np.dtype(dtype), sample_ndim)
+    steps: dict[int, StepReads] = {}
+    used = 0
+    for fi, file_steps in sorted(ranges.items()):
+        got = StepReads(*series.format.plan_steps(
+            series.files[fi], series.name, file_steps, series.regions[fi], plans=base,
+            max_parts=MAX_NATIVE_PARTS // reads - used, options=series.options, index_maps=series.index_maps,
+            merge_gap=series.merge_gap))
+        steps[fi] = got
+        used += got.parts.shape[0] * got.parts.shape[1]
     # per needed step (global step - g0): its file's parts and finishing plan
     order = sorted(steps)
-    widths = {steps[fi][0].shape[1] for fi in order}
+    widths = {steps[fi].parts.shape[1] for fi in order}
     outs = []
     for lo, hi in spans:
-        out = base.sharing_tables(sample_ndim + forecast)
+        out = base.sharing_tables(sample_ndim + (forecast is not None))
         # the step (global step - g0) of each sample
         sample_rows = np.arange(n_samples, dtype=np.int64) * sample_stride + (time_start - g0)
-        if not forecast and sample_stride != 1:  # every sample_stride-th step, its file's finishing plan
-            table = [(finish, row) for fi in order for finish in (steps[fi][1],) for row in steps[fi][0]]
+        if forecast is None and sample_stride != 1:  # every sample_stride-th step, its file's finishing plan
+            table = [(finish, row) for fi in order for finish in (steps[fi].finish,) for row in steps[fi].parts]
             out.items = [(table[r][0], [tuple(int(v) for v in q) + (0,) for q in table[r][1]]) for r in sample_rows]
             outs.append(out)
             continue
-        if not forecast:
+        if forecast is None:
             # one item per step, in order; files may differ in parts per step: encoded file by file
             words = []
             for fi in order:
@@ -254,16 +286,16 @@ def plan_time_series(first_file: str, *, num_samples: int, time_start: int, file
             outs.append(out)
             continue
         n = hi - lo + 1
-        if any(base.plans[steps[fi][1]].fortran for fi in order):
+        if any(base.plans[steps[fi].finish].fortran for fi in order):
             # a step's window lands in Fortran order; a stacked window transposes as a whole
             raise NotNativeError(f"{first_file}: a forecast of chunks in Fortran order is read by partitioned_source")
-        wplan = steps[order[0]][2]
+        wplan = steps[order[0]].wplan
         step_bytes = math.prod(wplan.window_shape) * base.dtype.itemsize
         # the stacked window: a leading step axis without boundary cells, then the step's axes
         finish = base.add_plan(ReadPlan.finishing(wplan.stacked(n), base.dtype))
         rows = sample_rows[:, None] + np.arange(lo, hi + 1) * stride
         if len(widths) == 1:
-            table = np.concatenate([steps[fi][0] for fi in order])  # (steps, P, 3)
+            table = np.concatenate([steps[fi].parts for fi in order])  # (steps, P, 3)
             p = table.shape[1]
             p4 = np.zeros((n_samples, n, p, 4), np.int64)
             p4[..., :3] = table[rows]
@@ -271,7 +303,7 @@ def plan_time_series(first_file: str, *, num_samples: int, time_start: int, file
             out.set_item_words(_item_words(np.full(n_samples, finish, np.int64), p4.reshape(n_samples, n * p, 4)),
                                n_samples)
         else:  # files chunked differently: steps with different numbers of parts
-            table = [row for fi in order for row in steps[fi][0]]
+            table = [row for fi in order for row in steps[fi].parts]
             out.items = [(finish, [tuple(int(v) for v in q) + (j * step_bytes,)
                                    for j, r in enumerate(rs) for q in table[r]]) for rs in rows]
         outs.append(out)

@@ -31,7 +31,7 @@ where needed), both windows of the same region; and ``channels=[...]`` (a subset
 from dali_mesh.source.arguments import check_sample_shape
 from dali_mesh.source.arrays import ArraySource, HDF5Source, ZarrSource, array_source, pipeline_reader
 from dali_mesh.source.base import SEED_LIMIT, WindowSource
-from dali_mesh.source.forecast import ForecastSpec
+from dali_mesh.plan.forecast_spec import ForecastSpec
 from dali_mesh.source.file_source import FileSource, NumpySource, file_source
 
 __all__ = ["ArraySource", "FileSource", "ForecastSpec", "HDF5Source", "NumpySource", "WindowSource", "ZarrSource",

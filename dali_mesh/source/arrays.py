@@ -9,13 +9,13 @@ import numpy as np
 
 from dali_mesh._checks import is_int as _is_int
 from dali_mesh.io._common import DataFileError, ShapeMismatchError, apply_index_maps, check_frame
-from dali_mesh.plan.chunks import plan_time_series
+from dali_mesh.plan.chunks import SeriesFiles, plan_time_series
 from dali_mesh.formats import FORMATS, HDF5, ZARR, ArrayFormat, format_named
 from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP
 from dali_mesh.partition import Layout, Region
 from dali_mesh.source.arguments import channel_maps, file_list, normalise_maps
 from dali_mesh.source.base import WindowSource
-from dali_mesh.source.forecast import ForecastSpec
+from dali_mesh.plan.forecast_spec import ForecastSpec
 
 __all__ = ["ArraySource", "HDF5Source", "ZarrSource", "array_source", "pipeline_reader"]
 
@@ -126,19 +126,12 @@ class ArraySource(WindowSource):
         return f"{self.format.array_word} {self.name!r}"
 
     def native_plans(self, merge_gap: int = DEFAULT_MERGE_GAP) -> tuple:
-        fc = self.forecast
-
-        def steps_of(plans_of, ranges, budget):
-            return {fi: self.format.plan_steps(self.files[fi], self.name, steps, self._file_region(fi),
-                                               options=self.format_options, index_maps=self.index_maps,
-                                               plans_of=plans_of, budget=budget, merge_gap=merge_gap)
-                    for fi, steps in sorted(ranges.items())}
-
-        return plan_time_series(self.files[0], num_samples=self.num_samples, time_start=self.time_start,
-                                file_offsets=self._offsets, sample_ndim=self.sample_ndim,
-                                history=None if fc is None else fc.history, lead=0 if fc is None else fc.lead,
-                                stride=1 if fc is None else fc.stride, sample_stride=self.time_stride,
-                                per_sample_shapes=self.sample_shape is None, steps_of=steps_of)
+        regions = [self._file_region(fi) for fi in range(len(self.files))]
+        series = SeriesFiles(self.format, self.files, self.name, regions, self._offsets, self.format_options,
+                             self.index_maps, merge_gap)
+        return plan_time_series(series, dtype=self.dtype, sample_ndim=self.sample_ndim, num_samples=self.num_samples,
+                                time_start=self.time_start, forecast=self.forecast, sample_stride=self.time_stride,
+                                per_sample_shapes=self.sample_shape is None)
 
     def _file_region(self, fi: int) -> Region:
         """The window of a step of file ``fi``."""

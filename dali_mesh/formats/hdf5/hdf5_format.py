@@ -67,9 +67,10 @@ class HDF5Format(ArrayFormat):
         return HDF5ColdReads(self, location, name or self.default_name(location),
                              bool(dict(h5_kwargs or {}).get("allow_external", False)))
 
-    def plan_steps(self, location, name, steps, region, *, options: Mapping | None = None, **kw):
-        return plan_hdf5_steps(location, name, steps, region, h5_kwargs=dict((options or {}).get("h5_kwargs") or {}),
-                               **kw)
+    def plan_steps(self, location, name, steps, region, *, plans, max_parts, options: Mapping | None = None,
+                   index_maps=None, merge_gap: int = 0):
+        return plan_hdf5_steps(location, name, steps, region, plans=plans, max_parts=max_parts, index_maps=index_maps,
+                               merge_gap=merge_gap, h5_kwargs=dict((options or {}).get("h5_kwargs") or {}))
 
 
 HDF5 = register_format(HDF5Format())

@@ -14,7 +14,8 @@ import numpy as np
 
 from dali_mesh.io._common import MissingFileError
 from dali_mesh.plan import plan_window
-from dali_mesh.plan.chunks import check_coded_chunk, chunk_pieces, count_chunk_pieces, merge_pieces, piece_plans
+from dali_mesh.plan.chunks import (StepReads, check_coded_chunk, chunk_pieces, count_chunk_pieces, merge_pieces,
+                                   piece_plans, same_dtype, too_many_parts)
 from dali_mesh.plan.ranges import StoredArray, plan_npy_units
 from dali_mesh.plan import (CODEC_LIBRARIES, CODECS, Coder, NotNativeError, PlanFile, PlanSet, ReadPlan, native_dtype_of, native_store, read_file_at)
 from dali_mesh.partition import Region
@@ -191,13 +192,12 @@ def _coder_steps(encode, mask: int, path, name) -> tuple[tuple[int, int], ...]:
     return steps
 
 
-def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region, *, plans_of, budget,
-                    index_maps=None, merge_gap: int, h5_kwargs: Mapping | None = None):
+def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region, *, plans: PlanSet, max_parts: int,
+                    index_maps=None, merge_gap: int, h5_kwargs: Mapping | None = None) -> StepReads:
     """The native reads of steps ``[first, stop)`` (``steps``) along axis 0 of dataset ``name`` of
-    ``path``, each step's window ``region``: ``(parts, finish, wplan)``, ``parts`` an array
-    ``(steps, parts per step, 3)`` of ``(file, plan, base)`` into the :class:`PlanSet`
-    ``plans_of(native dtype)``, ``finish`` the plan that finishes a step's window, ``wplan`` its
-    window plan; ``budget(n)`` is told how many parts (see :func:`dali_mesh.plan.chunks.plan_time_series`).
+    ``path``, each step's window ``region``: a :class:`~dali_mesh.plan.chunks.StepReads` whose plans and
+    file are added to ``plans`` (the series' :class:`PlanSet`), at most ``max_parts`` parts (see
+    :func:`dali_mesh.plan.chunks.plan_time_series`).
 
     Contiguous datasets: one plan, a base offset per step. Chunked datasets without filters: one
     part per box and chunk touched, its plan shared by every step (the units relative to the
@@ -229,7 +229,7 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
             raise NotNativeError(f"{path}: dataset {name!r} lives in {ds.file.filename} "
                                  "(an external link)")
         _check_stored_type(ds, path, name)
-        plans: PlanSet = plans_of(native_dtype_of(ds.dtype, path))
+        same_dtype(plans, native_dtype_of(ds.dtype, path), path)
         if pinned:
             # every read of the plan is at this ETag (If-Match), as everything h5py read to plan it
             # and the object header read here: the reader need not read the header again (a request
@@ -247,7 +247,7 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
         plans.files.append(PlanFile(key, version.size, version.mtime_ns, store=bytes_store.spec,
                                     tag=version.tag.encode()))
         if ds.chunks is None:
-            budget(locals_.size)
+            too_many_parts(path, locals_.size, max_parts)
             offset = ds.id.get_offset()
             if dcpl.get_layout() == h5py.h5d.COMPACT:
                 raise NotNativeError(f"{path}: dataset {name!r} is stored compact (its data inside its object "
@@ -264,12 +264,12 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
             step_bytes = math.prod(frame) * ds.dtype.itemsize
             parts = np.stack([np.full_like(locals_, fidx), np.full_like(locals_, pidx),
                               int(offset) + locals_ * step_bytes], -1)[:, None, :]
-            return parts, pidx, wplan
+            return StepReads(parts, pidx, wplan)
         chunks = tuple(int(c) for c in ds.chunks)
         ct, chunk_bytes = chunks[0], math.prod(chunks) * ds.dtype.itemsize
         step_stride = math.prod(chunks[1:]) * ds.dtype.itemsize  # one step inside a chunk
         finish = plans.add_plan(ReadPlan.finishing(wplan, ds.dtype))
-        budget(locals_.size * count_chunk_pieces(wplan, chunks))  # before the pieces are made
+        too_many_parts(path, locals_.size * count_chunk_pieces(wplan, chunks), max_parts)  # before they are made
         pieces = chunk_pieces(wplan, chunks, ds.dtype, merge_gap)
         offsets = _chunk_offsets(ds) if pieces else {}
         if filters is not None:
@@ -284,7 +284,7 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
 
             parts = _coded_parts(ds, path, plans, fidx, coder_of, pieces, offsets, locals_, chunks, version.size,
                                  (check, check_at), shape)
-            return parts, finish, wplan
+            return StepReads(parts, finish, wplan)
         first_chunk = l0 // ct
         chunk_ids = np.arange(first_chunk, (l1 - 1) // ct + 1, dtype=np.int64)
         parts = np.empty((locals_.size, len(pieces), 3), np.int64)
@@ -303,7 +303,7 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
             parts[:, :, 1] = piece_plans(pieces, plans, shape, ds.dtype, check, check_at)
         else:
             parts = merged
-        return parts, finish, wplan
+        return StepReads(parts, finish, wplan)
     finally:
         f.close()
 

@@ -51,8 +51,10 @@ class ZarrFormat(ArrayFormat):
 
         return ZarrColdReads(self, location, name)
 
-    def plan_steps(self, location, name, steps, region, *, options: Mapping | None = None, **kw):
-        return plan_zarr_steps(location, name, steps, region, **kw)
+    def plan_steps(self, location, name, steps, region, *, plans, max_parts, options: Mapping | None = None,
+                   index_maps=None, merge_gap: int = 0):
+        return plan_zarr_steps(location, name, steps, region, plans=plans, max_parts=max_parts, index_maps=index_maps,
+                               merge_gap=merge_gap)
 
 
 ZARR = register_format(ZarrFormat())

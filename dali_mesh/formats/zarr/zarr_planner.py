@@ -12,7 +12,8 @@ import numpy as np
 
 from dali_mesh.io._common import DataFileError, HeaderError, NotRegularFileError
 from dali_mesh.plan import plan_window
-from dali_mesh.plan.chunks import check_coded_chunk, chunk_coords, chunk_pieces, count_chunk_pieces, piece_plans
+from dali_mesh.plan.chunks import (StepReads, check_coded_chunk, chunk_coords, chunk_pieces, count_chunk_pieces,
+                                   piece_plans, same_dtype, too_many_parts)
 from dali_mesh.plan import (CHECK_JSON, CODEC_LIBRARIES, CODECS, Coder, NotNativeError, PlanSet, ReadPlan, native_dtype_of, native_store)
 from dali_mesh.partition import Region
 from dali_mesh.storage import ByteStore, Version
@@ -146,8 +147,8 @@ def _fill_bytes(arr, stored: np.dtype) -> bytes:
     return np.asarray(0 if fv is None else fv).astype(stored).tobytes()
 
 
-def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region: Region, *, plans_of, budget,
-                    index_maps=None, merge_gap: int):
+def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region: Region, *, plans: PlanSet,
+                    max_parts: int, index_maps=None, merge_gap: int) -> StepReads:
     """The native reads of steps ``[first, stop)`` along axis 0 of the Zarr array ``name`` of the
     local store ``store`` (uncompressed v2/v3), as :func:`dali_mesh.formats.hdf5.plan_hdf5_steps`: per
     step the array's metadata file (checked, nothing read), then one part per box and chunk file
@@ -163,7 +164,7 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     bytes_store, root = native_store(store)
     coding = _zarr_coding(arr, store)
     stored, steps = coding.stored, coding.steps
-    plans: PlanSet = plans_of(native_dtype_of(stored, store))
+    same_dtype(plans, native_dtype_of(stored, store), store)
     chunks = tuple(int(c) for c in arr.chunks)
     ct = chunks[0]
     chunk_bytes = math.prod(chunks) * stored.itemsize
@@ -209,7 +210,7 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     # a local file's version has no tag (its size and times are checked instead)
     meta_tag = (meta_version or bytes_store.stat(meta) or Version(-1)).tag.encode()
     meta_file = plans.add_file(meta, store=bytes_store.spec, tag=meta_tag)
-    budget(locals_.size * (1 + count_chunk_pieces(wplan, chunks)))  # before the pieces are made
+    too_many_parts(store, locals_.size * (1 + count_chunk_pieces(wplan, chunks)), max_parts)  # before they are made
     bytes_store = listed
     first_chunk = l0 // ct
     if steps is not None:
@@ -250,7 +251,7 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
         parts[:, 1 + j, 0] = files[locals_ // ct - first_chunk]
         parts[:, 1 + j, 1] = pidx
         parts[:, 1 + j, 2] = (locals_ % ct) * step_stride
-    return parts, finish, wplan
+    return StepReads(parts, finish, wplan)
 
 
 def _chunk_files(arr, bytes_store: ByteStore, folder, plans: PlanSet, coder: int):
