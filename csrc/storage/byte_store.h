@@ -119,7 +119,8 @@ class ByteStore {
   // percent-encoded. The one listing text of the stores: the object stores' own, which the others
   // write too.
   virtual std::string ListPage(const std::string &prefix, bool delimiter, const std::string &continuation) const;
-  // Gives the store credentials for the life of the process (all three empty: none).
+  // Gives the store credentials, which it keeps (in memory only) and sends its requests with (all three
+  // empty: none).
   virtual void SetCredentials(const std::string &key_id, const std::string &secret, const std::string &token) const;
   // Writes `n` bytes at `data` as the object `key`, a new version (a store that keeps versions in
   // `tag` takes `tag` when not empty: a copy of another library's object at its version).
