@@ -32,6 +32,18 @@ DM_EXPORT void dali_mesh_store_counters(int64_t *requests, int64_t *bytes) { dal
 // 1 when this library reads remote stores (it has the store "http": it was linked with libcurl), else 0.
 DM_EXPORT int dali_mesh_store_have_http() { return dali_mesh::StoreOf("http") ? 1 : 0; }
 
+// The settings of the store `spec` as its kind parsed them (byte_store.h StoreSettings): one JSON object
+// (an "s3" or "http" spec: the fields of HttpStoreConfig), also in a build that cannot make the store
+// (without libcurl: Python's HTTP client reads them). Its length n, written with a NUL to
+// out[0..out_size) only when out_size > n; -1 with a message for a spec its kind refuses.
+DM_EXPORT int64_t dali_mesh_store_settings(const char *spec, char *out, int64_t out_size, char *err, int64_t err_len) {
+  try {
+    return dali_mesh::c_api::CopyText(dali_mesh::StoreSettings(Text(spec)), out, out_size);
+  } catch (const std::exception &e) {
+    return Fail(e.what(), err, err_len);
+  }
+}
+
 // Gives the store `spec` the credentials key_id / secret / token, which it keeps: an s3
 // store signs with key_id and secret (token: a session token, may be empty); an http store's token is
 // its URL query (without '?'), appended to every request and shown in no message. All three empty
