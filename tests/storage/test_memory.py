@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from dali_mesh.storage import DataFileError, MissingFileError, store_of
+from dali_mesh.storage import memory
 from dali_mesh.storage.memory import MemoryStore, share_objects
 from dali_mesh.storage.remote import store_api, store_message
 from tests.helpers import SEED, mesh_of, random_array
@@ -180,7 +181,10 @@ def test_every_kind_is_in_both_libraries_and_objects_are_shared_at_their_version
     store.put("gone", b"z")
     store.delete("gone")
     assert plugin_head(store, "x") is None  # each library holds its own stores
-    share_objects(plugin, [store.spec, "file"])
+    store.give_to(plugin)
+    # another ctypes object of the plugin (each read_windows makes one) is the same library: no second copy
+    share_objects(ctypes.CDLL(str(PLUGIN_PATH)), [store])
+    assert len(memory._copies_of(store.name)) == 1
     assert plugin_head(store, "x") == (5, v1.tag) and plugin_head(store, "y")[0] == 0
     assert plugin_head(store, "gone") is None
     v2 = store.put("x", b"second!")  # later writes go there too, at the same versions
