@@ -107,15 +107,20 @@ def attach_credentials(stores, carried: dict) -> None:
 
 def resolve_locations(locations, options: dict | None) -> list:
     """``locations`` with each remote one resolved once with ``options`` (a :class:`StoredLocation`);
-    local paths stay as they are (the local store takes no options)."""
+    local paths stay as they are (the local store takes no options). Locations of one store (an equal
+    one: one spec) share one store object, which holds the source's credentials for all of them."""
     out = []
+    shared: dict[ByteStore, ByteStore] = {}
     for location in locations:
         if isinstance(location, StoredLocation):
             out.append(location)
             continue
         location = os.fspath(location)
         store, key = store_of(location, options)
-        out.append(location if store.local_path(key) is not None else StoredLocation(store, key))
+        if store.local_path(key) is not None:
+            out.append(location)
+            continue
+        out.append(StoredLocation(shared.setdefault(store, store), key))
     return out
 
 
