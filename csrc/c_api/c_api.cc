@@ -45,8 +45,9 @@ dali_mesh::SliceUserArgs SampleArgs(int i, int ndim, const int64_t *in_shapes, c
 // 3: dm_mesh_roi takes explicit split sizes; 4: the read plans' test hooks (plan_api.cc); 5: plan
 // dump, canonical JSON and checksum; 8: the codec table (codec_api.cc) and the batch reader
 // (reader_api.cc); 11: the batch reader reads ahead (dali_mesh_reader_open's read_ahead,
-// dali_mesh_reader_read_ahead, dali_mesh_reader_ahead_counts)
-DM_EXPORT int dm_abi_version(void) { return 12; }
+// dali_mesh_reader_read_ahead, dali_mesh_reader_ahead_counts); 13: a store spec's settings as its one
+// parser reads them (dali_mesh_store_settings)
+DM_EXPORT int dm_abi_version(void) { return 13; }
 
 DM_EXPORT int dm_has_cuda(void) {
 #ifdef DALI_MESH_WITH_CUDA

@@ -1,6 +1,6 @@
 // dali_mesh: the C entry points of the byte stores (csrc/storage/byte_store.h), each store named by its
 // spec, in libdali_mesh_kernels.so and in the DALI plugin (each library has its own copy of the
-// stores, of their objects and of the credentials the process gave them), bound in
+// stores, of their objects and of the credentials Python gave each store), bound in
 // dali_mesh/storage/remote.py: Python's stores (RemoteStore, MemoryStore) plan and read through the same
 // stores as the native reader (for remote objects: the same libcurl client, retries and checks).
 //
@@ -32,7 +32,19 @@ DM_EXPORT void dali_mesh_store_counters(int64_t *requests, int64_t *bytes) { dal
 // 1 when this library reads remote stores (it has the store "http": it was linked with libcurl), else 0.
 DM_EXPORT int dali_mesh_store_have_http() { return dali_mesh::StoreOf("http") ? 1 : 0; }
 
-// Gives the store `spec` the credentials key_id / secret / token for the life of the process: an s3
+// The settings of the store `spec` as its kind parsed them (byte_store.h StoreSettings): one JSON object
+// (an "s3" or "http" spec: the fields of HttpStoreConfig), also in a build that cannot make the store
+// (without libcurl: Python's HTTP client reads them). Its length n, written with a NUL to
+// out[0..out_size) only when out_size > n; -1 with a message for a spec its kind refuses.
+DM_EXPORT int64_t dali_mesh_store_settings(const char *spec, char *out, int64_t out_size, char *err, int64_t err_len) {
+  try {
+    return dali_mesh::c_api::CopyText(dali_mesh::StoreSettings(Text(spec)), out, out_size);
+  } catch (const std::exception &e) {
+    return Fail(e.what(), err, err_len);
+  }
+}
+
+// Gives the store `spec` the credentials key_id / secret / token, which it keeps: an s3
 // store signs with key_id and secret (token: a session token, may be empty); an http store's token is
 // its URL query (without '?'), appended to every request and shown in no message. All three empty
 // removes them (unsigned requests). 0, or -1 for a spec that is no store of this build or one that

@@ -31,6 +31,12 @@ std::map<std::string, std::unique_ptr<ByteStore>> &Stores() {
   return *stores;
 }
 
+// each kind's reader of its specs' settings (StoreSettings)
+std::map<std::string, StoreSettingsReader> &SettingsReaders() {
+  static auto *readers = new std::map<std::string, StoreSettingsReader>;
+  return *readers;
+}
+
 std::string KindOf(const std::string &spec) { return spec.substr(0, spec.find(';')); }
 
 std::string Kinds() {
@@ -63,6 +69,29 @@ bool RegisterStore(const char *kind, StoreFactory factory) {
   std::lock_guard<std::mutex> lock(RegistryMutex());
   Factories()[kind] = factory;
   return true;
+}
+
+bool RegisterStoreSettings(const char *kind, StoreSettingsReader reader) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  SettingsReaders()[kind] = reader;
+  return true;
+}
+
+std::string StoreSettings(const std::string &spec) {
+  StoreSettingsReader reader = nullptr;
+  std::string kinds;
+  {
+    std::lock_guard<std::mutex> lock(RegistryMutex());
+    const auto found = SettingsReaders().find(KindOf(spec));
+    if (found != SettingsReaders().end()) reader = found->second;
+    for (const auto &r : SettingsReaders()) kinds += (kinds.empty() ? "" : ", ") + r.first;
+  }
+  if (!reader)
+    StoreFail("byte store \"" + ShownName(spec) + "\": a store of kind \"" + ShownName(KindOf(spec)) +
+              "\" has no settings to read (the kinds that have: " + (kinds.empty() ? "none" : kinds) + ")");
+  std::string json, why;
+  if (!reader(spec, &json, &why)) StoreFail("byte store \"" + ShownName(spec) + "\": " + why);
+  return json;
 }
 
 const ByteStore *StoreOf(const std::string &spec) {

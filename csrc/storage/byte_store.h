@@ -119,7 +119,8 @@ class ByteStore {
   // percent-encoded. The one listing text of the stores: the object stores' own, which the others
   // write too.
   virtual std::string ListPage(const std::string &prefix, bool delimiter, const std::string &continuation) const;
-  // Gives the store credentials for the life of the process (all three empty: none).
+  // Gives the store credentials, which it keeps (in memory only) and sends its requests with (all three
+  // empty: none).
   virtual void SetCredentials(const std::string &key_id, const std::string &secret, const std::string &token) const;
   // Writes `n` bytes at `data` as the object `key`, a new version (a store that keeps versions in
   // `tag` takes `tag` when not empty: a copy of another library's object at its version).
@@ -155,6 +156,24 @@ bool RegisterStore(const char *kind, StoreFactory factory);
 #define DM_REGISTER_STORE_AT(kind, factory, line) DM_REGISTER_STORE_NAMED(kind, factory, line)
 #define DM_REGISTER_STORE_NAMED(kind, factory, line) \
   [[maybe_unused]] static const bool dm_store_registered_##line = ::dali_mesh::RegisterStore(kind, factory);
+
+// How a store's kind gives the settings of a spec to another reader of them (Python's HTTP client of
+// builds without libcurl): the spec parsed by the kind's one parser, as one JSON object, or false with
+// the reason in `why`. The spec is read here only: no second grammar of it exists.
+using StoreSettingsReader = bool (*)(const std::string &spec, std::string *json, std::string *why);
+
+// Registers `reader` for the specs of `kind` (through DM_REGISTER_STORE_SETTINGS, as RegisterStore).
+bool RegisterStoreSettings(const char *kind, StoreSettingsReader reader);
+
+// The settings of the store `spec` as JSON (its kind's reader; also where this build cannot make the
+// store, e.g. without libcurl), or fails naming the spec and why.
+std::string StoreSettings(const std::string &spec);
+
+#define DM_REGISTER_STORE_SETTINGS(kind, reader) DM_REGISTER_STORE_SETTINGS_AT(kind, reader, __LINE__)
+#define DM_REGISTER_STORE_SETTINGS_AT(kind, reader, line) DM_REGISTER_STORE_SETTINGS_NAMED(kind, reader, line)
+#define DM_REGISTER_STORE_SETTINGS_NAMED(kind, reader, line) \
+  [[maybe_unused]] static const bool dm_store_settings_registered_##line = \
+      ::dali_mesh::RegisterStoreSettings(kind, reader);
 
 // What this library's network stores fetched in this process: requests sent (every attempt) and body
 // bytes received (ranges read, listings; error bodies not), for tools that report network bytes.

@@ -1,42 +1,21 @@
-// dali_mesh: the credentials of the remote stores (see http_store.h): given to the process
-// (SetStoreCredentials, from Python's storage_options or the environment), kept in its memory only,
-// one set per store spec; never in a spec, a message or a plan.
-#include <map>
+// dali_mesh: a remote store's credentials (see http_store.h), held by the store itself: given to it
+// (HttpStore::SetCredentials, from Python's storage_options or the environment), kept in its memory
+// only, read by each request it sends; never in a spec, a message or a plan.
 #include <mutex>
-#include <string>
+#include <utility>
 
 #include "storage/http_store.h"
 
 namespace dali_mesh {
 
-namespace {
-
-// never destroyed: a kept thread may still send a request while the process exits
-std::mutex &CredentialsMutex() {
-  static auto *m = new std::mutex;
-  return *m;
-}
-std::map<std::string, Credentials> &CredentialsTable() {
-  static auto *table = new std::map<std::string, Credentials>;
-  return *table;
+void HeldCredentials::Set(Credentials credentials) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  credentials_ = std::move(credentials);
 }
 
-}  // namespace
-
-Credentials CredentialsOf(const std::string &spec) {
-  std::lock_guard<std::mutex> lock(CredentialsMutex());
-  auto it = CredentialsTable().find(spec);
-  return it == CredentialsTable().end() ? Credentials{} : it->second;
-}
-
-void SetStoreCredentials(const std::string &spec, const std::string &key_id, const std::string &secret,
-                         const std::string &token) {
-  std::lock_guard<std::mutex> lock(CredentialsMutex());
-  // an http store's credentials are its URL query alone (token, without a key)
-  if (key_id.empty() && secret.empty() && token.empty())
-    CredentialsTable().erase(spec);
-  else
-    CredentialsTable()[spec] = Credentials{key_id, secret, token};
+Credentials HeldCredentials::Get() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return credentials_;
 }
 
 }  // namespace dali_mesh

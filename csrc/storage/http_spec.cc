@@ -1,4 +1,7 @@
-// dali_mesh: a remote store's spec, parsed (see http_store.h for what it holds).
+// dali_mesh: a remote store's spec, parsed (see http_store.h for what it holds): the spec's one reader,
+// for the store (ParseHttpSpec) and for Python's HTTP client of builds without libcurl (its settings as
+// JSON, registered as the kinds' settings: byte_store.h StoreSettings).
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -17,7 +20,48 @@ bool ParseSeconds(const std::string &v, double *out) {
   return true;
 }
 
+// `text` as a JSON string (quoted; '"', '\\' and control characters escaped).
+std::string JsonText(const std::string &text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char esc[8];
+      std::snprintf(esc, sizeof(esc), "\\u%04x", static_cast<unsigned char>(c));
+      out += esc;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string JsonNumber(double v) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.17g", v);
+  return text;
+}
+
+// The settings of an "s3" or "http" spec as HttpStoreConfig holds them, one JSON object of its fields.
+bool HttpSettings(const std::string &spec, std::string *json, std::string *why) {
+  HttpStoreConfig c;
+  if (!ParseHttpSpec(spec, &c, why)) return false;
+  *json = "{\"kind\":" + JsonText(c.kind) + ",\"endpoint\":" + JsonText(c.endpoint) + ",\"region\":" +
+          JsonText(c.region) + ",\"path_style\":" + (c.path_style ? "true" : "false") + ",\"anonymous\":" +
+          (c.anonymous ? "true" : "false") + ",\"retries\":" + std::to_string(c.retries) +
+          ",\"retry_seconds\":" + JsonNumber(c.retry_seconds) + ",\"timeout\":" + JsonNumber(c.timeout) +
+          ",\"stall\":" + JsonNumber(c.stall) + ",\"connect\":" + JsonNumber(c.connect) + ",\"query_hash\":" +
+          JsonText(c.query_hash) + ",\"cache\":" + JsonText(c.cache) + ",\"cache_bytes\":" +
+          std::to_string(c.cache_bytes) + "}";
+  return true;
+}
+
 }  // namespace
+
+DM_REGISTER_STORE_SETTINGS("s3", HttpSettings)
+DM_REGISTER_STORE_SETTINGS("http", HttpSettings)
 
 bool ParseHttpSpec(const std::string &spec, HttpStoreConfig *config, std::string *why) {
   HttpStoreConfig c;

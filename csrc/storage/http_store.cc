@@ -1,6 +1,6 @@
 // dali_mesh: remote object stores through libcurl (see http_store.h): the store's methods; a request
-// is sent by http_transfer.cc, the credentials kept by http_credentials.cc, the spec parsed by
-// http_spec.cc.
+// is sent by http_transfer.cc, the credentials held by the store (http_credentials.cc), the spec parsed
+// by http_spec.cc.
 #include "storage/http_store.h"
 
 #include <algorithm>
@@ -56,7 +56,7 @@ std::string HttpStore::NameOf(const std::string &key) const {
 }
 
 void HttpStore::SetCredentials(const std::string &key_id, const std::string &secret, const std::string &token) const {
-  SetStoreCredentials(spec_, key_id, secret, token);
+  credentials_.Set(Credentials{key_id, secret, token});
 }
 
 #ifndef DALI_MESH_HAVE_CURL
@@ -104,7 +104,7 @@ std::string HttpStore::UrlOf(const std::string &key) const {
   if (config_.kind == "http") {
     // the store's credentials are its URL query (a presigned URL's signature): on every request, in
     // no message (NameOf shows the URL without it)
-    const std::string query = CredentialsOf(spec_).token;
+    const std::string query = credentials().token;
     if (query.empty()) return key;
     return key + (key.find('?') == std::string::npos ? "?" : "&") + query;
   }
@@ -200,7 +200,7 @@ std::string HttpStore::CacheId(const std::string &key, const std::string &etag, 
     // a query is never written in clear, and one the spec does not name by its hash cannot be told
     // apart from another: such ranges are not cached
     if (key.find_first_of("?#") != std::string::npos) return "";
-    if (config_.query_hash.empty() && !CredentialsOf(spec_).token.empty()) return "";
+    if (config_.query_hash.empty() && !credentials().token.empty()) return "";
   }
   // each field with its length: no key can pass for another key and ETag
   std::string id;

@@ -11,8 +11,8 @@
 //    their query: a presigned URL's query is the store's credential, its token, sent on every request;
 //    q: 32 hex digits of a SHA-256 of it, so that stores of other queries are other stores)
 // cache: the ranges fetched are kept in the folder DIR, at most N bytes (range_cache.h).
-// Credentials are given to the process (SetStoreCredentials, from Python's storage_options or the
-// environment) and kept in memory only; never in a spec, a message or a plan.
+// Credentials are given to the store (SetCredentials, from Python's storage_options or the environment)
+// and kept in its memory only; never in a spec, a message or a plan.
 //
 // Each thread keeps one curl handle (its connections stay open between requests). An object is
 // opened by one ranged GET of its first bytes (no HEAD: S3 refuses it on a URL presigned for GET):
@@ -26,12 +26,14 @@
 // credentials or query), the range, the status and the attempts.
 //
 // Registered as the kinds "s3" and "http" (byte_store.h); the files: http_store.cc (the store),
-// http_transfer.h (one request through libcurl), http_credentials.cc, http_spec.cc, http_object.h.
+// http_transfer.h (one request through libcurl), http_credentials.cc (the store's credentials),
+// http_spec.cc (its spec, parsed), http_object.h.
 #ifndef DALI_MESH_STORAGE_HTTP_STORE_H_
 #define DALI_MESH_STORAGE_HTTP_STORE_H_
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -63,14 +65,23 @@ bool ParseHttpSpec(const std::string &spec, HttpStoreConfig *config, std::string
 // Whether this build reads remote stores (it was linked with libcurl).
 bool HaveHttp();
 
-// The credentials of the store named `spec` for this process (empty key: none, unsigned requests);
-// what the requests are sent with (http_credentials.cc).
-void SetStoreCredentials(const std::string &spec, const std::string &key_id, const std::string &secret,
-                         const std::string &token);
+// What a store's requests are sent with: an s3 store signs with key_id and secret (token: a session
+// token, may be empty; an empty key: unsigned requests); an http store's token is its URL query.
 struct Credentials {
   std::string key_id, secret, token;
 };
-Credentials CredentialsOf(const std::string &spec);
+
+// A store's credentials: set by one thread (Python gives them) while others send requests with them
+// (http_credentials.cc).
+class HeldCredentials {
+ public:
+  void Set(Credentials credentials);
+  Credentials Get() const;
+
+ private:
+  mutable std::mutex mutex_;
+  Credentials credentials_;
+};
 
 class HttpStore : public ByteStore {
  public:
@@ -111,10 +122,12 @@ class HttpStore : public ByteStore {
   // under its path, grouped at '/' when `delimiter`, after `continuation` (empty: the first page): the
   // XML answer as the server sent it. A plain HTTP(S) store cannot list.
   std::string ListPage(const std::string &prefix, bool delimiter, const std::string &continuation) const override;
-  // The credentials of this store's spec (SetStoreCredentials): an s3 store signs with key_id and
-  // secret (token: a session token, may be empty); an http store's token is its URL query (without
-  // '?'), appended to every request and shown in no message.
+  // This store's credentials, kept by it alone: an s3 store signs with key_id and secret (token: a
+  // session token, may be empty); an http store's token is its URL query (without '?'), appended to
+  // every request and shown in no message. All three empty: none (unsigned requests).
   void SetCredentials(const std::string &key_id, const std::string &secret, const std::string &token) const override;
+  // What the next request is sent with (a copy: another thread may set new ones meanwhile).
+  Credentials credentials() const { return credentials_.Get(); }
 
   const HttpStoreConfig &config() const { return config_; }
 
@@ -130,6 +143,8 @@ class HttpStore : public ByteStore {
   std::string spec_;
   HttpStoreConfig config_;
   std::unique_ptr<RangeCache> cache_;
+  // mutable: the stores are shared as const (plans and readers hold them), their credentials set later
+  mutable HeldCredentials credentials_;
 };
 
 }  // namespace dali_mesh

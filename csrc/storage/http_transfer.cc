@@ -199,7 +199,7 @@ long Perform(const HttpStore &store, const std::string &url, const std::string &
     x->stall = cfg.stall;
     x->stalled = false;
     char errbuf[CURL_ERROR_SIZE] = {0};
-    const Credentials cred = CredentialsOf(store.spec());
+    const Credentials cred = store.credentials();
     const bool s3_signed = cfg.kind == "s3" && !cfg.anonymous;
     // every header value and the URL checked before anything is sent: a control character would end
     // the header (or request line) and start another

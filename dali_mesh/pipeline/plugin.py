@@ -132,15 +132,13 @@ def plugin_read_ahead_counts() -> tuple[int, int, int]:
     return int(out[0]), int(out[1]), int(out[2])
 
 
-def share_plugin_credentials(specs) -> None:
-    """Gives the plugin's remote stores ``specs`` this process's credentials (the plugin has its own
-    copy of the stores: csrc/c_api/store_api.cc); nothing for local files."""
-    specs = [s for s in specs if s != "file"]
-    if not specs:
-        return
+def give_plugin_stores(stores) -> None:
+    """Gives the plugin's copies of ``stores`` (the plugin holds its own copy of each store:
+    csrc/c_api/store_api.cc) what they read with: a remote store its credentials, a memory store its
+    objects (:meth:`~dali_mesh.storage.ByteStore.give_to`); nothing for local files."""
     import ctypes  # noqa: PLC0415
 
-    from dali_mesh.storage.remote import share_credentials  # noqa: PLC0415
-
-    # the library DALI loaded: dlopen of the same path gives the same handle
-    share_credentials(ctypes.CDLL(str(PLUGIN_PATH)), specs)
+    load_plugin()
+    lib = ctypes.CDLL(str(PLUGIN_PATH))  # the library DALI loaded: dlopen of the same path gives the same handle
+    for store in stores:
+        store.give_to(lib)

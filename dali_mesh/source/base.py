@@ -14,7 +14,7 @@ from dali_mesh.plan import NotNativeError
 from dali_mesh.partition import Layout, Region, SampleOrder
 from dali_mesh.partition.read_groups import GroupReads, OwnReads, group_coordinates, share_dims
 from dali_mesh.source.buffers import BufferPool
-from dali_mesh.storage import adopt_credentials, carry_credentials, resolve_locations
+from dali_mesh.storage import attach_credentials, carry_credentials, resolve_locations, stores_of
 
 __all__ = ["SEED_LIMIT", "WindowSource"]
 
@@ -110,13 +110,17 @@ class WindowSource:
         state = self.__dict__.copy()
         state["_memo"] = {}
         # the credentials of this source's stores go with it into DALI's workers (in memory, as its
-        # storage_options), so that each of its files reads there with its own
-        state["_carried"] = carry_credentials(self.files)
+        # storage_options; a store's own pickle holds none), so that each of its files reads there with
+        # its own
+        state["_carried"] = carry_credentials(self.stores())
         return state
 
     def __setstate__(self, state) -> None:
-        adopt_credentials(state.pop("_carried", {}))
+        carried = state.pop("_carried", {})
         self.__dict__.update(state)
+        # each store object this source reads with takes them (not a table of the process: another
+        # source of the same bucket keeps its own)
+        attach_credentials(self.stores(), carried)
 
     # ---- where the bytes live -------------------------------------------------------------------------
     storage_options: dict | None = None
@@ -132,6 +136,13 @@ class WindowSource:
             raise TypeError(f"storage_options must be a dict, got {type(storage_options).__name__}")
         self.storage_options = None if storage_options is None else dict(storage_options)
         self.files = resolve_locations(self.files, self.storage_options)
+
+    def stores(self) -> list:
+        """The distinct store objects this source reads with (its files' stores; none for local paths):
+        what takes its credentials in a worker process and what the DALI plugin is given
+        (:func:`~dali_mesh.pipeline.plugin.give_plugin_stores`). A source that reads through stores held
+        elsewhere than in :attr:`files` names them here too."""
+        return stores_of(self.files)
 
     # ---- what a checkpoint is valid for -------------------------------------------------------------
     def fingerprint(self) -> dict[str, Any]:

@@ -25,8 +25,8 @@ from dali_mesh.storage.local import LOCAL, LocalStore
 
 __all__ = ["ByteStore", "DataFileError", "FileChangedError", "LOCAL", "LocalStore", "MissingFileError",
            "NotRegularFileError", "StoredFile", "StoredLocation", "StoredObject", "TruncatedFileError",
-           "UnsupportedLocationError", "Version", "adopt_credentials", "carry_credentials", "read_exactly", "readv_all",
-           "local_path_of", "register_scheme", "resolve_locations", "store_of"]
+           "UnsupportedLocationError", "Version", "attach_credentials", "carry_credentials", "read_exactly",
+           "readv_all", "local_path_of", "register_scheme", "resolve_locations", "store_of", "stores_of"]
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")  # RFC 3986's scheme
 _SCHEMES: dict[str, Callable[[str, dict], tuple[ByteStore, str]]] = {}
@@ -47,9 +47,10 @@ class StoredLocation(str):
     resolved it): a ``str`` that names it as errors, fingerprints and checkpoints show it (the store's
     :meth:`~ByteStore.name_of`: an https URL without its query, which is a credential of the store), and
     that every reader below the source reads through :func:`store_of` without resolving it again. It
-    pickles with its store (a remote store carries its credentials in memory, as the source carries its
-    ``storage_options``), so DALI's worker processes read with the same options. A string derived from
-    it (``f"{loc}/x"``) is a plain location again."""
+    pickles with its store, so DALI's worker processes read with the same options; a store's pickle holds
+    no credential: the source carries them in memory (:func:`carry_credentials`) and gives them to its
+    stores there (:func:`attach_credentials`). A string derived from it (``f"{loc}/x"``) is a plain
+    location again."""
 
     store: ByteStore
     key: str
@@ -71,38 +72,55 @@ class StoredLocation(str):
         return f"StoredLocation({str.__repr__(self)})"
 
 
-def carry_credentials(locations) -> dict:
-    """The credentials of the stores of ``locations`` (``{spec: credentials}``), for a source to carry
-    into DALI's worker processes in its pickle (as it carries its ``storage_options``); a store's own
-    pickle holds none. Nothing for local paths."""
-    carried = {}
+def stores_of(locations) -> list:
+    """The distinct store objects of the :class:`StoredLocation` among ``locations``, in their order;
+    none for local paths. Distinct by identity: the locations a source resolved with one store share
+    that object, and so does its pickle (pickle keeps one object one)."""
+    found: dict[int, ByteStore] = {}
     for location in locations:
-        state = getattr(getattr(location, "store", None), "credentials_state", lambda: None)()
+        if isinstance(location, StoredLocation):
+            found.setdefault(id(location.store), location.store)
+    return list(found.values())
+
+
+def carry_credentials(stores) -> dict:
+    """The credentials of ``stores`` (``{spec: credentials}``, :meth:`ByteStore.credentials_state`), for
+    a source to carry into DALI's worker processes in its pickle's memory (as it carries its
+    ``storage_options``); a store's own pickle holds none. Nothing for stores without credentials."""
+    carried = {}
+    for store in stores:
+        state = store.credentials_state()
         if state is not None:
             carried[state[0]] = state[1]
     return carried
 
 
-def adopt_credentials(carried: dict) -> None:
-    """Makes the stores named in ``carried`` (:func:`carry_credentials` of another process) read with
-    those credentials in this process."""
-    if carried:
-        from dali_mesh.storage import remote  # noqa: PLC0415
-
-        remote.adopt_credentials(carried)
+def attach_credentials(stores, carried: dict) -> None:
+    """Gives each of ``stores`` (unpickled in a worker process) the credentials carried for its spec
+    (``carried``: :func:`carry_credentials` of the process that resolved them), on the store object
+    itself: a spec names one set of credentials, so stores of one spec take the same."""
+    for store in stores:
+        credentials = carried.get(store.spec)
+        if credentials is not None:
+            store.take_credentials(credentials)
 
 
 def resolve_locations(locations, options: dict | None) -> list:
     """``locations`` with each remote one resolved once with ``options`` (a :class:`StoredLocation`);
-    local paths stay as they are (the local store takes no options)."""
+    local paths stay as they are (the local store takes no options). Locations of one store (an equal
+    one: one spec) share one store object, which holds the source's credentials for all of them."""
     out = []
+    shared: dict[ByteStore, ByteStore] = {}
     for location in locations:
         if isinstance(location, StoredLocation):
             out.append(location)
             continue
         location = os.fspath(location)
         store, key = store_of(location, options)
-        out.append(location if store.local_path(key) is not None else StoredLocation(store, key))
+        if store.local_path(key) is not None:
+            out.append(location)
+            continue
+        out.append(StoredLocation(shared.setdefault(store, store), key))
     return out
 
 

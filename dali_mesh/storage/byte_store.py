@@ -15,7 +15,8 @@ import abc
 import io
 from typing import NamedTuple, Sequence
 
-__all__ = ["IOV_MAX", "ByteStore", "StoredFile", "StoredObject", "Version", "is_etag", "read_exactly", "readv_all"]
+__all__ = ["IOV_MAX", "ByteStore", "StoredFile", "StoredObject", "Version", "is_etag", "read_exactly", "readv_all",
+           "write_spec"]
 
 
 class Version(NamedTuple):
@@ -32,6 +33,22 @@ def is_etag(tag: str) -> bool:
     """Whether a version's ``tag`` is an ETag (sent as If-Match), not a generation (``gen:...``) or a
     modification date (``lm:...``), which are checked after the answer (as http_store.cc's IsEtag)."""
     return bool(tag) and not tag.startswith(("gen:", "lm:"))
+
+
+def write_spec(kind: str, settings: dict) -> str:
+    """The spec that names a store of ``kind`` with ``settings`` in a plan and in the C API
+    (``"kind;name=value;..."``, in the order given; ``True``/``False`` as ``1``/``0``): the one writer
+    of specs. C++ is their one reader (csrc/storage/: ``StoreOf`` makes the store, ``StoreSettings``
+    gives its settings back, :func:`~dali_mesh.storage.remote.store_settings`); no Python code splits
+    one. A name or value holding ``;``, ``=`` (names) or a control character cannot be written."""
+    items = [kind]
+    for name, value in settings.items():
+        text = str(int(value)) if isinstance(value, bool) else str(value)
+        if any(c == ";" or ord(c) < 0x20 or ord(c) == 0x7F for c in name + text) or "=" in name:
+            raise ValueError(f"a {kind} store's setting {name}={text!r} holds ';', a control character or (in its "
+                             "name) '=': it cannot be written into the store's spec (give it without)")
+        items.append(f"{name}={text}")
+    return ";".join(items)
 
 
 class StoredObject(abc.ABC):
@@ -154,6 +171,22 @@ class ByteStore(abc.ABC):
         (``mmap``, ``O_DIRECT``, h5py by name), or ``None`` when ``key`` is no file of this machine (an
         object store's object): callers ask this, never whether a store "is local"."""
         return None
+
+    def credentials_state(self) -> tuple | None:
+        """``(spec, credentials)`` for the source that holds this store to carry into its worker
+        processes in memory (:func:`~dali_mesh.storage.carry_credentials`; a store's own pickle holds
+        none), or ``None``: a store without credentials (local files, the memory store)."""
+        return None
+
+    def take_credentials(self, credentials) -> None:
+        """Makes this store read with ``credentials`` (the second of :meth:`credentials_state`'s pair,
+        carried from the process that resolved it). A store without credentials takes none."""
+
+    def give_to(self, lib) -> None:
+        """Gives the copy of this store in the loaded library ``lib`` (the DALI plugin, which holds its
+        own copy of the stores: csrc/c_api/store_api.cc) what it needs to read what this store reads: a
+        remote store its credentials, the memory store its objects. Nothing for a store the native
+        reader opens by its spec alone (local files)."""
 
     def zarr_store(self, key: str):
         """A read-only zarr-python store whose root is ``key`` (metadata and chunks of an array read

@@ -26,24 +26,13 @@ import urllib.request
 
 from dali_mesh.storage.byte_store import is_etag
 
-__all__ = ["MAX_BODY", "PythonHttp", "parse_spec"]
+__all__ = ["MAX_BODY", "PythonHttp"]
 
 _TRANSIENT = {408, 429, 500, 502, 503, 504}
 #: the most bytes of an answer without a Range (a listing page; S3's are ~1 MiB for 1,000 keys)
 MAX_BODY = 16 << 20
 #: the most bytes of an error answer's body read (its Code and Message come first)
 _ERROR_BODY = 4096
-
-
-def parse_spec(spec: str) -> dict:
-    """A store spec's settings (csrc/storage/http_store.h), with the client's defaults."""
-    kind, *items = spec.split(";")
-    cfg = {"kind": kind, "endpoint": "", "region": "us-east-1", "addressing": "path", "anon": "0", "retries": 8,
-           "retry_seconds": 60.0, "timeout": 300.0, "stall": 30.0, "connect": 10.0}
-    for item in items:
-        k, _, v = item.partition("=")
-        cfg[k] = int(v) if k == "retries" else float(v) if k in ("retry_seconds", "timeout", "stall", "connect") else v
-    return cfg
 
 
 class _Answer:
@@ -209,13 +198,14 @@ def _range_length(headers: dict) -> int | None:
 
 
 class PythonHttp:
-    """Requests of one store (its ``spec``'s settings) signed with ``credentials`` (or none). An ``http``
-    store's credentials are a URL's query (a presigned URL's): their ``token``, sent as ``?token`` with
-    every request and never shown."""
+    """Requests of one store, with its ``settings`` as libcurl's client has them (its spec parsed by C++,
+    the spec's one reader: :func:`~dali_mesh.storage.remote.store_settings`), signed with ``credentials``
+    (or none). An ``http`` store's credentials are a URL's query (a presigned URL's): their ``token``,
+    sent as ``?token`` with every request and never shown."""
 
-    def __init__(self, spec: str, credentials) -> None:
-        self.cfg = parse_spec(spec)
-        self.credentials = None if self.cfg["anon"] == "1" else credentials
+    def __init__(self, settings: dict, credentials) -> None:
+        self.cfg = settings
+        self.credentials = None if self.cfg["anonymous"] else credentials
         self._opener = _opener()
         # what no message may show: the credentials (a signed request's server may echo them)
         self._secrets = sorted({s for s in (credentials or ()) if s and len(s) >= 4}, key=len, reverse=True)
@@ -230,7 +220,7 @@ class PythonHttp:
         bucket, _, path = key.partition("/")
         path = urllib.parse.quote(path, safe="/~")
         endpoint = self.cfg["endpoint"]
-        if self.cfg["addressing"] == "path":
+        if self.cfg["path_style"]:
             url = f"{endpoint}/{urllib.parse.quote(bucket, safe='')}/{path}"
         else:
             scheme, _, host = endpoint.partition("://")

@@ -13,27 +13,30 @@ Credentials come from ``storage_options`` (named as fsspec's s3fs names them: ``
 ``secret``, ``token``, ``endpoint_url``, ``client_kwargs={"region_name": ...}``, ``profile``) or the
 environment as boto3 reads it (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
 ``AWS_ENDPOINT_URL``, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, ``AWS_PROFILE`` with
-``~/.aws/credentials``). They live in this process's memory only: a store's ``spec`` (what a plan
-records), its ``repr``, its messages and its pickles (the worker processes resolve them again) hold none.
+``~/.aws/credentials``). Each store keeps its own, in memory only: a store's ``spec`` (what a plan
+records), its ``repr``, its messages and its pickles hold none (the source that resolved the store
+carries them into its worker processes: :func:`~dali_mesh.storage.carry_credentials`), and no table of
+credentials exists besides the stores themselves.
 """
 from __future__ import annotations
 
 import configparser
+import ctypes
 import hashlib
 import hmac
-import re
-import ctypes
+import json
 import os
+import re
 import urllib.parse
 import xml.etree.ElementTree as ET
 from typing import NamedTuple, Sequence
 
-from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, is_etag
+from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, is_etag, write_spec
 from dali_mesh.storage.errors import DataFileError, FileChangedError, MissingFileError, TruncatedFileError
 from dali_mesh.storage.names import shown
 
-__all__ = ["RemoteObject", "RemoteStore", "fetch_counters", "have_native_http", "resolve_gs", "resolve_http",
-           "resolve_s3", "share_credentials", "store_api", "store_message"]
+__all__ = ["RemoteObject", "RemoteStore", "fetch_counters", "give_credentials", "have_native_http", "resolve_gs",
+           "resolve_http", "resolve_s3", "store_api", "store_message", "store_settings"]
 
 #: settings of the client, besides credentials (see csrc/storage/http_store.h); cache_dir and
 #: cache_bytes: a local cache of the ranges fetched (csrc/storage/range_cache.h)
@@ -88,6 +91,8 @@ def store_api(lib=None):
 def _bind(lib) -> None:
     c, i64, p = ctypes.c_char_p, ctypes.c_int64, ctypes.c_void_p
     lib.dali_mesh_store_have_http.restype = ctypes.c_int
+    lib.dali_mesh_store_settings.argtypes = [c, c, i64, c, i64]
+    lib.dali_mesh_store_settings.restype = i64
     lib.dali_mesh_store_credentials.argtypes = [c, c, c, c, c, i64]
     lib.dali_mesh_store_credentials.restype = ctypes.c_int
     lib.dali_mesh_store_head.argtypes = [c, c, ctypes.POINTER(i64), c, i64, c, i64]
@@ -126,30 +131,38 @@ def have_native_http() -> bool:
         return False
 
 
+def store_settings(spec: str, lib=None) -> dict:
+    """The settings of the store ``spec`` as C++, the specs' one reader, parsed them (csrc/storage/byte_store.h
+    ``StoreSettings``; an ``s3`` or ``http`` spec: the fields of ``HttpStoreConfig`` in http_store.h, the
+    client's defaults filled in); also where this build has no libcurl. A ``ValueError`` naming the spec
+    and what is wrong for one its kind refuses."""
+    lib = store_api(lib)
+    err = ctypes.create_string_buffer(_ERR)
+    size = 1024
+    while True:
+        out = ctypes.create_string_buffer(size)
+        n = lib.dali_mesh_store_settings(spec.encode(), out, size, err, _ERR)
+        if n < 0:
+            raise ValueError(store_message(err))
+        if n < size:
+            return json.loads(out.value.decode("utf-8"))
+        size = n + 1
+
+
 def store_message(err) -> str:
     """The message an entry point of csrc/c_api/store_api.cc wrote into ``err`` (a ctypes buffer)."""
     text = err.value.decode("utf-8", "replace")
     return text.removeprefix("read_windows: ")
 
 
-def give_credentials(lib, spec: str, cred: _Credentials | None) -> None:
+def give_credentials(lib, spec: str, cred: _Credentials) -> None:
     """Gives the store ``spec`` of the library ``lib`` (the kernels library, or the DALI plugin, which
-    has its own copy of the stores) this process's credentials."""
+    has its own copy of the stores) the credentials ``cred``, which that store keeps."""
     err = ctypes.create_string_buffer(_ERR)
-    key, secret, token = cred if cred else ("", "", "")
-    if lib.dali_mesh_store_credentials(spec.encode(), key.encode(), secret.encode(), token.encode(), err, _ERR) < 0:
+    key, secret, token = cred
+    if store_api(lib).dali_mesh_store_credentials(spec.encode(), key.encode(), secret.encode(), token.encode(), err,
+                                                  _ERR) < 0:
         raise DataFileError(spec, store_message(err))
-
-
-def share_credentials(lib, specs) -> None:
-    """Gives the stores ``specs`` of the loaded library ``lib`` (the DALI plugin, whose stores are its
-    own) the credentials this process resolved for them (plans name stores without credentials)."""
-    remote = [spec for spec in dict.fromkeys(specs) if spec.split(";")[0] in ("s3", "http")]
-    if not remote:
-        return
-    store_api(lib)
-    for spec in remote:
-        give_credentials(lib, spec, _known_credentials.get(spec))
 
 
 def has_control_char(text: str) -> bool:
@@ -226,19 +239,19 @@ class RemoteStore(ByteStore):
                  scheme: str = "s3") -> None:
         self.kind = kind
         self.scheme = scheme
-        parts = [kind]
+        fields: dict = {}
         if kind == "s3":
-            parts += [f"endpoint={endpoint}", f"region={region}", f"addressing={addressing}", f"anon={int(anon)}"]
-            if credentials and not anon:  # other keys, another store (credentials are kept per spec)
-                parts.append("signer=" + _signer(credentials))
+            fields.update(endpoint=endpoint, region=region, addressing=addressing, anon=anon)
+            if credentials and not anon:  # other keys, another store (each library's store of a spec has one set)
+                fields["signer"] = _signer(credentials)
         elif credentials and credentials.token:
             # an https URL's query (a presigned URL's signature): a credential of this store, appended to
             # each request by the client; the spec (what plans and the cache name) has its hash only
-            parts.append("q=" + query_id(credentials.token))
+            fields["q"] = query_id(credentials.token)
         for name in CLIENT_SETTINGS:
             if settings and settings.get(name) is not None:
-                parts.append(f"{'cache' if name == 'cache_dir' else name}={settings[name]}")
-        self.spec = ";".join(parts)
+                fields["cache" if name == "cache_dir" else name] = settings[name]
+        self.spec = write_spec(kind, fields)
         self.anon = anon
         self._credentials = None if anon else credentials
         self._given: set[int] = set()
@@ -262,7 +275,7 @@ class RemoteStore(ByteStore):
             from dali_mesh.storage.py_http import PythonHttp  # noqa: PLC0415
 
             _say_python_once()
-            client = self._py = PythonHttp(self.spec, self.credentials)
+            client = self._py = PythonHttp(store_settings(self.spec), self.credentials)
         return client
 
     def _lib(self):
@@ -270,9 +283,16 @@ class RemoteStore(ByteStore):
         has libcurl: else :meth:`_python` answers)."""
         lib = _kernels()
         if id(lib) not in self._given:
-            give_credentials(lib, self.spec, self.credentials)
+            self.give_to(lib)
             self._given.add(id(lib))
         return lib
+
+    def give_to(self, lib) -> None:
+        """Gives ``lib``'s store of this spec (the kernels library's, or the DALI plugin's) this store's
+        credentials. A store without credentials leaves that store as it is: a spec names one set (its
+        signer, or its query's hash), which another store object of the spec may have given already."""
+        if self._credentials is not None:
+            give_credentials(lib, self.spec, self._credentials)
 
     def _get_into(self, key: str, dst, n: int, offset: int, tag: str, size: int) -> int:
         """One ranged GET of ``n`` bytes of ``key`` at ``offset`` into ``dst`` (a ctypes buffer or address),
@@ -443,16 +463,24 @@ class RemoteStore(ByteStore):
 
     @property
     def credentials(self) -> _Credentials | None:
-        """This store's credentials: its own, or for a store unpickled in another process those its
-        source carried there (:func:`~dali_mesh.storage.carry_credentials`: a spec names one set of
-        credentials, its signer an HMAC under the resolving process's random salt)."""
-        return self._credentials or _known_credentials.get(self.spec)
+        """This store's credentials: those it was resolved with, or in a worker process those its
+        source carried there (:meth:`take_credentials`); ``None``: unsigned requests."""
+        return self._credentials
 
     def credentials_state(self):
         """``(spec, credentials)`` for the source that holds this store to carry into its worker
         processes (never written anywhere), or ``None``."""
-        cred = self.credentials
+        cred = self._credentials
         return None if cred is None or self.anon else (self.spec, tuple(cred))
+
+    def take_credentials(self, credentials) -> None:
+        """Makes this store (unpickled without them) sign with ``credentials`` (``(key, secret, token)``,
+        of :meth:`credentials_state` in the process that resolved it)."""
+        if self.anon:
+            return
+        self._credentials = _Credentials(*credentials)
+        self._given = set()  # each library's store of this spec is given them at its next use
+        self.__dict__.pop("_py", None)  # and the Python client is made again with them
 
     def __reduce__(self):
         # the credentials are not pickled with the store: the source that resolved it carries them
@@ -491,16 +519,8 @@ def _unpickle(kind: str, spec: str, scheme: str, anon: bool) -> RemoteStore:
     store = RemoteStore.__new__(RemoteStore)
     store.kind, store.spec, store.scheme, store.anon = kind, spec, scheme, anon
     store._given = set()
-    store._credentials = None  # looked up by spec when used: the source installs them (adopt_credentials)
+    store._credentials = None  # the source that holds the store gives them (take_credentials)
     return store
-
-
-def adopt_credentials(carried) -> None:
-    """Makes the stores of the specs in ``carried`` (``{spec: (key, secret, token)}``, from
-    :meth:`RemoteStore.credentials_state` in the process that resolved them) sign with those
-    credentials in this process."""
-    for spec, cred in carried.items():
-        _known_credentials[spec] = _Credentials(*cred)
 
 
 #: a random salt of this process: a spec's signer (and so a plan or a message) cannot be checked offline
@@ -521,9 +541,6 @@ def query_id(query: str) -> str:
     random enough that its hash tells nothing of it)."""
     return hashlib.sha256(query.encode()).hexdigest()[:32]
 
-
-#: credentials this process resolved, per store spec (so that a store unpickled in this process finds them)
-_known_credentials: dict[str, _Credentials] = {}
 
 
 # ---- locations and options ------------------------------------------------------------------------------
@@ -655,8 +672,6 @@ def resolve_s3(location: str, options: dict) -> tuple[RemoteStore, str]:
         anon = cred is None  # no credentials anywhere: unsigned requests (a public bucket)
     store = RemoteStore("s3", endpoint=endpoint, region=region, addressing=addressing, anon=anon,
                         settings=_settings(options), credentials=cred, scheme="s3")
-    if cred:
-        _known_credentials[store.spec] = cred
     return store, key
 
 
@@ -676,8 +691,6 @@ def resolve_gs(location: str, options: dict) -> tuple[RemoteStore, str]:
         cred = _Credentials(str(options["key"]), str(options["secret"]), "")
     store = RemoteStore("s3", endpoint=endpoint, region="auto", addressing="path", anon=cred is None,
                         settings=_settings(options), credentials=cred, scheme="gs")
-    if cred:
-        _known_credentials[store.spec] = cred
     return store, key
 
 
@@ -704,6 +717,4 @@ def resolve_http(location: str, options: dict) -> tuple[RemoteStore, str]:
     key = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
     cred = _Credentials("", "", parts.query) if parts.query else None
     store = RemoteStore("http", settings=_settings(options), scheme=parts.scheme, credentials=cred)
-    if cred:
-        _known_credentials[store.spec] = cred
     return store, key

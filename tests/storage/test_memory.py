@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from dali_mesh.storage import DataFileError, MissingFileError, store_of
+from dali_mesh.storage import memory
 from dali_mesh.storage.memory import MemoryStore, share_objects
 from dali_mesh.storage.remote import store_api, store_message
 from tests.helpers import SEED, mesh_of, random_array
@@ -180,7 +181,10 @@ def test_every_kind_is_in_both_libraries_and_objects_are_shared_at_their_version
     store.put("gone", b"z")
     store.delete("gone")
     assert plugin_head(store, "x") is None  # each library holds its own stores
-    share_objects(plugin, [store.spec, "file"])
+    store.give_to(plugin)
+    # another ctypes object of the plugin (each read_windows makes one) is the same library: no second copy
+    share_objects(ctypes.CDLL(str(PLUGIN_PATH)), [store])
+    assert len(memory._copies_of(store.name)) == 1
     assert plugin_head(store, "x") == (5, v1.tag) and plugin_head(store, "y")[0] == 0
     assert plugin_head(store, "gone") is None
     v2 = store.put("x", b"second!")  # later writes go there too, at the same versions
@@ -221,3 +225,70 @@ def test_npy_files_written_into_memory_read_back_through_the_native_reader(tmp_p
     with _kernels.PlanReader(path, plan.dtype, outputs=1) as reader:
         with pytest.raises(Exception, match="modified since the plan was made"):
             reader.read([1], threads=1)
+
+
+# ---- a format in memory, read by the DALI operator ---------------------------------------------------
+@pytest.mark.parametrize("kind", ["npy", "zarr"])
+def test_a_dali_pipeline_reads_arrays_written_into_memory(tmp_path, kind):
+    """``.npy`` objects or a Zarr v2 array (Blosc chunks) written into a memory store, read by
+    ``fn.read_windows`` (the plugin's own copy of the store, given its objects by read_windows) equal to
+    numpy; then a rewrite reaches the plugin too (a new pipeline reads the new bytes)."""
+    pytest.importorskip("nvidia.dali")
+    import os
+
+    import zarr
+    from nvidia.dali import pipeline_def
+
+    from dali_mesh import Layout, NumpySource, ZarrSource
+    from dali_mesh.fn import read_windows
+    from dali_mesh.partition import take_window
+
+    store = _fresh()
+    rng = np.random.default_rng(SEED)
+    data = random_array(rng, (4, 9, 11), np.dtype("<f4"))
+    if kind == "npy":
+        for t in range(len(data)):
+            buf = io.BytesIO()
+            np.save(buf, data[t])
+            store.put(f"s{t}.npy", buf.getvalue())
+    else:
+        local = tmp_path / "a.zarr"
+        zarr.create_array(local, shape=data.shape, chunks=(1, 5, 6), dtype="f4", zarr_format=2)[:] = data
+        for root, _, names in os.walk(local):
+            for name in names:
+                path = os.path.join(root, name)
+                with open(path, "rb") as f:
+                    store.put("a.zarr/" + os.path.relpath(path, local), f.read())
+    layout = Layout(mesh_of((1, 2, 2), (0, 1, 0)), shard={"m0": 0, "m1": 1}, halo={0: 2, 1: 1},
+                    boundary={0: "reflect", 1: "periodic"})
+
+    def source():
+        if kind == "npy":
+            return NumpySource([f"memory://{store.name}/s{t}.npy" for t in range(len(data))], layout, batch_size=2,
+                               shuffle=False)
+        return ZarrSource([f"memory://{store.name}/a.zarr"], None, layout, batch_size=2, shuffle=False)
+
+    def windows(src):
+        @pipeline_def(batch_size=2, num_threads=2, device_id=None)
+        def pipe():
+            return read_windows(src, fallback=False)
+
+        p = pipe()
+        p.build()
+        out = {}
+        for _ in range(len(data) // 2):
+            w, ids, _ = p.run()
+            out.update((int(np.array(ids[j])), np.array(w[j])) for j in range(2))
+        return out
+
+    src = source()
+    got = windows(src)
+    assert sorted(got) == list(range(len(data)))
+    for t, w in got.items():
+        np.testing.assert_array_equal(w, take_window(data[t], src.region), err_msg=f"step {t}, seed {SEED}")
+    if kind == "npy":  # a later write goes to the plugin's copy too
+        buf = io.BytesIO()
+        np.save(buf, data[0] + 1)
+        store.put("s0.npy", buf.getvalue())
+        src = source()
+        np.testing.assert_array_equal(windows(src)[0], take_window(data[0] + 1, src.region))

@@ -19,7 +19,7 @@ import pytest
 
 from dali_mesh.storage import DataFileError, FileChangedError, store_of
 from dali_mesh.storage import remote as remote_module
-from dali_mesh.storage.remote import RemoteStore, _Credentials, have_native_http
+from dali_mesh.storage.remote import RemoteStore, _Credentials, have_native_http, store_settings
 from tests.storage.s3_server import KEY, SECRET, client, options, s3_endpoint  # noqa: F401
 
 pytestmark = pytest.mark.timeout(60)
@@ -457,7 +457,7 @@ def test_a_request_with_cut_takes_the_first_bytes_of_a_longer_answer_and_reads_n
 
     data = bytes(range(256)) * 40
     with Loopback(huge) as server:
-        py = PythonHttp("http;retries=0;stall=1;timeout=10", None)
+        py = PythonHttp(store_settings("http;retries=0;stall=1;timeout=10"), None)
         a = py.request("GET", f"{server.endpoint}/a.bin", {"Range": "bytes=0-999"}, "a.bin", cut=True)
         assert (a.status, a.body, a.cut, a.headers["Content-Length"]) == (200, data[:1000], True, str(8 << 30))
         a = py.request("GET", f"{server.endpoint}/a.bin", {"Range": "bytes=0-9999"}, "a.bin", limit=len(data) + 5,

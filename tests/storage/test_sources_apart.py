@@ -1,10 +1,14 @@
 """Two sources of one bucket and key, on two S3 services with other endpoints and other keys (dev and
 prod MinIO, a mirror), each read their own objects with their own keys: in Python, in the native
-operator and in a worker process (issue 40, finding 3). Both services are moto servers on 127.0.0.1 that
-check every signature against their own IAM user's key, so a request signed with the other source's key,
-or sent to the other endpoint, is refused or reads the other bytes: either fails these tests."""
+operator, in a worker process and in a DALI parallel external source's workers (issue 40, finding 3).
+Both services are moto servers on 127.0.0.1 that check every signature against their own IAM user's
+key, so a request signed with the other source's key, or sent to the other endpoint, is refused or reads
+the other bytes: either fails these tests. No table of credentials exists: each store object keeps its
+own, and a worker's store objects (one per source, shared by its files and by its open handles) take
+them from the source that carried them (issue 41)."""
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import pickle
@@ -78,6 +82,21 @@ def _read_all(pickled: bytes) -> list:
     return [src.read_sample(i)[0] for i in range(src.num_samples)]
 
 
+def _read_both(pickled: bytes) -> tuple[list, list]:
+    """As :func:`_read_all`, for both sources of one pickle in one process; and every remote store object
+    of the process after the reads (the files' stores, those of the open handles, any made on the way):
+    ``(spec, has its own credentials)`` each."""
+    from dali_mesh.storage.remote import RemoteStore
+
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            del os.environ[name]
+    sources = pickle.loads(pickled)
+    got = [[src.read_sample(i)[0] for i in range(src.num_samples)] for src in sources]
+    stores = [o for o in gc.get_objects() if isinstance(o, RemoteStore)]
+    return got, [(store.spec, store.credentials is not None) for store in stores]
+
+
 @pytest.fixture(autouse=True)
 def _no_aws_environment(monkeypatch):
     for name in list(os.environ):
@@ -107,6 +126,60 @@ def test_two_sources_of_one_bucket_on_two_services_each_read_their_own(services,
     for src, opts in ((src_a, opts_a), (src_b, opts_b)):
         assert opts["secret"] not in repr(src.fingerprint())
         assert opts["secret"].encode() not in pickle.dumps(src.files)
+
+
+@pytest.mark.parametrize("kind", ["npy", "zarr"])
+def test_each_store_object_a_worker_reads_with_has_its_sources_credentials(services, kind):
+    """Both sources in one worker process: each source's files share one store object (the pickle keeps it
+    one), its open handles read through that object (a Zarr array's store wraps it), and it has the
+    source's credentials; no other store object is made. The store's own pickle holds none."""
+    from dali_mesh.partition import take_window
+
+    (opts_a, a), (opts_b, b) = services
+    layout = _layout()
+    src_a, src_b = _source(kind, opts_a, layout), _source(kind, opts_b, layout)
+    assert [len(src.stores()) for src in (src_a, src_b)] == [1, 1]
+    specs = [src.stores()[0].spec for src in (src_a, src_b)]
+    assert specs[0] != specs[1]
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        (got, stores), = pool.map(_read_both, [pickle.dumps([src_a, src_b])])
+    for windows, want, src in zip(got, (a, b), (src_a, src_b)):
+        for i in range(SHAPE[0]):
+            np.testing.assert_array_equal(windows[i], take_window(want[i], src.region))
+    assert sorted(stores) == sorted((spec, True) for spec in specs)
+    for store, opts in zip((src_a.stores()[0], src_b.stores()[0]), (opts_a, opts_b)):
+        again = pickle.loads(pickle.dumps(store))
+        assert again == store and again.credentials is None and opts["secret"].encode() not in pickle.dumps(store)
+
+
+def test_a_dali_parallel_external_source_reads_each_source_with_its_credentials(services, monkeypatch):
+    """Two ``partitioned_source`` of one pipeline in spawned DALI workers (no AWS variable there): each
+    reads its own service with the credentials its pickle carried."""
+    pytest.importorskip("nvidia.dali")
+    from nvidia.dali import pipeline_def
+
+    from dali_mesh.fn import partitioned_source
+    from dali_mesh.partition import take_window
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    (opts_a, a), (opts_b, b) = services
+    layout = _layout()
+    src_a, src_b = _source("zarr", opts_a, layout), _source("npy", opts_b, layout)
+
+    @pipeline_def(batch_size=2, num_threads=1, device_id=None, py_num_workers=1, py_start_method="spawn")
+    def pipe():
+        wa, ida, _ = partitioned_source(src_a)
+        wb, idb, _ = partitioned_source(src_b)
+        return wa, ida, wb, idb
+
+    p = pipe()
+    p.build()
+    for _ in range(2):
+        wa, ida, wb, idb = p.run()
+        for w, ids, src, want in ((wa, ida, src_a, a), (wb, idb, src_b, b)):
+            for j in range(2):
+                np.testing.assert_array_equal(np.array(w[j]), take_window(want[int(np.array(ids[j]))], src.region))
 
 
 @pytest.mark.parametrize("kind", ["npy", "zarr"])

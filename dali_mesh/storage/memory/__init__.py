@@ -10,8 +10,8 @@ but NUL.
 
 The objects live in the process that wrote them: a pickled store names them, and another process (one of
 DALI's workers) finds none. The kernels library and the DALI plugin each hold their own copy of the stores:
-:func:`share_objects` copies a store's objects into the plugin at their versions (so that a plan made
-through the one reads in the other), and later writes go to both.
+:meth:`MemoryStore.give_to` (:func:`share_objects`) copies a store's objects into the plugin at their
+versions (so that a plan made through the one reads in the other), and later writes go to both.
 """
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ import urllib.parse
 import xml.etree.ElementTree as ET
 from typing import Sequence
 
-from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version
+from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, write_spec
 from dali_mesh.storage.errors import DataFileError, FileChangedError, MissingFileError, TruncatedFileError
 from dali_mesh.storage.remote import store_api, store_message
 
 __all__ = ["MemoryObject", "MemoryStore", "resolve_memory", "share_objects"]
 
-#: a store's name: what its spec and its locations hold between "memory;name=" / "memory://" and the key
+#: a store's name: its spec's one setting, and what its locations hold between "memory://" and the key
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
 _ERR = 4096
 _TAG = 1024
@@ -36,7 +36,7 @@ _TAG = 1024
 _LIST_PAGES = 1_000_000
 
 #: the loaded libraries besides the kernels library that hold copies of stores (share_objects): each
-#: library with the specs of the stores copied there
+#: library (ctypes, by its handle) with the names of the stores copied there
 _copies: list[tuple[object, set]] = []
 #: one write (or copy) at a time, so that each copy takes the version its write made in the kernels library
 _writes = threading.Lock()
@@ -93,7 +93,7 @@ class MemoryStore(ByteStore):
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise ValueError(f"a memory store's name is letters, digits, '.', '-' and '_', got {name!r}")
         self.name = name
-        self.spec = f"memory;name={name}"
+        self.spec = write_spec("memory", {"name": name})
 
     def name_of(self, key: str) -> str:
         return f"memory://{self.name}/{key}"
@@ -106,7 +106,7 @@ class MemoryStore(ByteStore):
         with _writes:
             self._call(key, "dali_mesh_store_put", _encoded(self._checked(key)), payload, len(payload), None)
             version = self.stat(key)
-            for lib in _copies_of(self.spec):
+            for lib in _copies_of(self.name):
                 self._call(key, "dali_mesh_store_put", _encoded(key), payload, len(payload), version.tag.encode(),
                            lib=lib)
         return version
@@ -115,7 +115,7 @@ class MemoryStore(ByteStore):
         """Removes the object ``key``; ``False`` when there was none."""
         with _writes:
             found = self._call(key, "dali_mesh_store_delete", _encoded(self._checked(key)))
-            for lib in _copies_of(self.spec):
+            for lib in _copies_of(self.name):
                 self._call(key, "dali_mesh_store_delete", _encoded(key), lib=lib)
         return found == 1
 
@@ -201,6 +201,11 @@ class MemoryStore(ByteStore):
             raise TruncatedFileError(name, message)
         raise DataFileError(name, message)
 
+    def give_to(self, lib) -> None:
+        """Copies this store's objects into ``lib``'s store of its name (the DALI plugin's) at their
+        versions; its later writes go there too (:func:`share_objects`)."""
+        share_objects(lib, [self])
+
     def __reduce__(self):
         return (MemoryStore, (self.name,))
 
@@ -219,31 +224,31 @@ def _decoded(text: str | None) -> str:
     return urllib.parse.unquote(text or "", encoding="utf-8", errors="surrogateescape")
 
 
-def share_objects(lib, specs) -> None:
-    """Copies the objects of the memory stores among ``specs`` into the loaded library ``lib`` (the DALI
-    plugin, whose stores are its own) at their versions, so that a plan made through the kernels library
-    reads there; every later write and delete goes there too."""
+def share_objects(lib, stores) -> None:
+    """Copies the objects of the memory ``stores`` into the loaded library ``lib`` (the DALI plugin, whose
+    stores are its own) at their versions, so that a plan made through the kernels library reads there;
+    every later write and delete goes there too."""
     lib = store_api(lib)
     with _writes:
-        shared = next((specs for other, specs in _copies if other is lib), None)
+        # by the library's handle: each ctypes.CDLL of one path is another Python object of one library
+        shared = next((names for other, names in _copies if other._handle == lib._handle), None)
         if shared is None:
             shared = set()
             _copies.append((lib, shared))
-        for spec in dict.fromkeys(specs):
-            if not spec.startswith("memory;name=") or spec in shared:
-                continue  # not a memory store, or every write since its first share went there too
-            store = MemoryStore(spec.removeprefix("memory;name="))
+        for store in stores:
+            if store.name in shared:
+                continue  # every write since its first share went there too
             objects, _ = store.list("", delimiter=False)
             for key, version in objects:
                 with store.open_version(key, version) as obj:
                     data = obj.pread(version.size, 0)
                 store._call(key, "dali_mesh_store_put", _encoded(key), data, len(data), version.tag.encode(), lib=lib)
-            shared.add(spec)
+            shared.add(store.name)
 
 
-def _copies_of(spec: str) -> list:
-    """The libraries besides the kernels library that hold a copy of the store ``spec``."""
-    return [lib for lib, specs in _copies if spec in specs]
+def _copies_of(name: str) -> list:
+    """The libraries besides the kernels library that hold a copy of the store ``name``."""
+    return [lib for lib, names in _copies if name in names]
 
 
 def resolve_memory(location: str, options: dict) -> tuple[MemoryStore, str]:
