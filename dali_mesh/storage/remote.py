@@ -255,6 +255,9 @@ class RemoteStore(ByteStore):
         self.anon = anon
         self._credentials = None if anon else credentials
         self._given: set[int] = set()
+        #: what an open read (an array's metadata objects and the first page of its folder's listing, at the
+        #: versions their answers named), by prefix, kept for the plan that follows (zarr_store.OpenedObjects)
+        self.opened: dict = {}
 
     @property
     def supports_listing(self) -> bool:  # type: ignore[override]
@@ -433,13 +436,21 @@ class RemoteStore(ByteStore):
         """The objects under ``prefix`` (``bucket/path/``: keys and versions) and, with ``delimiter``, the
         ``prefixes`` one level down (S3 ListObjectsV2, every page). A listing that never ends (a token
         repeated, more than :data:`LIST_PAGES` pages or :data:`LIST_BYTES` bytes) is an error."""
+        objects, prefixes, _ = self.list_pages(prefix, delimiter)
+        return objects, prefixes
+
+    def list_pages(self, prefix: str, delimiter: bool = True,
+                   pages: int = LIST_PAGES) -> tuple[list[tuple[str, Version]], list[str], bool]:
+        """:meth:`list` of at most ``pages`` pages (an open lists the first page beside its metadata GETs,
+        one request, and lists the rest only when a plan needs it): ``(objects, prefixes, complete)``,
+        ``complete`` False when the listing goes on past them."""
         if self.kind != "s3":
             raise DataFileError(self.name_of(prefix), "plain HTTP(S) locations cannot be listed: give the object's "
                                 "own URL, or its s3:// or gs:// location")
         bucket, _, sub = prefix.partition("/")
         objects, prefixes, token = [], [], ""
         tokens: set[str] = set()
-        pages = got = 0
+        max_pages, pages, got = pages, 0, 0
         while True:
             page = self.list_page(bucket, sub, delimiter, token)
             pages, got = pages + 1, got + len(page)
@@ -451,7 +462,9 @@ class RemoteStore(ByteStore):
             prefixes += [f"{bucket}/{p.findtext(f'{ns}Prefix')}" for p in root.iter(f"{ns}CommonPrefixes")]
             token = root.findtext(f"{ns}NextContinuationToken") or ""
             if (root.findtext(f"{ns}IsTruncated") or "false").lower() != "true" or not token:
-                return objects, prefixes
+                return objects, prefixes, True
+            if pages >= max_pages:
+                return objects, prefixes, False
             # a server that never ends its listing would hold this loop and its memory for ever
             if token in tokens:
                 raise DataFileError(self.name_of(prefix), f"the listing's page {pages} gives a continuation token "
@@ -520,6 +533,7 @@ def _unpickle(kind: str, spec: str, scheme: str, anon: bool) -> RemoteStore:
     store.kind, store.spec, store.scheme, store.anon = kind, spec, scheme, anon
     store._given = set()
     store._credentials = None  # the source that holds the store gives them (take_credentials)
+    store.opened = {}  # what an open read is not pickled: a worker's plan reads afresh
     return store
 
 

@@ -1,10 +1,18 @@
 """A read-only zarr-python store over a byte store (``ByteStore.zarr_store`` of the remote stores; the
 local store uses zarr-python's own): zarr-python reads metadata and chunks through the same client, credentials,
 retries and version checks as the rest of dali_mesh. Listing (groups without consolidated metadata)
-uses the store's ``list`` where it ``supports_listing`` (S3 ListObjectsV2)."""
+uses the store's ``list`` where it ``supports_listing`` (S3 ListObjectsV2).
+
+An open of a remote array costs one round trip (:func:`open_array_objects`): its metadata objects are
+read by concurrent GETs (no HEAD: each answer's ``Content-Range`` and ETag give the object's size and
+version) beside the first page of its folder's listing, and zarr-python's reads of those keys are answered
+from them (:class:`OpenedObjects`); the store keeps them for the plan that follows, which takes its
+metadata and chunk versions from there instead of reading them again."""
 from __future__ import annotations
 
 import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator, Iterable
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
@@ -12,7 +20,106 @@ from zarr.core.buffer import Buffer, BufferPrototype
 
 from dali_mesh.storage.errors import MissingFileError
 
-__all__ = ["ByteZarrStore"]
+__all__ = ["ARRAY_DOCUMENTS", "ByteZarrStore", "OpenedObjects", "fetch_pool", "open_array_objects", "open_objects"]
+
+#: the metadata objects of an array that zarr-python's open asks for (v3's, v2's array and attributes)
+ARRAY_DOCUMENTS = ("zarr.json", ".zarray", ".zattrs")
+#: and of a v2 group: read too where the store cannot list (elsewhere the listing says whether they exist)
+GROUP_DOCUMENTS = (".zgroup", ".zmetadata")
+#: a whole object up to this size is read in one request (no HEAD first: metadata, small chunks)
+ONE_READ = 1 << 20
+#: the most requests an open (metadata, shard indexes) has in flight at once
+OPEN_THREADS = 16
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def fetch_pool() -> ThreadPoolExecutor:
+    """The threads an open sends its requests on, kept for the process (made again in a forked child,
+    where the parent's threads do not run); the C client releases the GIL while it waits."""
+    global _pool
+    if _pool is None or _pool[0] != os.getpid():
+        _pool = (os.getpid(), ThreadPoolExecutor(OPEN_THREADS, thread_name_prefix="dali_mesh-open"))
+    return _pool[1]
+
+
+class OpenedObjects:
+    """The objects under ``prefix`` that one open read, each at the version its answer named:
+    ``objects`` maps a key to ``(bytes, Version)``, or to ``None`` where the object was missing; ``listing``
+    the objects the prefix's listing (sent beside those GETs) named, ``None`` where the store cannot list,
+    ``complete`` whether it is every page (then a key under the prefix that it lacks is missing)."""
+
+    def __init__(self, prefix: str, objects: dict, listing: dict | None, complete: bool) -> None:
+        self.prefix, self.objects, self.listing, self.complete = prefix.rstrip("/"), objects, listing, complete
+
+    def covers(self, key: str) -> bool:
+        """Whether the complete listing says whether ``key`` exists (it lies under the prefix)."""
+        return self.listing is not None and self.complete and key.startswith(self.prefix + "/")
+
+    def __repr__(self) -> str:
+        return f"OpenedObjects({self.prefix!r}, {len(self.objects)} read, {len(self.listing or ())} listed)"
+
+
+def _read_whole(store, key: str):
+    """``(bytes, Version)`` of ``key`` by one GET of its first :data:`ONE_READ` bytes, ``None`` when it is
+    missing, or ``...`` when it is larger (read later at one version, as zarr-python asks)."""
+    from dali_mesh.storage.byte_store import Version  # noqa: PLC0415 - the base imports this module
+
+    found = store.open_range(key, ONE_READ)
+    if found is None:
+        return None
+    data, size, tag = found
+    return (data, Version(size, -1, tag)) if len(data) == size else ...
+
+
+def open_objects(store, prefix: str, names: Iterable[str], *, list_folder: bool = True) -> OpenedObjects:
+    """Reads the objects ``prefix/NAME`` of ``store`` (a store with ``open_range``: one GET each, no HEAD)
+    and, where it ``supports_listing``, the first page of ``prefix/``'s listing, all at once on
+    :func:`fetch_pool`: one round trip. A listing refused (a key allowed GetObject, not ListBucket) is no
+    listing: reads then ask the store."""
+    pool = fetch_pool()
+    listing = pool.submit(store.list_pages, prefix + "/", False, 1) if list_folder and store.supports_listing \
+        else None
+    gets = {f"{prefix}/{name}": pool.submit(_read_whole, store, f"{prefix}/{name}") for name in names}
+    objects, failed = {}, None
+    for key, fut in gets.items():  # every answer waited for before an error is raised
+        try:
+            got = fut.result()
+        except Exception as e:  # noqa: BLE001 - the first raised once all are in
+            failed = failed or e
+            continue
+        if got is not ...:
+            objects[key] = got
+    listed, complete = None, False
+    if listing is not None:
+        from dali_mesh.storage.errors import DataFileError  # noqa: PLC0415
+
+        try:
+            found, _, complete = listing.result()
+            listed = dict(found)
+        except DataFileError:
+            listed = None
+    if failed is not None:
+        raise failed
+    return OpenedObjects(prefix, objects, listed, complete)
+
+
+def open_array_objects(store, root: str, name: str | None, *, reuse: bool = False) -> OpenedObjects | None:
+    """What the open of array ``name`` (``None``: the store's root, an array or a group holding one) of the
+    store rooted at ``root`` reads in its one round trip (:func:`open_objects` of its folder), kept by the
+    store (``store.opened``) for the plan that follows; ``reuse``: the plan's open, which takes (and so
+    ends) what an earlier open kept, if any. ``None`` for a store that keeps nothing (local files, memory:
+    no round trips to save)."""
+    kept = getattr(store, "opened", None)
+    if kept is None or not hasattr(store, "open_range"):
+        return None
+    folder = "/".join(p for p in (root.rstrip("/"), (name or "").strip("/")) if p)
+    if reuse:
+        found = kept.pop(folder, None)
+        if found is not None:
+            return found
+    names = ARRAY_DOCUMENTS + (() if name or store.supports_listing else GROUP_DOCUMENTS)
+    opened = kept[folder] = open_objects(store, folder, names)
+    return opened
 
 
 class ByteZarrStore(Store):
@@ -23,9 +130,11 @@ class ByteZarrStore(Store):
     supports_partial_writes = False
     supports_listing = True
 
-    def __init__(self, store, root: str) -> None:
+    def __init__(self, store, root: str, opened: OpenedObjects | None = None) -> None:
         # store: a dali_mesh.storage.byte_store.ByteStore (not imported: the base imports this module)
         super().__init__(read_only=True)
+        #: the objects an open read at one version (answered from here, not read again)
+        self.opened = opened
         self.store = store
         self.supports_listing = store.supports_listing  # zarr-python asks before it lists a group
         self.root = None  # not a local folder (the Zarr reader's FIFO check looks for a root path)
@@ -40,13 +149,20 @@ class ByteZarrStore(Store):
     def __repr__(self) -> str:
         return f"ByteZarrStore({self.store.name_of(self.prefix)!r})"
 
-    #: a whole object up to this size is read in one request (no HEAD first: metadata, small chunks)
-    ONE_READ = 1 << 20
-
     def _get(self, key: str, byte_range: ByteRequest | None) -> bytes | None:
         full = self._key(key)
+        opened = self.opened
+        if opened is not None and full in opened.objects:
+            found = opened.objects[full]
+            return None if found is None else _cut(found[0], byte_range)
+        if opened is not None and opened.covers(full):
+            version = opened.listing.get(full)
+            if version is None:
+                return None  # not in the complete listing sent with the open: missing
+            with self.store.open_version(full, version) as obj:  # at the listed version (If-Match)
+                return _cut(obj.read_exactly(version.size, 0), byte_range)
         if byte_range is None or isinstance(byte_range, RangeByteRequest):
-            start, n = (0, self.ONE_READ) if byte_range is None else (byte_range.start, byte_range.end - byte_range.start)
+            start, n = (0, ONE_READ) if byte_range is None else (byte_range.start, byte_range.end - byte_range.start)
             try:
                 data = self.store.read_range(full, start, n)
             except MissingFileError:
@@ -81,10 +197,15 @@ class ByteZarrStore(Store):
 
     async def get_partial_values(self, prototype: BufferPrototype,
                                  key_ranges: Iterable[tuple[str, ByteRequest | None]]) -> list[Buffer | None]:
-        return [await self.get(k, prototype, r) for k, r in key_ranges]
+        return list(await asyncio.gather(*(self.get(k, prototype, r) for k, r in key_ranges)))
 
     async def exists(self, key: str) -> bool:
-        return await asyncio.to_thread(self.store.stat, self._key(key)) is not None
+        full, opened = self._key(key), self.opened
+        if opened is not None and full in opened.objects:
+            return opened.objects[full] is not None
+        if opened is not None and opened.covers(full):
+            return full in opened.listing
+        return await asyncio.to_thread(self.store.stat, full) is not None
 
     async def set(self, key: str, value: Buffer) -> None:
         raise PermissionError(f"{self!r} is read-only")
@@ -98,14 +219,41 @@ class ByteZarrStore(Store):
 
     async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
         base = self.prefix + "/"
-        objects, _ = await asyncio.to_thread(self.store.list, base + prefix, False)
+        listed = self._listed(base + prefix)
+        objects = listed if listed is not None else (await asyncio.to_thread(self.store.list, base + prefix, False))[0]
         for key, _version in objects:
             yield key[len(base):]
 
     async def list_dir(self, prefix: str) -> AsyncIterator[str]:
         base = self._key(prefix.rstrip("/")) + "/"
+        listed = self._listed(base)
+        if listed is not None:  # one level down of the open's complete listing
+            names = {key[len(base):].split("/", 1)[0] for key, _ in listed}
+            for name in sorted(names):
+                yield name
+            return
         objects, prefixes = await asyncio.to_thread(self.store.list, base, True)
         for key, _version in objects:
             yield key[len(base):]
         for p in prefixes:
             yield p[len(base):].rstrip("/")
+
+    def _listed(self, prefix: str) -> list | None:
+        """The objects under ``prefix`` from the open's complete listing, or None where it does not cover it."""
+        opened = self.opened
+        if opened is None or not opened.covers(prefix):
+            return None
+        return [(k, v) for k, v in opened.listing.items() if k.startswith(prefix)]
+
+
+def _cut(data: bytes, byte_range: ByteRequest | None) -> bytes:
+    """The bytes of ``byte_range`` (zarr's three kinds, or ``None``: all) of a whole object's ``data``."""
+    if byte_range is None:
+        return data
+    if isinstance(byte_range, RangeByteRequest):
+        return data[byte_range.start:byte_range.end]
+    if isinstance(byte_range, OffsetByteRequest):
+        return data[byte_range.offset:]
+    if isinstance(byte_range, SuffixByteRequest):
+        return data[max(0, len(data) - byte_range.suffix):]
+    raise TypeError(f"unknown byte range {byte_range!r}")  # pragma: no cover - zarr's three kinds

@@ -19,6 +19,7 @@ from dali_mesh.partition import Region
 from dali_mesh.storage import ByteStore, Version
 from dali_mesh.formats.zarr.zarr_reader import open_zarr_array
 from dali_mesh.storage.byte_store import read_exactly
+from dali_mesh.storage.zarr_store import fetch_pool
 
 __all__ = ["plan_zarr_steps", "zarr_codec_names"]
 
@@ -160,7 +161,8 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
 
     l0, l1 = steps
     locals_ = np.arange(l0, l1, dtype=np.int64)
-    arr = open_zarr_array(store, name)
+    arr = open_zarr_array(store, name, reuse=True)  # what the source's open read, not read again
+    opened = getattr(getattr(arr.store, "_store", None), "opened", None)
     bytes_store, root = native_store(store)
     coding = _zarr_coding(arr, store)
     stored, steps = coding.stored, coding.steps
@@ -180,10 +182,13 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     # an object store: the chunk objects' sizes and ETags from one listing of the array's folder (a
     # request per 1000 objects) instead of a HEAD request per chunk; the metadata object's too, and it
     # is read at that version (If-Match): its bytes and the ETag the plan names it by agree
-    listed = _Listed.of(bytes_store, folder)
+    listed = _Listed.of(bytes_store, folder, opened)
     meta_version = listed.stat(meta) if isinstance(listed, _Listed) else None
+    read = opened.objects.get(meta) if opened is not None else None
     try:
-        if meta_version is not None:
+        if meta_version is not None and read is not None and read[1] == meta_version:
+            meta_bytes = read[0]  # the open's GET named the version the listing names: those bytes
+        elif meta_version is not None:
             with bytes_store.open_version(meta, meta_version) as obj:
                 meta_bytes = read_exactly(obj, meta_version.size, 0)
         else:
@@ -219,6 +224,9 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
         chunk_of = _ShardIndex(arr, bytes_store, folder, plans, coding, chunks, coder) if coding.shard else \
             _chunk_files(arr, bytes_store, folder, plans, coder)
         pieces = chunk_pieces(wplan, chunks, stored, merge_gap, coding.fortran)
+        if coding.shard:  # every shard index the steps need, in one round trip
+            chunk_of.read_indexes(chunk_of.shard_of((c,) + coords) for _, coords in pieces
+                                  for c in range(first_chunk, (l1 - 1) // ct + 1))
         return _coded_parts(plans, shape, chunks, stored, pieces, step_stride, chunk_of, locals_,
                             (meta_file, meta_plan)), finish, wplan
     # the chunk files of the first step first: a store whose chunks were never written (a small
@@ -280,8 +288,12 @@ class _Listed:
         self._store, self._versions = store, versions
 
     @classmethod
-    def of(cls, store, folder: str):
-        """``store`` listed under ``folder``, or ``store`` itself (a local store, one that cannot list)."""
+    def of(cls, store, folder: str, opened=None):
+        """``store`` listed under ``folder``, or ``store`` itself (a local store, one that cannot list).
+        ``opened``: what the array's open read (zarr_store.OpenedObjects), whose listing, when complete and
+        of a folder holding this one, serves without another request."""
+        if opened is not None and opened.covers(folder.rstrip("/") + "/"):
+            return cls(store, opened.listing)
         if not store.supports_listing:
             return store
         try:
@@ -331,12 +343,28 @@ class _ShardIndex:
         self.n = math.prod(self.ratio)
         self.index: dict = {}
 
-    def _read_index(self, shard: tuple[int, ...]):
+    def read_indexes(self, shards) -> None:
+        """Reads the indexes of ``shards`` (shard coordinates) not read yet, all at once (an object
+        store's round trip for all of them, on zarr_store.fetch_pool), then adds them to the plan in
+        their order (the plan's files are numbered the same whatever order the answers came in)."""
+        todo = sorted({tuple(s) for s in shards} - set(self.index))
+        if len(todo) > 1 and not self.bytes_store.local_path(self.folder):
+            pool = fetch_pool()
+            fetched = [pool.submit(self._fetch_index, shard) for shard in todo]
+            fetched = [f.result() for f in fetched]  # every one waited for before an error is raised
+        else:
+            fetched = [self._fetch_index(shard) for shard in todo]
+        for shard, got in zip(todo, fetched):
+            self.index[shard] = self._add_index(shard, *got)
+
+    def _fetch_index(self, shard: tuple[int, ...]):
+        """``(path, version, at, raw)``: where shard ``shard`` is, its version (None: missing), where its
+        index lies and the index's bytes (one request)."""
         key = self.arr.metadata.encode_chunk_key(shard)
         path = os.path.join(self.folder, *key.split("/"))
         version = _stored_version(self.bytes_store, path, key)
         if version is None:
-            return path, None, None
+            return path, None, 0, b""
         size = version.size
         nbytes = 16 * self.n + 4 * self.crc
         if size < nbytes:
@@ -349,6 +377,13 @@ class _ShardIndex:
                 raw = read_exactly(obj, nbytes, at)
         else:
             raw = self.bytes_store.read_range(path, at, nbytes)
+        return path, version, at, raw
+
+    def _add_index(self, shard: tuple[int, ...], path, version, at, raw):
+        if version is None:
+            return path, None, None
+        key = self.arr.metadata.encode_chunk_key(shard)
+        size, nbytes = version.size, 16 * self.n + 4 * self.crc
         # size, modification time and the index's bytes as the index was read: every read checks
         # them, so a shard rewritten since is refused, even at its old size and time (cp -p)
         fidx = self.plans.add_file(path, size, version.mtime_ns, at, raw, self.bytes_store.spec, version.tag.encode())
@@ -379,12 +414,15 @@ class _ShardIndex:
                               f"and {_coords(b, self.ratio)} over the same bytes: the shard is corrupt")
         return path, fidx, table
 
+    def shard_of(self, coords) -> tuple[int, ...]:
+        """The shard holding inner chunk ``coords``."""
+        return tuple(c // r for c, r in zip(coords, self.ratio))
+
     def __call__(self, coords) -> int:
-        shard = tuple(c // r for c, r in zip(coords, self.ratio))
-        got = self.index.get(shard)
-        if got is None:
-            got = self.index[shard] = self._read_index(shard)
-        path, fidx, table = got
+        shard = self.shard_of(coords)
+        if shard not in self.index:
+            self.read_indexes([shard])
+        path, fidx, table = self.index[shard]
         if table is None:  # the whole shard was never written
             fidx = self.plans.file_of(path, self.bytes_store.spec)
             if fidx is None:

@@ -24,6 +24,7 @@ from dali_mesh.io._common import fill_window
 from dali_mesh.partition import Region
 from dali_mesh.io.containers import check_store_dir
 from dali_mesh.storage import store_of
+from dali_mesh.storage.zarr_store import ByteZarrStore, open_array_objects
 
 __all__ = ["METADATA_KEYS", "open_zarr_array", "read_zarr_window"]
 
@@ -87,12 +88,14 @@ def _counting_store(store):
     return _counting_store_cls(store)
 
 
-def open_zarr_array(path: str | os.PathLike, name: str | None = None):
+def open_zarr_array(path: str | os.PathLike, name: str | None = None, *, reuse: bool = False):
     """Open a Zarr array read-only, its store wrapped in a byte counter; errors name the path.
 
     ``path`` is a directory store (v2 or v3); ``name`` the array's path inside it (``None``: the
     store is the array, or its root is a group holding exactly one array, as ``dali-mesh convert``
-    writes: that one; with several, an error lists them).
+    writes: that one; with several, an error lists them). In an object store the open is one round
+    trip (:func:`~dali_mesh.storage.zarr_store.open_array_objects`); ``reuse``: the plan's open, which
+    takes what the source's open read (at the versions read then) instead of reading it again.
     """
     import zarr
 
@@ -101,7 +104,10 @@ def open_zarr_array(path: str | os.PathLike, name: str | None = None):
     local = bytes_store.local_path(key)
     if local is not None:
         check_store_dir(local, "; check the path and the file list")
-    store = _counting_store(bytes_store.zarr_store(key))
+    zstore = bytes_store.zarr_store(key)
+    if isinstance(zstore, ByteZarrStore):
+        zstore.opened = open_array_objects(bytes_store, key, name, reuse=reuse)
+    store = _counting_store(zstore)
     what = f"array {name!r}" if name else "the array at the store's root"
     if not name:
         only = _only_array(store, path)
