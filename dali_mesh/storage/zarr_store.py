@@ -18,7 +18,7 @@ from typing import AsyncIterator, Iterable
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype
 
-from dali_mesh.storage.errors import MissingFileError
+from dali_mesh.storage.errors import DataFileError, MissingFileError
 
 __all__ = ["ARRAY_DOCUMENTS", "ByteZarrStore", "OpenedObjects", "fetch_pool", "open_array_objects", "open_objects"]
 
@@ -44,7 +44,7 @@ def fetch_pool() -> ThreadPoolExecutor:
 
 class OpenedObjects:
     """The objects under ``prefix`` that one open read, each at the version its answer named:
-    ``objects`` maps a key to ``(bytes, Version)``, or to ``None`` where the object was missing; ``listing``
+    ``objects`` maps a key to ``(bytes, size, tag)``, or to ``None`` where the object was missing; ``listing``
     the objects the prefix's listing (sent beside those GETs) named, ``None`` where the store cannot list,
     ``complete`` whether it is every page (then a key under the prefix that it lacks is missing)."""
 
@@ -60,15 +60,10 @@ class OpenedObjects:
 
 
 def _read_whole(store, key: str):
-    """``(bytes, Version)`` of ``key`` by one GET of its first :data:`ONE_READ` bytes, ``None`` when it is
-    missing, or ``...`` when it is larger (read later at one version, as zarr-python asks)."""
-    from dali_mesh.storage.byte_store import Version  # noqa: PLC0415 - the base imports this module
-
+    """``(bytes, size, tag)`` of ``key`` by one GET of its first :data:`ONE_READ` bytes, ``None`` when it
+    is missing, or ``...`` when it is larger (read later at one version, as zarr-python asks)."""
     found = store.open_range(key, ONE_READ)
-    if found is None:
-        return None
-    data, size, tag = found
-    return (data, Version(size, -1, tag)) if len(data) == size else ...
+    return found if found is None or len(found[0]) == found[1] else ...
 
 
 def open_objects(store, prefix: str, names: Iterable[str], *, list_folder: bool = True) -> OpenedObjects:
@@ -91,8 +86,6 @@ def open_objects(store, prefix: str, names: Iterable[str], *, list_folder: bool 
             objects[key] = got
     listed, complete = None, False
     if listing is not None:
-        from dali_mesh.storage.errors import DataFileError  # noqa: PLC0415
-
         try:
             found, _, complete = listing.result()
             listed = dict(found)

@@ -186,7 +186,7 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     meta_version = listed.stat(meta) if isinstance(listed, _Listed) else None
     read = opened.objects.get(meta) if opened is not None else None
     try:
-        if meta_version is not None and read is not None and read[1] == meta_version:
+        if meta_version is not None and read is not None and read[1:] == (meta_version.size, meta_version.tag):
             meta_bytes = read[0]  # the open's GET named the version the listing names: those bytes
         elif meta_version is not None:
             with bytes_store.open_version(meta, meta_version) as obj:
