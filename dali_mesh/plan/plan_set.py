@@ -401,11 +401,13 @@ class PlanFetches:
     * a coded chunk the batch needs, however many of its parts copy from it: one ranged GET of its stored
       bytes; a chunk missing when planned: one GET that finds it still missing (no body); a shard's chunk
       its index lists as never written: none;
-    * a Blosc chunk of at least 256 KiB stored whose parts cover less than 3/4 of it is read in parts: a
-      GET of its first 4 KiB (header and block index), then a GET per run of the blocks its parts touch
-      (runs closer than 64 KiB joined). Where the blocks lie is known only once the index is read, so
-      these are estimated from the covered share of the decoded chunk (blocks taken to compress alike;
-      whole blocks are read, so in fact a little more): ``parts_chunks`` counts them;
+    * a Blosc chunk of at least 256 KiB stored whose parts cover less than 3/4 of it: a GET of its first
+      4 KiB (header and block index), then, when the blocks its parts touch (of the block size of
+      ``headers``: one chunk's header per coder) still cover less than 3/4 of it, a GET per run of those
+      blocks (runs closer than 64 KiB joined; a read in parts), else a GET of the rest. Where a chunk's
+      blocks lie is known only once its index is read: a read in parts places them by taking every block
+      to compress alike (an estimate, counted in ``parts_chunks``; the reader's guess of the blocks, learnt
+      from the previous chunk, may fetch the header with the first blocks, one request fewer);
     * a raw part (bytes stored as they are): its groups, gaps included, split as the reader splits groups
       larger than ``task_bytes``, one GET per 1024 buffers of a group; and a GET of the header the plan
       checks, per task. Raw parts are read per sample, even two samples of a batch that read the same bytes.
