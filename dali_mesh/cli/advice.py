@@ -29,9 +29,9 @@ from dali_mesh.storage import local_path_of, store_of
 __all__ = [
     "EpochCounter",
     "MAX_CHUNK_BYTES",
+    "LayoutTarget",
     "Prices",
     "S3_STANDARD",
-    "LayoutTarget",
     "aligned_chunks",
     "chunked_cold_bytes",
     "open_layout_target",
@@ -272,6 +272,8 @@ def _window_key(region: Region) -> tuple:
 
 def usd(x: float) -> str:
     """A price in USD: cents above a dollar, else three significant digits (an epoch may cost 10^-6 USD)."""
+    if x < 0:
+        return "-" + usd(-x)
     if x >= 1 or x == 0:
         return f"${x:,.2f}"
     return f"${x:.{min(12, 2 - math.floor(math.log10(x)))}f}"
@@ -299,6 +301,7 @@ def _epoch_text(e: EpochFetches, prices: Prices, fmt, per_rank: bool, batch_size
 
 def _n(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 'es' if word.endswith('ch') else 's'}"
+
 
 # ---- what a cold read of a window costs, per format ------------------------------------------------------
 class LayoutTarget:
@@ -464,28 +467,29 @@ class LayoutTarget:
             counter = EpochCounter(self, variant, batch_size)
             try:
                 rows = [(r, counter.rank(layout_of(r))) for r in ranks[:8]]
-                total = counter.total(layout_of, size)
             except NotNativeError as e:
                 return [f"one epoch from the object store: not planned natively ({scrub(str(e), [self.path])})"]
+            try:
+                total = counter.total(layout_of, size)
+                why = f"not added up (more than {MAX_EPOCH_RANKS} ranks)"
             except TooManyWindows:
-                rows, total = [], None
+                total, why = None, f"not added up (the ranks have more than {MAX_EPOCH_WINDOWS} windows to plan)"
+            except NotNativeError as e:
+                total, why = None, f"not added up (a window is not planned natively: {scrub(str(e), [self.path])})"
             if variant is not None:
                 name = share if isinstance(share, str) else ",".join(share)
                 lines.append(f"with share={name} (each batch read once per read group, by one member; the windows "
                              "exchanged):")
-            if not rows:
-                lines.append(f"  not counted: the ranks have more than {MAX_EPOCH_WINDOWS} distinct windows to plan")
-                continue
             lines += [f"  rank {r}: {_epoch_text(e, prices, fmt, True, batch_size)}" for r, e in rows]
             if len(ranks) > len(rows):
                 lines.append(f"  ... ({len(ranks) - len(rows)} more ranks)")
-            lines.append(f"  all {size} ranks: " + (_epoch_text(total, prices, fmt, False, batch_size) if total else
-                                                    f"not added up (more than {MAX_EPOCH_RANKS} ranks)"))
+            lines.append(f"  all {size} ranks: " + (_epoch_text(total, prices, fmt, False, batch_size) if total else why))
             totals.append(total)
         if len(totals) == 2 and all(totals):
             (own, grouped), name = totals, share if isinstance(share, str) else ",".join(share)
             before, after = (sum(prices.cost(t.requests, t.bytes)) for t in totals)
-            lines.append(f"share={name} saves {usd(before - after)} an epoch over all ranks"
+            lines.append(f"share={name} {'saves' if before >= after else 'costs'} {usd(abs(before - after))} an epoch "
+                         f"{'' if before >= after else 'more '}over all ranks"
                          + (f" ({(before - after) / before:.0%} of {usd(before)})" if before else "")
                          + f": {own.requests - grouped.requests} fewer requests, {fmt(own.bytes - grouped.bytes)} "
                          "fewer bytes")
@@ -541,7 +545,6 @@ class LayoutTarget:
                 lines.append(f"advice: no chunk shape aligned with these shards reads ~1.0x"
                              + (f": {note}" if note else "") + f". {best}")
         return lines
-
 
 
 def open_layout_target(path: str, dataset: str | None = None, *, allow_external: bool = False) -> LayoutTarget:

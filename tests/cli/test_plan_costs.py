@@ -240,3 +240,21 @@ def test_bad_prices_and_batch_sizes_are_refused(capsys, args, message):
 def test_the_epoch_flags_go_with_data(capsys, flag):
     assert main(["plan", "--shape", "4,8", "--mesh", "mp=2", flag, "1"]) == 2
     assert f"{flag} goes with --data" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("s3_env")
+def test_one_rank_shown_and_a_mesh_too_large_to_add_up(capsys, stores, monkeypatch):
+    """``--rank R`` prints that rank's epoch and still all ranks' (their JSON rows added up); above
+    MAX_EPOCH_RANKS the total says it was not added up."""
+    from dali_mesh.cli import advice
+
+    location = stores["v3-zstd"]
+    rows = _plan_json(capsys, location)
+    assert main(["plan", "--data", location, *MESH, "--rank", "2"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"^  rank 2: 3 samples in 3 batches: {rows[2]['epoch']['requests']} requests,", out, re.M)
+    assert not re.search(r"^  rank [013]:", out, re.M)
+    assert f"  all 4 ranks: 12 batches: {sum(r['epoch']['requests'] for r in rows)} requests," in out
+    monkeypatch.setattr(advice, "MAX_EPOCH_RANKS", 2)
+    assert main(["plan", "--data", location, *MESH, "--rank", "2"]) == 0
+    assert "  all 4 ranks: not added up (more than 2 ranks)" in capsys.readouterr().out
