@@ -15,19 +15,23 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, NamedTuple, Sequence
 
 
 from dali_mesh.cli.options import UsageError, find_data
 from dali_mesh.cli.locations import scrub, shown
 from dali_mesh.formats.cold_reads import MAX_ADVICE_CHUNKS, ColdReads, chunk_ranges
 from dali_mesh.plan import WindowPlan, plan_window
+from dali_mesh.plan.plan_set import EpochFetches
 from dali_mesh.partition import Layout, Region
-from dali_mesh.storage import local_path_of
+from dali_mesh.storage import local_path_of, store_of
 
 __all__ = [
+    "EpochCounter",
     "MAX_CHUNK_BYTES",
     "LayoutTarget",
+    "Prices",
+    "S3_STANDARD",
     "aligned_chunks",
     "chunked_cold_bytes",
     "open_layout_target",
@@ -165,14 +169,149 @@ def chunked_cold_bytes(plan: WindowPlan, chunks: Sequence[int], itemsize: int, p
 MAX_ADVICE_AXIS_CELLS = 1 << 26
 
 
+# ---- what an epoch fetches from an object store, and what it costs --------------------------------------------
+class Prices(NamedTuple):
+    """An object store's published prices in USD: per 1,000 GET requests, and per GB (10^9 bytes) sent out
+    of its region (0 for readers inside the region: S3 charges no transfer to EC2 in the bucket's region)."""
+
+    get_per_1000: float
+    egress_per_gb: float
+
+    def cost(self, requests: int, nbytes: int) -> tuple[float, float]:
+        """``(GET requests, egress)`` in USD."""
+        return requests / 1000 * self.get_per_1000, nbytes / 1e9 * self.egress_per_gb
+
+
+#: S3 Standard in us-east-1, as AWS's S3 pricing page lists them (aws.amazon.com/s3/pricing): GET $0.0004
+#: per 1,000 requests; data transfer out to the internet $0.09 per GB (100 GB to 10 TB a month: the free first
+#: 100 GB and the cheaper tiers above 10 TB are left out). Values of 2026-12-05 (docs/cli.md says how read).
+S3_STANDARD = Prices(0.0004, 0.09)
+#: ``plan --data`` plans the epochs of at most this many distinct windows (each plans every sample id) ...
+MAX_EPOCH_WINDOWS = 64
+#: ... and adds up the epochs of all ranks of meshes of at most this many ranks
+MAX_EPOCH_RANKS = 4096
+#: what the counts take of the reader's settings: ``read_windows``' default ``task_bytes``
+EPOCH_TASK_BYTES = 4 << 20
+
+
+class TooManyWindows(Exception):
+    """More distinct windows than :data:`MAX_EPOCH_WINDOWS` would be planned."""
+
+
+class EpochCounter:
+    """Per rank, what one epoch (epoch 0, in the sample order: every sample id of the rank's share of the
+    dataset, or of its read group's batches with ``share``) fetches from the object store, as
+    :meth:`PlanFetches.epoch <dali_mesh.plan.plan_set.PlanFetches.epoch>` counts it. Plans are made once
+    per distinct window (a plan holds every sample id: ranks that differ only in their samples share it),
+    with the Blosc block size read from one chunk of each array (16 bytes, one request)."""
+
+    def __init__(self, target: "LayoutTarget", share, batch_size: int = 1) -> None:
+        self.target = target
+        self.share = share
+        self.batch_size = int(batch_size)
+        self._plans: dict = {}    # window -> (the source reading it, its PlanFetches)
+        self._epochs: dict = {}   # (window, sample group, group member) -> EpochFetches
+        self._headers: dict = {}  # (key, offset) -> the first 16 bytes of a chunk
+
+    def rank(self, layout: Layout) -> EpochFetches:
+        """The epoch of the rank whose layout is ``layout``."""
+        from dali_mesh.partition.read_groups import GroupReads, OwnReads, group_index, share_dims  # noqa: PLC0415
+
+        dims = share_dims(layout, self.share)
+        reads = GroupReads(dims) if dims else OwnReads()
+        window = _window_key(reads.region_of(layout, self.target.sample_shape))
+        key = (window, layout.batch_index, group_index(layout, dims) if dims else 0)
+        hit = self._epochs.get(key)
+        if hit is None:
+            reader, fetches = self._plan(window, layout)
+            # the reader's own sample order (WindowSource.sample_order), for this rank's coordinate
+            order = reader.reads.order_of(layout, layout.order(
+                reader.num_samples, 0, seed=reader.seed, shuffle=reader.shuffle, batch_size=reader.batch_size,
+                drop_last=reader.drop_last))
+            hit = self._epochs[key] = fetches.epoch(order.arrays()[0], self.batch_size)
+        return hit
+
+    def _plan(self, window, layout: Layout):
+        hit = self._plans.get(window)
+        if hit is None:
+            from dali_mesh.pipeline.native import plan_source  # noqa: PLC0415
+
+            if len(self._plans) >= MAX_EPOCH_WINDOWS:
+                raise TooManyWindows
+            reader = self.target.source(layout, epoch=True, batch_size=self.batch_size, share=self.share).group_reader()
+            plans = plan_source(reader)
+            hit = self._plans[window] = (reader, plans.fetches(EPOCH_TASK_BYTES, self._blosc_headers(plans)))
+        return hit
+
+    def _blosc_headers(self, plans) -> dict[int, bytes]:
+        """Coder -> the first 16 bytes of one of its chunks (their Blosc header: the block size)."""
+        store, _ = store_of(self.target.path)
+        out = {}
+        for coder, file, offset in plans.blosc_probes():
+            where = (plans.files[file].key, offset)
+            if where not in self._headers:
+                self._headers[where] = store.read_range(where[0], offset, 16)
+            out[coder] = self._headers[where]
+        return out
+
+    def total(self, layout_of, size: int) -> EpochFetches | None:
+        """The epochs of all ``size`` ranks added up (``round_trips``: the most of one rank; ``batches``: all
+        the ranks' batches), or ``None`` for a mesh larger than :data:`MAX_EPOCH_RANKS`."""
+        if size > MAX_EPOCH_RANKS:
+            return None
+        each = [self.rank(layout_of(r)) for r in range(size)]
+        return EpochFetches(sum(e.batches for e in each), sum(e.requests for e in each), sum(e.bytes for e in each),
+                            max(e.round_trips for e in each), max(e.max_round_trips for e in each),
+                            sum(e.parts_chunks for e in each))
+
+
+def _window_key(region: Region) -> tuple:
+    return (region.window_start, region.window_stop, region.domain_start, region.domain_stop, region.boundary,
+            region.fill_value)
+
+
+def usd(x: float) -> str:
+    """A price in USD: cents above a dollar, else three significant digits (an epoch may cost 10^-6 USD)."""
+    if x < 0:
+        return "-" + usd(-x)
+    if x >= 1 or x == 0:
+        return f"${x:,.2f}"
+    return f"${x:.{min(12, 2 - math.floor(math.log10(x)))}f}"
+
+
+def epoch_record(e: EpochFetches, prices: Prices, batch_size: int) -> dict:
+    """One rank's epoch as plain values (``--json``)."""
+    get, egress = prices.cost(e.requests, e.bytes)
+    return {"samples": e.batches * batch_size, "batches": e.batches, "requests": e.requests,
+            "round_trips": e.round_trips, "max_round_trips_per_batch": e.max_round_trips, "bytes": e.bytes,
+            "estimated_chunk_reads": e.parts_chunks, "get_usd": get, "egress_usd": egress, "usd": get + egress,
+            "get_price_per_1000": prices.get_per_1000, "egress_price_per_gb": prices.egress_per_gb}
+
+
+def _epoch_text(e: EpochFetches, prices: Prices, fmt, per_rank: bool, batch_size: int) -> str:
+    get, egress = prices.cost(e.requests, e.bytes)
+    about = "~" if e.parts_chunks else ""
+    trips = (f"{_n(e.round_trips, 'round trip')} (at most {e.max_round_trips} a batch)" if per_rank else
+             f"at most {_n(e.round_trips, 'round trip')} on one rank")
+    return ((f"{_n(e.batches * batch_size, 'sample')} in " if per_rank else "") + f"{_n(e.batches, 'batch')}: "
+            f"{about}{_n(e.requests, 'request')}, {trips}, {about}{fmt(e.bytes)}: {usd(get)} GET + {usd(egress)} "
+            f"egress = {usd(get + egress)}"
+            + (f" ({_n(e.parts_chunks, 'chunk read')} in parts estimated)" if e.parts_chunks else ""))
+
+
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 'es' if word.endswith('ch') else 's'}"
+
+
 # ---- what a cold read of a window costs, per format ------------------------------------------------------
 class LayoutTarget:
     """A data file whose layout is judged against a split, from its format's
     :class:`~dali_mesh.formats.cold_reads.ColdReads`. ``cost(region)`` gives ``(needed_bytes, cold_bytes)``
     of one sample's window."""
 
-    def __init__(self, cold: ColdReads) -> None:
+    def __init__(self, cold: ColdReads, files: Sequence[str] = ()) -> None:
         self.cold = cold
+        self.files = list(files) or [cold.path]  # every data file of --data (an epoch reads them all)
         self.format = cold.format
         self.path = cold.path  # read from; printed only as self.shown (no presigned query, no user info)
         self.shown = shown(cold.path)
@@ -264,14 +403,16 @@ class LayoutTarget:
         return "reader: native (read_windows)" + (f", decoding {'+'.join(used)} chunks on DALI's threads, each "
                                                   "chunk once per batch" if used else "")
 
-    def source(self, layout: Layout, **kw):
-        """The source that reads this file's first sample with ``layout`` (``kw``: e.g. ``share``)."""
+    def source(self, layout: Layout, *, epoch: bool = False, batch_size: int = 1, **kw):
+        """The source that reads this file's first sample with ``layout`` (``kw``: e.g. ``share``), or with
+        ``epoch`` every sample of every file of ``--data`` (in order, batches of ``batch_size``)."""
         from dali_mesh.source import array_source, file_source  # noqa: PLC0415
 
+        files = self.files if epoch else [self.path]
         if not self.format.steps:
-            return file_source([self.path], layout, format=self.format, batch_size=1, shuffle=False, **kw)
-        return array_source([self.path], self.name, layout, format=self.format, batch_size=1, shuffle=False,
-                            time_range=(0, 1), **kw)
+            return file_source(files, layout, format=self.format, batch_size=batch_size, shuffle=False, **kw)
+        return array_source(files, self.name, layout, format=self.format, batch_size=batch_size, shuffle=False,
+                            **({} if epoch else {"time_range": (0, 1)}), **kw)
 
     def fetch_lines(self, layout_of, ranks, share=None, fmt=str) -> list[str]:
         """For data in object storage: per rank (``layout_of(rank)``: its layout), the bytes and requests
@@ -308,6 +449,76 @@ class LayoutTarget:
             return [f"fetched from the object store: not planned natively ({scrub(str(e), [self.path])})"]
         return lines
 
+    def epoch_lines(self, layout_of, ranks, share=None, *, batch_size: int = 1, prices: Prices = S3_STANDARD,
+                    fmt=str) -> list[str]:
+        """For data in object storage: per rank (``layout_of(rank)``: its layout; the first 8 of ``ranks``) and
+        for all ranks, the requests, round trips and bytes of one epoch as the native reader fetches them
+        (:class:`EpochCounter`) and what they cost at ``prices``; with ``share`` the same for read groups and
+        what sharing saves. Nothing for local files."""
+        from dali_mesh.plan import NotNativeError  # noqa: PLC0415
+
+        if local_path_of(self.path) is not None:
+            return []
+        size = layout_of(ranks[0]).mesh.size
+        lines = [f"one epoch from the object store per rank, as the native reader fetches it (batches of "
+                 f"{batch_size}, read_windows' task_bytes {EPOCH_TASK_BYTES >> 20} MiB):"]
+        totals = []
+        for variant in [None] + ([share] if share is not None else []):
+            counter = EpochCounter(self, variant, batch_size)
+            try:
+                rows = [(r, counter.rank(layout_of(r))) for r in ranks[:8]]
+            except NotNativeError as e:
+                return [f"one epoch from the object store: not planned natively ({scrub(str(e), [self.path])})"]
+            try:
+                total = counter.total(layout_of, size)
+                why = f"not added up (more than {MAX_EPOCH_RANKS} ranks)"
+            except TooManyWindows:
+                total, why = None, f"not added up (the ranks have more than {MAX_EPOCH_WINDOWS} windows to plan)"
+            except NotNativeError as e:
+                total, why = None, f"not added up (a window is not planned natively: {scrub(str(e), [self.path])})"
+            if variant is not None:
+                name = share if isinstance(share, str) else ",".join(share)
+                lines.append(f"with share={name} (each batch read once per read group, by one member; the windows "
+                             "exchanged):")
+            lines += [f"  rank {r}: {_epoch_text(e, prices, fmt, True, batch_size)}" for r, e in rows]
+            if len(ranks) > len(rows):
+                lines.append(f"  ... ({len(ranks) - len(rows)} more ranks)")
+            lines.append(f"  all {size} ranks: " + (_epoch_text(total, prices, fmt, False, batch_size) if total else why))
+            totals.append(total)
+        if len(totals) == 2 and all(totals):
+            (own, grouped), name = totals, share if isinstance(share, str) else ",".join(share)
+            before, after = (sum(prices.cost(t.requests, t.bytes)) for t in totals)
+            lines.append(f"share={name} {'saves' if before >= after else 'costs'} {usd(abs(before - after))} an epoch "
+                         f"{'' if before >= after else 'more '}over all ranks"
+                         + (f" ({(before - after) / before:.0%} of {usd(before)})" if before else "")
+                         + f": {own.requests - grouped.requests} fewer requests, {fmt(own.bytes - grouped.bytes)} "
+                         "fewer bytes")
+        lines += ["round trips: every request of a batch is sent at once; a Blosc chunk read in parts takes 2 (its "
+                  "header and block index, then its blocks), a raw read task its requests one after another; reading "
+                  "ahead overlaps a batch's round trips with the use of the batch before",
+                  f"prices: ${prices.get_per_1000:g} per 1,000 GET requests (--get-price), ${prices.egress_per_gb:g} "
+                  "per GB out of the store's region (--egress-price; 0 for readers inside the region); the defaults "
+                  "are S3 Standard's, us-east-1"]
+        return lines
+
+    def epoch_rows(self, layout_of, rows: Iterable[dict], share=None, *, batch_size: int = 1,
+                   prices: Prices = S3_STANDARD) -> Iterator[dict]:
+        """Add ``epoch`` (and with ``share`` ``epoch_share``) to plan rows: :func:`epoch_record` of the rank's
+        epoch (:meth:`epoch_lines`), for data in object storage; ``None`` where not counted."""
+        from dali_mesh.plan import NotNativeError  # noqa: PLC0415
+
+        remote = local_path_of(self.path) is None
+        counters = {"epoch": EpochCounter(self, None, batch_size)}
+        if share is not None:
+            counters["epoch_share"] = EpochCounter(self, share, batch_size)
+        for r in rows:
+            for name, counter in counters.items() if remote else ():
+                try:
+                    r[name] = epoch_record(counter.rank(layout_of(r["rank"])), prices, batch_size)
+                except (NotNativeError, TooManyWindows):
+                    r[name] = None
+            yield r
+
     def summary(self, layout: Layout) -> list[str]:
         """Lines after the table: totals, the worst rank, and a chunk shape when the ratio is high."""
         needed, cold = self._totals
@@ -343,4 +554,4 @@ def open_layout_target(path: str, dataset: str | None = None, *, allow_external:
     fmt, files = find_data(path)
     if dataset and not fmt.steps:  # a format of one array per location names none
         raise UsageError(f"--dataset names an HDF5 dataset or Zarr array; a {fmt.label} has none")
-    return LayoutTarget(fmt.advice_target(files[0], dataset, **fmt.trust_options(allow_external)))
+    return LayoutTarget(fmt.advice_target(files[0], dataset, **fmt.trust_options(allow_external)), files)

@@ -326,6 +326,15 @@ def make_parser() -> argparse.ArgumentParser:
                       help="with --data: also the bytes read per rank when the ranks that read the same samples "
                            "share the reads (source share=...: each sample's group window read once per group, "
                            "the windows exchanged)")
+    plan.add_argument("--batch-size", type=positive_int, default=None, metavar="N",
+                      help="with --data in object storage: samples per batch of the epoch counted (default 1; a "
+                           "chunk several samples of a batch need is fetched once)")
+    plan.add_argument("--get-price", type=_price, default=None, metavar="USD",
+                      help="with --data in object storage: USD per 1,000 GET requests (default "
+                           "S3 Standard's 0.0004, us-east-1)")
+    plan.add_argument("--egress-price", type=_price, default=None, metavar="USD",
+                      help="with --data in object storage: USD per GB sent out of the store's region (default 0.09, "
+                           "S3 to the internet, us-east-1; 0 for readers inside the region)")
 
     conv = sub.add_parser("convert", help="copy data to HDF5 or Zarr with chunks aligned to the layout's shards")
     conv.add_argument("src", help=".npy file, folder of per-sample .npy files, HDF5 file or Zarr store")
@@ -347,6 +356,25 @@ def make_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run one epoch on local ranks and verify every sample")
     _add_demo_args(demo)
     return parser
+
+
+def _price(text: str) -> float:
+    """A price in USD: a number, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a price in USD (a number, 0 or more)")
+    return value
+
+
+def _prices(args: argparse.Namespace):
+    """The ``Prices`` of ``--get-price`` and ``--egress-price`` (S3 Standard's where not given)."""
+    from dali_mesh.cli.advice import S3_STANDARD, Prices  # noqa: PLC0415
+
+    return Prices(S3_STANDARD.get_per_1000 if args.get_price is None else args.get_price,
+                  S3_STANDARD.egress_per_gb if args.egress_price is None else args.egress_price)
 
 
 def _add_demo_args(p: argparse.ArgumentParser) -> None:
@@ -403,9 +431,9 @@ def cmd_plan_dataset(args: argparse.Namespace) -> int:
     reader taken."""
     from dali_mesh.pipeline.dataset_reader import plan_dataset, reader_of  # noqa: PLC0415
 
-    for flag in ("dataset", "png", "json"):
-        if getattr(args, flag):
-            raise UsageError(f"--{flag} does not go with --channels")
+    for flag in ("dataset", "png", "json", "batch_size", "get_price", "egress_price"):
+        if getattr(args, flag) not in (None, False):
+            raise UsageError(f"--{flag.replace('_', '-')} does not go with --channels")
     one = Layout(MeshInfo((1,), ("all",), (0,)))
     probe = _dataset_source(args, one)
     shape, dtype = probe.sample_shape, np.dtype(probe.dtype)
@@ -482,12 +510,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
         dtype = parse_dtype(args.dtype or "float32")
         shape = None
     layout, shape = build_layout(args, shape=shape, dtype=dtype)
-    if getattr(args, "share", None) and advice is None:
-        raise UsageError("--share goes with --data")
+    for flag in ("share", "batch_size", "get_price", "egress_price"):
+        if getattr(args, flag, None) is not None and advice is None:
+            raise UsageError(f"--{flag.replace('_', '-')} goes with --data")
+    batch_size = args.batch_size or 1
+
+    def layout_of(rank: int) -> Layout:
+        return build_layout(args, coordinate=layout.mesh.coordinate_of(rank), shape=shape, dtype=dtype)[0]
+
     ranks = selected_ranks(args, layout.mesh.size)
     rows: Iterator[dict] = plan_rows(layout, shape, dtype, ranks)
     if advice is not None:
         rows = advice.annotate(layout, rows)
+    if args.json and advice is not None:  # object storage: what each rank's epoch fetches, and costs
+        rows = advice.epoch_rows(layout_of, rows, _share_arg(args), batch_size=batch_size, prices=_prices(args))
     if args.json:
         out = sys.stdout
         out.write("[")
@@ -516,10 +552,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                         lambda c: advice.cost(layout.region(shape, c))[1],
                                         lambda r: int(np.prod(r.window_shape)) * np.dtype(dtype).itemsize):
                     print(line)
-            # object storage: what the native reader fetches (bytes and requests), per rank
-            for line in advice.fetch_lines(
-                    lambda rank: build_layout(args, coordinate=layout.mesh.coordinate_of(rank), shape=shape,
-                                              dtype=dtype)[0], ranks, share, _fmt_bytes):
+            # object storage: what the native reader fetches (bytes and requests), per rank, for one sample
+            # and one epoch, and what the epoch costs
+            for line in advice.fetch_lines(layout_of, ranks, share, _fmt_bytes):
+                print(line)
+            for line in advice.epoch_lines(layout_of, ranks, share, batch_size=batch_size, prices=_prices(args),
+                                           fmt=_fmt_bytes):
                 print(line)
     if args.png:
         try:
