@@ -254,3 +254,21 @@ def test_plan_data_says_which_reader_and_why(tmp_path, capsys, filters, expect):
     assert main(["plan", "--data", path, "--mesh", "mp=4", "--shard", "mp=1"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("reader: ")]
     assert len(lines) == 1 and re.fullmatch(expect, lines[0]), lines
+
+
+def test_a_sharded_zarr_array_is_counted_by_its_inner_chunks(tmp_path, capsys):
+    """A sharded v3 array's chunks are the shards' inner chunks, read by byte range: each rank's cold read
+    is its inner chunks' share of the shard (it was the whole shard for the rank whose first inner chunk
+    shares the shard's key, and nothing for the others: 14.9x and 0x of the window). The oracle is the
+    shard object's size on disk: the ranks together read the inner chunks of one step."""
+    zarr = pytest.importorskip("zarr")
+    data = np.random.default_rng(1).standard_normal((8, 4, 64, 128)).astype(np.float32)
+    path = tmp_path / "s.zarr"
+    arr = zarr.create_array(store=str(path), shape=data.shape, chunks=(1, 4, 16, 32), shards=(4, 4, 64, 128),
+                            dtype="f4", compressors=zarr.codecs.ZstdCodec(level=3))
+    arr[...] = data
+    shard = os.path.getsize(path / "c" / "0" / "0" / "0" / "0")
+    inner_per_shard = 4 * 1 * 4 * 4
+    rows = _plan(capsys, path, "--mesh", "mp=4", "--shard", "mp=2")
+    # each rank's window is 4 x 64 x 32 of step 0: 4 inner chunks (16 rows each) of the first shard
+    assert [r["cold_bytes"] for r in rows] == [4 * (shard // inner_per_shard)] * 4

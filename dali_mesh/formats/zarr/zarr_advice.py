@@ -1,8 +1,11 @@
 """Layout advice for a Zarr array: a cold read of a window fetches every chunk object each box of the
-window touches (the reader selects box by box), each of its stored size."""
+window touches (the reader selects box by box), each of its stored size. In a sharded (v3) array the
+chunks are the shards' inner chunks, read by byte range: each is counted as its shard's stored bytes
+shared evenly among the shard's inner chunks (the index's exact sizes are the planner's to read)."""
 from __future__ import annotations
 
 import itertools
+import math
 import os
 
 import numpy as np
@@ -24,22 +27,28 @@ class ZarrColdReads(ColdReads):
                                       "needs at least 2 axes")
         self._root = os.path.join(path, arr.path) if arr.path else path
         self._metadata = arr.metadata
-        self._remote_sizes: dict[str, int] = {}
-        super().__init__(format, path, name, tuple(arr.shape[1:]), np.dtype(arr.dtype).newbyteorder("="),
-                         tuple(arr.chunks), (0,))
+        self._sizes: dict[str, int] = {}
+        chunks = tuple(int(c) for c in arr.chunks)  # a sharded array's inner chunks
+        shards = getattr(arr, "shards", None)
+        #: inner chunks per shard along each axis (``None``: not sharded, each chunk is an object)
+        self._ratio = None if shards is None else tuple(int(s) // c for s, c in zip(shards, chunks))
+        super().__init__(format, path, name, tuple(arr.shape[1:]), np.dtype(arr.dtype).newbyteorder("="), chunks,
+                         (0,))
+
+    def _object_size(self, key: str) -> int:
+        """The stored size of the object ``key`` of the array (0: never written, read as the fill value),
+        asked once (an object store's: a HEAD request)."""
+        if key not in self._sizes:
+            store, root = store_of(self._root)
+            version = store.stat(f"{root.rstrip('/')}/{key}")
+            self._sizes[key] = 0 if version is None else version.size
+        return self._sizes[key]
 
     def _chunk_size(self, idx) -> int:
-        key = self._metadata.encode_chunk_key(tuple(idx))
-        store, root = store_of(self._root)
-        if store.local_path(root) is None:  # an object's size, asked once (a HEAD request)
-            if key not in self._remote_sizes:
-                version = store.stat(f"{root.rstrip('/')}/{key}")
-                self._remote_sizes[key] = 0 if version is None else version.size
-            return self._remote_sizes[key]
-        try:
-            return os.path.getsize(os.path.join(self._root, *key.split("/")))
-        except OSError:  # a chunk never written: zarr returns the fill value, reading nothing
-            return 0
+        if self._ratio is None:
+            return self._object_size(self._metadata.encode_chunk_key(tuple(idx)))
+        shard = tuple(int(i) // r for i, r in zip(idx, self._ratio))
+        return self._object_size(self._metadata.encode_chunk_key(shard)) // math.prod(self._ratio)
 
     def cold_bytes(self, plan: WindowPlan) -> int:
         # the reader selects box by box: a chunk two boxes touch is fetched twice
