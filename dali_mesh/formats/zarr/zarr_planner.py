@@ -19,7 +19,6 @@ from dali_mesh.partition import Region
 from dali_mesh.storage import ByteStore, Version
 from dali_mesh.formats.zarr.zarr_reader import open_zarr_array
 from dali_mesh.storage.byte_store import read_exactly
-from dali_mesh.storage.zarr_store import fetch_pool
 
 __all__ = ["plan_zarr_steps", "zarr_codec_names"]
 
@@ -349,6 +348,8 @@ class _ShardIndex:
         their order (the plan's files are numbered the same whatever order the answers came in)."""
         todo = sorted({tuple(s) for s in shards} - set(self.index))
         if len(todo) > 1 and not self.bytes_store.local_path(self.folder):
+            from dali_mesh.storage.zarr_store import fetch_pool  # noqa: PLC0415 - zarr-python's module: zarr first
+
             pool = fetch_pool()
             fetched = [pool.submit(self._fetch_index, shard) for shard in todo]
             fetched = [f.result() for f in fetched]  # every one waited for before an error is raised

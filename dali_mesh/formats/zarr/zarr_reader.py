@@ -24,7 +24,6 @@ from dali_mesh.io._common import fill_window
 from dali_mesh.partition import Region
 from dali_mesh.io.containers import check_store_dir
 from dali_mesh.storage import store_of
-from dali_mesh.storage.zarr_store import ByteZarrStore, open_array_objects
 
 __all__ = ["METADATA_KEYS", "open_zarr_array", "read_zarr_window"]
 
@@ -98,6 +97,8 @@ def open_zarr_array(path: str | os.PathLike, name: str | None = None, *, reuse: 
     takes what the source's open read (at the versions read then) instead of reading it again.
     """
     import zarr
+
+    from dali_mesh.storage.zarr_store import ByteZarrStore, open_array_objects  # noqa: PLC0415 - imports zarr
 
     path = str(path)
     bytes_store, key = store_of(path)
