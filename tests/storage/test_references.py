@@ -16,6 +16,7 @@ import pytest
 
 from dali_mesh.storage import DataFileError, FileChangedError, MissingFileError, TruncatedFileError, store_of
 from tests.helpers import SEED, mesh_of
+from tests.storage.s3_server import SECRET, options, s3_endpoint, upload  # noqa: F401 - s3_endpoint: a fixture
 from tests.storage.store_tests import FileObjectTests, StoreTests
 
 pytest.importorskip("kerchunk")
@@ -215,6 +216,50 @@ def test_two_files_combined_along_time_read_as_xarray_reads_them(tmp_path):
         one.close()
     assert oracle.shape == (4, 10, 8)
     _each_rank(f"reference://{refs}", "t", oracle, 2, 2, "edge")
+
+
+def _move_targets(refs: dict, url: str) -> dict:
+    """``refs`` (kerchunk's) with every referenced file's URL replaced by ``url``."""
+    moved = {k: [url, *v[1:]] if isinstance(v, list) else v for k, v in refs["refs"].items()}
+    return {**refs, "refs": moved}
+
+
+def test_a_set_and_its_file_in_memory_read_through_the_memory_store(tmp_path):
+    from dali_mesh.storage.memory import MemoryStore
+    from kerchunk.hdf import SingleHdf5ToZarr
+
+    x = np.random.default_rng(SEED).standard_normal((3, 6, 10)).astype("<f8")
+    path = _h5_file(tmp_path / "m.h5", {"x": (x, dict(chunks=(1, 3, 10)))})
+    name = f"refs-{SEED}"
+    memory = MemoryStore(name)
+    memory.put("m.h5", (tmp_path / "m.h5").read_bytes())
+    refs = _move_targets(SingleHdf5ToZarr(path, inline_threshold=0).translate(), f"memory://{name}/m.h5")
+    memory.put("refs.json", json.dumps(refs).encode())
+    os.remove(path)  # read from memory only
+    _each_rank(f"reference://memory://{name}/refs.json", "x", x, 2, 1, "symmetric")
+
+
+def test_a_set_and_its_file_in_s3_read_with_the_sources_storage_options(tmp_path, s3_endpoint):
+    from dali_mesh import Layout, ZarrSource
+    from dali_mesh.partition import take_window
+    from kerchunk.hdf import SingleHdf5ToZarr
+
+    x = np.random.default_rng(SEED).standard_normal((2, 8, 9)).astype("<f4")
+    path = _h5_file(tmp_path / "s.h5", {"x": (x, dict(chunks=(1, 4, 9), compression="gzip", shuffle=True))})
+    prefix = f"refs/{SEED}"
+    target = upload(s3_endpoint, path, "data", f"{prefix}/s.h5")
+    refs = _write_set(tmp_path / "s.json", _move_targets(SingleHdf5ToZarr(path, inline_threshold=0).translate(),
+                                                         target))
+    location = "reference://" + upload(s3_endpoint, refs, "data", f"{prefix}/s.json")
+    layout = Layout(mesh_of((1, 2), (0, 1)), shard={"m0": 1}, halo={1: 2})
+    src = ZarrSource([location], "x", layout, batch_size=1, shuffle=False, storage_options=options(s3_endpoint))
+    again = pickle.loads(pickle.dumps(src))  # a worker process: the credentials carried beside, not pickled
+    assert SECRET.encode() not in pickle.dumps(src.stores())
+    for s in (src, again):
+        for t in range(2):
+            np.testing.assert_array_equal(s.read_sample(t)[0], take_window(x[t], src.region))
+    with pytest.raises(DataFileError, match=r"403|Forbidden|denied|credentials"):  # the options are what signs
+        ReferenceStore(location.removeprefix("reference://"), options(s3_endpoint, anon=True)).stat("x/.zarray")
 
 
 # ---- a referenced file missing, truncated or rewritten ------------------------------------------------

@@ -268,6 +268,7 @@ class ReferenceStore(ByteStore):
         """The credentials of the stores of the set's file and of the files it refers to, by their specs."""
         from dali_mesh.storage import carry_credentials  # noqa: PLC0415
 
+        self._load()  # the files' stores are known once the set is read
         carried = carry_credentials(self._stores())
         return (self.spec, carried) if carried else None
 
