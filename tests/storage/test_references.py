@@ -273,6 +273,127 @@ def test_a_set_and_its_file_in_s3_read_with_the_sources_storage_options(tmp_path
         ReferenceStore(location.removeprefix("reference://"), options(s3_endpoint, anon=True)).stat("x/.zarray")
 
 
+# ---- native reads: the planner reads the ranges of the original files --------------------------------
+def _read_natively(src):
+    """Every window of ``src``'s rank by the native reader (its plan written and read by the kernels
+    library), and the plan."""
+    from dali_mesh import _kernels
+    from dali_mesh.pipeline import native
+
+    (plan,) = native.plan_windows(src)
+    ids = list(range(plan.num_items))
+    folder = os.path.dirname(str(src.files[0]).removeprefix("reference://"))  # the plan beside the set
+    with _kernels.PlanReader(plan.write(folder), plan.dtype, outputs=1) as reader:
+        (wins,) = reader.read(ids, threads=2)
+    return plan, dict(zip(ids, wins))
+
+
+def test_uncompressed_chunks_and_contiguous_datasets_are_read_natively_from_the_original_file(tmp_path):
+    import h5py
+
+    from dali_mesh import Layout, ZarrSource
+    from dali_mesh.partition import take_window
+    from dali_mesh.pipeline import native
+
+    rng = np.random.default_rng(SEED)
+    x = rng.standard_normal((5, 10, 12)).astype("<f8")
+    path = _h5_file(tmp_path / "n.h5", {"c": (x, {}), "k": (x.astype("<i2"), dict(chunks=(2, 5, 12))),
+                                        "z": (x, dict(chunks=(1, 5, 12), compression="gzip", shuffle=True))})
+    refs = _kerchunk(path, tmp_path / "n.json")
+    with h5py.File(path, "r") as f:
+        oracles = {name: f[name][...] for name in ("c", "k")}
+    for name, oracle in oracles.items():
+        for r in range(2):
+            layout = Layout(mesh_of((1, 2), (0, r)), shard={"m0": 0}, halo={0: 2}, boundary={0: "periodic"})
+            src = ZarrSource([f"reference://{refs}"], name, layout, batch_size=1, shuffle=False)
+            plan, wins = _read_natively(src)
+            assert [(f.store, f.key) for f in plan.files] == [("file", path)]  # the original file, no other
+            for t, w in wins.items():
+                np.testing.assert_array_equal(w, take_window(oracle[t], src.region), err_msg=f"{name}, rank {r}, {t}")
+    # HDF5's shuffle + deflate, as kerchunk writes them (v2 filters), are read in Python for now
+    layout = Layout(mesh_of((1, 2), (0, 0)), shard={"m0": 0})
+    with pytest.raises(native.NotNativeError, match="has filters"):
+        native.plan_windows(ZarrSource([f"reference://{refs}"], "z", layout, batch_size=1, shuffle=False))
+
+
+def test_compressed_chunks_packed_in_one_file_are_read_natively_at_their_offsets(tmp_path):
+    """A Zarr v2 array (zlib chunks) whose chunk objects are packed into one file, and a set naming each
+    chunk's range there (what kerchunk makes of an archive): the coded chunks are read at their offsets."""
+    zarr = pytest.importorskip("zarr")
+    from numcodecs import Zlib
+
+    from dali_mesh import Layout, ZarrSource
+    from dali_mesh.partition import take_window
+
+    x = np.random.default_rng(SEED).integers(0, 50, (4, 9, 14)).astype("<i4")
+    written: dict = {}
+    zarr.create_array(zarr.storage.MemoryStore(written), shape=x.shape, chunks=(1, 4, 5), dtype="<i4",
+                      zarr_format=2, compressors=Zlib(level=1))[:] = x
+    blob, refs = bytearray(b"head"), {}
+    for key, buf in sorted(written.items()):
+        data = buf.to_bytes()
+        if key.startswith("."):
+            refs[f"x/{key}"] = data.decode()
+        else:
+            refs[f"x/{key}"] = [str(tmp_path / "packed.bin"), len(blob), len(data)]
+            blob += data
+    (tmp_path / "packed.bin").write_bytes(bytes(blob))
+    location = "reference://" + _write_set(tmp_path / "packed.json", {"version": 1, "refs": refs})
+    for r in range(2):
+        layout = Layout(mesh_of((1, 2), (0, r)), shard={"m0": 1}, halo={1: 3}, boundary={1: "reflect"})
+        src = ZarrSource([location], "x", layout, batch_size=1, shuffle=False)
+        plan, wins = _read_natively(src)
+        assert [f.key for f in plan.files] == [str(tmp_path / "packed.bin")]
+        for t, w in wins.items():
+            np.testing.assert_array_equal(w, take_window(x[t], src.region), err_msg=f"rank {r}, step {t}")
+    # the packed file's version is the plan's: a rewrite after the plan is refused by the reader
+    from dali_mesh import _kernels
+
+    path = plan.write(str(tmp_path))
+    (tmp_path / "packed.bin").write_bytes(bytes(blob) + b"more")
+    with _kernels.PlanReader(path, plan.dtype, outputs=1) as reader:
+        with pytest.raises(Exception, match=r"packed\.bin: the file is \d+ bytes, but the plan .* expects \d+: it "
+                                             "changed since the plan was made"):
+            reader.read([0], threads=1)
+
+
+def test_a_dali_pipeline_reads_a_set_whose_file_is_in_memory_natively(tmp_path):
+    """``fn.read_windows`` without a fallback: the plugin's own memory store is given the referenced
+    file (the reference store gives its files' stores to the plugin) and reads its ranges."""
+    pytest.importorskip("nvidia.dali")
+    from nvidia.dali import pipeline_def
+
+    from dali_mesh import Layout, ZarrSource
+    from dali_mesh.fn import read_windows
+    from dali_mesh.partition import take_window
+    from dali_mesh.storage.memory import MemoryStore
+    from kerchunk.hdf import SingleHdf5ToZarr
+
+    x = np.random.default_rng(SEED).standard_normal((4, 6, 10)).astype("<f4")
+    path = _h5_file(tmp_path / "p.h5", {"x": (x, dict(chunks=(1, 3, 10)))})
+    name = f"refs-pipe-{SEED}"
+    memory = MemoryStore(name)
+    memory.put("p.h5", (tmp_path / "p.h5").read_bytes())
+    refs = _move_targets(SingleHdf5ToZarr(path, inline_threshold=0).translate(), f"memory://{name}/p.h5")
+    location = "reference://" + _write_set(tmp_path / "p.json", refs)
+    layout = Layout(mesh_of((1, 2), (0, 1)), shard={"m0": 0}, halo={0: 1}, boundary={0: "periodic"})
+    src = ZarrSource([location], "x", layout, batch_size=2, shuffle=False)
+
+    @pipeline_def(batch_size=2, num_threads=2, device_id=None)
+    def pipe():
+        return read_windows(src, fallback=False)
+
+    p = pipe()
+    p.build()
+    got = {}
+    for _ in range(2):
+        w, ids, _ = p.run()
+        got.update((int(np.array(ids[j])), np.array(w[j])) for j in range(2))
+    assert sorted(got) == list(range(4))
+    for t, w in got.items():
+        np.testing.assert_array_equal(w, take_window(x[t], src.region), err_msg=f"step {t}, seed {SEED}")
+
+
 # ---- a referenced file missing, truncated or rewritten ------------------------------------------------
 @pytest.fixture
 def referenced(tmp_path):

@@ -12,6 +12,8 @@ carries the reference set to the formats, the planner and DALI's workers like an
 The set is read once, at the first use of the store, by fsspec's own reader of references
 (``fsspec.implementations.reference.ReferenceFileSystem``: templates, ``gen`` keys, inline values, never a
 parser written here), and kept for the store's life: a worker process gets the same bytes in the pickle.
+The native reader reads the referenced files' ranges itself: :meth:`ReferenceStore.locate` gives the
+Zarr planner each key's file and offset (the store has no C++ twin; its files' stores do).
 A key's version is its referenced file's (size, modification time, ETag) as seen at the open, and its reads
 are checked against that file's version (a rewritten original file is refused, as it is read directly).
 A reference to a missing file, or to bytes past a file's end, is an error naming the key and the file,
@@ -213,6 +215,27 @@ class ReferenceStore(ByteStore):
                                                         "set says (truncated or replaced since it was referenced)")
         return RangeObject(self, key, obj, start, stop - start)
 
+    def locate(self, key: str) -> tuple[ByteStore, str, int, int] | None:
+        """``(store, key, offset, length)`` of the file range that holds ``key`` (for the native reader,
+        which reads the original file's range itself), ``None`` for a key whose bytes the set holds
+        inline; :class:`~dali_mesh.storage.errors.MissingFileError` for a key the set lacks. Nothing is
+        read but a whole-file reference's size: the planner looks at each file once, and the reads check
+        its version."""
+        key = key.removeprefix("/")
+        part = self._part(key)
+        if part is None:
+            raise MissingFileError(self.name_of(key), f"no such key in the reference set: {key!r}")
+        url, start, stop = part
+        if isinstance(url, bytes) and start is None:
+            return None
+        store, target_key = self._target(key, url)
+        if stop is None:  # a whole file: its size is its length
+            version = store.stat(target_key)
+            if version is None:
+                raise DataFileError(self.name_of(key), f"refers to {url}, which does not exist")
+            start, stop = 0, version.size
+        return store, target_key, start, stop - start
+
     def _target(self, key: str, url):
         from dali_mesh.storage import store_of  # noqa: PLC0415
 
@@ -262,13 +285,13 @@ class ReferenceStore(ByteStore):
     def _stores(self) -> list:
         from dali_mesh.storage import stores_of  # noqa: PLC0415
 
+        self._load()  # the files' stores are known once the set is read
         return stores_of([self.location, *self._targets.values()])
 
     def credentials_state(self) -> tuple | None:
         """The credentials of the stores of the set's file and of the files it refers to, by their specs."""
         from dali_mesh.storage import carry_credentials  # noqa: PLC0415
 
-        self._load()  # the files' stores are known once the set is read
         carried = carry_credentials(self._stores())
         return (self.spec, carried) if carried else None
 
@@ -276,6 +299,11 @@ class ReferenceStore(ByteStore):
         from dali_mesh.storage import attach_credentials  # noqa: PLC0415
 
         attach_credentials(self._stores(), credentials)
+
+    def give_to(self, lib) -> None:
+        """Gives the stores of the referenced files to ``lib`` (the DALI plugin reads those natively)."""
+        for store in self._stores():
+            store.give_to(lib)
 
     def __reduce__(self):
         # the set as read here (a worker reads these bytes, never a set rewritten since) and its files'
