@@ -346,14 +346,21 @@ def test_compressed_chunks_packed_in_one_file_are_read_natively_at_their_offsets
         assert [f.key for f in plan.files] == [str(tmp_path / "packed.bin")]
         for t, w in wins.items():
             np.testing.assert_array_equal(w, take_window(x[t], src.region), err_msg=f"rank {r}, step {t}")
-    # the packed file's version is the plan's: a rewrite after the plan is refused by the reader
+    # the packed file's version is the plan's: a rewrite after the plan is refused by the reader, at
+    # another size and at the same size
     from dali_mesh import _kernels
 
     path = plan.write(str(tmp_path))
-    (tmp_path / "packed.bin").write_bytes(bytes(blob) + b"more")
+    packed = tmp_path / "packed.bin"
+    packed.write_bytes(bytes(blob) + b"more")
     with _kernels.PlanReader(path, plan.dtype, outputs=1) as reader:
         with pytest.raises(Exception, match=r"packed\.bin: the file is \d+ bytes, but the plan .* expects \d+: it "
                                              "changed since the plan was made"):
+            reader.read([0], threads=1)
+    packed.write_bytes(bytes(blob))
+    os.utime(packed, ns=(1, 10**9))  # another modification time, however fast the rewrite was
+    with _kernels.PlanReader(path, plan.dtype, outputs=1) as reader:
+        with pytest.raises(Exception, match=r"packed\.bin.*(modified|changed) since the plan was made"):
             reader.read([0], threads=1)
 
 

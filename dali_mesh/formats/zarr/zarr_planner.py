@@ -315,8 +315,8 @@ def _native_store(location):
 
 def _located_file(plans: PlanSet, bytes_store, path: str) -> tuple[int, int, int]:
     """``(file index, offset, length)`` in ``plans`` of the range of another store's file that holds the
-    chunk ``path`` of a store that locates its keys (each file looked at once: its size and tag, which
-    every read checks); :class:`NotNativeError` for a chunk held inline or missing (fill values), a file
+    chunk ``path`` of a store that locates its keys (each file looked at once: its size, modification
+    time and tag, which every read checks); :class:`NotNativeError` for a chunk held inline or missing (fill values), a file
     the native reader has no store for, or a range that the file does not hold (each read and named in
     Python)."""
     try:
@@ -333,7 +333,8 @@ def _located_file(plans: PlanSet, bytes_store, path: str) -> tuple[int, int, int
         version = store.stat(key)
         if version is None:
             raise NotNativeError(f"{bytes_store.name_of(path)}: refers to {store.name_of(key)}, which is missing")
-        fidx = plans.add_file(key, version.size, store=store.spec, tag=version.tag.encode())
+        # its modification time too (as HDF5 files): an original file rewritten at the same size is refused
+        fidx = plans.add_file(key, version.size, version.mtime_ns, store=store.spec, tag=version.tag.encode())
     if offset + length > plans.files[fidx].size:
         raise NotNativeError(f"{bytes_store.name_of(path)}: refers to bytes past the end of {store.name_of(key)}")
     return fidx, offset, length
