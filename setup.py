@@ -256,6 +256,9 @@ setup(
         "torch": ["torch>=2.5"],
         "io": ["h5py>=3.10", "zarr>=2.16"],
         "gpu": ["cupy-cuda12x"],
+        # reference:// locations (Kerchunk reference sets): fsspec reads them, kerchunk writes them;
+        # jinja2 renders a set's generated ("gen") keys
+        "virtual": ["kerchunk>=0.2.10", "fsspec>=2025.2.0", "jinja2>=3"],
         "test": ["pytest", "pytest-timeout", "hypothesis"],
     },
     ext_modules=[Extension(name, sources=[]) for name in LIBS],

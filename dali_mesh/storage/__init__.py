@@ -8,7 +8,9 @@ each read with their own. ``store_of(location)`` gives the store and key of a lo
 :class:`~dali_mesh.storage.local.LocalStore` (POSIX: ``preadv``, ``fadvise``, ``O_DIRECT``, ``mmap``);
 ``s3://``, ``gs://`` and ``http(s)://`` locations by the
 :class:`~dali_mesh.storage.remote.RemoteStore` (ranged GETs through libcurl); ``memory://name/key`` by the
-:class:`~dali_mesh.storage.memory.MemoryStore` (objects held in the process, for tests). Another backend
+:class:`~dali_mesh.storage.memory.MemoryStore` (objects held in the process, for tests);
+``reference://<refs.json>`` by the :class:`~dali_mesh.storage.references.ReferenceStore` (a Kerchunk reference
+set: keys that are inline bytes or byte ranges of other locations, read through theirs). Another backend
 registers its URL scheme with :func:`register_scheme` and passes the shared store tests
 (``tests/storage/store_tests.py``).
 """
@@ -184,3 +186,12 @@ def _memory(location: str, options: dict):
 
 
 register_scheme("memory", _memory)
+
+
+def _reference(location: str, options: dict):
+    from dali_mesh.storage.references import resolve_reference  # noqa: PLC0415 - fsspec when a set is read
+
+    return resolve_reference(location, options)
+
+
+register_scheme("reference", _reference)

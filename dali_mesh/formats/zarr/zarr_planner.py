@@ -1,5 +1,6 @@
 """Plan the native reads of a Zarr array's steps (v2 or v3, uncompressed or with the codecs the native
-reader decodes, sharded or not): its chunk objects, or the inner chunks of its shards; what
+reader decodes, sharded or not): its chunk objects, the inner chunks of its shards, or, in a reference
+set (``reference://``), the ranges of the original files that hold its chunks; what
 :class:`~dali_mesh.formats.zarr.zarr_format.ZarrFormat` ``plan_steps`` returns. And the names of an
 array's codecs, which ``dali-mesh plan`` describes."""
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dali_mesh.plan.chunks import (StepReads, check_coded_chunk, chunk_coords, c
                                    piece_plans, same_dtype, too_many_parts)
 from dali_mesh.plan import (CHECK_JSON, CODEC_LIBRARIES, CODECS, Coder, NotNativeError, PlanSet, ReadPlan, native_dtype_of, native_store)
 from dali_mesh.partition import Region
-from dali_mesh.storage import ByteStore, Version
+from dali_mesh.storage import ByteStore, MissingFileError, Version, store_of
 from dali_mesh.formats.zarr.zarr_reader import open_zarr_array
 from dali_mesh.storage.byte_store import read_exactly
 
@@ -162,8 +163,12 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     locals_ = np.arange(l0, l1, dtype=np.int64)
     arr = open_zarr_array(store, name, reuse=True)  # what the source's open read, not read again
     opened = getattr(getattr(arr.store, "_store", None), "opened", None)
-    bytes_store, root = native_store(store)
+    bytes_store, root = _native_store(store)
+    locates = _locates(bytes_store)
     coding = _zarr_coding(arr, store)
+    if locates and coding.shard:
+        raise NotNativeError(f"{store}: a sharded array of a reference set is read in Python (its shards are "
+                             "not located in their files natively yet)")
     stored, steps = coding.stored, coding.steps
     same_dtype(plans, native_dtype_of(stored, store), store)
     chunks = tuple(int(c) for c in arr.chunks)
@@ -187,7 +192,7 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     try:
         if meta_version is not None and read is not None and read[1:] == (meta_version.size, meta_version.tag):
             meta_bytes = read[0]  # the open's GET named the version the listing names: those bytes
-        elif meta_version is not None:
+        elif meta_version is not None and not locates:  # a reference set's metadata is fixed: read as it is
             with bytes_store.open_version(meta, meta_version) as obj:
                 meta_bytes = read_exactly(obj, meta_version.size, 0)
         else:
@@ -207,13 +212,17 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     if opened is not None and _kernels.canonical_json(opened) != canon:
         raise DataFileError(meta, "the array's metadata changed while the plan was made (it differs from "
                             "the one the array was opened with); define the pipeline again")
-    meta_plan = plans.add_plan(ReadPlan.reads_only(shape, stored, [], [], [], [], canon, CHECK_JSON))
+    # a reference set's metadata is the set's own, read once and fixed for the store's life (its pickle
+    # holds those bytes): nothing to check at read time, and no file of its own for the reader to open
+    # (the part reads nothing from the first chunk's file: _meta_on_a_chunk_file)
+    meta_plan = plans.add_plan(ReadPlan.reads_only(shape, stored, [], [], [], []) if locates else
+                               ReadPlan.reads_only(shape, stored, [], [], [], [], canon, CHECK_JSON))
     # its size changes with its attributes: not checked. In an object store it is named by its ETag, and
     # the reader does not read it again: every chunk object the plan reads is pinned by its own ETag
     # (csrc/reader/open_file.cc)
     # a local file's version has no tag (its size and times are checked instead)
     meta_tag = (meta_version or bytes_store.stat(meta) or Version(-1)).tag.encode()
-    meta_file = plans.add_file(meta, store=bytes_store.spec, tag=meta_tag)
+    meta_file = -1 if locates else plans.add_file(meta, store=bytes_store.spec, tag=meta_tag)
     too_many_parts(store, locals_.size * (1 + count_chunk_pieces(wplan, chunks)), max_parts)  # before they are made
     bytes_store = listed
     first_chunk = l0 // ct
@@ -226,8 +235,9 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
         if coding.shard:  # every shard index the steps need, in one round trip
             chunk_of.read_indexes(chunk_of.shard_of((c,) + coords) for _, coords in pieces
                                   for c in range(first_chunk, (l1 - 1) // ct + 1))
-        return _coded_parts(plans, shape, chunks, stored, pieces, step_stride, chunk_of, locals_,
-                            (meta_file, meta_plan)), finish, wplan
+        parts = _coded_parts(plans, shape, chunks, stored, pieces, step_stride, chunk_of, locals_,
+                             (meta_file, meta_plan))
+        return _meta_on_a_chunk_file(parts, store, plans) if locates else parts, finish, wplan
     # the chunk files of the first step first: a store whose chunks were never written (a small
     # metadata file claiming a huge grid) falls back after a stat per chunk, not after planning all
     for coords in chunk_coords(wplan, chunks):
@@ -242,9 +252,15 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     parts[:, 0] = (meta_file, meta_plan, 0)
     for j, ((_, coords), pidx) in enumerate(zip(pieces, piece_ids)):
         files = np.empty(len(chunk_ids), np.int64)
+        bases = np.zeros(len(chunk_ids), np.int64)  # where each chunk starts in its file
         for k, c in enumerate(chunk_ids):
             key = arr.metadata.encode_chunk_key((c,) + coords)
             path = os.path.join(folder, *key.split("/"))
+            if locates:
+                files[k], bases[k], length = _located_file(plans, bytes_store, path)
+                if length != chunk_bytes:
+                    raise NotNativeError(f"{path}: a range of {length} bytes, not the {chunk_bytes} of a raw chunk")
+                continue
             fidx = plans.file_of(path, bytes_store.spec)
             if fidx is None:
                 version = _stored_version(bytes_store, path, key)
@@ -257,8 +273,8 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
             files[k] = fidx
         parts[:, 1 + j, 0] = files[locals_ // ct - first_chunk]
         parts[:, 1 + j, 1] = pidx
-        parts[:, 1 + j, 2] = (locals_ % ct) * step_stride
-    return StepReads(parts, finish, wplan)
+        parts[:, 1 + j, 2] = bases[locals_ // ct - first_chunk] + (locals_ % ct) * step_stride
+    return StepReads(_meta_on_a_chunk_file(parts, store) if locates else parts, finish, wplan)
 
 
 def _chunk_files(arr, bytes_store: ByteStore, folder, plans: PlanSet, coder: int):
@@ -266,9 +282,13 @@ def _chunk_files(arr, bytes_store: ByteStore, folder, plans: PlanSet, coder: int
     size: one stat per chunk file; a missing one reads as the fill value and must still be missing
     when read)."""
 
+    locates = _locates(bytes_store)
+
     def chunk_of(coords) -> int:
         key = arr.metadata.encode_chunk_key(tuple(coords))
         path = os.path.join(folder, *key.split("/"))
+        if locates:
+            return plans.add_chunk(*_located_file(plans, bytes_store, path), coder)
         fidx = plans.file_of(path, bytes_store.spec)
         if fidx is None:
             version = _stored_version(bytes_store, path, key)
@@ -277,6 +297,60 @@ def _chunk_files(arr, bytes_store: ByteStore, folder, plans: PlanSet, coder: int
         return plans.add_chunk(fidx, 0, plans.files[fidx].size, coder)
 
     return chunk_of
+
+
+def _locates(bytes_store) -> bool:
+    """Whether ``bytes_store`` keeps its keys in files of other stores (a Kerchunk reference set:
+    ``locate(key)``), which the native reader reads instead of the store's own objects."""
+    return callable(getattr(bytes_store, "locate", None))
+
+
+def _native_store(location):
+    """``(store, key)`` of ``location`` for the native reader: a store it has, or one that locates its keys
+    in files of stores it has; else :class:`NotNativeError` (``partitioned_source`` reads it)."""
+    store, key = store_of(location)
+    return (store, key) if _locates(store) else native_store(location)
+
+
+def _located_file(plans: PlanSet, bytes_store, path: str) -> tuple[int, int, int]:
+    """``(file index, offset, length)`` in ``plans`` of the range of another store's file that holds the
+    chunk ``path`` of a store that locates its keys (each file looked at once: its size, modification
+    time and tag, which every read checks); :class:`NotNativeError` for a chunk held inline or missing (fill values), a file
+    the native reader has no store for, or a range that the file does not hold (each read and named in
+    Python)."""
+    try:
+        located = bytes_store.locate(path)
+    except MissingFileError:
+        raise NotNativeError(f"{bytes_store.name_of(path)}: chunk missing (it reads as fill values)") from None
+    if located is None:
+        raise NotNativeError(f"{bytes_store.name_of(path)}: a chunk held inline in the reference set")
+    store, key, offset, length = located
+    if not store.native:
+        raise NotNativeError(f"{store.name_of(key)}: the native reader has no {store.spec!r} store")
+    fidx = plans.file_of(key, store.spec)
+    if fidx is None:
+        version = store.stat(key)
+        if version is None:
+            raise NotNativeError(f"{bytes_store.name_of(path)}: refers to {store.name_of(key)}, which is missing")
+        # its modification time too (as HDF5 files): an original file rewritten at the same size is refused
+        fidx = plans.add_file(key, version.size, version.mtime_ns, store=store.spec, tag=version.tag.encode())
+    if offset + length > plans.files[fidx].size:
+        raise NotNativeError(f"{bytes_store.name_of(path)}: refers to bytes past the end of {store.name_of(key)}")
+    return fidx, offset, length
+
+
+def _meta_on_a_chunk_file(parts: np.ndarray, location, plans: PlanSet | None = None) -> np.ndarray:
+    """``parts`` with each step's metadata part (a part that reads nothing, for a store whose metadata is
+    checked at plan time only) on that step's first chunk file, which the reader opens anyway; with
+    ``plans``, the parts read coded chunks: their first column is a row of the chunk table, not a file."""
+    if parts.shape[1] < 2:
+        raise NotNativeError(f"{location}: a window that reads no chunk of a reference set")
+    first = parts[:, 1, 0]
+    if plans is not None:
+        files = np.asarray([row[0] for row in plans.chunks], np.int64)
+        first = files[first]
+    parts[:, 0, 0] = first
+    return parts
 
 
 class _Listed:

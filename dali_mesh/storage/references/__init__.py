@@ -1,0 +1,335 @@
+"""The reference store: a Kerchunk reference set (JSON, spec versions 0 and 1) as a byte store,
+``reference://<location of refs.json>``: each key of the set is inline bytes (text or ``base64:``) or a byte
+range of another location (``[url]``, ``[url, offset, length]``; a local path, ``s3://``, ``https://``...),
+read through THAT location's own store (:func:`dali_mesh.storage.store_of`, with the source's
+``storage_options``). A Zarr array that Kerchunk or VirtualiZarr made of NetCDF4/HDF5 files then reads as
+any Zarr store does (``ZarrSource(["reference:///data/era5.json"], "t2m", layout)``), without a copy.
+
+A scheme, not a ``.json`` suffix: a source hands its locations to the store seam, which resolves a location
+by its scheme only (a ``.json`` file may be a Zarr v3 ``zarr.json``, or any JSON), and the location then
+carries the reference set to the formats, the planner and DALI's workers like any other store's.
+
+The set is read once, at the first use of the store, by fsspec's own reader of references
+(``fsspec.implementations.reference.ReferenceFileSystem``: templates, ``gen`` keys, inline values, never a
+parser written here), and kept for the store's life: a worker process gets the same bytes in the pickle.
+The native reader reads the referenced files' ranges itself: :meth:`ReferenceStore.locate` gives the
+Zarr planner each key's file and offset (the store has no C++ twin; its files' stores do).
+A key's version is its referenced file's (size, modification time, ETag) as seen at the open, and its reads
+are checked against that file's version (a rewritten original file is refused, as it is read directly).
+A reference to a missing file, or to bytes past a file's end, is an error naming the key and the file,
+never a chunk read as the fill value.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from typing import Sequence
+
+from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, read_exactly, write_spec
+from dali_mesh.storage.errors import DataFileError, FileChangedError, MissingFileError, TruncatedFileError
+
+__all__ = ["ReferenceStore", "resolve_reference"]
+
+#: what a user installs to read reference sets (setup.py's extras_require)
+EXTRA = "dali_mesh[virtual]"
+
+
+def _reference_filesystem():
+    """fsspec's ``ReferenceFileSystem``, or an error naming the extra that installs it."""
+    try:
+        from fsspec.implementations.reference import ReferenceFileSystem  # noqa: PLC0415 - only when a set is read
+    except ImportError as e:
+        raise ImportError(f"reading Kerchunk reference sets (reference:// locations) needs fsspec and kerchunk: "
+                          f"pip install '{EXTRA}' ({e})") from None
+    return ReferenceFileSystem
+
+
+class InlineObject(StoredObject):
+    """A key whose bytes the reference set holds itself: fixed for the store's life."""
+
+    def __init__(self, store: "ReferenceStore", key: str, data: bytes) -> None:
+        self.store, self.key, self._data = store, key, data
+
+    @property
+    def version(self) -> Version:
+        return Version(len(self._data), -1, "inline")
+
+    def readv(self, buffers: Sequence, offset: int) -> int:
+        done = offset = max(0, offset)
+        for buf in buffers:
+            view = memoryview(buf).cast("B")
+            take = max(0, min(len(view), len(self._data) - done))
+            view[:take] = self._data[done:done + take]
+            done += take
+            if take < len(view):
+                break
+        return done - offset
+
+    def check_unchanged(self) -> None:
+        """Inline bytes are the reference set's, read once: they never change."""
+
+
+class RangeObject(StoredObject):
+    """A key that is ``length`` bytes at ``start`` of a referenced file, opened at that file's version."""
+
+    def __init__(self, store: "ReferenceStore", key: str, target: StoredObject, start: int, length: int) -> None:
+        self.store, self.key = store, key
+        self.target, self.start, self.length = target, start, length
+
+    @property
+    def version(self) -> Version:
+        return _range_version(self.target.version, self.length)
+
+    def readv(self, buffers: Sequence, offset: int) -> int:
+        left = self.length - offset
+        if left <= 0:
+            return 0
+        # the buffers cut at the range's end: a read never reaches the file's bytes past the key's
+        views = []
+        for buf in buffers:
+            view = memoryview(buf).cast("B")[:left]
+            if len(view):
+                views.append(view)
+            left -= len(view)
+            if left <= 0:
+                break
+        return self.target.readv(views, self.start + offset)
+
+    def check_unchanged(self) -> None:
+        try:
+            self.target.check_unchanged()
+        except FileChangedError as e:
+            raise FileChangedError(self.name, f"changed while it was read: its referenced file {e}") from None
+
+    def close(self) -> None:
+        self.target.close()
+
+
+def _range_version(target: Version, length: int) -> Version:
+    """The version of a range of ``length`` bytes of a file at version ``target``: the range's size, the
+    file's time, and the file's size and tag (a file rewritten to another size is another version)."""
+    return Version(length, target.mtime_ns, f"{target.size}:{target.tag}")
+
+
+class ReferenceStore(ByteStore):
+    """The keys of the Kerchunk reference set at ``location`` (a path or URL of a JSON file), read with
+    ``options`` (the source's ``storage_options``: for the set's file and for the files it refers to)."""
+
+    native = False
+    supports_listing = True  # the keys are the set's
+
+    def __init__(self, location, options: dict | None = None) -> None:
+        from dali_mesh.storage import resolve_locations  # noqa: PLC0415 - the package imports this module
+
+        self._options = dict(options or {})
+        (self.location,) = resolve_locations([location], self._options)
+        self.spec = write_spec("reference", {"refs": str(self.location)})
+        self._lock = threading.Lock()
+        self._fs = None  # fsspec's ReferenceFileSystem, at the first use
+        self._raw = b""
+        self._targets: dict[str, str] = {}  # a referenced URL -> its resolved location
+
+    # ---- the reference set --------------------------------------------------------------------------
+    def _load(self):
+        """The set, read and resolved at the first use (once, under a lock)."""
+        if self._fs is None:
+            with self._lock:
+                if self._fs is None:
+                    self._take(self._read_set(), None)
+        return self._fs
+
+    def _read_set(self) -> bytes:
+        from dali_mesh.storage import store_of  # noqa: PLC0415
+
+        store, key = store_of(self.location)
+        try:
+            with store.open(key, "reference file") as obj:
+                raw = read_exactly(obj, obj.size, 0)
+                obj.check_unchanged()
+        except MissingFileError as e:
+            # not a MissingFileError: a zarr reader takes that for a missing key, and the array for none
+            raise DataFileError(e.path, "no such reference file; check the location after reference://") from None
+        return raw
+
+    def _take(self, raw: bytes, targets: dict | None) -> None:
+        """Parses ``raw`` with fsspec's reader and resolves every referenced file's location (``targets``:
+        those already resolved, in an unpickled store)."""
+        from dali_mesh.storage import resolve_locations  # noqa: PLC0415
+
+        try:
+            document = json.loads(raw)
+        except ValueError as e:
+            raise DataFileError(self.location, f"is not a JSON reference set ({e})") from None
+        if not isinstance(document, dict):
+            raise DataFileError(self.location, "is not a JSON reference set (the document is not one object)")
+        cls = _reference_filesystem()
+        try:
+            # fs={}: no filesystem of fsspec's made for the referenced files (this store reads them);
+            # simple_templates=False where there are generated keys: fsspec renders those with jinja2 only
+            fs = cls(fo=document, fs={}, simple_templates="gen" not in document, skip_instance_cache=True)
+        except (ValueError, KeyError, TypeError, ImportError) as e:
+            raise DataFileError(self.location, f"cannot be read as a Kerchunk reference set ({type(e).__name__}: "
+                                               f"{e})") from None
+        if targets is None:
+            urls = sorted({ref[0] for ref in fs.references.values()
+                           if isinstance(ref, list) and ref and ref[0] is not None})
+            targets = dict(zip(urls, resolve_locations(urls, self._options)))
+        self._raw, self._targets, self._fs = raw, targets, fs
+
+    def _part(self, key: str):
+        """``(bytes, None, None)`` for inline bytes, ``(url, start, stop)`` for a range (``start`` and
+        ``stop`` ``None``: the whole file), or ``None`` when the set has no ``key``; as fsspec's own reads
+        resolve a key (its ``_cat_common``: templates filled, ``base64:`` decoded)."""
+        fs = self._load()
+        try:
+            return fs._cat_common(key)
+        except FileNotFoundError:
+            return None
+
+    def name_of(self, key: str) -> str:
+        key = key.removeprefix("/")
+        return f"reference://{self.location}" + (f"#{key}" if key else "")
+
+    # ---- reads ------------------------------------------------------------------------------------------
+    def open(self, key: str, what: str = "file", *, direct: bool = False) -> StoredObject:
+        # a ByteZarrStore rooted at the store's root ("") asks for "/name": the set's "name"
+        key = key.removeprefix("/")
+        part = self._part(key)
+        if part is None:
+            raise MissingFileError(self.name_of(key), f"no such {what}: the reference set has no key {key!r}")
+        url, start, stop = part
+        if stop is None and start is None and isinstance(url, bytes):
+            return InlineObject(self, key, url)
+        store, target_key = self._target(key, url)
+        try:
+            obj = store.open(target_key, "referenced file")
+        except MissingFileError as e:
+            raise DataFileError(self.name_of(key), f"refers to {url}, which does not exist ({e}); the reference set "
+                                                   "names a file moved or deleted since it was made") from None
+        start = start or 0
+        stop = obj.size if stop is None else stop
+        if stop > obj.size:
+            obj.close()
+            raise TruncatedFileError(self.name_of(key), f"refers to bytes {start}..{stop} of {url}, which holds "
+                                                        f"{obj.size} bytes: the file is shorter than the reference "
+                                                        "set says (truncated or replaced since it was referenced)")
+        return RangeObject(self, key, obj, start, stop - start)
+
+    def locate(self, key: str) -> tuple[ByteStore, str, int, int] | None:
+        """``(store, key, offset, length)`` of the file range that holds ``key`` (for the native reader,
+        which reads the original file's range itself), ``None`` for a key whose bytes the set holds
+        inline; :class:`~dali_mesh.storage.errors.MissingFileError` for a key the set lacks. Nothing is
+        read but a whole-file reference's size: the planner looks at each file once, and the reads check
+        its version."""
+        key = key.removeprefix("/")
+        part = self._part(key)
+        if part is None:
+            raise MissingFileError(self.name_of(key), f"no such key in the reference set: {key!r}")
+        url, start, stop = part
+        if isinstance(url, bytes) and start is None:
+            return None
+        store, target_key = self._target(key, url)
+        if stop is None:  # a whole file: its size is its length
+            version = store.stat(target_key)
+            if version is None:
+                raise DataFileError(self.name_of(key), f"refers to {url}, which does not exist")
+            start, stop = 0, version.size
+        return store, target_key, start, stop - start
+
+    def _target(self, key: str, url):
+        from dali_mesh.storage import store_of  # noqa: PLC0415
+
+        if url not in self._targets:  # a reference without a URL (fsspec's "target", never set here)
+            raise DataFileError(self.name_of(key), f"refers to no file ({url!r}); the reference set is incomplete")
+        return store_of(self._targets[url])
+
+    def stat(self, key: str) -> Version | None:
+        key = key.removeprefix("/")
+        if self._part(key) is None:
+            return None
+        with self.open(key) as obj:
+            return obj.version
+
+    def list(self, prefix: str, delimiter: bool = True) -> tuple[list[tuple[str, Version]], list[str]]:
+        """The keys of the set under ``prefix`` with their versions (each referenced file looked at once),
+        and with ``delimiter`` the prefixes one level down."""
+        lead = "/" if prefix.startswith("/") else ""  # as asked (a ByteZarrStore at the root: "/...")
+        prefix = prefix.removeprefix("/")
+        keys = sorted(k for k in self._load().references if k.startswith(prefix))
+        objects, prefixes, files = [], set(), {}
+        for key in keys:
+            rest = key[len(prefix):]
+            if delimiter and "/" in rest:
+                prefixes.add(lead + prefix + rest.split("/", 1)[0] + "/")
+                continue
+            objects.append((lead + key, self._listed_version(key, files)))
+        return objects, sorted(prefixes)
+
+    def _listed_version(self, key: str, files: dict) -> Version:
+        from dali_mesh.storage import store_of  # noqa: PLC0415
+
+        url, start, stop = self._part(key)
+        if isinstance(url, bytes) and start is None:
+            return Version(len(url), -1, "inline")
+        if url not in files:
+            store, target_key = self._target(key, url)
+            files[url] = store.stat(target_key)
+        version = files[url]
+        if version is None:
+            raise DataFileError(self.name_of(key), f"refers to {url}, which does not exist; the reference set names "
+                                                   "a file moved or deleted since it was made")
+        start = start or 0
+        return _range_version(version, (version.size if stop is None else stop) - start)
+
+    # ---- processes and credentials ------------------------------------------------------------------------
+    def _stores(self) -> list:
+        from dali_mesh.storage import stores_of  # noqa: PLC0415
+
+        self._load()  # the files' stores are known once the set is read
+        return stores_of([self.location, *self._targets.values()])
+
+    def credentials_state(self) -> tuple | None:
+        """The credentials of the stores of the set's file and of the files it refers to, by their specs."""
+        from dali_mesh.storage import carry_credentials  # noqa: PLC0415
+
+        carried = carry_credentials(self._stores())
+        return (self.spec, carried) if carried else None
+
+    def take_credentials(self, credentials) -> None:
+        from dali_mesh.storage import attach_credentials  # noqa: PLC0415
+
+        attach_credentials(self._stores(), credentials)
+
+    def give_to(self, lib) -> None:
+        """Gives the stores of the referenced files to ``lib`` (the DALI plugin reads those natively)."""
+        for store in self._stores():
+            store.give_to(lib)
+
+    def __reduce__(self):
+        # the set as read here (a worker reads these bytes, never a set rewritten since) and its files'
+        # stores, which pickle without their credentials (credentials_state carries those)
+        self._load()
+        return (_unpickle, (self.location, self._raw, self._targets))
+
+    def __repr__(self) -> str:
+        return f"ReferenceStore({str(self.location)!r})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ReferenceStore) and other.spec == self.spec
+
+    def __hash__(self) -> int:
+        return hash(self.spec)
+
+
+def _unpickle(location, raw: bytes, targets: dict) -> ReferenceStore:
+    store = ReferenceStore(location)
+    store._take(raw, targets)
+    return store
+
+
+def resolve_reference(location: str, options: dict) -> tuple[ReferenceStore, str]:
+    """The store of ``reference://<location of a reference set>`` and its root key (``""``)."""
+    refs = location.split("://", 1)[1]
+    if not refs:
+        raise DataFileError(location, "names no reference set: give reference://<path or URL of refs.json>")
+    return ReferenceStore(refs, options), ""
