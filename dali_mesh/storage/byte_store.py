@@ -119,6 +119,9 @@ class ByteStore(abc.ABC):
     #: whether :meth:`list` answers (S3 and GCS prefixes; not a plain HTTP(S) server, not local paths):
     #: callers ask this, never probe for the method
     supports_listing: bool = False
+    #: whether the store keeps its keys in ranges of other stores' files (a Kerchunk reference set):
+    #: :meth:`locate` answers, and the native reader reads those files instead of the store's own objects
+    locates: bool = False
 
     @abc.abstractmethod
     def open(self, key: str, what: str = "file", *, direct: bool = False) -> StoredObject:
@@ -165,6 +168,13 @@ class ByteStore(abc.ABC):
         from dali_mesh.storage.errors import DataFileError  # noqa: PLC0415
 
         raise DataFileError(self.name_of(prefix), f"its store ({self.spec!r}) cannot list a folder")
+
+    def locate(self, key: str) -> tuple | None:
+        """``(store, key, offset, length)``: the range of another store's file that holds ``key``, or
+        ``None`` for bytes the store holds itself; only where :attr:`locates`."""
+        from dali_mesh.storage.errors import DataFileError  # noqa: PLC0415
+
+        raise DataFileError(self.name_of(key), f"its store ({self.spec!r}) keeps its keys itself: nothing to locate")
 
     def local_path(self, key: str) -> str | None:
         """The path of this machine's file that holds ``key``'s bytes, for the readers that take a path

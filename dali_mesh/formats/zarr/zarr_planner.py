@@ -302,7 +302,7 @@ def _chunk_files(arr, bytes_store: ByteStore, folder, plans: PlanSet, coder: int
 def _locates(bytes_store) -> bool:
     """Whether ``bytes_store`` keeps its keys in files of other stores (a Kerchunk reference set:
     ``locate(key)``), which the native reader reads instead of the store's own objects."""
-    return callable(getattr(bytes_store, "locate", None))
+    return bytes_store.locates
 
 
 def _native_store(location):

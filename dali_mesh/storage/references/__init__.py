@@ -117,6 +117,7 @@ class ReferenceStore(ByteStore):
 
     native = False
     supports_listing = True  # the keys are the set's
+    locates = True  # a key is a range of another store's file (locate)
 
     def __init__(self, location, options: dict | None = None) -> None:
         from dali_mesh.storage import resolve_locations  # noqa: PLC0415 - the package imports this module
