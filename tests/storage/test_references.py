@@ -235,18 +235,25 @@ def _move_targets(refs: dict, url: str) -> dict:
     return {**refs, "refs": moved}
 
 
-def test_a_set_and_its_file_in_memory_read_through_the_memory_store(tmp_path):
+def _file_in_memory(tmp_path, stem: str, x):
+    """An HDF5 file of ``x`` (chunks of 1 x 3 x 10) copied into a memory store of its own and removed from
+    disk, and its references (kerchunk's) pointing there: ``(store name, store, references)``."""
     from dali_mesh.storage.memory import MemoryStore
     from kerchunk.hdf import SingleHdf5ToZarr
 
-    x = np.random.default_rng(SEED).standard_normal((3, 6, 10)).astype("<f8")
-    path = _h5_file(tmp_path / "m.h5", {"x": (x, dict(chunks=(1, 3, 10)))})
-    name = f"refs-{SEED}"
+    path = _h5_file(tmp_path / f"{stem}.h5", {"x": (x, dict(chunks=(1, 3, 10)))})
+    name = f"refs-{stem}-{SEED}"
     memory = MemoryStore(name)
-    memory.put("m.h5", (tmp_path / "m.h5").read_bytes())
-    refs = _move_targets(SingleHdf5ToZarr(path, inline_threshold=0).translate(), f"memory://{name}/m.h5")
-    memory.put("refs.json", json.dumps(refs).encode())
+    memory.put(f"{stem}.h5", (tmp_path / f"{stem}.h5").read_bytes())
+    refs = _move_targets(SingleHdf5ToZarr(path, inline_threshold=0).translate(), f"memory://{name}/{stem}.h5")
     os.remove(path)  # read from memory only
+    return name, memory, refs
+
+
+def test_a_set_and_its_file_in_memory_read_through_the_memory_store(tmp_path):
+    x = np.random.default_rng(SEED).standard_normal((3, 6, 10)).astype("<f8")
+    name, memory, refs = _file_in_memory(tmp_path, "m", x)
+    memory.put("refs.json", json.dumps(refs).encode())
     _each_rank(f"reference://memory://{name}/refs.json", "x", x, 2, 1, "symmetric")
 
 
@@ -373,15 +380,9 @@ def test_a_dali_pipeline_reads_a_set_whose_file_is_in_memory_natively(tmp_path):
     from dali_mesh import Layout, ZarrSource
     from dali_mesh.fn import read_windows
     from dali_mesh.partition import take_window
-    from dali_mesh.storage.memory import MemoryStore
-    from kerchunk.hdf import SingleHdf5ToZarr
 
     x = np.random.default_rng(SEED).standard_normal((4, 6, 10)).astype("<f4")
-    path = _h5_file(tmp_path / "p.h5", {"x": (x, dict(chunks=(1, 3, 10)))})
-    name = f"refs-pipe-{SEED}"
-    memory = MemoryStore(name)
-    memory.put("p.h5", (tmp_path / "p.h5").read_bytes())
-    refs = _move_targets(SingleHdf5ToZarr(path, inline_threshold=0).translate(), f"memory://{name}/p.h5")
+    _, _, refs = _file_in_memory(tmp_path, "p", x)
     location = "reference://" + _write_set(tmp_path / "p.json", refs)
     layout = Layout(mesh_of((1, 2), (0, 1)), shard={"m0": 0}, halo={0: 1}, boundary={0: "periodic"})
     src = ZarrSource([location], "x", layout, batch_size=2, shuffle=False)
