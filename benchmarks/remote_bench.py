@@ -77,6 +77,8 @@ BUCKET = "bench"
 STORES = ("blosc_globe", "zstd_sharded", "blosc_band")
 READERS = ("native", "native_sync", "tensorstore", "tensorstore_ahead", "zarr_fsspec", "zarr_obstore")
 STEPS_PER_SHARD = 4
+#: the readers that are not dali_mesh: "vs fastest peer" compares each reader with the fastest of these
+PEERS = ("tensorstore", "tensorstore_ahead", "zarr_fsspec", "zarr_obstore")
 
 
 class Server:
@@ -316,6 +318,34 @@ def _measure_cache(server, stores, paths, steps, conc, layout, want, link, runs)
 
 
 # ---- the benchmark ----------------------------------------------------------------------------------------
+def _fastest_peer(results: dict, link, store: str) -> list[float] | None:
+    """Per run, the shortest epoch of the peers measured at this link and store (None: no peer ran)."""
+    peers = [results[(link, store, p)]["epoch"] for p in PEERS if (link, store, p) in results]
+    return [min(per_run) for per_run in zip(*peers)] if peers else None
+
+
+def _plot(path: str, results: dict, links: list, stores: list[str], readers: list[str]) -> None:
+    """The epoch (median) against the link's latency: a panel per store, a line per reader."""
+    import matplotlib  # noqa: PLC0415 - only when a plot is asked for
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, axes = plt.subplots(1, len(stores), figsize=(5 * len(stores), 4), squeeze=False)
+    ms = [link[0] * 1e3 for link in links]
+    for ax, store in zip(axes[0], stores):
+        for reader in readers:
+            ax.plot(ms, [statistics.median(results[(link, store, reader)]["epoch"]) for link in links], marker="o",
+                    linestyle="-" if reader.startswith("native") else "--", label=reader)
+        ax.set_title(store)
+        ax.set_xlabel("latency per request, ms")
+        ax.set_ylabel("epoch, s")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=8)
@@ -329,6 +359,8 @@ def main(argv=None) -> None:
     ap.add_argument("--shape", default="4,721,1440", help="one step's (C, lat, lon)")
     ap.add_argument("--quick", action="store_true", help="4 steps of (4, 91, 180), one run, 20 ms: a CI-size check")
     ap.add_argument("--no-cache", action="store_true", help="leave out the cache_dir measurement")
+    ap.add_argument("--plot", metavar="PNG", help="also draw the epoch against the link's latency, a panel per "
+                                                   "store and a line per reader, into this file")
     args = ap.parse_args(argv)
     if args.quick:
         args.steps, args.runs, args.latencies, args.shape = 4, 1, "0.02", "4,91,180"
@@ -402,18 +434,20 @@ def main(argv=None) -> None:
     if skipped:
         print(f"left out (not installed): {', '.join(skipped)}")
     print("\n| link | store | reader | stored MB (steps read) | fetched / stored | requests: open + epoch "
-          "| GET / HEAD / LIST | open s | epoch s | epoch vs tensorstore | fetched MB | most in flight "
-          "| server CPU s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| GET / HEAD / LIST | open s | epoch s | epoch vs tensorstore | vs fastest peer | fetched MB "
+          "| most in flight | server CPU s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     med = statistics.median
     for (link, store, reader), r in results.items():
         ref = results.get((link, store, "tensorstore"))
         ratio = f"{med(a / b for a, b in zip(r['epoch'], ref['epoch'])):.2f}x" if ref else "-"
+        fastest = _fastest_peer(results, link, store)
+        to_fastest = f"{med(a / b for a, b in zip(r['epoch'], fastest)):.2f}x" if fastest else "-"
         opened = med(r["open_requests"])
         print(f"| {_link_name(link)} | {store} | {reader} | {stored[store] / 1e6:.1f} | "
               f"{med(r['bytes']) / stored[store]:.2f}x | {opened:.0f} + {med(r['requests']) - opened:.0f} | "
               f"{med(r['GET']):.0f} / {med(r['HEAD']):.0f} / {med(r['LIST']):.0f} | {med(r['open']):.3f} | "
-              f"{med(r['epoch']):.3f} | {ratio} | {med(r['bytes']) / 1e6:.1f} | {max(r['in_flight_max'])} | "
+              f"{med(r['epoch']):.3f} | {ratio} | {to_fastest} | {med(r['bytes']) / 1e6:.1f} | {max(r['in_flight_max'])} | "
               f"{med(r['cpu_seconds']):.2f} |")
     if len(links) > 1:
         print("\nEpoch s by link (medians, as above)\n")
@@ -423,6 +457,9 @@ def main(argv=None) -> None:
             for reader in readers:
                 print(f"| {store} | {reader} | " + " | ".join(f"{med(results[(link, store, reader)]['epoch']):.3f}"
                                                             for link in links) + " |")
+    if args.plot:
+        _plot(args.plot, results, links, stores, readers)
+        print(f"\nplot: {args.plot}")
     if cache_rows is None:
         print("\ncache: not yet built" if not _cache_option_exists() else "\ncache: not measured (--no-cache)")
     else:
