@@ -295,11 +295,12 @@ def _read_natively(src):
     return plan, dict(zip(ids, wins))
 
 
-def test_uncompressed_chunks_and_contiguous_datasets_are_read_natively_from_the_original_file(tmp_path):
+def test_raw_shuffled_and_deflated_chunks_and_contiguous_datasets_are_read_natively_from_the_original_file(tmp_path):
     import h5py
 
     from dali_mesh import Layout, ZarrSource
     from dali_mesh.partition import take_window
+    from dali_mesh.plan import CODECS
     from dali_mesh.pipeline import native
 
     rng = np.random.default_rng(SEED)
@@ -317,10 +318,16 @@ def test_uncompressed_chunks_and_contiguous_datasets_are_read_natively_from_the_
             assert [(f.store, f.key) for f in plan.files] == [("file", path)]  # the original file, no other
             for t, w in wins.items():
                 np.testing.assert_array_equal(w, take_window(oracle[t], src.region), err_msg=f"{name}, rank {r}, {t}")
-    # HDF5's shuffle + deflate, as kerchunk writes them (v2 filters), are read in Python for now
-    layout = Layout(mesh_of((1, 2), (0, 0)), shard={"m0": 0})
-    with pytest.raises(native.NotNativeError, match="has filters"):
-        native.plan_windows(ZarrSource([f"reference://{refs}"], "z", layout, batch_size=1, shuffle=False))
+    # HDF5's shuffle + deflate, as kerchunk writes them (v2 filters [shuffle, zlib], no compressor): one
+    # coder that inflates then unshuffles, each chunk read at its offset in the original file
+    for r in range(2):
+        layout = Layout(mesh_of((1, 2), (0, r)), shard={"m0": 0}, halo={0: 2}, boundary={0: "periodic"})
+        src = ZarrSource([f"reference://{refs}"], "z", layout, batch_size=1, shuffle=False)
+        plan, wins = _read_natively(src)
+        assert [(f.store, f.key) for f in plan.files] == [("file", path)]
+        assert [c.steps for c in plan.coders] == [((CODECS["zlib"], 0), (CODECS["shuffle"], 8))]
+        for t, w in wins.items():
+            np.testing.assert_array_equal(w, take_window(x[t], src.region), err_msg=f"z, rank {r}, {t}")
 
 
 def test_compressed_chunks_packed_in_one_file_are_read_natively_at_their_offsets(tmp_path):
