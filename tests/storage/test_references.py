@@ -229,6 +229,96 @@ def test_two_files_combined_along_time_read_as_xarray_reads_them(tmp_path):
     _each_rank(f"reference://{refs}", "t", oracle, 2, 2, "edge")
 
 
+def _parquet_set(refs: dict, folder, record_size: int = 5) -> str:
+    """``refs`` written as a folder of Parquet references by kerchunk (fsspec's LazyReferenceMapper, as
+    VirtualiZarr's ``to_kerchunk(format="parquet")`` does); a few chunks a record: a set of many files."""
+    from kerchunk.df import refs_to_dataframe
+
+    refs_to_dataframe(refs, str(folder), record_size=record_size)
+    return str(folder)
+
+
+def _netcdf_along_time(tmp_path, files: int = 3):
+    """NetCDF4 files written by xarray (gzip + shuffle chunks, a contiguous variable), combined along
+    time by kerchunk: ``(paths, combined references)``."""
+    xr = pytest.importorskip("xarray")
+    from kerchunk.combine import MultiZarrToZarr
+    from kerchunk.hdf import SingleHdf5ToZarr
+
+    rng = np.random.default_rng(SEED)
+    paths = []
+    for k in range(files):
+        ds = xr.Dataset({"t": (("time", "lat", "lon"), rng.standard_normal((2, 10, 8)).astype("<f4")),
+                         "q": (("time", "lat", "lon"), rng.integers(0, 9, (2, 10, 8)).astype("<i2"))},
+                        coords={"time": np.arange(2 * k, 2 * k + 2, dtype="i8")})
+        path = str(tmp_path / f"part{k}.nc")
+        ds.to_netcdf(path, engine="h5netcdf", encoding={"t": {"zlib": True, "shuffle": True, "chunksizes": (1, 5, 4)},
+                                                        "q": {"contiguous": True}})
+        paths.append(path)
+    singles = [SingleHdf5ToZarr(p, inline_threshold=0).translate() for p in paths]
+    return paths, MultiZarrToZarr(singles, concat_dims=["time"], identical_dims=["lat", "lon"],
+                                  inline_threshold=0).translate()
+
+
+def test_parquet_references_read_as_xarray_reads_them(tmp_path):
+    """A folder of Parquet references (kerchunk's, of NetCDF4 files along time): every rank's windows equal
+    to xarray opening the same folder through fsspec, natively planned from the original files' ranges."""
+    xr = pytest.importorskip("xarray")
+    pytest.importorskip("fastparquet")
+    from dali_mesh import Layout, ZarrSource
+    from dali_mesh.partition import take_window
+
+    paths, refs = _netcdf_along_time(tmp_path)
+    folder = _parquet_set(refs, tmp_path / "refs.parq")
+    with xr.open_dataset("reference://", engine="zarr", consolidated=False, chunks=None,
+                         backend_kwargs={"storage_options": {"fo": folder, "remote_protocol": "file"}}) as opened:
+        oracles = {name: opened[name].values for name in ("t", "q")}
+    assert oracles["t"].shape == (6, 10, 8)
+    for name, oracle in oracles.items():
+        _each_rank(f"reference://{folder}", name, oracle, 2, 2, "periodic")
+        layout = Layout(mesh_of((1, 2), (0, 1)), shard={"m0": 1}, halo={1: 1}, boundary={1: "symmetric"})
+        src = ZarrSource([f"reference://{folder}"], name, layout, batch_size=1, shuffle=False)
+        plan, wins = _read_natively(src)
+        assert sorted(f.key for f in plan.files) == sorted(paths)  # the original files, nothing else
+        for t, w in wins.items():
+            np.testing.assert_array_equal(w, take_window(oracle[t], src.region), err_msg=f"{name}, step {t}")
+
+
+def test_parquet_references_in_s3_read_with_the_sources_storage_options(tmp_path, s3_endpoint):
+    pytest.importorskip("fastparquet")
+    xr = pytest.importorskip("xarray")
+    paths, refs = _netcdf_along_time(tmp_path, files=2)
+    prefix = f"parquet/{SEED}"
+    targets = {p: upload(s3_endpoint, p, "data", f"{prefix}/{os.path.basename(p)}") for p in paths}
+    moved = {k: [targets[v[0]], *v[1:]] if isinstance(v, list) else v for k, v in refs["refs"].items()}
+    folder = _parquet_set({**refs, "refs": moved}, tmp_path / "s3.parq")
+    for root, _, names in os.walk(folder):
+        for n in names:
+            rel = os.path.relpath(os.path.join(root, n), folder)
+            location = upload(s3_endpoint, os.path.join(root, n), "data", f"{prefix}/s3.parq/{rel}")
+    location = location[:location.index("/s3.parq/") + len("/s3.parq")]
+    opened = [xr.open_dataset(p, engine="h5netcdf") for p in paths]
+    oracle = xr.concat(opened, dim="time")["t"].values
+    for one in opened:
+        one.close()
+    from dali_mesh import Layout, ZarrSource
+    from dali_mesh.partition import take_window
+
+    layout = Layout(mesh_of((1, 2), (0, 1)), shard={"m0": 0}, halo={0: 2})
+    src = ZarrSource([f"reference://{location}"], "t", layout, batch_size=1, shuffle=False,
+                     storage_options=options(s3_endpoint))
+    for s in (src, pickle.loads(pickle.dumps(src))):
+        for t in range(len(oracle)):
+            np.testing.assert_array_equal(s.read_sample(t)[0], take_window(oracle[t], src.region))
+
+
+def test_a_folder_without_references_is_named(tmp_path):
+    (tmp_path / "empty.parq").mkdir()
+    with pytest.raises(DataFileError, match=r"empty\.parq: no such reference file, nor a folder of Parquet "
+                                            r"references \(with a \.zmetadata\)"):
+        ReferenceStore(str(tmp_path / "empty.parq")).stat("x/.zarray")
+
+
 def _move_targets(refs: dict, url: str) -> dict:
     """``refs`` (kerchunk's) with every referenced file's URL replaced by ``url``."""
     moved = {k: [url, *v[1:]] if isinstance(v, list) else v for k, v in refs["refs"].items()}
