@@ -541,3 +541,139 @@ def test_a_referenced_file_rewritten_during_a_read_is_refused(referenced):
                                                    rf"file {path}"):
             obj.check_unchanged()
 
+
+
+# ---- weather datasets over references ---------------------------------------------------------------
+_LEVELS = [500, 700, 850]
+
+
+@pytest.fixture(scope="module")
+def virtual_dataset(tmp_path_factory):
+    """Three NetCDF4 files along time written by xarray (variables with and without levels: gzip+shuffle
+    chunks whole-field and in latitude bands, and a contiguous one), combined along time by kerchunk's
+    MultiZarrToZarr; the set as JSON and as Parquet: ``(folder, paths, {form: location})``."""
+    xr = pytest.importorskip("xarray")
+    pd = pytest.importorskip("pandas")
+    from kerchunk.combine import MultiZarrToZarr
+    from kerchunk.hdf import SingleHdf5ToZarr
+
+    tmp_path = tmp_path_factory.mktemp("virtual")
+    t, h, w = 4, 11, 16
+    paths = []
+    for k in range(3):
+        rng = np.random.default_rng(SEED + k)
+        ds = xr.Dataset(
+            {"t2m": (("time", "latitude", "longitude"), rng.standard_normal((t, h, w)).astype("f4")),
+             "z": (("time", "level", "latitude", "longitude"), rng.standard_normal((t, 3, h, w)).astype("f4")),
+             "u10": (("time", "latitude", "longitude"), rng.standard_normal((t, h, w)).astype("f4"))},
+            coords={"time": pd.date_range("2016-01-01", periods=3 * t, freq="6h")[k * t:(k + 1) * t],
+                    "level": _LEVELS, "latitude": np.linspace(90, -90, h),
+                    "longitude": np.linspace(0, 360, w, endpoint=False)})
+        path = str(tmp_path / f"era{k}.nc")
+        # one time unit for all files, as archives write it: MultiZarrToZarr concatenates the stored values
+        ds.to_netcdf(path, engine="h5netcdf", encoding={
+            "time": {"units": "hours since 2016-01-01"},
+            "t2m": {"zlib": True, "shuffle": True, "chunksizes": (1, h, w)},
+            "z": {"zlib": True, "shuffle": True, "complevel": 1, "chunksizes": (1, 1, 6, w)},
+            "u10": {"contiguous": True}})
+        paths.append(path)
+    singles = [SingleHdf5ToZarr(p, inline_threshold=0).translate() for p in paths]
+    refs = MultiZarrToZarr(singles, concat_dims=["time"], identical_dims=["level", "latitude", "longitude"],
+                           inline_threshold=0).translate()
+    forms = {"json": _write_set(tmp_path / "era.json", refs)}
+    if _has("fastparquet"):
+        forms["parquet"] = _parquet_set(refs, tmp_path / "era.parq", record_size=7)
+    return tmp_path, paths, refs, forms
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def _xarray_over(location: str):
+    """xarray opening the local reference set through fsspec's ReferenceFileSystem (the oracle)."""
+    import xarray as xr
+
+    return xr.open_dataset("reference://", engine="zarr", consolidated=False, chunks=None,
+                           backend_kwargs={"storage_options": {"fo": location}})
+
+
+_CHANNELS = ["t2m", ("z", [850, 500]), "u10", ("z", 700)]
+
+
+def _dataset_fields(ds, t) -> np.ndarray:
+    f = [ds["t2m"].isel(time=t).values] + [ds["z"].sel(level=lv).isel(time=t).values for lv in (850, 500)]
+    f += [ds["u10"].isel(time=t).values, ds["z"].sel(level=700).isel(time=t).values]
+    return np.stack(f).astype("f4")
+
+
+@pytest.mark.parametrize("form", ["json", "parquet"])
+def test_a_weather_dataset_over_references_equals_xarray_on_every_rank(virtual_dataset, form):
+    """ZarrDatasetSource over a reference set of NetCDF4 files along time (variables x levels x time,
+    forecasts): every window of every rank, read by read_dataset natively (no fallback) and in Python,
+    equal to xarray opening the same set through fsspec."""
+    pytest.importorskip("nvidia.dali")
+    from nvidia.dali import pipeline_def
+
+    from dali_mesh import ForecastSpec, MeshInfo, NamedLayout, ZarrDatasetSource
+    from dali_mesh.fn import read_dataset
+    from dali_mesh.partition import take_window
+
+    _, _, _, forms = virtual_dataset
+    if form not in forms:
+        pytest.skip("fastparquet is not installed")
+    location = forms[form]
+    with _xarray_over(location) as ds:
+        fields = [_dataset_fields(ds, t) for t in range(ds.sizes["time"])]
+        times = ds.time.values
+    fc = ForecastSpec(1, 1)
+    for coord in range(3):
+        layout = NamedLayout(MeshInfo((1, 3), ("dp", "mp"), (0, coord)), shard={"mp": "latitude"}, batch="dp",
+                             halo={"latitude": 2, "longitude": 1},
+                             boundary={"latitude": "reflect", "longitude": "periodic"})
+        src = ZarrDatasetSource(f"reference://{location}", _CHANNELS, layout, batch_size=2, shuffle=False,
+                                forecast=fc, dtype=np.float32)
+        np.testing.assert_array_equal(src.times, times)
+
+        @pipeline_def(batch_size=2, num_threads=2, device_id=None)
+        def pipe():
+            return read_dataset(src, fallback=False)
+
+        p = pipe()
+        p.build()
+        for _ in range(len(src) // 2):
+            inp, tgt, ids, _ = p.run()
+            for j in range(2):
+                sid = int(np.array(ids[j]))
+                t = src.time_index(sid)
+                want = (np.stack([take_window(fields[s], src.region) for s in (t - 1, t)]),
+                        take_window(fields[t + 1], src.region)[None])
+                for got, expect in zip((np.array(inp[j]), np.array(tgt[j])), want):
+                    np.testing.assert_array_equal(got, expect, err_msg=f"{form}, rank {coord}, step {t}")
+                for got, expect in zip(src.read_sample(sid), want):
+                    np.testing.assert_array_equal(got, expect, err_msg=f"{form}, rank {coord}, step {t}, Python")
+
+
+def test_a_weather_dataset_over_references_in_s3(virtual_dataset, s3_endpoint):
+    """The set and the NetCDF4 files in (moto's) S3, the set naming s3:// URLs: the windows equal xarray's
+    over the set of the files uploaded, read with the source's storage_options (pickled as a worker gets
+    it)."""
+    from dali_mesh import MeshInfo, NamedLayout, ZarrDatasetSource
+    from dali_mesh.partition import take_window
+
+    tmp_path, paths, refs, forms = virtual_dataset
+    prefix = f"dataset/{SEED}"
+    targets = {p: upload(s3_endpoint, p, "data", f"{prefix}/{os.path.basename(p)}") for p in paths}
+    moved = {k: [targets[v[0]], *v[1:]] if isinstance(v, list) else v for k, v in refs["refs"].items()}
+    local = _write_set(tmp_path / "era-s3.json", {**refs, "refs": moved})
+    location = upload(s3_endpoint, local, "data", f"{prefix}/era.json")
+    with _xarray_over(forms["json"]) as ds:  # the same set over the files uploaded (the same bytes)
+        fields = [_dataset_fields(ds, t) for t in range(ds.sizes["time"])]
+    layout = NamedLayout(MeshInfo((3,), ("mp",), (1,)), shard={"mp": "latitude"}, halo={"latitude": 1})
+    src = ZarrDatasetSource(f"reference://{location}", _CHANNELS, layout, batch_size=1, shuffle=False,
+                            dtype=np.float32, storage_options=options(s3_endpoint))
+    for s in (src, pickle.loads(pickle.dumps(src))):
+        for sid in range(len(s)):
+            np.testing.assert_array_equal(s.read_sample(sid)[0], take_window(fields[s.time_index(sid)], src.region))
