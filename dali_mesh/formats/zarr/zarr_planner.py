@@ -235,8 +235,9 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     meta = os.path.join(folder, ".zarray" if arr.metadata.zarr_format == 2 else "zarr.json")
     # an object store: the chunk objects' sizes and ETags from one listing of the array's folder (a
     # request per 1000 objects) instead of a HEAD request per chunk; the metadata object's too, and it
-    # is read at that version (If-Match): its bytes and the ETag the plan names it by agree
-    listed = _Listed.of(bytes_store, folder, opened)
+    # is read at that version (If-Match): its bytes and the ETag the plan names it by agree. Not a
+    # reference set: its listing looks at every file it refers to, which _located_file looks at anyway
+    listed = bytes_store if locates else _Listed.of(bytes_store, folder, opened)
     meta_version = listed.stat(meta) if isinstance(listed, _Listed) else None
     read = opened.objects.get(meta) if opened is not None else None
     try:
