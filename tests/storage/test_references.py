@@ -677,3 +677,18 @@ def test_a_weather_dataset_over_references_in_s3(virtual_dataset, s3_endpoint):
     for s in (src, pickle.loads(pickle.dumps(src))):
         for sid in range(len(s)):
             np.testing.assert_array_equal(s.read_sample(sid)[0], take_window(fields[s.time_index(sid)], src.region))
+    if not _has("nvidia.dali"):
+        return
+    from nvidia.dali import pipeline_def
+
+    from dali_mesh.fn import read_dataset
+
+    @pipeline_def(batch_size=1, num_threads=2, device_id=None)
+    def pipe():
+        return read_dataset(src, fallback=False)[0]  # the plugin reads the files' ranges from S3 itself
+
+    p = pipe()
+    p.build()
+    for sid in range(len(src)):
+        (w,) = p.run()
+        np.testing.assert_array_equal(np.array(w[0]), take_window(fields[src.time_index(sid)], src.region))
