@@ -583,7 +583,34 @@ def virtual_dataset(tmp_path_factory):
     forms = {"json": _write_set(tmp_path / "era.json", refs)}
     if _has("fastparquet"):
         forms["parquet"] = _parquet_set(refs, tmp_path / "era.parq", record_size=7)
+    if _has("virtualizarr"):
+        forms.update(_virtualizarr_sets(paths, tmp_path))
     return tmp_path, paths, refs, forms
+
+
+def _virtualizarr_sets(paths, tmp_path) -> dict:
+    """VirtualiZarr's sets of ``paths`` (its HDF parser, concatenated along time by xarray, the coordinates
+    loaded): ``to_kerchunk`` JSON, and Parquet where fastparquet is installed."""
+    import warnings
+
+    import xarray as xr
+    from obspec_utils.registry import ObjectStoreRegistry
+    from obstore.store import LocalStore
+    from virtualizarr import open_virtual_dataset
+    from virtualizarr.parsers import HDFParser
+
+    registry = ObjectStoreRegistry({"file://": LocalStore()})
+    with warnings.catch_warnings():  # numcodecs codecs "not in the Zarr v3 specification": what it writes
+        warnings.simplefilter("ignore")
+        parts = [open_virtual_dataset(f"file://{p}", registry=registry, parser=HDFParser(),
+                                      loadable_variables=["time", "level", "latitude", "longitude"]) for p in paths]
+        combined = xr.concat(parts, dim="time", coords="minimal", compat="override", combine_attrs="override")
+        out = {"virtualizarr_json": str(tmp_path / "vz.json")}
+        combined.vz.to_kerchunk(out["virtualizarr_json"], format="json")
+        if _has("fastparquet"):
+            out["virtualizarr_parquet"] = str(tmp_path / "vz.parq")
+            combined.vz.to_kerchunk(out["virtualizarr_parquet"], format="parquet")
+    return out
 
 
 def _has(module: str) -> bool:
@@ -609,11 +636,11 @@ def _dataset_fields(ds, t) -> np.ndarray:
     return np.stack(f).astype("f4")
 
 
-@pytest.mark.parametrize("form", ["json", "parquet"])
+@pytest.mark.parametrize("form", ["json", "parquet", "virtualizarr_json", "virtualizarr_parquet"])
 def test_a_weather_dataset_over_references_equals_xarray_on_every_rank(virtual_dataset, form):
     """ZarrDatasetSource over a reference set of NetCDF4 files along time (variables x levels x time,
-    forecasts): every window of every rank, read by read_dataset natively (no fallback) and in Python,
-    equal to xarray opening the same set through fsspec."""
+    forecasts; kerchunk's and VirtualiZarr's, JSON and Parquet): every window of every rank, read by
+    read_dataset natively (no fallback) and in Python, equal to xarray opening the same set through fsspec."""
     pytest.importorskip("nvidia.dali")
     from nvidia.dali import pipeline_def
 
@@ -623,7 +650,7 @@ def test_a_weather_dataset_over_references_equals_xarray_on_every_rank(virtual_d
 
     _, _, _, forms = virtual_dataset
     if form not in forms:
-        pytest.skip("fastparquet is not installed")
+        pytest.skip("fastparquet or virtualizarr is not installed")
     location = forms[form]
     with _xarray_over(location) as ds:
         fields = [_dataset_fields(ds, t) for t in range(ds.sizes["time"])]
