@@ -3,9 +3,9 @@ v2 ``filters: [shuffle(elementsize), zlib(level)]`` with ``compressor: null`` (w
 shuffle + deflate), shuffles before any compressor of the table, and v3 ``numcodecs.shuffle`` /
 ``numcodecs.zlib``... (what VirtualiZarr writes), each against zarr-python reading the same array: a
 differential fuzz over dtypes of 1, 2, 4 and 8 bytes in both byte orders, element sizes other than the
-item size, levels, chunk shapes with edge chunks, and every window of a split with halo. What the reader
-does not run (a filter it lacks, a shuffle after the compressor, an element size that does not divide a
-chunk) falls back with the reason."""
+item size, levels, chunk shapes with edge chunks, v3 shards, and every window of a split with halo.
+What the reader does not run (a filter it lacks, a shuffle after the compressor, an element size that
+does not divide a chunk) falls back with the reason."""
 from __future__ import annotations
 
 import os
@@ -43,9 +43,10 @@ def _v3_codec(name: str, level: int, elementsize: int | None = None):
         return {"zlib": z3.Zlib, "gzip": z3.GZip, "zstd": z3.Zstd}[name](level=level)
 
 
-def _write(path, x: np.ndarray, chunks, zarr_format: int, elementsize: int, compressor, level: int):
+def _write(path, x: np.ndarray, chunks, zarr_format: int, elementsize: int, compressor, level: int, shards=None):
     """``x`` as a Zarr array at ``path``: shuffled by ``elementsize`` then compressed by ``compressor``
-    (v2: both filters, no compressor, as Kerchunk writes them; v3: numcodecs' codecs after bytes)."""
+    (v2: both filters, no compressor, as Kerchunk writes them; v3: numcodecs' codecs after bytes, in
+    shards of ``shards`` or not)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if zarr_format == 2:
@@ -57,7 +58,7 @@ def _write(path, x: np.ndarray, chunks, zarr_format: int, elementsize: int, comp
             arr = zarr.create_array(str(path), shape=x.shape, chunks=chunks, dtype=x.dtype, compressors=codecs,
                                     serializer=zarr.codecs.BytesCodec(endian="big" if x.dtype.byteorder == ">"
                                                                       else "little"),
-                                    zarr_format=3, fill_value=0)
+                                    zarr_format=3, fill_value=0, shards=shards)
         arr[...] = x
 
 
@@ -89,7 +90,9 @@ def filtered_arrays(draw):
     elementsize = draw(st.sampled_from(sorted({d for d in (1, 2, 3, 4, 8, 16, itemsize) if chunk_bytes % d == 0})))
     return dict(dtype=dtype, shape=shape, chunks=chunks, elementsize=elementsize,
                 compressor=draw(st.sampled_from(_COMPRESSORS)), level=draw(st.integers(1, 9)),
-                zarr_format=draw(st.sampled_from([2, 3])), seed=draw(st.integers(0, 2**16)),
+                zarr_format=(fmt := draw(st.sampled_from([2, 3]))), seed=draw(st.integers(0, 2**16)),
+                # v3: the codecs inside shards of 1 or 2 chunks along each axis too
+                shards=tuple(c * draw(st.integers(1, 2)) for c in chunks) if fmt == 3 and draw(st.booleans()) else None,
                 mesh_shape=draw(st.sampled_from([(1, 2), (2, 1), (2, 2), (1, 3)])), halo=draw(st.integers(0, 2)),
                 boundary=draw(st.sampled_from(["constant", "periodic", "symmetric", "reflect", "edge"])))
 
@@ -106,7 +109,8 @@ def test_shuffled_and_compressed_chunks_read_natively_as_zarr_python_reads_them(
     if x.dtype.kind == "f":
         x = np.where(np.isfinite(x), x, 0).astype(x.dtype)  # NaN != NaN in the comparison
     path = tempfile.mkdtemp(dir=tmp_path)  # one store per example: hypothesis reuses the test's tmp_path
-    _write(path, x, case["chunks"], case["zarr_format"], case["elementsize"], case["compressor"], case["level"])
+    _write(path, x, case["chunks"], case["zarr_format"], case["elementsize"], case["compressor"], case["level"],
+           case["shards"])
     oracle = zarr.open_array(path, mode="r")[...]  # zarr-python (numcodecs) decodes the same chunks
     np.testing.assert_array_equal(oracle, x)
     for coordinate in np.ndindex(*case["mesh_shape"]):

@@ -72,9 +72,10 @@ def _chain_steps(chain, table: dict, path, arr, what: str) -> tuple[tuple[int, i
     zips = [i for i, n in enumerate(names) if n not in (None, "shuffle")]
     if None in names or len(zips) > 1 or (zips and zips[0] != len(names) - 1) or \
             ("blosc" in names and len(names) > 1):
+        compressors = sorted(label for label, name in table.items() if name != "shuffle")
         raise NotNativeError(f"{path}: Zarr array {arr.path!r} has {what} {labels}; the native reader decodes "
-                             f"numcodecs shuffles followed by at most one of {sorted(set(table) - {'shuffle', 'numcodecs.shuffle'})} "
-                             "(Blosc alone); it is decoded by partitioned_source")
+                             f"numcodecs shuffles followed by at most one of {compressors} (Blosc alone); it is "
+                             "decoded by partitioned_source")
     chunk_bytes = math.prod(arr.chunks) * np.dtype(arr.dtype).itemsize
     steps = ()
     for codec, name in zip(chain, names):
