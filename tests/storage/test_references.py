@@ -229,6 +229,96 @@ def test_two_files_combined_along_time_read_as_xarray_reads_them(tmp_path):
     _each_rank(f"reference://{refs}", "t", oracle, 2, 2, "edge")
 
 
+def _parquet_set(refs: dict, folder, record_size: int = 5) -> str:
+    """``refs`` written as a folder of Parquet references by kerchunk (fsspec's LazyReferenceMapper, as
+    VirtualiZarr's ``to_kerchunk(format="parquet")`` does); a few chunks a record: a set of many files."""
+    from kerchunk.df import refs_to_dataframe
+
+    refs_to_dataframe(refs, str(folder), record_size=record_size)
+    return str(folder)
+
+
+def _netcdf_along_time(tmp_path, files: int = 3):
+    """NetCDF4 files written by xarray (gzip + shuffle chunks, a contiguous variable), combined along
+    time by kerchunk: ``(paths, combined references)``."""
+    xr = pytest.importorskip("xarray")
+    from kerchunk.combine import MultiZarrToZarr
+    from kerchunk.hdf import SingleHdf5ToZarr
+
+    rng = np.random.default_rng(SEED)
+    paths = []
+    for k in range(files):
+        ds = xr.Dataset({"t": (("time", "lat", "lon"), rng.standard_normal((2, 10, 8)).astype("<f4")),
+                         "q": (("time", "lat", "lon"), rng.integers(0, 9, (2, 10, 8)).astype("<i2"))},
+                        coords={"time": np.arange(2 * k, 2 * k + 2, dtype="i8")})
+        path = str(tmp_path / f"part{k}.nc")
+        ds.to_netcdf(path, engine="h5netcdf", encoding={"t": {"zlib": True, "shuffle": True, "chunksizes": (1, 5, 4)},
+                                                        "q": {"contiguous": True}})
+        paths.append(path)
+    singles = [SingleHdf5ToZarr(p, inline_threshold=0).translate() for p in paths]
+    return paths, MultiZarrToZarr(singles, concat_dims=["time"], identical_dims=["lat", "lon"],
+                                  inline_threshold=0).translate()
+
+
+def test_parquet_references_read_as_xarray_reads_them(tmp_path):
+    """A folder of Parquet references (kerchunk's, of NetCDF4 files along time): every rank's windows equal
+    to xarray opening the same folder through fsspec, natively planned from the original files' ranges."""
+    xr = pytest.importorskip("xarray")
+    pytest.importorskip("fastparquet")
+    from dali_mesh import Layout, ZarrSource
+    from dali_mesh.partition import take_window
+
+    paths, refs = _netcdf_along_time(tmp_path)
+    folder = _parquet_set(refs, tmp_path / "refs.parq")
+    with xr.open_dataset("reference://", engine="zarr", consolidated=False, chunks=None,
+                         backend_kwargs={"storage_options": {"fo": folder, "remote_protocol": "file"}}) as opened:
+        oracles = {name: opened[name].values for name in ("t", "q")}
+    assert oracles["t"].shape == (6, 10, 8)
+    for name, oracle in oracles.items():
+        _each_rank(f"reference://{folder}", name, oracle, 2, 2, "periodic")
+        layout = Layout(mesh_of((1, 2), (0, 1)), shard={"m0": 1}, halo={1: 1}, boundary={1: "symmetric"})
+        src = ZarrSource([f"reference://{folder}"], name, layout, batch_size=1, shuffle=False)
+        plan, wins = _read_natively(src)
+        assert sorted(f.key for f in plan.files) == sorted(paths)  # the original files, nothing else
+        for t, w in wins.items():
+            np.testing.assert_array_equal(w, take_window(oracle[t], src.region), err_msg=f"{name}, step {t}")
+
+
+def test_parquet_references_in_s3_read_with_the_sources_storage_options(tmp_path, s3_endpoint):
+    pytest.importorskip("fastparquet")
+    xr = pytest.importorskip("xarray")
+    paths, refs = _netcdf_along_time(tmp_path, files=2)
+    prefix = f"parquet/{SEED}"
+    targets = {p: upload(s3_endpoint, p, "data", f"{prefix}/{os.path.basename(p)}") for p in paths}
+    moved = {k: [targets[v[0]], *v[1:]] if isinstance(v, list) else v for k, v in refs["refs"].items()}
+    folder = _parquet_set({**refs, "refs": moved}, tmp_path / "s3.parq")
+    for root, _, names in os.walk(folder):
+        for n in names:
+            rel = os.path.relpath(os.path.join(root, n), folder)
+            location = upload(s3_endpoint, os.path.join(root, n), "data", f"{prefix}/s3.parq/{rel}")
+    location = location[:location.index("/s3.parq/") + len("/s3.parq")]
+    opened = [xr.open_dataset(p, engine="h5netcdf") for p in paths]
+    oracle = xr.concat(opened, dim="time")["t"].values
+    for one in opened:
+        one.close()
+    from dali_mesh import Layout, ZarrSource
+    from dali_mesh.partition import take_window
+
+    layout = Layout(mesh_of((1, 2), (0, 1)), shard={"m0": 0}, halo={0: 2})
+    src = ZarrSource([f"reference://{location}"], "t", layout, batch_size=1, shuffle=False,
+                     storage_options=options(s3_endpoint))
+    for s in (src, pickle.loads(pickle.dumps(src))):
+        for t in range(len(oracle)):
+            np.testing.assert_array_equal(s.read_sample(t)[0], take_window(oracle[t], src.region))
+
+
+def test_a_folder_without_references_is_named(tmp_path):
+    (tmp_path / "empty.parq").mkdir()
+    with pytest.raises(DataFileError, match=r"empty\.parq: no such reference file, nor a folder of Parquet "
+                                            r"references \(with a \.zmetadata\)"):
+        ReferenceStore(str(tmp_path / "empty.parq")).stat("x/.zarray")
+
+
 def _move_targets(refs: dict, url: str) -> dict:
     """``refs`` (kerchunk's) with every referenced file's URL replaced by ``url``."""
     moved = {k: [url, *v[1:]] if isinstance(v, list) else v for k, v in refs["refs"].items()}
@@ -295,11 +385,12 @@ def _read_natively(src):
     return plan, dict(zip(ids, wins))
 
 
-def test_uncompressed_chunks_and_contiguous_datasets_are_read_natively_from_the_original_file(tmp_path):
+def test_raw_shuffled_and_deflated_chunks_and_contiguous_datasets_are_read_natively_from_the_original_file(tmp_path):
     import h5py
 
     from dali_mesh import Layout, ZarrSource
     from dali_mesh.partition import take_window
+    from dali_mesh.plan import CODECS
     from dali_mesh.pipeline import native
 
     rng = np.random.default_rng(SEED)
@@ -317,10 +408,16 @@ def test_uncompressed_chunks_and_contiguous_datasets_are_read_natively_from_the_
             assert [(f.store, f.key) for f in plan.files] == [("file", path)]  # the original file, no other
             for t, w in wins.items():
                 np.testing.assert_array_equal(w, take_window(oracle[t], src.region), err_msg=f"{name}, rank {r}, {t}")
-    # HDF5's shuffle + deflate, as kerchunk writes them (v2 filters), are read in Python for now
-    layout = Layout(mesh_of((1, 2), (0, 0)), shard={"m0": 0})
-    with pytest.raises(native.NotNativeError, match="has filters"):
-        native.plan_windows(ZarrSource([f"reference://{refs}"], "z", layout, batch_size=1, shuffle=False))
+    # HDF5's shuffle + deflate, as kerchunk writes them (v2 filters [shuffle, zlib], no compressor): one
+    # coder that inflates then unshuffles, each chunk read at its offset in the original file
+    for r in range(2):
+        layout = Layout(mesh_of((1, 2), (0, r)), shard={"m0": 0}, halo={0: 2}, boundary={0: "periodic"})
+        src = ZarrSource([f"reference://{refs}"], "z", layout, batch_size=1, shuffle=False)
+        plan, wins = _read_natively(src)
+        assert [(f.store, f.key) for f in plan.files] == [("file", path)]
+        assert [c.steps for c in plan.coders] == [((CODECS["zlib"], 0), (CODECS["shuffle"], 8))]
+        for t, w in wins.items():
+            np.testing.assert_array_equal(w, take_window(x[t], src.region), err_msg=f"z, rank {r}, {t}")
 
 
 def test_compressed_chunks_packed_in_one_file_are_read_natively_at_their_offsets(tmp_path):
@@ -444,3 +541,181 @@ def test_a_referenced_file_rewritten_during_a_read_is_refused(referenced):
                                                    rf"file {path}"):
             obj.check_unchanged()
 
+
+
+# ---- weather datasets over references ---------------------------------------------------------------
+_LEVELS = [500, 700, 850]
+
+
+@pytest.fixture(scope="module")
+def virtual_dataset(tmp_path_factory):
+    """Three NetCDF4 files along time written by xarray (variables with and without levels: gzip+shuffle
+    chunks whole-field and in latitude bands, and a contiguous one), combined along time by kerchunk's
+    MultiZarrToZarr; the set as JSON and as Parquet: ``(folder, paths, {form: location})``."""
+    xr = pytest.importorskip("xarray")
+    pd = pytest.importorskip("pandas")
+    from kerchunk.combine import MultiZarrToZarr
+    from kerchunk.hdf import SingleHdf5ToZarr
+
+    tmp_path = tmp_path_factory.mktemp("virtual")
+    t, h, w = 4, 11, 16
+    paths = []
+    for k in range(3):
+        rng = np.random.default_rng(SEED + k)
+        ds = xr.Dataset(
+            {"t2m": (("time", "latitude", "longitude"), rng.standard_normal((t, h, w)).astype("f4")),
+             "z": (("time", "level", "latitude", "longitude"), rng.standard_normal((t, 3, h, w)).astype("f4")),
+             "u10": (("time", "latitude", "longitude"), rng.standard_normal((t, h, w)).astype("f4"))},
+            coords={"time": pd.date_range("2016-01-01", periods=3 * t, freq="6h")[k * t:(k + 1) * t],
+                    "level": _LEVELS, "latitude": np.linspace(90, -90, h),
+                    "longitude": np.linspace(0, 360, w, endpoint=False)})
+        path = str(tmp_path / f"era{k}.nc")
+        # one time unit for all files, as archives write it: MultiZarrToZarr concatenates the stored values
+        ds.to_netcdf(path, engine="h5netcdf", encoding={
+            "time": {"units": "hours since 2016-01-01"},
+            "t2m": {"zlib": True, "shuffle": True, "chunksizes": (1, h, w)},
+            "z": {"zlib": True, "shuffle": True, "complevel": 1, "chunksizes": (1, 1, 6, w)},
+            "u10": {"contiguous": True}})
+        paths.append(path)
+    singles = [SingleHdf5ToZarr(p, inline_threshold=0).translate() for p in paths]
+    refs = MultiZarrToZarr(singles, concat_dims=["time"], identical_dims=["level", "latitude", "longitude"],
+                           inline_threshold=0).translate()
+    forms = {"json": _write_set(tmp_path / "era.json", refs)}
+    if _has("fastparquet"):
+        forms["parquet"] = _parquet_set(refs, tmp_path / "era.parq", record_size=7)
+    if _has("virtualizarr"):
+        forms.update(_virtualizarr_sets(paths, tmp_path))
+    return tmp_path, paths, refs, forms
+
+
+def _virtualizarr_sets(paths, tmp_path) -> dict:
+    """VirtualiZarr's sets of ``paths`` (its HDF parser, concatenated along time by xarray, the coordinates
+    loaded): ``to_kerchunk`` JSON, and Parquet where fastparquet is installed."""
+    import warnings
+
+    import xarray as xr
+    from obspec_utils.registry import ObjectStoreRegistry
+    from obstore.store import LocalStore
+    from virtualizarr import open_virtual_dataset
+    from virtualizarr.parsers import HDFParser
+
+    registry = ObjectStoreRegistry({"file://": LocalStore()})
+    with warnings.catch_warnings():  # numcodecs codecs "not in the Zarr v3 specification": what it writes
+        warnings.simplefilter("ignore")
+        parts = [open_virtual_dataset(f"file://{p}", registry=registry, parser=HDFParser(),
+                                      loadable_variables=["time", "level", "latitude", "longitude"]) for p in paths]
+        combined = xr.concat(parts, dim="time", coords="minimal", compat="override", combine_attrs="override")
+        out = {"virtualizarr_json": str(tmp_path / "vz.json")}
+        combined.vz.to_kerchunk(out["virtualizarr_json"], format="json")
+        if _has("fastparquet"):
+            out["virtualizarr_parquet"] = str(tmp_path / "vz.parq")
+            combined.vz.to_kerchunk(out["virtualizarr_parquet"], format="parquet")
+    return out
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def _xarray_over(location: str):
+    """xarray opening the local reference set through fsspec's ReferenceFileSystem (the oracle)."""
+    import xarray as xr
+
+    return xr.open_dataset("reference://", engine="zarr", consolidated=False, chunks=None,
+                           backend_kwargs={"storage_options": {"fo": location}})
+
+
+_CHANNELS = ["t2m", ("z", [850, 500]), "u10", ("z", 700)]
+
+
+def _dataset_fields(ds, t) -> np.ndarray:
+    f = [ds["t2m"].isel(time=t).values] + [ds["z"].sel(level=lv).isel(time=t).values for lv in (850, 500)]
+    f += [ds["u10"].isel(time=t).values, ds["z"].sel(level=700).isel(time=t).values]
+    return np.stack(f).astype("f4")
+
+
+@pytest.mark.parametrize("form", ["json", "parquet", "virtualizarr_json", "virtualizarr_parquet"])
+def test_a_weather_dataset_over_references_equals_xarray_on_every_rank(virtual_dataset, form):
+    """ZarrDatasetSource over a reference set of NetCDF4 files along time (variables x levels x time,
+    forecasts; kerchunk's and VirtualiZarr's, JSON and Parquet): every window of every rank, read by
+    read_dataset natively (no fallback) and in Python, equal to xarray opening the same set through fsspec."""
+    pytest.importorskip("nvidia.dali")
+    from nvidia.dali import pipeline_def
+
+    from dali_mesh import ForecastSpec, MeshInfo, NamedLayout, ZarrDatasetSource
+    from dali_mesh.fn import read_dataset
+    from dali_mesh.partition import take_window
+
+    _, _, _, forms = virtual_dataset
+    if form not in forms:
+        pytest.skip("fastparquet or virtualizarr is not installed")
+    location = forms[form]
+    with _xarray_over(location) as ds:
+        fields = [_dataset_fields(ds, t) for t in range(ds.sizes["time"])]
+        times = ds.time.values
+    fc = ForecastSpec(1, 1)
+    for coord in range(3):
+        layout = NamedLayout(MeshInfo((1, 3), ("dp", "mp"), (0, coord)), shard={"mp": "latitude"}, batch="dp",
+                             halo={"latitude": 2, "longitude": 1},
+                             boundary={"latitude": "reflect", "longitude": "periodic"})
+        src = ZarrDatasetSource(f"reference://{location}", _CHANNELS, layout, batch_size=2, shuffle=False,
+                                forecast=fc, dtype=np.float32)
+        np.testing.assert_array_equal(src.times, times)
+
+        @pipeline_def(batch_size=2, num_threads=2, device_id=None)
+        def pipe():
+            return read_dataset(src, fallback=False)
+
+        p = pipe()
+        p.build()
+        for _ in range(len(src) // 2):
+            inp, tgt, ids, _ = p.run()
+            for j in range(2):
+                sid = int(np.array(ids[j]))
+                t = src.time_index(sid)
+                want = (np.stack([take_window(fields[s], src.region) for s in (t - 1, t)]),
+                        take_window(fields[t + 1], src.region)[None])
+                for got, expect in zip((np.array(inp[j]), np.array(tgt[j])), want):
+                    np.testing.assert_array_equal(got, expect, err_msg=f"{form}, rank {coord}, step {t}")
+                for got, expect in zip(src.read_sample(sid), want):
+                    np.testing.assert_array_equal(got, expect, err_msg=f"{form}, rank {coord}, step {t}, Python")
+
+
+def test_a_weather_dataset_over_references_in_s3(virtual_dataset, s3_endpoint):
+    """The set and the NetCDF4 files in (moto's) S3, the set naming s3:// URLs: the windows equal xarray's
+    over the set of the files uploaded, read with the source's storage_options (pickled as a worker gets
+    it)."""
+    from dali_mesh import MeshInfo, NamedLayout, ZarrDatasetSource
+    from dali_mesh.partition import take_window
+
+    tmp_path, paths, refs, forms = virtual_dataset
+    prefix = f"dataset/{SEED}"
+    targets = {p: upload(s3_endpoint, p, "data", f"{prefix}/{os.path.basename(p)}") for p in paths}
+    moved = {k: [targets[v[0]], *v[1:]] if isinstance(v, list) else v for k, v in refs["refs"].items()}
+    local = _write_set(tmp_path / "era-s3.json", {**refs, "refs": moved})
+    location = upload(s3_endpoint, local, "data", f"{prefix}/era.json")
+    with _xarray_over(forms["json"]) as ds:  # the same set over the files uploaded (the same bytes)
+        fields = [_dataset_fields(ds, t) for t in range(ds.sizes["time"])]
+    layout = NamedLayout(MeshInfo((3,), ("mp",), (1,)), shard={"mp": "latitude"}, halo={"latitude": 1})
+    src = ZarrDatasetSource(f"reference://{location}", _CHANNELS, layout, batch_size=1, shuffle=False,
+                            dtype=np.float32, storage_options=options(s3_endpoint))
+    for s in (src, pickle.loads(pickle.dumps(src))):
+        for sid in range(len(s)):
+            np.testing.assert_array_equal(s.read_sample(sid)[0], take_window(fields[s.time_index(sid)], src.region))
+    if not _has("nvidia.dali"):
+        return
+    from nvidia.dali import pipeline_def
+
+    from dali_mesh.fn import read_dataset
+
+    @pipeline_def(batch_size=1, num_threads=2, device_id=None)
+    def pipe():
+        return read_dataset(src, fallback=False)[0]  # the plugin reads the files' ranges from S3 itself
+
+    p = pipe()
+    p.build()
+    for sid in range(len(src)):
+        (w,) = p.run()
+        np.testing.assert_array_equal(np.array(w[0]), take_window(fields[src.time_index(sid)], src.region))

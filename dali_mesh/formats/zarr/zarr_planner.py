@@ -25,9 +25,14 @@ __all__ = ["plan_zarr_steps", "zarr_codec_names"]
 
 
 #: Zarr v2 compressors (numcodecs ``codec_id``) and Zarr v3 bytes-to-bytes codecs the reader decodes, as
-#: codec names of the codec table (``read_plan.CODECS``; tests/io/test_codec_table.py checks each is there)
+#: codec names of the codec table (``read_plan.CODECS``; tests/io/test_codec_table.py checks each is there).
+#: v2 filters are the compressors and numcodecs' Shuffle (Kerchunk writes HDF5's shuffle + deflate as
+#: ``filters: [shuffle, zlib]`` with no compressor); v3 names numcodecs' codecs ``numcodecs.<id>`` (what
+#: VirtualiZarr writes and zarr-python 3.1 loads through its numcodecs wrappers)
 _V2_COMPRESSORS = ("blosc", "zstd", "lz4", "zlib", "gzip")
-_V3_CODECS = {"BloscCodec": "blosc", "ZstdCodec": "zstd", "GzipCodec": "gzip"}
+_V2_FILTERS = ("shuffle", *_V2_COMPRESSORS)
+_V3_CODECS = {"BloscCodec": "blosc", "ZstdCodec": "zstd", "GzipCodec": "gzip", "numcodecs.shuffle": "shuffle",
+              "numcodecs.zlib": "zlib", "numcodecs.gzip": "gzip", "numcodecs.zstd": "zstd", "numcodecs.lz4": "lz4"}
 
 
 def _codec_steps(name: str, path: str, arr) -> tuple[tuple[int, int], ...]:
@@ -45,6 +50,51 @@ def _codec_steps(name: str, path: str, arr) -> tuple[tuple[int, int], ...]:
     return ((cid, np.dtype(arr.dtype).itemsize if name == "blosc" else 0),)
 
 
+def _codec_label(codec) -> str:
+    """A codec's name as its metadata says it: a numcodecs ``codec_id`` (v2), ``numcodecs.<id>`` (a v3
+    numcodecs codec) or zarr-python's class name (a v3 codec of its own)."""
+    return getattr(codec, "codec_name", None) or getattr(codec, "codec_id", None) or type(codec).__name__
+
+
+def _config(codec) -> dict:
+    """A numcodecs codec's configuration (v2: ``get_config()``; v3: the wrapper's ``codec_config``)."""
+    config = getattr(codec, "codec_config", None)
+    return dict(config) if config is not None else dict(codec.get_config())
+
+
+def _chain_steps(chain, table: dict, path, arr, what: str) -> tuple[tuple[int, int], ...]:
+    """The coder steps (decode order) of ``chain``, codecs that encode a chunk's bytes in this order
+    (v2 filters then the compressor; v3 the codecs after ``bytes``), ``table`` naming each's codec of the
+    table: numcodecs shuffles, then at most one decompressor (Blosc only on the array's own bytes, whose
+    item size its header holds). :class:`NotNativeError` names a codec or an order the reader does not run."""
+    labels = [_codec_label(c) for c in chain]
+    names = [table.get(label) for label in labels]
+    zips = [i for i, n in enumerate(names) if n not in (None, "shuffle")]
+    if None in names or len(zips) > 1 or (zips and zips[0] != len(names) - 1) or \
+            ("blosc" in names and len(names) > 1):
+        compressors = sorted(label for label, name in table.items() if name != "shuffle")
+        raise NotNativeError(f"{path}: Zarr array {arr.path!r} has {what} {labels}; the native reader decodes "
+                             f"numcodecs shuffles followed by at most one of {compressors} (Blosc alone); it is "
+                             "decoded by partitioned_source")
+    chunk_bytes = math.prod(arr.chunks) * np.dtype(arr.dtype).itemsize
+    steps = ()
+    for codec, name in zip(chain, names):
+        if name != "shuffle":
+            steps = _codec_steps(name, path, arr) + steps
+            continue
+        # numcodecs' Shuffle by its own element size, whatever the dtype's (HDF5's is the item size):
+        # byte j of element i at j * count + i, as csrc/codecs/shuffle.cc undoes it; <= 1: a copy
+        size = int(_config(codec).get("elementsize", 4))
+        if size <= 1:
+            continue
+        if chunk_bytes % size or size > 1 << 20:
+            raise NotNativeError(f"{path}: Zarr array {arr.path!r} is shuffled by element size {size}, which does "
+                                 f"not divide its chunks' {chunk_bytes} bytes (numcodecs refuses to decode them); "
+                                 "it is read by partitioned_source")
+        steps = ((CODECS["shuffle"], size),) + steps
+    return steps
+
+
 class _Coding(NamedTuple):
     """How an array's chunks are stored: the dtype of a chunk's decoded bytes (its byte order as
     stored), the coder steps that decode a stored chunk (``None``: stored raw), and, for a sharded
@@ -60,9 +110,9 @@ class _Coding(NamedTuple):
 
 def _v3_codecs(codecs, path, arr, what: str) -> tuple[np.dtype, tuple | None, bool]:
     """The stored dtype, coder steps and Fortran order of a v3 codec list [transpose to the
-    reversed axes] ``bytes`` [+ one compressor] [+ crc32c] (decoded in the other order: the checksum
-    verified first, then the compressor)."""
-    names = [type(c).__name__ for c in codecs]
+    reversed axes] ``bytes`` [+ numcodecs shuffles] [+ one compressor] [+ crc32c] (decoded in the
+    other order: the checksum verified first, then the compressor, then the shuffles)."""
+    names = [_codec_label(c) for c in codecs]
     fortran = bool(names) and names[0] == "TransposeCodec"
     if fortran:
         order = tuple(int(a) for a in codecs[0].order)
@@ -73,18 +123,18 @@ def _v3_codecs(codecs, path, arr, what: str) -> tuple[np.dtype, tuple | None, bo
         codecs, names = codecs[1:], names[1:]
     crc = bool(names) and names[-1] == "Crc32cCodec"
     body = names[:-1] if crc else names
-    if not body or body[0] != "BytesCodec" or len(body) > 2 or (len(body) == 2 and body[1] not in _V3_CODECS):
+    if not body or body[0] != "BytesCodec":
         raise NotNativeError(f"{path}: Zarr array {arr.path!r} has {what} {names}; the native reader decodes bytes "
-                             f"followed by at most one of {sorted(_V3_CODECS)}, then optionally crc32c, after a "
-                             "transpose to the reversed axes or none, in a shard or not; it is decoded by "
-                             "partitioned_source")
+                             f"followed by numcodecs shuffles and at most one of {sorted(_V3_CODECS)}, then "
+                             "optionally crc32c, after a transpose to the reversed axes or none, in a shard or not; "
+                             "it is decoded by partitioned_source")
     dtype = np.dtype(arr.dtype)
     endian = getattr(codecs[0].endian, "value", None)
     if dtype.itemsize > 1 and endian in ("little", "big"):
         dtype = dtype.newbyteorder("<" if endian == "little" else ">")
     if len(body) == 2 and body[1] == "BloscCodec":
         _check_v3_blosc(codecs[1], path, arr)
-    steps = () if len(body) == 1 else _codec_steps(_V3_CODECS[body[1]], path, arr)
+    steps = _chain_steps(codecs[1:len(body)], _V3_CODECS, path, arr, what)
     if crc:
         steps = _codec_steps("crc32c", path, arr) + steps
     return dtype, steps or None, fortran
@@ -109,19 +159,20 @@ def _zarr_coding(arr, path) -> _Coding:
     md = arr.metadata
     dtype = np.dtype(arr.dtype)
     if md.zarr_format == 2:
-        if md.filters:
-            names = [getattr(f, "codec_id", type(f).__name__) for f in md.filters]
-            raise NotNativeError(f"{path}: Zarr array {arr.path!r} has filters {names}, which the native reader "
-                                 "does not apply; it is decoded by partitioned_source")
         fortran = md.order == "F"
-        if md.compressor is None:
-            return _Coding(dtype, None, fortran=fortran)
-        cid = getattr(md.compressor, "codec_id", type(md.compressor).__name__)
-        if cid not in _V2_COMPRESSORS:
-            raise NotNativeError(f"{path}: Zarr array {arr.path!r} has compressor {cid!r}, which the native reader "
-                                 f"does not decode (it decodes {', '.join(_V2_COMPRESSORS)}); it is decoded by "
+        chain = list(md.filters or ()) + ([md.compressor] if md.compressor is not None else [])
+        table = {name: name for name in _V2_FILTERS}
+        labels = [_codec_label(c) for c in chain]
+        if md.compressor is not None and labels[-1] not in _V2_COMPRESSORS:
+            raise NotNativeError(f"{path}: Zarr array {arr.path!r} has compressor {labels[-1]!r}, which the native "
+                                 f"reader does not decode (it decodes {', '.join(_V2_COMPRESSORS)}); it is decoded by "
                                  "partitioned_source")
-        return _Coding(dtype, _codec_steps(cid, path, arr), fortran=fortran)
+        if any(label not in table for label in labels[:len(md.filters or ())]):
+            raise NotNativeError(f"{path}: Zarr array {arr.path!r} has filters {labels[:len(md.filters)]}, which the "
+                                 f"native reader does not apply (it applies {', '.join(_V2_FILTERS)}); it is decoded "
+                                 "by partitioned_source")
+        steps = _chain_steps(chain, table, path, arr, "filters and compressor")
+        return _Coding(dtype, steps or None, fortran=fortran)
     if type(md.chunk_grid).__name__ != "RegularChunkGrid":
         raise NotNativeError(f"{path}: Zarr array {arr.path!r} has chunk grid {type(md.chunk_grid).__name__}; it is "
                              "read by partitioned_source")
@@ -185,8 +236,9 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     meta = os.path.join(folder, ".zarray" if arr.metadata.zarr_format == 2 else "zarr.json")
     # an object store: the chunk objects' sizes and ETags from one listing of the array's folder (a
     # request per 1000 objects) instead of a HEAD request per chunk; the metadata object's too, and it
-    # is read at that version (If-Match): its bytes and the ETag the plan names it by agree
-    listed = _Listed.of(bytes_store, folder, opened)
+    # is read at that version (If-Match): its bytes and the ETag the plan names it by agree. Not a
+    # reference set: its listing looks at every file it refers to, which _located_file looks at anyway
+    listed = bytes_store if locates else _Listed.of(bytes_store, folder, opened)
     meta_version = listed.stat(meta) if isinstance(listed, _Listed) else None
     read = opened.objects.get(meta) if opened is not None else None
     try:

@@ -12,6 +12,9 @@ carries the reference set to the formats, the planner and DALI's workers like an
 The set is read once, at the first use of the store, by fsspec's own reader of references
 (``fsspec.implementations.reference.ReferenceFileSystem``: templates, ``gen`` keys, inline values, never a
 parser written here), and kept for the store's life: a worker process gets the same bytes in the pickle.
+A folder of Parquet references (``reference:///data/era5.parq``: what fsspec's ``LazyReferenceMapper``,
+kerchunk's ``refs_to_dataframe`` and VirtualiZarr's ``to_kerchunk(format="parquet")`` write) is read by
+fsspec's ``LazyReferenceMapper`` into the same document (:mod:`.parquet`).
 The native reader reads the referenced files' ranges itself: :meth:`ReferenceStore.locate` gives the
 Zarr planner each key's file and offset (the store has no C++ twin; its files' stores do).
 A key's version is its referenced file's (size, modification time, ETag) as seen at the open, and its reads
@@ -26,7 +29,9 @@ import threading
 from typing import Sequence
 
 from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, read_exactly, write_spec
-from dali_mesh.storage.errors import DataFileError, FileChangedError, MissingFileError, TruncatedFileError
+from dali_mesh.storage.errors import (DataFileError, FileChangedError, MissingFileError, NotRegularFileError,
+                                     TruncatedFileError)
+from dali_mesh.storage.references.parquet import parquet_document
 
 __all__ = ["ReferenceStore", "resolve_reference"]
 
@@ -147,9 +152,15 @@ class ReferenceStore(ByteStore):
             with store.open(key, "reference file") as obj:
                 raw = read_exactly(obj, obj.size, 0)
                 obj.check_unchanged()
-        except MissingFileError as e:
-            # not a MissingFileError: a zarr reader takes that for a missing key, and the array for none
-            raise DataFileError(e.path, "no such reference file; check the location after reference://") from None
+        except (MissingFileError, NotRegularFileError) as e:
+            # no file: a folder of Parquet references (an object store has no folders: its keys under
+            # the name), read as the version 1 document it is, or no set at all
+            document = parquet_document(store, key, self.location)
+            if document is None:
+                # not a MissingFileError: a zarr reader takes that for a missing key, and the array for none
+                raise DataFileError(e.path, "no such reference file, nor a folder of Parquet references (with "
+                                            "a .zmetadata); check the location after reference://") from None
+            raw = json.dumps(document).encode()
         return raw
 
     def _take(self, raw: bytes, targets: dict | None) -> None:
