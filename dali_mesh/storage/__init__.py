@@ -195,3 +195,12 @@ def _reference(location: str, options: dict):
 
 
 register_scheme("reference", _reference)
+
+
+def _icechunk(location: str, options: dict):
+    from dali_mesh.storage.icechunk import resolve_icechunk  # noqa: PLC0415 - the icechunk library when one is read
+
+    return resolve_icechunk(location, options)
+
+
+register_scheme("icechunk", _icechunk)
