@@ -176,11 +176,22 @@ class IcechunkStore(ByteStore):
         prefix = prefix.removeprefix("/")
         store = self.session().store
 
-        async def keys():
-            return sorted([k async for k in store.list_prefix(prefix)])
+        async def keys(under: str):
+            return sorted([k async for k in store.list_prefix(under) if k.startswith(prefix)])
 
+        # the library lists the prefixes of groups and arrays only ("t/", not "t/c/"): the nearest one above
+        under = prefix
+        while True:
+            try:
+                found = _sync(keys(under))
+                break
+            except Exception as e:  # noqa: BLE001 - IcechunkError: "bad key prefix"
+                if not under:
+                    raise DataFileError(self.name_of(prefix), f"cannot be listed ({_short(e)})") from None
+                under = under.rstrip("/").rpartition("/")[0]
+                under = under + "/" if under else ""
         objects, prefixes = [], set()
-        for key in _sync(keys()):
+        for key in found:
             rest = key[len(prefix):]
             if delimiter and "/" in rest:
                 prefixes.add(lead + prefix + rest.split("/", 1)[0] + "/")

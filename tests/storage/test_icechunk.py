@@ -1,0 +1,314 @@
+"""The Icechunk store (dali_mesh/storage/icechunk/): the shared store tests over a repository's snapshot;
+repositories written here by the ``icechunk`` library (zarr-python writing into a writable session: native
+chunks Zstd and Blosc, two commits, a tag), read by ``ZarrSource`` on every rank of 2- and 4-way splits with
+halo at a branch, a tag and a snapshot id, equal to xarray reading the same snapshot (``xarray.open_zarr`` of
+the session's store); a commit during an epoch, a pickled source and a checkpoint resumed after a new commit
+read the snapshot they were pinned to; unknown and expired snapshots named; a repository in S3 (moto)."""
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import sys
+
+import numpy as np
+import pytest
+
+from dali_mesh.storage import DataFileError, MissingFileError, store_of
+from tests.helpers import SEED, mesh_of
+from tests.storage.s3_server import REGION, make_bucket, options, s3_endpoint  # noqa: F401 - s3_endpoint: a fixture
+from tests.storage.store_tests import FileObjectTests, StoreTests
+
+icechunk = pytest.importorskip("icechunk")
+from dali_mesh.storage.icechunk import IcechunkStore  # noqa: E402
+
+icechunk.set_logs_filter("error")  # a local repository warns at every open that it is not for concurrent commits
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+#: the arrays of the repositories: (time, lat, lon), chunks that no split's boundary follows
+SHAPE, CHUNKS = (3, 18, 20), (1, 7, 8)
+
+
+def _codecs():
+    import zarr
+
+    return {"t2m": zarr.codecs.ZstdCodec(level=3),
+            "z": zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle", typesize=4)}
+
+
+def _commit(repo, values: dict, message: str) -> str:
+    """Writes ``values`` (name -> array) into the branch ``main`` with zarr-python and commits; the
+    snapshot id."""
+    import zarr
+
+    session = repo.writable_session("main")
+    group = zarr.open_group(session.store, mode="a")
+    for name, x in values.items():
+        if name in group:
+            group[name][...] = x
+        else:
+            arr = group.create_array(name, shape=x.shape, chunks=CHUNKS, dtype=x.dtype, compressors=_codecs()[name],
+                                     dimension_names=("time", "lat", "lon"))
+            arr[...] = x
+    return session.commit(message)
+
+
+def _values(seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    return {name: rng.standard_normal(SHAPE).astype("<f4") for name in ("t2m", "z")}
+
+
+def _oracle(repo, **version) -> dict:
+    """Every array of the snapshot as xarray reads it from the library's own store."""
+    import xarray as xr
+
+    ds = xr.open_zarr(repo.readonly_session(**version).store, consolidated=False)
+    return {name: ds[name].values for name in ds.data_vars}
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory):
+    """A local repository with two commits to ``main`` (every value changed) and the tag ``v1`` on the
+    first: ``(path, repo, first snapshot, second snapshot)``."""
+    path = str(tmp_path_factory.mktemp("ice") / "repo")
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(path))
+    first = _commit(repo, _values(SEED), "first")
+    repo.create_tag("v1", first)
+    second = _commit(repo, _values(SEED + 1), "second")
+    return path, repo, first, second
+
+
+def _source(location, ranks: int, rank: int, halo: int = 2, boundary: str = "constant", name="t2m", **kw):
+    from dali_mesh import Layout, ZarrSource
+
+    layout = Layout(mesh_of((1, ranks), (0, rank)), shard={"m0": 0}, halo={0: halo}, boundary={0: boundary})
+    return ZarrSource([location], name, layout, batch_size=1, shuffle=False, **kw)
+
+
+def _check_windows(src, oracle: np.ndarray, what: str) -> None:
+    from dali_mesh.partition import take_window
+
+    for t in range(len(oracle)):
+        np.testing.assert_array_equal(src.read_sample(t)[0], take_window(oracle[t], src.region),
+                                      err_msg=f"{what}, step {t}, seed {SEED}")
+
+
+# ---- the shared store tests ------------------------------------------------------------------------------
+class TestIcechunkStore(StoreTests, FileObjectTests):
+    """A store is pinned to the snapshot it was resolved at, so the fixture commits every key the tests put
+    (``<name>/c/0``: the one chunk of an uncompressed uint8 array ``name``, the test's ``data``) before it
+    resolves the store, and a put checks that the snapshot holds them."""
+
+    NAMES = "abcdefgh"
+
+    @pytest.fixture
+    def store(self, tmp_path_factory, data):
+        import zarr
+        from zarr.core.buffer import default_buffer_prototype
+
+        # not tmp_path: its name is the test's ("...names_no_secret"), and the spec names the repository
+        path = str(tmp_path_factory.mktemp("store") / "repo")
+        self.repo = icechunk.Repository.create(icechunk.local_filesystem_storage(path))
+        session = self.repo.writable_session("main")
+        group = zarr.open_group(session.store, mode="w")
+        for name in self.NAMES:
+            group.create_array(name, shape=(len(data),), chunks=(len(data),), dtype="u1", compressors=None)
+            zarr.core.sync.sync(session.store.set(f"{name}/c/0", default_buffer_prototype().buffer.from_bytes(data)))
+        session.commit("the objects of the store tests")
+        self.data = data
+        store, key = store_of(f"icechunk://{path}")
+        assert isinstance(store, IcechunkStore) and key == ""
+        return store
+
+    def put(self, store, name, data):
+        assert data == self.data and name in self.NAMES  # committed by the fixture
+        return f"{name}/c/0"
+
+    def missing_key(self, store):
+        return "nothing/zarr.json"
+
+    def test_a_rewrite_while_open_is_a_new_version_and_refused(self, store, data):
+        """Not applicable as written: a snapshot's objects are never rewritten (a commit makes another
+        snapshot), so an object opened is read as it was, after a commit too, and the store's versions stay."""
+        import zarr
+
+        key = self.put(store, "e", data)
+        before = store.stat(key)
+        with store.open(key) as obj:
+            session = self.repo.writable_session("main")
+            zarr.open_array(session.store, path="e")[...] = np.frombuffer(data[::-1], "u1")
+            session.commit("rewrite e")
+            assert obj.pread(len(data), 0) == data
+            obj.check_unchanged()
+        assert store.stat(key) == before and store.read_range(key, 0, 1 << 20) == data
+        again, _ = store_of(f"icechunk://{store.repository}")  # the branch's new snapshot: the new bytes
+        assert again.snapshot != store.snapshot and again.read_range(key, 0, 1 << 20) == data[::-1]
+
+
+def test_names_specs_and_listing_name_the_snapshot(repository):
+    path, repo, first, second = repository
+    store, _ = store_of(f"icechunk://{path}")
+    assert store.snapshot == second == repo.lookup_branch("main")
+    assert store.spec == f"icechunk;repo={path};snapshot={second}"
+    assert store.name_of("t2m/zarr.json") == f"icechunk://{path}@{second}/t2m/zarr.json"
+    objects, prefixes = store.list("", delimiter=True)
+    assert [k for k, _ in objects] == ["zarr.json"] and prefixes == ["t2m/", "z/"]
+    chunks, _ = store.list("t2m/c/", delimiter=False)
+    # every chunk of the (3, 18, 20) array in chunks of (1, 7, 8), by its v3 key
+    assert [k for k, _ in chunks] == sorted(f"t2m/c/{t}/{i}/{j}" for t in range(3) for i in range(3) for j in range(3))
+    for key, version in chunks[:4]:  # the sizes the library's own store gives
+        assert version.size == len(store.read_range(key, 0, 1 << 30)) > 0
+
+
+# ---- every window of every rank, at a branch, a tag and a snapshot id -----------------------------------
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("version", ["branch", "tag", "snapshot", "in the location"])
+def test_every_window_of_every_rank_equals_xarray_on_the_same_snapshot(repository, ranks, version):
+    path, repo, first, second = repository
+    chosen = {"branch": ({"branch": "main"}, second), "tag": ({"tag": "v1"}, first),
+              "snapshot": ({"snapshot": first}, first), "in the location": ({}, second)}
+    opts, snapshot = chosen[version]
+    location = f"icechunk://{path}@{second}" if version == "in the location" else f"icechunk://{path}"
+    oracle = _oracle(repo, snapshot_id=snapshot)
+    other = _oracle(repo, snapshot_id=first if snapshot == second else second)
+    assert not np.array_equal(oracle["t2m"], other["t2m"])  # the two snapshots differ everywhere
+    for name in ("t2m", "z"):
+        for rank in range(ranks):
+            boundary = ("constant", "periodic", "reflect", "edge")[rank % 4]
+            src = _source(location, ranks, rank, name=name, boundary=boundary, storage_options=opts)
+            assert str(src.files[0]) == f"icechunk://{path}@{snapshot}"
+            if rank == ranks - 1:  # what DALI's worker processes get
+                src = pickle.loads(pickle.dumps(src))
+            _check_windows(src, oracle[name], f"{name} at {version}, rank {rank} of {ranks}, {boundary}")
+
+
+def test_a_commit_during_an_epoch_does_not_change_the_windows(tmp_path):
+    path = str(tmp_path / "repo")
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(path))
+    old = _values(SEED)
+    pinned = _commit(repo, old, "first")
+    src = _source(f"icechunk://{path}", 2, 1)  # the branch main, resolved here
+    worker = pickle.loads(pickle.dumps(src))
+    _check_windows(src, old["t2m"][:1], "before the commit")
+    new = _values(SEED + 7)
+    newer = _commit(repo, new, "during the epoch")
+    assert newer != pinned
+    for s, what in ((src, "the source"), (worker, "its pickle")):
+        _check_windows(s, old["t2m"], f"{what}, after a commit during the epoch")
+        assert s.fingerprint()["files"] == [f"icechunk://{path}@{pinned}"]
+    # the commit is real: a source resolved now reads it
+    _check_windows(_source(f"icechunk://{path}", 2, 1), new["t2m"], "a source made after the commit")
+
+
+def test_a_checkpoint_resumed_after_a_new_commit_reads_the_recorded_snapshot(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    pytest.importorskip("nvidia.dali")
+    from nvidia.dali import pipeline_def
+
+    from dali_mesh.partition import take_window
+    from dali_mesh.pipeline.external import partitioned_source
+    from dali_mesh.torch import MeshLoader
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))  # spawned workers
+
+    def loader(location):
+        src = _source(location, 2, 0)
+        src.batch_size = 1
+
+        def make(checkpoint=None):
+            @pipeline_def(batch_size=1, num_threads=1, device_id=None, py_num_workers=1, py_start_method="spawn",
+                          enable_checkpointing=True, prefetch_queue_depth=1)
+            def pipe():
+                return partitioned_source(src)
+
+            return pipe(checkpoint=checkpoint)
+
+        return MeshLoader(make, src.layout), src
+
+    path = str(tmp_path / "repo")
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(path))
+    old = _values(SEED)
+    recorded = _commit(repo, old, "first")
+    first, src = loader(f"icechunk://{path}")
+    next(first)
+    state = first.state_dict()
+    assert state["fingerprint"]["sources"][0]["files"] == [f"icechunk://{path}@{recorded}"]
+    del first
+    _commit(repo, _values(SEED + 3), "after the checkpoint")
+    at_branch, _ = loader(f"icechunk://{path}")  # the branch has moved: another snapshot, refused
+    with pytest.raises(ValueError, match=rf"files\[0\]: checkpoint '.*@{recorded}', this loader '.*@(?!{recorded})"):
+        at_branch.load_state_dict(state)
+    resumed, src = loader(state["fingerprint"]["sources"][0]["files"][0])  # the recorded location: that snapshot
+    resumed.load_state_dict(state)
+    batch = next(resumed)
+    t = int(batch["sample_id"][0])
+    assert t == 1
+    np.testing.assert_array_equal(np.asarray(batch["window"][0]), take_window(old["t2m"][t], src.region))
+
+
+# ---- versions and repositories that are not there -------------------------------------------------------
+def test_an_unknown_snapshot_tag_or_branch_is_named(repository):
+    path = repository[0]
+    unknown = "0" * 19 + "1"
+    with pytest.raises(DataFileError, match=rf"icechunk://{path}: has no snapshot '{unknown}' .*expired"):
+        store_of(f"icechunk://{path}", {"snapshot": unknown})
+    with pytest.raises(DataFileError, match=rf"has no snapshot '{unknown}'"):
+        store_of(f"icechunk://{path}@{unknown}/t2m")
+    with pytest.raises(DataFileError, match=r"has no tag 'v9' \(ref not found"):
+        store_of(f"icechunk://{path}", {"tag": "v9"})
+    with pytest.raises(DataFileError, match=r"has no branch 'dev'"):
+        store_of(f"icechunk://{path}", {"branch": "dev"})
+    with pytest.raises(ValueError, match=r"choose one version of the repository .*branch='main', tag='v1'"):
+        store_of(f"icechunk://{path}", {"branch": "main", "tag": "v1"})
+    with pytest.raises(ValueError, match=r"storage_options \['endpoint_url'\] are not options of a local"):
+        store_of(f"icechunk://{path}", {"endpoint_url": "http://127.0.0.1:1"})
+
+
+def test_a_missing_repository_and_a_missing_key_are_named(repository, tmp_path):
+    with pytest.raises(DataFileError, match=rf"icechunk://{tmp_path}/none: cannot be opened as an Icechunk "
+                                            r"repository \(the repository doesn't exist\)"):
+        store_of(f"icechunk://{tmp_path}/none")
+    store, _ = store_of(f"icechunk://{repository[0]}")
+    with pytest.raises(MissingFileError, match=rf"@{store.snapshot}/q/zarr.json: no such file: snapshot"):
+        store.open("q/zarr.json")
+
+
+def test_an_expired_and_collected_snapshot_is_named(tmp_path):
+    path = str(tmp_path / "repo")
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(path))
+    old = _commit(repo, _values(SEED), "first")
+    store, _ = store_of(f"icechunk://{path}")
+    pinned = pickle.loads(pickle.dumps(store))  # not opened yet: a worker process's store
+    _commit(repo, _values(SEED + 1), "second")
+    later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=1)
+    assert old in repo.expire_snapshots(later)
+    repo.garbage_collect(later)
+    with pytest.raises(DataFileError, match=rf"has no snapshot '{old}' .*expired .*garbage-collected"):
+        store_of(f"icechunk://{path}@{old}")
+    with pytest.raises(DataFileError, match=rf"has no snapshot '{old}'"):
+        pinned.stat("t2m/zarr.json")
+
+
+def test_without_icechunk_the_error_names_the_extra(repository, monkeypatch):
+    monkeypatch.setitem(sys.modules, "icechunk", None)
+    with pytest.raises(ImportError, match=r"pip install 'dali_mesh\[virtual\]'"):
+        store_of(f"icechunk://{repository[0]}")
+
+
+# ---- a repository in S3 -------------------------------------------------------------------------------------
+def test_a_repository_in_s3_reads_with_the_sources_storage_options(s3_endpoint):
+    opts = options(s3_endpoint, region=REGION)
+    make_bucket(s3_endpoint, "data")
+    storage = icechunk.s3_storage(bucket="data", prefix="ice/repo", endpoint_url=s3_endpoint, allow_http=True,
+                                  force_path_style=True, region=REGION, access_key_id=opts["key"],
+                                  secret_access_key=opts["secret"])
+    repo = icechunk.Repository.create(storage)
+    first = _commit(repo, _values(SEED), "first")
+    _commit(repo, _values(SEED + 1), "second")
+    oracle = _oracle(repo, snapshot_id=first)
+    for rank in range(2):
+        src = _source("icechunk://s3://data/ice/repo", 2, rank, storage_options={**opts, "snapshot": first})
+        store = src.files[0].store
+        assert opts["secret"] not in store.spec and opts["secret"].encode() not in pickle.dumps(store)
+        if rank == 1:
+            src = pickle.loads(pickle.dumps(src))  # its store without credentials: the source carries them beside it
+        _check_windows(src, oracle["t2m"], f"s3, rank {rank}")
