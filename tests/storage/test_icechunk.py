@@ -312,3 +312,72 @@ def test_a_repository_in_s3_reads_with_the_sources_storage_options(s3_endpoint):
         if rank == 1:
             src = pickle.loads(pickle.dumps(src))  # its store without credentials: the source carries them beside it
         _check_windows(src, oracle["t2m"], f"s3, rank {rank}")
+
+
+# ---- the command line: --data icechunk://... with --branch / --tag / --snapshot ------------------------------
+def _cli(capsys, argv):
+    from dali_mesh.cli import main
+
+    capsys.readouterr()
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("flags", [["--tag", "v1"], ["--branch", "main"], ["--snapshot", "first"], []])
+def test_plan_data_reads_the_version_given_once(repository, capsys, flags):
+    """Each rank's cold read is the stored sizes of the chunks of step 0 its window touches, as the library's
+    own store of the version's snapshot gives them; the table names that snapshot."""
+    import json
+
+    from zarr.core.sync import sync
+
+    path, repo, first, second = repository
+    flags = [f if f != "first" else first for f in flags]
+    snapshot = first if flags[:1] in (["--tag"], ["--snapshot"]) else second
+    argv = ["plan", "--data", f"icechunk://{path}", "--dataset", "t2m", "--mesh", "model_parallel=2",
+            "--shard", "model_parallel=0", *flags]
+    code, out, err = _cli(capsys, argv + ["--json"])
+    assert code == 0, err
+    store = repo.readonly_session(snapshot_id=snapshot).store
+    for row in json.loads(out):
+        (lo, _), (hi, _) = row["window_start"], row["window_stop"]
+        keys = [f"t2m/c/0/{i}/{j}" for i in range(lo // CHUNKS[1], (hi - 1) // CHUNKS[1] + 1)
+                for j in range(-(-SHAPE[2] // CHUNKS[2]))]
+        assert row["cold_bytes"] == sum(sync(store.getsize(k)) for k in keys), row
+    code, out, err = _cli(capsys, argv)
+    assert code == 0 and f"icechunk://{path}@{snapshot}" in out, out + err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tag", "v1", "--branch", "main"], "choose one version of the repository (a branch, a tag or a snapshot)"),
+    (["--tag", "v9"], "has no tag 'v9'"),
+    (["--snapshot", "0000000000000000000A"], "has no snapshot '0000000000000000000A'"),
+])
+def test_plan_version_flags_that_cannot_be_taken_are_one_line_errors(repository, capsys, argv, message):
+    code, out, err = _cli(capsys, ["plan", "--data", f"icechunk://{repository[0]}", "--dataset", "t2m", "--mesh",
+                                   "model_parallel=2", "--shard", "model_parallel=0", *argv])
+    assert code == 2 and err.startswith("dali-mesh: error: ") and message in err and "\n" not in err.strip(), err
+
+
+def test_version_flags_on_data_that_has_no_versions_are_refused(tmp_path, capsys):
+    np.save(tmp_path / "s.npy", np.zeros((4, 4), np.float32))
+    code, out, err = _cli(capsys, ["plan", "--data", str(tmp_path / "s.npy"), "--mesh", "model_parallel=2",
+                                   "--shard", "model_parallel=0", "--tag", "v1"])
+    assert code == 2 and "--tag choose a version of a versioned store (an icechunk:// repository)" in err, err
+    code, out, err = _cli(capsys, ["plan", "--shape", "4,4", "--mesh", "model_parallel=2", "--shard",
+                                   "model_parallel=0", "--branch", "main"])
+    assert code == 2 and "--branch choose a version of --data (an icechunk:// repository): give --data" in err, err
+
+
+@pytest.mark.timeout(240)
+def test_demo_reads_a_tag_of_a_repository_on_every_rank(repository, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("nvidia.dali")
+    path, _, first, _ = repository
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _cli(capsys, ["demo", "--data", f"icechunk://{path}", "--tag", "v1", "--dataset", "z",
+                                   "--nproc", "2", "--mesh", "model_parallel=2", "--shard", "model_parallel=0",
+                                   "--halo", "0=1", "--batch-size", "1", "--timeout", "200"])
+    assert code == 0, out + err
+    assert f"icechunk://{path}@{first}" in out and out.strip().endswith("all 3 samples verified"), out

@@ -105,6 +105,7 @@ class IcechunkStore(ByteStore):
 
     native = False  # the library names no chunk's object or range for the native reader to read
     supports_listing = True
+    versioned = True  # the names of its keys pin its snapshot
 
     def __init__(self, repository: str, snapshot: str, options: dict | None = None) -> None:
         self.repository, self.snapshot = repository, snapshot
