@@ -381,3 +381,63 @@ def test_demo_reads_a_tag_of_a_repository_on_every_rank(repository, tmp_path, mo
                                    "--halo", "0=1", "--batch-size", "1", "--timeout", "200"])
     assert code == 0, out + err
     assert f"icechunk://{path}@{first}" in out and out.strip().endswith("all 3 samples verified"), out
+
+
+# ---- virtual chunks: NetCDF4 files referenced by VirtualiZarr --------------------------------------------------
+def _virtual_repository(tmp_path):
+    """Two NetCDF4 files (gzip + shuffle chunks) written by xarray, along time, made one virtual dataset by
+    VirtualiZarr and written into a repository whose config declares their folder as a virtual chunk
+    container: ``(path, prefix, the values as xarray reads the files)``."""
+    pytest.importorskip("virtualizarr")
+    import xarray as xr
+    from obspec_utils.registry import ObjectStoreRegistry
+    from obstore.store import LocalStore
+    from virtualizarr import open_virtual_dataset
+    from virtualizarr.parsers import HDFParser
+
+    rng = np.random.default_rng(SEED)
+    files = []
+    for i in range(2):
+        x = rng.standard_normal((2, 10, 12)).astype("<f4")
+        ds = xr.Dataset({"t2m": (("time", "lat", "lon"), x)}, coords={"time": np.arange(2 * i, 2 * i + 2)})
+        files.append(str(tmp_path / f"t2m_{i}.nc"))
+        ds.to_netcdf(files[-1], engine="h5netcdf",
+                     encoding={"t2m": {"chunksizes": (1, 4, 6), "zlib": True, "shuffle": True}})
+    registry = ObjectStoreRegistry({"file://": LocalStore()})
+    parts = [open_virtual_dataset(f"file://{f}", registry=registry, parser=HDFParser()) for f in files]
+    vds = xr.concat(parts, dim="time", coords="minimal", compat="override")
+    prefix = f"file://{tmp_path}/"
+    config = icechunk.RepositoryConfig.default()
+    config.set_virtual_chunk_container(icechunk.VirtualChunkContainer(prefix, icechunk.local_filesystem_store(str(
+        tmp_path))))
+    path = str(tmp_path / "repo")
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(path), config=config)
+    session = repo.writable_session("main")
+    vds.vz.to_icechunk(session.store)
+    session.commit("virtual t2m")
+    oracle = np.concatenate([xr.open_dataset(f, engine="h5netcdf")["t2m"].values for f in files])
+    return path, prefix, oracle
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # zarr-python: numcodecs.shuffle / zlib are not in the v3 spec
+@pytest.mark.parametrize("access", ["prefix", "all declared"])
+def test_virtual_chunks_into_netcdf_files_read_as_xarray_reads_the_files(tmp_path, access):
+    path, prefix, oracle = _virtual_repository(tmp_path)
+    opts = {"authorize_virtual": [prefix] if access == "prefix" else True}
+    for ranks in (2, 4):
+        for rank in range(ranks):
+            src = _source(f"icechunk://{path}", ranks, rank, halo=1, boundary="reflect", storage_options=opts)
+            if rank == ranks - 1:
+                src = pickle.loads(pickle.dumps(src))  # the authorisation goes with the store into a worker
+            _check_windows(src, oracle, f"virtual, rank {rank} of {ranks}")
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_virtual_chunks_not_authorised_are_not_read(tmp_path):
+    path, prefix, _ = _virtual_repository(tmp_path)
+    src = _source(f"icechunk://{path}", 2, 0)
+    with pytest.raises(DataFileError, match=rf"icechunk://{path}@\w{{20}}/t2m/c/0/\d/\d: cannot be read \(a virtual "
+                                            rf"chunk .* {prefix}.*give storage_options authorize_virtual="):
+        src.read_sample(0)
+    with pytest.raises(ValueError, match=r"authorize_virtual must be a list of the URL prefixes"):
+        store_of(f"icechunk://{path}", {"authorize_virtual": prefix})

@@ -21,7 +21,10 @@ virtual ones are read by the session's ranged ``get``; the library (1.1.21) name
 object nor a virtual chunk's byte range (``Session.all_virtual_chunk_locations`` gives the files only), so
 the native reader has nothing to read directly and the Zarr planner leaves the store to zarr-python
 (``native = False``). zarr-python reads the repository's arrays through the session's own store
-(:meth:`IcechunkStore.zarr_store`).
+(:meth:`IcechunkStore.zarr_store`). Virtual chunks (byte ranges of NetCDF/HDF5 files that VirtualiZarr
+wrote into the repository) are read only from the containers the source authorises (``storage_options``
+``authorize_virtual``: their URL prefixes, or ``True`` for every one the repository declares): a
+repository's references may name any file.
 """
 from __future__ import annotations
 
@@ -40,6 +43,9 @@ EXTRA = "dali_mesh[virtual]"
 VERSION_OPTIONS = ("branch", "tag", "snapshot")
 #: the storage_options of an s3:// repository, named as s3fs names them (as the s3:// store takes them)
 S3_OPTIONS = ("endpoint_url", "region", "anon", "key", "secret", "token")
+#: the storage_option that authorises reads of virtual chunks: the URL prefixes of the repository's virtual
+#: chunk containers the reader trusts (``True``: every container the repository declares)
+VIRTUAL_OPTION = "authorize_virtual"
 _SECRETS = ("key", "secret", "token")
 #: ``<repository>@<snapshot id>[/<key>]``: a snapshot id is 20 characters of Crockford base32
 _PINNED = re.compile(r"(?P<repo>.+)@(?P<snapshot>[0-9A-Za-z]{20})(?:/(?P<key>.*))?")
@@ -65,9 +71,14 @@ def _sync(coro):
 
 
 def _short(e: BaseException) -> str:
-    """The first line of an icechunk error (its message; the rest is a Rust span trace)."""
-    text = str(e).strip().splitlines()
-    return (text[0].strip(" x") if text else type(e).__name__)[:300]
+    """An icechunk error's message on one line, without the Rust span trace after it (``context:``)."""
+    words = []
+    for line in str(e).strip().splitlines():
+        line = line.strip().lstrip("x|").strip()
+        if line.startswith("context:"):
+            break
+        words.extend(line.split())
+    return (" ".join(words) or type(e).__name__)[:400]
 
 
 class IcechunkObject(StoredObject):
@@ -134,8 +145,7 @@ class IcechunkStore(ByteStore):
         try:
             buf = _sync(store.get(key, default_buffer_prototype(), RangeByteRequest(offset, offset + size)))
         except Exception as e:  # noqa: BLE001 - icechunk raises IcechunkError, KeyError, ValueError
-            raise DataFileError(self.name_of(key), f"cannot be read ({_short(e)}); was snapshot {self.snapshot} "
-                                                   "expired and garbage-collected while it was read?") from None
+            raise self.read_failed(key, e) from None
         if buf is None:
             raise DataFileError(self.name_of(key), f"is gone from snapshot {self.snapshot} while it was read")
         return buf.to_bytes()
@@ -202,8 +212,20 @@ class IcechunkStore(ByteStore):
 
     def zarr_store(self, key: str):
         """The session's own zarr-python store at the root (zarr-python reads the arrays through the
-        library, native and virtual chunks alike); the base class's store over this one's reads below it."""
-        return self.session().store if not key.strip("/") else super().zarr_store(key)
+        library, native and virtual chunks alike), its errors naming the key; the base class's store over
+        this one's reads below it."""
+        return _named_errors(self) if not key.strip("/") else super().zarr_store(key)
+
+    def read_failed(self, key: str, e: BaseException) -> DataFileError:
+        """The error of a failed read of ``key``: what the library says, and what to do about it."""
+        text = _short(e)
+        if "authorize the virtual chunk container" in text:
+            hint = ("its bytes are in a virtual chunk container not authorised: give storage_options "
+                    "authorize_virtual=[the container's URL prefix] (or True: every container the repository "
+                    "declares) to read those files")
+        else:
+            hint = f"was snapshot {self.snapshot} expired and garbage-collected while it was read?"
+        return DataFileError(self.name_of(key), f"cannot be read ({text}); {hint}")
 
     # ---- processes and credentials ------------------------------------------------------------------------
     def credentials_state(self) -> tuple | None:
@@ -229,15 +251,41 @@ class IcechunkStore(ByteStore):
         return hash(self.spec)
 
 
+def _named_errors(store: IcechunkStore):
+    """The session's zarr-python store, whose failed reads raise :meth:`IcechunkStore.read_failed` (the key
+    and what to do) instead of the library's Rust trace."""
+    from zarr.storage import WrapperStore  # noqa: PLC0415 - zarr only when a repository is read
+
+    class NamedErrors(WrapperStore):
+        def _with_store(self, inner):
+            return type(self)(inner)
+
+        async def get(self, key, prototype, byte_range=None):
+            try:
+                return await self._store.get(key, prototype, byte_range)
+            except Exception as e:  # noqa: BLE001 - IcechunkError
+                raise store.read_failed(key, e) from None
+
+        async def get_partial_values(self, prototype, key_ranges):
+            key_ranges = list(key_ranges)
+            try:
+                return await self._store.get_partial_values(prototype, key_ranges)
+            except Exception as e:  # noqa: BLE001 - IcechunkError
+                raise store.read_failed(", ".join(k for k, _ in key_ranges[:3]), e) from None
+
+    return NamedErrors(store.session().store)
+
+
 def open_repository(repository: str, options: dict):
     """``icechunk.Repository.open`` of a local folder or an ``s3://bucket/prefix`` with ``options``."""
     icechunk = _icechunk()
     name = f"icechunk://{repository}"
     if repository.startswith("s3://"):
-        unknown = sorted(set(options) - set(S3_OPTIONS) - set(VERSION_OPTIONS))
+        known = S3_OPTIONS + VERSION_OPTIONS + (VIRTUAL_OPTION,)
+        unknown = sorted(set(options) - set(known))
         if unknown:
             raise ValueError(f"{name}: storage_options {unknown} are not options of an s3:// Icechunk repository "
-                             f"(known: {', '.join(S3_OPTIONS + VERSION_OPTIONS)})")
+                             f"(known: {', '.join(known)})")
         bucket, _, prefix = repository[len("s3://"):].partition("/")
         endpoint = options.get("endpoint_url")
         storage = icechunk.s3_storage(
@@ -250,16 +298,36 @@ def open_repository(repository: str, options: dict):
         raise DataFileError(name, "names a repository neither local nor s3://: give icechunk:///path/to/repo or "
                                   "icechunk://s3://bucket/prefix")
     else:
-        unknown = sorted(set(options) - set(VERSION_OPTIONS))
+        known = VERSION_OPTIONS + (VIRTUAL_OPTION,)
+        unknown = sorted(set(options) - set(known))
         if unknown:
             raise ValueError(f"{name}: storage_options {unknown} are not options of a local Icechunk repository "
-                             f"(known: {', '.join(VERSION_OPTIONS)})")
+                             f"(known: {', '.join(known)})")
         storage = icechunk.local_filesystem_storage(repository)
     try:
-        return icechunk.Repository.open(storage)
+        return icechunk.Repository.open(storage, authorize_virtual_chunk_access=_virtual_access(
+            icechunk, storage, name, options.get(VIRTUAL_OPTION)))
+    except DataFileError:
+        raise
     except Exception as e:  # noqa: BLE001 - IcechunkError
         raise DataFileError(name, f"cannot be opened as an Icechunk repository ({_short(e)}); check the location "
                                   "after icechunk://") from None
+
+
+def _virtual_access(icechunk, storage, name: str, given) -> dict | None:
+    """``authorize_virtual_chunk_access`` of the open: the virtual chunk containers ``given`` (URL prefixes,
+    or ``True``: every one the repository declares), each read with its own store's settings (``None``: no
+    credentials of the source's; a local folder, or S3 credentials from the environment). Nothing is
+    authorised unless the source says so: a repository's virtual chunks name files anywhere."""
+    if not given:
+        return None
+    if given is True:
+        config = icechunk.Repository.fetch_config(storage)
+        return {c.url_prefix: None for c in ((config.virtual_chunk_containers or {}) if config else {}).values()}
+    if isinstance(given, str) or not all(isinstance(p, str) for p in given):
+        raise ValueError(f"{name}: storage_options {VIRTUAL_OPTION} must be a list of the URL prefixes of virtual "
+                         f"chunk containers to read (or True: all the repository declares), got {given!r}")
+    return {p: None for p in given}
 
 
 def _readonly_session(repo, repository: str, **version):
