@@ -441,3 +441,51 @@ def test_virtual_chunks_not_authorised_are_not_read(tmp_path):
         src.read_sample(0)
     with pytest.raises(ValueError, match=r"authorize_virtual must be a list of the URL prefixes"):
         store_of(f"icechunk://{path}", {"authorize_virtual": prefix})
+
+
+# ---- the weather dataset source over a repository --------------------------------------------------------------
+def test_a_dataset_source_reads_variables_levels_forecasts_of_the_tagged_snapshot(tmp_path):
+    """An xarray-written dataset (variables x levels x time) committed twice, read at the tag on the first by
+    ``ZarrDatasetSource`` with forecasts, halos and normalisation, equal to xarray on that snapshot."""
+    import pandas as pd
+    import xarray as xr
+
+    from dali_mesh import ForecastSpec, MeshInfo, NamedLayout, ZarrDatasetSource
+    from dali_mesh.partition import take_window
+
+    def dataset(seed):
+        rng = np.random.default_rng(seed)
+        return xr.Dataset(
+            {"t2m": (("time", "latitude", "longitude"), rng.standard_normal((6, 9, 12)).astype("f4")),
+             "z": (("time", "level", "latitude", "longitude"), rng.standard_normal((6, 3, 9, 12)).astype("f4"))},
+            coords={"time": pd.date_range("2020-01-01", periods=6, freq="6h"), "level": [500, 850, 1000],
+                    "latitude": np.linspace(80, -80, 9), "longitude": np.arange(12) * 30.0})
+
+    path = str(tmp_path / "repo")
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(path))
+    session = repo.writable_session("main")
+    first = dataset(SEED)
+    for name in first.data_vars:  # chunks that no split follows: a time step, 5 of the 9 latitudes
+        first[name].encoding["chunks"] = (1,) * (first[name].ndim - 2) + (5, 12)
+    first.to_zarr(session.store, consolidated=False, zarr_format=3)
+    repo.create_tag("v1", session.commit("first"))
+    session = repo.writable_session("main")
+    dataset(SEED + 1).to_zarr(session.store, consolidated=False, mode="a")
+    session.commit("second")
+
+    oracle = xr.open_zarr(repo.readonly_session(tag="v1").store, consolidated=False)
+    fields = np.stack([oracle["t2m"].values, oracle["z"].sel(level=850).values], axis=1).astype(np.float64)
+    mean, std = np.array([0.5, -0.25]), np.array([2.0, 0.5])
+    fc = ForecastSpec(1, 1)
+    for rank in range(2):
+        layout = NamedLayout(MeshInfo((2,), ("mp",), (rank,)), shard={"mp": "latitude"},
+                             halo={"latitude": 1, "longitude": 2}, boundary={"latitude": "reflect", "longitude": "periodic"})
+        src = ZarrDatasetSource(f"icechunk://{path}", ["t2m", ("z", 850)], layout, shuffle=False, forecast=fc,
+                                mean=mean, std=std, storage_options={"tag": "v1"})
+        for sid in range(src.num_samples):
+            t = src.time_index(sid)
+            got = src.read_sample(sid)
+            for w, steps in enumerate((range(t - fc.history, t + 1), range(t + 1, t + fc.lead + 1))):
+                want = np.stack([(take_window(fields[s], src.region) - mean[:, None, None]) / std[:, None, None]
+                                 for s in steps])
+                np.testing.assert_allclose(got[w], want, rtol=2e-6, atol=2e-6, err_msg=f"rank {rank}, sample {sid}")
