@@ -152,6 +152,9 @@ def test_names_specs_and_listing_name_the_snapshot(repository):
     assert store.name_of("t2m/zarr.json") == f"icechunk://{path}@{second}/t2m/zarr.json"
     objects, prefixes = store.list("", delimiter=True)
     assert [k for k, _ in objects] == ["zarr.json"] and prefixes == ["t2m/", "z/"]
+    assert store.list("t2m/c/", delimiter=True) == ([], ["t2m/c/0/", "t2m/c/1/", "t2m/c/2/"])
+    objects, prefixes = store.list("/t2m/", delimiter=True)  # a zarr store over it asks with the root's "/"
+    assert [k for k, _ in objects] == ["/t2m/zarr.json"] and prefixes == ["/t2m/c/"]
     chunks, _ = store.list("t2m/c/", delimiter=False)
     # every chunk of the (3, 18, 20) array in chunks of (1, 7, 8), by its v3 key
     assert [k for k, _ in chunks] == sorted(f"t2m/c/{t}/{i}/{j}" for t in range(3) for i in range(3) for j in range(3))

@@ -70,6 +70,11 @@ def _sync(coro):
     return sync(coro)
 
 
+async def _collect(names) -> list:
+    """The items of an async iterator (the session store's listings)."""
+    return [name async for name in names]
+
+
 def _short(e: BaseException) -> str:
     """An icechunk error's message on one line, without the Rust span trace after it (``context:``)."""
     words = []
@@ -170,8 +175,9 @@ class IcechunkStore(ByteStore):
             if not _sync(store.exists(key)):
                 return None
             size = _sync(store.getsize(key))
-        except Exception as e:  # noqa: BLE001 - KeyError, IcechunkError: "node not found" under no node
-            if isinstance(e, KeyError) or "not found" in str(e):
+        except Exception as e:  # noqa: BLE001 - KeyError, IcechunkError (one class for every failure)
+            # under no node ("node not found"), or a folder's name ("invalid zarr key format"): no object
+            if isinstance(e, KeyError) or "not found" in str(e) or "invalid zarr key" in str(e):
                 return None
             raise DataFileError(self.name_of(key), f"cannot be looked at ({_short(e)})") from None
         return Version(int(size), -1, self.tag)
@@ -182,19 +188,25 @@ class IcechunkStore(ByteStore):
 
     def list(self, prefix: str, delimiter: bool = True) -> tuple[list[tuple[str, Version]], list[str]]:
         """The keys of the snapshot under ``prefix`` with their versions, and with ``delimiter`` the
-        prefixes one level down."""
+        prefixes one level down (a folder's children only: the root of a repository of millions of chunks
+        lists its arrays, not their chunks)."""
         lead = "/" if prefix.startswith("/") else ""
         prefix = prefix.removeprefix("/")
         store = self.session().store
-
-        async def keys(under: str):
-            return sorted([k async for k in store.list_prefix(under) if k.startswith(prefix)])
-
+        if delimiter and (prefix == "" or prefix.endswith("/")):
+            objects, prefixes = [], []
+            for name in sorted(_sync(_collect(store.list_dir(prefix)))):
+                version = self.stat(prefix + name)  # the library names children, objects and folders alike
+                if version is None:
+                    prefixes.append(lead + prefix + name + "/")
+                else:
+                    objects.append((lead + prefix + name, version))
+            return objects, prefixes
         # the library lists the prefixes of groups and arrays only ("t/", not "t/c/"): the nearest one above
         under = prefix
         while True:
             try:
-                found = _sync(keys(under))
+                found = sorted(k for k in _sync(_collect(store.list_prefix(under))) if k.startswith(prefix))
                 break
             except Exception as e:  # noqa: BLE001 - IcechunkError: "bad key prefix"
                 if not under:
