@@ -257,8 +257,9 @@ setup(
         "io": ["h5py>=3.10", "zarr>=2.16"],
         "gpu": ["cupy-cuda12x"],
         # reference:// locations (Kerchunk reference sets): fsspec reads them, kerchunk writes them;
-        # jinja2 renders a set's generated ("gen") keys
-        "virtual": ["kerchunk>=0.2.10", "fsspec>=2025.2.0", "jinja2>=3"],
+        # jinja2 renders a set's generated ("gen") keys. icechunk:// repositories: the icechunk library
+        # (2.x needs Python >= 3.12 and reads 1.x repositories; the calls used here are in both)
+        "virtual": ["kerchunk>=0.2.10", "fsspec>=2025.2.0", "jinja2>=3", "icechunk>=1.1.21,<3"],
         "test": ["pytest", "pytest-timeout", "hypothesis"],
     },
     ext_modules=[Extension(name, sources=[]) for name in LIBS],

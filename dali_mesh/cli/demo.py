@@ -23,7 +23,8 @@ import time
 
 import numpy as np
 
-from dali_mesh.cli.options import UsageError, find_data, make_layout, parse_ints, positive_float, positive_int
+from dali_mesh.cli.options import (UsageError, add_version_arguments, find_data, make_layout, parse_ints,
+                                  positive_float, positive_int)
 from dali_mesh.cli.locations import scrub, shown
 from dali_mesh.formats import format_named, format_of
 from dali_mesh.io.pagecache import descendant_pids, evict, read_bytes
@@ -52,6 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="a folder of .npy files (one sample each), or HDF5 (.h5) / Zarr (.zarr) files or "
                                    "a folder of them, samples along axis 0 (default: write a synthetic ERA5-like set)")
     p.add_argument("--dataset", help="HDF5 dataset or Zarr array name (default: the only one there)")
+    add_version_arguments(p)
     p.add_argument("--channels", metavar="VAR[@LEVEL[/LEVEL...]],...",
                    help="with --data STORE (an xarray-written Zarr group or a NetCDF4 file): the sample's channels "
                         "(e.g. 2m_temperature,geopotential@500); samples are (channel, *spatial dims), read by "

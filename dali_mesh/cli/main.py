@@ -19,6 +19,7 @@ import numpy as np
 
 from dali_mesh.cli.options import (
     UsageError,
+    add_version_arguments,
     is_zarr_group,
     make_layout,
     parse_boundary,
@@ -29,6 +30,7 @@ from dali_mesh.cli.options import (
     parse_mesh,
     parse_pairs,
     parse_shard,
+    pin_version,
     positive_int,
 )
 from dali_mesh.cli.locations import scrub, scrub_logs, shown
@@ -314,6 +316,7 @@ def make_parser() -> argparse.ArgumentParser:
                       help="a .npy file, HDF5 file or Zarr store (or a folder of them): take the sample shape and "
                            "dtype from it and add, per rank, the bytes a cold read pulls and a chunk shape that fits")
     plan.add_argument("--dataset", help="HDF5 dataset or Zarr array name (default: the only one there)")
+    add_version_arguments(plan)
     plan.add_argument("--channels", metavar="VAR[@LEVEL[/LEVEL...]],...",
                       help="with --data STORE (an xarray-written Zarr group or NetCDF4 file): the channels of a "
                            "sample, e.g. 2m_temperature,geopotential@500,temperature@500/850; the sample is then "
@@ -613,6 +616,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     given = [getattr(args, k, None) for k in ("data", "src", "dst")]
     scrub_logs(given)
     try:
+        if args.command in ("plan", "demo"):
+            pin_version(args)  # a branch or tag resolved once: every rank reads one snapshot
         if args.command == "plan":
             return cmd_plan(args)
         if args.command == "convert":

@@ -37,6 +37,8 @@ __all__ = [
     "make_layout",
     "data_kind",
     "find_data",
+    "add_version_arguments",
+    "pin_version",
 ]
 
 
@@ -279,6 +281,9 @@ def find_data(path: str, what: str = "--data") -> tuple[ArrayFormat, list[str]]:
         files = [e for e in entries if fmt.probe(e)]
         if files:
             return fmt, files
+    for fmt in FORMATS.values():  # no name says: a store whose root is one (an icechunk:// repository), asked
+        if fmt.container == "store" and store.local_path(key) is None and fmt.is_store(path):
+            return fmt, [path]
     raise UsageError(f"{what} {said!r} holds no files of a known format ({names})")
 
 
@@ -309,3 +314,39 @@ def parse_channels(text: str) -> list:
         values = [level(v.strip()) for v in levels.split("/")]
         out.append((name, values if len(values) > 1 else values[0]))
     return out
+
+
+#: the flags that choose a version of a versioned store (an Icechunk repository), as storage_options name them
+VERSION_FLAGS = ("branch", "tag", "snapshot")
+
+
+def add_version_arguments(p: argparse.ArgumentParser) -> None:
+    """``--branch``, ``--tag`` and ``--snapshot``: which version of ``--data`` (an ``icechunk://`` repository)."""
+    for flag, what in (("branch", "the tip of this branch (default main)"), ("tag", "this tag"),
+                       ("snapshot", "this snapshot id")):
+        p.add_argument(f"--{flag}", help=f"with --data icechunk://REPO: read {what}, resolved once to a snapshot id "
+                                         "that every rank reads")
+
+
+def pin_version(args: argparse.Namespace) -> None:
+    """Resolves a versioned ``--data`` (an ``icechunk://`` repository) at the ``--branch``, ``--tag`` or
+    ``--snapshot`` given (default: its store's, the branch main) ONCE, and puts the location of that
+    snapshot (``icechunk://REPO@SNAPSHOT``) in ``args.data``: every rank of the demo, and every open of the
+    plan, reads the same snapshot, whatever is committed meanwhile. Other locations are left as they are,
+    and refuse the flags."""
+    chosen = {k: getattr(args, k) for k in VERSION_FLAGS if getattr(args, k, None)}
+    flags = ", ".join(f"--{k}" for k in chosen)
+    if not getattr(args, "data", None):
+        if chosen:
+            raise UsageError(f"{flags} choose a version of --data (an icechunk:// repository): give --data")
+        return
+    try:
+        store, key = store_of(args.data, chosen)
+    except ValueError as e:  # two versions chosen, or a store that takes no such option (s3://)
+        raise UsageError(f"--data {shown(args.data)!r}: {scrub(str(e), [args.data])}") from None
+    if not store.versioned:
+        if chosen:
+            raise UsageError(f"{flags} choose a version of a versioned store (an icechunk:// repository); --data "
+                             f"{shown(args.data)!r} has none")
+        return
+    args.data = store.name_of(key)

@@ -10,7 +10,9 @@ each read with their own. ``store_of(location)`` gives the store and key of a lo
 :class:`~dali_mesh.storage.remote.RemoteStore` (ranged GETs through libcurl); ``memory://name/key`` by the
 :class:`~dali_mesh.storage.memory.MemoryStore` (objects held in the process, for tests);
 ``reference://<refs.json>`` by the :class:`~dali_mesh.storage.references.ReferenceStore` (a Kerchunk reference
-set: keys that are inline bytes or byte ranges of other locations, read through theirs). Another backend
+set: keys that are inline bytes or byte ranges of other locations, read through theirs);
+``icechunk://<repository>`` by the :class:`~dali_mesh.storage.icechunk.IcechunkStore` (one snapshot of an
+Icechunk repository, through the ``icechunk`` library). Another backend
 registers its URL scheme with :func:`register_scheme` and passes the shared store tests
 (``tests/storage/store_tests.py``).
 """
@@ -195,3 +197,12 @@ def _reference(location: str, options: dict):
 
 
 register_scheme("reference", _reference)
+
+
+def _icechunk(location: str, options: dict):
+    from dali_mesh.storage.icechunk import resolve_icechunk  # noqa: PLC0415 - the icechunk library when one is read
+
+    return resolve_icechunk(location, options)
+
+
+register_scheme("icechunk", _icechunk)

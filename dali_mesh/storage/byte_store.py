@@ -122,6 +122,9 @@ class ByteStore(abc.ABC):
     #: whether the store keeps its keys in ranges of other stores' files (a Kerchunk reference set):
     #: :meth:`locate` answers, and the native reader reads those files instead of the store's own objects
     locates: bool = False
+    #: whether the store is one version of many (an Icechunk repository's snapshot, chosen by the storage_options
+    #: branch, tag or snapshot): its names pin that version (the CLI's ``--data`` is pinned so once for every rank)
+    versioned: bool = False
 
     @abc.abstractmethod
     def open(self, key: str, what: str = "file", *, direct: bool = False) -> StoredObject:

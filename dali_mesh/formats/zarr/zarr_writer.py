@@ -8,14 +8,20 @@ import numpy as np
 
 from dali_mesh.formats.zarr.zarr_reader import METADATA_KEYS
 from dali_mesh.io._common import ArrayWriter
+from dali_mesh.storage import store_of
 
 __all__ = ["create_zarr_array", "is_zarr_store"]
 
 
 def is_zarr_store(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a folder holding a Zarr store's root metadata (v3 ``zarr.json``, v2
-    ``.zarray`` or ``.zgroup``)."""
-    return os.path.isdir(path) and any(os.path.exists(os.path.join(path, m)) for m in METADATA_KEYS + (".zgroup",))
+    ``.zarray`` or ``.zgroup``), or a location of another store whose root holds it (asked of the store:
+    an Icechunk repository's snapshot)."""
+    store, key = store_of(path)
+    local = store.local_path(key)
+    if local is not None:
+        return os.path.isdir(local) and any(os.path.exists(os.path.join(local, m)) for m in METADATA_KEYS + (".zgroup",))
+    return any(store.stat(f"{key.rstrip('/')}/{m}".lstrip("/")) is not None for m in METADATA_KEYS + (".zgroup",))
 
 
 class _ZarrWriter(ArrayWriter):

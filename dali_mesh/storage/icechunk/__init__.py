@@ -1,0 +1,379 @@
+"""The Icechunk store: one snapshot of an Icechunk repository as a byte store, ``icechunk://<repository>``
+(a local folder, or ``s3://bucket/prefix`` with the source's ``storage_options``), read through the
+``icechunk`` library only (``Repository.open``, ``readonly_session``, its session's zarr store: ``get`` with
+byte ranges, ``list_prefix``), never a manifest parsed here. ``ZarrSource(["icechunk:///data/era5"], "t2m",
+layout, storage_options={"tag": "v1"})`` reads the array ``t2m`` of the repository at the tag ``v1``.
+
+Which version: ``storage_options`` ``branch``, ``tag`` or ``snapshot`` (a snapshot id), at most one
+(default: the branch ``main``), not a query in the location (``?`` is a character of a local path), or a
+snapshot id in the location itself: ``icechunk://<repository>@<snapshot id>``. A branch or a tag is
+resolved ONCE, when the location is resolved (the source's construction), to a snapshot id, and that id
+is the store's version: it is in the store's spec and in every name of its keys (``icechunk:///data/era5@
+YJXNR2Q6WMH5PC80YF9G``), so a plan, a fingerprint and a checkpoint record it, a pickled store (DALI's
+worker processes) reads that snapshot, and a commit to the branch while the source reads never mixes two
+versions into one window. A name of a key is a location again: a checkpoint's recorded files read the
+recorded snapshot, whatever the branch holds since. An unknown snapshot id (never there, or expired by
+``Repository.expire_snapshots`` and collected by ``garbage_collect``) is an error naming it; a snapshot
+collected while it is read fails its next read of a deleted object, naming the snapshot.
+
+Reads: the Python path. Native chunks (each one object ``chunks/<id>`` of the repository's storage) and
+virtual ones are read by the session's ranged ``get``; the library (1.1.21) names neither a native chunk's
+object nor a virtual chunk's byte range (``Session.all_virtual_chunk_locations`` gives the files only), so
+the native reader has nothing to read directly and the Zarr planner leaves the store to zarr-python
+(``native = False``). zarr-python reads the repository's arrays through the session's own store
+(:meth:`IcechunkStore.zarr_store`). Virtual chunks (byte ranges of NetCDF/HDF5 files that VirtualiZarr
+wrote into the repository) are read only from the containers the source authorises (``storage_options``
+``authorize_virtual``: their URL prefixes, or ``True`` for every one the repository declares): a
+repository's references may name any file.
+"""
+from __future__ import annotations
+
+import re
+import threading
+from typing import Sequence
+
+from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, write_spec
+from dali_mesh.storage.errors import DataFileError, MissingFileError
+
+__all__ = ["IcechunkStore", "resolve_icechunk"]
+
+#: what a user installs to read Icechunk repositories (setup.py's extras_require)
+EXTRA = "dali_mesh[virtual]"
+#: the storage_options that choose the version (the rest configure an s3:// repository's storage)
+VERSION_OPTIONS = ("branch", "tag", "snapshot")
+#: the storage_options of an s3:// repository, named as s3fs names them (as the s3:// store takes them)
+S3_OPTIONS = ("endpoint_url", "region", "anon", "key", "secret", "token")
+#: the storage_option that authorises reads of virtual chunks: the URL prefixes of the repository's virtual
+#: chunk containers the reader trusts (``True``: every container the repository declares)
+VIRTUAL_OPTION = "authorize_virtual"
+_SECRETS = ("key", "secret", "token")
+#: ``<repository>@<snapshot id>[/<key>]``: a snapshot id is 20 characters of Crockford base32
+_PINNED = re.compile(r"(?P<repo>.+)@(?P<snapshot>[0-9A-Za-z]{20})(?:/(?P<key>.*))?")
+
+
+def _icechunk():
+    """The ``icechunk`` module, or an error naming the extra that installs it."""
+    try:
+        import icechunk  # noqa: PLC0415 - only when a repository is read
+    except ImportError as e:
+        raise ImportError(f"reading Icechunk repositories (icechunk:// locations) needs the icechunk library: "
+                          f"pip install '{EXTRA}' ({e})") from None
+    # a local repository warns "not safe for concurrent commits" at every open: this store never commits
+    icechunk.set_logs_filter("error")
+    return icechunk
+
+
+def _sync(coro):
+    """Runs one of the session store's coroutines on zarr-python's event loop and waits for it."""
+    from zarr.core.sync import sync  # noqa: PLC0415 - zarr only when a repository is read
+
+    return sync(coro)
+
+
+async def _collect(names) -> list:
+    """The items of an async iterator (the session store's listings)."""
+    return [name async for name in names]
+
+
+def _short(e: BaseException) -> str:
+    """An icechunk error's message on one line, without the Rust span trace after it (``context:``)."""
+    words = []
+    for line in str(e).strip().splitlines():
+        line = line.strip().lstrip("x|").strip()
+        if line.startswith("context:"):
+            break
+        words.extend(line.split())
+    return (" ".join(words) or type(e).__name__)[:400]
+
+
+class IcechunkObject(StoredObject):
+    """A key of the snapshot: its bytes never change (a commit makes another snapshot)."""
+
+    def __init__(self, store: "IcechunkStore", key: str, size: int) -> None:
+        self.store, self.key, self._size = store, key, size
+
+    @property
+    def version(self) -> Version:
+        return Version(self._size, -1, self.store.tag)
+
+    def readv(self, buffers: Sequence, offset: int) -> int:
+        views = [memoryview(b).cast("B") for b in buffers]
+        want = min(sum(len(v) for v in views), self._size - offset)
+        if want <= 0:
+            return 0
+        data = self.store.read(self.key, offset, want)
+        done = 0
+        for view in views:
+            take = min(len(view), len(data) - done)
+            view[:take] = data[done:done + take]
+            done += take
+            if done >= len(data):
+                break
+        return done
+
+    def check_unchanged(self) -> None:
+        """A snapshot's keys are immutable: a read of a collected snapshot fails itself, naming it."""
+
+
+class IcechunkStore(ByteStore):
+    """The keys of ``repository`` (a local folder or ``s3://bucket/prefix``) at the snapshot ``snapshot``,
+    read with ``options`` (an s3:// repository's storage_options)."""
+
+    native = False  # the library names no chunk's object or range for the native reader to read
+    supports_listing = True
+    versioned = True  # the names of its keys pin its snapshot
+
+    def __init__(self, repository: str, snapshot: str, options: dict | None = None) -> None:
+        self.repository, self.snapshot = repository, snapshot
+        self._options = {k: v for k, v in (options or {}).items() if k not in VERSION_OPTIONS}
+        self.spec = write_spec("icechunk", {"repo": repository, "snapshot": snapshot})
+        self.tag = f"icechunk:{snapshot}"
+        self._lock = threading.Lock()
+        self._session = None  # the readonly session, at the first read in this process
+
+    # ---- the repository -----------------------------------------------------------------------------
+    def session(self):
+        """The read-only session of the store's snapshot (opened once per process)."""
+        if self._session is None:
+            with self._lock:
+                if self._session is None:
+                    repo = open_repository(self.repository, self._options)
+                    self._session = _readonly_session(repo, self.repository, snapshot_id=self.snapshot)
+        return self._session
+
+    def read(self, key: str, offset: int, size: int) -> bytes:
+        """``size`` bytes of ``key`` at ``offset`` (one ranged read of the session's store)."""
+        from zarr.abc.store import RangeByteRequest  # noqa: PLC0415
+        from zarr.core.buffer import default_buffer_prototype  # noqa: PLC0415
+
+        store = self.session().store
+        try:
+            buf = _sync(store.get(key, default_buffer_prototype(), RangeByteRequest(offset, offset + size)))
+        except Exception as e:  # noqa: BLE001 - icechunk raises IcechunkError, KeyError, ValueError
+            raise self.read_failed(key, e) from None
+        if buf is None:
+            raise DataFileError(self.name_of(key), f"is gone from snapshot {self.snapshot} while it was read")
+        return buf.to_bytes()
+
+    def name_of(self, key: str) -> str:
+        key = key.removeprefix("/")
+        return f"icechunk://{self.repository}@{self.snapshot}" + (f"/{key}" if key else "")
+
+    # ---- reads ------------------------------------------------------------------------------------------
+    def open(self, key: str, what: str = "file", *, direct: bool = False) -> StoredObject:
+        key = key.removeprefix("/")
+        version = self.stat(key)
+        if version is None:
+            raise MissingFileError(self.name_of(key), f"no such {what}: snapshot {self.snapshot} of the repository "
+                                                      f"has no key {key!r}")
+        return IcechunkObject(self, key, version.size)
+
+    def stat(self, key: str) -> Version | None:
+        key = key.removeprefix("/")
+        store = self.session().store
+        try:
+            if not _sync(store.exists(key)):
+                return None
+            size = _sync(store.getsize(key))
+        except Exception as e:  # noqa: BLE001 - KeyError, IcechunkError (one class for every failure)
+            # under no node ("node not found"), or a folder's name ("invalid zarr key format"): no object
+            if isinstance(e, KeyError) or "not found" in str(e) or "invalid zarr key" in str(e):
+                return None
+            raise DataFileError(self.name_of(key), f"cannot be looked at ({_short(e)})") from None
+        return Version(int(size), -1, self.tag)
+
+    def pins(self, version: Version | None) -> bool:
+        """Every read is of the store's snapshot, whose keys never change."""
+        return version is not None and version.tag == self.tag
+
+    def list(self, prefix: str, delimiter: bool = True) -> tuple[list[tuple[str, Version]], list[str]]:
+        """The keys of the snapshot under ``prefix`` with their versions, and with ``delimiter`` the
+        prefixes one level down (a folder's children only: the root of a repository of millions of chunks
+        lists its arrays, not their chunks)."""
+        lead = "/" if prefix.startswith("/") else ""
+        prefix = prefix.removeprefix("/")
+        store = self.session().store
+        if delimiter and (prefix == "" or prefix.endswith("/")):
+            objects, prefixes = [], []
+            for name in sorted(_sync(_collect(store.list_dir(prefix)))):
+                version = self.stat(prefix + name)  # the library names children, objects and folders alike
+                if version is None:
+                    prefixes.append(lead + prefix + name + "/")
+                else:
+                    objects.append((lead + prefix + name, version))
+            return objects, prefixes
+        # the library lists the prefixes of groups and arrays only ("t/", not "t/c/"): the nearest one above
+        under = prefix
+        while True:
+            try:
+                found = sorted(k for k in _sync(_collect(store.list_prefix(under))) if k.startswith(prefix))
+                break
+            except Exception as e:  # noqa: BLE001 - IcechunkError: "bad key prefix"
+                if not under:
+                    raise DataFileError(self.name_of(prefix), f"cannot be listed ({_short(e)})") from None
+                under = under.rstrip("/").rpartition("/")[0]
+                under = under + "/" if under else ""
+        objects, prefixes = [], set()
+        for key in found:
+            rest = key[len(prefix):]
+            if delimiter and "/" in rest:
+                prefixes.add(lead + prefix + rest.split("/", 1)[0] + "/")
+                continue
+            objects.append((lead + key, Version(int(_sync(store.getsize(key))), -1, self.tag)))
+        return objects, sorted(prefixes)
+
+    def zarr_store(self, key: str):
+        """The session's own zarr-python store at the root (zarr-python reads the arrays through the
+        library, native and virtual chunks alike), its errors naming the key; the base class's store over
+        this one's reads below it."""
+        return _named_errors(self) if not key.strip("/") else super().zarr_store(key)
+
+    def read_failed(self, key: str, e: BaseException) -> DataFileError:
+        """The error of a failed read of ``key``: what the library says, and what to do about it."""
+        text = _short(e)
+        if "authorize the virtual chunk container" in text:
+            hint = ("its bytes are in a virtual chunk container not authorised: give storage_options "
+                    "authorize_virtual=[the container's URL prefix] (or True: every container the repository "
+                    "declares) to read those files")
+        else:
+            hint = f"was snapshot {self.snapshot} expired and garbage-collected while it was read?"
+        return DataFileError(self.name_of(key), f"cannot be read ({text}); {hint}")
+
+    # ---- processes and credentials ------------------------------------------------------------------------
+    def credentials_state(self) -> tuple | None:
+        """An s3:// repository's key, secret and token, carried beside the store (its pickle holds none)."""
+        secrets = {k: self._options[k] for k in _SECRETS if self._options.get(k)}
+        return (self.spec, secrets) if secrets else None
+
+    def take_credentials(self, credentials) -> None:
+        self._options.update(credentials)
+        self._session = None  # opened again with them
+
+    def __reduce__(self):
+        public = {k: v for k, v in self._options.items() if k not in _SECRETS}
+        return (IcechunkStore, (self.repository, self.snapshot, public))
+
+    def __repr__(self) -> str:
+        return f"IcechunkStore({self.repository!r}, {self.snapshot!r})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, IcechunkStore) and other.spec == self.spec
+
+    def __hash__(self) -> int:
+        return hash(self.spec)
+
+
+def _named_errors(store: IcechunkStore):
+    """The session's zarr-python store, whose failed reads raise :meth:`IcechunkStore.read_failed` (the key
+    and what to do) instead of the library's Rust trace."""
+    from zarr.storage import WrapperStore  # noqa: PLC0415 - zarr only when a repository is read
+
+    class NamedErrors(WrapperStore):
+        def _with_store(self, inner):
+            return type(self)(inner)
+
+        async def get(self, key, prototype, byte_range=None):
+            try:
+                return await self._store.get(key, prototype, byte_range)
+            except Exception as e:  # noqa: BLE001 - IcechunkError
+                raise store.read_failed(key, e) from None
+
+        async def get_partial_values(self, prototype, key_ranges):
+            key_ranges = list(key_ranges)
+            try:
+                return await self._store.get_partial_values(prototype, key_ranges)
+            except Exception as e:  # noqa: BLE001 - IcechunkError
+                raise store.read_failed(", ".join(k for k, _ in key_ranges[:3]), e) from None
+
+    return NamedErrors(store.session().store)
+
+
+def open_repository(repository: str, options: dict):
+    """``icechunk.Repository.open`` of a local folder or an ``s3://bucket/prefix`` with ``options``."""
+    icechunk = _icechunk()
+    name = f"icechunk://{repository}"
+    if repository.startswith("s3://"):
+        known = S3_OPTIONS + VERSION_OPTIONS + (VIRTUAL_OPTION,)
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ValueError(f"{name}: storage_options {unknown} are not options of an s3:// Icechunk repository "
+                             f"(known: {', '.join(known)})")
+        bucket, _, prefix = repository[len("s3://"):].partition("/")
+        endpoint = options.get("endpoint_url")
+        storage = icechunk.s3_storage(
+            bucket=bucket, prefix=prefix or None, region=options.get("region"), endpoint_url=endpoint,
+            allow_http=bool(endpoint and endpoint.startswith("http://")), force_path_style=bool(endpoint),
+            access_key_id=options.get("key"), secret_access_key=options.get("secret"),
+            session_token=options.get("token"), anonymous=bool(options.get("anon")) or None,
+            from_env=None if options.get("key") or options.get("anon") else True)
+    elif "://" in repository:
+        raise DataFileError(name, "names a repository neither local nor s3://: give icechunk:///path/to/repo or "
+                                  "icechunk://s3://bucket/prefix")
+    else:
+        known = VERSION_OPTIONS + (VIRTUAL_OPTION,)
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ValueError(f"{name}: storage_options {unknown} are not options of a local Icechunk repository "
+                             f"(known: {', '.join(known)})")
+        storage = icechunk.local_filesystem_storage(repository)
+    try:
+        return icechunk.Repository.open(storage, authorize_virtual_chunk_access=_virtual_access(
+            icechunk, storage, name, options.get(VIRTUAL_OPTION)))
+    except DataFileError:
+        raise
+    except Exception as e:  # noqa: BLE001 - IcechunkError
+        raise DataFileError(name, f"cannot be opened as an Icechunk repository ({_short(e)}); check the location "
+                                  "after icechunk://") from None
+
+
+def _virtual_access(icechunk, storage, name: str, given) -> dict | None:
+    """``authorize_virtual_chunk_access`` of the open: the virtual chunk containers ``given`` (URL prefixes,
+    or ``True``: every one the repository declares), each read with its own store's settings (``None``: no
+    credentials of the source's; a local folder, or S3 credentials from the environment). Nothing is
+    authorised unless the source says so: a repository's virtual chunks name files anywhere."""
+    if not given:
+        return None
+    if given is True:
+        config = icechunk.Repository.fetch_config(storage)
+        return {c.url_prefix: None for c in ((config.virtual_chunk_containers or {}) if config else {}).values()}
+    if isinstance(given, str) or not all(isinstance(p, str) for p in given):
+        raise ValueError(f"{name}: storage_options {VIRTUAL_OPTION} must be a list of the URL prefixes of virtual "
+                         f"chunk containers to read (or True: all the repository declares), got {given!r}")
+    return {p: None for p in given}
+
+
+def _readonly_session(repo, repository: str, **version):
+    """``repo.readonly_session(**version)``, or an error naming the branch, tag or snapshot not found."""
+    try:
+        return repo.readonly_session(**version)
+    except Exception as e:  # noqa: BLE001 - IcechunkError
+        (kind, value), = version.items()
+        what = {"snapshot_id": "snapshot"}.get(kind, kind)
+        hint = (": a snapshot id never in the repository, or one expired (Repository.expire_snapshots) and "
+                "garbage-collected since it was recorded; such a snapshot cannot be read again"
+                if what == "snapshot" else "")
+        raise DataFileError(f"icechunk://{repository}", f"has no {what} {value!r} ({_short(e)}){hint}") from None
+
+
+def resolve_icechunk(location: str, options: dict) -> tuple[IcechunkStore, str]:
+    """The store of ``icechunk://<repository>[@<snapshot id>][/<key>]`` at the version ``options`` choose
+    (``branch``, ``tag`` or ``snapshot``; default: the branch ``main``), resolved here, once, to a snapshot
+    id, and the key (``""``: the repository's root)."""
+    rest = location.split("://", 1)[1]
+    pinned = _PINNED.fullmatch(rest)
+    repository, key = (pinned["repo"], pinned["key"] or "") if pinned else (rest.rstrip("/"), "")
+    if not repository:
+        raise DataFileError(location, "names no repository: give icechunk://<path or s3://bucket/prefix>")
+    chosen = {k: options[k] for k in VERSION_OPTIONS if options.get(k) is not None}
+    if len(chosen) + bool(pinned) > 1:
+        given = [f"{k}={v!r}" for k, v in chosen.items()] + ([f"@{pinned['snapshot']}"] if pinned else [])
+        raise ValueError(f"{location}: choose one version of the repository (a branch, a tag or a snapshot), "
+                         f"got {', '.join(given)}")
+    if pinned:
+        chosen = {"snapshot": pinned["snapshot"]}
+    kind, value = next(iter(chosen.items())) if chosen else ("branch", "main")
+    repo = open_repository(repository, options)
+    session = _readonly_session(repo, repository, **{"snapshot_id" if kind == "snapshot" else kind: str(value)})
+    store = IcechunkStore(repository, session.snapshot_id, options)
+    store._session = session  # the session the snapshot was resolved with: no second open
+    return store, key
