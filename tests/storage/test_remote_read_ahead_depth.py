@@ -116,6 +116,16 @@ def test_k_batches_in_flight_each_the_numpy_windows(k, server, tmp_path):
     assert alone["in_flight_max"] <= BATCH
 
 
+@pytest.mark.parametrize("kw", [{"read_ahead_batches": 0}, {"read_ahead_batches": 9}, {"read_ahead_batches": True},
+                                {"read_ahead_bytes": -1}])
+def test_read_ahead_arguments_out_of_range_are_refused(kw, server):
+    from dali_mesh.pipeline import native
+
+    name = next(iter(kw))
+    with pytest.raises(ValueError, match=f"{name} must be"):
+        native.define_native(_source(server.endpoint, "s"), "cpu", **kw)
+
+
 def test_read_ahead_bytes_bound_the_batches_in_flight(server, tmp_path):
     """read_ahead_bytes of one batch and a half: one batch is read ahead of the one read, not 4; with
     less than one batch's, none (the windows are still numpy's)."""
