@@ -27,6 +27,7 @@ per step and as many threads decoding):
                 operator reads the next two steps ahead while it reads this one (read_ahead's and
                 read_ahead_batches' defaults for object stores): three steps in flight
   native_sync   the same with read_ahead=False: one step at a time
+  native_aheadK the same with read_ahead_batches=K (native_ahead1: two steps in flight, as before issue 42)
   tensorstore   ts.open(zarr / zarr3, kvstore s3 with endpoint = the server), window[t].read() per step,
                 one step at a time; s3_request_concurrency, data_copy_concurrency = concurrency, no
                 cache pool
@@ -152,7 +153,7 @@ def _options(endpoint: str, **more) -> dict:
 
 # ---- readers ------------------------------------------------------------------------------------------------
 class _Native:
-    def __init__(self, location, steps, conc, layout, storage_options=None, read_ahead=None):
+    def __init__(self, location, steps, conc, layout, storage_options=None, read_ahead=None, read_ahead_batches=None):
         from nvidia.dali import pipeline_def
 
         from dali_mesh.pipeline import native
@@ -163,7 +164,8 @@ class _Native:
 
         @pipeline_def(batch_size=1, num_threads=conc, device_id=None, prefetch_queue_depth=1)
         def pipe():
-            return native.read_windows(src, fallback=False, read_ahead=read_ahead)[0]
+            return native.read_windows(src, fallback=False, read_ahead=read_ahead,
+                                       read_ahead_batches=read_ahead_batches)[0]
 
         self.pipe = pipe()
         self.pipe.build()
@@ -243,9 +245,10 @@ def _versions() -> str:
 
 
 def _make(reader, store, server, steps, conc, layout, sl):
-    if reader in ("native", "native_sync"):
+    if reader in ("native", "native_sync") or reader.startswith("native_ahead"):
+        batches = int(reader.removeprefix("native_ahead")) if reader.startswith("native_ahead") else None
         return _Native(f"s3://{BUCKET}/{store}.zarr", steps, conc, layout, _options(server.endpoint),
-                       read_ahead=False if reader == "native_sync" else None)
+                       read_ahead=False if reader == "native_sync" else None, read_ahead_batches=batches)
     if reader in ("tensorstore", "tensorstore_ahead"):
         return _TensorStore(store, server.endpoint, steps, conc, sl, ahead=reader == "tensorstore_ahead")
     return _Zarr(store, server.endpoint, steps, conc, sl, reader.removeprefix("zarr_"))
