@@ -75,8 +75,8 @@ class _Native:
                 inp, tgt, ids, _ = native.read_windows(src, fallback=False)
                 return inp, tgt, ids
             plans = native.plan_windows(src)
-            ids, _ = fn.external_source(source=native._SampleIds(src), num_outputs=2, batch=True, batch_info=True,
-                                        dtype=[types.INT64, types.BOOL], ndim=[0, 0])
+            ids, _ = fn.external_source(source=native._SampleIds(src, ahead=0), num_outputs=2, batch=True,
+                                        batch_info=True, dtype=[types.INT64, types.BOOL], ndim=[0, 0])
             inp, tgt = (ops.read_windows(ids, plan_file=p.write(), dtype=types.FLOAT) for p in plans)
             return inp, tgt, ids
 

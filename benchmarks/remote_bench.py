@@ -24,9 +24,10 @@ Readers (each reads rank 1's window of every step in order, at most ``--concurre
 per step and as many threads decoding):
   native        dali_mesh ZarrSource(s3://..., storage_options=...) + read_windows, CPU pipeline
                 (device_id=None), batch 1, num_threads = concurrency, prefetch_queue_depth=1; the
-                operator reads the next step ahead while it reads this one (read_ahead's default for
-                object stores): two steps in flight
+                operator reads the next two steps ahead while it reads this one (read_ahead's and
+                read_ahead_batches' defaults for object stores): three steps in flight
   native_sync   the same with read_ahead=False: one step at a time
+  native_aheadK the same with read_ahead_batches=K (native_ahead1: two steps in flight, as before issue 42)
   tensorstore   ts.open(zarr / zarr3, kvstore s3 with endpoint = the server), window[t].read() per step,
                 one step at a time; s3_request_concurrency, data_copy_concurrency = concurrency, no
                 cache pool
@@ -154,7 +155,7 @@ def _options(endpoint: str, **more) -> dict:
 
 # ---- readers ------------------------------------------------------------------------------------------------
 class _Native:
-    def __init__(self, location, steps, conc, layout, storage_options=None, read_ahead=None):
+    def __init__(self, location, steps, conc, layout, storage_options=None, read_ahead=None, read_ahead_batches=None):
         from nvidia.dali import pipeline_def
 
         from dali_mesh.pipeline import native
@@ -165,7 +166,8 @@ class _Native:
 
         @pipeline_def(batch_size=1, num_threads=conc, device_id=None, prefetch_queue_depth=1)
         def pipe():
-            return native.read_windows(src, fallback=False, read_ahead=read_ahead)[0]
+            return native.read_windows(src, fallback=False, read_ahead=read_ahead,
+                                       read_ahead_batches=read_ahead_batches)[0]
 
         self.pipe = pipe()
         self.pipe.build()
@@ -245,9 +247,10 @@ def _versions() -> str:
 
 
 def _make(reader, store, server, steps, conc, layout, sl):
-    if reader in ("native", "native_sync"):
+    if reader in ("native", "native_sync") or reader.startswith("native_ahead"):
+        batches = int(reader.removeprefix("native_ahead")) if reader.startswith("native_ahead") else None
         return _Native(f"s3://{BUCKET}/{store}.zarr", steps, conc, layout, _options(server.endpoint),
-                       read_ahead=False if reader == "native_sync" else None)
+                       read_ahead=False if reader == "native_sync" else None, read_ahead_batches=batches)
     if reader in ("tensorstore", "tensorstore_ahead"):
         return _TensorStore(store, server.endpoint, steps, conc, sl, ahead=reader == "tensorstore_ahead")
     return _Zarr(store, server.endpoint, steps, conc, sl, reader.removeprefix("zarr_"))

@@ -290,27 +290,57 @@ void BatchReader::Keep(std::shared_ptr<Ahead> ahead) {
 
 void BatchReader::ReleaseSpare() { spare_.clear(); }
 
+int64_t BatchReader::WindowBytes(const std::vector<int64_t> &ids) const {
+  int64_t bytes = 0;
+  for (int64_t id : ids) {
+    if (id < 0 || id >= num_ids_) return -1;
+    for (int k = 0; k < options_.outputs; k++) bytes += plans_.plans[plans_.items[k * num_ids_ + id].finish].bytes();
+  }
+  return bytes;
+}
+
 bool BatchReader::ReadAhead(const int64_t *ids, int n, int threads) {
   if (!reads_ahead_ || n <= 0) return false;
   std::vector<int64_t> want(ids, ids + n);
   for (const auto &a : ahead_)
     if (a->ids == want) return true;  // already on its way
-  int64_t bytes = 0;
-  for (int64_t id : want) {
-    if (id < 0 || id >= num_ids_) return false;  // that batch's Read refuses it
-    for (int k = 0; k < options_.outputs; k++) bytes += plans_.plans[plans_.items[k * num_ids_ + id].finish].bytes();
-  }
-  if (bytes > options_.read_ahead_bytes) return false;
-  while (ahead_.size() >= 2) {  // the oldest is not wanted any more: the batches read came after it
+  int64_t bytes = WindowBytes(want);
+  if (bytes < 0) return false;  // that batch's Read refuses it
+  // the oldest is not wanted any more: the batches read came after it
+  while (static_cast<int>(ahead_.size()) > options_.read_ahead_batches) {
     auto a = std::move(ahead_.front());
     ahead_.pop_front();
     Drop(std::move(a));
   }
+  // with the batches read ahead after the one being read (its buffers are let go as it is read)
+  for (const auto &a : ahead_)
+    if (a->ids != ids_) bytes += WindowBytes(a->ids);
+  if (bytes > options_.read_ahead_bytes) return false;
   try {
     return StartAhead(std::move(want), threads);
   } catch (const std::bad_alloc &) {  // no memory for its buffers: the batch is read when it is wanted
     return false;
   }
+}
+
+int BatchReader::ReadAheadBatches(const int64_t *ids, int n, int batches, int threads) {
+  if (!reads_ahead_) return 0;
+  batches = std::min(batches, options_.read_ahead_batches);
+  for (size_t k = 0; k < ahead_.size();) {
+    bool wanted = ahead_[k]->ids == ids_;
+    for (int b = 0; b < batches && !wanted; b++)
+      wanted = std::equal(ahead_[k]->ids.begin(), ahead_[k]->ids.end(), ids + int64_t(b) * n, ids + int64_t(b + 1) * n);
+    if (wanted) {
+      k++;
+      continue;
+    }
+    auto stale = std::move(ahead_[k]);
+    ahead_.erase(ahead_.begin() + k);
+    Drop(std::move(stale));
+  }
+  int started = 0;
+  while (started < batches && ReadAhead(ids + int64_t(started) * n, n, threads)) started++;
+  return started;
 }
 
 bool BatchReader::StartAhead(std::vector<int64_t> ids, int threads) {

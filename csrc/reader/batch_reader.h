@@ -56,9 +56,12 @@ RunTasks RunOnThreads(int threads);
 
 // The threads one reader's batches read ahead hold at once, their jobs and the jobs' helpers together
 // (the background lane of KeptThreads::Readers is shared by every reader of the process): a helper
-// starts only below this; a job always runs (at most two live, and dropped ones ending), so one more
-// may be held.
+// starts only below this; a job always runs (at most kMaxAheadBatches + 1 live, and dropped ones
+// ending), so a few more may be held.
 constexpr int kAheadThreadsPerReader = 16;
+// The most batches one reader reads ahead (ReaderOptions::read_ahead_batches): each holds a job's
+// thread while it reads, so that many readers of one process stay within the background lane.
+constexpr int kMaxAheadBatches = 8;
 
 // Batches read from what was read ahead, batches read ahead then dropped unused, and batches whose
 // read ahead failed (read again when wanted), by every batch reader of this library in this process
@@ -85,7 +88,12 @@ struct ReaderOptions {
   // reading the next batch while this one is used (ReadAhead): kReadAheadOff, kReadAheadRemote (when
   // the plan set reads an object store: there a batch's reads wait on round trips) or kReadAheadAlways
   int read_ahead = 1;
-  int64_t read_ahead_bytes = int64_t(1) << 30;  // a batch whose windows are larger is not read ahead
+  // batches read ahead at most (1..kMaxAheadBatches), the batches after the one being read: at 50 ms
+  // a round trip, two batches ahead hide what one does not
+  int read_ahead_batches = 1;
+  // the windows of the batches read ahead (those after the one being read) take at most this many
+  // bytes together: fewer batches are read ahead when they do not fit
+  int64_t read_ahead_bytes = int64_t(1) << 30;
 };
 constexpr int kReadAheadOff = 0, kReadAheadRemote = 1, kReadAheadAlways = 2;
 
@@ -123,14 +131,23 @@ class BatchReader {
   void Read(const std::vector<char *> &out, const RunTasks &run);
 
   // Starts reading the batch ids[0..n) on threads of its own (`threads` of them, at most
-  // kAheadThreadsPerReader for all its batches read ahead) into buffers of its own, when this reader reads ahead (ReaderOptions::read_ahead) and the batch's windows fit
-  // read_ahead_bytes: the batch the sample order gives next, announced while this one is read, so
-  // that its round trips overlap this batch's. At most two batches are read ahead; one that is not
-  // the next Read's is dropped (its reads cancelled) when a later one would be a third, or when a
-  // later batch is read, without waiting for its reads. Ids out of range are left to that batch's
-  // Read to refuse. Only a hint: the data, the checks and the errors are those of a Read of that
-  // batch. Returns whether the batch is being read ahead.
+  // kAheadThreadsPerReader for all its batches read ahead) into buffers of its own, when this reader
+  // reads ahead (ReaderOptions::read_ahead) and the batch's windows, with those of the batches read
+  // ahead other than the one set now (SetBatch), fit read_ahead_bytes: a batch the sample order gives
+  // later, announced while this one is read, so that its round trips overlap this batch's. At most
+  // read_ahead_batches + 1 batches are read ahead (the one being read among them); the oldest is
+  // dropped (its reads cancelled) when a later one would be one more, and those before a batch read
+  // are dropped when it is read, without waiting for their reads. Ids out of range are left to that
+  // batch's Read to refuse. Only a hint: the data, the checks and the errors are those of a Read of
+  // that batch. Returns whether the batch is being read ahead.
   bool ReadAhead(const int64_t *ids, int n, int threads);
+  // The batches after the one set now (SetBatch), in the sample order, n ids each (ids[b * n ..]):
+  // the batches read ahead that are neither this one nor among them are dropped (the order changed:
+  // a new shuffle, a restored checkpoint), then they are read ahead in order (ReadAhead), at most
+  // read_ahead_batches of them, up to the first that is not (out of range, or its windows do not fit
+  // read_ahead_bytes): a batch is never read ahead before the one that comes first. Returns how many
+  // are being read ahead.
+  int ReadAheadBatches(const int64_t *ids, int n, int batches, int threads);
   bool ReadsAhead() const { return reads_ahead_; }
   // Frees the buffers kept from batches read ahead (at an epoch's end: no batch is read ahead across it).
   void ReleaseSpare();
@@ -150,6 +167,7 @@ class BatchReader {
   void Drop(std::shared_ptr<Ahead> ahead);  // cancels its job and lets it go (kept for reuse if it ended)
   void Keep(std::shared_ptr<Ahead> ahead);  // an ended one, for reuse
   bool StartAhead(std::vector<int64_t> ids, int threads);  // ReadAhead's work, once it is worth it
+  int64_t WindowBytes(const std::vector<int64_t> &ids) const;  // a batch's windows (-1: an id out of range)
 
   struct BatchPart {
     int sample;    // the window (index into items_)

@@ -95,6 +95,9 @@ __all__ = ["NotNativeError", "define_native", "plan_source", "plan_windows", "re
 
 log = logging.getLogger(__name__)
 
+#: the most batches the operator reads ahead (kMaxAheadBatches in csrc/reader/batch_reader.h)
+MAX_AHEAD_BATCHES = 8
+
 
 def plan_source(source, *, merge_gap: int = DEFAULT_MERGE_GAP) -> PlanSet:
     """The native plan of ``source``'s first window for this rank (see :func:`plan_windows`)."""
@@ -114,34 +117,38 @@ def plan_windows(source, *, merge_gap: int = DEFAULT_MERGE_GAP) -> tuple[PlanSet
 
 # ---- the pipeline side ---------------------------------------------------------------------------
 class _SampleIds:
-    """Batch-mode external source: this rank's sample ids and pad flags of one batch, and the next
-    batch's sample ids (the reader reads that batch ahead; -1: none, the epoch's last batch: a batch
-    of the next epoch is not fetched before it is asked for), from the source's stateless sample
-    order (``BatchInfo``: iteration and epoch), so DALI's checkpoints resume it exactly.
-    ``StopIteration`` after the last whole batch."""
+    """Batch-mode external source: this rank's sample ids and pad flags of one batch, and per sample its
+    ids in the next ``ahead`` batches (a 1-D tensor, batch t+1 first; the reader reads those batches
+    ahead; -1 past the epoch's last batch: a batch of the next epoch is not fetched before it is asked
+    for), from the source's stateless sample order (``BatchInfo``: iteration and epoch), so DALI's
+    checkpoints resume it exactly. ``StopIteration`` after the last whole batch."""
 
-    def __init__(self, source, next_ids: bool = True) -> None:
+    def __init__(self, source, ahead: int = 1) -> None:
         self.source = source
-        self.next_ids = next_ids
+        self.ahead = ahead
 
     def __call__(self, info):
         batch = batch_entries(self.source, info)
         ids, pads = [np.array(int(s), np.int64) for s, _ in batch], [np.array(bool(p)) for _, p in batch]
-        if not self.next_ids:
+        if not self.ahead:
             return ids, pads
-        try:
-            after = batch_entries(self.source, _Next(info))
-        except StopIteration:
-            after = []
-        nxt = [int(s) for s, _ in after] if len(after) == len(batch) else [-1] * len(batch)
-        return ids, pads, [np.array(s, np.int64) for s in nxt]
+        nxt = np.full((len(batch), self.ahead), -1, np.int64)
+        for b in range(self.ahead):
+            try:
+                after = batch_entries(self.source, _Later(info, b + 1))
+            except StopIteration:
+                break
+            if len(after) != len(batch):  # a short last batch is read when it is asked for
+                break
+            nxt[:, b] = [int(s) for s, _ in after]
+        return ids, pads, list(nxt)
 
 
-class _Next:
-    """The ``BatchInfo`` of the batch after ``info``'s, in the same epoch."""
+class _Later:
+    """The ``BatchInfo`` of the batch ``k`` after ``info``'s, in the same epoch."""
 
-    def __init__(self, info) -> None:
-        self.iteration = int(info.iteration) + 1
+    def __init__(self, info, k: int) -> None:
+        self.iteration = int(info.iteration) + k
         self.epoch_idx = int(info.epoch_idx)
 
 
@@ -165,7 +172,8 @@ def batch_entries(source, info) -> list[tuple[int, bool]]:
 def read_windows(source, device: str = "cpu", *, name: str | None = None, layout: str | None = None,
                  fallback: bool = True, task_bytes: int = 4 << 20, prefetch: bool = True,
                  merge_gap: int = DEFAULT_MERGE_GAP, plan_dir: str | None = None, sample_ids=None, plans=None,
-                 normalize=None, read_ahead: bool | None = None, **kwargs):
+                 normalize=None, read_ahead: bool | None = None, read_ahead_batches: int | None = None,
+                 read_ahead_bytes: int = 1 << 30, **kwargs):
     """This rank's windows of ``source``, read by the native operator (``fn.dali_mesh.read_windows``).
 
     Outputs as :func:`dali_mesh.fn.partitioned_source`: ``(window, sample_id, is_pad)``, or with a
@@ -198,13 +206,18 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
             in place as the operator finishes it (every cell, halo cells too; ``c`` the index on
             ``channel_axis``). CPU only: on the GPU ``strided_slice(..., channel_axis, mean, std)``
             after the read is one pass on the device.
-        read_ahead: read the next batch on threads of the operator's own while this one is read
-            (its windows in buffers of the operator's own, at most two batches, each at most 1 GiB),
-            so that the round trips of two batches overlap: ``None`` (default) when the source is in
-            an object store (``s3://``, ``gs://``, ``https://``), ``True`` also for local files,
-            ``False`` never. The sample order gives the next batch, within the epoch (the first
-            batch of an epoch is read when it is asked for); the data, the checks and the errors
-            are those of reading that batch when it comes.
+        read_ahead: read the next batches on threads of the operator's own while this one is read
+            (their windows in buffers of the operator's own), so that the round trips of several
+            batches overlap: ``None`` (default) when the source is in an object store (``s3://``,
+            ``gs://``, ``https://``), ``True`` also for local files, ``False`` never. The sample order
+            gives the next batches, within the epoch (the first batch of an epoch is read when it is
+            asked for); the data, the checks and the errors are those of reading that batch when it
+            comes. A batch read ahead that is not asked for next (a restored checkpoint) is dropped.
+        read_ahead_batches: the most batches read ahead, 1 to 8 (``None``: 2; at 50 ms a round trip
+            two hide what one does not). With ``sample_ids`` of another ``read_windows``, at most
+            as many as that one's.
+        read_ahead_bytes: the windows of the batches read ahead take at most this many bytes
+            together (fewer batches are read ahead when they do not fit; none when one does not).
         kwargs: passed to the ``partitioned_source`` fallback.
     """
     from dali_mesh.pipeline.external import current_pipeline_for
@@ -214,13 +227,14 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
     return register(pipe, define_native(
         source, device, name=name, layout=layout, fallback=fallback, task_bytes=task_bytes, prefetch=prefetch,
         merge_gap=merge_gap, plan_dir=plan_dir, sample_ids=sample_ids, plans=plans, normalize=normalize,
-        read_ahead=read_ahead, **kwargs))
+        read_ahead=read_ahead, read_ahead_batches=read_ahead_batches, read_ahead_bytes=read_ahead_bytes, **kwargs))
 
 
 def define_native(source, device: str, *, name: str | None = None, layout: str | None = None,
                   fallback: bool = True, task_bytes: int = 4 << 20, prefetch: bool = True,
                   merge_gap: int = DEFAULT_MERGE_GAP, plan_dir: str | None = None, sample_ids=None, plans=None,
-                  normalize=None, read_ahead: bool | None = None, **kwargs) -> Defined:
+                  normalize=None, read_ahead: bool | None = None, read_ahead_batches: int | None = None,
+                  read_ahead_bytes: int = 1 << 30, **kwargs) -> Defined:
     """:func:`read_windows`'s operators (or its ``partitioned_source`` fallback), defined in the
     current pipeline and registered nowhere: the entry point that called it registers what it returns
     (``read_dataset``: the dataset, not its variables). Arguments as :func:`read_windows`'s."""
@@ -230,6 +244,12 @@ def define_native(source, device: str, *, name: str | None = None, layout: str |
         raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
     if not (read_ahead is None or isinstance(read_ahead, bool)):
         raise ValueError(f"read_ahead must be None (object stores), True or False, got {read_ahead!r}")
+    batches = 2 if read_ahead_batches is None else read_ahead_batches
+    if isinstance(batches, bool) or not isinstance(batches, int) or not 1 <= batches <= MAX_AHEAD_BATCHES:
+        raise ValueError(f"read_ahead_batches must be None (2) or an int from 1 to {MAX_AHEAD_BATCHES}, "
+                         f"got {read_ahead_batches!r}")
+    if isinstance(read_ahead_bytes, bool) or not isinstance(read_ahead_bytes, int) or read_ahead_bytes < 0:
+        raise ValueError(f"read_ahead_bytes must be an int >= 0, got {read_ahead_bytes!r}")
     norm = {}
     if normalize is not None:
         if device != "cpu":
@@ -262,17 +282,18 @@ def define_native(source, device: str, *, name: str | None = None, layout: str |
         ids, pads = sample_ids[:2]
         nxt = sample_ids[2] if len(sample_ids) > 2 else getattr(ids, _NEXT_IDS, None)
     elif ahead:
-        ids, pads, nxt = fn.external_source(source=_SampleIds(reader), num_outputs=3, batch=True,
+        ids, pads, nxt = fn.external_source(source=_SampleIds(reader, batches), num_outputs=3, batch=True,
                                             batch_info=True, dtype=[types.INT64, types.BOOL, types.INT64],
-                                            ndim=[0, 0, 0], name=name)
+                                            ndim=[0, 0, 1], name=name)
         setattr(ids, _NEXT_IDS, nxt)  # for read_windows(sample_ids=(ids, pads)) of other sources
     else:
-        ids, pads = fn.external_source(source=_SampleIds(reader, next_ids=False), num_outputs=2, batch=True,
+        ids, pads = fn.external_source(source=_SampleIds(reader, ahead=0), num_outputs=2, batch=True,
                                        batch_info=True, dtype=[types.INT64, types.BOOL], ndim=[0, 0], name=name)
         nxt = None
     inputs = (ids,) if nxt is None or ahead == 0 else (ids, nxt)
     wins = ops.read_windows(*inputs, plan_file=path, dtype=types.to_dali_type(plans[0].dtype), outputs=len(plans),
                             task_bytes=int(task_bytes), prefetch=bool(prefetch), read_ahead=ahead,
+                            read_ahead_batches=batches, read_ahead_bytes=read_ahead_bytes,
                             device="mixed" if device == "gpu" else "cpu", **norm)
     wins = [wins] if len(plans) == 1 else list(wins)
     if layout is not None:

@@ -229,14 +229,15 @@ def test_sample_ids_of_a_huge_claimed_sample_count_cost_one_batch():
     class Info:
         epoch_idx, iteration = 2, 1234567
 
-    ids, pads, nxt = native._SampleIds(src)(Info)
+    ids, pads, nxt = native._SampleIds(src, ahead=2)(Info)
     order = src.sample_order(2)
     assert isinstance(order, SampleOrder) and len(order) >= (1 << 39)
     want = [order[3 * 1234567 + k] for k in range(3)]
     assert [int(i) for i in ids] == [s for s, _ in want]
     assert [bool(p) for p in pads] == [p for _, p in want]
     assert all(0 <= int(i) < (1 << 40) for i in ids)
-    assert [int(i) for i in nxt] == [order[3 * 1234568 + k][0] for k in range(3)]  # the batch read ahead
+    # the two batches read ahead: per sample its id in each
+    assert [[int(i) for i in n] for n in nxt] == [[order[3 * (1234567 + b) + k][0] for b in (1, 2)] for k in range(3)]
 
 
 # ---- issue 19: planning is bounded before the work ---------------------------------------------------

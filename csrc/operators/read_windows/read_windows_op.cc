@@ -138,9 +138,10 @@ Stateless: checkpointing works.)")
     .NumOutput(1)
     .OutputFn([](const OpSpec &spec) { return spec.GetArgument<int>("outputs"); })
     .InputDox(0, "sample_id", "TensorList", "One int32/int64 sample id per sample.")
-    .InputDox(1, "next_sample_id", "TensorList", "Optional: the next batch's sample ids (-1: none), "
-              "read ahead on threads of the operator's own while this batch is read (read_ahead). A "
-              "hint: a batch read ahead that is not the next one is dropped.")
+    .InputDox(1, "next_sample_id", "TensorList", "Optional: per sample, its sample ids in the next "
+              "batches (a 1-D tensor, batch t+1 first; -1: none, past the epoch's end), those batches read "
+              "ahead on threads of the operator's own while this batch is read (read_ahead, "
+              "read_ahead_batches). A hint: a batch read ahead that is not among them is dropped.")
     .AddArg("plan_file", "Path of the plan file written by dali_mesh.pipeline.native.", DALI_STRING)
     .AddArg("dtype", "Output type (the planned files' dtype, native byte order).", DALI_DATA_TYPE)
     .AddOptionalArg("outputs", "Windows per sample id, one output each (a forecast's input and target: "
@@ -157,11 +158,13 @@ Stateless: checkpointing works.)")
                     std::vector<float>())
     .AddOptionalArg("stddev", "Per-channel standard deviations (as many as mean).", std::vector<float>())
     .AddOptionalArg("channel_axis", "The windows' axis that mean and stddev index.", -1)
-    .AddOptionalArg("read_ahead", "Read the batch of next_sample_id ahead: 0 never, 1 when the plan "
+    .AddOptionalArg("read_ahead", "Read the batches of next_sample_id ahead: 0 never, 1 when the plan "
                     "reads an object store (its reads wait on round trips), 2 always.", 1)
-    .AddOptionalArg<int64_t>("read_ahead_bytes", "A batch whose windows are larger is not read ahead "
-                             "(at most two batches are, in buffers of the operator's own).",
-                             int64_t(1) << 30);
+    .AddOptionalArg("read_ahead_batches", "The most batches read ahead (1 to 8; fewer when "
+                    "next_sample_id gives fewer): at 50 ms a round trip, 2 hide what 1 does not.", 2)
+    .AddOptionalArg<int64_t>("read_ahead_bytes", "The windows of the batches read ahead take at most "
+                             "this many bytes together, in buffers of the operator's own: fewer batches "
+                             "are read ahead when they do not fit.", int64_t(1) << 30);
 
 DALI_REGISTER_OPERATOR(dali_mesh__ReadWindows, ::dali_mesh::ReadWindowsCPU, CPU);
 
