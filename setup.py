@@ -259,7 +259,8 @@ setup(
         # reference:// locations (Kerchunk reference sets): fsspec reads them, kerchunk writes them;
         # jinja2 renders a set's generated ("gen") keys. icechunk:// repositories: the icechunk library
         # (2.x needs Python >= 3.12 and reads 1.x repositories; the calls used here are in both)
-        "virtual": ["kerchunk>=0.2.10", "fsspec>=2025.2.0", "jinja2>=3", "icechunk>=1.1.21,<3"],
+        "virtual": ["kerchunk>=0.2.10", "fsspec>=2025.2.0", "jinja2>=3", "icechunk>=1.1.21,<3",
+                    "fastparquet>=2024.11", "pandas>=2"],  # fastparquet, pandas: Parquet reference sets
         "test": ["pytest", "pytest-timeout", "hypothesis"],
     },
     ext_modules=[Extension(name, sources=[]) for name in LIBS],

@@ -24,8 +24,8 @@ Readers (each reads rank 1's window of every step in order, at most ``--concurre
 per step and as many threads decoding):
   native        dali_mesh ZarrSource(s3://..., storage_options=...) + read_windows, CPU pipeline
                 (device_id=None), batch 1, num_threads = concurrency, prefetch_queue_depth=1; the
-                operator reads the next two steps ahead while it reads this one (read_ahead's and
-                read_ahead_batches' defaults for object stores): three steps in flight
+                operator reads the next four steps ahead while it reads this one (read_ahead's and
+                read_ahead_batches' defaults for object stores): five steps in flight
   native_sync   the same with read_ahead=False: one step at a time
   native_aheadK the same with read_ahead_batches=K (native_ahead1: two steps in flight, as before issue 42)
   tensorstore   ts.open(zarr / zarr3, kvstore s3 with endpoint = the server), window[t].read() per step,
