@@ -330,8 +330,10 @@ def _rank(rank, world_size, cfg, out_dir):
     evict([f for f in files if local_path_of(f) is not None])  # cold files: count what the readers pull from storage
     dist.barrier()
     # the native reader reads in this process, partitioned_source in its workers: count both, from here;
-    # from an object store, the body bytes the native reader's requests received
-    before = fetched(path) if remote else read_bytes([os.getpid()])
+    # from an object store, the body bytes the native reader's requests received; a store that reads
+    # other stores' files (a reference set, an Icechunk snapshot) is not counted (its files are not evicted)
+    counted = not remote or all(store_of(f)[0].native for f in files)
+    before = (fetched(path) if remote else read_bytes([os.getpid()])) if counted else None
     t0 = time.perf_counter()
     # a rank waits for a batch no longer than the demo as a whole (--timeout)
     loader = MeshLoader(pipe(), layout, sample_shape=source.sample_shape, timeout=cfg["timeout"],
@@ -348,7 +350,8 @@ def _rank(rank, world_size, cfg, out_dir):
             sys.stderr.write(f"\r  epoch [{'#' * done}{'.' * (30 - done)}] {steps}/{num_steps} steps")
             sys.stderr.flush()
     elapsed = time.perf_counter() - t0
-    worker_bytes = fetched(path) if remote else read_bytes([os.getpid()] + descendant_pids(os.getpid()))
+    worker_bytes = None if not counted else fetched(path) if remote else \
+        read_bytes([os.getpid()] + descendant_pids(os.getpid()))
     if worker_bytes is not None:
         worker_bytes -= before
     if rank == 0:

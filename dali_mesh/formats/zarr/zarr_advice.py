@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 
 import numpy as np
 
@@ -25,7 +24,10 @@ class ZarrColdReads(ColdReads):
         if arr.ndim < 2:
             raise DataFileError(path, f"array {name or '/'} has shape {arr.shape}: samples lie along axis 0, so it "
                                       "needs at least 2 axes")
-        self._root = os.path.join(path, arr.path) if arr.path else path
+        # the location resolved once: the array's folder is a key of its store (a reference set's or an
+        # Icechunk snapshot's root is no path that a second resolution could split again)
+        self._store, root = store_of(path)
+        self._root = f"{root.rstrip('/')}/{arr.path}" if arr.path else root
         self._metadata = arr.metadata
         self._sizes: dict[str, int] = {}
         chunks = tuple(int(c) for c in arr.chunks)  # a sharded array's inner chunks
@@ -39,8 +41,7 @@ class ZarrColdReads(ColdReads):
         """The stored size of the object ``key`` of the array (0: never written, read as the fill value),
         asked once (an object store's: a HEAD request)."""
         if key not in self._sizes:
-            store, root = store_of(self._root)
-            version = store.stat(f"{root.rstrip('/')}/{key}")
+            version = self._store.stat(f"{self._root.rstrip('/')}/{key}" if self._root else key)
             self._sizes[key] = 0 if version is None else version.size
         return self._sizes[key]
 
