@@ -500,7 +500,8 @@ def test_the_native_reader_reads_hdf5_at_its_planned_etag_and_fails_on_a_replace
     location = upload(s3_endpoint, tmp_path / "one.h5", "data", key)
     src = HDF5Source([location], "x", one_rank_layout(), batch_size=1, shuffle=False,
                      storage_options=options(proxy.endpoint, retries=2, retry_seconds=5, stall=1, timeout=10))
-    pipe = native_pipeline(src, plan_dir=str(tmp_path / "plans"))
+    # one batch read ahead (the default reads 4: every batch of these 4 samples before the file changes)
+    pipe = native_pipeline(src, plan_dir=str(tmp_path / "plans"), read_ahead_batches=1)
     proxy.reset_counts()
     window, _, _ = pipe.run()
     np.testing.assert_array_equal(np.array(window[0]), a[0])
