@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "codecs/codecs.h"
+#include "reader/fetch_plan.h"
 #include "storage/reads_in_flight.h"
 
 namespace dali_mesh {
@@ -125,7 +126,7 @@ char *PlaceLike(std::vector<char> *buffer, int64_t n, int64_t offset) {
   return buffer->data() + ((static_cast<uintptr_t>(offset) - start) & (kPage - 1));
 }
 
-bool PartsGuesses::Get(const std::string &stem, int64_t coder, PartsGuess *guess) const {
+bool PartsGuesses::Get(const std::string &stem, int64_t coder, BlockLayout *guess) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = last_.find({stem, coder});
   if (it == last_.end()) return false;
@@ -133,7 +134,7 @@ bool PartsGuesses::Get(const std::string &stem, int64_t coder, PartsGuess *guess
   return true;
 }
 
-void PartsGuesses::Put(const std::string &stem, int64_t coder, PartsGuess guess) {
+void PartsGuesses::Put(const std::string &stem, int64_t coder, BlockLayout guess) {
   std::lock_guard<std::mutex> lock(mutex_);
   last_[{stem, coder}] = std::move(guess);
 }
@@ -210,12 +211,12 @@ void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const 
   // and block index, then those blocks' stored bytes (about a quarter of the chunk); others whole
   // where a request is a round trip: the header and index fetched together with the parts an earlier
   // chunk of the array suggests (one round trip instead of two when the guess holds)
-  PartsGuess guess, learnt;
+  BlockLayout guess, learnt;
   const bool guessing = guesses && ranges && file.object().GuessParts();
   const std::string stem = guessing ? PartsGuesses::StemOf(pf.key) : std::string();
   const bool have_guess = guessing && guesses->Get(stem, ch.coder, &guess);
   ReadStored(coder, ch.nbytes, ranges, at, read_at, kMinPartsBytes, read_many, have_guess ? &guess : nullptr,
-             guessing ? &learnt : nullptr);
+             guessing ? &learnt : nullptr, nullptr, file.object().Cost());
   if (guessing && learnt.n > 0) guesses->Put(stem, ch.coder, std::move(learnt));
   file.CheckUnchanged();
   const std::string why = ranges ? DecodeChunkRanges(coder, at, ch.nbytes, decoded, *ranges)

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "codecs/codecs.h"
+#include "reader/fetch_plan.h"
 #include "plan/plan.h"
 #include "reader/open_file.h"
 
@@ -31,18 +32,18 @@ void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_
 // reads took that path); glibc's memmove avoids such short distances, the kernel's copy does not.
 char *PlaceLike(std::vector<char> *buffer, int64_t n, int64_t offset);
 
-// The last layout (PartsGuess) a chunk read in parts showed, per array and coder: an array's key
+// The last layout (BlockLayout) a chunk read in parts showed, per array and coder: an array's key
 // stem (its chunk key without the trailing chunk coordinates) and the coder's index. Any thread.
 class PartsGuesses {
  public:
-  bool Get(const std::string &stem, int64_t coder, PartsGuess *guess) const;
-  void Put(const std::string &stem, int64_t coder, PartsGuess guess);
+  bool Get(const std::string &stem, int64_t coder, BlockLayout *guess) const;
+  void Put(const std::string &stem, int64_t coder, BlockLayout guess);
   // The stem of a chunk key: without its trailing chunk coordinates ("t2m/0.1.2", "t2m/c/0/1/2").
   static std::string StemOf(const std::string &key);
 
  private:
   mutable std::mutex mutex_;
-  std::map<std::pair<std::string, int64_t>, PartsGuess> last_;
+  std::map<std::pair<std::string, int64_t>, BlockLayout> last_;
 };
 
 // Reads chunk `c` of `set` (its file opened and checked by `check_plan` as a part's file is) and

@@ -1,0 +1,86 @@
+// dali_mesh: which stored bytes of a chunk are fetched, merged into how many requests, in how many
+// round trips: the one place of the reader that decides it. A codec only describes a chunk's layout
+// (codecs.h: a Blosc header -> its blocks, the blocks a decode takes -> their stored bytes) and
+// decodes; a store only reads the ranges it is given (ReadRanges: an object store's requests in
+// flight together) and measures what a request costs (RoundTripMeter). DALI-free, host only.
+//
+// A request costs a round trip (its latency) plus its bytes over the bandwidth; requests sent
+// together cost one round trip. So two wanted ranges are fetched as one when reading the gap between
+// them costs less than the wait for a request (PlanRequests), and a chunk read in parts sends its
+// header, index and the blocks an earlier chunk's layout places (a guess) in its first round trip:
+// one round trip when the guess holds, two when it does not (ReadStored).
+#ifndef DALI_MESH_READER_FETCH_PLAN_H_
+#define DALI_MESH_READER_FETCH_PLAN_H_
+
+#include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "codecs/codecs.h"
+#include "storage/byte_store.h"
+
+namespace dali_mesh {
+
+using ByteRanges = std::vector<std::pair<int64_t, int64_t>>;
+
+// A gap under which two ranges are always fetched as one, whatever the store: a local file's reads
+// merge such gaps (a second pread costs more than 64 KiB copied from the page cache), and a remote
+// store's do too while its bandwidth is not measured yet.
+constexpr int64_t kLocalGap = int64_t(64) << 10;
+
+// The largest gap `cost` makes worth reading rather than a request: its latency times its bandwidth
+// (the bytes that arrive in the time a request waits), at least kLocalGap.
+int64_t MergeGap(const RoundTrip &cost);
+
+// The requests that fetch `wanted` (sorted, disjoint, non-empty byte ranges) at the store cost
+// `cost`: sorted, disjoint ranges, each wanted range inside one of them. Neighbours closer than
+// kLocalGap are fetched as one (as every plan did before the model); wider gaps under MergeGap(cost)
+// too, the narrowest first, while the bytes read beyond `wanted` stay within a quarter of the wanted
+// bytes: the bound on bytes (a rank reads at most 0.40x of whole-field Blosc chunks) holds
+// at any latency, and no merge reads a gap that costs more than the request it saves.
+//
+// Gaps narrower than kLocalGap are merged outside that bound (at most one such gap per range).
+//
+//   wanted [0,1M) [1.1M,2M) [2.5M,4M) (gaps 100K, 500K; 3.4M wanted: 850K may be over-read)
+//     local file (0 ms)       MergeGap 64K   -> [0,1M) [1.1M,2M) [2.5M,4M)    3 requests
+//     2 ms, 100 MB/s          MergeGap 200K  -> [0,2M) [2.5M,4M)              2 requests
+//     20 ms, 100 MB/s         MergeGap 2M    -> [0,4M)                        1 request, 600K over
+ByteRanges PlanRequests(const ByteRanges &wanted, const RoundTrip &cost);
+
+// Reads bytes [lo, hi) of a stored chunk to at + lo, or throws.
+using StoredReader = std::function<void(int64_t lo, int64_t hi)>;
+// Reads several such ranges (disjoint, sorted), or throws: a store may read them at once (an object
+// store's requests in flight together).
+using StoredRangesReader = std::function<void(const ByteRanges &ranges)>;
+
+// The stored bytes of a chunk of `n` stored bytes by `coder` that `guess` (the layout of an earlier
+// chunk of the same array, BlockLayout with its index) places the header, the index and the blocks
+// of `ranges` in: its block starts scaled by the chunks' sizes, each part widened by a margin of 1/64
+// of it (at least 4 KiB), clipped to the chunk. Chunks of one array by one coder have the same block
+// size and compress alike, so their blocks start at about the same fractions of the chunk. Empty for
+// no guess. A guess only decides what is fetched first: what is decoded is checked against the
+// chunk's own header and index.
+ByteRanges GuessedParts(const BlockLayout &guess, const Coder &coder, int64_t n, const ByteRanges &ranges);
+
+// Reads the stored bytes of a chunk of `n` stored bytes that DecodeChunkRanges (or, without
+// `ranges`, DecodeChunk) needs, each at its offset in `at`, through `read`. A chunk that
+// MayReadInParts for `ranges` is read in parts: its header and block index, the stored bytes of the
+// blocks the ranges touch, then a check that every stream of those blocks lies in what was read
+// (StreamsWereRead; else the rest of the chunk is read). Every other chunk is read whole. Returns
+// whether it was read in parts (the bytes of `at` outside the parts read are then not the chunk's).
+// `min_stored`: MayReadInParts' (tests read small chunks in parts too). `read_many`, when given,
+// reads several ranges together (else one `read` after another).
+// `guess` (an earlier chunk's layout, GuessedParts): fetched with the header in the first
+// `read_many`, so that a right guess takes one round trip and a wrong one two. `learnt`: set to this
+// chunk's layout (its index read) when it was read in parts. `trips`: set to the number of reads in
+// turn it took (`read_many` counting one). `cost`: what a request to the chunk's store costs
+// (PlanRequests; a local file's: nothing).
+bool ReadStored(const Coder &coder, int64_t n, const ByteRanges *ranges, char *at, const StoredReader &read,
+                int64_t min_stored = kMinPartsBytes, const StoredRangesReader &read_many = nullptr,
+                const BlockLayout *guess = nullptr, BlockLayout *learnt = nullptr, int *trips = nullptr,
+                const RoundTrip &cost = RoundTrip());
+
+}  // namespace dali_mesh
+
+#endif  // DALI_MESH_READER_FETCH_PLAN_H_
