@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -25,6 +26,24 @@ ByteRanges Missing(const ByteRanges &ranges, const ByteRanges &have) {
     if (lo < hi) out.push_back({lo, hi});
   }
   return out;
+}
+
+// The first round trip's ranges of a read in parts from `guess` (nullptr: none): the header's first
+// 4 KiB and the parts the guess places, merged.
+ByteRanges FirstTrip(const Coder &coder, int64_t n, const ByteRanges &ranges, const BlockLayout *guess) {
+  ByteRanges first = {{0, std::min<int64_t>(n, 4096)}};
+  if (guess) {
+    const ByteRanges guessed = GuessedParts(*guess, coder, n, ranges);
+    first.insert(first.end(), guessed.begin(), guessed.end());
+  }
+  MergeRanges(&first);
+  return first;
+}
+
+int64_t BytesOf(const ByteRanges &ranges) {
+  int64_t bytes = 0;
+  for (const auto &r : ranges) bytes += r.second - r.first;
+  return bytes;
 }
 
 // One chunk's reads in turn: each Fetch is one round trip (its requests sent together through
@@ -141,12 +160,7 @@ bool ReadStored(const Coder &coder, int64_t n, const ByteRanges *ranges, char *a
   // blocks' stored bytes; whole when a touched block's streams reach bytes not read (never decode the
   // stale bytes of a reused buffer)
   ChunkFetch fetch(read, read_many, cost);
-  ByteRanges first = {{0, std::min<int64_t>(n, 4096)}};
-  if (guess) {
-    const ByteRanges guessed = GuessedParts(*guess, coder, n, *ranges);
-    first.insert(first.end(), guessed.begin(), guessed.end());
-  }
-  fetch.Fetch(first);
+  fetch.Fetch(FirstTrip(coder, n, *ranges, guess));
   BlockLayout layout;
   ByteRanges runs;
   bool in_parts = false;
@@ -160,6 +174,76 @@ bool ReadStored(const Coder &coder, int64_t n, const ByteRanges *ranges, char *a
   }
   if (!in_parts) fetch.Fetch({{0, n}}, true);
   if (trips) *trips = fetch.trips();
+  return in_parts;
+}
+
+bool PartsGuesses::Get(const std::string &stem, int64_t coder, BlockLayout *guess, bool *held) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = last_.find({stem, coder});
+  if (it == last_.end()) return false;
+  *guess = it->second.first;
+  *held = it->second.second;
+  return true;
+}
+
+void PartsGuesses::Put(const std::string &stem, int64_t coder, BlockLayout guess, bool held) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  last_[{stem, coder}] = {std::move(guess), held};
+}
+
+std::string PartsGuesses::StemOf(const std::string &key) {
+  // drop trailing path components of digits and dots (v2's "0.1.2", "/"-separated coordinates), then
+  // v3's "c" before them
+  auto coordinate = [](const std::string &part) {
+    return !part.empty() && part.find_first_not_of("0123456789.") == std::string::npos;
+  };
+  size_t end = key.size();
+  for (;;) {
+    const size_t slash = key.rfind('/', end ? end - 1 : 0);
+    const size_t begin = slash == std::string::npos ? 0 : slash + 1;
+    if (begin >= end || !coordinate(key.substr(begin, end - begin))) break;
+    if (slash == std::string::npos) return std::string();
+    end = slash;
+  }
+  if (end >= 2 && key.compare(end - 2, 2, "/c") == 0) end -= 2;
+  return key.substr(0, end);
+}
+
+bool FetchChunk(const Coder &coder, int64_t n, const ByteRanges *ranges, char *at, const StoredReader &read,
+                const StoredRangesReader &read_many, PartsGuesses *guesses, const std::string &stem,
+                int64_t coder_index, const RoundTrip &cost, int *trips) {
+  BlockLayout guess;
+  bool held = true;
+  const bool have_guess = guesses && ranges && guesses->Get(stem, coder_index, &guess, &held);
+  if (have_guess && !held && cost.bytes_per_s > 0 && MayReadInParts(coder, n, *ranges, kMinPartsBytes)) {
+    const ByteRanges first = FirstTrip(coder, n, *ranges, &guess);
+    if (static_cast<double>(n - BytesOf(first)) / cost.bytes_per_s < cost.latency_s) {
+      read(0, n);
+      if (trips) *trips = 1;
+      // what a read in parts from the guess would have found: this chunk's layout, and whether its
+      // first round trip would have held every byte the decode takes
+      BlockLayout layout;
+      ByteRanges runs;
+      if (BlockLayoutOf(coder, at, n, &layout) &&
+          BlockRuns(*ranges, coder.chunk_bytes, layout.blocksize, layout.ts, &runs) && ReadBlockIndex(at, &layout)) {
+        ByteRanges need = BlockStoredBytes(layout, runs);
+        need.push_back({0, layout.index_end});
+        MergeRanges(&need);
+        const bool would_hold = Missing(need, first).empty() && StreamsWereRead(layout, runs, at, first);
+        guesses->Put(stem, coder_index, std::move(layout), would_hold);
+      }
+      return false;
+    }
+  }
+  BlockLayout learnt;
+  int turns = 0;
+  const bool in_parts = ReadStored(coder, n, ranges, at, read, kMinPartsBytes, read_many,
+                                   have_guess ? &guess : nullptr, guesses ? &learnt : nullptr, &turns, cost);
+  // held: a guess that brought everything in the first round trip; a chunk read without one gives the
+  // next its first try
+  if (guesses && learnt.n > 0)
+    guesses->Put(stem, coder_index, std::move(learnt), !have_guess || (in_parts && turns <= 1));
+  if (trips) *trips = turns;
   return in_parts;
 }
 

@@ -14,6 +14,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -80,6 +83,33 @@ bool ReadStored(const Coder &coder, int64_t n, const ByteRanges *ranges, char *a
                 int64_t min_stored = kMinPartsBytes, const StoredRangesReader &read_many = nullptr,
                 const BlockLayout *guess = nullptr, BlockLayout *learnt = nullptr, int *trips = nullptr,
                 const RoundTrip &cost = RoundTrip());
+
+// The last layout a chunk read in parts showed, per array and coder (an array's key stem: its chunk
+// key without the trailing chunk coordinates; the coder's index), and whether the guess it was read
+// from held (its first round trip brought every byte the decode needed). Any thread.
+class PartsGuesses {
+ public:
+  bool Get(const std::string &stem, int64_t coder, BlockLayout *guess, bool *held) const;
+  void Put(const std::string &stem, int64_t coder, BlockLayout guess, bool held);
+  // The stem of a chunk key: without its trailing chunk coordinates ("t2m/0.1.2", "t2m/c/0/1/2").
+  static std::string StemOf(const std::string &key);
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::pair<std::string, int64_t>, std::pair<BlockLayout, bool>> last_;
+};
+
+// Reads a chunk's stored bytes for `ranges` into `at` as ReadStored does, from the guess `guesses`
+// holds for the array `stem` and coder `coder_index` (none: nullptr), which it updates. When the
+// array's last guess did not hold (a Blosc chunk compressed by several threads stores its blocks in
+// the order they finished: no earlier chunk places them), a read in parts takes two round trips:
+// the chunk is then read whole in one, when the bytes that adds cost less than a round trip at
+// `cost` ((stored - parts) / bytes_per_s < latency_s: a fast link; on a slow one, or a local file,
+// the parts). A chunk read whole still shows its layout, and whether the guess would have held. Returns
+// whether it was read in parts; `trips` as ReadStored's.
+bool FetchChunk(const Coder &coder, int64_t n, const ByteRanges *ranges, char *at, const StoredReader &read,
+                const StoredRangesReader &read_many, PartsGuesses *guesses, const std::string &stem,
+                int64_t coder_index, const RoundTrip &cost, int *trips = nullptr);
 
 }  // namespace dali_mesh
 

@@ -5,6 +5,7 @@ byte fetched, sorted and disjoint requests, over-read bounded, no gap read that 
 it saves), and the latency a remote store measures from its own requests."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -139,3 +140,92 @@ def test_a_remote_store_measures_its_latency_and_bandwidth_from_its_own_requests
         latency, rate = store_round_trip(store.spec)
     assert 0.05 <= latency < 5 and rate > 0
     assert merge_gap(latency, rate) == max(LOCAL_GAP, int(latency * rate))
+
+
+# ---- a whole-field Blosc Zarr read in parts from the parallel S3 server: round trips per step ---------------
+#: each answer's first byte waits this long: requests sent together overlap, requests sent after another's
+#: answer do not, whatever the machine's load (tests/storage/request_log.py waves)
+LATENCY = 0.05
+SHAPE = (5, 4, 512, 512)  # steps of 4 MiB decoded in blocks of 256 KiB: rank 1 of 4 takes one block of each level's four
+
+
+def _blosc_globe(root, noisy_step=None):
+    """Whole-field Blosc(lz4) Zarr v2 (a chunk per step) of smooth fields, written with one Blosc thread (its
+    blocks stored in order: every chunk's layout is the last one's, scaled); ``noisy_step``'s field is noise
+    (its first levels noise, the rest zeros: a chunk whose blocks lie elsewhere, so the guess from the
+    step before it is wrong, and its own guess wrong for the step after)."""
+    import numcodecs
+    import zarr
+    from numcodecs import blosc
+
+    lat = np.linspace(-1.5, 1.5, SHAPE[2])[:, None]
+    lon = np.linspace(0, 6.28, SHAPE[3], endpoint=False)[None, :]
+    rng = np.random.default_rng(7)
+    data = np.empty(SHAPE, np.float32)
+    for t in range(SHAPE[0]):
+        for c in range(SHAPE[1]):
+            data[t, c] = 250 + 40 * np.cos(lat) + 5 * np.sin(3 * lon + 0.2 * t + c) + rng.normal(size=SHAPE[2:]) * 0.05
+    if noisy_step is not None:  # its first levels noise, the others zeros: blocks of very unequal sizes
+        data[noisy_step, :2] = rng.normal(size=(2,) + SHAPE[2:]) * 1e3
+        data[noisy_step, 2:] = 0
+    threads = blosc.get_nthreads() if hasattr(blosc, "get_nthreads") else None
+    blosc.set_nthreads(1)
+    try:
+        z = zarr.create_array(root / "bench" / "globe.zarr", shape=SHAPE, chunks=(1,) + SHAPE[1:], dtype="f4",
+                              zarr_format=2,
+                              compressors=numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE))
+        z[:] = data
+    finally:
+        if threads:
+            blosc.set_nthreads(threads)
+    return data
+
+
+def _trips_per_step(root, server):
+    """``(windows, [round trips of step t])``: rank 1 of 4 (latitude split) read one step at a time by the
+    native reader (no read ahead), each step's requests grouped in waves by the server's log."""
+    from dali_mesh import Layout, MeshInfo, ZarrSource, _kernels
+    from dali_mesh.pipeline import native
+    from tests.storage.request_log import waves
+    from tests.storage.s3_server import options
+
+    layout = Layout(MeshInfo((4,), ("mp",), (1,)), shard={"mp": 1})
+    src = ZarrSource(["s3://bench/globe.zarr"], None, layout, shuffle=False, storage_options=options(server.endpoint))
+    plans = native.plan_windows(src)
+    path = plans[0].write(str(root / "plan"))
+    windows, trips = [], []
+    with _kernels.PlanReader(path, "f4", read_ahead=0) as reader:
+        server.take_log()
+        for t in range(SHAPE[0]):
+            windows.append(reader.read([t])[0][0])
+            trips.append(len(waves(server.take_log())))
+    return src, windows, trips
+
+
+@pytest.mark.parametrize("noisy_step", [None, 2])
+def test_a_whole_field_blosc_step_takes_one_round_trip_when_the_guess_holds(tmp_path, noisy_step):
+    """The first step reads its chunk's header, then its blocks; every later step sends the header with the
+    blocks the last chunk's layout places, in one round trip. A chunk whose blocks lie elsewhere (noise and
+    zeros among smooth fields) is read from a wrong guess in 2 round trips, and the next ones, after a
+    guess that did not hold, whole in one (the loopback link's measured bandwidth makes the extra bytes
+    cheaper than a round trip) until a layout holds again; every window is zarr-python's."""
+    import zarr
+
+    from dali_mesh.partition import take_window
+    from dali_mesh.storage.remote import have_native_http
+    from tests.storage.request_log import LoggingS3Server
+
+    if not have_native_http():
+        pytest.skip("this build has no libcurl")
+    (tmp_path / "bench").mkdir()
+    _blosc_globe(tmp_path, noisy_step)
+    oracle = zarr.open_array(str(tmp_path / "bench" / "globe.zarr"), mode="r")[:]
+    with LoggingS3Server(root=str(tmp_path), latency=LATENCY) as server:
+        src, windows, trips = _trips_per_step(tmp_path, server)
+    for t, win in enumerate(windows):
+        np.testing.assert_array_equal(win, take_window(oracle[t], src.region), err_msg=f"step {t}")
+    assert trips[0] <= 2, trips  # its header, then its blocks
+    want = [1] * (SHAPE[0] - 1)
+    if noisy_step is not None:  # read from the smooth chunk's layout: its blocks are not where it says
+        want[noisy_step - 1] = 2
+    assert trips[1:] == want, trips
