@@ -3,8 +3,6 @@
 #include "reader/fetch_plan.h"
 
 #include <algorithm>
-#include <cmath>
-#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -96,11 +94,7 @@ int64_t MergeGap(const RoundTrip &cost) {
 ByteRanges PlanRequests(const ByteRanges &wanted, const RoundTrip &cost) {
   if (wanted.size() < 2) return wanted;
   const int64_t merge_gap = MergeGap(cost);
-  const int64_t wanted_bytes = std::accumulate(wanted.begin(), wanted.end(), int64_t(0),
-                                               [](int64_t a, const std::pair<int64_t, int64_t> &r) {
-                                                 return a + (r.second - r.first);
-                                               });
-  int64_t budget = wanted_bytes / 4;  // the bytes the model's merges may read beyond those wanted
+  int64_t budget = BytesOf(wanted) / 4;  // the bytes the model's merges may read beyond those wanted
   // join[i]: the gap after wanted[i] is read; the local gaps always, the model's narrowest first
   std::vector<char> join(wanted.size() - 1, 0);
   std::vector<size_t> wide;
