@@ -94,7 +94,7 @@ int64_t MergeGap(const RoundTrip &cost) {
 ByteRanges PlanRequests(const ByteRanges &wanted, const RoundTrip &cost) {
   if (wanted.size() < 2) return wanted;
   const int64_t merge_gap = MergeGap(cost);
-  int64_t budget = BytesOf(wanted) / 4;  // the bytes the model's merges may read beyond those wanted
+  int64_t budget = BytesOf(wanted) / kOverReadDivisor;  // what the model's merges may read beyond the wanted
   // join[i]: the gap after wanted[i] is read; the local gaps always, the model's narrowest first
   std::vector<char> join(wanted.size() - 1, 0);
   std::vector<size_t> wide;
@@ -158,7 +158,8 @@ bool ReadStored(const Coder &coder, int64_t n, const ByteRanges *ranges, char *a
   BlockLayout layout;
   ByteRanges runs;
   bool in_parts = false;
-  if (BlockLayoutOf(coder, at, n, &layout) && BlockRuns(*ranges, coder.chunk_bytes, layout.blocksize, layout.ts, &runs)) {
+  if (BlockLayoutOf(coder, at, n, &layout) &&
+      BlockRuns(*ranges, coder.chunk_bytes, layout.blocksize, layout.ts, &runs)) {
     fetch.Fetch({{0, layout.index_end}});  // a longer index than the first read took
     if (ReadBlockIndex(at, &layout)) {
       fetch.Fetch(BlockStoredBytes(layout, runs));

@@ -36,19 +36,24 @@ constexpr int64_t kLocalGap = int64_t(64) << 10;
 // (the bytes that arrive in the time a request waits), at least kLocalGap.
 int64_t MergeGap(const RoundTrip &cost);
 
+// The bytes a request merged by the model may read beyond those wanted: 1/kOverReadDivisor of them.
+constexpr int64_t kOverReadDivisor = 16;
+
 // The requests that fetch `wanted` (sorted, disjoint, non-empty byte ranges) at the store cost
 // `cost`: sorted, disjoint ranges, each wanted range inside one of them. Neighbours closer than
 // kLocalGap are fetched as one (as every plan did before the model); wider gaps under MergeGap(cost)
-// too, the narrowest first, while the bytes read beyond `wanted` stay within a quarter of the wanted
-// bytes: the bound on bytes (a rank reads at most 0.40x of whole-field Blosc chunks) holds
-// at any latency, and no merge reads a gap that costs more than the request it saves.
-//
+// too, the narrowest first, while the bytes read beyond `wanted` stay within 1/kOverReadDivisor of them: no
+// merge reads a gap that costs more than the request it saves, and the bound on bytes holds
+// at any latency (a rank reads at most 0.40x of whole-field Blosc chunks whose band's blocks are
+// 0.375x: 1/16 more). Requests sent together cost one round trip whether merged or not: a merge saves
+// a request (billed, and a connection's turn), never a round trip, so it is worth few bytes.
 // Gaps narrower than kLocalGap are merged outside that bound (at most one such gap per range).
 //
-//   wanted [0,1M) [1.1M,2M) [2.5M,4M) (gaps 100K, 500K; 3.4M wanted: 850K may be over-read)
-//     local file (0 ms)       MergeGap 64K   -> [0,1M) [1.1M,2M) [2.5M,4M)    3 requests
-//     2 ms, 100 MB/s          MergeGap 200K  -> [0,2M) [2.5M,4M)              2 requests
-//     20 ms, 100 MB/s         MergeGap 2M    -> [0,4M)                        1 request, 600K over
+//   wanted [0,4M) [4.1M,8M) [8.5M,12M) (gaps 100K and 512K, in KiB and MiB; 11.4M wanted: 730K may be
+//   over-read)
+//     local file (0 ms)       MergeGap 64K   -> [0,4M) [4.1M,8M) [8.5M,12M)   3 requests
+//     2 ms, 100 MB/s          MergeGap 200K  -> [0,8M) [8.5M,12M)             2 requests
+//     20 ms, 100 MB/s         MergeGap 2M    -> [0,12M)                       1 request, 612K over
 ByteRanges PlanRequests(const ByteRanges &wanted, const RoundTrip &cost);
 
 // Reads bytes [lo, hi) of a stored chunk to at + lo, or throws.

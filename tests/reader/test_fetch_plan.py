@@ -22,8 +22,8 @@ S3_50MS = (0.050, 1e9)
 CEPH = (0.300, 50e6)
 UNMEASURED = (0.050, 0.0)
 
-#: three ranges with gaps of 100 KiB and 500 KiB: 3.4 MiB wanted, so at most 870 KiB may be over-read
-THREE = [(0, MIB), (MIB + 100 * KIB, 2 * MIB), (2 * MIB + 512 * KIB, 4 * MIB)]
+#: three ranges with gaps of 100 KiB and 500 KiB: 11.4 MiB wanted, so at most 730 KiB may be over-read
+THREE = [(0, 4 * MIB), (4 * MIB + 100 * KIB, 8 * MIB), (8 * MIB + 512 * KIB, 12 * MIB)]
 #: a band of a whole field in four levels (rank 1 of 4 of a Blosc chunk's blocks): 1 MiB every 4 MiB
 BAND = [(k * 4 * MIB + MIB, k * 4 * MIB + 2 * MIB) for k in range(4)]
 
@@ -39,11 +39,11 @@ def test_the_gap_worth_reading_is_latency_times_bandwidth_at_least_the_local_one
     (LOCAL, THREE),
     (UNMEASURED, THREE),
     # 2 ms at 100 MB/s: 200 KB arrive while a request waits; the 100 KiB gap is read, the 500 KiB one not
-    ((0.002, 100e6), [(0, 2 * MIB), (2 * MIB + 512 * KIB, 4 * MIB)]),
-    # 20 ms, 50 ms, 0.3 s: both gaps cost less than a request, and 600 KiB over 3.4 MiB is within a quarter
-    (S3_20MS, [(0, 4 * MIB)]),
-    (S3_50MS, [(0, 4 * MIB)]),
-    (CEPH, [(0, 4 * MIB)]),
+    ((0.002, 100e6), [(0, 8 * MIB), (8 * MIB + 512 * KIB, 12 * MIB)]),
+    # 20 ms, 50 ms, 0.3 s: both gaps cost less than a request, and 612 KiB over 11.4 MiB is within 1/16
+    (S3_20MS, [(0, 12 * MIB)]),
+    (S3_50MS, [(0, 12 * MIB)]),
+    (CEPH, [(0, 12 * MIB)]),
 ])
 def test_decisions_on_recorded_links(link, want):
     assert plan_requests(THREE, *link) == want
@@ -52,8 +52,8 @@ def test_decisions_on_recorded_links(link, want):
 @pytest.mark.parametrize("link", [LOCAL, S3_20MS, S3_50MS, CEPH])
 def test_a_band_of_a_whole_field_is_never_read_whole(link):
     """Four 1 MiB ranges 3 MiB apart: at 50 ms and 1 GB/s each gap costs less than a request, but reading
-    them would fetch 9 MiB more than the 4 MiB wanted: the bytes bound keeps them four requests (sent
-    together: one round trip all the same)."""
+    them would fetch 9 MiB more than the 4 MiB wanted: the bytes bound (1/16) keeps them four requests
+    (sent together: one round trip all the same)."""
     assert plan_requests(BAND, *link) == BAND
 
 
@@ -64,10 +64,10 @@ def test_gaps_under_the_local_gap_are_always_read(link):
 
 
 def test_the_narrowest_gaps_are_read_first_within_the_bound():
-    """1 MiB wanted in four 256 KiB ranges, 256 KiB may be over-read; gaps of 100, 150 and 120 KiB: the
+    """4 MiB wanted in four 1 MiB ranges, 256 KiB may be over-read; gaps of 100, 150 and 120 KiB: the
     100 and 120 KiB gaps are read (220 KiB), the 150 KiB one then no more fits (left to right, 100 + 150
     would have been read instead)."""
-    r = 256 * KIB
+    r = MIB
     starts = [0, r + 100 * KIB, 2 * r + 250 * KIB, 3 * r + 370 * KIB]
     wanted = [(s, s + r) for s in starts]
     assert plan_requests(wanted, *S3_20MS) == [(0, 2 * r + 100 * KIB), (starts[2], 4 * r + 370 * KIB)]
@@ -99,7 +99,7 @@ def test_requests_cover_exactly_the_wanted_ranges(parts, latency, rate):
     """Interval arithmetic on the wanted ranges is the oracle: the requests are sorted and disjoint, each
     starts and ends where a wanted range does (no byte before the first or after the last), every wanted
     range lies in one; the gaps read are the wanted ranges' gaps that a request holds, none as wide as the
-    link's merge gap, and those of 64 KiB or more add up to at most a quarter of the wanted bytes."""
+    link's merge gap, and those of 64 KiB or more add up to at most 1/16 of the wanted bytes."""
     wanted = _wanted(parts)
     got = plan_requests(wanted, latency, rate)
     assert all(lo < hi for lo, hi in got)
@@ -112,7 +112,7 @@ def test_requests_cover_exactly_the_wanted_ranges(parts, latency, rate):
     read = [g for g, (a, b) in zip(gaps, zip(wanted, wanted[1:])) if any(x <= a[1] and b[0] <= y for x, y in got)]
     assert all(g < max(LOCAL_GAP, merge_gap(latency, rate)) for g in read)
     wanted_bytes = sum(hi - lo for lo, hi in wanted)
-    assert sum(g for g in read if g >= LOCAL_GAP) <= wanted_bytes // 4
+    assert sum(g for g in read if g >= LOCAL_GAP) <= wanted_bytes // 16
     assert sum(hi - lo for lo, hi in got) == wanted_bytes + sum(read)
 
 
@@ -146,7 +146,8 @@ def test_a_remote_store_measures_its_latency_and_bandwidth_from_its_own_requests
 #: each answer's first byte waits this long: requests sent together overlap, requests sent after another's
 #: answer do not, whatever the machine's load (tests/storage/request_log.py waves)
 LATENCY = 0.05
-SHAPE = (5, 4, 512, 512)  # steps of 4 MiB decoded in blocks of 256 KiB: rank 1 of 4 takes one block of each level's four
+#: steps of 4 MiB decoded, in blocks of 512 KiB (c-blosc's choice): rank 1 of 4 takes one of each level's two
+SHAPE = (5, 4, 512, 512)
 
 
 def _blosc_globe(root, noisy_step=None):
@@ -206,9 +207,9 @@ def _trips_per_step(root, server):
 def test_a_whole_field_blosc_step_takes_one_round_trip_when_the_guess_holds(tmp_path, noisy_step):
     """The first step reads its chunk's header, then its blocks; every later step sends the header with the
     blocks the last chunk's layout places, in one round trip. A chunk whose blocks lie elsewhere (noise and
-    zeros among smooth fields) is read from a wrong guess in 2 round trips, and the next ones, after a
-    guess that did not hold, whole in one (the loopback link's measured bandwidth makes the extra bytes
-    cheaper than a round trip) until a layout holds again; every window is zarr-python's."""
+    zeros among smooth fields) is read from a wrong guess in 2 round trips; the next ones, after a guess
+    that did not hold, whole in one where the link's measured bandwidth makes the extra bytes cheaper than
+    a round trip (else in parts again), until a layout holds again; every window is zarr-python's."""
     import zarr
 
     from dali_mesh.partition import take_window
@@ -225,7 +226,9 @@ def test_a_whole_field_blosc_step_takes_one_round_trip_when_the_guess_holds(tmp_
     for t, win in enumerate(windows):
         np.testing.assert_array_equal(win, take_window(oracle[t], src.region), err_msg=f"step {t}")
     assert trips[0] <= 2, trips  # its header, then its blocks
-    want = [1] * (SHAPE[0] - 1)
-    if noisy_step is not None:  # read from the smooth chunk's layout: its blocks are not where it says
-        want[noisy_step - 1] = 2
-    assert trips[1:] == want, trips
+    if noisy_step is None:
+        assert trips[1:] == [1] * (SHAPE[0] - 1), trips
+    else:  # read from the smooth chunk's layout: its blocks are not where it says
+        assert trips[1:noisy_step + 1] == [1] * (noisy_step - 1) + [2], trips
+        # then whole in one round trip, or (where the link measured slow: a loaded machine) in parts in two
+        assert all(k in (1, 2) for k in trips[noisy_step + 1:]), trips
