@@ -41,37 +41,8 @@ using detail::BloscContext;
 using detail::BloscHeader;
 using detail::BloscSplits;
 
-// The runs of whole blocks BloscRanges decodes for `ranges`: each range widened to the blocks it
-// touches, runs closer than a block joined; false when the chunk is to be decoded whole (the runs
-// cover three quarters of it or more, or its blocks do not fall on whole items).
-//
-// Whole blocks only, because c-blosc2's blosc2_getitem_bytes_ctx (c-blosc2 3.3.5, the blosc2 4.14.1
-// wheel) returns wrong bytes with no error for a range exactly one block long, or exactly the last
-// block's length, that crosses a block boundary: _blosc_getitem takes the block it reaches second for
-// "the single block asked" (startb == 0 && bsize == nitems_bytes) and decodes it over the start of
-// the output (tests/io/test_blosc_ranges.py holds the reproducer). A run that starts on a block and
-// ends on a block (or the chunk's end) never meets that condition except when it is that one block.
-bool BloscMerged(const std::vector<std::pair<int64_t, int64_t>> &ranges, int64_t want, int32_t blocksize, int ts,
-                 std::vector<std::pair<int64_t, int64_t>> *merged) {
-  merged->clear();
-  if (ts < 1 || blocksize % ts || want % ts) return false;
-  int64_t covered = 0;
-  for (auto r : ranges) {
-    r.first = std::max<int64_t>(0, r.first) / blocksize * blocksize;
-    r.second = std::min(want, (r.second + blocksize - 1) / blocksize * blocksize);
-    if (r.first >= r.second) continue;
-    if (!merged->empty() && r.first - merged->back().second < blocksize) {
-      merged->back().second = std::max(merged->back().second, r.second);
-    } else {
-      merged->push_back(r);
-    }
-  }
-  for (const auto &r : *merged) covered += r.second - r.first;
-  return covered * 4 < want * 3;
-}
-
 // Only the byte ranges `ranges` of a Blosc chunk (sorted, disjoint, inside `want`): c-blosc2 decodes
-// the whole blocks they touch (BloscMerged), each block straight into its place in `out` where the
+// the whole blocks they touch (BlockRuns), each block straight into its place in `out` where the
 // blocks are large (one blosc2_getitem_bytes_ctx call per block: no copy through c-blosc2's scratch),
 // a run of small blocks in one call; when they cover most of the chunk, the whole chunk as by Blosc.
 std::string BloscRanges(const char *src, int64_t n, char *out, int64_t want,
@@ -81,7 +52,7 @@ std::string BloscRanges(const char *src, int64_t n, char *out, int64_t want,
   std::string why = BloscHeader(src, n, want, &blocksize, &ts);
   if (!why.empty()) return why;
   std::vector<std::pair<int64_t, int64_t>> merged;
-  if (!BloscMerged(ranges, want, blocksize, ts, &merged)) return Blosc(src, n, out, want);
+  if (!BlockRuns(ranges, want, blocksize, ts, &merged)) return Blosc(src, n, out, want);
   blosc2_context *ctx = BloscContext();
   if (ctx == nullptr) return "c-blosc2 could not make a decompression context";
   thread_local std::vector<char> copy;
@@ -203,9 +174,32 @@ bool MayReadInParts(const Coder &coder, int64_t n, const std::vector<std::pair<i
 }
 
 #ifdef DALI_MESH_HAVE_BLOSC2
+// BloscRanges decodes the runs BlockRuns names: each range widened to the blocks it touches, runs
+// closer than a block joined.
+//
+// Whole blocks only, because c-blosc2's blosc2_getitem_bytes_ctx (c-blosc2 3.3.5, the blosc2 4.14.1
+// wheel) returns wrong bytes with no error for a range exactly one block long, or exactly the last
+// block's length, that crosses a block boundary: _blosc_getitem takes the block it reaches second for
+// "the single block asked" (startb == 0 && bsize == nitems_bytes) and decodes it over the start of
+// the output (tests/io/test_blosc_ranges.py holds the reproducer). A run that starts on a block and
+// ends on a block (or the chunk's end) never meets that condition except when it is that one block.
 bool BlockRuns(const std::vector<std::pair<int64_t, int64_t>> &ranges, int64_t want, int32_t blocksize, int ts,
-               std::vector<std::pair<int64_t, int64_t>> *runs) {
-  return BloscMerged(ranges, want, blocksize, ts, runs);
+               std::vector<std::pair<int64_t, int64_t>> *merged) {
+  merged->clear();
+  if (ts < 1 || blocksize < 1 || blocksize % ts || want % ts) return false;
+  int64_t covered = 0;
+  for (auto r : ranges) {
+    r.first = std::max<int64_t>(0, r.first) / blocksize * blocksize;
+    r.second = std::min(want, (r.second + blocksize - 1) / blocksize * blocksize);
+    if (r.first >= r.second) continue;
+    if (!merged->empty() && r.first - merged->back().second < blocksize) {
+      merged->back().second = std::max(merged->back().second, r.second);
+    } else {
+      merged->push_back(r);
+    }
+  }
+  for (const auto &r : *merged) covered += r.second - r.first;
+  return covered * 4 < want * 3;
 }
 
 bool BlockLayoutOf(const Coder &coder, const char *head, int64_t n, BlockLayout *l) {

@@ -521,7 +521,7 @@ def _parts_estimate(ranges: list[tuple[int, int]], stored: int, decoded: int,
     decoded ``ranges`` cover less than 3/4 of, read as fetch_plan.cc ReadStored reads it, or ``None`` when those
     ranges cover more (read whole in one request). ``blocks``: :func:`blosc_blocks` of the array's chunks
     (``None``: not known, the ranges taken as the blocks). Its first read takes the first 4 KiB; then the
-    whole chunk when the blocks touched cover 3/4 of it or more (BloscMerged), else the rest of its block
+    whole chunk when the blocks touched cover 3/4 of it or more (BlockRuns), else the rest of its block
     index and the touched blocks, whose stored bytes are placed by taking every block to compress alike
     (``estimated``: the chunk is read in parts, its blocks' bytes placed so)."""
     if sum(hi - lo for lo, hi in ranges) * 4 >= decoded * 3:
@@ -553,7 +553,7 @@ def _parts_estimate(ranges: list[tuple[int, int]], stored: int, decoded: int,
 
 def _blosc_merged(ranges: list[tuple[int, int]], decoded: int, size: int, typesize: int) -> list | None:
     """The runs of whole blocks of ``size`` bytes that the decoded ``ranges`` touch, runs closer than a block
-    joined, or ``None`` when the chunk is read whole (codecs.cc BloscMerged, BlockRuns: they cover 3/4 of it or more,
+    joined, or ``None`` when the chunk is read whole (codecs.cc BlockRuns: they cover 3/4 of it or more,
     or its blocks are not whole items)."""
     if typesize < 1 or size < 1 or size % typesize or decoded % typesize:
         return None
