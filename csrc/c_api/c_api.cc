@@ -46,8 +46,9 @@ dali_mesh::SliceUserArgs SampleArgs(int i, int ndim, const int64_t *in_shapes, c
 // dump, canonical JSON and checksum; 8: the codec table (codec_api.cc) and the batch reader
 // (reader_api.cc); 11: the batch reader reads ahead (dali_mesh_reader_open's read_ahead,
 // dali_mesh_reader_read_ahead, dali_mesh_reader_ahead_counts); 13: a store spec's settings as its one
-// parser reads them (dali_mesh_store_settings)
-DM_EXPORT int dm_abi_version(void) { return 13; }
+// parser reads them (dali_mesh_store_settings); 14: the fetch plan's requests (fetch_api.cc) and a
+// store's measured round trip (dali_mesh_store_round_trip)
+DM_EXPORT int dm_abi_version(void) { return 14; }
 
 DM_EXPORT int dm_has_cuda(void) {
 #ifdef DALI_MESH_WITH_CUDA

@@ -14,6 +14,7 @@
 
 #include "c_api/export.h"
 #include "codecs/codecs.h"
+#include "reader/fetch_plan.h"
 
 using dali_mesh::c_api::Fail;
 
@@ -62,7 +63,7 @@ DM_EXPORT int64_t dali_mesh_decode_chunk(const int64_t *ids, const int64_t *args
 // ranges' bytes at their offsets in out[0..chunk_bytes). `min_parts`: the smallest stored size read
 // in parts (-1: the reader's). With `prev` (n_prev stored bytes of another chunk of the same coder),
 // `prev` is read first for the same ranges and the layout it shows is the guess the read of `src`
-// starts from (PartsGuess: as a remote store's reads do). Returns 2 * (the reads in turn the chunk
+// starts from (a BlockLayout: as a remote store's reads do). Returns 2 * (the reads in turn the chunk
 // took, a read of several ranges counting one) + 1 when it was read in parts (+ 0 when whole), or -1
 // with the reason.
 DM_EXPORT int64_t dali_mesh_decode_chunk_ranges(const int64_t *ids, const int64_t *args, int64_t n_steps,
@@ -93,7 +94,7 @@ DM_EXPORT int64_t dali_mesh_decode_chunk_ranges(const int64_t *ids, const int64_
       };
       return std::make_pair(dali_mesh::StoredReader(one), dali_mesh::StoredRangesReader(many));
     };
-    dali_mesh::PartsGuess guess;
+    dali_mesh::BlockLayout guess;
     if (prev) {
       std::vector<char> before(n_prev, static_cast<char>(stale));
       const auto [one, many] = reads(prev, n_prev, before.data());

@@ -29,6 +29,23 @@ const dali_mesh::ByteStore *StoreNamed(const char *spec) {
 // bytes received.
 DM_EXPORT void dali_mesh_store_counters(int64_t *requests, int64_t *bytes) { dali_mesh::FetchCounters(requests, bytes); }
 
+// What a request to the store `spec` costs as measured from its requests so far (byte_store.h
+// RoundTripMeter: moving medians): `latency_s` to the first byte, `bytes_per_s` of long bodies (0:
+// not measured). 0, or -1 with a message.
+DM_EXPORT int dali_mesh_store_round_trip(const char *spec, double *latency_s, double *bytes_per_s, char *err,
+                                         int64_t err_len) {
+  try {
+    if (!latency_s || !bytes_per_s)
+      return Fail("dali_mesh_store_round_trip: latency_s and bytes_per_s must be given", err, err_len);
+    const dali_mesh::RoundTrip cost = StoreNamed(spec)->Cost();
+    *latency_s = cost.latency_s;
+    *bytes_per_s = cost.bytes_per_s;
+    return 0;
+  } catch (const std::exception &e) {
+    return Fail(e.what(), err, err_len);
+  }
+}
+
 // 1 when this library reads remote stores (it has the store "http": it was linked with libcurl), else 0.
 DM_EXPORT int dali_mesh_store_have_http() { return dali_mesh::StoreOf("http") ? 1 : 0; }
 

@@ -1,6 +1,6 @@
 // dali_mesh: Blosc1 chunks (numcodecs Blosc, Zarr v3 blosc) as c-blosc2 decodes them, internal to
 // csrc/codecs/: the header checks and the whole-chunk decode (blosc.cc), which the reads and
-// decodes of a chunk's blocks (codecs.cc: ReadStored, DecodeChunkRanges) build on.
+// decodes of a chunk's blocks (codecs.cc: the layout of a read in parts, DecodeChunkRanges) build on.
 #ifndef DALI_MESH_CODECS_BLOSC_H_
 #define DALI_MESH_CODECS_BLOSC_H_
 

@@ -6,7 +6,6 @@
 #include "codecs/codecs.h"
 
 #include <algorithm>
-#include <functional>
 #include <climits>
 #include <cstring>
 #include <iterator>
@@ -42,37 +41,8 @@ using detail::BloscContext;
 using detail::BloscHeader;
 using detail::BloscSplits;
 
-// The runs of whole blocks BloscRanges decodes for `ranges`: each range widened to the blocks it
-// touches, runs closer than a block joined; false when the chunk is to be decoded whole (the runs
-// cover three quarters of it or more, or its blocks do not fall on whole items).
-//
-// Whole blocks only, because c-blosc2's blosc2_getitem_bytes_ctx (c-blosc2 3.3.5, the blosc2 4.14.1
-// wheel) returns wrong bytes with no error for a range exactly one block long, or exactly the last
-// block's length, that crosses a block boundary: _blosc_getitem takes the block it reaches second for
-// "the single block asked" (startb == 0 && bsize == nitems_bytes) and decodes it over the start of
-// the output (tests/io/test_blosc_ranges.py holds the reproducer). A run that starts on a block and
-// ends on a block (or the chunk's end) never meets that condition except when it is that one block.
-bool BloscMerged(const std::vector<std::pair<int64_t, int64_t>> &ranges, int64_t want, int32_t blocksize, int ts,
-                 std::vector<std::pair<int64_t, int64_t>> *merged) {
-  merged->clear();
-  if (ts < 1 || blocksize % ts || want % ts) return false;
-  int64_t covered = 0;
-  for (auto r : ranges) {
-    r.first = std::max<int64_t>(0, r.first) / blocksize * blocksize;
-    r.second = std::min(want, (r.second + blocksize - 1) / blocksize * blocksize);
-    if (r.first >= r.second) continue;
-    if (!merged->empty() && r.first - merged->back().second < blocksize) {
-      merged->back().second = std::max(merged->back().second, r.second);
-    } else {
-      merged->push_back(r);
-    }
-  }
-  for (const auto &r : *merged) covered += r.second - r.first;
-  return covered * 4 < want * 3;
-}
-
 // Only the byte ranges `ranges` of a Blosc chunk (sorted, disjoint, inside `want`): c-blosc2 decodes
-// the whole blocks they touch (BloscMerged), each block straight into its place in `out` where the
+// the whole blocks they touch (BlockRuns), each block straight into its place in `out` where the
 // blocks are large (one blosc2_getitem_bytes_ctx call per block: no copy through c-blosc2's scratch),
 // a run of small blocks in one call; when they cover most of the chunk, the whole chunk as by Blosc.
 std::string BloscRanges(const char *src, int64_t n, char *out, int64_t want,
@@ -82,7 +52,7 @@ std::string BloscRanges(const char *src, int64_t n, char *out, int64_t want,
   std::string why = BloscHeader(src, n, want, &blocksize, &ts);
   if (!why.empty()) return why;
   std::vector<std::pair<int64_t, int64_t>> merged;
-  if (!BloscMerged(ranges, want, blocksize, ts, &merged)) return Blosc(src, n, out, want);
+  if (!BlockRuns(ranges, want, blocksize, ts, &merged)) return Blosc(src, n, out, want);
   blosc2_context *ctx = BloscContext();
   if (ctx == nullptr) return "c-blosc2 could not make a decompression context";
   thread_local std::vector<char> copy;
@@ -98,6 +68,13 @@ std::string BloscRanges(const char *src, int64_t n, char *out, int64_t want,
     }
   }
   return "";
+}
+
+// Sorted, disjoint ranges: whether [lo, hi) lies inside one of them.
+bool Inside(const std::vector<std::pair<int64_t, int64_t>> &have, int64_t lo, int64_t hi) {
+  if (lo >= hi) return true;
+  auto it = std::upper_bound(have.begin(), have.end(), std::make_pair(lo, INT64_MAX));
+  return it != have.begin() && std::prev(it)->first <= lo && hi <= std::prev(it)->second;
 }
 
 // The end of block `j`'s streams in a Blosc1 chunk that is not memcpyed, read as c-blosc2's blosc_d
@@ -196,203 +173,112 @@ bool MayReadInParts(const Coder &coder, int64_t n, const std::vector<std::pair<i
 #endif
 }
 
-namespace {
-
 #ifdef DALI_MESH_HAVE_BLOSC2
-// A Blosc chunk's layout as a read in parts needs it, from its header: the runs of whole blocks to
-// decode and where the block index ends.
-struct BloscLayout {
-  int32_t blocksize = 0;
-  int ts = 0;
-  bool memcpyed = false, splits = false;  // splits: BloscSplits
-  int64_t nblocks = 0, index_end = 0;
-  std::vector<std::pair<int64_t, int64_t>> merged;  // the runs of whole blocks to decode (BloscMerged)
-};
+// BloscRanges decodes the runs BlockRuns names: each range widened to the blocks it touches, runs
+// closer than a block joined.
+//
+// Whole blocks only, because c-blosc2's blosc2_getitem_bytes_ctx (c-blosc2 3.3.5, the blosc2 4.14.1
+// wheel) returns wrong bytes with no error for a range exactly one block long, or exactly the last
+// block's length, that crosses a block boundary: _blosc_getitem takes the block it reaches second for
+// "the single block asked" (startb == 0 && bsize == nitems_bytes) and decodes it over the start of
+// the output (tests/io/test_blosc_ranges.py holds the reproducer). A run that starts on a block and
+// ends on a block (or the chunk's end) never meets that condition except when it is that one block.
+bool BlockRuns(const std::vector<std::pair<int64_t, int64_t>> &ranges, int64_t want, int32_t blocksize, int ts,
+               std::vector<std::pair<int64_t, int64_t>> *merged) {
+  merged->clear();
+  if (ts < 1 || blocksize < 1 || blocksize % ts || want % ts) return false;
+  int64_t covered = 0;
+  for (auto r : ranges) {
+    r.first = std::max<int64_t>(0, r.first) / blocksize * blocksize;
+    r.second = std::min(want, (r.second + blocksize - 1) / blocksize * blocksize);
+    if (r.first >= r.second) continue;
+    if (!merged->empty() && r.first - merged->back().second < blocksize) {
+      merged->back().second = std::max(merged->back().second, r.second);
+    } else {
+      merged->push_back(r);
+    }
+  }
+  for (const auto &r : *merged) covered += r.second - r.first;
+  return covered * 4 < want * 3;
+}
 
-// false when the chunk is to be read whole (not a chunk a part of which is enough, or a header or
-// index that is not sound: decoded whole, its error is DecodeChunk's)
-bool BloscLayoutOf(const Coder &coder, const char *head, int64_t n, const std::vector<std::pair<int64_t, int64_t>> &ranges,
-                   BloscLayout *l) {
+bool BlockLayoutOf(const Coder &coder, const char *head, int64_t n, BlockLayout *l) {
+  *l = BlockLayout();
   if (!OneBloscStep(coder) || coder.chunk_bytes > INT32_MAX) return false;
   const int64_t want = coder.chunk_bytes;
   if (!BloscHeader(head, n, want, &l->blocksize, &l->ts).empty()) return false;
-  if (!BloscMerged(ranges, want, l->blocksize, l->ts, &l->merged)) return false;
   const auto *h = reinterpret_cast<const unsigned char *>(head);
+  l->n = n;
+  l->decoded = want;
   l->memcpyed = h[2] & 0x02;
   l->splits = BloscSplits(h, l->blocksize);
   l->nblocks = (want + l->blocksize - 1) / l->blocksize;
-  l->index_end = int64_t{BLOSC_MIN_HEADER_LENGTH} + (l->memcpyed ? 0 : 4 * l->nblocks);
+  l->index_end = kBlockHeaderBytes + (l->memcpyed ? 0 : 4 * l->nblocks);
   return l->index_end <= n;
 }
 
-// Each block that the runs `merged` (of whole blocks of `blocksize`) touch, as its stored bytes in a
-// chunk of `n` stored bytes whose block index is `starts`: from its start to the next start above it
-// (or the chunk's end); blocks past the index are left out.
-void ForTouchedBlocks(const std::vector<std::pair<int64_t, int64_t>> &merged, int64_t blocksize,
-                      const std::vector<int64_t> &starts, int64_t n, const std::function<void(int64_t, int64_t)> &fn) {
-  std::vector<int64_t> sorted = starts;
-  std::sort(sorted.begin(), sorted.end());
-  const int64_t nblocks = static_cast<int64_t>(starts.size());
-  for (const auto &r : merged) {
-    for (int64_t j = r.first / blocksize; j <= (r.second - 1) / blocksize && j < nblocks; j++) {
-      const auto next = std::upper_bound(sorted.begin(), sorted.end(), starts[j]);
-      fn(starts[j], next == sorted.end() ? n : *next);
-    }
-  }
-}
-
-// Which stored bytes of the chunk at `at` (its header and block index read) a decode of `l`'s runs
-// reads: the header, the index and each touched block from its start to the next start above it (or
-// the chunk's end); false for a corrupt index (decoded whole, its error). A block whose streams reach
-// further (streams that overlap, valid for c-blosc) is found by StreamsWereRead.
-// `starts`: set to the block index (empty for a memcpyed chunk).
-bool StoredParts(const BloscLayout &l, const char *at, int64_t n, std::vector<std::pair<int64_t, int64_t>> *stored,
-                 std::vector<int64_t> *starts_out) {
-  constexpr int64_t kHeader = BLOSC_MIN_HEADER_LENGTH;  // 16: a Blosc1 chunk's header
-  stored->assign(1, {0, l.index_end});
-  starts_out->clear();
-  if (l.memcpyed) {  // the decoded bytes follow the header as they are
-    for (const auto &r : l.merged) stored->push_back({kHeader + r.first, kHeader + r.second});
-    MergeRanges(stored);
-    return true;
-  }
+bool ReadBlockIndex(const char *at, BlockLayout *l) {
+  l->starts.clear();
+  if (l->memcpyed) return true;
   const auto *h = reinterpret_cast<const unsigned char *>(at);
-  std::vector<int64_t> &starts = *starts_out;
-  starts.resize(l.nblocks);
-  for (int64_t j = 0; j < l.nblocks; j++) {
-    starts[j] = Le32(h + kHeader + 4 * j);
-    if (starts[j] < l.index_end || starts[j] >= n) return false;
+  l->starts.resize(l->nblocks);
+  for (int64_t j = 0; j < l->nblocks; j++) {
+    l->starts[j] = Le32(h + kBlockHeaderBytes + 4 * j);
+    if (l->starts[j] < l->index_end || l->starts[j] >= l->n) return false;
   }
-  ForTouchedBlocks(l.merged, l.blocksize, starts, n, [&](int64_t lo, int64_t hi) { stored->push_back({lo, hi}); });
-  MergeRanges(stored);
   return true;
 }
 
-// The parts of `ranges` not in `have` (both sorted and disjoint).
-std::vector<std::pair<int64_t, int64_t>> Missing(const std::vector<std::pair<int64_t, int64_t>> &ranges,
-                                                 const std::vector<std::pair<int64_t, int64_t>> &have) {
-  std::vector<std::pair<int64_t, int64_t>> out;
-  size_t k = 0;
-  for (auto [lo, hi] : ranges) {
-    while (k < have.size() && have[k].second <= lo) k++;
-    for (size_t i = k; i < have.size() && have[i].first < hi && lo < hi; i++) {
-      if (have[i].first > lo) out.push_back({lo, have[i].first});
-      lo = std::max(lo, have[i].second);
-    }
-    if (lo < hi) out.push_back({lo, hi});
-  }
-  return out;
-}
-
-// Adds to `out` the stored bytes of a chunk of `n` stored bytes that `guess` (an earlier chunk of the
-// same array) places the header, index and parts for `ranges` in: its block starts scaled by the
-// chunks' sizes, each part widened by a margin of 1/64 of it (at least 4 KiB), clipped to the chunk.
-void AddGuessedParts(const PartsGuess &g, const Coder &coder, int64_t n,
-                     const std::vector<std::pair<int64_t, int64_t>> &ranges, std::vector<std::pair<int64_t, int64_t>> *out) {
-  if (g.n <= 0 || g.blocksize <= 0 || g.index_end <= 0) return;
-  constexpr int64_t kHeader = BLOSC_MIN_HEADER_LENGTH;
-  out->push_back({0, std::min(n, g.index_end)});
-  std::vector<std::pair<int64_t, int64_t>> merged;
-  if (!BloscMerged(ranges, coder.chunk_bytes, g.blocksize, g.ts, &merged)) return;
-  auto add = [&](double lo, double hi) {  // in double: a crafted size must not overflow
-    const double margin = std::max(4096.0, (hi - lo) / 64);
-    lo = std::clamp(lo - margin, 0.0, static_cast<double>(n));
-    hi = std::clamp(hi + margin, 0.0, static_cast<double>(n));
-    if (lo < hi) out->push_back({static_cast<int64_t>(lo), static_cast<int64_t>(hi)});
-  };
-  if (g.memcpyed) {  // the decoded bytes follow the header as they are
-    for (const auto &r : merged) add(kHeader + r.first, kHeader + r.second);
-    return;
-  }
-  const double scale = static_cast<double>(n) / static_cast<double>(g.n);
-  ForTouchedBlocks(merged, g.blocksize, g.starts, g.n, [&](int64_t lo, int64_t hi) { add(lo * scale, hi * scale); });
-}
-
-// Sorted, disjoint ranges: whether [lo, hi) lies inside one of them.
-bool Inside(const std::vector<std::pair<int64_t, int64_t>> &have, int64_t lo, int64_t hi) {
-  if (lo >= hi) return true;
-  auto it = std::upper_bound(have.begin(), have.end(), std::make_pair(lo, INT64_MAX));
-  return it != have.begin() && std::prev(it)->first <= lo && hi <= std::prev(it)->second;
-}
-
-// Whether the stored bytes `read` (sorted, disjoint ranges of the chunk at `at`, its parts read as
-// StoredParts names them) hold every byte c-blosc2 reads to decode `l`'s runs: each touched block's
-// streams, walked as c-blosc2 walks them.
-bool StreamsWereRead(const BloscLayout &l, const char *at, int64_t n, int64_t want,
+bool StreamsWereRead(const BlockLayout &l, const std::vector<std::pair<int64_t, int64_t>> &runs, const char *at,
                      const std::vector<std::pair<int64_t, int64_t>> &read) {
-  if (l.memcpyed) return true;  // StoredParts read every byte the runs take
+  if (l.memcpyed) return true;  // BlockStoredBytes names every byte the runs take
   const auto *h = reinterpret_cast<const unsigned char *>(at);
-  for (const auto &r : l.merged) {
-    for (int64_t j = r.first / l.blocksize; j <= (r.second - 1) / l.blocksize; j++) {
-      const bool leftover = j == l.nblocks - 1 && want % l.blocksize != 0;
+  for (const auto &r : runs) {
+    for (int64_t j = r.first / l.blocksize; j <= (r.second - 1) / l.blocksize && j < l.nblocks; j++) {
+      const bool leftover = j == l.nblocks - 1 && l.decoded % l.blocksize != 0;
       const int nstreams = (l.splits && !leftover) ? l.ts : 1;
-      const int64_t start = Le32(h + BLOSC_MIN_HEADER_LENGTH + 4 * j);
-      if (BloscBlockEnd(h, n, start, nstreams, [&](int64_t lo, int64_t hi) { return Inside(read, lo, hi); }) < 0)
+      const int64_t start = Le32(h + kBlockHeaderBytes + 4 * j);
+      if (BloscBlockEnd(h, l.n, start, nstreams, [&](int64_t lo, int64_t hi) { return Inside(read, lo, hi); }) < 0)
         return false;
     }
   }
   return true;
 }
-#endif
-
-}  // namespace
-
-bool ReadStored(const Coder &coder, int64_t n, const std::vector<std::pair<int64_t, int64_t>> *ranges, char *at,
-                const StoredReader &read, int64_t min_stored, const StoredRangesReader &read_many,
-                const PartsGuess *guess, PartsGuess *learnt, int *trips) {
-  if (trips) *trips = 1;
-#ifdef DALI_MESH_HAVE_BLOSC2
-  if (ranges && MayReadInParts(coder, n, *ranges, min_stored)) {
-    // a Blosc chunk whose blocks the ranges touch only some of: its header and block index, then
-    // those blocks' stored bytes; whole when a touched block's streams reach bytes not read (never
-    // decode the stale bytes of a reused buffer)
-    std::vector<std::pair<int64_t, int64_t>> have;  // the stored bytes read so far (sorted, disjoint)
-    int turns = 0;
-    // what of `want` is not read yet, at once: ranges less than 64 KiB apart as one (a request saved
-    // is worth more than the bytes between), or all of it as one range (`whole`: the chunk read whole)
-    auto fetch = [&](std::vector<std::pair<int64_t, int64_t>> want, bool whole = false) {
-      MergeRanges(&want);
-      std::vector<std::pair<int64_t, int64_t>> todo;
-      for (const auto &p : Missing(want, have)) {
-        if (!todo.empty() && (whole || p.first - todo.back().second < (int64_t(64) << 10))) {
-          todo.back().second = p.second;
-        } else {
-          todo.push_back(p);
-        }
-      }
-      if (todo.empty()) return;
-      if (read_many && todo.size() > 1) {
-        read_many(todo);
-      } else {
-        for (const auto &p : todo) read(p.first, p.second);
-      }
-      turns += read_many ? 1 : static_cast<int>(todo.size());
-      have.insert(have.end(), todo.begin(), todo.end());
-      MergeRanges(&have);
-    };
-    std::vector<std::pair<int64_t, int64_t>> first = {{0, std::min<int64_t>(n, 4096)}};
-    if (guess) AddGuessedParts(*guess, coder, n, *ranges, &first);
-    fetch(first);
-    BloscLayout l;
-    std::vector<std::pair<int64_t, int64_t>> parts;
-    std::vector<int64_t> starts;
-    bool in_parts = false;
-    if (BloscLayoutOf(coder, at, n, *ranges, &l)) {
-      fetch({{0, l.index_end}});  // a longer index than the first read took
-      if (StoredParts(l, at, n, &parts, &starts)) {
-        fetch(parts);
-        in_parts = StreamsWereRead(l, at, n, coder.chunk_bytes, have);
-        if (learnt) *learnt = PartsGuess{n, l.blocksize, l.ts, l.memcpyed, l.index_end, std::move(starts)};
-      }
-    }
-    if (!in_parts) fetch({{0, n}}, true);
-    if (trips) *trips = turns;
-    return in_parts;
-  }
-#endif
-  (void)coder, (void)ranges, (void)at, (void)min_stored, (void)read_many, (void)guess, (void)learnt;
-  read(0, n);
+#else
+bool BlockRuns(const std::vector<std::pair<int64_t, int64_t>> &, int64_t, int32_t, int,
+               std::vector<std::pair<int64_t, int64_t>> *runs) {
+  runs->clear();
   return false;
+}
+bool BlockLayoutOf(const Coder &, const char *, int64_t, BlockLayout *l) {
+  *l = BlockLayout();
+  return false;
+}
+bool ReadBlockIndex(const char *, BlockLayout *) { return false; }
+bool StreamsWereRead(const BlockLayout &, const std::vector<std::pair<int64_t, int64_t>> &, const char *,
+                     const std::vector<std::pair<int64_t, int64_t>> &) {
+  return false;
+}
+#endif
+
+std::vector<std::pair<int64_t, int64_t>> BlockStoredBytes(const BlockLayout &l,
+                                                          const std::vector<std::pair<int64_t, int64_t>> &runs) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  if (l.blocksize <= 0) return out;
+  if (l.memcpyed) {  // the decoded bytes follow the header as they are
+    for (const auto &r : runs) out.push_back({kBlockHeaderBytes + r.first, kBlockHeaderBytes + r.second});
+    return out;
+  }
+  std::vector<int64_t> sorted = l.starts;
+  std::sort(sorted.begin(), sorted.end());
+  const int64_t nblocks = static_cast<int64_t>(l.starts.size());
+  for (const auto &r : runs) {
+    for (int64_t j = r.first / l.blocksize; j <= (r.second - 1) / l.blocksize && j < nblocks; j++) {
+      const auto next = std::upper_bound(sorted.begin(), sorted.end(), l.starts[j]);
+      out.push_back({l.starts[j], next == sorted.end() ? l.n : *next});
+    }
+  }
+  return out;
 }
 
 std::string DecodeChunkRanges(const Coder &coder, const char *src, int64_t n, char *out,

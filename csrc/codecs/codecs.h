@@ -13,7 +13,6 @@
 #define DALI_MESH_CODECS_CODECS_H_
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -64,50 +63,63 @@ void MergeRanges(std::vector<std::pair<int64_t, int64_t>> *ranges);
 
 // Whether a chunk of `n` stored bytes by `coder` may be read in parts for `ranges` (a Blosc chunk of
 // at least `min_stored` bytes that the ranges cover less than three quarters of): its reads then
-// start with its header and block index (ReadStored), and announcing the whole chunk would read it
+// start with its header and block index (fetch_plan.h ReadStored), and announcing the whole chunk would read it
 // all. Below 256 KiB the extra reads of the index cost more than they save.
 constexpr int64_t kMinPartsBytes = int64_t(256) << 10;
 bool MayReadInParts(const Coder &coder, int64_t n, const std::vector<std::pair<int64_t, int64_t>> &ranges,
                     int64_t min_stored = kMinPartsBytes);
 
-// Reads bytes [lo, hi) of a stored chunk to at + lo, or throws.
-using StoredReader = std::function<void(int64_t lo, int64_t hi)>;
-// Reads several such ranges (disjoint, sorted), or throws: a store may read them at once (an object
-// store's requests in flight together).
-using StoredRangesReader = std::function<void(const std::vector<std::pair<int64_t, int64_t>> &ranges)>;
-
-// What a chunk read in parts showed of its layout (its Blosc header and block index), kept to guess
-// where the parts of the next chunk of the same array lie: chunks of one array by one coder have the
-// same block size and compress alike, so their blocks start at about the same fractions of the
-// chunk. A guess only decides what is fetched first; what is decoded is always checked against the
-// chunk's own header and index.
-struct PartsGuess {
-  int64_t n = 0;  // the stored bytes of the chunk it was learnt from (0: nothing learnt)
+// ---- a Blosc chunk's layout, for a read in parts ----------------------------------------------------
+// A codec only DESCRIBES what a read in parts needs (its header -> block size and index; the blocks a
+// decode of some ranges takes -> their stored bytes) and decodes; what is fetched, merged and guessed,
+// and in how many round trips, is the reader's fetch plan (csrc/reader/fetch_plan.h).
+//
+// A Blosc chunk's layout: its header's block size, type size and flags, where its block index ends
+// and the index itself (read after the header).
+struct BlockLayout {
+  int64_t n = 0;        // the chunk's stored bytes (0: no layout)
+  int64_t decoded = 0;  // its decoded bytes
   int32_t blocksize = 0;
   int ts = 0;
   bool memcpyed = false;
-  int64_t index_end = 0;
-  std::vector<int64_t> starts;  // the block index
+  bool splits = false;  // blocks split into type-size streams (BloscSplits)
+  int64_t nblocks = 0;
+  int64_t index_end = 0;        // the header and the block index end here
+  std::vector<int64_t> starts;  // the block index (empty for a memcpyed chunk, or before it is read)
 };
 
-// Reads the stored bytes of a chunk of `n` stored bytes that DecodeChunkRanges (or, without
-// `ranges`, DecodeChunk) needs, each at its offset in `at`, through `read`. A chunk that
-// MayReadInParts for `ranges` is read in parts: its header and block index, the stored bytes of the
-// blocks the ranges touch, then a check that every stream of those blocks lies in what was read
-// (streams that overlap or run past the next block's start are valid Blosc; then the rest of the
-// chunk is read). Every other chunk is read whole. Returns whether it was read in parts (the bytes
-// of `at` outside the parts read are then not the chunk's). `min_stored`: MayReadInParts' (tests
-// read small chunks in parts too). `read_many`, when given, reads several ranges together (else
-// one `read` after another).
-// `guess` (an earlier chunk's layout, see PartsGuess): the header and index are read together with
-// the parts the guess places (each widened by a margin), in one `read_many`, so that a store for
-// which a request is a round trip takes one instead of two; what the guess missed is read after.
-// `learnt`: set to this chunk's layout when it was read in parts. `trips`: set to the number of
-// reads in turn it took (`read_many` counting one).
-bool ReadStored(const Coder &coder, int64_t n, const std::vector<std::pair<int64_t, int64_t>> *ranges, char *at,
-                const StoredReader &read, int64_t min_stored = kMinPartsBytes,
-                const StoredRangesReader &read_many = nullptr, const PartsGuess *guess = nullptr,
-                PartsGuess *learnt = nullptr, int *trips = nullptr);
+// The bytes of a chunk's start that hold a Blosc header.
+constexpr int64_t kBlockHeaderBytes = 16;
+
+// The runs of whole blocks of `blocksize` that a decode of `ranges` (of a decoded chunk of `want`
+// bytes) touches, runs closer than a block joined, into `runs`; false when the chunk is to be decoded
+// whole (the runs cover three quarters of it or more, or its blocks do not fall on whole items).
+bool BlockRuns(const std::vector<std::pair<int64_t, int64_t>> &ranges, int64_t want, int32_t blocksize, int ts,
+               std::vector<std::pair<int64_t, int64_t>> *runs);
+
+// The layout a chunk of `n` stored bytes by `coder` declares in its header (`head`, at least
+// kBlockHeaderBytes read), its index not yet read; false when it is not one a part of which may be
+// read (not a sound Blosc header, a chunk over 2 GiB, an index past its end: read whole, then decoded
+// whole, an error is DecodeChunk's).
+bool BlockLayoutOf(const Coder &coder, const char *head, int64_t n, BlockLayout *layout);
+
+// Reads the block index of the chunk at `at` (its bytes [0, index_end) read) into layout->starts;
+// false for an index that points outside the chunk's blocks.
+bool ReadBlockIndex(const char *at, BlockLayout *layout);
+
+// The stored bytes of each block of `runs` (BlockRuns by the layout's block size) in the chunk of
+// `layout` (its index read): from its start to the next start above it (or the chunk's end); a
+// memcpyed chunk's bytes follow its header as they are. Blocks past the index are left out. The
+// header and index are not included. May overlap: the caller merges.
+std::vector<std::pair<int64_t, int64_t>> BlockStoredBytes(const BlockLayout &layout,
+                                                          const std::vector<std::pair<int64_t, int64_t>> &runs);
+
+// Whether the stored bytes `read` (sorted, disjoint ranges of the chunk at `at`) hold every byte
+// c-blosc2 reads to decode `runs` of the chunk of `layout` (index read): each touched block's
+// streams walked as c-blosc2 walks them (streams may overlap another block's or run past the next
+// block's start, and be valid Blosc: then not everything needed was read).
+bool StreamsWereRead(const BlockLayout &layout, const std::vector<std::pair<int64_t, int64_t>> &runs, const char *at,
+                     const std::vector<std::pair<int64_t, int64_t>> &read);
 
 // Fills `out` (coder.chunk_bytes) with a missing chunk's value.
 void FillMissingChunk(const Coder &coder, char *out);

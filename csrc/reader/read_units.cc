@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "codecs/codecs.h"
+#include "reader/fetch_plan.h"
 #include "storage/reads_in_flight.h"
 
 namespace dali_mesh {
@@ -125,37 +126,6 @@ char *PlaceLike(std::vector<char> *buffer, int64_t n, int64_t offset) {
   return buffer->data() + ((static_cast<uintptr_t>(offset) - start) & (kPage - 1));
 }
 
-bool PartsGuesses::Get(const std::string &stem, int64_t coder, PartsGuess *guess) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const auto it = last_.find({stem, coder});
-  if (it == last_.end()) return false;
-  *guess = it->second;
-  return true;
-}
-
-void PartsGuesses::Put(const std::string &stem, int64_t coder, PartsGuess guess) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  last_[{stem, coder}] = std::move(guess);
-}
-
-std::string PartsGuesses::StemOf(const std::string &key) {
-  // drop trailing path components of digits and dots (v2's "0.1.2", "/"-separated coordinates), then
-  // v3's "c" before them
-  auto coordinate = [](const std::string &part) {
-    return !part.empty() && part.find_first_not_of("0123456789.") == std::string::npos;
-  };
-  size_t end = key.size();
-  for (;;) {
-    const size_t slash = key.rfind('/', end ? end - 1 : 0);
-    const size_t begin = slash == std::string::npos ? 0 : slash + 1;
-    if (begin >= end || !coordinate(key.substr(begin, end - begin))) break;
-    if (slash == std::string::npos) return std::string();
-    end = slash;
-  }
-  if (end >= 2 && key.compare(end - 2, 2, "/c") == 0) end -= 2;
-  return key.substr(0, end);
-}
-
 void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const std::string &first_path,
                std::vector<char> *stored, char *decoded, const std::vector<std::pair<int64_t, int64_t>> *ranges,
                PartsGuesses *guesses) {
@@ -206,17 +176,11 @@ void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const 
     FlightGuard flight(file.path(), ch.offset + parts.front().first, parts.back().second - parts.front().first);
     file.object().ReadRanges(rs);
   };
-  // a Blosc chunk whose blocks this batch needs only some of (a band of a whole field): its header
-  // and block index, then those blocks' stored bytes (about a quarter of the chunk); others whole
-  // where a request is a round trip: the header and index fetched together with the parts an earlier
-  // chunk of the array suggests (one round trip instead of two when the guess holds)
-  PartsGuess guess, learnt;
+  // a Blosc chunk whose blocks this batch needs only some of (a band of a whole field) is read in
+  // parts, as the fetch plan decides from the store's cost and the array's last layout
   const bool guessing = guesses && ranges && file.object().GuessParts();
-  const std::string stem = guessing ? PartsGuesses::StemOf(pf.key) : std::string();
-  const bool have_guess = guessing && guesses->Get(stem, ch.coder, &guess);
-  ReadStored(coder, ch.nbytes, ranges, at, read_at, kMinPartsBytes, read_many, have_guess ? &guess : nullptr,
-             guessing ? &learnt : nullptr);
-  if (guessing && learnt.n > 0) guesses->Put(stem, ch.coder, std::move(learnt));
+  FetchChunk(coder, ch.nbytes, ranges, at, read_at, read_many, guessing ? guesses : nullptr,
+             guessing ? PartsGuesses::StemOf(pf.key) : std::string(), ch.coder, file.object().Cost());
   file.CheckUnchanged();
   const std::string why = ranges ? DecodeChunkRanges(coder, at, ch.nbytes, decoded, *ranges)
                                  : DecodeChunk(coder, at, ch.nbytes, decoded);

@@ -5,13 +5,12 @@
 #define DALI_MESH_READER_READ_UNITS_H_
 
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "codecs/codecs.h"
+#include "reader/fetch_plan.h"
 #include "plan/plan.h"
 #include "reader/open_file.h"
 
@@ -31,20 +30,6 @@ void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_
 // reads took that path); glibc's memmove avoids such short distances, the kernel's copy does not.
 char *PlaceLike(std::vector<char> *buffer, int64_t n, int64_t offset);
 
-// The last layout (PartsGuess) a chunk read in parts showed, per array and coder: an array's key
-// stem (its chunk key without the trailing chunk coordinates) and the coder's index. Any thread.
-class PartsGuesses {
- public:
-  bool Get(const std::string &stem, int64_t coder, PartsGuess *guess) const;
-  void Put(const std::string &stem, int64_t coder, PartsGuess guess);
-  // The stem of a chunk key: without its trailing chunk coordinates ("t2m/0.1.2", "t2m/c/0/1/2").
-  static std::string StemOf(const std::string &key);
-
- private:
-  mutable std::mutex mutex_;
-  std::map<std::pair<std::string, int64_t>, PartsGuess> last_;
-};
-
 // Reads chunk `c` of `set` (its file opened and checked by `check_plan` as a part's file is) and
 // decodes it into `decoded` (its coder's chunk_bytes); a missing chunk is filled with the coder's
 // fill value once its file is seen to be still missing. `stored` is grown to the stored size and a
@@ -53,8 +38,8 @@ class PartsGuesses {
 // that does not match).
 // With `ranges` (sorted, disjoint byte ranges of the decoded chunk: what its parts copy out), only
 // those must be decoded (DecodeChunkRanges: a Blosc chunk decodes only the blocks they touch).
-// `guesses`: where chunks read in parts before lay out (PartsGuesses, above), used when the store
-// guesses (StoredObject::GuessParts) and updated.
+// `guesses`: where chunks read in parts before lay out (fetch_plan.h PartsGuesses), used when the
+// store guesses (StoredObject::GuessParts) and updated; what is fetched is FetchChunk's choice.
 void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const std::string &first_path,
                std::vector<char> *stored, char *decoded,
                const std::vector<std::pair<int64_t, int64_t>> *ranges = nullptr, PartsGuesses *guesses = nullptr);

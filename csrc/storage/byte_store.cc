@@ -2,6 +2,7 @@
 // byte_store.h).
 #include "storage/byte_store.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -143,6 +144,37 @@ void ByteStore::NotSupported(const std::string &what) const {
 }
 
 [[noreturn]] void StoreFail(const std::string &msg) { throw std::runtime_error("read_windows: " + msg); }
+
+namespace {
+
+// The median of the values kept (0 for none).
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+void Keep(std::vector<double> *ring, size_t *next, double value) {
+  if (ring->size() < static_cast<size_t>(RoundTripMeter::kKept)) {
+    ring->push_back(value);
+  } else {
+    (*ring)[*next] = value;
+  }
+  *next = (*next + 1) % RoundTripMeter::kKept;
+}
+
+}  // namespace
+
+void RoundTripMeter::Record(double first_byte_s, int64_t body_bytes, double body_s) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (first_byte_s >= 0) Keep(&latency_, &next_latency_, first_byte_s);
+  if (body_bytes >= kLongBody && body_s > 0) Keep(&rate_, &next_rate_, static_cast<double>(body_bytes) / body_s);
+}
+
+RoundTrip RoundTripMeter::Now() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return RoundTrip{Median(latency_), Median(rate_)};
+}
 
 void StoredObject::ReadRanges(const std::vector<Range> &ranges) const {
   for (const auto &r : ranges) {

@@ -17,11 +17,40 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace dali_mesh {
+
+// What a request to a store costs, as the fetch plan (csrc/reader/fetch_plan.h) weighs a gap between
+// two ranges against a request: the wait for its first byte (s) and the bytes per second of its body.
+// 0 where not known (a local file: no request to save, bytes_per_s unmeasured).
+struct RoundTrip {
+  double latency_s = 0;
+  double bytes_per_s = 0;
+};
+
+// A store's RoundTrip measured from its own requests: the moving medians of the last kKept times to
+// the first byte and of the body rates of the last kKept long bodies (a short body's rate is its
+// latency's noise). Medians: one request that queued behind others, or one retried, does not move
+// them. Any thread.
+class RoundTripMeter {
+ public:
+  static constexpr int kKept = 15;
+  // Bodies of at least this many bytes give a rate.
+  static constexpr int64_t kLongBody = int64_t(256) << 10;
+  // One answered request: `first_byte_s` from its start to its first byte, then `body_bytes` in
+  // `body_s`.
+  void Record(double first_byte_s, int64_t body_bytes, double body_s);
+  RoundTrip Now() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<double> latency_, rate_;  // rings of at most kKept
+  size_t next_latency_ = 0, next_rate_ = 0;
+};
 
 // One version of an object: its size; for a file its device, inode, size, modification and change
 // times (ns); for an object store its ETag or generation (tag).
@@ -60,10 +89,12 @@ class StoredObject {
   };
   virtual void ReadRanges(const std::vector<Range> &ranges) const;
   // Whether a read in parts (a Blosc chunk's header and index, then its blocks) should send its
-  // first request together with the parts an earlier chunk's layout suggests (PartsGuess): true where
+  // first request together with the parts an earlier chunk's layout suggests (fetch_plan.h GuessedParts): true where
   // each request is a round trip (an object store without a local cache), false for local files,
   // where the extra bytes cost more than a second read.
   virtual bool GuessParts() const { return false; }
+  // What a request for this object costs now (its store's RoundTripMeter); a local file: nothing.
+  virtual RoundTrip Cost() const { return RoundTrip(); }
   // Whether every read of this object is of the version opened, checked by the store as it answers
   // (an object store's If-Match with the ETag the plan recorded): bytes read when the plan was made
   // at that version (a shard's index) then need no second look.
@@ -92,6 +123,9 @@ class ByteStore {
     (void)planned;
     return Open(key);
   }
+  // What a request to this store costs now, as measured from its own requests (RoundTripMeter);
+  // nothing for a store whose reads are no requests (local files, objects in memory).
+  virtual RoundTrip Cost() const { return RoundTrip(); }
   // Whether `key` exists (a chunk the plan found missing must still be missing).
   virtual bool Exists(const std::string &key) const = 0;
   // Announces reads of [offset, offset + bytes) ranges of `key` that come soon (a hint: errors are

@@ -71,6 +71,7 @@ class HttpObject : public StoredObject {
   // with a cache, the same ranges each epoch (guesses differ with the order chunks are read in, and
   // the cache keeps exact ranges)
   bool GuessParts() const override { return store_->config().cache.empty(); }
+  RoundTrip Cost() const override { return store_->Cost(); }
   // an S3 (or GCS XML) ETag, which the service changes with the content and honours in If-Match (as
   // RemoteStore.pins): not a plain HTTP(S) server's (nginx's is the modification time and size, kept
   // by a copy that keeps both), nor a generation or a date (checked after the answer)

@@ -130,6 +130,9 @@ class HttpStore : public ByteStore {
   Credentials credentials() const { return credentials_.Get(); }
 
   const HttpStoreConfig &config() const { return config_; }
+  // What this store's requests cost, measured from its answered GETs (Perform records each).
+  RoundTripMeter &round_trip() const { return round_trip_; }
+  RoundTrip Cost() const override { return round_trip_.Now(); }
 
  private:
   std::string UrlOf(const std::string &key) const;
@@ -145,6 +148,7 @@ class HttpStore : public ByteStore {
   std::unique_ptr<RangeCache> cache_;
   // mutable: the stores are shared as const (plans and readers hold them), their credentials set later
   mutable HeldCredentials credentials_;
+  mutable RoundTripMeter round_trip_;
 };
 
 }  // namespace dali_mesh

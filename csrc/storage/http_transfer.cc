@@ -245,6 +245,14 @@ long Perform(const HttpStore &store, const std::string &url, const std::string &
     const CURLcode rc = curl_easy_perform(curl);
     long status = 0;
     curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
+    if (rc == CURLE_OK && !head && status >= 200 && status < 300) {
+      // the store's latency and bandwidth, for the fetch plan's choice of what to merge (RoundTripMeter)
+      curl_off_t first_us = 0, total_us = 0, body = 0;
+      curl_easy_getinfo(curl, CURLINFO_STARTTRANSFER_TIME_T, &first_us);
+      curl_easy_getinfo(curl, CURLINFO_TOTAL_TIME_T, &total_us);
+      curl_easy_getinfo(curl, CURLINFO_SIZE_DOWNLOAD_T, &body);
+      store.round_trip().Record(first_us * 1e-6, body, (total_us - first_us) * 1e-6);
+    }
     // the secret is not left in the handle between requests
     curl_easy_setopt(curl, CURLOPT_PASSWORD, "");
     curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, nullptr);

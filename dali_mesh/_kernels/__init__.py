@@ -22,7 +22,7 @@ Used by the tests and ``benchmarks/kernel_bench.py``; numpy only (no DALI, no to
 
 One module per file of csrc/c_api/ (each declares its own functions' types): :mod:`.library` (loading,
 the ABI check, the ids), :mod:`.kernel_api` (c_api.cc: the slice and mesh_roi kernels), :mod:`.plan_api`,
-:mod:`.codec_api`, :mod:`.reader_api`; the store's C API is bound where the stores are
+:mod:`.codec_api`, :mod:`.fetch_api`, :mod:`.reader_api`; the store's C API is bound where the stores are
 (:mod:`dali_mesh.storage.remote`); :mod:`.numpy_reference` is the tests' oracle.
 """
 from __future__ import annotations
@@ -36,6 +36,7 @@ from dali_mesh._kernels.plan_api import (  # noqa: F401
     plan_dump, canonical_json, plan_checksum, check_device_fill, plan_tasks)
 from dali_mesh._kernels.codec_api import (  # noqa: F401
     codec_table, codec_available, decode_chunk, decode_chunk_ranges, read_chunk_ranges)
+from dali_mesh._kernels.fetch_api import merge_gap, plan_requests, store_round_trip  # noqa: F401
 from dali_mesh._kernels.reader_api import ahead_alive, PlanReader  # noqa: F401
 from dali_mesh._kernels.numpy_reference import cast_saturate, reference_strided_slice  # noqa: F401
 

@@ -369,8 +369,9 @@ def stack_channels(sets: Sequence["PlanSet"], channel_axis: int, has_channel_axi
 # The reader's constants that these counts follow (csrc/, read there, never changed here): a Blosc chunk of at
 # least 256 KiB stored whose parts cover less than 3/4 of it is read in parts (codecs.h kMinPartsBytes,
 # MayReadInParts), first its first 4 KiB (header and block index), then its blocks' ranges, those closer than
-# 64 KiB as one (codecs.cc ReadStored); a raw group's buffers (its runs, and its gaps cut to a scratch of at
-# most 1 MiB) go 1024 to a read (read_units.cc ReadGroups); raw groups larger than a task are split when the
+# 64 KiB as one (reader/fetch_plan.cc ReadStored; a remote store merges wider gaps once it has measured its
+# latency and bandwidth, PlanRequests: these are the counts of a link not measured yet); a raw group's
+# buffers (its runs, and its gaps cut to a scratch of at most 1 MiB) go 1024 to a read (read_units.cc ReadGroups); raw groups larger than a task are split when the
 # plan is loaded (tasks.cc SplitLargeGroups; tasks of at least batch_reader.h kMinTaskBytes).
 _PARTS_MIN_STORED = 256 << 10
 _PARTS_HEAD = 4096
@@ -517,10 +518,10 @@ def blosc_blocks(header: bytes) -> tuple[int, int, bool] | None:
 def _parts_estimate(ranges: list[tuple[int, int]], stored: int, decoded: int,
                     blocks: tuple[int, int, bool] | None) -> tuple[int, int, int, bool] | None:
     """``(requests, bytes, round trips, estimated)`` of a Blosc chunk of ``stored`` bytes (``decoded`` decoded) that the
-    decoded ``ranges`` cover less than 3/4 of, read as codecs.cc ReadStored reads it, or ``None`` when those
+    decoded ``ranges`` cover less than 3/4 of, read as fetch_plan.cc ReadStored reads it, or ``None`` when those
     ranges cover more (read whole in one request). ``blocks``: :func:`blosc_blocks` of the array's chunks
     (``None``: not known, the ranges taken as the blocks). Its first read takes the first 4 KiB; then the
-    whole chunk when the blocks touched cover 3/4 of it or more (BloscMerged), else the rest of its block
+    whole chunk when the blocks touched cover 3/4 of it or more (BlockRuns), else the rest of its block
     index and the touched blocks, whose stored bytes are placed by taking every block to compress alike
     (``estimated``: the chunk is read in parts, its blocks' bytes placed so)."""
     if sum(hi - lo for lo, hi in ranges) * 4 >= decoded * 3:
@@ -552,7 +553,7 @@ def _parts_estimate(ranges: list[tuple[int, int]], stored: int, decoded: int,
 
 def _blosc_merged(ranges: list[tuple[int, int]], decoded: int, size: int, typesize: int) -> list | None:
     """The runs of whole blocks of ``size`` bytes that the decoded ``ranges`` touch, runs closer than a block
-    joined, or ``None`` when the chunk is read whole (codecs.cc BloscMerged: they cover 3/4 of it or more,
+    joined, or ``None`` when the chunk is read whole (codecs.cc BlockRuns: they cover 3/4 of it or more,
     or its blocks are not whole items)."""
     if typesize < 1 or size < 1 or size % typesize or decoded % typesize:
         return None

@@ -184,8 +184,9 @@ def test_blosc_chunks_read_in_parts_are_estimated_near_a_real_epoch(capsys, s3_e
     band's blocks cover less than 3/4 of a chunk it is read in parts (a header and index, then the band's
     blocks of each level), elsewhere whole after its first 4 KiB. Whole reads are counted exactly; reads in
     parts are estimated (blocks placed as if they compressed alike) within 5% of the bytes a real epoch
-    fetches, and as many requests or up to one fewer a chunk (the reader's guess of the blocks fetches the
-    header with the first ones); 2 round trips a batch either way."""
+    fetches, or up to 1/16 more where the reader merged ranges by its measured link, and no fewer
+    requests (the reader's guess of the blocks fetches the header with the first ones, and it merges);
+    2 round trips a batch either way."""
     import zarr
     from numcodecs import Blosc
 
@@ -207,8 +208,11 @@ def test_blosc_chunks_read_in_parts_are_estimated_near_a_real_epoch(capsys, s3_e
             continue
         in_parts += 1
         assert epoch["estimated_chunk_reads"] == len(ids)
-        assert epoch["requests"] - len(ids) <= requests <= epoch["requests"], (row["rank"], epoch, requests)
-        assert got == pytest.approx(epoch["bytes"], rel=0.05), (row["rank"], epoch, got)
+        # the estimate is a link not measured yet (gaps under 64 KiB merged); the reader, once it has measured
+        # the server's latency and bandwidth, may read wider gaps instead of sending requests (fetch_plan.h
+        # PlanRequests: at most 1/16 more bytes than the blocks)
+        assert 1 <= requests <= epoch["requests"], (row["rank"], epoch, requests)
+        assert 0.95 * epoch["bytes"] <= got <= (1 + 1 / 16) * 1.05 * epoch["bytes"], (row["rank"], epoch, got)
         assert got < 0.8 * stored  # a band's blocks (and its halo's), not the whole chunks
     assert in_parts >= 2
 

@@ -9,7 +9,7 @@
 // decoding them from only the stored bytes a read in parts takes (ReadStored, into a buffer of
 // stale bytes, as a thread's reused buffer holds) gave: "parts-same", "parts-differ",
 // "parts-refused", "parts-whole" (the whole chunk was read), or "parts-bad" (a read outside the
-// chunk); then the same read in parts started from a guess (PartsGuess: the layout the last record
+// chunk); then the same read in parts started from a guess (BlockLayout: the layout the last record
 // read in parts showed, or every third record one made of the record's own bytes, sizes and block
 // starts of any value): "guess-same", "guess-differ", "guess-refused", "guess-whole", "guess-bad".
 // A record's ranges (int64 count, then [first, second) pairs) follow its chunk; a count of
@@ -24,10 +24,11 @@
 #include <vector>
 
 #include "codecs/codecs.h"
+#include "reader/fetch_plan.h"
 
 int main(int argc, char **argv) {
   if (argc != 2) return 2;
-  dali_mesh::PartsGuess last;  // what the last record read in parts showed
+  dali_mesh::BlockLayout last;  // what the last record read in parts showed
   int64_t record = -1;
   std::ifstream in(argv[1], std::ios::binary);
   std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -81,8 +82,8 @@ int main(int argc, char **argv) {
     }
     // a read in parts (ReadStored) into a buffer of `stale` bytes, from `guess` when given: what the
     // ranges decoded from it are ("<kind>-same", "-differ", "-refused", "-whole", "-bad")
-    auto read_in_parts = [&](const std::string &kind, int stale, const dali_mesh::PartsGuess *guess,
-                             dali_mesh::PartsGuess *learnt) {
+    auto read_in_parts = [&](const std::string &kind, int stale, const dali_mesh::BlockLayout *guess,
+                             dali_mesh::BlockLayout *learnt) {
       std::unique_ptr<char[]> stored(new char[n ? n : 1]), decoded(new char[chunk_bytes > 0 ? chunk_bytes : 1]);
       std::memset(stored.get(), stale, n);
       bool bad = false;
@@ -108,7 +109,7 @@ int main(int argc, char **argv) {
     };
     const std::string in_parts = read_in_parts("parts", 0x5a, nullptr, nullptr);
     // the same read in parts, started from a guess
-    dali_mesh::PartsGuess guess = last;
+    dali_mesh::BlockLayout guess = last;
     if (record % 3 == 2 && n >= 16) {  // a guess of any values, from the record's own bytes
       auto le32 = [&](int64_t at) {
         uint32_t v = 0;
@@ -123,7 +124,7 @@ int main(int argc, char **argv) {
       guess.starts.clear();
       for (int64_t j = 0; j < 40; j++) guess.starts.push_back(le32(16 + 4 * j) ^ (j * 7919));
     }
-    dali_mesh::PartsGuess learnt;
+    dali_mesh::BlockLayout learnt;
     const std::string guessed = read_in_parts("guess", 0xa5, guess.n > 0 ? &guess : nullptr, &learnt);
     if (learnt.n > 0) last = learnt;
     uint64_t h = 1469598103934665603ull;

@@ -1,4 +1,4 @@
-"""Blosc chunks decoded in parts (csrc/codecs/codecs.cc: ReadStored, DecodeChunkRanges) against
+"""Blosc chunks decoded in parts (csrc/reader/fetch_plan.cc ReadStored, csrc/codecs/codecs.cc DecodeChunkRanges) against
 numcodecs' whole decode, the oracle (issue 29, "trust first").
 
 c-blosc2's ``blosc2_getitem_bytes_ctx`` (c-blosc2 3.3.5, the pinned ``blosc2`` 4.14.1 wheel) returns
@@ -187,7 +187,7 @@ def _check_guessed(prev: bytes, stored: bytes, want: bytes, ranges, ts: int, *, 
 
 
 def test_guessed_parts_equal_numcodecs_for_every_pair():
-    """A remote read in parts starts from the layout of the array's last chunk read (PartsGuess): its
+    """A remote read in parts starts from the layout of the array's last chunk read (BlockLayout): its
     header and index are fetched with the parts the guess places, then what the guess missed. Every
     pair of chunks (another step of the same array, the same chunk, another compressor, shuffle, type
     size or block size, a memcpyed one, a much smaller or larger one) and every class of range: the

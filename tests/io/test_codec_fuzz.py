@@ -49,10 +49,11 @@ def _storage_sources() -> tuple[str, ...]:
 
 
 #: the sanitized harnesses of the fuzz tests: (main, sources, optimisation)
-CODEC_HARNESS = ("tests/io/codec_fuzz_main.cc", codec_sources(), "-O1")
+CODEC_HARNESS = ("tests/io/codec_fuzz_main.cc", (*codec_sources(), "csrc/reader/fetch_plan.cc"), "-O1")
 PLAN_HARNESS = ("tests/io/plan_fuzz_main.cc", ("csrc/plan/plan_file.cc", "csrc/plan/canonical_json.cc",
                                                "csrc/reader/open_file.cc", "csrc/reader/read_units.cc",
-                                               "csrc/reader/tasks.cc", "csrc/reader/finish.cc", *codec_sources(),
+                                               "csrc/reader/tasks.cc", "csrc/reader/finish.cc", "csrc/reader/fetch_plan.cc",
+                                               *codec_sources(),
                                                *_storage_sources()), "-O0")
 _EARLY: dict = {}  # harness -> (Popen, exe, -D flags): compiles started when the tests were collected
 

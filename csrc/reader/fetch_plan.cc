@@ -1,0 +1,245 @@
+// dali_mesh: which stored bytes of a chunk are fetched, and how (see fetch_plan.h). Host only,
+// DALI-free.
+#include "reader/fetch_plan.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dali_mesh {
+
+namespace {
+
+// The parts of `ranges` not in `have` (both sorted and disjoint).
+ByteRanges Missing(const ByteRanges &ranges, const ByteRanges &have) {
+  ByteRanges out;
+  size_t k = 0;
+  for (auto [lo, hi] : ranges) {
+    while (k < have.size() && have[k].second <= lo) k++;
+    for (size_t i = k; i < have.size() && have[i].first < hi && lo < hi; i++) {
+      if (have[i].first > lo) out.push_back({lo, have[i].first});
+      lo = std::max(lo, have[i].second);
+    }
+    if (lo < hi) out.push_back({lo, hi});
+  }
+  return out;
+}
+
+// The first round trip's ranges of a read in parts from `guess` (nullptr: none): the header's first
+// 4 KiB and the parts the guess places, merged.
+ByteRanges FirstTrip(const Coder &coder, int64_t n, const ByteRanges &ranges, const BlockLayout *guess) {
+  ByteRanges first = {{0, std::min<int64_t>(n, 4096)}};
+  if (guess) {
+    const ByteRanges guessed = GuessedParts(*guess, coder, n, ranges);
+    first.insert(first.end(), guessed.begin(), guessed.end());
+  }
+  MergeRanges(&first);
+  return first;
+}
+
+int64_t BytesOf(const ByteRanges &ranges) {
+  int64_t bytes = 0;
+  for (const auto &r : ranges) bytes += r.second - r.first;
+  return bytes;
+}
+
+// One chunk's reads in turn: each Fetch is one round trip (its requests sent together through
+// `read_many`), of what is not read yet.
+class ChunkFetch {
+ public:
+  ChunkFetch(const StoredReader &read, const StoredRangesReader &read_many, const RoundTrip &cost)
+      : read_(read), read_many_(read_many), cost_(cost) {}
+
+  // Fetches what of `want` is not read yet, in the requests PlanRequests chooses, or (`whole`) the
+  // rest of it as one request from its first missing byte to its last.
+  void Fetch(ByteRanges want, bool whole = false) {
+    MergeRanges(&want);
+    ByteRanges todo = Missing(want, have_);
+    if (todo.empty()) return;
+    if (whole) {
+      todo = {{todo.front().first, todo.back().second}};
+    } else {
+      todo = PlanRequests(todo, cost_);
+    }
+    if (read_many_ && todo.size() > 1) {
+      read_many_(todo);
+    } else {
+      for (const auto &p : todo) read_(p.first, p.second);
+    }
+    trips_ += read_many_ ? 1 : static_cast<int>(todo.size());
+    have_.insert(have_.end(), todo.begin(), todo.end());
+    MergeRanges(&have_);
+  }
+  const ByteRanges &have() const { return have_; }
+  int trips() const { return trips_; }
+
+ private:
+  const StoredReader &read_;
+  const StoredRangesReader &read_many_;
+  const RoundTrip cost_;
+  ByteRanges have_;  // the stored bytes read so far (sorted, disjoint)
+  int trips_ = 0;
+};
+
+}  // namespace
+
+int64_t MergeGap(const RoundTrip &cost) {
+  const double gap = cost.latency_s * cost.bytes_per_s;
+  // in double: a crafted or absurd measurement must not overflow
+  if (!(gap > static_cast<double>(kLocalGap))) return kLocalGap;
+  return gap >= 9e18 ? INT64_MAX : static_cast<int64_t>(gap);
+}
+
+ByteRanges PlanRequests(const ByteRanges &wanted, const RoundTrip &cost) {
+  if (wanted.size() < 2) return wanted;
+  const int64_t merge_gap = MergeGap(cost);
+  int64_t budget = BytesOf(wanted) / kOverReadDivisor;  // what the model's merges may read beyond the wanted
+  // join[i]: the gap after wanted[i] is read; the local gaps always, the model's narrowest first
+  std::vector<char> join(wanted.size() - 1, 0);
+  std::vector<size_t> wide;
+  for (size_t i = 0; i + 1 < wanted.size(); i++) {
+    const int64_t gap = wanted[i + 1].first - wanted[i].second;
+    if (gap < kLocalGap) {
+      join[i] = 1;
+    } else if (gap < merge_gap) {
+      wide.push_back(i);
+    }
+  }
+  auto gap_of = [&](size_t i) { return wanted[i + 1].first - wanted[i].second; };
+  std::stable_sort(wide.begin(), wide.end(), [&](size_t a, size_t b) { return gap_of(a) < gap_of(b); });
+  for (size_t i : wide) {
+    if (gap_of(i) > budget) break;  // the gaps after it are wider still
+    budget -= gap_of(i);
+    join[i] = 1;
+  }
+  ByteRanges out = {wanted.front()};
+  for (size_t i = 1; i < wanted.size(); i++) {
+    if (join[i - 1]) {
+      out.back().second = wanted[i].second;
+    } else {
+      out.push_back(wanted[i]);
+    }
+  }
+  return out;
+}
+
+ByteRanges GuessedParts(const BlockLayout &g, const Coder &coder, int64_t n, const ByteRanges &ranges) {
+  ByteRanges out;
+  if (g.n <= 0 || g.blocksize <= 0 || g.index_end <= 0) return out;
+  out.push_back({0, std::min(n, g.index_end)});
+  ByteRanges runs;
+  if (!BlockRuns(ranges, coder.chunk_bytes, g.blocksize, g.ts, &runs)) return out;
+  auto add = [&](double lo, double hi) {  // in double: a crafted size must not overflow
+    const double margin = std::max(4096.0, (hi - lo) / 64);
+    lo = std::clamp(lo - margin, 0.0, static_cast<double>(n));
+    hi = std::clamp(hi + margin, 0.0, static_cast<double>(n));
+    if (lo < hi) out.push_back({static_cast<int64_t>(lo), static_cast<int64_t>(hi)});
+  };
+  // a memcpyed chunk's bytes lie where its decoded bytes do; compressed blocks scale with the chunk
+  const double scale = g.memcpyed ? 1.0 : static_cast<double>(n) / static_cast<double>(g.n);
+  for (const auto &p : BlockStoredBytes(g, runs)) add(p.first * scale, p.second * scale);
+  return out;
+}
+
+bool ReadStored(const Coder &coder, int64_t n, const ByteRanges *ranges, char *at, const StoredReader &read,
+                int64_t min_stored, const StoredRangesReader &read_many, const BlockLayout *guess,
+                BlockLayout *learnt, int *trips, const RoundTrip &cost) {
+  if (trips) *trips = 1;
+  if (!ranges || !MayReadInParts(coder, n, *ranges, min_stored)) {
+    read(0, n);
+    return false;
+  }
+  // a Blosc chunk whose blocks the ranges touch only some of: its header and block index, then those
+  // blocks' stored bytes; whole when a touched block's streams reach bytes not read (never decode the
+  // stale bytes of a reused buffer)
+  ChunkFetch fetch(read, read_many, cost);
+  fetch.Fetch(FirstTrip(coder, n, *ranges, guess));
+  BlockLayout layout;
+  ByteRanges runs;
+  bool in_parts = false;
+  if (BlockLayoutOf(coder, at, n, &layout) &&
+      BlockRuns(*ranges, coder.chunk_bytes, layout.blocksize, layout.ts, &runs)) {
+    fetch.Fetch({{0, layout.index_end}});  // a longer index than the first read took
+    if (ReadBlockIndex(at, &layout)) {
+      fetch.Fetch(BlockStoredBytes(layout, runs));
+      in_parts = StreamsWereRead(layout, runs, at, fetch.have());
+      if (learnt) *learnt = std::move(layout);
+    }
+  }
+  if (!in_parts) fetch.Fetch({{0, n}}, true);
+  if (trips) *trips = fetch.trips();
+  return in_parts;
+}
+
+bool PartsGuesses::Get(const std::string &stem, int64_t coder, BlockLayout *guess, bool *held) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = last_.find({stem, coder});
+  if (it == last_.end()) return false;
+  *guess = it->second.first;
+  *held = it->second.second;
+  return true;
+}
+
+void PartsGuesses::Put(const std::string &stem, int64_t coder, BlockLayout guess, bool held) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  last_[{stem, coder}] = {std::move(guess), held};
+}
+
+std::string PartsGuesses::StemOf(const std::string &key) {
+  // drop trailing path components of digits and dots (v2's "0.1.2", "/"-separated coordinates), then
+  // v3's "c" before them
+  auto coordinate = [](const std::string &part) {
+    return !part.empty() && part.find_first_not_of("0123456789.") == std::string::npos;
+  };
+  size_t end = key.size();
+  for (;;) {
+    const size_t slash = key.rfind('/', end ? end - 1 : 0);
+    const size_t begin = slash == std::string::npos ? 0 : slash + 1;
+    if (begin >= end || !coordinate(key.substr(begin, end - begin))) break;
+    if (slash == std::string::npos) return std::string();
+    end = slash;
+  }
+  if (end >= 2 && key.compare(end - 2, 2, "/c") == 0) end -= 2;
+  return key.substr(0, end);
+}
+
+bool FetchChunk(const Coder &coder, int64_t n, const ByteRanges *ranges, char *at, const StoredReader &read,
+                const StoredRangesReader &read_many, PartsGuesses *guesses, const std::string &stem,
+                int64_t coder_index, const RoundTrip &cost, int *trips) {
+  BlockLayout guess;
+  bool held = true;
+  const bool have_guess = guesses && ranges && guesses->Get(stem, coder_index, &guess, &held);
+  if (have_guess && !held && cost.bytes_per_s > 0 && MayReadInParts(coder, n, *ranges, kMinPartsBytes)) {
+    const ByteRanges first = FirstTrip(coder, n, *ranges, &guess);
+    if (static_cast<double>(n - BytesOf(first)) / cost.bytes_per_s < cost.latency_s) {
+      read(0, n);
+      if (trips) *trips = 1;
+      // what a read in parts from the guess would have found: this chunk's layout, and whether its
+      // first round trip would have held every byte the decode takes
+      BlockLayout layout;
+      ByteRanges runs;
+      if (BlockLayoutOf(coder, at, n, &layout) &&
+          BlockRuns(*ranges, coder.chunk_bytes, layout.blocksize, layout.ts, &runs) && ReadBlockIndex(at, &layout)) {
+        ByteRanges need = BlockStoredBytes(layout, runs);
+        need.push_back({0, layout.index_end});
+        MergeRanges(&need);
+        const bool would_hold = Missing(need, first).empty() && StreamsWereRead(layout, runs, at, first);
+        guesses->Put(stem, coder_index, std::move(layout), would_hold);
+      }
+      return false;
+    }
+  }
+  BlockLayout learnt;
+  int turns = 0;
+  const bool in_parts = ReadStored(coder, n, ranges, at, read, kMinPartsBytes, read_many,
+                                   have_guess ? &guess : nullptr, guesses ? &learnt : nullptr, &turns, cost);
+  // held: a guess that brought everything in the first round trip; a chunk read without one gives the
+  // next its first try
+  if (guesses && learnt.n > 0)
+    guesses->Put(stem, coder_index, std::move(learnt), !have_guess || (in_parts && turns <= 1));
+  if (trips) *trips = turns;
+  return in_parts;
+}
+
+}  // namespace dali_mesh
