@@ -112,8 +112,10 @@ def test_k_batches_in_flight_each_the_numpy_windows(k, server, tmp_path):
     assert ahead == (2 * (SAMPLES // BATCH - 1), 0, 0)
     _, alone, _ = _run(server, tmp_path, read_ahead=False)
     assert counts["GET"] == alone["GET"]
-    assert k + 1 <= counts["in_flight_max"] <= BATCH * (k + 1), counts
-    assert alone["in_flight_max"] <= BATCH
+    # the server counts a request in flight until its last byte is sent: the client may have taken it and
+    # started the next batch's first request before (one more at most)
+    assert k + 1 <= counts["in_flight_max"] <= BATCH * (k + 1) + 1, counts
+    assert alone["in_flight_max"] <= BATCH + 1
 
 
 @pytest.mark.parametrize("kw", [{"read_ahead_batches": 0}, {"read_ahead_batches": 9}, {"read_ahead_batches": True},
