@@ -179,6 +179,11 @@ class ByteStore(abc.ABC):
 
         raise DataFileError(self.name_of(key), f"its store ({self.spec!r}) keeps its keys itself: nothing to locate")
 
+    def located_version(self, store: "ByteStore", key: str) -> Version | None:
+        """The version of the file ``key`` of ``store`` that :meth:`locate` named, as this store saw it (a
+        store that looks at its files once answers from that look); by default ``store.stat(key)``."""
+        return store.stat(key)
+
     def local_path(self, key: str) -> str | None:
         """The path of this machine's file that holds ``key``'s bytes, for the readers that take a path
         (``mmap``, ``O_DIRECT``, h5py by name), or ``None`` when ``key`` is no file of this machine (an

@@ -381,7 +381,7 @@ def _located_file(plans: PlanSet, bytes_store, path: str) -> tuple[int, int, int
         raise NotNativeError(f"{store.name_of(key)}: the native reader has no {store.spec!r} store")
     fidx = plans.file_of(key, store.spec)
     if fidx is None:
-        version = store.stat(key)
+        version = bytes_store.located_version(store, key)
         if version is None:
             raise NotNativeError(f"{bytes_store.name_of(path)}: refers to {store.name_of(key)}, which is missing")
         # its modification time too (as HDF5 files): an original file rewritten at the same size is refused

@@ -134,6 +134,8 @@ class ReferenceStore(ByteStore):
         self._fs = None  # fsspec's ReferenceFileSystem, at the first use
         self._raw = b""
         self._targets: dict[str, str] = {}  # a referenced URL -> its resolved location
+        self._versions: dict | None = None  # a referenced URL -> its file's version (None: missing), once
+        self._urls_of_files: dict = {}  # (a referenced file's store spec, key) -> its URL
 
     # ---- the reference set --------------------------------------------------------------------------
     def _load(self):
@@ -242,11 +244,40 @@ class ReferenceStore(ByteStore):
             return None
         store, target_key = self._target(key, url)
         if stop is None:  # a whole file: its size is its length
-            version = store.stat(target_key)
+            version = self.file_version(url)
             if version is None:
                 raise DataFileError(self.name_of(key), f"refers to {url}, which does not exist")
             start, stop = 0, version.size
         return store, target_key, start, stop - start
+
+    def located_version(self, store: ByteStore, key: str) -> Version | None:
+        """The version of the referenced file ``key`` of ``store`` (as :meth:`locate` names it) that this
+        store saw at its first look at its files (see :meth:`file_version`)."""
+        self._look_at_files()
+        url = self._urls_of_files.get((store.spec, key))
+        return store.stat(key) if url is None else self._versions[url]
+
+    def file_version(self, url: str) -> Version | None:
+        """The version of the referenced file ``url`` (``None``: missing). Every file of the set is looked
+        at once, all together on the kept threads, at the first ask, and kept for the store's life: each
+        variable's plan, the listing and :meth:`locate` take these (a set over N files costs N requests
+        sent together, not N per variable one after another); every read checks its file again."""
+        self._look_at_files()
+        return self._versions.get(url)
+
+    def _look_at_files(self) -> None:
+        if self._versions is not None:
+            return
+        from dali_mesh.storage import store_of  # noqa: PLC0415
+        from dali_mesh.storage.zarr_store import fetch_pool  # noqa: PLC0415
+
+        self._load()
+        with self._lock:
+            if self._versions is None:
+                files = {url: store_of(location) for url, location in self._targets.items()}
+                looks = {url: fetch_pool().submit(store.stat, key) for url, (store, key) in files.items()}
+                self._urls_of_files = {(store.spec, key): url for url, (store, key) in files.items()}
+                self._versions = {url: look.result() for url, look in looks.items()}
 
     def _target(self, key: str, url):
         from dali_mesh.storage import store_of  # noqa: PLC0415
@@ -268,25 +299,21 @@ class ReferenceStore(ByteStore):
         lead = "/" if prefix.startswith("/") else ""  # as asked (a ByteZarrStore at the root: "/...")
         prefix = prefix.removeprefix("/")
         keys = sorted(k for k in self._load().references if k.startswith(prefix))
-        objects, prefixes, files = [], set(), {}
+        objects, prefixes = [], set()
         for key in keys:
             rest = key[len(prefix):]
             if delimiter and "/" in rest:
                 prefixes.add(lead + prefix + rest.split("/", 1)[0] + "/")
                 continue
-            objects.append((lead + key, self._listed_version(key, files)))
+            objects.append((lead + key, self._listed_version(key)))
         return objects, sorted(prefixes)
 
-    def _listed_version(self, key: str, files: dict) -> Version:
-        from dali_mesh.storage import store_of  # noqa: PLC0415
-
+    def _listed_version(self, key: str) -> Version:
         url, start, stop = self._part(key)
         if isinstance(url, bytes) and start is None:
             return Version(len(url), -1, "inline")
-        if url not in files:
-            store, target_key = self._target(key, url)
-            files[url] = store.stat(target_key)
-        version = files[url]
+        self._target(key, url)  # a reference without a URL is named
+        version = self.file_version(url)
         if version is None:
             raise DataFileError(self.name_of(key), f"refers to {url}, which does not exist; the reference set names "
                                                    "a file moved or deleted since it was made")
