@@ -190,6 +190,23 @@ def native_batches(src, n_batches, *, threads=2, **kw):
     return out
 
 
+def pipeline_epochs(pipe, epochs: int) -> list:
+    """``[[(sample id, window), ...] per batch]`` per epoch: ``pipe`` run to each epoch's end (``reset``
+    after its StopIteration)."""
+    out = []
+    for _ in range(epochs):
+        got = []
+        while True:
+            try:
+                w, ids, _ = pipe.run()
+            except StopIteration:
+                pipe.reset()
+                break
+            got.append([(int(np.array(ids[i])), np.array(w[i])) for i in range(len(w))])
+        out.append(got)
+    return out
+
+
 def one_rank_layout(shard_axis=0):
     """A one-rank mesh ("mp",) sharding ``shard_axis``: the window is the whole sample."""
     from dali_mesh import Layout

@@ -50,20 +50,6 @@ def _dead_and_healthy(s3_endpoint, proxy, tmp_path, dead: str, healthy: str):
             native.plan_windows(healthy_src)[0].write(str(tmp_path / "healthy")))
 
 
-def _epochs(pipe, epochs):
-    """``[(sample id, window)]`` per epoch, every batch of ``epochs`` epochs."""
-    out = []
-    for _ in range(epochs):
-        got = []
-        while True:
-            try:
-                w, ids, _ = pipe.run()
-            except StopIteration:
-                pipe.reset()
-                break
-            got += [(int(np.array(ids[i])), np.array(w[i])) for i in range(len(w))]
-        out.append(got)
-    return out
 
 
 @pytest.mark.parametrize("store", ["sharded_zstd", "blosc_parts"])
@@ -75,7 +61,7 @@ def test_batches_read_ahead_from_s3_are_the_oracles_and_fetched_once(store, prox
     from dali_mesh import Layout, MeshInfo, ZarrSource
     from dali_mesh.partition import take_window
     from dali_mesh.pipeline.plugin import plugin_read_ahead_counts
-    from tests.helpers import native_pipeline
+    from tests.helpers import native_pipeline, pipeline_epochs
 
     a = np.round(np.random.default_rng(11).normal(size=(8, 3, 96, 64)), 2).astype("f4")
     if store == "sharded_zstd":
@@ -95,7 +81,7 @@ def test_batches_read_ahead_from_s3_are_the_oracles_and_fetched_once(store, prox
         pipe = native_pipeline(src, plan_dir=str(tmp_path / "plans"), read_ahead=ahead)
         used0, dropped0, _ = plugin_read_ahead_counts()
         start = len(proxy.requests)
-        epochs = _epochs(pipe, 2)
+        epochs = [[x for batch in e for x in batch] for e in pipeline_epochs(pipe, 2)]
         for got in epochs:
             assert sorted(i for i, _ in got) == list(range(8))
             for sid, w in got:

@@ -49,20 +49,6 @@ def _source(endpoint, prefix, *, shuffle=True, batch_size=BATCH, n=SAMPLES, **mo
                        batch_size=batch_size, shuffle=shuffle, seed=3, storage_options=options(endpoint, **more))
 
 
-def _epochs(pipe, epochs):
-    """``[[(sample id, window), ...] per batch]`` per epoch."""
-    out = []
-    for _ in range(epochs):
-        got = []
-        while True:
-            try:
-                w, ids, _ = pipe.run()
-            except StopIteration:
-                pipe.reset()
-                break
-            got.append([(int(np.array(ids[i])), np.array(w[i])) for i in range(len(w))])
-        out.append(got)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +64,7 @@ def _run(server, tmp_path, **kw):
     """Two epochs of a native pipeline over ``server`` at :data:`LATENCY`: ``(epochs, server counts,
     (used, dropped, failed) read-ahead counts)``, counted from the first batch on (not the plan)."""
     from dali_mesh.pipeline.plugin import plugin_read_ahead_counts
-    from tests.helpers import native_pipeline
+    from tests.helpers import native_pipeline, pipeline_epochs
 
     server.configure(latency=0)
     pipe = native_pipeline(_source(server.endpoint, "s"), plan_dir=str(tmp_path / "plans"), **kw)
@@ -86,7 +72,7 @@ def _run(server, tmp_path, **kw):
     server.reset()
     before = plugin_read_ahead_counts()
     try:
-        epochs = _epochs(pipe, 2)
+        epochs = pipeline_epochs(pipe, 2)
     finally:
         del pipe
         server.configure(latency=0)
@@ -152,7 +138,7 @@ def test_a_checkpoint_restored_mid_epoch_gives_its_batches(k, server, tmp_path):
     first pipeline's batches read ahead are dropped when it goes, the restored one reads its own."""
     pytest.importorskip("nvidia.dali")
     from dali_mesh.pipeline.plugin import plugin_read_ahead_counts
-    from tests.helpers import native_pipeline
+    from tests.helpers import native_pipeline, pipeline_epochs
 
     a = _arrays()
     server.configure(latency=0.02)
@@ -161,11 +147,11 @@ def test_a_checkpoint_restored_mid_epoch_gives_its_batches(k, server, tmp_path):
         p.run()
         p.run()
         ck = p.checkpoint()
-        rest = [b for e in _epochs(p, 2) for b in e]
+        rest = [b for e in pipeline_epochs(p, 2) for b in e]
         del p
         used = plugin_read_ahead_counts()[0]
         q = native_pipeline(_source(server.endpoint, "s"), read_ahead_batches=k, checkpoint=ck)
-        again = [b for e in _epochs(q, 2) for b in e]
+        again = [b for e in pipeline_epochs(q, 2) for b in e]
         del q
     finally:
         server.configure(latency=0)
