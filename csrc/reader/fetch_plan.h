@@ -116,6 +116,29 @@ bool FetchChunk(const Coder &coder, int64_t n, const ByteRanges *ranges, char *a
                 const StoredRangesReader &read_many, PartsGuesses *guesses, const std::string &stem,
                 int64_t coder_index, const RoundTrip &cost, int *trips = nullptr);
 
+// ---- chunks of one file fetched together ---------------------------------------------------------
+
+// A chunk of a batch read whole: the plan file it lies in, and its stored bytes' offset and length.
+struct StoredSpan {
+  int64_t file = 0, offset = 0, nbytes = 0;
+};
+
+// The most bytes one request fetched for several chunks holds, from its first byte to its last: a
+// batch's merged fetches are held until their chunks are decoded.
+constexpr int64_t kMaxMergedRequest = int64_t(64) << 20;
+
+// The chunks of `spans` (a batch's chunks read whole) fetched by one request each: runs of chunks of
+// one file whose stored ranges touch, overlap (two keys of one range) or lie across a gap that
+// PlanRequests reads at that file's `cost(file)`, each run at most `max_bytes` from its first byte to
+// its last (a longer run is cut between chunks). Each run: indices into `spans` by offset, two or
+// more; a chunk not in a run is fetched alone, as before. Chunks of 0 bytes are in none.
+//
+//   file 0: [0,100) [100,300) [300,350)   file 1: [0,50) [1M,1M+50)   (local gap: 64 KiB)
+//     -> {0, 1, 2} of file 0; file 1's chunks alone (a gap of 1 MiB over 100 wanted bytes)
+std::vector<std::vector<int64_t>> ChunkRuns(const std::vector<StoredSpan> &spans,
+                                            const std::function<RoundTrip(int64_t file)> &cost,
+                                            int64_t max_bytes = kMaxMergedRequest);
+
 }  // namespace dali_mesh
 
 #endif  // DALI_MESH_READER_FETCH_PLAN_H_
