@@ -504,6 +504,10 @@ void BatchReader::Read(const std::vector<char *> &out, const RunTasks &run) {
     MergeRanges(&ranges);
   }
   PlanMergedFetches(n_chunk);
+  struct FreeMerged {  // the merged fetches' bytes are freed when the batch is read, or fails
+    std::vector<MergedFetch> &merged;
+    ~FreeMerged() { merged.clear(); }
+  } free_merged{merged_};
   auto no_cost = [](int64_t) -> int64_t { return 0; };
   // 1: announce every range of the batch, so that cold reads of all files run at once
   if (options_.prefetch) {
@@ -544,7 +548,6 @@ void BatchReader::Read(const std::vector<char *> &out, const RunTasks &run) {
     for (const auto &m : merged_) decode.insert(decode.end(), m.tasks.begin(), m.tasks.end());
     run([&](int64_t k) { ReadChunkTask(decode[k]); }, static_cast<int64_t>(decode.size()),
         [&](int64_t k) -> int64_t { return plans_.chunks[coded_[chunk_tasks_[decode[k]]].first].nbytes; });
-    merged_.clear();
   }
   // 3: transpose and boundary fills (those of plans filled on the device are left to the GPU)
   run([&](int64_t i) {

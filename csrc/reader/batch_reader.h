@@ -13,7 +13,9 @@
 //      number of files per sample); and each compressed chunk the batch needs read and decoded
 //      once (only the bytes its parts copy out: a Blosc chunk's blocks of this rank's band), every
 //      part's units copied out of it; every file's version must agree across the batch's tasks
-//      (FileVersions);
+//      (FileVersions); chunks read whole that lie next to each other in one object-store file (an
+//      HDF5 file's chunks, a reference set's ranges of one file) are fetched by one request per run
+//      of neighbours (fetch_plan.h ChunkRuns), then decoded in parallel from their slices;
 //   3. per window: the Fortran transpose, the boundary program (unless the device fills it) and
 //      the per-channel normalisation.
 // With `outputs` K > 1 (a forecast's input and target) the plan set's items are K runs of one item

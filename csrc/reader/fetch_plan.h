@@ -8,7 +8,10 @@
 // together cost one round trip. So two wanted ranges are fetched as one when reading the gap between
 // them costs less than the wait for a request (PlanRequests), and a chunk read in parts sends its
 // header, index and the blocks an earlier chunk's layout places (a guess) in its first round trip:
-// one round trip when the guess holds, two when it does not (ReadStored).
+// one round trip when the guess holds, two when it does not (ReadStored). Across chunks: a batch's
+// chunks read whole that lie next to each other in one file are fetched by one request (ChunkRuns),
+// the coalescing Icechunk and VirtualiZarr lack (VirtualiZarr measured adjacent ranges merged at 2.8x
+// faster than none).
 #ifndef DALI_MESH_READER_FETCH_PLAN_H_
 #define DALI_MESH_READER_FETCH_PLAN_H_
 
