@@ -22,6 +22,7 @@
 
 #include "codecs/codecs.h"
 #include "kernels/dm_types.h"
+#include "reader/fetch_plan.h"
 #include "reader/finish.h"
 #include "reader/read_units.h"
 #include "reader/tasks.h"
@@ -43,6 +44,10 @@ std::string Str(const Args &...args) {
   (s << ... << args);
   return s.str();
 }
+
+// The most stored bytes a batch's merged fetches hold at once (each at most kMaxMergedRequest): the
+// chunks of runs beyond it are fetched alone, each task's buffer freed as it goes.
+constexpr int64_t kMaxMergedBatch = int64_t(256) << 20;
 
 }  // namespace
 
@@ -498,6 +503,11 @@ void BatchReader::Read(const std::vector<char *> &out, const RunTasks &run) {
     }
     MergeRanges(&ranges);
   }
+  PlanMergedFetches(n_chunk);
+  struct FreeMerged {  // the merged fetches' bytes are freed when the batch is read, or fails
+    std::vector<MergedFetch> &merged;
+    ~FreeMerged() { merged.clear(); }
+  } free_merged{merged_};
   auto no_cost = [](int64_t) -> int64_t { return 0; };
   // 1: announce every range of the batch, so that cold reads of all files run at once
   if (options_.prefetch) {
@@ -516,18 +526,29 @@ void BatchReader::Read(const std::vector<char *> &out, const RunTasks &run) {
         np + n_chunk, no_cost);
   }
   // 2: per task: open and check the file (still what was planned for), read, close; or read and
-  // decode a chunk and copy every part's units out of it
+  // decode a chunk and copy every part's units out of it; or fetch chunks of one file together,
+  // decoded in parallel once every fetch is in (2b)
+  const int64_t n_merged = merged_.size();
   run([&](int64_t t) {
-        if (t >= n_raw) {
-          ReadChunkTask(t - n_raw);
+        if (t >= n_raw + n_chunk) {
+          FetchMerged(t - n_raw - n_chunk);
+        } else if (t >= n_raw) {
+          if (merged_of_[t - n_raw] < 0) ReadChunkTask(t - n_raw);
         } else {
           ReadRawTask(tasks_[t]);
         }
       },
-      n_raw + n_chunk, [&](int64_t t) -> int64_t {
+      n_raw + n_chunk + n_merged, [&](int64_t t) -> int64_t {
         if (t < n_raw) return tasks_[t].g1 - tasks_[t].g0;
+        if (t >= n_raw + n_chunk) return merged_[t - n_raw - n_chunk].hi - merged_[t - n_raw - n_chunk].lo;
         return plans_.chunks[coded_[chunk_tasks_[t - n_raw]].first].nbytes;
       });
+  if (n_merged > 0) {
+    std::vector<int64_t> decode;
+    for (const auto &m : merged_) decode.insert(decode.end(), m.tasks.begin(), m.tasks.end());
+    run([&](int64_t k) { ReadChunkTask(decode[k]); }, static_cast<int64_t>(decode.size()),
+        [&](int64_t k) -> int64_t { return plans_.chunks[coded_[chunk_tasks_[decode[k]]].first].nbytes; });
+  }
   // 3: transpose and boundary fills (those of plans filled on the device are left to the GPU)
   run([&](int64_t i) {
         const int64_t f = items_[i].finish;
@@ -545,22 +566,78 @@ void BatchReader::ReadChunkTask(int64_t t) {
   thread_local std::vector<char> stored, decoded;
   const int64_t chunk_bytes = plans_.coders[plans_.chunks[c].coder].chunk_bytes;
   const ReadPlan &first_plan = plans_.plans[first.plan];
+  const MergedFetch *m = merged_of_[t] < 0 ? nullptr : &merged_[merged_of_[t]];
+  // the chunk read, or decoded from the bytes fetched with its neighbours
+  auto read = [&](char *out, const std::vector<std::pair<int64_t, int64_t>> *ranges) {
+    if (m) {
+      DecodeStored(plans_, c, m->name, m->bytes.get() + (plans_.chunks[c].offset - m->lo), out, ranges);
+    } else {
+      ReadChunk(plans_, c, first_plan, first_path_[first.plan], &stored, out, ranges, ranges ? &guesses_ : nullptr);
+    }
+  };
   if (e - b == 1 && TakesWholeChunk(first_plan, first.base, chunk_bytes)) {
     // the chunk is the part's whole window (chunks that follow the shards): decoded straight into it
     char *window = dsts_[batch_parts_[coded_[b].second].sample] + first.dst_base;
-    ReadChunk(plans_, c, first_plan, first_path_[first.plan], &stored, window + first_plan.dst_off[0]);
+    read(window + first_plan.dst_off[0], nullptr);
     SwapPlanUnits(first_plan, window);
     return;
   }
   decoded.resize(chunk_bytes);
   // what the parts copy out of the chunk: only those bytes need decoding (a Blosc chunk of a whole
   // field decodes, and reads, the blocks of this rank's band)
-  ReadChunk(plans_, c, first_plan, first_path_[first.plan], &stored, decoded.data(), &chunk_ranges_[t], &guesses_);
+  read(decoded.data(), &chunk_ranges_[t]);
   for (int64_t k = b; k < e; k++) {
     const auto &bp = batch_parts_[coded_[k].second];
     const auto &part = plans_.parts[bp.part];
     CopyUnits(plans_.plans[part.plan], decoded.data() + part.base, dsts_[bp.sample] + part.dst_base);
   }
+}
+
+void BatchReader::PlanMergedFetches(int64_t n_chunk) {
+  merged_.clear();
+  merged_of_.assign(n_chunk, -1);
+  // only an object store's chunks: there a request is a round trip; a local file's chunks keep a pread
+  // each (the page cache reads ahead, and a merged read would copy the gaps)
+  const ByteStore *local = StoreOf("file");
+  std::vector<StoredSpan> spans;
+  std::vector<int64_t> span_task;
+  for (int64_t t = 0; t < n_chunk; t++) {
+    const PlanChunk &ch = plans_.chunks[coded_[chunk_tasks_[t]].first];
+    const ByteStore *store = plans_.files[ch.file].byte_store;
+    // read whole (a Blosc chunk read in parts keeps its own fetch); never written: no bytes to fetch
+    if (ch.nbytes <= 0 || store == nullptr || store == local ||
+        MayReadInParts(plans_.coders[ch.coder], ch.nbytes, chunk_ranges_[t]))
+      continue;
+    spans.push_back({ch.file, ch.offset, ch.nbytes});
+    span_task.push_back(t);
+  }
+  if (spans.size() < 2) return;
+  int64_t held = 0;
+  for (const auto &run : ChunkRuns(spans, [&](int64_t f) { return plans_.files[f].byte_store->Cost(); })) {
+    MergedFetch m;
+    m.file = spans[run.front()].file;
+    m.lo = spans[run.front()].offset;
+    for (int64_t k : run) {
+      m.hi = std::max(m.hi, spans[k].offset + spans[k].nbytes);
+      m.tasks.push_back(span_task[k]);
+    }
+    // the batch's merged bytes are held until decoded: beyond kMaxMergedBatch, chunks are fetched alone
+    if (held + (m.hi - m.lo) > kMaxMergedBatch) continue;
+    held += m.hi - m.lo;
+    for (int64_t t : m.tasks) merged_of_[t] = static_cast<int64_t>(merged_.size());
+    merged_.push_back(std::move(m));
+  }
+}
+
+void BatchReader::FetchMerged(int64_t i) {
+  MergedFetch &m = merged_[i];
+  // the file opened and checked by each plan whose chunks lie in it, as each chunk's read would
+  std::vector<int64_t> check_plans;
+  for (int64_t t : m.tasks) check_plans.push_back(plans_.parts[batch_parts_[coded_[chunk_tasks_[t]].second].part].plan);
+  std::sort(check_plans.begin(), check_plans.end());
+  check_plans.erase(std::unique(check_plans.begin(), check_plans.end()), check_plans.end());
+  m.bytes.reset(new char[m.hi - m.lo]);
+  m.name = ReadStoredRun(plans_, m.file, m.lo, m.hi, check_plans, first_path_, m.bytes.get());
 }
 
 void BatchReader::ReadRawTask(const Task &task) {

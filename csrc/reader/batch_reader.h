@@ -13,7 +13,9 @@
 //      number of files per sample); and each compressed chunk the batch needs read and decoded
 //      once (only the bytes its parts copy out: a Blosc chunk's blocks of this rank's band), every
 //      part's units copied out of it; every file's version must agree across the batch's tasks
-//      (FileVersions);
+//      (FileVersions); chunks read whole that lie next to each other in one object-store file (an
+//      HDF5 file's chunks, a reference set's ranges of one file) are fetched by one request per run
+//      of neighbours (fetch_plan.h ChunkRuns), then decoded in parallel from their slices;
 //   3. per window: the Fortran transpose, the boundary program (unless the device fills it) and
 //      the per-channel normalisation.
 // With `outputs` K > 1 (a forecast's input and target) the plan set's items are K runs of one item
@@ -178,6 +180,8 @@ class BatchReader {
     int64_t g0, g1;
   };
   void ReadChunkTask(int64_t t);  // read and decode chunk run t of chunk_tasks_, copy its parts out
+  void PlanMergedFetches(int64_t n_chunk);  // merged_ and merged_of_ for this batch's chunk runs
+  void FetchMerged(int64_t m);              // read merged_[m]'s bytes
   void ReadRawTask(const Task &task);
 
   std::shared_ptr<const PlanSet> shared_plans_;  // shared with the readers of batches read ahead
@@ -197,6 +201,17 @@ class BatchReader {
   std::vector<std::pair<int64_t, int64_t>> coded_;  // (chunk, index into batch_parts_), by chunk
   std::vector<int64_t> chunk_tasks_;                 // runs of coded_ with one chunk, and the end
   std::vector<std::vector<std::pair<int64_t, int64_t>>> chunk_ranges_;  // per run: the bytes copied out
+  // chunks of one object-store file fetched by one request (ChunkRuns): per request, its file, its
+  // bytes [lo, hi) and the chunk runs (indices into chunk_tasks_) decoded from them; per chunk run, its
+  // request or -1 (fetched alone). The bytes are freed when the batch is read
+  struct MergedFetch {
+    int64_t file = 0, lo = 0, hi = 0;
+    std::vector<int64_t> tasks;
+    std::unique_ptr<char[]> bytes;
+    std::string name;  // the file as messages show it
+  };
+  std::vector<MergedFetch> merged_;
+  std::vector<int64_t> merged_of_;
   PartsGuesses guesses_;  // where the chunks read in parts lay out, for the next ones (remote stores)
   std::vector<int64_t> ids_;  // the batch's sample ids
   // batches read ahead, oldest first, and those done with (their readers and buffers reused)

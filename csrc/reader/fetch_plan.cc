@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -240,6 +241,48 @@ bool FetchChunk(const Coder &coder, int64_t n, const ByteRanges *ranges, char *a
     guesses->Put(stem, coder_index, std::move(learnt), !have_guess || (in_parts && turns <= 1));
   if (trips) *trips = turns;
   return in_parts;
+}
+
+std::vector<std::vector<int64_t>> ChunkRuns(const std::vector<StoredSpan> &spans,
+                                            const std::function<RoundTrip(int64_t file)> &cost, int64_t max_bytes) {
+  std::vector<int64_t> order;
+  for (size_t k = 0; k < spans.size(); k++)
+    if (spans[k].nbytes > 0) order.push_back(static_cast<int64_t>(k));
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return std::tie(spans[a].file, spans[a].offset, spans[a].nbytes) <
+           std::tie(spans[b].file, spans[b].offset, spans[b].nbytes);
+  });
+  std::vector<std::vector<int64_t>> runs;
+  std::vector<int64_t> run;
+  int64_t run_lo = 0, run_hi = 0;
+  auto close = [&] {
+    if (run.size() >= 2) runs.push_back(run);
+    run.clear();
+  };
+  for (size_t b = 0, e; b < order.size(); b = e) {
+    const int64_t file = spans[order[b]].file;
+    ByteRanges wanted;
+    for (e = b; e < order.size() && spans[order[e]].file == file; e++)
+      wanted.push_back({spans[order[e]].offset, spans[order[e]].offset + spans[order[e]].nbytes});
+    MergeRanges(&wanted);  // two keys of one range, or touching chunks: one wanted range
+    const ByteRanges requests = PlanRequests(wanted, cost(file));
+    size_t r = 0;
+    for (size_t k = b; k < e; k++) {
+      const StoredSpan &s = spans[order[k]];
+      const int64_t end = s.offset + s.nbytes;
+      // the request holding this chunk (each wanted range lies inside one): a later one begins a run
+      while (requests[r].second < end) {
+        close();
+        r++;
+      }
+      if (!run.empty() && std::max(run_hi, end) - run_lo > max_bytes) close();
+      if (run.empty()) run_lo = s.offset, run_hi = end;
+      run.push_back(order[k]);
+      run_hi = std::max(run_hi, end);
+    }
+    close();
+  }
+  return runs;
 }
 
 }  // namespace dali_mesh

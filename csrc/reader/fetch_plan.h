@@ -8,7 +8,10 @@
 // together cost one round trip. So two wanted ranges are fetched as one when reading the gap between
 // them costs less than the wait for a request (PlanRequests), and a chunk read in parts sends its
 // header, index and the blocks an earlier chunk's layout places (a guess) in its first round trip:
-// one round trip when the guess holds, two when it does not (ReadStored).
+// one round trip when the guess holds, two when it does not (ReadStored). Across chunks: a batch's
+// chunks read whole that lie next to each other in one file are fetched by one request (ChunkRuns),
+// the coalescing Icechunk and VirtualiZarr lack (VirtualiZarr measured adjacent ranges merged at 2.8x
+// faster than none).
 #ifndef DALI_MESH_READER_FETCH_PLAN_H_
 #define DALI_MESH_READER_FETCH_PLAN_H_
 
@@ -115,6 +118,29 @@ class PartsGuesses {
 bool FetchChunk(const Coder &coder, int64_t n, const ByteRanges *ranges, char *at, const StoredReader &read,
                 const StoredRangesReader &read_many, PartsGuesses *guesses, const std::string &stem,
                 int64_t coder_index, const RoundTrip &cost, int *trips = nullptr);
+
+// ---- chunks of one file fetched together ---------------------------------------------------------
+
+// A chunk of a batch read whole: the plan file it lies in, and its stored bytes' offset and length.
+struct StoredSpan {
+  int64_t file = 0, offset = 0, nbytes = 0;
+};
+
+// The most bytes one request fetched for several chunks holds, from its first byte to its last: a
+// batch's merged fetches are held until their chunks are decoded.
+constexpr int64_t kMaxMergedRequest = int64_t(64) << 20;
+
+// The chunks of `spans` (a batch's chunks read whole) fetched by one request each: runs of chunks of
+// one file whose stored ranges touch, overlap (two keys of one range) or lie across a gap that
+// PlanRequests reads at that file's `cost(file)`, each run at most `max_bytes` from its first byte to
+// its last (a longer run is cut between chunks). Each run: indices into `spans` by offset, two or
+// more; a chunk not in a run is fetched alone, as before. Chunks of 0 bytes are in none.
+//
+//   file 0: [0,100) [100,300) [300,350)   file 1: [0,50) [1M,1M+50)   (local gap: 64 KiB)
+//     -> {0, 1, 2} of file 0; file 1's chunks alone (a gap of 1 MiB over 100 wanted bytes)
+std::vector<std::vector<int64_t>> ChunkRuns(const std::vector<StoredSpan> &spans,
+                                            const std::function<RoundTrip(int64_t file)> &cost,
+                                            int64_t max_bytes = kMaxMergedRequest);
 
 }  // namespace dali_mesh
 

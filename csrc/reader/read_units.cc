@@ -187,6 +187,36 @@ void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const 
   if (!why.empty()) Fail(where + " cannot be decoded: " + why + "; the file is corrupt");
 }
 
+std::string ReadStoredRun(const PlanSet &set, int64_t file_index, int64_t lo, int64_t hi,
+                          const std::vector<int64_t> &check_plans, const std::vector<std::string> &first_paths,
+                          char *dst) {
+  const PlanFile &pf = set.files[file_index];
+  OpenFile file;
+  for (int64_t p : check_plans) file.Open(pf, set.plans[p], first_paths[p]);
+  const std::string where = file.path() + ": chunks of bytes " + std::to_string(lo) + ".." + std::to_string(hi);
+  if (hi > file.size())
+    Fail(where + " run past the end of the file (" + std::to_string(file.size()) + " bytes): the file is "
+         "truncated or changed since the plan was made");
+  FlightGuard flight(file.path(), lo, hi - lo);
+  const int64_t got = file.object().ReadAt(dst, hi - lo, lo);
+  if (got == -ECANCELED) Fail(where + ": read cancelled: the pipeline was stopped after an error");
+  if (got < 0) Fail(where + ": read failed (" + std::strerror(-got) + ")");
+  if (got != hi - lo) Fail(where + ": the file was truncated while reading");
+  file.CheckUnchanged();
+  return file.path();
+}
+
+void DecodeStored(const PlanSet &set, int64_t c, const std::string &name, const char *src, char *decoded,
+                  const std::vector<std::pair<int64_t, int64_t>> *ranges) {
+  const PlanChunk &ch = set.chunks[c];
+  const Coder &coder = set.coders[ch.coder];
+  const std::string why = ranges ? DecodeChunkRanges(coder, src, ch.nbytes, decoded, *ranges)
+                                 : DecodeChunk(coder, src, ch.nbytes, decoded);
+  if (!why.empty())
+    Fail(name + ": chunk of " + std::to_string(ch.nbytes) + " bytes at byte " + std::to_string(ch.offset) +
+         " cannot be decoded: " + why + "; the file is corrupt");
+}
+
 void PrefetchRange(const PlanFile &file, int64_t offset, int64_t nbytes) {
   if (nbytes <= 0) return;
   file.byte_store->Prefetch(file.key, {{offset, nbytes}});

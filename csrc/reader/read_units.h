@@ -44,6 +44,21 @@ void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const 
                std::vector<char> *stored, char *decoded,
                const std::vector<std::pair<int64_t, int64_t>> *ranges = nullptr, PartsGuesses *guesses = nullptr);
 
+// Reads bytes [lo, hi) of plan file `file` of `set` into `dst` in one request: the chunks of a run
+// (fetch_plan.h ChunkRuns) fetched together. The file is opened and checked by each of `check_plans`
+// (the plans whose chunks lie there, `first_paths` naming each plan's first file, as ReadChunk opens
+// it for each chunk) and seen unchanged after the read. Returns the file as messages show it. Errors
+// name the file and the bytes (past its end: truncated or changed since the plan was made).
+std::string ReadStoredRun(const PlanSet &set, int64_t file, int64_t lo, int64_t hi,
+                          const std::vector<int64_t> &check_plans, const std::vector<std::string> &first_paths,
+                          char *dst);
+
+// Decodes chunk `c` of `set` from its stored bytes at `src` (read by ReadStoredRun from the file
+// messages show as `name`) into `decoded`, as ReadChunk does after its read (with `ranges`, only
+// those bytes must be decoded).
+void DecodeStored(const PlanSet &set, int64_t c, const std::string &name, const char *src, char *decoded,
+                  const std::vector<std::pair<int64_t, int64_t>> *ranges);
+
 // Adds to `ranges` the bytes of a decoded chunk that the units of the coded plan `plan` at `base`
 // copy (one range per unit: its first run to its last run's end).
 void AddUnitRanges(const ReadPlan &plan, int64_t base, std::vector<std::pair<int64_t, int64_t>> *ranges);
