@@ -360,6 +360,7 @@ bool BatchReader::StartAhead(std::vector<int64_t> ids, int threads) {
     a->reader.reset(new BatchReader(shared_plans_, std::move(o)));
   }
   a->reader->device_fill_ = device_fill_;
+  a->reader->guesses_ = guesses_;
   a->reader->SetBatch(ids.data(), static_cast<int>(ids.size()));
   a->ids = std::move(ids);
   a->windows.resize(a->reader->num_windows());
@@ -572,7 +573,7 @@ void BatchReader::ReadChunkTask(int64_t t) {
     if (m) {
       DecodeStored(plans_, c, m->name, m->bytes.get() + (plans_.chunks[c].offset - m->lo), out, ranges);
     } else {
-      ReadChunk(plans_, c, first_plan, first_path_[first.plan], &stored, out, ranges, ranges ? &guesses_ : nullptr);
+      ReadChunk(plans_, c, first_plan, first_path_[first.plan], &stored, out, ranges, ranges ? guesses_.get() : nullptr);
     }
   };
   if (e - b == 1 && TakesWholeChunk(first_plan, first.base, chunk_bytes)) {

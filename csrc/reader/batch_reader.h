@@ -212,7 +212,10 @@ class BatchReader {
   };
   std::vector<MergedFetch> merged_;
   std::vector<int64_t> merged_of_;
-  PartsGuesses guesses_;  // where the chunks read in parts lay out, for the next ones (remote stores)
+  // where the chunks read in parts lay out, for the next ones (remote stores): shared with the readers
+  // of its batches read ahead, so that a chunk one of them learnt places the others' first round trip
+  // (each learning on its own cost every batch in flight at an epoch's start a second round trip)
+  std::shared_ptr<PartsGuesses> guesses_ = std::make_shared<PartsGuesses>();
   std::vector<int64_t> ids_;  // the batch's sample ids
   // batches read ahead, oldest first, and those done with (their readers and buffers reused)
   bool reads_ahead_ = false;

@@ -203,6 +203,47 @@ def _trips_per_step(root, server):
     return src, windows, trips
 
 
+def test_a_batch_read_ahead_takes_the_layout_its_reader_learnt(tmp_path):
+    """The readers of the batches read ahead share their reader's layouts: step 0 read (its header, then its
+    blocks) places the blocks of step 1, read ahead on its own reader, in one round trip (each reader
+    learning on its own took two for every batch in flight at an epoch's start); the windows are
+    zarr-python's."""
+    import zarr
+
+    from dali_mesh import Layout, MeshInfo, ZarrSource, _kernels
+    from dali_mesh.partition import take_window
+    from dali_mesh.pipeline import native
+    from dali_mesh.storage.remote import have_native_http
+    from tests.storage.request_log import LoggingS3Server, waves
+    from tests.storage.s3_server import options
+
+    if not have_native_http():
+        pytest.skip("this build has no libcurl")
+    (tmp_path / "bench").mkdir()
+    _blosc_globe(tmp_path)
+    oracle = zarr.open_array(str(tmp_path / "bench" / "globe.zarr"), mode="r")[:]
+    with LoggingS3Server(root=str(tmp_path), latency=LATENCY) as server:
+        layout = Layout(MeshInfo((4,), ("mp",), (1,)), shard={"mp": 1})
+        src = ZarrSource(["s3://bench/globe.zarr"], None, layout, shuffle=False,
+                         storage_options=options(server.endpoint))
+        path = native.plan_windows(src)[0].write(str(tmp_path / "plan"))
+        with _kernels.PlanReader(path, "f4", read_ahead=1) as reader:
+            server.take_log()
+            first = reader.read([0])[0][0]
+            assert len(waves(server.take_log())) <= 2  # its header, then its blocks
+            assert reader.read_ahead([1])
+            second = reader.read([1])[0][0]  # waits for the batch read ahead, and takes it
+            log = server.take_log()
+            assert reader.ahead_counts()[0] == 1
+    # round trips by when the requests began: one sent after an answer began at least LATENCY after the
+    # requests before it (the log's ends may trail the client's next request by a moment)
+    starts = sorted(r.start for r in log)
+    trips = 1 + sum(b - a > 0.8 * LATENCY for a, b in zip(starts, starts[1:]))
+    assert trips == 1, [(r.method, r.range, round(r.start - starts[0], 3)) for r in log]
+    np.testing.assert_array_equal(first, take_window(oracle[0], src.region))
+    np.testing.assert_array_equal(second, take_window(oracle[1], src.region))
+
+
 @pytest.mark.parametrize("noisy_step", [None, 2])
 def test_a_whole_field_blosc_step_takes_one_round_trip_when_the_guess_holds(tmp_path, noisy_step):
     """The first step reads its chunk's header, then its blocks; every later step sends the header with the
