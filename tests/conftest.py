@@ -2,6 +2,17 @@
 import pytest
 
 
+@pytest.fixture
+def kernels_library():
+    """The kernels library (dali_mesh._kernels) loaded, or the test skipped when it is not built."""
+    from dali_mesh import _kernels
+
+    try:
+        _kernels.load()
+    except _kernels.KernelsError as e:
+        pytest.skip(f"the kernels library is not built: {e}")
+
+
 @pytest.fixture(scope="module")
 def process_group(tmp_path_factory):
     """A one-rank gloo process group for the module: enough to build real DeviceMeshes and DTensors."""

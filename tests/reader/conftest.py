@@ -3,10 +3,5 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def _library():
-    from dali_mesh import _kernels
-
-    try:
-        _kernels.load()
-    except _kernels.KernelsError as e:
-        pytest.skip(f"the kernels library is not built: {e}")
+def _library(kernels_library):
+    """Every test here: the kernels library loaded (tests/conftest.py's kernels_library)."""

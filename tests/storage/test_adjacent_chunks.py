@@ -27,14 +27,7 @@ LATENCY = 0.02
 BUCKET = "bench"
 
 
-@pytest.fixture(autouse=True)
-def _library():
-    from dali_mesh import _kernels
-
-    try:
-        _kernels.load()
-    except _kernels.KernelsError as e:
-        pytest.skip(f"the kernels library is not built: {e}")
+pytestmark = pytest.mark.usefixtures("kernels_library")
 
 
 @pytest.fixture
