@@ -144,7 +144,7 @@ def test_a_remote_store_measures_its_latency_and_bandwidth_from_its_own_requests
 
 # ---- a whole-field Blosc Zarr read in parts from the parallel S3 server: round trips per step ---------------
 #: each answer's first byte waits this long: requests sent together overlap, requests sent after another's
-#: answer do not, whatever the machine's load (tests/storage/request_log.py waves)
+#: answer do not, whatever the machine's load (tests/storage/request_log.py round_trips)
 LATENCY = 0.05
 #: steps of 4 MiB decoded, in blocks of 512 KiB (c-blosc's choice): rank 1 of 4 takes one of each level's two
 SHAPE = (5, 4, 512, 512)
@@ -184,10 +184,10 @@ def _blosc_globe(root, noisy_step=None):
 
 def _trips_per_step(root, server):
     """``(windows, [round trips of step t])``: rank 1 of 4 (latitude split) read one step at a time by the
-    native reader (no read ahead), each step's requests grouped in waves by the server's log."""
+    native reader (no read ahead), each step's round trips counted from the server's log."""
     from dali_mesh import Layout, MeshInfo, ZarrSource, _kernels
     from dali_mesh.pipeline import native
-    from tests.storage.request_log import waves
+    from tests.storage.request_log import round_trips
     from tests.storage.s3_server import options
 
     layout = Layout(MeshInfo((4,), ("mp",), (1,)), shard={"mp": 1})
@@ -199,7 +199,7 @@ def _trips_per_step(root, server):
         server.take_log()
         for t in range(SHAPE[0]):
             windows.append(reader.read([t])[0][0])
-            trips.append(len(waves(server.take_log())))
+            trips.append(round_trips(server.take_log(), LATENCY))
     return src, windows, trips
 
 
@@ -214,7 +214,7 @@ def test_a_batch_read_ahead_takes_the_layout_its_reader_learnt(tmp_path):
     from dali_mesh.partition import take_window
     from dali_mesh.pipeline import native
     from dali_mesh.storage.remote import have_native_http
-    from tests.storage.request_log import LoggingS3Server, waves
+    from tests.storage.request_log import LoggingS3Server, round_trips
     from tests.storage.s3_server import options
 
     if not have_native_http():
@@ -230,16 +230,12 @@ def test_a_batch_read_ahead_takes_the_layout_its_reader_learnt(tmp_path):
         with _kernels.PlanReader(path, "f4", read_ahead=1) as reader:
             server.take_log()
             first = reader.read([0])[0][0]
-            assert len(waves(server.take_log())) <= 2  # its header, then its blocks
+            assert round_trips(server.take_log(), LATENCY) == 2  # its header, then its blocks
             assert reader.read_ahead([1])
             second = reader.read([1])[0][0]  # waits for the batch read ahead, and takes it
             log = server.take_log()
             assert reader.ahead_counts()[0] == 1
-    # round trips by when the requests began: one sent after an answer began at least LATENCY after the
-    # requests before it (the log's ends may trail the client's next request by a moment)
-    starts = sorted(r.start for r in log)
-    trips = 1 + sum(b - a > 0.8 * LATENCY for a, b in zip(starts, starts[1:]))
-    assert trips == 1, [(r.method, r.range, round(r.start - starts[0], 3)) for r in log]
+    assert round_trips(log, LATENCY) == 1, [(r.method, r.range, round(r.start - log[0].start, 3)) for r in log]
     np.testing.assert_array_equal(first, take_window(oracle[0], src.region))
     np.testing.assert_array_equal(second, take_window(oracle[1], src.region))
 
