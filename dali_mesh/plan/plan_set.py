@@ -112,9 +112,10 @@ class PlanSet:
         return self._item_reads(item)[0]
 
     def item_requests(self, item: int) -> int:
-        """The reads (requests, for an object store) the native reader makes for sample id ``item``, at
-        least: one per coded chunk (two or three for a Blosc chunk read in parts: its header, then its
-        blocks) and one per merged byte range of raw parts (what the read groups merge)."""
+        """The reads the native reader makes for sample id ``item`` from local files: one per coded chunk and
+        one per merged byte range of raw parts (what the read groups merge). From an object store a Blosc
+        chunk read in parts takes two or three, and chunks side by side in one file one together
+        (:meth:`fetches`)."""
         return self._item_reads(item)[1]
 
     def _item_reads(self, item: int) -> tuple[int, int]:
@@ -401,7 +402,8 @@ class PlanFetches:
 
     * a coded chunk the batch needs, however many of its parts copy from it: one ranged GET of its stored
       bytes; a chunk missing when planned: one GET that finds it still missing (no body); a shard's chunk
-      its index lists as never written: none;
+      its index lists as never written: none; chunks read whole that lie side by side in one file (gaps
+      under 64 KiB): one GET together (:func:`_chunk_runs`);
     * a Blosc chunk of at least 256 KiB stored whose parts cover less than 3/4 of it: a GET of its first
       4 KiB (header and block index), then, when the blocks its parts touch (of the block size of
       ``headers``: one chunk's header per coder) still cover less than 3/4 of it, a GET per run of those
@@ -435,7 +437,7 @@ class PlanFetches:
         # per plan: the requests, bytes and requests in turn of one raw part of it
         self._raw = np.asarray([(0, 0, 0) if p.coded else _raw_fetches(p, task_bytes) for p in plans.plans],
                                np.int64).reshape(-1, 3)
-        rows = np.asarray(plans._chunk_rows, np.int64).reshape(-1, 4)
+        rows = self._rows = np.asarray(plans._chunk_rows, np.int64).reshape(-1, 4)
         self._stored = rows[:, 2]
         in_parts, decoded = np.zeros(0, bool), np.zeros(0, np.int64)
         if plans.coders:
@@ -474,6 +476,7 @@ class PlanFetches:
         got = np.maximum(stored, 0)
         turns = requests.copy()
         parts = 0
+        whole = stored > 0  # read whole: fetched together with their neighbours in the file (below)
         for i in np.flatnonzero(self._may_parts[pair_chunk]):
             seg = order[first[i]:first[i] + count[i]]
             ranges = self._ranges(tuple(sorted(set(zip(cplan[seg].tolist(), cbase[seg].tolist())))))
@@ -482,9 +485,35 @@ class PlanFetches:
             if est is not None:
                 requests[i], got[i], turns[i], estimated = est
                 parts += estimated
+                whole[i] = False
+        self._merge_neighbours(pair_batch, pair_chunk, whole, requests, got)
         np.maximum.at(trips, pair_batch, turns)
         return EpochFetches(n_batches, int(raw[:, 0].sum() + requests.sum()), int(raw[:, 1].sum() + got.sum()),
                             int(trips.sum()), int(trips.max(initial=0)), parts)
+
+    def _merge_neighbours(self, pair_batch, pair_chunk, whole, requests, got) -> None:
+        """Chunks of one batch read whole that lie next to each other in one file are fetched by one request
+        (batch_reader.cc PlanMergedFetches, fetch_plan.cc ChunkRuns with a link not yet measured: chunks that
+        overlap or touch, and gaps under 64 KiB; at most 64 MiB a request, 256 MiB a batch): ``requests``
+        and ``got`` of the pairs ``(pair_batch, pair_chunk)`` rewritten, a run's request and bytes on its
+        first chunk."""
+        rows = self._rows
+        idx = np.flatnonzero(whole)
+        for b in np.unique(pair_batch[idx]):
+            members = idx[pair_batch[idx] == b]
+            if members.size < 2:
+                continue
+            spans = rows[pair_chunk[members]]
+            held = 0
+            for run in _chunk_runs(members, spans[:, 0], spans[:, 1], spans[:, 2]):
+                lo = int(rows[pair_chunk[run[0]], 1])
+                hi = int(max(rows[pair_chunk[k], 1] + rows[pair_chunk[k], 2] for k in run))
+                if held + (hi - lo) > _MAX_MERGED_BATCH:
+                    continue  # beyond what a batch holds merged: each chunk alone
+                held += hi - lo
+                requests[run] = 0
+                got[run] = 0
+                requests[run[0]], got[run[0]] = 1, hi - lo
 
     def _ranges(self, parts: tuple) -> list[tuple[int, int]]:
         """The bytes of a decoded chunk that ``parts`` (``(plan, base)`` pairs) copy out, merged, as the
@@ -505,6 +534,30 @@ class PlanFetches:
             if len(self._covered) < 4096:
                 self._covered[parts] = hit
         return hit
+
+
+#: fetch_plan.h's kLocalGap, kMaxMergedRequest and batch_reader.cc's kMaxMergedBatch
+_LOCAL_GAP, _MAX_MERGED_REQUEST, _MAX_MERGED_BATCH = 64 << 10, 64 << 20, 256 << 20
+
+
+def _chunk_runs(members, files, offsets, sizes) -> list[list[int]]:
+    """fetch_plan.cc ChunkRuns on a link not yet measured: the members (two or more) fetched by one request
+    each, in file and offset order; a run closes at a gap of 64 KiB or more, or where it would pass 64 MiB."""
+    order = np.lexsort((sizes, offsets, files))
+    runs, run, run_lo, run_hi, file = [], [], 0, 0, None
+    for k in order:
+        lo, hi = int(offsets[k]), int(offsets[k] + sizes[k])
+        if run and (files[k] != file or lo - run_hi >= _LOCAL_GAP or max(run_hi, hi) - run_lo > _MAX_MERGED_REQUEST):
+            if len(run) >= 2:
+                runs.append(run)
+            run = []
+        if not run:
+            run_lo, run_hi, file = lo, hi, files[k]
+        run.append(int(members[k]))
+        run_hi = max(run_hi, hi)
+    if len(run) >= 2:
+        runs.append(run)
+    return runs
 
 
 def blosc_blocks(header: bytes) -> tuple[int, int, bool] | None:

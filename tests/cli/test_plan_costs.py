@@ -97,9 +97,11 @@ def test_an_epochs_requests_and_bytes_are_what_a_real_epoch_fetches(capsys, stor
         assert epoch["samples"] == len(ids) and epoch["batches"] == len(ids) // batch_size
         assert epoch["estimated_chunk_reads"] == 0  # chunks of 1-4 KiB: read whole
         assert epoch["round_trips"] == epoch["batches"] and epoch["max_round_trips_per_batch"] == 1
-        if batch_size == 1:
+        if batch_size == 1 and name != "v3-zstd":  # a sample's reads, each chunk alone, as a local file's
             assert epoch["requests"] == sum(plans.item_requests(int(i)) for i in ids)
             assert epoch["bytes"] == sum(plans.item_read_bytes(int(i)) for i in ids)
+        elif batch_size == 1:  # a shard's inner chunks lie side by side: fetched together, the gaps between too
+            assert epoch["requests"] < sum(plans.item_requests(int(i)) for i in ids)
 
 
 @pytest.mark.usefixtures("s3_env")
