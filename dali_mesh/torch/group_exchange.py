@@ -135,6 +135,12 @@ class GroupExchange:
         self.device = None  # the windows' device, from the first batch read here
         self.transport = None  # "shm" or "collective", chosen together at the first exchange
         self._shm = None
+        # this member's writes into its shared-memory slots, which take turns: a slot is written again
+        # only two writes later, after an exchange's status collective that every member enters once it
+        # has copied what the slot held (the group step cannot choose the slot: it starts again at 0 at
+        # each epoch and at a resume, so two exchanges in a row could share one slot, and a member still
+        # copying the last epoch's windows would get the next epoch's)
+        self._writes = 0
         # what the exchange cost this rank: group steps, seconds in the collectives, window bytes sent
         # to the other members and received from them (its own cut is copied, not counted)
         # (status_seconds: the status exchange, which waits for the slowest member's read; data_seconds:
@@ -188,13 +194,16 @@ class GroupExchange:
             self.device = batch[self.window_outputs[0]].device
         if self.transport is None:
             self._choose_transport()
+        slot = -1  # the slot this member's windows are in: read by the members after the status exchange
         if self.transport == "shm" and batch is not None and error is None:
-            self._shm.write(step % 2, batch, self.slot_layout, self.dtype)  # read by the members after the status exchange
+            slot = self._writes % 2
+            self._shm.write(slot, batch, self.slot_layout, self.dtype)
+            self._writes += 1
         status = None
         if error is not None:
             status = ("error", f"{type(error).__name__}: {error}")
         elif batch is not None:
-            status = ("ok", batch["sample_id"].reshape(-1).tolist(), batch["is_pad"].reshape(-1).tolist(), step)
+            status = ("ok", batch["sample_id"].reshape(-1).tolist(), batch["is_pad"].reshape(-1).tolist(), step, slot)
         gathered: list = [None] * self.size
         dist.all_gather_object(gathered, status, group=self.pg)
         t1 = time.perf_counter()
@@ -215,11 +224,11 @@ class GroupExchange:
                                  f"{[st for _, st in strays]}, this member at {step}: resume every member from the "
                                  "same checkpoint")
         if self.transport == "shm":
-            outs = self._read_shm(step, n, batch is not None)
+            outs = self._read_shm([gathered[s][4] for s in range(n)], n, batch is not None)
         else:
             outs = self._all_to_all(n, batch)
         for s in range(n):
-            _, ids, pads, _ = gathered[s]
+            _, ids, pads, _, _ = gathered[s]
             outs[s]["sample_id"] = torch.tensor(ids, dtype=torch.int64)
             outs[s]["is_pad"] = torch.tensor(pads, dtype=torch.bool)
         self.step += 1
@@ -321,7 +330,8 @@ class GroupExchange:
                 _SharedSlots.unlink_all(token, self.size)
         self.stats["transport"] = self.transport
 
-    def _read_shm(self, step: int, n: int, mine: bool) -> list[dict]:
+    def _read_shm(self, slots: list[int], n: int, mine: bool) -> list[dict]:
+        """The step's batches (this rank's cut of each) copied out of member ``s``'s slot ``slots[s]``."""
         outs: list[dict] = [{} for _ in range(n)]
         item = torch.empty(0, dtype=self.dtype).element_size()
         cut = self.cuts[self.index]
@@ -331,7 +341,7 @@ class GroupExchange:
                 if cut is None:
                     piece = torch.empty((self.batch_size,) + lead + tuple(self.window_shape), dtype=self.dtype)
                 else:
-                    src = self._shm.view(s, step % 2, *self.slot_layout[name], self.dtype)
+                    src = self._shm.view(s, slots[s], *self.slot_layout[name], self.dtype)
                     view = src[(slice(None),) * (1 + len(lead)) + cut]
                     piece = host_copy(torch.empty(view.shape, dtype=self.dtype), view)  # never a view of the buffer
                 outs[s][name] = piece

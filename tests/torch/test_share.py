@@ -578,3 +578,60 @@ def test_a_read_only_dev_shm_falls_back_to_the_collectives(tmp_path):
     first step neither fails nor hangs: the members exchange through the collectives, windows right."""
     paths = _data(str(tmp_path))
     run_ranks(_read_only_shm_rank, 2, tmp_path, str(tmp_path), paths, timeout_s=90)
+
+
+def _slot_turns_rank(rank, world_size, root, paths, flag):
+    """Two members, one group step per epoch (two batches of 5): member 0 reads epoch 1's first batch
+    into its shared-memory slot while member 1 is still to copy epoch 0's out of it (member 1's copy
+    waits until member 0's second write is done). Each rank's two epochs must equal numpy's windows of
+    the samples named: the step counts from 0 again each epoch, so a slot chosen by the step would be
+    written twice in a row and member 1 would get epoch 1's windows for epoch 0's samples."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from dali_mesh import Layout, MeshInfo
+    from dali_mesh.torch import MeshLoader, group_exchange
+
+    os.environ["DALI_MESH_SHARE_SHM"] = "1"
+    data = np.load(os.path.join(root, "all.npy"))
+    if rank == 0:
+        write = group_exchange._SharedSlots.write
+        writes = []
+
+        def write_then_flag(self, *a, **k):
+            write(self, *a, **k)
+            writes.append(1)
+            if len(writes) == 2:
+                open(flag, "w").close()
+
+        group_exchange._SharedSlots.write = write_then_flag
+    else:
+        read = group_exchange.GroupExchange._read_shm
+        reads = []
+
+        def wait_then_read(self, *a, **k):
+            reads.append(1)
+            deadline = time.monotonic() + 30
+            while len(reads) == 1 and not os.path.exists(flag) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return read(self, *a, **k)
+
+        group_exchange.GroupExchange._read_shm = wait_then_read
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("mp",))
+    layout = Layout(MeshInfo.from_device_mesh(mesh), shard={"mp": 1}, halo={1: 1})
+    src = _source("npy", paths, layout, batch_size=5, share="group", seed=3)
+    plain = _source("npy", paths, layout, batch_size=5, seed=3)
+    loader = MeshLoader(_make(src), layout, device_mesh=mesh, output_map=("window", "sample_id", "is_pad"))
+    epochs = [_epoch(loader, ("window",)) for _ in range(2)]
+    assert loader._exchange.stats["transport"] == "shm", loader._exchange.stats
+    assert os.path.exists(flag), "member 0 never wrote epoch 1's batch"
+    firsts = [e[0]["sample_id"].tolist() for e in epochs]
+    assert firsts[0] != firsts[1], firsts  # else epoch 1's windows would equal epoch 0's and prove nothing
+    for batches in epochs:
+        _oracle(batches, data, plain)
+
+
+@pytest.mark.timeout(200)
+def test_a_member_copying_out_late_gets_its_epochs_windows_not_the_next_ones(tmp_path):
+    root = str(tmp_path)
+    paths = _data(root)
+    run_ranks(_slot_turns_rank, 2, tmp_path, root, paths, os.path.join(root, "written"), timeout_s=150)
