@@ -73,11 +73,22 @@ def test_example_trains_under_torchrun(tmp_path):
     import subprocess
 
     script = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train_domain_parallel.py")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", script,
-                           "--data", str(tmp_path / "data"), "--steps", "3", "--mesh", "data_parallel=1,model_parallel=2",
-                           "--periodic-lon"], capture_output=True, text=True, timeout=170)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    losses = [float(v) for v in re.findall(r"step \d: loss ([0-9.]+)", proc.stdout)]
+    import signal
+
+    # in a session of its own: on a timeout torchrun and both ranks are stopped together (killing torchrun
+    # alone would leave the ranks running), and what they printed so far is in the failure
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                             "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", script,
+                             "--data", str(tmp_path / "data"), "--steps", "3", "--mesh",
+                             "data_parallel=1,model_parallel=2", "--periodic-lon"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=170)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"torchrun did not finish in 170 s\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}")
+    assert proc.returncode == 0, err[-3000:]
+    losses = [float(v) for v in re.findall(r"step \d: loss ([0-9.]+)", out)]
     assert len(losses) == 3 and all(np.isfinite(losses))
-    assert "owned (2, 4, 32, 128)" in proc.stdout  # 64 rows over 2 ranks; the halo is eaten by the conv
+    assert "owned (2, 4, 32, 128)" in out  # 64 rows over 2 ranks; the halo is eaten by the conv
