@@ -47,8 +47,9 @@ dali_mesh::SliceUserArgs SampleArgs(int i, int ndim, const int64_t *in_shapes, c
 // (reader_api.cc); 11: the batch reader reads ahead (dali_mesh_reader_open's read_ahead,
 // dali_mesh_reader_read_ahead, dali_mesh_reader_ahead_counts); 13: a store spec's settings as its one
 // parser reads them (dali_mesh_store_settings); 14: the fetch plan's requests (fetch_api.cc) and a
-// store's measured round trip (dali_mesh_store_round_trip)
-DM_EXPORT int dm_abi_version(void) { return 14; }
+// store's measured round trip (dali_mesh_store_round_trip); 15: the chunks one request fetches together
+// (dali_mesh_chunk_runs)
+DM_EXPORT int dm_abi_version(void) { return 15; }
 
 DM_EXPORT int dm_has_cuda(void) {
 #ifdef DALI_MESH_WITH_CUDA

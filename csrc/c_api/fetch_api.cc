@@ -1,11 +1,13 @@
 // dali_mesh: the C entry points of the reader's fetch plan (csrc/reader/fetch_plan.h), in
 // libdali_mesh_kernels.so and bound in dali_mesh/_kernels/fetch_api.py: which requests fetch a set of
 // wanted byte ranges at a given latency and bandwidth (the tests hold its decisions to recorded
-// links and fuzz its invariants).
+// links and fuzz its invariants), and which chunks of a batch one request fetches together (the tests
+// hold it to the planner's estimate, dali_mesh/plan/plan_set.py _chunk_runs).
 //
 // Functions that take `err` return a count (>= 0) on success, or -1 with a message in err[0..err_len).
 #include <cstdint>
 #include <exception>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,4 +51,55 @@ DM_EXPORT int64_t dali_mesh_plan_requests(const int64_t *wanted, int64_t n, doub
 // (MergeGap: latency times bandwidth, at least the local 64 KiB).
 DM_EXPORT int64_t dali_mesh_merge_gap(double latency_s, double bytes_per_s) {
   return dali_mesh::MergeGap(dali_mesh::RoundTrip{latency_s, bytes_per_s});
+}
+
+// The chunks fetched by one request each (ChunkRuns) among the `n` chunks read whole
+// spans[3k], spans[3k+1], spans[3k+2] = (file, offset, nbytes): file in [0, n_files), offset >= 0,
+// nbytes >= 0 (0: fetched by none), offset + nbytes within int64. A request to file f waits
+// latency_s[f] for its first byte and then brings bytes_per_s[f] (0: not measured; both arrays of
+// n_files values, or both null: every file local). `max_bytes`: a run's most bytes from its first to
+// its last (0: the reader's own, kMaxMergedRequest). Returns the number m of runs: run r is
+// index[run_end[r-1]..run_end[r]) (run_end[-1] = 0), indices into the chunks in the run's order;
+// `index` has room for n values and `run_end` for n / 2 (a run holds two chunks or more). Or -1 with
+// a message.
+DM_EXPORT int64_t dali_mesh_chunk_runs(const int64_t *spans, int64_t n, const double *latency_s,
+                                       const double *bytes_per_s, int64_t n_files, int64_t max_bytes,
+                                       int64_t *index, int64_t *run_end, char *err, int64_t err_len) {
+  try {
+    if (n < 0 || (n > 0 && (!spans || !index || !run_end)))
+      return Fail("dali_mesh_chunk_runs: no chunks given", err, err_len);
+    if (n_files < 0 || (!latency_s) != (!bytes_per_s) || (n_files > 0 && !latency_s))
+      return Fail("dali_mesh_chunk_runs: give latency_s and bytes_per_s for every file, or neither", err, err_len);
+    if (max_bytes < 0)
+      return Fail("max_bytes must be >= 0 (0: the reader's own), not " + std::to_string(max_bytes), err, err_len);
+    std::vector<dali_mesh::RoundTrip> costs(static_cast<size_t>(n_files));
+    for (int64_t f = 0; f < n_files && latency_s; f++) {
+      if (!(latency_s[f] >= 0) || !(bytes_per_s[f] >= 0))
+        return Fail("latency_s and bytes_per_s must be >= 0, not " + std::to_string(latency_s[f]) + " and " +
+                    std::to_string(bytes_per_s[f]) + " (file " + std::to_string(f) + ")", err, err_len);
+      costs[f] = dali_mesh::RoundTrip{latency_s[f], bytes_per_s[f]};
+    }
+    std::vector<dali_mesh::StoredSpan> chunks(static_cast<size_t>(n));
+    for (int64_t k = 0; k < n; k++) {
+      const int64_t file = spans[3 * k], offset = spans[3 * k + 1], nbytes = spans[3 * k + 2];
+      if (file < 0 || (latency_s && file >= n_files))
+        return Fail("chunk " + std::to_string(k) + "'s file " + std::to_string(file) + " is not one of the " +
+                    std::to_string(n_files) + " files whose cost is given", err, err_len);
+      if (offset < 0 || nbytes < 0 || nbytes > std::numeric_limits<int64_t>::max() - offset)
+        return Fail("chunk " + std::to_string(k) + ": offset " + std::to_string(offset) + " and " +
+                    std::to_string(nbytes) + " bytes must be >= 0 and end within int64", err, err_len);
+      chunks[k] = dali_mesh::StoredSpan{file, offset, nbytes};
+    }
+    const auto runs = dali_mesh::ChunkRuns(
+        chunks, [&](int64_t file) { return latency_s ? costs[file] : dali_mesh::RoundTrip(); },
+        max_bytes > 0 ? max_bytes : dali_mesh::kMaxMergedRequest);
+    int64_t at = 0;
+    for (size_t r = 0; r < runs.size(); r++) {
+      for (int64_t k : runs[r]) index[at++] = k;
+      run_end[r] = at;
+    }
+    return static_cast<int64_t>(runs.size());
+  } catch (const std::exception &e) {
+    return Fail(e.what(), err, err_len);
+  }
 }

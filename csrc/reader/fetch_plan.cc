@@ -248,9 +248,11 @@ std::vector<std::vector<int64_t>> ChunkRuns(const std::vector<StoredSpan> &spans
   std::vector<int64_t> order;
   for (size_t k = 0; k < spans.size(); k++)
     if (spans[k].nbytes > 0) order.push_back(static_cast<int64_t>(k));
+  // two keys of one range: by index, so that a run's order is one (std::sort is not stable) and the
+  // planner's estimate, a stable sort (plan_set.py _chunk_runs), is the same
   std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    return std::tie(spans[a].file, spans[a].offset, spans[a].nbytes) <
-           std::tie(spans[b].file, spans[b].offset, spans[b].nbytes);
+    return std::tie(spans[a].file, spans[a].offset, spans[a].nbytes, a) <
+           std::tie(spans[b].file, spans[b].offset, spans[b].nbytes, b);
   });
   std::vector<std::vector<int64_t>> runs;
   std::vector<int64_t> run;

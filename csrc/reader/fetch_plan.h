@@ -133,8 +133,9 @@ constexpr int64_t kMaxMergedRequest = int64_t(64) << 20;
 // The chunks of `spans` (a batch's chunks read whole) fetched by one request each: runs of chunks of
 // one file whose stored ranges touch, overlap (two keys of one range) or lie across a gap that
 // PlanRequests reads at that file's `cost(file)`, each run at most `max_bytes` from its first byte to
-// its last (a longer run is cut between chunks). Each run: indices into `spans` by offset, two or
-// more; a chunk not in a run is fetched alone, as before. Chunks of 0 bytes are in none.
+// its last (a longer run is cut between chunks). Each run: indices into `spans` by offset (two keys of
+// one range by index), two or more; a chunk not in a run is fetched alone, as before. Chunks of 0
+// bytes are in none.
 //
 //   file 0: [0,100) [100,300) [300,350)   file 1: [0,50) [1M,1M+50)   (local gap: 64 KiB)
 //     -> {0, 1, 2} of file 0; file 1's chunks alone (a gap of 1 MiB over 100 wanted bytes)

@@ -36,7 +36,7 @@ from dali_mesh._kernels.plan_api import (  # noqa: F401
     plan_dump, canonical_json, plan_checksum, check_device_fill, plan_tasks)
 from dali_mesh._kernels.codec_api import (  # noqa: F401
     codec_table, codec_available, decode_chunk, decode_chunk_ranges, read_chunk_ranges)
-from dali_mesh._kernels.fetch_api import merge_gap, plan_requests, store_round_trip  # noqa: F401
+from dali_mesh._kernels.fetch_api import chunk_runs, merge_gap, plan_requests, store_round_trip  # noqa: F401
 from dali_mesh._kernels.reader_api import ahead_alive, PlanReader  # noqa: F401
 from dali_mesh._kernels.numpy_reference import cast_saturate, reference_strided_slice  # noqa: F401
 

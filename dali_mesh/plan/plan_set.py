@@ -542,19 +542,28 @@ _LOCAL_GAP, _MAX_MERGED_REQUEST, _MAX_MERGED_BATCH = 64 << 10, 64 << 20, 256 << 
 
 def _chunk_runs(members, files, offsets, sizes) -> list[list[int]]:
     """fetch_plan.cc ChunkRuns on a link not yet measured: the members (two or more) fetched by one request
-    each, in file and offset order; a run closes at a gap of 64 KiB or more, or where it would pass 64 MiB."""
+    each, in file and offset order (two keys of one range in the order given). A request ends at a gap of
+    64 KiB or more after every earlier chunk of the file (not only the run's: after a run is cut, the next
+    reads the gap its request reads); a run ends with its request, or where it would pass 64 MiB. Chunks of
+    0 bytes are in none (tests/reader/test_chunk_runs.py holds this to the reader)."""
     order = np.lexsort((sizes, offsets, files))
-    runs, run, run_lo, run_hi, file = [], [], 0, 0, None
+    runs, run, run_lo, run_hi, file, file_hi = [], [], 0, 0, None, 0
     for k in order:
-        lo, hi = int(offsets[k]), int(offsets[k] + sizes[k])
-        if run and (files[k] != file or lo - run_hi >= _LOCAL_GAP or max(run_hi, hi) - run_lo > _MAX_MERGED_REQUEST):
+        if sizes[k] <= 0:
+            continue
+        lo = int(offsets[k])
+        hi = lo + int(sizes[k])
+        same_request = int(files[k]) == file and lo - file_hi < _LOCAL_GAP
+        if run and (not same_request or max(run_hi, hi) - run_lo > _MAX_MERGED_REQUEST):
             if len(run) >= 2:
                 runs.append(run)
             run = []
+        if int(files[k]) != file:
+            file, file_hi = int(files[k]), hi
         if not run:
-            run_lo, run_hi, file = lo, hi, files[k]
+            run_lo, run_hi = lo, hi
         run.append(int(members[k]))
-        run_hi = max(run_hi, hi)
+        run_hi, file_hi = max(run_hi, hi), max(file_hi, hi)
     if len(run) >= 2:
         runs.append(run)
     return runs
