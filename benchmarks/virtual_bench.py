@@ -28,8 +28,8 @@ Readers (each reads every step's window of every variable, in order):
            where the native reader refuses the store (dataset_readers says why, printed once; an Icechunk
            repository today: the library names no chunk's object for the plugin to read): the same source
            and fn.read_dataset(fallback=True), each variable read by partitioned_source (zarr-python over
-           the library's session store) in 2 DALI worker processes (py_start_method="spawn": forked
-           workers were seen to hang on Icechunk's runtime), whose start is in ``open``
+           the library's session store) in ``--workers`` (2) DALI worker processes (py_start_method=
+           "spawn": forked workers were seen to hang on Icechunk's runtime), whose start is in ``open``
   xarray   kerchunk: xarray.open_dataset("reference://", engine="zarr", chunks=None, storage_options
            fo=set); icechunk: xarray.open_zarr(session.store, consolidated=False, chunks=None) on a
            readonly session of the same snapshot (a new Repository.open: nothing cached). Then
@@ -48,7 +48,8 @@ repository's session gives). The first run checks both readers' windows against 
 the fields written. Medians over ``--runs``; ratios: the median of per-run ratios to xarray's on the same
 store, measured in the same run. Readers take turns going first.
 
-``--quick``: 2 files of 2 steps of (181, 360), one run (a CI-size check that the readers run and agree).
+``--quick``: 2 files of 2 steps of (181, 360), one run, 1 worker (a CI-size check that the readers run
+and agree).
 """
 from __future__ import annotations
 
@@ -75,7 +76,6 @@ READERS = ("native", "xarray")  # "native": dali_mesh's reader (labelled PYTHON_
 PYTHON_PATH = "dali_mesh (python path)"
 RANKS, RANK = 4, 1
 REGION = "us-east-1"  # the region the S3 clients sign for (the benchmark's server takes any)
-WORKERS = 2  # DALI worker processes of the python path (the machine's 2 CPUs)
 
 
 def _fields(steps: int, shape) -> np.ndarray:
@@ -207,7 +207,7 @@ class _Native:
     (``python_path`` False: ``fallback=False``, a refusal is an error) or, where the native reader refuses
     the store, read_dataset's fallback in DALI worker processes."""
 
-    def __init__(self, location: str, layout, storage_options=None, python_path: bool = False):
+    def __init__(self, location: str, layout, storage_options=None, python_path: bool = False, workers: int = 2):
         from nvidia.dali import pipeline_def
 
         from dali_mesh import ZarrDatasetSource
@@ -216,9 +216,9 @@ class _Native:
         kw = {"storage_options": storage_options} if storage_options is not None else {}
         self.src = ZarrDatasetSource(location, list(VARIABLES), layout, batch_size=1, shuffle=False,
                                      dtype=np.float32, **kw)
-        workers = {"py_num_workers": WORKERS, "py_start_method": "spawn"} if python_path else {}
+        pool = {"py_num_workers": workers, "py_start_method": "spawn"} if python_path else {}
 
-        @pipeline_def(batch_size=1, num_threads=2, device_id=None, prefetch_queue_depth=1, **workers)
+        @pipeline_def(batch_size=1, num_threads=2, device_id=None, prefetch_queue_depth=1, **pool)
         def pipe():
             return read_dataset(self.src, fallback=python_path)[0]
 
@@ -308,7 +308,7 @@ class _Case:
         return _XarrayIcechunk(self.local if server is None else self.remote, self.snapshot, rows, endpoint)
 
 
-def _measure(reader: str, case: _Case, layout, rows, server=None) -> tuple[dict, list]:
+def _measure(reader: str, case: _Case, layout, rows, server=None, workers: int = 2) -> tuple[dict, list]:
     """One cold read of every window by ``reader``: open and epoch seconds, bytes (and requests remote)."""
     from dali_mesh.io.pagecache import descendant_pids, evict, read_bytes
 
@@ -321,7 +321,7 @@ def _measure(reader: str, case: _Case, layout, rows, server=None) -> tuple[dict,
     t0 = time.perf_counter()
     if reader == "native":
         location, options = case.native_args(server)
-        r = _Native(location, layout, options, python_path=case.dali == PYTHON_PATH)
+        r = _Native(location, layout, options, python_path=case.dali == PYTHON_PATH, workers=workers)
     else:
         r = case.xarray(rows, server)
     t1 = time.perf_counter()
@@ -369,10 +369,11 @@ def main(argv=None) -> None:
     ap.add_argument("--latencies", default="0.02", help="seconds per request of the remote runs (comma list)")
     ap.add_argument("--shape", default="721,1440")
     ap.add_argument("--dir", default=None, help="where the files go (default: a temporary folder, removed)")
+    ap.add_argument("--workers", type=int, default=2, help="DALI worker processes of dali_mesh's python path")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
     if args.quick:
-        args.files, args.steps_per_file, args.runs, args.shape = 2, 2, 1, "181,360"
+        args.files, args.steps_per_file, args.runs, args.shape, args.workers = 2, 2, 1, "181,360", 1
     stores = [s for s in args.stores.split(",") if s]
     unknown = sorted(set(stores) - set(STORES))
     if unknown or not stores:
@@ -407,7 +408,8 @@ def main(argv=None) -> None:
                 for case in cases:
                     order = READERS if run % 2 == 0 else READERS[::-1]
                     for reader in order:
-                        m, got = _measure(reader, case, layout, rows, None if link is None else server)
+                        m, got = _measure(reader, case, layout, rows, None if link is None else server,
+                                          args.workers)
                         if run == 0:
                             for t, (g, w) in enumerate(zip(got, want)):
                                 np.testing.assert_array_equal(
@@ -440,6 +442,8 @@ def _report(args, shape, rows, res, cases, window_bytes, links) -> None:
         stores.append(f"kerchunk: {args.files} NetCDF4 files x {args.steps_per_file} steps, gzip 4 + shuffle, one JSON set")
     if any(c.store == "icechunk" for c in cases):
         stores.append(f"icechunk: a repository of {args.files * args.steps_per_file} steps, Blosc lz4 5 + shuffle")
+    if any(c.dali == PYTHON_PATH for c in cases):
+        stores.append(f"{PYTHON_PATH}: {args.workers} spawned DALI worker process(es)")
     versions = ", ".join(f"{m} {version(m)}" for m in ("xarray", "zarr", "fsspec", "kerchunk", "icechunk")
                          if m == "xarray" or any(c.store == m for c in cases) or m in ("zarr", "fsspec"))
     print(f"{len(VARIABLES)} variables {shape} float32; {'; '.join(stores)}; rank {RANK} of {RANKS} (latitude rows "
