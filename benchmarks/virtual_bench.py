@@ -1,29 +1,36 @@
 """Virtual and versioned datasets (issue 43's "Performance"), side by side in one run, local and from a
 loopback S3 server with latency per request: an ERA5-like archive of NetCDF4 files (gzip + shuffle
 chunks) referenced by kerchunk, and the same fields in an Icechunk repository (native Blosc chunks),
-each read by dali_mesh and by xarray + zarr-python, the same windows from the same store.
+and the NetCDF4 files as virtual chunks of a repository, each read by dali_mesh and by xarray +
+zarr-python, the same windows from the same store.
 
-    python benchmarks/virtual_bench.py [--stores kerchunk,icechunk] [--files 2] [--steps-per-file 4] [--runs 3]
-                                       [--latencies 0.02] [--quick]
+    python benchmarks/virtual_bench.py [--stores kerchunk,icechunk,icechunk-virtual] [--files 2]
+                                       [--steps-per-file 4] [--runs 3] [--latencies 0.02] [--quick]
 
 Data: ``--files`` x ``--steps-per-file`` steps of the variables VARIABLES at (721, 1440) float32
 (compressed_bench.py's smooth ERA5-like fields plus noise), in two chunkings:
   whole   chunks (1, 721, 1440): a whole field per chunk (as most archives are written)
   band    chunks (1, 181, 1440): latitude bands aligned with the split (rank 1's window is one chunk)
-Stores (``--stores``, both by default):
+Stores (``--stores``, all three by default):
   kerchunk  NetCDF4 files written by xarray (h5netcdf), ``--steps-per-file`` steps each, one time unit for
             all files, gzip level 4 + shuffle; combined along time by kerchunk (SingleHdf5ToZarr,
             MultiZarrToZarr, nothing inlined) into one JSON reference set per chunking
   icechunk  one Icechunk repository per chunking (a local folder, icechunk.local_filesystem_storage),
             every step in one commit, written by xarray's to_zarr (zarr-python, Zarr v3) into a writable
             session's store: native chunks Blosc(lz4, clevel 5, shuffle); read at that commit's snapshot
+  icechunk-virtual
+            the kerchunk case's NetCDF4 files as virtual chunks of a repository (VirtualiZarr's HDF parser,
+            to_icechunk; one virtual chunk container: the files' folder, read anonymously), one commit:
+            the same byte ranges as the kerchunk set (its lengths are ``stored``). Two repositories per
+            chunking, the same chunks: one naming file:// URLs for the local rows, one naming the
+            server's s3:// URLs (its container records the server's endpoint: written once it is up)
 Rank 1 of 4, latitude split (torch.chunk: rows 181..362 of every variable), one sample per step, no halo.
 Readers (each reads every step's window of every variable, in order):
   native   dali_mesh ZarrDatasetSource + fn.read_dataset(fallback=False): a CPU pipeline (device_id=None),
            batch 1, 2 threads. kerchunk: ZarrDatasetSource("reference://set"), the references resolved at
            planning, the files' ranges read and decoded (inflate, unshuffle) by the plugin. icechunk:
            ZarrDatasetSource("icechunk://repository", storage_options snapshot=the commit's id, and the
-           server's S3 options remotely)
+           server's S3 options remotely; authorize_virtual=True for icechunk-virtual)
   dali_mesh (python path)
            where the native reader refuses the store (dataset_readers says why, printed once; an Icechunk
            repository today: the library names no chunk's object for the plugin to read): the same source
@@ -37,7 +44,7 @@ Readers (each reads every step's window of every variable, in order):
            band's chunks concurrently; whole chunks, as stored)
 Per run, link, store, chunking and reader: a new reader (nothing cached from an earlier one); ``open`` =
 making it (the set read or the repository opened, metadata, plans, pipeline build), ``epoch`` = reading
-every window. Local: the store's files (the NetCDF files; every object of the repository) evicted from
+every window. Local: the store's files (the NetCDF files; every object of the repository; both) evicted from
 the page cache (posix_fadvise DONTNEED after fsync) before the reader is made, bytes = ``read_bytes`` of
 /proc/<pid>/io of this process and its children over open + epoch. Remote (benchmarks/s3_server.py
 serving the same folder: the kerchunk set naming s3:// URLs; the repository opened with
@@ -70,7 +77,7 @@ sys.path.insert(0, ROOT)
 from benchmarks.remote_bench import BUCKET, Server, _options  # noqa: E402
 
 VARIABLES = ("t2m", "u10", "v10", "msl")
-STORES = ("kerchunk", "icechunk")
+STORES = ("kerchunk", "icechunk", "icechunk-virtual")
 CHUNKINGS = ("whole", "band")
 READERS = ("native", "xarray")  # "native": dali_mesh's reader (labelled PYTHON_PATH where it falls back)
 PYTHON_PATH = "dali_mesh (python path)"
@@ -175,19 +182,59 @@ def _write_icechunk(path: str, chunking: str, data: np.ndarray) -> str:
     return session.commit(f"{len(VARIABLES)} variables x {steps} steps, {chunking} chunks")
 
 
-def _icechunk_repository(location: str, endpoint: str | None = None):
-    """The repository at ``location`` (a local folder, or ``s3://bucket/prefix`` on the benchmark's server at
-    ``endpoint``), newly opened: nothing the library caches is shared with another reader."""
+def _virtual_dataset(paths: list[str]):
+    """The NetCDF4 files ``paths`` as one virtual dataset along time (VirtualiZarr's HDF parser: every
+    variable's chunks byte ranges of the files; the coordinates loaded)."""
+    import xarray as xr
+    from obspec_utils.registry import ObjectStoreRegistry
+    from obstore.store import LocalStore
+    from virtualizarr import open_virtual_dataset
+    from virtualizarr.parsers import HDFParser
+
+    registry = ObjectStoreRegistry({"file://": LocalStore()})
+    parts = [open_virtual_dataset(f"file://{p}", registry=registry, parser=HDFParser(),
+                                  loadable_variables=["time", "latitude", "longitude"]) for p in paths]
+    return xr.concat(parts, dim="time", coords="minimal", compat="override")
+
+
+def _write_virtual(path: str, vds, prefix: str, endpoint: str | None = None) -> str:
+    """An Icechunk repository at ``path`` holding ``vds`` (_virtual_dataset) as virtual chunks into the
+    files under ``prefix`` (``file:///folder/``, or ``s3://bucket/folder/`` on the benchmark's server at
+    ``endpoint``, read anonymously: the server takes unsigned requests), its one virtual chunk container;
+    the commit's snapshot id."""
     import icechunk
 
+    icechunk.set_logs_filter("error")
     if endpoint is None:
-        return icechunk.Repository.open(icechunk.local_filesystem_storage(location))
+        store = icechunk.local_filesystem_store(prefix.removeprefix("file://"))
+    else:
+        store = icechunk.s3_store(region=REGION, endpoint_url=endpoint, allow_http=True, force_path_style=True,
+                                  anonymous=True)
+    config = icechunk.RepositoryConfig.default()
+    config.set_virtual_chunk_container(icechunk.VirtualChunkContainer(prefix, store))
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(path), config=config)
+    session = repo.writable_session("main")
+    vds.vz.rename_paths(lambda p: prefix + os.path.basename(p)).vz.to_icechunk(session.store)
+    return session.commit(f"{len(VARIABLES)} variables: virtual chunks into {prefix}")
+
+
+def _icechunk_repository(location: str, endpoint: str | None = None, virtual: str | None = None):
+    """The repository at ``location`` (a local folder, or ``s3://bucket/prefix`` on the benchmark's server at
+    ``endpoint``), newly opened: nothing the library caches is shared with another reader; its virtual
+    chunks under the prefix ``virtual`` read (credentials as the container says: none)."""
+    import icechunk
+
+    icechunk.set_logs_filter("error")
+    access = None if virtual is None else {virtual: None}
+    if endpoint is None:
+        return icechunk.Repository.open(icechunk.local_filesystem_storage(location),
+                                        authorize_virtual_chunk_access=access)
     from tests.storage.s3_server import KEY, SECRET
 
     bucket, _, prefix = location.removeprefix("s3://").partition("/")
     return icechunk.Repository.open(icechunk.s3_storage(
         bucket=bucket, prefix=prefix, endpoint_url=endpoint, allow_http=True, force_path_style=True, region=REGION,
-        access_key_id=KEY, secret_access_key=SECRET))
+        access_key_id=KEY, secret_access_key=SECRET), authorize_virtual_chunk_access=access)
 
 
 def _icechunk_stored_touched(path: str, snapshot: str, steps: int, chunk_rows: int, rows: tuple[int, int]) -> int:
@@ -271,12 +318,14 @@ class _Xarray:
 
 
 class _XarrayIcechunk(_Xarray):
-    """xarray on a readonly session of ``snapshot`` of the repository at ``location`` (newly opened)."""
+    """xarray on a readonly session of ``snapshot`` of the repository at ``location`` (newly opened; its
+    virtual chunks under ``virtual`` read)."""
 
-    def __init__(self, location: str, snapshot: str, rows: tuple[int, int], endpoint: str | None = None):
+    def __init__(self, location: str, snapshot: str, rows: tuple[int, int], endpoint: str | None = None,
+                 virtual: str | None = None):
         import xarray as xr
 
-        session = _icechunk_repository(location, endpoint).readonly_session(snapshot_id=snapshot)
+        session = _icechunk_repository(location, endpoint, virtual).readonly_session(snapshot_id=snapshot)
         self.ds = xr.open_zarr(session.store, consolidated=False, chunks=None)
         self.rows = slice(*rows)
 
@@ -289,7 +338,11 @@ class _Case:
     def __init__(self, store: str, chunking: str, local: str, remote: str, files: list[str], stored: int,
                  snapshot: str | None = None) -> None:
         self.store, self.chunking, self.local, self.remote = store, chunking, local, remote
-        self.files, self.stored, self.snapshot = files, stored, snapshot
+        self.files, self.stored = files, stored
+        # the repository's snapshot read locally and on the server: icechunk-virtual has a repository for
+        # each (its chunks name file:// or s3:// URLs; the latter written when the server is up)
+        self.snapshot = self.remote_snapshot = snapshot
+        self.prefix = self.remote_prefix = None  # icechunk-virtual: the container of its chunks' files
         self.dali, self.why = "native", ""  # how dali_mesh reads it (_dali_reader, before the runs)
 
     def native_args(self, server) -> tuple[str, dict | None]:
@@ -297,15 +350,18 @@ class _Case:
         if self.store == "kerchunk":
             return f"reference://{self.local if server is None else self.remote}", (
                 None if server is None else _options(server.endpoint))
+        virtual = {"authorize_virtual": True} if self.prefix is not None else {}  # the one container it declares
         if server is None:
-            return f"icechunk://{self.local}", {"snapshot": self.snapshot}
-        return f"icechunk://{self.remote}", _options(server.endpoint, region=REGION, snapshot=self.snapshot)
+            return f"icechunk://{self.local}", {"snapshot": self.snapshot, **virtual}
+        return f"icechunk://{self.remote}", _options(server.endpoint, region=REGION, snapshot=self.remote_snapshot,
+                                                     **virtual)
 
     def xarray(self, rows, server):
-        endpoint = None if server is None else server.endpoint
         if self.store == "kerchunk":
-            return _Xarray(self.local if server is None else self.remote, rows, endpoint)
-        return _XarrayIcechunk(self.local if server is None else self.remote, self.snapshot, rows, endpoint)
+            return _Xarray(self.local if server is None else self.remote, rows, None if server is None else server.endpoint)
+        if server is None:
+            return _XarrayIcechunk(self.local, self.snapshot, rows, None, self.prefix)
+        return _XarrayIcechunk(self.remote, self.remote_snapshot, rows, server.endpoint, self.remote_prefix)
 
 
 def _measure(reader: str, case: _Case, layout, rows, server=None, workers: int = 2) -> tuple[dict, list]:
@@ -339,31 +395,52 @@ def _measure(reader: str, case: _Case, layout, rows, server=None, workers: int =
 
 def _cases(stores, folder: str, data: np.ndarray, files: int, shape, rows) -> list[_Case]:
     """Every store of every chunking, written under ``folder``: its subfolder BUCKET is what the server
-    serves (the kerchunk files as BUCKET/<chunking>/, the repositories as BUCKET/icechunk/<chunking>/)."""
+    serves (the NetCDF files as BUCKET/<chunking>/, the repositories as BUCKET/<store>/<chunking>/; an
+    icechunk-virtual case's repository of s3:// chunks is written by :func:`_serve_virtual`)."""
     out = []
-    for store in stores:
-        for chunking in CHUNKINGS:
-            chunk_rows = shape[0] if chunking == "whole" else _band_rows(shape[0])
+    for chunking in CHUNKINGS:
+        chunk_rows = shape[0] if chunking == "whole" else _band_rows(shape[0])
+        if {"kerchunk", "icechunk-virtual"} & set(stores):  # the NetCDF files and their kerchunk set
+            paths = _write(os.path.join(folder, BUCKET, chunking), chunking, data, files)
+            local = os.path.join(folder, f"{chunking}.json")
+            refs = _reference(paths, local)
+            stored = _stored_touched(refs, chunk_rows, rows)
+        for store in stores:
             if store == "kerchunk":
-                paths = _write(os.path.join(folder, BUCKET, chunking), chunking, data, files)
-                local = os.path.join(folder, f"{chunking}.json")
-                refs = _reference(paths, local)
                 remote = os.path.join(folder, f"{chunking}-s3.json")
                 _dump(_moved(refs, lambda p, c=chunking: f"s3://{BUCKET}/{c}/{os.path.basename(p)}"), remote)
-                out.append(_Case(store, chunking, local, remote, paths, _stored_touched(refs, chunk_rows, rows)))
-            else:
-                key = f"icechunk/{chunking}"
+                out.append(_Case(store, chunking, local, remote, paths, stored))
+            elif store == "icechunk":
+                key = f"{store}/{chunking}"
                 path = os.path.join(folder, BUCKET, key)
                 snapshot = _write_icechunk(path, chunking, data)
-                stored = _icechunk_stored_touched(path, snapshot, len(data), chunk_rows, rows)
-                out.append(_Case(store, chunking, path, f"s3://{BUCKET}/{key}", [path], stored, snapshot))
+                out.append(_Case(store, chunking, path, f"s3://{BUCKET}/{key}", [path],
+                                 _icechunk_stored_touched(path, snapshot, len(data), chunk_rows, rows), snapshot))
+            else:  # the kerchunk set's chunks (the same byte ranges: the same stored bytes) as virtual chunks
+                key = f"{store}/{chunking}"
+                path = os.path.join(folder, BUCKET, key)
+                case = _Case(store, chunking, path, f"s3://{BUCKET}/{key}-s3", [path, *paths], stored)
+                case.vds = _virtual_dataset(paths)
+                case.prefix = f"file://{os.path.join(folder, BUCKET, chunking)}/"
+                case.snapshot = _write_virtual(path, case.vds, case.prefix)
+                out.append(case)
     return out
+
+
+def _serve_virtual(cases, folder: str, server) -> None:
+    """The icechunk-virtual cases' repositories for the server's reads (on the server: the repository and
+    the files its chunks name, at ``server``'s endpoint, which the repository's config records)."""
+    for case in cases:
+        if case.store == "icechunk-virtual":
+            case.remote_prefix = f"s3://{BUCKET}/{case.chunking}/"
+            path = os.path.join(folder, BUCKET, case.remote.removeprefix(f"s3://{BUCKET}/"))
+            case.remote_snapshot = _write_virtual(path, case.vds, case.remote_prefix, server.endpoint)
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--stores", default=",".join(STORES), help=f"comma list of {', '.join(STORES)}")
-    ap.add_argument("--files", type=int, default=2, help="kerchunk: NetCDF4 files (the steps split among them)")
+    ap.add_argument("--files", type=int, default=2, help="NetCDF4 files of kerchunk and icechunk-virtual (the steps split among them)")
     ap.add_argument("--steps-per-file", type=int, default=4)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--latencies", default="0.02", help="seconds per request of the remote runs (comma list)")
@@ -397,6 +474,8 @@ def main(argv=None) -> None:
                 print(f"{case.store} {case.chunking}: dali_mesh reads it by its python path: {case.why}",
                       file=sys.stderr)
         server = Server(folder) if latencies else None  # serving the files written: ROOT/BUCKET/...
+        if server is not None:
+            _serve_virtual(cases, folder, server)
         want = [data[t][:, rows[0]:rows[1]] for t in range(len(data))]
         window_bytes = sum(w.nbytes for w in want)
         links = [None] + latencies
@@ -438,14 +517,20 @@ def _report(args, shape, rows, res, cases, window_bytes, links) -> None:
     from importlib.metadata import version
 
     stores = []
-    if any(c.store == "kerchunk" for c in cases):
+    kinds = {c.store for c in cases}
+    if "kerchunk" in kinds:
         stores.append(f"kerchunk: {args.files} NetCDF4 files x {args.steps_per_file} steps, gzip 4 + shuffle, one JSON set")
-    if any(c.store == "icechunk" for c in cases):
+    if "icechunk" in kinds:
         stores.append(f"icechunk: a repository of {args.files * args.steps_per_file} steps, Blosc lz4 5 + shuffle")
+    if "icechunk-virtual" in kinds:
+        stores.append(f"icechunk-virtual: a repository of virtual chunks into {args.files} such NetCDF4 files "
+                      "(VirtualiZarr)")
     if any(c.dali == PYTHON_PATH for c in cases):
         stores.append(f"{PYTHON_PATH}: {args.workers} spawned DALI worker process(es)")
-    versions = ", ".join(f"{m} {version(m)}" for m in ("xarray", "zarr", "fsspec", "kerchunk", "icechunk")
-                         if m == "xarray" or any(c.store == m for c in cases) or m in ("zarr", "fsspec"))
+    used = {"xarray", "zarr", "fsspec"} | kinds | ({"kerchunk", "icechunk", "virtualizarr"}
+                                                 if "icechunk-virtual" in kinds else set())
+    versions = ", ".join(f"{m} {version(m)}" for m in ("xarray", "zarr", "fsspec", "kerchunk", "icechunk",
+                                                       "virtualizarr") if m in used)
     print(f"{len(VARIABLES)} variables {shape} float32; {'; '.join(stores)}; rank {RANK} of {RANKS} (latitude rows "
           f"{rows[0]}..{rows[1]}); medians of {args.runs} runs; {platform.node()}, {os.cpu_count()} CPUs, load "
           f"average at the end {os.getloadavg()[0]:.1f}; {versions}")
