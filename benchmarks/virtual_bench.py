@@ -358,7 +358,8 @@ class _Case:
 
     def xarray(self, rows, server):
         if self.store == "kerchunk":
-            return _Xarray(self.local if server is None else self.remote, rows, None if server is None else server.endpoint)
+            endpoint = None if server is None else server.endpoint
+            return _Xarray(self.local if server is None else self.remote, rows, endpoint)
         if server is None:
             return _XarrayIcechunk(self.local, self.snapshot, rows, None, self.prefix)
         return _XarrayIcechunk(self.remote, self.remote_snapshot, rows, server.endpoint, self.remote_prefix)
@@ -424,7 +425,7 @@ def _cases(stores, folder: str, data: np.ndarray, files: int, shape, rows) -> li
                 case.prefix = f"file://{os.path.join(folder, BUCKET, chunking)}/"
                 case.snapshot = _write_virtual(path, case.vds, case.prefix)
                 out.append(case)
-    return out
+    return sorted(out, key=lambda c: (stores.index(c.store), CHUNKINGS.index(c.chunking)))
 
 
 def _serve_virtual(cases, folder: str, server) -> None:
@@ -440,7 +441,8 @@ def _serve_virtual(cases, folder: str, server) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--stores", default=",".join(STORES), help=f"comma list of {', '.join(STORES)}")
-    ap.add_argument("--files", type=int, default=2, help="NetCDF4 files of kerchunk and icechunk-virtual (the steps split among them)")
+    ap.add_argument("--files", type=int, default=2,
+                    help="NetCDF4 files of kerchunk and icechunk-virtual (the steps split among them)")
     ap.add_argument("--steps-per-file", type=int, default=4)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--latencies", default="0.02", help="seconds per request of the remote runs (comma list)")
@@ -519,7 +521,8 @@ def _report(args, shape, rows, res, cases, window_bytes, links) -> None:
     stores = []
     kinds = {c.store for c in cases}
     if "kerchunk" in kinds:
-        stores.append(f"kerchunk: {args.files} NetCDF4 files x {args.steps_per_file} steps, gzip 4 + shuffle, one JSON set")
+        stores.append(f"kerchunk: {args.files} NetCDF4 files x {args.steps_per_file} steps, gzip 4 + shuffle, "
+                      "one JSON set")
     if "icechunk" in kinds:
         stores.append(f"icechunk: a repository of {args.files * args.steps_per_file} steps, Blosc lz4 5 + shuffle")
     if "icechunk-virtual" in kinds:
