@@ -17,7 +17,10 @@ Stores (``--stores``, all three by default):
             MultiZarrToZarr, nothing inlined) into one JSON reference set per chunking
   icechunk  one Icechunk repository per chunking (a local folder, icechunk.local_filesystem_storage),
             every step in one commit, written by xarray's to_zarr (zarr-python, Zarr v3) into a writable
-            session's store: native chunks Blosc(lz4, clevel 5, shuffle); read at that commit's snapshot
+            session's store: native chunks Blosc(lz4, clevel 5, shuffle), read at that commit's snapshot.
+            Blosc's blocks (what a reader of chunks in parts reads whole): 512 KiB by default, 8 per whole
+            field, of which rank 1's rows touch 3 (0.375 of the chunk); ``--blosc-blocksize 65536``: 256 KiB,
+            16 per field, 5 touched (0.31)
   icechunk-virtual
             the kerchunk case's NetCDF4 files as virtual chunks of a repository (VirtualiZarr's HDF parser,
             to_icechunk; one virtual chunk container: the files' folder, read anonymously), one commit:
@@ -160,9 +163,10 @@ def _stored_touched(refs: dict, chunks_rows: int, rows: tuple[int, int]) -> int:
     return total
 
 
-def _write_icechunk(path: str, chunking: str, data: np.ndarray) -> str:
+def _write_icechunk(path: str, chunking: str, data: np.ndarray, blocksize: int = 0) -> str:
     """An Icechunk repository at ``path`` holding ``data`` (every step) as native chunks, written by
-    xarray's to_zarr (zarr-python) into a session of the branch ``main``; the commit's snapshot id."""
+    xarray's to_zarr (zarr-python) into a session of the branch ``main`` (``blocksize``: Blosc's
+    parameter, 0: its choice); the commit's snapshot id."""
     import icechunk
     import pandas as pd
     import xarray as xr
@@ -174,7 +178,7 @@ def _write_icechunk(path: str, chunking: str, data: np.ndarray) -> str:
     ds = xr.Dataset({v: (("time", "latitude", "longitude"), data[:, c]) for c, v in enumerate(VARIABLES)},
                     coords={"time": pd.date_range("2020-01-01", periods=steps, freq="6h"),
                             "latitude": np.linspace(90, -90, h), "longitude": np.linspace(0, 360, w, endpoint=False)})
-    blosc = zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")
+    blosc = zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", blocksize=blocksize)
     repo = icechunk.Repository.create(icechunk.local_filesystem_storage(path))
     session = repo.writable_session("main")
     ds.to_zarr(session.store, zarr_format=3, consolidated=False,
@@ -235,6 +239,19 @@ def _icechunk_repository(location: str, endpoint: str | None = None, virtual: st
     return icechunk.Repository.open(icechunk.s3_storage(
         bucket=bucket, prefix=prefix, endpoint_url=endpoint, allow_http=True, force_path_style=True, region=REGION,
         access_key_id=KEY, secret_access_key=SECRET), authorize_virtual_chunk_access=access)
+
+
+def _blosc_blocks(path: str, snapshot: str) -> tuple[int, int]:
+    """The Blosc block size (bytes) of the repository's first chunk of VARIABLES[0] and its blocks: a rank
+    that reads a Blosc chunk in parts reads whole blocks (c-blosc's header: uncompressed bytes at offset
+    4, the block size at 8, little-endian)."""
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+
+    store = _icechunk_repository(path).readonly_session(snapshot_id=snapshot).store
+    head = sync(store.get(f"{VARIABLES[0]}/c/0/0/0", default_buffer_prototype())).to_bytes()[:16]
+    nbytes, blocksize = int.from_bytes(head[4:8], "little"), int.from_bytes(head[8:12], "little")
+    return blocksize, -(-nbytes // blocksize)
 
 
 def _icechunk_stored_touched(path: str, snapshot: str, steps: int, chunk_rows: int, rows: tuple[int, int]) -> int:
@@ -394,7 +411,7 @@ def _measure(reader: str, case: _Case, layout, rows, server=None, workers: int =
     return out, got
 
 
-def _cases(stores, folder: str, data: np.ndarray, files: int, shape, rows) -> list[_Case]:
+def _cases(stores, folder: str, data: np.ndarray, files: int, shape, rows, blocksize: int = 0) -> list[_Case]:
     """Every store of every chunking, written under ``folder``: its subfolder BUCKET is what the server
     serves (the NetCDF files as BUCKET/<chunking>/, the repositories as BUCKET/<store>/<chunking>/; an
     icechunk-virtual case's repository of s3:// chunks is written by :func:`_serve_virtual`)."""
@@ -414,9 +431,11 @@ def _cases(stores, folder: str, data: np.ndarray, files: int, shape, rows) -> li
             elif store == "icechunk":
                 key = f"{store}/{chunking}"
                 path = os.path.join(folder, BUCKET, key)
-                snapshot = _write_icechunk(path, chunking, data)
-                out.append(_Case(store, chunking, path, f"s3://{BUCKET}/{key}", [path],
-                                 _icechunk_stored_touched(path, snapshot, len(data), chunk_rows, rows), snapshot))
+                snapshot = _write_icechunk(path, chunking, data, blocksize)
+                case = _Case(store, chunking, path, f"s3://{BUCKET}/{key}", [path],
+                             _icechunk_stored_touched(path, snapshot, len(data), chunk_rows, rows), snapshot)
+                case.blocks = _blosc_blocks(path, snapshot)
+                out.append(case)
             else:  # the kerchunk set's chunks (the same byte ranges: the same stored bytes) as virtual chunks
                 key = f"{store}/{chunking}"
                 path = os.path.join(folder, BUCKET, key)
@@ -448,6 +467,10 @@ def main(argv=None) -> None:
     ap.add_argument("--latencies", default="0.02", help="seconds per request of the remote runs (comma list)")
     ap.add_argument("--shape", default="721,1440")
     ap.add_argument("--dir", default=None, help="where the files go (default: a temporary folder, removed)")
+    ap.add_argument("--blosc-blocksize", type=int, default=0,
+                    help="icechunk: the blocksize given to Blosc (0: its choice, 512 KiB blocks here; c-blosc "
+                         "scales a given one: 65536 writes 256 KiB blocks of these float32); the report says "
+                         "the blocks written")
     ap.add_argument("--workers", type=int, default=2, help="DALI worker processes of dali_mesh's python path")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
@@ -468,7 +491,7 @@ def main(argv=None) -> None:
     rows = _rank_rows(shape[0])
     server = None
     try:
-        cases = _cases(stores, folder, data, args.files, shape, rows)
+        cases = _cases(stores, folder, data, args.files, shape, rows, args.blosc_blocksize)
         for case in cases:
             location, options = case.native_args(None)
             case.dali, case.why = _dali_reader(location, layout, options)
@@ -524,7 +547,9 @@ def _report(args, shape, rows, res, cases, window_bytes, links) -> None:
         stores.append(f"kerchunk: {args.files} NetCDF4 files x {args.steps_per_file} steps, gzip 4 + shuffle, "
                       "one JSON set")
     if "icechunk" in kinds:
-        stores.append(f"icechunk: a repository of {args.files * args.steps_per_file} steps, Blosc lz4 5 + shuffle")
+        blocks = {c.chunking: c.blocks for c in cases if c.store == "icechunk"}
+        stores.append(f"icechunk: a repository of {args.files * args.steps_per_file} steps, Blosc lz4 5 + shuffle, "
+                      + ", ".join(f"{c} chunks {n} block(s) of {b >> 10} KiB" for c, (b, n) in blocks.items()))
     if "icechunk-virtual" in kinds:
         stores.append(f"icechunk-virtual: a repository of virtual chunks into {args.files} such NetCDF4 files "
                       "(VirtualiZarr)")
