@@ -51,7 +51,8 @@ said otherwise below, at most as many requests in flight):
 Per run, latency, store and reader: a new reader (new pipeline / context / store objects: nothing cached
 from an earlier one), the server's counts reset; ``open`` = making the reader (metadata, plans, pipeline
 build), ``epoch`` = reading every step's window (cold: nothing of the data cached anywhere); counted at the
-server from the reader's creation to the epoch's end: bytes = body bytes of its answers (GETs of objects
+server from the reader's creation to the epoch's end (``open to 1st batch``: from the reader's creation
+to its first window in hand, the issue's "open to first batch"; the epoch's time is from after the open); bytes = body bytes of its answers (GETs of objects
 and listings), requests = GETs of objects, HEADs and bucket-level GETs (LIST), the most requests in
 flight at once, and the server's CPU seconds (what serving cost it, not the reader). Before the runs every
 reader is made once, untimed (a process imports its modules and loads its libraries once). In the first
@@ -90,7 +91,6 @@ import numpy as np
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
-from benchmarks._common import pipeline_epoch  # noqa: E402
 from benchmarks.s3_server import CONTROL  # noqa: E402  (share_bench.py's tensorstore ranks read the counts)
 
 BUCKET = "bench"
@@ -194,7 +194,19 @@ def _options(endpoint: str, **more) -> dict:
 
 
 # ---- readers ------------------------------------------------------------------------------------------------
-class _Native:
+class _Reader:
+    """What the readers share: ``first``, when the last epoch's first window was in hand
+    (``time.perf_counter``): the open to the first batch is the open plus the time to it."""
+
+    first: float | None = None
+
+    def _got(self, out: list, window) -> None:
+        out.append(window)
+        if len(out) == 1:
+            self.first = time.perf_counter()
+
+
+class _Native(_Reader):
     def __init__(self, location, steps, conc, layout, storage_options=None, read_ahead=None, read_ahead_batches=None):
         from nvidia.dali import pipeline_def
 
@@ -213,10 +225,18 @@ class _Native:
         self.pipe.build()
 
     def epoch(self, keep=False):
-        return pipeline_epoch(self.pipe, keep)
+        """As benchmarks/_common.py's pipeline_epoch, noting when the first batch came."""
+        out, self.first = [], None
+        while True:
+            try:
+                w = self.pipe.run()[0]
+            except StopIteration:
+                self.pipe.reset()
+                return out if keep else []
+            self._got(out, np.array(w[0]) if keep else None)
 
 
-class _TensorStore:
+class _TensorStore(_Reader):
     def __init__(self, store, endpoint, steps, conc, sl, ahead=0):
         import tensorstore as ts
 
@@ -232,19 +252,17 @@ class _TensorStore:
         self.steps, self.sl, self.ahead = steps, sl, ahead
 
     def epoch(self, keep=False):
-        if not self.ahead:
-            return [self.arr[(t,) + self.sl].read().result() for t in range(self.steps)]
         # the next ``ahead`` steps' reads are issued before this one's is waited for (ahead + 1 in flight)
         futures, out = {}, []
         for t in range(self.steps):
             for u in range(t, min(self.steps, t + self.ahead + 1)):
                 if u not in futures:
                     futures[u] = self.arr[(u,) + self.sl].read()
-            out.append(futures.pop(t).result())
+            self._got(out, futures.pop(t).result())
         return out
 
 
-class _Zarr:
+class _Zarr(_Reader):
     def __init__(self, store, endpoint, steps, conc, sl, backend, ahead=0):
         import zarr
 
@@ -271,7 +289,10 @@ class _Zarr:
 
     def epoch(self, keep=False):
         if not self.ahead:
-            return [self.arr[(t,) + self.sl] for t in range(self.steps)]
+            out = []
+            for t in range(self.steps):
+                self._got(out, self.arr[(t,) + self.sl])
+            return out
         from zarr.core.sync import sync
 
         return sync(self._epoch_ahead())
@@ -286,7 +307,7 @@ class _Zarr:
             for u in range(t, min(self.steps, t + self.ahead + 1)):
                 if u not in tasks:
                     tasks[u] = asyncio.ensure_future(arr.getitem((u,) + self.sl))
-            out.append(await tasks.pop(t))
+            self._got(out, await tasks.pop(t))
         return out
 
 
@@ -524,6 +545,7 @@ def main(argv=None) -> None:
                         r = results.setdefault((link, store, reader), {"open": [], "epoch": []})
                         r["open"].append(t1 - t0)
                         r["epoch"].append(t3 - t2)
+                        r.setdefault("first", []).append(t1 - t0 + obj.first - t2)
                         for k in ("requests", "bytes", "GET", "HEAD", "LIST", "in_flight_max", "cpu_seconds"):
                             r.setdefault(k, []).append(counts[k])
                         r.setdefault("open_requests", []).append(opened["requests"])
@@ -550,9 +572,9 @@ def main(argv=None) -> None:
     if skipped:
         print(f"left out (not installed): {', '.join(skipped)}")
     print("\n| link | store | reader | stored MB (steps read) | fetched / stored | requests: open + epoch "
-          "| GET / HEAD / LIST | open s | epoch s | epoch vs tensorstore | vs fastest peer | fetched MB "
-          "| most in flight | server CPU s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| GET / HEAD / LIST | open s | open to 1st batch s | epoch s | epoch vs tensorstore | vs fastest peer "
+          "| fetched MB | most in flight | server CPU s |")
+    print("|---" * 15 + "|")
     med = statistics.median
     for (link, store, reader), r in results.items():
         ref = results.get((link, store, "tensorstore"))
@@ -563,8 +585,8 @@ def main(argv=None) -> None:
         print(f"| {_link_name(link)} | {store} | {reader} | {stored[store] / 1e6:.1f} | "
               f"{med(r['bytes']) / stored[store]:.2f}x | {opened:.0f} + {med(r['requests']) - opened:.0f} | "
               f"{med(r['GET']):.0f} / {med(r['HEAD']):.0f} / {med(r['LIST']):.0f} | {med(r['open']):.3f} | "
-              f"{med(r['epoch']):.3f} | {ratio} | {to_fastest} | {med(r['bytes']) / 1e6:.1f} | {max(r['in_flight_max'])} | "
-              f"{med(r['cpu_seconds']):.2f} |")
+              f"{med(r['first']):.3f} | {med(r['epoch']):.3f} | {ratio} | {to_fastest} | {med(r['bytes']) / 1e6:.1f} | "
+              f"{max(r['in_flight_max'])} | {med(r['cpu_seconds']):.2f} |")
     if len(links) > 1:
         print("\nEpoch s by link (medians, as above)\n")
         print("| store | reader | " + " | ".join(_link_name(link) for link in links) + " |")

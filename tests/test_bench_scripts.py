@@ -401,12 +401,17 @@ def test_remote_bench_bandwidth_costs_size_over_rate(tmp_path):
     r = _run([str(BENCH / "remote_bench.py"), "--quick", "--mbps", f"0,{rate:g}", "--readers", "tensorstore",
               "--stores", "blosc_globe", "--no-cache"], tmp_path, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    rows = {row[0]: row for row in ([c.strip() for c in line.split("|")[1:-1]] for line in r.stdout.splitlines()
-                                    if line.startswith("| 20 ms"))}
+    lines = r.stdout.splitlines()
+    head = next([c.strip() for c in line.split("|")[1:-1]] for line in lines if line.startswith("| link |"))
+    rows = {row[0]: dict(zip(head, row)) for row in ([c.strip() for c in line.split("|")[1:-1]] for line in lines
+                                                     if line.startswith("| 20 ms"))}
     assert sorted(rows) == ["20 ms, 2 MB/s", "20 ms, unlimited"], r.stdout
-    # columns: link, store, reader, stored MB, fetched / stored, ..., epoch s (8), ...
-    fetched_mb = float(rows["20 ms, 2 MB/s"][3]) * float(rows["20 ms, 2 MB/s"][4].rstrip("x"))
-    extra = float(rows["20 ms, 2 MB/s"][8]) - float(rows["20 ms, unlimited"][8])
+    limited, unlimited = rows["20 ms, 2 MB/s"], rows["20 ms, unlimited"]
+    fetched_mb = float(limited["stored MB (steps read)"]) * float(limited["fetched / stored"].rstrip("x"))
+    extra = float(limited["epoch s"]) - float(unlimited["epoch s"])
     want = fetched_mb / rate
     assert want > 0.2, r.stdout  # large enough to be told from the noise
     assert 0.8 * want <= extra <= 1.5 * want + 0.05, (extra, want, r.stdout)
+    # the open to the first batch holds the open and at least the first step's round trip
+    for row in rows.values():
+        assert float(row["open to 1st batch s"]) >= float(row["open s"]) + 0.02, row
