@@ -383,10 +383,35 @@ def test_remote_bench_quick(tmp_path):
     r = _run([str(BENCH / "remote_bench.py"), "--quick", "--readers", ",".join(sorted(readers))], tmp_path, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in r.stdout.splitlines()
-            if line.startswith("| 20 ms |")]
+            if line.startswith("| 20 ms, unlimited |")]
     assert {row[2] for row in rows} == readers, r.stdout
     for store in {row[1] for row in rows}:
         fetched = {row[2]: float(row[4].rstrip("x")) for row in rows if row[1] == store}
         assert fetched["native"] <= fetched["tensorstore"] + 0.02, (store, fetched)
         # reading ahead fetches nothing more (a chunk read in parts may start from another guess)
         assert abs(fetched["native"] - fetched["native_sync"]) <= 0.02, (store, fetched)
+
+
+def test_remote_bench_bandwidth_costs_size_over_rate(tmp_path):
+    """``--mbps``: at 2 MB/s per connection a reader that reads one step at a time (one request per step,
+    one after another) takes longer than on the unlimited link by about its fetched bytes / 2 MB/s, and
+    the link column names the bandwidth."""
+    pytest.importorskip("tensorstore")
+    rate = 2.0
+    r = _run([str(BENCH / "remote_bench.py"), "--quick", "--mbps", f"0,{rate:g}", "--readers", "tensorstore",
+              "--stores", "blosc_globe", "--no-cache"], tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    head = next([c.strip() for c in line.split("|")[1:-1]] for line in lines if line.startswith("| link |"))
+    rows = {row[0]: dict(zip(head, row)) for row in ([c.strip() for c in line.split("|")[1:-1]] for line in lines
+                                                     if line.startswith("| 20 ms"))}
+    assert sorted(rows) == ["20 ms, 2 MB/s", "20 ms, unlimited"], r.stdout
+    limited, unlimited = rows["20 ms, 2 MB/s"], rows["20 ms, unlimited"]
+    fetched_mb = float(limited["stored MB (steps read)"]) * float(limited["fetched / stored"].rstrip("x"))
+    extra = float(limited["epoch s"]) - float(unlimited["epoch s"])
+    want = fetched_mb / rate
+    assert want > 0.2, r.stdout  # large enough to be told from the noise
+    assert 0.8 * want <= extra <= 1.5 * want + 0.05, (extra, want, r.stdout)
+    # the open to the first batch holds the open and at least the first step's round trip
+    for row in rows.values():
+        assert float(row["open to 1st batch s"]) >= float(row["open s"]) + 0.02, row

@@ -376,7 +376,9 @@ class RemoteStore(ByteStore):
             return None
         if got < 0:
             self._raise(key, store_message(err))
-        return buf.raw[:got], size.value, tag.value.decode()
+        # string_at copies the answer's bytes only: buf.raw[:got] copies the whole buffer first (1 MiB for a
+        # metadata object's read: ~1 ms of CPU, three times an open)
+        return ctypes.string_at(buf, got), size.value, tag.value.decode()
 
     def open(self, key: str, what: str = "file", *, direct: bool = False) -> RemoteObject:
         found = self.open_range(key, OPEN_BYTES)
@@ -393,7 +395,7 @@ class RemoteStore(ByteStore):
         first = min(size, ONE_READ)  # a caller may ask for "all of it" with a large size
         buf = ctypes.create_string_buffer(first)
         got = self._get_into(key, buf, first, offset, "", -1)
-        data = buf.raw[:got]
+        data = ctypes.string_at(buf, got)  # the bytes read, not the whole buffer (up to 1 MiB) first
         if len(data) < first or first == size:
             return data
         return super().read_range(key, offset, size)  # larger: at one version (its ETag), opened first

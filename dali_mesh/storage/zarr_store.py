@@ -7,7 +7,8 @@ An open of a remote array costs one round trip (:func:`open_array_objects`): its
 read by concurrent GETs (no HEAD: each answer's ``Content-Range`` and ETag give the object's size and
 version) beside the first page of its folder's listing, and zarr-python's reads of those keys are answered
 from them (:class:`OpenedObjects`); the store keeps them for the plan that follows, which takes its
-metadata and chunk versions from there instead of reading them again."""
+metadata and chunk versions from there instead of reading them again, and the zarr-python array the
+open made from them (``OpenedObjects.array``) instead of parsing them again."""
 from __future__ import annotations
 
 import asyncio
@@ -50,6 +51,16 @@ class OpenedObjects:
 
     def __init__(self, prefix: str, objects: dict, listing: dict | None, complete: bool) -> None:
         self.prefix, self.objects, self.listing, self.complete = prefix.rstrip("/"), objects, listing, complete
+        #: the zarr-python array the source's open made from these objects, for the plan's open to take
+        #: (zarr_reader.open_zarr_array): the same bytes at the same versions, not parsed a second time
+        self.array = None
+
+    def missing(self, key: str) -> bool:
+        """Whether this open knows that ``key`` does not exist: its GET found nothing, or the complete
+        listing lacks it."""
+        if key in self.objects:
+            return self.objects[key] is None
+        return self.covers(key) and key not in self.listing
 
     def covers(self, key: str) -> bool:
         """Whether the complete listing says whether ``key`` exists (it lies under the prefix)."""
@@ -185,6 +196,10 @@ class ByteZarrStore(Store):
             return obj.read_exactly(stop - start, start)
 
     async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
+        opened, full = self.opened, self._key(key)
+        if opened is not None and full in opened.objects:  # in memory: no hop to a thread
+            found = opened.objects[full]
+            return None if found is None else prototype.buffer.from_bytes(_cut(found[0], byte_range))
         data = await asyncio.to_thread(self._get, key, byte_range)
         return None if data is None else prototype.buffer.from_bytes(data)
 

@@ -12,6 +12,7 @@ would block zarr for ever); a missing chunk reads as the array's fill value, as 
 """
 from __future__ import annotations
 
+import json
 import os
 import stat
 from typing import Mapping, Sequence
@@ -106,11 +107,14 @@ def open_zarr_array(path: str | os.PathLike, name: str | None = None, *, reuse: 
     if local is not None:
         check_store_dir(local, "; check the path and the file list")
     zstore = bytes_store.zarr_store(key)
+    opened = None
     if isinstance(zstore, ByteZarrStore):
-        zstore.opened = open_array_objects(bytes_store, key, name, reuse=reuse)
+        opened = zstore.opened = open_array_objects(bytes_store, key, name, reuse=reuse)
+        if reuse and opened is not None and opened.array is not None:
+            return opened.array  # made by the source's open from these objects, at these versions, and checked
     store = _counting_store(zstore)
     what = f"array {name!r}" if name else "the array at the store's root"
-    if not name:
+    if not name and not _root_is_array(opened):
         only = _only_array(store, path)
         if only is not None:
             name, what = only, f"array {only!r} (the only one in the store)"
@@ -140,7 +144,28 @@ def open_zarr_array(path: str | os.PathLike, name: str | None = None, *, reuse: 
     if any(not isinstance(c, int) or c < 1 for c in chunks):
         raise HeaderError(path, f"{what} has chunk shape {chunks}; every chunk side must be at least 1: "
                           "the metadata is corrupt")
+    if opened is not None:
+        opened.array = arr
     return arr
+
+
+def _root_is_array(opened) -> bool:
+    """Whether the metadata objects an open read (``OpenedObjects``, or None) show that the store's root
+    is an array: its ``zarr.json`` names node type ``array`` (zarr-python then opens it as v3 whatever
+    else is there), or there is no ``zarr.json`` nor ``.zgroup`` and there is a ``.zarray``. Then it is no
+    group, and :func:`_only_array`'s open of it as one (~1 ms of zarr-python) would only fail. False
+    where they do not show it: zarr-python decides."""
+    if opened is None:
+        return False
+    root = opened.prefix
+    v3 = opened.objects.get(f"{root}/zarr.json")
+    if v3 is not None:
+        try:
+            return json.loads(v3[0]).get("node_type") == "array"
+        except (ValueError, AttributeError):  # not a JSON object: zarr-python's error says so
+            return False
+    return opened.missing(f"{root}/zarr.json") and opened.missing(f"{root}/.zgroup") and \
+        opened.objects.get(f"{root}/.zarray") is not None
 
 
 def _only_array(store, path: str) -> str | None:
