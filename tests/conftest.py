@@ -80,6 +80,8 @@ SLOW_TESTS: set[str] = {
     "tests/storage/test_remote.py::test_blosc_chunks_read_in_parts_over_s3_equal_zarr_python",
     "tests/storage/test_remote.py::test_convert_copies_an_s3_source_as_h5py_reads_it",
     "tests/storage/test_remote.py::test_plan_data_prints_what_each_rank_fetches_and_the_reader_fetches_it",
+    # a spawned DataLoader worker imports torch and the test module (about 7 s under load)
+    "tests/storage/test_icechunk_fork.py::test_torch_dataloader_with_spawned_workers_reads_every_window_as_zarr_python",
     "tests/cli/test_convert.py::test_a_full_disk_is_one_line_exit_2_and_no_partial_copy",
     "tests/cli/test_convert.py::test_sigterm_removes_the_partial_copy_and_sigkill_leftovers_go_next_time",
     "tests/cli/test_plan.py::test_plan_data_channels_counts_the_chunks_each_rank_reads",

@@ -10,7 +10,7 @@ from dali_mesh.pipeline.watchdog import status_dir
 from dali_mesh.source import pipeline_reader
 from dali_mesh.source.status import StatusReader
 
-__all__ = ["current_pipeline_for", "define_partitioned", "partitioned_source"]
+__all__ = ["current_pipeline_for", "define_partitioned", "partitioned_source", "refuse_forked_workers"]
 
 
 def current_pipeline_for(source):
@@ -33,7 +33,8 @@ def partitioned_source(source, device: str = "cpu", *, name: str | None = None,
 
     Wraps ``fn.external_source(source, batch=False, parallel=True, num_outputs=...)`` with each
     output's dtype and ndim declared. The pipeline needs ``py_num_workers >= 1`` (use
-    ``py_start_method="spawn"`` when CUDA is initialised) and ``batch_size == source.batch_size``.
+    ``py_start_method="spawn"`` when CUDA is initialised, and for a source over an Icechunk repository: with
+    ``"fork"`` such a pipeline is refused here) and ``batch_size == source.batch_size``.
 
     The source is registered on the pipeline (``MeshLoader`` reads it for its checkpoint fingerprint)
     and writes a per-worker status (``reading <file>``) that the watchdog of ``MeshLoader`` and
@@ -65,13 +66,31 @@ def partitioned_source(source, device: str = "cpu", *, name: str | None = None,
                                              prefetch_queue_depth=prefetch_queue_depth, **kwargs))
 
 
+def refuse_forked_workers(pipe, source) -> None:
+    """A ValueError when ``pipe`` (the pipeline being defined, or None) forks its Python workers
+    (``py_start_method="fork"``, DALI's default) and ``source`` reads a store that a forked process cannot
+    read (``fork_safe`` False: an Icechunk repository, whose library waits for ever in a process forked
+    after it ran). Said here, when the pipeline is defined, instead of by each worker at its first read."""
+    if pipe is None or pipe.py_start_method != "fork" or not pipe.py_num_workers:
+        return
+    unsafe = [store for store in source.stores() if not getattr(store, "fork_safe", True)]
+    if unsafe:
+        raise ValueError(
+            f"{unsafe[0].name_of('')} ({type(unsafe[0]).__name__}) cannot be read by forked workers (the pipeline's "
+            f"py_start_method is 'fork', DALI's default): the library that reads it waits for ever in a process "
+            f"forked after it ran. Build the pipeline with py_start_method=\"spawn\" (pipeline_def or Pipeline; "
+            f"the source is picklable)")
+
+
 def define_partitioned(source, device: str, *, name: str | None = None, layout: str | None = None,
                        prefetch_queue_depth: int = 2, **kwargs) -> Defined:
     """:func:`partitioned_source`'s external source, defined in the current pipeline and registered
     nowhere: the entry point that called it registers what it returns (``read_windows`` falling
     back, ``read_dataset`` for a variable it cannot read natively: the dataset, not the variable)."""
     from nvidia.dali import fn, types
+    from nvidia.dali.pipeline import Pipeline
 
+    refuse_forked_workers(Pipeline.current(), source)
     # share=: the group window of this member's batches; the workers say what they read in the
     # pipeline's status folder
     reader = StatusReader(pipeline_reader(source), status_dir=status_dir())

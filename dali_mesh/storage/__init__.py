@@ -206,3 +206,6 @@ def _icechunk(location: str, options: dict):
 
 
 register_scheme("icechunk", _icechunk)
+# its check at every fork (not the library: that is imported when a repository is read): a process that used
+# the icechunk library itself, then forks a loader's workers that resolve a repository, must see them refused
+from dali_mesh.storage import icechunk as _icechunk_forks  # noqa: E402, F401

@@ -25,17 +25,28 @@ the native reader has nothing to read directly and the Zarr planner leaves the s
 wrote into the repository) are read only from the containers the source authorises (``storage_options``
 ``authorize_virtual``: their URL prefixes, or ``True`` for every one the repository declares): a
 repository's references may name any file.
+
+Processes: the library cannot run in a process forked from one that used it (icechunk 1.1.21: once a
+storage object is made, its Rust runtime's threads run the calls; a forked child has none of them, so its
+first call of the library, through an inherited session or a freshly opened repository alike, waits for
+ever). A store in such a child (DALI's workers with ``py_start_method="fork"``, torch's DataLoader with the
+``"fork"`` context) refuses at its first read, before calling the library, with :class:`ForkedProcessError`
+naming the repository and the start methods that work (``"spawn"``, ``"forkserver"``), and
+``partitioned_source`` refuses such a pipeline when it is defined. A store unpickled in a spawned process
+opens the repository there.
 """
 from __future__ import annotations
 
+import os
 import re
+import sys
 import threading
 from typing import Sequence
 
 from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, write_spec
 from dali_mesh.storage.errors import DataFileError, MissingFileError
 
-__all__ = ["IcechunkStore", "resolve_icechunk"]
+__all__ = ["ForkedProcessError", "IcechunkStore", "resolve_icechunk"]
 
 #: what a user installs to read Icechunk repositories (setup.py's extras_require)
 EXTRA = "dali_mesh[virtual]"
@@ -49,6 +60,64 @@ VIRTUAL_OPTION = "authorize_virtual"
 _SECRETS = ("key", "secret", "token")
 #: ``<repository>@<snapshot id>[/<key>]``: a snapshot id is 20 characters of Crockford base32
 _PINNED = re.compile(r"(?P<repo>.+)@(?P<snapshot>[0-9A-Za-z]{20})(?:/(?P<key>.*))?")
+
+
+#: the id of the process whose icechunk library started its runtime (this module's first call of the library
+#: there, or threads of the runtime found when the process forked), else None. A forked child inherits the
+#: parent's id: there the library's calls would wait for ever, and :func:`_check_process` refuses them.
+_library_pid: int | None = None
+
+#: the advice of every refusal in a forked process
+_ADVICE = ('start the processes that read by spawning: py_start_method="spawn" in DALI\'s pipeline '
+           '(pipeline_def / Pipeline), multiprocessing_context="spawn" (or "forkserver") in torch\'s DataLoader')
+
+
+class ForkedProcessError(DataFileError):
+    """An Icechunk repository read in a process forked from one that used the icechunk library: refused, as
+    the library would wait for ever there. ``path`` names the repository."""
+
+
+def _check_process(name: str) -> None:
+    """Refuses (:class:`ForkedProcessError` naming ``name``) to call the library in a process forked from
+    one that used it; else notes that this process uses it (from here on its forked children are refused)."""
+    global _library_pid
+    pid = os.getpid()
+    if _library_pid is None:
+        _library_pid = pid
+    elif _library_pid != pid:
+        raise ForkedProcessError(name, f"cannot be read in this process (pid {pid}): it was forked from a process "
+                                       f"(pid {_library_pid}) that had used the icechunk library, whose runtime "
+                                       f"threads a forked process lacks, so the library's first call here would "
+                                       f"wait for ever; {_ADVICE}")
+
+
+def _runtime_threads() -> bool:
+    """Whether the icechunk library's runtime (tokio: threads named ``tokio-runtime-worker``, 15 characters
+    of it in ``comm``) runs in this process. Linux only (``/proc``); elsewhere False."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm", "rb") as f:
+                if f.read().startswith(b"tokio-runtime"):
+                    return True
+        except OSError:  # the thread ended meanwhile
+            continue
+    return False
+
+
+def _before_fork() -> None:
+    """Notes, in a process about to fork, that the library runs here when it was used without this module
+    (the user's own ``icechunk`` calls: a repository written before the loader's workers fork), so that the
+    child refuses rather than waits. Only an imported library can have started its runtime."""
+    global _library_pid
+    if _library_pid is None and "icechunk" in sys.modules and _runtime_threads():
+        _library_pid = os.getpid()
+
+
+os.register_at_fork(before=_before_fork)
 
 
 def _icechunk():
@@ -122,6 +191,9 @@ class IcechunkStore(ByteStore):
     native = False  # the library names no chunk's object or range for the native reader to read
     supports_listing = True
     versioned = True  # the names of its keys pin its snapshot
+    #: whether a process forked from one that read this store can read it: not the library (see the module's
+    #: docstring); ``partitioned_source`` refuses DALI's forked workers over it when the pipeline is defined
+    fork_safe = False
 
     def __init__(self, repository: str, snapshot: str, options: dict | None = None) -> None:
         self.repository, self.snapshot = repository, snapshot
@@ -133,7 +205,10 @@ class IcechunkStore(ByteStore):
 
     # ---- the repository -----------------------------------------------------------------------------
     def session(self):
-        """The read-only session of the store's snapshot (opened once per process)."""
+        """The read-only session of the store's snapshot, opened once per process. In a process forked from
+        one that used the library (which may hold that process's session) :class:`ForkedProcessError`
+        instead: the library would wait for ever there."""
+        _check_process(self.name_of(""))
         if self._session is None:
             with self._lock:
                 if self._session is None:
@@ -268,17 +343,43 @@ def _named_errors(store: IcechunkStore):
     and what to do) instead of the library's Rust trace."""
     from zarr.storage import WrapperStore  # noqa: PLC0415 - zarr only when a repository is read
 
+    name = store.name_of("")
+
     class NamedErrors(WrapperStore):
+        # zarr-python's arrays opened in a parent keep this store (a source's open handles): a forked child
+        # reads through them without asking the IcechunkStore for its session, so each call checks here too
         def _with_store(self, inner):
             return type(self)(inner)
 
+        async def exists(self, key):
+            _check_process(name)
+            return await self._store.exists(key)
+
+        async def is_empty(self, prefix):
+            _check_process(name)
+            return await self._store.is_empty(prefix)
+
+        def list(self):
+            _check_process(name)
+            return self._store.list()
+
+        def list_prefix(self, prefix):
+            _check_process(name)
+            return self._store.list_prefix(prefix)
+
+        def list_dir(self, prefix):
+            _check_process(name)
+            return self._store.list_dir(prefix)
+
         async def get(self, key, prototype, byte_range=None):
+            _check_process(name)
             try:
                 return await self._store.get(key, prototype, byte_range)
             except Exception as e:  # noqa: BLE001 - IcechunkError
                 raise store.read_failed(key, e) from None
 
         async def get_partial_values(self, prototype, key_ranges):
+            _check_process(name)
             key_ranges = list(key_ranges)
             try:
                 return await self._store.get_partial_values(prototype, key_ranges)
@@ -300,6 +401,7 @@ def open_repository(repository: str, options: dict):
                              f"(known: {', '.join(known)})")
         bucket, _, prefix = repository[len("s3://"):].partition("/")
         endpoint = options.get("endpoint_url")
+        _check_process(name)  # a storage object starts the library's runtime
         storage = icechunk.s3_storage(
             bucket=bucket, prefix=prefix or None, region=options.get("region"), endpoint_url=endpoint,
             allow_http=bool(endpoint and endpoint.startswith("http://")), force_path_style=bool(endpoint),
@@ -315,6 +417,7 @@ def open_repository(repository: str, options: dict):
         if unknown:
             raise ValueError(f"{name}: storage_options {unknown} are not options of a local Icechunk repository "
                              f"(known: {', '.join(known)})")
+        _check_process(name)  # a storage object starts the library's runtime
         storage = icechunk.local_filesystem_storage(repository)
     try:
         return icechunk.Repository.open(storage, authorize_virtual_chunk_access=_virtual_access(
