@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -339,37 +340,63 @@ def test_reads_from_many_threads_at_once(repository, tmp_path):
     assert not any(th.is_alive() for th in threads) and not failures, failures
 
 
-#: a process that reads the repository natively then ends as ``how`` says; each read waits 0.1 s in the
-#: store first, so that reads are in flight (read ahead, DALI's prefetch) when it ends
+#: a process that writes a repository of 16 steps and reads it natively, then ends as ``how`` says: after a whole epoch, after a read
+#: failed, after deleting its pipeline or ending with reads in flight (DALI's prefetch of the next
+#: iterations, the kernels library's reads ahead). Each read waits 0.3 s in the store, and the process waits
+#: until reads are in flight before it ends (it says how many).
 _CHILD = textwrap.dedent("""
-    import sys, time
-    import numpy as np
+    import atexit, sys, threading, time
     from dali_mesh import Layout, ZarrSource, _kernels
     from dali_mesh.pipeline import native
     from dali_mesh.storage.icechunk import IcechunkStore
     from tests.helpers import mesh_of
 
-    path, how, plan_dir = sys.argv[1:4]
-    slow = IcechunkStore.read_ranges
-    calls = [0]
+    how, folder = sys.argv[1:3]
+    import icechunk, numpy as np, zarr
+    icechunk.set_logs_filter("error")
+    path = folder + "/repo"
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(path))
+    session = repo.writable_session("main")
+    x = np.arange(16 * 48 * 64, dtype="f4").reshape(16, 48, 64)
+    zarr.open_group(session.store, mode="w").create_array("zstd", shape=x.shape, chunks=(1, 16, 24),
+                                                          dtype="f4")[...] = x
+    session.commit("16 steps")
+    read_ranges = IcechunkStore.read_ranges
+    calls, in_flight, lock = [0], [0], threading.Lock()
 
-    def read_ranges(self, key, ranges):
-        calls[0] += 1
-        time.sleep(0.1)
-        if how == "error" and calls[0] > 2:
-            raise RuntimeError("the test's failure")
-        return slow(self, key, ranges)
+    def slow(self, key, ranges):
+        with lock:
+            calls[0] += 1
+            in_flight[0] += 1
+            n = calls[0]
+        try:
+            time.sleep(0.3)
+            if how == "error" and n > 2:
+                raise RuntimeError("the test's failure")
+            return read_ranges(self, key, ranges)
+        finally:
+            with lock:
+                in_flight[0] -= 1
 
-    IcechunkStore.read_ranges = read_ranges
+    def reads_in_flight():
+        deadline = time.monotonic() + 10
+        while not in_flight[0] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        print("reads in flight:", in_flight[0], flush=True)
+
+    IcechunkStore.read_ranges = slow
+    # registered first, so run last of the exit hooks: after the store's unbinding, which waits for them
+    atexit.register(lambda: print("reads in flight at the last exit hook:", in_flight[0], flush=True))
     layout = Layout(mesh_of((1, 2), (0, 1)), shard={"m0": 0}, halo={0: 1})
     src = ZarrSource([f"icechunk://{path}"], "zstd", layout, batch_size=1, shuffle=False)
     if how == "plan reader":
         plans = native.plan_windows(src)
         src.stores()[0].give_to(_kernels.load())
-        reader = _kernels.PlanReader(plans[0].write(plan_dir), "f4", read_ahead=2)
+        reader = _kernels.PlanReader(plans[0].write(folder + "/plan"), "f4", read_ahead=2)
         reader.read([0])
         assert reader.read_ahead([1]) and reader.read_ahead([2])
-        print("exiting with reads ahead in flight", flush=True)
+        reads_in_flight()
+        print("done", flush=True)
         sys.exit(0)
     from nvidia.dali import pipeline_def
     from dali_mesh.fn import read_windows
@@ -381,35 +408,39 @@ _CHILD = textwrap.dedent("""
     p = pipe()
     p.build()
     try:
-        for _ in range(3):
+        for _ in range(16 if how in ("epoch", "error") else 1):
             p.run()
     except Exception as e:
-        print("the epoch failed:", str(e).splitlines()[0][:300], flush=True)
+        print("the epoch failed:", " ".join(str(e).split())[:2000], flush=True)
         sys.exit(3)
+    if how != "epoch":
+        reads_in_flight()
     if how == "del":
         del p  # DALI's shutdown while its prefetched iterations read
         print("pipeline deleted", flush=True)
-    print("epoch done", flush=True)
+    print("done", flush=True)
 """)
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("how", ["epoch", "error", "del", "plan reader"])
-def test_a_process_ends_cleanly_with_reads_in_flight(repository, tmp_path, how):
+@pytest.mark.parametrize("how", ["epoch", "error", "mid-epoch", "del", "plan reader"])
+def test_a_process_ends_cleanly_with_reads_in_flight(tmp_path, how):
     if how != "plan reader":
         pytest.importorskip("nvidia.dali")
-    path = repository[0]
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     try:
-        done = subprocess.run([sys.executable, "-c", _CHILD, path, how, str(tmp_path)], capture_output=True, text=True,
+        done = subprocess.run([sys.executable, "-c", _CHILD, how, str(tmp_path)], capture_output=True, text=True,
                               timeout=120, env=env, cwd=ROOT)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"the process ({how}) hung: {e.stdout!r} {e.stderr!r}")
     out = done.stdout + done.stderr
-    for crash in ("Fatal Python error", "Segmentation fault", "terminate called", "core dumped", "Traceback"):
+    for crash in ("Fatal Python error", "FATAL", "Segmentation fault", "terminate called", "core dumped", "Traceback"):
         assert crash not in out, out[-3000:]
     if how == "error":
-        assert done.returncode == 3 and "the test's failure" in out and "icechunk://" in out, out[-3000:]
-    else:
-        assert done.returncode == 0, out[-3000:]
-        assert ("exiting with reads ahead in flight" if how == "plan reader" else "epoch done") in done.stdout
+        assert done.returncode == 3, out[-3000:]
+        assert re.search(r"icechunk://\S+/zstd/c/\d/\d/\d: cannot be read \(RuntimeError: the test's failure\)", out), out
+        return
+    assert done.returncode == 0 and "done" in done.stdout.splitlines(), out[-3000:]
+    if how != "epoch":  # the hazard was there: reads in flight when the process ended (or deleted its pipeline)
+        assert int(re.search(r"reads in flight: (\d+)", out)[1]) > 0, out[-3000:]
+    assert "reads in flight at the last exit hook: 0" in out, out[-3000:]
