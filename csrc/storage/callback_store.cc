@@ -107,10 +107,16 @@ class CallbackStore : public ByteStore {
                      kMessageBytes);
     }
     if (rc < 0) Failed(key, err);
-    for (size_t i = 0; i < n; i++)
+    int64_t bytes = 0;
+    for (size_t i = 0; i < n; i++) {
       if (got[i] < 0 || got[i] > sizes[i])
         StoreFail(NameOf(key) + ": the Python store answered " + std::to_string(got[i]) + " bytes for a read of " +
                   std::to_string(sizes[i]) + " at byte " + std::to_string(offsets[i]));
+      bytes += got[i];
+    }
+    // counted as a network store's fetches (FetchCounters: what tools report as fetched): the library
+    // sends a request per range
+    CountFetch(static_cast<int64_t>(n), bytes);
     return got;
   }
 
