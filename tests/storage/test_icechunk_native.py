@@ -32,26 +32,42 @@ from dali_mesh.pipeline import native  # noqa: E402
 from dali_mesh.storage import store_of  # noqa: E402
 from dali_mesh.storage.icechunk import IcechunkStore, unbind_native_reads  # noqa: E402
 from tests.helpers import SEED, mesh_of  # noqa: E402
+from tests.storage.s3_server import s3_endpoint  # noqa: E402, F401 - a fixture
 
 icechunk.set_logs_filter("error")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 3
-#: name -> (shape, chunks, shards): "blosc" one whole field per chunk (~480 KiB stored: read in parts,
-#: codecs.h kMinPartsBytes is 256 KiB), "zstd" chunks no split's boundary follows, "sharded" Zstd chunks
-#: inside shards
-ARRAYS = {"blosc": ((STEPS, 256, 512), (1, 256, 512), None),
+#: name -> (shape, chunks, shards): "blosc" one whole field per chunk (~960 KiB stored in 16 blocks: read in
+#: parts, codecs.h kMinPartsBytes is 256 KiB), "zstd" chunks no split's boundary follows, "sharded" Zstd
+#: chunks inside shards
+ARRAYS = {"blosc": ((STEPS, 256, 1024), (1, 256, 1024), None),
           "zstd": ((STEPS, 50, 60), (1, 16, 24), None),
           "sharded": ((STEPS, 48, 64), (1, 8, 16), (1, 24, 32))}
 
 
 def _compressors(name: str):
     if name == "blosc":
-        # 8 blocks a chunk (Blosc's own choice at clevel 5 is one 512 KiB block: nothing to read in parts)
+        # 16 blocks a chunk (Blosc's own choice at clevel 5 is 512 KiB blocks: two, little to read in parts)
         return zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", typesize=4, blocksize=64 << 10)
     return zarr.codecs.ZstdCodec(level=3)
 
 
 def _write(repo, values: dict, message: str) -> str:
+    """Writes ``values`` (name -> array) into the branch ``main`` with zarr-python and commits; the snapshot
+    id. Blosc compresses on one thread: its blocks are then stored in order (several threads store them in
+    the order they finish, and a band's blocks may lie apart in the chunk: read in parts all the same, but
+    the bytes between them less than 64 KiB apart are read too: fetch_plan.h kLocalGap)."""
+    import numcodecs.blosc
+
+    threads = numcodecs.blosc.get_nthreads()
+    numcodecs.blosc.set_nthreads(1)
+    try:
+        return _write_values(repo, values, message)
+    finally:
+        numcodecs.blosc.set_nthreads(threads)
+
+
+def _write_values(repo, values: dict, message: str) -> str:
     session = repo.writable_session("main")
     group = zarr.open_group(session.store, mode="a")
     for name, x in values.items():
@@ -444,3 +460,43 @@ def test_a_process_ends_cleanly_with_reads_in_flight(tmp_path, how):
     if how != "epoch":  # the hazard was there: reads in flight when the process ended (or deleted its pipeline)
         assert int(re.search(r"reads in flight: (\d+)", out)[1]) > 0, out[-3000:]
     assert "reads in flight at the last exit hook: 0" in out, out[-3000:]
+
+
+# ---- a repository in S3, virtual chunks ------------------------------------------------------------------------
+@pytest.mark.timeout(180)
+def test_a_repository_in_s3_is_read_natively_in_parts(s3_endpoint, tmp_path):
+    from tests.storage.s3_server import REGION, make_bucket, options
+
+    opts = options(s3_endpoint, region=REGION)
+    make_bucket(s3_endpoint, "native")
+    storage = icechunk.s3_storage(bucket="native", prefix="ice/repo", endpoint_url=s3_endpoint, allow_http=True,
+                                  force_path_style=True, region=REGION, access_key_id=opts["key"],
+                                  secret_access_key=opts["secret"])
+    repo = icechunk.Repository.create(storage)
+    snapshot = _write(repo, _values(SEED, ("blosc", "zstd")), "first")
+    for name in ("blosc", "zstd"):
+        src = _source("icechunk://s3://native/ice/repo", name, (1, 4), (0, 1), {"m0": 0},
+                      storage_options={**opts, "snapshot": snapshot})
+        store = _store(src)
+        _check_native(src, _oracle(repo, snapshot, name), tmp_path / name, f"s3, {name}")
+        rows = (src.region.window_start[0], src.region.window_stop[0])
+        if name == "blosc":
+            assert store.native_reads["bytes"] < 0.6 * _chunk_bytes(store, name, rows), store.native_reads
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.filterwarnings("ignore::UserWarning")  # zarr-python: numcodecs.shuffle / zlib are not in the v3 spec
+def test_virtual_chunks_into_netcdf_files_are_read_natively(tmp_path):
+    """VirtualiZarr's references into NetCDF4 files (gzip + shuffle chunks) written into a repository: the
+    library reads the files' ranges, the native reader decodes them (numcodecs.shuffle, numcodecs.zlib)."""
+    from tests.storage.test_icechunk import _virtual_repository
+
+    path, prefix, oracle = _virtual_repository(tmp_path)
+    for rank in range(2):
+        src = _source(f"icechunk://{path}", "t2m", (1, 2), (0, rank), {"m0": 0}, {0: 1}, "reflect",
+                      storage_options={"authorize_virtual": [prefix]})
+        with _plan_reader(src, tmp_path / f"r{rank}") as reader:
+            for t in range(len(oracle)):
+                np.testing.assert_array_equal(reader.read([t])[0][0], take_window(oracle[t], src.region),
+                                              err_msg=f"virtual, rank {rank}, step {t}")
+        assert _store(src).native_reads["calls"] > 0
