@@ -357,10 +357,10 @@ def test_reads_from_many_threads_at_once(repository, tmp_path):
     assert not any(th.is_alive() for th in threads) and not failures, failures
 
 
-#: a process that writes a repository of 16 steps and reads it natively, then ends as ``how`` says: after a whole epoch, after a read
-#: failed, after deleting its pipeline or ending with reads in flight (DALI's prefetch of the next
-#: iterations, the kernels library's reads ahead). Each read waits 0.3 s in the store, and the process waits
-#: until reads are in flight before it ends (it says how many).
+#: a process that writes a repository of 16 steps and reads it natively, then ends as ``how`` says: after a
+#: whole epoch, after a read failed, after deleting its pipeline or with reads in flight (DALI's prefetch of
+#: the next iterations, the kernels library's reads ahead). Each read waits 0.3 s in the store, and the
+#: process waits until reads are in flight before it ends (it says how many).
 _CHILD = textwrap.dedent("""
     import atexit, sys, threading, time
     from dali_mesh import Layout, ZarrSource, _kernels
@@ -455,7 +455,8 @@ def test_a_process_ends_cleanly_with_reads_in_flight(tmp_path, how):
         assert crash not in out, out[-3000:]
     if how == "error":
         assert done.returncode == 3, out[-3000:]
-        assert re.search(r"icechunk://\S+/zstd/c/\d/\d/\d: cannot be read \(RuntimeError: the test's failure\)", out), out
+        assert re.search(r"icechunk://\S+/zstd/c/\d/\d/\d: cannot be read \(RuntimeError: the test's failure\)",
+                         out), out
         return
     assert done.returncode == 0 and "done" in done.stdout.splitlines(), out[-3000:]
     if how != "epoch":  # the hazard was there: reads in flight when the process ended (or deleted its pipeline)
