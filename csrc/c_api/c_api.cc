@@ -48,8 +48,9 @@ dali_mesh::SliceUserArgs SampleArgs(int i, int ndim, const int64_t *in_shapes, c
 // dali_mesh_reader_read_ahead, dali_mesh_reader_ahead_counts); 13: a store spec's settings as its one
 // parser reads them (dali_mesh_store_settings); 14: the fetch plan's requests (fetch_api.cc) and a
 // store's measured round trip (dali_mesh_store_round_trip); 15: the chunks one request fetches together
-// (dali_mesh_chunk_runs)
-DM_EXPORT int dm_abi_version(void) { return 15; }
+// (dali_mesh_chunk_runs); 16: stores whose reads Python answers (dali_mesh_store_bind_reader,
+// dali_mesh_store_unbind_readers)
+DM_EXPORT int dm_abi_version(void) { return 16; }
 
 DM_EXPORT int dm_has_cuda(void) {
 #ifdef DALI_MESH_WITH_CUDA

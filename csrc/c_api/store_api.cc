@@ -12,6 +12,7 @@
 
 #include "c_api/export.h"
 #include "storage/byte_store.h"
+#include "storage/callback_store.h"
 
 using dali_mesh::c_api::Fail;
 
@@ -171,3 +172,24 @@ DM_EXPORT int dali_mesh_store_delete(const char *spec, const char *key, char *er
     return Fail(e.what(), err, err_len);
   }
 }
+
+// Binds the store `spec` (a kind whose reads Python answers: "icechunk;...") in this library to `head`
+// and `read` (storage/callback_store.h: the version of a key; several ranges of a key read at once),
+// its objects named `name` + "/" + key in messages; both NULL unbinds it. The functions are called
+// from the reader's threads, with no lock of the reader held, until unbound: they must stay valid
+// (Python keeps its ctypes callbacks for the life of the process). 0, or -1 with a message.
+DM_EXPORT int dali_mesh_store_bind_reader(const char *spec, const char *name, dali_mesh::CallbackHead head,
+                                          dali_mesh::CallbackRead read, char *err, int64_t err_len) {
+  try {
+    dali_mesh::BindCallbackStore(Text(spec), Text(name), head, read);
+    return 0;
+  } catch (const std::exception &e) {
+    return Fail(e.what(), err, err_len);
+  }
+}
+
+// Unbinds every store bound by dali_mesh_store_bind_reader in this library, for good (the process
+// exits: their later reads fail at once, naming the store), and waits at most `wait_s` seconds for
+// the calls in flight to return (call it without holding the GIL, which they need). Returns the calls
+// still in flight.
+DM_EXPORT int64_t dali_mesh_store_unbind_readers(double wait_s) { return dali_mesh::UnbindCallbackStores(wait_s); }

@@ -13,7 +13,7 @@ import numpy as np
 
 LIB_NAME = "libdali_mesh_kernels.so"
 #: the C API this module calls (csrc/c_api/c_api.cc dm_abi_version)
-ABI_VERSION = 15
+ABI_VERSION = 16
 #: numpy dtype -> DALI type id (the ids the C API takes)
 DTYPE_IDS = {
     np.dtype(np.uint8): 0, np.dtype(np.uint16): 1, np.dtype(np.uint32): 2, np.dtype(np.uint64): 3,

@@ -118,7 +118,7 @@ def test_a_missing_kind_is_named_with_the_kinds_there_are():
     size, tag = ctypes.c_int64(), ctypes.create_string_buffer(64)
     message = _c_error("dali_mesh_store_head", "nosuch;x", b"k", ctypes.byref(size), tag, 64)
     assert 'byte store "nosuch;x": this build has no store of kind "nosuch"' in message
-    assert "(its kinds: file, http, memory, s3)" in message
+    assert "(its kinds: file, http, icechunk, memory, s3)" in message
 
 
 def test_a_bad_spec_or_location_is_refused_naming_it():
@@ -166,7 +166,7 @@ def test_every_kind_is_in_both_libraries_and_objects_are_shared_at_their_version
     load_plugin()
     plugin = ctypes.CDLL(str(PLUGIN_PATH))  # the library DALI loaded: the same handle
     size, tag = ctypes.c_int64(), ctypes.create_string_buffer(64)
-    assert "(its kinds: file, http, memory, s3)" in _c_error(
+    assert "(its kinds: file, http, icechunk, memory, s3)" in _c_error(
         "dali_mesh_store_head", "nosuch;x", b"k", ctypes.byref(size), tag, 64, lib=store_api(plugin))
 
     def plugin_head(store, key):

@@ -16,15 +16,22 @@ recorded snapshot, whatever the branch holds since. An unknown snapshot id (neve
 ``Repository.expire_snapshots`` and collected by ``garbage_collect``) is an error naming it; a snapshot
 collected while it is read fails its next read of a deleted object, naming the snapshot.
 
-Reads: the Python path. Native chunks (each one object ``chunks/<id>`` of the repository's storage) and
-virtual ones are read by the session's ranged ``get``; the library (1.1.21) names neither a native chunk's
-object nor a virtual chunk's byte range (``Session.all_virtual_chunk_locations`` gives the files only), so
-the native reader has nothing to read directly and the Zarr planner leaves the store to zarr-python
-(``native = False``). zarr-python reads the repository's arrays through the session's own store
-(:meth:`IcechunkStore.zarr_store`). Virtual chunks (byte ranges of NetCDF/HDF5 files that VirtualiZarr
-wrote into the repository) are read only from the containers the source authorises (``storage_options``
-``authorize_virtual``: their URL prefixes, or ``True`` for every one the repository declares): a
-repository's references may name any file.
+Reads: the native reader's, answered by the library. The library (1.1.21) names neither a native chunk's
+object (each one object ``chunks/<id>`` of the repository's storage) nor a virtual chunk's byte range
+(``Session.all_virtual_chunk_locations`` gives the files only), but its store reads ranges of any key,
+several at once (``get_partial_values``). So the store is native (``native = True``): the native reader's
+store of this spec (csrc/storage/callback_store.cc) asks Python for the ranges it reads, through two ctypes
+callbacks :meth:`IcechunkStore.give_to` binds in each library (the kernels library, the DALI plugin), and
+reads a Blosc chunk in parts (its header and index, then the blocks a window needs) as from any object
+store. The callbacks run on the reader's threads and take the GIL: whoever waits for the reader must have
+released it (ctypes calls and DALI's ``pipe.run()`` do). At exit every library's store is unbound first
+(an ``atexit`` hook that waits for the reads in flight), so that no read enters an interpreter being torn
+down. The Python path (:meth:`IcechunkStore.read`, :class:`IcechunkObject`) stays: it serves the planner,
+``partitioned_source`` and DALI's worker processes. zarr-python reads the repository's arrays through the
+session's own store (:meth:`IcechunkStore.zarr_store`). Virtual chunks (byte ranges of NetCDF/HDF5 files
+that VirtualiZarr wrote into the repository) are read only from the containers the source authorises
+(``storage_options`` ``authorize_virtual``: their URL prefixes, or ``True`` for every one the repository
+declares): a repository's references may name any file.
 
 Processes: the library cannot run in a process forked from one that used it (icechunk 1.1.21: once a
 storage object is made, its Rust runtime's threads run the calls; a forked child has none of them, so its
@@ -37,6 +44,9 @@ opens the repository there.
 """
 from __future__ import annotations
 
+import atexit
+import ctypes
+import logging
 import os
 import re
 import sys
@@ -47,6 +57,8 @@ from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, write
 from dali_mesh.storage.errors import DataFileError, MissingFileError
 
 __all__ = ["ForkedProcessError", "IcechunkStore", "resolve_icechunk"]
+
+log = logging.getLogger(__name__)
 
 #: what a user installs to read Icechunk repositories (setup.py's extras_require)
 EXTRA = "dali_mesh[virtual]"
@@ -188,7 +200,7 @@ class IcechunkStore(ByteStore):
     """The keys of ``repository`` (a local folder or ``s3://bucket/prefix``) at the snapshot ``snapshot``,
     read with ``options`` (an s3:// repository's storage_options)."""
 
-    native = False  # the library names no chunk's object or range for the native reader to read
+    native = True  # the native reader's reads are answered here (give_to: csrc/storage/callback_store.cc)
     supports_listing = True
     versioned = True  # the names of its keys pin its snapshot
     #: whether a process forked from one that read this store can read it: not the library (see the module's
@@ -202,6 +214,10 @@ class IcechunkStore(ByteStore):
         self.tag = f"icechunk:{snapshot}"
         self._lock = threading.Lock()
         self._session = None  # the readonly session, at the first read in this process
+        #: what the native reader asked of this store in this process (the library's bound to it,
+        #: give_to): calls, ranges and bytes
+        self.native_reads = {"calls": 0, "ranges": 0, "bytes": 0}
+        self._counting = threading.Lock()
 
     # ---- the repository -----------------------------------------------------------------------------
     def session(self):
@@ -230,6 +246,31 @@ class IcechunkStore(ByteStore):
             raise DataFileError(self.name_of(key), f"is gone from snapshot {self.snapshot} while it was read")
         return buf.to_bytes()
 
+    def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list:
+        """The bytes of each ``(offset, size)`` range of ``key`` (fewer at its end), read by one call of the
+        session's store (``get_partial_values``: the library sends the requests together), as numpy
+        ``uint8`` arrays; a key the snapshot lacks is a :class:`MissingFileError` naming it."""
+        from zarr.abc.store import RangeByteRequest  # noqa: PLC0415
+        from zarr.core.buffer import default_buffer_prototype  # noqa: PLC0415
+
+        store = self.session().store
+        asked = [(key, RangeByteRequest(offset, offset + size)) for offset, size in ranges]
+        try:
+            bufs = _sync(store.get_partial_values(default_buffer_prototype(), asked))
+        except Exception as e:  # noqa: BLE001 - icechunk raises IcechunkError, KeyError, ValueError
+            # 1.1.21 fails a missing key with a TypeError of its own (None where bytes were expected)
+            bufs = [None] if self.stat(key) is None else None
+            if bufs is None:
+                raise self.read_failed(key, e) from None
+        if any(buf is None for buf in bufs):
+            raise MissingFileError(self.name_of(key), f"no such key in snapshot {self.snapshot} of the repository "
+                                                      "(the plan that reads it was made from another snapshot?)")
+        with self._counting:
+            self.native_reads["calls"] += 1
+            self.native_reads["ranges"] += len(ranges)
+            self.native_reads["bytes"] += sum(size for _, size in ranges)
+        return [buf.as_numpy_array() for buf in bufs]
+
     def name_of(self, key: str) -> str:
         key = key.removeprefix("/")
         return f"icechunk://{self.repository}@{self.snapshot}" + (f"/{key}" if key else "")
@@ -242,6 +283,11 @@ class IcechunkStore(ByteStore):
             raise MissingFileError(self.name_of(key), f"no such {what}: snapshot {self.snapshot} of the repository "
                                                       f"has no key {key!r}")
         return IcechunkObject(self, key, version.size)
+
+    def open_version(self, key: str, version: Version) -> StoredObject:
+        """``key`` at a version known already (a listing's, as the Zarr planner opens what it listed): a
+        snapshot's keys never change, so nothing is asked."""
+        return IcechunkObject(self, key.removeprefix("/"), version.size)
 
     def stat(self, key: str) -> Version | None:
         key = key.removeprefix("/")
@@ -314,6 +360,12 @@ class IcechunkStore(ByteStore):
             hint = f"was snapshot {self.snapshot} expired and garbage-collected while it was read?"
         return DataFileError(self.name_of(key), f"cannot be read ({text}); {hint}")
 
+    # ---- the native reader ----------------------------------------------------------------------------------
+    def give_to(self, lib) -> None:
+        """Binds ``lib``'s store of this spec (the kernels library's, or the DALI plugin's) to this store's
+        reads (:func:`bind_native_reads`): the native reader's reads of this snapshot call back into it."""
+        bind_native_reads(lib, self)
+
     # ---- processes and credentials ------------------------------------------------------------------------
     def credentials_state(self) -> tuple | None:
         """An s3:// repository's key, secret and token, carried beside the store (its pickle holds none)."""
@@ -336,6 +388,131 @@ class IcechunkStore(ByteStore):
 
     def __hash__(self) -> int:
         return hash(self.spec)
+
+
+# ---- the native reader's reads, answered here (csrc/storage/callback_store.h) ----------------------------
+#: int64 head(key, int64 *size, char *tag, int64 tag_cap, char *err, int64 err_cap)
+_HEAD = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p,
+                         ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
+#: int64 read(key, int64 n, const int64 *offsets, const int64 *sizes, char *const *dsts, int64 *got, char *err,
+#: int64 err_cap)
+_READ = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64),
+                         ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_void_p),
+                         ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p, ctypes.c_int64)
+#: how long the exit waits for the native reader's reads in flight (each a request of the library)
+EXIT_WAIT_S = 30.0
+#: (library handle, spec) -> the store that answers that library's reads of that spec now (the latest given)
+_answering: dict[tuple[int, str], IcechunkStore] = {}
+#: (library handle, spec) -> its callbacks, never freed: a reader's thread may call one at any time until
+#: the library is unbound (at exit)
+_callbacks: dict[tuple[int, str], tuple] = {}
+#: library handle -> the library, for the unbinding at exit
+_libraries: dict[int, object] = {}
+_binding = threading.Lock()
+
+
+def _say(err, cap: int, text: str) -> None:
+    data = text.encode("utf-8", "replace")[: max(0, cap - 1)]
+    ctypes.memmove(err, data + b"\0", len(data) + 1)
+
+
+def _failure(store: IcechunkStore | None, key: str, e: BaseException) -> str:
+    """The message of a failed answer, naming the key (a DataFileError of the store names it already)."""
+    if isinstance(e, DataFileError):
+        return str(e)
+    name = store.name_of(key) if store is not None else key
+    return f"{name}: cannot be read ({type(e).__name__}: {_short(e)})"
+
+
+def _answers(slot: tuple[int, str]) -> tuple:
+    """The two callbacks of one library's store of one spec: they read through the store ``_answering``
+    names for ``slot`` at each call. They never raise (ctypes would print and return 0): a failure is -1
+    and its message."""
+
+    def head(key_p, size_p, tag, tag_cap, err, err_cap):
+        store, key = None, ""
+        try:
+            store = _answering[slot]
+            key = key_p.decode("utf-8", "surrogateescape")
+            version = store.stat(key)
+            if version is None:
+                return 0
+            size_p[0] = version.size
+            _say(tag, tag_cap, version.tag)
+            return 1
+        except BaseException as e:  # noqa: BLE001 - every failure goes back to the reader, named
+            _say(err, err_cap, _failure(store, key, e))
+            return -1
+
+    def read(key_p, n, offsets, sizes, dsts, got, err, err_cap):
+        store, key = None, ""
+        try:
+            store = _answering[slot]
+            key = key_p.decode("utf-8", "surrogateescape")
+            datas = store.read_ranges(key, [(offsets[i], sizes[i]) for i in range(n)])
+            for i, data in enumerate(datas):
+                take = min(len(data), sizes[i])
+                if take:
+                    ctypes.memmove(dsts[i], data.ctypes.data, take)
+                got[i] = take
+            return 0
+        except BaseException as e:  # noqa: BLE001
+            _say(err, err_cap, _failure(store, key, e))
+            return -1
+
+    return _HEAD(head), _READ(read)
+
+
+def _declare(lib) -> None:
+    c, i64 = ctypes.c_char_p, ctypes.c_int64
+    lib.dali_mesh_store_bind_reader.argtypes = [c, c, ctypes.c_void_p, ctypes.c_void_p, c, i64]
+    lib.dali_mesh_store_bind_reader.restype = ctypes.c_int
+    lib.dali_mesh_store_unbind_readers.argtypes = [ctypes.c_double]
+    lib.dali_mesh_store_unbind_readers.restype = i64
+
+
+def bind_native_reads(lib, store: IcechunkStore) -> None:
+    """Makes ``lib``'s store of ``store.spec`` (csrc/storage/callback_store.cc) read through ``store``: its
+    callbacks are made once per library and spec and kept for the life of the process; a later store of
+    the spec takes over their answers (its :attr:`~IcechunkStore.native_reads` then counts them). The
+    first binding registers the unbinding at exit, and each moves it to run first among the exit hooks
+    (before DALI's, which shuts its pipelines down: their reads then fail at once instead of waiting for
+    a GIL held by that shutdown)."""
+    _declare(lib)
+    slot = (lib._handle, store.spec)
+    with _binding:
+        _answering[slot] = store
+        if slot not in _callbacks:
+            _callbacks[slot] = _answers(slot)
+        head, read = _callbacks[slot]
+        _libraries[lib._handle] = lib
+        err = ctypes.create_string_buffer(4096)
+        if lib.dali_mesh_store_bind_reader(store.spec.encode(), store.name_of("").encode(),
+                                           ctypes.cast(head, ctypes.c_void_p), ctypes.cast(read, ctypes.c_void_p),
+                                           err, len(err)) < 0:
+            raise DataFileError(store.name_of(""), f"the native reader cannot be given its reads: "
+                                                   f"{err.value.decode(errors='replace')}")
+        atexit.unregister(_unbind_at_exit)
+        atexit.register(_unbind_at_exit)
+
+
+def unbind_native_reads(lib, store: IcechunkStore) -> None:
+    """Unbinds ``lib``'s store of ``store.spec``: its reads then fail naming the store, until it is given
+    again (:meth:`IcechunkStore.give_to`)."""
+    _declare(lib)
+    err = ctypes.create_string_buffer(4096)
+    if lib.dali_mesh_store_bind_reader(store.spec.encode(), b"", None, None, err, len(err)) < 0:
+        raise DataFileError(store.name_of(""), err.value.decode(errors="replace"))
+
+
+def _unbind_at_exit() -> None:
+    """Unbinds every library's callback stores for good and waits (without the GIL: a ctypes call) for the
+    reads in flight, so that no reader thread enters the interpreter while it is torn down."""
+    for lib in list(_libraries.values()):
+        left = lib.dali_mesh_store_unbind_readers(EXIT_WAIT_S)
+        if left:
+            log.warning("%d reads of Icechunk stores by the native reader were still in flight %.0f s after the "
+                        "process began to exit", left, EXIT_WAIT_S)
 
 
 def _named_errors(store: IcechunkStore):
