@@ -173,9 +173,10 @@ def test_a_child_of_a_process_that_used_the_library_itself_refuses_and_of_one_th
 
 
 # ---- DALI ---------------------------------------------------------------------------------------------------
-def test_dali_pipelines_with_forked_workers_over_a_repository_are_refused_when_defined(repository, tmp_path):
-    """``partitioned_source``, ``read_windows`` (falling back to it) and ``read_dataset`` (a variable read by
-    it) refuse a pipeline whose py_start_method is "fork" (DALI's default), naming the repository and spawn;
+def test_dali_pipelines_with_forked_workers_over_a_repository_are_refused_when_defined(repository, tmp_path,
+                                                                                      monkeypatch):
+    """A native read_windows with forked workers is taken (no worker reads the store); ``partitioned_source``,
+    and ``read_windows`` / ``read_dataset`` falling back to it (a store made not native here), refuse a pipeline whose py_start_method is "fork" (DALI's default), naming the repository and spawn;
     the same definitions with "spawn" are taken."""
     pytest.importorskip("nvidia.dali")
     from nvidia.dali import pipeline_def
@@ -192,6 +193,17 @@ def test_dali_pipelines_with_forked_workers_over_a_repository_are_refused_when_d
     readers = {"partitioned_source": lambda: partitioned_source(src),
                "read_windows": lambda: read_windows(src)[:1],
                "read_dataset": lambda: read_dataset(dataset)[:1]}
+
+    # read natively (the reader's threads in this process call the library): forked workers read nothing
+    @pipeline_def(batch_size=1, num_threads=1, device_id=None, py_num_workers=1, py_start_method="fork")
+    def native_pipe():
+        return read_windows(src, fallback=False)[:1]
+
+    native_pipe()
+    # where the native reader cannot read the store, read_windows and read_dataset fall back to the workers
+    from dali_mesh.storage.icechunk import IcechunkStore
+
+    monkeypatch.setattr(IcechunkStore, "native", False)
     for what, read in readers.items():
         for method in ("fork", "spawn"):
             @pipeline_def(batch_size=1, num_threads=1, device_id=None, py_num_workers=1, py_start_method=method)
