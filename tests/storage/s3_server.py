@@ -52,6 +52,15 @@ def make_bucket(endpoint: str, name: str) -> None:
         pass
 
 
+def icechunk_storage(endpoint: str, bucket: str, prefix: str):
+    """An ``icechunk.s3_storage`` of ``bucket/prefix`` on the test server (made, with the server's credentials)."""
+    import icechunk  # noqa: PLC0415 - only the Icechunk tests ask
+
+    make_bucket(endpoint, bucket)
+    return icechunk.s3_storage(bucket=bucket, prefix=prefix, endpoint_url=endpoint, allow_http=True,
+                               force_path_style=True, region=REGION, access_key_id=KEY, secret_access_key=SECRET)
+
+
 def upload(endpoint: str, local: str | os.PathLike, bucket: str, key: str) -> str:
     """Uploads a file, or every file under a folder (a Zarr store), to ``bucket/key``; returns the
     ``s3://`` location."""

@@ -16,7 +16,7 @@ import pytest
 
 from dali_mesh.storage import DataFileError, MissingFileError, store_of
 from tests.helpers import SEED, mesh_of
-from tests.storage.s3_server import REGION, make_bucket, options, s3_endpoint  # noqa: F401 - s3_endpoint: a fixture
+from tests.storage.s3_server import REGION, icechunk_storage, options, s3_endpoint  # noqa: F401 - s3_endpoint: a fixture
 from tests.storage.store_tests import FileObjectTests, StoreTests
 
 icechunk = pytest.importorskip("icechunk")
@@ -300,11 +300,7 @@ def test_without_icechunk_the_error_names_the_extra(repository, monkeypatch):
 # ---- a repository in S3 -------------------------------------------------------------------------------------
 def test_a_repository_in_s3_reads_with_the_sources_storage_options(s3_endpoint):
     opts = options(s3_endpoint, region=REGION)
-    make_bucket(s3_endpoint, "data")
-    storage = icechunk.s3_storage(bucket="data", prefix="ice/repo", endpoint_url=s3_endpoint, allow_http=True,
-                                  force_path_style=True, region=REGION, access_key_id=opts["key"],
-                                  secret_access_key=opts["secret"])
-    repo = icechunk.Repository.create(storage)
+    repo = icechunk.Repository.create(icechunk_storage(s3_endpoint, "data", "ice/repo"))
     first = _commit(repo, _values(SEED), "first")
     _commit(repo, _values(SEED + 1), "second")
     oracle = _oracle(repo, snapshot_id=first)

@@ -467,14 +467,10 @@ def test_a_process_ends_cleanly_with_reads_in_flight(tmp_path, how):
 # ---- a repository in S3, virtual chunks ------------------------------------------------------------------------
 @pytest.mark.timeout(180)
 def test_a_repository_in_s3_is_read_natively_in_parts(s3_endpoint, tmp_path):
-    from tests.storage.s3_server import REGION, make_bucket, options
+    from tests.storage.s3_server import REGION, icechunk_storage, options
 
     opts = options(s3_endpoint, region=REGION)
-    make_bucket(s3_endpoint, "native")
-    storage = icechunk.s3_storage(bucket="native", prefix="ice/repo", endpoint_url=s3_endpoint, allow_http=True,
-                                  force_path_style=True, region=REGION, access_key_id=opts["key"],
-                                  secret_access_key=opts["secret"])
-    repo = icechunk.Repository.create(storage)
+    repo = icechunk.Repository.create(icechunk_storage(s3_endpoint, "native", "ice/repo"))
     snapshot = _write(repo, _values(SEED, ("blosc", "zstd")), "first")
     for name in ("blosc", "zstd"):
         src = _source("icechunk://s3://native/ice/repo", name, (1, 4), (0, 1), {"m0": 0},
