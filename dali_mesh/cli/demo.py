@@ -330,8 +330,8 @@ def _rank(rank, world_size, cfg, out_dir):
     evict([f for f in files if local_path_of(f) is not None])  # cold files: count what the readers pull from storage
     dist.barrier()
     # the native reader reads in this process, partitioned_source in its workers: count both, from here;
-    # from an object store, the body bytes the native reader's requests received; a store that reads
-    # other stores' files (a reference set, an Icechunk snapshot) is not counted (its files are not evicted)
+    # from an object store (or a reference set, an Icechunk snapshot), the body bytes the native reader's
+    # requests received where every store is read natively; else nothing is counted (not evicted either)
     counted = not remote or all(store_of(f)[0].native for f in files)
     before = (fetched(path) if remote else read_bytes([os.getpid()])) if counted else None
     t0 = time.perf_counter()
