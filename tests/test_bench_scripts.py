@@ -325,6 +325,22 @@ def test_region_bench_quick(tmp_path):
     assert [line.split()[-3] for line in r.stdout.splitlines()[1:]] == ["8", "1024", "262144", "1048576", "1048576"]
 
 
+def test_icechunk_local_reads_counts_the_disk(tmp_path):
+    """Its table's pread column is the disk's bytes for a plain read of an evicted range: at least the
+    range (the page cache held none of it) and not much more; the library's column is a count too."""
+    pytest.importorskip("icechunk")
+    r = _run([str(BENCH / "icechunk_local_reads.py"), "--folder", str(tmp_path)], tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [line.split("|")[1:-1] for line in r.stdout.splitlines() if line.startswith("| ") and "range" not in line]
+    assert len(rows) == 4, r.stdout
+    if all(int(row[3].split()[0]) == 0 for row in rows):
+        pytest.skip(f"{tmp_path}'s reads do not reach the disk's count (/proc/self/io): a file system in memory")
+    for n, _, library, plain in rows:
+        n, library, plain = int(n), int(library.split()[0]), int(plain.split()[0])
+        assert n <= plain <= n + (64 << 10), r.stdout
+        assert library >= 0, r.stdout
+
+
 def test_gpu_check_main_skips_what_a_failed_build_would_feed(tmp_path, monkeypatch, capsys):
     """The whole run on fake steps: a failed build skips the steps that need it, others still run,
     the step marked last runs last, and the exit status says something failed."""
