@@ -233,23 +233,24 @@ class IcechunkStore(ByteStore):
         return self._session
 
     def read(self, key: str, offset: int, size: int) -> bytes:
-        """``size`` bytes of ``key`` at ``offset`` (one ranged read of the session's store)."""
-        from zarr.abc.store import RangeByteRequest  # noqa: PLC0415
-        from zarr.core.buffer import default_buffer_prototype  # noqa: PLC0415
-
-        store = self.session().store
-        try:
-            buf = _sync(store.get(key, default_buffer_prototype(), RangeByteRequest(offset, offset + size)))
-        except Exception as e:  # noqa: BLE001 - icechunk raises IcechunkError, KeyError, ValueError
-            raise self.read_failed(key, e) from None
-        if buf is None:
-            raise DataFileError(self.name_of(key), f"is gone from snapshot {self.snapshot} while it was read")
-        return buf.to_bytes()
+        """``size`` bytes of ``key`` at ``offset`` (fewer at its end): one ranged read of the session's store
+        (the Python readers'; not counted in :attr:`native_reads`)."""
+        return self._ranges(key, [(offset, size)])[0].tobytes()
 
     def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list:
         """The bytes of each ``(offset, size)`` range of ``key`` (fewer at its end), read by one call of the
         session's store (``get_partial_values``: the library sends the requests together), as numpy
-        ``uint8`` arrays; a key the snapshot lacks is a :class:`MissingFileError` naming it."""
+        ``uint8`` arrays: the native reader's reads (csrc/storage/callback_store.cc), counted in
+        :attr:`native_reads`; a key the snapshot lacks is a :class:`MissingFileError` naming it."""
+        arrays = self._ranges(key, ranges)
+        with self._counting:
+            self.native_reads["calls"] += 1
+            self.native_reads["ranges"] += len(ranges)
+            self.native_reads["bytes"] += sum(size for _, size in ranges)
+        return arrays
+
+    def _ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list:
+        """:meth:`read_ranges`' reads, uncounted."""
         from zarr.abc.store import RangeByteRequest  # noqa: PLC0415
         from zarr.core.buffer import default_buffer_prototype  # noqa: PLC0415
 
@@ -265,10 +266,6 @@ class IcechunkStore(ByteStore):
         if any(buf is None for buf in bufs):
             raise MissingFileError(self.name_of(key), f"no such key in snapshot {self.snapshot} of the repository "
                                                       "(the plan that reads it was made from another snapshot?)")
-        with self._counting:
-            self.native_reads["calls"] += 1
-            self.native_reads["ranges"] += len(ranges)
-            self.native_reads["bytes"] += sum(size for _, size in ranges)
         return [buf.as_numpy_array() for buf in bufs]
 
     def name_of(self, key: str) -> str:
