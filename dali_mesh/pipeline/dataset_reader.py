@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 def _plans_or_reason(source) -> list:
     """Per part of ``source``: its native plans, or the reason (a string) it falls back."""
+    _warm(source)
     out = []
     for sub, _ in source.parts:
         try:
@@ -28,6 +29,19 @@ def _plans_or_reason(source) -> list:
         except NotNativeError as e:
             out.append(f"partitioned_source ({e})")
     return out
+
+
+def _warm(source) -> None:
+    """Tells each store the arrays of ``source``'s parts before they are planned one after another
+    (``ByteStore.warm``: an Icechunk repository then loads their manifests together)."""
+    arrays: dict[int, tuple] = {}
+    for sub, _ in source.parts:
+        name = getattr(sub, "name", None)
+        if isinstance(name, str):
+            for store in sub.stores():
+                arrays.setdefault(id(store), (store, []))[1].append(name)
+    for store, names in arrays.values():
+        store.warm(names)
 
 
 def _stacked_or_reason(source, plans) -> tuple | str:

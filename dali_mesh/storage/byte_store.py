@@ -157,6 +157,12 @@ class ByteStore(abc.ABC):
         """Announces reads of ``(offset, size)`` ranges of ``key`` that will come soon (a hint; errors
         are left to the reads)."""
 
+    def warm(self, arrays: Sequence[str]) -> None:
+        """Announces that the chunks of ``arrays`` (array paths of a Zarr store in this store) are about to
+        be looked up one array after another (a dataset's variables, planned in turn): a store whose first
+        look-up in each array costs a round trip of its own may make them together (a hint; errors are
+        left to the look-ups)."""
+
     def cancel(self) -> None:
         """Makes the reads in flight of this process fail (a pipeline stopped after an error)."""
 

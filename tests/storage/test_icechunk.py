@@ -489,3 +489,44 @@ def test_a_dataset_source_reads_variables_levels_forecasts_of_the_tagged_snapsho
                 want = np.stack([(take_window(fields[s], src.region) - mean[:, None, None]) / std[:, None, None]
                                  for s in steps])
                 np.testing.assert_allclose(got[w], want, rtol=2e-6, atol=2e-6, err_msg=f"rank {rank}, sample {sid}")
+
+
+# ---- a dataset's variables planned in turn: their manifests loaded together --------------------------------------
+@pytest.mark.timeout(120)
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_datasets_variables_load_their_manifests_together(tmp_path):
+    """read_dataset plans a dataset's variables one after another, and the library loads an array's manifest
+    at the first look-up of one of its chunks: without ByteStore.warm, a round trip per variable at the open.
+    Over the benchmarks' S3 server with a latency that makes requests sent together overlap: the manifests of
+    the 3 data variables are fetched in one wave (the time coordinate's, read by the dataset's open, in one
+    before), and a warm of arrays that are not there is no error."""
+    import xarray as xr
+    import zarr
+
+    from dali_mesh import MeshInfo, NamedLayout, ZarrDatasetSource
+    from dali_mesh.pipeline.dataset_reader import dataset_readers
+    from tests.storage.request_log import LoggingS3Server, waves
+    from tests.storage.s3_server import KEY, SECRET
+
+    names = ("t2m", "u10", "v10")
+    x = np.random.default_rng(SEED).standard_normal((4, 8, 12)).astype("f4")
+    ds = xr.Dataset({v: (("time", "latitude", "longitude"), x + i) for i, v in enumerate(names)},
+                    coords={"time": np.arange(4).astype("datetime64[h]")})
+    with LoggingS3Server(buckets=["data"]) as s:
+        storage = icechunk.s3_storage(bucket="data", prefix="repo", endpoint_url=s.endpoint, allow_http=True,
+                                      force_path_style=True, region=REGION, access_key_id=KEY, secret_access_key=SECRET)
+        session = icechunk.Repository.create(storage).writable_session("main")
+        ds.to_zarr(session.store, mode="w", consolidated=False, zarr_format=3,
+                   encoding={v: {"chunks": (1, 8, 12), "compressors": zarr.codecs.ZstdCodec()} for v in names})
+        session.commit("three variables")
+        s.configure(latency=0.1)
+        layout = NamedLayout(MeshInfo((2,), ("mp",), (1,)), shard={"mp": "latitude"})
+        src = ZarrDatasetSource("icechunk://s3://data/repo", list(names), layout, batch_size=1, shuffle=False,
+                                dtype=np.float32, storage_options=options(s.endpoint, region=REGION))
+        s.take_log()
+        assert dataset_readers(src) == ["native"] * len(names)
+        manifests = [r for r in s.take_log() if r.method == "GET" and "/manifests/" in r.key]
+        assert len(manifests) == len(names), manifests
+        assert len(waves(manifests)) == 1, manifests
+        (store,) = src.stores()
+        store.warm(["no/such/array", "", "t2m", "time"])

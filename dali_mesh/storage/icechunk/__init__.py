@@ -44,6 +44,7 @@ opens the repository there.
 """
 from __future__ import annotations
 
+import asyncio
 import atexit
 import ctypes
 import logging
@@ -299,6 +300,29 @@ class IcechunkStore(ByteStore):
                 return None
             raise DataFileError(self.name_of(key), f"cannot be looked at ({_short(e)})") from None
         return Version(int(size), -1, self.tag)
+
+    def warm(self, arrays: Sequence[str]) -> None:
+        """Loads the chunk manifests of ``arrays`` side by side: the library loads an array's manifest at the
+        first look-up of one of its chunks, so a dataset's variables planned in turn would wait a round trip
+        each (at 20 ms, 4 variables: 4 waves of one request). Looks up each array's first chunk together
+        (errors are left to the plan's own look-ups)."""
+        import zarr  # noqa: PLC0415 - zarr only when a repository is read
+
+        store = self.session().store
+        keys = []
+        for path in dict.fromkeys(a.strip("/") for a in arrays):
+            try:
+                arr = zarr.open_array(store=store, path=path, mode="r")
+                keys.append(f"{path}/{arr.metadata.encode_chunk_key((0,) * arr.ndim)}" if path else
+                            arr.metadata.encode_chunk_key((0,) * arr.ndim))
+            except Exception:  # noqa: BLE001, S112 - not an array (the plan says so itself)
+                continue
+
+        async def look_up():
+            await asyncio.gather(*(store.exists(k) for k in keys), return_exceptions=True)
+
+        if len(keys) > 1:
+            _sync(look_up())
 
     def pins(self, version: Version | None) -> bool:
         """Every read is of the store's snapshot, whose keys never change."""
