@@ -6,7 +6,7 @@ Writes a repository of one (1, 4, 721, 1440) float32 chunk (Blosc lz4 5 + shuffl
 15 MB stored) with the ``icechunk`` library, then reads ranges of that chunk through the library's store
 (``get`` with a ``RangeByteRequest``: what the native reader's ranged reads of a repository call) and,
 for comparison, with one ``os.pread`` of the chunk's file; before each read every file of the repository
-is evicted from the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)``), and the bytes the disk gave are
+is evicted from the page cache (``fsync`` + ``posix_fadvise(POSIX_FADV_DONTNEED)``, :mod:`dali_mesh.io.pagecache`), and the bytes the disk gave are
 ``/proc/self/io``'s ``read_bytes`` after minus before. What a reader asks of a local repository is not
 what the disk reads: the rows of virtual_results.md that count a local Icechunk store's bytes count both.
 """
@@ -16,28 +16,14 @@ import argparse
 import asyncio
 import glob
 import os
+import sys
 import tempfile
 
 import numpy as np
 
-
-def _disk_bytes() -> int:
-    with open("/proc/self/io") as f:
-        for line in f:
-            if line.startswith("read_bytes"):
-                return int(line.split()[1])
-    raise RuntimeError("/proc/self/io has no read_bytes")
-
-
-def _evict(folder: str) -> None:
-    for path in glob.glob(os.path.join(folder, "**"), recursive=True):
-        if os.path.isfile(path) and not os.path.islink(path):
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)  # a dirty page (the repository was just written) is not evicted
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.read_bench import proc_read_bytes as _disk_bytes  # noqa: E402
+from dali_mesh.io.pagecache import evict  # noqa: E402
 
 
 def main(argv=None) -> None:
@@ -66,12 +52,12 @@ def main(argv=None) -> None:
     print("| range | at | the library's store: disk bytes | one pread: disk bytes |")
     print("|---|---|---|---|")
     for lo, n in [(0, 4096), (size // 2, 64 << 10), (size // 4, 1 << 20), (size // 2, 4 << 20)]:
-        _evict(path)
+        evict(path)
         before = _disk_bytes()
         got = asyncio.run(store.get("x/c/0/0/0/0", zbuf.default_buffer_prototype(), RangeByteRequest(lo, lo + n)))
         library = _disk_bytes() - before
         assert len(got.to_bytes()) == n
-        _evict(path)
+        evict(path)
         fd = os.open(chunk, os.O_RDONLY)
         try:
             before = _disk_bytes()

@@ -326,8 +326,8 @@ def test_region_bench_quick(tmp_path):
 
 
 def test_icechunk_local_reads_counts_the_disk(tmp_path):
-    """Its table's pread column is the disk's bytes for a plain read of an evicted range: at least the
-    range (the page cache held none of it) and not much more; the library's column is a count too."""
+    """Its table's columns are the disk's bytes for reads of an evicted range: at least the range in both
+    (the page cache held none of it), and not much more for the plain pread."""
     pytest.importorskip("icechunk")
     r = _run([str(BENCH / "icechunk_local_reads.py"), "--folder", str(tmp_path)], tmp_path, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -338,7 +338,7 @@ def test_icechunk_local_reads_counts_the_disk(tmp_path):
     for n, _, library, plain in rows:
         n, library, plain = int(n), int(library.split()[0]), int(plain.split()[0])
         assert n <= plain <= n + (64 << 10), r.stdout
-        assert library >= 0, r.stdout
+        assert n <= library, r.stdout
 
 
 def test_gpu_check_main_skips_what_a_failed_build_would_feed(tmp_path, monkeypatch, capsys):
