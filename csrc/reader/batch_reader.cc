@@ -189,6 +189,7 @@ struct BatchReader::Ahead {
   std::exception_ptr error;
   std::chrono::steady_clock::time_point ended;  // when the job ended
   bool cancels_meanwhile = false;  // CancelReads was called while the job ran
+  bool no_buffers = false;  // no memory for its windows: its error is not its batch's
   Ahead() { g_ahead_alive++; }
   ~Ahead() { g_ahead_alive--; }
   Ahead(const Ahead &) = delete;
@@ -290,6 +291,7 @@ void BatchReader::Drop(std::shared_ptr<Ahead> ahead) {
 void BatchReader::Keep(std::shared_ptr<Ahead> ahead) {
   ahead->done = std::future<void>();
   ahead->error = nullptr;
+  ahead->no_buffers = false;
   spare_.push_back(std::move(ahead));
 }
 
@@ -361,10 +363,10 @@ bool BatchReader::StartAhead(std::vector<int64_t> ids, int threads) {
   }
   a->reader->device_fill_ = device_fill_;
   a->reader->guesses_ = guesses_;
+  a->reader->gate_ = gate_;
+  a->reader->yields_ = true;
   a->reader->SetBatch(ids.data(), static_cast<int>(ids.size()));
   a->ids = std::move(ids);
-  a->windows.resize(a->reader->num_windows());
-  for (int64_t j = 0; j < a->reader->num_windows(); j++) a->windows[j].resize(a->reader->window_plan(j).bytes());
   a->cancel = std::make_unique<CancelFlag>();
   a->claim.Reset();
   try {
@@ -383,8 +385,19 @@ bool BatchReader::StartAhead(std::vector<int64_t> ids, int threads) {
           {
             CancelScope scope(job->cancel.get());
             try {
+              // its buffers made here, not by the read that starts it: 8 batches' windows zeroed there
+              // (34 MB for 4 MB windows, ~10 ms) delayed the batch that read waits for
               std::vector<char *> out;
-              for (auto &w : job->windows) out.push_back(w.data());
+              try {
+                job->windows.resize(job->reader->num_windows());
+                for (int64_t j = 0; j < job->reader->num_windows(); j++) {
+                  job->windows[j].resize(job->reader->window_plan(j).bytes());
+                  out.push_back(job->windows[j].data());
+                }
+              } catch (const std::bad_alloc &) {  // the batch is read when it is wanted, as if never started
+                job->no_buffers = true;
+                throw;
+              }
               job->reader->Read(out, RunOn(threads, KeptThreads::Lane::kBackground, held));
             } catch (...) {
               job->error = std::current_exception();
@@ -443,7 +456,7 @@ void BatchReader::Read(const std::vector<char *> &out, const RunTasks &run) {
     const std::exception_ptr error = a->error;
     // failed while this read waited for it, and not for a cancel of the process's reads: its store
     // retries were this batch's (read again, it would wait as long again), so its error is this read's
-    const bool own = failed && a->ended > wanted && !a->cancels_meanwhile;
+    const bool own = failed && a->ended > wanted && !a->cancels_meanwhile && !a->no_buffers;
     const double waited = std::chrono::duration<double>(a->ended - wanted).count();
     Keep(std::move(a));
     if (!failed) return;
@@ -452,6 +465,16 @@ void BatchReader::Read(const std::vector<char *> &out, const RunTasks &run) {
     // (a transient fault, or a cancel meant for another pipeline, is not replayed)
     break;
   }
+  // read here: the batches read ahead fetch meanwhile, and decode once it is read
+  struct GateClosed {
+    DecodeGate *gate;
+    explicit GateClosed(DecodeGate *g) : gate(g) {
+      if (gate) gate->Close();
+    }
+    ~GateClosed() {
+      if (gate) gate->Open();
+    }
+  } closed(reads_ahead_ && !ahead_.empty() ? gate_.get() : nullptr);
   // the parts of this batch: (window, part index in plans_.parts)
   batch_parts_.clear();
   for (int i = 0; i < n; i++)
@@ -571,9 +594,11 @@ void BatchReader::ReadChunkTask(int64_t t) {
   // the chunk read, or decoded from the bytes fetched with its neighbours
   auto read = [&](char *out, const std::vector<std::pair<int64_t, int64_t>> *ranges) {
     if (m) {
+      if (yields_) gate_->WaitOpen();
       DecodeStored(plans_, c, m->name, m->bytes.get() + (plans_.chunks[c].offset - m->lo), out, ranges);
     } else {
-      ReadChunk(plans_, c, first_plan, first_path_[first.plan], &stored, out, ranges, ranges ? guesses_.get() : nullptr);
+      ReadChunk(plans_, c, first_plan, first_path_[first.plan], &stored, out, ranges, ranges ? guesses_.get() : nullptr,
+                yields_ ? gate_.get() : nullptr);
     }
   };
   if (e - b == 1 && TakesWholeChunk(first_plan, first.base, chunk_bytes)) {

@@ -216,6 +216,10 @@ class BatchReader {
   // of its batches read ahead, so that a chunk one of them learnt places the others' first round trip
   // (each learning on its own cost every batch in flight at an epoch's start a second round trip)
   std::shared_ptr<PartsGuesses> guesses_ = std::make_shared<PartsGuesses>();
+  // closed while this reader reads a batch itself; the readers of its batches read ahead share it and
+  // yield (wait on it before each decode)
+  std::shared_ptr<DecodeGate> gate_ = std::make_shared<DecodeGate>();
+  bool yields_ = false;
   std::vector<int64_t> ids_;  // the batch's sample ids
   // batches read ahead, oldest first, and those done with (their readers and buffers reused)
   bool reads_ahead_ = false;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
@@ -126,9 +127,28 @@ char *PlaceLike(std::vector<char> *buffer, int64_t n, int64_t offset) {
   return buffer->data() + ((static_cast<uintptr_t>(offset) - start) & (kPage - 1));
 }
 
+void DecodeGate::Close() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  closed_++;
+}
+
+void DecodeGate::Open() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    closed_--;
+  }
+  cv_.notify_all();
+}
+
+void DecodeGate::WaitOpen() const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  // a cancel sets no condition: looked at every 10 ms
+  while (closed_ > 0 && !ReadCancelled()) cv_.wait_for(lock, std::chrono::milliseconds(10));
+}
+
 void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const std::string &first_path,
                std::vector<char> *stored, char *decoded, const std::vector<std::pair<int64_t, int64_t>> *ranges,
-               PartsGuesses *guesses) {
+               PartsGuesses *guesses, const DecodeGate *yield) {
   const PlanChunk &ch = set.chunks[c];
   const Coder &coder = set.coders[ch.coder];
   const PlanFile &pf = set.files[ch.file];
@@ -182,6 +202,7 @@ void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const 
   FetchChunk(coder, ch.nbytes, ranges, at, read_at, read_many, guessing ? guesses : nullptr,
              guessing ? PartsGuesses::StemOf(pf.key) : std::string(), ch.coder, file.object().Cost());
   file.CheckUnchanged();
+  if (yield) yield->WaitOpen();
   const std::string why = ranges ? DecodeChunkRanges(coder, at, ch.nbytes, decoded, *ranges)
                                  : DecodeChunk(coder, at, ch.nbytes, decoded);
   if (!why.empty()) Fail(where + " cannot be decoded: " + why + "; the file is corrupt");

@@ -4,7 +4,9 @@
 #ifndef DALI_MESH_READER_READ_UNITS_H_
 #define DALI_MESH_READER_READ_UNITS_H_
 
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,6 +32,25 @@ void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_
 // reads took that path); glibc's memmove avoids such short distances, the kernel's copy does not.
 char *PlaceLike(std::vector<char> *buffer, int64_t n, int64_t offset);
 
+// The batch a read waits for decodes first: while a reader reads a batch itself (one not read ahead:
+// an epoch's first, or after the sample order changed), the readers of its batches read ahead fetch
+// their chunks but wait to decode them. Their fetches are round trips and go on; their decodes would
+// take the cores the waited-for batch decodes on (2 cores, 8 batches ahead: its decodes got a fifth
+// of them). Any thread.
+class DecodeGate {
+ public:
+  void Close();  // a read of a batch of its own begins (nests)
+  void Open();   // it ends
+  // Returns once no read of a batch of its own is in progress, or when the calling thread's reads are
+  // cancelled (a batch read ahead then dropped ends without waiting for the read it yielded to).
+  void WaitOpen() const;
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::condition_variable cv_;
+  int closed_ = 0;
+};
+
 // Reads chunk `c` of `set` (its file opened and checked by `check_plan` as a part's file is) and
 // decodes it into `decoded` (its coder's chunk_bytes); a missing chunk is filled with the coder's
 // fill value once its file is seen to be still missing. `stored` is grown to the stored size and a
@@ -40,9 +61,11 @@ char *PlaceLike(std::vector<char> *buffer, int64_t n, int64_t offset);
 // those must be decoded (DecodeChunkRanges: a Blosc chunk decodes only the blocks they touch).
 // `guesses`: where chunks read in parts before lay out (fetch_plan.h PartsGuesses), used when the
 // store guesses (StoredObject::GuessParts) and updated; what is fetched is FetchChunk's choice.
+// `yield`: waited on (WaitOpen) between the chunk's fetch and its decode (a batch read ahead).
 void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const std::string &first_path,
                std::vector<char> *stored, char *decoded,
-               const std::vector<std::pair<int64_t, int64_t>> *ranges = nullptr, PartsGuesses *guesses = nullptr);
+               const std::vector<std::pair<int64_t, int64_t>> *ranges = nullptr, PartsGuesses *guesses = nullptr,
+               const DecodeGate *yield = nullptr);
 
 // Reads bytes [lo, hi) of plan file `file` of `set` into `dst` in one request: the chunks of a run
 // (fetch_plan.h ChunkRuns) fetched together. The file is opened and checked by each of `check_plans`

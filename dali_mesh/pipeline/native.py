@@ -213,9 +213,10 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
             gives the next batches, within the epoch (the first batch of an epoch is read when it is
             asked for); the data, the checks and the errors are those of reading that batch when it
             comes. A batch read ahead that is not asked for next (a restored checkpoint) is dropped.
-        read_ahead_batches: the most batches read ahead, 1 to 8 (``None``: 4; at 20-50 ms a round
-            trip, four hide what one and two do not: benchmarks/remote_results.md). With ``sample_ids`` of another ``read_windows``, at most
-            as many as that one's.
+        read_ahead_batches: the most batches read ahead, 1 to 8 (``None``: 8; on a 20-50 ms link
+            eight took 0.7-0.8x the epoch of four, its first batch 10 ms later:
+            benchmarks/remote_results.md; ``read_ahead_bytes`` bounds their memory). With
+            ``sample_ids`` of another ``read_windows``, at most as many as that one's.
         read_ahead_bytes: the windows of the batches read ahead take at most this many bytes
             together (fewer batches are read ahead when they do not fit; none when one does not).
         kwargs: passed to the ``partitioned_source`` fallback.
@@ -244,10 +245,10 @@ def define_native(source, device: str, *, name: str | None = None, layout: str |
         raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
     if not (read_ahead is None or isinstance(read_ahead, bool)):
         raise ValueError(f"read_ahead must be None (object stores), True or False, got {read_ahead!r}")
-    batches = 4 if read_ahead_batches is None else read_ahead_batches
+    batches = MAX_AHEAD_BATCHES if read_ahead_batches is None else read_ahead_batches
     if isinstance(batches, bool) or not isinstance(batches, int) or not 1 <= batches <= MAX_AHEAD_BATCHES:
-        raise ValueError(f"read_ahead_batches must be None (4) or an int from 1 to {MAX_AHEAD_BATCHES}, "
-                         f"got {read_ahead_batches!r}")
+        raise ValueError(f"read_ahead_batches must be None ({MAX_AHEAD_BATCHES}) or an int from 1 to "
+                         f"{MAX_AHEAD_BATCHES}, got {read_ahead_batches!r}")
     if isinstance(read_ahead_bytes, bool) or not isinstance(read_ahead_bytes, int) or read_ahead_bytes < 0:
         raise ValueError(f"read_ahead_bytes must be an int >= 0, got {read_ahead_bytes!r}")
     norm = {}

@@ -161,7 +161,7 @@ Stateless: checkpointing works.)")
     .AddOptionalArg("read_ahead", "Read the batches of next_sample_id ahead: 0 never, 1 when the plan "
                     "reads an object store (its reads wait on round trips), 2 always.", 1)
     .AddOptionalArg("read_ahead_batches", "The most batches read ahead (1 to 8; fewer when "
-                    "next_sample_id gives fewer): at 20-50 ms a round trip, 4 hide what 1 and 2 do not.", 4)
+                    "next_sample_id gives fewer): at 20-50 ms a round trip, 8 hide what 4 do not.", 8)
     .AddOptionalArg<int64_t>("read_ahead_bytes", "The windows of the batches read ahead take at most "
                              "this many bytes together, in buffers of the operator's own: fewer batches "
                              "are read ahead when they do not fit.", int64_t(1) << 30);
