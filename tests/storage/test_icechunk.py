@@ -275,6 +275,44 @@ def test_a_missing_repository_and_a_missing_key_are_named(repository, tmp_path):
         store.open("q/zarr.json")
 
 
+def test_a_mistyped_local_path_makes_no_folders(tmp_path):
+    missing = tmp_path / "typo" / "era5"
+    for opts in ({}, {"authorize_virtual": True}):
+        with pytest.raises(DataFileError, match=r"the repository doesn't exist"):
+            store_of(f"icechunk://{missing}", opts)
+    assert not (tmp_path / "typo").exists()
+
+
+@pytest.mark.parametrize("where", ["root", "below the root"])
+def test_a_snapshot_whose_manifests_are_gone_fails_and_never_reads_fill_values(tmp_path, where):
+    """The manifest objects deleted from the repository's storage (a partial copy, a collection): a read of a
+    chunk fails naming the snapshot and the missing object, at the root and at a key below it (a location
+    ``@<snapshot>/g``, as a checkpoint names it), where a look-up error of the library once read as "no such
+    chunk" and the window as fill values."""
+    import zarr
+
+    path = str(tmp_path / "repo")
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(path))
+    session = repo.writable_session("main")
+    group = zarr.open_group(session.store, mode="w")
+    if where != "root":
+        group = group.create_group("g")
+    x = (np.arange(3 * 16 * 16).reshape(3, 16, 16) + 1).astype("<f4")
+    arr = group.create_array("t2m", shape=x.shape, chunks=(1, 8, 8), dtype="<f4", compressors=None, fill_value=0,
+                             dimension_names=("time", "lat", "lon"))
+    arr[...] = x
+    snap = session.commit("first")
+    src = _source(f"icechunk://{path}@{snap}" + ("" if where == "root" else "/g"), 2, 0, halo=0)
+    np.testing.assert_array_equal(src.read_sample(0)[0], x[0, :8])
+    manifests = os.listdir(os.path.join(path, "manifests"))
+    assert manifests
+    for name in manifests:
+        os.remove(os.path.join(path, "manifests", name))
+    src = _source(f"icechunk://{path}@{snap}" + ("" if where == "root" else "/g"), 2, 0, halo=0)
+    with pytest.raises(DataFileError, match=rf"@{snap}.*manifests/\w+ not found"):
+        src.read_sample(1)
+
+
 def test_an_expired_and_collected_snapshot_is_named(tmp_path):
     path = str(tmp_path / "repo")
     repo = icechunk.Repository.create(icechunk.local_filesystem_storage(path))

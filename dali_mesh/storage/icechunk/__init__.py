@@ -295,8 +295,13 @@ class IcechunkStore(ByteStore):
                 return None
             size = _sync(store.getsize(key))
         except Exception as e:  # noqa: BLE001 - KeyError, IcechunkError (one class for every failure)
-            # under no node ("node not found"), or a folder's name ("invalid zarr key format"): no object
-            if isinstance(e, KeyError) or "not found" in str(e) or "invalid zarr key" in str(e):
+            # under no node ("node not found"), or a folder's name ("invalid zarr key format"): no object.
+            # Not any "not found": a manifest object missing from the repository's storage ("object store
+            # error Object at location .../manifests/... not found") is a snapshot that cannot be read, and
+            # its chunks must not read as fill values
+            text = str(e)
+            if "object store error" not in text and (isinstance(e, KeyError) or "node not found" in text or
+                                                     "invalid zarr key" in text):
                 return None
             raise DataFileError(self.name_of(key), f"cannot be looked at ({_short(e)})") from None
         return Version(int(size), -1, self.tag)
@@ -615,6 +620,11 @@ def open_repository(repository: str, options: dict):
         if unknown:
             raise ValueError(f"{name}: storage_options {unknown} are not options of a local Icechunk repository "
                              f"(known: {', '.join(known)})")
+        # the library's open makes the folders of a path that is not there: a mistyped path must not
+        # leave a tree of empty folders behind
+        if not os.path.isdir(repository):
+            raise DataFileError(name, "cannot be opened as an Icechunk repository (the repository doesn't exist), "
+                                      "no such folder; check the location after icechunk://")
         _check_process(name)  # a storage object starts the library's runtime
         storage = icechunk.local_filesystem_storage(repository)
     try:
