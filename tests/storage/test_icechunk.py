@@ -481,6 +481,104 @@ def test_virtual_chunks_not_authorised_are_not_read(tmp_path):
         store_of(f"icechunk://{path}", {"authorize_virtual": prefix})
 
 
+def _capture_server():
+    """A server on 127.0.0.1 that answers every request 404 and keeps its method, path and credential headers:
+    ``(server, seen, endpoint)`` (the caller shuts it down)."""
+    import http.server
+    import threading
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _any(self):
+            seen.append((self.command, self.path, {k.lower(): v for k, v in self.headers.items()
+                                                   if k.lower() in ("authorization", "x-amz-security-token")}))
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_HEAD = _any
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, seen, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+@pytest.mark.parametrize("access", ["prefix", "all declared", "env"])
+def test_a_virtual_container_gets_the_environments_credentials_only_when_the_source_says_env(
+        tmp_path, monkeypatch, access):
+    """A repository (anyone's) declares the container ``s3://data/`` at an endpoint of its choosing; the user's
+    own keys are in the environment. Authorised by its prefix or as "every container declared", the
+    container is read anonymously: the endpoint never sees the user's key id or session token (the
+    library's default, the environment's credentials, sent them). ``{prefix: "env"}`` sends them: the
+    user's choice, and this test's proof that the server would have seen them."""
+    import zarr
+
+    server, seen, endpoint = _capture_server()
+    try:
+        config = icechunk.RepositoryConfig.default()
+        config.set_virtual_chunk_container(icechunk.VirtualChunkContainer("s3://data/", icechunk.s3_store(
+            region="us-east-1", endpoint_url=endpoint, allow_http=True, force_path_style=True)))
+        path = str(tmp_path / "repo")
+        repo = icechunk.Repository.create(icechunk.local_filesystem_storage(path), config=config)
+        session = repo.writable_session("main")
+        zarr.open_group(session.store, mode="w").create_array(
+            "t2m", shape=(2, 8, 8), chunks=(1, 8, 8), dtype="<f4", compressors=None, fill_value=0,
+            dimension_names=("time", "lat", "lon"))
+        for t in range(2):
+            session.store.set_virtual_ref(f"t2m/c/{t}/0/0", "s3://data/era5.nc", offset=t * 256, length=256)
+        session.commit("virtual")
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAUSERSOWNKEY00000")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "users-own-secret")
+        monkeypatch.setenv("AWS_SESSION_TOKEN", "USERS-SESSION-TOKEN")
+        monkeypatch.setenv("AWS_REGION", "us-east-1")
+        given = {"prefix": ["s3://data/"], "all declared": True, "env": {"s3://data/": "env"}}[access]
+        src = _source(f"icechunk://{path}", 1, 0, halo=0, storage_options={"authorize_virtual": given})
+        with pytest.raises(DataFileError, match=r"t2m/c/0/0/0: cannot be read"):
+            src.read_sample(0)
+    finally:
+        server.shutdown()
+    assert seen, "the container's endpoint was never asked"
+    sent = " ".join(str(headers) for _, _, headers in seen)
+    if access == "env":
+        assert "AKIAUSERSOWNKEY00000" in sent and "USERS-SESSION-TOKEN" in sent
+    else:
+        assert "AKIAUSERSOWNKEY00000" not in sent and "USERS-SESSION-TOKEN" not in sent
+        assert all(not headers for _, _, headers in seen), seen
+
+
+def test_an_unknown_way_of_reading_a_container_is_refused(tmp_path):
+    path = str(tmp_path / "repo")
+    icechunk.Repository.create(icechunk.local_filesystem_storage(path))
+    with pytest.raises(ValueError, match=r"the container 's3://data/' is read 'anonymous' or 'env', got 'mine'"):
+        store_of(f"icechunk://{path}", {"authorize_virtual": {"s3://data/": "mine"}})
+    with pytest.raises(ValueError, match=r"'ftp://x/' is of a kind this reader does not authorise"):
+        store_of(f"icechunk://{path}", {"authorize_virtual": ["ftp://x/"]})
+
+
+def test_one_repository_read_from_two_services_or_with_other_keys_is_two_stores(repository):
+    """A repository location's stores on two services (a mirror: the same snapshot ids), with other keys,
+    or other virtual containers authorised, have other specs (each library's native store of a spec reads
+    through one of them: one source's reads once went to the other's service); a pickled store keeps its
+    spec, without its secrets."""
+    path, _, first, _ = repository
+    base = {"endpoint_url": "http://127.0.0.1:1", "region": REGION, "key": "KEY-A", "secret": "SECRET-OF-A"}
+    stores = [IcechunkStore(f"s3://data/{path}", first, dict(base)),
+              IcechunkStore(f"s3://data/{path}", first, {**base, "endpoint_url": "http://127.0.0.1:2"}),
+              IcechunkStore(f"s3://data/{path}", first, {**base, "key": "KEY-B", "secret": "SECRET-OF-B"}),
+              IcechunkStore(f"s3://data/{path}", first, {**base, "authorize_virtual": ["s3://data/"]}),
+              IcechunkStore(f"s3://data/{path}", first, {**base, "anon": True})]
+    assert len({s.spec for s in stores}) == len(stores)
+    assert IcechunkStore(f"s3://data/{path}", first, dict(base)) == stores[0]
+    for store in stores:
+        again = pickle.loads(pickle.dumps(store))
+        assert again.spec == store.spec and again == store
+        assert b"SECRET-OF" not in pickle.dumps(store) and "SECRET-OF" not in store.spec
+
+
 # ---- the weather dataset source over a repository --------------------------------------------------------------
 def test_a_dataset_source_reads_variables_levels_forecasts_of_the_tagged_snapshot(tmp_path):
     """An xarray-written dataset (variables x levels x time) committed twice, read at the tag on the first by

@@ -31,7 +31,9 @@ down. The Python path (:meth:`IcechunkStore.read`, :class:`IcechunkObject`) stay
 session's own store (:meth:`IcechunkStore.zarr_store`). Virtual chunks (byte ranges of NetCDF/HDF5 files
 that VirtualiZarr wrote into the repository) are read only from the containers the source authorises
 (``storage_options`` ``authorize_virtual``: their URL prefixes, or ``True`` for every one the repository
-declares): a repository's references may name any file.
+declares): a repository's references may name any file. An object store's container is read anonymously
+unless the source says ``{prefix: "env"}`` (the repository's config names its endpoint: the environment's
+keys would go wherever a repository points them).
 
 Processes: the library cannot run in a process forked from one that used it (icechunk 1.1.21: once a
 storage object is made, its Rust runtime's threads run the calls; a forked child has none of them, so its
@@ -208,10 +210,15 @@ class IcechunkStore(ByteStore):
     #: docstring); ``partitioned_source`` refuses DALI's forked workers over it when the pipeline is defined
     fork_safe = False
 
-    def __init__(self, repository: str, snapshot: str, options: dict | None = None) -> None:
+    def __init__(self, repository: str, snapshot: str, options: dict | None = None, spec: str | None = None) -> None:
         self.repository, self.snapshot = repository, snapshot
         self._options = {k: v for k, v in (options or {}).items() if k not in VERSION_OPTIONS}
-        self.spec = write_spec("icechunk", {"repo": repository, "snapshot": snapshot})
+        # what reads it, not only what it is: two sources of one repository location on two services (a
+        # mirror: the same snapshot ids), with other keys or other virtual containers authorised, are two
+        # stores (each library's native store of a spec reads through one of them). A pickled store keeps
+        # its spec (the signer is a hash under this process's salt)
+        self.spec = spec or write_spec("icechunk", {"repo": repository, "snapshot": snapshot,
+                                                    **_reader_fields(self._options)})
         self.tag = f"icechunk:{snapshot}"
         self._lock = threading.Lock()
         self._session = None  # the readonly session, at the first read in this process
@@ -404,7 +411,7 @@ class IcechunkStore(ByteStore):
 
     def __reduce__(self):
         public = {k: v for k, v in self._options.items() if k not in _SECRETS}
-        return (IcechunkStore, (self.repository, self.snapshot, public))
+        return (IcechunkStore, (self.repository, self.snapshot, public, self.spec))
 
     def __repr__(self) -> str:
         return f"IcechunkStore({self.repository!r}, {self.snapshot!r})"
@@ -637,20 +644,75 @@ def open_repository(repository: str, options: dict):
                                   "after icechunk://") from None
 
 
+def _reader_fields(options: dict) -> dict:
+    """The spec's fields of what reads a repository besides its location and snapshot: an s3:// repository's
+    endpoint, region, anonymity and keys (a hash of them: remote.py's signer), and the virtual chunk
+    containers authorised (and how)."""
+    from dali_mesh.storage.remote import _Credentials, _signer  # noqa: PLC0415
+
+    fields: dict = {}
+    for k in ("endpoint_url", "region"):
+        if options.get(k):
+            fields[k] = str(options[k])
+    if options.get("anon"):
+        fields["anon"] = True
+    if any(options.get(k) for k in _SECRETS):
+        fields["signer"] = _signer(_Credentials(options.get("key") or "", options.get("secret") or "",
+                                                options.get("token") or ""))
+    given = options.get(VIRTUAL_OPTION)
+    if given:
+        fields["virtual"] = ("all" if given is True else
+                             sorted(given.items()) if isinstance(given, dict) else sorted(map(str, given)))
+    return fields
+
+
+#: how a virtual chunk container is read: ``"anonymous"`` (the default), or ``"env"``: with the credentials of
+#: the environment (AWS_*, GOOGLE_APPLICATION_CREDENTIALS), sent to the endpoint the REPOSITORY's config
+#: names for the container, which the user then trusts
+VIRTUAL_MODES = ("anonymous", "env")
+
+
+def _container_credentials(icechunk, name: str, prefix: str, mode: str):
+    """The credentials a virtual chunk container at ``prefix`` is read with: none for local files and plain
+    http(s); anonymous, or the environment's (``mode``), for an object store's."""
+    if mode not in VIRTUAL_MODES:
+        raise ValueError(f"{name}: storage_options {VIRTUAL_OPTION}: the container {prefix!r} is read "
+                         f"{' or '.join(map(repr, VIRTUAL_MODES))}, got {mode!r}")
+    scheme = prefix.partition("://")[0].lower() if "://" in prefix else "file"
+    if scheme in ("file", "http", "https"):
+        return None
+    if scheme == "s3":
+        return icechunk.s3_from_env_credentials() if mode == "env" else icechunk.s3_anonymous_credentials()
+    if scheme in ("gs", "gcs"):
+        return icechunk.gcs_credentials(from_env=True) if mode == "env" else icechunk.gcs_credentials(anonymous=True)
+    raise ValueError(f"{name}: the virtual chunk container {prefix!r} is of a kind this reader does not authorise "
+                     f"(file://, http(s)://, s3:// and gs:// are)")
+
+
 def _virtual_access(icechunk, storage, name: str, given) -> dict | None:
     """``authorize_virtual_chunk_access`` of the open: the virtual chunk containers ``given`` (URL prefixes,
-    or ``True``: every one the repository declares), each read with its own store's settings (``None``: no
-    credentials of the source's; a local folder, or S3 credentials from the environment). Nothing is
-    authorised unless the source says so: a repository's virtual chunks name files anywhere."""
+    ``True``: every one the repository declares, or ``{prefix: "anonymous" | "env"}``). An object store's
+    container is read ANONYMOUSLY unless the source says ``"env"`` for it: the repository's config, not the
+    source, names each container's endpoint, and the library's default (the environment's credentials)
+    would send the user's keys to whatever endpoint a repository declares. Nothing is authorised unless the
+    source says so: a repository's virtual chunks name files anywhere."""
     if not given:
         return None
     if given is True:
         config = icechunk.Repository.fetch_config(storage)
-        return {c.url_prefix: None for c in ((config.virtual_chunk_containers or {}) if config else {}).values()}
-    if isinstance(given, str) or not all(isinstance(p, str) for p in given):
+        prefixes = [c.url_prefix for c in ((config.virtual_chunk_containers or {}) if config else {}).values()]
+        given = {p: "anonymous" for p in prefixes}
+    elif isinstance(given, dict):
+        if not all(isinstance(p, str) for p in given):
+            raise ValueError(f"{name}: storage_options {VIRTUAL_OPTION}: the keys are URL prefixes, got {given!r}")
+    elif isinstance(given, str) or not all(isinstance(p, str) for p in given):
         raise ValueError(f"{name}: storage_options {VIRTUAL_OPTION} must be a list of the URL prefixes of virtual "
-                         f"chunk containers to read (or True: all the repository declares), got {given!r}")
-    return {p: None for p in given}
+                         f"chunk containers to read (or True: all the repository declares; or a dict of them to "
+                         f"'anonymous' or 'env'), got {given!r}")
+    else:
+        given = {p: "anonymous" for p in given}
+    return icechunk.containers_credentials({p: _container_credentials(icechunk, name, p, mode)
+                                            for p, mode in given.items()})
 
 
 def _readonly_session(repo, repository: str, **version):
