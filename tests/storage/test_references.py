@@ -370,6 +370,69 @@ def test_a_set_and_its_file_in_s3_read_with_the_sources_storage_options(tmp_path
         ReferenceStore(location.removeprefix("reference://"), options(s3_endpoint, anon=True)).stat("x/.zarray")
 
 
+def _target_stores(refs_path, opts) -> dict:
+    """The referenced URL -> the store that reads it, of a local set at ``refs_path`` read with ``opts``."""
+    store, _ = store_of(f"reference://{refs_path}", opts)
+    store._load()
+    return {url: store_of(loc)[0] for url, loc in store._targets.items()}
+
+
+def test_the_sources_options_sign_the_files_of_one_service_only(tmp_path):
+    """storage_options are one service's: a set naming s3:// and https:// files signs the s3:// ones with
+    them and reads the https:// ones without; one naming gs:// and s3:// files with options is refused
+    (an AWS key would sign requests to Google, or Google's HMAC keys to AWS), and read without options."""
+    opts = {"key": "AKIAUSERSAWSKEY00000", "secret": "users-aws-secret", "endpoint_url": "http://127.0.0.1:9"}
+    mixed = _write_set(tmp_path / "mixed.json", {"version": 1, "refs": {
+        ".zgroup": '{"zarr_format":2}', "a/0": ["https://example.org/a.nc", 0, 10], "b/0": ["s3://bkt/b.nc", 0, 10]}})
+    stores = _target_stores(mixed, opts)
+    assert stores["s3://bkt/b.nc"]._credentials.key == opts["key"]
+    assert stores["https://example.org/a.nc"]._credentials is None
+    assert "127.0.0.1:9" not in stores["https://example.org/a.nc"].spec
+    two = _write_set(tmp_path / "two.json", {"version": 1, "refs": {
+        ".zgroup": '{"zarr_format":2}', "a/0": ["gs://public/a.nc", 0, 10], "b/0": ["s3://bkt/b.nc", 0, 10]}})
+    with pytest.raises(DataFileError, match=r"refers to files of gs://, s3://: the storage_options are one service's"):
+        _target_stores(two, opts)
+    stores = _target_stores(two, {})
+    assert all(s._credentials is None or s._credentials.key != opts["key"] for s in stores.values())
+    only = _write_set(tmp_path / "only.json", {"version": 1, "refs": {
+        ".zgroup": '{"zarr_format":2}', "b/0": ["s3://bkt/b.nc", 0, 10], "c/0": ["s3://bkt/c.nc", 0, 10]}})
+    assert all(s._credentials.key == opts["key"] for s in _target_stores(only, opts).values())
+
+
+@pytest.mark.parametrize("offset,length", [(-16, 256), (-256, 256), (272, -256), (16, 0), (16.5, 256), ("16", 256),
+                                           (True, 256), (16, 2.0)])
+def test_a_reference_whose_range_is_no_range_is_refused_naming_the_key(tmp_path, offset, length):
+    """Negative offsets and lengths, an empty range, a float, a string or a bool where a whole number should be
+    (a crafted or corrupt set): the read and the native planner's look-up name the key and the range, where
+    they once failed as a corrupt plan, an OSError, a reshape, or read a float truncated to an int."""
+    data = tmp_path / "data.bin"
+    data.write_bytes(bytes(range(256)) * 3)
+    refs = _write_set(tmp_path / "bad.json", {"version": 1, "refs": {"a/0": [str(data), offset, length]}})
+    store, _ = store_of(f"reference://{refs}")
+    for look in (store.stat, store.locate, lambda k: store.open(k)):
+        with pytest.raises(DataFileError, match=r"#a/0: (refers to bytes .* an offset must be a whole number|has a "
+                                                r"reference that is not).*the reference set is corrupt"):
+            look("a/0")
+
+
+def test_a_set_may_not_refer_to_sets_or_repositories(tmp_path):
+    refs = tmp_path / "self.json"
+    _write_set(refs, {"version": 1, "refs": {".zgroup": '{"zarr_format":2}', "a/0": [f"reference://{refs}", 0, 4]}})
+    with pytest.raises(DataFileError, match=r"refers to reference://.*: a reference set's references are files"):
+        store_of(f"reference://{refs}")[0].stat("a/0")
+
+
+def test_a_set_in_s3_may_not_name_local_files(tmp_path, s3_endpoint):
+    secret = tmp_path / "private_key"
+    secret.write_bytes(b"-----BEGIN PRIVATE KEY----- not for the set's author")
+    refs = _write_set(tmp_path / "s.json", {"version": 1, "refs": {
+        ".zgroup": '{"zarr_format":2}', "a/0": [str(secret), 0, 10], "b/0": [f"file://{secret}", 0, 10]}})
+    location = "reference://" + upload(s3_endpoint, refs, "data", f"refs/{SEED}/local.json")
+    with pytest.raises(DataFileError, match=r"refers to the local file .*private_key: a reference set read from "
+                                            r"s3:// may not name files of this machine"):
+        ReferenceStore(location.removeprefix("reference://"), options(s3_endpoint)).stat("a/0")
+
+
 # ---- native reads: the planner reads the ranges of the original files --------------------------------
 def _read_natively(src):
     """Every window of ``src``'s rank by the native reader (its plan written and read by the kernels

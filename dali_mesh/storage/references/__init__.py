@@ -20,11 +20,17 @@ Zarr planner each key's file and offset (the store has no C++ twin; its files' s
 A key's version is its referenced file's (size, modification time, ETag) as seen at the open, and its reads
 are checked against that file's version (a rewritten original file is refused, as it is read directly).
 A reference to a missing file, or to bytes past a file's end, is an error naming the key and the file,
-never a chunk read as the fill value.
+never a chunk read as the fill value; so is a range that is none (a negative or fractional offset, an
+empty range).
+The source's ``storage_options`` are one service's: they read the set's own file and the referenced files
+of one scheme (as fsspec's ``remote_options`` its ``remote_protocol``'s), never files of another service
+(an AWS key never signs a request to Google); a set read from an object store may not name local files,
+and no set may name other sets or repositories (:func:`_resolve_targets`).
 """
 from __future__ import annotations
 
 import json
+import numbers
 import threading
 from typing import Sequence
 
@@ -187,7 +193,7 @@ class ReferenceStore(ByteStore):
         if targets is None:
             urls = sorted({ref[0] for ref in fs.references.values()
                            if isinstance(ref, list) and ref and ref[0] is not None})
-            targets = dict(zip(urls, resolve_locations(urls, self._options)))
+            targets = _resolve_targets(urls, self._options, self.location)
         self._raw, self._targets, self._fs = raw, targets, fs
 
     def _part(self, key: str):
@@ -196,9 +202,22 @@ class ReferenceStore(ByteStore):
         resolve a key (its ``_cat_common``: templates filled, ``base64:`` decoded)."""
         fs = self._load()
         try:
-            return fs._cat_common(key)
+            url, start, stop = fs._cat_common(key)
         except FileNotFoundError:
             return None
+        except (TypeError, ValueError) as e:  # [url, "12", 4]: fsspec adds what it was given
+            raise DataFileError(self.name_of(key), f"has a reference that is not [url], [url, offset, length] "
+                                                   f"({type(e).__name__}: {e}); the reference set is corrupt") from None
+        if isinstance(url, bytes) or (start is None and stop is None):
+            return url, start, stop
+        # a crafted or corrupt set: an offset or a length that is no whole number, a negative offset, an
+        # empty range (read as a plan error, an OSError or a reshape's complaint, or truncated to an int)
+        if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in (start, stop)) or \
+                start < 0 or stop <= start:
+            raise DataFileError(self.name_of(key), f"refers to bytes {start!r}..{stop!r} of {url}: an offset must be "
+                                                   "a whole number >= 0 and a length one > 0; the reference set is "
+                                                   "corrupt")
+        return url, int(start), int(stop)
 
     def name_of(self, key: str) -> str:
         key = key.removeprefix("/")
@@ -358,6 +377,51 @@ class ReferenceStore(ByteStore):
 
     def __hash__(self) -> int:
         return hash(self.spec)
+
+
+def _scheme(location) -> str:
+    """A location's scheme, lower case (``"file"`` for a local path)."""
+    if isinstance(location, str) and type(location) is not str and hasattr(location, "store"):
+        location = location.store.name_of(location.key)  # a StoredLocation: the URL it names
+    scheme, sep, _ = str(location).partition("://")
+    return scheme.lower() if sep and scheme.isalnum() else "file"
+
+
+def _resolve_targets(urls: list, options: dict, location) -> dict:
+    """The referenced files' locations, resolved. The source's ``storage_options`` are one service's (an
+    endpoint, keys): they go to the files of ONE scheme, as fsspec's ``remote_options`` go to its
+    ``remote_protocol`` only: the object-store scheme of the files when they have one (http(s) files take
+    them only when they are all there is), else the set's own; every other file is resolved without them
+    (a gs:// file signed with an AWS key, or an AWS key sent to Google, never). A set read from an object
+    store may not refer to local files (its author could name any file of the reader's machine), nor may
+    any set refer to other reference sets or repositories."""
+    from dali_mesh.storage import resolve_locations  # noqa: PLC0415
+
+    own = _scheme(location)
+    for url in urls:
+        scheme = _scheme(url)
+        if scheme in ("reference", "icechunk"):
+            raise DataFileError(str(location), f"refers to {url}: a reference set's references are files, not "
+                                               "other reference sets or repositories")
+        if scheme == "file" and own != "file":
+            raise DataFileError(str(location), f"refers to the local file {url}: a reference set read from {own}:// "
+                                               "may not name files of this machine (copy the set to a local path "
+                                               "to read local files through it)")
+    schemes = {_scheme(u) for u in urls} - {"file"}
+    stores = sorted(schemes - {"http", "https"})
+    chosen = (stores[0] if len(stores) == 1 else None if stores else
+              next(iter(schemes)) if len(schemes) == 1 else None)
+    if chosen is None and own != "file" and (own in schemes or not schemes):
+        chosen = own
+    if chosen is None and stores and any(v is not None for v in options.values()):
+        raise DataFileError(str(location), f"refers to files of {', '.join(f'{s}://' for s in stores)}: the "
+                                           "storage_options are one service's, and cannot say which; read the "
+                                           "files of each service through a set of their own")
+    mine = [u for u in urls if _scheme(u) == chosen]
+    others = [u for u in urls if _scheme(u) != chosen]
+    resolved = dict(zip(mine, resolve_locations(mine, options)))
+    resolved.update(zip(others, resolve_locations(others, {})))
+    return {u: resolved[u] for u in urls}
 
 
 def _unpickle(location, raw: bytes, targets: dict) -> ReferenceStore:
