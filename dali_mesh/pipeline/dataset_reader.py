@@ -34,14 +34,20 @@ def _plans_or_reason(source) -> list:
 def _warm(source) -> None:
     """Tells each store the arrays of ``source``'s parts before they are planned one after another
     (``ByteStore.warm``: an Icechunk repository then loads their manifests together)."""
+    from dali_mesh.storage import store_of  # noqa: PLC0415
+
     arrays: dict[int, tuple] = {}
     for sub, _ in source.parts:
         name = getattr(sub, "name", None)
-        if isinstance(name, str):
-            for store in sub.stores():
-                arrays.setdefault(id(store), (store, []))[1].append(name)
-    for store, names in arrays.values():
-        store.warm(names)
+        if not isinstance(name, str):
+            continue
+        for location in getattr(sub, "files", ()):
+            # the array's key in its store: below the location's own key (icechunk://repo@SNAP/g: "g/t2m")
+            store, key = store_of(location)
+            path = f"{key.strip('/')}/{name}" if key.strip("/") else name
+            arrays.setdefault(id(store), (store, []))[1].append(path)
+    for store, paths in arrays.values():
+        store.warm(list(dict.fromkeys(paths)))
 
 
 def _stacked_or_reason(source, plans) -> tuple | str:

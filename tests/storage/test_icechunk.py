@@ -630,12 +630,14 @@ def test_a_dataset_source_reads_variables_levels_forecasts_of_the_tagged_snapsho
 # ---- a dataset's variables planned in turn: their manifests loaded together --------------------------------------
 @pytest.mark.timeout(120)
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_a_datasets_variables_load_their_manifests_together(tmp_path):
+@pytest.mark.parametrize("where", ["root", "below the root"])
+def test_a_datasets_variables_load_their_manifests_together(tmp_path, where):
     """read_dataset plans a dataset's variables one after another, and the library loads an array's manifest
     at the first look-up of one of its chunks: without ByteStore.warm, a round trip per variable at the open.
     Over the benchmarks' S3 server with a latency that makes requests sent together overlap: the manifests of
     the 3 data variables are fetched in one wave (the time coordinate's, read by the dataset's open, in one
-    before), and a warm of arrays that are not there is no error."""
+    before), and a warm of arrays that are not there is no error; so for a dataset in a group below the root
+    (``icechunk://...@SNAP/g``: the arrays are warmed at their keys in the repository, "g/t2m")."""
     import xarray as xr
     import zarr
 
@@ -652,12 +654,14 @@ def test_a_datasets_variables_load_their_manifests_together(tmp_path):
         storage = icechunk.s3_storage(bucket="data", prefix="repo", endpoint_url=s.endpoint, allow_http=True,
                                       force_path_style=True, region=REGION, access_key_id=KEY, secret_access_key=SECRET)
         session = icechunk.Repository.create(storage).writable_session("main")
-        ds.to_zarr(session.store, mode="w", consolidated=False, zarr_format=3,
+        group = None if where == "root" else "g"
+        ds.to_zarr(session.store, mode="w", consolidated=False, zarr_format=3, group=group,
                    encoding={v: {"chunks": (1, 8, 12), "compressors": zarr.codecs.ZstdCodec()} for v in names})
-        session.commit("three variables")
+        snapshot = session.commit("three variables")
         s.configure(latency=0.1)
         layout = NamedLayout(MeshInfo((2,), ("mp",), (1,)), shard={"mp": "latitude"})
-        src = ZarrDatasetSource("icechunk://s3://data/repo", list(names), layout, batch_size=1, shuffle=False,
+        location = "icechunk://s3://data/repo" + ("" if group is None else f"@{snapshot}/g")
+        src = ZarrDatasetSource(location, list(names), layout, batch_size=1, shuffle=False,
                                 dtype=np.float32, storage_options=options(s.endpoint, region=REGION))
         s.take_log()
         assert dataset_readers(src) == ["native"] * len(names)

@@ -498,3 +498,27 @@ def test_virtual_chunks_into_netcdf_files_are_read_natively(tmp_path):
                 np.testing.assert_array_equal(reader.read([t])[0][0], take_window(oracle[t], src.region),
                                               err_msg=f"virtual, rank {rank}, step {t}")
         assert _store(src).native_reads["calls"] > 0
+
+
+def test_a_virtual_chunk_that_cannot_be_read_is_named_with_the_librarys_cause(tmp_path):
+    """A virtual chunk whose container is not authorised, and one whose file was cut short: the native
+    reader's error says what the library says (it once said "a bytes-like object is required, not
+    'NoneType'", and asked whether the snapshot was garbage-collected), as the Python readers' does."""
+    from dali_mesh.storage import DataFileError
+    from tests.storage.test_icechunk import _virtual_repository
+
+    path, prefix, _ = _virtual_repository(tmp_path)
+    cases = [({}, r"a virtual chunk in this repository resolves to the url prefix .*authorize the virtual chunk "
+                  r"container.*give storage_options authorize_virtual="),
+             ({"authorize_virtual": [prefix]}, r"error (retrieving virtual chunk, not enough data|fetching virtual reference).*a virtual chunk: "
+                                               r"its file changed, moved or was cut short")]
+    for k, (opts, cause) in enumerate(cases):
+        src = _source(f"icechunk://{path}", "t2m", (1, 2), (0, 0), {"m0": 0}, storage_options=opts)
+        with _plan_reader(src, tmp_path / f"r{k}") as reader:
+            if k == 1:
+                nc = tmp_path / "t2m_1.nc"  # steps 2 and 3: cut to its first kilobyte
+                nc.write_bytes(nc.read_bytes()[:1024])
+            with pytest.raises(_kernels.KernelsError, match=rf"@\w{{20}}/t2m/c/3/\d/\d: cannot be read \({cause}"):
+                reader.read([3])
+        with pytest.raises(DataFileError, match=rf"@\w{{20}}/t2m/c/3/\d/\d: cannot be read \({cause}"):
+            src.read_sample(3)

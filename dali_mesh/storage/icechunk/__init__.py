@@ -267,9 +267,14 @@ class IcechunkStore(ByteStore):
         try:
             bufs = _sync(store.get_partial_values(default_buffer_prototype(), asked))
         except Exception as e:  # noqa: BLE001 - icechunk raises IcechunkError, KeyError, ValueError
-            # 1.1.21 fails a missing key with a TypeError of its own (None where bytes were expected)
+            # 1.1.21 fails any range it cannot read (a missing key, a virtual file refused or cut short) with
+            # a TypeError of its own (None where bytes were expected): the cause is asked of a plain get
             bufs = [None] if self.stat(key) is None else None
             if bufs is None:
+                try:
+                    _sync(store.get(key, default_buffer_prototype(), asked[0][1]))
+                except Exception as cause:  # noqa: BLE001 - IcechunkError: what the library says
+                    e = cause
                 raise self.read_failed(key, e) from None
         if any(buf is None for buf in bufs):
             raise MissingFileError(self.name_of(key), f"no such key in snapshot {self.snapshot} of the repository "
@@ -386,12 +391,18 @@ class IcechunkStore(ByteStore):
         """The error of a failed read of ``key``: what the library says, and what to do about it."""
         text = _short(e)
         if "authorize the virtual chunk container" in text:
-            hint = ("its bytes are in a virtual chunk container not authorised: give storage_options "
+            hint = ("; its bytes are in a virtual chunk container not authorised: give storage_options "
                     "authorize_virtual=[the container's URL prefix] (or True: every container the repository "
                     "declares) to read those files")
+        elif "virtual" in text.lower():
+            hint = ("; a virtual chunk: its file changed, moved or was cut short since the reference was "
+                    "written, or its container refused the read (an object store's container is read "
+                    "anonymously unless authorize_virtual says {prefix: 'env'})")
+        elif "not found" in text and ("chunks/" in text or "manifests/" in text or "snapshots/" in text):
+            hint = f"; was snapshot {self.snapshot} expired and garbage-collected while it was read?"
         else:
-            hint = f"was snapshot {self.snapshot} expired and garbage-collected while it was read?"
-        return DataFileError(self.name_of(key), f"cannot be read ({text}); {hint}")
+            hint = ""
+        return DataFileError(self.name_of(key), f"cannot be read ({text}){hint}")
 
     # ---- the native reader ----------------------------------------------------------------------------------
     def give_to(self, lib) -> None:
