@@ -188,20 +188,38 @@ void PartsGuesses::Put(const std::string &stem, int64_t coder, BlockLayout guess
 }
 
 std::string PartsGuesses::StemOf(const std::string &key) {
-  // drop trailing path components of digits and dots (v2's "0.1.2", "/"-separated coordinates), then
-  // v3's "c" before them
-  auto coordinate = [](const std::string &part) {
-    return !part.empty() && part.find_first_not_of("0123456789.") == std::string::npos;
+  // only the chunk's own coordinates go: the array's path may hold numbers too (a pressure level's
+  // group "z/500", "p.zarr/850"), and two arrays of one stem and coder would mislead each other's
+  // guesses at every read (each then read whole, or in two round trips, for good)
+  const size_t slash = key.rfind('/');
+  const std::string last = key.substr(slash == std::string::npos ? 0 : slash + 1);
+  auto coordinates = [](const std::string &part, const char *chars) {
+    return !part.empty() && part.find_first_not_of(chars) == std::string::npos;
   };
+  // Zarr v2's "0.1.2" (dot-separated coordinates: one path component)
+  if (last.find('.') != std::string::npos && coordinates(last, "0123456789."))
+    return slash == std::string::npos ? std::string() : key.substr(0, slash);
+  // Zarr v3's ".../c/0/1/2" (or "c.0.1"): the coordinates follow the last "c" component
+  for (size_t end = key.size(); end > 0;) {
+    const size_t at = key.rfind('/', end - 1);
+    const size_t begin = at == std::string::npos ? 0 : at + 1;
+    const std::string part = key.substr(begin, end - begin);
+    if (part == "c") return at == std::string::npos ? std::string() : key.substr(0, at);
+    if (!coordinates(part, "0123456789") || at == std::string::npos) break;
+    end = at;
+  }
+  if (last.size() > 2 && last.compare(0, 2, "c.") == 0 && coordinates(last.substr(2), "0123456789."))
+    return slash == std::string::npos ? std::string() : key.substr(0, slash);
+  // "/"-separated v2 coordinates (or a 1-D chunk "7"): the trailing numbers, which an array's numeric
+  // name above them joins (a rare layout: its arrays' guesses are then shared, a cost in round trips only)
   size_t end = key.size();
   for (;;) {
-    const size_t slash = key.rfind('/', end ? end - 1 : 0);
-    const size_t begin = slash == std::string::npos ? 0 : slash + 1;
-    if (begin >= end || !coordinate(key.substr(begin, end - begin))) break;
-    if (slash == std::string::npos) return std::string();
-    end = slash;
+    const size_t at = key.rfind('/', end ? end - 1 : 0);
+    const size_t begin = at == std::string::npos ? 0 : at + 1;
+    if (begin >= end || !coordinates(key.substr(begin, end - begin), "0123456789")) break;
+    if (at == std::string::npos) return std::string();
+    end = at;
   }
-  if (end >= 2 && key.compare(end - 2, 2, "/c") == 0) end -= 2;
   return key.substr(0, end);
 }
 

@@ -99,7 +99,8 @@ class PartsGuesses {
  public:
   bool Get(const std::string &stem, int64_t coder, BlockLayout *guess, bool *held) const;
   void Put(const std::string &stem, int64_t coder, BlockLayout guess, bool held);
-  // The stem of a chunk key: without its trailing chunk coordinates ("t2m/0.1.2", "t2m/c/0/1/2").
+  // The stem of a chunk key: without its chunk coordinates ("t2m/0.1.2", "t2m/c/0/1/2", "z/500/0.0.0" ->
+  // "z/500": an array's numeric name stays). The reader keys the guesses by its file's store and stem.
   static std::string StemOf(const std::string &key);
 
  private:

@@ -200,7 +200,8 @@ void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const 
   // parts, as the fetch plan decides from the store's cost and the array's last layout
   const bool guessing = guesses && ranges && file.object().GuessParts();
   FetchChunk(coder, ch.nbytes, ranges, at, read_at, read_many, guessing ? guesses : nullptr,
-             guessing ? PartsGuesses::StemOf(pf.key) : std::string(), ch.coder, file.object().Cost());
+             guessing ? pf.byte_store->spec() + '\n' + PartsGuesses::StemOf(pf.key) : std::string(), ch.coder,
+             file.object().Cost());
   file.CheckUnchanged();
   if (yield) yield->WaitOpen();
   const std::string why = ranges ? DecodeChunkRanges(coder, at, ch.nbytes, decoded, *ranges)

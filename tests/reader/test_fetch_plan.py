@@ -5,6 +5,8 @@ byte fetched, sorted and disjoint requests, over-read bounded, no gap read that 
 it saves), and the latency a remote store measures from its own requests."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -269,3 +271,64 @@ def test_a_whole_field_blosc_step_takes_one_round_trip_when_the_guess_holds(tmp_
         assert trips[1:noisy_step + 1] == [1] * (noisy_step - 1) + [2], trips
         # then whole in one round trip, or (where the link measured slow: a loaded machine) in parts in two
         assert all(k in (1, 2) for k in trips[noisy_step + 1:]), trips
+
+
+@pytest.mark.parametrize("names", [("500", "850"), ("a500", "a850")])
+def test_arrays_with_numbers_for_names_keep_their_own_layouts(tmp_path, names):
+    """Two arrays of one group named by pressure levels ("500", "850": the same dtype, chunks and compressor,
+    so one coder), their chunks' blocks laid out differently, read in turn: each read after the first of an
+    array sends its header with the blocks its OWN last chunk places, one round trip and about the band's
+    bytes. Their keys' stems were once both "p.zarr" (every number stripped as a chunk coordinate), each
+    array's read placed by the other's layout, and from then on every chunk read whole (8x the bytes) or in
+    two round trips; the same data under names without numbers is the control. Windows are numpy's."""
+    import numcodecs
+    import zarr
+    from numcodecs import blosc
+
+    from dali_mesh import Layout, MeshInfo, ZarrSource, _kernels
+    from dali_mesh.partition import take_window
+    from dali_mesh.pipeline import native
+    from dali_mesh.storage.remote import have_native_http
+    from tests.storage.request_log import LoggingS3Server, round_trips
+    from tests.storage.s3_server import options
+
+    if not have_native_http():
+        pytest.skip("this build has no libcurl")
+    shape = (3, 4, 512, 512)
+    rng = np.random.default_rng(7)
+    lat = np.linspace(-1.5, 1.5, shape[2])[:, None]
+    lon = np.linspace(0, 6.28, shape[3], endpoint=False)[None, :]
+    smooth = (250 + 40 * np.cos(lat) + 5 * np.sin(3 * lon) + rng.normal(size=shape) * 0.05).astype("f4")
+    other = np.zeros(shape, np.float32)  # its first levels noise, the rest zeros: its blocks lie elsewhere
+    other[:, :2] = rng.normal(size=(shape[0], 2) + shape[2:]) * 1e3
+    data = dict(zip(names, (smooth, other)))
+    threads = blosc.get_nthreads() if hasattr(blosc, "get_nthreads") else None
+    blosc.set_nthreads(1)
+    try:
+        for name, x in data.items():
+            z = zarr.create_array(tmp_path / "bench" / "p.zarr" / name, shape=shape, chunks=(1,) + shape[1:],
+                                  dtype="f4", zarr_format=2, compressors=numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE))
+            z[:] = x
+    finally:
+        if threads:
+            blosc.set_nthreads(threads)
+    chunk = max(os.path.getsize(tmp_path / "bench" / "p.zarr" / n / "0.0.0.0") for n in names)
+    with LoggingS3Server(root=str(tmp_path), latency=LATENCY) as server:
+        layout = Layout(MeshInfo((4,), ("mp",), (1,)), shard={"mp": 1})
+        src = ZarrSource([f"s3://bench/p.zarr/{n}" for n in names], None, layout, shuffle=False,
+                         storage_options=options(server.endpoint))
+        path = native.plan_windows(src)[0].write(str(tmp_path / "plan"))
+        reads = []
+        with _kernels.PlanReader(path, "f4", read_ahead=0) as reader:
+            server.take_log()
+            for t in range(shape[0]):
+                for k, name in enumerate(names):
+                    win = reader.read([k * shape[0] + t])[0][0]
+                    np.testing.assert_array_equal(win, take_window(data[name][t], src.region), err_msg=f"{name} {t}")
+                    log = server.take_log()
+                    fetched = sum(int(b) - int(a) + 1 for a, b in (r.range[6:].split("-") for r in log
+                                                                    if r.range.startswith("bytes=")))
+                    reads.append((round_trips(log, LATENCY), fetched))
+    assert all(trips <= 2 for trips, _ in reads[:2]), reads  # each array's first: its header, then its blocks
+    assert all(trips == 1 for trips, _ in reads[2:]), reads
+    assert all(fetched * 4 < chunk * 3 for _, fetched in reads), (reads, chunk)  # whole: 1.0x
