@@ -159,13 +159,18 @@ bool ReadStored(const Coder &coder, int64_t n, const ByteRanges *ranges, char *a
   BlockLayout layout;
   ByteRanges runs;
   bool in_parts = false;
-  if (BlockLayoutOf(coder, at, n, &layout) &&
-      BlockRuns(*ranges, coder.chunk_bytes, layout.blocksize, layout.ts, &runs)) {
-    fetch.Fetch({{0, layout.index_end}});  // a longer index than the first read took
-    if (ReadBlockIndex(at, &layout)) {
-      fetch.Fetch(BlockStoredBytes(layout, runs));
-      in_parts = StreamsWereRead(layout, runs, at, fetch.have());
-      if (learnt) *learnt = std::move(layout);
+  if (BlockLayoutOf(coder, at, n, &layout)) {
+    if (BlockRuns(*ranges, coder.chunk_bytes, layout.blocksize, layout.ts, &runs)) {
+      fetch.Fetch({{0, layout.index_end}});  // a longer index than the first read took
+      if (ReadBlockIndex(at, &layout)) {
+        fetch.Fetch(BlockStoredBytes(layout, runs));
+        in_parts = StreamsWereRead(layout, runs, at, fetch.have());
+        if (learnt) *learnt = std::move(layout);
+      }
+    } else if (learnt) {
+      // its blocks make the decode of the ranges a whole chunk's (blocks too large for them): the header
+      // alone shows it, and tells the next chunk of the array to be read whole in one round trip
+      *learnt = std::move(layout);
     }
   }
   if (!in_parts) fetch.Fetch({{0, n}}, true);
@@ -229,6 +234,15 @@ bool FetchChunk(const Coder &coder, int64_t n, const ByteRanges *ranges, char *a
   BlockLayout guess;
   bool held = true;
   const bool have_guess = guesses && ranges && guesses->Get(stem, coder_index, &guess, &held);
+  ByteRanges guess_runs;
+  if (have_guess && guess.blocksize > 0 && MayReadInParts(coder, n, *ranges, kMinPartsBytes) &&
+      !BlockRuns(*ranges, coder.chunk_bytes, guess.blocksize, guess.ts, &guess_runs)) {
+    // the array's blocks are too large for these ranges to spare any (a halo reaching a fourth of four
+    // 1 MiB blocks): the header first, then the rest, would be two round trips for the whole chunk
+    read(0, n);
+    if (trips) *trips = 1;
+    return false;
+  }
   if (have_guess && !held && cost.bytes_per_s > 0 && MayReadInParts(coder, n, *ranges, kMinPartsBytes)) {
     const ByteRanges first = FirstTrip(coder, n, *ranges, &guess);
     if (static_cast<double>(n - BytesOf(first)) / cost.bytes_per_s < cost.latency_s) {

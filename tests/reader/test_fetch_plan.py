@@ -332,3 +332,39 @@ def test_arrays_with_numbers_for_names_keep_their_own_layouts(tmp_path, names):
     assert all(trips <= 2 for trips, _ in reads[:2]), reads  # each array's first: its header, then its blocks
     assert all(trips == 1 for trips, _ in reads[2:]), reads
     assert all(fetched * 4 < chunk * 3 for _, fetched in reads), (reads, chunk)  # whole: 1.0x
+
+
+def test_a_chunk_whose_blocks_spare_nothing_is_read_whole_in_one_round_trip(tmp_path):
+    """Blosc(zlib, 5) chunks of 4 MiB in c-blosc's 1 MiB blocks, half of the rows and a halo of 2 for rank 1 of
+    2: the ranges cover less than three quarters of a chunk (so it may be read in parts) but touch 3 of its 4
+    blocks (so its decode is the whole chunk's). The first chunk's header shows it; every later chunk of the
+    array is read whole in one round trip (each once took its header, then the rest: two). Windows: numpy's."""
+    import numcodecs
+    import zarr
+
+    from dali_mesh import Layout, MeshInfo, ZarrSource, _kernels
+    from dali_mesh.partition import take_window
+    from dali_mesh.pipeline import native
+    from dali_mesh.storage.remote import have_native_http
+    from tests.storage.request_log import LoggingS3Server, round_trips
+    from tests.storage.s3_server import options
+
+    if not have_native_http():
+        pytest.skip("this build has no libcurl")
+    shape = (3, 1024, 1024)
+    data = (np.random.default_rng(1).normal(size=shape) * 3 + 250).round(2).astype("f4")
+    z = zarr.create_array(tmp_path / "bench" / "a.zarr", shape=shape, chunks=(1,) + shape[1:], dtype="f4",
+                          zarr_format=2, compressors=numcodecs.Blosc("zlib", 5, numcodecs.Blosc.SHUFFLE))
+    z[:] = data
+    with LoggingS3Server(root=str(tmp_path), latency=LATENCY) as server:
+        layout = Layout(MeshInfo((2,), ("mp",), (1,)), shard={"mp": 0}, halo={0: 2})
+        src = ZarrSource(["s3://bench/a.zarr"], None, layout, shuffle=False, storage_options=options(server.endpoint))
+        path = native.plan_windows(src)[0].write(str(tmp_path / "plan"))
+        trips = []
+        with _kernels.PlanReader(path, "f4", read_ahead=0) as reader:
+            server.take_log()
+            for t in range(shape[0]):
+                np.testing.assert_array_equal(reader.read([t])[0][0], take_window(data[t], src.region))
+                log = server.take_log()
+                trips.append((round_trips(log, LATENCY), len(log)))
+    assert trips[0][0] <= 2 and trips[1:] == [(1, 1)] * (shape[0] - 1), trips
