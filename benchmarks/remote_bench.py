@@ -27,8 +27,8 @@ Readers (each reads rank 1's window of every step in order, with ``--concurrency
 said otherwise below, at most as many requests in flight):
   native        dali_mesh ZarrSource(s3://..., storage_options=...) + read_windows, CPU pipeline
                 (device_id=None), batch 1, num_threads = concurrency, prefetch_queue_depth=1; the
-                operator reads the next four steps ahead while it reads this one (read_ahead's and
-                read_ahead_batches' defaults for object stores): five steps in flight
+                operator reads the next eight steps ahead while it reads this one (read_ahead's and
+                read_ahead_batches' defaults for object stores; four before 2026-12-06): nine steps in flight
   native_sync   the same with read_ahead=False: one step at a time
   native_aheadK the same with read_ahead_batches=K (native_ahead1: two steps in flight, as before issue 42)
   tensorstore   ts.open(zarr / zarr3, kvstore s3 with endpoint = the server), window[t].read() per step,
@@ -37,7 +37,7 @@ said otherwise below, at most as many requests in flight):
   tensorstore_ahead  the same, step t+1's read issued before step t's is waited for: two steps in
                 flight, as native_ahead1 (the context's limits as above)
   tensorstore_aheadK  the next K steps' reads issued before step t's is waited for: K + 1 steps in
-                flight; tensorstore_ahead4 is as deep as native (4 steps ahead). K > 1: up to 32 requests
+                flight; tensorstore_ahead8 is as deep as native (8 steps ahead). K > 1: up to 32 requests
                 in flight (s3_request_concurrency: tensorstore's default, which it likes best), decoding
                 data_copy_concurrency = concurrency
   zarr_fsspec   zarr-python 3 over FsspecStore (s3fs), array[t, :, lat0:lat1, :] per step;
@@ -95,8 +95,8 @@ from benchmarks.s3_server import CONTROL  # noqa: E402  (share_bench.py's tensor
 
 BUCKET = "bench"
 STORES = ("blosc_globe", "zstd_sharded", "blosc_band")
-READERS = ("native", "native_sync", "tensorstore", "tensorstore_ahead", "tensorstore_ahead4", "zarr_fsspec",
-           "zarr_obstore", "zarr_obstore_ahead4")
+READERS = ("native", "native_sync", "tensorstore", "tensorstore_ahead", "tensorstore_ahead4", "tensorstore_ahead8",
+           "zarr_fsspec", "zarr_obstore", "zarr_obstore_ahead8")
 STEPS_PER_SHARD = 4
 #: the issue's benchmark: 16 steps (4 shards of the sharded store)
 STEPS = 16

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from dali_mesh.storage import DataFileError, MissingFileError, store_of
+from dali_mesh.storage import DataFileError, MissingFileError, NotRegularFileError, store_of
 from tests.helpers import SEED, mesh_of
 from tests.storage.s3_server import REGION, icechunk_storage, options, s3_endpoint  # noqa: F401 - s3_endpoint: a fixture
 from tests.storage.store_tests import FileObjectTests, StoreTests
@@ -548,6 +548,40 @@ def test_a_virtual_container_gets_the_environments_credentials_only_when_the_sou
     else:
         assert "AKIAUSERSOWNKEY00000" not in sent and "USERS-SESSION-TOKEN" not in sent
         assert all(not headers for _, _, headers in seen), seen
+
+
+@pytest.mark.parametrize("access", ["prefix", "all declared"])
+def test_a_virtual_chunk_in_a_fifo_refuses_the_snapshot_instead_of_waiting_for_ever(tmp_path, access):
+    """A virtual chunk whose file, in an authorised local container, is a named pipe (a hostile repository, or
+    a file replaced by one): the library's read would wait for ever; the source refuses the snapshot when it
+    is made, naming the file. A regular file there is read."""
+    import zarr
+
+    data = np.arange(2 * 8 * 8, dtype="<f4").reshape(2, 8, 8)
+    (tmp_path / "data.bin").write_bytes(data.tobytes())
+    os.mkfifo(tmp_path / "pipe bin")
+    prefix = f"file://{tmp_path}/"
+    config = icechunk.RepositoryConfig.default()
+    config.set_virtual_chunk_container(icechunk.VirtualChunkContainer(prefix, icechunk.local_filesystem_store(
+        str(tmp_path))))
+    path = str(tmp_path / "repo")
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(path), config=config)
+    opts = {"authorize_virtual": [prefix] if access == "prefix" else True}
+    for target, name in ((tmp_path / "data.bin", "ok"), (tmp_path / "pipe bin", "fifo")):
+        session = repo.writable_session("main")
+        arr = zarr.open_group(session.store, mode="a").create_array(
+            name, shape=(2, 8, 8), chunks=(1, 8, 8), dtype="<f4", compressors=None, fill_value=0,
+            dimension_names=("time", "lat", "lon"))
+        for t in range(2):
+            session.store.set_virtual_ref(f"{arr.path}/c/{t}/0/0", f"file://{target}", offset=t * 256, length=256,
+                                          validate_container=False)
+        snapshot = session.commit(name)
+        if name == "ok":
+            np.testing.assert_array_equal(_source(f"icechunk://{path}@{snapshot}", 1, 0, halo=0, name="ok",
+                                                  storage_options=opts).read_sample(1)[0], data[1])
+    with pytest.raises(NotRegularFileError, match=r"a virtual chunk of this snapshot is a range of .*pipe(%20| )bin, which "
+                                                  r"is a FIFO"):
+        _source(f"icechunk://{path}", 1, 0, halo=0, name="ok", storage_options=opts)
 
 
 def test_an_unknown_way_of_reading_a_container_is_refused(tmp_path):

@@ -57,7 +57,7 @@ import threading
 from typing import Sequence
 
 from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, write_spec
-from dali_mesh.storage.errors import DataFileError, MissingFileError
+from dali_mesh.storage.errors import DataFileError, MissingFileError, NotRegularFileError
 
 __all__ = ["ForkedProcessError", "IcechunkStore", "resolve_icechunk"]
 
@@ -237,7 +237,10 @@ class IcechunkStore(ByteStore):
             with self._lock:
                 if self._session is None:
                     repo = open_repository(self.repository, self._options)
-                    self._session = _readonly_session(repo, self.repository, snapshot_id=self.snapshot)
+                    session = _readonly_session(repo, self.repository, snapshot_id=self.snapshot)
+                    _check_local_virtual_files(repo, session, self._options.get(VIRTUAL_OPTION),
+                                               self.name_of(""))
+                    self._session = session
         return self._session
 
     def read(self, key: str, offset: int, size: int) -> bytes:
@@ -726,6 +729,44 @@ def _virtual_access(icechunk, storage, name: str, given) -> dict | None:
                                             for p, mode in given.items()})
 
 
+def _check_local_virtual_files(repo, session, given, name: str) -> None:
+    """Refuses a snapshot whose virtual chunks, in a LOCAL container the source authorises, name a file that
+    is not a regular file (a FIFO, where the library's read would wait for ever; a folder, a device): looked
+    at once, when the session is opened. It costs loading every manifest of the snapshot, so only where a
+    file:// container is authorised (object stores and http(s) have no FIFOs). A missing file is left to the
+    read, which names it."""
+    if not given:
+        return
+    if given is True:
+        config = repo.config
+        prefixes = [c.url_prefix for c in ((config.virtual_chunk_containers or {}) if config else {}).values()]
+    else:
+        prefixes = list(given)
+    local = [p for p in prefixes if p.lower().startswith("file://")]
+    if not local:
+        return
+    import stat  # noqa: PLC0415
+
+    for url in sorted(set(session.all_virtual_chunk_locations())):
+        if not any(url.startswith(p) for p in local):
+            continue  # not authorised here: the library refuses its reads itself
+        from urllib.parse import unquote  # noqa: PLC0415
+
+        mode = None
+        for path in dict.fromkeys((url[len("file://"):], unquote(url[len("file://"):]))):  # as written, or %-encoded
+            try:
+                mode = os.stat(path).st_mode
+                break
+            except OSError:
+                continue
+        if mode is None:
+            continue
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+            raise NotRegularFileError(name, f"a virtual chunk of this snapshot is a range of {url}, which is {kind}: "
+                                            "its read would wait for ever or fail; the repository is refused")
+
+
 def _readonly_session(repo, repository: str, **version):
     """``repo.readonly_session(**version)``, or an error naming the branch, tag or snapshot not found."""
     try:
@@ -759,5 +800,6 @@ def resolve_icechunk(location: str, options: dict) -> tuple[IcechunkStore, str]:
     repo = open_repository(repository, options)
     session = _readonly_session(repo, repository, **{"snapshot_id" if kind == "snapshot" else kind: str(value)})
     store = IcechunkStore(repository, session.snapshot_id, options)
+    _check_local_virtual_files(repo, session, options.get(VIRTUAL_OPTION), store.name_of(""))
     store._session = session  # the session the snapshot was resolved with: no second open
     return store, key
