@@ -21,8 +21,8 @@ sample once per epoch. Per mode and rank:
 - for the group: bytes of windows sent and received per rank, and seconds in the exchange (status
   and data collectives, waiting for the members' reads included).
 
-``--remote LATENCY[:MBPS]``: the store is uploaded to a moto S3 server on 127.0.0.1 behind
-remote_bench.py's proxy (LATENCY seconds added per request, at most MBPS per connection), and every rank
+``--remote LATENCY[:MBPS]``: the store is uploaded to the benchmarks' S3 server on 127.0.0.1 (s3_server.py:
+it answers in parallel, LATENCY seconds added per request, at most MBPS per connection), and every rank
 reads ``s3://``; ``requested`` is then the body bytes the rank fetched (the plugin's and the kernels
 library's ``fetch_counters``: every request of the rank's process, planning included, over the epochs
 after the first) and ``cold`` the requests it sent per epoch.
@@ -154,11 +154,12 @@ def _rank(rank, world, store, mesh_shape, epochs, out_dir, share, storage_option
     loader.close()
 
 
-def _tensorstore_rank(rank, world, key, mesh_shape, epochs, out_dir, proxy, v3):
+def _tensorstore_rank(rank, world, key, mesh_shape, epochs, out_dir, proxy, v3, ahead=1):
     """``--remote``'s peer: every rank reads its windows (halo included) of every sample with tensorstore (an
-    ``s3`` kvstore through the proxy, 2 requests in flight, 2 threads, no cache, two samples' reads in
-    flight); bytes and requests at the proxy over the epochs after the first, per rank (the group's
-    total / the world)."""
+    ``s3`` kvstore on the server, 2 threads, no cache, ``ahead + 1`` samples' reads in flight: ``--ts-ahead``;
+    2 requests in flight for 1, else 32, tensorstore's default, as remote_bench.py's tensorstore_aheadK);
+    bytes and requests at the server over the epochs after the first, per rank (the group's total / the
+    world)."""
     import tensorstore as ts
     import torch.distributed as dist
 
@@ -167,7 +168,7 @@ def _tensorstore_rank(rank, world, key, mesh_shape, epochs, out_dir, proxy, v3):
 
     os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"] = KEY, SECRET
     _, layout = _mesh_and_layout(mesh_shape)
-    ctx = ts.Context({"s3_request_concurrency": {"limit": 2}, "data_copy_concurrency": {"limit": 2},
+    ctx = ts.Context({"s3_request_concurrency": {"limit": 2 if ahead <= 1 else 32}, "data_copy_concurrency": {"limit": 2},
                       "cache_pool": {"total_bytes_limit": 0}})
     arr = ts.open({"driver": "zarr3" if v3 else "zarr",
                    "kvstore": {"driver": "s3", "bucket": BUCKET, "path": key + "/", "endpoint": proxy,
@@ -189,10 +190,10 @@ def _tensorstore_rank(rank, world, key, mesh_shape, epochs, out_dir, proxy, v3):
             control("reset")
         dist.barrier()
         t0 = time.perf_counter()
-        pending = []  # two samples' reads in flight, as the DALI ranks' pipelines read ahead
+        pending = []  # ahead + 1 samples' reads in flight, as the DALI ranks' pipelines read ahead
         for t in range(arr.shape[0]):
             pending.append(arr[(t,) + sl].read())
-            if len(pending) == 2:
+            if len(pending) == ahead + 1:
                 pending.pop(0).result()
         for p in pending:
             p.result()
@@ -224,6 +225,8 @@ def main():
     ap.add_argument("--tiny", action="store_true", help="4 samples of (2, 16, 32), 1 epoch, mesh 2: a smoke test")
     ap.add_argument("--remote", help="LATENCY[:MBPS]: read s3:// from a loopback moto behind a proxy adding LATENCY "
                     "seconds per request (at most MBPS per connection)")
+    ap.add_argument("--ts-ahead", type=int, default=8, help="--remote's tensorstore ranks read this many samples "
+                    "ahead (8: as deep as the native reader's default; 1: before 2026-12-06)")
     args = ap.parse_args()
     if args.tiny:
         args.steps, args.shape, args.epochs, args.mesh = 4, "2,16,32", 1, "2"
@@ -257,7 +260,7 @@ def main():
             with tempfile.TemporaryDirectory() as tmp:
                 if share == "tensorstore":
                     run_ranks(_tensorstore_rank, world, tmp, os.path.basename(store), mesh_shape, args.epochs, tmp,
-                              server.proxy, args.cname == "zstd-sharded", timeout_s=1800)
+                              server.proxy, args.cname == "zstd-sharded", args.ts_ahead, timeout_s=1800)
                 else:
                     run_ranks(_rank, world, tmp, location, mesh_shape, args.epochs, tmp, share, options,
                               {"auto": None, "off": False}[args.read_ahead], timeout_s=1800)
@@ -289,7 +292,8 @@ def main():
                                          f"{st['seconds']:.2f} ({st['status_seconds']:.2f} status, "
                                          f"{st['data_seconds']:.2f} data)")
             cold = r["requests_epoch"] if args.remote else r["cold_read_bytes"] / 2**20
-            mode = {None: "independent", "group": "group"}.get(share, f"tensorstore (the world's / {world})")
+            mode = {None: "independent", "group": "group"}.get(
+                share, f"tensorstore, {args.ts_ahead} ahead (the world's / {world})")
             print(f"| {mode} | {r['rank']} | {r['rchar_epoch'] / stored:.3f} | "
                   f"{cold:.0f} | {epoch[share]:.2f} | {r['pipeline_wait']:.2f} | {ex} |")
     print()

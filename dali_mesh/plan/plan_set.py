@@ -477,11 +477,18 @@ class PlanFetches:
         turns = requests.copy()
         parts = 0
         whole = stored > 0  # read whole: fetched together with their neighbours in the file (below)
+        spare_none: set[int] = set()  # coders whose blocks spared none of a chunk's ranges (read whole) so far
         for i in np.flatnonzero(self._may_parts[pair_chunk]):
             seg = order[first[i]:first[i] + count[i]]
             ranges = self._ranges(tuple(sorted(set(zip(cplan[seg].tolist(), cbase[seg].tolist())))))
             coder = int(self._coder[pair_chunk[i]])
             est = _parts_estimate(ranges, int(stored[i]), int(self._decoded[pair_chunk[i]]), self._blocks.get(coder))
+            if est is not None and not est[3]:
+                # its header showed blocks too large to spare any: the array's next chunks are read whole at
+                # once (fetch_plan.cc FetchChunk)
+                if coder in spare_none:
+                    est = (1, est[1], 1, False)
+                spare_none.add(coder)
             if est is not None:
                 requests[i], got[i], turns[i], estimated = est
                 parts += estimated
@@ -583,7 +590,8 @@ def _parts_estimate(ranges: list[tuple[int, int]], stored: int, decoded: int,
     decoded ``ranges`` cover less than 3/4 of, read as fetch_plan.cc ReadStored reads it, or ``None`` when those
     ranges cover more (read whole in one request). ``blocks``: :func:`blosc_blocks` of the array's chunks
     (``None``: not known, the ranges taken as the blocks). Its first read takes the first 4 KiB; then the
-    whole chunk when the blocks touched cover 3/4 of it or more (BlockRuns), else the rest of its block
+    whole chunk when the blocks touched cover 3/4 of it or more (BlockRuns; the array's next chunks then in one
+    request: :meth:`PlanFetches.epoch`), else the rest of its block
     index and the touched blocks, whose stored bytes are placed by taking every block to compress alike
     (``estimated``: the chunk is read in parts, its blocks' bytes placed so)."""
     if sum(hi - lo for lo, hi in ranges) * 4 >= decoded * 3:
