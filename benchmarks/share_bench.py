@@ -293,7 +293,7 @@ def main():
                                          f"{st['data_seconds']:.2f} data)")
             cold = r["requests_epoch"] if args.remote else r["cold_read_bytes"] / 2**20
             mode = {None: "independent", "group": "group"}.get(
-                share, f"tensorstore, {args.ts_ahead} ahead (the world's / {world})")
+                share, f"tensorstore {args.ts_ahead} ahead (the world's / {world})")
             print(f"| {mode} | {r['rank']} | {r['rchar_epoch'] / stored:.3f} | "
                   f"{cold:.0f} | {epoch[share]:.2f} | {r['pipeline_wait']:.2f} | {ex} |")
     print()

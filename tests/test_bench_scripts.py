@@ -302,7 +302,7 @@ def test_share_bench_tiny(tmp_path):
 
 
 def test_share_bench_remote_tiny(tmp_path):
-    """The group over S3 (a moto server and the proxy on 127.0.0.1): each of 2 ranks fetches half the stored
+    """The group over S3 (the benchmarks' S3 server on 127.0.0.1): each of 2 ranks fetches half the stored
     bytes, counted by its own fetch counters; independent reading and tensorstore's ranks all of them."""
     _needs_plugin()
     pytest.importorskip("torch")
