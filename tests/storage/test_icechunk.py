@@ -584,6 +584,35 @@ def test_a_virtual_chunk_in_a_fifo_refuses_the_snapshot_instead_of_waiting_for_e
         _source(f"icechunk://{path}", 1, 0, halo=0, name="ok", storage_options=opts)
 
 
+def test_every_container_declared_is_authorised_that_this_reader_can_read(tmp_path):
+    """A repository declaring an Azure and a Tigris container beside a local one, read with ``authorize_virtual=
+    True``: the repository opens and reads (Tigris is authorised as S3 is, anonymously; Azure is left
+    unauthorised), where a container of a kind not handled once refused the whole repository; a ``;`` in a
+    container's prefix is no error of the store's spec."""
+    import zarr
+
+    config = icechunk.RepositoryConfig.default()
+    osc = icechunk.ObjectStoreConfig
+    config.set_virtual_chunk_container(icechunk.VirtualChunkContainer("az://cont/", osc.Azure({})))
+    config.set_virtual_chunk_container(icechunk.VirtualChunkContainer("tigris://b/", osc.Tigris(
+        icechunk.S3Options(region="us-east-1"))))
+    local = tmp_path / "a;b"
+    local.mkdir()
+    config.set_virtual_chunk_container(icechunk.VirtualChunkContainer(f"file://{local}/",
+                                                                      icechunk.local_filesystem_store(str(local))))
+    path = str(tmp_path / "repo")
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(path), config=config)
+    session = repo.writable_session("main")
+    x = np.arange(2 * 8 * 8, dtype="<f4").reshape(2, 8, 8)
+    arr = zarr.open_group(session.store, mode="w").create_array("t2m", shape=x.shape, chunks=(1, 8, 8), dtype="<f4",
+                                                               fill_value=0, dimension_names=("time", "lat", "lon"))
+    arr[...] = x
+    session.commit("native chunks")
+    for given in (True, [f"file://{local}/"], {"tigris://b/": "anonymous"}):
+        np.testing.assert_array_equal(_source(f"icechunk://{path}", 1, 0, halo=0, storage_options={
+            "authorize_virtual": given}).read_sample(1)[0], x[1])
+
+
 def test_an_unknown_way_of_reading_a_container_is_refused(tmp_path):
     path = str(tmp_path / "repo")
     icechunk.Repository.create(icechunk.local_filesystem_storage(path))

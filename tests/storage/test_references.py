@@ -390,7 +390,8 @@ def test_the_sources_options_sign_the_files_of_one_service_only(tmp_path):
     assert "127.0.0.1:9" not in stores["https://example.org/a.nc"].spec
     two = _write_set(tmp_path / "two.json", {"version": 1, "refs": {
         ".zgroup": '{"zarr_format":2}', "a/0": ["gs://public/a.nc", 0, 10], "b/0": ["s3://bkt/b.nc", 0, 10]}})
-    with pytest.raises(DataFileError, match=r"refers to files of gs://, s3://: the storage_options are one service's"):
+    with pytest.raises(DataFileError, match=r"refers to files of gs://, s3://: the storage_options "
+                                            r"\['endpoint_url', 'key', 'secret'\] are one service's"):
         _target_stores(two, opts)
     stores = _target_stores(two, {})
     assert all(s._credentials is None or s._credentials.key != opts["key"] for s in stores.values())
@@ -413,6 +414,29 @@ def test_a_reference_whose_range_is_no_range_is_refused_naming_the_key(tmp_path,
         with pytest.raises(DataFileError, match=r"#a/0: (refers to bytes .* an offset must be a whole number|has a "
                                                 r"reference that is not).*the reference set is corrupt"):
             look("a/0")
+
+
+def test_the_clients_settings_and_anonymity_reach_every_service(tmp_path):
+    """Timeouts, retries, the range cache and ``anon`` are no service's credentials: every referenced file's
+    store takes them, whichever scheme the keys went to (a set of s3:// and https:// files read with a cache
+    once left the https:// files without it), and a set of gs:// and s3:// files reads anonymously."""
+    cache = str(tmp_path / "cache")
+    opts = {"key": "AKIAUSERSAWSKEY00000", "secret": "users-aws-secret", "timeout": 7, "retries": 2, "cache_dir": cache}
+    mixed = _write_set(tmp_path / "mixed.json", {"version": 1, "refs": {
+        ".zgroup": '{"zarr_format":2}', "a/0": ["https://example.org/a.nc", 0, 10], "b/0": ["s3://bkt/b.nc", 0, 10]}})
+    for url, store in _target_stores(mixed, opts).items():
+        assert all(f in store.spec for f in ("timeout=7", "retries=2", f"cache={cache}")), (url, store.spec)
+    two = _write_set(tmp_path / "two.json", {"version": 1, "refs": {
+        ".zgroup": '{"zarr_format":2}', "a/0": ["gs://public/a.nc", 0, 10], "b/0": ["s3://bkt/b.nc", 0, 10]}})
+    assert all(s.anon for s in _target_stores(two, {"anon": True, "timeout": 7}).values())
+
+
+def test_a_presigned_references_query_is_never_in_an_error(tmp_path):
+    refs = _write_set(tmp_path / "q.json", {"version": 1, "refs": {
+        "a/0": ["https://example.org/a.nc?X-Amz-Signature=SIGSECRET&X-Amz-Security-Token=TOKSECRET", 16, 0]}})
+    with pytest.raises(DataFileError) as e:
+        store_of(f"reference://{refs}")[0].stat("a/0")
+    assert "SECRET" not in str(e.value) and "example.org/a.nc?" in str(e.value)
 
 
 def test_a_set_may_not_refer_to_sets_or_repositories(tmp_path):

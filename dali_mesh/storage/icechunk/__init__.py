@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import ctypes
+import hashlib
 import logging
 import os
 import re
@@ -673,8 +674,10 @@ def _reader_fields(options: dict) -> dict:
                                                 options.get("token") or ""))
     given = options.get(VIRTUAL_OPTION)
     if given:
-        fields["virtual"] = ("all" if given is True else
-                             sorted(given.items()) if isinstance(given, dict) else sorted(map(str, given)))
+        # a hash: a container's prefix may hold what a spec may not (";"), and the options are checked later
+        what = ("all" if given is True else repr(sorted((str(k), str(v)) for k, v in given.items()))
+                if isinstance(given, dict) else repr(sorted(map(str, given))))
+        fields["virtual"] = hashlib.sha256(what.encode()).hexdigest()[:16]
     return fields
 
 

@@ -17,21 +17,30 @@ VIRTUAL_OPTION = "authorize_virtual"
 VIRTUAL_MODES = ("anonymous", "env")
 
 
+#: the kinds of virtual chunk containers this reader authorises
+KINDS = ("file", "http", "https", "s3", "tigris", "gs", "gcs")
+
+
+def _kind(prefix: str) -> str:
+    """A container's kind: its URL prefix's scheme (``"file"`` without one)."""
+    return prefix.partition("://")[0].lower() if "://" in prefix else "file"
+
+
 def _container_credentials(icechunk, name: str, prefix: str, mode: str):
     """The credentials a virtual chunk container at ``prefix`` is read with: none for local files and plain
     http(s); anonymous, or the environment's (``mode``), for an object store's."""
     if mode not in VIRTUAL_MODES:
         raise ValueError(f"{name}: storage_options {VIRTUAL_OPTION}: the container {prefix!r} is read "
                          f"{' or '.join(map(repr, VIRTUAL_MODES))}, got {mode!r}")
-    scheme = prefix.partition("://")[0].lower() if "://" in prefix else "file"
+    scheme = _kind(prefix)
     if scheme in ("file", "http", "https"):
         return None
-    if scheme == "s3":
+    if scheme in ("s3", "tigris"):  # Tigris: S3's API and credentials
         return icechunk.s3_from_env_credentials() if mode == "env" else icechunk.s3_anonymous_credentials()
     if scheme in ("gs", "gcs"):
         return icechunk.gcs_credentials(from_env=True) if mode == "env" else icechunk.gcs_credentials(anonymous=True)
     raise ValueError(f"{name}: the virtual chunk container {prefix!r} is of a kind this reader does not authorise "
-                     f"(file://, http(s)://, s3:// and gs:// are)")
+                     f"(file://, http(s)://, s3://, tigris:// and gs:// are)")
 
 
 def virtual_access(icechunk, storage, name: str, given) -> dict | None:
@@ -46,7 +55,9 @@ def virtual_access(icechunk, storage, name: str, given) -> dict | None:
     if given is True:
         config = icechunk.Repository.fetch_config(storage)
         prefixes = [c.url_prefix for c in ((config.virtual_chunk_containers or {}) if config else {}).values()]
-        given = {p: "anonymous" for p in prefixes}
+        # every container declared that this reader can authorise (one of another kind, az:// say, stays
+        # unauthorised: its chunks' reads are refused, naming it, and the rest of the repository reads)
+        given = {p: "anonymous" for p in prefixes if _kind(p) in KINDS}
     elif isinstance(given, dict):
         if not all(isinstance(p, str) for p in given):
             raise ValueError(f"{name}: storage_options {VIRTUAL_OPTION}: the keys are URL prefixes, got {given!r}")

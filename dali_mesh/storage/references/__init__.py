@@ -37,6 +37,7 @@ from typing import Sequence
 from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, read_exactly, write_spec
 from dali_mesh.storage.errors import (DataFileError, FileChangedError, MissingFileError, NotRegularFileError,
                                      TruncatedFileError)
+from dali_mesh.storage.names import shown
 from dali_mesh.storage.references.parquet import parquet_document
 
 __all__ = ["ReferenceStore", "resolve_reference"]
@@ -214,9 +215,9 @@ class ReferenceStore(ByteStore):
         # empty range (read as a plan error, an OSError or a reshape's complaint, or truncated to an int)
         if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in (start, stop)) or \
                 start < 0 or stop <= start:
-            raise DataFileError(self.name_of(key), f"refers to bytes {start!r}..{stop!r} of {url}: an offset must be "
-                                                   "a whole number >= 0 and a length one > 0; the reference set is "
-                                                   "corrupt")
+            raise DataFileError(self.name_of(key), f"refers to bytes {start!r}..{stop!r} of {shown(url)}: an offset "
+                                                   "must be a whole number >= 0 and a length one > 0; the reference "
+                                                   "set is corrupt")
         return url, int(start), int(stop)
 
     def name_of(self, key: str) -> str:
@@ -237,13 +238,14 @@ class ReferenceStore(ByteStore):
         try:
             obj = store.open(target_key, "referenced file")
         except MissingFileError as e:
-            raise DataFileError(self.name_of(key), f"refers to {url}, which does not exist ({e}); the reference set "
-                                                   "names a file moved or deleted since it was made") from None
+            raise DataFileError(self.name_of(key), f"refers to {shown(url)}, which does not exist ({e}); the "
+                                                   "reference set names a file moved or deleted since it was "
+                                                   "made") from None
         start = start or 0
         stop = obj.size if stop is None else stop
         if stop > obj.size:
             obj.close()
-            raise TruncatedFileError(self.name_of(key), f"refers to bytes {start}..{stop} of {url}, which holds "
+            raise TruncatedFileError(self.name_of(key), f"refers to bytes {start}..{stop} of {shown(url)}, which holds "
                                                         f"{obj.size} bytes: the file is shorter than the reference "
                                                         "set says (truncated or replaced since it was referenced)")
         return RangeObject(self, key, obj, start, stop - start)
@@ -265,7 +267,7 @@ class ReferenceStore(ByteStore):
         if stop is None:  # a whole file: its size is its length
             version = self.file_version(url)
             if version is None:
-                raise DataFileError(self.name_of(key), f"refers to {url}, which does not exist")
+                raise DataFileError(self.name_of(key), f"refers to {shown(url)}, which does not exist")
             start, stop = 0, version.size
         return store, target_key, start, stop - start
 
@@ -334,8 +336,8 @@ class ReferenceStore(ByteStore):
         self._target(key, url)  # a reference without a URL is named
         version = self.file_version(url)
         if version is None:
-            raise DataFileError(self.name_of(key), f"refers to {url}, which does not exist; the reference set names "
-                                                   "a file moved or deleted since it was made")
+            raise DataFileError(self.name_of(key), f"refers to {shown(url)}, which does not exist; the reference set "
+                                                   "names a file moved or deleted since it was made")
         start = start or 0
         return _range_version(version, (version.size if stop is None else stop) - start)
 
@@ -388,11 +390,12 @@ def _scheme(location) -> str:
 
 
 def _resolve_targets(urls: list, options: dict, location) -> dict:
-    """The referenced files' locations, resolved. The source's ``storage_options`` are one service's (an
-    endpoint, keys): they go to the files of ONE scheme, as fsspec's ``remote_options`` go to its
-    ``remote_protocol`` only: the object-store scheme of the files when they have one (http(s) files take
-    them only when they are all there is), else the set's own; every other file is resolved without them
-    (a gs:// file signed with an AWS key, or an AWS key sent to Google, never). A set read from an object
+    """The referenced files' locations, resolved. The source's ``storage_options`` but the client's settings
+    and ``anon`` (timeouts, retries, the range cache, no credentials: every file's) are one service's (an endpoint, keys): they go to the
+    files of ONE scheme, as fsspec's ``remote_options`` go to its ``remote_protocol`` only: the object-store
+    scheme of the files when they have one (http(s) files take them only when they are all there is), else
+    the set's own; every other file is resolved with the client's settings only (a gs:// file signed with
+    an AWS key, or an AWS key sent to Google, never). A set read from an object
     store may not refer to local files (its author could name any file of the reader's machine), nor may
     any set refer to other reference sets or repositories."""
     from dali_mesh.storage import resolve_locations  # noqa: PLC0415
@@ -401,26 +404,38 @@ def _resolve_targets(urls: list, options: dict, location) -> dict:
     for url in urls:
         scheme = _scheme(url)
         if scheme in ("reference", "icechunk"):
-            raise DataFileError(str(location), f"refers to {url}: a reference set's references are files, not "
-                                               "other reference sets or repositories")
+            raise DataFileError(str(location), f"refers to {shown(url)}: a reference set's references are files, "
+                                               "not other reference sets or repositories")
         if scheme == "file" and own != "file":
-            raise DataFileError(str(location), f"refers to the local file {url}: a reference set read from {own}:// "
-                                               "may not name files of this machine (copy the set to a local path "
-                                               "to read local files through it)")
-    schemes = {_scheme(u) for u in urls} - {"file"}
-    stores = sorted(schemes - {"http", "https"})
+            raise DataFileError(str(location), f"refers to the local file {shown(url)}: a reference set read from "
+                                               f"{own}:// may not name files of this machine (copy the set to a local "
+                                               "path to read local files through it)")
+    from dali_mesh.storage.remote import CLIENT_SETTINGS  # noqa: PLC0415
+
+    def family(url) -> str:  # http and https: one service's options go to both
+        scheme = _scheme(url)
+        return "http" if scheme == "https" else scheme
+
+    schemes = {family(u) for u in urls} - {"file"}
+    stores = sorted(schemes - {"http"})
     chosen = (stores[0] if len(stores) == 1 else None if stores else
               next(iter(schemes)) if len(schemes) == 1 else None)
-    if chosen is None and own != "file" and (own in schemes or not schemes):
-        chosen = own
-    if chosen is None and stores and any(v is not None for v in options.values()):
+    own_family = "http" if own == "https" else own
+    if chosen is None and own_family != "file" and (own_family in schemes or not schemes):
+        chosen = own_family
+    # the client's settings (timeouts, retries, the range cache) and anonymity (no credential at all) are
+    # every service's; the rest (keys, an endpoint, a region) one service's
+    everyone = CLIENT_SETTINGS + ("anon",)
+    common = {k: v for k, v in options.items() if k in everyone}
+    service = {k: v for k, v in options.items() if k not in everyone and v is not None}
+    if chosen is None and stores and service:
         raise DataFileError(str(location), f"refers to files of {', '.join(f'{s}://' for s in stores)}: the "
-                                           "storage_options are one service's, and cannot say which; read the "
-                                           "files of each service through a set of their own")
-    mine = [u for u in urls if _scheme(u) == chosen]
-    others = [u for u in urls if _scheme(u) != chosen]
+                                           f"storage_options {sorted(service)} are one service's, and cannot say "
+                                           "which; read the files of each service through a set of their own")
+    mine = [u for u in urls if family(u) == chosen]
+    others = [u for u in urls if family(u) != chosen]
     resolved = dict(zip(mine, resolve_locations(mine, options)))
-    resolved.update(zip(others, resolve_locations(others, {})))
+    resolved.update(zip(others, resolve_locations(others, common)))
     return {u: resolved[u] for u in urls}
 
 
