@@ -201,27 +201,22 @@ std::string PartsGuesses::StemOf(const std::string &key) {
   auto coordinates = [](const std::string &part, const char *chars) {
     return !part.empty() && part.find_first_not_of(chars) == std::string::npos;
   };
-  // Zarr v2's "0.1.2" (dot-separated coordinates: one path component)
-  if (last.find('.') != std::string::npos && coordinates(last, "0123456789."))
-    return slash == std::string::npos ? std::string() : key.substr(0, slash);
-  // Zarr v3's ".../c/0/1/2" (or "c.0.1"): the coordinates follow the last "c" component
-  for (size_t end = key.size(); end > 0;) {
-    const size_t at = key.rfind('/', end - 1);
-    const size_t begin = at == std::string::npos ? 0 : at + 1;
-    const std::string part = key.substr(begin, end - begin);
-    if (part == "c") return at == std::string::npos ? std::string() : key.substr(0, at);
-    if (!coordinates(part, "0123456789") || at == std::string::npos) break;
-    end = at;
-  }
-  if (last.size() > 2 && last.compare(0, 2, "c.") == 0 && coordinates(last.substr(2), "0123456789."))
-    return slash == std::string::npos ? std::string() : key.substr(0, slash);
-  // "/"-separated v2 coordinates (or a 1-D chunk "7"): the trailing numbers, which an array's numeric
-  // name above them joins (a rare layout: its arrays' guesses are then shared, a cost in round trips only)
+  auto dirname = [&](size_t at) { return at == std::string::npos ? std::string() : key.substr(0, at); };
+  // Zarr v2's "0.1.2", Zarr v3's "c.0.1" (dot-separated coordinates: one path component)
+  if ((last.find('.') != std::string::npos && coordinates(last, "0123456789.")) ||
+      (last.size() > 2 && last.compare(0, 2, "c.") == 0 && coordinates(last.substr(2), "0123456789.")))
+    return dirname(slash);
+  // "/"-separated coordinates: the trailing numbers, then Zarr v3's "c" before them ("t/c/0/1/2"); an
+  // array's numeric name above "/"-separated v2 coordinates joins them (a rare layout: its arrays' guesses
+  // are then shared, a cost in round trips only)
   size_t end = key.size();
   for (;;) {
     const size_t at = key.rfind('/', end ? end - 1 : 0);
     const size_t begin = at == std::string::npos ? 0 : at + 1;
-    if (begin >= end || !coordinates(key.substr(begin, end - begin), "0123456789")) break;
+    if (begin >= end) break;
+    const std::string part = key.substr(begin, end - begin);
+    if (part == "c") return dirname(at);
+    if (!coordinates(part, "0123456789")) break;
     if (at == std::string::npos) return std::string();
     end = at;
   }
@@ -234,16 +229,17 @@ bool FetchChunk(const Coder &coder, int64_t n, const ByteRanges *ranges, char *a
   BlockLayout guess;
   bool held = true;
   const bool have_guess = guesses && ranges && guesses->Get(stem, coder_index, &guess, &held);
+  const bool may_parts = have_guess && MayReadInParts(coder, n, *ranges, kMinPartsBytes);
   ByteRanges guess_runs;
-  if (have_guess && guess.blocksize > 0 && MayReadInParts(coder, n, *ranges, kMinPartsBytes) &&
-      !BlockRuns(*ranges, coder.chunk_bytes, guess.blocksize, guess.ts, &guess_runs)) {
+  if (may_parts && guess.blocksize > 0 && !BlockRuns(*ranges, coder.chunk_bytes, guess.blocksize, guess.ts,
+                                                     &guess_runs)) {
     // the array's blocks are too large for these ranges to spare any (a halo reaching a fourth of four
     // 1 MiB blocks): the header first, then the rest, would be two round trips for the whole chunk
     read(0, n);
     if (trips) *trips = 1;
     return false;
   }
-  if (have_guess && !held && cost.bytes_per_s > 0 && MayReadInParts(coder, n, *ranges, kMinPartsBytes)) {
+  if (may_parts && !held && cost.bytes_per_s > 0) {
     const ByteRanges first = FirstTrip(coder, n, *ranges, &guess);
     if (static_cast<double>(n - BytesOf(first)) / cost.bytes_per_s < cost.latency_s) {
       read(0, n);

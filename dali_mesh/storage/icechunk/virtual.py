@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from urllib.parse import unquote
 
 from dali_mesh.storage.errors import NotRegularFileError
 
@@ -19,6 +20,11 @@ VIRTUAL_MODES = ("anonymous", "env")
 
 #: the kinds of virtual chunk containers this reader authorises
 KINDS = ("file", "http", "https", "s3", "tigris", "gs", "gcs")
+
+
+def _declared(config) -> list[str]:
+    """The URL prefixes of the virtual chunk containers a repository's ``config`` declares."""
+    return [c.url_prefix for c in ((config.virtual_chunk_containers or {}) if config else {}).values()]
 
 
 def _kind(prefix: str) -> str:
@@ -53,8 +59,7 @@ def virtual_access(icechunk, storage, name: str, given) -> dict | None:
     if not given:
         return None
     if given is True:
-        config = icechunk.Repository.fetch_config(storage)
-        prefixes = [c.url_prefix for c in ((config.virtual_chunk_containers or {}) if config else {}).values()]
+        prefixes = _declared(icechunk.Repository.fetch_config(storage))
         # every container declared that this reader can authorise (one of another kind, az:// say, stays
         # unauthorised: its chunks' reads are refused, naming it, and the rest of the repository reads)
         given = {p: "anonymous" for p in prefixes if _kind(p) in KINDS}
@@ -79,19 +84,13 @@ def check_local_virtual_files(repo, session, given, name: str) -> None:
     read, which names it."""
     if not given:
         return
-    if given is True:
-        config = repo.config
-        prefixes = [c.url_prefix for c in ((config.virtual_chunk_containers or {}) if config else {}).values()]
-    else:
-        prefixes = list(given)
+    prefixes = _declared(repo.config) if given is True else list(given)
     local = [p for p in prefixes if p.lower().startswith("file://")]
     if not local:
         return
     for url in sorted(set(session.all_virtual_chunk_locations())):
         if not any(url.startswith(p) for p in local):
             continue  # not authorised here: the library refuses its reads itself
-        from urllib.parse import unquote  # noqa: PLC0415
-
         mode = None
         for path in dict.fromkeys((url[len("file://"):], unquote(url[len("file://"):]))):  # as written, or %-encoded
             try:

@@ -37,7 +37,7 @@ from typing import Sequence
 from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, read_exactly, write_spec
 from dali_mesh.storage.errors import (DataFileError, FileChangedError, MissingFileError, NotRegularFileError,
                                      TruncatedFileError)
-from dali_mesh.storage.names import shown
+from dali_mesh.storage.names import scheme_of, shown
 from dali_mesh.storage.references.parquet import parquet_document
 
 __all__ = ["ReferenceStore", "resolve_reference"]
@@ -382,11 +382,9 @@ class ReferenceStore(ByteStore):
 
 
 def _scheme(location) -> str:
-    """A location's scheme, lower case (``"file"`` for a local path)."""
-    if isinstance(location, str) and type(location) is not str and hasattr(location, "store"):
-        location = location.store.name_of(location.key)  # a StoredLocation: the URL it names
-    scheme, sep, _ = str(location).partition("://")
-    return scheme.lower() if sep and scheme.isalnum() else "file"
+    """A location's scheme as the store seam reads it (``"file"`` for a local path; a StoredLocation's string
+    is the URL it names)."""
+    return scheme_of(location) or "file"
 
 
 def _resolve_targets(urls: list, options: dict, location) -> dict:
