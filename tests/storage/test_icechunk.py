@@ -541,6 +541,7 @@ def test_a_virtual_container_gets_the_environments_credentials_only_when_the_sou
             src.read_sample(0)
     finally:
         server.shutdown()
+        server.server_close()
     assert seen, "the container's endpoint was never asked"
     sent = " ".join(str(headers) for _, _, headers in seen)
     if access == "env":
