@@ -223,39 +223,53 @@ std::string PartsGuesses::StemOf(const std::string &key) {
   return key.substr(0, end);
 }
 
+namespace {
+
+// Reads a chunk whole in one request, a read from `guess` (the array's last layout) having been judged not
+// worth it, and learns this chunk's own layout for the next one: whether a read in parts from the guess
+// (its first round trip `first`) would have held every byte the decode takes; or, its blocks sparing none
+// of the ranges, that the next chunk is read whole at once too. A chunk whose layout differs from the
+// guess's (another block size) so puts its own, and the array's reads go back to parts when they may.
+void ReadWholeAndLearn(const Coder &coder, int64_t n, const ByteRanges &ranges, char *at, const StoredReader &read,
+                       const ByteRanges &first, PartsGuesses *guesses, const std::string &stem, int64_t coder_index) {
+  read(0, n);
+  BlockLayout layout;
+  ByteRanges runs;
+  if (!BlockLayoutOf(coder, at, n, &layout)) return;
+  if (!BlockRuns(ranges, coder.chunk_bytes, layout.blocksize, layout.ts, &runs)) {
+    guesses->Put(stem, coder_index, std::move(layout), true);
+    return;
+  }
+  if (!ReadBlockIndex(at, &layout)) return;
+  ByteRanges need = BlockStoredBytes(layout, runs);
+  need.push_back({0, layout.index_end});
+  MergeRanges(&need);
+  const bool would_hold = Missing(need, first).empty() && StreamsWereRead(layout, runs, at, first);
+  guesses->Put(stem, coder_index, std::move(layout), would_hold);
+}
+
+}  // namespace
+
 bool FetchChunk(const Coder &coder, int64_t n, const ByteRanges *ranges, char *at, const StoredReader &read,
                 const StoredRangesReader &read_many, PartsGuesses *guesses, const std::string &stem,
                 int64_t coder_index, const RoundTrip &cost, int *trips) {
   BlockLayout guess;
   bool held = true;
   const bool have_guess = guesses && ranges && guesses->Get(stem, coder_index, &guess, &held);
-  const bool may_parts = have_guess && MayReadInParts(coder, n, *ranges, kMinPartsBytes);
-  ByteRanges guess_runs;
-  if (may_parts && guess.blocksize > 0 && !BlockRuns(*ranges, coder.chunk_bytes, guess.blocksize, guess.ts,
-                                                     &guess_runs)) {
-    // the array's blocks are too large for these ranges to spare any (a halo reaching a fourth of four
-    // 1 MiB blocks): the header first, then the rest, would be two round trips for the whole chunk
-    read(0, n);
-    if (trips) *trips = 1;
-    return false;
-  }
-  if (may_parts && !held && cost.bytes_per_s > 0) {
-    const ByteRanges first = FirstTrip(coder, n, *ranges, &guess);
-    if (static_cast<double>(n - BytesOf(first)) / cost.bytes_per_s < cost.latency_s) {
-      read(0, n);
+  if (have_guess && MayReadInParts(coder, n, *ranges, kMinPartsBytes)) {
+    // the array's blocks too large for these ranges to spare any (a halo reaching a fourth of four 1 MiB
+    // blocks): the header first, then the rest, would be two round trips for the whole chunk; or the last
+    // guess did not hold (a Blosc chunk compressed by several threads stores its blocks in the order they
+    // finished) and the bytes a whole read adds cost less than a round trip at `cost`
+    ByteRanges guess_runs, first;
+    bool whole = guess.blocksize > 0 && !BlockRuns(*ranges, coder.chunk_bytes, guess.blocksize, guess.ts, &guess_runs);
+    if (whole || (!held && cost.bytes_per_s > 0)) {
+      first = FirstTrip(coder, n, *ranges, &guess);
+      whole = whole || static_cast<double>(n - BytesOf(first)) / cost.bytes_per_s < cost.latency_s;
+    }
+    if (whole) {
+      ReadWholeAndLearn(coder, n, *ranges, at, read, first, guesses, stem, coder_index);
       if (trips) *trips = 1;
-      // what a read in parts from the guess would have found: this chunk's layout, and whether its
-      // first round trip would have held every byte the decode takes
-      BlockLayout layout;
-      ByteRanges runs;
-      if (BlockLayoutOf(coder, at, n, &layout) &&
-          BlockRuns(*ranges, coder.chunk_bytes, layout.blocksize, layout.ts, &runs) && ReadBlockIndex(at, &layout)) {
-        ByteRanges need = BlockStoredBytes(layout, runs);
-        need.push_back({0, layout.index_end});
-        MergeRanges(&need);
-        const bool would_hold = Missing(need, first).empty() && StreamsWereRead(layout, runs, at, first);
-        guesses->Put(stem, coder_index, std::move(layout), would_hold);
-      }
       return false;
     }
   }

@@ -114,7 +114,9 @@ class PartsGuesses {
 // the order they finished: no earlier chunk places them), a read in parts takes two round trips:
 // the chunk is then read whole in one, when the bytes that adds cost less than a round trip at
 // `cost` ((stored - parts) / bytes_per_s < latency_s: a fast link; on a slow one, or a local file,
-// the parts). A chunk read whole still shows its layout, and whether the guess would have held. Returns
+// the parts); and when the guess's blocks spare none of the ranges, whole at once. A chunk read whole
+// still shows its layout (another block size than the guess's: the array's next reads go by its own),
+// and whether the guess would have held. Returns
 // whether it was read in parts; `trips` as ReadStored's.
 bool FetchChunk(const Coder &coder, int64_t n, const ByteRanges *ranges, char *at, const StoredReader &read,
                 const StoredRangesReader &read_many, PartsGuesses *guesses, const std::string &stem,

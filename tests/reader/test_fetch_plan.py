@@ -368,3 +368,47 @@ def test_a_chunk_whose_blocks_spare_nothing_is_read_whole_in_one_round_trip(tmp_
                 log = server.take_log()
                 trips.append((round_trips(log, LATENCY), len(log)))
     assert trips[0][0] <= 2 and trips[1:] == [(1, 1)] * (shape[0] - 1), trips
+
+
+def test_a_chunk_of_other_blocks_than_the_guess_is_learnt_from(tmp_path):
+    """An array whose first chunks have 1 MiB blocks (a band and its halo spare none of them: read whole at
+    once) and whose later chunks, written by another writer, have 64 KiB blocks: the first of those is read
+    whole by the old guess and shows its own layout, and the array's reads go back to parts (a guess kept
+    from the old blocks once read every later chunk whole). Windows: numpy's."""
+    import numcodecs
+    import zarr
+
+    from dali_mesh import Layout, MeshInfo, ZarrSource, _kernels
+    from dali_mesh.partition import take_window
+    from dali_mesh.pipeline import native
+    from dali_mesh.storage.remote import have_native_http
+    from tests.storage.request_log import LoggingS3Server
+    from tests.storage.s3_server import options
+
+    if not have_native_http():
+        pytest.skip("this build has no libcurl")
+    shape = (5, 1024, 1024)
+    data = (np.random.default_rng(2).normal(size=shape) * 3 + 250).round(2).astype("f4")
+    folder = tmp_path / "bench" / "a.zarr"
+    z = zarr.create_array(folder, shape=shape, chunks=(1,) + shape[1:], dtype="f4", zarr_format=2,
+                          compressors=numcodecs.Blosc("zlib", 5, numcodecs.Blosc.SHUFFLE))
+    z[:] = data
+    small = numcodecs.Blosc("zlib", 5, numcodecs.Blosc.SHUFFLE, blocksize=1 << 16)
+    for t in range(2, shape[0]):  # the later steps: another writer's blocks
+        (folder / f"{t}.0.0").write_bytes(small.encode(np.ascontiguousarray(data[t])))
+    sizes = [os.path.getsize(folder / f"{t}.0.0") for t in range(shape[0])]
+    with LoggingS3Server(root=str(tmp_path), latency=LATENCY) as server:
+        layout = Layout(MeshInfo((2,), ("mp",), (1,)), shard={"mp": 0}, halo={0: 2})
+        src = ZarrSource(["s3://bench/a.zarr"], None, layout, shuffle=False, storage_options=options(server.endpoint))
+        path = native.plan_windows(src)[0].write(str(tmp_path / "plan"))
+        fetched = []
+        with _kernels.PlanReader(path, "f4", read_ahead=0) as reader:
+            server.take_log()
+            for t in range(shape[0]):
+                np.testing.assert_array_equal(reader.read([t])[0][0], take_window(data[t], src.region))
+                fetched.append(sum(int(b) - int(a) + 1 for a, b in (r.range[6:].split("-") for r in server.take_log()
+                                                                    if r.range.startswith("bytes="))))
+    assert fetched[1] == sizes[1] and fetched[2] == sizes[2], (fetched, sizes)  # whole: the 1 MiB blocks' guess
+    # step 3 from step 2's layout, a guess that had not held: whole where the link makes it cheaper than a
+    # round trip, else in parts; step 4 from a layout that held: in parts
+    assert fetched[4] * 4 < sizes[4] * 3, (fetched, sizes)
