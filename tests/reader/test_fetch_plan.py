@@ -184,25 +184,33 @@ def _blosc_globe(root, noisy_step=None):
     return data
 
 
-def _trips_per_step(root, server):
-    """``(windows, [round trips of step t])``: rank 1 of 4 (latitude split) read one step at a time by the
-    native reader (no read ahead), each step's round trips counted from the server's log."""
-    from dali_mesh import Layout, MeshInfo, ZarrSource, _kernels
+def _reads_over_s3(root, locations, layout, reads) -> list[tuple[int, int, int]]:
+    """``reads`` (``(sample id, its whole field)``, in turn) by the native reader without reading ahead, from
+    the tests' S3 server at :data:`LATENCY` over the folder ``root``, each window checked against numpy's
+    (``take_window`` of the field); per read: ``(round trips, requests, bytes asked)``."""
+    from dali_mesh import ZarrSource, _kernels
+    from dali_mesh.partition import take_window
     from dali_mesh.pipeline import native
-    from tests.storage.request_log import round_trips
+    from dali_mesh.storage.remote import have_native_http
+    from tests.storage.request_log import LoggingS3Server, round_trips
     from tests.storage.s3_server import options
 
-    layout = Layout(MeshInfo((4,), ("mp",), (1,)), shard={"mp": 1})
-    src = ZarrSource(["s3://bench/globe.zarr"], None, layout, shuffle=False, storage_options=options(server.endpoint))
-    plans = native.plan_windows(src)
-    path = plans[0].write(str(root / "plan"))
-    windows, trips = [], []
-    with _kernels.PlanReader(path, "f4", read_ahead=0) as reader:
-        server.take_log()
-        for t in range(SHAPE[0]):
-            windows.append(reader.read([t])[0][0])
-            trips.append(round_trips(server.take_log(), LATENCY))
-    return src, windows, trips
+    if not have_native_http():
+        pytest.skip("this build has no libcurl")
+    out = []
+    with LoggingS3Server(root=str(root), latency=LATENCY) as server:
+        src = ZarrSource(locations, None, layout, shuffle=False, storage_options=options(server.endpoint))
+        path = native.plan_windows(src)[0].write(str(root / "plan"))
+        with _kernels.PlanReader(path, "f4", read_ahead=0) as reader:
+            server.take_log()
+            for sid, field in reads:
+                np.testing.assert_array_equal(reader.read([sid])[0][0], take_window(field, src.region),
+                                              err_msg=f"sample {sid}")
+                log = server.take_log()
+                asked = sum(int(b) - int(a) + 1 for a, b in (r.range[6:].split("-") for r in log
+                                                              if r.range.startswith("bytes=")))
+                out.append((round_trips(log, LATENCY), len(log), asked))
+    return out
 
 
 def test_a_batch_read_ahead_takes_the_layout_its_reader_learnt(tmp_path):
@@ -251,19 +259,15 @@ def test_a_whole_field_blosc_step_takes_one_round_trip_when_the_guess_holds(tmp_
     a round trip (else in parts again), until a layout holds again; every window is zarr-python's."""
     import zarr
 
-    from dali_mesh.partition import take_window
-    from dali_mesh.storage.remote import have_native_http
-    from tests.storage.request_log import LoggingS3Server
+    from dali_mesh import Layout, MeshInfo
 
-    if not have_native_http():
-        pytest.skip("this build has no libcurl")
     (tmp_path / "bench").mkdir()
     _blosc_globe(tmp_path, noisy_step)
     oracle = zarr.open_array(str(tmp_path / "bench" / "globe.zarr"), mode="r")[:]
-    with LoggingS3Server(root=str(tmp_path), latency=LATENCY) as server:
-        src, windows, trips = _trips_per_step(tmp_path, server)
-    for t, win in enumerate(windows):
-        np.testing.assert_array_equal(win, take_window(oracle[t], src.region), err_msg=f"step {t}")
+    # rank 1 of 4 (latitude split), one step at a time, every window zarr-python's
+    trips = [turns for turns, _, _ in _reads_over_s3(tmp_path, ["s3://bench/globe.zarr"],
+                                                     Layout(MeshInfo((4,), ("mp",), (1,)), shard={"mp": 1}),
+                                                     enumerate(oracle))]
     assert trips[0] <= 2, trips  # its header, then its blocks
     if noisy_step is None:
         assert trips[1:] == [1] * (SHAPE[0] - 1), trips
@@ -285,15 +289,8 @@ def test_arrays_with_numbers_for_names_keep_their_own_layouts(tmp_path, names):
     import zarr
     from numcodecs import blosc
 
-    from dali_mesh import Layout, MeshInfo, ZarrSource, _kernels
-    from dali_mesh.partition import take_window
-    from dali_mesh.pipeline import native
-    from dali_mesh.storage.remote import have_native_http
-    from tests.storage.request_log import LoggingS3Server, round_trips
-    from tests.storage.s3_server import options
+    from dali_mesh import Layout, MeshInfo
 
-    if not have_native_http():
-        pytest.skip("this build has no libcurl")
     shape = (3, 4, 512, 512)
     rng = np.random.default_rng(7)
     lat = np.linspace(-1.5, 1.5, shape[2])[:, None]
@@ -307,31 +304,19 @@ def test_arrays_with_numbers_for_names_keep_their_own_layouts(tmp_path, names):
     try:
         for name, x in data.items():
             z = zarr.create_array(tmp_path / "bench" / "p.zarr" / name, shape=shape, chunks=(1,) + shape[1:],
-                                  dtype="f4", zarr_format=2, compressors=numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE))
+                                  dtype="f4", zarr_format=2,
+                                  compressors=numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE))
             z[:] = x
     finally:
         if threads:
             blosc.set_nthreads(threads)
     chunk = max(os.path.getsize(tmp_path / "bench" / "p.zarr" / n / "0.0.0.0") for n in names)
-    with LoggingS3Server(root=str(tmp_path), latency=LATENCY) as server:
-        layout = Layout(MeshInfo((4,), ("mp",), (1,)), shard={"mp": 1})
-        src = ZarrSource([f"s3://bench/p.zarr/{n}" for n in names], None, layout, shuffle=False,
-                         storage_options=options(server.endpoint))
-        path = native.plan_windows(src)[0].write(str(tmp_path / "plan"))
-        reads = []
-        with _kernels.PlanReader(path, "f4", read_ahead=0) as reader:
-            server.take_log()
-            for t in range(shape[0]):
-                for k, name in enumerate(names):
-                    win = reader.read([k * shape[0] + t])[0][0]
-                    np.testing.assert_array_equal(win, take_window(data[name][t], src.region), err_msg=f"{name} {t}")
-                    log = server.take_log()
-                    fetched = sum(int(b) - int(a) + 1 for a, b in (r.range[6:].split("-") for r in log
-                                                                    if r.range.startswith("bytes=")))
-                    reads.append((round_trips(log, LATENCY), fetched))
-    assert all(trips <= 2 for trips, _ in reads[:2]), reads  # each array's first: its header, then its blocks
-    assert all(trips == 1 for trips, _ in reads[2:]), reads
-    assert all(fetched * 4 < chunk * 3 for _, fetched in reads), (reads, chunk)  # whole: 1.0x
+    reads = _reads_over_s3(tmp_path, [f"s3://bench/p.zarr/{n}" for n in names],
+                           Layout(MeshInfo((4,), ("mp",), (1,)), shard={"mp": 1}),
+                           [(k * shape[0] + t, data[name][t]) for t in range(shape[0]) for k, name in enumerate(names)])
+    assert all(trips <= 2 for trips, _, _ in reads[:2]), reads  # each array's first: its header, then its blocks
+    assert all(trips == 1 for trips, _, _ in reads[2:]), reads
+    assert all(asked * 4 < chunk * 3 for _, _, asked in reads), (reads, chunk)  # whole: 1.0x
 
 
 def test_a_chunk_whose_blocks_spare_nothing_is_read_whole_in_one_round_trip(tmp_path):
@@ -342,31 +327,16 @@ def test_a_chunk_whose_blocks_spare_nothing_is_read_whole_in_one_round_trip(tmp_
     import numcodecs
     import zarr
 
-    from dali_mesh import Layout, MeshInfo, ZarrSource, _kernels
-    from dali_mesh.partition import take_window
-    from dali_mesh.pipeline import native
-    from dali_mesh.storage.remote import have_native_http
-    from tests.storage.request_log import LoggingS3Server, round_trips
-    from tests.storage.s3_server import options
+    from dali_mesh import Layout, MeshInfo
 
-    if not have_native_http():
-        pytest.skip("this build has no libcurl")
     shape = (3, 1024, 1024)
     data = (np.random.default_rng(1).normal(size=shape) * 3 + 250).round(2).astype("f4")
     z = zarr.create_array(tmp_path / "bench" / "a.zarr", shape=shape, chunks=(1,) + shape[1:], dtype="f4",
                           zarr_format=2, compressors=numcodecs.Blosc("zlib", 5, numcodecs.Blosc.SHUFFLE))
     z[:] = data
-    with LoggingS3Server(root=str(tmp_path), latency=LATENCY) as server:
-        layout = Layout(MeshInfo((2,), ("mp",), (1,)), shard={"mp": 0}, halo={0: 2})
-        src = ZarrSource(["s3://bench/a.zarr"], None, layout, shuffle=False, storage_options=options(server.endpoint))
-        path = native.plan_windows(src)[0].write(str(tmp_path / "plan"))
-        trips = []
-        with _kernels.PlanReader(path, "f4", read_ahead=0) as reader:
-            server.take_log()
-            for t in range(shape[0]):
-                np.testing.assert_array_equal(reader.read([t])[0][0], take_window(data[t], src.region))
-                log = server.take_log()
-                trips.append((round_trips(log, LATENCY), len(log)))
+    reads = _reads_over_s3(tmp_path, ["s3://bench/a.zarr"],
+                           Layout(MeshInfo((2,), ("mp",), (1,)), shard={"mp": 0}, halo={0: 2}), enumerate(data))
+    trips = [(turns, requests) for turns, requests, _ in reads]
     assert trips[0][0] <= 2 and trips[1:] == [(1, 1)] * (shape[0] - 1), trips
 
 
@@ -378,15 +348,8 @@ def test_a_chunk_of_other_blocks_than_the_guess_is_learnt_from(tmp_path):
     import numcodecs
     import zarr
 
-    from dali_mesh import Layout, MeshInfo, ZarrSource, _kernels
-    from dali_mesh.partition import take_window
-    from dali_mesh.pipeline import native
-    from dali_mesh.storage.remote import have_native_http
-    from tests.storage.request_log import LoggingS3Server
-    from tests.storage.s3_server import options
+    from dali_mesh import Layout, MeshInfo
 
-    if not have_native_http():
-        pytest.skip("this build has no libcurl")
     shape = (5, 1024, 1024)
     data = (np.random.default_rng(2).normal(size=shape) * 3 + 250).round(2).astype("f4")
     folder = tmp_path / "bench" / "a.zarr"
@@ -397,17 +360,9 @@ def test_a_chunk_of_other_blocks_than_the_guess_is_learnt_from(tmp_path):
     for t in range(2, shape[0]):  # the later steps: another writer's blocks
         (folder / f"{t}.0.0").write_bytes(small.encode(np.ascontiguousarray(data[t])))
     sizes = [os.path.getsize(folder / f"{t}.0.0") for t in range(shape[0])]
-    with LoggingS3Server(root=str(tmp_path), latency=LATENCY) as server:
-        layout = Layout(MeshInfo((2,), ("mp",), (1,)), shard={"mp": 0}, halo={0: 2})
-        src = ZarrSource(["s3://bench/a.zarr"], None, layout, shuffle=False, storage_options=options(server.endpoint))
-        path = native.plan_windows(src)[0].write(str(tmp_path / "plan"))
-        fetched = []
-        with _kernels.PlanReader(path, "f4", read_ahead=0) as reader:
-            server.take_log()
-            for t in range(shape[0]):
-                np.testing.assert_array_equal(reader.read([t])[0][0], take_window(data[t], src.region))
-                fetched.append(sum(int(b) - int(a) + 1 for a, b in (r.range[6:].split("-") for r in server.take_log()
-                                                                    if r.range.startswith("bytes="))))
+    fetched = [asked for _, _, asked in _reads_over_s3(
+        tmp_path, ["s3://bench/a.zarr"], Layout(MeshInfo((2,), ("mp",), (1,)), shard={"mp": 0}, halo={0: 2}),
+        enumerate(data))]
     assert fetched[1] == sizes[1] and fetched[2] == sizes[2], (fetched, sizes)  # whole: the 1 MiB blocks' guess
     # step 3 from step 2's layout, a guess that had not held: whole where the link makes it cheaper than a
     # round trip, else in parts; step 4 from a layout that held: in parts
