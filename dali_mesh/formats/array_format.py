@@ -53,6 +53,11 @@ class ArrayFormat:
     option_names: tuple[str, ...] = ()
     #: the names a copy written by :meth:`create` is given, for messages (``()``: not written)
     write_suffixes: tuple[str, ...] = ()
+    #: whether :meth:`read_window` writes every element of ``out`` (the built-in formats do, and their
+    #: tests check it). A format that does not say so gets ``out`` zeroed first (:meth:`fill_window`): the
+    #: sources hand out recycled buffers, and a reader that leaves elements unwritten would otherwise
+    #: return another window's values or uninitialised memory
+    fills_window = False
 
     # ---- finding ----------------------------------------------------------------------------------
     def probe(self, location) -> bool:
@@ -97,6 +102,13 @@ class ArrayFormat:
                     expected_dtype=None) -> None:
         """Fills ``out`` with the window ``region`` of ``array[prefix]`` (a step), reading only what it needs."""
         raise NotImplementedError
+
+    def fill_window(self, handle, region, out, **kwargs) -> None:
+        """:meth:`read_window` into ``out``, zeroed first unless the format says it writes every element
+        (:attr:`fills_window`): what the sources call."""
+        if not self.fills_window:
+            out[...] = 0
+        self.read_window(handle, region, out, **kwargs)
 
     def read_whole(self, handle, index=None) -> np.ndarray:
         """The whole array (or ``array[index]``, a step) by the format's own library: the oracle the

@@ -5,11 +5,20 @@ with :func:`register_format`), and a format of another package is named by an en
     [project.entry-points."dali_mesh.formats"]
     grib = "my_package.grib:GribFormat"       # an ArrayFormat subclass, or an instance of one
 
-The entry points are loaded once, on the first lookup (so a process that never asks pays nothing),
-and a broken one is a :class:`FormatPluginError` naming it, at every lookup until it is fixed.
+The entry points are loaded once, on the first lookup (so a process that never asks pays nothing).
+A format's name is one reader everywhere (the parent and DALI's worker processes find a format by its name):
+- a name is never taken twice: :func:`register_format` of a name another class holds is a
+  :class:`FormatPluginError` naming both (a module that registers ``"npy"`` would otherwise read in the
+  parent with one reader and in the workers with another); an entry point naming a built-in format's
+  name is not used (a warning names its package), and a name two packages declare is used by neither:
+  its lookups are a :class:`FormatPluginError` naming both packages;
+- a broken entry point (it fails to import, names no format, or a format of another name) is skipped
+  with a warning naming it and its package, as xarray skips a broken backend: the other formats,
+  the built-in ones first, work; a lookup of the broken one's own name is the error that says why.
 """
 from __future__ import annotations
 
+import warnings
 from importlib import metadata
 from typing import Iterator, Mapping
 
@@ -24,12 +33,28 @@ ENTRY_POINT_GROUP = "dali_mesh.formats"
 
 class FormatPluginError(RuntimeError):
     """A format named in the ``dali_mesh.formats`` entry-point group cannot be used (it fails to
-    import, is no format, or takes a name already registered)."""
+    import, is no format, takes another format's name, or two packages declare its name), or
+    :func:`register_format` was given a name another format holds."""
+
+
+def _package(ep) -> str:
+    """The distribution that declares the entry point ``ep`` (its module where none is known)."""
+    dist = getattr(ep, "dist", None)
+    name = getattr(dist, "name", None) if dist is not None else None
+    return f"package {name!r}" if name else f"module {ep.value.split(':', 1)[0]!r}"
+
+
+def _owner(fmt: ArrayFormat) -> str:
+    """Who registered ``fmt``: dali_mesh's built-in formats, or the class's module."""
+    cls = type(fmt)
+    if cls.__module__.startswith("dali_mesh."):
+        return f"dali_mesh's built-in {cls.__qualname__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _plugin_format(ep) -> ArrayFormat:
     """The format an entry point names (a subclass of :class:`ArrayFormat` is instantiated)."""
-    what = f"entry point {ep.name!r} = {ep.value!r} of group {ENTRY_POINT_GROUP!r}"
+    what = f"entry point {ep.name!r} = {ep.value!r} of group {ENTRY_POINT_GROUP!r} ({_package(ep)})"
     try:
         obj = ep.load()
         fmt = obj() if isinstance(obj, type) and issubclass(obj, ArrayFormat) else obj
@@ -47,31 +72,68 @@ def _plugin_format(ep) -> ArrayFormat:
 
 class _Registry(Mapping):
     """The registered formats by name, in the order a folder is searched: the built-in ones, then
-    those of the entry-point group, loaded on the first lookup."""
+    those of the entry-point group, loaded on the first lookup. ``_refused``: the names no format
+    answers to and why (a broken entry point's, a name two packages declare)."""
 
     def __init__(self) -> None:
         self._formats: dict[str, ArrayFormat] = {}
+        self._refused: dict[str, str] = {}
         self._plugins_loaded = False
 
     def register(self, fmt: ArrayFormat) -> None:
-        self._formats[fmt.name] = fmt
+        taken = self._formats.get(fmt.name)
+        if taken is not None and type(taken) is not type(fmt):
+            raise FormatPluginError(f"format {fmt.name!r} is already {_owner(taken)}: {_owner(fmt)} may not take "
+                                    "its name (sources find a format by its name, in DALI's worker processes too, "
+                                    "and would read with two readers); give it another name")
+        self._formats.setdefault(fmt.name, fmt)
 
     def _loaded(self) -> dict[str, ArrayFormat]:
         if not self._plugins_loaded:
-            found = [_plugin_format(ep) for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
-            for fmt in found:  # all or none: a broken one leaves the registry as it was
-                taken = self._formats.get(fmt.name)
-                if taken is not None and type(taken) is not type(fmt):
-                    raise FormatPluginError(f"entry point {fmt.name!r} of group {ENTRY_POINT_GROUP!r} names "
-                                            f"{type(fmt).__qualname__}, but format {fmt.name!r} is already "
-                                            f"{type(taken).__qualname__}: give one of them another name")
-            for fmt in found:
-                self._formats.setdefault(fmt.name, fmt)
-            self._plugins_loaded = True
+            self._plugins_loaded = True  # once: a lookup from a plugin's own import sees the built-ins
+            declared: dict[str, list] = {}
+            for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+                if ep not in declared.setdefault(ep.name, []):
+                    declared[ep.name].append(ep)
+            for name, eps in declared.items():
+                self._take(name, eps)
         return self._formats
 
+    def _take(self, name: str, eps: list) -> None:
+        """Registers the format the entry points ``eps`` declare as ``name``: refused when two packages
+        declare it, skipped when it is broken or a built-in holds the name."""
+        if len(eps) > 1:
+            both = " and ".join(f"{_package(ep)} ({ep.value})" for ep in eps)
+            self._refuse(name, f"format {name!r} is declared by {both} (entry-point group {ENTRY_POINT_GROUP!r}): "
+                               "neither is used, so that no process reads with one and another with the other; "
+                               "uninstall one of the packages")
+            return
+        try:
+            fmt = _plugin_format(eps[0])
+        except FormatPluginError as e:
+            self._refuse(name, str(e))
+            return
+        taken = self._formats.get(name)
+        if taken is None:
+            self._formats[name] = fmt
+        elif type(taken) is not type(fmt):
+            warnings.warn(f"entry point {name!r} of group {ENTRY_POINT_GROUP!r} of {_package(eps[0])} "
+                          f"({type(fmt).__qualname__}) is not used: format {name!r} is {_owner(taken)}, which keeps "
+                          "it; give the plugin's format another name", RuntimeWarning, stacklevel=4)
+
+    def _refuse(self, name: str, why: str) -> None:
+        if name not in self._refused:
+            warnings.warn(f"{why} (skipped: the other formats are used)", RuntimeWarning, stacklevel=5)
+        self._refused[name] = why
+
     def __getitem__(self, name: str) -> ArrayFormat:
-        return self._loaded()[name]
+        formats = self._loaded()
+        if name not in formats and name in self._refused:
+            raise FormatPluginError(self._refused[name])
+        return formats[name]
+
+    def __contains__(self, name) -> bool:
+        return name in self._loaded()
 
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._loaded()))
@@ -88,7 +150,9 @@ FORMATS: Mapping[str, ArrayFormat] = _Registry()
 
 
 def register_format(fmt: ArrayFormat) -> ArrayFormat:
-    """Registers ``fmt`` under its name (the sources, the CLI and pickling find it there) and returns it."""
+    """Registers ``fmt`` under its name (the sources, the CLI and pickling find it there) and returns it.
+    Registering again a format of the same class keeps the first; a name another class holds is a
+    :class:`FormatPluginError` naming both."""
     if not isinstance(fmt, ArrayFormat):
         raise TypeError(f"register_format takes an ArrayFormat, got {fmt!r}")
     FORMATS.register(fmt)
@@ -96,7 +160,8 @@ def register_format(fmt: ArrayFormat) -> ArrayFormat:
 
 
 def format_named(name: str) -> ArrayFormat:
-    """The registered format called ``name``; ``ValueError`` listing the formats when there is none."""
+    """The registered format called ``name``; ``ValueError`` listing the formats when there is none,
+    :class:`FormatPluginError` saying why when a plugin of that name was not used."""
     try:
         return FORMATS[name]
     except KeyError:

@@ -177,7 +177,7 @@ class ArraySource(WindowSource):
 
     def _read_step(self, step: int, region: Region, out: np.ndarray, shape) -> None:
         fi, local = self.locate(step)
-        self.format.read_window(self._handle(fi), region, out, prefix=(local,), index_maps=self.index_maps,
+        self.format.fill_window(self._handle(fi), region, out, prefix=(local,), index_maps=self.index_maps,
                                 expected_shape=shape, expected_dtype=self.dtype)
 
     def _read(self, sample_id: int) -> tuple[np.ndarray, ...]:

@@ -87,7 +87,7 @@ class FileSource(WindowSource):
         out = self._empty(region.window_shape, self.dtype)
         handle = self.format.open(path, self.name, **self.format_options)
         try:
-            self.format.read_window(handle, region, out, prefix=(), index_maps=self.index_maps,
+            self.format.fill_window(handle, region, out, prefix=(), index_maps=self.index_maps,
                                     expected_shape=expected, expected_dtype=self.dtype, **self.read_options)
         finally:
             self.format.close(handle)

@@ -99,7 +99,8 @@ class FormatTests:
                               mode, fill_value=0)
                 for region in regions + [whole, edge]:
                     out = np.empty(region.window_shape, native.dtype)
-                    self.format.read_window(handle, region, out, prefix=prefix)
+                    out.view(np.uint8)[...] = 0xA5  # a format that says it fills every element (fills_window) must
+                    self.format.fill_window(handle, region, out, prefix=prefix)
                     np.testing.assert_array_equal(out, take_window(native, region), err_msg=f"{prefix} {region}")
         finally:
             self.format.close(handle)

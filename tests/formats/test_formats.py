@@ -3,14 +3,20 @@ its own library; and a format of another package, named by an entry point of the
 group, is found without editing dali_mesh."""
 from __future__ import annotations
 
+import pickle
+import sys
+import types
 from importlib import metadata
 
 import numpy as np
 import pytest
 
 from dali_mesh.formats import (ENTRY_POINT_GROUP, FORMATS, HDF5, NPY, ZARR, ArrayFormat, ArrayInfo, FormatPluginError,
-                               format_named, format_of)
+                               format_named, format_of, register_format)
 from dali_mesh.formats import format_registry
+from dali_mesh.mesh import MeshInfo
+from dali_mesh.partition import Layout
+from dali_mesh.source.file_source import FileSource
 from tests.formats.format_tests import FormatTests
 
 h5py = pytest.importorskip("h5py")
@@ -90,6 +96,7 @@ def fresh_registry(monkeypatch):
     """The registry as before its entry points were loaded (restored after the test)."""
     monkeypatch.setattr(FORMATS, "_formats", dict(FORMATS._formats))
     monkeypatch.setattr(FORMATS, "_plugins_loaded", False)
+    monkeypatch.setattr(FORMATS, "_refused", {}, raising=False)
 
     def plugins(entry_points):
         monkeypatch.setattr(format_registry.metadata, "entry_points",
@@ -119,25 +126,112 @@ def test_an_entry_point_may_name_an_instance(fresh_registry):
 CSV_INSTANCE = CsvFormat()
 
 
+def _entry_point_of(name, value, package):
+    """An entry point declared by the installed distribution ``package`` (what metadata gives for one)."""
+    return _entry_point(name, value)._for(types.SimpleNamespace(name=package))
+
+
 @pytest.mark.parametrize("value,match", [
-    ("tests.formats.no_such_module:Format", r"entry point 'csv' = 'tests.formats.no_such_module:Format' .* cannot be "
-                                            r"loaded \(ModuleNotFoundError"),
+    ("tests.formats.no_such_module:Format", r"entry point 'csv' = 'tests.formats.no_such_module:Format' .*"
+                                            r"\(package 'broken-pkg'\) cannot be loaded \(ModuleNotFoundError"),
     (f"{__name__}:_entry_point", "is neither an ArrayFormat nor a subclass of one"),
 ])
-def test_a_broken_plugin_is_an_error_naming_it_at_every_lookup(fresh_registry, value, match):
-    fresh_registry([_entry_point("csv", value)])
-    for _ in range(2):  # not loaded half: the next lookup says it again
+def test_a_broken_plugin_is_skipped_with_a_warning_and_the_other_formats_work(fresh_registry, tmp_path, value, match):
+    # issue 52: one broken plugin made every lookup fail, the built-in .npy source's in DALI's workers too
+    fresh_registry([_entry_point_of("csv", value, "broken-pkg")])
+    with pytest.warns(RuntimeWarning, match=match):
+        assert format_named("npy") is NPY
+    np.save(tmp_path / "a.npy", np.arange(3))
+    assert format_of(str(tmp_path / "a.npy")) is NPY and list(FORMATS) == ["npy", "hdf5", "zarr"]
+    for _ in range(2):  # its own name says why, at every lookup
         with pytest.raises(FormatPluginError, match=match):
-            format_named("npy")
+            format_named("csv")
 
 
-def test_a_plugin_may_not_take_a_registered_name_or_another_name_than_its_own(fresh_registry):
-    fresh_registry([_entry_point("npy", f"{__name__}:CsvFormat")])
+def test_a_plugin_named_otherwise_than_its_format_is_skipped(fresh_registry):
+    fresh_registry([_entry_point_of("tsv", f"{__name__}:CsvFormat", "pkg-a")])
+    with pytest.warns(RuntimeWarning, match="must be the format's name"):
+        assert format_named("npy") is NPY
     with pytest.raises(FormatPluginError, match="must be the format's name"):
-        format_of("a.npy")
-    CsvFormat.name = "npy"
-    try:
-        with pytest.raises(FormatPluginError, match="format 'npy' is already NpyFormat"):
-            format_of("a.npy")
-    finally:
-        CsvFormat.name = "csv"
+        format_named("tsv")
+
+
+class EvilNpy(CsvFormat):
+    """A plugin's format that takes a built-in's name."""
+
+    name = "npy"
+
+
+def test_an_entry_point_may_not_swap_a_built_in_format(fresh_registry):
+    # issue 52: the parent read with the built-in, DALI's workers (the format by name) with the plugin
+    fresh_registry([_entry_point_of("npy", f"{__name__}:EvilNpy", "evil-pkg")])
+    with pytest.warns(RuntimeWarning, match=r"entry point 'npy' .* of package 'evil-pkg' \(EvilNpy\) is not used: "
+                                            r"format 'npy' is dali_mesh's built-in NpyFormat"):
+        assert format_named("npy") is NPY
+    assert format_of("a.npy") is NPY
+    assert pickle.loads(pickle.dumps(NPY)) is NPY  # what a worker gets: the same reader
+
+
+def test_register_format_may_not_take_a_name_another_format_holds(fresh_registry):
+    fresh_registry([])
+    with pytest.raises(FormatPluginError, match=r"format 'npy' is already dali_mesh's built-in NpyFormat: "
+                                                r"tests\.formats\.test_formats\.EvilNpy may not take its name"):
+        register_format(EvilNpy())
+    assert format_named("npy") is NPY
+    register_format(NPY.__class__())  # the same class again: kept as it was
+    assert format_named("npy") is NPY
+
+
+def test_a_module_that_registers_a_built_in_name_on_import_is_a_skipped_plugin(fresh_registry, tmp_path,
+                                                                               monkeypatch):
+    (tmp_path / "evil_plugin.py").write_text(
+        "from dali_mesh.formats import register_format\n"
+        "from tests.formats.test_formats import CsvFormat, EvilNpy\n"
+        "register_format(EvilNpy())  # at import, as a hostile plugin module would\n"
+        "class Evil(CsvFormat):\n    name = 'evil'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fresh_registry([_entry_point_of("evil", "evil_plugin:Evil", "evil-pkg")])
+    with pytest.warns(RuntimeWarning, match=r"'evil-pkg'\) cannot be loaded \(FormatPluginError: format 'npy' is "
+                                            "already dali_mesh's built-in NpyFormat"):
+        assert format_named("npy") is NPY
+    monkeypatch.delitem(sys.modules, "evil_plugin", raising=False)
+
+
+def test_two_packages_declaring_one_name_are_refused_naming_both(fresh_registry):
+    # issue 52: one of them was dropped silently
+    fresh_registry([_entry_point_of("csv", f"{__name__}:CsvFormat", "pkg-a"),
+                    _entry_point_of("csv", f"{__name__}:OtherCsv", "pkg-b")])
+    both = r"format 'csv' is declared by package 'pkg-a' \(.*:CsvFormat\) and package 'pkg-b' \(.*:OtherCsv\)"
+    with pytest.warns(RuntimeWarning, match=both):
+        assert format_named("zarr") is ZARR
+    with pytest.raises(FormatPluginError, match=both):
+        format_named("csv")
+    assert "csv" not in FORMATS and format_of("a.csv") is None
+
+
+class OtherCsv(CsvFormat):
+    """Another package's format of the same name."""
+
+
+class PartialCsv(CsvFormat):
+    """A plugin whose ``read_window`` writes the window's first element only (a bug of its own)."""
+
+    def read_window(self, handle, region, out, **kwargs):
+        out.flat[0] = -1.0
+
+
+def test_a_plugin_that_leaves_elements_of_its_window_unwritten_gives_zeros_not_another_window(tmp_path):
+    # issue 52: the sources recycle their output buffers; a plugin's read_window that does not fill `out`
+    # returned the previous sample's values (or uninitialised memory)
+    files = []
+    for i in range(2):
+        files.append(str(tmp_path / f"{i}.csv"))
+        np.savetxt(files[-1], np.full((4, 6), 7.0 + i), delimiter=",")
+    layout = Layout(MeshInfo((2,), ("mp",), (1,)), shard={"mp": 0}, batch=())
+    source = FileSource(files, layout, format=PartialCsv())
+    for sample_id in (0, 1, 0):
+        (out,) = source._read(sample_id)
+        want = np.zeros((2, 6))
+        want.flat[0] = -1.0
+        np.testing.assert_array_equal(out, want)
+        del out

@@ -23,6 +23,7 @@ class HDF5Format(ArrayFormat):
     option_names = ("h5_kwargs",)
     write_suffixes = (".h5", ".hdf5")
     reads_in_parallel = False
+    fills_window = True  # every element: FormatTests checks it
 
     def probe(self, location) -> bool:
         # NetCDF4 files are HDF5, but a folder of .nc files is a weather dataset: found by suffix only

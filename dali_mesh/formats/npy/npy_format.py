@@ -18,6 +18,7 @@ __all__ = ["NPY", "NpyFormat"]
 
 class NpyFormat(ArrayFormat):
     name, label, container, array_word, suffixes, steps = "npy", ".npy file", "file", "array", (".npy",), False
+    fills_window = True  # every element: FormatTests checks it
 
     def info(self, location, name=None, **options) -> ArrayInfo:
         if name:

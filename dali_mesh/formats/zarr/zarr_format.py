@@ -20,6 +20,7 @@ __all__ = ["ZARR", "ZarrFormat"]
 class ZarrFormat(ArrayFormat):
     name, label, container, array_word, suffixes = "zarr", "Zarr array", "store", "array", (".zarr",)
     write_suffixes = (".zarr",)
+    fills_window = True  # every element: FormatTests checks it
 
     def info(self, location, name=None, **options) -> ArrayInfo:
         arr = self.open(location, name)
