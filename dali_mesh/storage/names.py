@@ -1,4 +1,5 @@
-"""How a location is shown: user info (any scheme) and an http(s) URL's query and fragment hidden.
+"""How a location is shown: user info (any scheme) and an http(s) URL's query and fragment hidden, in a
+nested location too (``reference://https://host/refs.json?X-Amz-Signature=...``).
 
 A location may carry a credential: a presigned ``https://`` URL's query (``X-Amz-Signature``,
 ``X-Amz-Security-Token``) and user info (``s3://KEY:SECRET@bucket/...``). The stores' refusals and the
@@ -27,9 +28,14 @@ def scheme_of(location) -> str | None:
 
 def split_location(location: str) -> tuple[str, str, str, str]:
     """``(scheme://, user info with its '@' or '', the rest up to any query, '?query' / '#fragment' or '')``
-    of a URL; the query only for http(s)."""
+    of a URL; the query only for http(s). A nested location (``reference://https://host/refs.json?sig``,
+    ``icechunk://s3://KEY:SECRET@bucket/repo``: a scheme whose rest is a location) is split at its innermost
+    one: ``("reference://https://", "", "host/refs.json", "?sig")``."""
     scheme, _, rest = location.partition("://")
     head = scheme + "://"
+    if scheme_of(rest) is not None:
+        inner = split_location(rest)
+        return (head + inner[0],) + inner[1:]
     query = ""
     if scheme.lower() in _HTTP:
         cut = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=-1)
@@ -59,11 +65,18 @@ def shown(location) -> str:
     return head + (HIDDEN + "@" if userinfo else "") + rest + (query[0] + HIDDEN if query else "")
 
 
+def _innermost_scheme(location: str) -> str | None:
+    scheme = scheme_of(location)
+    rest = location.partition("://")[2]
+    return scheme if scheme is None or scheme_of(rest) is None else _innermost_scheme(rest)
+
+
 def name_of(location) -> str:
-    """The name a location's format is detected on: an http(s) URL's path, without its query and
-    fragment (``https://host/a.h5?X-Amz-...`` is an HDF5 file); any other location as it is."""
+    """The name a location's format is detected on: an http(s) URL's path (also nested, as in
+    ``reference://https://...``), without its query and fragment (``https://host/a.h5?X-Amz-...`` is an
+    HDF5 file); any other location as it is."""
     location = os.fspath(location)
-    if scheme_of(location) not in _HTTP:
+    if _innermost_scheme(location) not in _HTTP:
         return location
     head, _, rest, _ = split_location(location)
     return head + rest

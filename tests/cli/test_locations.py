@@ -62,6 +62,11 @@ def test_find_data_takes_a_presigned_url_as_one_file_by_its_path():
     ("http://host:80/a@b.npy", "http://host:80/a@b.npy"),
     ("http://[::1]/a@b.npy?sig", "http://[::1]/a@b.npy?\u2026"),
     ("dir/a.h5?x@y", "dir/a.h5?x@y"),
+    # issue 52: a nested location's own query and user info
+    (f"reference://https://host/{PRESIGNED}", "reference://https://host/a.h5?\u2026"),
+    ("icechunk://s3://AKIDSECRET:SECRETKEY@bucket/repo", "icechunk://s3://\u2026@bucket/repo"),
+    ("icechunk://reference://http://AKIDSECRET@h/refs.json#SECRETTOK", "icechunk://reference://http://\u2026@h/refs.json#\u2026"),
+    ("reference://s3://bucket/refs?.json", "reference://s3://bucket/refs?.json"),  # an opaque key, nested
 ])
 def test_shown_hides_the_query_and_user_info(location, want):
     assert shown(location) == want
@@ -120,6 +125,19 @@ def test_a_presigned_url_never_shows_in_the_command_lines_output(echo_server, tm
     out, err = capsys.readouterr()
     _no_secret(out, err)
     assert f"{echo_server}/bucket/a.h5" in err  # the error still says which object
+
+
+@pytest.mark.parametrize("command", [["plan", "--data"], ["demo", "--data"]])
+def test_a_nested_presigned_url_never_shows_in_the_command_lines_output(echo_server, tmp_path, capsys, monkeypatch,
+                                                                        command):
+    """Issue 52: ``plan --data 'reference://https://host/refs.json?X-Amz-Signature=...'`` printed the query
+    (a nested location was not hidden)."""
+    monkeypatch.chdir(tmp_path)
+    location = f"reference://{echo_server}/bucket/refs.json?X-Amz-Signature=SECRETSIG&X-Amz-Security-Token=SECRETTOK"
+    assert main(command + [location] + MESH + (["--nproc", "2"] if command[0] == "demo" else [])) == 2
+    out, err = capsys.readouterr()
+    _no_secret(out, err)
+    assert f"reference://{echo_server}/bucket/refs.json" in err and "Traceback" not in err
 
 
 def test_user_info_never_shows_in_the_command_lines_output(echo_server, tmp_path):
