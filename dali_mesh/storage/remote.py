@@ -653,6 +653,43 @@ def _bucket_and_key(location: str, scheme: str) -> str:
 
 #: S3's bucket names (and the legacy ones with capitals and '_' that some stores keep)
 _BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+#: a region's name, as botocore validates it (``botocore.utils.validate_region_name``): it becomes part of the
+#: endpoint's host and of every signature's scope, so ``x@127.0.0.1/#`` would send signed requests elsewhere
+_REGION = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-]{0,61}[a-zA-Z0-9])?")
+
+
+def _checked_region(region) -> str:
+    """``region`` if it is a region's name (letters, digits and '-', as boto3 takes them), else a ValueError."""
+    if not isinstance(region, str) or not _REGION.fullmatch(region):
+        raise ValueError(f"the region {region!r} (storage_options region or client_kwargs region_name, AWS_REGION, "
+                         "AWS_DEFAULT_REGION or the profile's) is not a region name: letters, digits and '-' only, "
+                         "as boto3 takes them (e.g. 'us-east-1')")
+    return region
+
+
+def _checked_endpoint(endpoint: str) -> str:
+    """``endpoint`` (``endpoint_url``, ``AWS_ENDPOINT_URL``) without a trailing '/': an ``http(s)://host[:port]``
+    URL, with a path at most. User info is refused without showing it (a store's spec names its endpoint, and
+    the spec is written into plan files and every cache entry: a password there would be kept on disk); so are
+    a query, a fragment and control characters, which no endpoint has."""
+    endpoint = str(endpoint).rstrip("/")
+    if has_control_char(endpoint):
+        raise ValueError("endpoint_url holds a control character (NUL, CR, LF, ...)")
+    if not endpoint.lower().startswith(("http://", "https://")):
+        raise ValueError(f"endpoint_url must start with http:// or https://, got {shown(endpoint)!r}")
+    parts = urllib.parse.urlsplit(endpoint)
+    if "@" in endpoint:  # anywhere: a secret holding '/' ends the authority early (names.split_location)
+        raise ValueError(f"endpoint_url {shown(endpoint)!r} holds user info: credentials in an endpoint are not "
+                         "taken (they would be written into plans and the range cache); give them in "
+                         "storage_options (key=, secret=)")
+    try:
+        parts.port
+    except ValueError:
+        raise ValueError(f"endpoint_url {shown(endpoint)!r} has a port that is not a number") from None
+    if not parts.hostname or parts.query or parts.fragment or "?" in endpoint or "#" in endpoint:
+        raise ValueError(f"endpoint_url {shown(endpoint)!r} is not an http(s)://HOST[:PORT] URL (no query or "
+                         "fragment)")
+    return endpoint
 
 
 def resolve_s3(location: str, options: dict) -> tuple[RemoteStore, str]:
@@ -667,15 +704,14 @@ def resolve_s3(location: str, options: dict) -> tuple[RemoteStore, str]:
                 or os.environ.get("AWS_ENDPOINT_URL") or "")
     addressing = options.get("addressing") or ((options.get("config_kwargs") or {}).get("s3") or {}).get(
         "addressing_style")
+    region = _checked_region(region)
     if not endpoint:
         endpoint = f"https://s3.{region}.amazonaws.com"
         addressing = addressing or "virtual"
     addressing = addressing or "path"  # a custom endpoint (MinIO, Ceph, a local server): path-style
     if addressing not in ("path", "virtual"):
         raise ValueError(f"storage_options addressing must be 'path' or 'virtual', got {addressing!r}")
-    endpoint = endpoint.rstrip("/")
-    if not endpoint.startswith(("http://", "https://")):
-        raise ValueError(f"endpoint_url must start with http:// or https://, got {endpoint!r}")
+    endpoint = _checked_endpoint(endpoint)
     anon = bool(options.get("anon", False))
     cred = None
     if not anon:
@@ -701,7 +737,7 @@ def resolve_gs(location: str, options: dict) -> tuple[RemoteStore, str]:
         raise DataFileError(location, "GCS OAuth tokens and service-account files are not supported yet: give HMAC "
                             "keys (storage_options key=..., secret=...) or read a public bucket anonymously "
                             "(anon=True or token='anon')")
-    endpoint = str(options.get("endpoint_url") or "https://storage.googleapis.com").rstrip("/")
+    endpoint = _checked_endpoint(str(options.get("endpoint_url") or "https://storage.googleapis.com"))
     cred = None
     if options.get("key") and options.get("secret") and not options.get("anon") and token != "anon":
         cred = _Credentials(str(options["key"]), str(options["secret"]), "")

@@ -601,3 +601,65 @@ def test_a_location_with_a_control_character_is_refused(location):
     """A NUL would cut the key where C reads it (another object than the one named)."""
     with pytest.raises(DataFileError, match="control character"):
         store_of(location, {"anon": True} if location.startswith("s3") else {})
+
+
+# ---- issue 52: an endpoint's user info and a region that is no region's name ----------------------------
+@pytest.mark.parametrize("scheme", ["s3", "gs"])
+@pytest.mark.parametrize("endpoint", ["http://AKIDSECRETID:RETKEY0123@127.0.0.1:9000",
+                                      "http://AKIDSECRETID:sec/RETKEY0123@127.0.0.1:9000",
+                                      "https://AKIDSECRETID:p@ssRETKEY0123@127.0.0.1/",
+                                      "http://AKIDSECRETID@127.0.0.1:9000"])
+def test_an_endpoint_with_user_info_is_refused_without_showing_it(scheme, endpoint, monkeypatch):
+    """The endpoint is in the store's spec, which plan files and every range-cache entry record: a password
+    in it was kept there (and in the store's repr)."""
+    for how in ("option", "environment"):
+        options = {"anon": True}
+        if how == "option":
+            options["endpoint_url"] = endpoint
+        elif scheme == "s3":
+            monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        else:
+            continue  # gs:// takes its endpoint from the options only
+        with pytest.raises(ValueError, match="holds user info|port that is not a number") as info:
+            store_of(f"{scheme}://data/k.npy", options)
+        text = str(info.value)
+        assert "AKIDSECRETID" not in text and "RETKEY0123" not in text and "ssRET" not in text, text
+
+
+@pytest.mark.parametrize("endpoint", ["http://127.0.0.1:9000/?x=1", "http://127.0.0.1:9000#f", "ftp://127.0.0.1",
+                                      "http://127.0.0.1:port", "http://", "http://127.0.0.1\r\nX: 1"])
+def test_an_endpoint_that_is_no_http_url_is_refused(endpoint):
+    with pytest.raises(ValueError, match="endpoint_url"):
+        store_of("s3://data/k.npy", {"anon": True, "endpoint_url": endpoint})
+
+
+@pytest.mark.parametrize("region", ["x@127.0.0.1/#", "us-east-1.evil.com/", "eu_west_1", "a b", "-us", "us-",
+                                    "r" * 64, "us-east-1\n"])
+def test_a_region_that_is_no_regions_name_is_refused(region, monkeypatch, tmp_path):
+    """The region became part of the default endpoint's host (``https://s3.{region}.amazonaws.com``):
+    ``x@127.0.0.1/#`` sent signed requests to 127.0.0.1. boto3 refuses such names; so does the store, from
+    every place a region comes from."""
+    for where in ("region", "client_kwargs", "AWS_REGION", "profile"):
+        options = {"key": "AKIDEXAMPLE", "secret": "s"}
+        if where == "region":
+            options["region"] = region
+        elif where == "client_kwargs":
+            options["client_kwargs"] = {"region_name": region}
+        elif where == "AWS_REGION":
+            monkeypatch.setenv("AWS_REGION", region)
+        else:
+            monkeypatch.delenv("AWS_REGION", raising=False)
+            monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+            (tmp_path / "config").write_text(f"[default]\nregion = {region}\n")
+            monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+            if region != region.strip():
+                continue  # configparser strips it: a good name
+        with pytest.raises(ValueError, match="is not a region name"):
+            store_of("s3://data/k.npy", options)
+        monkeypatch.delenv("AWS_REGION", raising=False)
+
+
+@pytest.mark.parametrize("region", ["us-east-1", "eu-central-1", "auto", "garage", "us-gov-west-1"])
+def test_a_regions_name_is_taken(region):
+    store, _ = store_of("s3://data/k.npy", {"anon": True, "region": region})
+    assert f"endpoint=https://s3.{region}.amazonaws.com;region={region};" in store.spec
