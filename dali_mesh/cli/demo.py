@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -27,9 +28,11 @@ from dali_mesh.cli.options import (UsageError, add_version_arguments, find_data,
                                   positive_float, positive_int)
 from dali_mesh.cli.locations import scrub, shown
 from dali_mesh.formats import format_named, format_of
+from dali_mesh.io._common import DataFileError
+from dali_mesh.mesh import MeshError
 from dali_mesh.io.pagecache import descendant_pids, evict, read_bytes
 from dali_mesh.plan import NotNativeError
-from dali_mesh.partition import take_window
+from dali_mesh.partition import LayoutError, take_window
 from dali_mesh.storage import local_path_of, store_of
 
 __all__ = ["add_arguments", "run", "write_synthetic", "MARKER"]
@@ -284,7 +287,61 @@ def reader_path(source) -> tuple[str, str]:
     return "native", ""
 
 
+#: the errors of a user's data, layout or arguments: a rank reports their message in one line (exit 2, as
+#: ``plan`` does); any other error is a defect, reported with its traceback (exit 1)
+_USER_ERRORS = (UsageError, DataFileError, LayoutError, MeshError)
+#: the native operator's errors reach DALI's caller as text: its line ("read_windows: FILE: why")
+_NATIVE_ERROR = re.compile(r"^read_windows: (.+)$", re.M)
+#: a DALI worker's exception reaches its caller as the worker's traceback, as text: its last line
+_WORKER_ERROR = re.compile(r"^((?:[A-Za-z_]\w*\.)*)([A-Za-z_]\w*): (.+)\Z", re.S)
+
+
+def _data_error(e: BaseException) -> str | None:
+    """The message of the error in the user's data or arguments that made a rank fail, else ``None``:
+    one of :data:`_USER_ERRORS` in ``e``'s chain, or named by the text DALI made of it (the native
+    operator's error line; the last line of a worker process's traceback)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, _USER_ERRORS):
+            return str(e)
+        text = str(e)
+        native = _NATIVE_ERROR.search(text)
+        if native:
+            return native.group(1).strip()
+        if "traceback received from worker" in text:
+            last = text.strip().splitlines()[-1] if text.strip() else ""
+            m = _WORKER_ERROR.match(last)
+            if m and m.group(1).startswith("dali_mesh.") and _is_user_error(m.group(1)[:-1], m.group(2)):
+                return m.group(3)
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _is_user_error(module: str, name: str) -> bool:
+    import importlib  # noqa: PLC0415
+
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return False
+    return isinstance(cls, type) and issubclass(cls, _USER_ERRORS)
+
+
 def _rank(rank, world_size, cfg, out_dir):
+    """One rank of the demo (:func:`_rank_run`): an error in the data is one line of its report."""
+    from dali_mesh.cli.launch import RankError  # noqa: PLC0415
+
+    try:
+        _rank_run(rank, world_size, cfg, out_dir)
+    except Exception as e:  # noqa: BLE001 - classified: the data's errors in one line, the rest as they are
+        why = _data_error(e)
+        if why is None:
+            raise
+        raise RankError(f"error: {why}") from None
+
+
+def _rank_run(rank, world_size, cfg, out_dir):
     import torch
     import torch.distributed as dist
     from nvidia.dali import pipeline_def
@@ -476,6 +533,15 @@ def run(args: argparse.Namespace) -> int:
             run_ranks(_rank, args.nproc, tmp, cfg, tmp, timeout_s=args.timeout, backend="nccl" if gpu else "gloo")
         except RankFailure as e:
             # a rank's traceback names the files it read: their credentials are not shown
+            if e.reports and not e.hung and all(t.startswith("error: ") for t in e.reports.values()):
+                # an error in the data (a corrupt chunk, a reference past a file's end): one line, as plan says it
+                said: dict[str, list] = {}
+                for r, t in e.reports.items():
+                    said.setdefault(t.removeprefix("error: "), []).append(str(r))
+                for why, ranks in said.items():
+                    where = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {','.join(ranks)}"
+                    print(f"dali-mesh: error: {where}: {scrub(why, [args.data, *files])}", file=sys.stderr)
+                return 2
             print(f"dali-mesh demo: a rank failed:\n{scrub(str(e), [args.data, *files])}", file=sys.stderr)
             return 1
         stats = [json.load(open(os.path.join(tmp, f"stats{r}.json"))) for r in range(args.nproc)]

@@ -60,9 +60,9 @@ def _rank_main(fn, rank, world_size, store_path, result_dir, args, timeout_s, ba
             _leave_together()
         finally:
             dist.destroy_process_group()
-    except BaseException:  # report anything, SystemExit included, to the parent
+    except BaseException as e:  # report anything, SystemExit included, to the parent
         with open(status, "w") as f:
-            f.write(traceback.format_exc())
+            f.write(e.report if isinstance(e, RankError) else traceback.format_exc())
         os._exit(1)
     with open(status, "w") as f:
         f.write("ok")
@@ -116,8 +116,23 @@ def _raise_on_sigterm():
     return lambda: signal.signal(signal.SIGTERM, previous)
 
 
+class RankError(Exception):
+    """What a rank's function raises to report ``report`` (one line: an error in the user's data or
+    arguments) instead of its traceback."""
+
+    def __init__(self, report: str) -> None:
+        super().__init__(report)
+        self.report = report
+
+
 class RankFailure(RuntimeError):
-    """One or more ranks failed or hung; the message holds what each of them reported."""
+    """One or more ranks failed or hung; the message holds what each of them reported, ``reports`` the
+    same by rank (``hung``: the ranks that did not finish)."""
+
+    def __init__(self, message: str, reports: dict | None = None, hung=()) -> None:
+        super().__init__(message)
+        self.reports = dict(reports or {})
+        self.hung = list(hung)
 
 
 def run_ranks(fn, world_size: int, tmp_path, *args, timeout_s: float = 60.0, backend: str = "gloo",
@@ -159,13 +174,14 @@ def run_ranks(fn, world_size: int, tmp_path, *args, timeout_s: float = 60.0, bac
         finally:
             restore()
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-    reports = []
+    reports = {}
     for r, p in enumerate(procs):
         path = os.path.join(results, f"rank{r}.txt")
         text = open(path).read() if os.path.exists(path) else f"no report (exit code {p.exitcode})"
         if text != "ok":
-            reports.append(f"--- rank {r} ---\n{text}")
+            reports[r] = text
+    text = "\n".join(f"--- rank {r} ---\n{t}" for r, t in reports.items())
     if hung:
-        raise RankFailure(f"ranks {hung} did not finish within {timeout_s} s\n" + "\n".join(reports))
+        raise RankFailure(f"ranks {hung} did not finish within {timeout_s} s\n" + text, reports, hung)
     if reports:
-        raise RankFailure("\n".join(reports))
+        raise RankFailure(text, reports)

@@ -175,3 +175,30 @@ def test_demo_on_a_compressed_zarr_store_reads_natively(tmp_path, share, capsys,
     assert bool(shared) == bool(share), out
     if share:
         assert "groups of 2 ranks" in shared[0] and "through shared memory" in shared[0], out
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("where", ["reference set", "zarr store"])
+def test_demo_on_a_corrupt_chunk_is_one_line_exit_2(tmp_path, capsys, monkeypatch, where):
+    """Issue 52: a corrupt chunk that only the ranks' reads find (a reference set read by partitioned_source,
+    a Zarr store by the native reader) printed every rank's traceback and exited 1; ``plan`` says such an
+    error in one line, exit 2. Now the demo does too, naming the ranks and the store."""
+    zarr = pytest.importorskip("zarr")
+    numcodecs = pytest.importorskip("numcodecs")
+    store = tmp_path / "bad.zarr"
+    z = zarr.create_array(str(store), shape=(4, 8, 8), chunks=(1, 8, 8), dtype="f4", zarr_format=2,
+                          compressors=numcodecs.Zlib(1))
+    z[:] = np.arange(256, dtype=np.float32).reshape(4, 8, 8)
+    (store / "1.0.0").write_bytes(b"not a zlib stream")
+    if where == "zarr store":
+        data, name = str(store), "bad.zarr/1.0.0"
+    else:  # a kerchunk set over the same files; chunk 2 refers to bytes past the end of its file (not native)
+        refs = {k: (store / k).read_text() for k in (".zarray", ".zattrs") if (store / k).exists()}
+        refs.update({f"{i}.0.0": [str(store / f"{i}.0.0"), 0, (store / f"{i}.0.0").stat().st_size] for i in range(4)})
+        refs["2.0.0"][2] += 100
+        (tmp_path / "refs.json").write_text(json.dumps({"version": 1, "refs": refs}))
+        data, name = f"reference://{tmp_path / 'refs.json'}", f"reference://{tmp_path / 'refs.json'}"
+    monkeypatch.chdir(tmp_path)
+    err = _one_line_error(capsys, ["demo", "--data", data, "--nproc", "2", "--mesh", "model_parallel=2",
+                                   "--shard", "model_parallel=1", "--batch-size", "1", "--timeout", "120"], name)
+    assert "rank" in err and "corrupt" in err, err

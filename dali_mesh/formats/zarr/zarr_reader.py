@@ -207,7 +207,11 @@ def read_zarr_window(
     """Fill ``out`` with the window of sample ``array[prefix]`` (a ``zarr.Array`` from
     :func:`open_zarr_array`). Arguments as :func:`dali_mesh.io.read_npy_window`."""
     store = array.store
-    path = str(getattr(getattr(store, "_store", store), "root", store))
+    inner = getattr(store, "_store", store)
+    # a local store's folder, else the location of an object store's (or a reference set's) prefix
+    root = getattr(inner, "root", None)
+    path = str(root) if root is not None else (inner.store.name_of(inner.prefix) if hasattr(inner, "prefix")
+                                                 and hasattr(inner, "store") else repr(inner))
     counter = getattr(store, "counter", None)
     before = counter.copy() if counter is not None else None
     local = IOStats()
@@ -215,9 +219,9 @@ def read_zarr_window(
     def read_box(buf, dst, src):
         try:
             buf[dst] = array[src]
-        except DataFileError:
+        except (DataFileError, MemoryError):
             raise
-        except (OSError, ValueError, RuntimeError, TypeError, ZeroDivisionError) as e:
+        except Exception as e:  # noqa: BLE001 - a codec's own errors (zlib.error, numcodecs', blosc's) are any class
             raise DataFileError(path, f"reading array {array.path or '/'} failed ({type(e).__name__}: {e}); "
                                 "a chunk is corrupt or unreadable") from None
 
