@@ -380,7 +380,8 @@ def _target_stores(refs_path, opts) -> dict:
 def test_the_sources_options_sign_the_files_of_one_service_only(tmp_path):
     """storage_options are one service's: a set naming s3:// and https:// files signs the s3:// ones with
     them and reads the https:// ones without; one naming gs:// and s3:// files with options is refused
-    (an AWS key would sign requests to Google, or Google's HMAC keys to AWS), and read without options."""
+    (an AWS key would sign requests to Google, or Google's HMAC keys to AWS), and read without options or
+    with the gs:// files' own (reference_options)."""
     opts = {"key": "AKIAUSERSAWSKEY00000", "secret": "users-aws-secret", "endpoint_url": "http://127.0.0.1:9"}
     mixed = _write_set(tmp_path / "mixed.json", {"version": 1, "refs": {
         ".zgroup": '{"zarr_format":2}', "a/0": ["https://example.org/a.nc", 0, 10], "b/0": ["s3://bkt/b.nc", 0, 10]}})
@@ -390,9 +391,13 @@ def test_the_sources_options_sign_the_files_of_one_service_only(tmp_path):
     assert "127.0.0.1:9" not in stores["https://example.org/a.nc"].spec
     two = _write_set(tmp_path / "two.json", {"version": 1, "refs": {
         ".zgroup": '{"zarr_format":2}', "a/0": ["gs://public/a.nc", 0, 10], "b/0": ["s3://bkt/b.nc", 0, 10]}})
-    with pytest.raises(DataFileError, match=r"refers to files of gs://, s3://: the storage_options "
-                                            r"\['endpoint_url', 'key', 'secret'\] are one service's"):
+    with pytest.raises(DataFileError, match=r"refers to files of gs://, s3:// \(gs://public, s3://bkt\): the "
+                                            r"storage_options \['endpoint_url', 'key', 'secret'\] are one service's, "
+                                            r"and the set cannot say which.*reference_options="):
         _target_stores(two, opts)
+    stores = _target_stores(two, {**opts, "reference_options": {"gs": {"anon": True}}})  # the gs:// files' own
+    assert stores["s3://bkt/b.nc"]._credentials.key == opts["key"]
+    assert stores["gs://public/a.nc"].anon and "127.0.0.1:9" not in stores["gs://public/a.nc"].spec
     stores = _target_stores(two, {})
     assert all(s._credentials is None or s._credentials.key != opts["key"] for s in stores.values())
     only = _write_set(tmp_path / "only.json", {"version": 1, "refs": {

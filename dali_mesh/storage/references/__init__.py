@@ -23,9 +23,12 @@ A reference to a missing file, or to bytes past a file's end, is an error naming
 never a chunk read as the fill value; so is a range that is none (a negative or fractional offset, an
 empty range).
 The source's ``storage_options`` are one service's: they read the set's own file and the referenced files
-of one scheme (as fsspec's ``remote_options`` its ``remote_protocol``'s), never files of another service
-(an AWS key never signs a request to Google); a set read from an object store may not name local files,
-and no set may name other sets or repositories (:func:`_resolve_targets`).
+of that service's scheme (a local set's: of its files' one object store, as fsspec's ``remote_options`` its
+``remote_protocol``'s), never files of another service (an AWS key never signs a request to Google, nor a
+GCS HMAC key one to AWS): such files are refused, naming them, unless ``reference_options`` gives them
+their own options; a set not read from a local file may not name local files nor private, loopback or
+link-local hosts (unless ``allow_private_references``), and no set may name other sets or repositories
+(:mod:`.targets`).
 """
 from __future__ import annotations
 
@@ -37,8 +40,9 @@ from typing import Sequence
 from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, read_exactly, write_spec
 from dali_mesh.storage.errors import (DataFileError, FileChangedError, MissingFileError, NotRegularFileError,
                                      TruncatedFileError)
-from dali_mesh.storage.names import scheme_of, shown
+from dali_mesh.storage.names import shown
 from dali_mesh.storage.references.parquet import parquet_document
+from dali_mesh.storage.references.targets import check_urls, resolve_targets, take_options
 
 __all__ = ["ReferenceStore", "resolve_reference"]
 
@@ -134,7 +138,8 @@ class ReferenceStore(ByteStore):
     def __init__(self, location, options: dict | None = None) -> None:
         from dali_mesh.storage import resolve_locations  # noqa: PLC0415 - the package imports this module
 
-        self._options = dict(options or {})
+        # the set's own options (allow_private_references, reference_options) are no store's
+        self._options, self._allow_private, self._per_family = take_options(options)
         (self.location,) = resolve_locations([location], self._options)
         self.spec = write_spec("reference", {"refs": str(self.location)})
         self._lock = threading.Lock()
@@ -192,9 +197,9 @@ class ReferenceStore(ByteStore):
             raise DataFileError(self.location, f"cannot be read as a Kerchunk reference set ({type(e).__name__}: "
                                                f"{e})") from None
         if targets is None:
-            urls = sorted({ref[0] for ref in fs.references.values()
-                           if isinstance(ref, list) and ref and ref[0] is not None})
-            targets = _resolve_targets(urls, self._options, self.location)
+            urls = check_urls(fs.references, self.location, self.name_of)
+            targets = resolve_targets(urls, self._options, self.location, allow_private=self._allow_private,
+                                      per_family=self._per_family)
         self._raw, self._targets, self._fs = raw, targets, fs
 
     def _part(self, key: str):
@@ -379,62 +384,6 @@ class ReferenceStore(ByteStore):
 
     def __hash__(self) -> int:
         return hash(self.spec)
-
-
-def _scheme(location) -> str:
-    """A location's scheme as the store seam reads it (``"file"`` for a local path; a StoredLocation's string
-    is the URL it names)."""
-    return scheme_of(location) or "file"
-
-
-def _resolve_targets(urls: list, options: dict, location) -> dict:
-    """The referenced files' locations, resolved. The source's ``storage_options`` but the client's settings
-    and ``anon`` (timeouts, retries, the range cache, no credentials: every file's) are one service's (an endpoint, keys): they go to the
-    files of ONE scheme, as fsspec's ``remote_options`` go to its ``remote_protocol`` only: the object-store
-    scheme of the files when they have one (http(s) files take them only when they are all there is), else
-    the set's own; every other file is resolved with the client's settings only (a gs:// file signed with
-    an AWS key, or an AWS key sent to Google, never). A set read from an object
-    store may not refer to local files (its author could name any file of the reader's machine), nor may
-    any set refer to other reference sets or repositories."""
-    from dali_mesh.storage import resolve_locations  # noqa: PLC0415
-
-    own = _scheme(location)
-    for url in urls:
-        scheme = _scheme(url)
-        if scheme in ("reference", "icechunk"):
-            raise DataFileError(str(location), f"refers to {shown(url)}: a reference set's references are files, "
-                                               "not other reference sets or repositories")
-        if scheme == "file" and own != "file":
-            raise DataFileError(str(location), f"refers to the local file {shown(url)}: a reference set read from "
-                                               f"{own}:// may not name files of this machine (copy the set to a local "
-                                               "path to read local files through it)")
-    from dali_mesh.storage.remote import CLIENT_SETTINGS  # noqa: PLC0415
-
-    def family(url) -> str:  # http and https: one service's options go to both
-        scheme = _scheme(url)
-        return "http" if scheme == "https" else scheme
-
-    schemes = {family(u) for u in urls} - {"file"}
-    stores = sorted(schemes - {"http"})
-    chosen = (stores[0] if len(stores) == 1 else None if stores else
-              next(iter(schemes)) if len(schemes) == 1 else None)
-    own_family = "http" if own == "https" else own
-    if chosen is None and own_family != "file" and (own_family in schemes or not schemes):
-        chosen = own_family
-    # the client's settings (timeouts, retries, the range cache) and anonymity (no credential at all) are
-    # every service's; the rest (keys, an endpoint, a region) one service's
-    everyone = CLIENT_SETTINGS + ("anon",)
-    common = {k: v for k, v in options.items() if k in everyone}
-    service = {k: v for k, v in options.items() if k not in everyone and v is not None}
-    if chosen is None and stores and service:
-        raise DataFileError(str(location), f"refers to files of {', '.join(f'{s}://' for s in stores)}: the "
-                                           f"storage_options {sorted(service)} are one service's, and cannot say "
-                                           "which; read the files of each service through a set of their own")
-    mine = [u for u in urls if family(u) == chosen]
-    others = [u for u in urls if family(u) != chosen]
-    resolved = dict(zip(mine, resolve_locations(mine, options)))
-    resolved.update(zip(others, resolve_locations(others, common)))
-    return {u: resolved[u] for u in urls}
 
 
 def _unpickle(location, raw: bytes, targets: dict) -> ReferenceStore:

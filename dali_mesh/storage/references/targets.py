@@ -1,0 +1,213 @@
+"""Which referenced files a reference set may name, and with which ``storage_options`` each is read.
+
+One rule for the options. The source's ``storage_options`` are ONE service's (an endpoint, keys, a region):
+
+- a set read from an object store or an http(s) URL: that service's, which reads the set's own file; they
+  read the referenced files of the same scheme (``s3://`` keys sign ``s3://`` files, GCS HMAC keys ``gs://``
+  files) and no others;
+- a set read from a local file: the service of its referenced files' one object-store scheme (as fsspec's
+  ``remote_options`` go to its ``remote_protocol``), or the http(s) files' when they are all there is;
+- ``http(s)://`` files of a set whose options are an object store's are read anonymously (a presigned URL
+  signs itself); files of ANOTHER object store are read with the client's settings only (``anon``,
+  timeouts, retries, the cache: every service's) and only when the options carry nothing of a service;
+  where they do (keys, an endpoint, a region...), the set is refused naming those files, never read with
+  one service's keys or endpoint (an AWS key never signs a request to Google, nor a GCS HMAC key one to
+  AWS). ``storage_options={"reference_options": {"gs": {"anon": True}}}`` gives the files of a scheme
+  their own options (with the client's settings): ``{"anon": True}`` reads them anonymously.
+
+Which files. No set may name other sets or repositories; a set not read from a local file (an object
+store, an http(s) URL, memory) may not name local files, nor http(s) URLs whose host is or resolves to a
+loopback, link-local, private, shared, multicast, reserved or unspecified address (any spelling: decimal
+``2130706433``, ``0x7f.1``, ``[::1]``, IPv4-mapped and 6to4 IPv6): its author could otherwise have this
+machine fetch its network's services (a cloud's metadata at 169.254.169.254) and read their answers as a
+window. ``storage_options={"allow_private_references": True}`` allows such hosts, for a set the user
+trusts (one served on a private network). The endpoint of ``s3://`` and ``gs://`` files is not the set's
+to choose (the options' or the environment's) and is not checked. A set read from a local file is the
+user's own: it may name anything but sets and repositories.
+"""
+from __future__ import annotations
+
+import ipaddress
+import socket
+import urllib.parse
+
+from dali_mesh.storage.errors import DataFileError
+from dali_mesh.storage.names import scheme_of, shown
+
+__all__ = ["ALLOW_PRIVATE", "REFERENCE_OPTIONS", "check_urls", "resolve_targets", "take_options"]
+
+#: the storage_option that lets a set not read from a local file name private, loopback and link-local hosts
+ALLOW_PRIVATE = "allow_private_references"
+#: the storage_option that gives the referenced files of a scheme their own options: ``{scheme: {...}}``
+REFERENCE_OPTIONS = "reference_options"
+#: schemes of stores whose files a set may not name
+_NOT_FILES = ("reference", "icechunk")
+#: IPv6 prefixes that carry an IPv4 address in their low 32 bits (NAT64, RFC 6052 and RFC 8215)
+_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+
+
+def take_options(options: dict | None) -> tuple[dict, bool, dict]:
+    """``(the options of the stores, allow_private_references, reference_options by scheme family)`` of a
+    set's ``storage_options``; a :class:`ValueError` naming a value of the wrong kind."""
+    options = dict(options or {})
+    allow = options.pop(ALLOW_PRIVATE, False)
+    if not isinstance(allow, bool):
+        raise ValueError(f"storage_options {ALLOW_PRIVATE} must be True or False, got {allow!r}")
+    given = options.pop(REFERENCE_OPTIONS, None) or {}
+    if not isinstance(given, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in given.items()):
+        raise ValueError(f"storage_options {REFERENCE_OPTIONS} must map a scheme of referenced files to their "
+                         f"storage_options (e.g. {{'gs': {{'anon': True}}}}), got {given!r}")
+    per_family: dict[str, dict] = {}
+    for scheme, opts in given.items():
+        fam = _family(scheme.lower().removesuffix("://") + "://")
+        if fam == "file" or fam in _NOT_FILES:
+            raise ValueError(f"storage_options {REFERENCE_OPTIONS}: {scheme!r} is no scheme of files read with "
+                             "options (s3, gs, http, https...)")
+        if fam in per_family:
+            raise ValueError(f"storage_options {REFERENCE_OPTIONS} names the {fam} files twice ({sorted(given)})")
+        per_family[fam] = dict(opts)
+    return options, allow, per_family
+
+
+def _scheme(location) -> str:
+    """A location's scheme as the store seam reads it (``"file"`` for a local path)."""
+    return scheme_of(location) or "file"
+
+
+def _family(location) -> str:
+    """The service a location's scheme names: http and https are one (one server's options serve both)."""
+    scheme = _scheme(location)
+    return "http" if scheme == "https" else scheme
+
+
+def _where(url: str) -> str:
+    """What a refusal shows of a referenced file's place: ``scheme://bucket`` or ``scheme://host``."""
+    head, _, rest = url.partition("://")
+    return f"{head}://{rest.split('/', 1)[0]}" if rest else shown(url)
+
+
+def check_urls(refs: dict, location, name_of) -> list[str]:
+    """The referenced URLs of ``refs`` (fsspec's ``references``: a key -> ``[url, ...]`` or inline bytes),
+    sorted; a :class:`DataFileError` naming the key (``name_of(key)``) of a URL that is no string (a number, a
+    list: a corrupt or crafted set), or naming the set (``location``) that names another set or repository."""
+    urls = set()
+    for key, ref in refs.items():
+        if not isinstance(ref, list) or not ref or ref[0] is None:
+            continue
+        url = ref[0]
+        if not isinstance(url, str):
+            raise DataFileError(name_of(key), f"refers to {repr(url)[:80]}, which is no URL or path (of type "
+                                              f"{type(url).__name__}); the reference set is corrupt")
+        if _scheme(url) in _NOT_FILES:
+            raise DataFileError(str(location), f"refers to {shown(url)}: a reference set's references are files, "
+                                               "not other reference sets or repositories")
+        urls.add(url)
+    return sorted(urls)
+
+
+def resolve_targets(urls: list[str], options: dict, location, *, allow_private: bool = False,
+                    per_family: dict | None = None) -> dict:
+    """The referenced files' locations (``urls`` -> resolved), each with the options the module's rule gives
+    it (``options``: the set's ``storage_options`` without its own; ``per_family``: ``reference_options``);
+    a :class:`DataFileError` naming the set and the files it may not name, or whose options would go to
+    another service, or that cannot take the options they get."""
+    from dali_mesh.storage import resolve_locations  # noqa: PLC0415 - the package imports this module
+    from dali_mesh.storage.remote import CLIENT_SETTINGS  # noqa: PLC0415 - ctypes and the kernels library
+
+    per_family = per_family or {}
+    own = _family(location)
+    if own != "file":
+        local = [u for u in urls if _family(u) == "file"]
+        if local:
+            raise DataFileError(str(location), f"refers to the local file {shown(local[0])}: a reference set read "
+                                               f"from {_scheme(location)}:// may not name files of this machine (copy "
+                                               "the set to a local path to read local files through it)")
+    # the client's settings (timeouts, retries, the range cache) and anonymity (no credential at all) are
+    # every service's; the rest (keys, an endpoint, a region) one service's
+    everyone = (*CLIENT_SETTINGS, "anon")
+    common = {k: v for k, v in options.items() if k in everyone}
+    service = {k: v for k, v in options.items() if k not in everyone and v is not None}
+    families = {_family(u) for u in urls} - {"file"} - set(per_family)
+    stores = sorted(families - {"http"})
+    if own != "file":
+        chosen = own  # the options read the set's own file: they are its service's
+    else:
+        chosen = stores[0] if len(stores) == 1 else None if stores else next(iter(families), None)
+    wrong = sorted({_family(u) for u in urls} - {"file", "http", chosen} - set(per_family))
+    if wrong and service:
+        shown_files = sorted({_where(u) for u in urls if _family(u) in wrong})
+        whose = (f"{_scheme(location)}://'s, where the set is read from, and" if own != "file" else
+                 "one service's, and the set cannot say which; they")
+        raise DataFileError(str(location), f"refers to files of {', '.join(f'{s}://' for s in wrong)} "
+                                           f"({', '.join(shown_files[:3])}{', ...' if len(shown_files) > 3 else ''}): "
+                                           f"the storage_options {sorted(service)} are {whose} never sign or send "
+                                           f"another service's requests; give those files their own options in "
+                                           f"storage_options {REFERENCE_OPTIONS}={{'{wrong[0]}': {{...}}}} "
+                                           f"({{'anon': True}} reads them anonymously)")
+
+    def options_of(fam: str) -> dict:
+        if fam in per_family:
+            return {**common, **per_family[fam]}
+        return options if fam == chosen else common
+
+    resolved = {}
+    for fam in sorted({_family(u) for u in urls}):
+        mine = [u for u in urls if _family(u) == fam]
+        try:
+            resolved.update(zip(mine, resolve_locations(mine, options_of(fam))))
+        except DataFileError:
+            raise
+        except ValueError as e:  # options the files' store does not take: named, never "no such array"
+            raise DataFileError(str(location), f"its {fam}:// files (such as {shown(mine[0])}) cannot be read with "
+                                               f"the options they get ({e}); see storage_options "
+                                               f"{REFERENCE_OPTIONS}") from None
+    if own != "file" and not allow_private:
+        _check_hosts([u for u in urls if _family(u) == "http"], location)
+    return {u: resolved[u] for u in urls}
+
+
+# ---- the hosts a set read from elsewhere may name ---------------------------------------------------------
+def _check_hosts(urls: list[str], location) -> None:
+    """Refuses (:class:`DataFileError` naming the URL, the address and the option) an http(s) URL whose host
+    resolves to an address that is not public. Each host is resolved once, here, by the system's resolver;
+    libcurl resolves it again when it connects (in C++, after this check), so a name whose answer changes
+    in between (DNS rebinding) is NOT caught here; redirects are never followed (a public host cannot send
+    the reader on to a private one)."""
+    hosts: dict[tuple, str] = {}
+    for url in urls:
+        parts = urllib.parse.urlsplit(url)
+        hosts.setdefault((parts.hostname, parts.port), url)
+    for (host, port), url in sorted(hosts.items(), key=lambda item: item[1]):
+        try:
+            found = {info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+        except (OSError, UnicodeError, ValueError) as e:
+            raise DataFileError(str(location), f"refers to {shown(url)}, whose host {host!r} cannot be resolved "
+                                               f"({e}); a set read from {_scheme(location)}:// names only hosts "
+                                               "whose addresses are checked") from None
+        for address in sorted(found):
+            kind = _not_public(address)
+            if kind:
+                raise DataFileError(str(location), f"refers to {shown(url)}, whose host {host!r} is {address}, a "
+                                                   f"{kind} address: a reference set read from "
+                                                   f"{_scheme(location)}:// may not name loopback, link-local, "
+                                                   "private or reserved hosts (its author could read this "
+                                                   "machine's services, or a cloud's metadata at 169.254.169.254, "
+                                                   "as data); if you trust the set, give storage_options "
+                                                   f"{ALLOW_PRIVATE}=True")
+
+
+def _not_public(address: str) -> str | None:
+    """What kind of address that is not public ``address`` is (``"loopback"``, ``"private"``...), ``None`` for a
+    public one. An IPv4 address carried in an IPv6 one (IPv4-mapped, IPv4-compatible, 6to4, Teredo, NAT64)
+    is judged as itself: that is where its packets go."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])  # a scope (fe80::1%eth0) is no part of the address
+    if ip.version == 6:
+        inner = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+        if inner is None and (any(ip in net for net in _NAT64) or (int(ip) >> 32 == 0 and int(ip) > 1)):
+            inner = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)  # NAT64, or ::a.b.c.d (IPv4-compatible)
+        if inner is not None:
+            ip = inner
+    for kind in ("loopback", "link_local", "unspecified", "multicast", "reserved", "site_local", "private"):
+        if getattr(ip, f"is_{kind}", False):
+            return kind.replace("_", "-")
+    return None if ip.is_global else "shared or special-purpose"
