@@ -296,6 +296,24 @@ def test_zarr_corrupt_metadata_is_not_reported_missing(tmp_path, fmt):
     assert not isinstance(info.value, MissingArrayError)
 
 
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_zarr_corrupt_metadata_in_an_object_store_is_not_reported_missing(fmt):
+    """Issue 52: in a store that is no local folder (an object store, a reference set, memory://) the open's
+    error was "has no array" whatever zarr-python said (its metadata files were looked for on the local disk)."""
+    from dali_mesh.io import HeaderError
+    from dali_mesh.storage import store_of
+
+    key = ".zarray" if fmt == 2 else "zarr.json"
+    store, _ = store_of(f"memory://corrupt-meta-{fmt}/s.zarr/{key}")
+    store.put(f"s.zarr/{key}", b'{"shape": [4, 8], "chunks": ')
+    with pytest.raises(HeaderError, match=r"memory://corrupt-meta-\d/s\.zarr: the array at the store's root cannot "
+                                          r"be opened \(\w*Error: ") as info:
+        open_zarr_array(f"memory://corrupt-meta-{fmt}/s.zarr")
+    assert not isinstance(info.value, MissingArrayError)
+    with pytest.raises(MissingArrayError, match="has no array"):  # missing is still missing
+        open_zarr_array(f"memory://corrupt-meta-{fmt}/other.zarr")
+
+
 def test_zarr_zero_chunks_are_refused(tmp_path):
     """Before: ZeroDivisionError at the first read."""
     import json

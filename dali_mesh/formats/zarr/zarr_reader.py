@@ -128,6 +128,10 @@ def open_zarr_array(path: str | os.PathLike, name: str | None = None, *, reuse: 
         if meta:  # the metadata is there, so it is corrupt, not missing
             raise HeaderError(path, f"metadata of {what} ({', '.join(meta)}) cannot be read "
                               f"({type(e).__name__}: {_short(e)}); the store is corrupt") from None
+        if not isinstance(e, (zarr.errors.NodeNotFoundError, FileNotFoundError, KeyError)):
+            # not "no such array": an object store's or a reference set's error (a refused option, a server's
+            # answer), or metadata zarr-python cannot parse, named as it is
+            raise HeaderError(path, f"{what} cannot be opened ({type(e).__name__}: {_short(e)})") from None
         names = []
         try:
             grp = zarr.open_group(store=store, mode="r")
