@@ -15,7 +15,9 @@
 //      part's units copied out of it; every file's version must agree across the batch's tasks
 //      (FileVersions); chunks read whole that lie next to each other in one object-store file (an
 //      HDF5 file's chunks, a reference set's ranges of one file) are fetched by one request per run
-//      of neighbours (fetch_plan.h ChunkRuns), then decoded in parallel from their slices;
+//      of neighbours (fetch_plan.h ChunkRuns), then decoded in parallel from their slices (a batch read
+//      ahead decodes each request's chunks as it comes, holding what it fetched against
+//      read_ahead_bytes: AheadBudget);
 //   3. per window: the Fortran transpose, the boundary program (unless the device fills it) and
 //      the per-channel normalisation.
 // With `outputs` K > 1 (a forecast's input and target) the plan set's items are K runs of one item
@@ -93,8 +95,13 @@ struct ReaderOptions {
   // batches read ahead at most (1..kMaxAheadBatches), the batches after the one being read: at 50 ms
   // a round trip, two batches ahead hide what one does not
   int read_ahead_batches = 1;
-  // the windows of the batches read ahead (those after the one being read) take at most this many
-  // bytes together: fewer batches are read ahead when they do not fit
+  // what the batches read ahead (those after the one being read) hold together, at most: their
+  // windows, and the chunks they fetched and the buffers they decode them in (AheadBudget in
+  // read_units.h). A batch is read ahead only when its windows, with those of the batches read ahead
+  // before it, leave room for the largest single fetch and decode of any of them (fewer batches are
+  // read ahead, none when one does not fit); its fetches then wait for room, the next batch's first.
+  // The batch being read is not counted: when it was read ahead and the read waits for it, its
+  // fetches take their room at once, as a read of its own would
   int64_t read_ahead_bytes = int64_t(1) << 30;
 };
 constexpr int kReadAheadOff = 0, kReadAheadRemote = 1, kReadAheadAlways = 2;
@@ -135,7 +142,8 @@ class BatchReader {
   // Starts reading the batch ids[0..n) on threads of its own (`threads` of them, at most
   // kAheadThreadsPerReader for all its batches read ahead) into buffers of its own, when this reader
   // reads ahead (ReaderOptions::read_ahead) and the batch's windows, with those of the batches read
-  // ahead other than the one set now (SetBatch), fit read_ahead_bytes: a batch the sample order gives
+  // ahead other than the one set now (SetBatch), leave room in read_ahead_bytes for the largest fetch
+  // and decode of any of them (each fetch then waits for room: AheadBudget): a batch the sample order gives
   // later, announced while this one is read, so that its round trips overlap this batch's. At most
   // read_ahead_batches + 1 batches are read ahead (the one being read among them); the oldest is
   // dropped (its reads cancelled) when a later one would be one more, and those before a batch read
@@ -146,7 +154,7 @@ class BatchReader {
   // The batches after the one set now (SetBatch), in the sample order, n ids each (ids[b * n ..]):
   // the batches read ahead that are neither this one nor among them are dropped (the order changed:
   // a new shuffle, a restored checkpoint), then they are read ahead in order (ReadAhead), at most
-  // read_ahead_batches of them, up to the first that is not (out of range, or its windows do not fit
+  // read_ahead_batches of them, up to the first that is not (out of range, or it does not fit
   // read_ahead_bytes): a batch is never read ahead before the one that comes first. Returns how many
   // are being read ahead.
   int ReadAheadBatches(const int64_t *ids, int n, int batches, int threads);
@@ -166,10 +174,18 @@ class BatchReader {
  private:
   BatchReader(std::shared_ptr<const PlanSet> plans, ReaderOptions options);
   struct Ahead;
+  // What a batch read ahead holds against read_ahead_bytes (AheadBudget): its windows (and the staging
+  // of those in Fortran order), and the largest of its fetches and decodes, each held alone (a chunk's
+  // stored bytes and kPlacePage, and its decode scratch unless it is decoded straight into its window)
+  struct AheadNeed {
+    int64_t windows = 0, fetch = 0;
+  };
   void Drop(std::shared_ptr<Ahead> ahead);  // cancels its job and lets it go (kept for reuse if it ended)
   void Keep(std::shared_ptr<Ahead> ahead);  // an ended one, for reuse
-  bool StartAhead(std::vector<int64_t> ids, int threads);  // ReadAhead's work, once it is worth it
-  int64_t WindowBytes(const std::vector<int64_t> &ids) const;  // a batch's windows (-1: an id out of range)
+  // ReadAhead's work, once it is worth it; `room`: what read_ahead_bytes leaves beside the windows read ahead
+  bool StartAhead(std::vector<int64_t> ids, int threads, AheadNeed need, int64_t room);
+  AheadNeed NeedOf(const std::vector<int64_t> &ids) const;  // a batch's (windows -1: an id out of range)
+  int64_t ChunkFetch(int64_t c, bool into_window) const;    // a chunk's fetch and decode, held alone
 
   struct BatchPart {
     int sample;    // the window (index into items_)
@@ -208,7 +224,8 @@ class BatchReader {
     int64_t file = 0, lo = 0, hi = 0;
     std::vector<int64_t> tasks;
     std::unique_ptr<char[]> bytes;
-    std::string name;  // the file as messages show it
+    const char *data = nullptr;  // its bytes (a batch read ahead's are FetchMerged's own)
+    std::string name;            // the file as messages show it
   };
   std::vector<MergedFetch> merged_;
   std::vector<int64_t> merged_of_;
@@ -219,11 +236,20 @@ class BatchReader {
   // closed while this reader reads a batch itself; the readers of its batches read ahead share it and
   // yield (wait on it before each decode)
   std::shared_ptr<DecodeGate> gate_ = std::make_shared<DecodeGate>();
-  bool yields_ = false;
+  bool yields_ = false;  // this reader reads a batch ahead (its parent's gate_ and budget_)
+  // what its batches read ahead hold (read_ahead_bytes), shared with their readers; a reader of a batch
+  // read ahead: that batch's place in the order its batches were started, the most a request of its
+  // merged chunks may hold with their decodes (what read_ahead_bytes left beside the windows), and the
+  // threads it reads on
+  std::shared_ptr<AheadBudget> budget_;
+  int64_t batch_seq_ = 0, run_room_ = 0;
+  int threads_ = 1;
+  const RunTasks *run_ = nullptr;  // what runs the tasks of the batch being read (FetchMerged's decodes)
   std::vector<int64_t> ids_;  // the batch's sample ids
   // batches read ahead, oldest first, and those done with (their readers and buffers reused)
   bool reads_ahead_ = false;
   std::deque<std::shared_ptr<Ahead>> ahead_, spare_;
+  int64_t started_ = 0;  // batches started ahead (AheadBudget's order)
   // the kept threads its batches read ahead hold now (shared with their jobs, which may outlive it)
   std::shared_ptr<std::atomic<int>> ahead_threads_ = std::make_shared<std::atomic<int>>(0);
   int64_t ahead_used_ = 0, ahead_dropped_ = 0, ahead_failed_ = 0;

@@ -1,6 +1,7 @@
 // dali_mesh: reading a plan's units into a window (see read_units.h). Host only, DALI-free.
 #include "reader/read_units.h"
 
+#include <sys/mman.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -120,11 +122,116 @@ void AddUnitRanges(const ReadPlan &plan, int64_t base, std::vector<std::pair<int
     ranges->push_back({base + plan.file_off[u], base + plan.file_end(u)});
 }
 
-char *PlaceLike(std::vector<char> *buffer, int64_t n, int64_t offset) {
-  constexpr int64_t kPage = 4096;
-  if (static_cast<int64_t>(buffer->size()) < n + kPage) buffer->resize(n + kPage);
+void HeldBytes::Resize(int64_t n) {
+  if (n <= size_) return;
+  Free();
+  if (n >= kMapBytes) {
+    void *p = mmap(nullptr, static_cast<size_t>(n), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    data_ = static_cast<char *>(p);
+    mapped_ = true;
+  } else {
+    data_ = new char[n];
+  }
+  size_ = n;
+}
+
+void HeldBytes::Free() {
+  if (data_ == nullptr) return;
+  if (mapped_)
+    munmap(data_, static_cast<size_t>(size_));
+  else
+    delete[] data_;
+  data_ = nullptr;
+  size_ = 0;
+  mapped_ = false;
+}
+
+char *PlaceLike(HeldBytes *buffer, int64_t n, int64_t offset) {
+  buffer->Resize(n + kPlacePage);
   const auto start = reinterpret_cast<uintptr_t>(buffer->data());
-  return buffer->data() + ((static_cast<uintptr_t>(offset) - start) & (kPage - 1));
+  return buffer->data() + ((static_cast<uintptr_t>(offset) - start) & (kPlacePage - 1));
+}
+
+AheadBudget::Held &AheadBudget::Held::operator=(Held &&o) noexcept {
+  if (this != &o) {
+    Reset();
+    budget_ = std::move(o.budget_);
+    batch_ = o.batch_;
+    bytes_ = o.bytes_;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+void AheadBudget::Held::Reset() {
+  if (budget_) budget_->Give(batch_, bytes_);
+  budget_.reset();
+  bytes_ = 0;
+}
+
+void AheadBudget::Count(int64_t batch, int64_t bytes) {
+  if (batch == wanted_ || bytes == 0) return;
+  held_ += bytes;
+  counted_[batch] += bytes;
+}
+
+AheadBudget::Held AheadBudget::Charge(int64_t bytes, int64_t batch) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Count(batch, bytes);
+  return Held(shared_from_this(), batch, bytes);
+}
+
+AheadBudget::Held AheadBudget::Take(int64_t bytes, int64_t batch) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto me = waiting_.insert(batch);
+  // a cancel sets no condition: looked at every 10 ms, as DecodeGate's wait does
+  while (batch != wanted_ && (held_ + bytes > bound_ || *waiting_.begin() != batch)) {
+    if (ReadCancelled()) {
+      waiting_.erase(me);
+      lock.unlock();
+      cv_.notify_all();  // a later batch may be first now
+      Fail("a batch read ahead was cancelled while its fetch of " + std::to_string(bytes) +
+           " bytes waited for room in read_ahead_bytes (" + std::to_string(bound_) + ")");
+    }
+    cv_.wait_for(lock, std::chrono::milliseconds(10));
+  }
+  waiting_.erase(me);
+  Count(batch, bytes);
+  lock.unlock();
+  cv_.notify_all();  // the next batch's fetch may fit too
+  return Held(shared_from_this(), batch, bytes);
+}
+
+void AheadBudget::Want(int64_t batch) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    wanted_ = batch;
+    const auto it = counted_.find(batch);
+    if (it != counted_.end()) {
+      held_ -= it->second;
+      counted_.erase(it);
+    }
+  }
+  cv_.notify_all();
+}
+
+int64_t AheadBudget::held() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return held_;
+}
+
+void AheadBudget::Give(int64_t batch, int64_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // what a batch held when it was wanted left the count then (Want): only what is still counted goes
+    const auto it = counted_.find(batch);
+    if (it == counted_.end()) return;
+    const int64_t counted = std::min(bytes, it->second);
+    held_ -= counted;
+    if ((it->second -= counted) == 0) counted_.erase(it);
+  }
+  cv_.notify_all();
 }
 
 void DecodeGate::Close() {
@@ -147,7 +254,7 @@ void DecodeGate::WaitOpen() const {
 }
 
 void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const std::string &first_path,
-               std::vector<char> *stored, char *decoded, const std::vector<std::pair<int64_t, int64_t>> *ranges,
+               HeldBytes *stored, char *decoded, const std::vector<std::pair<int64_t, int64_t>> *ranges,
                PartsGuesses *guesses, const DecodeGate *yield) {
   const PlanChunk &ch = set.chunks[c];
   const Coder &coder = set.coders[ch.coder];

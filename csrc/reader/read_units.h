@@ -6,7 +6,10 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,13 +27,44 @@ namespace dali_mesh {
 void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_t g0, int64_t g1,
                 char *dst, std::vector<char> *scratch);
 
-// Room for `n` bytes in `buffer` (grown to n + 4096) at an address that equals `offset` modulo the
-// page size: where a read of the file bytes at `offset` should land. The kernel copies a read out
+// Host bytes for a chunk's stored bytes or its decode, grown and never shrunk (Resize), and given
+// back to the system when freed: from kMapBytes up they are a mapping of their own (mmap), as glibc's
+// malloc maps blocks of that size only until a free raises its threshold (to the largest block freed,
+// up to 32 MiB); then it serves chunk-sized blocks from the arena of the thread that asks and keeps
+// them there when freed. The buffers of batches read ahead, each a chunk's and freed after its decode
+// on the background threads, stayed in the process that way: with new[], 8 batches ahead of sharded
+// gzip chunks (1.5 MiB stored, 4 MiB decoded; tests/reader/test_read_ahead_memory.py's) grew the peak
+// RSS 72-95 MiB more than reading without read-ahead under a read_ahead_bytes of 16 MiB, with mappings
+// 11-14 MiB (3 runs each, 2026-12-07).
+class HeldBytes {
+ public:
+  static constexpr int64_t kMapBytes = int64_t(128) << 10;  // glibc's mmap threshold before it adapts
+  HeldBytes() = default;
+  ~HeldBytes() { Free(); }
+  HeldBytes(const HeldBytes &) = delete;
+  HeldBytes &operator=(const HeldBytes &) = delete;
+  // Room for at least `n` bytes; the bytes held are not kept when it grows.
+  void Resize(int64_t n);
+  void Free();
+  char *data() const { return data_; }
+  int64_t size() const { return size_; }
+
+ private:
+  char *data_ = nullptr;
+  int64_t size_ = 0;
+  bool mapped_ = false;
+};
+
+// The page a read is placed in (PlaceLike): a chunk's stored bytes take this much more room.
+constexpr int64_t kPlacePage = 4096;
+
+// Room for `n` bytes in `buffer` (grown to n + kPlacePage) at an address that equals `offset` modulo
+// the page size: where a read of the file bytes at `offset` should land. The kernel copies a read out
 // of the page cache with `rep movsb`, which this project's AMD EPYC VMs run 4-7x slower when the
 // destination lies 1-31 bytes after the source modulo 4096 (pread of warm Blosc chunks: 1.3-1.7
 // against 6-12 GB/s; a std::vector's malloc'd data often starts 16 bytes into a page, so the chunk
 // reads took that path); glibc's memmove avoids such short distances, the kernel's copy does not.
-char *PlaceLike(std::vector<char> *buffer, int64_t n, int64_t offset);
+char *PlaceLike(HeldBytes *buffer, int64_t n, int64_t offset);
 
 // The batch a read waits for decodes first: while a reader reads a batch itself (one not read ahead:
 // an epoch's first, or after the sample order changed), the readers of its batches read ahead fetch
@@ -51,10 +85,68 @@ class DecodeGate {
   int closed_ = 0;
 };
 
+// What the batches one reader reads ahead hold, against ReaderOptions::read_ahead_bytes (the bound):
+// their windows, charged as a batch's job makes them and given back when the batch is read or let go
+// (Charge: at once, admitted beforehand by BatchReader::ReadAhead), and each fetch and decode of theirs
+// (a chunk's stored bytes and decode scratch, or a merged request's bytes and its chunks' scratch),
+// taken before the fetch and given back after the decode (Take: it waits for room). Fetches wait in
+// the order their batches were started, so that the next batch is served first, and hold their room
+// through the decode gate's wait (DecodeGate). Nothing waits for room while holding some (each fetch
+// takes its room whole): room held is always being fetched or decoded, and comes back.
+// The batch a read waits for (Want) is the batch being read: what it holds is counted no more, and its
+// fetches take their room at once, as a read of its own would. Kept counted, its fetch in flight left
+// no room for the next batch's: 8 batches ahead in 16 MiB (40 batches of two 4 MiB gzip chunks, 2
+// threads, 20 ms a request) read an epoch in 1.63-1.69 s against 1.61 s without read-ahead; counted
+// no more, in 0.98-1.04 s against 1.35 s (3 runs each, 2026-12-07). Any thread.
+class AheadBudget : public std::enable_shared_from_this<AheadBudget> {
+ public:
+  explicit AheadBudget(int64_t bytes) : bound_(bytes) {}
+
+  // Bytes of a batch held against the budget, given back when it goes (or is reset).
+  class Held {
+   public:
+    Held() = default;
+    Held(std::shared_ptr<AheadBudget> budget, int64_t batch, int64_t bytes)
+        : budget_(std::move(budget)), batch_(batch), bytes_(bytes) {}
+    Held(Held &&o) noexcept : budget_(std::move(o.budget_)), batch_(o.batch_), bytes_(o.bytes_) { o.bytes_ = 0; }
+    Held &operator=(Held &&o) noexcept;
+    ~Held() { Reset(); }
+    void Reset();
+
+   private:
+    std::shared_ptr<AheadBudget> budget_;
+    int64_t batch_ = 0, bytes_ = 0;
+  };
+
+  // `bytes` of the batch started `batch`-th, held from now, even over the bound (windows made for a
+  // batch admitted against it).
+  Held Charge(int64_t bytes, int64_t batch);
+  // `bytes` for a fetch and decode of the batch started `batch`-th: returns once they fit beside what
+  // is held and no batch started before it waits, or at once when that batch is wanted. Throws when the
+  // calling thread's reads are cancelled meanwhile (a batch dropped: it never fetches).
+  Held Take(int64_t bytes, int64_t batch);
+  // The batch started `batch`-th is the one a read waits for.
+  void Want(int64_t batch);
+  int64_t bound() const { return bound_; }
+  int64_t held() const;  // counted against the bound now
+
+ private:
+  void Count(int64_t batch, int64_t bytes);  // mutex_ held
+  void Give(int64_t batch, int64_t bytes);
+
+  const int64_t bound_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  int64_t held_ = 0;
+  int64_t wanted_ = -1;
+  std::map<int64_t, int64_t> counted_;  // per batch, the bytes of held_ it holds (none of the wanted one)
+  std::multiset<int64_t> waiting_;      // the batches whose fetches wait for room
+};
+
 // Reads chunk `c` of `set` (its file opened and checked by `check_plan` as a part's file is) and
 // decodes it into `decoded` (its coder's chunk_bytes); a missing chunk is filled with the coder's
-// fill value once its file is seen to be still missing. `stored` is grown to the stored size and a
-// page (the stored bytes are read to PlaceLike's address).
+// fill value once its file is seen to be still missing. `stored` is grown to the stored size and
+// kPlacePage (the stored bytes are read to PlaceLike's address).
 // Errors name the file, the chunk's bytes and the reason (a corrupt stream, a size or checksum
 // that does not match).
 // With `ranges` (sorted, disjoint byte ranges of the decoded chunk: what its parts copy out), only
@@ -63,7 +155,7 @@ class DecodeGate {
 // store guesses (StoredObject::GuessParts) and updated; what is fetched is FetchChunk's choice.
 // `yield`: waited on (WaitOpen) between the chunk's fetch and its decode (a batch read ahead).
 void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const std::string &first_path,
-               std::vector<char> *stored, char *decoded,
+               HeldBytes *stored, char *decoded,
                const std::vector<std::pair<int64_t, int64_t>> *ranges = nullptr, PartsGuesses *guesses = nullptr,
                const DecodeGate *yield = nullptr);
 
