@@ -217,8 +217,15 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
             eight took 0.7-0.8x the epoch of four, its first batch 10 ms later:
             benchmarks/remote_results.md; ``read_ahead_bytes`` bounds their memory). With
             ``sample_ids`` of another ``read_windows``, at most as many as that one's.
-        read_ahead_bytes: the windows of the batches read ahead take at most this many bytes
-            together (fewer batches are read ahead when they do not fit; none when one does not).
+        read_ahead_bytes: what the batches read ahead hold together, at most: their windows (twice
+            for a Fortran-order file's, read through a copy), and the compressed chunks they fetched
+            with the buffers they decode them in (each fetch holds its bytes from before its request
+            until its decode ends). A batch is read ahead only when its windows, with those of the
+            batches before it, leave room for the largest single fetch of any of them (fewer batches
+            are read ahead; none when one does not fit: with 2 MiB, no batch of 4 MiB chunks, whose
+            fetch and decode hold the 4 MiB and the stored bytes); its fetches then wait for room, the
+            next batch's first. The batch being read is not counted: when a read waits for a batch
+            read ahead, that batch's fetches wait no more, as a read of its own would not.
         kwargs: passed to the ``partitioned_source`` fallback.
     """
     from dali_mesh.pipeline.external import current_pipeline_for
