@@ -55,7 +55,8 @@ uint64_t ReadEverything(const char *path, int64_t task_bytes) {
       stage.reset(new char[bytes]());
       dst = stage.get();
     }
-    std::vector<char> scratch, stored;
+    std::vector<char> scratch;
+    HeldBytes stored;
     for (int64_t k = it.part_begin; k < it.part_end; k++) {
       const PlanPart &part = set.parts[k];
       const ReadPlan &plan = set.plans[part.plan];
