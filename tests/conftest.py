@@ -64,6 +64,7 @@ SLOW_MODULES = {
     # snippets and Sphinx build, PhysicsNeMo's real DistributedManager and its ERA5 datapipe
     "tests/cli/test_demo.py", "tests/test_bench_scripts.py", "tests/test_docs.py",
     "tests/torch/test_physicsnemo_real.py", "tests/torch/test_physicsnemo_era5.py",
+    "tests/reader/test_read_ahead_memory.py",
 }
 #: single tests of other modules: multi-rank runs, sanitizer builds, the spill check's nvcc compiles
 SLOW_NAME_PARTS = ("torchrun", "gloo_ranks", "_4_ranks", "_8_ranks", "2x2_mesh", "world4", "world8",

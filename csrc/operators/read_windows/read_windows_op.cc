@@ -162,9 +162,10 @@ Stateless: checkpointing works.)")
                     "reads an object store (its reads wait on round trips), 2 always.", 1)
     .AddOptionalArg("read_ahead_batches", "The most batches read ahead (1 to 8; fewer when "
                     "next_sample_id gives fewer): at 20-50 ms a round trip, 8 hide what 4 do not.", 8)
-    .AddOptionalArg<int64_t>("read_ahead_bytes", "The windows of the batches read ahead take at most "
-                             "this many bytes together, in buffers of the operator's own: fewer batches "
-                             "are read ahead when they do not fit.", int64_t(1) << 30);
+    .AddOptionalArg<int64_t>("read_ahead_bytes", "What the batches read ahead hold together, at most: "
+                             "their windows, and the chunks they fetched with the buffers they decode them "
+                             "in; fewer batches are read ahead when they do not fit (the batch being read is "
+                             "not counted).", int64_t(1) << 30);
 
 DALI_REGISTER_OPERATOR(dali_mesh__ReadWindows, ::dali_mesh::ReadWindowsCPU, CPU);
 
