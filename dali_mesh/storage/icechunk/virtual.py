@@ -49,9 +49,10 @@ def _container_credentials(icechunk, name: str, prefix: str, mode: str):
                      f"(file://, http(s)://, s3://, tigris:// and gs:// are)")
 
 
-def virtual_access(icechunk, storage, name: str, given) -> dict | None:
+def virtual_access(icechunk, fetch_config, name: str, given) -> dict | None:
     """``authorize_virtual_chunk_access`` of the open: the virtual chunk containers ``given`` (URL prefixes,
-    ``True``: every one the repository declares, or ``{prefix: "anonymous" | "env"}``). An object store's
+    ``True``: every one the repository declares, its config read by ``fetch_config()``, or
+    ``{prefix: "anonymous" | "env"}``). An object store's
     container is read ANONYMOUSLY unless the source says ``"env"`` for it: the repository's config, not the
     source, names each container's endpoint, and the library's default (the environment's credentials)
     would send the user's keys to whatever endpoint a repository declares. Nothing is authorised unless the
@@ -59,7 +60,7 @@ def virtual_access(icechunk, storage, name: str, given) -> dict | None:
     if not given:
         return None
     if given is True:
-        prefixes = _declared(icechunk.Repository.fetch_config(storage))
+        prefixes = _declared(fetch_config())
         # every container declared that this reader can authorise (one of another kind, az:// say, stays
         # unauthorised: its chunks' reads are refused, naming it, and the rest of the repository reads)
         given = {p: "anonymous" for p in prefixes if _kind(p) in KINDS}
@@ -76,19 +77,19 @@ def virtual_access(icechunk, storage, name: str, given) -> dict | None:
                                             for p, mode in given.items()})
 
 
-def check_local_virtual_files(repo, session, given, name: str) -> None:
+def check_local_virtual_files(repo, locations, given, name: str) -> None:
     """Refuses a snapshot whose virtual chunks, in a LOCAL container the source authorises, name a file that
     is not a regular file (a FIFO, where the library's read would wait for ever; a folder, a device): looked
     at once, when the session is opened. It costs loading every manifest of the snapshot, so only where a
-    file:// container is authorised (object stores and http(s) have no FIFOs). A missing file is left to the
-    read, which names it."""
+    file:// container is authorised (object stores and http(s) have no FIFOs): ``locations()`` gives the
+    snapshot's virtual chunk locations. A missing file is left to the read, which names it."""
     if not given:
         return
     prefixes = _declared(repo.config) if given is True else list(given)
     local = [p for p in prefixes if p.lower().startswith("file://")]
     if not local:
         return
-    for url in sorted(set(session.all_virtual_chunk_locations())):
+    for url in sorted(set(locations())):
         if not any(url.startswith(p) for p in local):
             continue  # not authorised here: the library refuses its reads itself
         mode = None
