@@ -5,9 +5,10 @@
 //
 // Threads: the reader calls the functions from its own threads (DALI's, the kept threads); Python's
 // ctypes callbacks take the GIL, so every Python caller of the reader must have released it (ctypes
-// calls of a CDLL do; DALI waits for outputs without it). At exit Python unbinds every store first
-// (UnbindCallbackStores, from an atexit hook): later reads fail at once, naming the store, and never
-// enter an interpreter being torn down.
+// calls of a CDLL do; DALI waits for outputs without it). At exit Python first cancels every call of
+// the library in flight (a callback waiting on one fails at once, "the process is exiting"), then
+// unbinds every store (UnbindCallbackStores, from an atexit hook): later reads fail at once, naming the
+// store, and never enter an interpreter being torn down.
 #ifndef DALI_MESH_STORAGE_CALLBACK_STORE_H_
 #define DALI_MESH_STORAGE_CALLBACK_STORE_H_
 
