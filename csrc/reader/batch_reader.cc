@@ -50,92 +50,6 @@ std::string Str(const Args &...args) {
 // chunks of runs beyond it are fetched alone, each task's buffer freed as it goes.
 constexpr int64_t kMaxMergedBatch = int64_t(256) << 20;
 
-}  // namespace
-
-void RunSerially(const TaskFn &fn, int64_t n, const TaskCost &) {
-  for (int64_t t = 0; t < n; t++) fn(t);
-}
-
-namespace {
-
-// RunOnThreads with its helpers in `lane`; with `held` (a reader's batches read ahead), a helper
-// that would make more than kAheadThreadsPerReader threads of that reader leaves at once.
-RunTasks RunOn(int threads, KeptThreads::Lane lane, std::shared_ptr<std::atomic<int>> held) {
-  if (threads <= 1) return RunSerially;
-  return [threads, lane, held](const TaskFn &fn, int64_t n, const TaskCost &cost) {
-    // the calling thread takes tasks in cost order, and up to threads - 1 kept threads help it; a
-    // helper that starts after the last task was taken (the pool was busy) finds none and leaves, so
-    // the caller never waits for a helper that has not started, only for those running a task
-    struct Shared {
-      const TaskFn *fn;
-      std::vector<int64_t> order;
-      std::atomic<int64_t> next{0};
-      std::mutex mutex;
-      std::condition_variable done;
-      std::exception_ptr error;
-      int running = 0;
-      bool closed = false;
-      const CancelFlag *flag;
-    };
-    auto shared = std::make_shared<Shared>();
-    shared->fn = &fn;
-    shared->flag = CurrentCancelFlag();
-    shared->order.resize(n);
-    std::vector<int64_t> costs(n);
-    std::iota(shared->order.begin(), shared->order.end(), int64_t(0));
-    for (int64_t t = 0; t < n; t++) costs[t] = cost(t);
-    std::stable_sort(shared->order.begin(), shared->order.end(),
-                     [&](int64_t a, int64_t b) { return costs[a] > costs[b]; });
-    auto work = [](Shared &s) {
-      for (int64_t k; (k = s.next.fetch_add(1)) < static_cast<int64_t>(s.order.size());) {
-        try {
-          (*s.fn)(s.order[k]);
-        } catch (...) {
-          std::lock_guard<std::mutex> lock(s.mutex);
-          if (!s.error) s.error = std::current_exception();
-        }
-      }
-    };
-    const int64_t helpers = std::min<int64_t>(threads, n) - 1;
-    try {
-      for (int64_t k = 0; k < helpers; k++) {
-        KeptThreads::Readers().Submit(
-            [shared, work, held] {
-              {
-                std::lock_guard<std::mutex> lock(shared->mutex);
-                if (shared->closed) return;
-                if (held && held->fetch_add(1) >= kAheadThreadsPerReader) {
-                  held->fetch_sub(1);
-                  return;
-                }
-                shared->running++;
-              }
-              {
-                CancelScope scope(shared->flag);
-                work(*shared);
-              }
-              if (held) held->fetch_sub(1);
-              std::lock_guard<std::mutex> lock(shared->mutex);
-              if (--shared->running == 0) shared->done.notify_all();
-            },
-            lane);
-      }
-    } catch (const std::exception &) {  // no thread or memory for more helpers: fewer help
-    }
-    work(*shared);
-    std::unique_lock<std::mutex> lock(shared->mutex);
-    shared->closed = true;
-    shared->done.wait(lock, [&] { return shared->running == 0; });
-    if (shared->error) std::rethrow_exception(shared->error);
-  };
-}
-
-}  // namespace
-
-RunTasks RunOnThreads(int threads) { return RunOn(threads, KeptThreads::Lane::kForeground, nullptr); }
-
-namespace {
-
 std::atomic<int64_t> g_ahead_used{0}, g_ahead_dropped{0}, g_ahead_failed{0};
 std::atomic<int64_t> g_ahead_alive{0};  // batches read ahead whose buffers exist (Ahead objects)
 
@@ -437,7 +351,8 @@ bool BatchReader::StartAhead(std::vector<int64_t> ids, int threads, AheadNeed ne
                 job->no_buffers = true;
                 throw;
               }
-              job->reader->Read(out, RunOn(threads, KeptThreads::Lane::kBackground, held));
+              job->reader->Read(out,
+                                RunOn(threads, KeptThreads::Lane::kBackground, held, kAheadThreadsPerReader));
             } catch (...) {
               job->error = std::current_exception();
             }

@@ -39,24 +39,9 @@
 #include "plan/plan.h"
 #include "reader/open_file.h"
 #include "reader/read_units.h"
+#include "reader/tasks.h"
 
 namespace dali_mesh {
-
-using TaskFn = std::function<void(int64_t task)>;
-using TaskCost = std::function<int64_t(int64_t task)>;
-// Runs fn(0) .. fn(n - 1), in any order and on any threads, and returns when all have run; an
-// error of a task is rethrown (DALI's ThreadPool::RunAll does both). cost(t): task t's size, a hint
-// for the order (ThreadPool::AddWork's priority).
-using RunTasks = std::function<void(const TaskFn &fn, int64_t n, const TaskCost &cost)>;
-
-// RunTasks on this thread, task after task (an error stops the rest).
-void RunSerially(const TaskFn &fn, int64_t n, const TaskCost &cost);
-
-// RunTasks on `threads` threads (this one among them, the others under its CancelScope's flag), the
-// larger tasks first (as DALI's thread pool orders its work by priority); every task runs, the first
-// error is rethrown after the last. The others are kept threads (KeptThreads::Readers, foreground
-// lane) that help while they can: the calling thread never waits for one that has not started.
-RunTasks RunOnThreads(int threads);
 
 // The threads one reader's batches read ahead hold at once, their jobs and the jobs' helpers together
 // (the background lane of KeptThreads::Readers is shared by every reader of the process): a helper
