@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -23,12 +24,14 @@ using dali_mesh::c_api::Fail;
 // numbers), `outputs` windows per sample id, reads of about `task_bytes` per task, `prefetch`
 // (1: announce a batch's ranges first), and, with n_channels > 0, the per-channel normalisation
 // (x - mean[c]) / stddev[c] on `channel_axis` (the operator's arguments of the same names), and
-// `read_ahead` (ReaderOptions::read_ahead: 0 off, 1 object stores, 2 always). Returns
-// the reader (free it with dali_mesh_reader_close), or null with the reason in `err` (a plan file
-// the loader refuses, options that do not fit it).
+// `read_ahead` (ReaderOptions::read_ahead: 0 off, 1 object stores, 2 always), with at most
+// `read_ahead_batches` batches read ahead (1..kMaxAheadBatches) holding `read_ahead_bytes` at most.
+// Returns the reader (free it with dali_mesh_reader_close), or null with the reason in `err` (a plan
+// file the loader refuses, options that do not fit it).
 DM_EXPORT void *dali_mesh_reader_open(const char *plan_path, int dtype, int outputs, int64_t task_bytes,
                                       int prefetch, const float *mean, const float *stddev, int64_t n_channels,
-                                      int channel_axis, int read_ahead, char *err, int64_t err_len) {
+                                      int channel_axis, int read_ahead, int read_ahead_batches,
+                                      int64_t read_ahead_bytes, char *err, int64_t err_len) {
   try {
     dali_mesh::ReaderOptions options;
     options.dtype = dtype;
@@ -41,6 +44,13 @@ DM_EXPORT void *dali_mesh_reader_open(const char *plan_path, int dtype, int outp
     }
     options.channel_axis = channel_axis;
     options.read_ahead = read_ahead;
+    if (read_ahead_batches < 1 || read_ahead_batches > dali_mesh::kMaxAheadBatches)
+      throw std::invalid_argument("read_ahead_batches " + std::to_string(read_ahead_batches) + " is not in 1.." +
+                                  std::to_string(dali_mesh::kMaxAheadBatches));
+    if (read_ahead_bytes < 0)
+      throw std::invalid_argument("read_ahead_bytes " + std::to_string(read_ahead_bytes) + " is negative");
+    options.read_ahead_batches = read_ahead_batches;
+    options.read_ahead_bytes = read_ahead_bytes;
     return new dali_mesh::BatchReader(dali_mesh::LoadPlanSet(plan_path), std::move(options));
   } catch (const std::exception &e) {
     Fail(e.what(), err, err_len);
@@ -113,11 +123,42 @@ DM_EXPORT int64_t dali_mesh_reader_read_ahead(void *reader, const int64_t *ids, 
   }
 }
 
-// Batches read from what was read ahead (out[0]), batches read ahead then dropped unused (out[1]) and
-// batches whose read ahead failed, read again when wanted (out[2]).
+// As the read_windows operator does before it reads a batch: sets the batch ids[0..n_ids) (the one read
+// next) and reads ahead the `batches` batches that follow it, next[b * n_ids ...] each
+// (BatchReader::ReadAheadBatches: those read ahead that are neither are dropped). Returns how many are
+// being read ahead, or -1 on an error.
+DM_EXPORT int64_t dali_mesh_reader_read_ahead_batches(void *reader, const int64_t *ids, int64_t n_ids,
+                                                      const int64_t *next, int batches, int threads, char *err,
+                                                      int64_t err_len) {
+  try {
+    auto *r = static_cast<dali_mesh::BatchReader *>(reader);
+    r->SetBatch(ids, static_cast<int>(n_ids));
+    return r->ReadAheadBatches(next, static_cast<int>(n_ids), batches, threads);
+  } catch (const std::exception &e) {
+    return Fail(e.what(), err, err_len);
+  }
+}
+
+// What the reader's batches read ahead hold against read_ahead_bytes (BatchReader::ahead_budget): the
+// bound (out[0]), the bytes counted now (out[1]) and at most so far (out[2]), the fetches that waited for
+// room (out[3]) and the longest wait in microseconds (out[4]); and its batches read ahead whose jobs
+// have not ended (out[5]).
+DM_EXPORT void dali_mesh_reader_ahead_budget(void *reader, int64_t *out) {
+  auto *r = static_cast<dali_mesh::BatchReader *>(reader);
+  const auto s = r->ahead_budget();
+  out[0] = r->options().read_ahead_bytes;
+  out[1] = s.held;
+  out[2] = s.peak;
+  out[3] = s.waits;
+  out[4] = s.longest_wait_us;
+  out[5] = r->ahead_in_flight();
+}
+
 // Batches read ahead whose buffers exist now, in this process (AheadAlive).
 DM_EXPORT int64_t dali_mesh_reader_ahead_alive() { return dali_mesh::AheadAlive(); }
 
+// Batches read from what was read ahead (out[0]), batches read ahead then dropped unused (out[1]) and
+// batches whose read ahead failed, read again when wanted (out[2]).
 DM_EXPORT void dali_mesh_reader_ahead_counts(void *reader, int64_t *out) {
   auto *r = static_cast<dali_mesh::BatchReader *>(reader);
   out[0] = r->ahead_used();

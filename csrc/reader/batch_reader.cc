@@ -217,6 +217,12 @@ void BatchReader::Keep(std::shared_ptr<Ahead> ahead) {
 
 void BatchReader::ReleaseSpare() { spare_.clear(); }
 
+int64_t BatchReader::ahead_in_flight() const {
+  int64_t n = 0;
+  for (const auto &a : ahead_) n += a->done.valid() && a->done.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+  return n;
+}
+
 int64_t BatchReader::ChunkFetch(int64_t c, bool into_window) const {
   const PlanChunk &ch = plans_.chunks[c];
   return (ch.nbytes > 0 ? ch.nbytes + kPlacePage : 0) + (into_window ? 0 : plans_.coders[ch.coder].chunk_bytes);

@@ -151,6 +151,10 @@ class BatchReader {
   int64_t ahead_used() const { return ahead_used_; }
   int64_t ahead_dropped() const { return ahead_dropped_; }
   int64_t ahead_failed() const { return ahead_failed_; }
+  // What its batches read ahead hold against read_ahead_bytes (AheadBudget::Stats; zeros when it does
+  // not read ahead), and how many of them are being read now (their jobs not ended)
+  AheadBudget::Stats ahead_budget() const { return budget_ ? budget_->stats() : AheadBudget::Stats(); }
+  int64_t ahead_in_flight() const;
 
   ~BatchReader();
   BatchReader(const BatchReader &) = delete;

@@ -173,6 +173,7 @@ void AheadBudget::Held::Reset() {
 void AheadBudget::Count(int64_t batch, int64_t bytes) {
   if (batch == wanted_ || bytes == 0) return;
   held_ += bytes;
+  peak_ = std::max(peak_, held_);
   counted_[batch] += bytes;
 }
 
@@ -185,8 +186,11 @@ AheadBudget::Held AheadBudget::Charge(int64_t bytes, int64_t batch) {
 AheadBudget::Held AheadBudget::Take(int64_t bytes, int64_t batch) {
   std::unique_lock<std::mutex> lock(mutex_);
   const auto me = waiting_.insert(batch);
+  const auto since = std::chrono::steady_clock::now();
+  bool waited = false;
   // a cancel sets no condition: looked at every 10 ms, as DecodeGate's wait does
   while (batch != wanted_ && (held_ + bytes > bound_ || *waiting_.begin() != batch)) {
+    waited = true;
     if (ReadCancelled()) {
       waiting_.erase(me);
       lock.unlock();
@@ -197,6 +201,11 @@ AheadBudget::Held AheadBudget::Take(int64_t bytes, int64_t batch) {
     cv_.wait_for(lock, std::chrono::milliseconds(10));
   }
   waiting_.erase(me);
+  if (waited) {
+    waits_++;
+    longest_wait_us_ = std::max<int64_t>(longest_wait_us_, std::chrono::duration_cast<std::chrono::microseconds>(
+                                                              std::chrono::steady_clock::now() - since).count());
+  }
   Count(batch, bytes);
   lock.unlock();
   cv_.notify_all();  // the next batch's fetch may fit too
@@ -219,6 +228,11 @@ void AheadBudget::Want(int64_t batch) {
 int64_t AheadBudget::held() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return held_;
+}
+
+AheadBudget::Stats AheadBudget::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {held_, peak_, waits_, longest_wait_us_};
 }
 
 void AheadBudget::Give(int64_t batch, int64_t bytes) {

@@ -129,6 +129,12 @@ class AheadBudget : public std::enable_shared_from_this<AheadBudget> {
   void Want(int64_t batch);
   int64_t bound() const { return bound_; }
   int64_t held() const;  // counted against the bound now
+  // What was counted, for tests and reports: now, at most since the budget was made, the takes that
+  // waited for room and the longest wait (microseconds)
+  struct Stats {
+    int64_t held = 0, peak = 0, waits = 0, longest_wait_us = 0;
+  };
+  Stats stats() const;
 
  private:
   void Count(int64_t batch, int64_t bytes);  // mutex_ held
@@ -137,7 +143,7 @@ class AheadBudget : public std::enable_shared_from_this<AheadBudget> {
   const int64_t bound_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
-  int64_t held_ = 0;
+  int64_t held_ = 0, peak_ = 0, waits_ = 0, longest_wait_us_ = 0;
   int64_t wanted_ = -1;
   std::map<int64_t, int64_t> counted_;  // per batch, the bytes of held_ it holds (none of the wanted one)
   std::multiset<int64_t> waiting_;      // the batches whose fetches wait for room

@@ -15,8 +15,8 @@ def _declare(lib) -> None:
     """The argument and result types of the functions of csrc/c_api/reader_api.cc."""
     lib.dali_mesh_reader_open.restype = ctypes.c_void_p
     lib.dali_mesh_reader_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int,
-                                          F32P, F32P, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
-                                          ctypes.c_int64]
+                                          F32P, F32P, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                          ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64]
     lib.dali_mesh_reader_close.restype = None
     lib.dali_mesh_reader_close.argtypes = [ctypes.c_void_p]
     lib.dali_mesh_reader_shapes.restype = ctypes.c_int64
@@ -28,6 +28,11 @@ def _declare(lib) -> None:
     lib.dali_mesh_reader_read_ahead.restype = ctypes.c_int64
     lib.dali_mesh_reader_read_ahead.argtypes = [ctypes.c_void_p, I64P, ctypes.c_int64, ctypes.c_int, ctypes.c_char_p,
                                                 ctypes.c_int64]
+    lib.dali_mesh_reader_read_ahead_batches.restype = ctypes.c_int64
+    lib.dali_mesh_reader_read_ahead_batches.argtypes = [ctypes.c_void_p, I64P, ctypes.c_int64, I64P, ctypes.c_int,
+                                                        ctypes.c_int, ctypes.c_char_p, ctypes.c_int64]
+    lib.dali_mesh_reader_ahead_budget.restype = None
+    lib.dali_mesh_reader_ahead_budget.argtypes = [ctypes.c_void_p, I64P]
     lib.dali_mesh_reader_ahead_alive.restype = ctypes.c_int64
     lib.dali_mesh_reader_ahead_alive.argtypes = []
     lib.dali_mesh_reader_ahead_counts.restype = None
@@ -59,6 +64,9 @@ class PlanReader:
         normalize: ``(channel_axis, mean, std)``, as ``read_windows(normalize=...)``.
         read_ahead: the operator's argument: ``0`` never, ``1`` when the plans read an object
             store, ``2`` always (:meth:`read_ahead`).
+        read_ahead_batches, read_ahead_bytes: as the operator's arguments: the most batches read
+            ahead besides the one read (1 to 8), and what they hold together at most
+            (:meth:`ahead_budget`).
 
     The loader's and the reader's errors raise :class:`KernelsError` with the reader's message.
     Use as a context manager, or call :meth:`close`.
@@ -67,7 +75,8 @@ class PlanReader:
     MAX_NDIM = 32
 
     def __init__(self, plan_path: str, dtype, *, outputs: int = 1, task_bytes: int = 4 << 20, prefetch: bool = True,
-                 normalize=None, read_ahead: int = 1) -> None:
+                 normalize=None, read_ahead: int = 1, read_ahead_batches: int = 1,
+                 read_ahead_bytes: int = 1 << 30) -> None:
         self.dtype = np.dtype(dtype)
         self.outputs = int(outputs)
         axis, mean, std = normalize if normalize is not None else (-1, (), ())
@@ -79,7 +88,8 @@ class PlanReader:
         self._lib = _lib()
         self._handle = self._lib.dali_mesh_reader_open(
             os.fsencode(plan_path), DTYPE_IDS[self.dtype], self.outputs, int(task_bytes), int(bool(prefetch)),
-            mean.ctypes.data_as(f32p), std.ctypes.data_as(f32p), mean.size, int(axis), int(read_ahead), err, len(err))
+            mean.ctypes.data_as(f32p), std.ctypes.data_as(f32p), mean.size, int(axis), int(read_ahead),
+            int(read_ahead_batches), int(read_ahead_bytes), err, len(err))
         if not self._handle:
             raise KernelsError(err.value.decode(errors="replace"))
 
@@ -115,6 +125,32 @@ class PlanReader:
         if got < 0:
             raise KernelsError(err.value.decode(errors="replace"))
         return bool(got)
+
+    def read_ahead_batches(self, ids: Sequence[int], following: Sequence[Sequence[int]], *, threads: int = 1) -> int:
+        """As ``read_windows`` does before it reads the batch ``ids``: the batches ``following`` it (each
+        of ``len(ids)`` ids) are read ahead in order, up to the first that does not fit ``read_ahead_bytes``,
+        and those read ahead that are neither ``ids`` nor among them are dropped. Call :meth:`read` of
+        ``ids`` next. How many are being read ahead."""
+        ids = list(ids)
+        flat = [int(i) for batch in following for i in batch]
+        if any(len(batch) != len(ids) for batch in following):
+            raise ValueError(f"every following batch must have {len(ids)} ids, as the batch read")
+        err = ctypes.create_string_buffer(4096)
+        got = self._lib.dali_mesh_reader_read_ahead_batches(self._handle, _i64(ids), len(ids), _i64(flat or [0]),
+                                                            len(following), int(threads), err, len(err))
+        if got < 0:
+            raise KernelsError(err.value.decode(errors="replace"))
+        return int(got)
+
+    def ahead_budget(self) -> dict:
+        """What the batches read ahead hold against ``read_ahead_bytes`` (csrc/reader/read_units.h
+        ``AheadBudget``): ``bound``, ``held`` (bytes counted now), ``peak`` (the most counted so far),
+        ``waits`` (fetches that waited for room), ``longest_wait`` (seconds), and ``in_flight`` (batches
+        read ahead whose reads have not ended)."""
+        out = (ctypes.c_int64 * 6)()
+        self._lib.dali_mesh_reader_ahead_budget(self._handle, out)
+        return {"bound": int(out[0]), "held": int(out[1]), "peak": int(out[2]), "waits": int(out[3]),
+                "longest_wait": out[4] / 1e6, "in_flight": int(out[5])}
 
     def ahead_counts(self) -> tuple[int, int, int]:
         """``(used, dropped, failed)``: batches read from what was read ahead, batches read ahead then
