@@ -18,6 +18,7 @@ A format's name is one reader everywhere (the parent and DALI's worker processes
 """
 from __future__ import annotations
 
+import threading
 import warnings
 from importlib import metadata
 from typing import Iterator, Mapping
@@ -58,7 +59,7 @@ def _plugin_format(ep) -> ArrayFormat:
     try:
         obj = ep.load()
         fmt = obj() if isinstance(obj, type) and issubclass(obj, ArrayFormat) else obj
-    except Exception as e:  # noqa: BLE001 - whatever a third-party module raises, named with its entry point
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever a third-party module raises, named with it
         raise FormatPluginError(f"{what} cannot be loaded ({type(e).__name__}: {e}); fix or uninstall the package "
                                 "that declares it") from e
     if not isinstance(fmt, ArrayFormat):
@@ -79,6 +80,10 @@ class _Registry(Mapping):
         self._formats: dict[str, ArrayFormat] = {}
         self._refused: dict[str, str] = {}
         self._plugins_loaded = False
+        self._loading = False
+        # one thread loads the entry points; another's first lookup waits for all of them (a lookup from a
+        # plugin's own import, on the loading thread, sees the formats loaded so far)
+        self._lock = threading.RLock()
 
     def register(self, fmt: ArrayFormat) -> None:
         taken = self._formats.get(fmt.name)
@@ -89,14 +94,22 @@ class _Registry(Mapping):
         self._formats.setdefault(fmt.name, fmt)
 
     def _loaded(self) -> dict[str, ArrayFormat]:
-        if not self._plugins_loaded:
-            self._plugins_loaded = True  # once: a lookup from a plugin's own import sees the built-ins
-            declared: dict[str, list] = {}
-            for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-                if ep not in declared.setdefault(ep.name, []):
-                    declared[ep.name].append(ep)
-            for name, eps in declared.items():
-                self._take(name, eps)
+        if self._plugins_loaded:
+            return self._formats
+        with self._lock:
+            if self._plugins_loaded or self._loading:
+                return self._formats
+            self._loading = True
+            try:
+                declared: dict[str, list] = {}
+                for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+                    if ep not in declared.setdefault(ep.name, []):
+                        declared[ep.name].append(ep)
+                for name, eps in declared.items():
+                    self._take(name, eps)
+                self._plugins_loaded = True  # not when interrupted: the next lookup loads them again
+            finally:
+                self._loading = False
         return self._formats
 
     def _take(self, name: str, eps: list) -> None:
@@ -108,9 +121,14 @@ class _Registry(Mapping):
                                "neither is used, so that no process reads with one and another with the other; "
                                "uninstall one of the packages")
             return
+        before = dict(self._formats)
         try:
             fmt = _plugin_format(eps[0])
         except FormatPluginError as e:
+            # what its module registered before it failed goes too: a skipped plugin leaves no format behind
+            # (a worker whose import of it failed otherwise would not have them)
+            self._formats.clear()
+            self._formats.update(before)
             self._refuse(name, str(e))
             return
         taken = self._formats.get(name)

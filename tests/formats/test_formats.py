@@ -235,3 +235,46 @@ def test_a_plugin_that_leaves_elements_of_its_window_unwritten_gives_zeros_not_a
         want.flat[0] = -1.0
         np.testing.assert_array_equal(out, want)
         del out
+
+
+@pytest.mark.parametrize("fails_with", ["RuntimeError('broken')", "SystemExit(3)"])
+def test_a_plugin_that_fails_after_registering_leaves_no_format_behind(fresh_registry, tmp_path, monkeypatch,
+                                                                       fails_with):
+    # review of issue 52: the format its module registered before failing stayed (listed and found), and a
+    # SystemExit at its import escaped the lookup and left the other entry points never loaded
+    (tmp_path / "halfway_plugin.py").write_text(
+        "from dali_mesh.formats import register_format\n"
+        "from tests.formats.test_formats import CsvFormat\n"
+        "class Halfway(CsvFormat):\n    name = 'halfway'\n"
+        "register_format(Halfway())\n"
+        f"raise {fails_with}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fresh_registry([_entry_point_of("halfway", "halfway_plugin:Halfway", "half-pkg"),
+                    _entry_point_of("csv", f"{__name__}:CsvFormat", "csv-pkg")])
+    with pytest.warns(RuntimeWarning, match=r"'half-pkg'\) cannot be loaded"):
+        assert list(FORMATS) == ["npy", "hdf5", "zarr", "csv"]
+    with pytest.raises(FormatPluginError, match="cannot be loaded"):
+        format_named("halfway")
+    monkeypatch.delitem(sys.modules, "halfway_plugin", raising=False)
+
+
+def test_a_first_lookup_from_two_threads_sees_every_plugin(fresh_registry):
+    # review of issue 52: the loader said "loaded" before it had loaded them, so a second thread's first lookup
+    # could find only the built-ins ("no format named 'csv'")
+    import threading as th
+    import time
+
+    started = th.Event()
+
+    class SlowCsv(CsvFormat):
+        def __init__(self):
+            started.set()
+            time.sleep(0.3)  # a plugin whose import takes a while
+
+    globals()["SlowCsv"] = SlowCsv
+    fresh_registry([_entry_point_of("csv", f"{__name__}:SlowCsv", "slow-pkg")])
+    first = th.Thread(target=format_named, args=("npy",))
+    first.start()
+    assert started.wait(10)
+    assert isinstance(format_named("csv"), SlowCsv)  # waits for the loading thread, never half the registry
+    first.join()
