@@ -33,7 +33,7 @@ from typing import NamedTuple, Sequence
 
 from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, is_etag, write_spec
 from dali_mesh.storage.errors import DataFileError, FileChangedError, MissingFileError, TruncatedFileError
-from dali_mesh.storage.names import shown
+from dali_mesh.storage.names import HIDDEN, shown
 
 __all__ = ["RemoteObject", "RemoteStore", "fetch_counters", "give_credentials", "have_native_http", "resolve_gs",
            "resolve_http", "resolve_s3", "store_api", "store_message", "store_settings"]
@@ -675,13 +675,14 @@ def _checked_endpoint(endpoint: str) -> str:
     endpoint = str(endpoint).rstrip("/")
     if has_control_char(endpoint):
         raise ValueError("endpoint_url holds a control character (NUL, CR, LF, ...)")
-    if not endpoint.lower().startswith(("http://", "https://")):
-        raise ValueError(f"endpoint_url must start with http:// or https://, got {shown(endpoint)!r}")
-    parts = urllib.parse.urlsplit(endpoint)
-    if "@" in endpoint:  # anywhere: a secret holding '/' ends the authority early (names.split_location)
-        raise ValueError(f"endpoint_url {shown(endpoint)!r} holds user info: credentials in an endpoint are not "
+    if "@" in endpoint:  # anywhere, and first: a secret holding '/' ends the authority early; no scheme, no shown()
+        head = endpoint.split("://", 1)[0] + "://" if "://" in endpoint else ""
+        raise ValueError(f"endpoint_url {head + HIDDEN + '@'}... holds user info: credentials in an endpoint are not "
                          "taken (they would be written into plans and the range cache); give them in "
                          "storage_options (key=, secret=)")
+    if not endpoint.lower().startswith(("http://", "https://")):
+        raise ValueError(f"endpoint_url must start with http:// or https://, got {endpoint!r}")
+    parts = urllib.parse.urlsplit(endpoint)
     try:
         parts.port
     except ValueError:

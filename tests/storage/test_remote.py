@@ -608,7 +608,8 @@ def test_a_location_with_a_control_character_is_refused(location):
 @pytest.mark.parametrize("endpoint", ["http://AKIDSECRETID:RETKEY0123@127.0.0.1:9000",
                                       "http://AKIDSECRETID:sec/RETKEY0123@127.0.0.1:9000",
                                       "https://AKIDSECRETID:p@ssRETKEY0123@127.0.0.1/",
-                                      "http://AKIDSECRETID@127.0.0.1:9000"])
+                                      "http://AKIDSECRETID@127.0.0.1:9000",
+                                      "AKIDSECRETID:RETKEY0123@minio:9000"])  # no scheme: was shown as given
 def test_an_endpoint_with_user_info_is_refused_without_showing_it(scheme, endpoint, monkeypatch):
     """The endpoint is in the store's spec, which plan files and every range-cache entry record: a password
     in it was kept there (and in the store's repr)."""
