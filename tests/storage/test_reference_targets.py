@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import numpy as np
 import pytest
@@ -137,7 +138,7 @@ def test_a_set_in_s3_may_not_name_a_private_host(s3_endpoint, host):
     location = _set_in_s3(s3_endpoint, name, {"a/0": ["s3://data/x.bin", 0, 4],
                                               "b/0": [f"http://{host}:8080/latest/meta-data/", 0, 10]})
     with pytest.raises(DataFileError, match=rf"refers to http://{re.escape(host)}:8080/latest/meta-data/, whose host "
-                                            r".* is \S+, a [a-z -]+ address: a reference set read from s3:// may "
+                                            r".* is \S+, an? [a-z -]+ address: a reference set read from s3:// may "
                                             r"not name loopback, link-local, private or reserved hosts.*give "
                                             r"storage_options allow_private_references=True"):
         _loaded(location, options(s3_endpoint))
@@ -262,3 +263,53 @@ def test_options_a_referenced_files_store_refuses_are_named_not_taken_for_a_miss
                                             r"storage_options for http\(s\):// locations do not take"):
         ZarrSource([f"reference://{refs}"], "x", layout, batch_size=1, shuffle=False,
                    storage_options=options(s3_endpoint)).read_sample(0)
+
+
+# ---- the review of issue 52 ----------------------------------------------------------------------------------
+def test_a_set_in_s3_may_not_name_objects_this_process_holds_in_memory(s3_endpoint):
+    """A set read from an object store named memory:// objects of this process (as it may not name local files)."""
+    from dali_mesh.storage.memory import MemoryStore
+
+    MemoryStore("held-secret").put("secret.bin", b"what only this process holds")
+    location = _set_in_s3(s3_endpoint, "memory", {"a/0": ["memory://held-secret/secret.bin", 0, 8]})
+    with pytest.raises(DataFileError, match=r"refers to memory://held-secret/secret\.bin: a reference set read from "
+                                            r"s3:// may not name objects this process holds in memory"):
+        _loaded(location, options(s3_endpoint))
+
+
+def test_the_host_look_ups_of_a_set_are_bounded_together(s3_endpoint, monkeypatch):
+    """A set naming many hosts whose resolvers never answer held the source's construction for the sum of their
+    look-ups (one after another): now they run 16 at a time, bounded together."""
+    import socket
+    import threading
+
+    from dali_mesh.storage.references import targets
+
+    system, release = socket.getaddrinfo, threading.Event()
+
+    def getaddrinfo(host, port, *args, **kw):
+        if host.endswith(".stalls.example.org"):
+            release.wait(30)  # a resolver that does not answer
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return system(host, port, *args, **kw)
+
+    monkeypatch.setattr(targets.socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(targets, "LOOKUP_S", 1.0)
+    refs = {f"a/{i}": [f"https://h{i}.stalls.example.org/a.nc", 0, 10] for i in range(40)}
+    location = _set_in_s3(s3_endpoint, "stalls", refs)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(DataFileError, match=r"whose host 'h\d+\.stalls\.example\.org' cannot be resolved \(no "
+                                                r"answer within 1 s\)"):
+            _loaded(location, options(s3_endpoint))
+        assert time.monotonic() - t0 < 10  # one bound for the 40 hosts, not 40 look-ups one after another
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize("host,kind", [("0.0.0.0", "an unspecified"), ("169.254.169.254", "a link-local"),
+                                       ("224.0.0.1", "a multicast")])
+def test_the_kind_of_address_reads_as_english(s3_endpoint, host, kind):
+    location = _set_in_s3(s3_endpoint, f"kind-{host}", {"a/0": [f"http://{host}/a.nc", 0, 10]})
+    with pytest.raises(DataFileError, match=rf"is {re.escape(host)}, {kind} address"):
+        _loaded(location, options(s3_endpoint))

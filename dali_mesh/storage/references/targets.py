@@ -122,6 +122,11 @@ def resolve_targets(urls: list[str], options: dict, location, *, allow_private: 
             raise DataFileError(str(location), f"refers to the local file {shown(local[0])}: a reference set read "
                                                f"from {_scheme(location)}:// may not name files of this machine (copy "
                                                "the set to a local path to read local files through it)")
+        held = [u for u in urls if _family(u) == "memory"] if own != "memory" else []
+        if held:  # objects this process keeps (memory://): as this machine's files, not a remote set's to read
+            raise DataFileError(str(location), f"refers to {shown(held[0])}: a reference set read from "
+                                               f"{_scheme(location)}:// may not name objects this process holds in "
+                                               "memory (copy the set to a local path to read them through it)")
     # the client's settings (timeouts, retries, the range cache) and anonymity (no credential at all) are
     # every service's; the rest (keys, an endpoint, a region) one service's
     everyone = (*CLIENT_SETTINGS, "anon")
@@ -177,23 +182,69 @@ def _check_hosts(urls: list[str], location) -> None:
     for url in urls:
         parts = urllib.parse.urlsplit(url)
         hosts.setdefault((parts.hostname, parts.port), url)
+    answers = _resolve_all(list(hosts))
     for (host, port), url in sorted(hosts.items(), key=lambda item: item[1]):
-        try:
-            found = {info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
-        except (OSError, UnicodeError, ValueError) as e:
+        found = answers.get((host, port))
+        if not isinstance(found, set):
+            why = found if found is not None else f"no answer within {LOOKUP_S:g} s"
             raise DataFileError(str(location), f"refers to {shown(url)}, whose host {host!r} cannot be resolved "
-                                               f"({e}); a set read from {_scheme(location)}:// names only hosts "
+                                               f"({why}); a set read from {_scheme(location)}:// names only hosts "
                                                "whose addresses are checked") from None
         for address in sorted(found):
             kind = _not_public(address)
             if kind:
-                raise DataFileError(str(location), f"refers to {shown(url)}, whose host {host!r} is {address}, a "
-                                                   f"{kind} address: a reference set read from "
+                raise DataFileError(str(location), f"refers to {shown(url)}, whose host {host!r} is {address}, "
+                                                   f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} address: a reference set read from "
                                                    f"{_scheme(location)}:// may not name loopback, link-local, "
                                                    "private or reserved hosts (its author could read this "
                                                    "machine's services, or a cloud's metadata at 169.254.169.254, "
                                                    "as data); if you trust the set, give storage_options "
                                                    f"{ALLOW_PRIVATE}=True")
+
+
+#: seconds the look-ups of a set's hosts may take together (a set naming many hosts whose name servers never
+#: answer would otherwise hold the source's construction for minutes: each look-up waits for its resolver)
+LOOKUP_S = 30.0
+#: look-ups at once
+_LOOKUPS = 16
+
+
+def _resolve_all(hosts: list) -> dict:
+    """``(host, port)`` -> the set of its addresses, or the text of its look-up's error, for each of ``hosts``;
+    at most :data:`_LOOKUPS` at once on daemon threads (a look-up cannot be cancelled: one still waiting on its
+    resolver when :data:`LOOKUP_S` have passed is left behind, answerless, and holds up no exit)."""
+    import queue  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    todo: queue.SimpleQueue = queue.SimpleQueue()
+    for item in hosts:
+        todo.put(item)
+    answers: dict = {}
+    done = threading.Event()
+    lock = threading.Lock()
+
+    def work():
+        while True:
+            try:
+                host, port = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                found = {info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+            except (OSError, UnicodeError, ValueError) as e:
+                found = str(e)
+            with lock:
+                answers[(host, port)] = found
+                if len(answers) == len(hosts):
+                    done.set()
+
+    if not hosts:
+        return answers
+    for _ in range(min(_LOOKUPS, len(hosts))):
+        threading.Thread(target=work, name="dali-mesh-host-lookup", daemon=True).start()
+    done.wait(LOOKUP_S)  # then answers holds all of them, or those that came within the bound
+    with lock:
+        return dict(answers)
 
 
 def _not_public(address: str) -> str | None:
