@@ -26,8 +26,8 @@ The source's ``storage_options`` are one service's: they read the set's own file
 of that service's scheme (a local set's: of its files' one object store, as fsspec's ``remote_options`` its
 ``remote_protocol``'s), never files of another service (an AWS key never signs a request to Google, nor a
 GCS HMAC key one to AWS): such files are refused, naming them, unless ``reference_options`` gives them
-their own options; a set not read from a local file may not name local files nor private, loopback or
-link-local hosts (unless ``allow_private_references``), and no set may name other sets or repositories
+their own options; a set not read from a local file may not name local files, memory:// objects nor
+private, loopback or link-local hosts (unless ``allow_private_references``), and no set may name other sets or repositories
 (:mod:`.targets`).
 """
 from __future__ import annotations

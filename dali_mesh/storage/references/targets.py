@@ -16,8 +16,8 @@ One rule for the options. The source's ``storage_options`` are ONE service's (an
   their own options (with the client's settings): ``{"anon": True}`` reads them anonymously.
 
 Which files. No set may name other sets or repositories; a set not read from a local file (an object
-store, an http(s) URL, memory) may not name local files, nor http(s) URLs whose host is or resolves to a
-loopback, link-local, private, shared, multicast, reserved or unspecified address (any spelling: decimal
+store, an http(s) URL, memory) may not name local files (nor memory:// objects, unless read from memory),
+nor http(s) URLs whose host is or resolves to a loopback, link-local, private, shared, multicast, reserved or unspecified address (any spelling: decimal
 ``2130706433``, ``0x7f.1``, ``[::1]``, IPv4-mapped and 6to4 IPv6): its author could otherwise have this
 machine fetch its network's services (a cloud's metadata at 169.254.169.254) and read their answers as a
 window. ``storage_options={"allow_private_references": True}`` allows such hosts, for a set the user
