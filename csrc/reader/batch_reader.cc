@@ -106,8 +106,9 @@ struct BatchReader::Ahead {
   bool cancels_meanwhile = false;  // CancelReads was called while the job ran
   bool no_buffers = false;  // no memory for its windows: its error is not its batch's
   AheadNeed need;           // what it holds against read_ahead_bytes
+  int64_t take = 0;         // the most one take of it holds (reserved when it was started)
   int64_t seq = 0;          // its place in the order the reader's batches were started (AheadBudget)
-  AheadBudget::Held windows_held;  // its windows, from when its job makes them until it is read or let go
+  AheadBudget::Held windows_held;  // its windows, from before its job makes them until it is read or let go
   Ahead() { g_ahead_alive++; }
   ~Ahead() { g_ahead_alive--; }
   Ahead(const Ahead &) = delete;
@@ -186,6 +187,7 @@ void BatchReader::SetBatch(const int64_t *ids, int n) {
     for (int k = 0; k < outputs; k++) items_[k * n + i] = plans_.items[k * num_ids_ + id];
   }
   ids_.assign(ids, ids + n);
+  unread_ = true;
 }
 
 BatchReader::~BatchReader() {
@@ -219,26 +221,55 @@ void BatchReader::ReleaseSpare() { spare_.clear(); }
 
 int64_t BatchReader::ahead_in_flight() const {
   int64_t n = 0;
-  for (const auto &a : ahead_) n += a->done.valid() && a->done.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+  for (const auto &a : ahead_)
+    n += a->done.valid() && a->done.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
   return n;
+}
+
+namespace {
+
+// a + b and a * b of sizes a batch read ahead holds, or an error naming them: a crafted plan's sizes
+// (a chunk's stored bytes up to 2**63 - 1) would pass int64 and take room from the count
+int64_t Plus(int64_t a, int64_t b, const std::string &source) {
+  int64_t sum;
+  if (__builtin_add_overflow(a, b, &sum))
+    Fail(Str(source, ": a batch read ahead would hold ", a, " + ", b, " bytes, more than int64 counts: the plan "
+             "file is corrupt; define the pipeline again"));
+  return sum;
+}
+
+int64_t Times(int64_t a, int64_t k, const std::string &source) {
+  int64_t product;
+  if (__builtin_mul_overflow(a, k, &product))
+    Fail(Str(source, ": a batch read ahead would hold ", k, " x ", a, " bytes, more than int64 counts: the plan "
+             "file is corrupt; define the pipeline again"));
+  return product;
+}
+
+}  // namespace
+
+int64_t BatchReader::DecodeHeld(int64_t c, bool into_window) const {
+  return into_window ? 0 : plans_.coders[plans_.chunks[c].coder].chunk_bytes;
 }
 
 int64_t BatchReader::ChunkFetch(int64_t c, bool into_window) const {
   const PlanChunk &ch = plans_.chunks[c];
-  return (ch.nbytes > 0 ? ch.nbytes + kPlacePage : 0) + (into_window ? 0 : plans_.coders[ch.coder].chunk_bytes);
+  const int64_t stored = ch.nbytes > 0 ? Plus(ch.nbytes, kPlacePage, plans_.source) : 0;
+  return Plus(stored, DecodeHeld(c, into_window), plans_.source);
 }
 
-BatchReader::AheadNeed BatchReader::NeedOf(const std::vector<int64_t> &ids) const {
+BatchReader::AheadNeed BatchReader::NeedOf(const std::vector<int64_t> &ids, int threads) const {
   AheadNeed need;
   // per chunk the batch reads: how many parts copy from it, and whether the one that does takes it whole
   // (decoded straight into its window: ReadChunkTask)
   std::map<int64_t, std::pair<int64_t, bool>> chunks;
   for (int64_t id : ids) {
-    if (id < 0 || id >= num_ids_) return {-1, 0};
+    if (id < 0 || id >= num_ids_) return {-1, 0, 0};
     for (int k = 0; k < options_.outputs; k++) {
       const PlanItem &item = plans_.items[k * num_ids_ + id];
       const ReadPlan &window = plans_.plans[item.finish];
-      need.windows += window.bytes() * (window.fortran && window.volume() > 0 ? 2 : 1);
+      need.windows = Plus(need.windows, Times(window.bytes(), window.fortran && window.volume() > 0 ? 2 : 1,
+                                              plans_.source), plans_.source);
       for (int64_t p = item.part_begin; p < item.part_end; p++) {
         const auto &part = plans_.parts[p];
         const ReadPlan &plan = plans_.plans[part.plan];
@@ -249,38 +280,87 @@ BatchReader::AheadNeed BatchReader::NeedOf(const std::vector<int64_t> &ids) cons
       }
     }
   }
-  for (const auto &[c, use] : chunks) need.fetch = std::max(need.fetch, ChunkFetch(c, use.first == 1 && use.second));
+  // the chunks PlanMergedFetches may fetch together (an object store's, read whole or not: a superset
+  // of its, so that no run of its is longer), and the decode buffers of each of its lanes
+  const ByteStore *local = StoreOf("file");
+  std::vector<StoredSpan> spans;
+  int64_t lane = 0;
+  for (const auto &[c, use] : chunks) {
+    need.fetch = std::max(need.fetch, ChunkFetch(c, use.first == 1 && use.second));
+    const PlanChunk &ch = plans_.chunks[c];
+    const ByteStore *store = plans_.files[ch.file].byte_store;
+    if (ch.nbytes <= 0 || store == nullptr || store == local) continue;
+    spans.push_back({ch.file, ch.offset, ch.nbytes});
+    lane = std::max(lane, DecodeHeld(c, false));
+  }
+  if (spans.size() < 2) return need;
+  for (const auto &run : ChunkRuns(spans, [&](int64_t f) { return plans_.files[f].byte_store->Cost(); })) {
+    int64_t lo = spans[run.front()].offset, hi = lo;
+    for (int64_t k : run) hi = std::max(hi, spans[k].offset + spans[k].nbytes);
+    const int64_t lanes = std::min<int64_t>(static_cast<int64_t>(run.size()), std::max(1, threads));
+    need.merged = std::max(need.merged, Plus(hi - lo, Times(lane, lanes, plans_.source), plans_.source));
+  }
   return need;
 }
 
 bool BatchReader::ReadAhead(const int64_t *ids, int n, int threads) {
   if (!reads_ahead_ || n <= 0) return false;
-  std::vector<int64_t> want(ids, ids + n);
+  return ReadAheadList({std::vector<int64_t>(ids, ids + n)}, threads) == 1;
+}
+
+int BatchReader::ReadAheadList(const std::vector<std::vector<int64_t>> &list, int threads) {
+  auto on_way = [&](const std::vector<int64_t> &ids) {
+    return std::any_of(ahead_.begin(), ahead_.end(), [&](const auto &a) { return a->ids == ids; });
+  };
+  // the batch set now is read next, wanting it (its Read comes next): what it holds is counted no more,
+  // and the batches read ahead hold the rest of the bound
+  const Ahead *current = nullptr;
   for (const auto &a : ahead_)
-    if (a->ids == want) return true;  // already on its way
-  const AheadNeed need = NeedOf(want);
-  if (need.windows < 0) return false;  // that batch's Read refuses it
-  // the oldest is not wanted any more: the batches read came after it
-  while (static_cast<int>(ahead_.size()) > options_.read_ahead_batches) {
-    auto a = std::move(ahead_.front());
-    ahead_.pop_front();
-    Drop(std::move(a));
-  }
-  // with the batches read ahead after the one being read (its buffers are let go as it is read), the
-  // windows must leave room for the largest fetch and decode of any of them: each batch can then fetch
-  // once the others' fetches are decoded, whatever the order they run in
-  int64_t windows = need.windows, fetch = need.fetch;
+    if (unread_ && a->ids == ids_) {
+      current = a.get();
+      budget_->Want(a->seq);
+    }
+  // the windows of the batches read ahead, and the largest take any of them reserved: every take of
+  // each fits beside the windows of all (AheadBudget)
+  const int64_t bound = options_.read_ahead_bytes;
+  int64_t windows = 0, take = 0;
   for (const auto &a : ahead_) {
-    if (a->ids == ids_) continue;
-    windows += a->need.windows;
-    fetch = std::max(fetch, a->need.fetch);
+    if (a.get() == current) continue;
+    windows = Plus(windows, a->need.windows, plans_.source);
+    take = std::max(take, a->take);
   }
-  if (windows > options_.read_ahead_bytes || fetch > options_.read_ahead_bytes - windows) return false;
-  try {
-    return StartAhead(std::move(want), threads, need, options_.read_ahead_bytes - windows);
-  } catch (const std::bad_alloc &) {  // no memory for its buffers: the batch is read when it is wanted
-    return false;
+  std::vector<std::pair<std::vector<int64_t>, AheadNeed>> starts;  // those that fit, in order
+  for (const auto &ids : list) {
+    if (on_way(ids)) continue;
+    if (std::any_of(starts.begin(), starts.end(), [&](const auto &s) { return s.first == ids; })) continue;
+    const AheadNeed need = NeedOf(ids, threads);
+    if (need.windows < 0) break;  // that batch's Read refuses it
+    const int64_t w = Plus(windows, need.windows, plans_.source);
+    if (w > bound || std::max(take, need.fetch) > bound - w) break;
+    windows = w;
+    take = std::max(take, need.fetch);
+    starts.emplace_back(ids, need);
   }
+  // each reserves a take as large as its merged requests would hold, at most what the windows of all
+  // leave: those started together get the same room, whichever comes first
+  for (auto &[ids, need] : starts) {
+    // the oldest is not wanted any more: the batches read came after it
+    while (static_cast<int>(ahead_.size()) > options_.read_ahead_batches) {
+      auto oldest = std::find_if(ahead_.begin(), ahead_.end(), [&](const auto &a) { return a.get() != current; });
+      auto a = std::move(*oldest);
+      ahead_.erase(oldest);
+      Drop(std::move(a));
+    }
+    bool started = false;
+    try {
+      started = StartAhead(std::move(ids), threads, need, std::max(need.fetch, std::min(need.merged, bound - windows)));
+    } catch (const std::bad_alloc &) {  // no memory for its buffers: the batch is read when it is wanted
+    }
+    if (!started) break;
+  }
+  int n = 0;
+  while (n < static_cast<int>(list.size()) && on_way(list[n])) n++;
+  return n;
 }
 
 int BatchReader::ReadAheadBatches(const int64_t *ids, int n, int batches, int threads) {
@@ -298,12 +378,12 @@ int BatchReader::ReadAheadBatches(const int64_t *ids, int n, int batches, int th
     ahead_.erase(ahead_.begin() + k);
     Drop(std::move(stale));
   }
-  int started = 0;
-  while (started < batches && ReadAhead(ids + int64_t(started) * n, n, threads)) started++;
-  return started;
+  std::vector<std::vector<int64_t>> list;
+  for (int b = 0; b < batches; b++) list.emplace_back(ids + int64_t(b) * n, ids + int64_t(b + 1) * n);
+  return n > 0 ? ReadAheadList(list, threads) : 0;
 }
 
-bool BatchReader::StartAhead(std::vector<int64_t> ids, int threads, AheadNeed need, int64_t room) {
+bool BatchReader::StartAhead(std::vector<int64_t> ids, int threads, AheadNeed need, int64_t take) {
   std::shared_ptr<Ahead> a;
   if (!spare_.empty()) {
     a = std::move(spare_.front());
@@ -320,7 +400,7 @@ bool BatchReader::StartAhead(std::vector<int64_t> ids, int threads, AheadNeed ne
   a->reader->yields_ = true;
   a->reader->budget_ = budget_;
   a->reader->batch_seq_ = a->seq = started_++;
-  a->reader->run_room_ = room;
+  a->reader->run_room_ = a->take = take;
   a->reader->threads_ = std::max(1, threads);
   a->reader->SetBatch(ids.data(), static_cast<int>(ids.size()));
   a->ids = std::move(ids);
@@ -347,7 +427,9 @@ bool BatchReader::StartAhead(std::vector<int64_t> ids, int threads, AheadNeed ne
               // (34 MB for 4 MB windows, ~10 ms) delayed the batch that read waits for
               std::vector<char *> out;
               try {
-                job->windows_held = job->reader->budget_->Charge(job->need.windows, job->seq);
+                // taken in the order the batches started, as their fetches: counted when it fits (ReadAheadList
+                // kept room for them all beside the largest take), not over the fetches in flight
+                job->windows_held = job->reader->budget_->Take(job->need.windows, job->seq);
                 job->windows.resize(job->reader->num_windows());
                 for (int64_t j = 0; j < job->reader->num_windows(); j++) {
                   job->windows[j].resize(job->reader->window_plan(j).bytes());
@@ -379,6 +461,7 @@ bool BatchReader::StartAhead(std::vector<int64_t> ids, int threads, AheadNeed ne
 void BatchReader::Read(const std::vector<char *> &out, const RunTasks &run) {
   const int n = static_cast<int>(items_.size());
   const auto wanted = std::chrono::steady_clock::now();
+  unread_ = false;
   // this batch read ahead: wait for it and copy its windows (the batches read ahead before it were
   // not wanted: dropped)
   for (size_t k = 0; k < ahead_.size(); k++) {
@@ -597,9 +680,10 @@ void BatchReader::PlanMergedFetches(int64_t n_chunk) {
   const ByteStore *local = StoreOf("file");
   std::vector<StoredSpan> spans;
   std::vector<int64_t> span_task;
-  int64_t scratch = 0;  // the largest decode scratch of the chunks that may be fetched together
+  int64_t scratch = 0;  // the largest decode buffers of the chunks that may be fetched together
   for (int64_t t = 0; t < n_chunk; t++) {
-    const PlanChunk &ch = plans_.chunks[coded_[chunk_tasks_[t]].first];
+    const int64_t c = coded_[chunk_tasks_[t]].first;
+    const PlanChunk &ch = plans_.chunks[c];
     const ByteStore *store = plans_.files[ch.file].byte_store;
     // read whole (a Blosc chunk read in parts keeps its own fetch); never written: no bytes to fetch
     if (ch.nbytes <= 0 || store == nullptr || store == local ||
@@ -607,11 +691,11 @@ void BatchReader::PlanMergedFetches(int64_t n_chunk) {
       continue;
     spans.push_back({ch.file, ch.offset, ch.nbytes});
     span_task.push_back(t);
-    scratch = std::max(scratch, plans_.coders[ch.coder].chunk_bytes);
+    scratch = std::max(scratch, DecodeHeld(c, false));
   }
   if (spans.size() < 2) return;
-  // a batch read ahead holds a request's bytes and the scratch of one decode at least (FetchMerged): at
-  // most what read_ahead_bytes left beside the windows read ahead, so that each request fits alone
+  // a batch read ahead holds a request's bytes and the buffers of one decode at least (FetchMerged): at
+  // most the take reserved for it when it was started (ReadAheadList), so that each request fits
   const int64_t most = yields_ ? std::min(kMaxMergedRequest, run_room_ - scratch) : kMaxMergedRequest;
   int64_t held = 0;
   for (const auto &run : ChunkRuns(spans, [&](int64_t f) { return plans_.files[f].byte_store->Cost(); }, most)) {
@@ -646,17 +730,15 @@ void BatchReader::FetchMerged(int64_t i) {
   // a batch read ahead holds the request's bytes and its decodes' scratch (ReadChunkTask's own) against
   // read_ahead_bytes, decodes its chunks as soon as it is in and lets it go: held until every request
   // of the batch was in, eight batches' requests stayed behind the decode gate. Its chunks are decoded
-  // on as many of its threads as the room PlanMergedFetches left it holds scratch for (as Read's 2b
-  // would on all), at least one: where that is one, a request of two chunks decoded one after the
+  // on as many of its threads as the take reserved for it holds buffers for beside the request (as
+  // Read's 2b would on all), at least one (the request was cut to leave room for one: PlanMergedFetches,
+  // so that the take never passes what was reserved): where that is one, a request of two chunks decoded one after the
   // other read an epoch in 0.84-0.98 s, two requests of a chunk each (room for one) in 1.23-1.32 s
   // (8 batches ahead in 16 MiB, 40 batches of two 4 MiB gzip chunks, 2 threads, 20 ms a request;
   // 3 runs each, 2026-12-07)
   const int64_t n = static_cast<int64_t>(m.tasks.size());
   int64_t scratch = 0;
-  for (int64_t t : m.tasks) {
-    const PlanChunk &ch = plans_.chunks[coded_[chunk_tasks_[t]].first];
-    scratch = std::max(scratch, plans_.coders[ch.coder].chunk_bytes);
-  }
+  for (int64_t t : m.tasks) scratch = std::max(scratch, DecodeHeld(coded_[chunk_tasks_[t]].first, false));
   const int64_t bytes_held = m.hi - m.lo;
   const int64_t lanes = std::max<int64_t>(
       1, std::min<int64_t>({n, threads_, scratch > 0 ? (run_room_ - bytes_held) / scratch : n}));

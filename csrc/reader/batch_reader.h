@@ -127,8 +127,11 @@ class BatchReader {
   // Starts reading the batch ids[0..n) on threads of its own (`threads` of them, at most
   // kAheadThreadsPerReader for all its batches read ahead) into buffers of its own, when this reader
   // reads ahead (ReaderOptions::read_ahead) and the batch's windows, with those of the batches read
-  // ahead other than the one set now (SetBatch), leave room in read_ahead_bytes for the largest fetch
-  // and decode of any of them (each fetch then waits for room: AheadBudget): a batch the sample order gives
+  // ahead other than the one set now (SetBatch; it is wanted from now, as its Read comes next), leave
+  // room in read_ahead_bytes for the largest take any of them reserved (its fetch and decode, or a merged
+  // request and its decodes), and for the largest fetch and decode of this one. It reserves, for each of
+  // its takes, the most its merged requests would take, at most what the windows leave (each take then
+  // waits for room: AheadBudget): a batch the sample order gives
   // later, announced while this one is read, so that its round trips overlap this batch's. At most
   // read_ahead_batches + 1 batches are read ahead (the one being read among them); the oldest is
   // dropped (its reads cancelled) when a later one would be one more, and those before a batch read
@@ -140,8 +143,10 @@ class BatchReader {
   // the batches read ahead that are neither this one nor among them are dropped (the order changed:
   // a new shuffle, a restored checkpoint), then they are read ahead in order (ReadAhead), at most
   // read_ahead_batches of them, up to the first that is not (out of range, or it does not fit
-  // read_ahead_bytes): a batch is never read ahead before the one that comes first. Returns how many
-  // are being read ahead.
+  // read_ahead_bytes): a batch is never read ahead before the one that comes first. Those started together
+  // reserve takes as large as the windows of them all leave (at ReadAhead's first of one batch, the
+  // first would reserve what the windows of one leave, and the next ones would not fit beside it).
+  // Returns how many are being read ahead.
   int ReadAheadBatches(const int64_t *ids, int n, int batches, int threads);
   bool ReadsAhead() const { return reads_ahead_; }
   // Frees the buffers kept from batches read ahead (at an epoch's end: no batch is read ahead across it).
@@ -164,17 +169,23 @@ class BatchReader {
   BatchReader(std::shared_ptr<const PlanSet> plans, ReaderOptions options);
   struct Ahead;
   // What a batch read ahead holds against read_ahead_bytes (AheadBudget): its windows (and the staging
-  // of those in Fortran order), and the largest of its fetches and decodes, each held alone (a chunk's
-  // stored bytes and kPlacePage, and its decode scratch unless it is decoded straight into its window)
+  // of those in Fortran order); the largest of its fetches and decodes of a chunk, each held alone (a
+  // chunk's stored bytes and kPlacePage, and its decode buffers: ChunkFetch); and the most a merged
+  // request of its chunks would hold with its decodes on its threads (0: none), when room allows
   struct AheadNeed {
-    int64_t windows = 0, fetch = 0;
+    int64_t windows = 0, fetch = 0, merged = 0;
   };
   void Drop(std::shared_ptr<Ahead> ahead);  // cancels its job and lets it go (kept for reuse if it ended)
   void Keep(std::shared_ptr<Ahead> ahead);  // an ended one, for reuse
-  // ReadAhead's work, once it is worth it; `room`: what read_ahead_bytes leaves beside the windows read ahead
-  bool StartAhead(std::vector<int64_t> ids, int threads, AheadNeed need, int64_t room);
-  AheadNeed NeedOf(const std::vector<int64_t> &ids) const;  // a batch's (windows -1: an id out of range)
-  int64_t ChunkFetch(int64_t c, bool into_window) const;    // a chunk's fetch and decode, held alone
+  // ReadAhead's and ReadAheadBatches' work: the batches of `list` read ahead in order, up to the first
+  // that does not fit; how many of the first are on their way
+  int ReadAheadList(const std::vector<std::vector<int64_t>> &list, int threads);
+  // starts the job; `take`: the most one take of the batch holds (its merged requests are cut to it)
+  bool StartAhead(std::vector<int64_t> ids, int threads, AheadNeed need, int64_t take);
+  // a batch's, read on `threads` threads (windows -1: an id out of range); fails for sizes past int64
+  AheadNeed NeedOf(const std::vector<int64_t> &ids, int threads) const;
+  int64_t ChunkFetch(int64_t c, bool into_window) const;  // a chunk's fetch and decode, held alone
+  int64_t DecodeHeld(int64_t c, bool into_window) const;  // the buffers a decode of chunk c holds
 
   struct BatchPart {
     int sample;    // the window (index into items_)
@@ -227,14 +238,15 @@ class BatchReader {
   std::shared_ptr<DecodeGate> gate_ = std::make_shared<DecodeGate>();
   bool yields_ = false;  // this reader reads a batch ahead (its parent's gate_ and budget_)
   // what its batches read ahead hold (read_ahead_bytes), shared with their readers; a reader of a batch
-  // read ahead: that batch's place in the order its batches were started, the most a request of its
-  // merged chunks may hold with their decodes (what read_ahead_bytes left beside the windows), and the
-  // threads it reads on
+  // read ahead: that batch's place in the order its batches were started, the most one take of it holds
+  // (a request of its merged chunks with their decodes, cut to fit: reserved when it was started), and
+  // the threads it reads on
   std::shared_ptr<AheadBudget> budget_;
   int64_t batch_seq_ = 0, run_room_ = 0;
   int threads_ = 1;
   const RunTasks *run_ = nullptr;  // what runs the tasks of the batch being read (FetchMerged's decodes)
   std::vector<int64_t> ids_;  // the batch's sample ids
+  bool unread_ = false;       // the batch set has not been read yet (its Read comes next)
   // batches read ahead, oldest first, and those done with (their readers and buffers reused)
   bool reads_ahead_ = false;
   std::deque<std::shared_ptr<Ahead>> ahead_, spare_;

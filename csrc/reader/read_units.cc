@@ -159,32 +159,34 @@ AheadBudget::Held &AheadBudget::Held::operator=(Held &&o) noexcept {
     budget_ = std::move(o.budget_);
     batch_ = o.batch_;
     bytes_ = o.bytes_;
+    counted_ = o.counted_;
     o.bytes_ = 0;
   }
   return *this;
 }
 
 void AheadBudget::Held::Reset() {
-  if (budget_) budget_->Give(batch_, bytes_);
+  if (budget_) budget_->Give(batch_, bytes_, counted_);
   budget_.reset();
   bytes_ = 0;
 }
 
-void AheadBudget::Count(int64_t batch, int64_t bytes) {
-  if (batch == wanted_ || bytes == 0) return;
+int64_t AheadBudget::Count(int64_t batch, int64_t bytes) {
+  if (batch == wanted_ || bytes == 0) return 0;
   held_ += bytes;
   peak_ = std::max(peak_, held_);
-  counted_[batch] += bytes;
-}
-
-AheadBudget::Held AheadBudget::Charge(int64_t bytes, int64_t batch) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Count(batch, bytes);
-  return Held(shared_from_this(), batch, bytes);
+  Counted &c = counted_[batch];
+  if (c.id == 0) c.id = next_id_++;
+  c.bytes += bytes;
+  return c.id;
 }
 
 AheadBudget::Held AheadBudget::Take(int64_t bytes, int64_t batch) {
+  if (bytes == 0) return Held();  // nothing to wait for (its order is kept by the takes that hold bytes)
   std::unique_lock<std::mutex> lock(mutex_);
+  if (bytes < 0 || (batch != wanted_ && bytes > bound_))  // never (BatchReader::ReadAheadBatches admits less)
+    Fail("a batch read ahead asked for " + std::to_string(bytes) + " bytes, which read_ahead_bytes (" +
+         std::to_string(bound_) + ") never holds");
   const auto me = waiting_.insert(batch);
   const auto since = std::chrono::steady_clock::now();
   bool waited = false;
@@ -195,7 +197,7 @@ AheadBudget::Held AheadBudget::Take(int64_t bytes, int64_t batch) {
       waiting_.erase(me);
       lock.unlock();
       cv_.notify_all();  // a later batch may be first now
-      Fail("a batch read ahead was cancelled while its fetch of " + std::to_string(bytes) +
+      Fail("a batch read ahead was cancelled while its take of " + std::to_string(bytes) +
            " bytes waited for room in read_ahead_bytes (" + std::to_string(bound_) + ")");
     }
     cv_.wait_for(lock, std::chrono::milliseconds(10));
@@ -206,10 +208,10 @@ AheadBudget::Held AheadBudget::Take(int64_t bytes, int64_t batch) {
     longest_wait_us_ = std::max<int64_t>(longest_wait_us_, std::chrono::duration_cast<std::chrono::microseconds>(
                                                               std::chrono::steady_clock::now() - since).count());
   }
-  Count(batch, bytes);
+  const int64_t counted = Count(batch, bytes);
   lock.unlock();
-  cv_.notify_all();  // the next batch's fetch may fit too
-  return Held(shared_from_this(), batch, bytes);
+  cv_.notify_all();  // the next batch's take may fit too
+  return Held(shared_from_this(), batch, bytes, counted);
 }
 
 void AheadBudget::Want(int64_t batch) {
@@ -218,16 +220,11 @@ void AheadBudget::Want(int64_t batch) {
     wanted_ = batch;
     const auto it = counted_.find(batch);
     if (it != counted_.end()) {
-      held_ -= it->second;
+      held_ -= it->second.bytes;
       counted_.erase(it);
     }
   }
   cv_.notify_all();
-}
-
-int64_t AheadBudget::held() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return held_;
 }
 
 AheadBudget::Stats AheadBudget::stats() const {
@@ -235,15 +232,16 @@ AheadBudget::Stats AheadBudget::stats() const {
   return {held_, peak_, waits_, longest_wait_us_};
 }
 
-void AheadBudget::Give(int64_t batch, int64_t bytes) {
+void AheadBudget::Give(int64_t batch, int64_t bytes, int64_t counted) {
+  if (counted == 0) return;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     // what a batch held when it was wanted left the count then (Want): only what is still counted goes
     const auto it = counted_.find(batch);
-    if (it == counted_.end()) return;
-    const int64_t counted = std::min(bytes, it->second);
-    held_ -= counted;
-    if ((it->second -= counted) == 0) counted_.erase(it);
+    if (it == counted_.end() || it->second.id != counted) return;
+    const int64_t n = std::min(bytes, it->second.bytes);
+    held_ -= n;
+    if ((it->second.bytes -= n) == 0) counted_.erase(it);
   }
   cv_.notify_all();
 }

@@ -86,15 +86,21 @@ class DecodeGate {
 };
 
 // What the batches one reader reads ahead hold, against ReaderOptions::read_ahead_bytes (the bound):
-// their windows, charged as a batch's job makes them and given back when the batch is read or let go
-// (Charge: at once, admitted beforehand by BatchReader::ReadAhead), and each fetch and decode of theirs
-// (a chunk's stored bytes and decode scratch, or a merged request's bytes and its chunks' scratch),
-// taken before the fetch and given back after the decode (Take: it waits for room). Fetches wait in
-// the order their batches were started, so that the next batch is served first, and hold their room
-// through the decode gate's wait (DecodeGate). Nothing waits for room while holding some (each fetch
-// takes its room whole): room held is always being fetched or decoded, and comes back.
+// their windows, taken by a batch's job before it makes them and given back when the batch is read or let
+// go, and each fetch and decode of theirs (a chunk's stored bytes and decode buffers, or a merged
+// request's bytes and its chunks' decode buffers), taken before the fetch and given back after the
+// decode. Takes wait for room, in the order their batches were started, so that the next batch is
+// served first; fetches hold their room through the decode gate's wait (DecodeGate). Nothing waits for
+// room while holding some but a batch's windows: room held is being fetched or decoded, and comes back.
+// The count never passes the bound, and every take of a batch started comes: BatchReader::ReadAheadBatches
+// starts a batch only when the windows of all its batches read ahead, with the most any one take of any
+// of them may hold (each batch's reserved take, the size its merged requests are cut to), fit the bound;
+// once the fetches in flight are decoded, the first take waiting fits. Before (windows counted when a
+// job made them, over the bound; a merged request sized by the room left when its batch started, 15 of
+// 16 MiB for the first), a request that no longer fit blocked every later batch until it was wanted,
+// and the count reached 19.9-25.7 MiB at bounds of 14-20 MiB (2026-12-08).
 // The batch a read waits for (Want) is the batch being read: what it holds is counted no more, and its
-// fetches take their room at once, as a read of its own would. Kept counted, its fetch in flight left
+// takes are given at once, as a read of its own would. Kept counted, its fetch in flight left
 // no room for the next batch's: 8 batches ahead in 16 MiB (40 batches of two 4 MiB gzip chunks, 2
 // threads, 20 ms a request) read an epoch in 1.63-1.69 s against 1.61 s without read-ahead; counted
 // no more, in 0.98-1.04 s against 1.35 s (3 runs each, 2026-12-07). Any thread.
@@ -106,9 +112,12 @@ class AheadBudget : public std::enable_shared_from_this<AheadBudget> {
   class Held {
    public:
     Held() = default;
-    Held(std::shared_ptr<AheadBudget> budget, int64_t batch, int64_t bytes)
-        : budget_(std::move(budget)), batch_(batch), bytes_(bytes) {}
-    Held(Held &&o) noexcept : budget_(std::move(o.budget_)), batch_(o.batch_), bytes_(o.bytes_) { o.bytes_ = 0; }
+    Held(std::shared_ptr<AheadBudget> budget, int64_t batch, int64_t bytes, int64_t counted)
+        : budget_(std::move(budget)), batch_(batch), bytes_(bytes), counted_(counted) {}
+    Held(Held &&o) noexcept
+        : budget_(std::move(o.budget_)), batch_(o.batch_), bytes_(o.bytes_), counted_(o.counted_) {
+      o.bytes_ = 0;
+    }
     Held &operator=(Held &&o) noexcept;
     ~Held() { Reset(); }
     void Reset();
@@ -116,19 +125,17 @@ class AheadBudget : public std::enable_shared_from_this<AheadBudget> {
    private:
     std::shared_ptr<AheadBudget> budget_;
     int64_t batch_ = 0, bytes_ = 0;
+    int64_t counted_ = 0;  // the batch's count these bytes are in (Count), 0: none (its batch was wanted)
   };
 
-  // `bytes` of the batch started `batch`-th, held from now, even over the bound (windows made for a
-  // batch admitted against it).
-  Held Charge(int64_t bytes, int64_t batch);
-  // `bytes` for a fetch and decode of the batch started `batch`-th: returns once they fit beside what
-  // is held and no batch started before it waits, or at once when that batch is wanted. Throws when the
-  // calling thread's reads are cancelled meanwhile (a batch dropped: it never fetches).
+  // `bytes` for the batch started `batch`-th (its windows, or a fetch and decode): returns once they fit
+  // beside what is held and no batch started before it waits, or at once when that batch is wanted or
+  // `bytes` is 0 (a missing chunk filled into its window). Throws when the calling thread's reads are
+  // cancelled meanwhile (a batch dropped: it never fetches), and for more bytes than the bound.
   Held Take(int64_t bytes, int64_t batch);
   // The batch started `batch`-th is the one a read waits for.
   void Want(int64_t batch);
   int64_t bound() const { return bound_; }
-  int64_t held() const;  // counted against the bound now
   // What was counted, for tests and reports: now, at most since the budget was made, the takes that
   // waited for room and the longest wait (microseconds)
   struct Stats {
@@ -137,16 +144,23 @@ class AheadBudget : public std::enable_shared_from_this<AheadBudget> {
   Stats stats() const;
 
  private:
-  void Count(int64_t batch, int64_t bytes);  // mutex_ held
-  void Give(int64_t batch, int64_t bytes);
+  int64_t Count(int64_t batch, int64_t bytes);  // mutex_ held; the count's id (Held's), 0: not counted
+  void Give(int64_t batch, int64_t bytes, int64_t counted);
 
   const int64_t bound_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   int64_t held_ = 0, peak_ = 0, waits_ = 0, longest_wait_us_ = 0;
   int64_t wanted_ = -1;
-  std::map<int64_t, int64_t> counted_;  // per batch, the bytes of held_ it holds (none of the wanted one)
-  std::multiset<int64_t> waiting_;      // the batches whose fetches wait for room
+  // per batch, the bytes of held_ it holds (none of the wanted one), and the id of that count: a batch
+  // wanted and then read ahead again (its read taken back) counts afresh, and its bytes held from
+  // before are not given back from the new count
+  struct Counted {
+    int64_t bytes = 0, id = 0;
+  };
+  std::map<int64_t, Counted> counted_;
+  int64_t next_id_ = 1;
+  std::multiset<int64_t> waiting_;  // the batches whose takes wait for room
 };
 
 // Reads chunk `c` of `set` (its file opened and checked by `check_plan` as a part's file is) and
