@@ -6,6 +6,7 @@
 #ifdef DALI_MESH_HAVE_BLOSC2
 #include "codecs/blosc.h"
 
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -87,15 +88,19 @@ std::string BloscHeader(const char *src, int64_t n, int64_t want, int32_t *block
   return "";
 }
 
-const char *AsBlosc1(const char *src, int64_t n, int32_t blocksize, std::vector<char> *copy) {
+const char *AsBlosc1(const char *src, int64_t n, int32_t blocksize, std::vector<char> *copy, char *room) {
   const auto *h = reinterpret_cast<const unsigned char *>(src);
   if ((h[2] & 0x02) || (h[2] & 0x10) || BloscSplits(h, blocksize)) return src;
-  copy->assign(src, src + n);
-  (*copy)[2] = static_cast<char>(h[2] | 0x10);
-  return copy->data();
+  if (room == nullptr) {
+    copy->resize(n);
+    room = copy->data();
+  }
+  std::memcpy(room, src, n);
+  room[2] = static_cast<char>(h[2] | 0x10);
+  return room;
 }
 
-std::string Blosc(const char *src, int64_t n, char *out, int64_t want) {
+std::string Blosc(const char *src, int64_t n, char *out, int64_t want, char *room) {
   int32_t blocksize = 0;
   int stored_typesize = 0;
   std::string why = BloscHeader(src, n, want, &blocksize, &stored_typesize);
@@ -103,7 +108,7 @@ std::string Blosc(const char *src, int64_t n, char *out, int64_t want) {
   blosc2_context *ctx = BloscContext();
   if (ctx == nullptr) return "c-blosc2 could not make a decompression context";
   thread_local std::vector<char> copy;
-  src = AsBlosc1(src, n, blocksize, &copy);
+  src = AsBlosc1(src, n, blocksize, &copy, room);
   const int got = blosc2_decompress_ctx(ctx, src, static_cast<int32_t>(n), out, static_cast<int32_t>(want));
   if (got < 0) return "c-blosc2 failed to decode it (error " + Num(got) + ")";
   if (got != want) return "c-blosc2 decoded " + Num(got) + " bytes, not " + Num(want);

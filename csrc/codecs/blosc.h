@@ -31,11 +31,13 @@ bool BloscSplits(const unsigned char *h, int32_t blocksize);
 std::string BloscHeader(const char *src, int64_t n, int64_t want, int32_t *blocksize_out, int *stored_typesize);
 
 // `src` as c-blosc2 must see it to decode what c-blosc1 decodes: `src` itself, or (an old chunk whose
-// split rules differ, see BloscSplits) a copy in `copy` whose header says "don't split".
-const char *AsBlosc1(const char *src, int64_t n, int32_t blocksize, std::vector<char> *copy);
+// split rules differ, see BloscSplits) a copy whose header says "don't split": in `room` (n bytes the
+// caller holds) when given, else in `copy`.
+const char *AsBlosc1(const char *src, int64_t n, int32_t blocksize, std::vector<char> *copy, char *room = nullptr);
 
 // The whole chunk of `n` stored bytes at `src` decoded into exactly `want` bytes at `out`; "" or why not.
-std::string Blosc(const char *src, int64_t n, char *out, int64_t want);
+// `room`: n bytes for AsBlosc1's copy (else a buffer of the calling thread's, kept).
+std::string Blosc(const char *src, int64_t n, char *out, int64_t want, char *room = nullptr);
 
 }  // namespace dali_mesh::detail
 

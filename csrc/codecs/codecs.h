@@ -47,16 +47,26 @@ const char *CodecName(int64_t id);
 // built-in steps and unknown ids), for messages about a build without it.
 const char *CodecLibrary(int64_t id);
 
+// The bytes a decode of a chunk of `n` stored bytes by `coder` needs beside its output (DecodeChunk's
+// `scratch`): the decoded chunk once more when two or more steps transform it (a shuffle after a
+// decompressor: the shuffle's input), and a copy of the stored bytes for a Blosc step (an old chunk
+// whose header c-blosc2 must read with its "don't split" flag set: AsBlosc1). INT64_MAX when that
+// passes int64.
+int64_t DecodeScratchBytes(const Coder &coder, int64_t n);
+
 // Decodes the `n` stored bytes at `src` by `coder` into `out` (coder.chunk_bytes bytes). Returns ""
 // or why the chunk is bad (corrupt stream, wrong size, checksum mismatch). `src` is not changed.
-std::string DecodeChunk(const Coder &coder, const char *src, int64_t n, char *out);
+// `scratch`: DecodeScratchBytes(coder, n) bytes the caller holds and counts (a batch read ahead); without
+// it, buffers of the calling thread's, kept for its next chunks (the reads of the batch being read, on
+// DALI's threads: no allocation per chunk).
+std::string DecodeChunk(const Coder &coder, const char *src, int64_t n, char *out, char *scratch = nullptr);
 
 // As DecodeChunk, but only the bytes [first, second) of each of `ranges` (sorted, disjoint, inside
 // the chunk) must be decoded, at their offsets in `out` (the rest of `out` is then undefined): a
 // chunk of one Blosc step decodes only the blocks they touch (c-blosc2's getitem), every other coder
-// the whole chunk. The checks of the stored bytes are DecodeChunk's.
+// the whole chunk. The checks of the stored bytes are DecodeChunk's, and so is `scratch`.
 std::string DecodeChunkRanges(const Coder &coder, const char *src, int64_t n, char *out,
-                              const std::vector<std::pair<int64_t, int64_t>> &ranges);
+                              const std::vector<std::pair<int64_t, int64_t>> &ranges, char *scratch = nullptr);
 
 // Sorts `ranges` (byte ranges) and merges those that overlap or touch.
 void MergeRanges(std::vector<std::pair<int64_t, int64_t>> *ranges);

@@ -249,7 +249,10 @@ int64_t Times(int64_t a, int64_t k, const std::string &source) {
 }  // namespace
 
 int64_t BatchReader::DecodeHeld(int64_t c, bool into_window) const {
-  return into_window ? 0 : plans_.coders[plans_.chunks[c].coder].chunk_bytes;
+  // the decoded chunk (unless it is its window), and the decoder's scratch (ReadChunkTask's own)
+  const PlanChunk &ch = plans_.chunks[c];
+  const Coder &coder = plans_.coders[ch.coder];
+  return Plus(into_window ? 0 : coder.chunk_bytes, DecodeScratchBytes(coder, ch.nbytes), plans_.source);
 }
 
 int64_t BatchReader::ChunkFetch(int64_t c, bool into_window) const {
@@ -640,18 +643,19 @@ void BatchReader::ReadChunkTask(int64_t t) {
   // against read_ahead_bytes from before its fetch until its decode ends (a merged request's room was
   // taken by FetchMerged, which decodes its chunks one after another)
   thread_local HeldBytes kept_stored, kept_decoded;
-  HeldBytes own_stored, own_decoded;
+  HeldBytes own_stored, own_decoded, own_scratch;
   HeldBytes &stored = yields_ ? own_stored : kept_stored, &decoded = yields_ ? own_decoded : kept_decoded;
+  HeldBytes *const scratch = yields_ ? &own_scratch : nullptr;  // the decoder's buffers (DecodeHeld)
   AheadBudget::Held room;
   if (yields_ && !m) room = budget_->Take(ChunkFetch(c, into_window), batch_seq_);
   // the chunk read, or decoded from the bytes fetched with its neighbours
   auto read = [&](char *out, const std::vector<std::pair<int64_t, int64_t>> *ranges) {
     if (m) {
       if (yields_) gate_->WaitOpen();
-      DecodeStored(plans_, c, m->name, m->data + (plans_.chunks[c].offset - m->lo), out, ranges);
+      DecodeStored(plans_, c, m->name, m->data + (plans_.chunks[c].offset - m->lo), out, ranges, scratch);
     } else {
       ReadChunk(plans_, c, first_plan, first_path_[first.plan], &stored, out, ranges, ranges ? guesses_.get() : nullptr,
-                yields_ ? gate_.get() : nullptr);
+                yields_ ? gate_.get() : nullptr, scratch);
     }
   };
   if (into_window) {

@@ -265,9 +265,22 @@ void DecodeGate::WaitOpen() const {
   while (closed_ > 0 && !ReadCancelled()) cv_.wait_for(lock, std::chrono::milliseconds(10));
 }
 
+namespace {
+
+// DecodeChunk's scratch in `held` (grown to DecodeScratchBytes), or null: the decoder's own
+char *ScratchFor(const Coder &coder, int64_t n, HeldBytes *held) {
+  if (held == nullptr) return nullptr;
+  const int64_t bytes = DecodeScratchBytes(coder, n);
+  if (bytes == 0) return nullptr;
+  held->Resize(bytes);
+  return held->data();
+}
+
+}  // namespace
+
 void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const std::string &first_path,
                HeldBytes *stored, char *decoded, const std::vector<std::pair<int64_t, int64_t>> *ranges,
-               PartsGuesses *guesses, const DecodeGate *yield) {
+               PartsGuesses *guesses, const DecodeGate *yield, HeldBytes *scratch) {
   const PlanChunk &ch = set.chunks[c];
   const Coder &coder = set.coders[ch.coder];
   const PlanFile &pf = set.files[ch.file];
@@ -323,8 +336,9 @@ void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const 
              file.object().Cost());
   file.CheckUnchanged();
   if (yield) yield->WaitOpen();
-  const std::string why = ranges ? DecodeChunkRanges(coder, at, ch.nbytes, decoded, *ranges)
-                                 : DecodeChunk(coder, at, ch.nbytes, decoded);
+  char *const room = ScratchFor(coder, ch.nbytes, scratch);
+  const std::string why = ranges ? DecodeChunkRanges(coder, at, ch.nbytes, decoded, *ranges, room)
+                                 : DecodeChunk(coder, at, ch.nbytes, decoded, room);
   if (!why.empty()) Fail(where + " cannot be decoded: " + why + "; the file is corrupt");
 }
 
@@ -348,11 +362,12 @@ std::string ReadStoredRun(const PlanSet &set, int64_t file_index, int64_t lo, in
 }
 
 void DecodeStored(const PlanSet &set, int64_t c, const std::string &name, const char *src, char *decoded,
-                  const std::vector<std::pair<int64_t, int64_t>> *ranges) {
+                  const std::vector<std::pair<int64_t, int64_t>> *ranges, HeldBytes *scratch) {
   const PlanChunk &ch = set.chunks[c];
   const Coder &coder = set.coders[ch.coder];
-  const std::string why = ranges ? DecodeChunkRanges(coder, src, ch.nbytes, decoded, *ranges)
-                                 : DecodeChunk(coder, src, ch.nbytes, decoded);
+  char *const room = ScratchFor(coder, ch.nbytes, scratch);
+  const std::string why = ranges ? DecodeChunkRanges(coder, src, ch.nbytes, decoded, *ranges, room)
+                                 : DecodeChunk(coder, src, ch.nbytes, decoded, room);
   if (!why.empty())
     Fail(name + ": chunk of " + std::to_string(ch.nbytes) + " bytes at byte " + std::to_string(ch.offset) +
          " cannot be decoded: " + why + "; the file is corrupt");

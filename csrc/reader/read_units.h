@@ -174,10 +174,12 @@ class AheadBudget : public std::enable_shared_from_this<AheadBudget> {
 // `guesses`: where chunks read in parts before lay out (fetch_plan.h PartsGuesses), used when the
 // store guesses (StoredObject::GuessParts) and updated; what is fetched is FetchChunk's choice.
 // `yield`: waited on (WaitOpen) between the chunk's fetch and its decode (a batch read ahead).
+// `scratch`: grown to DecodeScratchBytes for the decode's buffers (a batch read ahead's, counted by its
+// budget: ChunkFetch); without it, the decoder's buffers of the calling thread.
 void ReadChunk(const PlanSet &set, int64_t c, const ReadPlan &check_plan, const std::string &first_path,
                HeldBytes *stored, char *decoded,
                const std::vector<std::pair<int64_t, int64_t>> *ranges = nullptr, PartsGuesses *guesses = nullptr,
-               const DecodeGate *yield = nullptr);
+               const DecodeGate *yield = nullptr, HeldBytes *scratch = nullptr);
 
 // Reads bytes [lo, hi) of plan file `file` of `set` into `dst` in one request: the chunks of a run
 // (fetch_plan.h ChunkRuns) fetched together. The file is opened and checked by each of `check_plans`
@@ -190,9 +192,9 @@ std::string ReadStoredRun(const PlanSet &set, int64_t file, int64_t lo, int64_t 
 
 // Decodes chunk `c` of `set` from its stored bytes at `src` (read by ReadStoredRun from the file
 // messages show as `name`) into `decoded`, as ReadChunk does after its read (with `ranges`, only
-// those bytes must be decoded).
+// those bytes must be decoded; `scratch` as ReadChunk's).
 void DecodeStored(const PlanSet &set, int64_t c, const std::string &name, const char *src, char *decoded,
-                  const std::vector<std::pair<int64_t, int64_t>> *ranges);
+                  const std::vector<std::pair<int64_t, int64_t>> *ranges, HeldBytes *scratch = nullptr);
 
 // Adds to `ranges` the bytes of a decoded chunk that the units of the coded plan `plan` at `base`
 // copy (one range per unit: its first run to its last run's end).
