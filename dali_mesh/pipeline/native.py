@@ -220,12 +220,16 @@ def read_windows(source, device: str = "cpu", *, name: str | None = None, layout
         read_ahead_bytes: what the batches read ahead hold together, at most: their windows (twice
             for a Fortran-order file's, read through a copy), and the compressed chunks they fetched
             with the buffers they decode them in (each fetch holds its bytes from before its request
-            until its decode ends). A batch is read ahead only when its windows, with those of the
-            batches before it, leave room for the largest single fetch of any of them (fewer batches
-            are read ahead; none when one does not fit: with 2 MiB, no batch of 4 MiB chunks, whose
-            fetch and decode hold the 4 MiB and the stored bytes); its fetches then wait for room, the
-            next batch's first. The batch being read is not counted: when a read waits for a batch
-            read ahead, that batch's fetches wait no more, as a read of its own would not.
+            until its decode ends: the decoded chunk, and a second one where a filter follows the
+            compressor, as Zarr v2's shuffle and HDF5's shuffle do). A batch is read ahead only when
+            its windows, with those of the batches before it, leave room for the largest single fetch
+            of any of them (fewer batches are read ahead; none when one does not fit: with 2 MiB, no
+            batch of 4 MiB chunks, whose fetch and decode hold the 4 MiB and the stored bytes); the
+            batches started together then share what their windows leave, and a request that fetches
+            several chunks of one file at once is cut to it. Its windows and fetches wait for room,
+            the next batch's first, and never pass the bound. The batch being read is not counted:
+            when a read waits for a batch read ahead, that batch's fetches wait no more, as a read of
+            its own would not.
         kwargs: passed to the ``partitioned_source`` fallback.
     """
     from dali_mesh.pipeline.external import current_pipeline_for
