@@ -4,7 +4,9 @@ nested location too (``reference://https://host/refs.json?X-Amz-Signature=...``)
 A location may carry a credential: a presigned ``https://`` URL's query (``X-Amz-Signature``,
 ``X-Amz-Security-Token``) and user info (``s3://KEY:SECRET@bucket/...``). The stores' refusals and the
 command line's output name locations through :func:`shown`. Only ``http(s)`` URLs have a query: an
-``s3://`` or ``gs://`` key is opaque bytes and may hold a literal ``?`` or ``#``.
+``s3://`` or ``gs://`` key is opaque bytes and may hold a literal ``?`` or ``#``. A bucket followed by ``@`` and
+a snapshot id (20 characters of Crockford base32: ``icechunk://s3://rootrepo@YJXNR2Q6WMH5PC80YF9G``, a
+repository at a bucket's root, pinned) is no user info; no bucket name holds capitals.
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ HIDDEN = "\u2026"
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 _HTTP = ("http", "https")
+#: ``<bucket>@<snapshot id>``: an Icechunk repository at a bucket's root, pinned (repository.py's _PINNED)
+_PINNED_BUCKET = re.compile(r"(?P<bucket>.*)@[0-9A-HJKMNP-TV-Z]{20}")
 
 
 def scheme_of(location) -> str | None:
@@ -42,8 +46,11 @@ def split_location(location: str) -> tuple[str, str, str, str]:
         if cut >= 0:
             rest, query = rest[:cut], rest[cut:]
     authority = rest.split("/", 1)[0]
-    if "@" in authority:  # KEY:SECRET@host: user info ends at the authority's last '@'
-        at = authority.rindex("@") + 1
+    pinned = _PINNED_BUCKET.fullmatch(authority) if scheme.lower() not in _HTTP else None
+    # a bucket's snapshot (rootrepo@<snapshot id>) is no user info: what is before it may be
+    owner = pinned["bucket"] if pinned else authority
+    if "@" in owner:  # KEY:SECRET@host: user info ends at the authority's last '@' (before a bucket's snapshot)
+        at = owner.rindex("@") + 1
         return head, rest[:at], rest[at:], query
     host, colon, port = authority.rpartition(":")
     if colon and not port.isdigit() and not authority.startswith("[") and "@" in rest:  # [IPv6]: no user info

@@ -67,6 +67,16 @@ def test_find_data_takes_a_presigned_url_as_one_file_by_its_path():
     ("icechunk://s3://AKIDSECRET:SECRETKEY@bucket/repo", "icechunk://s3://\u2026@bucket/repo"),
     ("icechunk://reference://http://AKIDSECRET@h/refs.json#SECRETTOK", "icechunk://reference://http://\u2026@h/refs.json#\u2026"),
     ("reference://s3://bucket/refs?.json", "reference://s3://bucket/refs?.json"),  # an opaque key, nested
+    # a repository at a bucket's root pinned to a snapshot: bucket@<snapshot id> is no user info
+    ("icechunk://s3://rootrepo@ABCDEFGHJKMNPQRSTVWX", "icechunk://s3://rootrepo@ABCDEFGHJKMNPQRSTVWX"),
+    ("icechunk://s3://rootrepo@ABCDEFGHJKMNPQRSTVWX/t/c/0", "icechunk://s3://rootrepo@ABCDEFGHJKMNPQRSTVWX/t/c/0"),
+    ("icechunk://s3://AKIDSECRET:SECRETKEY@rootrepo@ABCDEFGHJKMNPQRSTVWX/t",
+     "icechunk://s3://\u2026@rootrepo@ABCDEFGHJKMNPQRSTVWX/t"),
+    ("s3://AKIDSECRET:SECRETKEY@ABCDEFGHJKMNPQRSTVWX/x", "s3://\u2026@ABCDEFGHJKMNPQRSTVWX/x"),
+    ("s3://AKIDSECRET:SECRET/KEY@ABCDEFGHJKMNPQRSTVWX/x", "s3://\u2026@ABCDEFGHJKMNPQRSTVWX/x"),
+    ("s3://AKIDSECRET@bucket@ABCDEFGHJKMNPQRSTVWX/x", "s3://\u2026@bucket@ABCDEFGHJKMNPQRSTVWX/x"),
+    ("s3://rootrepo@ABCDEFGHJKMNPQRSTVWXY/x", "s3://\u2026@ABCDEFGHJKMNPQRSTVWXY/x"),  # 21: no snapshot id
+    ("https://AKIDSECRET@ABCDEFGHJKMNPQRSTVWX/x", "https://\u2026@ABCDEFGHJKMNPQRSTVWX/x"),  # a host, not a bucket
 ])
 def test_shown_hides_the_query_and_user_info(location, want):
     assert shown(location) == want

@@ -212,10 +212,11 @@ def read_zarr_window(
     :func:`open_zarr_array`). Arguments as :func:`dali_mesh.io.read_npy_window`."""
     store = array.store
     inner = getattr(store, "_store", store)
-    # a local store's folder, else the location of an object store's (or a reference set's) prefix
-    root = getattr(inner, "root", None)
-    path = str(root) if root is not None else (inner.store.name_of(inner.prefix) if hasattr(inner, "prefix")
-                                                 and hasattr(inner, "store") else repr(inner))
+    # the name a store gives itself (an Icechunk session's: its repository at its snapshot), else a local
+    # store's folder, else the location of an object store's (or a reference set's) prefix
+    named, root = getattr(inner, "name", None), getattr(inner, "root", None)
+    path = named if isinstance(named, str) else str(root) if root is not None else (
+        inner.store.name_of(inner.prefix) if hasattr(inner, "prefix") and hasattr(inner, "store") else repr(inner))
     counter = getattr(store, "counter", None)
     before = counter.copy() if counter is not None else None
     local = IOStats()

@@ -19,12 +19,14 @@ collected while it is read fails its next read of a deleted object, naming the s
 
 Time: every call of the library (opening the repository and its session, each read, each listing) is
 cancelled after the source's ``storage_options`` ``timeout`` (seconds, default 300), with
-:class:`IcechunkTimeoutError` naming the repository, the call and the option: the library waits for ever for
-a server that accepts connections and never answers. An s3:// repository's ``stall`` is the library's own
-bound of an answer that stops sending (``network_stream_timeout_seconds``: dropped and retried). ``retries``
-is refused: the library retries each request itself and takes no such setting (see
+:class:`IcechunkTimeoutError` naming the repository, the call, the option and what is known of the cause (an
+s3:// repository's endpoint that refuses connections): the library waits for ever for a server that accepts
+connections and never answers, and retries refused ones until then. An s3:// repository's ``stall`` is the
+library's own bound of an answer that stops sending (``network_stream_timeout_seconds``: dropped and retried).
+``retries`` is refused: the library retries each request itself and takes no such setting (see
 :mod:`~dali_mesh.storage.icechunk.repository`). User info in an s3:// repository's location
-(``icechunk://s3://KEY:SECRET@bucket/...``) is refused without being shown.
+(``icechunk://s3://KEY:SECRET@bucket/...``) or its ``endpoint_url`` is refused without being shown, and a
+``region`` that is no region's name is refused (before the library is asked, and before a spec holds them).
 
 Reads: the native reader's, answered by the library. The library (1.1.21) names neither a native chunk's
 object (each one object ``chunks/<id>`` of the repository's storage) nor a virtual chunk's byte range
@@ -64,8 +66,9 @@ from dali_mesh.storage.icechunk.callbacks import EXIT_WAIT_S, bind_native_reads,
 from dali_mesh.storage.icechunk.deadline import (DEFAULT_TIMEOUT_S, IcechunkExitError, IcechunkTimeoutError,
                                                  bounded, call, timeout_of)
 from dali_mesh.storage.icechunk.forks import ForkedProcessError, check_process
-from dali_mesh.storage.icechunk.repository import (SECRETS, VERSION_OPTIONS, open_repository, readonly_session,
-                                                   short, spec_fields, split_location)
+from dali_mesh.storage.icechunk.repository import (SECRETS, VERSION_OPTIONS, check_options, normal_repository,
+                                                   open_repository, readonly_session, short, spec_fields,
+                                                   split_location, why_of)
 from dali_mesh.storage.icechunk.virtual import VIRTUAL_OPTION, check_local_virtual_files
 
 __all__ = ["DEFAULT_TIMEOUT_S", "EXIT_WAIT_S", "ForkedProcessError", "IcechunkExitError", "IcechunkStore",
@@ -118,15 +121,18 @@ class IcechunkStore(ByteStore):
     fork_safe = False
 
     def __init__(self, repository: str, snapshot: str, options: dict | None = None, spec: str | None = None) -> None:
-        self.repository, self.snapshot = repository, snapshot
+        self.repository, self.snapshot = normal_repository(repository), snapshot
         self._options = {k: v for k, v in (options or {}).items() if k not in VERSION_OPTIONS}
+        # checked before its spec is made: no endpoint's user info kept there (plan files, cache entries)
+        check_options(self.repository, self._options, self.name_of(""))
         #: the most seconds one call of the library may take (storage_options ``timeout``)
         self.timeout = timeout_of(self._options, self.name_of(""))
+        self._why = why_of(self._options)  # what a call that timed out says of its cause
         # what reads it, not only what it is: two sources of one repository location on two services (a
         # mirror: the same snapshot ids), with other keys or other virtual containers authorised, are two
         # stores (each library's native store of a spec reads through one of them). A pickled store keeps
         # its spec (the signer is a hash under this process's salt)
-        self.spec = spec or write_spec("icechunk", spec_fields(repository, snapshot, self._options))
+        self.spec = spec or write_spec("icechunk", spec_fields(self.repository, snapshot, self._options))
         self.tag = f"icechunk:{snapshot}"
         self._lock = threading.Lock()
         self._session = None  # the readonly session, at the first read in this process
@@ -145,14 +151,15 @@ class IcechunkStore(ByteStore):
             with self._lock:
                 if self._session is None:
                     repo = open_repository(self.repository, self._options)
-                    session = readonly_session(repo, self.repository, self.timeout, snapshot_id=self.snapshot)
+                    session = readonly_session(repo, self.repository, self.timeout, why=self._why,
+                                               snapshot_id=self.snapshot)
                     _check_virtual_files(repo, session, self._options, self.name_of(""), self.timeout)
                     self._session = session
         return self._session
 
     def _call(self, make, what: str, key: str = ""):
         """``make()`` (a call of the session store's async API) under the store's timeout, cancelled at exit."""
-        return call(make, self.name_of(key), what, self.timeout)
+        return call(make, self.name_of(key), what, self.timeout, why=self._why)
 
     def read(self, key: str, offset: int, size: int) -> bytes:
         """``size`` bytes of ``key`` at ``offset`` (fewer at its end): one ranged read of the session's store
@@ -381,7 +388,7 @@ def _named_errors(store: IcechunkStore):
     name, timeout = store.name_of(""), store.timeout
 
     def bound(make, what: str, key: str):
-        return bounded(make, store.name_of(key), what, timeout)
+        return bounded(make, store.name_of(key), what, timeout, why=store._why)
 
     async def listed(names, prefix: str):
         # each step of the library's listing under the timeout
@@ -396,6 +403,10 @@ def _named_errors(store: IcechunkStore):
     class NamedErrors(WrapperStore):
         # zarr-python's arrays opened in a parent keep this store (a source's open handles): a forked child
         # reads through them without asking the IcechunkStore for its session, so each call checks here too
+
+        #: the repository's location at its snapshot: what a reader's errors name (zarr_reader), not a repr
+        name = store.name_of("")
+
         def _with_store(self, inner):
             return type(self)(inner)
 
@@ -456,7 +467,7 @@ def resolve_icechunk(location: str, options: dict) -> tuple[IcechunkStore, str]:
         chosen = {"snapshot": pinned}
     kind, value = next(iter(chosen.items())) if chosen else ("branch", "main")
     repo = open_repository(repository, options)
-    session = readonly_session(repo, repository, timeout_of(options, shown(location)),
+    session = readonly_session(repo, repository, timeout_of(options, shown(location)), why=why_of(options),
                                **{"snapshot_id" if kind == "snapshot" else kind: str(value)})
     store = IcechunkStore(repository, session.snapshot_id, options)
     _check_virtual_files(repo, session, options, store.name_of(""), store.timeout)

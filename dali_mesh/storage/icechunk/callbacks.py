@@ -6,9 +6,11 @@ The callbacks run on the reader's threads (DALI's executor threads, the kernels 
 the library's calls (:mod:`~dali_mesh.storage.icechunk.deadline`). At exit :func:`unbind_at_exit` runs first
 among the exit hooks: it cancels every call of the library in flight (the reads waiting on them fail at once,
 "the process is exiting"), unbinds every library's stores (later reads fail in C++ without entering Python)
-and waits, at most :data:`EXIT_WAIT_S` in all, for the reads still in Python to return. DALI's hook, which
-shuts its pipelines down and joins their executor threads, comes after it and finds them done: before,
-a read whose requests were never answered held that join (and the exit) until the library gave up.
+and waits, at most :data:`EXIT_WAIT_S` in all, for the reads still in Python to return, then (at most 2 s)
+for the calls cancelled to leave the library's runtime (:func:`~dali_mesh.storage.icechunk.deadline.settle`).
+DALI's hook, which shuts its pipelines down and joins their executor threads, comes after it and finds them
+done: before, a read whose requests were never answered held that join (and the exit) until the library gave
+up.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import threading
 import time
 
 from dali_mesh.storage.errors import DataFileError
-from dali_mesh.storage.icechunk.deadline import cancel_all
+from dali_mesh.storage.icechunk.deadline import cancel_all, settle
 
 __all__ = ["EXIT_WAIT_S", "bind_native_reads", "unbind_at_exit", "unbind_native_reads"]
 
@@ -146,7 +148,8 @@ def unbind_native_reads(lib, store) -> None:
 def unbind_at_exit() -> None:
     """Cancels the library's calls in flight, unbinds every library's callback stores for good and waits
     (without the GIL: ctypes calls), at most :data:`EXIT_WAIT_S` for all of them together, for the reads in
-    flight, so that no reader thread enters the interpreter while it is torn down."""
+    flight, so that no reader thread enters the interpreter while it is torn down; then waits (at most 2 s)
+    for the calls cancelled to leave the library's runtime, which touches the interpreter once more."""
     cancel_all()
     libraries = list(_libraries.values())
     for lib in libraries:  # first every library refuses new reads (no wait), then the waits share one bound
@@ -158,3 +161,4 @@ def unbind_at_exit() -> None:
     if left:
         log.warning("%d reads of Icechunk stores by the native reader were still in flight %.0f s after the "
                     "process began to exit", left, EXIT_WAIT_S)
+    settle()

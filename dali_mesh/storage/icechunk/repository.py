@@ -7,7 +7,8 @@ without ``I``, ``L``, ``O``, ``U``: the library's ids) ending the repository's p
 A local folder that exists under the whole name (``/data/era5@ABCDEFGHJKMNPQRSTVWX``) is that folder, not a
 snapshot of ``/data/era5``; where both folders exist the location is refused as ambiguous (rename the folder,
 or give the snapshot as ``storage_options={"snapshot": ...}``). An ``s3://`` prefix of that form is always a
-snapshot's.
+snapshot's, a bucket's too (``s3://bucket@<snapshot id>``: a repository at the bucket's root; no bucket name
+holds capitals). The scheme is case-insensitive (``S3://`` is ``s3://``, named so).
 """
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ import hashlib
 import math
 import os
 import re
+import socket
+import urllib.parse
+from typing import Callable
 
 from dali_mesh.storage.errors import DataFileError
 from dali_mesh.storage.icechunk.deadline import call, timeout_of
@@ -22,8 +26,8 @@ from dali_mesh.storage.icechunk.forks import check_process
 from dali_mesh.storage.icechunk.virtual import VIRTUAL_OPTION, virtual_access
 from dali_mesh.storage.names import shown
 
-__all__ = ["EXTRA", "SECRETS", "VERSION_OPTIONS", "open_repository", "reader_fields", "readonly_session",
-           "short", "split_location"]
+__all__ = ["EXTRA", "SECRETS", "VERSION_OPTIONS", "check_options", "normal_repository", "open_repository",
+           "reader_fields", "readonly_session", "short", "split_location", "why_of"]
 
 #: what a user installs to read Icechunk repositories (setup.py's extras_require)
 EXTRA = "dali_mesh[virtual]"
@@ -36,6 +40,10 @@ LOCAL_OPTIONS = ("timeout",)
 SECRETS = ("key", "secret", "token")
 #: ``<repository>@<snapshot id>[/<key>]``
 _PINNED = re.compile(r"(?P<repo>.+)@(?P<snapshot>[0-9A-HJKMNP-TV-Z]{20})(?:/(?P<key>.*))?")
+#: a bucket followed by a snapshot id (a repository at the bucket's root, pinned)
+_PINNED_BUCKET = re.compile(r"(?P<bucket>.*)@[0-9A-HJKMNP-TV-Z]{20}")
+#: how long ``why_of``'s look at an endpoint waits for a connection
+_LOOK_S = 1.0
 #: why ``retries`` is refused (checked with icechunk 1.1.21 against a server answering 500 or 503: 10 requests
 #: whatever the repository config's ``StorageRetriesSettings(max_tries=...)``)
 _NO_RETRIES = ("the icechunk library retries each request of a repository itself (10 tries, with backoff) and "
@@ -91,13 +99,21 @@ def _repository_name(repository: str) -> str:
     return shown(f"icechunk://{repository}")
 
 
+def normal_repository(repository: str) -> str:
+    """``repository`` with an ``s3://`` scheme in lower case (schemes are case-insensitive)."""
+    scheme, sep, rest = repository.partition("://")
+    return f"s3://{rest}" if sep and scheme.lower() == "s3" else repository
+
+
 def split_location(location: str) -> tuple[str, str | None, str]:
     """``(repository, snapshot id or None, key)`` of ``icechunk://<repository>[@<snapshot id>][/<key>]``
     (see the module's doc); an ``s3://`` repository's location with user info (``KEY:SECRET@bucket``) is
     refused without showing it."""
-    rest = location.split("://", 1)[1]
-    if rest.lower().startswith("s3://"):
+    rest = normal_repository(location.split("://", 1)[1])
+    if rest.startswith("s3://"):
         bucket = rest[len("s3://"):].split("/", 1)[0]
+        pinned_bucket = _PINNED_BUCKET.fullmatch(bucket)  # rootrepo@<snapshot id>: no user info
+        bucket = pinned_bucket["bucket"] if pinned_bucket else bucket
         if "@" in bucket or ":" in bucket:  # a secret holding '/' ends the bucket early: ':' is there then
             raise DataFileError(shown(location), "holds user info (credentials in a location are not taken: they "
                                                  "would show in plans, checkpoints, logs and the library's requests); "
@@ -115,8 +131,11 @@ def split_location(location: str) -> tuple[str, str | None, str]:
     return rest.rstrip("/"), None, ""
 
 
-def _check_options(repository: str, options: dict, name: str) -> None:
-    remote = repository.startswith("s3://")
+def check_options(repository: str, options: dict, name: str) -> None:
+    """Refuses ``options`` that are not a repository's (``retries`` saying why), ``timeout`` and ``stall`` that
+    are no numbers of seconds, an ``endpoint_url`` with user info (unshown) and a ``region`` that is no region's
+    name: a ValueError naming ``name``."""
+    remote = normal_repository(repository).startswith("s3://")
     if "retries" in options:
         raise ValueError(f"{name}: storage_options retries is not taken for an Icechunk repository: {_NO_RETRIES}")
     if "stall" in options and not remote:
@@ -128,6 +147,17 @@ def _check_options(repository: str, options: dict, name: str) -> None:
         kind = "an s3://" if remote else "a local"
         raise ValueError(f"{name}: storage_options {unknown} are not options of {kind} Icechunk repository "
                          f"(known: {', '.join(known)})")
+    # what the library is given and the store's spec (written into plan files) keeps: no user info in the
+    # endpoint (refused unshown), no region that is no region's name (it becomes part of the endpoint's host)
+    from dali_mesh.storage.remote import _checked_endpoint, _checked_region  # noqa: PLC0415 - boto-free, light
+
+    try:
+        if options.get("endpoint_url") is not None:
+            _checked_endpoint(options["endpoint_url"])
+        if options.get("region") is not None:
+            _checked_region(options["region"])
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
     timeout_of(options, name)
     _stall_of(options, name)
 
@@ -143,24 +173,61 @@ def _stall_of(options: dict, name: str) -> int | None:
     return max(1, math.ceil(value))
 
 
+def why_of(options: dict) -> Callable[[], str | None] | None:
+    """For a call that timed out: a look at an s3:// repository's ``endpoint_url`` (one connection, at most
+    :data:`_LOOK_S`) that says what is known of the cause (the library says nothing of the failures it
+    retried), or None without an endpoint (nothing is looked at)."""
+    endpoint = options.get("endpoint_url")
+    if not endpoint:
+        return None
+    parts = urllib.parse.urlsplit(str(endpoint))
+    try:
+        host, port = parts.hostname, parts.port or (443 if parts.scheme.lower() == "https" else 80)
+    except ValueError:
+        return None
+    if not host:
+        return None
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    def why() -> str | None:
+        try:
+            socket.create_connection((host, port), timeout=_LOOK_S).close()
+        except ConnectionRefusedError:
+            return (f"its endpoint {where} refuses connections (Connection refused: the library retried them "
+                    f"until then)")
+        except socket.timeout:
+            return (f"its endpoint {where} took no connection within {_LOOK_S:g} s (a server or a network that drops "
+                    f"them)")
+        except OSError as e:
+            return f"its endpoint {where} cannot be reached ({e.strerror or type(e).__name__})"
+        return (f"the repository's storage did not answer in time: its endpoint {where} takes connections, but its "
+                f"server did not answer the library's requests in time, or kept failing them (the library retries "
+                f"them), or the network stalls")
+
+    return why
+
+
 def open_repository(repository: str, options: dict):
     """``icechunk.Repository.open`` of a local folder or an ``s3://bucket/prefix`` with ``options``, under
     their ``timeout``."""
     icechunk = icechunk_module()
+    repository = normal_repository(repository)
     name = _repository_name(repository)
     if "://" in repository and not repository.startswith("s3://"):
         raise DataFileError(name, "names a repository neither local nor s3://: give icechunk:///path/to/repo or "
                                   "icechunk://s3://bucket/prefix")
-    _check_options(repository, options, name)
+    check_options(repository, options, name)
     timeout = timeout_of(options, name)
+    why = None
     if repository.startswith("s3://"):
         bucket, _, prefix = repository[len("s3://"):].partition("/")
         endpoint = options.get("endpoint_url")
         stall = _stall_of(options, name)
+        why = why_of(options)
         check_process(name)  # a storage object starts the library's runtime
         storage = icechunk.s3_storage(
             bucket=bucket, prefix=prefix or None, region=options.get("region"), endpoint_url=endpoint,
-            allow_http=bool(endpoint and endpoint.startswith("http://")), force_path_style=bool(endpoint),
+            allow_http=bool(endpoint and endpoint.lower().startswith("http://")), force_path_style=bool(endpoint),
             access_key_id=options.get("key"), secret_access_key=options.get("secret"),
             session_token=options.get("token"), anonymous=bool(options.get("anon")) or None,
             from_env=None if options.get("key") or options.get("anon") else True,
@@ -176,12 +243,12 @@ def open_repository(repository: str, options: dict):
 
     def fetch_config():
         return call(lambda: icechunk.Repository.fetch_config_async(storage), name, "reading the repository's config",
-                    timeout)
+                    timeout, why=why)
 
     try:
         access = virtual_access(icechunk, fetch_config, name, options.get(VIRTUAL_OPTION))
         return call(lambda: icechunk.Repository.open_async(storage, authorize_virtual_chunk_access=access), name,
-                    "opening the repository", timeout)
+                    "opening the repository", timeout, why=why)
     except DataFileError:
         raise
     except Exception as e:  # noqa: BLE001 - IcechunkError
@@ -189,14 +256,16 @@ def open_repository(repository: str, options: dict):
                                   "after icechunk:// and its storage_options") from None
 
 
-def readonly_session(repo, repository: str, timeout: float, **version):
-    """``repo.readonly_session(**version)`` under ``timeout``, or an error naming the branch, tag or snapshot
-    not found."""
+def readonly_session(repo, repository: str, timeout: float, *, why: Callable[[], str | None] | None = None,
+                     **version):
+    """``repo.readonly_session(**version)`` under ``timeout`` (``why``: :func:`why_of`), or an error naming the
+    branch, tag or snapshot not found."""
     (kind, value), = version.items()
     what = {"snapshot_id": "snapshot"}.get(kind, kind)
     name = _repository_name(repository)
     try:
-        return call(lambda: repo.readonly_session_async(**version), name, f"opening the {what} {value!r}", timeout)
+        return call(lambda: repo.readonly_session_async(**version), name, f"opening the {what} {value!r}", timeout,
+                    why=why)
     except DataFileError:
         raise
     except Exception as e:  # noqa: BLE001 - IcechunkError
