@@ -90,6 +90,8 @@ SLOW_TESTS: set[str] = {
     "timeout",
     "tests/storage/test_icechunk_timeouts.py::test_without_a_timeout_the_default_bounds_the_source_too",
     "tests/cli/test_locations.py::test_a_nested_presigned_url_never_shows_in_the_command_lines_output",
+    # 20 processes whose icechunk open timed out, each exiting (16 s)
+    "tests/storage/test_icechunk_review.py::test_a_process_whose_open_timed_out_exits_cleanly_every_time",
     # a spawned DataLoader worker imports torch and the test module (about 7 s under load)
     "tests/storage/test_icechunk_fork.py::test_torch_dataloader_with_spawned_workers_reads_every_window_as_zarr_python",
     "tests/cli/test_convert.py::test_a_full_disk_is_one_line_exit_2_and_no_partial_copy",
