@@ -167,7 +167,7 @@ def test_random_orders_of_hints_and_reads_agree_with_the_oracle(kind, tmp_path):
 
 def test_an_error_of_a_batch_read_ahead_comes_at_its_read(tmp_path):
     """A file replaced after the plan: the batch read ahead that reads it fails when that batch is read,
-    with the message a read of it without reading ahead gives; the batch read before it is not
+    with the message a read of it without reading ahead gives (said to be met ahead where it was); the batch read before it is not
     affected, nor one read ahead before the file changed (read and checked then)."""
     src, want = _sources("npy_c", tmp_path)
     path = native.plan_windows(src)[0].write(str(tmp_path))
@@ -184,6 +184,13 @@ def test_an_error_of_a_batch_read_ahead_comes_at_its_read(tmp_path):
             ahead.read([2, 3])
         with pytest.raises(_kernels.KernelsError) as direct:
             plain.read([2, 3])
-        assert "s3.npy" in str(got.value) and str(got.value) == str(direct.value)
-        assert ahead.ahead_counts() == (2, 0, 1)  # [2, 3] failed ahead: read again, its error that read's
+        assert "s3.npy" in str(direct.value)
+        # the job ahead ended before the read wanted it (read again: the same message) or, on a busy
+        # machine, while the read waited for it (its own error, saying so); the message is the same
+        said = str(got.value)
+        assert said == str(direct.value) or (
+            said.startswith(str(direct.value) + " (met while this batch was read ahead, ")
+            and said.endswith(" s after it was wanted; the batch was not read a second time)")
+        ), said
+        assert ahead.ahead_counts() == (2, 0, 1)  # [2, 3] failed ahead, counted once either way
         _check(ahead, 1, want, [0, 1, 2])  # the reader goes on
