@@ -383,6 +383,8 @@ def _rank_run(rank, world_size, cfg, out_dir):
         def pipe():
             return partitioned_source(source, device=device)
 
+    # by path, not by cost: what is counted is where the bytes come from, this machine's disks through its page
+    # cache (evicted first, then /proc/<pid>/io) or another store's requests (the native reader's counters)
     remote = any(local_path_of(f) is None for f in files)
     evict([f for f in files if local_path_of(f) is not None])  # cold files: count what the readers pull from storage
     dist.barrier()
@@ -493,6 +495,7 @@ def run(args: argparse.Namespace) -> int:
     if channels:
         if args.dataset:
             raise UsageError("--dataset does not go with --channels")
+        # a path made absolute for the ranks (started in other folders); another store's location as it is
         kind, files = "dataset", [args.data if local_path_of(args.data) is None else os.path.abspath(args.data)]
         args.dataset = cfg["dataset"] = channels
         probe = _make_source(kind, files, channels, None, args.batch_size)
@@ -562,7 +565,7 @@ def run(args: argparse.Namespace) -> int:
     seen = {sid for s in stats for sid in s["real_ids"]}
     checked = sum(s["verified"] for s in stats)
     dtensor = all(s["dtensor"] for s in stats)
-    remote = any(local_path_of(f) is None for f in files)
+    remote = any(local_path_of(f) is None for f in files)  # as the ranks counted (by path: see _rank_run)
     source_note = ("body bytes each rank's native reader fetched from the object store during the epoch" if remote
                    and measured else "cold /proc/<pid>/io read_bytes of each rank and its DALI workers during the "
                    "epoch (local ranks share one page cache: a page one rank pulled is not read again by another)"

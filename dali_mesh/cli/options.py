@@ -241,7 +241,7 @@ def is_zarr_group(location: str) -> bool:
     """Whether a weather dataset's location is a Zarr group (else NetCDF4 files): a folder here, and in
     an object store any name but a NetCDF4/HDF5 file's."""
     path = local_path_of(location)
-    if path is not None:
+    if path is not None:  # by path: a folder of this machine is asked of the file system
         return os.path.isdir(path)
     return not name_of(location).rstrip("/").lower().endswith((".nc", ".nc4", ".h5", ".hdf5", ".hdf"))
 

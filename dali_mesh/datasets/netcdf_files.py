@@ -85,7 +85,9 @@ def _check_each_once(files: Sequence[str]) -> None:
     """A file listed twice (under two names, too) would repeat its steps: refused naming both."""
     seen = {}
     for f in files:
-        if local_path_of(f) is None:  # an object: its location names it
+        # by path: a file of this machine is known by its device and inode (two names of one file); an
+        # object by its location
+        if local_path_of(f) is None:
             key = f
         else:
             try:

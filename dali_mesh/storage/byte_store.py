@@ -196,6 +196,27 @@ class ByteStore(abc.ABC):
         object store's object): callers ask this, never whether a store "is local"."""
         return None
 
+    @property
+    def round_trip(self) -> tuple[float, float]:
+        """What a request to this store costs now: ``(latency s, bytes/s)``, as the native fetch plan weighs a
+        gap against a request (csrc/storage/byte_store.h ``Cost()``; bytes/s 0: not measured). A store whose
+        keys are this machine's files costs no round trip (latency 0); another what the native reader measured
+        of its requests in this process (``_kernels.store_round_trip``), and before any (or without the
+        native library) 20 ms, an object store in the reader's region (the latency benchmarks/remote_bench.py
+        models). Policies (how many requests go out together, whether a look-up is worth a thread) ask
+        this; only a reader that needs a path asks :meth:`local_path`."""
+        if self.local_path("") is not None:  # its keys are paths: a read is a system call, not a request
+            return 0.0, 0.0
+        latency = rate = 0.0
+        if self.native:
+            try:
+                from dali_mesh._kernels import store_round_trip  # noqa: PLC0415 - the native library when asked
+
+                latency, rate = store_round_trip(self.spec)
+            except Exception:  # noqa: BLE001 - no library, or none of this store in it: nothing measured
+                pass
+        return (latency if latency > 0 else 0.02), rate
+
     def credentials_state(self) -> tuple | None:
         """``(spec, credentials)`` for the source that holds this store to carry into its worker
         processes in memory (:func:`~dali_mesh.storage.carry_credentials`; a store's own pickle holds

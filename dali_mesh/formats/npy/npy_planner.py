@@ -11,7 +11,7 @@ from dali_mesh.io._common import DataFileError, IOStats, ShapeMismatchError, app
 from dali_mesh.plan.window import plan_window
 from dali_mesh.plan import NotNativeError, PlanFile, PlanSet, ReadPlan, native_dtype_of, native_store
 from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP, count_npy_units, plan_npy_units
-from dali_mesh.storage import local_path_of
+from dali_mesh.storage import store_of
 
 __all__ = ["MAX_NATIVE_UNITS", "plan_npy_files"]
 
@@ -22,7 +22,7 @@ def _npy_headers(files: Sequence[str], first: NpyHeader, first_check: bytes):
     file whose header bytes and size equal those of a header already parsed shares it (one small read,
     no parse); any other is parsed. Read on a few threads when there are many, or when they are in an
     object store (each read a round trip), since storage answers many small reads at once faster than
-    one after another."""
+    one after another (:attr:`~dali_mesh.storage.ByteStore.round_trip`)."""
     known = {first_check: first}  # header bytes -> parsed header (size checked per file)
 
     def one(path):
@@ -42,8 +42,8 @@ def _npy_headers(files: Sequence[str], first: NpyHeader, first_check: bytes):
         except OSError as e:
             raise _io_error(path, e) from None
 
-    remote = local_path_of(files[0]) is None
-    if len(files) <= 1024 and not remote:
+    each_a_round_trip = store_of(files[0])[0].round_trip[0] > 0
+    if len(files) <= 1024 and not each_a_round_trip:
         return [one(f) for f in files]
     from concurrent.futures import ThreadPoolExecutor
 

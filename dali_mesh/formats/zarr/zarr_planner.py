@@ -473,7 +473,7 @@ class _ShardIndex:
         store's round trip for all of them, on zarr_store.fetch_pool), then adds them to the plan in
         their order (the plan's files are numbered the same whatever order the answers came in)."""
         todo = sorted({tuple(s) for s in shards} - set(self.index))
-        if len(todo) > 1 and not self.bytes_store.local_path(self.folder):
+        if len(todo) > 1 and self.bytes_store.round_trip[0] > 0:  # each read a round trip: sent together
             from dali_mesh.storage.zarr_store import fetch_pool  # noqa: PLC0415 - zarr-python's module: zarr first
 
             pool = fetch_pool()
