@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import weakref
 from typing import Callable
 
 from dali_mesh.storage.byte_store import ByteStore, StoredFile, StoredObject, Version, read_exactly, readv_all
@@ -53,8 +54,13 @@ class StoredLocation(str):
     that every reader below the source reads through :func:`store_of` without resolving it again. It
     pickles with its store, so DALI's worker processes read with the same options; a store's pickle holds
     no credential: the source carries them in memory (:func:`carry_credentials`) and gives them to its
-    stores there (:func:`attach_credentials`). A string derived from it (``f"{loc}/x"``) is a plain
-    location again."""
+    stores there (:func:`attach_credentials`).
+
+    ``loc / "t2m"`` (:meth:`child`) is the location of a key below it in the same store. A string made
+    from it otherwise (``f"{loc}/t2m"``, ``os.path.join(loc, "t2m")``, ``loc.rstrip("/")``) is a plain
+    location, and where it would resolve with the environment's defaults to another store than the one
+    resolved for its bucket or set in this process, :func:`store_of` refuses it, naming the fix: before,
+    it silently read another endpoint with other keys."""
 
     store: ByteStore
     key: str
@@ -62,7 +68,30 @@ class StoredLocation(str):
     def __new__(cls, store: ByteStore, key: str) -> "StoredLocation":
         loc = super().__new__(cls, store.name_of(key))
         loc.store, loc.key = store, key
+        root = _root(loc)
+        if root:
+            _resolved.setdefault(root, weakref.WeakSet()).add(store)
         return loc
+
+    def child(self, *parts: str) -> "StoredLocation":
+        """The location of ``parts`` (joined by '/') below this one, in its store: ``loc.child("t2m",
+        ".zarray")`` or ``loc / "t2m" / ".zarray"``. A part is a relative key: not empty, not starting
+        with '/', without '.' or '..' steps (a child stays below its parent) or control characters."""
+        steps = []
+        for part in parts:
+            if not isinstance(part, str):
+                raise TypeError(f"a child of a location is named by str, not {type(part).__name__}")
+            for step in part.split("/"):
+                if step in ("", ".", "..") or any(ord(c) < 0x20 or ord(c) == 0x7F for c in step):
+                    raise ValueError(f"{part!r} is not a child of {str.__str__(self)!r}: its steps must be non-empty, "
+                                     "not '.' or '..', without a leading or doubled '/' or control characters")
+                steps.append(step)
+        if not steps:
+            raise ValueError("child() needs at least one part")
+        return StoredLocation(self.store, "/".join([self.key.rstrip("/"), *steps]) if self.key else "/".join(steps))
+
+    def __truediv__(self, part: str) -> "StoredLocation":
+        return self.child(part)
 
     def __str__(self) -> str:
         # str(loc) keeps the store (readers take str(path) of what they are given); an operation that
@@ -146,7 +175,45 @@ def store_of(location, options: dict | None = None) -> tuple[ByteStore, str]:
         known = ", ".join(sorted(_SCHEMES)) or "none"
         raise UnsupportedLocationError(location, f"no store of this build reads {scheme}:// locations (local paths "
                                                  f"and file:// are read; other schemes registered: {known})")
-    return resolve(location, dict(options or {}))
+    store, key = resolve(location, dict(options or {}))
+    if options is None:
+        _refuse_lost_store(location, store)
+    return store, key
+
+
+#: the stores of the StoredLocations made in this process, by the root of their names (``s3://bucket``,
+#: ``https://host``): while one lives, a plain location under that root that resolves with the
+#: environment's defaults to another store is refused (:func:`_refuse_lost_store`)
+_resolved: dict[str, weakref.WeakSet] = {}
+
+
+def _root(name: str) -> str:
+    """``scheme://authority`` of an object store's location (``s3://bucket``, ``https://host:port``); ``""``
+    for a local one (``memory://``, ``icechunk:///path``) and for nested ones (``reference://s3://...``,
+    ``icechunk://s3://...``: their sets resolve their own locations with the options they were given)."""
+    scheme, sep, rest = name.partition("://")
+    authority = rest.split("/", 1)[0]
+    if not sep or "://" in rest or not authority or scheme.lower() in ("memory", "file"):
+        return ""
+    return f"{scheme.lower()}://{authority}"
+
+
+def _refuse_lost_store(location: str, store: ByteStore) -> None:
+    """Refuses ``location`` (a plain string resolved without options to ``store``) where a StoredLocation
+    under its root was resolved to other stores in this process only: a string derived from a resolved
+    location (``f"{loc}/t2m"``, ``os.path.join``, ``rstrip``) would silently read another endpoint with the
+    environment's keys."""
+    root = _root(location)
+    known = _resolved.get(root) if root else None
+    if not known or store in known:
+        return
+    from dali_mesh.storage.names import shown  # noqa: PLC0415
+
+    raise DataFileError(shown(location), "is a plain string under a location this process resolved with storage "
+                                         "options (another endpoint or other credentials); resolved again with "
+                                         "the environment's defaults it would read another store. Derive it from "
+                                         "the resolved location (loc / 'name' or loc.child('name')), or give its "
+                                         "storage_options (storage_options={} for the environment's defaults)")
 
 
 def local_path_of(location) -> str | None:
