@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from dali_mesh.cli.options import (UsageError, add_version_arguments, find_data, make_layout, parse_ints,
+from dali_mesh.cli.options import (UsageError, add_data_arguments, find_data, make_layout, parse_ints,
                                   positive_float, positive_int)
 from dali_mesh.cli.locations import scrub, shown
 from dali_mesh.formats import format_named, format_of
@@ -53,17 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--halo", help="cells each side, e.g. 1=2,2=2")
     p.add_argument("--boundary", help="e.g. 1=constant,2=periodic")
     p.add_argument("--split", default="chunk", help="chunk|physicsnemo|even")
-    p.add_argument("--data", help="a folder of .npy files (one sample each), or HDF5 (.h5) / Zarr (.zarr) files or "
-                                   "a folder of them, samples along axis 0 (default: write a synthetic ERA5-like set)")
-    p.add_argument("--dataset", help="HDF5 dataset or Zarr array name (default: the only one there)")
-    add_version_arguments(p)
-    p.add_argument("--channels", metavar="VAR[@LEVEL[/LEVEL...]],...",
-                   help="with --data STORE (an xarray-written Zarr group or a NetCDF4 file): the sample's channels "
-                        "(e.g. 2m_temperature,geopotential@500); samples are (channel, *spatial dims), read by "
-                        "read_dataset (one native operator for variables of one dtype)")
-    p.add_argument("--allow-external", action="store_true",
-                   help="read HDF5 datasets whose bytes live in other files (external storage, external "
-                        "links, virtual datasets): only for files you trust")
+    add_data_arguments(p, data="a folder of .npy files (one sample each), or HDF5 (.h5) / Zarr (.zarr) files or a "
+                               "folder of them, samples along axis 0 (default: write a synthetic ERA5-like set)",
+                       channels="read by read_dataset (one native operator for variables of one dtype)",
+                       share="read once per group")
     p.add_argument("--samples", type=positive_int, default=32, help="synthetic samples (default 32)")
     p.add_argument("--shape", default=",".join(map(str, DEFAULT_SHAPE)), help="synthetic sample shape")
     p.add_argument("--batch-size", type=positive_int, default=2, help="samples per batch per rank (default 2)")
@@ -71,9 +64,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="DALI threads per rank for the native reader, or DALI worker processes where a source "
                         "falls back to partitioned_source (default 1)")
     p.add_argument("--timeout", type=positive_float, default=300, help="seconds before the demo gives up")
-    p.add_argument("--share", metavar="group|DIM,...",
-                   help="read once per group: the ranks that read the same samples split the reads and exchange "
-                        "the windows (source share=...)")
     p.add_argument("--fail-rank", type=int, help=argparse.SUPPRESS)  # tests: this rank's reader fails
 
 

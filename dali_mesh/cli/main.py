@@ -19,7 +19,8 @@ import numpy as np
 
 from dali_mesh.cli.options import (
     UsageError,
-    add_version_arguments,
+    add_allow_external_argument,
+    add_data_arguments,
     is_zarr_group,
     make_layout,
     parse_boundary,
@@ -312,23 +313,11 @@ def make_parser() -> argparse.ArgumentParser:
     plan.add_argument("--rank", type=int, help="print only this rank")
     plan.add_argument("--ranks", metavar="A:B", help="print ranks A..B-1")
     plan.add_argument("--all", action="store_true", help=f"print every rank even when there are more than {MAX_ROWS}")
-    plan.add_argument("--data", metavar="FILE",
-                      help="a .npy file, HDF5 file or Zarr store (or a folder of them): take the sample shape and "
-                           "dtype from it and add, per rank, the bytes a cold read pulls and a chunk shape that fits")
-    plan.add_argument("--dataset", help="HDF5 dataset or Zarr array name (default: the only one there)")
-    add_version_arguments(plan)
-    plan.add_argument("--channels", metavar="VAR[@LEVEL[/LEVEL...]],...",
-                      help="with --data STORE (an xarray-written Zarr group or NetCDF4 file): the channels of a "
-                           "sample, e.g. 2m_temperature,geopotential@500,temperature@500/850; the sample is then "
-                           "(channel, *spatial dims) and each rank's row gives the bytes the native reader pulls")
-    plan.add_argument("--allow-external", action="store_true",
-                      help="read HDF5 datasets whose data lie in other files (external storage, external "
-                           "links, virtual datasets); refused by default: a file must not make dali-mesh read "
-                           "files you never named")
-    plan.add_argument("--share", metavar="group|DIM,...",
-                      help="with --data: also the bytes read per rank when the ranks that read the same samples "
-                           "share the reads (source share=...: each sample's group window read once per group, "
-                           "the windows exchanged)")
+    add_data_arguments(plan, data_metavar="FILE",
+                       data="a .npy file, HDF5 file or Zarr store (or a folder of them): take the sample shape and "
+                            "dtype from it and add, per rank, the bytes a cold read pulls and a chunk shape that fits",
+                       channels="and each rank's row gives the bytes the native reader pulls",
+                       share="with --data: also the bytes read per rank")
     plan.add_argument("--batch-size", type=positive_int, default=None, metavar="N",
                       help="with --data in object storage: samples per batch of the epoch counted (default 1; a "
                            "chunk several samples of a batch need is fetched once)")
@@ -344,10 +333,7 @@ def make_parser() -> argparse.ArgumentParser:
     conv.add_argument("dst", help="output: a .h5/.hdf5 file or a .zarr store")
     _add_layout_args(conv, shape_required=False)
     conv.add_argument("--dataset", help="source HDF5 dataset or Zarr array name (default: the only one there)")
-    conv.add_argument("--allow-external", action="store_true",
-                      help="read HDF5 datasets whose data lie in other files (external storage, external "
-                           "links, virtual datasets); refused by default: a file must not make dali-mesh read "
-                           "files you never named")
+    add_allow_external_argument(conv)
     conv.add_argument("--name", default="data", help="dataset / array name in DST (default data)")
     conv.add_argument("--chunks", default="auto",
                       help="auto (one chunk per rank's owned region per sample, finer above 64 MiB) or a shape, "

@@ -37,6 +37,8 @@ __all__ = [
     "make_layout",
     "data_kind",
     "find_data",
+    "add_allow_external_argument",
+    "add_data_arguments",
     "add_version_arguments",
     "pin_version",
 ]
@@ -318,6 +320,33 @@ def parse_channels(text: str) -> list:
 
 #: the flags that choose a version of a versioned store (an Icechunk repository), as storage_options name them
 VERSION_FLAGS = ("branch", "tag", "snapshot")
+
+
+def add_data_arguments(p: argparse.ArgumentParser, *, data: str, channels: str, share: str,
+                       data_metavar: str | None = None) -> None:
+    """The arguments of the data a command reads, one definition for ``plan`` and ``demo``: ``--data`` (its
+    help ``data``), ``--dataset``, its version (:func:`add_version_arguments`), ``--channels`` (``channels``:
+    what the command gives of a sample of channels), ``--allow-external`` and ``--share`` (``share``: what the
+    command does with shared reads, said before how they are shared)."""
+    p.add_argument("--data", metavar=data_metavar, help=data)
+    p.add_argument("--dataset", help="HDF5 dataset or Zarr array name (default: the only one there)")
+    add_version_arguments(p)
+    p.add_argument("--channels", metavar="VAR[@LEVEL[/LEVEL...]],...",
+                   help="with --data STORE (an xarray-written Zarr group or a NetCDF4 file): the channels of a "
+                        "sample, e.g. 2m_temperature,geopotential@500,temperature@500/850; the sample is then "
+                        f"(channel, *spatial dims), {channels}")
+    add_allow_external_argument(p)
+    p.add_argument("--share", metavar="group|DIM,...",
+                   help=f"{share} when the ranks that read the same samples share the reads (source share=...: "
+                        "each sample's group window read once per group, the windows exchanged)")
+
+
+def add_allow_external_argument(p: argparse.ArgumentParser) -> None:
+    """``--allow-external``, as every command that reads HDF5 takes it."""
+    p.add_argument("--allow-external", action="store_true",
+                   help="read HDF5 datasets whose data lie in other files (external storage, external "
+                        "links, virtual datasets); refused by default: a file must not make dali-mesh read "
+                        "files you never named")
 
 
 def add_version_arguments(p: argparse.ArgumentParser) -> None:
