@@ -25,14 +25,12 @@ import itertools
 import logging
 import os
 import posixpath
-from typing import Mapping, Sequence
 
 import numpy as np
 
-from dali_mesh.io._common import (DataFileError, ExternalStorageError, HeaderError, IOStats, MissingArrayError,
-                                  UnsupportedDtypeError, UnsupportedFilterError, _account, check_dtype, native_dtype,
-                                  sample_shape)
-from dali_mesh.io._common import fill_window
+from dali_mesh.io._common import (DataFileError, ExternalStorageError, HeaderError, MissingArrayError,
+                                  UnsupportedDtypeError, UnsupportedFilterError, check_dtype, native_dtype)
+from dali_mesh.formats.box_reads import ArrayBoxes, read_array_window
 from dali_mesh.partition import Region
 from dali_mesh.io.containers import open_hdf5_container, open_hdf5_file
 
@@ -210,29 +208,17 @@ def _chunk_bytes(dataset, prefix, boxes) -> int:
     return total
 
 
-def read_hdf5_window(
-    dataset,
-    region: Region,
-    out: np.ndarray | None = None,
-    *,
-    prefix: Sequence[int] = (),
-    index_maps: Mapping[int, Sequence[int]] | None = None,
-    expected_shape: Sequence[int] | None = None,
-    expected_dtype=None,
-    count_chunks: bool = True,
-    path: str | None = None,
-    stats: IOStats | None = None,
-) -> np.ndarray:
-    """Fill ``out`` with the window of sample ``dataset[prefix]`` (an ``h5py.Dataset``).
-
-    Arguments as :func:`dali_mesh.io.read_npy_window`. ``count_chunks``: add the stored size of
-    the chunks touched to ``stats.bytes_read`` (an HDF5 metadata look-up per chunk). ``path``: the
+def read_hdf5_window(dataset, region: Region, out: np.ndarray | None = None, *, count_chunks: bool = True,
+                     path: str | None = None, **window) -> np.ndarray:
+    """Fill ``out`` with the window of sample ``dataset[prefix]`` (an ``h5py.Dataset``), one hyperslab read
+    per box: :func:`~dali_mesh.formats.box_reads.read_array_window` (``window``: its ``prefix``,
+    ``index_maps``, ``expected_shape``, ``expected_dtype`` and ``stats``). ``count_chunks``: add the stored
+    size of the chunks touched to ``stats.bytes_read`` (an HDF5 metadata look-up per chunk). ``path``: the
     file's name for error messages (default: h5py's ``file.filename``).
     """
     path = path or dataset.file.filename
-    local = IOStats()
 
-    def read_box(buf, dst, src):
+    def read_box(buf, dst, src, local):
         try:
             dataset.read_direct(buf, source_sel=src, dest_sel=dst)
         except OSError as e:
@@ -242,18 +228,13 @@ def read_hdf5_window(
             raise DataFileError(path, f"reading dataset {dataset.name} failed ({e}); the file is truncated or corrupt") from None
         local.read_calls += 1
 
-    try:
-        _, native, _ = hdf5_sample_info(dataset, len(prefix))
-        shape = sample_shape(path, dataset.shape, prefix, index_maps,
-                             f"dataset {dataset.name} of shape {dataset.shape}")
-        out, plan = fill_window(path, region, out, native, shape, read_box, local, prefix=prefix,
-                                index_maps=index_maps, expected_shape=expected_shape, expected_dtype=expected_dtype,
-                                label=f"dataset {dataset.name}: ", contiguous=True)
+    def counted(local, plan, prefix):
         if count_chunks and plan is not None:
-            local.bytes_read += _chunk_bytes(dataset, tuple(int(p) for p in prefix), plan.boxes())
-        return out
-    finally:
-        _account(stats, local)
+            local.bytes_read += _chunk_bytes(dataset, prefix, plan.boxes())
+
+    return read_array_window(ArrayBoxes(path, tuple(dataset.shape), native_dtype(dataset.dtype),
+                                        f"dataset {dataset.name} of shape {dataset.shape}", read_box, counted,
+                                        label=f"dataset {dataset.name}: ", contiguous=True), region, out, **window)
 
 
 # ---- the native reader's plan ---------------------------------------------------------------------

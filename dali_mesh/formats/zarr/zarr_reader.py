@@ -15,13 +15,12 @@ from __future__ import annotations
 import json
 import os
 import stat
-from typing import Mapping, Sequence
 
 import numpy as np
 
-from dali_mesh.io._common import (DataFileError, HeaderError, IOStats, MissingArrayError, NotRegularFileError, _account,
-                                  check_dtype, native_dtype, sample_shape)
-from dali_mesh.io._common import fill_window
+from dali_mesh.io._common import (DataFileError, HeaderError, IOStats, MissingArrayError, NotRegularFileError,
+                                  check_dtype, native_dtype)
+from dali_mesh.formats.box_reads import ArrayBoxes, read_array_window
 from dali_mesh.partition import Region
 from dali_mesh.io.containers import check_store_dir
 from dali_mesh.storage import store_of
@@ -197,19 +196,11 @@ def _short(value, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def read_zarr_window(
-    array,
-    region: Region,
-    out: np.ndarray | None = None,
-    *,
-    prefix: Sequence[int] = (),
-    index_maps: Mapping[int, Sequence[int]] | None = None,
-    expected_shape: Sequence[int] | None = None,
-    expected_dtype=None,
-    stats: IOStats | None = None,
-) -> np.ndarray:
+def read_zarr_window(array, region: Region, out: np.ndarray | None = None, **window) -> np.ndarray:
     """Fill ``out`` with the window of sample ``array[prefix]`` (a ``zarr.Array`` from
-    :func:`open_zarr_array`). Arguments as :func:`dali_mesh.io.read_npy_window`."""
+    :func:`open_zarr_array`), one region selection per box: :func:`~dali_mesh.formats.box_reads.read_array_window`
+    (``window``: its ``prefix``, ``index_maps``, ``expected_shape``, ``expected_dtype`` and ``stats``); the
+    bytes and calls counted are those the store served."""
     store = array.store
     inner = getattr(store, "_store", store)
     # the name a store gives itself (an Icechunk session's: its repository at its snapshot), else a local
@@ -219,9 +210,8 @@ def read_zarr_window(
         inner.store.name_of(inner.prefix) if hasattr(inner, "prefix") and hasattr(inner, "store") else repr(inner))
     counter = getattr(store, "counter", None)
     before = counter.copy() if counter is not None else None
-    local = IOStats()
 
-    def read_box(buf, dst, src):
+    def read_box(buf, dst, src, local):
         try:
             buf[dst] = array[src]
         except (DataFileError, MemoryError):
@@ -230,15 +220,11 @@ def read_zarr_window(
             raise DataFileError(path, f"reading array {array.path or '/'} failed ({type(e).__name__}: {e}); "
                                 "a chunk is corrupt or unreadable") from None
 
-    try:
-        full = tuple(array.shape)
-        native = native_dtype(array.dtype)
-        shape = sample_shape(path, full, prefix, index_maps, f"array shape {full}")
-        out, _ = fill_window(path, region, out, native, shape, read_box, local, prefix=prefix, index_maps=index_maps,
-                             expected_shape=expected_shape, expected_dtype=expected_dtype, unit="store")
-        return out
-    finally:
+    def counted(local, plan, prefix):
         if counter is not None:
             local.bytes_read += counter.bytes_read - before.bytes_read
             local.read_calls += counter.read_calls - before.read_calls
-        _account(stats, local)
+
+    full = tuple(array.shape)
+    return read_array_window(ArrayBoxes(path, full, native_dtype(array.dtype), f"array shape {full}", read_box,
+                                        counted, unit="store"), region, out, **window)
