@@ -18,12 +18,10 @@ A format's name is one reader everywhere (the parent and DALI's worker processes
 """
 from __future__ import annotations
 
-import threading
-import warnings
-from importlib import metadata
-from typing import Iterator, Mapping
+from typing import Mapping
 
 from dali_mesh.formats.array_format import ArrayFormat
+from dali_mesh.plugin_registry import PluginRegistry
 
 __all__ = ["ENTRY_POINT_GROUP", "FORMATS", "FormatPluginError", "format_named", "format_of", "register_format",
            "written_suffixes"]
@@ -38,13 +36,6 @@ class FormatPluginError(RuntimeError):
     :func:`register_format` was given a name another format holds."""
 
 
-def _package(ep) -> str:
-    """The distribution that declares the entry point ``ep`` (its module where none is known)."""
-    dist = getattr(ep, "dist", None)
-    name = getattr(dist, "name", None) if dist is not None else None
-    return f"package {name!r}" if name else f"module {ep.value.split(':', 1)[0]!r}"
-
-
 def _owner(fmt: ArrayFormat) -> str:
     """Who registered ``fmt``: dali_mesh's built-in formats, or the class's module."""
     cls = type(fmt)
@@ -53,13 +44,11 @@ def _owner(fmt: ArrayFormat) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _plugin_format(ep) -> ArrayFormat:
+def _plugin_format(what: str, ep, obj) -> ArrayFormat:
     """The format an entry point names (a subclass of :class:`ArrayFormat` is instantiated)."""
-    what = f"entry point {ep.name!r} = {ep.value!r} of group {ENTRY_POINT_GROUP!r} ({_package(ep)})"
     try:
-        obj = ep.load()
         fmt = obj() if isinstance(obj, type) and issubclass(obj, ArrayFormat) else obj
-    except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever a third-party module raises, named with it
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever a third-party class raises, named with it
         raise FormatPluginError(f"{what} cannot be loaded ({type(e).__name__}: {e}); fix or uninstall the package "
                                 "that declares it") from e
     if not isinstance(fmt, ArrayFormat):
@@ -71,100 +60,9 @@ def _plugin_format(ep) -> ArrayFormat:
     return fmt
 
 
-class _Registry(Mapping):
-    """The registered formats by name, in the order a folder is searched: the built-in ones, then
-    those of the entry-point group, loaded on the first lookup. ``_refused``: the names no format
-    answers to and why (a broken entry point's, a name two packages declare)."""
-
-    def __init__(self) -> None:
-        self._formats: dict[str, ArrayFormat] = {}
-        self._refused: dict[str, str] = {}
-        self._plugins_loaded = False
-        self._loading = False
-        # one thread loads the entry points; another's first lookup waits for all of them (a lookup from a
-        # plugin's own import, on the loading thread, sees the formats loaded so far)
-        self._lock = threading.RLock()
-
-    def register(self, fmt: ArrayFormat) -> None:
-        taken = self._formats.get(fmt.name)
-        if taken is not None and type(taken) is not type(fmt):
-            raise FormatPluginError(f"format {fmt.name!r} is already {_owner(taken)}: {_owner(fmt)} may not take "
-                                    "its name (sources find a format by its name, in DALI's worker processes too, "
-                                    "and would read with two readers); give it another name")
-        self._formats.setdefault(fmt.name, fmt)
-
-    def _loaded(self) -> dict[str, ArrayFormat]:
-        if self._plugins_loaded:
-            return self._formats
-        with self._lock:
-            if self._plugins_loaded or self._loading:
-                return self._formats
-            self._loading = True
-            try:
-                declared: dict[str, list] = {}
-                for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-                    if ep not in declared.setdefault(ep.name, []):
-                        declared[ep.name].append(ep)
-                for name, eps in declared.items():
-                    self._take(name, eps)
-                self._plugins_loaded = True  # not when interrupted: the next lookup loads them again
-            finally:
-                self._loading = False
-        return self._formats
-
-    def _take(self, name: str, eps: list) -> None:
-        """Registers the format the entry points ``eps`` declare as ``name``: refused when two packages
-        declare it, skipped when it is broken or a built-in holds the name."""
-        if len(eps) > 1:
-            both = " and ".join(f"{_package(ep)} ({ep.value})" for ep in eps)
-            self._refuse(name, f"format {name!r} is declared by {both} (entry-point group {ENTRY_POINT_GROUP!r}): "
-                               "neither is used, so that no process reads with one and another with the other; "
-                               "uninstall one of the packages")
-            return
-        before = dict(self._formats)
-        try:
-            fmt = _plugin_format(eps[0])
-        except FormatPluginError as e:
-            # what its module registered before it failed goes too: a skipped plugin leaves no format behind
-            # (a worker whose import of it failed otherwise would not have them)
-            self._formats.clear()
-            self._formats.update(before)
-            self._refuse(name, str(e))
-            return
-        taken = self._formats.get(name)
-        if taken is None:
-            self._formats[name] = fmt
-        elif type(taken) is not type(fmt):
-            warnings.warn(f"entry point {name!r} of group {ENTRY_POINT_GROUP!r} of {_package(eps[0])} "
-                          f"({type(fmt).__qualname__}) is not used: format {name!r} is {_owner(taken)}, which keeps "
-                          "it; give the plugin's format another name", RuntimeWarning, stacklevel=4)
-
-    def _refuse(self, name: str, why: str) -> None:
-        if name not in self._refused:
-            warnings.warn(f"{why} (skipped: the other formats are used)", RuntimeWarning, stacklevel=5)
-        self._refused[name] = why
-
-    def __getitem__(self, name: str) -> ArrayFormat:
-        formats = self._loaded()
-        if name not in formats and name in self._refused:
-            raise FormatPluginError(self._refused[name])
-        return formats[name]
-
-    def __contains__(self, name) -> bool:
-        return name in self._loaded()
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(list(self._loaded()))
-
-    def __len__(self) -> int:
-        return len(self._loaded())
-
-    def __repr__(self) -> str:
-        return f"FORMATS({', '.join(self._formats)}{'' if self._plugins_loaded else ', entry points not loaded yet'})"
-
-
 #: the registered formats by name, in the order a folder is searched (a read-only mapping)
-FORMATS: Mapping[str, ArrayFormat] = _Registry()
+FORMATS: Mapping[str, ArrayFormat] = PluginRegistry(ENTRY_POINT_GROUP, "format", FormatPluginError, _plugin_format,
+                                                    _owner, lambda a, b: type(a) is type(b))
 
 
 def register_format(fmt: ArrayFormat) -> ArrayFormat:
@@ -173,7 +71,7 @@ def register_format(fmt: ArrayFormat) -> ArrayFormat:
     :class:`FormatPluginError` naming both."""
     if not isinstance(fmt, ArrayFormat):
         raise TypeError(f"register_format takes an ArrayFormat, got {fmt!r}")
-    FORMATS.register(fmt)
+    FORMATS.register(fmt.name, fmt)
     return fmt
 
 

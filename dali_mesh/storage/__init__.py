@@ -27,24 +27,59 @@ from dali_mesh.storage.byte_store import ByteStore, StoredFile, StoredObject, Ve
 from dali_mesh.storage.errors import (DataFileError, FileChangedError, MissingFileError, NotRegularFileError,
                                       TruncatedFileError)
 from dali_mesh.storage.local import LOCAL, LocalStore
+from dali_mesh.plugin_registry import PluginRegistry
 
-__all__ = ["ByteStore", "DataFileError", "FileChangedError", "LOCAL", "LocalStore", "MissingFileError",
+__all__ = ["ENTRY_POINT_GROUP", "SCHEMES", "StorePluginError", "ByteStore", "DataFileError", "FileChangedError", "LOCAL", "LocalStore", "MissingFileError",
            "NotRegularFileError", "StoredFile", "StoredLocation", "StoredObject", "TruncatedFileError",
            "UnsupportedLocationError", "Version", "attach_credentials", "carry_credentials", "read_exactly",
            "readv_all", "local_path_of", "register_scheme", "resolve_locations", "store_of", "stores_of"]
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")  # RFC 3986's scheme
-_SCHEMES: dict[str, Callable[[str, dict], tuple[ByteStore, str]]] = {}
+#: the entry-point group other packages name their stores in, by URL scheme:
+#: ``[project.entry-points."dali_mesh.stores"] myfs = "my_package.store:resolve"``
+ENTRY_POINT_GROUP = "dali_mesh.stores"
 
 
 class UnsupportedLocationError(DataFileError):
     """A location whose URL scheme no store of this build reads."""
 
 
+class StorePluginError(RuntimeError):
+    """A store named in the ``dali_mesh.stores`` entry-point group cannot be used (it fails to import,
+    names no resolver, or two packages declare its scheme), or :func:`register_scheme` was given a scheme
+    another resolver holds."""
+
+
+def _resolver(what: str, ep, obj):
+    if not callable(obj):
+        raise StorePluginError(f"{what} names {obj!r}, which is not a resolver: a callable (location, options) -> "
+                               "(ByteStore, key)")
+    return obj
+
+
+def _resolver_owner(resolve) -> str:
+    module = getattr(resolve, "__module__", "") or ""
+    name = getattr(resolve, "__qualname__", type(resolve).__qualname__)
+    return f"dali_mesh's built-in {name}" if module.startswith("dali_mesh.") else f"{module}.{name}"
+
+
+def _same_resolver(a, b) -> bool:
+    return a is b or (getattr(a, "__module__", None), getattr(a, "__qualname__", None)) == (
+        getattr(b, "__module__", None), getattr(b, "__qualname__", None))
+
+
+#: the resolvers by URL scheme (lower case): the built-in stores, then the entry points of ``dali_mesh.stores``,
+#: with the formats' rules (plugin_registry: a scheme is never taken twice, a broken plugin is skipped)
+SCHEMES: PluginRegistry[Callable[[str, dict], tuple[ByteStore, str]]] = PluginRegistry(
+    ENTRY_POINT_GROUP, "store", StorePluginError, _resolver, _resolver_owner, _same_resolver)
+
+
 def register_scheme(scheme: str, resolve: Callable[[str, dict], tuple[ByteStore, str]]) -> None:
     """Makes ``scheme://...`` locations read by the store ``resolve(location, options)`` returns
-    (with the key in it)."""
-    _SCHEMES[scheme.lower()] = resolve
+    (with the key in it). A scheme another resolver holds is a :class:`StorePluginError` naming both."""
+    if not _SCHEME.fullmatch(scheme):
+        raise ValueError(f"{scheme!r} is not a URL scheme (a letter, then letters, digits, '+', '-' or '.')")
+    SCHEMES.register(scheme.lower(), resolve)
 
 
 class StoredLocation(str):
@@ -170,9 +205,9 @@ def store_of(location, options: dict | None = None) -> tuple[ByteStore, str]:
     scheme = scheme.lower()
     if scheme == "file":
         return LOCAL, _file_url_path(location, rest)
-    resolve = _SCHEMES.get(scheme)
+    resolve = SCHEMES.get(scheme)  # a plugin's scheme that was refused: StorePluginError saying why
     if resolve is None:
-        known = ", ".join(sorted(_SCHEMES)) or "none"
+        known = ", ".join(sorted(SCHEMES)) or "none"
         raise UnsupportedLocationError(location, f"no store of this build reads {scheme}:// locations (local paths "
                                                  f"and file:// are read; other schemes registered: {known})")
     store, key = resolve(location, dict(options or {}))

@@ -13,7 +13,7 @@ import pytest
 
 from dali_mesh.formats import (ENTRY_POINT_GROUP, FORMATS, HDF5, NPY, ZARR, ArrayFormat, ArrayInfo, FormatPluginError,
                                format_named, format_of, register_format)
-from dali_mesh.formats import format_registry
+from dali_mesh import plugin_registry
 from dali_mesh.mesh import MeshInfo
 from dali_mesh.partition import Layout
 from dali_mesh.source.file_source import FileSource
@@ -94,12 +94,12 @@ def _entry_point(name, value):
 @pytest.fixture
 def fresh_registry(monkeypatch):
     """The registry as before its entry points were loaded (restored after the test)."""
-    monkeypatch.setattr(FORMATS, "_formats", dict(FORMATS._formats))
+    monkeypatch.setattr(FORMATS, "_entries", dict(FORMATS._entries))
     monkeypatch.setattr(FORMATS, "_plugins_loaded", False)
     monkeypatch.setattr(FORMATS, "_refused", {}, raising=False)
 
     def plugins(entry_points):
-        monkeypatch.setattr(format_registry.metadata, "entry_points",
+        monkeypatch.setattr(plugin_registry.metadata, "entry_points",
                             lambda group: [ep for ep in entry_points if group == ENTRY_POINT_GROUP])
 
     return plugins
