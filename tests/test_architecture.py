@@ -23,13 +23,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "dali_mesh"
 ALLOWED = {
     "_checks": set(),
     "_build_info": set(),
+    "plugin_registry": set(),  # the entry-point registry of formats and stores
     "mesh": {"_checks"},
     "partition": {"mesh", "_checks"},
-    "storage": {"_kernels"},  # the remote stores call libcurl through the kernels library
+    "storage": {"_kernels", "plugin_registry"},  # the remote stores call libcurl through the kernels library
     "_kernels": {"partition", "mesh", "_checks"},
     "plan": {"storage", "partition", "mesh", "_checks", "_kernels"},
     "io": {"plan", "storage", "partition", "mesh", "_checks", "_kernels"},
-    "formats": {"io", "plan", "storage", "partition", "mesh", "_checks", "_kernels"},
+    "formats": {"io", "plan", "storage", "partition", "mesh", "_checks", "_kernels", "plugin_registry"},
     "source": {"formats", "io", "plan", "storage", "partition", "mesh", "_checks"},
     "datasets": {"source", "formats", "io", "plan", "storage", "partition", "mesh", "_checks"},
     "weather": {"datasets", "source", "formats", "io", "plan", "storage", "partition", "mesh", "_checks"},
