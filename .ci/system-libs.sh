@@ -20,7 +20,7 @@ zlib.h|z|zlib1g-dev|zlib/gzip chunks are decoded by Python workers unless libdef
 libdeflate.h|deflate|libdeflate-dev|zlib/gzip chunks are inflated by zlib (about 2x slower)
 liblzf/lzf.h|lzf|liblzf-dev|LZF chunks (HDF5 lzf filter) are decoded by Python workers (partitioned_source)
 szlib.h|sz|libaec-dev|szip chunks (HDF5 szip filter) are decoded by Python workers (partitioned_source)
-curl/curl.h|curl|libcurl4-openssl-dev|remote stores (s3://, gs://, https://) are read in Python, not natively'
+curl/curl.h|curl|libcurl4-openssl-dev|remote stores (s3://, gs://, https://) cannot be read (their locations are refused)'
 
 have() {  # header, library: compiles and links a program using them
   printf '#include <%s>\nint main(void) { return 0; }\n' "$1" |

@@ -126,7 +126,15 @@ int64_t ByteStore::Get(const std::string &, int64_t, int64_t, char *, const std:
   NotSupported("read a range of an object without opening it");
 }
 
-std::string ByteStore::ListPage(const std::string &, bool, const std::string &) const { NotSupported("list keys"); }
+Listing ByteStore::ListPage(const std::string &, bool, const std::string &) const { NotSupported("list keys"); }
+
+int ControlCharAt(const std::string &value) {
+  for (size_t i = 0; i < value.size(); i++) {
+    const unsigned char c = static_cast<unsigned char>(value[i]);
+    if (c < 0x20 || c == 0x7f) return static_cast<int>(i);
+  }
+  return -1;
+}
 
 void ByteStore::SetCredentials(const std::string &, const std::string &, const std::string &) const {
   NotSupported("take credentials");

@@ -65,6 +65,24 @@ struct ObjectVersion {
   bool operator!=(const ObjectVersion &o) const { return !(*this == o); }
 };
 
+// One page of a listing (ByteStore::ListPage): the objects under a prefix (each a store's key, as Open
+// takes it, with its size and version tag), the prefixes one level down (each ending with '/') and
+// where the next page starts. Every store builds it; S3's XML is read into it by the S3 store alone.
+struct ListedObject {
+  std::string key;
+  int64_t size = -1;
+  std::string tag;
+};
+struct Listing {
+  std::vector<ListedObject> objects;
+  std::vector<std::string> prefixes;
+  // The continuation of the next page (no NUL: it is passed back as a C string); "": the last page.
+  std::string next;
+  // The bytes of the store's answer this page was read from (S3: the XML body; 0 where nothing was
+  // received), for the caller's bounds on a listing.
+  int64_t received = 0;
+};
+
 // An object opened for reading. Its version is fixed at the open; errors name the object.
 class StoredObject {
  public:
@@ -148,11 +166,8 @@ class ByteStore {
                       int64_t size) const;
   // One page of the listing of the keys under `prefix` (a key's first bytes), those further down
   // grouped at their next '/' into prefixes when `delimiter`, after `continuation` ("": the first
-  // page), as S3's ListObjectsV2 answers it: XML with Contents (Key, Size, ETag), CommonPrefixes
-  // (Prefix), IsTruncated and NextContinuationToken, and EncodingType "url" where keys are
-  // percent-encoded. The one listing text of the stores: the object stores' own, which the others
-  // write too.
-  virtual std::string ListPage(const std::string &prefix, bool delimiter, const std::string &continuation) const;
+  // page; else a page's Listing::next).
+  virtual Listing ListPage(const std::string &prefix, bool delimiter, const std::string &continuation) const;
   // Gives the store credentials, which it keeps (in memory only) and sends its requests with (all three
   // empty: none).
   virtual void SetCredentials(const std::string &key_id, const std::string &secret, const std::string &token) const;
@@ -191,8 +206,8 @@ bool RegisterStore(const char *kind, StoreFactory factory);
 #define DM_REGISTER_STORE_NAMED(kind, factory, line) \
   [[maybe_unused]] static const bool dm_store_registered_##line = ::dali_mesh::RegisterStore(kind, factory);
 
-// How a store's kind gives the settings of a spec to another reader of them (Python's HTTP client of
-// builds without libcurl): the spec parsed by the kind's one parser, as one JSON object, or false with
+// How a store's kind gives the settings of a spec to another reader of them (Python's checks of the
+// specs it writes): the spec parsed by the kind's one parser, as one JSON object, or false with
 // the reason in `why`. The spec is read here only: no second grammar of it exists.
 using StoreSettingsReader = bool (*)(const std::string &spec, std::string *json, std::string *why);
 
@@ -214,6 +229,10 @@ std::string StoreSettings(const std::string &spec);
 void FetchCounters(int64_t *requests, int64_t *bytes);
 // Counts a request sent, or body bytes received, of a network store.
 void CountFetch(int64_t requests, int64_t bytes);
+
+// The first control character (< 0x20 or 0x7f: CR, LF, NUL...) of `value`, or -1. A header value
+// holding one would end the header and start another (an ETag "x\r\nHost: elsewhere").
+int ControlCharAt(const std::string &value);
 
 // A key as messages show it: valid UTF-8 as is, other bytes and control characters as \xNN (a Linux
 // path may hold any bytes; an error text that is not UTF-8 would not reach Python).

@@ -36,7 +36,8 @@ std::unique_ptr<ByteStore> MakeHttpStore(const std::string &spec, std::string *w
   HttpStoreConfig config;
   if (!ParseHttpSpec(spec, &config, why)) return nullptr;
   if (!HaveHttp()) {
-    *why = "this build has no libcurl (remote objects are read in Python)";
+    *why = "this build has no libcurl: remote objects cannot be read (install libcurl4-openssl-dev and rebuild: "
+           "make install)";
     return nullptr;
   }
   return std::make_unique<HttpStore>(spec, config);
@@ -64,8 +65,8 @@ void HttpStore::SetCredentials(const std::string &key_id, const std::string &sec
 bool HaveHttp() { return false; }
 std::string HttpStore::UrlOf(const std::string &key) const { return key; }
 [[noreturn]] static void NoCurl() {
-  StoreFail("this build of dali_mesh has no libcurl: remote objects are read in Python (install "
-            "libcurl4-openssl-dev and rebuild for the native reader)");
+  StoreFail("this build of dali_mesh has no libcurl: remote objects cannot be read (install "
+            "libcurl4-openssl-dev and rebuild: make install)");
 }
 std::unique_ptr<StoredObject> HttpStore::Open(const std::string &) const { NoCurl(); }
 std::unique_ptr<StoredObject> HttpStore::OpenVersion(const std::string &, const ObjectVersion &) const { NoCurl(); }
@@ -81,7 +82,7 @@ void HttpStore::GetMany(const std::string &, const std::vector<StoredObject::Ran
                         int64_t) const {
   NoCurl();
 }
-std::string HttpStore::ListPage(const std::string &, bool, const std::string &) const { NoCurl(); }
+Listing HttpStore::ListPage(const std::string &, bool, const std::string &) const { NoCurl(); }
 
 #else  // DALI_MESH_HAVE_CURL
 
@@ -365,7 +366,7 @@ bool HttpStore::Exists(const std::string &key) const {
   return OpenRange(key, 1, &byte, &got, &v);
 }
 
-std::string HttpStore::ListPage(const std::string &prefix, bool delimiter, const std::string &continuation) const {
+Listing HttpStore::ListPage(const std::string &prefix, bool delimiter, const std::string &continuation) const {
   if (config_.kind != "s3") StoreFail(Shown(prefix) + ": plain HTTP(S) locations cannot be listed");
   // an S3 key is bucket/path: the bucket's listing of the path's prefix
   const size_t slash = prefix.find('/');
@@ -381,7 +382,12 @@ std::string HttpStore::ListPage(const std::string &prefix, bool delimiter, const
   x.text = &text;
   const long status = Perform(*this, BucketUrl(config_, bucket) + "?" + query, name, "list", false, "", "", &x);
   if (status != 200) FailStatus(name + " (list)", status, x);
-  return text;
+  Listing page;
+  std::string why;
+  if (!ReadListing(text, bucket, &page, &why))
+    StoreFail(name + " (list): the answer (HTTP 200, " + std::to_string(text.size()) + " bytes) is not a "
+              "ListObjectsV2 page: " + why + "; a broken server, nothing of it is used");
+  return page;
 }
 
 #endif  // DALI_MESH_HAVE_CURL

@@ -120,8 +120,12 @@ class HttpStore : public ByteStore {
 
   // One page (at most 1000 keys) of an S3 ListObjectsV2 of the bucket of `prefix` ("bucket/path")
   // under its path, grouped at '/' when `delimiter`, after `continuation` (empty: the first page): the
-  // XML answer as the server sent it. A plain HTTP(S) store cannot list.
-  std::string ListPage(const std::string &prefix, bool delimiter, const std::string &continuation) const override;
+  // XML answer (at most kListPageBytes) read into a Listing (http_text.h ReadListing). A plain HTTP(S)
+  // store cannot list.
+  Listing ListPage(const std::string &prefix, bool delimiter, const std::string &continuation) const override;
+  // The most bytes of one listing page's answer (S3's pages of 1,000 keys are ~300 KB): a longer one
+  // is an error, not read to its end (remote.py's LIST_PAGE_BYTES).
+  static constexpr int64_t kListPageBytes = int64_t(16) << 20;
   // This store's credentials, kept by it alone: an s3 store signs with key_id and secret (token: a
   // session token, may be empty); an http store's token is its URL query (without '?'), appended to
   // every request and shown in no message. All three empty: none (unsigned requests).

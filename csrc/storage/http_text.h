@@ -1,11 +1,13 @@
 // dali_mesh: the text of the remote stores' requests and answers (http_store.cc): an S3 key
-// percent-encoded as SigV4 signs it, header values checked before they are sent, and a server's
-// error text made safe to show. Host only, DALI-free, no libcurl.
+// percent-encoded as SigV4 signs it, header values checked before they are sent, a server's error
+// text made safe to show, and a ListObjectsV2 page read into a Listing. Host only, DALI-free, no libcurl.
 #ifndef DALI_MESH_STORAGE_HTTP_TEXT_H_
 #define DALI_MESH_STORAGE_HTTP_TEXT_H_
 
 #include <string>
 #include <vector>
+
+#include "storage/byte_store.h"
 
 namespace dali_mesh {
 
@@ -20,10 +22,6 @@ inline bool IsEtag(const std::string &tag) {
 // bytes: "k/sub/../a.npy" stays those bytes (sent with CURLOPT_PATH_AS_IS, never squashed).
 std::string EscapeKey(const std::string &text, bool path);
 
-// The first control character (< 0x20 or 0x7f: CR, LF, NUL...) of `value`, or -1. A header value
-// holding one would end the header and start another (an ETag "x\r\nHost: elsewhere").
-int ControlCharAt(const std::string &value);
-
 // Fails naming `where` and the header when `value` holds a control character (it is never sent).
 void CheckHeaderValue(const std::string &where, const std::string &header, const std::string &value);
 
@@ -34,9 +32,18 @@ void CheckHeaderValue(const std::string &where, const std::string &header, const
 std::string WithoutCredentials(const std::string &text, const std::vector<std::string> &secrets);
 
 // "Code: Message" of an S3 error body (each at most 200 characters, shown as ShownName shows keys,
-// the message WithoutCredentials), or "" when the body has no <Code>. Never the rest of the body: a
+// WithoutCredentials; in the message every key-like run of 16+ characters, 32+ or with a digit, is
+// withheld too: a signature echoed bare), or "" when the body has no <Code>. Never the rest of the body: a
 // SignatureDoesNotMatch body echoes the string that was signed.
 std::string ErrorCode(const std::string &body, const std::vector<std::string> &secrets);
+
+// One page of an S3 ListObjectsV2 answer `xml` of `bucket` read into `page`: each Contents' Key, Size
+// and ETag, each CommonPrefixes' Prefix (as the store's keys, "bucket/key"; percent-decoded where the
+// answer says EncodingType url), NextContinuationToken where IsTruncated is true, and the answer's
+// length. The one reader of S3's listing text. False with the reason in `why` for a text that is not
+// such XML (a document type, an entity other than XML's own, unbalanced tags) or a key, prefix or
+// token holding a NUL (a C string would end there and name another key).
+bool ReadListing(const std::string &xml, const std::string &bucket, Listing *page, std::string *why);
 
 }  // namespace dali_mesh
 

@@ -94,7 +94,10 @@ size_t OnBody(char *data, size_t size, size_t n, void *user) {
   curl_easy_getinfo(x->curl, CURLINFO_RESPONSE_CODE, &status);
   if (status >= 200 && status < 300) CountFetch(0, total);
   if (x->text && status >= 200 && status < 300) {
-    if (x->text->size() + total > (size_t(64) << 20)) return 0;  // no listing page is that large
+    if (static_cast<int64_t>(x->text->size()) + total > HttpStore::kListPageBytes) {  // no page is that large
+      x->text_overflow = true;
+      return 0;
+    }
     x->text->append(data, total);
     return size * n;
   }
@@ -264,6 +267,10 @@ long Perform(const HttpStore &store, const std::string &url, const std::string &
       StoreFail(where + ": cancelled: the pipeline was stopped after an error");
     if (rc != CURLE_OK) t_fresh_connection = true;  // whatever the connection holds, it is not used again
     if (rc == CURLE_WRITE_ERROR && x->cut) return status;  // an open's first bytes of a whole object
+    if (rc == CURLE_WRITE_ERROR && x->text_overflow)
+      StoreFail(where + ": the server sent more bytes than " + std::to_string(HttpStore::kListPageBytes) +
+                " (the most one listing page may be; HTTP " + std::to_string(status) + "): a broken server; nothing "
+                "of it is used");
     if (rc == CURLE_WRITE_ERROR && x->overflow)
       StoreFail(where + ": the server sent more bytes than the range asked for (HTTP " + std::to_string(status) +
                 "): a broken server or proxy; nothing of it is used");
@@ -304,6 +311,10 @@ long Perform(const HttpStore &store, const std::string &url, const std::string &
 
 [[noreturn]] void FailStatus(const std::string &where, long status, const Exchange &x) {
   const std::string said = "HTTP " + std::to_string(status) + (x.error_code.empty() ? "" : " " + x.error_code);
+  if (status >= 300 && status < 400)
+    StoreFail(where + ": the server answers with a redirect (" + said + "): redirects are not followed (the "
+              "request's credentials would go to the host it names); give the final location, or the endpoint_url "
+              "of the bucket's region");
   if (status == 404) StoreFail(where + ": no such object (" + said + "); check the location");
   if (status == 412)
     StoreFail(where + ": the object was replaced since the plan was made (" + said + ": its ETag differs): what "

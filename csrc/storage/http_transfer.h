@@ -34,6 +34,7 @@ struct Exchange {
   int64_t skipped = 0;
   std::string error_body;  // the first KiBs of a body of an error answer
   std::string *text = nullptr;  // where a 2xx body goes when it is not read into buffers (a listing)
+  bool text_overflow = false;   // that body was longer than HttpStore::kListPageBytes
   // the stall watch (OnProgress): bytes received so far, when the last arrived, the limit
   int64_t last_down = 0;
   std::chrono::steady_clock::time_point last_byte;
@@ -49,7 +50,7 @@ struct Exchange {
   void Reset() {
     buf = 0;
     in_buf = received = skipped = 0;
-    overflow = cut = false;
+    overflow = cut = text_overflow = false;
     error_body.clear();
     error_code.clear();
     etag.clear();

@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "storage/byte_store.h"
-#include "storage/http_text.h"
 
 namespace dali_mesh {
 
@@ -40,39 +39,6 @@ ObjectVersion VersionOf(const Held &held) {
   v.size = static_cast<int64_t>(held.bytes->size());
   v.tag = held.tag;
   return v;
-}
-
-// `text` with each %XX decoded (the inverse of EscapeKey); a '%' without two hex digits is kept.
-std::string PercentDecoded(const std::string &text) {
-  auto hex = [](char c) {
-    if (!std::isxdigit(static_cast<unsigned char>(c))) return -1;
-    return c <= '9' ? c - '0' : (c | 32) - 'a' + 10;
-  };
-  std::string out;
-  for (size_t i = 0; i < text.size(); i++) {
-    if (text[i] == '%' && i + 2 < text.size() && hex(text[i + 1]) >= 0 && hex(text[i + 2]) >= 0) {
-      out += static_cast<char>(hex(text[i + 1]) * 16 + hex(text[i + 2]));
-      i += 2;
-    } else {
-      out += text[i];
-    }
-  }
-  return out;
-}
-
-// `text` as XML character data (a tag given by a copy may hold any printable character).
-std::string XmlText(const std::string &text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
 }
 
 bool StartsWith(const std::string &s, const std::string &prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
@@ -164,7 +130,7 @@ class MemoryStore : public ByteStore {
     return take;
   }
 
-  std::string ListPage(const std::string &prefix, bool delimiter, const std::string &continuation) const override;
+  Listing ListPage(const std::string &prefix, bool delimiter, const std::string &continuation) const override;
 
   void Put(const std::string &key, const char *data, int64_t n, const std::string &tag) const override {
     if (key.empty()) StoreFail("memory://" + name_ + "/: an object's key is not empty; give one");
@@ -220,48 +186,34 @@ void MemoryObject::CheckUnchanged() const {
               "what was read is not the version its key holds now; read it again");
 }
 
-std::string MemoryStore::ListPage(const std::string &prefix, bool delimiter, const std::string &continuation) const {
+Listing MemoryStore::ListPage(const std::string &prefix, bool delimiter, const std::string &continuation) const {
   // the continuation names the last entry of the page before: "o" and an object's key, or "p" and a
-  // prefix (whose keys are all skipped), percent-encoded
-  const std::string after = PercentDecoded(continuation.substr(std::min<size_t>(1, continuation.size())));
+  // prefix (whose keys are all skipped); keys hold no NUL, and neither does it
+  const std::string after = continuation.substr(std::min<size_t>(1, continuation.size()));
   const bool after_prefix = !continuation.empty() && continuation[0] == 'p';
-  std::string entries, last;
-  int count = 0;
-  bool truncated = false;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = continuation.empty() ? objects_.lower_bound(prefix) : objects_.upper_bound(after);
-    while (it != objects_.end() && after_prefix && StartsWith(it->first, after)) ++it;
-    while (it != objects_.end() && StartsWith(it->first, prefix)) {
-      if (count == kPageEntries) {
-        truncated = true;
-        break;
-      }
-      count++;
-      const size_t slash = delimiter ? it->first.find('/', prefix.size()) : std::string::npos;
-      if (slash == std::string::npos) {
-        entries += "<Contents><Key>" + EscapeKey(it->first, true) + "</Key><Size>" +
-                   std::to_string(it->second.bytes->size()) + "</Size><ETag>" + XmlText(it->second.tag) +
-                   "</ETag></Contents>";
-        last = 'o';
-        last += EscapeKey(it->first, true);
-        ++it;
-        continue;
-      }
-      const std::string group = it->first.substr(0, slash + 1);
-      entries += "<CommonPrefixes><Prefix>" + EscapeKey(group, true) + "</Prefix></CommonPrefixes>";
-      last = 'p';
-      last += EscapeKey(group, true);
-      while (it != objects_.end() && StartsWith(it->first, group)) ++it;
+  Listing page;
+  std::string last;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = continuation.empty() ? objects_.lower_bound(prefix) : objects_.upper_bound(after);
+  while (it != objects_.end() && after_prefix && StartsWith(it->first, after)) ++it;
+  for (int count = 0; it != objects_.end() && StartsWith(it->first, prefix); count++) {
+    if (count == kPageEntries) {
+      page.next = last;
+      break;
     }
+    const size_t slash = delimiter ? it->first.find('/', prefix.size()) : std::string::npos;
+    if (slash == std::string::npos) {
+      page.objects.push_back(ListedObject{it->first, static_cast<int64_t>(it->second.bytes->size()), it->second.tag});
+      last = "o" + it->first;
+      ++it;
+      continue;
+    }
+    const std::string group = it->first.substr(0, slash + 1);
+    page.prefixes.push_back(group);
+    last = "p" + group;
+    while (it != objects_.end() && StartsWith(it->first, group)) ++it;
   }
-  return "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListBucketResult xmlns=\"http://s3.amazonaws.com/doc/"
-         "2006-03-01/\"><Name>" + name_ + "</Name><Prefix>" + EscapeKey(prefix, true) + "</Prefix><KeyCount>" +
-         std::to_string(count) + "</KeyCount><MaxKeys>" + std::to_string(kPageEntries) + "</MaxKeys>" +
-         (delimiter ? "<Delimiter>/</Delimiter>" : "") + "<EncodingType>url</EncodingType><IsTruncated>" +
-         (truncated ? "true</IsTruncated><NextContinuationToken>" + last + "</NextContinuationToken>"
-                    : std::string("false</IsTruncated>")) +
-         entries + "</ListBucketResult>";
+  return page;
 }
 
 // "memory;name=<name>": the store of that name, or nullptr with the reason.

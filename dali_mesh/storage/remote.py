@@ -17,6 +17,10 @@ environment as boto3 reads it (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 records), its ``repr``, its messages and its pickles hold none (the source that resolved the store
 carries them into its worker processes: :func:`~dali_mesh.storage.carry_credentials`), and no table of
 credentials exists besides the stores themselves.
+
+A build without libcurl (``libcurl4-openssl-dev`` missing when it was built) reads no remote object: a
+remote location is refused when it is resolved, naming the fix (install it and rebuild: ``make
+install``). ``DALI_MESH_HTTP=python`` (it chose a Python client, now removed) is refused the same way.
 """
 from __future__ import annotations
 
@@ -28,11 +32,12 @@ import json
 import os
 import re
 import urllib.parse
-import xml.etree.ElementTree as ET
 from typing import NamedTuple, Sequence
 
 from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, is_etag, write_spec
 from dali_mesh.storage.errors import DataFileError, FileChangedError, MissingFileError, TruncatedFileError
+# the bounds of a listing, read from this module when a listing starts (a test makes them smaller here)
+from dali_mesh.storage.listing import LIST_BYTES, LIST_PAGE_BYTES, LIST_PAGES, list_all
 from dali_mesh.storage.names import HIDDEN, shown
 
 __all__ = ["RemoteObject", "RemoteStore", "fetch_counters", "give_credentials", "have_native_http", "resolve_gs",
@@ -48,11 +53,6 @@ ONE_READ = 1 << 20
 #: the first bytes an open fetches and keeps (a format's header is read from them): as
 #: HttpStore::kOpenBytes (csrc/storage/http_store.h)
 OPEN_BYTES = 64 << 10
-#: the most one listing's pages and bytes may be (S3 pages hold 1,000 keys of ~300 bytes: 13 million objects), and
-#: the most bytes of one page
-LIST_PAGES = 100_000
-LIST_BYTES = 4 << 30
-LIST_PAGE_BYTES = 16 << 20
 _S3_OPTIONS = {"anon", "key", "secret", "token", "endpoint_url", "client_kwargs", "config_kwargs", "profile",
                "region", "addressing", "use_ssl", *CLIENT_SETTINGS}
 _GS_OPTIONS = {"anon", "key", "secret", "token", "endpoint_url", "project", *CLIENT_SETTINGS}
@@ -264,26 +264,11 @@ class RemoteStore(ByteStore):
         """S3 and GCS (XML) prefixes list (ListObjectsV2); a plain HTTP(S) server does not."""
         return self.kind == "s3"
 
-    @property
-    def native(self) -> bool:  # type: ignore[override]
-        return have_native_http() and not _python_forced()
-
-    def _python(self):
-        """The Python client (py_http.py) where this build has no libcurl or ``DALI_MESH_HTTP=python``
-        asks for it, else None (the native client)."""
-        if not (_python_forced() or not have_native_http()):
-            return None
-        client = self.__dict__.get("_py")
-        if client is None:
-            from dali_mesh.storage.py_http import PythonHttp  # noqa: PLC0415
-
-            _say_python_once()
-            client = self._py = PythonHttp(store_settings(self.spec), self.credentials)
-        return client
+    #: every remote store is the native reader's (a build without libcurl resolves none: need_native_http)
+    native = True
 
     def _lib(self):
-        """The kernels library, its store given this store's credentials (only called where this build
-        has libcurl: else :meth:`_python` answers)."""
+        """The kernels library, its store given this store's credentials."""
         lib = _kernels()
         if id(lib) not in self._given:
             self.give_to(lib)
@@ -300,15 +285,7 @@ class RemoteStore(ByteStore):
     def _get_into(self, key: str, dst, n: int, offset: int, tag: str, size: int) -> int:
         """One ranged GET of ``n`` bytes of ``key`` at ``offset`` into ``dst`` (a ctypes buffer or address),
         with If-Match ``tag`` (``""``: none) and the object's ``size`` (-1: unknown, the answer says where
-        it ends), through the native or the Python client; the bytes read."""
-        py = self._python()
-        if py is not None:
-            try:
-                data = py.get(key, self.name_of(key), offset, n, tag, size)
-            except RuntimeError as e:
-                self._raise(key, str(e))
-            ctypes.memmove(dst, data, len(data))
-            return len(data)
+        it ends); the bytes read."""
         err = ctypes.create_string_buffer(_ERR)
         got = self._lib().dali_mesh_store_get(self.spec.encode(), key.encode(), offset, n, tag.encode(), size, dst,
                                               err, _ERR)
@@ -343,13 +320,6 @@ class RemoteStore(ByteStore):
             # its version comes from a one-byte GET
             found = self.open_range(key, 1)
             return None if found is None else Version(found[1], -1, found[2])
-        py = self._python()
-        if py is not None:
-            try:
-                found = py.head(key, self.name_of(key))
-            except RuntimeError as e:
-                self._raise(key, str(e))
-            return None if found is None else Version(found[0], -1, found[1])
         lib = self._lib()
         size, tag, err = ctypes.c_int64(), ctypes.create_string_buffer(1024), ctypes.create_string_buffer(_ERR)
         found = lib.dali_mesh_store_head(self.spec.encode(), key.encode(), ctypes.byref(size), tag, 1024, err, _ERR)
@@ -361,12 +331,6 @@ class RemoteStore(ByteStore):
         """One GET of the first ``n`` (>= 1) bytes of ``key``, no If-Match: ``(bytes, size, tag)`` (at most
         ``n`` bytes, fewer when the object is smaller; its size and version tag as :meth:`stat` names
         them), or None when it does not exist. No HEAD: S3 refuses HEAD on a URL presigned for GET."""
-        py = self._python()
-        if py is not None:
-            try:
-                return py.open_range(key, self.name_of(key), n)
-            except RuntimeError as e:
-                self._raise(key, str(e))
         lib = self._lib()
         buf, size = ctypes.create_string_buffer(n), ctypes.c_int64()
         tag, err = ctypes.create_string_buffer(1024), ctypes.create_string_buffer(_ERR)
@@ -411,29 +375,6 @@ class RemoteStore(ByteStore):
         """``key`` at a version known already (a listing's ETag and size): no HEAD request."""
         return RemoteObject(self, key, version)
 
-    def list_page(self, bucket: str, prefix: str, delimiter: bool, continuation: str = "") -> str:
-        py = self._python()
-        if py is not None:
-            try:
-                return py.list_page(bucket, prefix, delimiter, continuation, self.name_of(f"{bucket}/{prefix}"))
-            except RuntimeError as e:
-                self._raise(f"{bucket}/{prefix}", str(e))
-        lib = self._lib()
-        err = ctypes.create_string_buffer(_ERR)
-        size = 1 << 20
-        while True:
-            out = ctypes.create_string_buffer(size)
-            n = lib.dali_mesh_store_list(self.spec.encode(), f"{bucket}/{prefix}".encode(), int(delimiter),
-                                         continuation.encode(), out, size, err, _ERR)
-            if n < 0:
-                self._raise(f"{bucket}/{prefix}", store_message(err))
-            if n < size:
-                return out.value.decode("utf-8")
-            if n > LIST_PAGE_BYTES:
-                self._raise(f"{bucket}/{prefix}", f"(list): a listing page of {n} bytes, more than {LIST_PAGE_BYTES} "
-                            "(the most one page may be): a broken server; nothing of the listing is used")
-            size = n + 1
-
     def list(self, prefix: str, delimiter: bool = True) -> tuple[list[tuple[str, Version]], list[str]]:
         """The objects under ``prefix`` (``bucket/path/``: keys and versions) and, with ``delimiter``, the
         ``prefixes`` one level down (S3 ListObjectsV2, every page). A listing that never ends (a token
@@ -449,32 +390,17 @@ class RemoteStore(ByteStore):
         if self.kind != "s3":
             raise DataFileError(self.name_of(prefix), "plain HTTP(S) locations cannot be listed: give the object's "
                                 "own URL, or its s3:// or gs:// location")
-        bucket, _, sub = prefix.partition("/")
-        objects, prefixes, token = [], [], ""
-        tokens: set[str] = set()
-        max_pages, pages, got = pages, 0, 0
-        while True:
-            page = self.list_page(bucket, sub, delimiter, token)
-            pages, got = pages + 1, got + len(page)
-            root = ET.fromstring(page)
-            ns = root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
-            for c in root.iter(f"{ns}Contents"):
-                objects.append((f"{bucket}/{c.findtext(f'{ns}Key')}",
-                                Version(int(c.findtext(f"{ns}Size") or -1), -1, c.findtext(f"{ns}ETag") or "")))
-            prefixes += [f"{bucket}/{p.findtext(f'{ns}Prefix')}" for p in root.iter(f"{ns}CommonPrefixes")]
-            token = root.findtext(f"{ns}NextContinuationToken") or ""
-            if (root.findtext(f"{ns}IsTruncated") or "false").lower() != "true" or not token:
-                return objects, prefixes, True
-            if pages >= max_pages:
-                return objects, prefixes, False
-            # a server that never ends its listing would hold this loop and its memory for ever
-            if token in tokens:
-                raise DataFileError(self.name_of(prefix), f"the listing's page {pages} gives a continuation token "
-                                    "given before: it would never end (a broken server); nothing of it is used")
-            if pages >= LIST_PAGES or got >= LIST_BYTES:
-                raise DataFileError(self.name_of(prefix), f"the listing goes on after {pages} pages and {got} bytes "
-                                    f"(the most read: {LIST_PAGES} pages, {LIST_BYTES} bytes); list a narrower prefix")
-            tokens.add(token)
+        lib, spec, where = self._lib(), self.spec.encode(), prefix.encode()
+
+        def call(token: bytes, out, size: int) -> int:
+            err = ctypes.create_string_buffer(_ERR)
+            n = lib.dali_mesh_store_list(spec, where, int(delimiter), token, out, size, err, _ERR)
+            if n < 0:
+                self._raise(prefix, store_message(err))
+            return n
+
+        return list_all(call, self.name_of(prefix), pages=pages, most_pages=LIST_PAGES, most_bytes=LIST_BYTES,
+                        page_bytes=LIST_PAGE_BYTES)
 
     @property
     def credentials(self) -> _Credentials | None:
@@ -495,7 +421,6 @@ class RemoteStore(ByteStore):
             return
         self._credentials = _Credentials(*credentials)
         self._given = set()  # each library's store of this spec is given them at its next use
-        self.__dict__.pop("_py", None)  # and the Python client is made again with them
 
     def __reduce__(self):
         # the credentials are not pickled with the store: the source that resolved it carries them
@@ -512,22 +437,16 @@ class RemoteStore(ByteStore):
         return hash((self.spec, self.scheme))
 
 
-def _python_forced() -> bool:
-    return os.environ.get("DALI_MESH_HTTP", "").lower() == "python"
-
-
-_said_python = False
-
-
-def _say_python_once() -> None:
-    global _said_python
-    if not _said_python:
-        _said_python = True
-        import logging  # noqa: PLC0415
-
-        why = "DALI_MESH_HTTP=python" if _python_forced() else "this build has no libcurl (libcurl4-openssl-dev)"
-        logging.getLogger("dali_mesh.storage").warning(
-            "remote objects are read in Python (urllib), not by the native reader: %s", why)
+def need_native_http(location: str) -> None:
+    """Refuses the remote ``location`` (shown by its scheme only) where this build has no libcurl, or
+    where ``DALI_MESH_HTTP=python`` asks for the Python client that is gone, naming the fix."""
+    where = location.split("://", 1)[0] + "://…"
+    if os.environ.get("DALI_MESH_HTTP", "").strip().lower() == "python":
+        raise DataFileError(where, "DALI_MESH_HTTP=python is no longer taken: the Python HTTP client is gone, remote "
+                                   "objects are read by libcurl alone (the native stores); unset DALI_MESH_HTTP")
+    if not have_native_http():
+        raise DataFileError(where, "cannot be read: this build of dali_mesh has no libcurl (it reads remote objects "
+                                   "through libcurl alone); install libcurl4-openssl-dev and rebuild (make install)")
 
 
 def _unpickle(kind: str, spec: str, scheme: str, anon: bool) -> RemoteStore:
@@ -695,6 +614,7 @@ def _checked_endpoint(endpoint: str) -> str:
 
 def resolve_s3(location: str, options: dict) -> tuple[RemoteStore, str]:
     """The store and key of ``s3://bucket/key`` with s3fs-named ``options``."""
+    need_native_http(location)
     _check_options(options, _S3_OPTIONS, "s3")
     key = _bucket_and_key(location, "s3")
     client = dict(options.get("client_kwargs") or {})
@@ -731,6 +651,7 @@ def resolve_s3(location: str, options: dict) -> tuple[RemoteStore, str]:
 def resolve_gs(location: str, options: dict) -> tuple[RemoteStore, str]:
     """The store and key of ``gs://bucket/key``: GCS's XML API (``https://storage.googleapis.com``),
     anonymous (public buckets) or signed with HMAC keys (``key``, ``secret``)."""
+    need_native_http(location)
     _check_options(options, _GS_OPTIONS, "gs")
     key = _bucket_and_key(location, "gs")
     token = options.get("token")
@@ -749,6 +670,7 @@ def resolve_gs(location: str, options: dict) -> tuple[RemoteStore, str]:
 
 def resolve_http(location: str, options: dict) -> tuple[RemoteStore, str]:
     """The store and key of an ``http(s)://`` URL: anonymous GETs of the URL itself."""
+    need_native_http(location)
     _check_options(options, _HTTP_OPTIONS, "http(s)")
     if has_control_char(location):
         raise DataFileError(location.split("?", 1)[0].split("://", 1)[0] + "://…",

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 from dali_mesh.storage import DataFileError, MissingFileError, store_of
-from dali_mesh.storage import memory
-from dali_mesh.storage.memory import MemoryStore, share_objects
+from dali_mesh.storage.memory import MemoryStore
 from dali_mesh.storage.remote import store_api, store_message
 from tests.helpers import SEED, mesh_of, random_array
 from tests.storage.store_tests import FileObjectTests, StoreTests
@@ -26,10 +25,10 @@ def _fresh() -> MemoryStore:
     return MemoryStore(f"test-{next(_names)}")
 
 
-def _c_error(entry: str, spec: str, *args, lib=None) -> str:
-    """The message of ``entry`` of the store C API (of ``lib``, default the kernels library), which must fail."""
+def _c_error(entry: str, spec: str, *args) -> str:
+    """The message of ``entry`` of the store C API, which must fail."""
     err = ctypes.create_string_buffer(4096)
-    assert getattr(store_api(lib), entry)(spec.encode(), *args, err, 4096) == -1
+    assert getattr(store_api(), entry)(spec.encode(), *args, err, 4096) == -1
     return store_message(err)
 
 
@@ -98,6 +97,40 @@ def test_a_listing_follows_writes_and_deletes():
     assert [k for k, _ in store.list("d/")[0]] == ["d/2", "d/3", "d/4"]
 
 
+def test_keys_of_every_byte_list_as_written():
+    """The listing crosses the C API as length-prefixed fields (csrc/c_api/store_api.cc EncodedListing, read
+    by dali_mesh/storage/listing.py read_page): keys of every byte but NUL (control characters, ':' and
+    digits that look like a field's length, bytes that are not UTF-8), listed back as written, in byte
+    order, pages of 1,000 crossed."""
+    store = _fresh()
+    odd = [bytes([b]).decode("utf-8", "surrogateescape") for b in range(1, 256)]
+    keys = [f"b/{c}x" for c in odd] + ["b/12:o3:abc", "b/r1:5", "b/\n/n", "b/\x7f/d"]
+    keys += [f"b/m{i:04d}" for i in range(900)]
+    raw = {k: k.encode("utf-8", "surrogateescape") for k in keys}
+    for k in keys:
+        store.put(k, raw[k])
+    by_bytes = sorted(keys, key=raw.get)
+    objects, prefixes = store.list("b/", delimiter=False)
+    assert [k for k, _ in objects] == by_bytes and prefixes == []
+    for key, version in objects:
+        assert version == store.stat(key) and store.read_range(key, 0, 1 << 10) == raw[key]
+    objects, prefixes = store.list("b/", delimiter=True)
+    assert ([k for k, _ in objects], prefixes) == _oracle(by_bytes, "b/", True)
+    assert {"b/\n/", "b/\x7f/", "b//"} <= set(prefixes)
+
+
+def test_a_page_that_is_not_one_is_refused():
+    from dali_mesh.storage.listing import read_page
+
+    page = read_page(b"o3:a/b2:10" + b"3:\"e\"" + b"p3:a/c" + b"n4:o\x01:z" + b"r3:512")
+    assert page.objects == [("a/b", page.objects[0][1])] and page.objects[0][1].size == 10
+    assert page.objects[0][1].tag == '"e"' and page.prefixes == ["a/c"] and page.next == b"o\x01:z"
+    assert page.received == 512
+    for bad in (b"x1:a", b"o3:a/b2:10", b"p9:a", b"pa:b", b"p-1:a"):
+        with pytest.raises(ValueError):
+            read_page(bad)
+
+
 def test_a_zarr_group_lists_through_the_store():
     zarr = pytest.importorskip("zarr")
     store = _fresh()
@@ -159,19 +192,31 @@ def test_two_names_are_two_stores_and_one_name_one_store():
     assert a != b and len({a, again, b}) == 2
 
 
-def test_every_kind_is_in_both_libraries_and_objects_are_shared_at_their_versions():
+def test_the_plugin_has_every_kind_and_sees_every_object_at_its_version_with_nothing_given():
+    """One native core per process: the DALI plugin links the kernels library, so the store entry points found
+    through the plugin are the kernels library's own, and what Python writes is there for the plugin at once,
+    at its version (later writes and deletes too), with nothing copied or given to it."""
     pytest.importorskip("nvidia.dali")
     from dali_mesh.pipeline.plugin import PLUGIN_PATH, load_plugin
 
     load_plugin()
-    plugin = ctypes.CDLL(str(PLUGIN_PATH))  # the library DALI loaded: the same handle
+    plugin, kernels = ctypes.CDLL(str(PLUGIN_PATH)), store_api()  # the plugin DALI loaded, and its dependencies
+
+    def address(fn) -> int:
+        return ctypes.cast(fn, ctypes.c_void_p).value
+
+    for entry in ("dali_mesh_store_head", "dali_mesh_store_put", "dali_mesh_store_credentials",
+                  "dali_mesh_store_bind_reader", "dali_mesh_store_counters"):
+        assert address(getattr(plugin, entry)) == address(getattr(kernels, entry)), entry
+    head = plugin.dali_mesh_store_head
+    head.argtypes, head.restype = kernels.dali_mesh_store_head.argtypes, kernels.dali_mesh_store_head.restype
     size, tag = ctypes.c_int64(), ctypes.create_string_buffer(64)
     assert "(its kinds: file, http, icechunk, memory, s3)" in _c_error(
-        "dali_mesh_store_head", "nosuch;x", b"k", ctypes.byref(size), tag, 64, lib=store_api(plugin))
+        "dali_mesh_store_head", "nosuch;x", b"k", ctypes.byref(size), tag, 64)
 
     def plugin_head(store, key):
         err = ctypes.create_string_buffer(4096)
-        found = plugin.dali_mesh_store_head(store.spec.encode(), key.encode(), ctypes.byref(size), tag, 64, err, 4096)
+        found = head(store.spec.encode(), key.encode(), ctypes.byref(size), tag, 64, err, 4096)
         assert found >= 0, err.value
         return (size.value, tag.value.decode()) if found else None
 
@@ -180,19 +225,14 @@ def test_every_kind_is_in_both_libraries_and_objects_are_shared_at_their_version
     store.put("y", b"")
     store.put("gone", b"z")
     store.delete("gone")
-    assert plugin_head(store, "x") is None  # each library holds its own stores
-    store.give_to(plugin)
-    # another ctypes object of the plugin (each read_windows makes one) is the same library: no second copy
-    share_objects(ctypes.CDLL(str(PLUGIN_PATH)), [store])
-    assert len(memory._copies_of(store.name)) == 1
     assert plugin_head(store, "x") == (5, v1.tag) and plugin_head(store, "y")[0] == 0
     assert plugin_head(store, "gone") is None
-    v2 = store.put("x", b"second!")  # later writes go there too, at the same versions
+    v2 = store.put("x", b"second!")  # later writes are there too, at their versions
     assert v2.tag != v1.tag and plugin_head(store, "x") == (7, v2.tag)
     store.delete("y")
     assert plugin_head(store, "y") is None
-    other.put("o", b"1")  # a store not shared stays apart
-    assert plugin_head(other, "o") is None
+    v3 = other.put("o", b"1")  # every store, given to nothing
+    assert plugin_head(other, "o") == (1, v3.tag)
 
 
 # ---- a format in memory, read natively --------------------------------------------------------------
@@ -231,8 +271,8 @@ def test_npy_files_written_into_memory_read_back_through_the_native_reader(tmp_p
 @pytest.mark.parametrize("kind", ["npy", "zarr"])
 def test_a_dali_pipeline_reads_arrays_written_into_memory(tmp_path, kind):
     """``.npy`` objects or a Zarr v2 array (Blosc chunks) written into a memory store, read by
-    ``fn.read_windows`` (the plugin's own copy of the store, given its objects by read_windows) equal to
-    numpy; then a rewrite reaches the plugin too (a new pipeline reads the new bytes)."""
+    ``fn.read_windows`` (the plugin reads the one native core's store, which Python wrote) equal to numpy; then
+    a rewrite reaches the plugin too (a new pipeline reads the new bytes)."""
     pytest.importorskip("nvidia.dali")
     import os
 

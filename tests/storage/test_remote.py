@@ -41,17 +41,6 @@ class TestS3Store(StoreTests, FileObjectTests):
         return f"data/{self.prefix}/missing.bin"
 
 
-class TestS3StoreInPython(TestS3Store):
-    """The same tests through the Python client (py_http.py: a build without libcurl)."""
-
-    @pytest.fixture(autouse=True)
-    def _python_client(self, monkeypatch):
-        monkeypatch.setenv("DALI_MESH_HTTP", "python")
-
-    def test_it_is_the_python_client_and_not_native(self, store):
-        assert store._python() is not None and not store.native
-
-
 # ---- locations and options ----------------------------------------------------------------------------------
 def test_locations_name_their_store_and_key(s3_endpoint):
     store, key = store_of("s3://data/a/b.zarr", options(s3_endpoint))
@@ -459,53 +448,24 @@ def test_virtual_hosted_addressing_and_gcs_hmac_keys(s3_endpoint):
     assert gs.read_range(key, 6, 10) == b"6789"
 
 
-@pytest.mark.usefixtures("_plugin")
-def test_without_libcurl_partitioned_source_reads_s3_through_the_python_client(s3_endpoint, tmp_path, monkeypatch,
-                                                                              caplog):
-    """A build without libcurl (DALI_MESH_HTTP=python stands in for it): plans refuse the native reader,
-    read_windows falls back to partitioned_source, whose workers read through the Python client; the
-    windows equal zarr-python's, and one log line says why."""
-    import logging
-
-    import zarr
-    from numcodecs import Blosc
-    from nvidia.dali import pipeline_def
-
-    from dali_mesh import ZarrSource
-    from dali_mesh.fn import read_windows
-    from dali_mesh.partition import take_window
-    from dali_mesh.plan import NotNativeError
-    from dali_mesh.pipeline.native import plan_source
+@pytest.mark.parametrize("location", ["s3://data/a.bin", "gs://data/a.bin", "https://host/a.bin?X-Amz-Signature=s"])
+def test_without_libcurl_a_remote_location_is_refused_naming_the_fix(location, monkeypatch):
+    """A build without libcurl reads no remote object (there is no other client): its locations are refused
+    when they are resolved, naming the package and the rebuild; so is DALI_MESH_HTTP=python, which chose the
+    Python client that is gone."""
     import dali_mesh.storage.remote as remote
 
+    monkeypatch.setattr(remote, "have_native_http", lambda: False)
+    with pytest.raises(DataFileError, match=r"has no libcurl .*install libcurl4-openssl-dev and rebuild \(make "
+                                            r"install\)") as info:
+        store_of(location, {})
+    assert "X-Amz" not in str(info.value)
+    monkeypatch.undo()
     monkeypatch.setenv("DALI_MESH_HTTP", "python")
-    monkeypatch.setattr(remote, "_said_python", False)
-    a = np.random.default_rng(9).normal(size=(4, 2, 30, 20)).astype("f4")
-    z = zarr.create_array(tmp_path / "f.zarr", shape=a.shape, chunks=(1, 2, 10, 20), dtype="f4", zarr_format=2,
-                          compressors=[Blosc("zstd", 3, Blosc.BITSHUFFLE)])
-    z[:] = a
-    location = upload(s3_endpoint, tmp_path / "f.zarr", "data", "python/f.zarr")
-    layout = _layouts(a.shape[1:], n=2, axis=1, halo=2, boundary="symmetric")[0]
-    with caplog.at_level(logging.WARNING, logger="dali_mesh.storage"):
-        src = ZarrSource([location], None, layout, batch_size=2, shuffle=False, storage_options=options(s3_endpoint))
-    assert "read in Python (urllib), not by the native reader: DALI_MESH_HTTP=python" in caplog.text
-    with pytest.raises(NotNativeError, match="native reader has no"):
-        plan_source(src)
-
-    @pipeline_def(batch_size=2, num_threads=1, device_id=None, py_num_workers=1, py_start_method="spawn")
-    def pipe():
-        return read_windows(src)
-
-    p = pipe()
-    p.build()
-    seen = 0
-    for _ in range(2):
-        w, ids, _ = p.run()
-        for i in range(2):
-            sid = int(np.array(ids[i]))
-            np.testing.assert_array_equal(np.array(w[i]), take_window(a[sid], src.region))
-            seen += 1
-    assert seen == 4
+    with pytest.raises(DataFileError, match="DALI_MESH_HTTP=python is no longer taken.*unset DALI_MESH_HTTP"):
+        store_of(location, {})
+    monkeypatch.setenv("DALI_MESH_HTTP", "")
+    assert store_of(location, {})[0].native
 
 
 @pytest.mark.usefixtures("_plugin")

@@ -30,17 +30,6 @@ pytestmark = [pytest.mark.skipif(not have_native_http(), reason="this build has 
 SIZE = 10_000
 
 
-@pytest.fixture(autouse=True, params=["libcurl", "python"])
-def client_kind(request, monkeypatch):
-    """Every fault through both clients: libcurl's (csrc/storage/http_store.cc) and the Python one
-    (dali_mesh/storage/py_http.py, a build without libcurl); the native reader's tests need libcurl's."""
-    if request.param == "python":
-        if "native" in request.node.name:
-            pytest.skip("the native reader reads through libcurl only")
-        monkeypatch.setenv("DALI_MESH_HTTP", "python")
-    else:
-        monkeypatch.delenv("DALI_MESH_HTTP", raising=False)
-    return request.param
 #: quick settings: each test ends in seconds (stall=1 drops a silent request after about a second)
 FAST = {"retries": 3, "retry_seconds": 5, "stall": 1, "timeout": 10}
 

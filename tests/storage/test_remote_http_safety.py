@@ -27,7 +27,7 @@ import pytest
 
 from dali_mesh.storage import DataFileError, FileChangedError, MissingFileError, store_of
 from dali_mesh.storage.byte_store import Version
-from dali_mesh.storage.remote import RemoteStore, _Credentials, _kernels, have_native_http, resolve_s3
+from dali_mesh.storage.remote import RemoteStore, _Credentials, have_native_http, resolve_s3, store_api
 from tests.storage.fault_proxy import ECHO, proxy  # noqa: F401
 from tests.storage.s3_server import KEY, SECRET, client, options, s3_endpoint, start_checking_server  # noqa: F401
 
@@ -37,16 +37,6 @@ pytestmark = [pytest.mark.skipif(not have_native_http(), reason="this build has 
 FAST = {"retries": 2, "retry_seconds": 5, "stall": 2, "timeout": 10}
 #: larger than the first bytes an open keeps (OPEN_BYTES, 64 KiB): reads past them go to the server
 SIZE = 100_000
-
-
-@pytest.fixture(params=["libcurl", "python"])
-def client_kind(request, monkeypatch):
-    """Both clients: libcurl's (csrc/storage/http_store.cc) and the Python one (py_http.py)."""
-    if request.param == "python":
-        monkeypatch.setenv("DALI_MESH_HTTP", "python")
-    else:
-        monkeypatch.delenv("DALI_MESH_HTTP", raising=False)
-    return request.param
 
 
 @pytest.fixture
@@ -74,7 +64,7 @@ def presigned(url: str, **settings) -> tuple[RemoteStore, str]:
 
 
 # ---- finding 6: open by a ranged GET -----------------------------------------------------------------------
-def test_an_open_sends_no_head_and_reads_within_its_first_bytes_cost_nothing(proxy, obj, s3_endpoint, client_kind):
+def test_an_open_sends_no_head_and_reads_within_its_first_bytes_cost_nothing(proxy, obj, s3_endpoint):
     key, data = obj
     store, key = remote(proxy, key)
     proxy.add("status", method="HEAD", status=403, times=100)  # as S3 answers HEAD on a URL presigned for GET
@@ -93,7 +83,7 @@ def test_an_open_sends_no_head_and_reads_within_its_first_bytes_cost_nothing(pro
 
 
 @pytest.mark.parametrize("size", [0, 1, 10, 64 * 1024, 64 * 1024 + 1])
-def test_open_range_gives_the_first_bytes_the_size_and_the_heads_tag(s3_endpoint, client_kind, size):
+def test_open_range_gives_the_first_bytes_the_size_and_the_heads_tag(s3_endpoint, size):
     body = os.urandom(size)
     client(s3_endpoint).put_object(Bucket="data", Key=f"safety/open-{size}.bin", Body=body)
     store, key = store_of(f"s3://data/safety/open-{size}.bin", options(s3_endpoint, **FAST))
@@ -108,7 +98,7 @@ def test_open_range_gives_the_first_bytes_the_size_and_the_heads_tag(s3_endpoint
 
 
 @pytest.mark.parametrize("size", [1000, 64 * 1024, 64 * 1024 + 1, 200_000])
-def test_reads_of_an_opened_object_equal_its_bytes_inside_across_and_past_the_first_bytes(s3_endpoint, client_kind,
+def test_reads_of_an_opened_object_equal_its_bytes_inside_across_and_past_the_first_bytes(s3_endpoint,
                                                                                            size):
     """The open's fast path (its first 64 KiB kept, reads inside them sending nothing) against the object's
     bytes and against an object opened without them (every read a GET), for every class of read: inside the
@@ -135,8 +125,7 @@ def test_reads_of_an_opened_object_equal_its_bytes_inside_across_and_past_the_fi
             assert got == len(want) and b"".join(bufs)[:got] == want, (offset, n, sizes, o is opened)
 
 
-def test_a_url_presigned_for_get_is_read_without_head_and_its_query_shown_nowhere(proxy, obj, monkeypatch):
-    monkeypatch.delenv("DALI_MESH_HTTP", raising=False)  # the Python client's side of contract A is pyhttp's
+def test_a_url_presigned_for_get_is_read_without_head_and_its_query_shown_nowhere(proxy, obj):
     import boto3
     import botocore.config
 
@@ -184,7 +173,7 @@ class _NoRanges(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.mark.parametrize("path", ["/whole.bin", "/chunked.bin"])
-def test_an_open_of_a_server_without_ranges_takes_the_first_bytes_and_the_size(path, client_kind):
+def test_an_open_of_a_server_without_ranges_takes_the_first_bytes_and_the_size(path):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NoRanges)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
@@ -224,7 +213,7 @@ def checking_odd():
         proc.wait(20)
 
 
-def test_keys_are_read_as_the_bytes_they_are_with_signatures_checked(checking_odd, client_kind):
+def test_keys_are_read_as_the_bytes_they_are_with_signatures_checked(checking_odd):
     endpoint, key_id, secret, stored = checking_odd
     store, _ = resolve_s3("s3://data/x", {"key": key_id, "secret": secret, "endpoint_url": endpoint, **FAST})
     for key, body in stored.items():
@@ -235,7 +224,7 @@ def test_keys_are_read_as_the_bytes_they_are_with_signatures_checked(checking_od
         assert store.stat(f"data/{key}").tag == o.version.tag
 
 
-def test_dot_segments_never_reach_another_key_or_bucket(checking_odd, client_kind):
+def test_dot_segments_never_reach_another_key_or_bucket(checking_odd):
     endpoint, key_id, secret, stored = checking_odd
     for location, key in [("s3://data/k/sub/../a.npy", "k/sub/../a.npy"), ("s3://data/../other/k/a.npy",
                                                                              "../other/k/a.npy")]:
@@ -246,9 +235,7 @@ def test_dot_segments_never_reach_another_key_or_bucket(checking_odd, client_kin
 
 
 # ---- finding 9: an answer without the ETag asked for ------------------------------------------------------------
-def test_an_object_replaced_behind_a_server_ignoring_if_match_is_an_error_never_a_mix(proxy, obj, s3_endpoint,
-                                                                                       monkeypatch):
-    monkeypatch.delenv("DALI_MESH_HTTP", raising=False)  # libcurl's client (py_http.get is helper pyhttp's)
+def test_an_object_replaced_behind_a_server_ignoring_if_match_is_an_error_never_a_mix(proxy, obj, s3_endpoint):
     key, data = obj
     store, key = remote(proxy, key)
     o = store.open_version(key, store.stat(key))  # as a plan opens it: If-Match on every read
@@ -261,8 +248,7 @@ def test_an_object_replaced_behind_a_server_ignoring_if_match_is_an_error_never_
     assert f"s3://{key}" in str(info.value) and "bytes 50000-50999" in str(info.value)
 
 
-def test_a_server_that_never_names_the_etag_is_refused_not_trusted(proxy, obj, monkeypatch):
-    monkeypatch.delenv("DALI_MESH_HTTP", raising=False)
+def test_a_server_that_never_names_the_etag_is_refused_not_trusted(proxy, obj):
     key, data = obj
     store, key = remote(proxy, key)
     o = store.open_version(key, store.stat(key))
@@ -321,8 +307,7 @@ def _cached_bytes(folder: Path) -> bytes:
     return b"".join(p.read_bytes() for p in folder.rglob("*") if p.is_file())
 
 
-def test_the_cache_keeps_the_endpoints_of_two_s3_services_apart(same_etag_servers, tmp_path, monkeypatch):
-    monkeypatch.delenv("DALI_MESH_HTTP", raising=False)  # the cache is the native client's
+def test_the_cache_keeps_the_endpoints_of_two_s3_services_apart(same_etag_servers, tmp_path):
     (a, b), _ = same_etag_servers
     cache = {"cache_dir": str(tmp_path / "c"), **FAST}
     for _ in range(2):
@@ -332,8 +317,7 @@ def test_the_cache_keeps_the_endpoints_of_two_s3_services_apart(same_etag_server
             assert o.pread(1000, 100) == _expected(salt, "/data/k.bin")[100:1100], salt
 
 
-def test_the_cache_keeps_urls_of_other_queries_apart(same_etag_servers, tmp_path, monkeypatch):
-    monkeypatch.delenv("DALI_MESH_HTTP", raising=False)
+def test_the_cache_keeps_urls_of_other_queries_apart(same_etag_servers, tmp_path):
     (a, _), (server, _) = same_etag_servers
     cache = {"cache_dir": str(tmp_path / "c"), **FAST}
     version = Version(4096, -1, '"5f1a2b3c-1000"')
@@ -352,8 +336,7 @@ def test_the_cache_keeps_urls_of_other_queries_apart(same_etag_servers, tmp_path
 
 
 # ---- finding 16: a server's text without credentials ---------------------------------------------------------
-def test_a_403_echoing_the_authorization_shows_no_credential(proxy, obj, monkeypatch):
-    monkeypatch.delenv("DALI_MESH_HTTP", raising=False)  # (py_http.error_code is helper pyhttp's)
+def test_a_403_echoing_the_authorization_shows_no_credential(proxy, obj):
     key, _ = obj
     token = "FwoGZXIvYXdzEXAMPLESESSIONTOKEN0123456789"
     store, key = store_of(f"s3://{key}", options(proxy.endpoint, token=token, **FAST))
@@ -366,8 +349,7 @@ def test_a_403_echoing_the_authorization_shows_no_credential(proxy, obj, monkeyp
         assert secret not in msg, (secret, msg)
 
 
-def test_a_403_echoing_a_presigned_query_shows_no_part_of_it(proxy, obj, monkeypatch):
-    monkeypatch.delenv("DALI_MESH_HTTP", raising=False)
+def test_a_403_echoing_a_presigned_query_shows_no_part_of_it(proxy, obj):
     key, _ = obj
     query = "X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Signature=0123456789abcdef0123456789abcdef&X-Amz-Expires=60"
     store, base = presigned(f"{proxy.endpoint}/{key}?{query}", **FAST)
@@ -379,8 +361,7 @@ def test_a_403_echoing_a_presigned_query_shows_no_part_of_it(proxy, obj, monkeyp
 
 # ---- finding 17: control characters, NULL buffers -----------------------------------------------------------------
 @pytest.mark.parametrize("bad", ['"abc"\r\nX-Evil: 1', '"abc"\n', '"a\x00b"', '"a\x7fb"', '"a\tb"'])
-def test_a_header_value_with_a_control_character_is_refused_and_never_sent(proxy, obj, bad, monkeypatch):
-    monkeypatch.delenv("DALI_MESH_HTTP", raising=False)
+def test_a_header_value_with_a_control_character_is_refused_and_never_sent(proxy, obj, bad):
     key, _ = obj
     store, key = remote(proxy, key)
     o = store.open_version(key, Version(SIZE, -1, bad))  # an ETag as a hostile listing's XML may hold
@@ -389,8 +370,7 @@ def test_a_header_value_with_a_control_character_is_refused_and_never_sent(proxy
     assert "If-Match" in str(info.value) and "X-Evil" not in str(info.value)
     if "\x00" in bad:  # (a C string ends at a NUL: the C entry points cannot be given one)
         return
-    lib, err = _kernels(), ctypes.create_string_buffer(4096)
-    store._lib()
+    lib, err = store_api(), ctypes.create_string_buffer(4096)
     buf = ctypes.create_string_buffer(10)
     assert lib.dali_mesh_store_get(store.spec.encode(), key.encode(), 0, 10, bad.encode(), -1, buf, err, 4096) == -1
     assert b"control character" in err.value
@@ -400,10 +380,9 @@ def test_a_header_value_with_a_control_character_is_refused_and_never_sent(proxy
 _NULL_DST = r"""
 import ctypes, sys
 from dali_mesh.storage import store_of
-from dali_mesh.storage.remote import _kernels
+from dali_mesh.storage.remote import store_api
 store, key = store_of(sys.argv[1], {"key": "k", "secret": "s", "endpoint_url": sys.argv[2]})
-store._lib()
-lib, err = _kernels(), ctypes.create_string_buffer(4096)
+lib, err = store_api(), ctypes.create_string_buffer(4096)
 got = lib.dali_mesh_store_get(store.spec.encode(), key.encode(), 0, 10, b"", -1, None, err, 4096)
 size, tag = ctypes.c_int64(), ctypes.create_string_buffer(100)
 opened = lib.dali_mesh_store_open(store.spec.encode(), key.encode(), 10, None, ctypes.byref(size), tag, 100, err, 4096)

@@ -122,18 +122,14 @@ def _checkpointed(src):
     return make
 
 
-@pytest.mark.parametrize("client", ["libcurl", "python"])
-def test_presigned_urls_are_read_and_their_query_shows_nowhere(presigned, client, tmp_path, monkeypatch, caplog,
-                                                                process_group):
+def test_presigned_urls_are_read_and_their_query_shows_nowhere(presigned, tmp_path, caplog, process_group):
     from dali_mesh import NumpySource
     from dali_mesh.partition import take_window
     from dali_mesh.storage.remote import have_native_http
     from tests.helpers import one_rank_layout
 
-    if client == "libcurl" and not have_native_http():
+    if not have_native_http():
         pytest.skip("this build has no libcurl")
-    if client == "python":
-        monkeypatch.setenv("DALI_MESH_HTTP", "python")
     urls, arrays = presigned
     cache = tmp_path / "cache"
     opts = {"retries": 0, "cache_dir": str(cache)}
@@ -146,29 +142,28 @@ def test_presigned_urls_are_read_and_their_query_shows_nowhere(presigned, client
     _clean(repr(src.fingerprint()), "the fingerprint")
     _clean(repr(list(src.files)), "the source's files")
     assert [str(f) for f in src.files] == [u.split("?")[0] for u in urls]
-    if client == "libcurl":
-        pytest.importorskip("nvidia.dali")
-        from dali_mesh.pipeline import native
-        from dali_mesh.torch import MeshLoader
+    pytest.importorskip("nvidia.dali")
+    from dali_mesh.pipeline import native
+    from dali_mesh.torch import MeshLoader
 
-        plan = native.plan_windows(src)[0].write(str(tmp_path))
-        _clean(Path(plan).read_bytes(), "the plan file")
+    plan = native.plan_windows(src)[0].write(str(tmp_path))
+    _clean(Path(plan).read_bytes(), "the plan file")
 
-        make = _checkpointed(src)
-        p = make()
-        p.build()
-        _clean(p.serialize(), "pipe.serialize()")
-        loader = MeshLoader(make, src.layout)
-        got = [b["window"][0].numpy() for b in loader]
-        for g, sid in zip(got, range(3)):
-            np.testing.assert_array_equal(g, take_window(arrays[sid], src.region))
-        _clean(pickle.dumps(loader.state_dict()), "MeshLoader.state_dict()")
-        loader.close()
-        # the cache's entries hold no query, in their names or their bytes
-        for root, _, names in os.walk(cache):
-            for n in names:
-                _clean(n, "a cache entry's name")
-                _clean(Path(root, n).read_bytes(), "a cache entry")
+    make = _checkpointed(src)
+    p = make()
+    p.build()
+    _clean(p.serialize(), "pipe.serialize()")
+    loader = MeshLoader(make, src.layout)
+    got = [b["window"][0].numpy() for b in loader]
+    for g, sid in zip(got, range(3)):
+        np.testing.assert_array_equal(g, take_window(arrays[sid], src.region))
+    _clean(pickle.dumps(loader.state_dict()), "MeshLoader.state_dict()")
+    loader.close()
+    # the cache's entries hold no query, in their names or their bytes
+    for root, _, names in os.walk(cache):
+        for n in names:
+            _clean(n, "a cache entry's name")
+            _clean(Path(root, n).read_bytes(), "a cache entry")
     # HDF5 behind a presigned URL: planned and read without a HEAD (h5py's reads, the plan's version)
     from dali_mesh import HDF5Source
 
@@ -177,8 +172,7 @@ def test_presigned_urls_are_read_and_their_query_shows_nowhere(presigned, client
                        storage_options=opts)
     for i, a in enumerate(arrays):
         np.testing.assert_array_equal(h5src.read_sample(i)[0], take_window(a, h5src.region))
-    if client == "libcurl":
-        _clean(Path(native.plan_windows(h5src)[0].write(str(tmp_path))).read_bytes(), "the HDF5 plan file")
+    _clean(Path(native.plan_windows(h5src)[0].write(str(tmp_path))).read_bytes(), "the HDF5 plan file")
     assert not [m for m, _ in _Presigned.seen if m == "HEAD"], _Presigned.seen
     _clean(caplog.text, "the logs at DEBUG")
     # an error (an object that is not there) names the URL without its query

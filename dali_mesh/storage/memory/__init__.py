@@ -18,12 +18,11 @@ from __future__ import annotations
 import ctypes
 import re
 import threading
-import urllib.parse
-import xml.etree.ElementTree as ET
 from typing import Sequence
 
 from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, write_spec
 from dali_mesh.storage.errors import DataFileError, FileChangedError, MissingFileError, TruncatedFileError
+from dali_mesh.storage.listing import list_all
 from dali_mesh.storage.remote import store_api, store_message
 
 __all__ = ["MemoryObject", "MemoryStore", "resolve_memory", "share_objects"]
@@ -32,8 +31,6 @@ __all__ = ["MemoryObject", "MemoryStore", "resolve_memory", "share_objects"]
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
 _ERR = 4096
 _TAG = 1024
-#: a listing page that does not end by this many pages is an error (one page holds 1,000 keys)
-_LIST_PAGES = 1_000_000
 
 #: the loaded libraries besides the kernels library that hold copies of stores (share_objects): each
 #: library (ctypes, by its handle) with the names of the stores copied there
@@ -149,30 +146,15 @@ class MemoryStore(ByteStore):
 
     def list(self, prefix: str, delimiter: bool = True) -> tuple[list[tuple[str, Version]], list[str]]:
         """The objects under ``prefix`` (keys and versions) and, with ``delimiter``, the prefixes one level
-        down (each ending with '/'), read page by page as the store lists them (ListObjectsV2's XML)."""
-        objects, prefixes, token = [], [], ""
-        for _ in range(_LIST_PAGES):
-            root = ET.fromstring(self._list_page(prefix, delimiter, token))
-            ns = root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
-            for c in root.iter(f"{ns}Contents"):
-                objects.append((_decoded(c.findtext(f"{ns}Key")),
-                                Version(int(c.findtext(f"{ns}Size")), -1, c.findtext(f"{ns}ETag") or "")))
-            prefixes += [_decoded(p.findtext(f"{ns}Prefix")) for p in root.iter(f"{ns}CommonPrefixes")]
-            token = root.findtext(f"{ns}NextContinuationToken") or ""
-            if (root.findtext(f"{ns}IsTruncated") or "false") != "true":
-                return objects, prefixes
-        raise DataFileError(self.name_of(prefix), f"the listing goes on after {_LIST_PAGES} pages; list a narrower "
-                                                  "prefix")
+        down (each ending with '/'), read page by page as the store lists them (dali_mesh/storage/listing.py:
+        a listing that would never end is an error)."""
+        where = _encoded(self._checked(prefix))
 
-    def _list_page(self, prefix: str, delimiter: bool, continuation: str) -> str:
-        size = 1 << 20
-        while True:
-            out = ctypes.create_string_buffer(size)
-            n = self._call(prefix, "dali_mesh_store_list", _encoded(prefix), int(delimiter), continuation.encode(),
-                           out, size)
-            if n < size:
-                return out.value.decode("utf-8")
-            size = n + 1
+        def call(token: bytes, out, size: int) -> int:
+            return self._call(prefix, "dali_mesh_store_list", where, int(delimiter), token, out, size)
+
+        objects, prefixes, _ = list_all(call, self.name_of(prefix))
+        return objects, prefixes
 
     # ---- the C API ----------------------------------------------------------------------------------------
     def _checked(self, key: str) -> str:
@@ -217,11 +199,6 @@ class MemoryStore(ByteStore):
 
     def __hash__(self) -> int:
         return hash(("memory", self.name))
-
-
-def _decoded(text: str | None) -> str:
-    # the listing's keys are percent-encoded (EncodingType url): any bytes, also those XML cannot hold
-    return urllib.parse.unquote(text or "", encoding="utf-8", errors="surrogateescape")
 
 
 def share_objects(lib, stores) -> None:
