@@ -11,11 +11,13 @@
 #include <exception>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "c_api/export.h"
 #include "kernels/slice_gpu.h"
 #include "plan/plan.h"
+#include "plan/plan_fields.h"
 #include "reader/device_fill.h"
 #include "reader/finish.h"
 #include "reader/tasks.h"
@@ -65,6 +67,22 @@ class Json {
     for (int64_t x : v) Raw(std::to_string(x));
     Close(']');
   }
+  // One field of a list of plan/plan_fields.h, by its type.
+  void Field(const char *name, int64_t v) { Int(name, v); }
+  void Field(const char *name, const std::string &v) { Bytes(name, v); }
+  void Field(const char *name, const std::vector<int64_t> &v) { Ints(name, v); }
+  // `"name":[...]`, an object per entry of `v` written by `each(entry)` between its braces.
+  template <class T, class Each>
+  void Objects(const char *name, const std::vector<T> &v, Each &&each) {
+    Key(name);
+    Open('[');
+    for (const T &x : v) {
+      Open('{');
+      each(x);
+      Close('}');
+    }
+    Close(']');
+  }
   void IntLists(const char *name, const std::vector<std::vector<int64_t>> &v) {
     Key(name);
     Open('[');
@@ -86,68 +104,40 @@ class Json {
   bool after_key_ = false;
 };
 
-// Every field of a loaded plan set, named as in plan/plan.h.
+// Every field of a loaded plan set, named as in plan/plan.h; those the file holds in its order (the lists
+// of plan/plan_fields.h, which the loader reads by).
 std::string PlanSetJson(const dali_mesh::PlanSet &set) {
   Json j;
+  const auto field = [&j](const char *name, const auto &v) { j.Field(name, v); };
   j.Open('{');
   j.Bytes("source", set.source);
-  j.Key("plans");
-  j.Open('[');
-  for (const dali_mesh::ReadPlan &p : set.plans) {
-    j.Open('{');
+  j.Objects("plans", set.plans, [&](const dali_mesh::ReadPlan &p) {
     j.Int("ndim", p.ndim);
     j.Int("itemsize", p.itemsize);
     j.Int("swap_unit", p.swap_unit);
     j.Bool("fortran", p.fortran);
     j.Bool("coded", p.coded);
     j.Ints("shape", p.shape);
-    j.Ints("file_off", p.file_off);
-    j.Ints("dst_off", p.dst_off);
-    j.Ints("unit_bytes", p.unit_bytes);
-    j.Ints("unit_count", p.unit_count);
-    j.Ints("file_step", p.file_step);
-    j.Ints("dst_step", p.dst_step);
-    j.Ints("group_begin", p.group_begin);
-    j.Ints("group_end", p.group_end);
+    dali_mesh::ReadPlanUnitFields(p, field);
+    dali_mesh::ReadPlanGroupFields(p, field);
     j.Int("check_offset", p.check_offset);
     j.Bytes("check", p.check);
     j.Bytes("fill", p.fill);
     j.IntLists("copy_dst", p.copy_dst);
     j.IntLists("copy_src", p.copy_src);
     j.IntLists("fills", p.fills);
-    j.Int("max_gap", p.max_gap);
-    j.Close('}');
-  }
-  j.Close(']');
-  j.Key("files");
-  j.Open('[');
-  for (const dali_mesh::PlanFile &f : set.files) {
-    j.Open('{');
-    j.Bytes("store", set.stores[f.store]);
-    j.Bytes("key", f.key);
-    j.Int("size", f.size);
-    j.Int("mtime_ns", f.mtime_ns);
-    j.Bytes("tag", f.tag);
-    j.Int("check_offset", f.check_offset);
-    j.Bytes("check", f.check);
-    j.Close('}');
-  }
-  j.Close(']');
-  j.Key("parts");
-  j.Open('[');
-  for (const dali_mesh::PlanPart &q : set.parts) {
-    j.Open('{');
-    j.Int("file", q.file);
-    j.Int("plan", q.plan);
-    j.Int("base", q.base);
-    j.Int("dst_base", q.dst_base);
-    j.Close('}');
-  }
-  j.Close(']');
-  j.Key("coders");
-  j.Open('[');
-  for (const dali_mesh::Coder &c : set.coders) {
-    j.Open('{');
+    j.Int("max_gap", p.max_gap);  // derived when loaded
+  });
+  j.Objects("files", set.files, [&](const dali_mesh::PlanFile &f) {
+    dali_mesh::PlanFileFields(f, [&](const char *name, const auto &v) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(v)>, int64_t>) {
+        if (std::strcmp(name, "store") == 0) return j.Bytes(name, set.stores[v]);  // the store's spec, not its index
+      }
+      j.Field(name, v);
+    });
+  });
+  j.Objects("parts", set.parts, [&](const dali_mesh::PlanPart &q) { dali_mesh::PlanPartFields(q, field); });
+  j.Objects("coders", set.coders, [&](const dali_mesh::Coder &c) {
     std::vector<int64_t> ids, args;
     for (const auto &st : c.steps) {
       ids.push_back(st.id);
@@ -157,30 +147,13 @@ std::string PlanSetJson(const dali_mesh::PlanSet &set) {
     j.Ints("args", args);
     j.Int("chunk_bytes", c.chunk_bytes);
     j.Bytes("fill", c.fill);
-    j.Close('}');
-  }
-  j.Close(']');
-  j.Key("chunks");
-  j.Open('[');
-  for (const dali_mesh::PlanChunk &c : set.chunks) {
-    j.Open('{');
-    j.Int("file", c.file);
-    j.Int("offset", c.offset);
-    j.Int("nbytes", c.nbytes);
-    j.Int("coder", c.coder);
-    j.Close('}');
-  }
-  j.Close(']');
-  j.Key("items");
-  j.Open('[');
-  for (const dali_mesh::PlanItem &it : set.items) {
-    j.Open('{');
+  });
+  j.Objects("chunks", set.chunks, [&](const dali_mesh::PlanChunk &c) { dali_mesh::PlanChunkFields(c, field); });
+  j.Objects("items", set.items, [&](const dali_mesh::PlanItem &it) {
     j.Int("finish", it.finish);
     j.Int("part_begin", it.part_begin);
     j.Int("part_end", it.part_end);
-    j.Close('}');
-  }
-  j.Close(']');
+  });
   j.Close('}');
   return j.str();
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "plan/plan.h"
+#include "plan/plan_fields.h"
 
 namespace dali_mesh {
 
@@ -61,6 +62,10 @@ class Reader {
     pos_ += (n + 7) / 8 * 8;
     return s;
   }
+  // One field of a list of plan_fields.h: a word, a byte string, or an array of `n` words.
+  void Read(int64_t *v) { *v = Int(); }
+  void Read(std::string *s) { *s = Bytes(); }
+  void Read(std::vector<int64_t> *v, int64_t n) { *v = Ints(n); }
   bool AtEnd() const { return pos_ == data_.size(); }
   [[noreturn]] void Bad(const std::string &what) const {
     Fail(path_ + ": the plan file is corrupt (" + what + " at byte " + std::to_string(pos_) +
@@ -101,14 +106,8 @@ void ReadPlanBody(Reader &r, ReadPlan *p) {
   const int64_t total = p->bytes();
   int64_t n_units = r.Count(int64_t(1) << 40, "unit", 48);
   int64_t n_groups = r.Count(n_units, "group", 0);
-  p->file_off = r.Ints(n_units);
-  p->dst_off = r.Ints(n_units);
-  p->unit_bytes = r.Ints(n_units);
-  p->unit_count = r.Ints(n_units);
-  p->file_step = r.Ints(n_units);
-  p->dst_step = r.Ints(n_units);
-  p->group_begin = r.Ints(n_groups);
-  p->group_end = r.Ints(n_groups);
+  ReadPlanUnitFields(*p, [&r, n_units](const char *, std::vector<int64_t> &v) { r.Read(&v, n_units); });
+  ReadPlanGroupFields(*p, [&r, n_groups](const char *, std::vector<int64_t> &v) { r.Read(&v, n_groups); });
   p->max_gap = 0;
   for (int64_t u = 0; u < n_units; u++) {
     // written so that no sum can overflow: offsets, sizes, counts and steps are any int64 in a
@@ -214,14 +213,9 @@ PlanSet LoadPlanSet(const std::string &path) {
   int64_t n_coders = r.Count(int64_t(1) << 20, "coder", 32);
   int64_t n_chunks = r.Count(int64_t(1) << 40, "chunk", 32);
   set.files.resize(n_files);
+  const auto read = [&r](const char *, auto &v) { r.Read(&v); };
   for (auto &f : set.files) {
-    f.store = r.Int();
-    f.key = r.Bytes();
-    f.size = r.Int();
-    f.mtime_ns = r.Int();
-    f.tag = r.Bytes();
-    f.check_offset = r.Int();
-    f.check = r.Bytes();
+    PlanFileFields(f, read);
     if (f.store < 0 || f.store >= n_stores) r.Bad("store index " + std::to_string(f.store));
     f.byte_store = StoreOf(set.stores[f.store]);
     if (!f.byte_store)  // a store this build has none of: a plan of another build, or corrupt
@@ -247,18 +241,12 @@ PlanSet LoadPlanSet(const std::string &path) {
     if (!why.empty()) r.Bad("a coder that cannot run: " + why);
   }
   set.chunks.resize(n_chunks);
-  {
-    std::vector<int64_t> w = r.Ints(4 * n_chunks);
-    for (int64_t c = 0; c < n_chunks; c++) {
-      PlanChunk &ch = set.chunks[c];
-      ch.file = w[4 * c];
-      ch.offset = w[4 * c + 1];
-      ch.nbytes = w[4 * c + 2];
-      ch.coder = w[4 * c + 3];
-      if (ch.file < 0 || ch.file >= n_files || ch.coder < 0 || ch.coder >= n_coders || ch.offset < 0 ||
-          ch.nbytes < -2 || (ch.nbytes > 0 && ch.offset > INT64_MAX - ch.nbytes))
-        r.Bad("chunk " + std::to_string(c));
-    }
+  for (int64_t c = 0; c < n_chunks; c++) {
+    PlanChunk &ch = set.chunks[c];
+    PlanChunkFields(ch, read);
+    if (ch.file < 0 || ch.file >= n_files || ch.coder < 0 || ch.coder >= n_coders || ch.offset < 0 ||
+        ch.nbytes < -2 || (ch.nbytes > 0 && ch.offset > INT64_MAX - ch.nbytes))
+      r.Bad("chunk " + std::to_string(c));
   }
   set.plans.resize(n_plans);
   for (auto &p : set.plans) ReadPlanBody(r, &p);
@@ -270,10 +258,7 @@ PlanSet LoadPlanSet(const std::string &path) {
     it.part_begin = set.parts.size();
     for (int64_t k = 0; k < n_parts; k++) {
       PlanPart part;
-      part.file = r.Int();
-      part.plan = r.Int();
-      part.base = r.Int();
-      part.dst_base = r.Int();
+      PlanPartFields(part, read);
       if (part.file < 0 || part.plan < 0 || part.plan >= n_plans || part.base < 0 || part.dst_base < 0 ||
           part.file >= (set.plans[part.plan].coded ? n_chunks : n_files))
         r.Bad("item part");

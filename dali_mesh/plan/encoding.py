@@ -1,6 +1,7 @@
 """The plan file's encoding: one field table per object, read by :func:`encode` and :func:`decode`
-(tensorstore's json_binding: one definition serves both ways); the C++ loader
-(``LoadPlanSet``) reads the same words, and ``tests/io/test_read_plan.py`` holds the two together."""
+(tensorstore's json_binding: one definition serves both ways), the schema's one source. The C++ loader
+(``LoadPlanSet``) and its dump read and write by one field list per object (csrc/plan/plan_fields.h);
+``tests/io/test_read_plan.py`` holds those lists to these tables (names, order and values)."""
 from __future__ import annotations
 
 from typing import Any, NamedTuple

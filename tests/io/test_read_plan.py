@@ -428,3 +428,42 @@ def test_canonical_json_agrees_with_the_reader(tmp_path, text):
     meta.write_bytes(text[:-1])  # not one JSON object
     with pytest.raises(RuntimeError, match="meta.json: its metadata .* differs"):
         run_plan_file(path)
+
+
+# ---- the schema: one source (Python's tables), the C++ loader's field lists held to it ------------------
+def _file_order(table) -> list[str]:
+    """The fields of an encoding table as the loaded objects keep them, in file order: counts are kept
+    only as their arrays' lengths (a ReadPlan's ``ndim`` aside), a list of records as one list per field."""
+    out = []
+    for f in table:
+        if f.kind == "records":
+            out += _file_order(f.table)
+        elif f.kind != "count" or f.name == "ndim":
+            out.append(f.name)
+    return out
+
+
+def test_the_loaders_field_lists_are_the_python_tables(tmp_path):
+    """The plan file's fields are written once, by Python's tables (dali_mesh/plan/encoding.py, the item
+    parts of types.py, the chunk rows of PlanSet.add_chunk); the C++ loader reads by one list per object
+    (csrc/plan/plan_fields.h), and its dump writes the fields in that order: names and order are the
+    tables'. (Values across the boundary: test_a_plan_file_loads_as_it_was_encoded.)"""
+    import inspect
+
+    from dali_mesh.plan import CODECS, Coder
+    from dali_mesh.plan.encoding import _CODER, _PLAN_FILE, _READ_PLAN
+    from dali_mesh.plan.types import PlanPart
+
+    data = tmp_path / "x.bin"
+    data.write_bytes(bytes(64))
+    plans = PlanSet(np.dtype("f4"), 1)
+    plans.add_plan(ReadPlan.from_units(_read_only((16,)), np.dtype("f4"), False, [0], [0], [64], [(0, 1)]))
+    plans.files.append(PlanFile(str(data), 64))
+    plans.add_chunk(0, 0, 64, plans.add_coder(Coder(((CODECS["zlib"], 0),), 64)))
+    plans.items = [(0, [(0, 0, 0, 0)])]
+    dump = _kernels.plan_dump(plans.write(str(tmp_path / "plans")))
+    assert [k for k in dump["plans"][0] if k != "max_gap"] == _file_order(_READ_PLAN)  # max_gap: derived
+    assert list(dump["files"][0]) == _file_order(_PLAN_FILE)
+    assert list(dump["coders"][0]) == _file_order(_CODER)
+    assert list(dump["parts"][0]) == list(PlanPart._fields)
+    assert list(dump["chunks"][0]) == list(inspect.signature(PlanSet.add_chunk).parameters)[1:]
