@@ -2,7 +2,8 @@
 // libdali_mesh_kernels.so and bound in dali_mesh/_kernels/fetch_api.py: which requests fetch a set of
 // wanted byte ranges at a given latency and bandwidth (the tests hold its decisions to recorded
 // links and fuzz its invariants), and which chunks of a batch one request fetches together (the tests
-// hold it to the planner's estimate, dali_mesh/plan/plan_set.py _chunk_runs).
+// hold it to its contract), and what an epoch of the reader fetches (fetch_epoch.h: `dali-mesh plan`'s
+// counts and every cost estimate, by the reader's own code).
 //
 // Functions that take `err` return a count (>= 0) on success, or -1 with a message in err[0..err_len).
 #include <cstdint>
@@ -13,6 +14,8 @@
 #include <vector>
 
 #include "c_api/export.h"
+#include "plan/plan.h"
+#include "reader/fetch_epoch.h"
 #include "reader/fetch_plan.h"
 
 using dali_mesh::c_api::Fail;
@@ -99,6 +102,61 @@ DM_EXPORT int64_t dali_mesh_chunk_runs(const int64_t *spans, int64_t n, const do
       run_end[r] = at;
     }
     return static_cast<int64_t>(runs.size());
+  } catch (const std::exception &e) {
+    return Fail(e.what(), err, err_len);
+  }
+}
+
+// The stored bytes from which a Blosc chunk may be read in parts (fetch_plan.h kMinPartsBytes): the
+// planner reads one header of each coder whose chunks reach it (PlanSet.blosc_probes).
+DM_EXPORT int64_t dali_mesh_min_parts_bytes(void) { return dali_mesh::kMinPartsBytes; }
+
+// What an epoch of the batch reader fetches (fetch_epoch.h EpochFetches), counted by the reader's own
+// code without reading: the plan file `plan_path` (as the reader loads it), the `n` sample ids `ids` read
+// in batches of `batch_size` (the last one shorter) with `outputs` windows per id and the reader's
+// `task_bytes`; `n_headers` Blosc headers of 16 bytes each at headers[16k..16k+16), of a chunk of coder
+// header_coders[k]; and per store of the plan file (its store table, in order) what a request costs,
+// latency_s[s] and bytes_per_s[s] (both null: each store's own measure). Writes per batch b its requests,
+// body bytes, round trips and chunks read in parts (estimated) to out[4b..4b+4) (room for out_len values)
+// and returns the number of batches, or -1 with a message.
+DM_EXPORT int64_t dali_mesh_epoch_fetches(const char *plan_path, const int64_t *ids, int64_t n, int64_t batch_size,
+                                          int64_t outputs, int64_t task_bytes, const int64_t *header_coders,
+                                          const char *headers, int64_t n_headers, const double *latency_s,
+                                          const double *bytes_per_s, int64_t n_stores, int64_t *out, int64_t out_len,
+                                          char *err, int64_t err_len) {
+  try {
+    if (!plan_path) return Fail("dali_mesh_epoch_fetches: no plan file given", err, err_len);
+    if (n < 0 || (n > 0 && !ids)) return Fail("dali_mesh_epoch_fetches: no sample ids given", err, err_len);
+    if (batch_size < 1) return Fail("batch_size must be at least 1, not " + std::to_string(batch_size), err, err_len);
+    if (outputs < 1 || outputs > (1 << 20))
+      return Fail("outputs must be at least 1, not " + std::to_string(outputs), err, err_len);
+    if (n_headers < 0 || (n_headers > 0 && (!header_coders || !headers)))
+      return Fail("dali_mesh_epoch_fetches: headers not given", err, err_len);
+    if (n_stores < 0 || (!latency_s) != (!bytes_per_s) || (n_stores > 0 && !latency_s))
+      return Fail("dali_mesh_epoch_fetches: give latency_s and bytes_per_s for every store, or neither", err, err_len);
+    const int64_t batches = n == 0 ? 0 : (n - 1) / batch_size + 1;
+    if (!out || out_len < 4 * batches)
+      return Fail("dali_mesh_epoch_fetches: room for " + std::to_string(4 * batches) + " values needed", err, err_len);
+    dali_mesh::EpochOptions options;
+    options.outputs = static_cast<int>(outputs);
+    options.task_bytes = task_bytes;
+    for (int64_t k = 0; k < n_headers; k++)
+      options.headers[header_coders[k]] = std::string(headers + 16 * k, 16);
+    for (int64_t s = 0; s < n_stores && latency_s; s++) {
+      if (!(latency_s[s] >= 0) || !(bytes_per_s[s] >= 0))
+        return Fail("latency_s and bytes_per_s must be >= 0, not " + std::to_string(latency_s[s]) + " and " +
+                    std::to_string(bytes_per_s[s]) + " (store " + std::to_string(s) + ")", err, err_len);
+      options.costs.push_back(dali_mesh::RoundTrip{latency_s[s], bytes_per_s[s]});
+    }
+    const dali_mesh::PlanSet plans = dali_mesh::LoadPlanSet(plan_path);
+    const auto got = dali_mesh::EpochFetches(plans, ids, n, batch_size, options);
+    for (size_t b = 0; b < got.size(); b++) {
+      out[4 * b] = got[b].requests;
+      out[4 * b + 1] = got[b].bytes;
+      out[4 * b + 2] = got[b].round_trips;
+      out[4 * b + 3] = got[b].parts_chunks;
+    }
+    return static_cast<int64_t>(got.size());
   } catch (const std::exception &e) {
     return Fail(e.what(), err, err_len);
   }

@@ -31,9 +31,6 @@ bool IsDecompressor(int64_t id) { return IsKind(id, CodecKind::kDecompressor); }
 
 bool IsChecksum(int64_t id) { return IsKind(id, CodecKind::kChecksum); }
 
-// A coder of exactly one Blosc step, no checksum: what c-blosc2 can read and decode in parts.
-[[maybe_unused]] bool OneBloscStep(const Coder &coder) { return coder.steps.size() == 1 && coder.steps[0].id == kCodecBlosc; }
-
 #ifdef DALI_MESH_HAVE_BLOSC2
 using detail::AsBlosc1;
 using detail::Blosc;
@@ -160,32 +157,6 @@ std::string CheckCoder(const Coder &coder) {
   return "";
 }
 
-void MergeRanges(std::vector<std::pair<int64_t, int64_t>> *ranges) {
-  std::sort(ranges->begin(), ranges->end());
-  size_t k = 0;
-  for (size_t i = 0; i < ranges->size(); i++) {
-    if (k && (*ranges)[i].first <= (*ranges)[k - 1].second) {
-      (*ranges)[k - 1].second = std::max((*ranges)[k - 1].second, (*ranges)[i].second);
-    } else {
-      (*ranges)[k++] = (*ranges)[i];
-    }
-  }
-  ranges->resize(k);
-}
-
-bool MayReadInParts(const Coder &coder, int64_t n, const std::vector<std::pair<int64_t, int64_t>> &ranges,
-                    int64_t min_stored) {
-#ifdef DALI_MESH_HAVE_BLOSC2
-  if (!OneBloscStep(coder) || n < min_stored) return false;
-  int64_t covered = 0;
-  for (const auto &r : ranges) covered += r.second - r.first;
-  return covered * 4 < coder.chunk_bytes * 3;
-#else
-  (void)coder, (void)n, (void)ranges, (void)min_stored;
-  return false;
-#endif
-}
-
 #ifdef DALI_MESH_HAVE_BLOSC2
 // BloscRanges decodes the runs BlockRuns names: each range widened to the blocks it touches, runs
 // closer than a block joined.
@@ -215,9 +186,12 @@ bool BlockRuns(const std::vector<std::pair<int64_t, int64_t>> &ranges, int64_t w
   return covered * 4 < want * 3;
 }
 
-bool BlockLayoutOf(const Coder &coder, const char *head, int64_t n, BlockLayout *l) {
+namespace {
+
+// The layout a chunk's header declares (its index not read), or false (see Described::kNotBlocks).
+bool HeaderLayout(const Coder &coder, const char *head, int64_t n, BlockLayout *l) {
   *l = BlockLayout();
-  if (!OneBloscStep(coder) || coder.chunk_bytes > INT32_MAX) return false;
+  if (!BlocksOfCoder(coder) || coder.chunk_bytes > INT32_MAX) return false;
   const int64_t want = coder.chunk_bytes;
   if (!BloscHeader(head, n, want, &l->blocksize, &l->ts).empty()) return false;
   const auto *h = reinterpret_cast<const unsigned char *>(head);
@@ -230,6 +204,8 @@ bool BlockLayoutOf(const Coder &coder, const char *head, int64_t n, BlockLayout 
   return l->index_end <= n;
 }
 
+// Reads the block index of the chunk at `at` (its bytes [0, index_end) read) into layout->starts;
+// false for an index that points outside the chunk's blocks.
 bool ReadBlockIndex(const char *at, BlockLayout *l) {
   l->starts.clear();
   if (l->memcpyed) return true;
@@ -242,11 +218,30 @@ bool ReadBlockIndex(const char *at, BlockLayout *l) {
   return true;
 }
 
-bool StreamsWereRead(const BlockLayout &l, const std::vector<std::pair<int64_t, int64_t>> &runs, const char *at,
-                     const std::vector<std::pair<int64_t, int64_t>> &read) {
-  if (l.memcpyed) return true;  // BlockStoredBytes names every byte the runs take
+}  // namespace
+
+Described DescribeBlocks(const Coder &coder, const char *at, const std::vector<std::pair<int64_t, int64_t>> &have,
+                         int64_t n, const std::vector<std::pair<int64_t, int64_t>> &ranges, BlockLayout *l) {
+  if (!Inside(have, 0, std::min(n, kBlockHeaderBytes)) || !HeaderLayout(coder, at, n, l)) {
+    *l = BlockLayout();
+    return Described::kNotBlocks;
+  }
+  if (!BlockRuns(ranges, coder.chunk_bytes, l->blocksize, l->ts, &l->runs)) {
+    l->runs.clear();
+    return Described::kWholeDecode;
+  }
+  if (!Inside(have, 0, l->index_end)) return Described::kNeedIndex;
+  if (!ReadBlockIndex(at, l)) {
+    *l = BlockLayout();
+    return Described::kNotBlocks;
+  }
+  return Described::kBlocks;
+}
+
+bool StreamsWereRead(const BlockLayout &l, const char *at, const std::vector<std::pair<int64_t, int64_t>> &read) {
+  if (l.memcpyed) return true;  // the stored bytes of its runs are every byte they take
   const auto *h = reinterpret_cast<const unsigned char *>(at);
-  for (const auto &r : runs) {
+  for (const auto &r : l.runs) {
     for (int64_t j = r.first / l.blocksize; j <= (r.second - 1) / l.blocksize && j < l.nblocks; j++) {
       const bool leftover = j == l.nblocks - 1 && l.decoded % l.blocksize != 0;
       const int nstreams = (l.splits && !leftover) ? l.ts : 1;
@@ -263,36 +258,15 @@ bool BlockRuns(const std::vector<std::pair<int64_t, int64_t>> &, int64_t, int32_
   runs->clear();
   return false;
 }
-bool BlockLayoutOf(const Coder &, const char *, int64_t, BlockLayout *l) {
+Described DescribeBlocks(const Coder &, const char *, const std::vector<std::pair<int64_t, int64_t>> &, int64_t,
+                         const std::vector<std::pair<int64_t, int64_t>> &, BlockLayout *l) {
   *l = BlockLayout();
-  return false;
+  return Described::kNotBlocks;
 }
-bool ReadBlockIndex(const char *, BlockLayout *) { return false; }
-bool StreamsWereRead(const BlockLayout &, const std::vector<std::pair<int64_t, int64_t>> &, const char *,
-                     const std::vector<std::pair<int64_t, int64_t>> &) {
+bool StreamsWereRead(const BlockLayout &, const char *, const std::vector<std::pair<int64_t, int64_t>> &) {
   return false;
 }
 #endif
-
-std::vector<std::pair<int64_t, int64_t>> BlockStoredBytes(const BlockLayout &l,
-                                                          const std::vector<std::pair<int64_t, int64_t>> &runs) {
-  std::vector<std::pair<int64_t, int64_t>> out;
-  if (l.blocksize <= 0) return out;
-  if (l.memcpyed) {  // the decoded bytes follow the header as they are
-    for (const auto &r : runs) out.push_back({kBlockHeaderBytes + r.first, kBlockHeaderBytes + r.second});
-    return out;
-  }
-  std::vector<int64_t> sorted = l.starts;
-  std::sort(sorted.begin(), sorted.end());
-  const int64_t nblocks = static_cast<int64_t>(l.starts.size());
-  for (const auto &r : runs) {
-    for (int64_t j = r.first / l.blocksize; j <= (r.second - 1) / l.blocksize && j < nblocks; j++) {
-      const auto next = std::upper_bound(sorted.begin(), sorted.end(), l.starts[j]);
-      out.push_back({l.starts[j], next == sorted.end() ? l.n : *next});
-    }
-  }
-  return out;
-}
 
 int64_t DecodeScratchBytes(const Coder &coder, int64_t n) {
   int64_t bytes = IntermediateBytes(coder);
@@ -307,7 +281,7 @@ std::string DecodeChunkRanges(const Coder &coder, const char *src, int64_t n, ch
                               const std::vector<std::pair<int64_t, int64_t>> &ranges, char *scratch) {
 #ifdef DALI_MESH_HAVE_BLOSC2
   // (one step: no intermediate chunk, Blosc's copy at the start of the scratch)
-  if (OneBloscStep(coder) && coder.chunk_bytes <= INT32_MAX)
+  if (BlocksOfCoder(coder) && coder.chunk_bytes <= INT32_MAX)
     return BloscRanges(src, n, out, coder.chunk_bytes, ranges, scratch);
 #endif
   // every other coder decodes the whole chunk, whose size is then checked: a Zstd frame, say,

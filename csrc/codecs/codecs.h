@@ -68,24 +68,14 @@ std::string DecodeChunk(const Coder &coder, const char *src, int64_t n, char *ou
 std::string DecodeChunkRanges(const Coder &coder, const char *src, int64_t n, char *out,
                               const std::vector<std::pair<int64_t, int64_t>> &ranges, char *scratch = nullptr);
 
-// Sorts `ranges` (byte ranges) and merges those that overlap or touch.
-void MergeRanges(std::vector<std::pair<int64_t, int64_t>> *ranges);
-
-// Whether a chunk of `n` stored bytes by `coder` may be read in parts for `ranges` (a Blosc chunk of
-// at least `min_stored` bytes that the ranges cover less than three quarters of): its reads then
-// start with its header and block index (fetch_plan.h ReadStored), and announcing the whole chunk would read it
-// all. Below 256 KiB the extra reads of the index cost more than they save.
-constexpr int64_t kMinPartsBytes = int64_t(256) << 10;
-bool MayReadInParts(const Coder &coder, int64_t n, const std::vector<std::pair<int64_t, int64_t>> &ranges,
-                    int64_t min_stored = kMinPartsBytes);
-
 // ---- a Blosc chunk's layout, for a read in parts ----------------------------------------------------
-// A codec only DESCRIBES what a read in parts needs (its header -> block size and index; the blocks a
-// decode of some ranges takes -> their stored bytes) and decodes; what is fetched, merged and guessed,
-// and in how many round trips, is the reader's fetch plan (csrc/reader/fetch_plan.h).
+// A codec only DESCRIBES a chunk (its header -> block size and index; the blocks a decode of some
+// ranges takes; whether the streams of those blocks lie in the bytes read) and decodes; whether a
+// chunk is read in parts, what is fetched, merged and guessed, and in how many round trips, is the
+// reader's fetch plan (csrc/reader/fetch_plan.h), which asks the codec at most three times a chunk.
 //
-// A Blosc chunk's layout: its header's block size, type size and flags, where its block index ends
-// and the index itself (read after the header).
+// A Blosc chunk's layout: its header's block size, type size and flags, where its block index ends,
+// the index itself, and the blocks a decode of the ranges it was described for takes.
 struct BlockLayout {
   int64_t n = 0;        // the chunk's stored bytes (0: no layout)
   int64_t decoded = 0;  // its decoded bytes
@@ -96,10 +86,16 @@ struct BlockLayout {
   int64_t nblocks = 0;
   int64_t index_end = 0;        // the header and the block index end here
   std::vector<int64_t> starts;  // the block index (empty for a memcpyed chunk, or before it is read)
+  // the runs of whole blocks a decode of the ranges takes (BlockRuns); empty: the chunk is decoded whole
+  std::vector<std::pair<int64_t, int64_t>> runs;
 };
 
 // The bytes of a chunk's start that hold a Blosc header.
 constexpr int64_t kBlockHeaderBytes = 16;
+
+// Whether chunks of `coder` are ones a part of which may be decoded (one Blosc step, nothing else):
+// a property of the coder, no call needed.
+inline bool BlocksOfCoder(const Coder &coder) { return coder.steps.size() == 1 && coder.steps[0].id == kCodecBlosc; }
 
 // The runs of whole blocks of `blocksize` that a decode of `ranges` (of a decoded chunk of `want`
 // bytes) touches, runs closer than a block joined, into `runs`; false when the chunk is to be decoded
@@ -107,29 +103,23 @@ constexpr int64_t kBlockHeaderBytes = 16;
 bool BlockRuns(const std::vector<std::pair<int64_t, int64_t>> &ranges, int64_t want, int32_t blocksize, int ts,
                std::vector<std::pair<int64_t, int64_t>> *runs);
 
-// The layout a chunk of `n` stored bytes by `coder` declares in its header (`head`, at least
-// kBlockHeaderBytes read), its index not yet read; false when it is not one a part of which may be
-// read (not a sound Blosc header, a chunk over 2 GiB, an index past its end: read whole, then decoded
-// whole, an error is DecodeChunk's).
-bool BlockLayoutOf(const Coder &coder, const char *head, int64_t n, BlockLayout *layout);
-
-// Reads the block index of the chunk at `at` (its bytes [0, index_end) read) into layout->starts;
-// false for an index that points outside the chunk's blocks.
-bool ReadBlockIndex(const char *at, BlockLayout *layout);
-
-// The stored bytes of each block of `runs` (BlockRuns by the layout's block size) in the chunk of
-// `layout` (its index read): from its start to the next start above it (or the chunk's end); a
-// memcpyed chunk's bytes follow its header as they are. Blocks past the index are left out. The
-// header and index are not included. May overlap: the caller merges.
-std::vector<std::pair<int64_t, int64_t>> BlockStoredBytes(const BlockLayout &layout,
-                                                          const std::vector<std::pair<int64_t, int64_t>> &runs);
+// What the bytes `have` (sorted, disjoint ranges of the chunk of `n` stored bytes by `coder` at `at`,
+// its first kBlockHeaderBytes among them) show of its layout, for a decode of `ranges`:
+enum class Described {
+  kNotBlocks,    // not a chunk a part of which may be decoded (not a sound Blosc header, over 2 GiB, an index
+                 // past its end, an index pointing outside its blocks): read whole, decoded whole
+  kWholeDecode,  // its header: the decode of the ranges takes the whole chunk (layout without index or runs)
+  kNeedIndex,    // its header: its index (up to layout->index_end) is not read yet
+  kBlocks,       // header and index: layout->starts and layout->runs
+};
+Described DescribeBlocks(const Coder &coder, const char *at, const std::vector<std::pair<int64_t, int64_t>> &have,
+                         int64_t n, const std::vector<std::pair<int64_t, int64_t>> &ranges, BlockLayout *layout);
 
 // Whether the stored bytes `read` (sorted, disjoint ranges of the chunk at `at`) hold every byte
-// c-blosc2 reads to decode `runs` of the chunk of `layout` (index read): each touched block's
-// streams walked as c-blosc2 walks them (streams may overlap another block's or run past the next
-// block's start, and be valid Blosc: then not everything needed was read).
-bool StreamsWereRead(const BlockLayout &layout, const std::vector<std::pair<int64_t, int64_t>> &runs, const char *at,
-                     const std::vector<std::pair<int64_t, int64_t>> &read);
+// c-blosc2 reads to decode layout.runs of the chunk of `layout` (DescribeBlocks' kBlocks): each
+// touched block's streams walked as c-blosc2 walks them (streams may overlap another block's or run
+// past the next block's start, and be valid Blosc: then not everything needed was read).
+bool StreamsWereRead(const BlockLayout &layout, const char *at, const std::vector<std::pair<int64_t, int64_t>> &read);
 
 // Fills `out` (coder.chunk_bytes) with a missing chunk's value.
 void FillMissingChunk(const Coder &coder, char *out);

@@ -28,15 +28,24 @@ ByteRanges Missing(const ByteRanges &ranges, const ByteRanges &have) {
 }
 
 // The first round trip's ranges of a read in parts from `guess` (nullptr: none): the header's first
-// 4 KiB and the parts the guess places, merged.
-ByteRanges FirstTrip(const Coder &coder, int64_t n, const ByteRanges &ranges, const BlockLayout *guess) {
+// 4 KiB and the parts the guess places (`runs`: the ranges' blocks by its block size, GuessRuns), merged.
+ByteRanges FirstTrip(int64_t n, const BlockLayout *guess, bool have_runs, const ByteRanges &runs) {
   ByteRanges first = {{0, std::min<int64_t>(n, 4096)}};
   if (guess) {
-    const ByteRanges guessed = GuessedParts(*guess, coder, n, ranges);
+    const ByteRanges guessed = GuessedParts(*guess, n, have_runs, runs);
     first.insert(first.end(), guessed.begin(), guessed.end());
   }
   MergeRanges(&first);
   return first;
+}
+
+// Whether `guess` is a layout (GuessedParts places nothing otherwise), and then the blocks of its block
+// size that a decode of `ranges` takes (the codec's BlockRuns), into `runs`: false for no runs (the
+// ranges take the whole chunk at that block size, or no layout).
+bool GuessRuns(const Coder &coder, const BlockLayout &g, const ByteRanges &ranges, ByteRanges *runs) {
+  runs->clear();
+  if (g.n <= 0 || g.blocksize <= 0 || g.index_end <= 0) return false;
+  return BlockRuns(ranges, coder.chunk_bytes, g.blocksize, g.ts, runs);
 }
 
 int64_t BytesOf(const ByteRanges &ranges) {
@@ -125,12 +134,51 @@ ByteRanges PlanRequests(const ByteRanges &wanted, const RoundTrip &cost) {
   return out;
 }
 
-ByteRanges GuessedParts(const BlockLayout &g, const Coder &coder, int64_t n, const ByteRanges &ranges) {
+void MergeRanges(ByteRanges *ranges) {
+  std::sort(ranges->begin(), ranges->end());
+  size_t k = 0;
+  for (size_t i = 0; i < ranges->size(); i++) {
+    if (k && (*ranges)[i].first <= (*ranges)[k - 1].second) {
+      (*ranges)[k - 1].second = std::max((*ranges)[k - 1].second, (*ranges)[i].second);
+    } else {
+      (*ranges)[k++] = (*ranges)[i];
+    }
+  }
+  ranges->resize(k);
+}
+
+bool MayReadInParts(const Coder &coder, int64_t n, const ByteRanges &ranges, int64_t min_stored) {
+  // (a coder the plan loader took is one this build decodes: CheckCoder)
+  if (!BlocksOfCoder(coder) || n < min_stored) return false;
+  int64_t covered = 0;
+  for (const auto &r : ranges) covered += r.second - r.first;
+  return covered * 4 < coder.chunk_bytes * 3;
+}
+
+ByteRanges BlockStoredBytes(const BlockLayout &l, const ByteRanges &runs) {
+  ByteRanges out;
+  if (l.blocksize <= 0) return out;
+  if (l.memcpyed) {  // the decoded bytes follow the header as they are
+    for (const auto &r : runs) out.push_back({kBlockHeaderBytes + r.first, kBlockHeaderBytes + r.second});
+    return out;
+  }
+  std::vector<int64_t> sorted = l.starts;
+  std::sort(sorted.begin(), sorted.end());
+  const int64_t nblocks = static_cast<int64_t>(l.starts.size());
+  for (const auto &r : runs) {
+    for (int64_t j = r.first / l.blocksize; j <= (r.second - 1) / l.blocksize && j < nblocks; j++) {
+      const auto next = std::upper_bound(sorted.begin(), sorted.end(), l.starts[j]);
+      out.push_back({l.starts[j], next == sorted.end() ? l.n : *next});
+    }
+  }
+  return out;
+}
+
+ByteRanges GuessedParts(const BlockLayout &g, int64_t n, bool have_runs, const ByteRanges &runs) {
   ByteRanges out;
   if (g.n <= 0 || g.blocksize <= 0 || g.index_end <= 0) return out;
   out.push_back({0, std::min(n, g.index_end)});
-  ByteRanges runs;
-  if (!BlockRuns(ranges, coder.chunk_bytes, g.blocksize, g.ts, &runs)) return out;
+  if (!have_runs) return out;
   auto add = [&](double lo, double hi) {  // in double: a crafted size must not overflow
     const double margin = std::max(4096.0, (hi - lo) / 64);
     lo = std::clamp(lo - margin, 0.0, static_cast<double>(n));
@@ -143,6 +191,43 @@ ByteRanges GuessedParts(const BlockLayout &g, const Coder &coder, int64_t n, con
   return out;
 }
 
+namespace {
+
+// A read in parts (MayReadInParts holds) from its first round trip `first`: the codec describes the
+// chunk from what was read (its header and index: DescribeBlocks, again only when the index is longer
+// than the first trip took), the blocks a decode takes are fetched, and the codec says whether their
+// streams lie in what was read (StreamsWereRead; else the rest of the chunk is read whole). The
+// codec is asked twice, three times for a long index.
+bool ReadParts(const Coder &coder, int64_t n, const ByteRanges &ranges, char *at, const StoredReader &read,
+               const StoredRangesReader &read_many, const ByteRanges &first, BlockLayout *learnt, int *trips,
+               const RoundTrip &cost) {
+  ChunkFetch fetch(read, read_many, cost);
+  fetch.Fetch(first);
+  BlockLayout layout;
+  Described d = DescribeBlocks(coder, at, fetch.have(), n, ranges, &layout);
+  if (d == Described::kNeedIndex) {  // a longer index than the first read took
+    fetch.Fetch({{0, layout.index_end}});
+    d = DescribeBlocks(coder, at, fetch.have(), n, ranges, &layout);
+  }
+  bool in_parts = false;
+  if (d == Described::kBlocks) {
+    fetch.Fetch(BlockStoredBytes(layout, layout.runs));
+    in_parts = StreamsWereRead(layout, at, fetch.have());
+    if (learnt) *learnt = std::move(layout);
+  } else if (d == Described::kWholeDecode && learnt) {
+    // its blocks make the decode of the ranges a whole chunk's (blocks too large for them): the header
+    // alone shows it, and tells the next chunk of the array to be read whole in one round trip
+    *learnt = std::move(layout);
+  }
+  // whole when a touched block's streams reach bytes not read (never decode the stale bytes of a
+  // reused buffer)
+  if (!in_parts) fetch.Fetch({{0, n}}, true);
+  if (trips) *trips = fetch.trips();
+  return in_parts;
+}
+
+}  // namespace
+
 bool ReadStored(const Coder &coder, int64_t n, const ByteRanges *ranges, char *at, const StoredReader &read,
                 int64_t min_stored, const StoredRangesReader &read_many, const BlockLayout *guess,
                 BlockLayout *learnt, int *trips, const RoundTrip &cost) {
@@ -152,30 +237,10 @@ bool ReadStored(const Coder &coder, int64_t n, const ByteRanges *ranges, char *a
     return false;
   }
   // a Blosc chunk whose blocks the ranges touch only some of: its header and block index, then those
-  // blocks' stored bytes; whole when a touched block's streams reach bytes not read (never decode the
-  // stale bytes of a reused buffer)
-  ChunkFetch fetch(read, read_many, cost);
-  fetch.Fetch(FirstTrip(coder, n, *ranges, guess));
-  BlockLayout layout;
+  // blocks' stored bytes
   ByteRanges runs;
-  bool in_parts = false;
-  if (BlockLayoutOf(coder, at, n, &layout)) {
-    if (BlockRuns(*ranges, coder.chunk_bytes, layout.blocksize, layout.ts, &runs)) {
-      fetch.Fetch({{0, layout.index_end}});  // a longer index than the first read took
-      if (ReadBlockIndex(at, &layout)) {
-        fetch.Fetch(BlockStoredBytes(layout, runs));
-        in_parts = StreamsWereRead(layout, runs, at, fetch.have());
-        if (learnt) *learnt = std::move(layout);
-      }
-    } else if (learnt) {
-      // its blocks make the decode of the ranges a whole chunk's (blocks too large for them): the header
-      // alone shows it, and tells the next chunk of the array to be read whole in one round trip
-      *learnt = std::move(layout);
-    }
-  }
-  if (!in_parts) fetch.Fetch({{0, n}}, true);
-  if (trips) *trips = fetch.trips();
-  return in_parts;
+  const bool have_runs = guess && GuessRuns(coder, *guess, *ranges, &runs);
+  return ReadParts(coder, n, *ranges, at, read, read_many, FirstTrip(n, guess, have_runs, runs), learnt, trips, cost);
 }
 
 bool PartsGuesses::Get(const std::string &stem, int64_t coder, BlockLayout *guess, bool *held) const {
@@ -234,17 +299,16 @@ void ReadWholeAndLearn(const Coder &coder, int64_t n, const ByteRanges &ranges, 
                        const ByteRanges &first, PartsGuesses *guesses, const std::string &stem, int64_t coder_index) {
   read(0, n);
   BlockLayout layout;
-  ByteRanges runs;
-  if (!BlockLayoutOf(coder, at, n, &layout)) return;
-  if (!BlockRuns(ranges, coder.chunk_bytes, layout.blocksize, layout.ts, &runs)) {
+  const Described d = DescribeBlocks(coder, at, {{0, n}}, n, ranges, &layout);
+  if (d == Described::kWholeDecode) {
     guesses->Put(stem, coder_index, std::move(layout), true);
     return;
   }
-  if (!ReadBlockIndex(at, &layout)) return;
-  ByteRanges need = BlockStoredBytes(layout, runs);
+  if (d != Described::kBlocks) return;
+  ByteRanges need = BlockStoredBytes(layout, layout.runs);
   need.push_back({0, layout.index_end});
   MergeRanges(&need);
-  const bool would_hold = Missing(need, first).empty() && StreamsWereRead(layout, runs, at, first);
+  const bool would_hold = Missing(need, first).empty() && StreamsWereRead(layout, at, first);
   guesses->Put(stem, coder_index, std::move(layout), would_hold);
 }
 
@@ -256,27 +320,32 @@ bool FetchChunk(const Coder &coder, int64_t n, const ByteRanges *ranges, char *a
   BlockLayout guess;
   bool held = true;
   const bool have_guess = guesses && ranges && guesses->Get(stem, coder_index, &guess, &held);
-  if (have_guess && MayReadInParts(coder, n, *ranges, kMinPartsBytes)) {
+  if (trips) *trips = 1;
+  if (!ranges || !MayReadInParts(coder, n, *ranges, kMinPartsBytes)) {
+    read(0, n);
+    return false;
+  }
+  // the ranges' blocks by the guess's block size (the codec's rule: asked once for the whole chunk read)
+  ByteRanges guess_runs;
+  const bool have_runs = have_guess && GuessRuns(coder, guess, *ranges, &guess_runs);
+  const ByteRanges first = FirstTrip(n, have_guess ? &guess : nullptr, have_runs, guess_runs);
+  if (have_guess) {
     // the array's blocks too large for these ranges to spare any (a halo reaching a fourth of four 1 MiB
     // blocks): the header first, then the rest, would be two round trips for the whole chunk; or the last
     // guess did not hold (a Blosc chunk compressed by several threads stores its blocks in the order they
     // finished) and the bytes a whole read adds cost less than a round trip at `cost`
-    ByteRanges guess_runs, first;
-    bool whole = guess.blocksize > 0 && !BlockRuns(*ranges, coder.chunk_bytes, guess.blocksize, guess.ts, &guess_runs);
-    if (whole || (!held && cost.bytes_per_s > 0)) {
-      first = FirstTrip(coder, n, *ranges, &guess);
-      whole = whole || static_cast<double>(n - BytesOf(first)) / cost.bytes_per_s < cost.latency_s;
-    }
+    bool whole = guess.blocksize > 0 && !have_runs;
+    if (!whole && !held && cost.bytes_per_s > 0)
+      whole = static_cast<double>(n - BytesOf(first)) / cost.bytes_per_s < cost.latency_s;
     if (whole) {
       ReadWholeAndLearn(coder, n, *ranges, at, read, first, guesses, stem, coder_index);
-      if (trips) *trips = 1;
       return false;
     }
   }
   BlockLayout learnt;
   int turns = 0;
-  const bool in_parts = ReadStored(coder, n, ranges, at, read, kMinPartsBytes, read_many,
-                                   have_guess ? &guess : nullptr, guesses ? &learnt : nullptr, &turns, cost);
+  const bool in_parts = ReadParts(coder, n, *ranges, at, read, read_many, first, guesses ? &learnt : nullptr, &turns,
+                                  cost);
   // held: a guess that brought everything in the first round trip; a chunk read without one gives the
   // next its first try
   if (guesses && learnt.n > 0)
@@ -327,6 +396,22 @@ std::vector<std::vector<int64_t>> ChunkRuns(const std::vector<StoredSpan> &spans
     close();
   }
   return runs;
+}
+
+std::vector<std::vector<int64_t>> BatchChunkRuns(const std::vector<StoredSpan> &spans,
+                                                 const std::function<RoundTrip(int64_t file)> &cost,
+                                                 int64_t max_bytes) {
+  std::vector<std::vector<int64_t>> kept;
+  int64_t held = 0;
+  for (auto &run : ChunkRuns(spans, cost, max_bytes)) {
+    int64_t lo = spans[run.front()].offset, hi = lo;
+    for (int64_t k : run) hi = std::max(hi, spans[k].offset + spans[k].nbytes);
+    // the batch's merged bytes are held until decoded: beyond the bound, chunks are fetched alone
+    if (held + (hi - lo) > kMaxMergedBatchBytes) continue;
+    held += hi - lo;
+    kept.push_back(std::move(run));
+  }
+  return kept;
 }
 
 }  // namespace dali_mesh

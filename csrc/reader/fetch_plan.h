@@ -1,7 +1,7 @@
 // dali_mesh: which stored bytes of a chunk are fetched, merged into how many requests, in how many
-// round trips: the one place of the reader that decides it. A codec only describes a chunk's layout
-// (codecs.h: a Blosc header -> its blocks, the blocks a decode takes -> their stored bytes) and
-// decodes; a store only reads the ranges it is given (ReadRanges: an object store's requests in
+// round trips: the one place of the reader that decides it, whether a chunk is read in parts among it
+// (MayReadInParts). A codec only describes a chunk's layout (codecs.h DescribeBlocks: a Blosc header
+// and index -> its blocks and those a decode takes; StreamsWereRead) and decodes; a store only reads the ranges it is given (ReadRanges: an object store's requests in
 // flight together) and measures what a request costs (RoundTripMeter). DALI-free, host only.
 //
 // A request costs a round trip (its latency) plus its bytes over the bandwidth; requests sent
@@ -29,6 +29,22 @@
 namespace dali_mesh {
 
 using ByteRanges = std::vector<std::pair<int64_t, int64_t>>;
+
+// Sorts `ranges` (byte ranges) and merges those that overlap or touch.
+void MergeRanges(ByteRanges *ranges);
+
+// Whether a chunk of `n` stored bytes by `coder` may be read in parts for `ranges` (a Blosc chunk of
+// at least `min_stored` bytes that the ranges cover less than three quarters of): its reads then
+// start with its header and block index (ReadStored), and announcing the whole chunk would read it
+// all. Below 256 KiB the extra reads of the index cost more than they save.
+constexpr int64_t kMinPartsBytes = int64_t(256) << 10;
+bool MayReadInParts(const Coder &coder, int64_t n, const ByteRanges &ranges, int64_t min_stored = kMinPartsBytes);
+
+// The stored bytes of each block of `runs` (BlockRuns by the layout's block size) in the chunk of
+// `layout` (its index read): from its start to the next start above it (or the chunk's end); a
+// memcpyed chunk's bytes follow its header as they are. Blocks past the index are left out. The
+// header and index are not included. May overlap: the caller merges.
+ByteRanges BlockStoredBytes(const BlockLayout &layout, const ByteRanges &runs);
 
 // A gap under which two ranges are always fetched as one, whatever the store: a local file's reads
 // merge such gaps (a second pread costs more than 64 KiB copied from the page cache), and a remote
@@ -71,8 +87,9 @@ using StoredRangesReader = std::function<void(const ByteRanges &ranges)>;
 // of it (at least 4 KiB), clipped to the chunk. Chunks of one array by one coder have the same block
 // size and compress alike, so their blocks start at about the same fractions of the chunk. Empty for
 // no guess. A guess only decides what is fetched first: what is decoded is checked against the
-// chunk's own header and index.
-ByteRanges GuessedParts(const BlockLayout &guess, const Coder &coder, int64_t n, const ByteRanges &ranges);
+// chunk's own header and index. `runs`: BlockRuns of the ranges by the guess's block size (false:
+// none, the header and index alone).
+ByteRanges GuessedParts(const BlockLayout &guess, int64_t n, bool have_runs, const ByteRanges &runs);
 
 // Reads the stored bytes of a chunk of `n` stored bytes that DecodeChunkRanges (or, without
 // `ranges`, DecodeChunk) needs, each at its offset in `at`, through `read`. A chunk that
@@ -145,6 +162,16 @@ constexpr int64_t kMaxMergedRequest = int64_t(64) << 20;
 std::vector<std::vector<int64_t>> ChunkRuns(const std::vector<StoredSpan> &spans,
                                             const std::function<RoundTrip(int64_t file)> &cost,
                                             int64_t max_bytes = kMaxMergedRequest);
+
+// The most stored bytes a batch's merged fetches hold at once (each at most kMaxMergedRequest): the
+// chunks of runs beyond it are fetched alone (batch_reader.cc's kMaxMergedBatch).
+constexpr int64_t kMaxMergedBatchBytes = int64_t(256) << 20;
+
+// The runs of ChunkRuns(spans, cost, max_bytes) that a batch fetches merged, in order: those that fit
+// kMaxMergedBatchBytes together with the runs kept before them (BatchReader::PlanMergedFetches).
+std::vector<std::vector<int64_t>> BatchChunkRuns(const std::vector<StoredSpan> &spans,
+                                                 const std::function<RoundTrip(int64_t file)> &cost,
+                                                 int64_t max_bytes = kMaxMergedRequest);
 
 }  // namespace dali_mesh
 

@@ -51,31 +51,32 @@ void SwapUnits(const ReadPlan &plan, int64_t b, int64_t e, char *dst) {
 
 }  // namespace
 
-void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_t g0, int64_t g1,
-                char *dst, std::vector<char> *scratch) {
-  // gaps land in a scratch of at most 1 MiB (a larger gap takes several buffers of it): a plan's
-  // gaps are a few KiB (merged reads), and a crafted plan's gap of terabytes must not become an
-  // allocation of that size
-  constexpr int64_t kMaxScratch = int64_t(1) << 20;
-  const int64_t scratch_bytes = std::max<int64_t>(1, std::min(plan.max_gap, kMaxScratch));
-  if (static_cast<int64_t>(scratch->size()) < scratch_bytes) scratch->resize(scratch_bytes);
-  constexpr int kIovMax = 1024;  // buffers per request (the object splits by its own limit)
-  if (g0 >= g1) return;
-  // one registration for the task's reads (not one per group: a mutex and an allocation each), its
-  // range from the first group's first byte to the last group's last
-  const int64_t last = plan.group_end[g1 - 1] - 1;
-  FlightGuard flight(file.path(), base + plan.file_off[plan.group_begin[g0]],
-                     plan.file_end(last) - plan.file_off[plan.group_begin[g0]]);
+namespace {
+
+// gaps land in a scratch of at most 1 MiB (a larger gap takes several buffers of it): a plan's gaps
+// are a few KiB (merged reads), and a crafted plan's gap of terabytes must not become an allocation of
+// that size
+constexpr int64_t kMaxScratch = int64_t(1) << 20;
+constexpr int kIovMax = 1024;  // buffers per request (the object splits by its own limit)
+
+int64_t ScratchBytes(const ReadPlan &plan) { return std::max<int64_t>(1, std::min(plan.max_gap, kMaxScratch)); }
+
+// The vector reads of groups [g0, g1) of `plan`, as ReadGroups makes them: each group's buffers in file
+// order (runs at dst_of(u, j), and the gaps before them into `scratch`, of `scratch_bytes` at most each),
+// read(&iov, first file byte) a batch of at most kIovMax at a time, then done(b, e) after each group's
+// last. One walk for the reads and for their count (GroupReads).
+template <typename Dst, typename Read, typename Done>
+void WalkGroupReads(const ReadPlan &plan, int64_t g0, int64_t g1, char *scratch, int64_t scratch_bytes,
+                    const Dst &dst_of, const Read &read, const Done &done) {
   std::vector<struct iovec> iov;
   iov.reserve(kIovMax);
   int64_t offset = 0;
-  // the group's buffers in file order (runs, and the gaps before them into the scratch), read a
-  // batch of at most kIovMax at a time: a unit of many runs never becomes one vector of them all
+  // a unit of many runs never becomes one vector of them all
   auto push = [&](char *p, int64_t n) {
     if (iov.size() == static_cast<size_t>(kIovMax)) {
       const int64_t n = std::accumulate(iov.begin(), iov.end(), int64_t(0),
                                         [](int64_t a, const struct iovec &v) { return a + int64_t(v.iov_len); });
-      file.object().ReadVector(&iov, offset);
+      read(&iov, offset);
       offset += n;
       iov.clear();
     }
@@ -83,20 +84,53 @@ void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_
   };
   for (int64_t g = g0; g < g1; g++) {
     const int64_t b = plan.group_begin[g], e = plan.group_end[g];
-    offset = base + plan.file_off[b];
+    offset = plan.file_off[b];
     iov.clear();
     int64_t at = plan.file_off[b];  // the file byte read next
     for (int64_t u = b; u < e; u++) {
       for (int64_t j = 0; j < plan.unit_count[u]; j++) {
         const int64_t run = plan.file_off[u] + j * plan.file_step[u];
-        for (int64_t gap = run - at; gap > 0; gap -= scratch_bytes) push(scratch->data(), std::min(gap, scratch_bytes));
-        push(dst + plan.dst_off[u] + j * plan.dst_step[u], plan.unit_bytes[u]);
+        for (int64_t gap = run - at; gap > 0; gap -= scratch_bytes) push(scratch, std::min(gap, scratch_bytes));
+        push(dst_of(u, j), plan.unit_bytes[u]);
         at = run + plan.unit_bytes[u];
       }
     }
-    file.object().ReadVector(&iov, offset);
-    SwapUnits(plan, b, e, dst);  // the file holds the other byte order: swap what was just read
+    read(&iov, offset);
+    done(b, e);
   }
+}
+
+}  // namespace
+
+void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_t g0, int64_t g1,
+                char *dst, std::vector<char> *scratch) {
+  const int64_t scratch_bytes = ScratchBytes(plan);
+  if (static_cast<int64_t>(scratch->size()) < scratch_bytes) scratch->resize(scratch_bytes);
+  if (g0 >= g1) return;
+  // one registration for the task's reads (not one per group: a mutex and an allocation each), its
+  // range from the first group's first byte to the last group's last
+  const int64_t last = plan.group_end[g1 - 1] - 1;
+  FlightGuard flight(file.path(), base + plan.file_off[plan.group_begin[g0]],
+                     plan.file_end(last) - plan.file_off[plan.group_begin[g0]]);
+  WalkGroupReads(
+      plan, g0, g1, scratch->data(), scratch_bytes,
+      [&](int64_t u, int64_t j) { return dst + plan.dst_off[u] + j * plan.dst_step[u]; },
+      [&](std::vector<struct iovec> *iov, int64_t offset) { file.object().ReadVector(iov, base + offset); },
+      // the file holds the other byte order: swap what was just read
+      [&](int64_t b, int64_t e) { SwapUnits(plan, b, e, dst); });
+}
+
+std::vector<std::pair<int64_t, int64_t>> GroupReads(const ReadPlan &plan, int64_t g0, int64_t g1) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  WalkGroupReads(
+      plan, g0, g1, nullptr, ScratchBytes(plan), [](int64_t, int64_t) { return static_cast<char *>(nullptr); },
+      [&](std::vector<struct iovec> *iov, int64_t offset) {
+        int64_t n = 0;
+        for (const auto &v : *iov) n += static_cast<int64_t>(v.iov_len);
+        out.push_back({offset, n});
+      },
+      [](int64_t, int64_t) {});
+  return out;
 }
 
 void CopyUnits(const ReadPlan &plan, const char *src, char *dst) {

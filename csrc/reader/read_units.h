@@ -27,6 +27,11 @@ namespace dali_mesh {
 void ReadGroups(const OpenFile &file, const ReadPlan &plan, int64_t base, int64_t g0, int64_t g1,
                 char *dst, std::vector<char> *scratch);
 
+// The requests ReadGroups sends for groups [g0, g1) of `plan` (one vector read each, of at most 1024
+// buffers, gaps included): each one's first byte (at base 0) and its bytes, in the order sent; the
+// same walk (fetch_epoch.h counts an epoch's requests by it).
+std::vector<std::pair<int64_t, int64_t>> GroupReads(const ReadPlan &plan, int64_t g0, int64_t g1);
+
 // Host bytes for a chunk's stored bytes or its decode, grown and never shrunk (Resize), and given
 // back to the system when freed: from kMapBytes up they are a mapping of their own (mmap), as glibc's
 // malloc maps blocks of that size only until a free raises its threshold (to the largest block freed,

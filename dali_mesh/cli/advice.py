@@ -22,7 +22,7 @@ from dali_mesh.cli.options import UsageError, find_data
 from dali_mesh.cli.locations import scrub, shown
 from dali_mesh.formats.cold_reads import MAX_ADVICE_CHUNKS, ColdReads, chunk_ranges
 from dali_mesh.plan import WindowPlan, plan_window
-from dali_mesh.plan.plan_set import EpochFetches
+from dali_mesh._kernels.fetch_api import EpochFetches, store_round_trip
 from dali_mesh.partition import Layout, Region
 from dali_mesh.storage import local_path_of, store_of
 
@@ -200,16 +200,17 @@ class TooManyWindows(Exception):
 
 class EpochCounter:
     """Per rank, what one epoch (epoch 0, in the sample order: every sample id of the rank's share of the
-    dataset, or of its read group's batches with ``share``) fetches from the object store, as
-    :meth:`PlanFetches.epoch <dali_mesh.plan.plan_set.PlanFetches.epoch>` counts it. Plans are made once
-    per distinct window (a plan holds every sample id: ranks that differ only in their samples share it),
-    with the Blosc block size read from one chunk of each array (16 bytes, one request)."""
+    dataset, or of its read group's batches with ``share``) fetches from the object store, as the native
+    reader's own code counts it (:meth:`PlanEpochs.epoch <dali_mesh.plan.plan_set.PlanEpochs.epoch>`, through
+    csrc/reader/fetch_epoch.h), at each store's round-trip cost as measured so far. Plans are made once per
+    distinct window (a plan holds every sample id: ranks that differ only in their samples share it), with
+    the Blosc header read from one chunk of each array (16 bytes, one request)."""
 
     def __init__(self, target: "LayoutTarget", share, batch_size: int = 1) -> None:
         self.target = target
         self.share = share
         self.batch_size = int(batch_size)
-        self._plans: dict = {}    # window -> (the source reading it, its PlanFetches)
+        self._plans: dict = {}    # window -> (the source reading it, its PlanEpochs)
         self._epochs: dict = {}   # (window, sample group, group member) -> EpochFetches
         self._headers: dict = {}  # (key, offset) -> the first 16 bytes of a chunk
 
@@ -240,7 +241,8 @@ class EpochCounter:
                 raise TooManyWindows
             reader = self.target.source(layout, epoch=True, batch_size=self.batch_size, share=self.share).group_reader()
             plans = plan_source(reader)
-            hit = self._plans[window] = (reader, plans.fetches(EPOCH_TASK_BYTES, self._blosc_headers(plans)))
+            headers = self._blosc_headers(plans)
+            hit = self._plans[window] = (reader, plans.fetches(EPOCH_TASK_BYTES, headers, _store_costs(plans)))
         return hit
 
     def _blosc_headers(self, plans) -> dict[int, bytes]:
@@ -259,10 +261,14 @@ class EpochCounter:
         the ranks' batches), or ``None`` for a mesh larger than :data:`MAX_EPOCH_RANKS`."""
         if size > MAX_EPOCH_RANKS:
             return None
-        each = [self.rank(layout_of(r)) for r in range(size)]
-        return EpochFetches(sum(e.batches for e in each), sum(e.requests for e in each), sum(e.bytes for e in each),
-                            max(e.round_trips for e in each), max(e.max_round_trips for e in each),
-                            sum(e.parts_chunks for e in each))
+        return EpochFetches.added([self.rank(layout_of(r)) for r in range(size)])
+
+
+def _store_costs(plans) -> list[tuple[float, float]]:
+    """Per store of the plan file (its store table: the files' stores in the order they first appear), what a
+    request costs as this process measured it so far (0: not measured), as the reader would weigh it now."""
+    specs = list(dict.fromkeys(f.store for f in plans.files)) or ["file"]
+    return [store_round_trip(spec) if spec != "file" else (0.0, 0.0) for spec in specs]
 
 
 def _window_key(region: Region) -> tuple:

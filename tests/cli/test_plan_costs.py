@@ -210,7 +210,9 @@ def test_blosc_chunks_read_in_parts_are_estimated_near_a_real_epoch(capsys, s3_e
             assert (epoch["requests"], epoch["bytes"]) == (requests, got) == (len(ids) + 1, stored)
             assert epoch["round_trips"] == len(ids) + 1
             continue
-        assert epoch["round_trips"] == 2 * len(ids)
+        # the first chunk: its header and index, then its blocks; the next ones' blocks placed by the guess the
+        # first one taught the reader (fetch_plan.h FetchChunk), fetched with their headers in one round trip
+        assert len(ids) < epoch["round_trips"] <= 2 * len(ids)
         in_parts += 1
         assert epoch["estimated_chunk_reads"] == len(ids)
         # the estimate is a link not measured yet (gaps under 64 KiB merged); the reader, once it has measured

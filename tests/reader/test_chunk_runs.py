@@ -1,20 +1,16 @@
 """Which chunks of a batch (read whole) one request fetches together: the reader's decision
-(csrc/reader/fetch_plan.h ChunkRuns, through dali_mesh_chunk_runs) against the planner's printed estimate
-of it (dali_mesh/plan/plan_set.py _chunk_runs, called as PlanFetches._merge_neighbours calls it), and both
-against the contract checked by brute force: every chunk in at most one run, a run's chunks of one file in
+(csrc/reader/fetch_plan.h ChunkRuns, through dali_mesh_chunk_runs), on the link ``dali-mesh plan`` counts for
+a store not measured yet (it counts by the reader's own code, csrc/reader/fetch_epoch.h) and at measured
+links, against the contract checked by brute force: every chunk in at most one run, a run's chunks of one file in
 offset order inside one request of the file's wanted ranges (PlanRequests at the file's link), a run at
 most ``max_bytes`` from its first byte to its last, and a run cut only where the next chunk would pass it."""
 from __future__ import annotations
 
-from unittest import mock
-
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dali_mesh._kernels import KernelsError, chunk_runs, plan_requests
-from dali_mesh.plan import plan_set
 
 KIB, MIB = 1 << 10, 1 << 20
 LOCAL_GAP = 64 * KIB
@@ -27,16 +23,10 @@ LINKS = [LOCAL, UNMEASURED, LAN, S3_20MS, CEPH]
 
 
 def estimate(spans, max_bytes=MAX_MERGED_REQUEST):
-    """plan_set's estimate of the runs, called as _merge_neighbours calls it: the chunks of stored bytes
-    (those of 0 bytes, or missing, are fetched by none), two or more, their rows as numpy int64 columns;
-    its request bound set to ``max_bytes``."""
-    rows = np.asarray(spans, np.int64).reshape(-1, 3)
-    members = np.flatnonzero(rows[:, 2] > 0)
-    if members.size < 2:
-        return []
-    picked = rows[members]
-    with mock.patch.object(plan_set, "_MAX_MERGED_REQUEST", max_bytes):
-        return plan_set._chunk_runs(members, picked[:, 0], picked[:, 1], picked[:, 2])
+    """The runs ``dali-mesh plan`` counts for a batch on a store not measured yet: the reader's ChunkRuns at
+    that link (the epoch counter calls it, fetch_epoch.h), its request bound set to ``max_bytes``."""
+    n_files = 1 + max((f for f, _, _ in spans), default=0)
+    return chunk_runs(spans, [UNMEASURED] * n_files, max_bytes)
 
 
 def check_contract(spans, runs, costs, max_bytes):
@@ -116,7 +106,7 @@ def test_a_gap_under_the_local_gap_is_read_one_of_64_kib_is_not(gap, runs):
 def test_a_measured_link_reads_wider_gaps():
     """Two 4 MiB chunks 200 KiB apart: a local file or an unmeasured store fetches them alone; at 20 ms and
     100 MB/s (a 2 MB merge gap, 200 KiB within 1/16 of 8 MiB) one request; the estimate is of an unmeasured
-    link (plan_set.PlanFetches)."""
+    link (dali-mesh plan on a store not measured yet)."""
     spans = [(0, 0, 4 * MIB), (0, 4 * MIB + 200 * KIB, 4 * MIB)]
     assert chunk_runs(spans, [LOCAL]) == chunk_runs(spans, [UNMEASURED]) == [] == estimate(spans)
     assert chunk_runs(spans, [S3_20MS]) == [[0, 1]]
@@ -204,7 +194,7 @@ _max_bytes = st.one_of(st.just(0), st.integers(1, 300), st.integers(LOCAL_GAP, 2
 @given(spans=_batches(), max_bytes=_max_bytes)
 @example(spans=[(0, 0, 150_000), (0, 100_000, 10), (0, 170_000, 10)], max_bytes=100_000)
 def test_the_estimate_is_the_readers_runs_on_an_unmeasured_link(spans, max_bytes):
-    """The planner's estimate (plan_set._chunk_runs) is the reader's ChunkRuns on a local file and on a
+    """The planner's count (the reader's ChunkRuns on an unmeasured link) is its ChunkRuns on a local file and on a
     remote store not measured yet (the link the estimate assumes), run for run and chunk for chunk."""
     n_files = 1 + max((f for f, _, _ in spans), default=0)
     bound = max_bytes or MAX_MERGED_REQUEST
