@@ -118,8 +118,8 @@ std::string PlanSetJson(const dali_mesh::PlanSet &set) {
     j.Bool("fortran", p.fortran);
     j.Bool("coded", p.coded);
     j.Ints("shape", p.shape);
-    dali_mesh::ReadPlanUnitFields(p, field);
-    dali_mesh::ReadPlanGroupFields(p, field);
+    dali_mesh::ForEachField(p, dali_mesh::kReadPlanUnitFields, field);
+    dali_mesh::ForEachField(p, dali_mesh::kReadPlanGroupFields, field);
     j.Int("check_offset", p.check_offset);
     j.Bytes("check", p.check);
     j.Bytes("fill", p.fill);
@@ -129,14 +129,15 @@ std::string PlanSetJson(const dali_mesh::PlanSet &set) {
     j.Int("max_gap", p.max_gap);  // derived when loaded
   });
   j.Objects("files", set.files, [&](const dali_mesh::PlanFile &f) {
-    dali_mesh::PlanFileFields(f, [&](const char *name, const auto &v) {
+    dali_mesh::ForEachField(f, dali_mesh::kPlanFileFields, [&](const char *name, const auto &v) {
       if constexpr (std::is_same_v<std::decay_t<decltype(v)>, int64_t>) {
         if (std::strcmp(name, "store") == 0) return j.Bytes(name, set.stores[v]);  // the store's spec, not its index
       }
       j.Field(name, v);
     });
   });
-  j.Objects("parts", set.parts, [&](const dali_mesh::PlanPart &q) { dali_mesh::PlanPartFields(q, field); });
+  j.Objects("parts", set.parts,
+            [&](const dali_mesh::PlanPart &q) { dali_mesh::ForEachField(q, dali_mesh::kPlanPartFields, field); });
   j.Objects("coders", set.coders, [&](const dali_mesh::Coder &c) {
     std::vector<int64_t> ids, args;
     for (const auto &st : c.steps) {
@@ -148,7 +149,8 @@ std::string PlanSetJson(const dali_mesh::PlanSet &set) {
     j.Int("chunk_bytes", c.chunk_bytes);
     j.Bytes("fill", c.fill);
   });
-  j.Objects("chunks", set.chunks, [&](const dali_mesh::PlanChunk &c) { dali_mesh::PlanChunkFields(c, field); });
+  j.Objects("chunks", set.chunks,
+            [&](const dali_mesh::PlanChunk &c) { dali_mesh::ForEachField(c, dali_mesh::kPlanChunkFields, field); });
   j.Objects("items", set.items, [&](const dali_mesh::PlanItem &it) {
     j.Int("finish", it.finish);
     j.Int("part_begin", it.part_begin);

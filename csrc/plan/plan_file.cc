@@ -106,8 +106,9 @@ void ReadPlanBody(Reader &r, ReadPlan *p) {
   const int64_t total = p->bytes();
   int64_t n_units = r.Count(int64_t(1) << 40, "unit", 48);
   int64_t n_groups = r.Count(n_units, "group", 0);
-  ReadPlanUnitFields(*p, [&r, n_units](const char *, std::vector<int64_t> &v) { r.Read(&v, n_units); });
-  ReadPlanGroupFields(*p, [&r, n_groups](const char *, std::vector<int64_t> &v) { r.Read(&v, n_groups); });
+  ForEachField(*p, kReadPlanUnitFields, [&r, n_units](const char *, std::vector<int64_t> &v) { r.Read(&v, n_units); });
+  ForEachField(*p, kReadPlanGroupFields,
+               [&r, n_groups](const char *, std::vector<int64_t> &v) { r.Read(&v, n_groups); });
   p->max_gap = 0;
   for (int64_t u = 0; u < n_units; u++) {
     // written so that no sum can overflow: offsets, sizes, counts and steps are any int64 in a
@@ -215,7 +216,7 @@ PlanSet LoadPlanSet(const std::string &path) {
   set.files.resize(n_files);
   const auto read = [&r](const char *, auto &v) { r.Read(&v); };
   for (auto &f : set.files) {
-    PlanFileFields(f, read);
+    ForEachField(f, kPlanFileFields, read);
     if (f.store < 0 || f.store >= n_stores) r.Bad("store index " + std::to_string(f.store));
     f.byte_store = StoreOf(set.stores[f.store]);
     if (!f.byte_store)  // a store this build has none of: a plan of another build, or corrupt
@@ -243,7 +244,7 @@ PlanSet LoadPlanSet(const std::string &path) {
   set.chunks.resize(n_chunks);
   for (int64_t c = 0; c < n_chunks; c++) {
     PlanChunk &ch = set.chunks[c];
-    PlanChunkFields(ch, read);
+    ForEachField(ch, kPlanChunkFields, read);
     if (ch.file < 0 || ch.file >= n_files || ch.coder < 0 || ch.coder >= n_coders || ch.offset < 0 ||
         ch.nbytes < -2 || (ch.nbytes > 0 && ch.offset > INT64_MAX - ch.nbytes))
       r.Bad("chunk " + std::to_string(c));
@@ -258,7 +259,7 @@ PlanSet LoadPlanSet(const std::string &path) {
     it.part_begin = set.parts.size();
     for (int64_t k = 0; k < n_parts; k++) {
       PlanPart part;
-      PlanPartFields(part, read);
+      ForEachField(part, kPlanPartFields, read);
       if (part.file < 0 || part.plan < 0 || part.plan >= n_plans || part.base < 0 || part.dst_base < 0 ||
           part.file >= (set.plans[part.plan].coded ? n_chunks : n_files))
         r.Bad("item part");
