@@ -41,7 +41,7 @@ from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, read_
 from dali_mesh.storage.errors import (DataFileError, FileChangedError, MissingFileError, NotRegularFileError,
                                      TruncatedFileError)
 from dali_mesh.storage.names import shown
-from dali_mesh.storage.references.parquet import parquet_document
+from dali_mesh.storage.references.parquet import needed, parquet_document
 from dali_mesh.storage.references.targets import check_urls, resolve_targets, take_options
 
 __all__ = ["ReferenceStore", "resolve_reference"]
@@ -52,12 +52,12 @@ EXTRA = "dali_mesh[virtual]"
 
 def _reference_filesystem():
     """fsspec's ``ReferenceFileSystem``, or an error naming the extra that installs it."""
-    try:
+    def load():
         from fsspec.implementations.reference import ReferenceFileSystem  # noqa: PLC0415 - only when a set is read
-    except ImportError as e:
-        raise ImportError(f"reading Kerchunk reference sets (reference:// locations) needs fsspec and kerchunk: "
-                          f"pip install '{EXTRA}' ({e})") from None
-    return ReferenceFileSystem
+
+        return ReferenceFileSystem
+
+    return needed("reading Kerchunk reference sets (reference:// locations) needs fsspec and kerchunk", load)
 
 
 class InlineObject(StoredObject):

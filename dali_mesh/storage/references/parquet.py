@@ -39,18 +39,27 @@ class _StoreFiles:
         return path
 
 
-def _lazy_mapper():
-    """fsspec's ``LazyReferenceMapper`` with its Parquet reader, or an error naming what to install."""
+def needed(what: str, load):
+    """``load()``, which imports what reading reference sets needs, or an ImportError saying ``what`` needs
+    it and the extra that installs it (the references' one message for a package missing)."""
     from dali_mesh.storage.references import EXTRA  # noqa: PLC0415 - the package imports this module
 
     try:
+        return load()
+    except ImportError as e:
+        raise ImportError(f"{what}: pip install '{EXTRA}' ({e})") from None
+
+
+def _lazy_mapper():
+    """fsspec's ``LazyReferenceMapper`` with its Parquet reader, or an error naming what to install."""
+    def load():
         import fastparquet  # noqa: F401, PLC0415 - the engine LazyReferenceMapper reads with
         import pandas  # noqa: F401, PLC0415
         from fsspec.implementations.reference import LazyReferenceMapper  # noqa: PLC0415
-    except ImportError as e:
-        raise ImportError(f"reading Parquet reference sets needs fsspec, pandas and fastparquet: pip install "
-                          f"'{EXTRA}' ({e})") from None
-    return LazyReferenceMapper
+
+        return LazyReferenceMapper
+
+    return needed("reading Parquet reference sets needs fsspec, pandas and fastparquet", load)
 
 
 def _value(ref):
