@@ -57,9 +57,9 @@ def presigned(url: str, **settings) -> tuple[RemoteStore, str]:
     resolve_http): key = the URL without its query; the store's spec names the query by a hash
     (``q=``), its credentials' token is the query, sent with every request."""
     base, _, query = url.partition("?")
-    store = RemoteStore("http", settings=settings)
-    store.spec = "http;q=" + hashlib.sha256(query.encode()).hexdigest()[:32] + store.spec[len("http"):]
-    store._credentials = _Credentials("", "", query)
+    store = RemoteStore("http", settings=settings, credentials=_Credentials("", "", query))
+    assert store.spec == "http;q=" + hashlib.sha256(query.encode()).hexdigest()[:32] + RemoteStore(
+        "http", settings=settings).spec[len("http"):]
     return store, base
 
 
