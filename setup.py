@@ -8,8 +8,10 @@ The C++/CUDA plugin is built by CMake (CMakeLists.txt) with the flags of ``nvidi
 the Python running this build (``sys.executable``), in ``build/cmake`` (incremental: re-running
 rebuilds only what changed). It installs, inside the package ``dali_mesh/``:
 
-* ``libdali_mesh.so``          the DALI plugin (``fn.dali_mesh.strided_slice``, ``mesh_roi``)
-* ``libdali_mesh_kernels.so``  the same kernels without DALI, with a C entry point (ctypes)
+* ``libdali_mesh.so``          the DALI plugin (``fn.dali_mesh.strided_slice``, ``mesh_roi``,
+                               ``read_windows``), linked to the kernels library beside it
+* ``libdali_mesh_kernels.so``  the core (kernels, reader, codecs, byte stores) without DALI, with C
+                               entry points (ctypes): one copy per process, the plugin's and ctypes'
 * ``_build_info.py``           the DALI version built against (checked when the plugin loads)
 
 Environment:
@@ -21,7 +23,8 @@ Environment:
   DALI_MESH_NVCC_THREADS=N    architectures nvcc compiles at once (default 0: one per CPU)
   DALI_MESH_WHEEL=1           building a wheel (`make wheel`): the C libraries the plugin links from
                               other wheels or the system (c-blosc2, libcrc32c, the codec libraries)
-                              are copied into dali_mesh/_libs and found there (RUNPATH $ORIGIN/_libs)
+                              are copied into dali_mesh/_libs and found there (RUNPATH $ORIGIN/_libs;
+                              the plugin finds the kernels library beside it, $ORIGIN)
 
 Without DALI, ``make kernels`` builds ``libdali_mesh_kernels.so`` alone (see the Makefile).
   CMAKE_BUILD_PARALLEL_LEVEL  compile jobs (default 2)
@@ -202,8 +205,9 @@ _SYSTEM_LIBS = ("linux-vdso", "ld-linux", "libc.so", "libm.so", "libpthread.so",
 
 def _bundle_libraries(lib: Path, dest: Path, lib_dirs: list[str]) -> None:
     """Copies the shared libraries ``lib`` needs (as ``ldd`` resolves them, with the wheels' library
-    folders searched too), except the system's and DALI's own, into ``dest`` under the names it asks
-    for: a wheel then runs on a machine without the codec -dev packages or the blosc2 wheel."""
+    folders searched too), except the system's, DALI's own and this package's (the kernels library, which
+    the plugin finds beside itself), into ``dest`` under the names it asks for: a wheel then runs on a
+    machine without the codec -dev packages or the blosc2 wheel."""
     env = dict(os.environ, LD_LIBRARY_PATH=":".join(lib_dirs + [os.environ.get("LD_LIBRARY_PATH", "")]))
 
     def needs(path) -> list[tuple[str, str]]:
@@ -220,7 +224,7 @@ def _bundle_libraries(lib: Path, dest: Path, lib_dirs: list[str]) -> None:
         if name.startswith("libcurl") and path != "not found":
             system |= {n for n, _ in needs(path)}
     for name, path in linked:
-        if name.startswith(_SYSTEM_LIBS) or name in system:
+        if name.startswith(_SYSTEM_LIBS) or name in system or name in LIBS.values():
             continue
         if path == "not found":
             raise SystemExit(f"dali_mesh: {lib.name} needs {name}, which ldd cannot find: cannot bundle it")

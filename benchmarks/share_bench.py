@@ -23,9 +23,9 @@ sample once per epoch. Per mode and rank:
 
 ``--remote LATENCY[:MBPS]``: the store is uploaded to the benchmarks' S3 server on 127.0.0.1 (s3_server.py:
 it answers in parallel, LATENCY seconds added per request, at most MBPS per connection), and every rank
-reads ``s3://``; ``requested`` is then the body bytes the rank fetched (the plugin's and the kernels
-library's ``fetch_counters``: every request of the rank's process, planning included, over the epochs
-after the first) and ``cold`` the requests it sent per epoch.
+reads ``s3://``; ``requested`` is then the body bytes the rank fetched (``fetch_counters`` of the one
+native core, which the plugin's reads and Python's planning share: every request of the rank's process,
+planning included, over the epochs after the first) and ``cold`` the requests it sent per epoch.
 """
 from __future__ import annotations
 
@@ -76,12 +76,11 @@ def _io():
 
 def _fetched():
     """As _io's keys: the body bytes and the requests this process's remote stores fetched and sent (the
-    plugin's reads and Python's planning: each library counts its own)."""
-    from dali_mesh.pipeline.plugin import plugin_fetch_counters
+    plugin's reads and Python's planning, counted together by the one native core)."""
     from dali_mesh.storage.remote import fetch_counters
 
-    (r1, b1), (r2, b2) = plugin_fetch_counters(), fetch_counters()
-    return {"rchar": b1 + b2, "read_bytes": r1 + r2}
+    requests, got = fetch_counters()
+    return {"rchar": got, "read_bytes": requests}
 
 
 def _mesh_and_layout(mesh_shape):

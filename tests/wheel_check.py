@@ -3,7 +3,11 @@ pinned DALI and numpy (no system site-packages; pip's cache makes it cheap), the
 environment and outside the repository:
 
 * the plugin loads and a small CPU pipeline runs: ``read_windows`` (the native reader) over a .npy
-  file and ``strided_slice`` over an external source, both checked against numpy;
+  file and over a .npy object written from Python into the memory store, and ``strided_slice`` over an
+  external source, all checked against numpy;
+* one native core: the plugin links the kernels library (its NEEDED entry, found beside it by RUNPATH
+  ``$ORIGIN``) and defines none of the core's symbols itself, and in the process that ran the pipeline
+  (DALI's plugin and ctypes) the kernels library is mapped once, from the installed package;
 * the C libraries it links resolve inside the new environment (``dali_mesh/_libs``) or the system's
   base libraries, never the build's virtualenv;
 * the plugin refuses another DALI version with a message naming both versions.
@@ -44,22 +48,38 @@ from nvidia.dali import pipeline_def, fn
 import dali_mesh.fn as dfn
 from dali_mesh.source import NumpySource
 from dali_mesh.pipeline import native as nat
+import io
+from dali_mesh.storage.memory import MemoryStore
 d = tempfile.mkdtemp()
 x = np.arange(2 * 8 * 6, dtype=np.float32).reshape(2, 8, 6)
 np.save(f"{d}/s.npy", x)
+buf = io.BytesIO()
+np.save(buf, x + 1)
+MemoryStore("wheel-check").put("s.npy", buf.getvalue())  # written through ctypes, read by the plugin
 layout = Layout(MeshInfo((1, 2), ("dp", "mp"), (0, 1)), shard={"mp": 1})
 src = NumpySource([f"{d}/s.npy"], layout, batch_size=1, shuffle=False)
+mem = NumpySource(["memory://wheel-check/s.npy"], layout, batch_size=1, shuffle=False)
 @pipeline_def(batch_size=1, num_threads=1, device_id=None)
 def pipe():
     outs = nat.read_windows(src, fallback=False)  # the windows first, then the sample ids and flags
+    m = nat.read_windows(mem, fallback=False)
     s = dfn.strided_slice(fn.external_source(source=lambda: [x], batch=True), start=[1, 0], shape=[3, 6], step=[2, 1], axes=[1, 2])
-    return (*outs, s)
+    return (*outs, m[0], s)
 p = pipe(); p.build()
 out = p.run()
-w, s = out[0], out[-1]
+w, m, s = out[0], out[-2], out[-1]
 assert np.array_equal(np.array(w[0]), x[:, 4:8, :]), np.array(w[0])
+assert np.array_equal(np.array(m[0]), x[:, 4:8, :] + 1), np.array(m[0])
 assert np.array_equal(np.array(s[0]), x[:, 1:7:2, :])
-print("pipeline from the installed wheel: read_windows and strided_slice match numpy")
+print("pipeline from the installed wheel: read_windows (a file, a memory object) and strided_slice match numpy")
+plugin, kernels = pkg / "libdali_mesh.so", pkg / "libdali_mesh_kernels.so"
+dyn = subprocess.run(["readelf", "-d", str(plugin)], capture_output=True, text=True, check=True).stdout
+assert "[libdali_mesh_kernels.so]" in dyn and "$ORIGIN" in dyn, dyn
+own = subprocess.run(["nm", "-DC", "--defined-only", str(plugin)], capture_output=True, text=True, check=True).stdout
+assert not [line for line in own.splitlines() if "dali_mesh::" in line], "the plugin defines core symbols itself"
+mapped = {line.split()[-1] for line in open("/proc/self/maps") if "libdali_mesh" in line}
+assert {os.path.realpath(m) for m in mapped} == {os.path.realpath(plugin), os.path.realpath(kernels)}, mapped
+print("one native core: the plugin links", kernels.name, "and it is loaded once:", sorted(mapped))
 '''
 
 REFUSE = r'''

@@ -170,13 +170,14 @@ def _make_source(kind, files, dataset, layout, batch_size, allow_external=False,
 
 
 def fetched(path: str) -> int | None:
-    """Body bytes the native reader (the plugin's stores) fetched from object stores in this process so
-    far; None for partitioned_source (its workers' fetches are not counted)."""
+    """Body bytes the native stores (the native reader's, and the planning's in this process) fetched from
+    object stores in this process so far; None for partitioned_source (its workers' fetches are not
+    counted)."""
     if path != "native":
         return None
-    from dali_mesh.pipeline.plugin import plugin_fetch_counters  # noqa: PLC0415
+    from dali_mesh.storage.remote import fetch_counters  # noqa: PLC0415
 
-    return plugin_fetch_counters()[1]
+    return fetch_counters()[1]
 
 
 def _full_sample(source, sample_id: int) -> np.ndarray:

@@ -280,10 +280,9 @@ def define_native(source, device: str, *, name: str | None = None, layout: str |
 
             log.info("read_windows: %s; using partitioned_source", e)
             return define_partitioned(source, device, name=name, layout=layout, **kwargs)
-    from dali_mesh.pipeline.plugin import give_plugin_stores, load_plugin
+    from dali_mesh.pipeline.plugin import load_plugin
 
     ops = load_plugin()
-    give_plugin_stores(reader.stores())
     # several outputs (a forecast's input and target) are one operator's, so that the chunks they
     # share are read and decoded once per batch
     path = (plans[0] if len(plans) == 1 else PlanSet.joined(plans)).write(plan_dir)

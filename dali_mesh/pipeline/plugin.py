@@ -1,6 +1,9 @@
 """The dali_mesh DALI plugin (``libdali_mesh.so``, built into the package folder by
 ``pip install --no-build-isolation -e .`` or ``make``): found, checked against the installed DALI and
-loaded once, on the first use of one of its operators."""
+loaded once, on the first use of one of its operators. It links the kernels library beside it
+(``libdali_mesh_kernels.so``, which ctypes loads too: one native core per process), so its operators read
+through the very stores Python made: their credentials, objects and callbacks are given once, when each
+store is made."""
 from __future__ import annotations
 
 import logging
@@ -108,17 +111,6 @@ def _entry(name: str, restype, argtypes):
     return fn
 
 
-def plugin_fetch_counters() -> tuple[int, int]:
-    """``(requests, body bytes)`` the plugin's remote stores fetched in this process (what the native
-    reader fetched from object stores)."""
-    import ctypes  # noqa: PLC0415
-
-    from dali_mesh.storage.remote import fetch_counters  # noqa: PLC0415
-
-    load_plugin()
-    return fetch_counters(ctypes.CDLL(str(PLUGIN_PATH)))
-
-
 def plugin_read_ahead_counts() -> tuple[int, int, int]:
     """``(used, dropped, failed)``: batches the operator read from what it had read ahead, batches it
     read ahead then dropped unused (the sample order went elsewhere), and batches whose read ahead
@@ -131,14 +123,3 @@ def plugin_read_ahead_counts() -> tuple[int, int, int]:
     fn(out)
     return int(out[0]), int(out[1]), int(out[2])
 
-
-def give_plugin_stores(stores) -> None:
-    """Gives the plugin's copies of ``stores`` (the plugin holds its own copy of each store:
-    csrc/c_api/store_api.cc) what they read with: a remote store its credentials, a memory store its
-    objects (:meth:`~dali_mesh.storage.ByteStore.give_to`); nothing for local files."""
-    import ctypes  # noqa: PLC0415
-
-    load_plugin()
-    lib = ctypes.CDLL(str(PLUGIN_PATH))  # the library DALI loaded: dlopen of the same path gives the same handle
-    for store in stores:
-        store.give_to(lib)

@@ -139,9 +139,9 @@ class WindowSource:
 
     def stores(self) -> list:
         """The distinct store objects this source reads with (its files' stores; none for local paths):
-        what takes its credentials in a worker process and what the DALI plugin is given
-        (:func:`~dali_mesh.pipeline.plugin.give_plugin_stores`). A source that reads through stores held
-        elsewhere than in :attr:`files` names them here too."""
+        what takes its credentials in a worker process (each store gives them to the process's one native
+        core, which the DALI plugin reads through, when it takes them). A source that reads through stores
+        held elsewhere than in :attr:`files` names them here too."""
         return stores_of(self.files)
 
     # ---- what a checkpoint is valid for -------------------------------------------------------------

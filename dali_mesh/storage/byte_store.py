@@ -110,8 +110,11 @@ class ByteStore(abc.ABC):
 
     ``spec`` names the store in a plan (no credential ever goes into it); :meth:`local_path` gives the
     file of this machine that holds a key, if any (the local fast paths: ``mmap``, ``O_DIRECT``, h5py by
-    path); ``native``
-    that the C++ reader has a store of that spec (``StoreOf`` in csrc/storage/byte_store.cc)."""
+    path); ``native`` that the C++ reader has a store of that spec (``StoreOf`` in
+    csrc/storage/byte_store.cc): one per process, in the kernels library, which Python's reads and the
+    DALI plugin (which links that library) share. A store gives its native store what it reads with (a
+    remote store its credentials, an Icechunk store its callbacks) once, when it is made or, in a worker
+    process, when it takes its credentials; the memory store's objects are there already."""
 
     spec: str = ""
     #: whether the native reader (csrc/storage/) has this store too: plans name only those
@@ -226,12 +229,6 @@ class ByteStore(abc.ABC):
     def take_credentials(self, credentials) -> None:
         """Makes this store read with ``credentials`` (the second of :meth:`credentials_state`'s pair,
         carried from the process that resolved it). A store without credentials takes none."""
-
-    def give_to(self, lib) -> None:
-        """Gives the copy of this store in the loaded library ``lib`` (the DALI plugin, which holds its
-        own copy of the stores: csrc/c_api/store_api.cc) what it needs to read what this store reads: a
-        remote store its credentials, the memory store its objects. Nothing for a store the native
-        reader opens by its spec alone (local files)."""
 
     def zarr_store(self, key: str):
         """A read-only zarr-python store whose root is ``key`` (metadata and chunks of an array read

@@ -70,22 +70,14 @@ class _Credentials(NamedTuple):
 
 
 # ---- the C entry points (csrc/c_api/store_api.cc) -----------------------------------------------------
-def _kernels():
-    from dali_mesh import _kernels  # noqa: PLC0415 - the native library, loaded on first use
+def store_api():
+    """The kernels library with the byte stores' C entry points bound (the one binding of
+    csrc/c_api/store_api.cc): the process's one native core, which every Python store that reads through
+    it (this module's RemoteStore, :class:`~dali_mesh.storage.memory.MemoryStore`) and the DALI plugin (which
+    links it) share: the same stores, credentials, caches and counters."""
+    from dali_mesh._kernels.library import bound  # noqa: PLC0415 - the native library, loaded on first use
 
-    return store_api(_kernels.load())
-
-
-def store_api(lib=None):
-    """``lib`` (default: the kernels library, which Python's planning and fallback reads use; the DALI
-    plugin has its own copy of the stores) with the byte stores' C entry points bound: the one binding of
-    csrc/c_api/store_api.cc, for every Python store that reads through it (this module's RemoteStore,
-    :class:`~dali_mesh.storage.memory.MemoryStore`)."""
-    if lib is None:
-        return _kernels()
-    if not getattr(lib, "_dm_store_bound", False):
-        _bind(lib)
-    return lib
+    return bound("store_api", _bind)
 
 
 def _bind(lib) -> None:
@@ -109,14 +101,12 @@ def _bind(lib) -> None:
     lib.dali_mesh_store_delete.restype = ctypes.c_int
     lib.dali_mesh_store_counters.argtypes = [ctypes.POINTER(i64), ctypes.POINTER(i64)]
     lib.dali_mesh_store_counters.restype = None
-    lib._dm_store_bound = True
 
 
-def fetch_counters(lib=None) -> tuple[int, int]:
-    """``(requests, body bytes)`` the remote stores of ``lib`` (default: the kernels library, which
-    Python's planning and fallback reads use; the DALI plugin has its own) sent and received in this
-    process so far."""
-    lib = store_api(lib)
+def fetch_counters() -> tuple[int, int]:
+    """``(requests, body bytes)`` the native remote stores sent and received in this process so far: the
+    native reader's (the DALI plugin's, a PlanReader's) and Python's planning and reads alike."""
+    lib = store_api()
     requests, got = ctypes.c_int64(), ctypes.c_int64()
     lib.dali_mesh_store_counters(ctypes.byref(requests), ctypes.byref(got))
     return requests.value, got.value
@@ -126,17 +116,17 @@ def have_native_http() -> bool:
     """Whether this build reads remote objects through libcurl (it was built with
     ``libcurl4-openssl-dev``)."""
     try:
-        return bool(_kernels().dali_mesh_store_have_http())
+        return bool(store_api().dali_mesh_store_have_http())
     except Exception:  # noqa: BLE001 - no kernels library: no native reads of any kind
         return False
 
 
-def store_settings(spec: str, lib=None) -> dict:
+def store_settings(spec: str) -> dict:
     """The settings of the store ``spec`` as C++, the specs' one reader, parsed them (csrc/storage/byte_store.h
     ``StoreSettings``; an ``s3`` or ``http`` spec: the fields of ``HttpStoreConfig`` in http_store.h, the
     client's defaults filled in); also where this build has no libcurl. A ``ValueError`` naming the spec
     and what is wrong for one its kind refuses."""
-    lib = store_api(lib)
+    lib = store_api()
     err = ctypes.create_string_buffer(_ERR)
     size = 1024
     while True:
@@ -155,13 +145,12 @@ def store_message(err) -> str:
     return text.removeprefix("read_windows: ")
 
 
-def give_credentials(lib, spec: str, cred: _Credentials) -> None:
-    """Gives the store ``spec`` of the library ``lib`` (the kernels library, or the DALI plugin, which
-    has its own copy of the stores) the credentials ``cred``, which that store keeps."""
+def give_credentials(spec: str, cred: _Credentials) -> None:
+    """Gives the native store ``spec`` the credentials ``cred``, which that store keeps."""
     err = ctypes.create_string_buffer(_ERR)
     key, secret, token = cred
-    if store_api(lib).dali_mesh_store_credentials(spec.encode(), key.encode(), secret.encode(), token.encode(), err,
-                                                  _ERR) < 0:
+    if store_api().dali_mesh_store_credentials(spec.encode(), key.encode(), secret.encode(), token.encode(), err,
+                                               _ERR) < 0:
         raise DataFileError(spec, store_message(err))
 
 
@@ -242,7 +231,7 @@ class RemoteStore(ByteStore):
         fields: dict = {}
         if kind == "s3":
             fields.update(endpoint=endpoint, region=region, addressing=addressing, anon=anon)
-            if credentials and not anon:  # other keys, another store (each library's store of a spec has one set)
+            if credentials and not anon:  # other keys, another store (the native store of a spec has one set)
                 fields["signer"] = _signer(credentials)
         elif credentials and credentials.token:
             # an https URL's query (a presigned URL's signature): a credential of this store, appended to
@@ -254,7 +243,7 @@ class RemoteStore(ByteStore):
         self.spec = write_spec(kind, fields)
         self.anon = anon
         self._credentials = None if anon else credentials
-        self._given: set[int] = set()
+        self._give_credentials()
         #: what an open read (an array's metadata objects and the first page of its folder's listing, at the
         #: versions their answers named), by prefix, kept for the plan that follows (zarr_store.OpenedObjects)
         self.opened: dict = {}
@@ -268,19 +257,18 @@ class RemoteStore(ByteStore):
     native = True
 
     def _lib(self):
-        """The kernels library, its store given this store's credentials."""
-        lib = _kernels()
-        if id(lib) not in self._given:
-            self.give_to(lib)
-            self._given.add(id(lib))
-        return lib
+        """The store C API (:func:`store_api`), whose store of this spec has this store's credentials since
+        it was made."""
+        return store_api()
 
-    def give_to(self, lib) -> None:
-        """Gives ``lib``'s store of this spec (the kernels library's, or the DALI plugin's) this store's
-        credentials. A store without credentials leaves that store as it is: a spec names one set (its
-        signer, or its query's hash), which another store object of the spec may have given already."""
-        if self._credentials is not None:
-            give_credentials(lib, self.spec, self._credentials)
+    def _give_credentials(self) -> None:
+        """Gives the native store of this spec (in the process's one native core, which Python's reads and
+        the DALI plugin's share) this store's credentials, once: when it is made, or in a worker process
+        when it takes them. A store without credentials leaves that store as it is: a spec names one set
+        (its signer, or its query's hash), which another store object of the spec may have given already.
+        Nothing where this build has no libcurl (no native store reads remote objects)."""
+        if self._credentials is not None and have_native_http():
+            give_credentials(self.spec, self._credentials)
 
     def _get_into(self, key: str, dst, n: int, offset: int, tag: str, size: int) -> int:
         """One ranged GET of ``n`` bytes of ``key`` at ``offset`` into ``dst`` (a ctypes buffer or address),
@@ -420,7 +408,7 @@ class RemoteStore(ByteStore):
         if self.anon:
             return
         self._credentials = _Credentials(*credentials)
-        self._given = set()  # each library's store of this spec is given them at its next use
+        self._give_credentials()
 
     def __reduce__(self):
         # the credentials are not pickled with the store: the source that resolved it carries them
@@ -452,7 +440,6 @@ def need_native_http(location: str) -> None:
 def _unpickle(kind: str, spec: str, scheme: str, anon: bool) -> RemoteStore:
     store = RemoteStore.__new__(RemoteStore)
     store.kind, store.spec, store.scheme, store.anon = kind, spec, scheme, anon
-    store._given = set()
     store._credentials = None  # the source that holds the store gives them (take_credentials)
     store.opened = {}  # what an open read is not pickled: a worker's plan reads afresh
     return store

@@ -204,13 +204,12 @@ def test_an_order_changed_under_batches_waiting_for_room_drops_them(served, tmp_
 
     from dali_mesh.fn import load_plugin
     from dali_mesh.pipeline import native
-    from dali_mesh.pipeline.plugin import give_plugin_stores, plugin_read_ahead_counts
+    from dali_mesh.pipeline.plugin import plugin_read_ahead_counts
     from dali_mesh.source import pipeline_reader
 
     server, want = served
     reader = pipeline_reader(_source(server))
     path = native.plan_windows(reader)[0].write(str(tmp_path))
-    give_plugin_stores(reader.stores())
     # (this batch, the next ones): per sample a 1-D tensor of its ids in the next batches
     eight = [list(range(2 + i, 18, 2)) for i in range(BATCH)]
     feed = iter([([0, 1], eight), ([34, 35], [[30, 32], [31, 33]]), ([30, 31], [[32], [33]])])

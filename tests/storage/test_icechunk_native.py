@@ -1,5 +1,6 @@
 """The native reader over an Icechunk snapshot (csrc/storage/callback_store.cc, whose reads Python answers
-through the icechunk library: dali_mesh/storage/icechunk/ ``give_to``). A repository written here by the
+through the icechunk library: dali_mesh/storage/icechunk/callbacks.py, bound when a store is made). A
+repository written here by the
 ``icechunk`` library with zarr-python (whole-field Blosc lz4 + shuffle chunks large enough to be read in
 parts, Zstd chunks, a sharded array): every window of every rank (several splits, halos, boundary rules)
 read by the native reader, through the kernels library (ctypes) and through DALI's CPU pipeline, equal to
@@ -30,7 +31,7 @@ from dali_mesh import Layout, ZarrSource, _kernels  # noqa: E402
 from dali_mesh.partition import take_window  # noqa: E402
 from dali_mesh.pipeline import native  # noqa: E402
 from dali_mesh.storage import store_of  # noqa: E402
-from dali_mesh.storage.icechunk import IcechunkStore, unbind_native_reads  # noqa: E402
+from dali_mesh.storage.icechunk import IcechunkStore, bind_native_reads, unbind_native_reads  # noqa: E402
 from tests.helpers import SEED, mesh_of  # noqa: E402
 from tests.storage.s3_server import s3_endpoint  # noqa: E402, F401 - a fixture
 
@@ -112,9 +113,9 @@ def _store(src) -> IcechunkStore:
 
 
 def _plan_reader(src, tmp_path, **kw):
-    """The kernels library's reader (no DALI) of ``src``'s plan, the source's store given to it."""
+    """The kernels library's reader (no DALI) of ``src``'s plan (the source's store answers its reads: the
+    latest store made of its spec)."""
     plans = native.plan_windows(src)
-    _store(src).give_to(_kernels.load())
     path = plans[0].write(str(tmp_path))
     return _kernels.PlanReader(path, plans[0].dtype, **{"read_ahead": 0, **kw})
 
@@ -151,8 +152,8 @@ def test_every_window_of_every_rank_read_natively_equals_zarr_python(repository,
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("name", ["blosc", "sharded"])
 def test_a_dali_cpu_pipeline_reads_every_rank_natively(repository, name):
-    """``fn.read_windows`` without a fallback (the plugin's own store, given the callbacks by
-    give_plugin_stores), read ahead on (the default for a store that is not local files)."""
+    """``fn.read_windows`` without a fallback (the plugin reads through the source's store, bound when it
+    was made), read ahead on (the default for a store that is not local files)."""
     pytest.importorskip("nvidia.dali")
     from nvidia.dali import pipeline_def
 
@@ -250,12 +251,12 @@ def test_a_snapshot_stays_pinned_while_a_commit_lands(tmp_path):
 
 
 # ---- errors --------------------------------------------------------------------------------------------------------
-def _c_call(lib, entry, spec, *args):
+def _c_call(entry, spec, *args):
     """``entry`` of the store C API with ``args``: its result, and the message."""
     from dali_mesh.storage.remote import store_api
 
     err = ctypes.create_string_buffer(4096)
-    got = getattr(store_api(lib), entry)(spec.encode(), *args, err, 4096)
+    got = getattr(store_api(), entry)(spec.encode(), *args, err, 4096)
     return got, err.value.decode()
 
 
@@ -263,18 +264,16 @@ def _c_call(lib, entry, spec, *args):
 def test_a_key_missing_from_the_snapshot_is_named(repository):
     path, _, snapshot, _ = repository
     store, _ = store_of(f"icechunk://{path}")
-    lib = _kernels.load()
-    store.give_to(lib)
     size, tag = ctypes.c_int64(), ctypes.create_string_buffer(1024)
-    found, _ = _c_call(lib, "dali_mesh_store_head", store.spec, b"zstd/c/0/0/0", ctypes.byref(size), tag, 1024)
+    found, _ = _c_call("dali_mesh_store_head", store.spec, b"zstd/c/0/0/0", ctypes.byref(size), tag, 1024)
     assert found == 1 and size.value == store.stat("zstd/c/0/0/0").size and tag.value.decode() == store.tag
-    found, _ = _c_call(lib, "dali_mesh_store_head", store.spec, b"zstd/c/9/9/9", ctypes.byref(size), tag, 1024)
+    found, _ = _c_call("dali_mesh_store_head", store.spec, b"zstd/c/9/9/9", ctypes.byref(size), tag, 1024)
     assert found == 0
     buf = ctypes.create_string_buffer(16)
-    got, message = _c_call(lib, "dali_mesh_store_get", store.spec, b"zstd/c/9/9/9", 0, 16, b"", -1, buf)
+    got, message = _c_call("dali_mesh_store_get", store.spec, b"zstd/c/9/9/9", 0, 16, b"", -1, buf)
     assert got == -1
     assert f"icechunk://{path}@{snapshot}/zstd/c/9/9/9: no such key in snapshot {snapshot}" in message
-    got, _ = _c_call(lib, "dali_mesh_store_get", store.spec, b"zstd/c/0/0/0", 0, 16, b"", -1, buf)
+    got, _ = _c_call("dali_mesh_store_get", store.spec, b"zstd/c/0/0/0", 0, 16, b"", -1, buf)
     assert got == 16 and buf.raw == store.read("zstd/c/0/0/0", 0, 16)
 
 
@@ -299,14 +298,13 @@ def test_a_failing_read_is_named_and_the_reader_goes_on(repository, tmp_path, mo
 def test_an_unbound_store_is_named_and_reads_once_given_again(repository, tmp_path):
     path, _, snapshot, oracle = repository
     src = _source(f"icechunk://{path}", "zstd", (1, 2), (0, 1), {"m0": 0})
-    lib = _kernels.load()
     with _plan_reader(src, tmp_path) as reader:
-        unbind_native_reads(lib, _store(src))
+        unbind_native_reads(_store(src))
         with pytest.raises(_kernels.KernelsError, match=rf"icechunk://{path}@{snapshot}/zstd/c/0/\d/\d: nothing in "
                                                         r"this process answers the reads of this store .* build the "
                                                         r"source .* in this process"):
             reader.read([0])
-        _store(src).give_to(lib)
+        bind_native_reads(_store(src))
         np.testing.assert_array_equal(reader.read([0])[0][0], take_window(oracle["zstd"][0], src.region))
 
 
@@ -408,7 +406,6 @@ _CHILD = textwrap.dedent("""
     src = ZarrSource([f"icechunk://{path}"], "zstd", layout, batch_size=1, shuffle=False)
     if how == "plan reader":
         plans = native.plan_windows(src)
-        src.stores()[0].give_to(_kernels.load())
         reader = _kernels.PlanReader(plans[0].write(folder + "/plan"), "f4", read_ahead=2)
         reader.read([0])
         assert reader.read_ahead([1]) and reader.read_ahead([2])

@@ -122,8 +122,6 @@ def test_a_read_whose_requests_are_never_answered_fails_within_its_timeout(in_s3
     src = _source(location, **opts, timeout=3)
     np.testing.assert_array_equal(src.read_sample(0)[0], take_window(x[0], src.region))
     plans = native.plan_windows(src)
-    (store,) = src.stores()
-    store.give_to(_kernels.load())
     reader = _kernels.PlanReader(plans[0].write(str(tmp_path)), plans[0].dtype, read_ahead=0)
     np.testing.assert_array_equal(reader.read([1])[0][0], take_window(x[1], src.region))
     proxy.add("hang", method=None, times=10**6)
@@ -187,7 +185,6 @@ _CHILD = textwrap.dedent("""
                      storage_options=options(proxy.endpoint, region=REGION))
     if how == "plan reader":
         plans = native.plan_windows(src)
-        src.stores()[0].give_to(_kernels.load())
         reader = _kernels.PlanReader(plans[0].write(folder + "/plan"), "f4", read_ahead=2)
         reader.read([0])
         sent = proxy.count()
@@ -295,8 +292,6 @@ def test_a_folder_with_a_semicolon_is_read_in_python_and_natively(tmp_path):
     assert src.files[0] == f"icechunk://{folder}@{snapshot}"
     np.testing.assert_array_equal(src.read_sample(2)[0], take_window(x[2], src.region))
     plans = native.plan_windows(src)
-    (store,) = src.stores()
-    store.give_to(_kernels.load())
     with _kernels.PlanReader(plans[0].write(str(tmp_path / "plan")), plans[0].dtype, read_ahead=0) as reader:
         for t in range(SHAPE[0]):
             np.testing.assert_array_equal(reader.read([t])[0][0], take_window(x[t], src.region))

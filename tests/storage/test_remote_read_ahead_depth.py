@@ -175,13 +175,12 @@ def test_an_order_changed_under_the_batches_read_ahead_drops_them(server, tmp_pa
 
     from dali_mesh.fn import load_plugin
     from dali_mesh.pipeline import native
-    from dali_mesh.pipeline.plugin import give_plugin_stores, plugin_read_ahead_counts
+    from dali_mesh.pipeline.plugin import plugin_read_ahead_counts
     from dali_mesh.source import pipeline_reader
 
     a = _arrays()
     reader = pipeline_reader(_source(server.endpoint, "s"))
     path = native.plan_windows(reader)[0].write(str(tmp_path))
-    give_plugin_stores(reader.stores())
     # (this batch, the next two), per sample a 1-D tensor of its ids in the next batches
     feed = iter([([0, 1], [[2, 4], [3, 5]]), ([6, 7], [[8, 10], [9, 11]]), ([8, 9], [[10, -1], [11, -1]])])
 

@@ -1,7 +1,7 @@
 """A store's spec is written once, in Python (dali_mesh/storage/byte_store.py write_spec), and read once,
 in C++ (csrc/storage/http_spec.cc ParseHttpSpec): the settings C++ gives back (dali_mesh_store_settings,
-what Python's HTTP client of builds without libcurl uses) are those the spec was written with, in both
-libraries; specs that cannot be written or read are refused with the reason. No server is needed."""
+what Python's HTTP client of builds without libcurl uses) are those the spec was written with; specs
+that cannot be written or read are refused with the reason. No server is needed."""
 from __future__ import annotations
 
 import hashlib
@@ -11,32 +11,10 @@ import pytest
 from dali_mesh.storage import store_of
 from dali_mesh.storage.byte_store import write_spec
 from dali_mesh.storage.memory import MemoryStore
-from dali_mesh.storage.remote import store_api, store_settings
+from dali_mesh.storage.remote import store_settings
 
 _DEFAULTS = {"region": "us-east-1", "path_style": True, "anonymous": False, "retries": 8, "retry_seconds": 60,
              "timeout": 300, "stall": 30, "connect": 10, "query_hash": "", "cache": "", "cache_bytes": 8 << 30}
-
-
-def _libraries():
-    """The kernels library, and the DALI plugin where DALI is installed (each reads specs itself)."""
-    libs = [pytest.param(None, id="kernels")]
-    try:
-        import nvidia.dali  # noqa: F401
-    except ImportError:
-        return libs
-    return libs + [pytest.param("plugin", id="plugin")]
-
-
-@pytest.fixture(params=_libraries())
-def lib(request):
-    if request.param is None:
-        return None
-    import ctypes
-
-    from dali_mesh.pipeline.plugin import PLUGIN_PATH, load_plugin
-
-    load_plugin()
-    return store_api(ctypes.CDLL(str(PLUGIN_PATH)))
 
 
 @pytest.mark.parametrize("location, options, want", [
@@ -54,9 +32,9 @@ def lib(request):
      {"kind": "http", "endpoint": "", "retries": 0,
       "query_hash": hashlib.sha256(b"X-Amz-Signature=abc").hexdigest()[:32]}),
 ])
-def test_the_settings_cpp_reads_are_those_the_spec_was_written_with(lib, location, options, want):
+def test_the_settings_cpp_reads_are_those_the_spec_was_written_with(location, options, want):
     store, _ = store_of(location, options)
-    assert store_settings(store.spec, lib) == {**_DEFAULTS, **want}
+    assert store_settings(store.spec) == {**_DEFAULTS, **want}
 
 
 def test_write_spec_writes_settings_in_order_and_refuses_what_a_spec_cannot_hold():
@@ -79,7 +57,7 @@ def test_write_spec_writes_settings_in_order_and_refuses_what_a_spec_cannot_hold
     ("http;retries", "setting without a value"),
     ("memory;name=m", 'a store of kind "memory" has no settings to read (the kinds that have: http, s3)'),
 ])
-def test_specs_cpp_refuses_are_errors_naming_the_spec_and_why(lib, spec, why):
+def test_specs_cpp_refuses_are_errors_naming_the_spec_and_why(spec, why):
     with pytest.raises(ValueError) as info:
-        store_settings(spec, lib)
+        store_settings(spec)
     assert f'byte store "{spec}"' in str(info.value) and why in str(info.value)

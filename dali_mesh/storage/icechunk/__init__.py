@@ -33,13 +33,13 @@ object (each one object ``chunks/<id>`` of the repository's storage) nor a virtu
 (``Session.all_virtual_chunk_locations`` gives the files only), but its store reads ranges of any key,
 several at once (``get_partial_values``). So the store is native (``native = True``): the native reader's
 store of this spec (csrc/storage/callback_store.cc) asks Python for the ranges it reads, through two ctypes
-callbacks :meth:`IcechunkStore.give_to` binds in each library (the kernels library, the DALI plugin:
-:mod:`~dali_mesh.storage.icechunk.callbacks`), and reads a Blosc chunk in parts (its header and index, then
-the blocks a window needs) as from any object store. The callbacks run on the reader's threads and take the
-GIL: whoever waits for the reader must have released it (ctypes calls and DALI's ``pipe.run()`` do). At exit
-the library's calls in flight are cancelled and every library's store unbound first (an ``atexit`` hook that
-waits at most 30 s in all for the reads in flight), so that no read enters an interpreter being torn down
-and DALI's shutdown of its pipelines finds their reads done. The Python path (:meth:`IcechunkStore.read`,
+callbacks bound when the store is made (in the process's one native core, the kernels library, which the DALI
+plugin links: :mod:`~dali_mesh.storage.icechunk.callbacks`; the latest store made of a spec answers), and
+reads a Blosc chunk in parts (its header and index, then the blocks a window needs) as from any object store.
+The callbacks run on the reader's threads and take the GIL: whoever waits for the reader must have released it
+(ctypes calls and DALI's ``pipe.run()`` do). At exit the library's calls in flight are cancelled and the
+callback stores unbound first (an ``atexit`` hook that waits at most 30 s for the reads in flight), so that no
+read enters an interpreter being torn down and DALI's shutdown of its pipelines finds their reads done. The Python path (:meth:`IcechunkStore.read`,
 :class:`IcechunkObject`) stays: it serves the planner, ``partitioned_source`` and DALI's worker processes.
 zarr-python reads the repository's arrays through the session's own store (:meth:`IcechunkStore.zarr_store`),
 each of its calls under the same bounds. Virtual chunks (byte ranges of NetCDF/HDF5 files that VirtualiZarr
@@ -57,9 +57,11 @@ opens the repository there.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from typing import Sequence
 
+from dali_mesh._kernels.library import KernelsError
 from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, write_spec
 from dali_mesh.storage.errors import DataFileError, MissingFileError
 from dali_mesh.storage.icechunk.callbacks import EXIT_WAIT_S, bind_native_reads, unbind_native_reads
@@ -73,6 +75,8 @@ from dali_mesh.storage.icechunk.virtual import VIRTUAL_OPTION, check_local_virtu
 
 __all__ = ["DEFAULT_TIMEOUT_S", "EXIT_WAIT_S", "ForkedProcessError", "IcechunkExitError", "IcechunkStore",
            "IcechunkTimeoutError", "bind_native_reads", "open_repository", "resolve_icechunk", "unbind_native_reads"]
+
+log = logging.getLogger(__name__)
 
 
 async def _collect(names) -> list:
@@ -113,7 +117,7 @@ class IcechunkStore(ByteStore):
     """The keys of ``repository`` (a local folder or ``s3://bucket/prefix``) at the snapshot ``snapshot``,
     read with ``options`` (an s3:// repository's storage_options, the bounds of the library's calls)."""
 
-    native = True  # the native reader's reads are answered here (give_to: csrc/storage/callback_store.cc)
+    native = True  # the native reader's reads are answered here (bind_native_reads: csrc/storage/callback_store.cc)
     supports_listing = True
     versioned = True  # the names of its keys pin its snapshot
     #: whether a process forked from one that read this store can read it: not the library (see the module's
@@ -130,16 +134,22 @@ class IcechunkStore(ByteStore):
         self._why = why_of(self._options)  # what a call that timed out says of its cause
         # what reads it, not only what it is: two sources of one repository location on two services (a
         # mirror: the same snapshot ids), with other keys or other virtual containers authorised, are two
-        # stores (each library's native store of a spec reads through one of them). A pickled store keeps
+        # stores (the native store of a spec reads through one of them). A pickled store keeps
         # its spec (the signer is a hash under this process's salt)
         self.spec = spec or write_spec("icechunk", spec_fields(self.repository, snapshot, self._options))
         self.tag = f"icechunk:{snapshot}"
         self._lock = threading.Lock()
         self._session = None  # the readonly session, at the first read in this process
-        #: what the native reader asked of this store in this process (the library's bound to it,
-        #: give_to): calls, ranges and bytes
+        #: what the native reader asked of this store in this process (while it answers the native store of its
+        #: spec: bind_native_reads): calls, ranges and bytes
         self.native_reads = {"calls": 0, "ranges": 0, "bytes": 0}
         self._counting = threading.Lock()
+        # the native reader's reads of this spec go through this store from now on, in this process (also one
+        # unpickled in a worker); a build without the kernels library reads in Python only
+        try:
+            bind_native_reads(self)
+        except KernelsError as e:
+            log.debug("%s: no native reads (%s)", self.name_of(""), e)
 
     # ---- the repository -----------------------------------------------------------------------------
     def session(self):
@@ -340,12 +350,6 @@ class IcechunkStore(ByteStore):
         else:
             hint = ""
         return DataFileError(self.name_of(key), f"cannot be read ({text}){hint}")
-
-    # ---- the native reader ----------------------------------------------------------------------------------
-    def give_to(self, lib) -> None:
-        """Binds ``lib``'s store of this spec (the kernels library's, or the DALI plugin's) to this store's
-        reads (:func:`bind_native_reads`): the native reader's reads of this snapshot call back into it."""
-        bind_native_reads(lib, self)
 
     # ---- processes and credentials ------------------------------------------------------------------------
     def credentials_state(self) -> tuple | None:

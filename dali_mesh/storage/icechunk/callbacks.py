@@ -1,24 +1,27 @@
 """The native reader's reads of an Icechunk snapshot, answered here (csrc/storage/callback_store.h): two ctypes
-callbacks per library (the kernels library, the DALI plugin) and store spec, bound by
-:meth:`~dali_mesh.storage.icechunk.IcechunkStore.give_to`, and their unbinding at exit.
+callbacks per store spec, bound in the process's one native core (the kernels library, which the DALI plugin links)
+by :func:`bind_native_reads` when an :class:`~dali_mesh.storage.icechunk.IcechunkStore` is made, and their
+unbinding at exit.
 
 The callbacks run on the reader's threads (DALI's executor threads, the kernels library's) and wait there for
 the library's calls (:mod:`~dali_mesh.storage.icechunk.deadline`). At exit :func:`unbind_at_exit` runs first
 among the exit hooks: it cancels every call of the library in flight (the reads waiting on them fail at once,
-"the process is exiting"), unbinds every library's stores (later reads fail in C++ without entering Python)
-and waits, at most :data:`EXIT_WAIT_S` in all, for the reads still in Python to return, then (at most 2 s)
+"the process is exiting"), unbinds the callback stores (later reads fail in C++ without entering Python)
+and waits, at most :data:`EXIT_WAIT_S`, for the reads still in Python to return, then (at most 2 s)
 for the calls cancelled to leave the library's runtime (:func:`~dali_mesh.storage.icechunk.deadline.settle`).
 DALI's hook, which shuts its pipelines down and joins their executor threads, comes after it and finds them
 done: before, a read whose requests were never answered held that join (and the exit) until the library gave
-up.
+up. DALI registers its hook when its pipeline module is first imported, which may come after a store was made
+(a source built before DALI is imported): the unbinding is registered again after it, at each binding and at
+the first read answered once DALI is imported (before any read could wait in the library).
 """
 from __future__ import annotations
 
 import atexit
 import ctypes
 import logging
+import sys
 import threading
-import time
 
 from dali_mesh.storage.errors import DataFileError
 from dali_mesh.storage.icechunk.deadline import cancel_all, settle
@@ -35,17 +38,20 @@ _HEAD = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_char_p, ctypes.POINTER(ctypes.
 _READ = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64),
                          ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_void_p),
                          ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p, ctypes.c_int64)
-#: the most the exit waits, in all (every library's stores together), for the native reader's reads still in
-#: Python once the library's calls are cancelled (docs/remote-storage.md: "at most 30 s")
+#: the most the exit waits for the native reader's reads still in Python once the library's calls are cancelled
+#: (docs/remote-storage.md: "at most 30 s")
 EXIT_WAIT_S = 30.0
-#: (library handle, spec) -> the store that answers that library's reads of that spec now (the latest given)
+#: spec -> the store that answers the native reader's reads of that spec now (the latest made or bound)
 _answering: dict = {}
-#: (library handle, spec) -> its callbacks, never freed: a reader's thread may call one at any time until
-#: the library is unbound (at exit)
+#: spec -> its callbacks, never freed: a reader's thread may call one at any time until the stores are unbound
+#: (at exit)
 _callbacks: dict = {}
-#: library handle -> the library, for the unbinding at exit
-_libraries: dict = {}
+#: the kernels library, once a store was bound in it (the unbinding at exit has nothing to do before)
+_library = None
 _binding = threading.Lock()
+#: whether the unbinding was last registered after DALI's exit hook (DALI's pipeline module imported by then)
+_after_dali = False
+_ordering = threading.Lock()
 
 
 def _say(err, cap: int, text: str) -> None:
@@ -63,15 +69,17 @@ def _failure(store, key: str, e: BaseException) -> str:
     return f"{name}: cannot be read ({type(e).__name__}: {short(e)})"
 
 
-def _answers(slot: tuple) -> tuple:
-    """The two callbacks of one library's store of one spec: they read through the store ``_answering``
-    names for ``slot`` at each call. They never raise (ctypes would print and return 0): a failure is -1
-    and its message."""
+def _answers(spec: str) -> tuple:
+    """The two callbacks of the native store of one spec: they read through the store ``_answering`` names for
+    ``spec`` at each call. They never raise (ctypes would print and return 0): a failure is -1 and its
+    message."""
 
     def head(key_p, size_p, tag, tag_cap, err, err_cap):
         store, key = None, ""
         try:
-            store = _answering[slot]
+            if not _after_dali:
+                _exit_after_dali()
+            store = _answering[spec]
             key = key_p.decode("utf-8", "surrogateescape")
             version = store.stat(key)
             if version is None:
@@ -86,7 +94,9 @@ def _answers(slot: tuple) -> tuple:
     def read(key_p, n, offsets, sizes, dsts, got, err, err_cap):
         store, key = None, ""
         try:
-            store = _answering[slot]
+            if not _after_dali:
+                _exit_after_dali()
+            store = _answering[spec]
             key = key_p.decode("utf-8", "surrogateescape")
             datas = store.read_ranges(key, [(offsets[i], sizes[i]) for i in range(n)])
             for i, data in enumerate(datas):
@@ -110,54 +120,65 @@ def _declare(lib) -> None:
     lib.dali_mesh_store_unbind_readers.restype = i64
 
 
-def bind_native_reads(lib, store) -> None:
-    """Makes ``lib``'s store of ``store.spec`` (csrc/storage/callback_store.cc) read through ``store`` (an
-    :class:`~dali_mesh.storage.icechunk.IcechunkStore`): its callbacks are made once per library and spec and
-    kept for the life of the process; a later store of the spec takes over their answers (its
-    :attr:`~dali_mesh.storage.icechunk.IcechunkStore.native_reads` then counts them). The first binding
-    registers the unbinding at exit, and each moves it to run first among the exit hooks (before DALI's, which
-    shuts its pipelines down: their reads then fail at once instead of waiting for a GIL held by that
-    shutdown)."""
-    _declare(lib)
-    slot = (lib._handle, store.spec)
+def _bind(spec: str, name: str, head, read) -> None:
+    """Binds the native store ``spec`` to the callbacks ``head`` and ``read`` (None, None: unbinds it)."""
+    global _library
+    from dali_mesh._kernels.library import bound  # noqa: PLC0415 - the native library, loaded on first use
+
+    lib = _library = bound("icechunk_callbacks", _declare)
+    err = ctypes.create_string_buffer(4096)
+    if lib.dali_mesh_store_bind_reader(spec.encode(), name.encode(), head, read, err, len(err)) < 0:
+        raise DataFileError(name or spec, f"the native reader cannot be given its reads: "
+                                          f"{err.value.decode(errors='replace')}")
+
+
+def bind_native_reads(store) -> None:
+    """Makes the native store of ``store.spec`` (csrc/storage/callback_store.cc) read through ``store`` (an
+    :class:`~dali_mesh.storage.icechunk.IcechunkStore`, which calls this when it is made): its callbacks are made
+    once per spec and kept for the life of the process; a later store of the spec takes over their answers (its
+    :attr:`~dali_mesh.storage.icechunk.IcechunkStore.native_reads` then counts them). Each binding moves the
+    unbinding at exit to run first among the exit hooks (before DALI's, which shuts its pipelines down: their
+    reads then fail at once instead of waiting for a GIL held by that shutdown)."""
     with _binding:
-        _answering[slot] = store
-        if slot not in _callbacks:
-            _callbacks[slot] = _answers(slot)
-        head, read = _callbacks[slot]
-        _libraries[lib._handle] = lib
-        err = ctypes.create_string_buffer(4096)
-        if lib.dali_mesh_store_bind_reader(store.spec.encode(), store.name_of("").encode(),
-                                           ctypes.cast(head, ctypes.c_void_p), ctypes.cast(read, ctypes.c_void_p),
-                                           err, len(err)) < 0:
-            raise DataFileError(store.name_of(""), f"the native reader cannot be given its reads: "
-                                                   f"{err.value.decode(errors='replace')}")
+        _answering[store.spec] = store
+        if store.spec not in _callbacks:
+            _callbacks[store.spec] = _answers(store.spec)
+        head, read = _callbacks[store.spec]
+        _bind(store.spec, store.name_of(""), ctypes.cast(head, ctypes.c_void_p), ctypes.cast(read, ctypes.c_void_p))
+    _run_first_at_exit()
+
+
+def unbind_native_reads(store) -> None:
+    """Unbinds the native store of ``store.spec``: its reads then fail naming the store, until a store of the spec
+    is bound again (:func:`bind_native_reads`)."""
+    with _binding:
+        _bind(store.spec, "", None, None)
+
+
+def _run_first_at_exit() -> None:
+    """Registers the unbinding again, so that it runs first among the exit hooks registered so far."""
+    global _after_dali
+    with _ordering:
+        after_dali = "nvidia.dali.pipeline" in sys.modules  # DALI registers its hook when that module is imported
         atexit.unregister(unbind_at_exit)
         atexit.register(unbind_at_exit)
+        _after_dali = after_dali
 
 
-def unbind_native_reads(lib, store) -> None:
-    """Unbinds ``lib``'s store of ``store.spec``: its reads then fail naming the store, until it is given
-    again (:meth:`~dali_mesh.storage.icechunk.IcechunkStore.give_to`)."""
-    _declare(lib)
-    err = ctypes.create_string_buffer(4096)
-    if lib.dali_mesh_store_bind_reader(store.spec.encode(), b"", None, None, err, len(err)) < 0:
-        raise DataFileError(store.name_of(""), err.value.decode(errors="replace"))
+def _exit_after_dali() -> None:
+    """At a read answered (on a reader's thread): the unbinding registered again once DALI is imported."""
+    if "nvidia.dali.pipeline" in sys.modules:
+        _run_first_at_exit()
 
 
 def unbind_at_exit() -> None:
-    """Cancels the library's calls in flight, unbinds every library's callback stores for good and waits
-    (without the GIL: ctypes calls), at most :data:`EXIT_WAIT_S` for all of them together, for the reads in
-    flight, so that no reader thread enters the interpreter while it is torn down; then waits (at most 2 s)
-    for the calls cancelled to leave the library's runtime, which touches the interpreter once more."""
+    """Cancels the library's calls in flight, unbinds the callback stores for good and waits (without the GIL: a
+    ctypes call) at most :data:`EXIT_WAIT_S` for the reads in flight, so that no reader thread enters the
+    interpreter while it is torn down; then waits (at most 2 s) for the calls cancelled to leave the library's
+    runtime, which touches the interpreter once more."""
     cancel_all()
-    libraries = list(_libraries.values())
-    for lib in libraries:  # first every library refuses new reads (no wait), then the waits share one bound
-        lib.dali_mesh_store_unbind_readers(0.0)
-    deadline = time.monotonic() + EXIT_WAIT_S
-    left = 0
-    for lib in libraries:
-        left += lib.dali_mesh_store_unbind_readers(max(0.0, deadline - time.monotonic()))
+    lib = _library
+    left = lib.dali_mesh_store_unbind_readers(EXIT_WAIT_S) if lib is not None else 0
     if left:
         log.warning("%d reads of Icechunk stores by the native reader were still in flight %.0f s after the "
                     "process began to exit", left, EXIT_WAIT_S)

@@ -9,9 +9,8 @@ version it opened, and its ``check_unchanged`` refuses it once its key holds ano
 but NUL.
 
 The objects live in the process that wrote them: a pickled store names them, and another process (one of
-DALI's workers) finds none. The kernels library and the DALI plugin each hold their own copy of the stores:
-:meth:`MemoryStore.give_to` (:func:`share_objects`) copies a store's objects into the plugin at their
-versions (so that a plan made through the one reads in the other), and later writes go to both.
+DALI's workers) finds none. They are held once per process, in the native core (the kernels library, which
+the DALI plugin links): a write is seen at once by Python's readers, a PlanReader and ``fn.read_windows``.
 """
 from __future__ import annotations
 
@@ -25,17 +24,15 @@ from dali_mesh.storage.errors import DataFileError, FileChangedError, MissingFil
 from dali_mesh.storage.listing import list_all
 from dali_mesh.storage.remote import store_api, store_message
 
-__all__ = ["MemoryObject", "MemoryStore", "resolve_memory", "share_objects"]
+__all__ = ["MemoryObject", "MemoryStore", "resolve_memory"]
 
 #: a store's name: its spec's one setting, and what its locations hold between "memory://" and the key
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
 _ERR = 4096
 _TAG = 1024
 
-#: the loaded libraries besides the kernels library that hold copies of stores (share_objects): each
-#: library (ctypes, by its handle) with the names of the stores copied there
-_copies: list[tuple[object, set]] = []
-#: one write (or copy) at a time, so that each copy takes the version its write made in the kernels library
+#: one write at a time, so that the version :meth:`MemoryStore.put` returns (its write, then a look at the key) is the
+#: one its write made, not another thread's write or delete of the key in between
 _writes = threading.Lock()
 
 
@@ -103,17 +100,12 @@ class MemoryStore(ByteStore):
         with _writes:
             self._call(key, "dali_mesh_store_put", _encoded(self._checked(key)), payload, len(payload), None)
             version = self.stat(key)
-            for lib in _copies_of(self.name):
-                self._call(key, "dali_mesh_store_put", _encoded(key), payload, len(payload), version.tag.encode(),
-                           lib=lib)
         return version
 
     def delete(self, key: str) -> bool:
         """Removes the object ``key``; ``False`` when there was none."""
         with _writes:
             found = self._call(key, "dali_mesh_store_delete", _encoded(self._checked(key)))
-            for lib in _copies_of(self.name):
-                self._call(key, "dali_mesh_store_delete", _encoded(key), lib=lib)
         return found == 1
 
     # ---- reads ------------------------------------------------------------------------------------------
@@ -163,11 +155,11 @@ class MemoryStore(ByteStore):
                                                                            "as C strings)")
         return key
 
-    def _call(self, key: str, entry: str, *args, lib=None) -> int:
-        """``entry`` of the store C API (of ``lib``, default the kernels library) for this store with
+    def _call(self, key: str, entry: str, *args) -> int:
+        """``entry`` of the store C API (:func:`~dali_mesh.storage.remote.store_api`) for this store with
         ``args``, and the message-buffer pair: its result, or the error it names raised for ``key``."""
         err = ctypes.create_string_buffer(_ERR)
-        got = getattr(store_api(lib), entry)(self.spec.encode(), *args, err, _ERR)
+        got = getattr(store_api(), entry)(self.spec.encode(), *args, err, _ERR)
         if got < 0:
             self._raise(key, store_message(err))
         return got
@@ -183,11 +175,6 @@ class MemoryStore(ByteStore):
             raise TruncatedFileError(name, message)
         raise DataFileError(name, message)
 
-    def give_to(self, lib) -> None:
-        """Copies this store's objects into ``lib``'s store of its name (the DALI plugin's) at their
-        versions; its later writes go there too (:func:`share_objects`)."""
-        share_objects(lib, [self])
-
     def __reduce__(self):
         return (MemoryStore, (self.name,))
 
@@ -199,33 +186,6 @@ class MemoryStore(ByteStore):
 
     def __hash__(self) -> int:
         return hash(("memory", self.name))
-
-
-def share_objects(lib, stores) -> None:
-    """Copies the objects of the memory ``stores`` into the loaded library ``lib`` (the DALI plugin, whose
-    stores are its own) at their versions, so that a plan made through the kernels library reads there;
-    every later write and delete goes there too."""
-    lib = store_api(lib)
-    with _writes:
-        # by the library's handle: each ctypes.CDLL of one path is another Python object of one library
-        shared = next((names for other, names in _copies if other._handle == lib._handle), None)
-        if shared is None:
-            shared = set()
-            _copies.append((lib, shared))
-        for store in stores:
-            if store.name in shared:
-                continue  # every write since its first share went there too
-            objects, _ = store.list("", delimiter=False)
-            for key, version in objects:
-                with store.open_version(key, version) as obj:
-                    data = obj.pread(version.size, 0)
-                store._call(key, "dali_mesh_store_put", _encoded(key), data, len(data), version.tag.encode(), lib=lib)
-            shared.add(store.name)
-
-
-def _copies_of(name: str) -> list:
-    """The libraries besides the kernels library that hold a copy of the store ``name``."""
-    return [lib for lib, names in _copies if name in names]
 
 
 def resolve_memory(location: str, options: dict) -> tuple[MemoryStore, str]:

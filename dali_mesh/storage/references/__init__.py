@@ -365,11 +365,6 @@ class ReferenceStore(ByteStore):
 
         attach_credentials(self._stores(), credentials)
 
-    def give_to(self, lib) -> None:
-        """Gives the stores of the referenced files to ``lib`` (the DALI plugin reads those natively)."""
-        for store in self._stores():
-            store.give_to(lib)
-
     def __reduce__(self):
         # the set as read here (a worker reads these bytes, never a set rewritten since) and its files'
         # stores, which pickle without their credentials (credentials_state carries those)
