@@ -1,6 +1,6 @@
 // dali_mesh: the C entry points of the byte stores (csrc/storage/byte_store.h), each store named by its
-// spec, in libdali_mesh_kernels.so and in the DALI plugin (each library has its own copy of the
-// stores, of their objects and of the credentials Python gave each store), bound in
+// spec, in libdali_mesh_kernels.so (the one copy of the stores in a process, of their objects and of
+// the credentials Python gave each store: the DALI plugin links this library), bound in
 // dali_mesh/storage/remote.py: Python's stores (RemoteStore, MemoryStore) plan and read through the same
 // stores as the native reader (for remote objects: the same libcurl client, retries and checks).
 //

@@ -198,9 +198,9 @@ using StoreFactory = std::unique_ptr<ByteStore> (*)(const std::string &spec, std
 bool RegisterStore(const char *kind, StoreFactory factory);
 
 // How a store's file registers its kind (at namespace scope): DM_REGISTER_STORE("memory", MakeMemoryStore).
-// Every store's object file is linked whole into both libraries (CMakeLists.txt: an OBJECT library,
-// not an archive whose unreferenced members the linker would drop); tests/storage/test_memory.py
-// checks that each library has every kind.
+// Every store's object file is linked whole into the kernels library, which the DALI plugin links
+// (CMakeLists.txt: an OBJECT library, not an archive whose unreferenced members the linker would
+// drop); tests/storage/test_memory.py checks that the plugin reaches every kind.
 #define DM_REGISTER_STORE(kind, factory) DM_REGISTER_STORE_AT(kind, factory, __LINE__)
 #define DM_REGISTER_STORE_AT(kind, factory, line) DM_REGISTER_STORE_NAMED(kind, factory, line)
 #define DM_REGISTER_STORE_NAMED(kind, factory, line) \

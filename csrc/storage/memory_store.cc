@@ -5,9 +5,9 @@
 //
 // An object's bytes never change in place: a write makes a new version, tagged by the next of the
 // store's counter, and an object opened reads the version it opened to the end; CheckUnchanged
-// refuses one rewritten or deleted since (its key holds another version now). Each library (the
-// kernels library, the DALI plugin) has its own stores: Python copies an object into the plugin's at
-// its version (Put with the tag), so that a plan made through one reads in the other.
+// refuses one rewritten or deleted since (its key holds another version now). The stores are held
+// once per process, in the kernels library, which the DALI plugin links: what Python writes, the
+// plugin reads.
 #include <algorithm>
 #include <cctype>
 #include <cerrno>

@@ -1,7 +1,8 @@
 """The memory store (dali_mesh/storage/memory/, csrc/storage/memory_store.cc): the shared store tests,
 listing against the set of keys written, the store registry's errors (csrc/storage/byte_store.cc: a kind
-no library has, an operation a store lacks), names apart, both libraries holding every kind, and a format
-written into memory read back by the native reader."""
+no library has, an operation a store lacks), names apart, the DALI plugin reaching every kind and every
+object in the one native core with nothing given to it, and a format written into memory read back by the
+native reader."""
 from __future__ import annotations
 
 import ctypes

@@ -1,6 +1,6 @@
 // dali_mesh: the read_windows operator's reads, seen from Python (dali_mesh.pipeline.plugin binds
-// these on the loaded plugin). Exported from libdali_mesh.so, not the kernels library: the reads in
-// flight are the plugin's own (each library holds its own copy of the DALI-free core).
+// these on the loaded plugin). Exported from libdali_mesh.so; what they report is the core's, in the
+// kernels library the plugin links (one copy per process: a PlanReader's reads are counted too).
 #include <cstdint>
 #include <string>
 
