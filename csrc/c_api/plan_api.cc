@@ -113,16 +113,13 @@ std::string PlanSetJson(const dali_mesh::PlanSet &set) {
   j.Bytes("source", set.source);
   j.Objects("plans", set.plans, [&](const dali_mesh::ReadPlan &p) {
     j.Int("ndim", p.ndim);
-    j.Int("itemsize", p.itemsize);
-    j.Int("swap_unit", p.swap_unit);
+    dali_mesh::ForEachField(p, dali_mesh::kReadPlanSizeFields, field);
     j.Bool("fortran", p.fortran);
     j.Bool("coded", p.coded);
     j.Ints("shape", p.shape);
     dali_mesh::ForEachField(p, dali_mesh::kReadPlanUnitFields, field);
     dali_mesh::ForEachField(p, dali_mesh::kReadPlanGroupFields, field);
-    j.Int("check_offset", p.check_offset);
-    j.Bytes("check", p.check);
-    j.Bytes("fill", p.fill);
+    dali_mesh::ForEachField(p, dali_mesh::kReadPlanCheckFields, field);
     j.IntLists("copy_dst", p.copy_dst);
     j.IntLists("copy_src", p.copy_src);
     j.IntLists("fills", p.fills);

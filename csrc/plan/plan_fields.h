@@ -44,6 +44,10 @@ inline constexpr std::tuple kPlanChunkFields{FieldOf{"file", &PlanChunk::file}, 
 inline constexpr std::tuple kPlanPartFields{FieldOf{"file", &PlanPart::file}, FieldOf{"plan", &PlanPart::plan},
                                             FieldOf{"base", &PlanPart::base}, FieldOf{"dst_base", &PlanPart::dst_base}};
 
+// A ReadPlan's sizes (encoding.py _READ_PLAN, after ndim); its flags follow, read and checked by the loader.
+inline constexpr std::tuple kReadPlanSizeFields{FieldOf{"itemsize", &ReadPlan::itemsize},
+                                                FieldOf{"swap_unit", &ReadPlan::swap_unit}};
+
 // A ReadPlan's arrays of its units, each of its unit count (encoding.py _READ_PLAN, after n_groups), then
 // those of its read groups, each of its group count.
 inline constexpr std::tuple kReadPlanUnitFields{
@@ -52,6 +56,10 @@ inline constexpr std::tuple kReadPlanUnitFields{
     FieldOf{"file_step", &ReadPlan::file_step},   FieldOf{"dst_step", &ReadPlan::dst_step}};
 inline constexpr std::tuple kReadPlanGroupFields{FieldOf{"group_begin", &ReadPlan::group_begin},
                                                  FieldOf{"group_end", &ReadPlan::group_end}};
+
+// A ReadPlan's check and fill value (after its groups' arrays); its axes' programs follow.
+inline constexpr std::tuple kReadPlanCheckFields{FieldOf{"check_offset", &ReadPlan::check_offset},
+                                                 FieldOf{"check", &ReadPlan::check}, FieldOf{"fill", &ReadPlan::fill}};
 
 }  // namespace dali_mesh
 

@@ -82,9 +82,9 @@ class Reader {
 };
 
 void ReadPlanBody(Reader &r, ReadPlan *p) {
+  const auto read = [&r](const char *, auto &v) { r.Read(&v); };
   p->ndim = static_cast<int>(r.Count(kMaxPlanDims, "ndim"));
-  p->itemsize = r.Int();
-  p->swap_unit = r.Int();
+  ForEachField(*p, kReadPlanSizeFields, read);
   const int64_t fortran = r.Int();
   if (fortran != 0 && fortran != 1) r.Bad("Fortran flag " + std::to_string(fortran));
   p->fortran = fortran == 1;
@@ -138,8 +138,7 @@ void ReadPlanBody(Reader &r, ReadPlan *p) {
     prev_end = e;
   }
   if (prev_end != n_units) r.Bad("groups do not cover the units");
-  p->check_offset = r.Int();
-  p->check = r.Bytes();
+  ForEachField(*p, kReadPlanCheckFields, read);
   if ((p->check_offset < 0 && p->check_offset != kCheckJson) ||
       p->check_offset > INT64_MAX - static_cast<int64_t>(p->check.size()))
     r.Bad("check offset " + std::to_string(p->check_offset));
@@ -148,7 +147,6 @@ void ReadPlanBody(Reader &r, ReadPlan *p) {
     if (!CanonicalJson(p->check, &canon)) r.Bad("a metadata check that is not one JSON object");
     p->check = std::move(canon);
   }
-  p->fill = r.Bytes();
   // a fill value is one item (DeviceFillParams reads itemsize bytes of it), or none
   if (!p->fill.empty() && static_cast<int64_t>(p->fill.size()) != p->itemsize) r.Bad("fill value size");
   p->copy_dst.resize(p->ndim);
