@@ -64,10 +64,10 @@ def pipe():
     outs = nat.read_windows(src, fallback=False)  # the windows first, then the sample ids and flags
     m = nat.read_windows(mem, fallback=False)
     s = dfn.strided_slice(fn.external_source(source=lambda: [x], batch=True), start=[1, 0], shape=[3, 6], step=[2, 1], axes=[1, 2])
-    return (*outs, m[0], s)
+    return (outs[0], m[0], s, *outs[1:], *m[1:])  # every output used (the sample ids and flags too)
 p = pipe(); p.build()
 out = p.run()
-w, m, s = out[0], out[-2], out[-1]
+w, m, s = out[0], out[1], out[2]
 assert np.array_equal(np.array(w[0]), x[:, 4:8, :]), np.array(w[0])
 assert np.array_equal(np.array(m[0]), x[:, 4:8, :] + 1), np.array(m[0])
 assert np.array_equal(np.array(s[0]), x[:, 1:7:2, :])
