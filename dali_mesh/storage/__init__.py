@@ -105,7 +105,7 @@ class StoredLocation(str):
         loc.store, loc.key = store, key
         root = _root(loc)
         if root:
-            _resolved.setdefault(root, weakref.WeakSet()).add(store)
+            _resolved.setdefault(root, weakref.WeakSet()).add(loc)
         return loc
 
     def child(self, *parts: str) -> "StoredLocation":
@@ -216,9 +216,9 @@ def store_of(location, options: dict | None = None) -> tuple[ByteStore, str]:
     return store, key
 
 
-#: the stores of the StoredLocations made in this process, by the root of their names (``s3://bucket``,
+#: the StoredLocations alive in this process, by the root of their names (``s3://bucket``,
 #: ``https://host``): while one lives, a plain location under that root that resolves with the
-#: environment's defaults to another store is refused (:func:`_refuse_lost_store`)
+#: environment's defaults to another store than theirs is refused (:func:`_refuse_lost_store`)
 _resolved: dict[str, weakref.WeakSet] = {}
 
 
@@ -234,13 +234,13 @@ def _root(name: str) -> str:
 
 
 def _refuse_lost_store(location: str, store: ByteStore) -> None:
-    """Refuses ``location`` (a plain string resolved without options to ``store``) where a StoredLocation
-    under its root was resolved to other stores in this process only: a string derived from a resolved
+    """Refuses ``location`` (a plain string resolved without options to ``store``) where the StoredLocations
+    alive under its root were all resolved to other stores: a string derived from a resolved
     location (``f"{loc}/t2m"``, ``os.path.join``, ``rstrip``) would silently read another endpoint with the
     environment's keys."""
     root = _root(location)
-    known = _resolved.get(root) if root else None
-    if not known or store in known:
+    alive = list(_resolved.get(root) or ()) if root else []
+    if not alive or any(loc.store == store for loc in alive):
         return
     from dali_mesh.storage.names import shown  # noqa: PLC0415
 

@@ -118,3 +118,20 @@ def test_other_buckets_and_the_same_options_resolve_as_before(service):
     store_of("s3://another-bucket/x.npy")  # nothing resolved there in this process: the defaults, as before
     (same,) = resolve_locations(["s3://lost/d/0.npy"], dict(options))  # equal options: an equal store
     assert same.store == folder.store
+
+
+def test_once_the_resolved_locations_are_gone_the_defaults_are_taken_again(service):
+    """The refusal lasts while a location resolved with other options lives (a source holds its own):
+    a later source of the bucket, in the same process, with the environment's defaults is not refused
+    for a source long gone."""
+    import gc
+
+    from dali_mesh.storage import DataFileError, resolve_locations, store_of
+
+    (folder,) = resolve_locations(["s3://lost/d"], service[0])
+    with pytest.raises(DataFileError):
+        store_of("s3://lost/d/0.npy")
+    del folder
+    gc.collect()
+    store, key = store_of("s3://lost/d/0.npy")
+    assert key == "lost/d/0.npy" and "127.0.0.1" not in store.spec
