@@ -117,7 +117,8 @@ test-fast: install $(TEST_STAMP)
 # libdali_mesh_kernels.so, the C libraries they link that a fresh machine may lack (dali_mesh/_libs)
 # and _build_info.py (the DALI version it was built against, checked when the plugin loads). Built
 # in build/cmake like the editable install (incremental). `make wheel-check` installs it into a
-# new venv beside DALI alone and runs a small pipeline from it.
+# new venv beside DALI alone and runs a small pipeline from it (native reads through the plugin), and
+# checks that the plugin links the kernels library beside it, loaded once (one native core).
 wheel: $(SYSLIBS) $(STAMP)
 	rm -f dist/dali_mesh-*.whl
 	DALI_MESH_WHEEL=1 $(PIP) wheel -q --no-build-isolation --no-deps -w dist .
