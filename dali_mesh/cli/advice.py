@@ -24,7 +24,7 @@ from dali_mesh.formats.cold_reads import MAX_ADVICE_CHUNKS, ColdReads, chunk_ran
 from dali_mesh.plan import WindowPlan, plan_window
 from dali_mesh._kernels.fetch_api import EpochFetches, store_round_trip
 from dali_mesh.partition import Layout, Region
-from dali_mesh.storage import local_path_of, store_of
+from dali_mesh.storage import store_of
 
 __all__ = [
     "EpochCounter",
@@ -420,6 +420,11 @@ class LayoutTarget:
         return array_source(files, self.name, layout, format=self.format, batch_size=batch_size, shuffle=False,
                             **({} if epoch else {"time_range": (0, 1)}), **kw)
 
+    def costs_round_trips(self) -> bool:
+        """Whether a request for this data costs a round trip (its store's :attr:`~dali_mesh.storage.ByteStore.
+        round_trip`): then what the native reader fetches, in requests and bytes, is worth showing and pricing."""
+        return store_of(self.path)[0].round_trip[0] > 0
+
     def fetch_lines(self, layout_of, ranks, share=None, fmt=str) -> list[str]:
         """For data in object storage: per rank (``layout_of(rank)``: its layout), the bytes and requests
         the native reader fetches for one sample (its plan's, before any cache), and with ``share`` per
@@ -427,7 +432,7 @@ class LayoutTarget:
         from dali_mesh.plan import NotNativeError  # noqa: PLC0415
         from dali_mesh.pipeline.native import plan_source  # noqa: PLC0415
 
-        if local_path_of(self.path) is not None:
+        if not self.costs_round_trips():
             return []
         shown = list(ranks[:8])
         cells = []
@@ -463,7 +468,7 @@ class LayoutTarget:
         what sharing saves. Nothing for local files."""
         from dali_mesh.plan import NotNativeError  # noqa: PLC0415
 
-        if local_path_of(self.path) is not None:
+        if not self.costs_round_trips():
             return []
         size = layout_of(ranks[0]).mesh.size
         lines = [f"one epoch from the object store per rank, as the native reader fetches it (batches of "
@@ -513,7 +518,7 @@ class LayoutTarget:
         epoch (:meth:`epoch_lines`), for data in object storage; ``None`` where not counted."""
         from dali_mesh.plan import NotNativeError  # noqa: PLC0415
 
-        remote = local_path_of(self.path) is None
+        remote = self.costs_round_trips()
         counters = {"epoch": EpochCounter(self, None, batch_size)}
         if share is not None:
             counters["epoch_share"] = EpochCounter(self, share, batch_size)
