@@ -46,10 +46,6 @@ std::string Str(const Args &...args) {
   return s.str();
 }
 
-// The most stored bytes a batch's merged fetches hold at once (each at most kMaxMergedRequest): the
-// chunks of runs beyond it are fetched alone, each task's buffer freed as it goes.
-constexpr int64_t kMaxMergedBatch = int64_t(256) << 20;
-
 std::atomic<int64_t> g_ahead_used{0}, g_ahead_dropped{0}, g_ahead_failed{0};
 std::atomic<int64_t> g_ahead_alive{0};  // batches read ahead whose buffers exist (Ahead objects)
 
@@ -701,8 +697,10 @@ void BatchReader::PlanMergedFetches(int64_t n_chunk) {
   // a batch read ahead holds a request's bytes and the buffers of one decode at least (FetchMerged): at
   // most the take reserved for it when it was started (ReadAheadList), so that each request fits
   const int64_t most = yields_ ? std::min(kMaxMergedRequest, run_room_ - scratch) : kMaxMergedRequest;
-  int64_t held = 0;
-  for (const auto &run : ChunkRuns(spans, [&](int64_t f) { return plans_.files[f].byte_store->Cost(); }, most)) {
+  // the runs the fetch plan keeps within the batch's bound (kMaxMergedBatchBytes; the chunks of the
+  // others are fetched alone): dali-mesh plan counts an epoch's fetches by the same call (fetch_epoch.cc)
+  for (const auto &run :
+       BatchChunkRuns(spans, [&](int64_t f) { return plans_.files[f].byte_store->Cost(); }, most)) {
     MergedFetch m;
     m.file = spans[run.front()].file;
     m.lo = spans[run.front()].offset;
@@ -710,9 +708,6 @@ void BatchReader::PlanMergedFetches(int64_t n_chunk) {
       m.hi = std::max(m.hi, spans[k].offset + spans[k].nbytes);
       m.tasks.push_back(span_task[k]);
     }
-    // the batch's merged bytes are held until decoded: beyond kMaxMergedBatch, chunks are fetched alone
-    if (held + (m.hi - m.lo) > kMaxMergedBatch) continue;
-    held += m.hi - m.lo;
     for (int64_t t : m.tasks) merged_of_[t] = static_cast<int64_t>(merged_.size());
     merged_.push_back(std::move(m));
   }

@@ -164,7 +164,7 @@ std::vector<std::vector<int64_t>> ChunkRuns(const std::vector<StoredSpan> &spans
                                             int64_t max_bytes = kMaxMergedRequest);
 
 // The most stored bytes a batch's merged fetches hold at once (each at most kMaxMergedRequest): the
-// chunks of runs beyond it are fetched alone (batch_reader.cc's kMaxMergedBatch).
+// chunks of runs beyond it are fetched alone (BatchChunkRuns, for the reader and dali-mesh plan alike).
 constexpr int64_t kMaxMergedBatchBytes = int64_t(256) << 20;
 
 // The runs of ChunkRuns(spans, cost, max_bytes) that a batch fetches merged, in order: those that fit
