@@ -39,7 +39,7 @@ icechunk.set_logs_filter("error")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 3
 #: name -> (shape, chunks, shards): "blosc" one whole field per chunk (~960 KiB stored in 16 blocks: read in
-#: parts, codecs.h kMinPartsBytes is 256 KiB), "zstd" chunks no split's boundary follows, "sharded" Zstd
+#: parts, fetch_plan.h kMinPartsBytes is 256 KiB), "zstd" chunks no split's boundary follows, "sharded" Zstd
 #: chunks inside shards
 ARRAYS = {"blosc": ((STEPS, 256, 1024), (1, 256, 1024), None),
           "zstd": ((STEPS, 50, 60), (1, 16, 24), None),

@@ -504,7 +504,7 @@ def test_blosc_chunks_read_in_parts_over_s3_equal_zarr_python(s3_endpoint, tmp_p
                 reads = [r for r in proxy.requests[start:] if r[0] == "GET" and "/p.zarr/" in r[1] and "." in
                          r[1].rsplit("/", 1)[1] and r[1][-1].isdigit() and r[2]]
                 parts[(boundary, layout.mesh.coordinate)] = len(reads)
-    assert stored > 2 * (256 << 10)  # large enough to be read in parts (codecs.h kMinPartsBytes)
+    assert stored > 2 * (256 << 10)  # large enough to be read in parts (fetch_plan.h kMinPartsBytes)
     # read whole, a chunk is two GETs (its first 4 KiB, then the rest); in parts, its header and index,
     # then the levels' bands together: under each boundary rule some rank's chunks went in parts (a
     # rank whose band's blocks hold streams reaching past what was read takes the whole chunk)
