@@ -262,3 +262,22 @@ def test_the_format_switch_check_sees_a_switch():
         assert _FORMAT_SWITCH.search(line), line
     for line in ('kind = fmt.name', 'help="a folder of .npy files"', 'return "dataset"'):
         assert not _FORMAT_SWITCH.search(line), line
+
+
+#: the stores of dali_mesh/storage/ (a module or a folder each): peers, none importing another's module
+STORES = ("local", "remote", "memory", "references", "icechunk")
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if _module_name(p).split(".")[:2] == ["dali_mesh", "storage"]
+                                  and len(_module_name(p).split(".")) > 2
+                                  and _module_name(p).split(".")[2] in STORES], ids=_module_name)
+def test_stores_are_peers(path):
+    """A store reaches what it shares with the others (the C binding: native_store; credentials, endpoints and
+    the client's settings: credentials; listings: listing; the seam: byte_store, errors, names) through
+    modules of their own, never through another store's module (issue 53: references/, icechunk/ and
+    memory/ imported remote.py, one for its private names). The package's own __init__ (the registry of
+    schemes) may be asked to resolve a location."""
+    mine = _module_name(path).split(".")[2]
+    others = sorted(m for m in _imports(path) if m.split(".")[:2] == ["dali_mesh", "storage"] and len(m.split(".")) > 2
+                    and m.split(".")[2] in STORES and m.split(".")[2] != mine)
+    assert not others, f"{_module_name(path)} imports {others}, another store's module"

@@ -175,7 +175,7 @@ def fetched(path: str) -> int | None:
     counted)."""
     if path != "native":
         return None
-    from dali_mesh.storage.remote import fetch_counters  # noqa: PLC0415
+    from dali_mesh.storage.native_store import fetch_counters  # noqa: PLC0415
 
     return fetch_counters()[1]
 

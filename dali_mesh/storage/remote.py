@@ -24,30 +24,26 @@ install``). ``DALI_MESH_HTTP=python`` (it chose a Python client, now removed) is
 """
 from __future__ import annotations
 
-import configparser
 import ctypes
-import hashlib
-import hmac
-import json
 import os
 import re
 import urllib.parse
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, is_etag, write_spec
+from dali_mesh.storage.credentials import (CLIENT_SETTINGS, Credentials, checked_endpoint, checked_region,
+                                           client_settings, environment_credentials, has_control_char, profile_region,
+                                           query_id, signer)
 from dali_mesh.storage.errors import DataFileError, FileChangedError, MissingFileError, TruncatedFileError
 # the bounds of a listing, read from this module when a listing starts (a test makes them smaller here)
 from dali_mesh.storage.listing import LIST_BYTES, LIST_PAGE_BYTES, LIST_PAGES, list_all
-from dali_mesh.storage.names import HIDDEN, shown
+from dali_mesh.storage.names import shown
+from dali_mesh.storage.native_store import (fetch_counters, give_credentials, have_native_http, store_api,
+                                            store_message, store_settings)
 
 __all__ = ["RemoteObject", "RemoteStore", "fetch_counters", "give_credentials", "have_native_http", "resolve_gs",
            "resolve_http", "resolve_s3", "store_api", "store_message", "store_settings"]
 
-#: settings of the client, besides credentials (see csrc/storage/http_store.h); cache_dir and
-#: cache_bytes: a local cache of the ranges fetched (csrc/storage/range_cache.h)
-CLIENT_SETTINGS = ("retries", "retry_seconds", "timeout", "stall", "connect", "cache_dir", "cache_bytes")
-#: the cache's bound when cache_dir is given without cache_bytes
-DEFAULT_CACHE_BYTES = 8 << 30
 #: a read of unknown size up to this many bytes is one GET (larger ones are read at one version)
 ONE_READ = 1 << 20
 #: the first bytes an open fetches and keeps (a format's header is read from them): as
@@ -58,107 +54,6 @@ _S3_OPTIONS = {"anon", "key", "secret", "token", "endpoint_url", "client_kwargs"
 _GS_OPTIONS = {"anon", "key", "secret", "token", "endpoint_url", "project", *CLIENT_SETTINGS}
 _HTTP_OPTIONS = set(CLIENT_SETTINGS)
 _ERR = 4096
-
-
-class _Credentials(NamedTuple):
-    key: str
-    secret: str
-    token: str
-
-    def __repr__(self) -> str:  # never shown
-        return "_Credentials(...)"
-
-
-# ---- the C entry points (csrc/c_api/store_api.cc) -----------------------------------------------------
-def store_api():
-    """The kernels library with the byte stores' C entry points bound (the one binding of
-    csrc/c_api/store_api.cc): the process's one native core, which every Python store that reads through
-    it (this module's RemoteStore, :class:`~dali_mesh.storage.memory.MemoryStore`) and the DALI plugin (which
-    links it) share: the same stores, credentials, caches and counters."""
-    from dali_mesh._kernels.library import bound  # noqa: PLC0415 - the native library, loaded on first use
-
-    return bound("store_api", _bind)
-
-
-def _bind(lib) -> None:
-    c, i64, p = ctypes.c_char_p, ctypes.c_int64, ctypes.c_void_p
-    lib.dali_mesh_store_have_http.restype = ctypes.c_int
-    lib.dali_mesh_store_settings.argtypes = [c, c, i64, c, i64]
-    lib.dali_mesh_store_settings.restype = i64
-    lib.dali_mesh_store_credentials.argtypes = [c, c, c, c, c, i64]
-    lib.dali_mesh_store_credentials.restype = ctypes.c_int
-    lib.dali_mesh_store_head.argtypes = [c, c, ctypes.POINTER(i64), c, i64, c, i64]
-    lib.dali_mesh_store_head.restype = i64
-    lib.dali_mesh_store_get.argtypes = [c, c, i64, i64, c, i64, p, c, i64]
-    lib.dali_mesh_store_get.restype = i64
-    lib.dali_mesh_store_open.argtypes = [c, c, i64, p, ctypes.POINTER(i64), c, i64, c, i64]
-    lib.dali_mesh_store_open.restype = i64
-    lib.dali_mesh_store_list.argtypes = [c, c, ctypes.c_int, c, c, i64, c, i64]
-    lib.dali_mesh_store_list.restype = i64
-    lib.dali_mesh_store_put.argtypes = [c, c, p, i64, c, c, i64]
-    lib.dali_mesh_store_put.restype = ctypes.c_int
-    lib.dali_mesh_store_delete.argtypes = [c, c, c, i64]
-    lib.dali_mesh_store_delete.restype = ctypes.c_int
-    lib.dali_mesh_store_counters.argtypes = [ctypes.POINTER(i64), ctypes.POINTER(i64)]
-    lib.dali_mesh_store_counters.restype = None
-
-
-def fetch_counters() -> tuple[int, int]:
-    """``(requests, body bytes)`` the native remote stores sent and received in this process so far: the
-    native reader's (the DALI plugin's, a PlanReader's) and Python's planning and reads alike."""
-    lib = store_api()
-    requests, got = ctypes.c_int64(), ctypes.c_int64()
-    lib.dali_mesh_store_counters(ctypes.byref(requests), ctypes.byref(got))
-    return requests.value, got.value
-
-
-def have_native_http() -> bool:
-    """Whether this build reads remote objects through libcurl (it was built with
-    ``libcurl4-openssl-dev``)."""
-    try:
-        return bool(store_api().dali_mesh_store_have_http())
-    except Exception:  # noqa: BLE001 - no kernels library: no native reads of any kind
-        return False
-
-
-def store_settings(spec: str) -> dict:
-    """The settings of the store ``spec`` as C++, the specs' one reader, parsed them (csrc/storage/byte_store.h
-    ``StoreSettings``; an ``s3`` or ``http`` spec: the fields of ``HttpStoreConfig`` in http_store.h, the
-    client's defaults filled in); also where this build has no libcurl. A ``ValueError`` naming the spec
-    and what is wrong for one its kind refuses."""
-    lib = store_api()
-    err = ctypes.create_string_buffer(_ERR)
-    size = 1024
-    while True:
-        out = ctypes.create_string_buffer(size)
-        n = lib.dali_mesh_store_settings(spec.encode(), out, size, err, _ERR)
-        if n < 0:
-            raise ValueError(store_message(err))
-        if n < size:
-            return json.loads(out.value.decode("utf-8"))
-        size = n + 1
-
-
-def store_message(err) -> str:
-    """The message an entry point of csrc/c_api/store_api.cc wrote into ``err`` (a ctypes buffer)."""
-    text = err.value.decode("utf-8", "replace")
-    return text.removeprefix("read_windows: ")
-
-
-def give_credentials(spec: str, cred: _Credentials) -> None:
-    """Gives the native store ``spec`` the credentials ``cred``, which that store keeps."""
-    err = ctypes.create_string_buffer(_ERR)
-    key, secret, token = cred
-    if store_api().dali_mesh_store_credentials(spec.encode(), key.encode(), secret.encode(), token.encode(), err,
-                                               _ERR) < 0:
-        raise DataFileError(spec, store_message(err))
-
-
-def has_control_char(text: str) -> bool:
-    """Whether ``text`` holds a control character (< 0x20 or 0x7f: NUL, CR, LF...): in a key a NUL would
-    cut it where C reads it, in a header value CR/LF would start another header (as http_text.cc's
-    ControlCharAt)."""
-    return any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
 
 
 # ---- the store ------------------------------------------------------------------------------------------
@@ -224,7 +119,7 @@ class RemoteStore(ByteStore):
 
 
     def __init__(self, kind: str, *, endpoint: str = "", region: str = "us-east-1", addressing: str = "path",
-                 anon: bool = False, settings: dict | None = None, credentials: _Credentials | None = None,
+                 anon: bool = False, settings: dict | None = None, credentials: Credentials | None = None,
                  scheme: str = "s3") -> None:
         self.kind = kind
         self.scheme = scheme
@@ -232,7 +127,7 @@ class RemoteStore(ByteStore):
         if kind == "s3":
             fields.update(endpoint=endpoint, region=region, addressing=addressing, anon=anon)
             if credentials and not anon:  # other keys, another store (the native store of a spec has one set)
-                fields["signer"] = _signer(credentials)
+                fields["signer"] = signer(credentials)
         elif credentials and credentials.token:
             # an https URL's query (a presigned URL's signature): a credential of this store, appended to
             # each request by the client; the spec (what plans and the cache name) has its hash only
@@ -391,7 +286,7 @@ class RemoteStore(ByteStore):
                         page_bytes=LIST_PAGE_BYTES)
 
     @property
-    def credentials(self) -> _Credentials | None:
+    def credentials(self) -> Credentials | None:
         """This store's credentials: those it was resolved with, or in a worker process those its
         source carried there (:meth:`take_credentials`); ``None``: unsigned requests."""
         return self._credentials
@@ -407,7 +302,7 @@ class RemoteStore(ByteStore):
         of :meth:`credentials_state` in the process that resolved it)."""
         if self.anon:
             return
-        self._credentials = _Credentials(*credentials)
+        self._credentials = Credentials(*credentials)
         self._give_credentials()
 
     def __reduce__(self):
@@ -445,97 +340,11 @@ def _unpickle(kind: str, spec: str, scheme: str, anon: bool) -> RemoteStore:
     return store
 
 
-#: a random salt of this process: a spec's signer (and so a plan or a message) cannot be checked offline
-#: against guessed keys (minioadmin/minioadmin); pickled stores carry their spec, so workers agree
-_SALT = os.urandom(16)
-
-
-def _signer(cred: _Credentials) -> str:
-    """What a spec names its credentials by: 64 bits of an HMAC-SHA-256, under this process's random
-    salt, of the key id, secret and token (never any of them), so that stores of one endpoint signed
-    with other keys are other stores."""
-    return hmac.new(_SALT, f"{cred.key}\0{cred.secret}\0{cred.token}".encode(), hashlib.sha256).hexdigest()[:16]
-
-
-def query_id(query: str) -> str:
-    """What names an https URL's query in a spec, a plan and the cache: 128 bits of its SHA-256 (the same
-    in every process, so the cache of one run serves the next; a presigned query's signature is
-    random enough that its hash tells nothing of it)."""
-    return hashlib.sha256(query.encode()).hexdigest()[:32]
-
-
-
 # ---- locations and options ------------------------------------------------------------------------------
 def _check_options(options: dict, known: set, scheme: str) -> None:
     unknown = sorted(set(options) - known)
     if unknown:
         raise ValueError(f"storage_options for {scheme}:// locations do not take {unknown}; known: {sorted(known)}")
-
-
-def _settings(options: dict) -> dict:
-    out = {}
-    for name in CLIENT_SETTINGS:
-        value = options.get(name)
-        if value is None:
-            continue
-        if name == "retries":
-            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 100:
-                raise ValueError(f"storage_options retries must be an integer in [0, 100], got {value!r}")
-        elif name == "cache_dir":
-            value = os.path.abspath(os.path.expanduser(os.fspath(value)))
-            if ";" in value or any(ord(c) < 32 for c in value):
-                raise ValueError(f"storage_options cache_dir {value!r} holds ';' or a control character")
-        elif name == "cache_bytes":
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"storage_options cache_bytes must be a positive integer, got {value!r}")
-        elif not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 1e6:
-            raise ValueError(f"storage_options {name} must be a number of seconds > 0, got {value!r}")
-        out[name] = value
-    if "cache_bytes" in out and "cache_dir" not in out:
-        raise ValueError("storage_options cache_bytes needs cache_dir (the folder of the cache)")
-    if "cache_dir" in out:
-        out.setdefault("cache_bytes", DEFAULT_CACHE_BYTES)
-    return out
-
-
-def _aws_file(env: str, default: str, profile: str | None) -> tuple[configparser.RawConfigParser | None, str, str]:
-    """``(parsed file, profile name, path)`` of one of boto3's files (``env`` names it, else ``default``) for
-    ``profile`` (else ``AWS_PROFILE``, else ``default``); no parser when the file cannot be read."""
-    path = os.environ.get(env) or os.path.expanduser(default)
-    parser = configparser.RawConfigParser()
-    try:
-        parser.read(path)
-    except (OSError, configparser.Error):
-        parser = None
-    return parser, profile or os.environ.get("AWS_PROFILE") or "default", path
-
-
-def _profile_credentials(profile: str | None) -> _Credentials | None:
-    """The keys of ``profile`` (or ``AWS_PROFILE``, or ``default``) in ``~/.aws/credentials``
-    (``AWS_SHARED_CREDENTIALS_FILE``), as boto3 reads them."""
-    parser, name, path = _aws_file("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials", profile)
-    if parser is None:
-        return None
-    if not parser.has_section(name) or not parser.has_option(name, "aws_access_key_id"):
-        if profile:
-            raise ValueError(f"profile {profile!r} has no aws_access_key_id in {path}")
-        return None
-    sec = parser[name]
-    return _Credentials(sec.get("aws_access_key_id", ""), sec.get("aws_secret_access_key", ""),
-                        sec.get("aws_session_token", ""))
-
-
-def _profile_region(profile: str | None) -> str | None:
-    parser, name, _ = _aws_file("AWS_CONFIG_FILE", "~/.aws/config", profile)
-    section = name if name == "default" else f"profile {name}"
-    return parser.get(section, "region", fallback=None) if parser is not None and parser.has_section(section) else None
-
-
-def _environment_credentials(profile: str | None) -> _Credentials | None:
-    key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
-    if key and secret and not profile:
-        return _Credentials(key, secret, os.environ.get("AWS_SESSION_TOKEN", ""))
-    return _profile_credentials(profile)
 
 
 def _bucket_and_key(location: str, scheme: str) -> str:
@@ -559,46 +368,6 @@ def _bucket_and_key(location: str, scheme: str) -> str:
 
 #: S3's bucket names (and the legacy ones with capitals and '_' that some stores keep)
 _BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-#: a region's name, as botocore validates it (``botocore.utils.validate_region_name``): it becomes part of the
-#: endpoint's host and of every signature's scope, so ``x@127.0.0.1/#`` would send signed requests elsewhere
-_REGION = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-]{0,61}[a-zA-Z0-9])?")
-
-
-def _checked_region(region) -> str:
-    """``region`` if it is a region's name (letters, digits and '-', as boto3 takes them), else a ValueError."""
-    if not isinstance(region, str) or not _REGION.fullmatch(region):
-        raise ValueError(f"the region {region!r} (storage_options region or client_kwargs region_name, AWS_REGION, "
-                         "AWS_DEFAULT_REGION or the profile's) is not a region name: letters, digits and '-' only, "
-                         "as boto3 takes them (e.g. 'us-east-1')")
-    return region
-
-
-def _checked_endpoint(endpoint: str) -> str:
-    """``endpoint`` (``endpoint_url``, ``AWS_ENDPOINT_URL``) without a trailing '/': an ``http(s)://host[:port]``
-    URL, with a path at most. User info is refused without showing it (a store's spec names its endpoint, and
-    the spec is written into plan files and every cache entry: a password there would be kept on disk); so are
-    a query, a fragment and control characters, which no endpoint has."""
-    endpoint = str(endpoint).rstrip("/")
-    if has_control_char(endpoint):
-        raise ValueError("endpoint_url holds a control character (NUL, CR, LF, ...)")
-    if "@" in endpoint:  # anywhere, and first: a secret holding '/' ends the authority early; no scheme, no shown()
-        head = endpoint.split("://", 1)[0] + "://" if "://" in endpoint else ""
-        raise ValueError(f"endpoint_url {head + HIDDEN + '@'}... holds user info: credentials in an endpoint are not "
-                         "taken (they would be written into plans and the range cache); give them in "
-                         "storage_options (key=, secret=)")
-    if not endpoint.lower().startswith(("http://", "https://")):
-        raise ValueError(f"endpoint_url must start with http:// or https://, got {endpoint!r}")
-    parts = urllib.parse.urlsplit(endpoint)
-    try:
-        parts.port
-    except ValueError:
-        raise ValueError(f"endpoint_url {shown(endpoint)!r} has a port that is not a number") from None
-    if not parts.hostname or parts.query or parts.fragment or "?" in endpoint or "#" in endpoint:
-        raise ValueError(f"endpoint_url {shown(endpoint)!r} is not an http(s)://HOST[:PORT] URL (no query or "
-                         "fragment)")
-    return endpoint
-
-
 def resolve_s3(location: str, options: dict) -> tuple[RemoteStore, str]:
     """The store and key of ``s3://bucket/key`` with s3fs-named ``options``."""
     need_native_http(location)
@@ -607,31 +376,31 @@ def resolve_s3(location: str, options: dict) -> tuple[RemoteStore, str]:
     client = dict(options.get("client_kwargs") or {})
     profile = options.get("profile")
     region = (options.get("region") or client.get("region_name") or os.environ.get("AWS_REGION")
-              or os.environ.get("AWS_DEFAULT_REGION") or _profile_region(profile) or "us-east-1")
+              or os.environ.get("AWS_DEFAULT_REGION") or profile_region(profile) or "us-east-1")
     endpoint = (options.get("endpoint_url") or client.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3")
                 or os.environ.get("AWS_ENDPOINT_URL") or "")
     addressing = options.get("addressing") or ((options.get("config_kwargs") or {}).get("s3") or {}).get(
         "addressing_style")
-    region = _checked_region(region)
+    region = checked_region(region)
     if not endpoint:
         endpoint = f"https://s3.{region}.amazonaws.com"
         addressing = addressing or "virtual"
     addressing = addressing or "path"  # a custom endpoint (MinIO, Ceph, a local server): path-style
     if addressing not in ("path", "virtual"):
         raise ValueError(f"storage_options addressing must be 'path' or 'virtual', got {addressing!r}")
-    endpoint = _checked_endpoint(endpoint)
+    endpoint = checked_endpoint(endpoint)
     anon = bool(options.get("anon", False))
     cred = None
     if not anon:
         if options.get("key") or options.get("secret"):
             if not (options.get("key") and options.get("secret")):
                 raise ValueError("storage_options needs both key and secret (or neither)")
-            cred = _Credentials(str(options["key"]), str(options["secret"]), str(options.get("token") or ""))
+            cred = Credentials(str(options["key"]), str(options["secret"]), str(options.get("token") or ""))
         else:
-            cred = _environment_credentials(profile)
+            cred = environment_credentials(profile)
         anon = cred is None  # no credentials anywhere: unsigned requests (a public bucket)
     store = RemoteStore("s3", endpoint=endpoint, region=region, addressing=addressing, anon=anon,
-                        settings=_settings(options), credentials=cred, scheme="s3")
+                        settings=client_settings(options), credentials=cred, scheme="s3")
     return store, key
 
 
@@ -646,12 +415,12 @@ def resolve_gs(location: str, options: dict) -> tuple[RemoteStore, str]:
         raise DataFileError(location, "GCS OAuth tokens and service-account files are not supported yet: give HMAC "
                             "keys (storage_options key=..., secret=...) or read a public bucket anonymously "
                             "(anon=True or token='anon')")
-    endpoint = _checked_endpoint(str(options.get("endpoint_url") or "https://storage.googleapis.com"))
+    endpoint = checked_endpoint(str(options.get("endpoint_url") or "https://storage.googleapis.com"))
     cred = None
     if options.get("key") and options.get("secret") and not options.get("anon") and token != "anon":
-        cred = _Credentials(str(options["key"]), str(options["secret"]), "")
+        cred = Credentials(str(options["key"]), str(options["secret"]), "")
     store = RemoteStore("s3", endpoint=endpoint, region="auto", addressing="path", anon=cred is None,
-                        settings=_settings(options), credentials=cred, scheme="gs")
+                        settings=client_settings(options), credentials=cred, scheme="gs")
     return store, key
 
 
@@ -677,6 +446,6 @@ def resolve_http(location: str, options: dict) -> tuple[RemoteStore, str]:
     # the key: plans, fingerprints, checkpoints and messages name the URL without it; the fragment is
     # not sent by HTTP clients, so it is dropped
     key = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
-    cred = _Credentials("", "", parts.query) if parts.query else None
-    store = RemoteStore("http", settings=_settings(options), scheme=parts.scheme, credentials=cred)
+    cred = Credentials("", "", parts.query) if parts.query else None
+    store = RemoteStore("http", settings=client_settings(options), scheme=parts.scheme, credentials=cred)
     return store, key

@@ -14,7 +14,7 @@ import pytest
 
 from dali_mesh.storage import DataFileError, MissingFileError, store_of
 from dali_mesh.storage.memory import MemoryStore
-from dali_mesh.storage.remote import store_api, store_message
+from dali_mesh.storage.native_store import store_api, store_message
 from tests.helpers import SEED, mesh_of, random_array
 from tests.storage.store_tests import FileObjectTests, StoreTests
 

@@ -18,7 +18,8 @@ import pytest
 
 from dali_mesh.storage import DataFileError, FileChangedError, store_of
 from dali_mesh.storage import remote as remote_module
-from dali_mesh.storage.remote import LIST_PAGE_BYTES, RemoteStore, _Credentials, have_native_http
+from dali_mesh.storage.credentials import Credentials
+from dali_mesh.storage.remote import LIST_PAGE_BYTES, RemoteStore, have_native_http
 from tests.storage.s3_server import KEY, SECRET, client, options, s3_endpoint  # noqa: F401
 
 pytestmark = [pytest.mark.skipif(not have_native_http(), reason="this build has no libcurl"),
@@ -414,7 +415,7 @@ def test_an_http_stores_query_goes_with_every_request_and_never_into_a_message()
                           "ETag": '"e"'}, data[first:last + 1])
 
     with Loopback(answer) as server:
-        store = RemoteStore("http", settings=dict(FAST), credentials=_Credentials("", "", query), scheme="http")
+        store = RemoteStore("http", settings=dict(FAST), credentials=Credentials("", "", query), scheme="http")
         assert store.read_range(f"{server.endpoint}/a.bin", 10, 20) == data[10:30]
         assert server.requests[-1][1] == f"/a.bin?{query}"
         for path in ("missing.bin", "moved.bin"):

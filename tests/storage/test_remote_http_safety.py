@@ -27,7 +27,8 @@ import pytest
 
 from dali_mesh.storage import DataFileError, FileChangedError, MissingFileError, store_of
 from dali_mesh.storage.byte_store import Version
-from dali_mesh.storage.remote import RemoteStore, _Credentials, have_native_http, resolve_s3, store_api
+from dali_mesh.storage.credentials import Credentials
+from dali_mesh.storage.remote import RemoteStore, have_native_http, resolve_s3, store_api
 from tests.storage.fault_proxy import ECHO, proxy  # noqa: F401
 from tests.storage.s3_server import KEY, SECRET, client, options, s3_endpoint, start_checking_server  # noqa: F401
 
@@ -57,7 +58,7 @@ def presigned(url: str, **settings) -> tuple[RemoteStore, str]:
     resolve_http): key = the URL without its query; the store's spec names the query by a hash
     (``q=``), its credentials' token is the query, sent with every request."""
     base, _, query = url.partition("?")
-    store = RemoteStore("http", settings=settings, credentials=_Credentials("", "", query))
+    store = RemoteStore("http", settings=settings, credentials=Credentials("", "", query))
     assert store.spec == "http;q=" + hashlib.sha256(query.encode()).hexdigest()[:32] + RemoteStore(
         "http", settings=settings).spec[len("http"):]
     return store, base

@@ -149,13 +149,13 @@ def check_options(repository: str, options: dict, name: str) -> None:
                          f"(known: {', '.join(known)})")
     # what the library is given and the store's spec (written into plan files) keeps: no user info in the
     # endpoint (refused unshown), no region that is no region's name (it becomes part of the endpoint's host)
-    from dali_mesh.storage.remote import _checked_endpoint, _checked_region  # noqa: PLC0415 - boto-free, light
+    from dali_mesh.storage.credentials import checked_endpoint, checked_region  # noqa: PLC0415
 
     try:
         if options.get("endpoint_url") is not None:
-            _checked_endpoint(options["endpoint_url"])
+            checked_endpoint(options["endpoint_url"])
         if options.get("region") is not None:
-            _checked_region(options["region"])
+            checked_region(options["region"])
     except ValueError as e:
         raise ValueError(f"{name}: {e}") from None
     timeout_of(options, name)
@@ -289,9 +289,9 @@ def spec_fields(repository: str, snapshot: str, options: dict) -> dict:
 
 def reader_fields(options: dict) -> dict:
     """The spec's fields of what reads a repository besides its location and snapshot: an s3:// repository's
-    endpoint, region, anonymity and keys (a hash of them: remote.py's signer), the bounds of the library's
+    endpoint, region, anonymity and keys (a hash of them: credentials.signer, as the remote stores name theirs), the bounds of the library's
     calls given, and the virtual chunk containers authorised (and how)."""
-    from dali_mesh.storage.remote import _Credentials, _signer  # noqa: PLC0415
+    from dali_mesh.storage.credentials import Credentials, signer  # noqa: PLC0415
 
     fields: dict = {}
     for k in ("endpoint_url", "region"):
@@ -300,7 +300,7 @@ def reader_fields(options: dict) -> dict:
     if options.get("anon"):
         fields["anon"] = True
     if any(options.get(k) for k in SECRETS):
-        fields["signer"] = _signer(_Credentials(options.get("key") or "", options.get("secret") or "",
+        fields["signer"] = signer(Credentials(options.get("key") or "", options.get("secret") or "",
                                                 options.get("token") or ""))
     for k in ("timeout", "stall"):
         if options.get(k) is not None:

@@ -22,7 +22,7 @@ from typing import Sequence
 from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, write_spec
 from dali_mesh.storage.errors import DataFileError, FileChangedError, MissingFileError, TruncatedFileError
 from dali_mesh.storage.listing import list_all
-from dali_mesh.storage.remote import store_api, store_message
+from dali_mesh.storage.native_store import store_api, store_message
 
 __all__ = ["MemoryObject", "MemoryStore", "resolve_memory"]
 

@@ -112,7 +112,7 @@ def resolve_targets(urls: list[str], options: dict, location, *, allow_private: 
     a :class:`DataFileError` naming the set and the files it may not name, or whose options would go to
     another service, or that cannot take the options they get."""
     from dali_mesh.storage import resolve_locations  # noqa: PLC0415 - the package imports this module
-    from dali_mesh.storage.remote import CLIENT_SETTINGS  # noqa: PLC0415 - ctypes and the kernels library
+    from dali_mesh.storage.credentials import CLIENT_SETTINGS  # noqa: PLC0415
 
     per_family = per_family or {}
     own = _family(location)
