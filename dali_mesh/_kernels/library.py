@@ -59,8 +59,26 @@ def load() -> ctypes.CDLL:
     if lib.dm_abi_version() != ABI_VERSION:
         raise KernelsError(f"{path} has ABI version {lib.dm_abi_version()}, expected {ABI_VERSION}: "
                            "rebuild it (`pip install --no-build-isolation -e .`, or `make kernels`)")
+    check_one_core()
     _lib = lib
     return lib
+
+
+def check_one_core() -> None:
+    """Refuses a process that maps two copies of the native core (``$DALI_MESH_KERNELS_LIB`` naming a library
+    other than the one the DALI plugin links, beside it): each would hold its own stores, credentials,
+    counters and caches, and a store given to one would be unknown to the other. A ``KernelsError``
+    naming both and the fix."""
+    try:
+        with open("/proc/self/maps") as f:
+            mapped = {line.split(None, 5)[5].strip() for line in f if line.rstrip().endswith("/" + LIB_NAME)}
+    except (OSError, IndexError):  # no /proc (another OS): nothing to check
+        return
+    copies = sorted({os.path.realpath(p) for p in mapped})
+    if len(copies) > 1:
+        raise KernelsError(f"two copies of the native core are loaded ({' and '.join(copies)}): the DALI plugin "
+                           f"links the one beside it; unset DALI_MESH_KERNELS_LIB (or point it at that one) in a "
+                           "process that runs DALI pipelines")
 
 
 def bound(group: str, declare: Callable[[ctypes.CDLL], None]) -> ctypes.CDLL:

@@ -53,6 +53,12 @@ def load_plugin() -> Any:
         except RuntimeError as e:
             raise ImportError(f"DALI could not load the dali_mesh plugin {PLUGIN_PATH} ({e}): "
                               f"{_REBUILD}") from e
+        from dali_mesh._kernels.library import KernelsError, check_one_core  # noqa: PLC0415
+
+        try:
+            check_one_core()  # the plugin's kernels library beside a ctypes-loaded one elsewhere
+        except KernelsError as e:
+            raise ImportError(str(e)) from None
         ops = getattr(dali_fn, "dali_mesh", None)
         if ops is None or not hasattr(ops, "strided_slice") or not hasattr(ops, "mesh_roi"):
             raise ImportError(f"{PLUGIN_PATH} loaded but registered no dali_mesh operators: {_REBUILD}")

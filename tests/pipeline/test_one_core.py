@@ -80,3 +80,46 @@ def test_one_process_maps_the_kernels_library_once(order):
     same, *mapped = run.stdout.split()
     assert same == "True"  # the plugin's store entry points are the kernels library's own
     assert mapped == sorted({os.path.realpath(PLUGIN_PATH), os.path.realpath(library_path())}), mapped
+
+
+_TWO_CORES = textwrap.dedent("""
+    import sys
+    from dali_mesh import _kernels
+    from dali_mesh._kernels.library import KernelsError
+    from dali_mesh.pipeline.plugin import load_plugin
+
+    try:
+        if sys.argv[1] == "plugin first":
+            load_plugin()
+            _kernels.load()
+        else:
+            _kernels.load()
+            load_plugin()
+    except (KernelsError, ImportError) as e:
+        print(type(e).__name__, e)
+    else:
+        print("loaded both", *sorted({l.split()[-1] for l in open("/proc/self/maps") if "libdali_mesh_kernels" in l}))
+""")
+
+
+@pytest.mark.parametrize("order", ["plugin first", "kernels first"])
+def test_a_second_copy_of_the_core_is_refused(tmp_path, order):
+    """``$DALI_MESH_KERNELS_LIB`` naming a copy of the kernels library elsewhere (a separately built one, as
+    ``make kernels`` writes) while DALI's plugin links the one beside it. Plugin first: ctypes would load a
+    second core, each with its own stores, credentials and caches; it is refused, naming both copies and the
+    fix. Kernels first: the plugin's dynamic loader takes the library already loaded by its name (its
+    SONAME), so the process holds one core, the one named, and both load."""
+    copy = tmp_path / "elsewhere" / "libdali_mesh_kernels.so"
+    copy.parent.mkdir()
+    shutil.copy(library_path(), copy)
+    env = dict(os.environ, DALI_MESH_KERNELS_LIB=str(copy))
+    run = subprocess.run([sys.executable, "-c", _TWO_CORES, order], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    said = run.stdout.strip()
+    if order == "kernels first":
+        assert said == f"loaded both {copy}", said
+        return
+    assert said.startswith("KernelsError"), said
+    assert "two copies of the native core are loaded" in said and "unset DALI_MESH_KERNELS_LIB" in said
+    assert str(copy) in said and os.path.realpath(library_path()) in said
