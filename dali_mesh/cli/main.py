@@ -155,11 +155,6 @@ def _split_text(layout: Layout) -> str:
     return ",".join(f"{name}={'/'.join(map(str, s))}" for name, s in sizes.items())
 
 
-def format_table(rows: list[dict], layout: Layout, shape: tuple[int, ...], dtype) -> str:
-    """The whole table as one string (rows already computed)."""
-    return "\n".join(_table_lines(iter(rows), layout, shape, dtype, rows))
-
-
 def _table_lines(rows: Iterator[dict], layout, shape, dtype, sizing: list[dict]) -> Iterator[str]:
     """Table lines; column widths come from ``sizing`` (a few rows: all of them when they are few,
     the first and last ones otherwise; a longer cell only shifts its own line)."""

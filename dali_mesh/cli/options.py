@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from typing import Sequence
 
 import numpy as np
 
@@ -226,10 +225,6 @@ def make_layout(
         fill_value=fill_value,
         split=parse_split(split),
     )
-
-
-def sample_count(shape: Sequence[int]) -> int:
-    return math.prod(int(s) for s in shape)
 
 
 def data_kind(path: str) -> str | None:

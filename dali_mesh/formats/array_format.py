@@ -49,8 +49,6 @@ class ArrayFormat:
     #: whether windows of one array may be read from several threads at once (h5py serialises its
     #: calls: a copy of many threads then takes a lock around each read)
     reads_in_parallel = True
-    #: the names of an array's options this format takes (e.g. HDF5's ``h5_kwargs``)
-    option_names: tuple[str, ...] = ()
     #: the names a copy written by :meth:`create` is given, for messages (``()``: not written)
     write_suffixes: tuple[str, ...] = ()
     #: whether :meth:`read_window` writes every element of ``out`` (the built-in formats do, and their

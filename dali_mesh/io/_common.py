@@ -12,8 +12,6 @@ from dali_mesh.partition import Region
 from dali_mesh.plan.window import WindowPlan, normalise_index_maps, plan_window
 from dali_mesh.storage.errors import (DataFileError, FileChangedError, MissingFileError, NotRegularFileError,
                                       TruncatedFileError)
-from dali_mesh.storage.local import (check_regular_file, check_unchanged, file_identity, open_regular_file,
-                                     set_direct)
 
 __all__ = [
     "IOStats",
@@ -192,13 +190,14 @@ def native_dtype(dtype) -> np.dtype:
 def sample_shape(
     path: str,
     full_shape: Sequence[int],
-    prefix: Sequence[int],
-    index_maps: Mapping[int, Sequence[int]] | None,
-    what: str,
+    prefix: Sequence[int] = (),
+    index_maps: Mapping[int, Sequence[int]] | None = None,
+    what: str = "",
 ) -> tuple[int, ...]:
     """Shape of the sample ``array[prefix]`` of an array of ``full_shape``, each axis of
-    ``index_maps`` cut to its map's length; :class:`DataFileError` for a ``prefix`` out of range
-    (the message names ``what``: the array and its shape) or a map index out of range."""
+    ``index_maps`` (e.g. a channel subset) cut to its map's length; :class:`DataFileError` for a
+    ``prefix`` out of range (the message names ``what``: the array and its shape), an axis out of range
+    or a map index out of range."""
     if len(prefix) > len(full_shape) or any(not 0 <= p < s for p, s in zip(prefix, full_shape)):
         raise DataFileError(path, f"sample index {tuple(prefix)} is out of range for {what}")
     shape = list(full_shape[len(prefix) :])
@@ -252,19 +251,6 @@ def check_frame(shape, path) -> None:
         raise DataFileError(path, "holds a 0-d array (shape ()): a sample needs at least one axis")
     if any(s == 0 for s in shape):
         raise DataFileError(path, f"holds an empty array (shape {tuple(shape)}): a sample needs at least one cell")
-
-
-def apply_index_maps(shape: tuple[int, ...], maps, path) -> tuple[int, ...]:
-    """The sample shape after ``maps`` (axis -> indices read, e.g. a channel subset), every index
-    checked against the file's ``shape``."""
-    shape = list(shape)
-    for a, m in (maps or {}).items():
-        if not -len(shape) <= a < len(shape):
-            raise DataFileError(path, f"channel axis {a} is out of range for sample shape {tuple(shape)}")
-        if m.min() < 0 or m.max() >= shape[a]:
-            raise DataFileError(path, f"channels {m.tolist()} are out of range for axis {a} of size {shape[a]}")
-        shape[a] = len(m)
-    return tuple(shape)
 
 
 def fill_window(path: str, region: Region, out: np.ndarray | None, dtype: np.dtype, shape: tuple[int, ...],

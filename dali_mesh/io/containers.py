@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 import stat
 
-from dali_mesh.io._common import DataFileError, HeaderError, MissingFileError, NotRegularFileError, check_regular_file
+from dali_mesh.io._common import DataFileError, HeaderError, MissingFileError, NotRegularFileError
 from dali_mesh.storage import store_of
+from dali_mesh.storage.local import check_regular_file
 from dali_mesh.storage.byte_store import StoredFile
 
 __all__ = ["check_store_dir", "open_hdf5_file", "open_hdf5_container"]

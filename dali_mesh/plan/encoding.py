@@ -1,14 +1,14 @@
-"""The plan file's encoding: one field table per object, read by :func:`encode` and :func:`decode`
-(tensorstore's json_binding: one definition serves both ways), the schema's one source. The C++ loader
-(``LoadPlanSet``) and its dump read and write by one field list per object (csrc/plan/plan_fields.h);
-``tests/io/test_read_plan.py`` holds those lists to these tables (names, order and values)."""
+"""The plan file's encoding: one field table per object, written by :func:`encode`, the schema's one
+source. The C++ loader (``LoadPlanSet``) reads it, and its dump (``_kernels.plan_dump``) writes it back,
+by one field list per object (csrc/plan/plan_fields.h); ``tests/io/test_read_plan.py`` holds those lists
+to these tables (names, order and values). Python has no decoder of its own: the loader is the one."""
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Field", "decode", "encode"]
+__all__ = ["Field", "encode"]
 
 
 class Field(NamedTuple):
@@ -88,37 +88,3 @@ def encode(table: tuple, obj) -> bytes:
         else:  # records
             out += [encode(f.table, r) for r in getattr(obj, f.name)]
     return b"".join(out)
-
-
-def decode(table: tuple, words: np.ndarray, pos: int = 0) -> tuple[dict, int]:
-    """The fields of one object encoded by ``table`` at word ``pos`` of ``words`` (``<i8``), and the
-    position after it. Counts are checked against the words left, so a short buffer raises."""
-    out: dict[str, Any] = {}
-    counts: dict[str, int] = {}
-
-    def take(n: int) -> np.ndarray:
-        nonlocal pos
-        if n < 0 or pos + n > words.size:
-            raise ValueError(f"plan bytes end inside a field (needs {n} words at word {pos} of {words.size})")
-        pos += n
-        return words[pos - n:pos]
-
-    for f in table:
-        if f.kind in ("count", "int"):
-            v = int(take(1)[0])
-            if f.kind == "count":
-                counts[f.name] = v
-            else:
-                out[f.name] = v
-        elif f.kind == "ints":
-            out[f.name] = take(counts[f.of]).astype(np.int64)
-        elif f.kind == "bytes":
-            n = int(take(1)[0])
-            out[f.name] = take((n + 7) // 8).tobytes()[:n] if n >= 0 else take(-1)
-        else:
-            recs = []
-            for _ in range(counts[f.of]):
-                r, pos = decode(f.table, words, pos)
-                recs.append(r)
-            out[f.name] = recs
-    return out, pos

@@ -20,20 +20,20 @@ A :class:`PlanSet` holds the distinct plans, the file table and one :class:`Plan
 
 The file is little-endian int64 words: :data:`PLAN_MAGIC`, then what the field tables below say, then a
 checksum word (computed by the kernels library, the same code that verifies it). Each table is the
-only description of its object's encoding: :func:`encode` writes it, :func:`decode` reads it back, and
-``tests/io/test_read_plan.py`` holds the C++ loader to it (``_kernels.plan_dump`` of a written plan
+only description of its object's encoding: :func:`encode` writes it, the C++ loader reads it, and
+``tests/io/test_read_plan.py`` holds the loader to it (``_kernels.plan_dump`` of a written plan
 equals :meth:`ReadPlan.to_dict`).
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
 from dali_mesh.partition import check_fill_value
-from dali_mesh.plan.encoding import _AXIS_PROGRAM, _READ_PLAN, encode, decode
+from dali_mesh.plan.encoding import _READ_PLAN, encode
 from dali_mesh.plan.window import WindowPlan
 from dali_mesh.storage import store_of
 
@@ -119,10 +119,6 @@ def native_dtype_of(dtype: np.dtype, path: str) -> np.dtype:
     return native
 
 
-def _ints_equal(a, b) -> bool:
-    return np.array_equal(np.asarray(a, np.int64), np.asarray(b, np.int64))
-
-
 @dataclass(frozen=True, eq=False)
 class AxisProgram:
     """One axis of a plan's boundary program: window positions copied (``copy_dst`` from
@@ -180,21 +176,6 @@ class ReadPlan:
 
     def to_bytes(self) -> bytes:
         return encode(_READ_PLAN, self)
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> "ReadPlan":
-        d, _ = decode(_READ_PLAN, np.frombuffer(data, "<i8"))
-        return cls.from_dict(d)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ReadPlan":
-        axes = tuple(AxisProgram(*(np.asarray(a[k], np.int64) for k in ("copy_dst", "copy_src", "fills")))
-                     for a in d["axes"])
-        return cls(int(d["itemsize"]), int(d["swap_unit"]), int(d["fortran"]), tuple(int(s) for s in d["shape"]),
-                   *(np.asarray(d[k], np.int64) for k in ("file_off", "dst_off", "unit_bytes", "group_begin",
-                                                           "group_end")),
-                   int(d["check_offset"]), bytes(d["check"]), bytes(d["fill"]), axes, int(d.get("coded", 0)),
-                   *(d.get(k) for k in ("unit_count", "file_step", "dst_step")))
 
     def to_dict(self) -> dict:
         """Plain values (lists of ints, bytes), as ``_kernels.plan_dump`` gives a loaded plan."""

@@ -59,6 +59,3 @@ def normalise_maps(maps, shape, path):
     if not maps:
         return maps
     return normalise_index_maps(maps, len(shape), path)
-
-
-# ---- one sample per .npy file ---------------------------------------------------------------------

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import collections
 import os
-from typing import Sequence
 
 import numpy as np
 
 from dali_mesh._checks import is_int as _is_int
-from dali_mesh.io._common import DataFileError, ShapeMismatchError, apply_index_maps, check_frame
+from dali_mesh.io._common import DataFileError, ShapeMismatchError, check_frame, sample_shape
 from dali_mesh.plan.chunks import SeriesFiles, plan_time_series
 from dali_mesh.formats import FORMATS, HDF5, ZARR, ArrayFormat, format_named
 from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP
@@ -75,7 +74,7 @@ class ArraySource(WindowSource):
             check_frame(frame, f)
             if dtype0 is None:
                 self.index_maps = normalise_maps(self.index_maps, frame, f)
-            frame = apply_index_maps(frame, self.index_maps, f)
+            frame = sample_shape(f, frame, index_maps=self.index_maps)
             if dtype0 is None:
                 dtype0, frame0 = dtype, frame
             elif dtype != dtype0 or (frame != frame0 and not per_sample_shapes):

@@ -8,7 +8,7 @@ from typing import Sequence
 
 from dali_mesh._checks import is_int as _is_int
 from dali_mesh.formats import FORMATS, NPY, ArrayFormat, format_named
-from dali_mesh.io._common import ShapeMismatchError, apply_index_maps, check_frame
+from dali_mesh.io._common import ShapeMismatchError, check_frame, sample_shape
 from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP
 from dali_mesh.plan import NotNativeError
 from dali_mesh.partition import Layout
@@ -55,7 +55,7 @@ class FileSource(WindowSource):
         first = self._info(self.files[0])
         check_frame(first.shape, self.files[0])
         self.index_maps = normalise_maps(self.index_maps, first.shape, self.files[0])
-        shape = apply_index_maps(first.shape, self.index_maps, self.files[0])
+        shape = sample_shape(self.files[0], first.shape, index_maps=self.index_maps)
         self.sample_ndim = len(shape)
         self.dtype = first.dtype
         self.sample_shape = None if per_sample_shapes else shape
@@ -66,7 +66,7 @@ class FileSource(WindowSource):
             for f in self.files[1:]:
                 info = self._info(f)
                 check_frame(info.shape, f)
-                s = apply_index_maps(info.shape, self.index_maps, f)
+                s = sample_shape(f, info.shape, index_maps=self.index_maps)
                 if info.dtype != self.dtype or (not per_sample_shapes and s != shape):
                     raise ShapeMismatchError(
                         f, f"shape {s} {info.dtype} differs from the first file's ({self.files[0]}) "
@@ -80,7 +80,7 @@ class FileSource(WindowSource):
         if self.sample_shape is None:
             shape = self._info(path).shape
             check_frame(shape, path)
-            region = self.region_of(apply_index_maps(shape, self.index_maps, path))
+            region = self.region_of(sample_shape(path, shape, index_maps=self.index_maps))
             expected = None
         else:
             region, expected = self.region, self.sample_shape

@@ -135,7 +135,6 @@ def test_a_plan_file_loads_as_it_was_encoded(tmp_path, case, items_as_words):
     meta_plan = ReadPlan.from_units(_read_only(window), header.dtype, False, [], [], [], [], RAW_META, CHECK_JSON)
     assert plans.add_plan(read) == 0
     assert plans.add_plan(meta_plan) == 1
-    assert plans.add_plan(ReadPlan.from_bytes(read.to_bytes())) == 0  # decode(encode(plan)) is the plan
     plans.files += [PlanFile(f, os.path.getsize(f)) for f in files] + [PlanFile(str(meta), -1)]
     # (file, plan, base, window byte offset): sample 0 reads file 0 and checks the metadata; sample 1
     # reads file 1 at a base offset (as a step of a time series is read)
@@ -165,7 +164,8 @@ def test_a_plan_file_loads_as_it_was_encoded(tmp_path, case, items_as_words):
         "chunks": [],
     }
     assert dump == want, f"seed {SEED}"
-    # and the typed objects say the same as the reader (the JSON check aside, which it canonicalises)
+    # and the typed objects say the same as the reader (the JSON check aside, which it canonicalises):
+    # decode(encode(plan)) is the plan, the decoder being the reader's loader (Python has none)
     assert _as_dump(read) == dump["plans"][0]
     assert {**_as_dump(meta_plan), "check": dump["plans"][1]["check"]} == dump["plans"][1]
     assert dump["plans"][1]["check"] == b'{"fill_value":0,"shape":[4,8],"zarr_format":3}'

@@ -20,7 +20,6 @@ __all__ = ["HDF5", "HDF5Format"]
 class HDF5Format(ArrayFormat):
     name, label, container, array_word = "hdf5", "HDF5 dataset", "file", "dataset"
     suffixes = (".h5", ".hdf5", ".hdf", ".nc")
-    option_names = ("h5_kwargs",)
     write_suffixes = (".h5", ".hdf5")
     reads_in_parallel = False
     fills_window = True  # every element: FormatTests checks it

@@ -7,7 +7,7 @@ from typing import Sequence
 
 from dali_mesh.formats.npy.npy_reader import (NpyHeader, _io_error, _open, _read_header_and_bytes,
                                               read_npy_header_bytes)
-from dali_mesh.io._common import DataFileError, IOStats, ShapeMismatchError, apply_index_maps, check_frame
+from dali_mesh.io._common import DataFileError, IOStats, ShapeMismatchError, check_frame, sample_shape as shape_of_sample
 from dali_mesh.plan.window import plan_window
 from dali_mesh.plan import NotNativeError, PlanFile, PlanSet, ReadPlan, native_dtype_of, native_store
 from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP, count_npy_units, plan_npy_units
@@ -79,7 +79,7 @@ def plan_npy_files(files: Sequence[str], *, region_of, index_maps=None, sample_s
     first, first_check = read_npy_header_bytes(files[0])
     native = native_dtype_of(first.dtype, files[0])
     if sample_shape is not None:
-        shape = apply_index_maps(first.shape, index_maps, files[0])
+        shape = shape_of_sample(files[0], first.shape, index_maps=index_maps)
         if shape != sample_shape or native != dtype:
             raise ShapeMismatchError(
                 files[0], f"shape {shape} {native} differs from the {sample_shape} {dtype} "
@@ -100,7 +100,7 @@ def plan_npy_files(files: Sequence[str], *, region_of, index_maps=None, sample_s
             raise ShapeMismatchError(h.path, f"dtype {h.native_dtype} differs from the first file's ({files[0]}) {native}")
         if check not in plan_of_header:
             check_frame(h.shape, h.path)
-            shape = apply_index_maps(h.shape, index_maps, h.path)
+            shape = shape_of_sample(h.path, h.shape, index_maps=index_maps)
             if sample_shape is not None and shape != sample_shape:
                 raise ShapeMismatchError(
                     h.path, f"shape {shape} differs from the first file's ({files[0]}) {sample_shape}; "

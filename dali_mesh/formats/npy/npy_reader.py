@@ -61,7 +61,6 @@ log = logging.getLogger(__name__)
 #: Largest header accepted (numpy's own limit is 10000 bytes; a larger one is corrupt or hostile).
 MAX_HEADER_BYTES = 65536
 _MAGIC = b"\x93NUMPY"
-_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 _DIRECT_ALIGN = 4096
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _WILLNEED_CHUNK = 512 << 10
