@@ -232,7 +232,8 @@ def check_expected(
 
 def check_region_fits(path: str, region, shape: tuple[int, ...]) -> None:
     """:class:`DataFileError` unless ``region``'s domain lies within a sample of ``shape``."""
-    if region.ndim != len(shape) or any(e > s for e, s in zip(region.domain_stop, shape)):
+    if region.ndim != len(shape) or any(e > s for e, s in zip(region.domain_stop, shape)) or \
+            any(d < 0 for d in region.domain_start):
         raise DataFileError(path, f"region {region.domain_start}..{region.domain_stop} does not fit the sample shape {shape}")
 
 

@@ -52,7 +52,7 @@ class _MappedOrder:
 
 
 def physicsnemo_block(total: int, epoch: int, *, shuffle: bool, process_rank: int, world_size: int,
-                      batch_size: int, start: tuple[int, np.ndarray] | None = None) -> np.ndarray:
+                      start: tuple[int, np.ndarray] | None = None) -> np.ndarray:
     """PhysicsNeMo ERA5's sample indices of data-parallel rank ``process_rank`` in ``epoch``, whole
     batches only: its block of ``range(total)``, shuffled by the seeds ``0..epoch`` in turn
     (``start``: ``(e, block of epoch e)`` to continue from, ``e <= epoch``)."""
@@ -133,8 +133,7 @@ class ERA5Source(HDF5Source):
                 drop_last=self.drop_last, batch_index=self.process_rank, num_batch_groups=self.world_size))
         else:
             block = physicsnemo_block(len(ids), epoch, shuffle=self.shuffle, process_rank=self.process_rank,
-                                      world_size=self.world_size, batch_size=self.batch_size,
-                                      start=self._memo.get("era5_block"))
+                                      world_size=self.world_size, start=self._memo.get("era5_block"))
             self._memo["era5_block"] = (epoch, block)
             whole = len(block) // self.batch_size * self.batch_size
             res = _MappedOrder(epoch, ids, positions=block[:whole])

@@ -111,7 +111,7 @@ def _box_units(file_shape, dst_shape, itemsize, data_offset, file_start, dst_sta
     return (data_offset + foff * itemsize, doff * itemsize, unit_cells * itemsize, count, fstep, dstep)
 
 
-def _box_repeats(file_shape, dst_shape, itemsize, data_offset, boxes, merge_gap, page_merge) -> list[bool]:
+def _box_repeats(file_shape, dst_shape, itemsize, boxes, merge_gap, page_merge) -> list[bool]:
     """Per box, whether its runs are planned as repeated units: when the gap between two runs of the
     repeat axis is one :func:`group_units` merges, and the box's file span meets no other box's
     (two boxes whose spans interleave, e.g. a periodic halo on the last axis, are planned run by run,
@@ -169,8 +169,8 @@ def count_npy_units(header: StoredArray, plan: WindowPlan, prefix: Sequence[int]
     :func:`plan_npy_reads`' units), counted without making them, so that a window of billions of
     units is refused before its plan is built."""
     file_shape, full_window, boxes = _file_order_boxes(header, plan, prefix)
-    repeats = [False] * len(boxes) if runs else _box_repeats(
-        file_shape, full_window, header.dtype.itemsize, header.data_offset, boxes, merge_gap, page_merge)
+    repeats = [False] * len(boxes) if runs else _box_repeats(file_shape, full_window, header.dtype.itemsize, boxes,
+                                                               merge_gap, page_merge)
     total = 0
     for (_, _, ln), rep in zip(boxes, repeats):
         k = _run_axis(file_shape, full_window, ln)
@@ -186,7 +186,7 @@ def plan_npy_units(header: StoredArray, plan: WindowPlan, prefix: Sequence[int] 
     the C-order (file-order) staging of the window."""
     file_shape, full_window, boxes = _file_order_boxes(header, plan, prefix)
     isz = header.dtype.itemsize
-    repeats = _box_repeats(file_shape, full_window, isz, header.data_offset, boxes, merge_gap, page_merge)
+    repeats = _box_repeats(file_shape, full_window, isz, boxes, merge_gap, page_merge)
     cols: list[list[np.ndarray]] = [[] for _ in range(6)]
     for (wst, fst, ln), rep in zip(boxes, repeats):
         f, d, u, c, fs, ds = _box_units(file_shape, full_window, isz, header.data_offset, fst, wst, ln, rep)

@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from dali_mesh.formats.cold_reads import ColdReads, check_chunk_count, chunk_ranges
+from dali_mesh.formats.hdf5.hdf5_planner import _chunk_offsets
 from dali_mesh.formats.hdf5.hdf5_reader import open_hdf5_dataset
 from dali_mesh.io._common import DataFileError
 from dali_mesh.plan import WindowPlan
@@ -24,19 +25,12 @@ class HDF5ColdReads(ColdReads):
                 raise DataFileError(path, f"dataset {name!r} has shape {ds.shape}: samples lie along axis 0, so it "
                                           "needs at least 2 axes")
             chunks = None if ds.chunks is None else tuple(ds.chunks)
-            self._sizes: dict[tuple[int, ...], int] = {}
-            if chunks is not None:  # stored size of every written chunk of sample 0, in one pass over
-                # the chunk index (a lookup per chunk of the grid took minutes for a tiny file claiming
-                # millions of one-cell chunks); a chunk never written reads nothing
-                def record(c):
-                    if c.chunk_offset[0] == 0:
-                        self._sizes[tuple(o // n for o, n in zip(c.chunk_offset, chunks))] = c.size or 0
-
-                if hasattr(ds.id, "chunk_iter"):
-                    ds.id.chunk_iter(record)
-                else:  # pragma: no cover - HDF5 < 1.12.3
-                    for i in range(ds.id.get_num_chunks()):
-                        record(ds.id.get_chunk_info(i))
+            # stored size of every written chunk of sample 0, in one pass over the chunk index (a lookup per
+            # chunk of the grid took minutes for a tiny file claiming millions of one-cell chunks); a chunk
+            # never written reads nothing
+            self._sizes = {} if chunks is None else {
+                tuple(o // n for o, n in zip(first, chunks)): size or 0
+                for first, (_, size, _) in _chunk_offsets(ds).items() if first[0] == 0}
             super().__init__(format, path, name, tuple(ds.shape[1:]), np.dtype(ds.dtype).newbyteorder("="), chunks,
                              (0,))
         finally:

@@ -35,7 +35,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from dali_mesh.io._common import (DataFileError, HeaderError, IOStats, TruncatedFileError, UnsupportedDtypeError,
-                                  _account, check_dtype, check_expected, native_dtype, sample_shape, window_out)
+                                  _account, check_dtype, check_expected, check_region_fits, native_dtype, sample_shape,
+                                  window_out)
 from dali_mesh.plan.window import WindowPlan, plan_window
 from dali_mesh.plan.ranges import (DEFAULT_MERGE_GAP, StoredArray, Units, count_npy_units, group_units,
                                    plan_npy_reads, plan_npy_units)
@@ -403,11 +404,7 @@ def read_npy_window(
         shape = sample_shape(path, header.shape, prefix, index_maps, f"shape {header.shape}")
         native = header.native_dtype
         check_expected(path, shape, native, expected_shape, expected_dtype)
-        if region.ndim != len(shape):
-            raise DataFileError(path, f"region has {region.ndim} axes but the sample has shape {shape}")
-        if any(e > s for e, s in zip(region.domain_stop, shape)) or any(d < 0 for d in region.domain_start):
-            raise DataFileError(
-                path, f"domain {region.domain_start}..{region.domain_stop} lies outside the sample of shape {shape}")
+        check_region_fits(path, region, shape)
         window_shape = region.window_shape
         out = window_out(path, region, out, native)
         local.window_bytes += out.nbytes

@@ -214,8 +214,12 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     locals_ = np.arange(l0, l1, dtype=np.int64)
     arr = open_zarr_array(store, name, reuse=True)  # what the source's open read, not read again
     opened = getattr(getattr(arr.store, "_store", None), "opened", None)
-    bytes_store, root = _native_store(store)
-    locates = _locates(bytes_store)
+    # a store the native reader has, or one that keeps its keys in files of stores it has (a Kerchunk
+    # reference set: locate(key)), which it reads instead of the store's own objects
+    bytes_store, root = store_of(store)
+    locates = bytes_store.locates
+    if not locates:
+        native_store(store)  # NotNativeError when the native reader has no such store
     coding = _zarr_coding(arr, store)
     if locates and coding.shard:
         raise NotNativeError(f"{store}: a sharded array of a reference set is read in Python (its shards are "
@@ -334,7 +338,7 @@ def _chunk_files(arr, bytes_store: ByteStore, folder, plans: PlanSet, coder: int
     size: one stat per chunk file; a missing one reads as the fill value and must still be missing
     when read)."""
 
-    locates = _locates(bytes_store)
+    locates = bytes_store.locates
 
     def chunk_of(coords) -> int:
         key = arr.metadata.encode_chunk_key(tuple(coords))
@@ -349,19 +353,6 @@ def _chunk_files(arr, bytes_store: ByteStore, folder, plans: PlanSet, coder: int
         return plans.add_chunk(fidx, 0, plans.files[fidx].size, coder)
 
     return chunk_of
-
-
-def _locates(bytes_store) -> bool:
-    """Whether ``bytes_store`` keeps its keys in files of other stores (a Kerchunk reference set:
-    ``locate(key)``), which the native reader reads instead of the store's own objects."""
-    return bytes_store.locates
-
-
-def _native_store(location):
-    """``(store, key)`` of ``location`` for the native reader: a store it has, or one that locates its keys
-    in files of stores it has; else :class:`NotNativeError` (``partitioned_source`` reads it)."""
-    store, key = store_of(location)
-    return (store, key) if _locates(store) else native_store(location)
 
 
 def _located_file(plans: PlanSet, bytes_store, path: str) -> tuple[int, int, int]:
