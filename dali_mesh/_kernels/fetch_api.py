@@ -60,6 +60,14 @@ def merge_gap(latency_s: float, bytes_per_s: float) -> int:
     return int(_lib().dali_mesh_merge_gap(float(latency_s), float(bytes_per_s)))
 
 
+def _costs(costs) -> tuple:
+    """``(latencies, rates, count)`` of ``[(latency s, bytes/s), ...]`` as the C API takes them (``None``:
+    ``(None, None, 0)``, each store's own measure)."""
+    if costs is None:
+        return None, None, 0
+    return (*((ctypes.c_double * max(len(costs), 1))(*[float(c[k]) for c in costs]) for k in (0, 1)), len(costs))
+
+
 def chunk_runs(spans, costs=None, max_bytes: int = 0) -> list[list[int]]:
     """The chunks of a batch (read whole) that the reader fetches by one request each (csrc/reader/fetch_plan.h
     ChunkRuns): ``spans`` ``[(file, offset, nbytes), ...]``; ``costs`` ``[(latency s, bytes/s), ...]`` indexed
@@ -71,12 +79,7 @@ def chunk_runs(spans, costs=None, max_bytes: int = 0) -> list[list[int]]:
     if len(flat) != 3 * len(spans):
         raise ValueError(f"spans must be (file, offset, nbytes) triples, got {spans!r}")
     n = len(spans)
-    lat = rate = None
-    n_files = 0
-    if costs is not None:
-        n_files = len(costs)
-        lat = (ctypes.c_double * max(n_files, 1))(*[float(c[0]) for c in costs])
-        rate = (ctypes.c_double * max(n_files, 1))(*[float(c[1]) for c in costs])
+    lat, rate, n_files = _costs(costs)
     index = (ctypes.c_int64 * max(n, 1))()
     run_end = (ctypes.c_int64 * max(n // 2, 1))()
     err = ctypes.create_string_buffer(1024)
@@ -139,12 +142,7 @@ def epoch_batches(plan_path: str, ids, batch_size: int = 1, *, outputs: int = 1,
     headers = headers or {}
     coders = [int(c) for c in headers]
     blob = b"".join(bytes(headers[c])[:16].ljust(16, b"\0") for c in headers)
-    lat = rate = None
-    n_stores = 0
-    if costs is not None:
-        n_stores = len(costs)
-        lat = (ctypes.c_double * max(n_stores, 1))(*[float(c[0]) for c in costs])
-        rate = (ctypes.c_double * max(n_stores, 1))(*[float(c[1]) for c in costs])
+    lat, rate, n_stores = _costs(costs)
     err = ctypes.create_string_buffer(2048)
     m = _lib().dali_mesh_epoch_fetches(
         str(plan_path).encode(), ids.ctypes.data_as(I64P), ids.size, int(batch_size), int(outputs), int(task_bytes),

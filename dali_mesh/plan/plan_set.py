@@ -120,10 +120,7 @@ class PlanSet:
     def _item_reads(self, item: int) -> tuple[int, int]:
         if not 0 <= item < self._n_items:
             raise IndexError(f"item {item} is out of range for {self._n_items} items")
-        i = 0
-        for _ in range(item):  # items are variable-length: skip to this one
-            i += 2 + 4 * int(self._item_words[i + 1])
-        it, _ = _decode_item(self._item_words, i)
+        it, _ = _decode_item(self._item_words, int(_item_rows(self._item_words, self._n_items)[1][item]) - 2)
         chunks = self._chunk_rows
         seen, total, requests = set(), 0, 0
         for part in it.parts:
