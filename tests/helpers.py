@@ -162,15 +162,15 @@ def run_python(script: str, *args: str, env: dict | None = None, timeout: float 
     return proc
 
 
-def native_pipeline(src, *, batch_size=None, threads=2, checkpoint=None, **kw):
-    """A built CPU pipeline of ``read_windows(src, fallback=False, **kw)`` (checkpointing on,
-    prefetch depth 1; ``batch_size``: the source's by default)."""
+def native_pipeline(src, *, batch_size=None, threads=2, checkpoint=None, checkpointing=True, **kw):
+    """A built CPU pipeline of ``read_windows(src, fallback=False, **kw)`` (checkpointing on unless
+    ``checkpointing=False``, prefetch depth 1; ``batch_size``: the source's by default)."""
     from nvidia.dali import pipeline_def
 
     from dali_mesh.pipeline import native
 
     @pipeline_def(batch_size=batch_size or src.batch_size, num_threads=threads, device_id=None,
-                  enable_checkpointing=True, prefetch_queue_depth=1)
+                  enable_checkpointing=checkpointing, prefetch_queue_depth=1)
     def pipe():
         return native.read_windows(src, fallback=False, **kw)
 
@@ -190,6 +190,16 @@ def native_batches(src, n_batches, *, threads=2, **kw):
     return out
 
 
+def assert_windows(w, ids, samples, region):
+    """Each window of a batch (a pipeline's outputs ``w`` and ``ids``) equals take_window of
+    ``samples[its sample id]`` over ``region``."""
+    from dali_mesh.partition import take_window
+
+    for i in range(len(w)):
+        sid = int(np.array(ids[i]))
+        np.testing.assert_array_equal(np.array(w[i]), take_window(samples[sid], region))
+
+
 def pipeline_epochs(pipe, epochs: int) -> list:
     """``[[(sample id, window), ...] per batch]`` per epoch: ``pipe`` run to each epoch's end (``reset``
     after its StopIteration)."""
@@ -205,6 +215,129 @@ def pipeline_epochs(pipe, epochs: int) -> list:
             got.append([(int(np.array(ids[i])), np.array(w[i])) for i in range(len(w))])
         out.append(got)
     return out
+
+
+def gpu_windows_pipeline(src, *, prefetch_queue_depth=1):
+    """A built pipeline on GPU 0 of ``read_windows(src, device="gpu", fallback=False)``: the windows
+    (in device memory) and the sample ids."""
+    from nvidia.dali import pipeline_def
+
+    from dali_mesh.pipeline import native
+
+    @pipeline_def(batch_size=src.batch_size, num_threads=2, device_id=0, prefetch_queue_depth=prefetch_queue_depth)
+    def pipe():
+        w, ids, _ = native.read_windows(src, device="gpu", fallback=False)
+        return w, ids
+
+    p = pipe()
+    p.build()
+    return p
+
+
+def check_gpu_epoch(p, src, files):
+    """The batches of one epoch of :func:`gpu_windows_pipeline` ``p``: each window, copied to the host,
+    equals take_window of its whole sample (``np.load`` of ``files[sample id]``)."""
+    from dali_mesh.partition import take_window
+
+    for _ in range(len(src) // src.batch_size):
+        w, ids = p.run()
+        w = w.as_cpu()
+        for k in range(src.batch_size):
+            sid = int(np.array(ids[k]))
+            np.testing.assert_array_equal(np.array(w[k]), take_window(np.load(files[sid]), src.region))
+
+
+def fed_plugin_pipeline(plan_path, feed, batch_size, **read_ahead):
+    """A built CPU pipeline of the plugin's ``read_windows`` on the plan file at ``plan_path``, fed by
+    ``feed``: per batch ``(sample ids, next ids)``, the next ids per sample a list of its ids in the
+    batches after this one; ``read_ahead``: the operator's read_ahead_* arguments. Outputs the windows
+    (float32) and the ids."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    from dali_mesh.fn import load_plugin
+
+    feed = iter(feed)
+
+    def batch():
+        ids, nxt = next(feed)
+        return [np.array(i, np.int64) for i in ids], [np.array(n, np.int64) for n in nxt]
+
+    @pipeline_def(batch_size=batch_size, num_threads=2, device_id=None, prefetch_queue_depth=1)
+    def pipe():
+        ids, nxt = fn.external_source(source=batch, num_outputs=2, batch=True, dtype=types.INT64)
+        return load_plugin().read_windows(ids, nxt, plan_file=plan_path, dtype=types.FLOAT, **read_ahead), ids
+
+    p = pipe()
+    p.build()
+    return p
+
+
+class ReadBeside:
+    """``body(reader, got)`` on a daemon thread of its own, with a ``_kernels.PlanReader`` of the plan file
+    at ``plan_path`` (float32), started now (``t0``): for a read beside others that are stuck. ``got``:
+    what ``body`` appended; ``errors``: what it raised."""
+
+    def __init__(self, plan_path, body):
+        import threading
+        import time
+
+        self.plan_path, self.body = plan_path, body
+        self.got: list = []
+        self.errors: list = []
+        self.t0 = time.monotonic()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        from dali_mesh import _kernels
+
+        try:
+            with _kernels.PlanReader(self.plan_path, "f4") as r:
+                self.body(r, self.got)
+        except Exception as e:  # noqa: BLE001 - the test reports it
+            self.errors.append(e)
+
+    def join(self, timeout):
+        self.thread.join(timeout)
+
+
+def assert_refused(call, error, *fragments, what):
+    """``call()`` raises ``error`` whose message holds each of ``fragments``; were it accepted, an
+    AssertionError says ``what`` was accepted. (Plain asserts: it runs in the ranks' processes too.)"""
+    try:
+        call()
+    except error as e:
+        for fragment in fragments:
+            assert fragment in str(e), e
+    else:
+        raise AssertionError(f"{what} was accepted")
+
+
+def write_era5_folder(root, rng, shape, chunks, *, marked=False) -> dict:
+    """What PhysicsNeMo's ERA5HDF5Datapipe reads, in ``root`` (a Path): ``data/2000.h5`` (contiguous) and
+    ``data/2001.h5`` (in ``chunks``, gzip + shuffle) of ``rng``'s standard normal float32 fields of
+    ``shape`` (steps, channels, H, W), then ``stats/global_means.npy`` (standard normal) and
+    ``stats/global_stds.npy`` (0.5 to 1.5) per channel; ``marked``: each step plus 10 x its step and
+    1000 x its year's number past 2000. Returns ``{year: fields}``."""
+    import h5py
+
+    (root / "data").mkdir()
+    (root / "stats").mkdir()
+    years = {}
+    for y in (2000, 2001):
+        a = rng.standard_normal(shape).astype(np.float32)
+        if marked:
+            a += (np.arange(shape[0], dtype=np.float32)[:, None, None, None] * 10 + (y - 2000) * 1000)
+        with h5py.File(root / "data" / f"{y}.h5", "w") as f:
+            if y == 2000:
+                f["fields"] = a
+            else:
+                f.create_dataset("fields", data=a, chunks=chunks, compression="gzip", shuffle=True)
+        years[y] = a
+    channels = shape[1]
+    np.save(root / "stats" / "global_means.npy", rng.standard_normal((1, channels, 1, 1)).astype(np.float32))
+    np.save(root / "stats" / "global_stds.npy", (rng.random((1, channels, 1, 1)) + 0.5).astype(np.float32))
+    return years
 
 
 def one_rank_layout(shard_axis=0):
@@ -273,6 +406,29 @@ def run_python_bounded(script: str, *args: str, env: dict | None = None, timeout
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         pytest.fail(f"the process did not end within {timeout:g} s: {out[-1000:]} {err[-2000:]}")
+
+
+#: what a process that crashed, or touched the interpreter as it was torn down, writes ("panicked": pyo3's,
+#: a call of a Rust library after the interpreter was finalized)
+CRASHES = ("Fatal Python error", "FATAL", "Segmentation fault", "terminate called", "core dumped", "Traceback",
+           "panicked", "not initialized")
+
+
+def run_python_uncrashed(script: str, *args: str, timeout: float = 120,
+                         crashes: tuple = ()) -> tuple[subprocess.CompletedProcess, str]:
+    """:func:`run_python` of a script that must end by itself (else the calling test fails, saying so)
+    and that writes none of :data:`CRASHES` (nor ``crashes``) and dies of no signal. Returns the
+    finished process and its output (stdout, then stderr)."""
+    try:
+        done = run_python(script, *args, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the process ({' '.join(args)}) did not end within {timeout:g} s: {e.stdout!r} "
+                    f"{(e.stderr or '')[-2000:]!r}")
+    out = done.stdout + done.stderr
+    for crash in CRASHES + tuple(crashes):
+        assert crash not in out, out[-3000:]
+    assert done.returncode >= 0, f"the process ({' '.join(args)}) died of signal {-done.returncode}: {out[-3000:]}"
+    return done, out
 
 
 def need_kernel_codec(codec_id: int, library: str) -> None:

@@ -21,7 +21,7 @@ from nvidia.dali import fn, pipeline_def, types  # noqa: E402
 from dali_mesh import Layout, MeshInfo  # noqa: E402
 from dali_mesh._kernels import reference_strided_slice  # noqa: E402
 from dali_mesh.partition import take_window  # noqa: E402
-from tests.helpers import DTYPES, MODES, SEED, random_array  # noqa: E402
+from tests.helpers import DTYPES, MODES, SEED, random_array, write_era5_folder  # noqa: E402
 
 if dali_backend.GetCUDADeviceCount() < 1:
     pytest.skip("no CUDA GPU visible to DALI", allow_module_level=True)
@@ -432,25 +432,13 @@ def test_era5_drop_in_on_cuda(tmp_path):
     squeezed and normalised there; equal to h5py's fields (no stats) and to the CPU datapipe (stats).
     Cos zenith needs PhysicsNeMo (not on the GPU machine): left to the CPU tests."""
     torch = pytest.importorskip("torch")
-    h5py = pytest.importorskip("h5py")
+    pytest.importorskip("h5py")
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA here")
     from dali_mesh.physicsnemo import ERA5HDF5Datapipe
 
     rng = np.random.default_rng(SEED)
-    (tmp_path / "data").mkdir()
-    (tmp_path / "stats").mkdir()
-    years = {}
-    for y in (2000, 2001):
-        a = rng.standard_normal((9, 3, 20, 16)).astype(np.float32)
-        with h5py.File(tmp_path / "data" / f"{y}.h5", "w") as f:
-            if y == 2000:
-                f["fields"] = a
-            else:
-                f.create_dataset("fields", data=a, chunks=(1, 3, 5, 16), compression="gzip", shuffle=True)
-        years[y] = a
-    np.save(tmp_path / "stats" / "global_means.npy", rng.standard_normal((1, 3, 1, 1)).astype(np.float32))
-    np.save(tmp_path / "stats" / "global_stds.npy", (rng.random((1, 3, 1, 1)) + 0.5).astype(np.float32))
+    years = write_era5_folder(tmp_path, rng, (9, 3, 20, 16), (1, 3, 5, 16))
     for history in (0, 1):
         layout = Layout(MeshInfo((4,), ("mp",), (2,)), shard={"mp": 1}, split="physicsnemo", halo={1: 1},
                         boundary={1: "reflect"})

@@ -23,8 +23,8 @@ dali = pytest.importorskip("nvidia.dali")
 from nvidia.dali import pipeline_def  # noqa: E402
 
 from dali_mesh.pipeline import native  # noqa: E402
-from tests.helpers import (SEED, dali_gpus, mesh_of, native_batches, native_pipeline,  # noqa: E402
-                           needs_read_windows, one_rank_layout, random_array)
+from tests.helpers import (SEED, check_gpu_epoch, dali_gpus, gpu_windows_pipeline, mesh_of,  # noqa: E402
+                           native_batches, native_pipeline, needs_read_windows, one_rank_layout, random_array)
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -174,60 +174,56 @@ def test_plan_reads_only_the_window(tmp_path):
     assert (n_units, n_groups) == (2, 2) and ub.sum() == 2 * 16 * 256 * 4
 
 
+def _check_steps(src, full, batch, channels=None):
+    """Read one unshuffled epoch of a time series natively: every window equals take_window of its step
+    of ``full`` (all steps of all files; of those ``channels``). Returns how many windows came."""
+    n = 0
+    for wins, ids, _ in _epoch(native_pipeline(src, batch_size=batch), batch):
+        for w, sid in zip(wins, ids):
+            t = src.step_of(sid)
+            step = full[t] if channels is None else full[t][channels]
+            np.testing.assert_array_equal(w, take_window(step, src.region), err_msg=f"step {t}")
+            n += 1
+    return n
+
+
 # ---- HDF5 -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("byteorder", ["<", ">"])
-def test_hdf5_contiguous(tmp_path, byteorder):
+def _h5_series(tmp_path, steps, dtype, stored_dtypes, chunks=None):
+    """Files y0.h5, y1.h5, ... of ``steps[i]`` random (2, 9, 8) steps of ``dtype`` each, dataset "fields"
+    stored as ``stored_dtypes[i]`` in ``chunks``. Returns (files, every step of them in one array)."""
     h5py = pytest.importorskip("h5py")
     rng = np.random.default_rng(SEED)
     files, data = [], []
-    for i, steps in enumerate((3, 4)):
-        arr = random_array(rng, (steps, 2, 9, 8), np.float32)
+    for i, (n, stored) in enumerate(zip(steps, stored_dtypes)):
+        arr = random_array(rng, (n, 2, 9, 8), dtype)
         p = str(tmp_path / f"y{i}.h5")
         with h5py.File(p, "w") as f:
-            f.create_dataset("fields", data=arr, dtype=np.dtype("f4").newbyteorder(byteorder))
+            f.create_dataset("fields", data=arr, chunks=chunks, dtype=stored)
         files.append(p)
         data.append(arr)
-    full = np.concatenate(data)
+    return files, np.concatenate(data)
+
+
+@pytest.mark.parametrize("byteorder", ["<", ">"])
+def test_hdf5_contiguous(tmp_path, byteorder):
+    stored = np.dtype("f4").newbyteorder(byteorder)
+    files, full = _h5_series(tmp_path, (3, 4), np.float32, [stored, stored])
     layout = Layout(mesh_of((1, 4), (0, 3)), shard={"m0": 1}, halo={1: 2, 2: 3},
                     boundary={1: "symmetric", 2: "periodic"})
     src = HDF5Source(files, "fields", layout, batch_size=2, shuffle=False, time_range=(1, 7))
-    p = native_pipeline(src, batch_size=2)
-    n = 0
-    for wins, ids, pads in _epoch(p, 2):
-        for w, sid in zip(wins, ids):
-            t = src.step_of(sid)
-            np.testing.assert_array_equal(w, take_window(full[t], src.region), err_msg=f"step {t}")
-            n += 1
-    assert n == 6
+    assert _check_steps(src, full, 2) == 6
 
 
 @pytest.mark.parametrize("chunks", [(2, 1, 4, 3), (1, 2, 9, 8), (3, 2, 5, 8)])
 def test_hdf5_chunked_uncompressed(tmp_path, chunks):
-    h5py = pytest.importorskip("h5py")
-    rng = np.random.default_rng(SEED)
-    files, data = [], []
-    for i, steps in enumerate((5, 4)):
-        arr = random_array(rng, (steps, 2, 9, 8), np.int16)
-        p = str(tmp_path / f"y{i}.h5")
-        with h5py.File(p, "w") as f:
-            f.create_dataset("fields", data=arr, chunks=chunks, dtype=">i2" if i else "<i2")
-        files.append(p)
-        data.append(arr)
-    full = np.concatenate(data)
+    files, full = _h5_series(tmp_path, (5, 4), np.int16, ["<i2", ">i2"], chunks=chunks)
     layout = Layout(mesh_of((1, 2, 2), (0, 1, 0)), shard={"m0": 1, "m1": 2}, halo={1: 2, 2: 3},
                     boundary={1: "reflect", 2: "periodic"}, fill_value=5)
     src = HDF5Source(files, "fields", layout, batch_size=3, shuffle=False, channels=[1, 0])
     # the plans are per chunk touched (per file layout), not per step: 4 of the 9 steps plan as many
     few = HDF5Source(files, "fields", layout, batch_size=3, shuffle=False, channels=[1, 0], time_range=(3, 7))
     assert len(native.plan_source(src).plans) == len(native.plan_source(few).plans)
-    p = native_pipeline(src, batch_size=3)
-    n = 0
-    for wins, ids, _ in _epoch(p, 3):
-        for w, sid in zip(wins, ids):
-            t = src.step_of(sid)
-            np.testing.assert_array_equal(w, take_window(full[t][[1, 0]], src.region), err_msg=f"step {t}")
-            n += 1
-    assert n == 9
+    assert _check_steps(src, full, 3, channels=[1, 0]) == 9
 
 
 @pytest.mark.parametrize("fmt,endian", [(2, "<"), (2, ">"), (3, "little"), (3, "big")])
@@ -253,14 +249,7 @@ def test_zarr_uncompressed(tmp_path, fmt, endian):
     layout = Layout(mesh_of((1, 2, 2), (0, 1, 1)), shard={"m0": 1, "m1": 2}, halo={1: 2, 2: 4},
                     boundary={1: "edge", 2: "periodic"})
     src = ZarrSource(stores, None, layout, batch_size=2, shuffle=False, channels=[2, 0])
-    p = native_pipeline(src, batch_size=2)
-    n = 0
-    for wins, ids, _ in _epoch(p, 2):
-        for w, sid in zip(wins, ids):
-            t = src.step_of(sid)
-            np.testing.assert_array_equal(w, take_window(full[t][[2, 0]], src.region), err_msg=f"step {t}")
-            n += 1
-    assert n == len(src) == 8  # 7 steps, padded to whole batches
+    assert _check_steps(src, full, 2, channels=[2, 0]) == len(src) == 8  # 7 steps, padded to whole batches
 
 
 def test_transposed_zarr_is_not_native(tmp_path):
@@ -451,20 +440,7 @@ def test_gpu_windows_equal_the_cpu_ones(tmp_path, fortran, byteorder):
     layout = Layout(mesh_of((1, 4), (0, 1)), shard={"m0": 1}, halo={1: 3, 2: 2},
                     boundary={1: "reflect", 2: "periodic"})
     src = NumpySource(files, layout, batch_size=2, shuffle=False)
-
-    @pipeline_def(batch_size=2, num_threads=2, device_id=0, prefetch_queue_depth=1)
-    def pipe():
-        w, ids, pads = native.read_windows(src, device="gpu", fallback=False)
-        return w, ids
-
-    p = pipe()
-    p.build()
-    for _ in range(len(src) // 2):
-        w, ids = p.run()
-        w = w.as_cpu()
-        for k in range(2):
-            sid = int(np.array(ids[k]))
-            np.testing.assert_array_equal(np.array(w[k]), take_window(np.load(files[sid]), src.region))
+    check_gpu_epoch(gpu_windows_pipeline(src), src, files)
 
 
 def test_layout_string_and_fallback_to_partitioned_source(tmp_path, monkeypatch, caplog):

@@ -576,14 +576,21 @@ def test_zarr_v3_sharded(tmp_path, inner, index_location, index_crc):
     _check(src, full, channels=[1, 0])
 
 
-def test_zarr_v3_shard_reads_only_the_inner_chunks_touched(tmp_path):
-    _need("zstd")
+def _zstd_shards(tmp_path, shape, chunks, shards):
+    """``s.zarr`` in ``tmp_path``: a random float32 array of ``shape`` in Zstd ``chunks`` within ``shards``.
+    Returns (its path, its values)."""
     rng = np.random.default_rng(SEED)
-    arr = random_array(rng, (2, 1, 64, 64), "f4")
+    arr = random_array(rng, shape, "f4")
     p = str(tmp_path / "s.zarr")
-    z = zarr.create_array(p, shape=arr.shape, chunks=(1, 1, 8, 64), shards=(1, 1, 64, 64), dtype="f4",
+    z = zarr.create_array(p, shape=arr.shape, chunks=chunks, shards=shards, dtype="f4",
                           compressors=zarr.codecs.ZstdCodec())
     z[:] = arr
+    return p, arr
+
+
+def test_zarr_v3_shard_reads_only_the_inner_chunks_touched(tmp_path):
+    _need("zstd")
+    p, arr = _zstd_shards(tmp_path, (2, 1, 64, 64), (1, 1, 8, 64), (1, 1, 64, 64))
     layout = Layout(mesh_of((1, 4), (0, 1)), shard={"m0": 1})  # rows 16..32 of 64: 2 of the 8 inner chunks
     src = ZarrSource([p], None, layout, batch_size=2, shuffle=False)
     plans = native.plan_source(src)
@@ -605,12 +612,7 @@ def test_zarr_v3_shard_reads_only_the_inner_chunks_touched(tmp_path):
 
 
 def _sharded(tmp_path):
-    rng = np.random.default_rng(SEED)
-    arr = random_array(rng, (2, 1, 16, 8), "f4")
-    p = str(tmp_path / "s.zarr")
-    z = zarr.create_array(p, shape=arr.shape, chunks=(1, 1, 4, 8), shards=(1, 1, 16, 8), dtype="f4",
-                          compressors=zarr.codecs.ZstdCodec())
-    z[:] = arr
+    p, _ = _zstd_shards(tmp_path, (2, 1, 16, 8), (1, 1, 4, 8), (1, 1, 16, 8))
     shard = os.path.join(p, "c", "1", "0", "0", "0")
     return p, shard
 

@@ -20,7 +20,7 @@ dali = pytest.importorskip("nvidia.dali")
 from dali_mesh.plan import PlanSet  # noqa: E402
 from dali_mesh.pipeline import native  # noqa: E402
 from tests.helpers import SEED, random_array  # noqa: E402
-from tests.helpers import dali_gpus, mesh_of  # noqa: E402
+from tests.helpers import check_gpu_epoch, dali_gpus, gpu_windows_pipeline, mesh_of  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -117,10 +117,6 @@ def test_many_layouts_against_the_host(tmp_path, check):
 @pytest.mark.parametrize("mode,dtype", [("constant", np.float32), ("reflect", np.int16), ("symmetric", np.float16),
                                         ("edge", np.uint8), ("periodic", np.float64)])
 def test_gpu_windows_with_device_fill(tmp_path, monkeypatch, mode, dtype, device_fill):
-    from nvidia.dali import pipeline_def
-
-    from dali_mesh.partition import take_window
-
     monkeypatch.setenv("DALI_MESH_DEVICE_FILL", device_fill)
     rng = np.random.default_rng(SEED)
     files = []
@@ -130,21 +126,9 @@ def test_gpu_windows_with_device_fill(tmp_path, monkeypatch, mode, dtype, device
     layout = Layout(mesh_of((1, 2, 2), (0, 0, 1)), shard={"m0": 1, "m1": 2}, halo={1: 3, 2: (2, 5)},
                     boundary={1: mode, 2: "edge" if mode == "periodic" else "periodic"}, fill_value=7)
     src = NumpySource(files, layout, batch_size=2, shuffle=True, seed=2)
-
-    @pipeline_def(batch_size=2, num_threads=2, device_id=0, prefetch_queue_depth=2)
-    def pipe():
-        w, ids, _ = native.read_windows(src, device="gpu", fallback=False)
-        return w, ids
-
-    p = pipe()
-    p.build()
+    p = gpu_windows_pipeline(src, prefetch_queue_depth=2)
     for _ in range(2):  # two epochs: the scratch buffer and the launcher's ring are reused
-        for _ in range(len(src) // 2):
-            w, ids = p.run()
-            w = w.as_cpu()
-            for k in range(2):
-                sid = int(np.array(ids[k]))
-                np.testing.assert_array_equal(np.array(w[k]), take_window(np.load(files[sid]), src.region))
+        check_gpu_epoch(p, src, files)
         with pytest.raises(StopIteration):
             p.run()
         p.reset()

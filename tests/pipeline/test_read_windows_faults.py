@@ -32,8 +32,9 @@ from nvidia.dali import fn, pipeline_def, types  # noqa: E402
 
 from dali_mesh.plan import PLAN_MAGIC  # noqa: E402
 from dali_mesh.pipeline import native  # noqa: E402
-from tests.helpers import (SEED, crafted_plan, crafted_plan_file, mesh_of, native_pipeline,  # noqa: E402
-                           needs_read_windows, random_array, run_plan_file, run_python, run_python_bounded)
+from tests.helpers import (SEED, assert_windows, crafted_plan, crafted_plan_file, mesh_of,  # noqa: E402
+                           native_pipeline, needs_read_windows, random_array, run_plan_file, run_python,
+                           run_python_bounded)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.timeout(120)
@@ -148,16 +149,22 @@ def _h5(path, data, chunks=None):
         f.create_dataset("fields", data=data, chunks=chunks)
 
 
-@pytest.mark.parametrize("chunks", [None, (1, 3, 4, 8)])
-@pytest.mark.parametrize("change", ["transposed", "retyped", "truncated"])
-def test_hdf5_changed_after_build(tmp_path, chunks, change):
+def _h5_planned(tmp_path, chunks):
+    """y.h5 of 4 random float32 steps (3, 12, 8) in ``chunks``, and a native pipeline built for it:
+    ``(values, path, source, pipeline)``."""
     pytest.importorskip("h5py")
     rng = np.random.default_rng(SEED)
     data = random_array(rng, (4, 3, 12, 8), np.float32)
     path = str(tmp_path / "y.h5")
     _h5(path, data, chunks)
     src = HDF5Source([path], "fields", _layout(), batch_size=2, shuffle=False)
-    p = native_pipeline(src)
+    return data, path, src, native_pipeline(src)
+
+
+@pytest.mark.parametrize("chunks", [None, (1, 3, 4, 8)])
+@pytest.mark.parametrize("change", ["transposed", "retyped", "truncated"])
+def test_hdf5_changed_after_build(tmp_path, chunks, change):
+    data, path, src, p = _h5_planned(tmp_path, chunks)
     size = os.path.getsize(path)
     if change == "transposed":  # same file size, frames (12, 3, 8): the dataset's header differs
         _h5(path, data.reshape(4, 12, 3, 8), None if chunks is None else (1, 4, 3, 8))
@@ -509,13 +516,7 @@ def test_hdf5_rewritten_with_the_same_layout_is_refused_then_read_anew(tmp_path,
     rewrite from the file planned for (and with several datasets the header at the planned address
     may be another dataset's): any rewrite is refused, naming the file, never read as planned; a
     pipeline defined again reads the new values. (Before issue 19 the new values were read.)"""
-    pytest.importorskip("h5py")
-    rng = np.random.default_rng(SEED)
-    data = random_array(rng, (4, 3, 12, 8), np.float32)
-    path = str(tmp_path / "y.h5")
-    _h5(path, data, chunks)
-    src = HDF5Source([path], "fields", _layout(), batch_size=2, shuffle=False)
-    p = native_pipeline(src)
+    data, path, src, p = _h5_planned(tmp_path, chunks)
     time.sleep(0.01)  # a later modification time, also on coarse clocks
     _h5(path, data * 2 + 1, chunks)
     _error_naming_a_file_no_garbage(p, len(src) // 2, lambda t: take_window(data[t], src.region),
@@ -538,11 +539,10 @@ def test_many_chunk_zarr_batch_reads_under_a_low_open_file_limit(tmp_path):
     out = run_python(f"""
         import os, resource, sys
         import numpy as np, zarr
-        from nvidia.dali import pipeline_def
         from dali_mesh import Layout, MeshInfo
         from dali_mesh.pipeline import native
         from dali_mesh.source import ZarrSource
-        from dali_mesh.partition import take_window
+        from tests.helpers import assert_windows, native_pipeline
         arr = np.random.default_rng({SEED}).standard_normal((4, 8, 32, 64)).astype(np.float32)
         p = os.path.join({str(tmp_path)!r}, "z.zarr")
         z = zarr.create_array(p, shape=arr.shape, chunks=(1, 1, 8, 8), dtype="f4", compressors=None,
@@ -553,19 +553,11 @@ def test_many_chunk_zarr_batch_reads_under_a_low_open_file_limit(tmp_path):
         parts = [len(parts) for _, parts in native.plan_source(src).items]
         assert parts == [129] * 4, parts
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-
-        @pipeline_def(batch_size=4, num_threads=2, device_id=None, prefetch_queue_depth=1)
-        def pipe():
-            return native.read_windows(src, fallback=False)
-
-        pp = pipe()
-        pp.build()
+        pp = native_pipeline(src, checkpointing=False)
         w, ids, _ = pp.run()
         got = sorted(int(np.array(ids[i])) for i in range(4))
         assert got == [0, 1, 2, 3], got
-        for i in range(4):
-            t = int(np.array(ids[i]))
-            np.testing.assert_array_equal(np.array(w[i]), take_window(arr[t], src.region))
+        assert_windows(w, ids, arr, src.region)
         print("ok")
     """, check=True).stdout
     assert out.strip().endswith("ok")
@@ -643,23 +635,28 @@ def test_a_crafted_plan_that_is_valid_reads_exactly(tmp_path):
     np.testing.assert_array_equal(got[10:12], raw[21:23])
 
 
-@pytest.mark.timeout(180)
-def test_short_reads_and_eintr_in_the_header_check_and_the_reads(tmp_path):
+def _preload_shim(tmp_path, name, source, what):
+    """``source`` (C) built into ``tmp_path/<name>.so``, for LD_PRELOAD; the calling test is skipped
+    without a C compiler (``what``: the shim's name, for the message)."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        pytest.skip("no C compiler for the pread shim")
-    (tmp_path / "shim.c").write_text(SHIM)
-    shim = tmp_path / "shim.so"
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(shim), str(tmp_path / "shim.c"), "-ldl"],
+        pytest.skip(f"no C compiler for the {what} shim")
+    (tmp_path / f"{name}.c").write_text(source)
+    shim = tmp_path / f"{name}.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(shim), str(tmp_path / f"{name}.c"), "-ldl"],
                    check=True, timeout=60)
+    return shim
+
+
+@pytest.mark.timeout(180)
+def test_short_reads_and_eintr_in_the_header_check_and_the_reads(tmp_path):
+    shim = _preload_shim(tmp_path, "shim", SHIM, "pread")
     out = run_python(f"""
         import os
         import numpy as np
-        from nvidia.dali import pipeline_def
         from dali_mesh import Layout, MeshInfo
-        from dali_mesh.pipeline import native
         from dali_mesh.source import NumpySource
-        from dali_mesh.partition import take_window
+        from tests.helpers import assert_windows, native_pipeline
         rng = np.random.default_rng({SEED})
         files, data = [], []
         for k in range(4):
@@ -671,19 +668,11 @@ def test_short_reads_and_eintr_in_the_header_check_and_the_reads(tmp_path):
         layout = Layout(MeshInfo((1, 3), ("data_parallel", "m0"), (0, 1)), shard={{"m0": 1}}, halo={{1: 2}},
                         boundary={{1: "periodic"}})
         src = NumpySource(files, layout, batch_size=2, shuffle=False)
-
-        @pipeline_def(batch_size=2, num_threads=2, device_id=None, prefetch_queue_depth=1)
-        def pipe():
-            return native.read_windows(src, fallback=False)
-
-        p = pipe()
-        p.build()
+        p = native_pipeline(src, checkpointing=False)
         os.environ["DALI_MESH_SHIM"] = "1"  # from here on: EINTR and short reads
         for _ in range(2):
             w, ids, _ = p.run()
-            for i in range(2):
-                t = int(np.array(ids[i]))
-                np.testing.assert_array_equal(np.array(w[i]), take_window(data[t], src.region))
+            assert_windows(w, ids, data, src.region)
         print("ok")
     """, env={"LD_PRELOAD": str(shim)}, check=True).stdout
     assert out.strip().endswith("ok")
@@ -717,9 +706,7 @@ def test_hdf5_external_link_is_never_read_natively(tmp_path):
     p.build()
     for _ in range(2):
         w, ids, _ = p.run()
-        for i in range(2):
-            sid = int(np.array(ids[i]))
-            np.testing.assert_array_equal(np.array(w[i]), take_window(x[sid], src.region))
+        assert_windows(w, ids, x, src.region)
 
 
 # ---- the header check retried after short reads and EINTR -----------------------------------------
@@ -999,13 +986,7 @@ def test_a_stuck_native_read_is_named_and_the_process_exits(tmp_path):
     """A native read stuck on slow storage: the timeout named no file ("workers: none started") and
     the process stayed 59 s after the error. Now the error names the file and byte range of the
     stuck read, and the read is interrupted so that the process exits within 10 s of the error."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler for the preadv shim")
-    (tmp_path / "stall.c").write_text(STALL)
-    shim = tmp_path / "stall.so"
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(shim), str(tmp_path / "stall.c"), "-ldl"],
-                   check=True, timeout=60)
+    shim = _preload_shim(tmp_path, "stall", STALL, "preadv")
     script = f"""
         import os, time
         import numpy as np

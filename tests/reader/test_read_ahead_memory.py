@@ -33,6 +33,7 @@ import numpy as np
 import pytest
 
 from dali_mesh.storage.remote import have_native_http
+from tests.helpers import fed_plugin_pipeline
 
 pytestmark = [pytest.mark.skipif(not have_native_http(), reason="this build has no libcurl"),
               pytest.mark.timeout(300)]
@@ -200,9 +201,6 @@ def test_an_order_changed_under_batches_waiting_for_room_drops_them(served, tmp_
     read ahead is left once the pipeline goes."""
     import time
 
-    from nvidia.dali import fn, pipeline_def, types
-
-    from dali_mesh.fn import load_plugin
     from dali_mesh.pipeline import native
     from dali_mesh.pipeline.plugin import plugin_read_ahead_counts
     from dali_mesh.source import pipeline_reader
@@ -212,20 +210,8 @@ def test_an_order_changed_under_batches_waiting_for_room_drops_them(served, tmp_
     path = native.plan_windows(reader)[0].write(str(tmp_path))
     # (this batch, the next ones): per sample a 1-D tensor of its ids in the next batches
     eight = [list(range(2 + i, 18, 2)) for i in range(BATCH)]
-    feed = iter([([0, 1], eight), ([34, 35], [[30, 32], [31, 33]]), ([30, 31], [[32], [33]])])
-
-    def batch():
-        ids, nxt = next(feed)
-        return [np.array(i, np.int64) for i in ids], [np.array(n, np.int64) for n in nxt]
-
-    @pipeline_def(batch_size=BATCH, num_threads=2, device_id=None, prefetch_queue_depth=1)
-    def pipe():
-        ids, nxt = fn.external_source(source=batch, num_outputs=2, batch=True, dtype=types.INT64)
-        return load_plugin().read_windows(ids, nxt, plan_file=path, dtype=types.FLOAT, read_ahead_batches=8,
-                                          read_ahead_bytes=14 * MiB), ids
-
-    p = pipe()
-    p.build()
+    feed = [([0, 1], eight), ([34, 35], [[30, 32], [31, 33]]), ([30, 31], [[32], [33]])]
+    p = fed_plugin_pipeline(path, feed, BATCH, read_ahead_batches=8, read_ahead_bytes=14 * MiB)
     server.configure(latency=SLOW)
     before = plugin_read_ahead_counts()
     try:

@@ -6,13 +6,13 @@ completes within seconds: it takes back its own requests that no fetch thread ha
 them itself, never waiting on work that has not started."""
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
 import pytest
 
 from dali_mesh.storage.remote import have_native_http
+from tests.helpers import ReadBeside
 from tests.storage.fault_proxy import Fault, FaultProxy
 from tests.storage.s3_server import options, s3_endpoint, upload  # noqa: F401
 
@@ -60,7 +60,6 @@ def test_a_read_in_parts_never_waits_behind_other_pipelines_stuck_requests(s3_en
         healthy_path = native.plan_windows(healthy_src)[0].write(str(tmp_path / "healthy"))
         dead.reset_counts()
         stuck = [_kernels.PlanReader(stuck_path, "f4") for _ in range(n_stuck)]
-        got, errors = [], []
         try:
             for r in stuck:  # each one's read of the chunk's parts: 1 range on its thread, 7 handed on
                 assert r.read_ahead([0])
@@ -72,27 +71,21 @@ def test_a_read_in_parts_never_waits_behind_other_pipelines_stuck_requests(s3_en
             # every fetch thread holds a stuck request, and the others wait in its queue
             assert hanging() == FETCH_THREADS + n_stuck, hanging()
 
-            def read_healthy():
-                try:
-                    with _kernels.PlanReader(healthy_path, "f4") as r:
-                        (w,), = r.read([0])
-                        got.append((w, time.monotonic()))
-                except Exception as e:  # noqa: BLE001 - reported below
-                    errors.append(e)
+            def read_healthy(r, got):
+                (w,), = r.read([0])
+                got.append((w, time.monotonic()))
 
-            t0 = time.monotonic()
-            thread = threading.Thread(target=read_healthy, daemon=True)
-            thread.start()
-            thread.join(5)
+            healthy = ReadBeside(healthy_path, read_healthy)
+            healthy.join(5)
             # the stuck requests still hang: none answered, none more sent
             assert hanging() == FETCH_THREADS + n_stuck == len(dead.requests) - n_stuck  # + the headers
         finally:
             for r in stuck:  # their reads are cancelled: the fetch threads come back
                 r.close()
-        thread.join(30)
-    assert not errors, errors
-    assert got, "the healthy read never ended"
-    w, ended = got[0]
+        healthy.join(30)
+    assert not healthy.errors, healthy.errors
+    assert healthy.got, "the healthy read never ended"
+    w, ended = healthy.got[0]
     np.testing.assert_array_equal(w, take_window(oracle[0], healthy_src.region))
     # not after the stuck readers were closed (5 s on): it waited behind no other pipeline's request
-    assert ended - t0 < 5, f"the healthy read took {ended - t0:.1f} s: it waited for the stuck requests"
+    assert ended - healthy.t0 < 5, f"the healthy read took {ended - healthy.t0:.1f} s: it waited for the stuck requests"

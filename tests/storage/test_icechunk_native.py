@@ -12,10 +12,7 @@ reader thread has a hard timeout."""
 from __future__ import annotations
 
 import ctypes
-import os
 import re
-import subprocess
-import sys
 import textwrap
 import threading
 
@@ -32,11 +29,10 @@ from dali_mesh.partition import take_window  # noqa: E402
 from dali_mesh.pipeline import native  # noqa: E402
 from dali_mesh.storage import store_of  # noqa: E402
 from dali_mesh.storage.icechunk import IcechunkStore, bind_native_reads, unbind_native_reads  # noqa: E402
-from tests.helpers import SEED, mesh_of  # noqa: E402
+from tests.helpers import SEED, mesh_of, run_python_uncrashed  # noqa: E402
 from tests.storage.s3_server import s3_endpoint  # noqa: E402, F401 - a fixture
 
 icechunk.set_logs_filter("error")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 3
 #: name -> (shape, chunks, shards): "blosc" one whole field per chunk (~960 KiB stored in 16 blocks: read in
 #: parts, fetch_plan.h kMinPartsBytes is 256 KiB), "zstd" chunks no split's boundary follows, "sharded" Zstd
@@ -441,18 +437,7 @@ _CHILD = textwrap.dedent("""
 def test_a_process_ends_cleanly_with_reads_in_flight(tmp_path, how):
     if how != "plan reader":
         pytest.importorskip("nvidia.dali")
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    try:
-        done = subprocess.run([sys.executable, "-c", _CHILD, how, str(tmp_path)], capture_output=True, text=True,
-                              timeout=120, env=env, cwd=ROOT)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"the process ({how}) hung: {e.stdout!r} {e.stderr!r}")
-    out = done.stdout + done.stderr
-    # "panicked": pyo3's, a call of the library that touched the interpreter after it was torn down
-    for crash in ("Fatal Python error", "FATAL", "Segmentation fault", "terminate called", "core dumped", "Traceback",
-                  "panicked", "not initialized"):
-        assert crash not in out, out[-3000:]
-    assert done.returncode >= 0, f"the process ({how}) died of signal {-done.returncode}: {out[-3000:]}"
+    done, out = run_python_uncrashed(_CHILD, how, str(tmp_path))
     if how == "error":
         assert done.returncode == 3, out[-3000:]
         assert re.search(r"icechunk://\S+/zstd/c/\d/\d/\d: cannot be read \(RuntimeError: the test's failure\)",

@@ -13,8 +13,6 @@ from __future__ import annotations
 import os
 import re
 import socket
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -29,12 +27,11 @@ from dali_mesh import Layout, ZarrSource, _kernels  # noqa: E402
 from dali_mesh.partition import take_window  # noqa: E402
 from dali_mesh.pipeline import native  # noqa: E402
 from dali_mesh.storage import DataFileError, store_of  # noqa: E402
-from tests.helpers import mesh_of  # noqa: E402
+from tests.helpers import mesh_of, run_python_uncrashed  # noqa: E402
 from tests.storage.fault_proxy import proxy  # noqa: E402, F401 - a fixture
 from tests.storage.s3_server import REGION, icechunk_storage, options, s3_endpoint  # noqa: E402, F401 - a fixture
 
 icechunk.set_logs_filter("error")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHAPE, CHUNKS = (6, 40, 48), (1, 20, 24)
 LAYOUT = Layout(mesh_of((1, 2), (0, 1)), shard={"m0": 0}, halo={0: 1})
 
@@ -220,19 +217,8 @@ _CHILD = textwrap.dedent("""
 def test_a_process_with_reads_stuck_in_the_library_exits_at_once(tmp_path, how):
     if how == "dali":
         pytest.importorskip("nvidia.dali")
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    try:
-        done = subprocess.run([sys.executable, "-c", _CHILD, how, str(tmp_path)], capture_output=True, text=True,
-                              timeout=120, env=env, cwd=ROOT)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"the process ({how}) did not exit: {e.stdout!r} {(e.stderr or '')[-2000:]!r}")
+    done, out = run_python_uncrashed(_CHILD, how, str(tmp_path), crashes=("never retrieved", "still in flight"))
     ended = time.time()
-    out = done.stdout + done.stderr
-    # "panicked": pyo3's, a call of the library that touched the interpreter after it was torn down
-    for crash in ("Fatal Python error", "FATAL", "Segmentation fault", "terminate called", "core dumped", "Traceback",
-                  "never retrieved", "still in flight", "panicked", "not initialized"):
-        assert crash not in out, out[-3000:]
-    assert done.returncode >= 0, f"the process ({how}) died of signal {-done.returncode}: {out[-3000:]}"
     assert done.returncode == 0, out[-3000:]
     assert int(re.search(r"requests never answered: (\d+)", out)[1]) > 0, out[-3000:]
     exited_in = ended - float(re.search(r"exiting at (\S+)", out)[1])
@@ -260,13 +246,20 @@ def test_errors_name_the_librarys_cause(s3_endpoint):  # noqa: F811
         _source("icechunk://s3://nobucket/repo", **options(s3_endpoint, region=REGION))
 
 
-@pytest.mark.timeout(60)
-def test_a_folder_named_like_a_pinned_snapshot_is_that_folder(tmp_path):
-    folder = str(tmp_path / "era5@ABCDEFGHJKMNPQRSTVWX")
+def _read_by_its_folder(folder, t):
+    """A repository made in ``folder``, read by the name ``icechunk://<folder>``: the source names the
+    snapshot it pins, and its sample ``t`` is the values'. Returns ``(snapshot, values, source)``."""
     snapshot, x = _write(icechunk.Repository.create(icechunk.local_filesystem_storage(folder)))
     src = _source(f"icechunk://{folder}")
     assert src.files[0] == f"icechunk://{folder}@{snapshot}"
-    np.testing.assert_array_equal(src.read_sample(1)[0], take_window(x[1], src.region))
+    np.testing.assert_array_equal(src.read_sample(t)[0], take_window(x[t], src.region))
+    return snapshot, x, src
+
+
+@pytest.mark.timeout(60)
+def test_a_folder_named_like_a_pinned_snapshot_is_that_folder(tmp_path):
+    folder = str(tmp_path / "era5@ABCDEFGHJKMNPQRSTVWX")
+    snapshot, _, src = _read_by_its_folder(folder, 1)
     store, key = store_of(f"{src.files[0]}/t/zarr.json")  # its names pin its snapshot, as any repository's
     assert (store.repository, store.snapshot, key) == (folder, snapshot, "t/zarr.json")
 
@@ -286,11 +279,7 @@ def test_a_name_that_is_both_a_folder_and_a_pinned_snapshot_is_refused_as_ambigu
 
 @pytest.mark.timeout(90)
 def test_a_folder_with_a_semicolon_is_read_in_python_and_natively(tmp_path):
-    folder = str(tmp_path / "a;b")
-    snapshot, x = _write(icechunk.Repository.create(icechunk.local_filesystem_storage(folder)))
-    src = _source(f"icechunk://{folder}")
-    assert src.files[0] == f"icechunk://{folder}@{snapshot}"
-    np.testing.assert_array_equal(src.read_sample(2)[0], take_window(x[2], src.region))
+    _, x, src = _read_by_its_folder(str(tmp_path / "a;b"), 2)
     plans = native.plan_windows(src)
     with _kernels.PlanReader(plans[0].write(str(tmp_path / "plan")), plans[0].dtype, read_ahead=0) as reader:
         for t in range(SHAPE[0]):

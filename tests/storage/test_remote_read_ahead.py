@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from dali_mesh.storage.remote import have_native_http
+from tests.helpers import ReadBeside
 from tests.storage.fault_proxy import proxy  # noqa: F401
 from tests.storage.s3_server import client, options, s3_endpoint, upload  # noqa: F401
 
@@ -281,14 +282,11 @@ def test_a_read_never_waits_behind_other_pipelines_batches_read_ahead(proxy, tmp
     """70 readers whose batches read ahead wait on a server that never answers (more than the kept
     reader threads): a healthy reader of another server gets each batch within seconds, the one it read
     ahead included (its job, queued behind the stuck ones, is taken back and read by its read)."""
-    import threading
-
     from dali_mesh import _kernels
 
     a, dead_path, healthy_path = _dead_and_healthy(s3_endpoint, proxy, tmp_path, "d", "g")
     proxy.add("hang", key="ahead/d", seconds=60, times=1000)
     stuck = [_kernels.PlanReader(dead_path, "f4") for _ in range(70)]
-    got, errors = [], []
     try:
         for r in stuck:
             assert r.read_ahead([1]) and r.read_ahead([2])
@@ -297,30 +295,24 @@ def test_a_read_never_waits_behind_other_pipelines_batches_read_ahead(proxy, tmp
             time.sleep(0.05)
         assert proxy.count("GET", "ahead/d") >= 40  # the kept threads are taken by stuck batches
 
-        def read_healthy():
-            try:
-                with _kernels.PlanReader(healthy_path, "f4") as r:
-                    for b in range(3):
-                        if b + 1 < 3:
-                            assert r.read_ahead([b + 1])
-                        (w,), = r.read([b], threads=4)
-                        got.append((b, w, time.monotonic()))
-            except Exception as e:  # noqa: BLE001 - reported below
-                errors.append(e)
+        def read_healthy(r, got):
+            for b in range(3):
+                if b + 1 < 3:
+                    assert r.read_ahead([b + 1])
+                (w,), = r.read([b], threads=4)
+                got.append((b, w, time.monotonic()))
 
-        t0 = time.monotonic()
-        thread = threading.Thread(target=read_healthy, daemon=True)
-        thread.start()
-        thread.join(5)
+        healthy = ReadBeside(healthy_path, read_healthy)
+        healthy.join(5)
     finally:
         for r in stuck:  # their batches' reads are cancelled: the threads come back
             r.close()
-    thread.join(30)
-    assert not errors, errors
-    assert [b for b, _, _ in got] == [0, 1, 2]
-    for b, w, _ in got:
+    healthy.join(30)
+    assert not healthy.errors, healthy.errors
+    assert [b for b, _, _ in healthy.got] == [0, 1, 2]
+    for b, w, _ in healthy.got:
         np.testing.assert_array_equal(w, a[b])
-    assert got[-1][2] - t0 < 5, [round(t - t0, 2) for _, _, t in got]
+    assert healthy.got[-1][2] - healthy.t0 < 5, [round(t - healthy.t0, 2) for _, _, t in healthy.got]
     # every batch read ahead is freed once its job has ended: those taken back by their read, and the
     # stuck ones dropped (their reads cancelled), leave no buffers behind
     deadline = time.monotonic() + 20

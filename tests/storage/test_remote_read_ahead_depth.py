@@ -21,6 +21,7 @@ import pytest
 
 from benchmarks.s3_server import S3Server
 from dali_mesh.storage.remote import have_native_http
+from tests.helpers import fed_plugin_pipeline
 from tests.storage.fault_proxy import proxy  # noqa: F401
 from tests.storage.s3_server import client, options, s3_endpoint  # noqa: F401
 
@@ -171,9 +172,6 @@ def test_an_order_changed_under_the_batches_read_ahead_drops_them(server, tmp_pa
     ahead, then the order changes ([6, 7] comes, then [8, 9]): the two are dropped, never given, and
     [8, 9] comes read ahead; every window is numpy's."""
     pytest.importorskip("nvidia.dali")
-    from nvidia.dali import fn, pipeline_def, types
-
-    from dali_mesh.fn import load_plugin
     from dali_mesh.pipeline import native
     from dali_mesh.pipeline.plugin import plugin_read_ahead_counts
     from dali_mesh.source import pipeline_reader
@@ -182,19 +180,8 @@ def test_an_order_changed_under_the_batches_read_ahead_drops_them(server, tmp_pa
     reader = pipeline_reader(_source(server.endpoint, "s"))
     path = native.plan_windows(reader)[0].write(str(tmp_path))
     # (this batch, the next two), per sample a 1-D tensor of its ids in the next batches
-    feed = iter([([0, 1], [[2, 4], [3, 5]]), ([6, 7], [[8, 10], [9, 11]]), ([8, 9], [[10, -1], [11, -1]])])
-
-    def batch():
-        ids, nxt = next(feed)
-        return [np.array(i, np.int64) for i in ids], [np.array(n, np.int64) for n in nxt]
-
-    @pipeline_def(batch_size=BATCH, num_threads=2, device_id=None, prefetch_queue_depth=1)
-    def pipe():
-        ids, nxt = fn.external_source(source=batch, num_outputs=2, batch=True, dtype=types.INT64)
-        return load_plugin().read_windows(ids, nxt, plan_file=path, dtype=types.FLOAT, read_ahead_batches=2), ids
-
-    p = pipe()
-    p.build()
+    feed = [([0, 1], [[2, 4], [3, 5]]), ([6, 7], [[8, 10], [9, 11]]), ([8, 9], [[10, -1], [11, -1]])]
+    p = fed_plugin_pipeline(path, feed, BATCH, read_ahead_batches=2)
     server.configure(latency=0.05)
     before = plugin_read_ahead_counts()
     try:

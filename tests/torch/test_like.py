@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("nvidia.dali")
 
 from dali_mesh.cli.launch import run_ranks  # noqa: E402
+from tests.helpers import assert_refused  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHAPE = (2, 8, 6)  # (C, H, W): model_parallel splits H
@@ -102,49 +103,33 @@ def _like_rank(rank, world_size, files):
     dt = next(by_model)["window"]
     assert tuple(dt.placements) == tuple(model_input.placements) and dt.shape == model_input.shape
     assert dt.to_local().shape == model_input.to_local().shape
-    try:  # a source reading with another layout (halo) than the one the loader takes from the model
-        MeshLoader(_make(source), like=model_input)
-    except LayoutError as e:
-        assert "reads with layout" in str(e) and "halo={1: 1}" in str(e), e
-    else:
-        raise AssertionError("a source with another layout than the model's was accepted")
+    # a source reading with another layout (halo) than the one the loader takes from the model
+    assert_refused(lambda: MeshLoader(_make(source), like=model_input), LayoutError, "reads with layout",
+                   "halo={1: 1}", what="a source with another layout than the model's")
     del by_model, dt
 
     # a model that splits W, not H: refused before any data, naming both placements
     wrong_axis = _model_input(device_mesh, [Shard(0), Shard(3)], global_shape)
-    try:
-        MeshLoader(_make(source), layout, like=wrong_axis)
-    except LayoutError as e:
-        assert "placements (Shard(dim=0), Shard(dim=2))" in str(e) and "(Shard(dim=0), Shard(dim=3))" in str(e), e
-    else:
-        raise AssertionError("a model input split on another axis was accepted")
+    assert_refused(lambda: MeshLoader(_make(source), layout, like=wrong_axis), LayoutError,
+                   "placements (Shard(dim=0), Shard(dim=2))", "(Shard(dim=0), Shard(dim=3))",
+                   what="a model input split on another axis")
 
     # a model that replicates over model_parallel
     replicated = _model_input(device_mesh, [Shard(0), Replicate()], global_shape)
-    try:
-        MeshLoader(_make(source), layout, like=replicated)
-    except LayoutError as e:
-        assert "Replicate()" in str(e), e
-    else:
-        raise AssertionError("a replicated model input was accepted")
+    assert_refused(lambda: MeshLoader(_make(source), layout, like=replicated), LayoutError, "Replicate()",
+                   what="a replicated model input")
 
     # a model that takes another global batch
     bigger = _model_input(device_mesh, [Shard(0), Shard(2)], (BATCH * 4,) + SHAPE)
-    try:
-        MeshLoader(_make(source), layout, like=bigger)
-    except LayoutError as e:
-        assert "global batch of 8 but the loader yields 4 (batch_size 2 x 2 sample groups)" in str(e), e
-    else:
-        raise AssertionError("a model input with another batch was accepted")
+    assert_refused(lambda: MeshLoader(_make(source), layout, like=bigger), LayoutError,
+                   "global batch of 8 but the loader yields 4 (batch_size 2 x 2 sample groups)",
+                   what="a model input with another batch")
 
     # another sample shape
     other = _model_input(device_mesh, [Shard(0), Shard(2)], (BATCH * 2, 2, 8, 7))
-    try:
-        MeshLoader(_make(source), layout, like=other)
-    except LayoutError as e:
-        assert "sample shape (2, 8, 7) (from like.shape[1:]) differs from the shape (2, 8, 6) of the samples" in str(e), e
-    else:
-        raise AssertionError("a model input of another sample shape was accepted")
+    assert_refused(lambda: MeshLoader(_make(source), layout, like=other), LayoutError,
+                   "sample shape (2, 8, 7) (from like.shape[1:]) differs from the shape (2, 8, 6) of the samples",
+                   what="a model input of another sample shape")
 
 
 @pytest.mark.slow

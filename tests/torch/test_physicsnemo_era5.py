@@ -19,6 +19,7 @@ pytest.importorskip("physicsnemo.distributed", reason="PhysicsNeMo is not instal
 
 from dali_mesh import Layout, MeshInfo  # noqa: E402
 from dali_mesh.partition import LayoutError, take_window  # noqa: E402
+from tests.helpers import write_era5_folder  # noqa: E402
 from tests.storage.s3_server import client, options, s3_endpoint, upload  # noqa: E402, F401
 
 STEPS, CHANNELS, H, W = 13, 4, 10, 12
@@ -51,24 +52,8 @@ def physicsnemo_datapipes():
 @pytest.fixture(scope="module")
 def era5(tmp_path_factory):
     """Two year files (2001 is chunked and gzip+shuffle compressed), PhysicsNeMo's stats files."""
-    import h5py
-
     root = tmp_path_factory.mktemp("era5")
-    rng = np.random.default_rng(18)
-    (root / "data").mkdir()
-    (root / "stats").mkdir()
-    years = {}
-    for y in (2000, 2001):
-        a = rng.standard_normal((STEPS, CHANNELS, H, W)).astype(np.float32)
-        a += (np.arange(STEPS, dtype=np.float32)[:, None, None, None] * 10 + (y - 2000) * 1000)
-        with h5py.File(root / "data" / f"{y}.h5", "w") as f:
-            if y == 2000:
-                f["fields"] = a
-            else:
-                f.create_dataset("fields", data=a, chunks=(1, 2, 5, 12), compression="gzip", shuffle=True)
-        years[y] = a
-    np.save(root / "stats" / "global_means.npy", rng.standard_normal((1, CHANNELS, 1, 1)).astype(np.float32))
-    np.save(root / "stats" / "global_stds.npy", (rng.random((1, CHANNELS, 1, 1)) + 0.5).astype(np.float32))
+    years = write_era5_folder(root, np.random.default_rng(18), (STEPS, CHANNELS, H, W), (1, 2, 5, 12), marked=True)
     (root / "data" / "notes.h5").write_bytes(b"not a year file")  # PhysicsNeMo's ????.h5 rule skips it
     return root, years
 

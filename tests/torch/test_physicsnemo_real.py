@@ -103,6 +103,7 @@ def _like_shard_tensor_rank(rank, world_size, files, shape):
     from dali_mesh.partition import LayoutError
     from dali_mesh.source import NumpySource
     from dali_mesh.torch import MeshLoader, like_spec
+    from tests.helpers import assert_refused
     from tests.torch.test_like import _make
 
     mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("spatial",))
@@ -138,18 +139,13 @@ def _like_shard_tensor_rank(rank, world_size, files, shape):
     # a layout with torch.chunk's split (2, 2, 1, 0) against the model's (1, 1, 1, 2): refused up front
     chunked = Layout(MeshInfo.from_device_mesh(mesh), shard={"spatial": 1}, split="chunk")
     other = NumpySource(files, chunked, batch_size=batch, shuffle=False)
-    try:
-        MeshLoader(_make(other), chunked, like=model_input)
-    except LayoutError as e:
-        assert "(2, 2, 6), (2, 2, 6), (2, 1, 6), (2, 0, 6)" in str(e) and "(2, 1, 6), (2, 1, 6), (2, 1, 6), (2, 2, 6)" in str(e), e
-    else:
-        raise AssertionError("a layout splitting otherwise than the model's ShardTensor was accepted")
-    try:  # a ShardTensor input wants ShardTensor output
-        MeshLoader(_make(source), like=model_input, output="dtensor")
-    except ValueError as e:
-        assert "like= describes a ShardTensor input: use output='shard_tensor'" in str(e), e
-    else:
-        raise AssertionError("output='dtensor' was accepted for a ShardTensor like=")
+    assert_refused(lambda: MeshLoader(_make(other), chunked, like=model_input), LayoutError,
+                   "(2, 2, 6), (2, 2, 6), (2, 1, 6), (2, 0, 6)", "(2, 1, 6), (2, 1, 6), (2, 1, 6), (2, 2, 6)",
+                   what="a layout splitting otherwise than the model's ShardTensor")
+    # a ShardTensor input wants ShardTensor output
+    assert_refused(lambda: MeshLoader(_make(source), like=model_input, output="dtensor"), ValueError,
+                   "like= describes a ShardTensor input: use output='shard_tensor'",
+                   what="output='dtensor' for a ShardTensor like=")
 
 
 @pytest.mark.timeout(240)
