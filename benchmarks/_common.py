@@ -1,4 +1,5 @@
-"""What several benchmark scripts share: their sample files, an epoch of a one-output DALI pipeline."""
+"""What several benchmark scripts share: their sample files, an epoch of a one-output DALI pipeline, their
+results printed (and written) as JSON."""
 from __future__ import annotations
 
 import os
@@ -33,3 +34,13 @@ def pipeline_epoch(pipe, keep: bool = False) -> list:
             return out
         if keep:
             out.append(np.array(w[0]))
+
+
+def print_results(results: dict, json_path: str | None) -> None:
+    """``results`` as indented JSON on stdout, and into the file ``json_path`` too when one is given."""
+    import json
+
+    print(json.dumps(results, indent=2))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(results, f, indent=2)

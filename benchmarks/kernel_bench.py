@@ -23,7 +23,6 @@ Each result is checked against the CPU kernel (GPU) or numpy (``--host``) on one
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
+from benchmarks._common import print_results  # noqa: E402
 from dali_mesh import _kernels as K  # noqa: E402
 
 
@@ -212,10 +212,7 @@ def main(argv=None) -> None:
     ap.add_argument("--tiny", action="store_true", help="a few KiB per case (a smoke test)")
     args = ap.parse_args(argv)
     results = run_host(args) if args.host else run_gpu(args)
-    print(json.dumps(results, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    print_results(results, args.json)
 
 
 if __name__ == "__main__":

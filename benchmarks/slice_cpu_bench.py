@@ -18,7 +18,6 @@ Inputs reach both pipelines through ``external_source(no_copy=True)``; each time
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -29,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
+from benchmarks._common import print_results  # noqa: E402
 
 
 def median_times(fns, iters: int) -> list[float]:
@@ -150,10 +150,7 @@ def main() -> None:
                                           "fused_GBps": args.batch * era_bytes / tf / 1e9}
         del pf, pc
 
-    print(json.dumps(results, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    print_results(results, args.json)
 
 
 if __name__ == "__main__":
