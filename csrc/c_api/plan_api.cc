@@ -157,6 +157,19 @@ std::string PlanSetJson(const dali_mesh::PlanSet &set) {
   return j.str();
 }
 
+// What the entry points on a plan file share: `body(set)` on the plan file at `plan_path` as LoadPlanSet
+// loads it (checked), its result; or -1 with the error's message (the plan file refused, or what `body`
+// threw) in err[0..err_len).
+template <typename Body>
+int64_t OnPlanFile(const char *plan_path, char *err, int64_t err_len, Body &&body) {
+  try {
+    dali_mesh::PlanSet set = dali_mesh::LoadPlanSet(plan_path);
+    return body(set);
+  } catch (const std::exception &e) {
+    return Fail(e.what(), err, err_len);
+  }
+}
+
 }  // namespace
 
 // The plan file at `plan_path` as LoadPlanSet loads it (checked, JSON checks in canonical form),
@@ -167,11 +180,9 @@ std::string PlanSetJson(const dali_mesh::PlanSet &set) {
 // buffer of n + 1. -1 on an error (the plan file refused), described in `err`.
 DM_EXPORT int64_t dali_mesh_plan_dump(const char *plan_path, char *out, int64_t out_size, char *err,
                                       int64_t err_size) {
-  try {
-    return dali_mesh::c_api::CopyText(PlanSetJson(dali_mesh::LoadPlanSet(plan_path)), out, out_size);
-  } catch (const std::exception &e) {
-    return Fail(e.what(), err, err_size);
-  }
+  return OnPlanFile(plan_path, err, err_size, [&](dali_mesh::PlanSet &set) -> int64_t {
+    return dali_mesh::c_api::CopyText(PlanSetJson(set), out, out_size);
+  });
 }
 
 // The canonical form (CanonicalJson) of text[0..n): returns its length m, written to
@@ -206,9 +217,8 @@ DM_EXPORT int dali_mesh_plan_checksum(const uint8_t *words, int64_t n_bytes, uin
 // mismatch or an error, described in `err`); *host_only counts the plans left to the host.
 DM_EXPORT int64_t dali_mesh_check_device_fill(const char *plan_path, int dtype, int64_t *host_only,
                                               char *err, int64_t err_len) {
-  try {
+  return OnPlanFile(plan_path, err, err_len, [&](dali_mesh::PlanSet &set) -> int64_t {
     using namespace dali_mesh;  // NOLINT
-    PlanSet set = LoadPlanSet(plan_path);
     int64_t checked = 0;
     *host_only = 0;
     uint64_t x = 0x2545F4914F6CDD1Dull;
@@ -244,9 +254,7 @@ DM_EXPORT int64_t dali_mesh_check_device_fill(const char *plan_path, int dtype, 
       checked++;
     }
     return checked;
-  } catch (const std::exception &e) {
-    return Fail(e.what(), err, err_len);
-  }
+  });
 }
 
 // For every plan of the plan file at `plan_path`: its groups split as the operator splits them
@@ -254,9 +262,8 @@ DM_EXPORT int64_t dali_mesh_check_device_fill(const char *plan_path, int dtype, 
 // (-1 on an error, described in `err`); *max_task is the most file bytes one task spans.
 DM_EXPORT int64_t dali_mesh_plan_tasks(const char *plan_path, int64_t task_bytes, int64_t *max_task,
                                        char *err, int64_t err_len) {
-  try {
+  return OnPlanFile(plan_path, err, err_len, [&](dali_mesh::PlanSet &set) -> int64_t {
     using namespace dali_mesh;  // NOLINT
-    PlanSet set = LoadPlanSet(plan_path);
     int64_t n = 0;
     *max_task = 0;
     for (auto &plan : set.plans) {
@@ -268,7 +275,5 @@ DM_EXPORT int64_t dali_mesh_plan_tasks(const char *plan_path, int64_t task_bytes
       }
     }
     return n;
-  } catch (const std::exception &e) {
-    return Fail(e.what(), err, err_len);
-  }
+  });
 }

@@ -226,19 +226,20 @@ namespace {
 
 // a + b and a * b of sizes a batch read ahead holds, or an error naming them: a crafted plan's sizes
 // (a chunk's stored bytes up to 2**63 - 1) would pass int64 and take room from the count
+[[noreturn]] void PastInt64(const std::string &source, const std::string &sum) {
+  Fail(Str(source, ": a batch read ahead would hold ", sum, " bytes, more than int64 counts: the plan file is "
+           "corrupt; define the pipeline again"));
+}
+
 int64_t Plus(int64_t a, int64_t b, const std::string &source) {
   int64_t sum;
-  if (__builtin_add_overflow(a, b, &sum))
-    Fail(Str(source, ": a batch read ahead would hold ", a, " + ", b, " bytes, more than int64 counts: the plan "
-             "file is corrupt; define the pipeline again"));
+  if (__builtin_add_overflow(a, b, &sum)) PastInt64(source, Str(a, " + ", b));
   return sum;
 }
 
 int64_t Times(int64_t a, int64_t k, const std::string &source) {
   int64_t product;
-  if (__builtin_mul_overflow(a, k, &product))
-    Fail(Str(source, ": a batch read ahead would hold ", k, " x ", a, " bytes, more than int64 counts: the plan "
-             "file is corrupt; define the pipeline again"));
+  if (__builtin_mul_overflow(a, k, &product)) PastInt64(source, Str(k, " x ", a));
   return product;
 }
 
