@@ -484,3 +484,37 @@ def codec_sources() -> tuple[str, ...]:
         if path not in files:
             files.append(path)
     return tuple(files)
+
+
+def ahead_alive_settled(quiet: float = 0.5, timeout: float = 10.0) -> int:
+    """The batches read ahead alive in this process (one native core: the plugin's and every PlanReader's)
+    once garbage is collected and the count holds still for ``quiet`` seconds: what another test's pipeline,
+    still held, keeps. A test of its own batches being freed waits for the count to come back to it
+    (:func:`ahead_alive_back_to`), not to 0."""
+    import gc
+    import time
+
+    from dali_mesh import _kernels
+
+    gc.collect()
+    deadline = time.monotonic() + timeout
+    last, since = _kernels.ahead_alive(), time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - since < quiet:
+        time.sleep(0.05)
+        now = _kernels.ahead_alive()
+        if now != last:
+            last, since = now, time.monotonic()
+    return last
+
+
+def ahead_alive_back_to(baseline: int, timeout: float = 20.0) -> int:
+    """The batches read ahead alive once they are no more than ``baseline`` (:func:`ahead_alive_settled`
+    before the test's own), or after ``timeout`` seconds."""
+    import time
+
+    from dali_mesh import _kernels
+
+    deadline = time.monotonic() + timeout
+    while _kernels.ahead_alive() > baseline and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _kernels.ahead_alive()

@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 
 from dali_mesh.storage.remote import have_native_http
-from tests.helpers import fed_plugin_pipeline
+from tests.helpers import ahead_alive_back_to, ahead_alive_settled, fed_plugin_pipeline
 
 pytestmark = [pytest.mark.skipif(not have_native_http(), reason="this build has no libcurl"),
               pytest.mark.timeout(300)]
@@ -178,18 +178,6 @@ def _source(server):
                       batch_size=BATCH, shuffle=False, storage_options=options(server.endpoint))
 
 
-def _settle(timeout=20.0) -> int:
-    """The batches read ahead still alive once they are all freed, or after ``timeout`` seconds."""
-    import time
-
-    from dali_mesh import _kernels
-
-    deadline = time.monotonic() + timeout
-    while _kernels.ahead_alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return _kernels.ahead_alive()
-
-
 #: each answer's latency in the tests of waits: 8 batches, one fetch at a time, take 16 x 0.5 s
 SLOW = 0.5
 
@@ -211,6 +199,7 @@ def test_an_order_changed_under_batches_waiting_for_room_drops_them(served, tmp_
     # (this batch, the next ones): per sample a 1-D tensor of its ids in the next batches
     eight = [list(range(2 + i, 18, 2)) for i in range(BATCH)]
     feed = [([0, 1], eight), ([34, 35], [[30, 32], [31, 33]]), ([30, 31], [[32], [33]])]
+    alive = ahead_alive_settled()  # what another test's pipeline, still held, keeps
     p = fed_plugin_pipeline(path, feed, BATCH, read_ahead_batches=8, read_ahead_bytes=14 * MiB)
     server.configure(latency=SLOW)
     before = plugin_read_ahead_counts()
@@ -231,7 +220,7 @@ def test_an_order_changed_under_batches_waiting_for_room_drops_them(served, tmp_
     assert changed == (0, 8, 0)
     assert changed_in < 8 * SLOW  # its own read (one round trip and its decode), not the 8 batches' 16 fetches
     assert used == 1  # [30, 31]
-    assert _settle() == 0
+    assert ahead_alive_back_to(alive) <= alive
 
 
 def test_a_pipeline_destroyed_while_batches_wait_for_room_does_not_wait(served):
@@ -242,6 +231,7 @@ def test_a_pipeline_destroyed_while_batches_wait_for_room_does_not_wait(served):
     from tests.helpers import native_pipeline
 
     server, want = served
+    alive = ahead_alive_settled()
     pipe = native_pipeline(_source(server), read_ahead_batches=8, read_ahead_bytes=14 * MiB)
     server.configure(latency=SLOW)
     try:
@@ -254,7 +244,7 @@ def test_a_pipeline_destroyed_while_batches_wait_for_room_does_not_wait(served):
     for i in range(len(w)):
         assert hashlib.md5(np.array(w[i]).tobytes()).hexdigest() == want[int(np.array(ids[i]))]
     assert gone_in < 8 * SLOW  # not the 8 batches' 16 fetches
-    assert _settle() == 0
+    assert ahead_alive_back_to(alive) <= alive
 
 
 def _plan_reader(server, tmp_path, array="v3_gzip_shards", **kw):

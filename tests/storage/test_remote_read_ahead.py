@@ -283,9 +283,11 @@ def test_a_read_never_waits_behind_other_pipelines_batches_read_ahead(proxy, tmp
     reader threads): a healthy reader of another server gets each batch within seconds, the one it read
     ahead included (its job, queued behind the stuck ones, is taken back and read by its read)."""
     from dali_mesh import _kernels
+    from tests.helpers import ahead_alive_back_to, ahead_alive_settled
 
     a, dead_path, healthy_path = _dead_and_healthy(s3_endpoint, proxy, tmp_path, "d", "g")
     proxy.add("hang", key="ahead/d", seconds=60, times=1000)
+    alive = ahead_alive_settled()  # what another test's pipeline, still held, keeps
     stuck = [_kernels.PlanReader(dead_path, "f4") for _ in range(70)]
     try:
         for r in stuck:
@@ -315,10 +317,7 @@ def test_a_read_never_waits_behind_other_pipelines_batches_read_ahead(proxy, tmp
     assert healthy.got[-1][2] - healthy.t0 < 5, [round(t - healthy.t0, 2) for _, _, t in healthy.got]
     # every batch read ahead is freed once its job has ended: those taken back by their read, and the
     # stuck ones dropped (their reads cancelled), leave no buffers behind
-    deadline = time.monotonic() + 20
-    while _kernels.ahead_alive() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _kernels.ahead_alive() == 0
+    assert ahead_alive_back_to(alive, timeout=20) <= alive
 
 
 def test_one_readers_batches_read_ahead_hold_a_bounded_share_of_the_threads(proxy, tmp_path, s3_endpoint):
