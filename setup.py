@@ -201,6 +201,8 @@ class CMakeBuild(build_ext):
 # libraries every Linux has, and DALI's own (loaded by DALI before the plugin): never bundled
 _SYSTEM_LIBS = ("linux-vdso", "ld-linux", "libc.so", "libm.so", "libpthread.so", "libdl.so", "librt.so",
                 "libgcc_s.so", "libstdc++.so", "libdali", "libcuda.so")
+# the remote stores' libraries, kept the system's (see _bundle_libraries)
+_REMOTE_LIBS = ("libcurl", "libexpat")
 
 
 def _bundle_libraries(lib: Path, dest: Path, lib_dirs: list[str]) -> None:
@@ -217,11 +219,12 @@ def _bundle_libraries(lib: Path, dest: Path, lib_dirs: list[str]) -> None:
 
     dest.mkdir(parents=True, exist_ok=True)
     # libcurl stays the system's (Debian's libcurl4), with the TLS and other libraries it links: a
-    # wheel does not carry a TLS stack
+    # wheel does not carry a TLS stack; so does expat, the remote stores' XML reader (Debian's libexpat1,
+    # which its python3 depends on), so that both get the system's security fixes
     linked = needs(lib)
-    system = {name for name, _ in linked if name.startswith("libcurl")}
+    system = {name for name, _ in linked if name.startswith(_REMOTE_LIBS)}
     for name, path in linked:
-        if name.startswith("libcurl") and path != "not found":
+        if name.startswith(_REMOTE_LIBS) and path != "not found":
             system |= {n for n, _ in needs(path)}
     for name, path in linked:
         if name.startswith(_SYSTEM_LIBS) or name in system or name in LIBS.values():

@@ -1,6 +1,6 @@
 #!/bin/sh
 # The C libraries the plugin links besides the pip wheels (c-blosc2 and libcrc32c come from the blosc2
-# and google-crc32c wheels): the codec libraries of csrc/kernels/codecs.cc and libcurl (remote storage).
+# and google-crc32c wheels): the codec libraries of csrc/kernels/codecs.cc, libcurl and expat (remote storage).
 # Called by the Makefile before the plugin is built:
 #   - every library found (header + library, by the C compiler's own search): nothing printed;
 #   - some missing, running as root with apt-get: their Debian -dev packages installed quietly, one line
@@ -20,7 +20,8 @@ zlib.h|z|zlib1g-dev|zlib/gzip chunks are decoded by Python workers unless libdef
 libdeflate.h|deflate|libdeflate-dev|zlib/gzip chunks are inflated by zlib (about 2x slower)
 liblzf/lzf.h|lzf|liblzf-dev|LZF chunks (HDF5 lzf filter) are decoded by Python workers (partitioned_source)
 szlib.h|sz|libaec-dev|szip chunks (HDF5 szip filter) are decoded by Python workers (partitioned_source)
-curl/curl.h|curl|libcurl4-openssl-dev|remote stores (s3://, gs://, https://) cannot be read (their locations are refused)'
+curl/curl.h|curl|libcurl4-openssl-dev|remote stores (s3://, gs://, https://) cannot be read (their locations are refused)
+expat.h|expat|libexpat1-dev|remote stores (s3://, gs://, https://) cannot be read (their locations are refused; expat reads their XML)'
 
 have() {  # header, library: compiles and links a program using them
   printf '#include <%s>\nint main(void) { return 0; }\n' "$1" |

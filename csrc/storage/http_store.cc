@@ -65,8 +65,8 @@ void HttpStore::SetCredentials(const std::string &key_id, const std::string &sec
 bool HaveHttp() { return false; }
 std::string HttpStore::UrlOf(const std::string &key) const { return key; }
 [[noreturn]] static void NoCurl() {
-  StoreFail("this build of dali_mesh has no libcurl: remote objects cannot be read (install "
-            "libcurl4-openssl-dev and rebuild: make install)");
+  StoreFail("this build of dali_mesh has no libcurl or no expat: remote objects cannot be read (install "
+            "libcurl4-openssl-dev and libexpat1-dev and rebuild: make install)");
 }
 std::unique_ptr<StoredObject> HttpStore::Open(const std::string &) const { NoCurl(); }
 std::unique_ptr<StoredObject> HttpStore::OpenVersion(const std::string &, const ObjectVersion &) const { NoCurl(); }

@@ -6,8 +6,16 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
+#include <memory>
+#include <new>
 #include <string>
 #include <vector>
+
+#ifdef DALI_MESH_HAVE_CURL
+#include <curl/curl.h>
+#include <expat.h>
+#endif
 
 #include "storage/byte_store.h"
 
@@ -70,6 +78,8 @@ std::string WithoutCredentials(const std::string &text, const std::vector<std::s
   return out;
 }
 
+#ifdef DALI_MESH_HAVE_CURL  // built with the remote stores: expat reads their XML, libcurl unescapes keys
+
 namespace {
 
 // `text` with each run of 16 or more of the characters keys, secrets, signatures and tokens are made
@@ -95,199 +105,257 @@ std::string WithoutKeylikeRuns(const std::string &text) {
   return out;
 }
 
+static_assert(sizeof(XML_Char) == 1, "expat built for UTF-8 (libexpat, not libexpatw)");
+
+// The most elements open at once in a server's XML (a ListObjectsV2 page nests 4 deep, an error 2):
+// deeper is refused, so that a page of 16 MiB of start tags holds no millions of names.
+constexpr size_t kMaxXmlDepth = 64;
+
+// expat reads namespaces (a prefix must be bound) and gives a name as "namespace}local" ("local" in
+// none), as for ElementTree ('}' is in no local name; expat refuses a namespace holding it).
+constexpr XML_Char kNameSeparator = '}';
+
+// The local name of expat's `name` ("http://s3.amazonaws.com/doc/2006-03-01/}Key" -> "Key"): the
+// readers take any namespace, as ElementTree's readers did.
+std::string LocalName(const char *name) {
+  const char *separator = std::strrchr(name, kNameSeparator);
+  return separator == nullptr ? std::string(name) : std::string(separator + 1);
+}
+
+// One XML document read by expat's streaming parser: Start, Text and End in document order, with
+// the elements' local names; a handler's Stop ends the reading. Expat refuses what is not XML
+// (unbalanced tags, a reference to no character or to an entity other than XML's five); here a
+// document type is refused where it starts, before any declaration in it is read, so that no entity
+// is ever declared or expanded (a billion laughs, an external entity), and elements nest at most
+// kMaxXmlDepth deep.
+class XmlReader {
+ public:
+  virtual ~XmlReader() = default;
+  // Reads `text` whole: XML_ERROR_NONE, or expat's error (XML_ERROR_ABORTED where a handler stopped
+  // it: why() says why) with `where` its place ("line 1, column 40").
+  XML_Error Read(const std::string &text, std::string *where);
+  const std::string &why() const { return why_; }
+
+ protected:
+  virtual void Start(const std::string &tag) = 0;
+  virtual void Text(const char *data, int size) = 0;
+  virtual void End(const std::string &tag) = 0;
+  // Ends the reading (expat may still report an element's end, which is not passed on).
+  void Stop(const std::string &why) {
+    if (why_.empty()) why_ = why;
+    XML_StopParser(parser_, XML_FALSE);
+  }
+
+ private:
+  XML_Parser parser_ = nullptr;
+  std::string why_;
+  size_t depth_ = 0;
+};
+
+XML_Error XmlReader::Read(const std::string &text, std::string *where) {
+  std::unique_ptr<XML_ParserStruct, void (*)(XML_Parser)> parser(XML_ParserCreateNS(nullptr, kNameSeparator),
+                                                          XML_ParserFree);
+  if (parser == nullptr) throw std::bad_alloc();
+  if (text.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    *where = "its length, " + std::to_string(text.size()) + " bytes";
+    return XML_ERROR_NO_MEMORY;
+  }
+  parser_ = parser.get();
+  XML_SetUserData(parser_, this);
+  XML_SetElementHandler(
+      parser_,
+      [](void *user, const XML_Char *name, const XML_Char **) {
+        auto *self = static_cast<XmlReader *>(user);
+        if (!self->why_.empty()) return;
+        if (++self->depth_ > kMaxXmlDepth)
+          return self->Stop("elements nested more than " + std::to_string(kMaxXmlDepth) + " deep");
+        self->Start(LocalName(name));
+      },
+      [](void *user, const XML_Char *name) {
+        auto *self = static_cast<XmlReader *>(user);
+        if (!self->why_.empty()) return;
+        self->depth_--;
+        self->End(LocalName(name));
+      });
+  XML_SetCharacterDataHandler(parser_, [](void *user, const XML_Char *data, int size) {
+    auto *self = static_cast<XmlReader *>(user);
+    if (self->why_.empty()) self->Text(data, size);
+  });
+  XML_SetStartDoctypeDeclHandler(parser_, [](void *user, const XML_Char *, const XML_Char *, const XML_Char *, int) {
+    static_cast<XmlReader *>(user)->Stop("a document type (its entities are not read)");
+  });
+  // unreachable (an entity is declared in a document type, stopped at its start): a second lock
+  XML_SetEntityDeclHandler(parser_, [](void *user, const XML_Char *, int, const XML_Char *, int, const XML_Char *,
+                                       const XML_Char *, const XML_Char *, const XML_Char *) {
+    static_cast<XmlReader *>(user)->Stop("an entity declaration (not read)");
+  });
+  XML_SetParamEntityParsing(parser_, XML_PARAM_ENTITY_PARSING_NEVER);
+  if (XML_Parse(parser_, text.data(), static_cast<int>(text.size()), XML_TRUE) == XML_STATUS_OK)
+    return XML_ERROR_NONE;
+  *where = "line " + std::to_string(XML_GetCurrentLineNumber(parser_)) + ", column " +
+           std::to_string(XML_GetCurrentColumnNumber(parser_));
+  return XML_GetErrorCode(parser_);
+}
+
+// The first <Code> and <Message> of an S3 error body (of any namespace), as far as the body is XML:
+// the text of an element the body breaks off in (cut at 4 KiB, an '&' not escaped) is kept.
+class ErrorReader : public XmlReader {
+ public:
+  std::string code, message;
+
+ protected:
+  void Start(const std::string &tag) override {
+    if (into_ != nullptr) {
+      inner_++;
+    } else if (tag == "Code" && !seen_code_) {
+      into_ = &code, inner_ = 0, seen_code_ = true;
+    } else if (tag == "Message" && !seen_message_) {
+      into_ = &message, inner_ = 0, seen_message_ = true;
+    }
+  }
+  void Text(const char *data, int size) override {
+    if (into_ != nullptr && into_->size() < 4096) into_->append(data, static_cast<size_t>(size));
+  }
+  void End(const std::string &) override {
+    if (into_ != nullptr && inner_-- == 0) into_ = nullptr;
+  }
+
+ private:
+  std::string *into_ = nullptr;  // the element whose text is being read, or none
+  int inner_ = 0;                // elements open inside it
+  bool seen_code_ = false, seen_message_ = false;
+};
+
+// One page of a ListObjectsV2 answer (see ReadListing), its keys as the answer writes them.
+class ListingReader : public XmlReader {
+ public:
+  explicit ListingReader(Listing *page) : page_(page) {}
+  std::vector<std::string> open;  // the elements open, outermost first
+  std::string token;
+  bool truncated = false, url = false;
+
+ protected:
+  void Start(const std::string &tag) override {
+    if (open.empty() && tag != "ListBucketResult") return Stop("its root is <" + ShownName(tag) + ">");
+    if (open.size() == 1 && tag == "Contents") object_ = ListedObject();
+    open.push_back(tag);
+    text_.clear();
+  }
+  void Text(const char *data, int size) override { text_.append(data, static_cast<size_t>(size)); }
+  // an element ends: its text (a leaf's: the data since its start tag), where the listing has it
+  void End(const std::string &tag) override {
+    const std::string parent = open.size() >= 2 ? open[open.size() - 2] : std::string();
+    if (open.size() == 3 && parent == "Contents") {
+      if (tag == "Key") object_.key = text_;
+      else if (tag == "ETag") object_.tag = text_;
+      else if (tag == "Size") {
+        const size_t a = text_.find_first_not_of(" \t\r\n"), b = text_.find_last_not_of(" \t\r\n");
+        const std::string digits = a == std::string::npos ? std::string() : text_.substr(a, b - a + 1);
+        if (digits.empty() || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos)
+          return Stop("a Size that is not a number");
+        object_.size = std::stoll(digits);
+      }
+    } else if (open.size() == 3 && parent == "CommonPrefixes" && tag == "Prefix") {
+      page_->prefixes.push_back(text_);
+    } else if (open.size() == 2) {
+      if (tag == "Contents") {
+        page_->objects.push_back(object_);
+      } else if (tag == "IsTruncated") {
+        std::string t;
+        for (unsigned char c : text_)
+          if (!std::isspace(c)) t += static_cast<char>(std::tolower(c));
+        truncated = t == "true";
+      } else if (tag == "NextContinuationToken") {
+        token = text_;
+      } else if (tag == "EncodingType") {
+        url = text_ == "url";
+      }
+    }
+    open.pop_back();
+    text_.clear();
+  }
+
+ private:
+  Listing *page_;
+  ListedObject object_;
+  std::string text_;  // the character data since the last tag
+};
+
+// `text` with each %XX decoded by libcurl (an answer's keys with EncodingType url): a '%' without two
+// hex digits is kept, and so is '+'.
+std::string UrlDecoded(const std::string &text) {
+  int size = 0;
+  char *out = curl_easy_unescape(nullptr, text.data(), static_cast<int>(text.size()), &size);
+  if (out == nullptr) throw std::bad_alloc();
+  std::string decoded(out, static_cast<size_t>(size));
+  curl_free(out);
+  return decoded;
+}
+
+// Why a page that expat did not read whole is no listing (at `where`, "line 1, column 40").
+std::string NotAListing(XML_Error error, const ListingReader &read, const std::string &where) {
+  if (!read.why().empty()) return read.why() + " (" + where + ")";
+  const std::string expat = " (expat: " + std::string(XML_ErrorString(error)) + ", " + where + ")";
+  switch (error) {
+    case XML_ERROR_NO_ELEMENTS:
+      return (read.open.empty() ? "no <ListBucketResult>" : "<" + ShownName(read.open.back()) + "> is not closed") +
+             expat;
+    case XML_ERROR_TAG_MISMATCH:
+      return "an end tag closes no element open" + expat;
+    case XML_ERROR_JUNK_AFTER_DOC_ELEMENT:
+      return "elements or text after its root" + expat;
+    case XML_ERROR_UNDEFINED_ENTITY:
+    case XML_ERROR_BAD_CHAR_REF:
+    case XML_ERROR_BINARY_ENTITY_REF:
+    case XML_ERROR_RECURSIVE_ENTITY_REF:
+      return "a reference that is not XML's" + expat;
+    default:
+      return "not XML" + expat;
+  }
+}
+
 }  // namespace
 
 std::string ErrorCode(const std::string &body, const std::vector<std::string> &secrets) {
-  auto tag = [&](const std::string &name) {
-    const size_t a = body.find("<" + name + ">");
-    if (a == std::string::npos) return std::string();
-    const size_t from = a + name.size() + 2, b = body.find("</" + name + ">", from);
-    if (b == std::string::npos) return std::string();
-    // the whole element is cleaned before it is cut to length: a cut must not split a marker or a run;
-    // the message is the server's words, which may echo what the request carried: key-like runs go too
-    std::string text = WithoutCredentials(body.substr(from, b - from), secrets);
-    if (name == "Message") text = WithoutKeylikeRuns(text);
-    return ShownName(text.substr(0, 200));
+  ErrorReader read;
+  std::string where;
+  read.Read(body, &where);  // a body that is not XML to its end: what was read before is kept
+  // each text is cleaned before it is cut to length: a cut must not split a marker or a run; the
+  // message is the server's words, which may echo what the request carried: key-like runs go too
+  auto shown = [&](const std::string &text, bool message) {
+    std::string clean = WithoutCredentials(text, secrets);
+    if (message) clean = WithoutKeylikeRuns(clean);
+    return ShownName(clean.substr(0, 200));
   };
-  const std::string code = tag("Code"), msg = tag("Message");
+  const std::string code = shown(read.code, false), msg = shown(read.message, true);
   if (code.empty()) return std::string();
   return msg.empty() ? code : code + ": " + msg;
 }
 
-namespace {
-
-// `name` without a namespace prefix ("s3:Key" -> "Key"), as ElementTree's readers matched any namespace.
-std::string LocalName(const std::string &name) {
-  const size_t colon = name.find(':');
-  return colon == std::string::npos ? name : name.substr(colon + 1);
-}
-
-// Appends the code point `cp` as UTF-8.
-void AppendUtf8(uint32_t cp, std::string *out) {
-  if (cp < 0x80) {
-    *out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    *out += static_cast<char>(0xC0 | (cp >> 6));
-    *out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    *out += static_cast<char>(0xE0 | (cp >> 12));
-    *out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    *out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    *out += static_cast<char>(0xF0 | (cp >> 18));
-    *out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    *out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    *out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
-// XML character data `text` with its references (&lt; &gt; &amp; &quot; &apos; &#N; &#xH;) replaced;
-// false for any other entity or a reference to no character (NUL, past U+10FFFF).
-bool XmlDecoded(const std::string &text, std::string *out) {
-  out->clear();
-  for (size_t i = 0; i < text.size(); i++) {
-    if (text[i] != '&') {
-      *out += text[i];
-      continue;
-    }
-    const size_t end = text.find(';', i);
-    if (end == std::string::npos || end - i > 12) return false;
-    const std::string ref = text.substr(i + 1, end - i - 1);
-    i = end;
-    if (ref == "lt") *out += '<';
-    else if (ref == "gt") *out += '>';
-    else if (ref == "amp") *out += '&';
-    else if (ref == "quot") *out += '"';
-    else if (ref == "apos") *out += '\'';
-    else if (ref.size() > 1 && ref[0] == '#') {
-      const bool hex = ref[1] == 'x';
-      const std::string digits = ref.substr(hex ? 2 : 1);
-      const char *allowed = hex ? "0123456789abcdefABCDEF" : "0123456789";
-      if (digits.empty() || digits.find_first_not_of(allowed) != std::string::npos) return false;
-      const unsigned long cp = std::stoul(digits, nullptr, hex ? 16 : 10);
-      if (cp == 0 || cp > 0x10FFFF) return false;
-      AppendUtf8(static_cast<uint32_t>(cp), out);
-    } else {
-      return false;
-    }
-  }
-  return true;
-}
-
-// `text` with each %XX decoded (an answer's keys with EncodingType url); a '%' without two hex digits is kept.
-std::string PercentDecoded(const std::string &text) {
-  auto hex = [](char c) {
-    if (!std::isxdigit(static_cast<unsigned char>(c))) return -1;
-    return c <= '9' ? c - '0' : (c | 32) - 'a' + 10;
-  };
-  std::string out;
-  for (size_t i = 0; i < text.size(); i++) {
-    if (text[i] == '%' && i + 2 < text.size() && hex(text[i + 1]) >= 0 && hex(text[i + 2]) >= 0) {
-      out += static_cast<char>(hex(text[i + 1]) * 16 + hex(text[i + 2]));
-      i += 2;
-    } else {
-      out += text[i];
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
 bool ReadListing(const std::string &xml, const std::string &bucket, Listing *page, std::string *why) {
   *page = Listing();
-  page->received = static_cast<int64_t>(xml.size());
-  std::vector<std::string> open;  // the elements open, outermost first (local names)
-  std::string text, value, token;  // the character data since the last tag; a leaf's, decoded
-  ListedObject object;
-  bool truncated = false, url = false, ended = false;
   auto fail = [&](const std::string &what) {
+    *page = Listing();  // nothing of it is used
     *why = what;
     return false;
   };
-  for (size_t i = 0; i < xml.size();) {
-    if (xml[i] != '<') {
-      const size_t next = xml.find('<', i);
-      text.append(xml, i, (next == std::string::npos ? xml.size() : next) - i);
-      i = next == std::string::npos ? xml.size() : next;
-      continue;
-    }
-    if (xml.compare(i, 2, "<?") == 0 || xml.compare(i, 4, "<!--") == 0) {  // a declaration, a comment
-      const bool pi = xml[i + 1] == '?';
-      const size_t end = xml.find(pi ? "?>" : "-->", i);
-      if (end == std::string::npos) return fail("an unterminated " + std::string(pi ? "declaration" : "comment"));
-      i = end + (pi ? 2 : 3);
-      continue;
-    }
-    if (xml.compare(i, 9, "<![CDATA[") == 0) {  // raw character data: escaped, so that it is taken as is
-      const size_t end = xml.find("]]>", i);
-      if (end == std::string::npos) return fail("an unterminated CDATA section");
-      for (char c : xml.substr(i + 9, end - i - 9)) text += c == '&' ? std::string("&amp;") : std::string(1, c);
-      i = end + 3;
-      continue;
-    }
-    if (xml.compare(i, 2, "<!") == 0) return fail("a document type (its entities are not read)");
-    const size_t end = xml.find('>', i);
-    if (end == std::string::npos) return fail("an unterminated tag");
-    const bool closing = xml[i + 1] == '/', empty = !closing && xml[end - 1] == '/';
-    std::string tag = xml.substr(i + (closing ? 2 : 1), end - i - (closing ? 2 : 1) - (empty ? 1 : 0));
-    tag = LocalName(tag.substr(0, tag.find_first_of(" \t\r\n")));
-    i = end + 1;
-    if (tag.empty()) return fail("a tag without a name");
-    if (!closing) {
-      if (open.empty() && (ended || tag != "ListBucketResult"))
-        return fail(ended ? "elements after its root" : "its root is <" + ShownName(tag) + ">");
-      if (open.size() == 1 && tag == "Contents") object = ListedObject();
-      open.push_back(tag);
-      text.clear();
-      if (!empty) continue;
-    } else if (open.empty() || open.back() != tag) {
-      return fail("</" + ShownName(tag) + "> closes no element open");
-    }
-    // an element ends: its text (a leaf's: the data since its start tag), where the listing has it
-    if (!XmlDecoded(text, &value)) return fail("a reference that is not XML's");
-    text.clear();
-    const std::string parent = open.size() >= 2 ? open[open.size() - 2] : std::string();
-    if (open.size() == 3 && parent == "Contents") {
-      if (tag == "Key") object.key = value;
-      else if (tag == "ETag") object.tag = value;
-      else if (tag == "Size") {
-        const size_t a = value.find_first_not_of(" \t\r\n"), b = value.find_last_not_of(" \t\r\n");
-        const std::string digits = a == std::string::npos ? std::string() : value.substr(a, b - a + 1);
-        if (digits.empty() || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos)
-          return fail("a Size that is not a number");
-        object.size = std::stoll(digits);
-      }
-    } else if (open.size() == 3 && parent == "CommonPrefixes" && tag == "Prefix") {
-      page->prefixes.push_back(value);
-    } else if (open.size() == 2) {
-      if (tag == "Contents") {
-        page->objects.push_back(object);
-      } else if (tag == "IsTruncated") {
-        std::string t;
-        for (char c : value)
-          if (!std::isspace(static_cast<unsigned char>(c))) t += static_cast<char>(std::tolower(c));
-        truncated = t == "true";
-      } else if (tag == "NextContinuationToken") {
-        token = value;
-      } else if (tag == "EncodingType") {
-        url = value == "url";
-      }
-    }
-    open.pop_back();
-    ended = open.empty();
-  }
-  if (!open.empty()) return fail("<" + ShownName(open.back()) + "> is not closed");
-  if (!ended) return fail("no <ListBucketResult>");
-  for (auto &o : page->objects) o.key = bucket + "/" + (url ? PercentDecoded(o.key) : o.key);
-  for (auto &p : page->prefixes) p = bucket + "/" + (url ? PercentDecoded(p) : p);
+  ListingReader read(page);
+  std::string where;
+  const XML_Error error = read.Read(xml, &where);
+  if (error != XML_ERROR_NONE) return fail(NotAListing(error, read, where));
+  page->received = static_cast<int64_t>(xml.size());
+  for (auto &o : page->objects) o.key = bucket + "/" + (read.url ? UrlDecoded(o.key) : o.key);
+  for (auto &p : page->prefixes) p = bucket + "/" + (read.url ? UrlDecoded(p) : p);
+  // a C string would end at a NUL and name another key
   for (const auto &o : page->objects)
     if (o.key.find('\0') != std::string::npos) return fail("a key holds a NUL");
   for (const auto &p : page->prefixes)
     if (p.find('\0') != std::string::npos) return fail("a prefix holds a NUL");
-  if (token.find('\0') != std::string::npos) return fail("the continuation token holds a NUL");
-  if (truncated) page->next = token;  // truncated without a token: nothing to ask for, the listing ends
+  if (read.token.find('\0') != std::string::npos) return fail("the continuation token holds a NUL");
+  if (read.truncated) page->next = read.token;  // truncated without a token: nothing to ask for, the listing ends
   return true;
 }
+
+#endif  // DALI_MESH_HAVE_CURL
 
 }  // namespace dali_mesh

@@ -331,6 +331,54 @@ def test_a_listing_page_that_is_no_listing_is_refused_whole(page, why):
     assert "s3://data/x/" in str(got) and why in str(got) and "not a ListObjectsV2 page" in str(got)
 
 
+_LAUGHS = ('<?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol "lol">'
+           + "".join(f'<!ENTITY lol{i + 1} "{f"&lol{i};" * 10 if i else "&lol;" * 10}">' for i in range(9))
+           + ']><ListBucketResult><Contents><Key>&lol9;</Key></Contents></ListBucketResult>')
+
+
+@pytest.mark.parametrize("page, why", [
+    (_LAUGHS, "a document type"),  # a billion laughs: 10**9 "lol"s, never expanded
+    ('<!DOCTYPE x [<!ENTITY e SYSTEM "file:///etc/passwd">]><ListBucketResult><Contents><Key>&e;</Key></Contents>'
+     "</ListBucketResult>", "a document type"),  # an external entity: never read
+    ('<!DOCTYPE x [<!ENTITY % p SYSTEM "http://127.0.0.1:9/x.dtd"> %p;]><ListBucketResult/>', "a document type"),
+    ('<!DOCTYPE ListBucketResult><ListBucketResult/>', "a document type"),
+    ("<ListBucketResult><Contents><Key>x/&e;</Key></Contents></ListBucketResult>", "a reference that is not XML's"),
+    ("<ListBucketResult><Contents><Key>x/&#xD800;</Key></Contents></ListBucketResult>", "a reference that is not XML"),
+    ("<ListBucketResult/><ListBucketResult/>", "after its root"),
+    ("<ListBucketResult><Contents><Key>x/a\x01b</Key></Contents></ListBucketResult>", "not XML"),
+    ("<ListBucketResult>" + "<a>" * 64 + "</a>" * 64 + "</ListBucketResult>", "nested more than 64 deep"),
+    ("<ListBucketResult>" + "<a>" * 400_000, "nested more than 64 deep"),
+    ("<ListBucketResult><Contents><Key>x/a</Key><Size>1</Size></Contents><![CDATA[", "not XML"),
+])
+def test_a_listing_page_with_xmls_hazards_is_refused_by_its_parser(page, why):
+    """expat reads the pages (csrc/storage/http_text.cc): a document type is refused where it starts, so that
+    no entity is declared or expanded (a billion laughs, an external entity or DTD: nothing is fetched or read),
+    references to entities not XML's and to no character are refused, and elements nest at most 64 deep
+    (a ListObjectsV2 page nests 4); each refusal names where expat stopped."""
+    t0 = time.monotonic()
+    got = _one_page(page.encode())
+    assert time.monotonic() - t0 < 10
+    assert isinstance(got, DataFileError), got
+    assert "not a ListObjectsV2 page" in str(got) and why in str(got) and "line 1, column " in str(got), str(got)
+
+
+def test_a_listing_page_nested_and_encoded_as_its_declaration_says_is_read_as_xml_reads_it():
+    """Elements S3 nests in a page that the listing does not read (Owner, RestoreStatus: within the depth
+    bound), one 63 deep, and a page in the encoding its declaration names (ISO-8859-1 bytes), against
+    ElementTree's reading of the same bytes."""
+    import xml.etree.ElementTree as ET
+
+    body = ('<?xml version="1.0" encoding="ISO-8859-1"?><ListBucketResult><Contents><Key>x/caf\xe9.bin</Key>'
+            "<Size>5</Size><ETag>\"e\"</ETag><Owner><ID>o</ID><DisplayName>d</DisplayName></Owner><RestoreStatus>"
+            "<IsRestoreInProgress>false</IsRestoreInProgress></RestoreStatus></Contents>" + "<a>" * 63 + "</a>" * 63
+            + "</ListBucketResult>").encode("latin-1")
+    root = ET.fromstring(body)
+    want = [(f"data/{c.findtext('Key')}", (int(c.findtext("Size")), c.findtext("ETag"))) for c in root.iter("Contents")]
+    assert want == [("data/x/caf\xe9.bin", (5, '"e"'))]
+    got = _one_page(body)
+    assert [(k, (v.size, v.tag)) for k, v in got[0]] == want and got[1] == []
+
+
 # ---- finding 9: an answer to If-Match that names no ETag ------------------------------------------------------
 def test_an_object_replaced_mid_read_by_a_server_ignoring_if_match_is_an_error():
     """The server ignores If-Match and its 206 answers name no ETag; between two reads of an opened object
@@ -399,6 +447,38 @@ def test_a_servers_message_echoing_the_request_shows_no_credential(status, echo)
 
 
 # ---- contract A: an http store's query is a credential ---------------------------------------------------------
+def _refs(text: str) -> str:
+    """``text`` written as XML character references (&#NN;)."""
+    return "".join(f"&#{ord(c)};" for c in text)
+
+
+@pytest.mark.parametrize("body, shown, hidden", [
+    # the message echoes the secret and the token written as character references: read as the text they
+    # are, so that they are found and withheld
+    (f"<Error><Code>AccessDenied</Code><Message>secret {_refs(SECRET)} token {_refs(TOKEN)}</Message></Error>",
+     "AccessDenied: secret [withheld] token [withheld]", [SECRET, TOKEN, _refs(SECRET), _refs(TOKEN)[:40]]),
+    ('<?xml version="1.0"?><s3:Error xmlns:s3="urn:x"><s3:Code>Slow&amp;Down</s3:Code>'
+     "<s3:Message><![CDATA[a <b>]]> &lt;c&gt;</s3:Message></s3:Error>", "Slow&Down: a <b> <c>", []),
+    # a body cut off (at 4 KiB, or by the server): what was read is shown
+    ("<Error><Code>InternalError</Code><Message>We encountered an internal", "InternalError: We encountered an "
+     "internal", []),
+    # entities declared by the body are never read: no code, the status alone
+    ('<!DOCTYPE e [<!ENTITY c "Forged">]><Error><Code>&c;</Code><Message>m</Message></Error>', "HTTP 403)",
+     ["Forged"]),
+    ("<html><body>403 Forbidden</body></html>", "HTTP 403)", ["Forbidden"]),
+])
+def test_a_servers_error_body_is_read_as_xml_reads_it(body, shown, hidden):
+    """The <Code> and <Message> of an error body are read by expat (csrc/storage/http_text.cc ErrorCode):
+    references and CDATA as XML reads them, credentials withheld from the text they are, a document type
+    never read."""
+    with Loopback(lambda h: send(h, 403, {"Content-Length": str(len(body.encode()))}, body.encode())) as server:
+        store, key = s3_store(server.endpoint)
+        with pytest.raises(DataFileError) as info:
+            store.read_range(key, 0, 100)
+    msg = no_secret(str(info.value))
+    assert shown in msg and not any(h in msg for h in hidden), msg
+
+
 def test_an_http_stores_query_goes_with_every_request_and_never_into_a_message():
     query = "X-Amz-Signature=0123456789abcdef0123456789abcdef&X-Amz-Security-Token=" + TOKEN
     data = bytes(range(256)) * 4
