@@ -28,24 +28,20 @@ import ctypes
 import os
 import re
 import urllib.parse
-from typing import Sequence
 
-from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, is_etag, write_spec
+from dali_mesh.storage.byte_store import ONE_READ, Version, is_etag, write_spec
 from dali_mesh.storage.credentials import (CLIENT_SETTINGS, Credentials, checked_endpoint, checked_region,
                                            client_settings, environment_credentials, has_control_char, profile_region,
                                            query_id, signer)
-from dali_mesh.storage.errors import DataFileError, FileChangedError, MissingFileError, TruncatedFileError
-# the bounds of a listing, read from this module when a listing starts (a test makes them smaller here)
-from dali_mesh.storage.listing import LIST_BYTES, LIST_PAGE_BYTES, LIST_PAGES, list_all
+from dali_mesh.storage.errors import DataFileError, FileChangedError, MissingFileError
 from dali_mesh.storage.names import shown
-from dali_mesh.storage.native_store import (fetch_counters, give_credentials, have_native_http, store_api,
-                                            store_message, store_settings)
+# fetch_counters, store_api and store_settings: the C binding's, named here too (tests and benchmarks import them)
+from dali_mesh.storage.native_store import (NativeObject, NativeStore, fetch_counters, give_credentials,
+                                            have_native_http, store_api, store_settings)
 
-__all__ = ["RemoteObject", "RemoteStore", "fetch_counters", "give_credentials", "have_native_http", "resolve_gs",
-           "resolve_http", "resolve_s3", "store_api", "store_message", "store_settings"]
+__all__ = ["RemoteObject", "RemoteStore", "fetch_counters", "have_native_http", "resolve_gs", "resolve_http",
+           "resolve_s3", "store_api", "store_settings"]
 
-#: a read of unknown size up to this many bytes is one GET (larger ones are read at one version)
-ONE_READ = 1 << 20
 #: the first bytes an open fetches and keeps (a format's header is read from them): as
 #: HttpStore::kOpenBytes (csrc/storage/http_store.h)
 OPEN_BYTES = 64 << 10
@@ -53,57 +49,28 @@ _S3_OPTIONS = {"anon", "key", "secret", "token", "endpoint_url", "client_kwargs"
                "region", "addressing", "use_ssl", *CLIENT_SETTINGS}
 _GS_OPTIONS = {"anon", "key", "secret", "token", "endpoint_url", "project", *CLIENT_SETTINGS}
 _HTTP_OPTIONS = set(CLIENT_SETTINGS)
-_ERR = 4096
 
 
 # ---- the store ------------------------------------------------------------------------------------------
-class RemoteObject(StoredObject):
+class RemoteObject(NativeObject):
     """One object opened at its version (size and ETag from the GET of its first bytes, or a listing's);
     every read sends ``If-Match``. ``first``: the object's first bytes from the answer that named the
     version (an open): reads inside them cost no request."""
 
     def __init__(self, store: "RemoteStore", key: str, version: Version, first: bytes = b"") -> None:
-        self.store, self.key = store, key
-        self._version = version
+        super().__init__(store, key, version)
         self._first = first
 
-    @property
-    def version(self) -> Version:
-        return self._version
-
-    def _get(self, dst, n: int, offset: int) -> int:
+    def _read(self, dst, n: int, offset: int) -> int:
+        if 0 <= offset and offset + n <= len(self._first):  # inside the first bytes: no request
+            dst[:n] = memoryview(self._first)[offset:offset + n]
+            return n
         tag = self._version.tag
         if has_control_char(tag):  # a NUL would not even reach the C client whole
             raise DataFileError(self.name, "the If-Match header's value (the version's ETag) holds a control "
                                 "character, which would end the header and start another; it is not sent (a broken "
                                 "or hostile listing): list the objects again")
-        return self.store._get_into(self.key, dst, n, offset, tag, self._version.size)
-
-    def readv(self, buffers: Sequence, offset: int) -> int:
-        views = [memoryview(b).cast("B") for b in buffers]
-        n = sum(len(v) for v in views)
-        if n == 0 or offset >= self._version.size:
-            return 0
-        if 0 <= offset and offset + min(n, self._version.size - offset) <= len(self._first):
-            data = memoryview(self._first)[offset:offset + n]  # fewer at the end of the object
-            done = 0
-            for v in views:
-                take = min(len(v), len(data) - done)
-                v[:take] = data[done:done + take]
-                done += take
-            return len(data)
-        if len(views) == 1 and not views[0].readonly:
-            return self._get(ctypes.addressof(ctypes.c_char.from_buffer(views[0])) if n else None, n, offset)
-        tmp = bytearray(min(n, self._version.size - offset))
-        got = self._get((ctypes.c_char * len(tmp)).from_buffer(tmp), len(tmp), offset)
-        done = 0
-        for v in views:
-            take = min(len(v), got - done)
-            v[:take] = tmp[done:done + take]
-            done += take
-            if done == got:
-                break
-        return got
+        return super()._read(dst, n, offset)
 
     def check_unchanged(self) -> None:
         # by a GET of one byte, not a HEAD (refused on a URL presigned for GET)
@@ -113,7 +80,7 @@ class RemoteObject(StoredObject):
                                               "differs); the window is not returned")
 
 
-class RemoteStore(ByteStore):
+class RemoteStore(NativeStore):
     """Objects of one remote service read by ranged GETs (see the module's doc). ``kind`` is ``"s3"``
     (keys ``bucket/path``) or ``"http"`` (keys are URLs)."""
 
@@ -149,12 +116,7 @@ class RemoteStore(ByteStore):
         return self.kind == "s3"
 
     #: every remote store is the native reader's (a build without libcurl resolves none: need_native_http)
-    native = True
-
-    def _lib(self):
-        """The store C API (:func:`store_api`), whose store of this spec has this store's credentials since
-        it was made."""
-        return store_api()
+    opens = RemoteObject
 
     def _give_credentials(self) -> None:
         """Gives the native store of this spec (in the process's one native core, which Python's reads and
@@ -165,17 +127,6 @@ class RemoteStore(ByteStore):
         if self._credentials is not None and have_native_http():
             give_credentials(self.spec, self._credentials)
 
-    def _get_into(self, key: str, dst, n: int, offset: int, tag: str, size: int) -> int:
-        """One ranged GET of ``n`` bytes of ``key`` at ``offset`` into ``dst`` (a ctypes buffer or address),
-        with If-Match ``tag`` (``""``: none) and the object's ``size`` (-1: unknown, the answer says where
-        it ends); the bytes read."""
-        err = ctypes.create_string_buffer(_ERR)
-        got = self._lib().dali_mesh_store_get(self.spec.encode(), key.encode(), offset, n, tag.encode(), size, dst,
-                                              err, _ERR)
-        if got < 0:
-            self._raise(key, store_message(err))
-        return got
-
     def name_of(self, key: str) -> str:
         if self.kind == "s3":
             return f"{self.scheme}://{key}"
@@ -185,44 +136,22 @@ class RemoteStore(ByteStore):
             host += f":{parts.port}"
         return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
 
-    def _raise(self, key: str, message: str):
-        name = self.name_of(key)
-        # "NAME (bytes A-B): why" -> "bytes A-B: why" (the error puts the name in front)
-        message = re.sub(r"^\((.*?)\):\s*", r"\1: ", message.removeprefix(name).lstrip(" :"))
-        if "no such object" in message:
-            raise MissingFileError(name, message)
-        if "replaced" in message:
-            raise FileChangedError(name, message)
-        if "shorter than planned" in message or "past the end" in message:
-            raise TruncatedFileError(name, message)
-        raise DataFileError(name, message)
-
     def stat(self, key: str) -> Version | None:
         if self.kind == "http" and self.credentials is not None and self.credentials.token:
             # a presigned URL (its query a credential): S3 refuses HEAD on a URL presigned for GET, so
             # its version comes from a one-byte GET
             found = self.open_range(key, 1)
             return None if found is None else Version(found[1], -1, found[2])
-        lib = self._lib()
-        size, tag, err = ctypes.c_int64(), ctypes.create_string_buffer(1024), ctypes.create_string_buffer(_ERR)
-        found = lib.dali_mesh_store_head(self.spec.encode(), key.encode(), ctypes.byref(size), tag, 1024, err, _ERR)
-        if found < 0:
-            self._raise(key, store_message(err))
-        return Version(size.value, -1, tag.value.decode()) if found else None
+        return super().stat(key)
 
     def open_range(self, key: str, n: int) -> tuple[bytes, int, str] | None:
         """One GET of the first ``n`` (>= 1) bytes of ``key``, no If-Match: ``(bytes, size, tag)`` (at most
         ``n`` bytes, fewer when the object is smaller; its size and version tag as :meth:`stat` names
         them), or None when it does not exist. No HEAD: S3 refuses HEAD on a URL presigned for GET."""
-        lib = self._lib()
-        buf, size = ctypes.create_string_buffer(n), ctypes.c_int64()
-        tag, err = ctypes.create_string_buffer(1024), ctypes.create_string_buffer(_ERR)
-        got = lib.dali_mesh_store_open(self.spec.encode(), key.encode(), n, buf, ctypes.byref(size), tag, 1024, err,
-                                       _ERR)
+        buf, size, tag = ctypes.create_string_buffer(n), ctypes.c_int64(), ctypes.create_string_buffer(1024)
+        got = self._call(key, "dali_mesh_store_open", self.encoded(key), n, buf, ctypes.byref(size), tag, 1024)
         if got == -2:
             return None
-        if got < 0:
-            self._raise(key, store_message(err))
         # string_at copies the answer's bytes only: buf.raw[:got] copies the whole buffer first (1 MiB for a
         # metadata object's read: ~1 ms of CPU, three times an open)
         return ctypes.string_at(buf, got), size.value, tag.value.decode()
@@ -241,7 +170,8 @@ class RemoteStore(ByteStore):
             return b""
         first = min(size, ONE_READ)  # a caller may ask for "all of it" with a large size
         buf = ctypes.create_string_buffer(first)
-        got = self._get_into(key, buf, first, offset, "", -1)
+        # no If-Match, the object's size unknown (-1: the answer says where it ends)
+        got = self._call(key, "dali_mesh_store_get", self.encoded(key), offset, first, b"", -1, buf)
         data = ctypes.string_at(buf, got)  # the bytes read, not the whole buffer (up to 1 MiB) first
         if len(data) < first or first == size:
             return data
@@ -254,36 +184,13 @@ class RemoteStore(ByteStore):
         generation or a date. Bytes planned at such a version need no second look at read time."""
         return self.kind == "s3" and version is not None and is_etag(version.tag)
 
-    def open_version(self, key: str, version: Version) -> RemoteObject:
-        """``key`` at a version known already (a listing's ETag and size): no HEAD request."""
-        return RemoteObject(self, key, version)
-
-    def list(self, prefix: str, delimiter: bool = True) -> tuple[list[tuple[str, Version]], list[str]]:
-        """The objects under ``prefix`` (``bucket/path/``: keys and versions) and, with ``delimiter``, the
-        ``prefixes`` one level down (S3 ListObjectsV2, every page). A listing that never ends (a token
-        repeated, more than :data:`LIST_PAGES` pages or :data:`LIST_BYTES` bytes) is an error."""
-        objects, prefixes, _ = self.list_pages(prefix, delimiter)
-        return objects, prefixes
-
     def list_pages(self, prefix: str, delimiter: bool = True,
-                   pages: int = LIST_PAGES) -> tuple[list[tuple[str, Version]], list[str], bool]:
-        """:meth:`list` of at most ``pages`` pages (an open lists the first page beside its metadata GETs,
-        one request, and lists the rest only when a plan needs it): ``(objects, prefixes, complete)``,
-        ``complete`` False when the listing goes on past them."""
+                   pages: int | None = None) -> tuple[list[tuple[str, Version]], list[str], bool]:
+        """S3 ListObjectsV2 of ``prefix`` (``bucket/path/``), as :meth:`NativeStore.list_pages`."""
         if self.kind != "s3":
             raise DataFileError(self.name_of(prefix), "plain HTTP(S) locations cannot be listed: give the object's "
                                 "own URL, or its s3:// or gs:// location")
-        lib, spec, where = self._lib(), self.spec.encode(), prefix.encode()
-
-        def call(token: bytes, out, size: int) -> int:
-            err = ctypes.create_string_buffer(_ERR)
-            n = lib.dali_mesh_store_list(spec, where, int(delimiter), token, out, size, err, _ERR)
-            if n < 0:
-                self._raise(prefix, store_message(err))
-            return n
-
-        return list_all(call, self.name_of(prefix), pages=pages, most_pages=LIST_PAGES, most_bytes=LIST_BYTES,
-                        page_bytes=LIST_PAGE_BYTES)
+        return super().list_pages(prefix, delimiter, pages)
 
     @property
     def credentials(self) -> Credentials | None:
@@ -321,15 +228,16 @@ class RemoteStore(ByteStore):
 
 
 def need_native_http(location: str) -> None:
-    """Refuses the remote ``location`` (shown by its scheme only) where this build has no libcurl, or
+    """Refuses the remote ``location`` (shown by its scheme only) where this build has no libcurl or expat, or
     where ``DALI_MESH_HTTP=python`` asks for the Python client that is gone, naming the fix."""
     where = location.split("://", 1)[0] + "://…"
     if os.environ.get("DALI_MESH_HTTP", "").strip().lower() == "python":
         raise DataFileError(where, "DALI_MESH_HTTP=python is no longer taken: the Python HTTP client is gone, remote "
                                    "objects are read by libcurl alone (the native stores); unset DALI_MESH_HTTP")
     if not have_native_http():
-        raise DataFileError(where, "cannot be read: this build of dali_mesh has no libcurl (it reads remote objects "
-                                   "through libcurl alone); install libcurl4-openssl-dev and rebuild (make install)")
+        raise DataFileError(where, "cannot be read: this build of dali_mesh has no libcurl or no libexpat (it reads "
+                                   "remote objects through libcurl alone, and S3's listings with expat); install "
+                                   "libcurl4-openssl-dev and libexpat1-dev and rebuild (make install)")
 
 
 def _unpickle(kind: str, spec: str, scheme: str, anon: bool) -> RemoteStore:

@@ -456,8 +456,8 @@ def test_without_libcurl_a_remote_location_is_refused_naming_the_fix(location, m
     import dali_mesh.storage.remote as remote
 
     monkeypatch.setattr(remote, "have_native_http", lambda: False)
-    with pytest.raises(DataFileError, match=r"has no libcurl .*install libcurl4-openssl-dev and rebuild \(make "
-                                            r"install\)") as info:
+    with pytest.raises(DataFileError, match=r"has no libcurl or no libexpat .*install libcurl4-openssl-dev and "
+                                            r"libexpat1-dev and rebuild \(make install\)") as info:
         store_of(location, {})
     assert "X-Amz" not in str(info.value)
     monkeypatch.undo()
