@@ -18,6 +18,7 @@ registers its URL scheme with :func:`register_scheme` and passes the shared stor
 """
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import weakref
@@ -217,8 +218,8 @@ def store_of(location, options: dict | None = None) -> tuple[ByteStore, str]:
 
 
 #: the StoredLocations alive in this process, by the root of their names (``s3://bucket``,
-#: ``https://host``): while one lives, a plain location under that root that resolves with the
-#: environment's defaults to another store than theirs is refused (:func:`_refuse_lost_store`)
+#: ``https://host``): while one lives, a plain location made from its name that resolves with the
+#: environment's defaults to another store than its own is refused (:func:`_refuse_lost_store`)
 _resolved: dict[str, weakref.WeakSet] = {}
 
 
@@ -233,13 +234,20 @@ def _root(name: str) -> str:
     return f"{scheme.lower()}://{authority}"
 
 
+def _derived(plain: str, name: str) -> bool:
+    """Whether ``plain`` could be made from the location named ``name``: the same, below it (``f"{loc}/t2m"``,
+    ``os.path.join``) or above it (``loc.rstrip("/")``, ``os.path.dirname``), at a '/'."""
+    a, b = plain.rstrip("/"), name.rstrip("/")
+    return a == b or a.startswith(b + "/") or b.startswith(a + "/")
+
+
 def _refuse_lost_store(location: str, store: ByteStore) -> None:
     """Refuses ``location`` (a plain string resolved without options to ``store``) where the StoredLocations
-    alive under its root were all resolved to other stores: a string derived from a resolved
+    alive that it could be derived from (:func:`_derived`) were all resolved to other stores: a string derived from a resolved
     location (``f"{loc}/t2m"``, ``os.path.join``, ``rstrip``) would silently read another endpoint with the
     environment's keys."""
     root = _root(location)
-    alive = list(_resolved.get(root) or ()) if root else []
+    alive = [loc for loc in (_resolved.get(root) or ()) if _derived(location, str.__str__(loc))] if root else []
     if not alive or any(loc.store == store for loc in alive):
         return
     from dali_mesh.storage.names import shown  # noqa: PLC0415
@@ -270,44 +278,22 @@ def _file_url_path(location: str, rest: str) -> str:
                                              "is given without file://)")
 
 
-def _remote(name: str):
+def _built_in(module: str, name: str):
+    """The resolver ``name`` of the store module ``dali_mesh.storage.<module>``, imported at its first location
+    (ctypes and the kernels library, fsspec, the icechunk library: only when such a location is read)."""
     def resolve(location: str, options: dict):
-        from dali_mesh.storage import remote  # noqa: PLC0415 - ctypes and the kernels library on first use
+        return getattr(importlib.import_module(f"dali_mesh.storage.{module}"), name)(location, options)
 
-        return getattr(remote, name)(location, options)
-
+    resolve.__module__, resolve.__qualname__ = f"dali_mesh.storage.{module}", name
     return resolve
 
 
-for _scheme, _name in (("s3", "resolve_s3"), ("gs", "resolve_gs"), ("http", "resolve_http"), ("https", "resolve_http")):
-    register_scheme(_scheme, _remote(_name))
-
-
-def _memory(location: str, options: dict):
-    from dali_mesh.storage.memory import resolve_memory  # noqa: PLC0415 - ctypes and the kernels library on first use
-
-    return resolve_memory(location, options)
-
-
-register_scheme("memory", _memory)
-
-
-def _reference(location: str, options: dict):
-    from dali_mesh.storage.references import resolve_reference  # noqa: PLC0415 - fsspec when a set is read
-
-    return resolve_reference(location, options)
-
-
-register_scheme("reference", _reference)
-
-
-def _icechunk(location: str, options: dict):
-    from dali_mesh.storage.icechunk import resolve_icechunk  # noqa: PLC0415 - the icechunk library when one is read
-
-    return resolve_icechunk(location, options)
-
-
-register_scheme("icechunk", _icechunk)
+for _scheme, _module, _name in (("s3", "remote", "resolve_s3"), ("gs", "remote", "resolve_gs"),
+                                ("http", "remote", "resolve_http"), ("https", "remote", "resolve_http"),
+                                ("memory", "memory", "resolve_memory"),
+                                ("reference", "references", "resolve_reference"),
+                                ("icechunk", "icechunk", "resolve_icechunk")):
+    register_scheme(_scheme, _built_in(_module, _name))
 # its check at every fork (not the library: that is imported when a repository is read): a process that used
 # the icechunk library itself, then forks a loader's workers that resolve a repository, must see them refused
 from dali_mesh.storage import icechunk as _icechunk_forks  # noqa: E402, F401

@@ -2,8 +2,8 @@
 "Locations keep their store"). Before, ``os.path.join(loc, "t2m")``, ``f"{loc}/t2m"`` or
 ``loc.rstrip("/")`` of a location resolved with ``endpoint_url=...`` resolved again to the default
 AWS endpoint with the environment's keys. Now ``loc / "t2m"`` (``loc.child``) is a location of the same
-store, and a plain string under a bucket this process resolved with other options is refused, naming
-the fix. The server is a moto server on 127.0.0.1 that checks every signature against its own key."""
+store, and a plain string made from such a location's name (below or above it) that would resolve to
+another store is refused, naming the fix. The server is a moto server on 127.0.0.1 that checks every signature against its own key."""
 from __future__ import annotations
 
 import io
@@ -79,7 +79,7 @@ def test_a_child_stays_below_its_parent(service, bad):
         folder.child(3)
 
 
-@pytest.mark.parametrize("derive", ["join", "format", "rstrip", "sibling"])
+@pytest.mark.parametrize("derive", ["join", "format", "rstrip", "dirname"])
 def test_a_plain_string_derived_from_a_resolved_location_is_refused(service, derive):
     """Before this change each of these resolved to https://s3.us-east-1.amazonaws.com with the
     environment's keys (the request would have left this machine: here it is refused before any)."""
@@ -87,7 +87,7 @@ def test_a_plain_string_derived_from_a_resolved_location_is_refused(service, der
 
     (folder,) = resolve_locations(["s3://lost/d/"], service[0])
     plain = {"join": lambda: os.path.join(folder, "0.npy"), "format": lambda: f"{folder}0.npy",
-             "rstrip": lambda: folder.rstrip("/"), "sibling": lambda: "s3://lost/other/0.npy"}[derive]()
+             "rstrip": lambda: folder.rstrip("/"), "dirname": lambda: os.path.dirname(folder.rstrip("/"))}[derive]()
     assert type(plain) is str
     with pytest.raises(DataFileError, match=r"loc / 'name' or loc.child\('name'\)") as got:
         store_of(plain)
@@ -116,6 +116,8 @@ def test_other_buckets_and_the_same_options_resolve_as_before(service):
     options, _ = service
     (folder,) = resolve_locations(["s3://lost/d"], options)
     store_of("s3://another-bucket/x.npy")  # nothing resolved there in this process: the defaults, as before
+    store_of("s3://lost/other/0.npy")  # beside it, not made from its name: another dataset, read as said
+    store_of("s3://lost/dx/0.npy")  # a name that only begins like it
     (same,) = resolve_locations(["s3://lost/d/0.npy"], dict(options))  # equal options: an equal store
     assert same.store == folder.store
 
