@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import abc
 import io
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
-__all__ = ["IOV_MAX", "ByteStore", "StoredFile", "StoredObject", "Version", "is_etag", "read_exactly", "readv_all",
-           "write_spec"]
+__all__ = ["IOV_MAX", "ByteStore", "StoredFile", "StoredObject", "Version", "is_etag", "read_exactly",
+           "read_into", "readv_all", "scatter", "split_listing", "write_spec"]
 
 
 class Version(NamedTuple):
@@ -39,7 +39,7 @@ def write_spec(kind: str, settings: dict) -> str:
     """The spec that names a store of ``kind`` with ``settings`` in a plan and in the C API
     (``"kind;name=value;..."``, in the order given; ``True``/``False`` as ``1``/``0``): the one writer
     of specs. C++ is their one reader (csrc/storage/: ``StoreOf`` makes the store, ``StoreSettings``
-    gives its settings back, :func:`~dali_mesh.storage.remote.store_settings`); no Python code splits
+    gives its settings back, :func:`~dali_mesh.storage.native_store.store_settings`); no Python code splits
     one. A name or value holding ``;``, ``=`` (names) or a control character cannot be written."""
     items = [kind]
     for name, value in settings.items():
@@ -166,9 +166,6 @@ class ByteStore(abc.ABC):
         look-up in each array costs a round trip of its own may make them together (a hint; errors are
         left to the look-ups)."""
 
-    def cancel(self) -> None:
-        """Makes the reads in flight of this process fail (a pipeline stopped after an error)."""
-
     def open_file(self, key: str, what: str = "file") -> "StoredFile":
         """``key`` as a read-only binary file object (for h5py and other libraries that take one)."""
         return StoredFile(self.open(key, what))
@@ -237,6 +234,58 @@ class ByteStore(abc.ABC):
         from dali_mesh.storage.zarr_store import ByteZarrStore  # noqa: PLC0415 - zarr only when asked
 
         return ByteZarrStore(self, key)
+
+    def __eq__(self, other) -> bool:
+        """Stores of one class and one spec are one store, as the native reader has one store per spec."""
+        return type(other) is type(self) and other.spec == self.spec
+
+    def __hash__(self) -> int:
+        return hash(self.spec)
+
+
+def scatter(data, buffers: Sequence) -> int:
+    """Copies ``data`` into ``buffers`` in order, as far as it goes; returns the bytes copied."""
+    done = 0
+    for buf in buffers:
+        view = memoryview(buf).cast("B")
+        take = min(len(view), len(data) - done)
+        view[:take] = data[done:done + take]
+        done += take
+        if done >= len(data):
+            break
+    return done
+
+
+def read_into(buffers: Sequence, offset: int, size: int, read: Callable) -> int:
+    """:meth:`StoredObject.readv` of an object of ``size`` bytes through ``read(dst, n, offset)``, which reads
+    ``n`` bytes (fewer at the end) into the writable buffer ``dst`` and returns how many: straight into a single
+    writable buffer, else into one staged and scattered over ``buffers``."""
+    views = [memoryview(b).cast("B") for b in buffers]
+    n = min(sum(len(v) for v in views), size - offset)
+    if n <= 0:
+        return 0
+    if len(views) == 1 and not views[0].readonly:
+        return read(views[0], n, offset)
+    staged = bytearray(n)
+    return scatter(memoryview(staged)[:read(staged, n, offset)], views)
+
+
+def split_listing(keys, prefix: str, delimiter: bool, version_of: Callable) -> tuple[list, list]:
+    """:meth:`ByteStore.list` of a store that knows all its ``keys`` (sorted): those under ``prefix`` with their
+    versions (``version_of(key)``) and, with ``delimiter``, the prefixes one level down. A ``prefix`` asked with a
+    leading '/' (a :class:`~dali_mesh.storage.zarr_store.ByteZarrStore` at the store's root) is answered so."""
+    lead = "/" if prefix.startswith("/") else ""
+    prefix = prefix.removeprefix("/")
+    objects, prefixes = [], set()
+    for key in keys:
+        if not key.startswith(prefix):
+            continue
+        rest = key[len(prefix):]
+        if delimiter and "/" in rest:
+            prefixes.add(lead + prefix + rest.split("/", 1)[0] + "/")
+            continue
+        objects.append((lead + key, version_of(key)))
+    return objects, sorted(prefixes)
 
 
 def read_exactly(obj: StoredObject, n: int, offset: int, *, allow_short: bool = False) -> bytes:

@@ -3,7 +3,20 @@ pickling across DALI's worker processes. The format readers (``dali_mesh.io``) r
 own subclasses."""
 from __future__ import annotations
 
-__all__ = ["DataFileError", "FileChangedError", "MissingFileError", "NotRegularFileError", "TruncatedFileError"]
+__all__ = ["EXTRA", "DataFileError", "FileChangedError", "MissingFileError", "NotRegularFileError",
+           "TruncatedFileError", "needed"]
+
+#: what a user installs to read reference sets and Icechunk repositories (setup.py's extras_require)
+EXTRA = "dali_mesh[virtual]"
+
+
+def needed(what: str, load):
+    """``load()``, which imports what a store needs, or an ImportError saying ``what`` needs it and the extra that
+    installs it (the stores' one message for a package missing)."""
+    try:
+        return load()
+    except ImportError as e:
+        raise ImportError(f"{what}: pip install '{EXTRA}' ({e})") from None
 
 
 class DataFileError(ValueError):

@@ -94,10 +94,10 @@ def fetch_page(call: Callable, most_bytes: int) -> Page:
     return page
 
 
-def list_all(call: Callable, name: str, *, pages: int = LIST_PAGES, most_pages: int = LIST_PAGES,
+def list_all(call: Callable, name: str, *, pages: int | None = None, most_pages: int = LIST_PAGES,
              most_bytes: int = LIST_BYTES,
              page_bytes: int = LIST_PAGE_BYTES) -> tuple[list[tuple[str, Version]], list[str], bool]:
-    """The objects and prefixes of a listing of at most ``pages`` pages, read through
+    """The objects and prefixes of a listing of at most ``pages`` pages (``None``: every one), read through
     ``call(continuation, out, size)`` (``dali_mesh_store_list`` of a store for one page, see
     :func:`fetch_page`): ``(objects, prefixes, complete)``, ``complete`` False when it goes on past them.
     A listing that would never end is a :class:`~dali_mesh.storage.errors.DataFileError` naming ``name``:
@@ -120,7 +120,7 @@ def list_all(call: Callable, name: str, *, pages: int = LIST_PAGES, most_pages: 
         token = page.next
         if not token:
             return objects, prefixes, True
-        if done >= pages:
+        if pages is not None and done >= pages:
             return objects, prefixes, False
         # a server that never ends its listing would hold this loop and its memory for ever
         if token in tokens:

@@ -14,7 +14,7 @@ from typing import Sequence
 from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version
 from dali_mesh.storage.errors import DataFileError, FileChangedError, MissingFileError, NotRegularFileError
 
-__all__ = ["LocalObject", "LocalStore", "LOCAL", "check_regular_file", "check_unchanged", "file_identity",
+__all__ = ["LocalObject", "LocalStore", "LOCAL", "check_regular_file", "file_identity",
            "open_regular_file", "set_direct"]
 
 _WILLNEED_CHUNK = 512 << 10  # the kernel caps one POSIX_FADV_WILLNEED at the readahead size
@@ -25,17 +25,6 @@ def file_identity(st: os.stat_result) -> tuple:
     (ns; since Linux 6.13 a time that was read is followed by a fine-grained one, so a write right
     after a stat is seen)."""
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
-
-
-def check_unchanged(fd: int, path, before: tuple) -> None:
-    """:class:`FileChangedError` naming ``path`` if the open file ``fd`` is not as ``before``."""
-    after = file_identity(os.fstat(fd))
-    if after != before:
-        what = [n for n, a, b in zip(("device", "inode", "size", "modification time", "change time"), before, after)
-                if a != b]
-        raise FileChangedError(str(path), f"changed while it was read ({', '.join(what)} differ after the read): it "
-                                          "was rewritten in place; the window is not returned (write files to a new "
-                                          "name and rename them over the old one)")
 
 
 def _kind_of(mode: int) -> str:
@@ -159,7 +148,13 @@ class LocalObject(StoredObject):
         return os.fstat(self._fd).st_size
 
     def check_unchanged(self) -> None:
-        check_unchanged(self._fd, self.key, self.identity)
+        after = file_identity(os.fstat(self._fd))
+        if after != self.identity:
+            what = [n for n, a, b in zip(("device", "inode", "size", "modification time", "change time"),
+                                         self.identity, after) if a != b]
+            raise FileChangedError(self.key, f"changed while it was read ({', '.join(what)} differ after the read): "
+                                             "it was rewritten in place; the window is not returned (write files to a "
+                                             "new name and rename them over the old one)")
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -13,15 +13,15 @@ from __future__ import annotations
 import os
 import re
 
-__all__ = ["HIDDEN", "name_of", "scheme_of", "shown", "split_location"]
+__all__ = ["HIDDEN", "PINNED_BUCKET", "name_of", "scheme_of", "shown", "split_location"]
 
 #: what stands where a query, a fragment or user info was
 HIDDEN = "\u2026"
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 _HTTP = ("http", "https")
-#: ``<bucket>@<snapshot id>``: an Icechunk repository at a bucket's root, pinned (repository.py's _PINNED)
-_PINNED_BUCKET = re.compile(r"(?P<bucket>.*)@[0-9A-HJKMNP-TV-Z]{20}")
+#: ``<bucket>@<snapshot id>``: an Icechunk repository at a bucket's root, pinned (icechunk/repository.py's _PINNED)
+PINNED_BUCKET = re.compile(r"(?P<bucket>.*)@[0-9A-HJKMNP-TV-Z]{20}")
 
 
 def scheme_of(location) -> str | None:
@@ -46,7 +46,7 @@ def split_location(location: str) -> tuple[str, str, str, str]:
         if cut >= 0:
             rest, query = rest[:cut], rest[cut:]
     authority = rest.split("/", 1)[0]
-    pinned = _PINNED_BUCKET.fullmatch(authority) if scheme.lower() not in _HTTP else None
+    pinned = PINNED_BUCKET.fullmatch(authority) if scheme.lower() not in _HTTP else None
     # a bucket's snapshot (rootrepo@<snapshot id>) is no user info: what is before it may be
     owner = pinned["bucket"] if pinned else authority
     if "@" in owner:  # KEY:SECRET@host: user info ends at the authority's last '@' (before a bucket's snapshot)

@@ -1,18 +1,27 @@
 """The byte stores' C entry points (csrc/c_api/store_api.cc), bound once on the process's one native core
 (the kernels library, which the DALI plugin links): every Python store that reads through a native store
 (the remote stores, :class:`~dali_mesh.storage.memory.MemoryStore`) calls them here, none through another
-store's module."""
+store's module, and is a :class:`NativeStore`: its versions, reads and listings are the native store's
+answers."""
 from __future__ import annotations
 
 import ctypes
 import json
+import re
 
+from typing import Sequence
+
+from dali_mesh.storage import listing
+from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, read_into
 from dali_mesh.storage.credentials import Credentials
-from dali_mesh.storage.errors import DataFileError
+from dali_mesh.storage.errors import DataFileError, FileChangedError, MissingFileError, TruncatedFileError
 
-__all__ = ["fetch_counters", "give_credentials", "have_native_http", "store_api", "store_message", "store_settings"]
+__all__ = ["NativeObject", "NativeStore", "call", "fetch_counters", "give_credentials", "have_native_http",
+           "store_api", "store_error", "store_message", "store_settings"]
 
 _ERR = 4096
+#: the longest version tag (ETag) a head or an open takes
+_TAG = 1024
 
 
 def store_api():
@@ -90,10 +99,107 @@ def store_message(err) -> str:
     return text.removeprefix("read_windows: ")
 
 
+def store_error(name: str, message: str) -> DataFileError:
+    """The error of a native store's ``message`` about the object ``name``, of the class its words say (no such
+    object, replaced or changed while read, shorter than planned), the name said once: "NAME (bytes A-B): why"
+    becomes "bytes A-B: why" after it."""
+    message = re.sub(r"^\((.*?)\):\s*", r"\1: ", message.removeprefix(name).lstrip(" :"))
+    if "no such object" in message:
+        return MissingFileError(name, message)
+    if "replaced" in message or "changed while it was read" in message:
+        return FileChangedError(name, message)
+    if "shorter than planned" in message or "past the end" in message:
+        return TruncatedFileError(name, message)
+    return DataFileError(name, message)
+
+
+def call(name: str, entry: str, spec: str, *args) -> int:
+    """``entry`` of the store C API for the store ``spec`` with ``args`` and a message buffer: its result (-2:
+    the open's "no such object"), or its message raised for the object ``name`` (:func:`store_error`)."""
+    err = ctypes.create_string_buffer(_ERR)
+    got = getattr(store_api(), entry)(spec.encode(), *args, err, _ERR)
+    if got == -1:
+        raise store_error(name, store_message(err))
+    return got
+
+
 def give_credentials(spec: str, cred: Credentials) -> None:
     """Gives the native store ``spec`` the credentials ``cred``, which that store keeps."""
-    err = ctypes.create_string_buffer(_ERR)
     key, secret, token = cred
-    if store_api().dali_mesh_store_credentials(spec.encode(), key.encode(), secret.encode(), token.encode(), err,
-                                               _ERR) < 0:
-        raise DataFileError(spec, store_message(err))
+    call(spec, "dali_mesh_store_credentials", spec, key.encode(), secret.encode(), token.encode())
+
+
+class NativeObject(StoredObject):
+    """One object of a :class:`NativeStore` opened at its version: every read names that version (its tag and
+    size; an object store sends the tag as If-Match), and the native store refuses another."""
+
+    def __init__(self, store: "NativeStore", key: str, version: Version) -> None:
+        self.store, self.key = store, key
+        self._version = version
+
+    @property
+    def version(self) -> Version:
+        return self._version
+
+    def _read(self, dst, n: int, offset: int) -> int:
+        """``n`` bytes at ``offset`` (fewer at the end) into the writable buffer ``dst``: the bytes read."""
+        return self.store._call(self.key, "dali_mesh_store_get", self.store.encoded(self.key), offset, n,
+                                self._version.tag.encode(), self._version.size, (ctypes.c_char * n).from_buffer(dst))
+
+    def readv(self, buffers: Sequence, offset: int) -> int:
+        return read_into(buffers, offset, self._version.size, self._read)
+
+    def check_unchanged(self) -> None:
+        if self.store.stat(self.key) != self._version:
+            raise FileChangedError(self.name, "changed while it was read (it was rewritten or deleted since it was "
+                                              "opened); the window is not returned")
+
+
+class NativeStore(ByteStore):
+    """A store whose objects the native store of its spec holds or reaches (the remote stores, the memory
+    store): Python's reads are that store's, through the C API, as the native reader's are."""
+
+    native = True
+    #: the objects it opens
+    opens = NativeObject
+
+    def _call(self, key: str, entry: str, *args) -> int:
+        """:func:`call` of ``entry`` for this store, its errors naming ``key``."""
+        return call(self.name_of(key), entry, self.spec, *args)
+
+    def encoded(self, key: str) -> bytes:
+        """``key`` as the C API takes it: UTF-8, a key listed from bytes that are not UTF-8 given back as those
+        bytes (surrogateescape); a NUL, which would cut it where C reads it, refused."""
+        if "\0" in key:
+            raise DataFileError(self.name_of(key.replace("\0", "\\x00")), "a key holds no NUL (the C API reads keys "
+                                                                            "as C strings)")
+        return key.encode("utf-8", "surrogateescape")
+
+    def stat(self, key: str) -> Version | None:
+        size, tag = ctypes.c_int64(), ctypes.create_string_buffer(_TAG)
+        found = self._call(key, "dali_mesh_store_head", self.encoded(key), ctypes.byref(size), tag, _TAG)
+        return Version(size.value, -1, tag.value.decode()) if found else None
+
+    def open_version(self, key: str, version: Version) -> NativeObject:
+        """``key`` at a version known already (a listing's): no request; its reads fail if the key holds another."""
+        return self.opens(self, key, version)
+
+    def list(self, prefix: str, delimiter: bool = True) -> tuple[list[tuple[str, Version]], list[str]]:
+        """The objects under ``prefix`` (keys and versions) and, with ``delimiter``, the prefixes one level down
+        (each ending with '/'), every page. A listing that never ends (a token repeated, more than
+        :data:`~dali_mesh.storage.listing.LIST_PAGES` pages or ``LIST_BYTES`` bytes) is an error."""
+        return self.list_pages(prefix, delimiter)[:2]
+
+    def list_pages(self, prefix: str, delimiter: bool = True,
+                   pages: int | None = None) -> tuple[list[tuple[str, Version]], list[str], bool]:
+        """:meth:`list` of at most ``pages`` pages (an open lists the first page beside its metadata GETs, one
+        request, and lists the rest only when a plan needs it): ``(objects, prefixes, complete)``, ``complete``
+        False when the listing goes on past them. The bounds are :mod:`~dali_mesh.storage.listing`'s, read when
+        the listing starts."""
+        name, where = self.name_of(prefix), self.encoded(prefix)
+
+        def page(token: bytes, out, size: int) -> int:
+            return call(name, "dali_mesh_store_list", self.spec, where, int(delimiter), token, out, size)
+
+        return listing.list_all(page, name, pages=pages, most_pages=listing.LIST_PAGES,
+                                most_bytes=listing.LIST_BYTES, page_bytes=listing.LIST_PAGE_BYTES)

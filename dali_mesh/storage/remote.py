@@ -29,7 +29,7 @@ import os
 import re
 import urllib.parse
 
-from dali_mesh.storage.byte_store import ONE_READ, Version, is_etag, write_spec
+from dali_mesh.storage.byte_store import Version, is_etag, write_spec
 from dali_mesh.storage.credentials import (CLIENT_SETTINGS, Credentials, checked_endpoint, checked_region,
                                            client_settings, environment_credentials, has_control_char, profile_region,
                                            query_id, signer)
@@ -42,6 +42,8 @@ from dali_mesh.storage.native_store import (NativeObject, NativeStore, fetch_cou
 __all__ = ["RemoteObject", "RemoteStore", "fetch_counters", "have_native_http", "resolve_gs", "resolve_http",
            "resolve_s3", "store_api", "store_settings"]
 
+#: a read of unknown size up to this many bytes is one GET (larger ones are read at one version)
+ONE_READ = 1 << 20
 #: the first bytes an open fetches and keeps (a format's header is read from them): as
 #: HttpStore::kOpenBytes (csrc/storage/http_store.h)
 OPEN_BYTES = 64 << 10

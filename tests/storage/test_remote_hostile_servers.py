@@ -17,9 +17,10 @@ import tracemalloc
 import pytest
 
 from dali_mesh.storage import DataFileError, FileChangedError, store_of
-from dali_mesh.storage import remote as remote_module
+from dali_mesh.storage import listing as listing_module
 from dali_mesh.storage.credentials import Credentials
-from dali_mesh.storage.remote import LIST_PAGE_BYTES, RemoteStore, have_native_http
+from dali_mesh.storage.listing import LIST_PAGE_BYTES
+from dali_mesh.storage.remote import RemoteStore, have_native_http
 from tests.storage.s3_server import KEY, SECRET, client, options, s3_endpoint  # noqa: F401
 
 pytestmark = [pytest.mark.skipif(not have_native_http(), reason="this build has no libcurl"),
@@ -234,7 +235,7 @@ def listing(token: str, n: int) -> bytes:
 def test_a_listing_that_never_ends_is_an_error(tokens, monkeypatch):
     """Every page says IsTruncated=true: with the same continuation token (stopped at its second page),
     or with a new one each time (stopped at LIST_PAGES pages, made 30 here)."""
-    monkeypatch.setattr(remote_module, "LIST_PAGES", 30)
+    monkeypatch.setattr(listing_module, "LIST_PAGES", 30)
     pages = []
 
     def answer(h):
@@ -258,7 +259,7 @@ def test_a_listing_that_never_ends_is_an_error(tokens, monkeypatch):
 
 
 def test_a_listing_larger_than_its_byte_bound_is_an_error(monkeypatch):
-    monkeypatch.setattr(remote_module, "LIST_BYTES", 5000)
+    monkeypatch.setattr(listing_module, "LIST_BYTES", 5000)
 
     def answer(h):
         body = listing(f"token-{len(server.requests)}", len(server.requests))
@@ -553,7 +554,7 @@ def test_keys_with_special_characters_are_signed_as_a_checking_server_computes_i
 def test_a_native_listing_page_over_its_bound_is_an_error(monkeypatch):
     """The native client returns a page's length when the buffer is too small: a page over
     LIST_PAGE_BYTES (made 1,000 here; a page here is 1.5 MiB, past the first 1 MiB buffer) is refused."""
-    monkeypatch.setattr(remote_module, "LIST_PAGE_BYTES", 1000)
+    monkeypatch.setattr(listing_module, "LIST_PAGE_BYTES", 1000)
     body = listing("t", 1).replace(b"</ListBucketResult>", b" " * (3 << 19) + b"</ListBucketResult>")
     body = body.replace(b"<IsTruncated>true", b"<IsTruncated>false")  # one page: the bound alone stops it
 

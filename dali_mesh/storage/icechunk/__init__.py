@@ -62,7 +62,7 @@ import threading
 from typing import Sequence
 
 from dali_mesh._kernels.library import KernelsError
-from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, write_spec
+from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, read_into, scatter, split_listing, write_spec
 from dali_mesh.storage.errors import DataFileError, MissingFileError
 from dali_mesh.storage.icechunk.callbacks import EXIT_WAIT_S, bind_native_reads, unbind_native_reads
 from dali_mesh.storage.icechunk.deadline import (DEFAULT_TIMEOUT_S, IcechunkExitError, IcechunkTimeoutError,
@@ -95,19 +95,8 @@ class IcechunkObject(StoredObject):
         return Version(self._size, -1, self.store.tag)
 
     def readv(self, buffers: Sequence, offset: int) -> int:
-        views = [memoryview(b).cast("B") for b in buffers]
-        want = min(sum(len(v) for v in views), self._size - offset)
-        if want <= 0:
-            return 0
-        data = self.store.read(self.key, offset, want)
-        done = 0
-        for view in views:
-            take = min(len(view), len(data) - done)
-            view[:take] = data[done:done + take]
-            done += take
-            if done >= len(data):
-                break
-        return done
+        return read_into(buffers, offset, self._size,
+                         lambda dst, n, at: scatter(self.store.read(self.key, at, n), [dst]))
 
     def check_unchanged(self) -> None:
         """A snapshot's keys are immutable: a read of a collected snapshot fails itself, naming it."""
@@ -293,6 +282,10 @@ class IcechunkStore(ByteStore):
         lead = "/" if prefix.startswith("/") else ""
         prefix = prefix.removeprefix("/")
         store = self.session().store
+
+        def size_of(key: str) -> Version:
+            return Version(int(self._call(lambda: store.getsize(key), "a look-up", key)), -1, self.tag)
+
         if delimiter and (prefix == "" or prefix.endswith("/")):
             objects, prefixes = [], []
             for name in sorted(self._call(lambda: _collect(store.list_dir(prefix)), "a listing", prefix)):
@@ -306,8 +299,7 @@ class IcechunkStore(ByteStore):
         under = prefix
         while True:
             try:
-                found = sorted(k for k in self._call(lambda: _collect(store.list_prefix(under)), "a listing", under)
-                               if k.startswith(prefix))
+                found = sorted(self._call(lambda: _collect(store.list_prefix(under)), "a listing", under))
                 break
             except DataFileError:
                 raise
@@ -316,15 +308,7 @@ class IcechunkStore(ByteStore):
                     raise DataFileError(self.name_of(prefix), f"cannot be listed ({short(e)})") from None
                 under = under.rstrip("/").rpartition("/")[0]
                 under = under + "/" if under else ""
-        objects, prefixes = [], set()
-        for key in found:
-            rest = key[len(prefix):]
-            if delimiter and "/" in rest:
-                prefixes.add(lead + prefix + rest.split("/", 1)[0] + "/")
-                continue
-            objects.append((lead + key, Version(int(self._call(lambda: store.getsize(key), "a look-up", key)), -1,
-                                                self.tag)))
-        return objects, sorted(prefixes)
+        return split_listing(found, lead + prefix, delimiter, size_of)
 
     def zarr_store(self, key: str):
         """The session's own zarr-python store at the root (zarr-python reads the arrays through the
@@ -367,12 +351,6 @@ class IcechunkStore(ByteStore):
 
     def __repr__(self) -> str:
         return f"IcechunkStore({self.repository!r}, {self.snapshot!r})"
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, IcechunkStore) and other.spec == self.spec
-
-    def __hash__(self) -> int:
-        return hash(self.spec)
 
 
 def _check_virtual_files(repo, session, options: dict, name: str, timeout: float) -> None:

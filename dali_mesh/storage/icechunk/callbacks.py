@@ -74,30 +74,31 @@ def _answers(spec: str) -> tuple:
     ``spec`` at each call. They never raise (ctypes would print and return 0): a failure is -1 and its
     message."""
 
-    def head(key_p, size_p, tag, tag_cap, err, err_cap):
+    def answer(key_p, err, err_cap, work) -> int:
         store, key = None, ""
         try:
             if not _after_dali:
                 _exit_after_dali()
             store = _answering[spec]
             key = key_p.decode("utf-8", "surrogateescape")
+            return work(store, key)
+        except BaseException as e:  # noqa: BLE001 - every failure goes back to the reader, named
+            _say(err, err_cap, _failure(store, key, e))
+            return -1
+
+    def head(key_p, size_p, tag, tag_cap, err, err_cap):
+        def work(store, key: str) -> int:
             version = store.stat(key)
             if version is None:
                 return 0
             size_p[0] = version.size
             _say(tag, tag_cap, version.tag)
             return 1
-        except BaseException as e:  # noqa: BLE001 - every failure goes back to the reader, named
-            _say(err, err_cap, _failure(store, key, e))
-            return -1
+
+        return answer(key_p, err, err_cap, work)
 
     def read(key_p, n, offsets, sizes, dsts, got, err, err_cap):
-        store, key = None, ""
-        try:
-            if not _after_dali:
-                _exit_after_dali()
-            store = _answering[spec]
-            key = key_p.decode("utf-8", "surrogateescape")
+        def work(store, key: str) -> int:
             datas = store.read_ranges(key, [(offsets[i], sizes[i]) for i in range(n)])
             for i, data in enumerate(datas):
                 take = min(len(data), sizes[i])
@@ -105,9 +106,8 @@ def _answers(spec: str) -> tuple:
                     ctypes.memmove(dsts[i], data.ctypes.data, take)
                 got[i] = take
             return 0
-        except BaseException as e:  # noqa: BLE001
-            _say(err, err_cap, _failure(store, key, e))
-            return -1
+
+        return answer(key_p, err, err_cap, work)
 
     return _HEAD(head), _READ(read)
 

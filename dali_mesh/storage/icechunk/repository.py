@@ -13,6 +13,7 @@ holds capitals). The scheme is case-insensitive (``S3://`` is ``s3://``, named s
 from __future__ import annotations
 
 import hashlib
+import importlib
 import math
 import os
 import re
@@ -20,17 +21,15 @@ import socket
 import urllib.parse
 from typing import Callable
 
-from dali_mesh.storage.errors import DataFileError
+from dali_mesh.storage.errors import DataFileError, needed
 from dali_mesh.storage.icechunk.deadline import call, timeout_of
 from dali_mesh.storage.icechunk.forks import check_process
 from dali_mesh.storage.icechunk.virtual import VIRTUAL_OPTION, virtual_access
-from dali_mesh.storage.names import shown
+from dali_mesh.storage.names import PINNED_BUCKET, shown
 
-__all__ = ["EXTRA", "SECRETS", "VERSION_OPTIONS", "check_options", "normal_repository", "open_repository",
-           "reader_fields", "readonly_session", "short", "split_location", "why_of"]
+__all__ = ["SECRETS", "VERSION_OPTIONS", "check_options", "normal_repository", "open_repository",
+           "readonly_session", "short", "split_location", "why_of"]
 
-#: what a user installs to read Icechunk repositories (setup.py's extras_require)
-EXTRA = "dali_mesh[virtual]"
 #: the storage_options that choose the version (the rest configure the repository's storage)
 VERSION_OPTIONS = ("branch", "tag", "snapshot")
 #: the storage_options of an s3:// repository, named as s3fs names them (as the s3:// store takes them), and
@@ -40,8 +39,6 @@ LOCAL_OPTIONS = ("timeout",)
 SECRETS = ("key", "secret", "token")
 #: ``<repository>@<snapshot id>[/<key>]``
 _PINNED = re.compile(r"(?P<repo>.+)@(?P<snapshot>[0-9A-HJKMNP-TV-Z]{20})(?:/(?P<key>.*))?")
-#: a bucket followed by a snapshot id (a repository at the bucket's root, pinned)
-_PINNED_BUCKET = re.compile(r"(?P<bucket>.*)@[0-9A-HJKMNP-TV-Z]{20}")
 #: how long ``why_of``'s look at an endpoint waits for a connection
 _LOOK_S = 1.0
 #: why ``retries`` is refused (checked with icechunk 1.1.21 against a server answering 500 or 503: 10 requests
@@ -52,12 +49,10 @@ _NO_RETRIES = ("the icechunk library retries each request of a repository itself
 
 
 def icechunk_module():
-    """The ``icechunk`` module, or an error naming the extra that installs it."""
-    try:
-        import icechunk  # noqa: PLC0415 - only when a repository is read
-    except ImportError as e:
-        raise ImportError(f"reading Icechunk repositories (icechunk:// locations) needs the icechunk library: "
-                          f"pip install '{EXTRA}' ({e})") from None
+    """The ``icechunk`` module (imported only when a repository is read), or an error naming the extra that
+    installs it."""
+    icechunk = needed("reading Icechunk repositories (icechunk:// locations) needs the icechunk library",
+                      lambda: importlib.import_module("icechunk"))
     # a local repository warns "not safe for concurrent commits" at every open: this store never commits
     icechunk.set_logs_filter("error")
     return icechunk
@@ -112,7 +107,7 @@ def split_location(location: str) -> tuple[str, str | None, str]:
     rest = normal_repository(location.split("://", 1)[1])
     if rest.startswith("s3://"):
         bucket = rest[len("s3://"):].split("/", 1)[0]
-        pinned_bucket = _PINNED_BUCKET.fullmatch(bucket)  # rootrepo@<snapshot id>: no user info
+        pinned_bucket = PINNED_BUCKET.fullmatch(bucket)  # rootrepo@<snapshot id>: no user info
         bucket = pinned_bucket["bucket"] if pinned_bucket else bucket
         if "@" in bucket or ":" in bucket:  # a secret holding '/' ends the bucket early: ':' is there then
             raise DataFileError(shown(location), "holds user info (credentials in a location are not taken: they "
@@ -282,18 +277,13 @@ def _spec_text(text: str) -> str:
 
 
 def spec_fields(repository: str, snapshot: str, options: dict) -> dict:
-    """The fields of a store's spec: the repository (:func:`_spec_text`), the snapshot, and
-    :func:`reader_fields`."""
-    return {"repo": _spec_text(repository), "snapshot": snapshot, **reader_fields(options)}
-
-
-def reader_fields(options: dict) -> dict:
-    """The spec's fields of what reads a repository besides its location and snapshot: an s3:// repository's
-    endpoint, region, anonymity and keys (a hash of them: credentials.signer, as the remote stores name theirs), the bounds of the library's
-    calls given, and the virtual chunk containers authorised (and how)."""
+    """The fields of a store's spec: the repository (:func:`_spec_text`), the snapshot, and what reads it: an
+    s3:// repository's endpoint, region, anonymity and keys (a hash of them: credentials.signer, as the remote
+    stores name theirs), the bounds of the library's calls given, and the virtual chunk containers authorised
+    (and how)."""
     from dali_mesh.storage.credentials import Credentials, signer  # noqa: PLC0415
 
-    fields: dict = {}
+    fields: dict = {"repo": _spec_text(repository), "snapshot": snapshot}
     for k in ("endpoint_url", "region"):
         if options.get(k):
             fields[k] = _spec_text(str(options[k]))

@@ -14,73 +14,27 @@ the DALI plugin links): a write is seen at once by Python's readers, a PlanReade
 """
 from __future__ import annotations
 
-import ctypes
 import re
 import threading
-from typing import Sequence
 
-from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, write_spec
-from dali_mesh.storage.errors import DataFileError, FileChangedError, MissingFileError, TruncatedFileError
-from dali_mesh.storage.listing import list_all
-from dali_mesh.storage.native_store import store_api, store_message
+from dali_mesh.storage.byte_store import Version, write_spec
+from dali_mesh.storage.errors import DataFileError, MissingFileError
+from dali_mesh.storage.native_store import NativeObject, NativeStore
 
-__all__ = ["MemoryObject", "MemoryStore", "resolve_memory"]
+__all__ = ["MemoryStore", "resolve_memory"]
 
 #: a store's name: its spec's one setting, and what its locations hold between "memory://" and the key
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
-_ERR = 4096
-_TAG = 1024
 
 #: one write at a time, so that the version :meth:`MemoryStore.put` returns (its write, then a look at the key) is the
 #: one its write made, not another thread's write or delete of the key in between
 _writes = threading.Lock()
 
 
-def _encoded(key: str) -> bytes:
-    # surrogateescape: a key listed from bytes that are not UTF-8 is written back as those bytes
-    return key.encode("utf-8", "surrogateescape")
+class MemoryStore(NativeStore):
+    """The objects of the memory store ``name`` (see the module's doc): an object opened reads the version it
+    opened, or a :class:`~dali_mesh.storage.errors.FileChangedError` (the store checks the tag)."""
 
-
-class MemoryObject(StoredObject):
-    """One object opened at its version; every read is of that version or a
-    :class:`~dali_mesh.storage.errors.FileChangedError` (the store checks the tag)."""
-
-    def __init__(self, store: "MemoryStore", key: str, version: Version) -> None:
-        self.store, self.key = store, key
-        self._version = version
-
-    @property
-    def version(self) -> Version:
-        return self._version
-
-    def readv(self, buffers: Sequence, offset: int) -> int:
-        views = [memoryview(b).cast("B") for b in buffers]
-        want = min(sum(len(v) for v in views), self._version.size - offset)
-        if want <= 0:
-            return 0
-        if len(views) == 1 and not views[0].readonly:
-            return self.store._get(self.key, views[0], want, offset, self._version)
-        staged = bytearray(want)
-        got = self.store._get(self.key, staged, want, offset, self._version)
-        done = 0
-        for v in views:
-            take = min(len(v), got - done)
-            v[:take] = staged[done:done + take]
-            done += take
-        return got
-
-    def check_unchanged(self) -> None:
-        now = self.store.stat(self.key)
-        if now != self._version:
-            raise FileChangedError(self.name, "changed while it was read (it was rewritten or deleted since it was "
-                                              "opened); the window is not returned")
-
-
-class MemoryStore(ByteStore):
-    """The objects of the memory store ``name`` (see the module's doc)."""
-
-    local = False
-    native = True
     supports_listing = True
 
     def __init__(self, name: str) -> None:
@@ -98,94 +52,33 @@ class MemoryStore(ByteStore):
         # bytes pass as they are (the store copies them); another buffer is copied into bytes first
         payload = data if isinstance(data, bytes) else memoryview(data).cast("B").tobytes()
         with _writes:
-            self._call(key, "dali_mesh_store_put", _encoded(self._checked(key)), payload, len(payload), None)
+            self._call(key, "dali_mesh_store_put", self.encoded(key), payload, len(payload), None)
             version = self.stat(key)
         return version
 
     def delete(self, key: str) -> bool:
         """Removes the object ``key``; ``False`` when there was none."""
         with _writes:
-            found = self._call(key, "dali_mesh_store_delete", _encoded(self._checked(key)))
+            found = self._call(key, "dali_mesh_store_delete", self.encoded(key))
         return found == 1
 
     # ---- reads ------------------------------------------------------------------------------------------
-    def stat(self, key: str) -> Version | None:
-        size, tag = ctypes.c_int64(), ctypes.create_string_buffer(_TAG)
-        found = self._call(key, "dali_mesh_store_head", _encoded(self._checked(key)), ctypes.byref(size), tag, _TAG)
-        return Version(size.value, -1, tag.value.decode()) if found else None
-
-    def open(self, key: str, what: str = "file", *, direct: bool = False) -> MemoryObject:
+    def open(self, key: str, what: str = "file", *, direct: bool = False) -> NativeObject:
         version = self.stat(key)
         if version is None:
             raise MissingFileError(self.name_of(key), f"no such {what} (no such object in this process's memory "
                                                       "store); check the key")
-        return MemoryObject(self, key, version)
-
-    def open_version(self, key: str, version: Version) -> MemoryObject:
-        """``key`` at a version known already (a listing's): its reads fail if the key holds another."""
-        return MemoryObject(self, key, version)
+        return NativeObject(self, key, version)
 
     def pins(self, version: Version | None) -> bool:
         """Every read names the version it reads (its tag), and the store refuses another."""
         return version is not None and bool(version.tag)
-
-    def _get(self, key: str, dst, n: int, offset: int, version: Version | None) -> int:
-        """``n`` bytes of ``key`` at ``offset`` into the writable buffer ``dst`` (fewer at the end of the
-        object), of ``version`` when given; the bytes read."""
-        buf = (ctypes.c_char * len(dst)).from_buffer(dst)
-        tag, size = (version.tag, version.size) if version is not None else ("", -1)
-        return self._call(key, "dali_mesh_store_get", _encoded(key), offset, n, tag.encode(), size, buf)
-
-    def list(self, prefix: str, delimiter: bool = True) -> tuple[list[tuple[str, Version]], list[str]]:
-        """The objects under ``prefix`` (keys and versions) and, with ``delimiter``, the prefixes one level
-        down (each ending with '/'), read page by page as the store lists them (dali_mesh/storage/listing.py:
-        a listing that would never end is an error)."""
-        where = _encoded(self._checked(prefix))
-
-        def call(token: bytes, out, size: int) -> int:
-            return self._call(prefix, "dali_mesh_store_list", where, int(delimiter), token, out, size)
-
-        objects, prefixes, _ = list_all(call, self.name_of(prefix))
-        return objects, prefixes
-
-    # ---- the C API ----------------------------------------------------------------------------------------
-    def _checked(self, key: str) -> str:
-        if "\0" in key:
-            raise DataFileError(self.name_of(key.replace("\0", "\\x00")), "a key holds no NUL (the C API reads keys "
-                                                                           "as C strings)")
-        return key
-
-    def _call(self, key: str, entry: str, *args) -> int:
-        """``entry`` of the store C API (:func:`~dali_mesh.storage.remote.store_api`) for this store with
-        ``args``, and the message-buffer pair: its result, or the error it names raised for ``key``."""
-        err = ctypes.create_string_buffer(_ERR)
-        got = getattr(store_api(), entry)(self.spec.encode(), *args, err, _ERR)
-        if got < 0:
-            self._raise(key, store_message(err))
-        return got
-
-    def _raise(self, key: str, message: str):
-        name = self.name_of(key)
-        message = message.removeprefix(name).lstrip(": ")
-        if "no such object" in message:
-            raise MissingFileError(name, message)
-        if "replaced" in message or "changed while it was read" in message:
-            raise FileChangedError(name, message)
-        if "shorter than planned" in message:
-            raise TruncatedFileError(name, message)
-        raise DataFileError(name, message)
 
     def __reduce__(self):
         return (MemoryStore, (self.name,))
 
     def __repr__(self) -> str:
         return f"MemoryStore({self.name!r})"
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, MemoryStore) and other.name == self.name
-
-    def __hash__(self) -> int:
-        return hash(("memory", self.name))
 
 
 def resolve_memory(location: str, options: dict) -> tuple[MemoryStore, str]:

@@ -32,33 +32,21 @@ private, loopback or link-local hosts (unless ``allow_private_references``), and
 """
 from __future__ import annotations
 
+import importlib
 import json
 import numbers
 import threading
 from typing import Sequence
 
-from dali_mesh.storage.byte_store import ByteStore, StoredObject, Version, read_exactly, write_spec
+from dali_mesh.storage.byte_store import (ByteStore, StoredObject, Version, read_exactly, scatter, split_listing,
+                                          write_spec)
 from dali_mesh.storage.errors import (DataFileError, FileChangedError, MissingFileError, NotRegularFileError,
-                                     TruncatedFileError)
+                                     TruncatedFileError, needed)
 from dali_mesh.storage.names import shown
-from dali_mesh.storage.references.parquet import needed, parquet_document
+from dali_mesh.storage.references.parquet import parquet_document
 from dali_mesh.storage.references.targets import check_urls, resolve_targets, take_options
 
 __all__ = ["ReferenceStore", "resolve_reference"]
-
-#: what a user installs to read reference sets (setup.py's extras_require)
-EXTRA = "dali_mesh[virtual]"
-
-
-def _reference_filesystem():
-    """fsspec's ``ReferenceFileSystem``, or an error naming the extra that installs it."""
-    def load():
-        from fsspec.implementations.reference import ReferenceFileSystem  # noqa: PLC0415 - only when a set is read
-
-        return ReferenceFileSystem
-
-    return needed("reading Kerchunk reference sets (reference:// locations) needs fsspec and kerchunk", load)
-
 
 class InlineObject(StoredObject):
     """A key whose bytes the reference set holds itself: fixed for the store's life."""
@@ -71,15 +59,7 @@ class InlineObject(StoredObject):
         return Version(len(self._data), -1, "inline")
 
     def readv(self, buffers: Sequence, offset: int) -> int:
-        done = offset = max(0, offset)
-        for buf in buffers:
-            view = memoryview(buf).cast("B")
-            take = max(0, min(len(view), len(self._data) - done))
-            view[:take] = self._data[done:done + take]
-            done += take
-            if take < len(view):
-                break
-        return done - offset
+        return scatter(memoryview(self._data)[max(0, offset):], buffers)
 
     def check_unchanged(self) -> None:
         """Inline bytes are the reference set's, read once: they never change."""
@@ -180,15 +160,15 @@ class ReferenceStore(ByteStore):
     def _take(self, raw: bytes, targets: dict | None) -> None:
         """Parses ``raw`` with fsspec's reader and resolves every referenced file's location (``targets``:
         those already resolved, in an unpickled store)."""
-        from dali_mesh.storage import resolve_locations  # noqa: PLC0415
-
         try:
             document = json.loads(raw)
         except ValueError as e:
             raise DataFileError(self.location, f"is not a JSON reference set ({e})") from None
         if not isinstance(document, dict):
             raise DataFileError(self.location, "is not a JSON reference set (the document is not one object)")
-        cls = _reference_filesystem()
+        # fsspec only when a set is read
+        cls = needed("reading Kerchunk reference sets (reference:// locations) needs fsspec and kerchunk",
+                     lambda: importlib.import_module("fsspec.implementations.reference").ReferenceFileSystem)
         try:
             # fs={}: no filesystem of fsspec's made for the referenced files (this store reads them);
             # simple_templates=False where there are generated keys: fsspec renders those with jinja2 only
@@ -322,17 +302,7 @@ class ReferenceStore(ByteStore):
     def list(self, prefix: str, delimiter: bool = True) -> tuple[list[tuple[str, Version]], list[str]]:
         """The keys of the set under ``prefix`` with their versions (each referenced file looked at once),
         and with ``delimiter`` the prefixes one level down."""
-        lead = "/" if prefix.startswith("/") else ""  # as asked (a ByteZarrStore at the root: "/...")
-        prefix = prefix.removeprefix("/")
-        keys = sorted(k for k in self._load().references if k.startswith(prefix))
-        objects, prefixes = [], set()
-        for key in keys:
-            rest = key[len(prefix):]
-            if delimiter and "/" in rest:
-                prefixes.add(lead + prefix + rest.split("/", 1)[0] + "/")
-                continue
-            objects.append((lead + key, self._listed_version(key)))
-        return objects, sorted(prefixes)
+        return split_listing(sorted(self._load().references), prefix, delimiter, self._listed_version)
 
     def _listed_version(self, key: str) -> Version:
         url, start, stop = self._part(key)
@@ -373,12 +343,6 @@ class ReferenceStore(ByteStore):
 
     def __repr__(self) -> str:
         return f"ReferenceStore({str(self.location)!r})"
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, ReferenceStore) and other.spec == self.spec
-
-    def __hash__(self) -> int:
-        return hash(self.spec)
 
 
 def _unpickle(location, raw: bytes, targets: dict) -> ReferenceStore:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 
 from dali_mesh.storage.byte_store import read_exactly
-from dali_mesh.storage.errors import DataFileError, MissingFileError
+from dali_mesh.storage.errors import DataFileError, MissingFileError, needed
 
 __all__ = ["parquet_document"]
 
@@ -37,17 +37,6 @@ class _StoreFiles:
 
     def unstrip_protocol(self, path: str) -> str:
         return path
-
-
-def needed(what: str, load):
-    """``load()``, which imports what reading reference sets needs, or an ImportError saying ``what`` needs
-    it and the extra that installs it (the references' one message for a package missing)."""
-    from dali_mesh.storage.references import EXTRA  # noqa: PLC0415 - the package imports this module
-
-    try:
-        return load()
-    except ImportError as e:
-        raise ImportError(f"{what}: pip install '{EXTRA}' ({e})") from None
 
 
 def _lazy_mapper():
