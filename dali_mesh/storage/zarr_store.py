@@ -177,17 +177,7 @@ class ByteZarrStore(Store):
         version = self.store.stat(full)
         if version is None:
             return None
-        size = version.size
-        if byte_range is None:
-            start, stop = 0, size
-        elif isinstance(byte_range, RangeByteRequest):
-            start, stop = byte_range.start, min(byte_range.end, size)
-        elif isinstance(byte_range, OffsetByteRequest):
-            start, stop = byte_range.offset, size
-        elif isinstance(byte_range, SuffixByteRequest):
-            start, stop = max(0, size - byte_range.suffix), size
-        else:  # pragma: no cover - zarr's three kinds
-            raise TypeError(f"unknown byte range {byte_range!r}")
+        start, stop = _bounds(byte_range, version.size)
         if stop <= start:
             return b""
         open_version = getattr(self.store, "open_version", None)
@@ -254,14 +244,20 @@ class ByteZarrStore(Store):
         return [(k, v) for k, v in opened.listing.items() if k.startswith(prefix)]
 
 
-def _cut(data: bytes, byte_range: ByteRequest | None) -> bytes:
-    """The bytes of ``byte_range`` (zarr's three kinds, or ``None``: all) of a whole object's ``data``."""
+def _bounds(byte_range: ByteRequest | None, size: int) -> tuple[int, int]:
+    """``(start, stop)`` of ``byte_range`` (zarr's three kinds, or ``None``: all) in an object of ``size`` bytes."""
     if byte_range is None:
-        return data
+        return 0, size
     if isinstance(byte_range, RangeByteRequest):
-        return data[byte_range.start:byte_range.end]
+        return byte_range.start, min(byte_range.end, size)
     if isinstance(byte_range, OffsetByteRequest):
-        return data[byte_range.offset:]
+        return byte_range.offset, size
     if isinstance(byte_range, SuffixByteRequest):
-        return data[max(0, len(data) - byte_range.suffix):]
+        return max(0, size - byte_range.suffix), size
     raise TypeError(f"unknown byte range {byte_range!r}")  # pragma: no cover - zarr's three kinds
+
+
+def _cut(data: bytes, byte_range: ByteRequest | None) -> bytes:
+    """The bytes of ``byte_range`` of a whole object's ``data``."""
+    start, stop = _bounds(byte_range, len(data))
+    return data[start:stop]
