@@ -1,26 +1,8 @@
-"""Remote object stores: ``s3://bucket/key`` (S3 and S3-compatible stores: SigV4 with keys and session
-tokens, custom endpoints, path-style or virtual-hosted addressing), ``gs://bucket/key`` (Google Cloud
-Storage through its S3-interoperable XML API: anonymous for public buckets, or HMAC keys) and
-``https://host/path`` (anonymous HTTP(S), e.g. ``https://storage.googleapis.com/BUCKET/KEY``).
-
-Every request goes through one client, libcurl's, in ``csrc/storage/http_store.cc`` (called here
-through the kernels library, and by the native reader on DALI's threads): ranged GETs whose answers
-are checked (status, ``Content-Range``, body length), ``If-Match`` with the ETag of the version opened
-(an object replaced meanwhile is an error naming it, never a mix of two versions), retries with
-backoff and jitter on 429, 5xx, dropped connections and stalls, bounded in attempts and time.
-
-Credentials come from ``storage_options`` (named as fsspec's s3fs names them: ``anon``, ``key``,
-``secret``, ``token``, ``endpoint_url``, ``client_kwargs={"region_name": ...}``, ``profile``) or the
-environment as boto3 reads it (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
-``AWS_ENDPOINT_URL``, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, ``AWS_PROFILE`` with
-``~/.aws/credentials``). Each store keeps its own, in memory only: a store's ``spec`` (what a plan
-records), its ``repr``, its messages and its pickles hold none (the source that resolved the store
-carries them into its worker processes: :func:`~dali_mesh.storage.carry_credentials`), and no table of
-credentials exists besides the stores themselves.
-
-A build without libcurl (``libcurl4-openssl-dev`` missing when it was built) reads no remote object: a
-remote location is refused when it is resolved, naming the fix (install it and rebuild: ``make
-install``). ``DALI_MESH_HTTP=python`` (it chose a Python client, now removed) is refused the same way.
+"""Remote object stores: ``s3://bucket/key`` (S3 and S3-compatible stores), ``gs://bucket/key`` (GCS's
+S3-interoperable XML API) and ``https://host/path``, read by ranged GETs through the one libcurl client
+(``csrc/storage/http_store.cc``) with ``If-Match`` on the version opened. Credentials come from s3fs-named
+``storage_options`` or the environment, and stay in memory on the store (never in its spec, repr or
+pickle). Options, credentials and what a build without libcurl does: docs/remote-storage.md.
 """
 from __future__ import annotations
 
@@ -56,8 +38,7 @@ _HTTP_OPTIONS = set(CLIENT_SETTINGS)
 # ---- the store ------------------------------------------------------------------------------------------
 class RemoteObject(NativeObject):
     """One object opened at its version (size and ETag from the GET of its first bytes, or a listing's);
-    every read sends ``If-Match``. ``first``: the object's first bytes from the answer that named the
-    version (an open): reads inside them cost no request."""
+    every read sends ``If-Match``; reads inside ``first`` (those first bytes) cost no request."""
 
     def __init__(self, store: "RemoteStore", key: str, version: Version, first: bytes = b"") -> None:
         super().__init__(store, key, version)
@@ -83,8 +64,8 @@ class RemoteObject(NativeObject):
 
 
 class RemoteStore(NativeStore):
-    """Objects of one remote service read by ranged GETs (see the module's doc). ``kind`` is ``"s3"``
-    (keys ``bucket/path``) or ``"http"`` (keys are URLs)."""
+    """Objects of one remote service read by ranged GETs. ``kind`` is ``"s3"`` (keys ``bucket/path``)
+    or ``"http"`` (keys are URLs)."""
 
 
     def __init__(self, kind: str, *, endpoint: str = "", region: str = "us-east-1", addressing: str = "path",
@@ -121,11 +102,9 @@ class RemoteStore(NativeStore):
     opens = RemoteObject
 
     def _give_credentials(self) -> None:
-        """Gives the native store of this spec (in the process's one native core, which Python's reads and
-        the DALI plugin's share) this store's credentials, once: when it is made, or in a worker process
-        when it takes them. A store without credentials leaves that store as it is: a spec names one set
-        (its signer, or its query's hash), which another store object of the spec may have given already.
-        Nothing where this build has no libcurl (no native store reads remote objects)."""
+        """Gives the native store of this spec this store's credentials, when it is made or in a worker
+        when it takes them. Without credentials it leaves that store as it is: a spec names one set (its
+        signer, or its query's hash), which another store object of the spec may have given already."""
         if self._credentials is not None and have_native_http():
             give_credentials(self.spec, self._credentials)
 
@@ -147,9 +126,8 @@ class RemoteStore(NativeStore):
         return super().stat(key)
 
     def open_range(self, key: str, n: int) -> tuple[bytes, int, str] | None:
-        """One GET of the first ``n`` (>= 1) bytes of ``key``, no If-Match: ``(bytes, size, tag)`` (at most
-        ``n`` bytes, fewer when the object is smaller; its size and version tag as :meth:`stat` names
-        them), or None when it does not exist. No HEAD: S3 refuses HEAD on a URL presigned for GET."""
+        """One GET of the first ``n`` (>= 1) bytes of ``key``, no If-Match: ``(bytes, size, tag)``, or None
+        when it does not exist. No HEAD: S3 refuses HEAD on a URL presigned for GET."""
         buf, size, tag = ctypes.create_string_buffer(n), ctypes.c_int64(), ctypes.create_string_buffer(1024)
         got = self._call(key, "dali_mesh_store_open", self.encoded(key), n, buf, ctypes.byref(size), tag, 1024)
         if got == -2:
@@ -180,10 +158,9 @@ class RemoteStore(NativeStore):
         return super().read_range(key, offset, size)  # larger: at one version (its ETag), opened first
 
     def pins(self, version: Version | None) -> bool:
-        """Whether reads of an object at ``version`` are of those bytes and no others: an S3 (or GCS XML)
-        ETag, which the service changes with the content and honours in If-Match. Not a plain HTTP(S)
-        server's (nginx's is the modification time and size: a copy that keeps both keeps it), nor a
-        generation or a date. Bytes planned at such a version need no second look at read time."""
+        """Only for an S3 (or GCS XML) ETag, which the service changes with the content and honours in
+        If-Match; not a plain HTTP(S) server's (nginx's is the modification time and size: a copy that
+        keeps both keeps it), nor a generation or a date."""
         return self.kind == "s3" and version is not None and is_etag(version.tag)
 
     def list_pages(self, prefix: str, delimiter: bool = True,
@@ -196,27 +173,23 @@ class RemoteStore(NativeStore):
 
     @property
     def credentials(self) -> Credentials | None:
-        """This store's credentials: those it was resolved with, or in a worker process those its
-        source carried there (:meth:`take_credentials`); ``None``: unsigned requests."""
+        """The credentials it was resolved with, or was given in a worker; ``None``: unsigned requests."""
         return self._credentials
 
     def credentials_state(self):
-        """``(spec, credentials)`` for the source that holds this store to carry into its worker
-        processes (never written anywhere), or ``None``."""
+        """:meth:`ByteStore.credentials_state`."""
         cred = self._credentials
         return None if cred is None or self.anon else (self.spec, tuple(cred))
 
     def take_credentials(self, credentials) -> None:
-        """Makes this store (unpickled without them) sign with ``credentials`` (``(key, secret, token)``,
-        of :meth:`credentials_state` in the process that resolved it)."""
+        """Makes this store sign with ``credentials`` (``(key, secret, token)``)."""
         if self.anon:
             return
         self._credentials = Credentials(*credentials)
         self._give_credentials()
 
     def __reduce__(self):
-        # the credentials are not pickled with the store: the source that resolved it carries them
-        # (carry_credentials, in memory, as it carries its storage_options) into its worker processes
+        # no credentials in the pickle: the source carries them (carry_credentials)
         return (_unpickle, (self.kind, self.spec, self.scheme, self.anon))
 
     def __repr__(self) -> str:
@@ -258,9 +231,8 @@ def _check_options(options: dict, known: set, scheme: str) -> None:
 
 
 def _bucket_and_key(location: str, scheme: str) -> str:
-    """``bucket/key`` of ``scheme://bucket/key``. The key is opaque bytes, as S3 takes it: ``?``, ``#``,
-    ``..``, spaces, ``+`` and unicode are parts of the key, never a query, a fragment or a path step.
-    User info (``s3://KEY:SECRET@bucket``) is refused without showing it."""
+    """``bucket/key`` of ``scheme://bucket/key``, the key opaque bytes as S3 takes them (``?``, ``#``,
+    ``..`` are parts of it); user info is refused unshown."""
     rest = location.split("://", 1)[1]
     bucket = rest.split("/", 1)[0]
     if "@" in bucket or ":" in bucket:  # shown without it (also a secret holding '/' or '@': names.shown)
@@ -352,9 +324,8 @@ def resolve_http(location: str, options: dict) -> tuple[RemoteStore, str]:
     if parts.username or parts.password or "@" in parts.netloc:
         raise DataFileError(shown(location),
                             "credentials in a URL are not taken (they would show in plans and logs)")
-    # the query (a presigned URL's X-Amz-Signature and token) is a credential of the store, never part of
-    # the key: plans, fingerprints, checkpoints and messages name the URL without it; the fragment is
-    # not sent by HTTP clients, so it is dropped
+    # the query (a presigned URL's signature) is a credential of the store, never part of the key; the
+    # fragment is not sent by HTTP clients, so it is dropped
     key = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
     cred = Credentials("", "", parts.query) if parts.query else None
     store = RemoteStore("http", settings=client_settings(options), scheme=parts.scheme, credentials=cred)

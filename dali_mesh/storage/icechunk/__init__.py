@@ -1,58 +1,12 @@
 """The Icechunk store: one snapshot of an Icechunk repository as a byte store, ``icechunk://<repository>``
 (a local folder, or ``s3://bucket/prefix`` with the source's ``storage_options``), read through the
-``icechunk`` library only (``Repository.open``, ``readonly_session``, its session's zarr store: ``get`` with
-byte ranges, ``list_prefix``), never a manifest parsed here. ``ZarrSource(["icechunk:///data/era5"], "t2m",
-layout, storage_options={"tag": "v1"})`` reads the array ``t2m`` of the repository at the tag ``v1``.
-
-Which version: ``storage_options`` ``branch``, ``tag`` or ``snapshot`` (a snapshot id), at most one
-(default: the branch ``main``), not a query in the location (``?`` is a character of a local path), or a
-snapshot id in the location itself: ``icechunk://<repository>@<snapshot id>`` (a local folder that exists
-under the whole name is that folder: :mod:`~dali_mesh.storage.icechunk.repository`). A branch or a tag is
-resolved ONCE, when the location is resolved (the source's construction), to a snapshot id, and that id
-is the store's version: it is in the store's spec and in every name of its keys (``icechunk:///data/era5@
-YJXNR2Q6WMH5PC80YF9G``), so a plan, a fingerprint and a checkpoint record it, a pickled store (DALI's
-worker processes) reads that snapshot, and a commit to the branch while the source reads never mixes two
-versions into one window. A name of a key is a location again: a checkpoint's recorded files read the
-recorded snapshot, whatever the branch holds since. An unknown snapshot id (never there, or expired by
-``Repository.expire_snapshots`` and collected by ``garbage_collect``) is an error naming it; a snapshot
-collected while it is read fails its next read of a deleted object, naming the snapshot.
-
-Time: every call of the library (opening the repository and its session, each read, each listing) is
-cancelled after the source's ``storage_options`` ``timeout`` (seconds, default 300), with
-:class:`IcechunkTimeoutError` naming the repository, the call, the option and what is known of the cause (an
-s3:// repository's endpoint that refuses connections): the library waits for ever for a server that accepts
-connections and never answers, and retries refused ones until then. An s3:// repository's ``stall`` is the
-library's own bound of an answer that stops sending (``network_stream_timeout_seconds``: dropped and retried).
-``retries`` is refused: the library retries each request itself and takes no such setting (see
-:mod:`~dali_mesh.storage.icechunk.repository`). User info in an s3:// repository's location
-(``icechunk://s3://KEY:SECRET@bucket/...``) or its ``endpoint_url`` is refused without being shown, and a
-``region`` that is no region's name is refused (before the library is asked, and before a spec holds them).
-
-Reads: the native reader's, answered by the library. The library (1.1.21) names neither a native chunk's
-object (each one object ``chunks/<id>`` of the repository's storage) nor a virtual chunk's byte range
-(``Session.all_virtual_chunk_locations`` gives the files only), but its store reads ranges of any key,
-several at once (``get_partial_values``). So the store is native (``native = True``): the native reader's
-store of this spec (csrc/storage/callback_store.cc) asks Python for the ranges it reads, through two ctypes
-callbacks bound when the store is made (in the process's one native core, the kernels library, which the DALI
-plugin links: :mod:`~dali_mesh.storage.icechunk.callbacks`; the latest store made of a spec answers), and
-reads a Blosc chunk in parts (its header and index, then the blocks a window needs) as from any object store.
-The callbacks run on the reader's threads and take the GIL: whoever waits for the reader must have released it
-(ctypes calls and DALI's ``pipe.run()`` do). At exit the library's calls in flight are cancelled and the
-callback stores unbound first (an ``atexit`` hook that waits at most 30 s for the reads in flight), so that no
-read enters an interpreter being torn down and DALI's shutdown of its pipelines finds their reads done. The Python path (:meth:`IcechunkStore.read`,
-:class:`IcechunkObject`) stays: it serves the planner, ``partitioned_source`` and DALI's worker processes.
-zarr-python reads the repository's arrays through the session's own store (:meth:`IcechunkStore.zarr_store`),
-each of its calls under the same bounds. Virtual chunks (byte ranges of NetCDF/HDF5 files that VirtualiZarr
-wrote into the repository) are read only from the containers the source authorises (``storage_options``
-``authorize_virtual``: their URL prefixes, or ``True`` for every one the repository declares): a repository's
-references may name any file. An object store's container is read anonymously unless the source says
-``{prefix: "env"}`` (the repository's config names its endpoint: the environment's keys would go wherever a
-repository points them).
-
-Processes: the library cannot run in a process forked from one that used it; a store there refuses at its
-first read with :class:`ForkedProcessError` (:mod:`~dali_mesh.storage.icechunk.forks`), and
-``partitioned_source`` refuses such a pipeline when it is defined. A store unpickled in a spawned process
-opens the repository there.
+``icechunk`` library only, never a manifest parsed here. The version (``branch``, ``tag`` or ``snapshot``,
+or ``@<snapshot id>`` in the location) is resolved once to a snapshot id, which is in the store's spec and in
+every name of its keys. Every call of the library is bounded by ``timeout``
+(:mod:`~dali_mesh.storage.icechunk.deadline`); the native reader's reads are answered here through ctypes
+callbacks (:mod:`~dali_mesh.storage.icechunk.callbacks`); a forked process refuses to read
+(:mod:`~dali_mesh.storage.icechunk.forks`). The full story (versions, time, virtual chunks, worker
+processes): docs/remote-storage.md, "Icechunk repositories".
 """
 from __future__ import annotations
 
@@ -109,8 +63,7 @@ class IcechunkStore(ByteStore):
     native = True  # the native reader's reads are answered here (bind_native_reads: csrc/storage/callback_store.cc)
     supports_listing = True
     versioned = True  # the names of its keys pin its snapshot
-    #: whether a process forked from one that read this store can read it: not the library (see the module's
-    #: docstring); ``partitioned_source`` refuses DALI's forked workers over it when the pipeline is defined
+    #: whether a forked process can read it: not the library (:mod:`~dali_mesh.storage.icechunk.forks`)
     fork_safe = False
 
     def __init__(self, repository: str, snapshot: str, options: dict | None = None, spec: str | None = None) -> None:
@@ -121,20 +74,17 @@ class IcechunkStore(ByteStore):
         #: the most seconds one call of the library may take (storage_options ``timeout``)
         self.timeout = timeout_of(self._options, self.name_of(""))
         self._why = why_of(self._options)  # what a call that timed out says of its cause
-        # what reads it, not only what it is: two sources of one repository location on two services (a
-        # mirror: the same snapshot ids), with other keys or other virtual containers authorised, are two
-        # stores (the native store of a spec reads through one of them). A pickled store keeps
-        # its spec (the signer is a hash under this process's salt)
+        # what reads it, not only what it is (a mirror has the same snapshot ids); a pickled store keeps its
+        # spec (the signer is a hash under this process's salt)
         self.spec = spec or write_spec("icechunk", spec_fields(self.repository, snapshot, self._options))
         self.tag = f"icechunk:{snapshot}"
         self._lock = threading.Lock()
         self._session = None  # the readonly session, at the first read in this process
-        #: what the native reader asked of this store in this process (while it answers the native store of its
-        #: spec: bind_native_reads): calls, ranges and bytes
+        #: what the native reader asked of this store in this process: calls, ranges and bytes
         self.native_reads = {"calls": 0, "ranges": 0, "bytes": 0}
         self._counting = threading.Lock()
-        # the native reader's reads of this spec go through this store from now on, in this process (also one
-        # unpickled in a worker); a build without the kernels library reads in Python only
+        # the native reader's reads of this spec go through this store from now on (also one unpickled in a
+        # worker); a build without the kernels library reads in Python only
         try:
             bind_native_reads(self)
         except KernelsError as e:
@@ -142,9 +92,8 @@ class IcechunkStore(ByteStore):
 
     # ---- the repository -----------------------------------------------------------------------------
     def session(self):
-        """The read-only session of the store's snapshot, opened once per process. In a process forked from
-        one that used the library (which may hold that process's session) :class:`ForkedProcessError`
-        instead: the library would wait for ever there."""
+        """The read-only session of the store's snapshot, opened once per process;
+        :class:`ForkedProcessError` in a process forked from one that used the library."""
         check_process(self.name_of(""))
         if self._session is None:
             with self._lock:
@@ -161,15 +110,13 @@ class IcechunkStore(ByteStore):
         return call(make, self.name_of(key), what, self.timeout, why=self._why)
 
     def read(self, key: str, offset: int, size: int) -> bytes:
-        """``size`` bytes of ``key`` at ``offset`` (fewer at its end): one ranged read of the session's store
-        (the Python readers'; not counted in :attr:`native_reads`)."""
+        """``size`` bytes of ``key`` at ``offset`` (fewer at its end), for the Python readers (uncounted)."""
         return self._ranges(key, [(offset, size)])[0].tobytes()
 
     def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list:
-        """The bytes of each ``(offset, size)`` range of ``key`` (fewer at its end), read by one call of the
-        session's store (``get_partial_values``: the library sends the requests together), as numpy
-        ``uint8`` arrays: the native reader's reads (csrc/storage/callback_store.cc), counted in
-        :attr:`native_reads`; a key the snapshot lacks is a :class:`MissingFileError` naming it."""
+        """The bytes of each ``(offset, size)`` range of ``key`` as numpy ``uint8`` arrays, in one
+        ``get_partial_values`` call: the native reader's reads, counted in :attr:`native_reads`. Raises
+        :class:`MissingFileError` for a key the snapshot lacks."""
         arrays = self._ranges(key, ranges)
         with self._counting:
             self.native_reads["calls"] += 1
@@ -246,10 +193,9 @@ class IcechunkStore(ByteStore):
         return Version(int(size), -1, self.tag)
 
     def warm(self, arrays: Sequence[str]) -> None:
-        """Loads the chunk manifests of ``arrays`` side by side: the library loads an array's manifest at the
-        first look-up of one of its chunks, so a dataset's variables planned in turn would wait a round trip
-        each (at 20 ms, 4 variables: 4 waves of one request). Looks up each array's first chunk together
-        (errors are left to the plan's own look-ups)."""
+        """Looks up each array's first chunk together, so their manifests load side by side (the library
+        loads one at an array's first look-up: 4 variables planned in turn, 4 round trips). Errors are left
+        to the plan's own look-ups."""
         from zarr.api.asynchronous import open_array  # noqa: PLC0415 - zarr only when a repository is read
 
         store = self.session().store
@@ -276,9 +222,8 @@ class IcechunkStore(ByteStore):
         return version is not None and version.tag == self.tag
 
     def list(self, prefix: str, delimiter: bool = True) -> tuple[list[tuple[str, Version]], list[str]]:
-        """The keys of the snapshot under ``prefix`` with their versions, and with ``delimiter`` the
-        prefixes one level down (a folder's children only: the root of a repository of millions of chunks
-        lists its arrays, not their chunks)."""
+        """:meth:`ByteStore.list`; with ``delimiter`` a folder's children only (the root of a repository of
+        millions of chunks lists its arrays, not their chunks)."""
         lead = "/" if prefix.startswith("/") else ""
         prefix = prefix.removeprefix("/")
         store = self.session().store
@@ -311,9 +256,8 @@ class IcechunkStore(ByteStore):
         return split_listing(found, lead + prefix, delimiter, size_of)
 
     def zarr_store(self, key: str):
-        """The session's own zarr-python store at the root (zarr-python reads the arrays through the
-        library, native and virtual chunks alike), its errors naming the key and each of its calls under the
-        store's timeout; the base class's store over this one's reads below it."""
+        """At the root, the session's own zarr-python store (:func:`_named_errors`); below it the base
+        class's store over this one's reads."""
         return _named_errors(self) if not key.strip("/") else super().zarr_store(key)
 
     def read_failed(self, key: str, e: BaseException) -> DataFileError:
@@ -354,17 +298,15 @@ class IcechunkStore(ByteStore):
 
 
 def _check_virtual_files(repo, session, options: dict, name: str, timeout: float) -> None:
-    """:func:`~dali_mesh.storage.icechunk.virtual.check_local_virtual_files` of ``session``, its locations
-    listed under ``timeout``."""
+    """:func:`~dali_mesh.storage.icechunk.virtual.check_local_virtual_files`, listed under ``timeout``."""
     check_local_virtual_files(repo, lambda: call(session.all_virtual_chunk_locations_async, name,
                                                  "listing the snapshot's virtual chunk files", timeout),
                               options.get(VIRTUAL_OPTION), name)
 
 
 def _named_errors(store: IcechunkStore):
-    """The session's zarr-python store, each of whose calls is bounded by the store's timeout (and cancelled
-    at exit), and whose failed reads raise :meth:`IcechunkStore.read_failed` (the key and what to do) instead
-    of the library's Rust trace."""
+    """The session's zarr-python store, each call bounded by the store's timeout, failed reads raising
+    :meth:`IcechunkStore.read_failed` instead of the library's Rust trace."""
     from zarr.storage import WrapperStore  # noqa: PLC0415 - zarr only when a repository is read
 
     name, timeout = store.name_of(""), store.timeout
@@ -383,9 +325,8 @@ def _named_errors(store: IcechunkStore):
             yield item
 
     class NamedErrors(WrapperStore):
-        # zarr-python's arrays opened in a parent keep this store (a source's open handles): a forked child
-        # reads through them without asking the IcechunkStore for its session, so each call checks here too
-
+        # arrays opened in a parent keep this store: a forked child reads through them without asking the
+        # IcechunkStore for its session, so each call checks here too
         #: the repository's location at its snapshot: what a reader's errors name (zarr_reader), not a repr
         name = store.name_of("")
 
@@ -433,8 +374,7 @@ def _named_errors(store: IcechunkStore):
 
 def resolve_icechunk(location: str, options: dict) -> tuple[IcechunkStore, str]:
     """The store of ``icechunk://<repository>[@<snapshot id>][/<key>]`` at the version ``options`` choose
-    (``branch``, ``tag`` or ``snapshot``; default: the branch ``main``), resolved here, once, to a snapshot
-    id, and the key (``""``: the repository's root)."""
+    (default: the branch ``main``), resolved here once to a snapshot id, and the key (``""``: the root)."""
     from dali_mesh.storage.names import shown  # noqa: PLC0415
 
     repository, pinned, key = split_location(location)

@@ -1,22 +1,12 @@
-"""Calls of the icechunk library under a deadline, cancelled when the process exits.
+"""Calls of the icechunk library under a deadline, cancelled when the process exits (why and what the errors
+say: docs/failure-behaviour.md, "Object storage", and docs/remote-storage.md, "Icechunk repositories").
 
-The library bounds no call of an object store by time (icechunk 1.1.21: its S3 client drops an answer's body
-that stalls, ``network_stream_timeout_seconds``, but waits for ever for an answer that never starts, and
-retries each request itself up to 10 times), so a server that accepts connections and never answers holds
-the caller for ever: the source's construction, a read, and at exit every thread whose read waits on one
-(DALI's executor threads, which its pipelines' shutdown joins). Every call of the library here is therefore
-made through its ``_async`` form, awaited on this module's event loop (a daemon thread of this process), and
-given ``timeout`` seconds: past them it is cancelled and :class:`IcechunkTimeoutError` names the repository,
-what was asked, the option that bounds it and what is known of the cause (``why``: an s3:// repository's
-endpoint that refuses connections). The caller returns at once; the library's call is not stopped at once:
-cancelling the asyncio future of a call (pyo3-async-runtimes') signals the library's runtime, which drops the
-call (its requests, its connections: checked, moments later) when it next polls it, and then touches the
-interpreter once more (it asks the future whether it was cancelled). When the process exits,
-:func:`cancel_all` cancels every call in flight and refuses new ones (:class:`IcechunkExitError`), so that the
-threads waiting on them return at once (see :func:`~dali_mesh.storage.icechunk.callbacks.unbind_at_exit`),
-and :func:`settle` waits a moment (at most :data:`SETTLE_S`) for the calls cancelled to leave the library's
-runtime: one that touched the interpreter after it was torn down made pyo3 panic ("The Python interpreter is
-not initialized") and the process die of SIGABRT or SIGBUS now and then.
+Each call is made through the library's ``_async`` form, awaited on this module's event loop (a daemon
+thread) for ``timeout`` seconds. Cancelling a call's future (pyo3-async-runtimes') only signals the library's
+runtime, which drops the call when it next polls it and then touches the interpreter once more (it asks the
+future whether it was cancelled). At exit :func:`cancel_all` cancels every call in flight and refuses new ones,
+and :func:`settle` waits (at most :data:`SETTLE_S`) for them to leave the runtime: one that touched the
+interpreter after teardown made pyo3 panic ("The Python interpreter is not initialized").
 """
 from __future__ import annotations
 
@@ -85,11 +75,10 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Future(asyncio.Future):
-    """A future of this module's loop. The library's calls return one (pyo3-async-runtimes makes it with the
-    running loop's ``create_future`` and gives it a done callback of its own, ``PyDoneCallback``): such a call
-    is in the library's runtime until the runtime's task of it ends, which asks the future, from the runtime's
-    thread, whether it was cancelled, and if not sets its result (``call_soon_threadsafe``: the waiter may
-    have it before that thread is out of the interpreter; checked with icechunk 1.1.21)."""
+    """A future of this module's loop, as the library's calls return them (pyo3-async-runtimes: the loop's
+    ``create_future``, with a ``PyDoneCallback``). Such a call is in the library's runtime until its task
+    asks the future, from the runtime's thread, whether it was cancelled, then sets its result
+    (``call_soon_threadsafe``: the waiter may have it before that thread leaves the interpreter; 1.1.21)."""
 
     def add_done_callback(self, fn, *, context=None):
         if type(fn).__name__ == "PyDoneCallback":
@@ -170,10 +159,10 @@ async def _cause(why: Callable[[], str | None] | None) -> str | None:
 
 async def bounded(make: Callable[[], Awaitable], name: str, what: str, timeout: float, *, exit_error: bool = True,
                   why: Callable[[], str | None] | None = None):
-    """Awaits ``make()`` (a call of the library) on the running loop for at most ``timeout`` seconds, cancelled
-    past them (:class:`IcechunkTimeoutError`, saying what ``why()`` finds of the cause) or when the process
-    exits (:class:`IcechunkExitError`; without ``exit_error`` it stays cancelled: :func:`call` says so itself);
-    ``name`` and ``what`` (``"opening the repository"``) say in those errors what was asked."""
+    """Awaits ``make()`` (a call of the library) for at most ``timeout`` seconds. Raises
+    :class:`IcechunkTimeoutError` past them (with what ``why()`` finds of the cause), and
+    :class:`IcechunkExitError` at exit (without ``exit_error``: CancelledError, for :func:`call`); ``name``
+    and ``what`` (``"opening the repository"``) name what was asked."""
     loop = asyncio.get_running_loop()
     entry = (loop, asyncio.current_task())
     with _lock:  # looked at and registered at once: cancel_all's snapshot has it, or it sees the exit
@@ -201,11 +190,9 @@ async def bounded(make: Callable[[], Awaitable], name: str, what: str, timeout: 
 
 
 def _loop() -> asyncio.AbstractEventLoop:
-    """This process's loop of the library's calls (started at its first call, on a daemon thread: it never
-    holds up the exit). The first call also makes the exit cancel the calls in flight (:func:`exit_calls`): a
-    thread that waits on one (DALI's, in a callback of a pipeline that its shutdown joins at exit) then returns
-    at once, and the exit waits for them to leave the library's runtime. The native reader's unbinding
-    (callbacks.py) does it too, first among the exit hooks."""
+    """This process's loop of the library's calls, started at the first call on a daemon thread, which also
+    registers :func:`exit_calls` at exit (so a DALI thread waiting on a call, which its pipeline's shutdown
+    joins, returns at once; callbacks.py's unbinding does it too, first among the exit hooks)."""
     global _runner
     with _lock:
         if _runner is None or _runner[0] != os.getpid():
@@ -219,8 +206,8 @@ def _loop() -> asyncio.AbstractEventLoop:
 
 def call(make: Callable[[], Awaitable], name: str, what: str, timeout: float, *,
          why: Callable[[], str | None] | None = None):
-    """The result of ``make()`` (a call of the library's ``_async`` API) awaited by :func:`bounded` on this
-    process's loop, waited for by the calling thread (without the GIL)."""
+    """The result of ``make()`` (a call of the library's ``_async`` API), :func:`bounded` on this process's
+    loop, waited for by the calling thread without the GIL."""
     if _exiting.is_set():
         raise _exit_error(name, what)
     future = asyncio.run_coroutine_threadsafe(bounded(make, name, what, timeout, exit_error=False, why=why),
@@ -264,20 +251,17 @@ def cancel_all() -> int:
 
 
 def _foreign_thread_in_python() -> bool:
-    """Whether a thread that Python did not start (the library's runtime's) is in the interpreter: running
-    Python code, or in a call that let the interpreter go and will take it again (``call_soon_threadsafe``'s
-    write to the loop's socket). Such a thread, once the interpreter is torn down, kills the process."""
+    """Whether a thread Python did not start (the library runtime's) is in the interpreter, or in a call that
+    will take it again (``call_soon_threadsafe``'s socket write): after teardown such a thread kills the process."""
     dummy = getattr(threading, "_DummyThread", ())
     ours = {t.ident for t in threading.enumerate() if not isinstance(t, dummy)}
     return any(ident not in ours for ident in sys._current_frames())
 
 
 def settle(limit: float = SETTLE_S) -> bool:
-    """Waits, at most ``limit`` seconds, until the library's runtime is done with the calls cancelled or in
-    flight (those of this module's loop: each one's last touch of the interpreter seen; those of another loop:
-    taken to be done :data:`_SETTLE_UNWATCHED_S` after their cancellation) and no thread of it is in the
-    interpreter, this module's loop running meanwhile (a daemon thread: it runs until the interpreter is torn
-    down). Returns whether they are done."""
+    """Waits at most ``limit`` seconds until the library's runtime is done with the calls cancelled or in
+    flight (this loop's: their last touch seen; another loop's: :data:`_SETTLE_UNWATCHED_S` after their
+    cancellation) and none of its threads is in the interpreter. Returns whether they are done."""
     end = time.monotonic() + limit
     while True:
         now = time.monotonic()
