@@ -1,34 +1,9 @@
-"""The reference store: a Kerchunk reference set (JSON, spec versions 0 and 1) as a byte store,
-``reference://<location of refs.json>``: each key of the set is inline bytes (text or ``base64:``) or a byte
-range of another location (``[url]``, ``[url, offset, length]``; a local path, ``s3://``, ``https://``...),
-read through THAT location's own store (:func:`dali_mesh.storage.store_of`, with the source's
-``storage_options``). A Zarr array that Kerchunk or VirtualiZarr made of NetCDF4/HDF5 files then reads as
-any Zarr store does (``ZarrSource(["reference:///data/era5.json"], "t2m", layout)``), without a copy.
-
-A scheme, not a ``.json`` suffix: a source hands its locations to the store seam, which resolves a location
-by its scheme only (a ``.json`` file may be a Zarr v3 ``zarr.json``, or any JSON), and the location then
-carries the reference set to the formats, the planner and DALI's workers like any other store's.
-
-The set is read once, at the first use of the store, by fsspec's own reader of references
-(``fsspec.implementations.reference.ReferenceFileSystem``: templates, ``gen`` keys, inline values, never a
-parser written here), and kept for the store's life: a worker process gets the same bytes in the pickle.
-A folder of Parquet references (``reference:///data/era5.parq``: what fsspec's ``LazyReferenceMapper``,
-kerchunk's ``refs_to_dataframe`` and VirtualiZarr's ``to_kerchunk(format="parquet")`` write) is read by
-fsspec's ``LazyReferenceMapper`` into the same document (:mod:`.parquet`).
-The native reader reads the referenced files' ranges itself: :meth:`ReferenceStore.locate` gives the
-Zarr planner each key's file and offset (the store has no C++ twin; its files' stores do).
-A key's version is its referenced file's (size, modification time, ETag) as seen at the open, and its reads
-are checked against that file's version (a rewritten original file is refused, as it is read directly).
-A reference to a missing file, or to bytes past a file's end, is an error naming the key and the file,
-never a chunk read as the fill value; so is a range that is none (a negative or fractional offset, an
-empty range).
-The source's ``storage_options`` are one service's: they read the set's own file and the referenced files
-of that service's scheme (a local set's: of its files' one object store, as fsspec's ``remote_options`` its
-``remote_protocol``'s), never files of another service (an AWS key never signs a request to Google, nor a
-GCS HMAC key one to AWS): such files are refused, naming them, unless ``reference_options`` gives them
-their own options; a set not read from a local file may not name local files, memory:// objects nor
-private, loopback or link-local hosts (unless ``allow_private_references``), and no set may name other sets or repositories
-(:mod:`.targets`).
+"""The reference store: a Kerchunk reference set (JSON or a Parquet folder, :mod:`.parquet`) as a byte store,
+``reference://<location of refs.json>``. Each key is inline bytes or a byte range of another location, read
+through that location's own store; the set is read once by fsspec's own reader (never a parser written
+here). It is a scheme, not a ``.json`` suffix, because locations are resolved by scheme only (a ``.json``
+file may be a Zarr v3 ``zarr.json``). Which files a set may name and which options sign them:
+:mod:`.targets`. The full story: docs/remote-storage.md, "Kerchunk reference sets".
 """
 from __future__ import annotations
 
@@ -102,14 +77,14 @@ class RangeObject(StoredObject):
 
 
 def _range_version(target: Version, length: int) -> Version:
-    """The version of a range of ``length`` bytes of a file at version ``target``: the range's size, the
-    file's time, and the file's size and tag (a file rewritten to another size is another version)."""
+    """The version of a ``length``-byte range of a file at version ``target`` (the file's size goes into the
+    tag: a file rewritten to another size is another version)."""
     return Version(length, target.mtime_ns, f"{target.size}:{target.tag}")
 
 
 class ReferenceStore(ByteStore):
-    """The keys of the Kerchunk reference set at ``location`` (a path or URL of a JSON file), read with
-    ``options`` (the source's ``storage_options``: for the set's file and for the files it refers to)."""
+    """The keys of the Kerchunk reference set at ``location``, read with ``options`` (the source's
+    ``storage_options``, for the set's file and the files it refers to)."""
 
     native = False
     supports_listing = True  # the keys are the set's
@@ -158,8 +133,7 @@ class ReferenceStore(ByteStore):
         return raw
 
     def _take(self, raw: bytes, targets: dict | None) -> None:
-        """Parses ``raw`` with fsspec's reader and resolves every referenced file's location (``targets``:
-        those already resolved, in an unpickled store)."""
+        """Parses ``raw`` with fsspec and resolves every referenced file (``targets``: those already resolved)."""
         try:
             document = json.loads(raw)
         except ValueError as e:
@@ -183,9 +157,8 @@ class ReferenceStore(ByteStore):
         self._raw, self._targets, self._fs = raw, targets, fs
 
     def _part(self, key: str):
-        """``(bytes, None, None)`` for inline bytes, ``(url, start, stop)`` for a range (``start`` and
-        ``stop`` ``None``: the whole file), or ``None`` when the set has no ``key``; as fsspec's own reads
-        resolve a key (its ``_cat_common``: templates filled, ``base64:`` decoded)."""
+        """``(bytes, None, None)`` for inline bytes, ``(url, start, stop)`` for a range (``None``s: the whole
+        file), or ``None`` when the set has no ``key``; resolved by fsspec's ``_cat_common``."""
         fs = self._load()
         try:
             url, start, stop = fs._cat_common(key)
@@ -236,11 +209,9 @@ class ReferenceStore(ByteStore):
         return RangeObject(self, key, obj, start, stop - start)
 
     def locate(self, key: str) -> tuple[ByteStore, str, int, int] | None:
-        """``(store, key, offset, length)`` of the file range that holds ``key`` (for the native reader,
-        which reads the original file's range itself), ``None`` for a key whose bytes the set holds
-        inline; :class:`~dali_mesh.storage.errors.MissingFileError` for a key the set lacks. Nothing is
-        read but a whole-file reference's size: the planner looks at each file once, and the reads check
-        its version."""
+        """``(store, key, offset, length)`` of the file range that holds ``key``, ``None`` for inline bytes;
+        :class:`~dali_mesh.storage.errors.MissingFileError` for a key the set lacks. Reads nothing but a
+        whole-file reference's size."""
         key = key.removeprefix("/")
         part = self._part(key)
         if part is None:
@@ -257,17 +228,15 @@ class ReferenceStore(ByteStore):
         return store, target_key, start, stop - start
 
     def located_version(self, store: ByteStore, key: str) -> Version | None:
-        """The version of the referenced file ``key`` of ``store`` (as :meth:`locate` names it) that this
-        store saw at its first look at its files (see :meth:`file_version`)."""
+        """That file's version as :meth:`file_version` saw it."""
         self._look_at_files()
         url = self._urls_of_files.get((store.spec, key))
         return store.stat(key) if url is None else self._versions[url]
 
     def file_version(self, url: str) -> Version | None:
-        """The version of the referenced file ``url`` (``None``: missing). Every file of the set is looked
-        at once, all together on the kept threads, at the first ask, and kept for the store's life: each
-        variable's plan, the listing and :meth:`locate` take these (a set over N files costs N requests
-        sent together, not N per variable one after another); every read checks its file again."""
+        """The version of the referenced file ``url`` (``None``: missing). All files are looked at once,
+        together, at the first ask, and kept (N files: N requests sent together, not N per variable);
+        every read checks its file again."""
         self._look_at_files()
         return self._versions.get(url)
 
@@ -300,8 +269,7 @@ class ReferenceStore(ByteStore):
             return obj.version
 
     def list(self, prefix: str, delimiter: bool = True) -> tuple[list[tuple[str, Version]], list[str]]:
-        """The keys of the set under ``prefix`` with their versions (each referenced file looked at once),
-        and with ``delimiter`` the prefixes one level down."""
+        """:meth:`ByteStore.list` of the set's keys (each referenced file looked at once)."""
         return split_listing(sorted(self._load().references), prefix, delimiter, self._listed_version)
 
     def _listed_version(self, key: str) -> Version:

@@ -1,29 +1,11 @@
 """Which referenced files a reference set may name, and with which ``storage_options`` each is read.
 
-One rule for the options. The source's ``storage_options`` are ONE service's (an endpoint, keys, a region):
-
-- a set read from an object store or an http(s) URL: that service's, which reads the set's own file; they
-  read the referenced files of the same scheme (``s3://`` keys sign ``s3://`` files, GCS HMAC keys ``gs://``
-  files) and no others;
-- a set read from a local file: the service of its referenced files' one object-store scheme (as fsspec's
-  ``remote_options`` go to its ``remote_protocol``), or the http(s) files' when they are all there is;
-- ``http(s)://`` files of a set whose options are an object store's are read anonymously (a presigned URL
-  signs itself); files of ANOTHER object store are read with the client's settings only (``anon``,
-  timeouts, retries, the cache: every service's) and only when the options carry nothing of a service;
-  where they do (keys, an endpoint, a region...), the set is refused naming those files, never read with
-  one service's keys or endpoint (an AWS key never signs a request to Google, nor a GCS HMAC key one to
-  AWS). ``storage_options={"reference_options": {"gs": {"anon": True}}}`` gives the files of a scheme
-  their own options (with the client's settings): ``{"anon": True}`` reads them anonymously.
-
-Which files. No set may name other sets or repositories; a set not read from a local file (an object
-store, an http(s) URL, memory) may not name local files (nor memory:// objects, unless read from memory),
-nor http(s) URLs whose host is or resolves to a loopback, link-local, private, shared, multicast, reserved or unspecified address (any spelling: decimal
-``2130706433``, ``0x7f.1``, ``[::1]``, IPv4-mapped and 6to4 IPv6): its author could otherwise have this
-machine fetch its network's services (a cloud's metadata at 169.254.169.254) and read their answers as a
-window. ``storage_options={"allow_private_references": True}`` allows such hosts, for a set the user
-trusts (one served on a private network). The endpoint of ``s3://`` and ``gs://`` files is not the set's
-to choose (the options' or the environment's) and is not checked. A set read from a local file is the
-user's own: it may name anything but sets and repositories.
+The source's ``storage_options`` are ONE service's: they sign the set's own file and the referenced files of
+that scheme only (for a local set: its files' one object-store scheme, or the http(s) files' when they are
+all there is); http(s) files are read anonymously (a presigned URL signs itself); another object store's
+files get the client's settings only, or ``reference_options``, else the set is refused. A set not read from
+a local file may name no local file and no non-public host (``allow_private_references``); no set names
+another set or a repository. The rules and why: docs/remote-storage.md, "Kerchunk reference sets".
 """
 from __future__ import annotations
 
@@ -87,9 +69,8 @@ def _where(url: str) -> str:
 
 
 def check_urls(refs: dict, location, name_of) -> list[str]:
-    """The referenced URLs of ``refs`` (fsspec's ``references``: a key -> ``[url, ...]`` or inline bytes),
-    sorted; a :class:`DataFileError` naming the key (``name_of(key)``) of a URL that is no string (a number, a
-    list: a corrupt or crafted set), or naming the set (``location``) that names another set or repository."""
+    """The referenced URLs of ``refs`` (fsspec's ``references``), sorted. Raises :class:`DataFileError`
+    naming the key of a URL that is no string, or the set (``location``) that names another set or repository."""
     urls = set()
     for key, ref in refs.items():
         if not isinstance(ref, list) or not ref or ref[0] is None:
@@ -107,10 +88,9 @@ def check_urls(refs: dict, location, name_of) -> list[str]:
 
 def resolve_targets(urls: list[str], options: dict, location, *, allow_private: bool = False,
                     per_family: dict | None = None) -> dict:
-    """The referenced files' locations (``urls`` -> resolved), each with the options the module's rule gives
-    it (``options``: the set's ``storage_options`` without its own; ``per_family``: ``reference_options``);
-    a :class:`DataFileError` naming the set and the files it may not name, or whose options would go to
-    another service, or that cannot take the options they get."""
+    """``urls`` -> their locations, each resolved with the options the module's rule gives it (``options``:
+    the set's own removed; ``per_family``: ``reference_options``). Raises :class:`DataFileError` naming the
+    files the set may not name, whose options would go to another service, or that cannot take them."""
     from dali_mesh.storage import resolve_locations  # noqa: PLC0415 - the package imports this module
     from dali_mesh.storage.credentials import CLIENT_SETTINGS  # noqa: PLC0415
 
@@ -173,11 +153,9 @@ def resolve_targets(urls: list[str], options: dict, location, *, allow_private: 
 
 # ---- the hosts a set read from elsewhere may name ---------------------------------------------------------
 def _check_hosts(urls: list[str], location) -> None:
-    """Refuses (:class:`DataFileError` naming the URL, the address and the option) an http(s) URL whose host
-    resolves to an address that is not public. Each host is resolved once, here, by the system's resolver;
-    libcurl resolves it again when it connects (in C++, after this check), so a name whose answer changes
-    in between (DNS rebinding) is NOT caught here; redirects are never followed (a public host cannot send
-    the reader on to a private one)."""
+    """Raises :class:`DataFileError` (naming the URL, the address and the option) for an http(s) URL whose
+    host resolves to a non-public address. libcurl resolves it again when it connects: DNS rebinding is NOT
+    caught here."""
     hosts: dict[tuple, str] = {}
     for url in urls:
         parts = urllib.parse.urlsplit(url)
