@@ -1,13 +1,7 @@
-"""The byte store: the one seam between the formats and where their bytes live.
-
-A store is a key space of immutable-while-read objects (files today; HTTP, S3 and GCS objects next).
-Formats (``.npy``, HDF5, Zarr) and the plan never touch a file descriptor: they ask a store to
-``open`` a key, read byte ranges of the opened object into their own buffers, and check at the end
-that the object is still the version they opened (a window is never a mix of two versions).
-
-The model is zarr-python 3's ``abc/store.py`` (``Store.get(key, prototype, byte_range)``),
-tensorstore's ``kvstore`` (``ByteRange``) and DALI's ``util/file.h`` (``FileStream`` with local,
-O_DIRECT and S3 siblings). The C++ reader has the same seam (``csrc/storage/byte_store.h``).
+"""The byte store: the one seam between the formats and where their bytes live. Formats and the plan never
+touch a file descriptor: they ``open`` a key, read byte ranges of that version, and check at the end that it
+is unchanged. The C++ reader has the same seam (``csrc/storage/byte_store.h``); how to add a store:
+docs/extending.md.
 """
 from __future__ import annotations
 
@@ -37,10 +31,9 @@ def is_etag(tag: str) -> bool:
 
 def write_spec(kind: str, settings: dict) -> str:
     """The spec that names a store of ``kind`` with ``settings`` in a plan and in the C API
-    (``"kind;name=value;..."``, in the order given; ``True``/``False`` as ``1``/``0``): the one writer
-    of specs. C++ is their one reader (csrc/storage/: ``StoreOf`` makes the store, ``StoreSettings``
-    gives its settings back, :func:`~dali_mesh.storage.native_store.store_settings`); no Python code splits
-    one. A name or value holding ``;``, ``=`` (names) or a control character cannot be written."""
+    (``"kind;name=value;..."``, in order; booleans as ``1``/``0``): the one writer of specs, whose one reader
+    is C++ (``StoreOf``, ``StoreSettings``). Raises ValueError for a ``;``, a control character or (in a
+    name) ``=``."""
     items = [kind]
     for name, value in settings.items():
         text = str(int(value)) if isinstance(value, bool) else str(value)
@@ -52,9 +45,8 @@ def write_spec(kind: str, settings: dict) -> str:
 
 
 class StoredObject(abc.ABC):
-    """One object opened for reading (``ByteStore.open``): its version is fixed at the open, and every
-    read reads that version or fails (``check_unchanged`` after the reads finds a rewrite). Closes on
-    ``close()`` or at the end of a ``with`` block."""
+    """One object opened for reading (``ByteStore.open``) at a version fixed at the open: every read reads
+    that version or fails (``check_unchanged`` after the reads finds a rewrite). A context manager."""
 
     #: the store it belongs to and its key in it
     store: "ByteStore"
@@ -106,15 +98,10 @@ class StoredObject(abc.ABC):
 
 
 class ByteStore(abc.ABC):
-    """A key space of objects read by byte ranges.
-
-    ``spec`` names the store in a plan (no credential ever goes into it); :meth:`local_path` gives the
-    file of this machine that holds a key, if any (the local fast paths: ``mmap``, ``O_DIRECT``, h5py by
-    path); ``native`` that the C++ reader has a store of that spec (``StoreOf`` in
-    csrc/storage/byte_store.cc): one per process, in the kernels library, which Python's reads and the
-    DALI plugin (which links that library) share. A store gives its native store what it reads with (a
-    remote store its credentials, an Icechunk store its callbacks) once, when it is made or, in a worker
-    process, when it takes its credentials; the memory store's objects are there already."""
+    """A key space of objects read by byte ranges. ``spec`` names the store in a plan (never a credential);
+    its capabilities are asked, never its kind (docs/extending.md, "A store"). A ``native`` store gives the
+    C++ store of its spec (one per process) what it reads with once, when made or, in a worker, when it
+    takes its credentials."""
 
     spec: str = ""
     #: whether the native reader (csrc/storage/) has this store too: plans name only those
@@ -125,25 +112,23 @@ class ByteStore(abc.ABC):
     #: whether the store keeps its keys in ranges of other stores' files (a Kerchunk reference set):
     #: :meth:`locate` answers, and the native reader reads those files instead of the store's own objects
     locates: bool = False
-    #: whether the store is one version of many (an Icechunk repository's snapshot, chosen by the storage_options
-    #: branch, tag or snapshot): its names pin that version (the CLI's ``--data`` is pinned so once for every rank)
+    #: whether the store is one version of many (an Icechunk snapshot): its names pin that version (the CLI's
+    #: ``--data`` is pinned so once for every rank)
     versioned: bool = False
 
     @abc.abstractmethod
     def open(self, key: str, what: str = "file", *, direct: bool = False) -> StoredObject:
-        """The object ``key`` opened for reading; :class:`~dali_mesh.storage.errors.MissingFileError`
-        when it does not exist, :class:`~dali_mesh.storage.errors.NotRegularFileError` when it is no
-        object (a folder, a FIFO), a :class:`~dali_mesh.storage.errors.DataFileError` for any other
-        failure. ``what`` names the object's kind in those messages."""
+        """The object ``key`` opened for reading. Raises :class:`~dali_mesh.storage.errors.MissingFileError`,
+        :class:`~dali_mesh.storage.errors.NotRegularFileError` (a folder, a FIFO) or another
+        :class:`~dali_mesh.storage.errors.DataFileError`, naming the object as a ``what``."""
 
     @abc.abstractmethod
     def stat(self, key: str) -> Version | None:
         """The version of ``key``, or ``None`` when it does not exist."""
 
     def pins(self, version: Version | None) -> bool:
-        """Whether every read of an object at ``version`` is checked by the store to be of those bytes and
-        no others (an S3 ETag sent as If-Match, :meth:`RemoteStore.pins`): what the plan read at that
-        version then needs no second look at read time. Local files: no (a file is rewritten in place)."""
+        """Whether the store checks every read at ``version`` to be of those bytes (an S3 ETag sent as
+        If-Match): what was planned at it then needs no second look. Local files: no."""
         return False
 
     def name_of(self, key: str) -> str:
@@ -161,10 +146,9 @@ class ByteStore(abc.ABC):
         are left to the reads)."""
 
     def warm(self, arrays: Sequence[str]) -> None:
-        """Announces that the chunks of ``arrays`` (array paths of a Zarr store in this store) are about to
-        be looked up one array after another (a dataset's variables, planned in turn): a store whose first
-        look-up in each array costs a round trip of its own may make them together (a hint; errors are
-        left to the look-ups)."""
+        """Announces that the chunks of ``arrays`` (Zarr array paths) are about to be looked up one array
+        after another, so a store whose first look-up per array costs a round trip may make them together
+        (a hint; errors are left to the look-ups)."""
 
     def open_file(self, key: str, what: str = "file") -> "StoredFile":
         """``key`` as a read-only binary file object (for h5py and other libraries that take one)."""
@@ -186,25 +170,20 @@ class ByteStore(abc.ABC):
         raise DataFileError(self.name_of(key), f"its store ({self.spec!r}) keeps its keys itself: nothing to locate")
 
     def located_version(self, store: "ByteStore", key: str) -> Version | None:
-        """The version of the file ``key`` of ``store`` that :meth:`locate` named, as this store saw it (a
-        store that looks at its files once answers from that look); by default ``store.stat(key)``."""
+        """The version of the file ``key`` of ``store`` that :meth:`locate` named, as this store saw it
+        (default: ``store.stat(key)``)."""
         return store.stat(key)
 
     def local_path(self, key: str) -> str | None:
-        """The path of this machine's file that holds ``key``'s bytes, for the readers that take a path
-        (``mmap``, ``O_DIRECT``, h5py by name), or ``None`` when ``key`` is no file of this machine (an
-        object store's object): callers ask this, never whether a store "is local"."""
+        """The path of this machine's file that holds ``key``'s bytes (for ``mmap``, ``O_DIRECT``, h5py by
+        name), or ``None``: callers ask this, never whether a store "is local"."""
         return None
 
     @property
     def round_trip(self) -> tuple[float, float]:
-        """What a request to this store costs now: ``(latency s, bytes/s)``, as the native fetch plan weighs a
-        gap against a request (csrc/storage/byte_store.h ``Cost()``; bytes/s 0: not measured). A store whose
-        keys are this machine's files costs no round trip (latency 0); another what the native reader measured
-        of its requests in this process (``_kernels.store_round_trip``), and before any (or without the
-        native library) 20 ms, an object store in the reader's region (the latency benchmarks/remote_bench.py
-        models). Policies (how many requests go out together, whether a look-up is worth a thread) ask
-        this; only a reader that needs a path asks :meth:`local_path`."""
+        """What a request costs now: ``(latency s, bytes/s)`` (bytes/s 0: not measured), as C++'s ``Cost()``.
+        Local files: latency 0; else what the native reader measured in this process, and before any 20 ms
+        (an object store in the reader's region, as benchmarks/remote_bench.py models). Policies ask this."""
         if self.local_path("") is not None:  # its keys are paths: a read is a system call, not a request
             return 0.0, 0.0
         latency = rate = 0.0
@@ -218,19 +197,16 @@ class ByteStore(abc.ABC):
         return (latency if latency > 0 else 0.02), rate
 
     def credentials_state(self) -> tuple | None:
-        """``(spec, credentials)`` for the source that holds this store to carry into its worker
-        processes in memory (:func:`~dali_mesh.storage.carry_credentials`; a store's own pickle holds
-        none), or ``None``: a store without credentials (local files, the memory store)."""
+        """``(spec, credentials)`` for its source to carry into its workers in memory (a store's pickle
+        holds none), or ``None`` without credentials."""
         return None
 
     def take_credentials(self, credentials) -> None:
-        """Makes this store read with ``credentials`` (the second of :meth:`credentials_state`'s pair,
-        carried from the process that resolved it). A store without credentials takes none."""
+        """Makes this store read with ``credentials`` (:meth:`credentials_state`'s second)."""
 
     def zarr_store(self, key: str):
-        """A read-only zarr-python store whose root is ``key`` (metadata and chunks of an array read
-        by zarr-python itself): by default one over this store's own reads
-        (:class:`~dali_mesh.storage.zarr_store.ByteZarrStore`), listing where :attr:`supports_listing`."""
+        """A read-only zarr-python store rooted at ``key`` (default: a
+        :class:`~dali_mesh.storage.zarr_store.ByteZarrStore` over this store's reads)."""
         from dali_mesh.storage.zarr_store import ByteZarrStore  # noqa: PLC0415 - zarr only when asked
 
         return ByteZarrStore(self, key)
@@ -257,9 +233,8 @@ def scatter(data, buffers: Sequence) -> int:
 
 
 def read_into(buffers: Sequence, offset: int, size: int, read: Callable) -> int:
-    """:meth:`StoredObject.readv` of an object of ``size`` bytes through ``read(dst, n, offset)``, which reads
-    ``n`` bytes (fewer at the end) into the writable buffer ``dst`` and returns how many: straight into a single
-    writable buffer, else into one staged and scattered over ``buffers``."""
+    """:meth:`StoredObject.readv` of a ``size``-byte object through ``read(dst, n, offset) -> got``: straight
+    into a single writable buffer, else staged and scattered over ``buffers``."""
     views = [memoryview(b).cast("B") for b in buffers]
     n = min(sum(len(v) for v in views), size - offset)
     if n <= 0:
@@ -271,9 +246,8 @@ def read_into(buffers: Sequence, offset: int, size: int, read: Callable) -> int:
 
 
 def split_listing(keys, prefix: str, delimiter: bool, version_of: Callable) -> tuple[list, list]:
-    """:meth:`ByteStore.list` of a store that knows all its ``keys`` (sorted): those under ``prefix`` with their
-    versions (``version_of(key)``) and, with ``delimiter``, the prefixes one level down. A ``prefix`` asked with a
-    leading '/' (a :class:`~dali_mesh.storage.zarr_store.ByteZarrStore` at the store's root) is answered so."""
+    """:meth:`ByteStore.list` over all of a store's sorted ``keys`` (``version_of(key)`` gives versions); a
+    ``prefix`` with a leading '/' (a ByteZarrStore at the root) is answered so."""
     lead = "/" if prefix.startswith("/") else ""
     prefix = prefix.removeprefix("/")
     objects, prefixes = [], set()
@@ -313,10 +287,9 @@ IOV_MAX = 1024
 
 
 def readv_all(obj: StoredObject, bufs: list, lens: list, offset: int, stats=None) -> None:
-    """Reads every buffer of ``bufs`` (``lens``: their sizes) from ``offset`` on, in requests of at
-    most :data:`IOV_MAX` buffers, looping over short reads; a read that ends early means the object
-    shrank: :class:`~dali_mesh.storage.errors.TruncatedFileError` naming it. ``stats`` (an ``IOStats``)
-    counts the requests and bytes."""
+    """Fills ``bufs`` (``lens``: their sizes) from ``offset`` on, at most :data:`IOV_MAX` per request, looping
+    over short reads; ``stats`` (an ``IOStats``) counts them. Raises
+    :class:`~dali_mesh.storage.errors.TruncatedFileError` if the object shrank."""
     from dali_mesh.storage.errors import TruncatedFileError
 
     i = 0

@@ -3,17 +3,11 @@ callbacks per store spec, bound in the process's one native core (the kernels li
 by :func:`bind_native_reads` when an :class:`~dali_mesh.storage.icechunk.IcechunkStore` is made, and their
 unbinding at exit.
 
-The callbacks run on the reader's threads (DALI's executor threads, the kernels library's) and wait there for
-the library's calls (:mod:`~dali_mesh.storage.icechunk.deadline`). At exit :func:`unbind_at_exit` runs first
-among the exit hooks: it cancels every call of the library in flight (the reads waiting on them fail at once,
-"the process is exiting"), unbinds the callback stores (later reads fail in C++ without entering Python)
-and waits, at most :data:`EXIT_WAIT_S`, for the reads still in Python to return, then (at most 2 s)
-for the calls cancelled to leave the library's runtime (:func:`~dali_mesh.storage.icechunk.deadline.settle`).
-DALI's hook, which shuts its pipelines down and joins their executor threads, comes after it and finds them
-done: before, a read whose requests were never answered held that join (and the exit) until the library gave
-up. DALI registers its hook when its pipeline module is first imported, which may come after a store was made
-(a source built before DALI is imported): the unbinding is registered again after it, at each binding and at
-the first read answered once DALI is imported (before any read could wait in the library).
+The callbacks run on the reader's threads and wait there for the library's calls. :func:`unbind_at_exit` must
+run before DALI's exit hook (which joins its executor threads: a read never answered held that join until the
+library gave up); DALI registers that hook when its pipeline module is first imported, possibly after a store
+was made, so the unbinding is registered again at each binding and at the first read answered once DALI is
+imported. What the exit does: docs/remote-storage.md, "Icechunk repositories".
 """
 from __future__ import annotations
 

@@ -2,13 +2,8 @@
 the library's calls that open it and its sessions, each under the source's ``timeout``
 (:mod:`~dali_mesh.storage.icechunk.deadline`).
 
-Which part of a location is a snapshot id: ``@`` and 20 characters of Crockford base32 (``0-9``, ``A-Z``
-without ``I``, ``L``, ``O``, ``U``: the library's ids) ending the repository's path or followed by ``/<key>``.
-A local folder that exists under the whole name (``/data/era5@ABCDEFGHJKMNPQRSTVWX``) is that folder, not a
-snapshot of ``/data/era5``; where both folders exist the location is refused as ambiguous (rename the folder,
-or give the snapshot as ``storage_options={"snapshot": ...}``). An ``s3://`` prefix of that form is always a
-snapshot's, a bucket's too (``s3://bucket@<snapshot id>``: a repository at the bucket's root; no bucket name
-holds capitals). The scheme is case-insensitive (``S3://`` is ``s3://``, named so).
+Which part of a location is a snapshot id (``@`` and 20 Crockford base32 characters), and when a local
+folder of that name wins: docs/remote-storage.md, "Icechunk repositories".
 """
 from __future__ import annotations
 
