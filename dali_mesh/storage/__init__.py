@@ -1,20 +1,13 @@
-"""Byte stores: where the bytes of the formats live, behind one seam (see :mod:`.base`).
+"""Byte stores: where the bytes of the formats live, behind one seam (:mod:`.byte_store`), found by URL scheme.
 
 A source resolves each of its locations once, with its own ``storage_options``, into a
-:class:`StoredLocation` (:func:`resolve_locations`): the location's name (a ``str``) carrying its store
-and key, which formats, planning, the native reader and DALI's worker processes receive and read with.
-No table of options keyed by location exists: two sources of one bucket with other endpoints or keys
-each read with their own. ``store_of(location)`` gives the store and key of a location. Local paths are read by the
-:class:`~dali_mesh.storage.local.LocalStore` (POSIX: ``preadv``, ``fadvise``, ``O_DIRECT``, ``mmap``);
-``s3://``, ``gs://`` and ``http(s)://`` locations by the
-:class:`~dali_mesh.storage.remote.RemoteStore` (ranged GETs through libcurl); ``memory://name/key`` by the
-:class:`~dali_mesh.storage.memory.MemoryStore` (objects held in the process, for tests);
-``reference://<refs.json>`` by the :class:`~dali_mesh.storage.references.ReferenceStore` (a Kerchunk reference
-set: keys that are inline bytes or byte ranges of other locations, read through theirs);
-``icechunk://<repository>`` by the :class:`~dali_mesh.storage.icechunk.IcechunkStore` (one snapshot of an
-Icechunk repository, through the ``icechunk`` library). Another backend
-registers its URL scheme with :func:`register_scheme` and passes the shared store tests
-(``tests/storage/store_tests.py``).
+:class:`StoredLocation` (:func:`resolve_locations`), which everything below it reads through: no table of
+options keyed by location exists. Local paths: :class:`~dali_mesh.storage.local.LocalStore`; ``s3://``,
+``gs://``, ``http(s)://``: :class:`~dali_mesh.storage.remote.RemoteStore`; ``memory://``:
+:class:`~dali_mesh.storage.memory.MemoryStore`; ``reference://``:
+:class:`~dali_mesh.storage.references.ReferenceStore`; ``icechunk://``:
+:class:`~dali_mesh.storage.icechunk.IcechunkStore`. Another backend: :func:`register_scheme` and
+docs/extending.md.
 """
 from __future__ import annotations
 
@@ -84,19 +77,13 @@ def register_scheme(scheme: str, resolve: Callable[[str, dict], tuple[ByteStore,
 
 
 class StoredLocation(str):
-    """A location resolved once into its ``store`` and ``key`` (with the options of the source that
-    resolved it): a ``str`` that names it as errors, fingerprints and checkpoints show it (the store's
-    :meth:`~ByteStore.name_of`: an https URL without its query, which is a credential of the store), and
-    that every reader below the source reads through :func:`store_of` without resolving it again. It
-    pickles with its store, so DALI's worker processes read with the same options; a store's pickle holds
-    no credential: the source carries them in memory (:func:`carry_credentials`) and gives them to its
-    stores there (:func:`attach_credentials`).
+    """A location resolved once into its ``store`` and ``key``: a ``str`` naming it as errors, fingerprints
+    and checkpoints show it (:meth:`~ByteStore.name_of`), read through :func:`store_of` without resolving it
+    again. It pickles with its store (credentials travel apart: :func:`carry_credentials`).
 
-    ``loc / "t2m"`` (:meth:`child`) is the location of a key below it in the same store. A string made
-    from it otherwise (``f"{loc}/t2m"``, ``os.path.join(loc, "t2m")``, ``loc.rstrip("/")``) is a plain
-    location, and where it would resolve with the environment's defaults to another store than the one
-    resolved for its bucket or set in this process, :func:`store_of` refuses it, naming the fix: before,
-    it silently read another endpoint with other keys."""
+    ``loc / "t2m"`` (:meth:`child`) is a key below it in the same store. A plain string made from it
+    otherwise (``f"{loc}/t2m"``) that would resolve with the environment's defaults to another store is
+    refused by :func:`store_of` (docs/remote-storage.md, "Locations and options")."""
 
     store: ByteStore
     key: str
@@ -142,9 +129,8 @@ class StoredLocation(str):
 
 
 def stores_of(locations) -> list:
-    """The distinct store objects of the :class:`StoredLocation` among ``locations``, in their order;
-    none for local paths. Distinct by identity: the locations a source resolved with one store share
-    that object, and so does its pickle (pickle keeps one object one)."""
+    """The distinct store objects (by identity, as one source's locations share one, pickled too) of the
+    :class:`StoredLocation` among ``locations``, in order."""
     found: dict[int, ByteStore] = {}
     for location in locations:
         if isinstance(location, StoredLocation):
@@ -153,9 +139,8 @@ def stores_of(locations) -> list:
 
 
 def carry_credentials(stores) -> dict:
-    """The credentials of ``stores`` (``{spec: credentials}``, :meth:`ByteStore.credentials_state`), for
-    a source to carry into DALI's worker processes in its pickle's memory (as it carries its
-    ``storage_options``); a store's own pickle holds none. Nothing for stores without credentials."""
+    """``{spec: credentials}`` of ``stores`` (:meth:`ByteStore.credentials_state`), for a source to carry
+    into DALI's worker processes in memory, as it carries its ``storage_options``."""
     carried = {}
     for store in stores:
         state = store.credentials_state()
@@ -165,9 +150,8 @@ def carry_credentials(stores) -> dict:
 
 
 def attach_credentials(stores, carried: dict) -> None:
-    """Gives each of ``stores`` (unpickled in a worker process) the credentials carried for its spec
-    (``carried``: :func:`carry_credentials` of the process that resolved them), on the store object
-    itself: a spec names one set of credentials, so stores of one spec take the same."""
+    """Gives each of ``stores`` (unpickled in a worker) the credentials ``carried``
+    (:func:`carry_credentials`) for its spec."""
     for store in stores:
         credentials = carried.get(store.spec)
         if credentials is not None:
@@ -175,9 +159,8 @@ def attach_credentials(stores, carried: dict) -> None:
 
 
 def resolve_locations(locations, options: dict | None) -> list:
-    """``locations`` with each remote one resolved once with ``options`` (a :class:`StoredLocation`);
-    local paths stay as they are (the local store takes no options). Locations of one store (an equal
-    one: one spec) share one store object, which holds the source's credentials for all of them."""
+    """``locations`` with each non-local one resolved once with ``options`` into a :class:`StoredLocation`;
+    locations of equal stores share one store object."""
     out = []
     shared: dict[ByteStore, ByteStore] = {}
     for location in locations:
@@ -242,10 +225,9 @@ def _derived(plain: str, name: str) -> bool:
 
 
 def _refuse_lost_store(location: str, store: ByteStore) -> None:
-    """Refuses ``location`` (a plain string resolved without options to ``store``) where the StoredLocations
-    alive that it could be derived from (:func:`_derived`) were all resolved to other stores: a string derived from a resolved
-    location (``f"{loc}/t2m"``, ``os.path.join``, ``rstrip``) would silently read another endpoint with the
-    environment's keys."""
+    """Refuses ``location`` (a plain string resolved without options to ``store``) where the live
+    StoredLocations it could be derived from (:func:`_derived`) all have other stores: it would silently
+    read another endpoint with the environment's keys."""
     root = _root(location)
     alive = [loc for loc in (_resolved.get(root) or ()) if _derived(location, str.__str__(loc))] if root else []
     if not alive or any(loc.store == store for loc in alive):
@@ -267,9 +249,8 @@ def local_path_of(location) -> str | None:
 
 
 def _file_url_path(location: str, rest: str) -> str:
-    """The path of a ``file://`` URL (RFC 8089): ``file:///abs`` and ``file://localhost/abs`` are this
-    host's ``/abs``; a URL naming another host (``file://server/x``, or ``file://data/x.npy`` meant as a
-    relative path) is refused, never read as a relative path."""
+    """The path of a ``file://`` URL (RFC 8089); one naming another host (``file://data/x.npy`` meant as a
+    relative path too) is refused."""
     host, _, path = rest.partition("/")
     if host == "" or host.lower() == "localhost":
         return "/" + path
@@ -279,8 +260,7 @@ def _file_url_path(location: str, rest: str) -> str:
 
 
 def _built_in(module: str, name: str):
-    """The resolver ``name`` of the store module ``dali_mesh.storage.<module>``, imported at its first location
-    (ctypes and the kernels library, fsspec, the icechunk library: only when such a location is read)."""
+    """The resolver ``name`` of ``dali_mesh.storage.<module>``, imported at its first location."""
     def resolve(location: str, options: dict):
         return getattr(importlib.import_module(f"dali_mesh.storage.{module}"), name)(location, options)
 
