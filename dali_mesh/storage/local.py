@@ -62,12 +62,9 @@ def check_regular_file(path, what: str = "file") -> os.stat_result:
 
 
 def open_regular_file(path, what: str = "file") -> int:
-    """Open ``path`` read-only and return its descriptor; refuse anything but a regular file.
-
-    The open is non-blocking (opening a FIFO with no writer would block for ever), the kind is taken
-    from ``fstat`` of the descriptor itself (no race with a rename), then the descriptor is switched
-    back to blocking reads.
-    """
+    """Open ``path`` read-only and return its descriptor; refuse anything but a regular file. Non-blocking
+    (a FIFO with no writer would block for ever), the kind from ``fstat`` of the descriptor (no race with a
+    rename), then switched back to blocking reads."""
     flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
         fd = os.open(path, flags)

@@ -1,8 +1,5 @@
-"""The byte stores' C entry points (csrc/c_api/store_api.cc), bound once on the process's one native core
-(the kernels library, which the DALI plugin links): every Python store that reads through a native store
-(the remote stores, :class:`~dali_mesh.storage.memory.MemoryStore`) calls them here, none through another
-store's module, and is a :class:`NativeStore`: its versions, reads and listings are the native store's
-answers."""
+"""The one binding of the byte stores' C entry points (csrc/c_api/store_api.cc), and :class:`NativeStore`:
+the base of every Python store whose versions, reads and listings are a native store's (remote, memory)."""
 from __future__ import annotations
 
 import ctypes
@@ -25,10 +22,8 @@ _TAG = 1024
 
 
 def store_api():
-    """The kernels library with the byte stores' C entry points bound (the one binding of
-    csrc/c_api/store_api.cc): the process's one native core, which every Python store that reads through
-    it (this module's RemoteStore, :class:`~dali_mesh.storage.memory.MemoryStore`) and the DALI plugin (which
-    links it) share: the same stores, credentials, caches and counters."""
+    """The kernels library with the byte stores' C entry points bound: the process's one native core, whose
+    stores, credentials, caches and counters Python and the DALI plugin (which links it) share."""
     from dali_mesh._kernels.library import bound  # noqa: PLC0415 - the native library, loaded on first use
 
     return bound("store_api", _bind)
@@ -76,10 +71,9 @@ def have_native_http() -> bool:
 
 
 def store_settings(spec: str) -> dict:
-    """The settings of the store ``spec`` as C++, the specs' one reader, parsed them (csrc/storage/byte_store.h
-    ``StoreSettings``; an ``s3`` or ``http`` spec: the fields of ``HttpStoreConfig`` in http_store.h, the
-    client's defaults filled in); also where this build has no libcurl. A ``ValueError`` naming the spec
-    and what is wrong for one its kind refuses."""
+    """The settings of the store ``spec`` as C++ parsed them (``StoreSettings``; for ``s3``/``http`` the
+    ``HttpStoreConfig`` fields, defaults filled in), also without libcurl. Raises ValueError for a spec its
+    kind refuses."""
     lib = store_api()
     err = ctypes.create_string_buffer(_ERR)
     size = 1024

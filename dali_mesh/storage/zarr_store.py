@@ -1,14 +1,9 @@
-"""A read-only zarr-python store over a byte store (``ByteStore.zarr_store`` of the remote stores; the
-local store uses zarr-python's own): zarr-python reads metadata and chunks through the same client, credentials,
-retries and version checks as the rest of dali_mesh. Listing (groups without consolidated metadata)
-uses the store's ``list`` where it ``supports_listing`` (S3 ListObjectsV2).
+"""A read-only zarr-python store over a byte store (``ByteStore.zarr_store``), so zarr-python reads through
+the same client, credentials and version checks as the rest of dali_mesh.
 
-An open of a remote array costs one round trip (:func:`open_array_objects`): its metadata objects are
-read by concurrent GETs (no HEAD: each answer's ``Content-Range`` and ETag give the object's size and
-version) beside the first page of its folder's listing, and zarr-python's reads of those keys are answered
-from them (:class:`OpenedObjects`); the store keeps them for the plan that follows, which takes its
-metadata and chunk versions from there instead of reading them again, and the zarr-python array the
-open made from them (``OpenedObjects.array``) instead of parsing them again."""
+An open of a remote array costs one round trip (:func:`open_array_objects`): its metadata objects by
+concurrent GETs (no HEAD) beside the first page of its folder's listing, kept (:class:`OpenedObjects`) for
+zarr-python's reads and for the plan that follows, which reuses them and the array parsed from them."""
 from __future__ import annotations
 
 import asyncio
