@@ -1,8 +1,6 @@
-"""What the object stores sign and connect with, shared by every store that reaches a service (the remote
-stores, Icechunk repositories in object storage, reference sets' targets), none of them importing
-another's module: credentials and their names in a spec (:func:`signer`, :func:`query_id`), the
-environment's and profile's keys and region as boto3 reads them, the client's settings, and the checks of
-an endpoint and a region (their values become part of requests' hosts and specs)."""
+"""What the stores that reach a service sign and connect with (shared, so no store imports another's
+module): credentials and their names in a spec, the environment's keys and region as boto3 reads them, the
+client's settings, and checks of an endpoint and a region (they become part of hosts and specs)."""
 from __future__ import annotations
 
 import configparser

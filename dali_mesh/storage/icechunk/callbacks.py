@@ -127,12 +127,9 @@ def _bind(spec: str, name: str, head, read) -> None:
 
 
 def bind_native_reads(store) -> None:
-    """Makes the native store of ``store.spec`` (csrc/storage/callback_store.cc) read through ``store`` (an
-    :class:`~dali_mesh.storage.icechunk.IcechunkStore`, which calls this when it is made): its callbacks are made
-    once per spec and kept for the life of the process; a later store of the spec takes over their answers (its
-    :attr:`~dali_mesh.storage.icechunk.IcechunkStore.native_reads` then counts them). Each binding moves the
-    unbinding at exit to run first among the exit hooks (before DALI's, which shuts its pipelines down: their
-    reads then fail at once instead of waiting for a GIL held by that shutdown)."""
+    """Makes the native store of ``store.spec`` read through ``store`` (an IcechunkStore, when it is made).
+    The callbacks are made once per spec and kept for the process; a later store of the spec takes over their
+    answers. Moves the unbinding to run first at exit (before DALI's shutdown, whose GIL it would wait for)."""
     with _binding:
         _answering[store.spec] = store
         if store.spec not in _callbacks:

@@ -1,9 +1,6 @@
-"""Processes forked from one that used the icechunk library: the library cannot run there (icechunk 1.1.21:
-once a storage object is made, its Rust runtime's threads run the calls; a forked child has none of them, so
-its first call of the library, through an inherited session or a freshly opened repository alike, waits for
-ever). A store in such a child (DALI's workers with ``py_start_method="fork"``, torch's DataLoader with the
-``"fork"`` context) refuses at its first read, before calling the library, with :class:`ForkedProcessError`
-naming the repository and the start methods that work (``"spawn"``, ``"forkserver"``)."""
+"""Processes forked from one that used the icechunk library, where its first call would wait for ever (its
+runtime's threads are not in the child): a store there refuses at its first read with
+:class:`ForkedProcessError` (docs/remote-storage.md, "Icechunk repositories": worker processes)."""
 from __future__ import annotations
 
 import os

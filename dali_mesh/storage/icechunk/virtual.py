@@ -1,5 +1,5 @@
 """Virtual chunk containers of an Icechunk repository: which the source authorises, with what credentials, and
-the local files their chunks name looked at once (see the package's docstring)."""
+the local files their chunks name looked at once (docs/remote-storage.md, "Icechunk repositories")."""
 from __future__ import annotations
 
 import os

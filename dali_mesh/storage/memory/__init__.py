@@ -1,16 +1,8 @@
 """The memory store: objects held in this process, ``memory://<name>/<key>``, written with
-:meth:`MemoryStore.put` and read as every store's objects are, by Python's readers and by the native reader
-(``csrc/storage/memory_store.cc``, reached through the byte stores' C API as the remote stores are). A format
-written into memory reads back without a disk or a server: what tests use it for.
-
-Each name is one store: ``MemoryStore("a")`` and ``MemoryStore("b")`` hold other objects, two stores of one
-name the same ones. A write is a new version (tagged by the store's counter): an object opened reads the
-version it opened, and its ``check_unchanged`` refuses it once its key holds another. Keys are any text
-but NUL.
-
-The objects live in the process that wrote them: a pickled store names them, and another process (one of
-DALI's workers) finds none. They are held once per process, in the native core (the kernels library, which
-the DALI plugin links): a write is seen at once by Python's readers, a PlanReader and ``fn.read_windows``.
+:meth:`MemoryStore.put` and read by Python's and the native reader (``csrc/storage/memory_store.cc``); the
+worked example of docs/extending.md. Each name is one store; a write is a new version, which an object opened
+before refuses. Keys are any text but NUL. The objects live in the native core of the process that wrote
+them: a pickled store names them, and another process (a DALI worker) finds none.
 """
 from __future__ import annotations
 
