@@ -62,8 +62,7 @@ def fetch_counters() -> tuple[int, int]:
 
 
 def have_native_http() -> bool:
-    """Whether this build reads remote objects through libcurl (it was built with
-    ``libcurl4-openssl-dev``)."""
+    """Whether this build reads remote objects (it was built with libcurl)."""
     try:
         return bool(store_api().dali_mesh_store_have_http())
     except Exception:  # noqa: BLE001 - no kernels library: no native reads of any kind

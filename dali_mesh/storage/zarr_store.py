@@ -46,13 +46,11 @@ class OpenedObjects:
 
     def __init__(self, prefix: str, objects: dict, listing: dict | None, complete: bool) -> None:
         self.prefix, self.objects, self.listing, self.complete = prefix.rstrip("/"), objects, listing, complete
-        #: the zarr-python array the source's open made from these objects, for the plan's open to take
-        #: (zarr_reader.open_zarr_array): the same bytes at the same versions, not parsed a second time
+        #: the zarr-python array the source's open made from these objects, reused by the plan's open
         self.array = None
 
     def missing(self, key: str) -> bool:
-        """Whether this open knows that ``key`` does not exist: its GET found nothing, or the complete
-        listing lacks it."""
+        """Whether this open knows ``key`` is missing (its GET found nothing, or the complete listing lacks it)."""
         if key in self.objects:
             return self.objects[key] is None
         return self.covers(key) and key not in self.listing

@@ -64,9 +64,8 @@ def _failure(store, key: str, e: BaseException) -> str:
 
 
 def _answers(spec: str) -> tuple:
-    """The two callbacks of the native store of one spec: they read through the store ``_answering`` names for
-    ``spec`` at each call. They never raise (ctypes would print and return 0): a failure is -1 and its
-    message."""
+    """The two callbacks of the native store ``spec``, reading through ``_answering[spec]`` at each call; they
+    never raise (ctypes would print and return 0): a failure is -1 and its message."""
 
     def answer(key_p, err, err_cap, work) -> int:
         store, key = None, ""

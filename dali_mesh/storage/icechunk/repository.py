@@ -44,8 +44,7 @@ _NO_RETRIES = ("the icechunk library retries each request of a repository itself
 
 
 def icechunk_module():
-    """The ``icechunk`` module (imported only when a repository is read), or an error naming the extra that
-    installs it."""
+    """The ``icechunk`` module, imported when a repository is read, or an error naming its extra."""
     icechunk = needed("reading Icechunk repositories (icechunk:// locations) needs the icechunk library",
                       lambda: importlib.import_module("icechunk"))
     # a local repository warns "not safe for concurrent commits" at every open: this store never commits
@@ -164,9 +163,8 @@ def _stall_of(options: dict, name: str) -> int | None:
 
 
 def why_of(options: dict) -> Callable[[], str | None] | None:
-    """For a call that timed out: a look at an s3:// repository's ``endpoint_url`` (one connection, at most
-    :data:`_LOOK_S`) that says what is known of the cause (the library says nothing of the failures it
-    retried), or None without an endpoint (nothing is looked at)."""
+    """For a call that timed out, a look at an s3:// repository's ``endpoint_url`` (one connection, at most
+    :data:`_LOOK_S`; the library says nothing of the failures it retried); None without an endpoint."""
     endpoint = options.get("endpoint_url")
     if not endpoint:
         return None
@@ -198,8 +196,7 @@ def why_of(options: dict) -> Callable[[], str | None] | None:
 
 
 def open_repository(repository: str, options: dict):
-    """``icechunk.Repository.open`` of a local folder or an ``s3://bucket/prefix`` with ``options``, under
-    their ``timeout``."""
+    """``icechunk.Repository.open`` of a local folder or ``s3://bucket/prefix``, under ``options``' timeout."""
     icechunk = icechunk_module()
     repository = normal_repository(repository)
     name = _repository_name(repository)
@@ -248,8 +245,7 @@ def open_repository(repository: str, options: dict):
 
 def readonly_session(repo, repository: str, timeout: float, *, why: Callable[[], str | None] | None = None,
                      **version):
-    """``repo.readonly_session(**version)`` under ``timeout`` (``why``: :func:`why_of`), or an error naming the
-    branch, tag or snapshot not found."""
+    """``repo.readonly_session(**version)`` under ``timeout``; an error names a version not found."""
     (kind, value), = version.items()
     what = {"snapshot_id": "snapshot"}.get(kind, kind)
     name = _repository_name(repository)
