@@ -68,9 +68,8 @@ class StoredObject(abc.ABC):
 
     @abc.abstractmethod
     def readv(self, buffers: Sequence, offset: int) -> int:
-        """Reads into ``buffers`` (writable buffers, in order) the bytes from ``offset`` on, as one
-        request; returns how many bytes it read (fewer than asked only at the end of the object, or
-        for a read that may be continued: callers loop, see :func:`read_exactly`)."""
+        """Reads the bytes from ``offset`` on into ``buffers`` (writable, in order) as one request; returns
+        how many (fewer at the end of the object, or for a read callers continue: :func:`read_exactly`)."""
 
     def read_exactly(self, n: int, offset: int, *, allow_short: bool = False) -> bytes:
         """:func:`read_exactly` of this object."""
@@ -84,8 +83,7 @@ class StoredObject(abc.ABC):
 
     @abc.abstractmethod
     def check_unchanged(self) -> None:
-        """:class:`~dali_mesh.storage.errors.FileChangedError` naming the object if it is no longer the
-        version opened (rewritten in place while it was read)."""
+        """Raises :class:`~dali_mesh.storage.errors.FileChangedError` if the object is no longer the version opened."""
 
     def close(self) -> None:
         """Releases the object (idempotent)."""
@@ -155,9 +153,8 @@ class ByteStore(abc.ABC):
         return StoredFile(self.open(key, what))
 
     def list(self, prefix: str, delimiter: bool = True) -> tuple[list[tuple[str, Version]], list[str]]:
-        """The objects under ``prefix`` (keys and versions) and, with ``delimiter``, the prefixes one
-        level down; only where :attr:`supports_listing`, else a
-        :class:`~dali_mesh.storage.errors.DataFileError` saying so."""
+        """The objects under ``prefix`` (keys and versions) and, with ``delimiter``, the prefixes one level
+        down; only where :attr:`supports_listing`, else a :class:`~dali_mesh.storage.errors.DataFileError`."""
         from dali_mesh.storage.errors import DataFileError  # noqa: PLC0415
 
         raise DataFileError(self.name_of(prefix), f"its store ({self.spec!r}) cannot list a folder")

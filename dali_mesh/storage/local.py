@@ -21,9 +21,8 @@ _WILLNEED_CHUNK = 512 << 10  # the kernel caps one POSIX_FADV_WILLNEED at the re
 
 
 def file_identity(st: os.stat_result) -> tuple:
-    """What changes when a file is rewritten in place: inode, size, modification and change times
-    (ns; since Linux 6.13 a time that was read is followed by a fine-grained one, so a write right
-    after a stat is seen)."""
+    """What changes when a file is rewritten in place: inode, size, modification and change times (ns; since
+    Linux 6.13 a time that was read is followed by a fine-grained one, so a write right after a stat is seen)."""
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 

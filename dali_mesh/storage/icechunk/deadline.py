@@ -25,8 +25,7 @@ from dali_mesh.storage.errors import DataFileError
 __all__ = ["DEFAULT_TIMEOUT_S", "IcechunkExitError", "IcechunkTimeoutError", "SETTLE_S", "bounded", "call",
            "cancel_all", "exit_calls", "settle", "timeout_of"]
 
-#: seconds one call of the library may take when storage_options give no ``timeout`` (a request of the s3://
-#: store may take as long: remote.py's ``timeout``)
+#: seconds one call of the library may take without a ``timeout`` option (as long as one s3:// request may)
 DEFAULT_TIMEOUT_S = 300.0
 #: how much longer than its timeout a caller waits for a call whose cancellation the loop has not answered
 _GRACE_S = 10.0
