@@ -352,7 +352,12 @@ bool ReadListing(const std::string &xml, const std::string &bucket, Listing *pag
   for (const auto &p : page->prefixes)
     if (p.find('\0') != std::string::npos) return fail("a prefix holds a NUL");
   if (read.token.find('\0') != std::string::npos) return fail("the continuation token holds a NUL");
-  if (read.truncated) page->next = read.token;  // truncated without a token: nothing to ask for, the listing ends
+  // truncated without a token (a ListObjects V1 answer: NextMarker, or none): the rest cannot be asked
+  // for, and a listing taken as complete would read the objects past this page as missing (fill values)
+  if (read.truncated && read.token.empty())
+    return fail("it says it is truncated (IsTruncated true) but names no NextContinuationToken: the rest of the "
+                "listing cannot be asked for (a ListObjects V1 answer? the server must answer list-type=2)");
+  if (read.truncated) page->next = read.token;
   return true;
 }
 

@@ -156,6 +156,8 @@ def _expected(body: bytes):
     prefixes = [b"data/" + decode(p) for p in prefixes]
     if any(b"\0" in o[0] for o in objects) or any(b"\0" in p for p in prefixes) or b"\0" in token:
         return None
+    if truncated and not token:  # the rest cannot be asked for: refused, never taken as the whole listing
+        return None
     return [tuple(o) for o in objects], prefixes, token if truncated else b""
 
 

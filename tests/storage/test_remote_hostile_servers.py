@@ -258,6 +258,24 @@ def test_a_listing_that_never_ends_is_an_error(tokens, monkeypatch):
         assert "goes on after 30 pages" in msg and len(pages) == 30
 
 
+def test_a_listing_truncated_without_a_token_is_an_error_not_the_whole_listing():
+    """A page that says IsTruncated=true but names no NextContinuationToken (a ListObjects V1 answer, from
+    a gateway that ignores list-type=2): the rest cannot be asked for. Before, the page was taken as the
+    whole listing, and a Zarr array's chunks past it read as missing (fill values)."""
+    pages = []
+
+    def answer(h):
+        pages.append(h.path)
+        body = listing("", 1).replace(b"<NextContinuationToken></NextContinuationToken>", b"<NextMarker>x/1.bin</NextMarker>")
+        send(h, 200, {"Content-Length": str(len(body)), "Content-Type": "application/xml"}, body)
+
+    with Loopback(answer) as server:
+        store, _ = s3_store(server.endpoint)
+        with pytest.raises(DataFileError, match="truncated .* names no NextContinuationToken") as info:
+            store.list("data/x/")
+    assert "s3://data/x/" in no_secret(str(info.value)) and len(pages) == 1
+
+
 def test_a_listing_larger_than_its_byte_bound_is_an_error(monkeypatch):
     monkeypatch.setattr(listing_module, "LIST_BYTES", 5000)
 
@@ -286,7 +304,7 @@ def _one_page(body: bytes):
 def test_a_listing_page_is_read_as_xml_reads_it():
     """The C++ reader of a ListObjectsV2 page (csrc/storage/http_text.cc ReadListing) against ElementTree's
     reading of the same page: references, CDATA, a namespace prefix, comments, empty elements, keys
-    percent-encoded where the page says EncodingType url, a truncated page without a token (the end)."""
+    percent-encoded where the page says EncodingType url (a truncated page without a token is refused: below)."""
     import xml.etree.ElementTree as ET
     import urllib.parse
 
@@ -298,7 +316,7 @@ def test_a_listing_page_is_read_as_xml_reads_it():
         '<s3:ListBucketResult xmlns:s3="http://s3.amazonaws.com/doc/2006-03-01/"><s3:EncodingType>url</s3:EncodingType>'
         "<s3:Contents><s3:Key>x/sp%20ace%2Bplus%25.bin</s3:Key><s3:Size>3</s3:Size><s3:ETag>\"e2\"</s3:ETag>"
         "</s3:Contents><s3:CommonPrefixes><s3:Prefix>x/%C3%A9/</s3:Prefix></s3:CommonPrefixes>"
-        "<s3:IsTruncated>true</s3:IsTruncated></s3:ListBucketResult>",
+        "<s3:IsTruncated>false</s3:IsTruncated></s3:ListBucketResult>",
     ]
     for page in pages:
         root = ET.fromstring(page)
@@ -322,6 +340,8 @@ def test_a_listing_page_is_read_as_xml_reads_it():
     ("<ListBucketResult><Contents><Key>x/a</Key></ListBucketResult>", "closes no element open"),
     ("<ListBucketResult><Contents>", "is not closed"),
     ("<Error><Code>x</Code></Error>", "its root is <Error>"),
+    ("<ListBucketResult><IsTruncated>true</IsTruncated><Contents><Key>x/a</Key><Size>1</Size></Contents>"
+     "</ListBucketResult>", "names no NextContinuationToken"),
     ("", "no <ListBucketResult>"),
 ])
 def test_a_listing_page_that_is_no_listing_is_refused_whole(page, why):
