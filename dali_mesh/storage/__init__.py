@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import threading
 import weakref
 from typing import Callable
 
@@ -93,7 +94,8 @@ class StoredLocation(str):
         loc.store, loc.key = store, key
         root = _root(loc)
         if root:
-            _resolved.setdefault(root, weakref.WeakSet()).add(loc)
+            with _resolved_lock:
+                _resolved.setdefault(root, weakref.WeakSet()).add(loc)
         return loc
 
     def child(self, *parts: str) -> "StoredLocation":
@@ -111,7 +113,7 @@ class StoredLocation(str):
                 steps.append(step)
         if not steps:
             raise ValueError("child() needs at least one part")
-        return StoredLocation(self.store, "/".join([self.key.rstrip("/"), *steps]) if self.key else "/".join(steps))
+        return StoredLocation(self.store, self.store.child_key(self.key, steps))
 
     def __truediv__(self, part: str) -> "StoredLocation":
         return self.child(part)
@@ -204,6 +206,7 @@ def store_of(location, options: dict | None = None) -> tuple[ByteStore, str]:
 #: ``https://host``): while one lives, a plain location made from its name that resolves with the
 #: environment's defaults to another store than its own is refused (:func:`_refuse_lost_store`)
 _resolved: dict[str, weakref.WeakSet] = {}
+_resolved_lock = threading.Lock()
 
 
 def _root(name: str) -> str:
@@ -229,7 +232,9 @@ def _refuse_lost_store(location: str, store: ByteStore) -> None:
     StoredLocations it could be derived from (:func:`_derived`) all have other stores: it would silently
     read another endpoint with the environment's keys."""
     root = _root(location)
-    alive = [loc for loc in (_resolved.get(root) or ()) if _derived(location, str.__str__(loc))] if root else []
+    with _resolved_lock:  # locations made on other threads meanwhile (a set may not change while it is read)
+        known = list(_resolved.get(root) or ()) if root else []
+    alive = [loc for loc in known if _derived(location, str.__str__(loc))]
     if not alive or any(loc.store == store for loc in alive):
         return
     from dali_mesh.storage.names import shown  # noqa: PLC0415

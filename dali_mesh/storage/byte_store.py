@@ -129,6 +129,10 @@ class ByteStore(abc.ABC):
         If-Match): what was planned at it then needs no second look. Local files: no."""
         return False
 
+    def child_key(self, key: str, steps: list[str]) -> str:
+        """The key of ``steps`` (relative names, checked by :meth:`StoredLocation.child`) below ``key``."""
+        return "/".join([key.rstrip("/"), *steps]) if key else "/".join(steps)
+
     def name_of(self, key: str) -> str:
         """``key`` as errors name it."""
         return key

@@ -108,6 +108,13 @@ class RemoteStore(NativeStore):
         if self._credentials is not None and have_native_http():
             give_credentials(self.spec, self._credentials)
 
+    def child_key(self, key: str, steps: list[str]) -> str:
+        # an http(s) store's key is its URL, sent as it is: each step is a name, percent-encoded (a '#' would
+        # end the path and read the parent, a '?' start a query); an S3 key is opaque bytes (EscapeKey)
+        if self.kind == "http":
+            steps = [urllib.parse.quote(step, safe="") for step in steps]
+        return super().child_key(key, steps)
+
     def name_of(self, key: str) -> str:
         if self.kind == "s3":
             return f"{self.scheme}://{key}"

@@ -137,3 +137,65 @@ def test_once_the_resolved_locations_are_gone_the_defaults_are_taken_again(servi
     gc.collect()
     store, key = store_of("s3://lost/d/0.npy")
     assert key == "lost/d/0.npy" and "127.0.0.1" not in store.spec
+
+
+@pytest.mark.parametrize("name", ["a#b", "a?x=1", "a b%", "é"])
+def test_a_child_of_an_https_location_is_the_object_of_that_name(tmp_path, name):
+    """An http(s) store's key is its URL: a child's name is percent-encoded, so that ``loc / "a#b"`` reads the
+    object ``a#b`` (before, libcurl dropped the '#...' and read the parent's sibling ``a``, which errors and
+    checkpoints then named: silently another object) and ``loc / "a?x=1"`` sends no query."""
+    import functools
+    import http.server
+    import threading
+
+    from dali_mesh.storage import resolve_locations, store_of
+    from dali_mesh.storage.remote import have_native_http
+
+    if not have_native_http():
+        pytest.skip("this build has no libcurl")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a").write_bytes(b"PARENT")
+    (tmp_path / "data" / name).write_bytes(b"CHILD!")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        (folder,) = resolve_locations([f"http://127.0.0.1:{server.server_port}/data"], {})
+        child = folder / name
+        store, key = store_of(child)
+        assert store.read_range(key, 0, 6) == b"CHILD!"
+        assert "#" not in str(child) and "?" not in str(child)
+    finally:
+        server.shutdown()
+
+
+def test_locations_made_on_threads_while_another_resolves_plain_strings(service):
+    """The registry of live locations is read while other threads add to it (a thread pool opening arrays):
+    no 'Set changed size during iteration'."""
+    import threading
+
+    from dali_mesh.storage import resolve_locations, store_of
+
+    (folder,) = resolve_locations(["s3://lost/d"], service[0])
+    stop, errors = threading.Event(), []
+
+    def make():
+        try:
+            while not stop.is_set():
+                for i in range(50):
+                    folder / f"x{i}"
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=make) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(300):
+            store_of("s3://lost/elsewhere/0.npy")  # not made from it: read as said
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors
