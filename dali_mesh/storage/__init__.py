@@ -46,6 +46,9 @@ class StorePluginError(RuntimeError):
 
 
 def _resolver(what: str, ep, obj):
+    if not _SCHEME.fullmatch(ep.name) or ep.name != ep.name.lower():  # lookups are by the lower-case scheme
+        raise StorePluginError(f"{what}: its name must be a URL scheme in lower case (a letter, then letters, digits, "
+                               "'+', '-' or '.'), as locations are looked up")
     if not callable(obj):
         raise StorePluginError(f"{what} names {obj!r}, which is not a resolver: a callable (location, options) -> "
                                "(ByteStore, key)")

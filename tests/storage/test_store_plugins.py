@@ -93,16 +93,20 @@ def test_one_scheme_declared_by_two_packages_is_used_by_neither(plugins):
     assert isinstance(store_of("memory://m/x")[0], object)  # the others work
 
 
-@pytest.mark.parametrize("value,match", [
-    ("tests.storage.no_such_module:resolve", r"cannot be loaded \(ModuleNotFoundError"),
-    (f"{__name__}:NOT_CALLABLE", "names 42, which is not a resolver"),
+@pytest.mark.parametrize("name,value,match", [
+    ("objs", "tests.storage.no_such_module:resolve", r"cannot be loaded \(ModuleNotFoundError"),
+    ("objs", f"{__name__}:NOT_CALLABLE", "names 42, which is not a resolver"),
+    ("Objs", f"{__name__}:resolve_objs", "its name must be a URL scheme in lower case"),
 ])
-def test_a_broken_store_plugin_is_skipped_and_its_scheme_says_why(plugins, value, match):
-    plugins(_ep("objs", value, "broken-pkg"))
+def test_a_broken_store_plugin_is_skipped_and_its_scheme_says_why(plugins, name, value, match):
+    plugins(_ep(name, value, "broken-pkg"))
     with pytest.warns(RuntimeWarning, match=match):
         store_of("memory://m/x")  # another scheme: found, with a warning naming the broken one
     with pytest.raises(StorePluginError, match=match):
-        store_of("objs:///tmp/x.npy")
+        SCHEMES[name]
+    if name == "objs":
+        with pytest.raises(StorePluginError, match=match):
+            store_of("objs:///tmp/x.npy")
     with pytest.raises(UnsupportedLocationError, match="no store of this build reads nope:// locations"):
         store_of("nope://x")
 
