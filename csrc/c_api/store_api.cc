@@ -25,41 +25,6 @@ const dali_mesh::ByteStore *StoreNamed(const char *spec) {
   return store;
 }
 
-// A listing page as dali_mesh_store_list writes it, read by dali_mesh/storage/listing.py read_page (keep
-// the two together; tests/storage/test_memory.py lists keys of every byte through them):
-//   page   := record*
-//   record := 'o' field(key) field(size) field(tag)   an object
-//           | 'p' field(prefix)                       a prefix one level down (ends with '/')
-//           | 'n' field(next)                         the next page's continuation (absent: the last page)
-//           | 'r' field(received)                     the bytes of the store's answer
-//   field  := decimal length ':' bytes                (size, received: decimal text)
-// Length-prefixed, so a key may hold any byte.
-void PutField(const std::string &value, std::string *out) {
-  *out += std::to_string(value.size());
-  *out += ':';
-  *out += value;
-}
-
-std::string EncodedListing(const dali_mesh::Listing &page) {
-  std::string out;
-  for (const auto &o : page.objects) {
-    out += 'o';
-    PutField(o.key, &out);
-    PutField(std::to_string(o.size), &out);
-    PutField(o.tag, &out);
-  }
-  for (const auto &p : page.prefixes) {
-    out += 'p';
-    PutField(p, &out);
-  }
-  if (!page.next.empty()) {
-    out += 'n';
-    PutField(page.next, &out);
-  }
-  out += 'r';
-  PutField(std::to_string(page.received), &out);
-  return out;
-}
 }  // namespace
 
 // What this library's network stores fetched in this process: requests sent (every attempt) and body
@@ -172,14 +137,14 @@ DM_EXPORT int64_t dali_mesh_store_open(const char *spec, const char *key, int64_
 
 // One page of the listing of the keys under `prefix` (an object store's: "bucket/path"), grouped at '/'
 // when delimiter != 0, after `continuation` (empty: the first; else the page before's next), as
-// ByteStore::ListPage reads it, encoded as EncodedListing above: its length n; the page and a NUL are
+// ByteStore::ListPage reads it, encoded by EncodeListing (storage/byte_store.h): its length n; the page and a NUL are
 // written to out[0..out_size) only when out_size > n (ask again with n + 1 bytes: the page is fetched
 // again).
 DM_EXPORT int64_t dali_mesh_store_list(const char *spec, const char *prefix, int delimiter, const char *continuation,
                                        char *out, int64_t out_size, char *err, int64_t err_len) {
   try {
     const dali_mesh::Listing page = StoreNamed(spec)->ListPage(Text(prefix), delimiter != 0, Text(continuation));
-    return dali_mesh::c_api::CopyText(EncodedListing(page), out, out_size);
+    return dali_mesh::c_api::CopyText(dali_mesh::EncodeListing(page), out, out_size);
   } catch (const std::exception &e) {
     return Fail(e.what(), err, err_len);
   }

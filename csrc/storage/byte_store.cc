@@ -224,4 +224,33 @@ std::string ShownName(const std::string &path) {
   return out;
 }
 
+namespace {
+void PutField(const std::string &value, std::string *out) {
+  *out += std::to_string(value.size());
+  *out += ':';
+  *out += value;
+}
+}  // namespace
+
+std::string EncodeListing(const Listing &page) {
+  std::string out;
+  for (const auto &o : page.objects) {
+    out += 'o';
+    PutField(o.key, &out);
+    PutField(std::to_string(o.size), &out);
+    PutField(o.tag, &out);
+  }
+  for (const auto &p : page.prefixes) {
+    out += 'p';
+    PutField(p, &out);
+  }
+  if (!page.next.empty()) {
+    out += 'n';
+    PutField(page.next, &out);
+  }
+  out += 'r';
+  PutField(std::to_string(page.received), &out);
+  return out;
+}
+
 }  // namespace dali_mesh

@@ -83,6 +83,17 @@ struct Listing {
   int64_t received = 0;
 };
 
+// A listing page as dali_mesh_store_list hands it to Python, read by dali_mesh/storage/listing.py
+// read_page (keep the two together; tests/storage/test_memory.py lists keys of every byte through them):
+//   page   := record*
+//   record := 'o' field(key) field(size) field(tag)   an object
+//           | 'p' field(prefix)                       a prefix one level down (ends with '/')
+//           | 'n' field(next)                         the next page's continuation (absent: the last page)
+//           | 'r' field(received)                     the bytes of the store's answer
+//   field  := decimal length ':' bytes                (size, received: decimal text)
+// Length-prefixed, so a key may hold any byte.
+std::string EncodeListing(const Listing &page);
+
 // An object opened for reading. Its version is fixed at the open; errors name the object.
 class StoredObject {
  public:

@@ -2,7 +2,7 @@
 // (csrc/storage/http_text.cc ReadListing and ErrorCode, expat's) built with AddressSanitizer and
 // UBSan, given each case of a file. A case is a 4-byte little-endian length and the bytes of a body;
 // its answer (to stdout) is a 4-byte length and "A" with the page as dali_mesh_store_list encodes it
-// (csrc/c_api/store_api.cc: o/p/n/r records of length-prefixed fields), or "R" with the reason it was
+// (csrc/storage/byte_store.h EncodeListing: o/p/n/r records of length-prefixed fields), or "R" with the reason it was
 // refused; then the same framing of ErrorCode's reading of the body as an error body.
 #include <cstdint>
 #include <cstdio>
@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "storage/byte_store.h"
 #include "storage/http_text.h"
 
 namespace {
@@ -22,8 +23,6 @@ void Put(const std::string &text) {
   std::fwrite(size, 1, 4, stdout);
   std::fwrite(text.data(), 1, text.size(), stdout);
 }
-
-void Field(const std::string &text, std::string *out) { *out += std::to_string(text.size()) + ":" + text; }
 
 }  // namespace
 
@@ -42,24 +41,7 @@ int main(int argc, char **argv) {
     dali_mesh::Listing page;
     std::string why;
     if (dali_mesh::ReadListing(body, "data", &page, &why)) {
-      std::string out = "A";
-      for (const auto &o : page.objects) {
-        out += 'o';
-        Field(o.key, &out);
-        Field(std::to_string(o.size), &out);
-        Field(o.tag, &out);
-      }
-      for (const auto &q : page.prefixes) {
-        out += 'p';
-        Field(q, &out);
-      }
-      if (!page.next.empty()) {
-        out += 'n';
-        Field(page.next, &out);
-      }
-      out += 'r';
-      Field(std::to_string(page.received), &out);
-      Put(out);
+      Put("A" + dali_mesh::EncodeListing(page));
     } else {
       Put("R" + why);
     }
