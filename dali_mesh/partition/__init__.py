@@ -30,6 +30,7 @@ from dali_mesh.partition.checks import LayoutError
 from dali_mesh.partition.layout import Layout
 from dali_mesh.partition.order import GroupOrder, SampleOrder, sample_order
 from dali_mesh.partition.region import Region, check_fill_value, take_window
+from dali_mesh.partition.rows import Rows, graph_halo
 from dali_mesh.partition.rules import BOUNDARIES, SPLITS, boundary_index, shard_extent, split_sizes
 
 __all__ = [
@@ -38,10 +39,12 @@ __all__ = [
     "LayoutError",
     "Layout",
     "Region",
+    "Rows",
     "GroupOrder",
     "SampleOrder",
     "boundary_index",
     "check_fill_value",
+    "graph_halo",
     "sample_order",
     "shard_extent",
     "split_sizes",

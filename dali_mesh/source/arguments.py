@@ -8,7 +8,7 @@ import numpy as np
 from dali_mesh._checks import is_int as _is_int
 from dali_mesh.io._common import normalise_index_maps
 
-__all__ = ["channel_maps", "check_sample_shape", "file_list", "normalise_maps"]
+__all__ = ["channel_maps", "check_sample_shape", "file_list", "normalise_maps", "with_rows"]
 
 
 def channel_maps(channels, channel_axis):
@@ -59,3 +59,34 @@ def normalise_maps(maps, shape, path):
     if not maps:
         return maps
     return normalise_index_maps(maps, len(shape), path)
+
+
+def with_rows(maps, rows, layout, shape, path):
+    """``maps`` (normalised, for a sample of ``shape``) with ``rows``' ids on their axis: an index-set
+    window (:class:`~dali_mesh.partition.Rows`) is an index map that differs per rank. The rows' axis may
+    hold no channel subset, no shard of ``layout`` and no halo (the rows name their halo themselves)."""
+    if rows is None:
+        return maps
+    from dali_mesh.partition import LayoutError, Rows
+
+    if not isinstance(rows, Rows):
+        raise TypeError(f"rows must be a dali_mesh.partition.Rows, got {type(rows).__name__}")
+    ndim = len(shape)
+    rows = rows.normalized(ndim)
+    a = rows.axis
+    if maps and a in maps:
+        raise LayoutError(f"rows and channels both index sample axis {a}: give the rows' ids only")
+    if a in layout.shard_axes(ndim):
+        raise LayoutError(f"the layout shards sample axis {a}, which rows= indexes: a rank's rows are its "
+                          "share of that axis (shard it on no mesh dim)")
+    if layout.halo_pairs(ndim)[a] != (0, 0):
+        raise LayoutError(f"the layout gives sample axis {a} a halo of {layout.halo_pairs(ndim)[a]}, which rows= "
+                          "indexes: a rank's halo rows are part of its rows (Rows.from_assignment(halo=))")
+    if rows.total is not None and rows.total != shape[a]:
+        raise LayoutError(f"{path}: the rows were partitioned from {rows.total} rows (a mapping or graph of that "
+                          f"length), but axis {a} of the array has {shape[a]}")
+    if int(rows.ids.max()) >= shape[a]:
+        i = int(np.argmax(rows.ids >= shape[a]))
+        raise LayoutError(f"{path}: row id {int(rows.ids[i])} (position {i} of rows) is out of range for axis {a} "
+                          f"of {shape[a]} rows")
+    return {**(maps or {}), a: rows.ids}

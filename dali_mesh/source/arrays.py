@@ -12,7 +12,7 @@ from dali_mesh.plan.chunks import SeriesFiles, plan_time_series
 from dali_mesh.formats import FORMATS, HDF5, ZARR, ArrayFormat, format_named
 from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP
 from dali_mesh.partition import Layout, Region
-from dali_mesh.source.arguments import channel_maps, file_list, normalise_maps
+from dali_mesh.source.arguments import channel_maps, file_list, normalise_maps, with_rows
 from dali_mesh.source.base import WindowSource
 from dali_mesh.plan.forecast_spec import ForecastSpec
 
@@ -36,7 +36,8 @@ class ArraySource(WindowSource):
         name: the array (an HDF5 dataset's path, a Zarr array's path in its store; ``None``: the
             format's default, e.g. the only array).
         layout, batch_size, shuffle, seed, drop_last, channels, channel_axis, per_sample_shapes,
-            reuse_buffers, share: as :class:`NumpySource`.
+            reuse_buffers, share, rows: as :class:`NumpySource` (``rows.axis`` counts the sample's axes,
+            after the time axis).
         format: the format's name or object.
         format_options: options of the format's reads (HDF5: ``h5_kwargs``).
         forecast: a :class:`ForecastSpec`: input and target steps of each sample.
@@ -49,7 +50,8 @@ class ArraySource(WindowSource):
     def __init__(self, files, name, layout, *, format, format_options: dict | None = None, batch_size=1,
                  shuffle=True, seed=0, drop_last=False, forecast: ForecastSpec | None = None, channels=None,
                  channel_axis=0, time_range: tuple[int, int] | None = None, time_stride: int = 1,
-                 per_sample_shapes=False, reuse_buffers=True, share=None, storage_options: dict | None = None) -> None:
+                 per_sample_shapes=False, reuse_buffers=True, share=None, storage_options: dict | None = None,
+                 rows=None) -> None:
         super().__init__(layout, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                          per_sample_shapes=per_sample_shapes, reuse_buffers=reuse_buffers, share=share)
         self.format = format_named(format) if isinstance(format, str) else format
@@ -63,6 +65,7 @@ class ArraySource(WindowSource):
         self.name = name
         self.forecast = forecast
         self.index_maps = channel_maps(channels, channel_axis)
+        self.rows = rows
         if forecast is not None and not isinstance(forecast, ForecastSpec):
             raise TypeError(f"forecast must be a ForecastSpec, got {type(forecast).__name__}")
         self.window_names = ("input", "target") if forecast is not None and forecast.lead else (
@@ -74,6 +77,7 @@ class ArraySource(WindowSource):
             check_frame(frame, f)
             if dtype0 is None:
                 self.index_maps = normalise_maps(self.index_maps, frame, f)
+                self.index_maps = with_rows(self.index_maps, rows, layout, frame, f)
             frame = sample_shape(f, frame, index_maps=self.index_maps)
             if dtype0 is None:
                 dtype0, frame0 = dtype, frame

@@ -39,6 +39,7 @@ class WindowSource:
     # source records (a time series: its array's name and first step)
     files: Sequence[str] = ()
     index_maps = None
+    rows = None  # an index-set window (dali_mesh.partition.Rows), kept in index_maps on its axis
     time_stride = 1
     forecast = None
     fingerprint_fields: tuple[str, ...] = ()
@@ -156,7 +157,10 @@ class WindowSource:
               "sample_shape": None if self.sample_shape is None else list(self.sample_shape),
               "dtype": str(np.dtype(self.dtype)), "layout": repr(self.layout),
               "channels": None if not self.index_maps else
-              {int(a): m.tolist() for a, m in self.index_maps.items()}}
+              {int(a): m.tolist() for a, m in self.index_maps.items()
+               if self.rows is None or a != self.rows.normalized(self.sample_ndim).axis} or None}
+        if self.rows is not None:  # absent without rows: old checkpoints still resume
+            fp["rows"] = self.rows.digest()
         for attr in self.fingerprint_fields:
             value = getattr(self, attr)
             fp[attr] = str.__str__(value) if isinstance(value, str) else value

@@ -12,7 +12,7 @@ from dali_mesh.io._common import ShapeMismatchError, check_frame, sample_shape
 from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP
 from dali_mesh.plan import NotNativeError
 from dali_mesh.partition import Layout
-from dali_mesh.source.arguments import channel_maps, file_list, normalise_maps
+from dali_mesh.source.arguments import channel_maps, file_list, normalise_maps, with_rows
 from dali_mesh.source.base import WindowSource
 
 __all__ = ["FileSource", "NumpySource", "file_source"]
@@ -30,7 +30,7 @@ class FileSource(WindowSource):
         format_options: options of the format's ``info`` and ``open``.
         read_options: options of the format's ``read_window`` (``.npy``: ``merge_gap``, ``direct``, ``method``).
         batch_size, shuffle, seed, drop_last, channels, channel_axis, per_sample_shapes, check_files,
-            reuse_buffers, share, storage_options: as :class:`NumpySource`.
+            reuse_buffers, share, storage_options, rows: as :class:`NumpySource`.
     """
 
     def __init__(self, files: Sequence[str | os.PathLike], layout: Layout, *, format, name: str | None = None,
@@ -38,7 +38,7 @@ class FileSource(WindowSource):
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False,
                  channels: Sequence[int] | None = None, channel_axis: int = 0, per_sample_shapes: bool = False,
                  check_files: bool = False, reuse_buffers: bool = True, share=None,
-                 storage_options: dict | None = None) -> None:
+                 storage_options: dict | None = None, rows=None) -> None:
         super().__init__(layout, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                          per_sample_shapes=per_sample_shapes, reuse_buffers=reuse_buffers, share=share)
         self.format = format_named(format) if isinstance(format, str) else format
@@ -55,6 +55,8 @@ class FileSource(WindowSource):
         first = self._info(self.files[0])
         check_frame(first.shape, self.files[0])
         self.index_maps = normalise_maps(self.index_maps, first.shape, self.files[0])
+        self.index_maps = with_rows(self.index_maps, rows, layout, first.shape, self.files[0])
+        self.rows = rows
         shape = sample_shape(self.files[0], first.shape, index_maps=self.index_maps)
         self.sample_ndim = len(shape)
         self.dtype = first.dtype
@@ -112,6 +114,9 @@ class NumpySource(FileSource):
         shuffle, seed, drop_last: the sample order (:func:`dali_mesh.sample_order`).
         channels, channel_axis: read only these indices of ``channel_axis`` (the sample shape then
             has ``len(channels)`` there; the layout applies to that shape).
+        rows: an index-set window (:class:`~dali_mesh.partition.Rows`, a graph or mesh partition's rows
+            for this rank): ``sample[..., rows.ids, ...]`` on ``rows.axis``, in that order, reading only
+            those rows (runs of adjacent ids are merged into reads). The layout must not shard that axis.
         per_sample_shapes: allow files of different shapes (the region is computed per file);
             otherwise every file must match the first (shape and dtype), or an error names it.
         merge_gap, direct, method: passed to :func:`dali_mesh.formats.npy.read_npy_window`.
@@ -134,7 +139,8 @@ class NumpySource(FileSource):
                  channels: Sequence[int] | None = None, channel_axis: int = 0,
                  per_sample_shapes: bool = False, merge_gap: int = DEFAULT_MERGE_GAP,
                  direct: bool = False, method: str = "auto", check_files: bool = False,
-                 reuse_buffers: bool = True, share=None, storage_options: dict | None = None) -> None:
+                 reuse_buffers: bool = True, share=None, storage_options: dict | None = None,
+                 rows=None) -> None:
         if not _is_int(merge_gap) or merge_gap < 0:
             raise ValueError(f"merge_gap must be an integer >= 0 (bytes), got {merge_gap!r}")
         if method not in ("auto", "preadv", "mmap"):
@@ -144,7 +150,7 @@ class NumpySource(FileSource):
                                                                   "method": self.method},
                          batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, channels=channels,
                          channel_axis=channel_axis, per_sample_shapes=per_sample_shapes, check_files=check_files,
-                         reuse_buffers=reuse_buffers, share=share, storage_options=storage_options)
+                         reuse_buffers=reuse_buffers, share=share, storage_options=storage_options, rows=rows)
 
     def native_plans(self, merge_gap: int = DEFAULT_MERGE_GAP) -> tuple:
         if self.direct:
