@@ -163,11 +163,97 @@ def _run_axis(file_shape, dst_shape, lengths) -> int:
     return k
 
 
+#: More read runs than this along one axis of a window (an index-set window's rows, a channel list) are
+#: planned all at once by :func:`_one_axis_units` rather than box by box.
+_MANY_RUNS = 16
+
+
+class _OneAxis(NamedTuple):
+    """The geometry of a window whose boxes differ along one axis ``a`` only, in the file's C order."""
+
+    file_shape: tuple
+    window: tuple
+    wst: list
+    fst: list
+    ln: list
+    a: int  # the axis of the runs
+    k: int  # the run axis: axes after it whole in the file and the window (k >= a)
+    runs: np.ndarray  # (window position, file index, length) along ``a``
+
+    def count(self) -> int:
+        """How many contiguous runs :func:`_one_axis_units` makes."""
+        along = len(self.runs) if self.k == self.a else int(self.runs[:, 2].sum())
+        return math.prod(self.ln[:self.a]) * along * math.prod(self.ln[self.a + 1:self.k])
+
+
+def _one_axis(header: StoredArray, plan: WindowPlan, prefix: Sequence[int] = ()) -> _OneAxis | None:
+    """:class:`_OneAxis` of ``plan`` when all of its boxes differ along one axis only and there are more
+    than :data:`_MANY_RUNS` of them (an index-set window: rows of a graph partition); None otherwise."""
+    if plan.empty:
+        return None
+    many = [i for i, ap in enumerate(plan.axes) if len(ap.reads) != 1]
+    if len(many) != 1 or len(plan.axes[many[0]].reads) <= _MANY_RUNS:
+        return None
+    p = len(prefix)
+    file_shape = tuple(header.shape)
+    window = (1,) * p + plan.window_shape
+    wst = [0] * p + [ap.reads[0][0] for ap in plan.axes]
+    fst = [int(x) for x in prefix] + [ap.reads[0][1] for ap in plan.axes]
+    ln = [1] * p + [ap.reads[0][2] for ap in plan.axes]
+    a = p + many[0]
+    runs = np.asarray(plan.axes[many[0]].reads, np.int64).reshape(-1, 3)
+    if header.fortran_order:
+        file_shape, window, wst, fst, ln = file_shape[::-1], window[::-1], wst[::-1], fst[::-1], ln[::-1]
+        a = len(file_shape) - 1 - a
+    k = len(file_shape) - 1
+    while k > a and ln[k] == file_shape[k] == window[k]:
+        k -= 1
+    return _OneAxis(file_shape, window, wst, fst, ln, a, k, runs)
+
+
+def _one_axis_units(header: StoredArray, g: _OneAxis):
+    """``(file offsets, dest offsets, unit bytes)`` of every contiguous run of the window ``g``
+    describes, unsorted: the runs :func:`_box_units` makes box by box without repeats, computed for
+    every box at once (numpy, no loop over boxes)."""
+    nd, a, k, ln, fst, wst, runs = len(g.file_shape), g.a, g.k, g.ln, g.fst, g.wst, g.runs
+    fstride = [math.prod(g.file_shape[i + 1:]) for i in range(nd)]
+    dstride = [math.prod(g.window[i + 1:]) for i in range(nd)]
+
+    def grid(axes, f, d):
+        for i in axes:
+            steps = np.arange(ln[i], dtype=np.int64)
+            f = (f[:, None] + (fst[i] + steps) * fstride[i]).ravel()
+            d = (d[:, None] + (wst[i] + steps) * dstride[i]).ravel()
+        return f, d
+
+    zero = np.zeros(1, np.int64)
+    fpre, dpre = grid(range(a), zero, zero)
+    if k == a:  # a run of rows, every axis after them whole: one unit per run
+        fa, da = runs[:, 1] * fstride[a], runs[:, 0] * dstride[a]
+        cells = runs[:, 2] * fstride[a]
+        fpost, dpost = zero, zero
+    else:  # a run lies within a row: every row of every run, then the axes up to the run axis
+        n = runs[:, 2]
+        j = np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+        fa, da = (np.repeat(runs[:, 1], n) + j) * fstride[a], (np.repeat(runs[:, 0], n) + j) * dstride[a]
+        cells = np.full(fa.shape, ln[k] * fstride[k], np.int64)
+        fpost, dpost = grid(range(a + 1, k), np.array([fst[k] * fstride[k]], np.int64),
+                            np.array([wst[k] * dstride[k]], np.int64))
+    isz = header.dtype.itemsize
+    fo = (fpre[:, None, None] + fa[None, :, None] + fpost[None, None, :]).ravel() * isz + header.data_offset
+    do = (dpre[:, None, None] + da[None, :, None] + dpost[None, None, :]).ravel() * isz
+    ub = np.broadcast_to(cells[None, :, None] * isz, (fpre.size, fa.size, fpost.size)).ravel()
+    return fo, do, ub
+
+
 def count_npy_units(header: StoredArray, plan: WindowPlan, prefix: Sequence[int] = (),
                     merge_gap: int = DEFAULT_MERGE_GAP, page_merge: bool = True, *, runs: bool = False) -> int:
     """How many units :func:`plan_npy_units` makes for ``plan`` (``runs``: how many contiguous runs,
     :func:`plan_npy_reads`' units), counted without making them, so that a window of billions of
     units is refused before its plan is built."""
+    g = _one_axis(header, plan, prefix)
+    if g is not None:
+        return g.count()
     file_shape, full_window, boxes = _file_order_boxes(header, plan, prefix)
     repeats = [False] * len(boxes) if runs else _box_repeats(file_shape, full_window, header.dtype.itemsize, boxes,
                                                                merge_gap, page_merge)
@@ -184,6 +270,13 @@ def plan_npy_units(header: StoredArray, plan: WindowPlan, prefix: Sequence[int] 
     one axis are one unit where their gaps are merged reads (so a window of many rows is a few
     units), merged into reads as :func:`plan_npy_reads` says. Offsets into the destination are for
     the C-order (file-order) staging of the window."""
+    g = _one_axis(header, plan, prefix)
+    if g is not None:
+        fo, do, ub = _one_axis_units(header, g)
+        order = np.argsort(fo, kind="stable")
+        ones, zeros = np.ones(fo.size, np.int64), np.zeros(fo.size, np.int64)
+        units = Units(fo[order], do[order], ub[order], ones, zeros, zeros, [])
+        return units._replace(groups=group_units(units.file_off, units.spans, merge_gap, page_merge))
     file_shape, full_window, boxes = _file_order_boxes(header, plan, prefix)
     isz = header.dtype.itemsize
     repeats = _box_repeats(file_shape, full_window, isz, boxes, merge_gap, page_merge)

@@ -71,10 +71,9 @@ def _runs(dst: np.ndarray, src: np.ndarray) -> tuple[tuple[int, int, int], ...]:
     if dst.size == 0:
         return ()
     breaks = np.flatnonzero((np.diff(dst) != 1) | (np.diff(src) != 1)) + 1
-    bounds = np.concatenate(([0], breaks, [dst.size]))
-    return tuple(
-        (int(dst[a]), int(src[a]), int(b - a)) for a, b in zip(bounds[:-1], bounds[1:])
-    )
+    starts = np.concatenate(([0], breaks))
+    lengths = np.diff(np.concatenate((starts, [dst.size])))
+    return tuple(map(tuple, np.stack((dst[starts], src[starts], lengths), axis=1).astype(np.int64).tolist()))
 
 
 def plan_axis(
