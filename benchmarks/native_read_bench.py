@@ -12,6 +12,9 @@ the next epochs (files now cached) are timed, median of ``--warm-epochs``. Epoch
   native_noprefetch  the same with prefetch=False (no POSIX_FADV_WILLNEED of the batch's ranges)
   dali_roi     fn.readers.numpy(roi_start, roi_end) (default mmap): ``num_threads`` = threads
   partitioned  dali_mesh partitioned_source (parallel external source): ``py_num_workers`` = threads
+  memcpy, pread  floors with no DALI (:class:`Floor`): the window's bytes copied from memory / read with
+               ``os.preadv`` by ``threads`` threads (``--loaders native,memcpy,pread --floor memcpy``:
+               the ratio column against the memcpy floor instead of dali_roi)
 Medians over ``--runs``; the ratio column is the median of per-run ratios to dali_roi.
 
 ``--era5``: instead, an ERA5-like HDF5 file ``(T, C, 721, 1440)`` float32 (contiguous), latitude
@@ -61,8 +64,58 @@ class PhysicsNeMoStyle:
         return np.ascontiguousarray(take_window(full, self.region))
 
 
+class Floor:
+    """The bounds of issue 54, with no DALI and no planning: the window's bytes of every sample moved by
+    ``threads`` threads (a pool, each batch's byte ranges split among them; numpy's copy and ``os.preadv``
+    release the interpreter lock), into buffers made once.
+      memcpy  from the samples held in memory (loaded once, untimed): a warm reader's floor
+      pread   ``os.preadv`` of the same ranges from the files: cold, a parallel read of the window's bytes
+              with the same threads; warm, the page cache's copy plus one system call per range
+    Only ``.npy`` samples whose window is a box of C-order ranges (the H split here)."""
+
+    def __init__(self, kind, files, region, threads, batch):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.kind, self.files, self.batch = kind, files, batch
+        first = np.load(files[0], mmap_mode="r")
+        self.header = first.offset
+        shape, item = first.shape, first.dtype.itemsize
+        inner = int(np.prod(shape[2:])) * item
+        rows = region.stop[1] - region.start[1]
+        # the window of a (C, H, ...) sample split on H: one range of ``rows`` rows per channel
+        self.ranges = [((c * shape[1] + region.start[1]) * inner, rows * inner) for c in range(shape[0])]
+        self.out = [np.empty((len(self.ranges), rows * inner), np.uint8) for _ in range(batch)]
+        self.pool = ThreadPoolExecutor(threads)
+        self.memory = [np.fromfile(f, np.uint8) for f in files] if kind == "memcpy" else None
+        self.fds = [os.open(f, os.O_RDONLY) for f in files] if kind == "pread" else None
+
+    def _move(self, job):
+        i, b, k = job
+        off, n = self.ranges[k]
+        dst = self.out[b][k]
+        if self.memory is not None:
+            start = self.header + off
+            np.copyto(dst, self.memory[i][start:start + n])
+        elif os.preadv(self.fds[i], [dst], self.header + off) != n:
+            raise RuntimeError(f"{self.files[i]}: a short read")
+
+    def epoch(self):
+        for first in range(0, len(self.files) - self.batch + 1, self.batch):
+            jobs = [(first + b, b, k) for b in range(self.batch) for k in range(len(self.ranges))]
+            list(self.pool.map(self._move, jobs))
+        return [out.view(np.float32) for out in self.out]
+
+    def close(self):
+        self.pool.shutdown()
+        for fd in self.fds or ():
+            os.close(fd)
+
+
 def build(loader, files, source, region, threads, batch):
     from nvidia.dali import fn, pipeline_def, types
+
+    if loader in ("memcpy", "pread"):
+        return Floor(loader, files, region, threads, batch)
 
     from dali_mesh.pipeline import native
     from dali_mesh.pipeline.external import partitioned_source
@@ -120,6 +173,9 @@ def h5py_step(path, t):
 def run_epoch(p, loader, n_batches):
     """Seconds for one epoch; the first batch of every loader is checked for shape."""
     t0 = time.perf_counter()
+    if isinstance(p, Floor):
+        out = p.epoch()
+        return time.perf_counter() - t0, out
     for _ in range(n_batches):
         out = p.run()
     if loader != "dali_roi":  # sources end their epoch: DALI needs the StopIteration and a reset
@@ -141,6 +197,7 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--batch-size", type=int, default=2)
     ap.add_argument("--loaders", default="native,dali_roi,partitioned")
+    ap.add_argument("--floor", default="dali_roi", help="the loader the ratio columns compare against")
     ap.add_argument("--dir", default="/tmp/dali_mesh_native_bench")
     ap.add_argument("--era5", action="store_true", help="ERA5-like HDF5 instead of .npy files")
     ap.add_argument("--steps", type=int, default=16)
@@ -184,6 +241,11 @@ def main():
                 cold, _ = run_epoch(p, loader, n_batches)
                 got = read_bytes([os.getpid()] + descendant_pids(os.getpid())) - before
                 warm = statistics.median(run_epoch(p, loader, n_batches)[0] for _ in range(args.warm_epochs))
+                if isinstance(p, Floor):
+                    last = np.load(files[-1])
+                    np.testing.assert_array_equal(p.out[-1].view(np.float32).reshape(region.window_shape),
+                                                  take_window(last, region))
+                    p.close()
                 del p
                 res.setdefault((t, loader), []).append((cold, got, warm))
                 print(f"run {run} threads {t} {loader}: cold {cold:.3f} s {got / window_bytes:.3f}x window, "
@@ -194,11 +256,11 @@ def main():
     print(f"{what}, rank 1 of 4 (H split, window {region.window_shape}), batch "
           f"{args.batch_size}; medians of {args.runs} runs (warm: median of {args.warm_epochs} epochs per run); "
           f"load average at the end {os.getloadavg()[0]:.1f}")
-    ref = "physicsnemo" if args.era5 else "dali_roi"
+    ref = "physicsnemo" if args.era5 else args.floor
     print(f"| threads | loader | cold epoch s | cold bytes / window | warm epoch s | cold vs {ref} | warm vs {ref} |")
     print("|---|---|---|---|---|---|---|")
     for t in threads:
-        base = res.get((t, "dali_roi")) or res.get((t, "physicsnemo"))
+        base = res.get((t, ref))
         for loader in loaders:
             r = res[(t, loader)]
             cold = statistics.median(x[0] for x in r)

@@ -150,9 +150,11 @@ class Server:
         with urllib.request.urlopen(self.endpoint + CONTROL + what, data=data, timeout=30) as r:
             return json.loads(r.read())
 
-    def link(self, link: tuple[float, float]) -> None:
-        """Every answer from now on after ``link[0]`` seconds, at most ``link[1]`` MB/s per connection."""
-        self.control(f"set?latency={link[0]}&mbps={link[1]}")
+    def link(self, link: tuple) -> None:
+        """Every answer from now on after ``link[0]`` seconds, at most ``link[1]`` MB/s per connection and,
+        with a third entry, over one link of ``link[2]`` MB/s that every connection shares (0: none)."""
+        shared = link[2] if len(link) > 2 else 0
+        self.control(f"set?latency={link[0]}&mbps={link[1]}&shared_mbps={shared}")
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -364,30 +366,43 @@ def _cache_option_exists() -> bool:
     return "cache_dir" in getattr(remote, "CLIENT_SETTINGS", ())
 
 
-def _link(text: str) -> tuple[float, float]:
-    """``"0.02:100"`` -> (0.02 s per request, 100 MB/s per connection); no colon: unlimited (0)."""
+def _link(text: str) -> tuple[float, float, float]:
+    """``"0.02:100"`` -> (0.02 s per request, 100 MB/s per connection, no shared link); no colon:
+    unlimited (0)."""
     latency, _, mbps = text.partition(":")
-    return float(latency), float(mbps or 0)
+    return float(latency), float(mbps or 0), 0.0
 
 
-def _links(latencies: str, mbps: str) -> list[tuple[float, float]]:
+def _links(latencies: str, mbps: str, shared_mbps: str = "") -> list[tuple[float, float, float]]:
     """The links of ``--latencies`` and ``--mbps``: every latency with every bandwidth, bandwidths outer
-    (a row group per pair); a latency given as ``SECONDS:MBPS`` keeps its own bandwidth."""
+    (a row group per pair); a latency given as ``SECONDS:MBPS`` keeps its own bandwidth. Then every
+    latency with every shared link of ``--shared-mbps`` (``(latency, 0, MBPS)``: one link of that rate
+    for every connection together)."""
     out = []
     for rate in (float(x) for x in mbps.split(",")):
         if not rate >= 0:
             raise ValueError(f"--mbps: a bandwidth must be >= 0 MB/s (0: unlimited), got {rate}")
         for text in latencies.split(","):
-            link = _link(text) if ":" in text else (float(text), rate)
+            link = _link(text) if ":" in text else (float(text), rate, 0.0)
             if not link[0] >= 0:
                 raise ValueError(f"--latencies: a latency must be >= 0 s, got {text!r}")
+            if link not in out:
+                out.append(link)
+    for shared in (float(x) for x in shared_mbps.split(",") if x.strip()):
+        if not shared > 0:
+            raise ValueError(f"--shared-mbps: a shared link's bandwidth must be > 0 MB/s, got {shared}")
+        for text in latencies.split(","):
+            link = (_link(text)[0], 0.0, shared)
             if link not in out:
                 out.append(link)
     return out
 
 
-def _link_name(link: tuple[float, float]) -> str:
-    """The table's link column: the latency per request and the bandwidth per connection."""
+def _link_name(link: tuple[float, float, float]) -> str:
+    """The table's link column: the latency per request and the bandwidth per connection, or the shared
+    link's."""
+    if link[2]:
+        return f"{link[0] * 1e3:g} ms, {link[2]:g} MB/s shared"
     return f"{link[0] * 1e3:g} ms, " + (f"{link[1]:g} MB/s" if link[1] else "unlimited")
 
 
@@ -448,16 +463,17 @@ def _plot(path: str, results: dict, links: list, stores: list[str], readers: lis
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    rates = sorted({link[1] for link in links})
+    rates = sorted({link[1:] for link in links})
     fig, axes = plt.subplots(len(rates), len(stores), figsize=(5 * len(stores), 4 * len(rates)), squeeze=False)
-    for row, rate in zip(axes, rates):
-        these = sorted(link for link in links if link[1] == rate)
+    for row, (rate, shared) in zip(axes, rates):
+        these = sorted(link for link in links if link[1:] == (rate, shared))
         ms = [link[0] * 1e3 for link in these]
         for ax, store in zip(row, stores):
             for reader in readers:
                 ax.plot(ms, [statistics.median(results[(link, store, reader)]["epoch"]) for link in these],
                         marker="o", linestyle="-" if reader.startswith("native") else "--", label=reader)
-            ax.set_title(f"{store}, " + (f"{rate:g} MB/s per connection" if rate else "bandwidth unlimited"))
+            ax.set_title(f"{store}, " + (f"{shared:g} MB/s shared by all connections" if shared else
+                                         f"{rate:g} MB/s per connection" if rate else "bandwidth unlimited"))
             ax.set_xlabel("latency per request, ms")
             ax.set_ylabel("epoch, s")
             ax.grid(alpha=0.3)
@@ -475,6 +491,9 @@ def main(argv=None) -> None:
                          "colon the MB/s it sends per connection (none: each of --mbps)")
     ap.add_argument("--mbps", default="0", help="bandwidths per connection, MB/s, comma-separated (0: unlimited); "
                                                 "each with each latency, a row group per pair (e.g. 0,100)")
+    ap.add_argument("--shared-mbps", default="", help="shared links, MB/s, comma-separated: one link of that "
+                                                       "rate for every connection together (a rank's share of "
+                                                       "a node's network interface), each with each latency")
     ap.add_argument("--concurrency", type=int, default=2, help="requests in flight and decoding threads, every reader")
     ap.add_argument("--stores", default=",".join(STORES))
     ap.add_argument("--readers", default=",".join(READERS))
@@ -501,7 +520,7 @@ def main(argv=None) -> None:
     readers = [r for r in args.readers.split(",") if not r.startswith("zarr_obstore") or _have_obstore()]
     skipped = [r for r in args.readers.split(",") if r not in readers]
     try:
-        links = _links(args.latencies, args.mbps)
+        links = _links(args.latencies, args.mbps, args.shared_mbps)
     except ValueError as e:
         ap.error(str(e))
     os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"] = KEY, SECRET  # tensorstore's credentials
@@ -523,7 +542,7 @@ def main(argv=None) -> None:
         server = Server(folder)
         # each reader made once, untimed and uncounted: a process imports its modules and loads its
         # libraries (DALI's plugin, tensorstore's) once, not at every open of a training job
-        server.link((0, 0))
+        server.link((0, 0, 0))
         for reader in readers:
             del_me = _make(reader, stores[0], server, args.steps, args.concurrency, _layout(), sl)
             del del_me
@@ -550,7 +569,7 @@ def main(argv=None) -> None:
                             r.setdefault(k, []).append(counts[k])
                         r.setdefault("open_requests", []).append(opened["requests"])
                         if run == 0 and link == links[0]:  # every reader's windows checked, untimed
-                            server.link((0, 0))
+                            server.link((0, 0, 0))
                             _check(obj.epoch(keep=True), want, f"{reader} {store}")
                         del obj
                 order = order[1:] + order[:1]  # readers take turns going first

@@ -30,7 +30,9 @@ when the server starts or when the file changes, never while a timed request wai
 What it adds, for a benchmark: ``latency`` seconds slept before each answer's first byte (a sleep, no
 CPU: requests in flight wait side by side); ``mbps``, at most that many MB/s per connection (the body
 sent in 64 KiB slices, each when a link of that rate would have delivered it: an object store's
-throughput is per connection). Each connection has a thread of its own (HTTP/1.1 keep-alive, ``TCP_NODELAY``: without
+throughput is per connection); ``shared_mbps``, one link of that many MB/s that every connection's
+slices cross in turn (a rank's share of a node's network interface: there, bytes are time whatever the
+connections). Each connection has a thread of its own (HTTP/1.1 keep-alive, ``TCP_NODELAY``: without
 it a small answer waits ~40 ms for the client's delayed ACK), so requests in flight are bounded by the
 client's connections, not the server. Counters, not counted themselves and answered without the latency:
 
@@ -38,7 +40,9 @@ client's connections, not the server. Counters, not counted themselves and answe
                                            LIST, PUT, POST, other), the most in flight at once, the
                                            server process's CPU seconds: all since the last reset (JSON)
   POST /__bench__/reset                    the counts (as above), then zero (GET too: a plain urlopen)
-  POST /__bench__/set?latency=S&mbps=M     a new latency or bandwidth (for every connection, kept ones too)
+  POST /__bench__/set?latency=S&mbps=M&shared_mbps=L
+                                           a new latency, bandwidth or shared link (for every connection,
+                                           kept ones too)
 
 Its cost, measured on this 2-core VM (2026-12-05, 64 client threads of ``http.client`` with kept
 connections, 1000 GETs of 4 KiB ranges of a 1 MiB object, latency 0; ``python benchmarks/s3_server.py
@@ -503,6 +507,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             source = None if stored.data is None else memoryview(stored.data)
         if source is not None and n <= SLICE:
+            self._pace(n, n, time.monotonic())
             sock.sendall(head + source[start:stop])
         else:
             sock.sendall(head)
@@ -515,20 +520,32 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(self, source, start: int, stop: int) -> None:
         """Bytes [start, stop) of ``source`` (a memoryview, or a file sent by ``sendfile``), paced to the
         server's bandwidth per connection, if it has one: each slice goes out when a link of that rate
-        would have delivered it, so the last byte arrives (stop - start) / rate after the first."""
-        sock, rate = self.connection, self.server.owner.mbps * 1e6
-        step = SLICE if rate > 0 else stop - start
+        would have delivered it, so the last byte arrives (stop - start) / rate after the first; and to
+        its shared link, if it has one: each slice also waits for its turn on the one link that every
+        connection's slices cross in the order they come (:class:`SharedLink`)."""
+        owner = self.server.owner
+        sock = self.connection
+        step = SLICE if owner.mbps > 0 or owner.shared_mbps > 0 else stop - start
         t0 = time.monotonic()
         for k in range(start, stop, step):
             n = min(step, stop - k)
-            if rate > 0:
-                wait = t0 + (k + n - start) / rate - time.monotonic()
-                if wait > 0:
-                    time.sleep(wait)
+            self._pace(k + n - start, n, t0)
             if isinstance(source, memoryview):
                 sock.sendall(source[k:k + n])
             else:
                 sock.sendfile(source, k, n)
+
+    def _pace(self, through: int, n: int, t0: float) -> None:
+        """Wait until a slice of ``n`` bytes, the last of the first ``through`` bytes of a body whose first
+        slice went out at ``t0``, would have arrived over the connection's link and the shared one."""
+        owner = self.server.owner
+        rate, shared = owner.mbps * 1e6, owner.shared_mbps * 1e6
+        due = t0 + through / rate if rate > 0 else 0.0
+        if shared > 0:
+            due = max(due, owner.link.deliver(n, shared))
+        wait = due - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
 
     def _control(self, owner: "S3Server", url) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))  # a POST's body (unused), off the connection
@@ -540,8 +557,9 @@ class _Handler(BaseHTTPRequestHandler):
         elif what == "set":
             q = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
             try:
-                owner.configure(latency=float(q.get("latency", owner.latency)), mbps=float(q.get("mbps", owner.mbps)))
-                out = {"latency": owner.latency, "mbps": owner.mbps}
+                owner.configure(latency=float(q.get("latency", owner.latency)), mbps=float(q.get("mbps", owner.mbps)),
+                                shared_mbps=float(q.get("shared_mbps", owner.shared_mbps)))
+                out = {"latency": owner.latency, "mbps": owner.mbps, "shared_mbps": owner.shared_mbps}
             except ValueError as e:
                 out, status = {"error": f"{url.path}?{url.query}: {e}"}, 400
         else:
@@ -594,6 +612,23 @@ def _unchunk(readline, read) -> bytes:
         read(2)
 
 
+class SharedLink:
+    """One link of a given rate that every connection's bodies cross, a slice at a time, in the order
+    they come (a rank's share of a node's network interface, or of a bucket's throughput): each slice
+    is delivered when the link has sent every slice before it and then this one's bytes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free_at = 0.0
+
+    def deliver(self, nbytes: int, rate: float) -> float:
+        """The ``time.monotonic()`` at which ``nbytes`` sent now at ``rate`` bytes/s arrive."""
+        with self._lock:
+            start = max(time.monotonic(), self._free_at)
+            self._free_at = start + nbytes / rate
+            return self._free_at
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
@@ -610,12 +645,13 @@ class S3Server:
     (0: unlimited), on 127.0.0.1:``port`` (0: any free one)."""
 
     def __init__(self, root: str | None = None, latency: float = 0.0, mbps: float = 0.0, port: int = 0,
-                 buckets=()) -> None:
+                 buckets=(), shared_mbps: float = 0.0) -> None:
         self.objects = FolderObjects(root) if root is not None else MemoryObjects()
         for b in buckets:
             self.objects.make_bucket(b)
-        self.latency = self.mbps = 0.0
-        self.configure(latency=latency, mbps=mbps)
+        self.latency = self.mbps = self.shared_mbps = 0.0
+        self.link = SharedLink()
+        self.configure(latency=latency, mbps=mbps, shared_mbps=shared_mbps)
         self.counter = _Counts()
         self.lock = threading.Lock()
         self.uploads: dict[str, dict[int, bytes]] = {}
@@ -647,9 +683,12 @@ class S3Server:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def configure(self, latency: float | None = None, mbps: float | None = None) -> None:
-        """A new latency (seconds) or bandwidth (MB/s per connection, 0: unlimited), for the next answers."""
-        given = {k: v for k, v in (("latency", latency), ("mbps", mbps)) if v is not None}
+    def configure(self, latency: float | None = None, mbps: float | None = None,
+                  shared_mbps: float | None = None) -> None:
+        """A new latency (seconds), bandwidth (MB/s per connection, 0: unlimited) or shared link (MB/s for
+        every connection together, 0: none), for the next answers."""
+        given = {k: v for k, v in (("latency", latency), ("mbps", mbps), ("shared_mbps", shared_mbps))
+                 if v is not None}
         for name, value in given.items():  # all checked before any is changed
             if not value >= 0:
                 raise ValueError(f"the benchmark server's {name} must be a number >= 0, got {value!r}")
@@ -718,6 +757,8 @@ def main(argv=None) -> None:
     ap.add_argument("--port", type=int, default=0, help="on 127.0.0.1; 0: a free one (printed)")
     ap.add_argument("--latency", type=float, default=0.0, help="seconds before each answer's first byte")
     ap.add_argument("--mbps", type=float, default=0.0, help="MB/s per connection (0: unlimited)")
+    ap.add_argument("--shared-mbps", type=float, default=0.0,
+                    help="MB/s of one link every connection shares (0: none)")
     ap.add_argument("--root", help="serve the files ROOT/BUCKET/KEY (default: objects in memory)")
     ap.add_argument("--bucket", action="append", default=[], help="a bucket to make (repeatable)")
     ap.add_argument("--stdin", action="store_true", help="stop when standard input closes (for a parent process)")
@@ -726,7 +767,7 @@ def main(argv=None) -> None:
     if args.measure:
         print(json.dumps(measure(), indent=1))
         return
-    server = S3Server(args.root, args.latency, args.mbps, args.port, args.bucket).start()
+    server = S3Server(args.root, args.latency, args.mbps, args.port, args.bucket, args.shared_mbps).start()
     print(server.port, flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:

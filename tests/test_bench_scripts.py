@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -431,3 +432,42 @@ def test_remote_bench_bandwidth_costs_size_over_rate(tmp_path):
     # the open to the first batch holds the open and at least the first step's round trip
     for row in rows.values():
         assert float(row["open to 1st batch s"]) >= float(row["open s"]) + 0.02, row
+
+
+def test_s3_server_shared_link_carries_every_connections_bytes_in_turn():
+    """``shared_mbps``: one link for every connection together. Four connections fetching 1 MB each at
+    once over a shared 8 MB/s link take about 4 MB / 8 MB/s (0.5 s), where a link of 8 MB/s per
+    connection lets them take about 1 MB / 8 MB/s each, side by side; small bodies (one slice) cross
+    the shared link too."""
+    import http.client
+    from concurrent.futures import ThreadPoolExecutor
+
+    from benchmarks.s3_server import S3Server
+
+    def fetch_all(server, size, clients=4):
+        def one(i):
+            c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+            c.request("GET", "/bench/obj", headers={"Range": f"bytes=0-{size - 1}"})
+            body = c.getresponse().read()
+            c.close()
+            return len(body)
+
+        with ThreadPoolExecutor(clients) as pool:
+            t0 = time.perf_counter()
+            got = list(pool.map(one, range(clients)))
+            return time.perf_counter() - t0, got
+
+    with S3Server(buckets=["bench"]) as server:
+        server.put("bench", "obj", os.urandom(1 << 20))
+        server.configure(shared_mbps=8)
+        shared, got = fetch_all(server, 1 << 20)
+        assert got == [1 << 20] * 4
+        server.configure(shared_mbps=0, mbps=8)
+        per_connection, _ = fetch_all(server, 1 << 20)
+        server.configure(mbps=0, shared_mbps=0.5)
+        small, got = fetch_all(server, 32 << 10)  # 4 x 32 KiB at 0.5 MB/s: 0.26 s
+        assert got == [32 << 10] * 4
+    want = 4 * (1 << 20) / 8e6
+    assert 0.9 * want <= shared <= 2.5 * want, (shared, want)
+    assert per_connection < 0.75 * shared, (per_connection, shared)
+    assert small >= 0.9 * 4 * (32 << 10) / 0.5e6, small
