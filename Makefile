@@ -10,7 +10,7 @@ PIP := $(PY) -m pip
 # let a range pull a multi-GB CUDA build here.
 DEPS := torch==2.13.0 numpy==2.4.6 nvidia-dali-cuda120==2.4.0 h5py==3.16.0 zarr==3.1.6 \
         matplotlib==3.11.2 setuptools==84.2.1 wheel==0.48.0 cmake==4.4.5 ninja==1.13.2 google-crc32c==1.9.0
-TEST_DEPS := pytest==9.2.0 pytest-timeout==2.4.0 pytest-xdist==3.8.0 execnet==2.1.2 hypothesis==6.170.17 xarray==2026.9.0 pandas==3.1.1 h5netcdf==1.8.2 \
+TEST_DEPS := pytest==9.2.0 hilbertcurve==2.0.5 networkx==3.6.1 pytest-timeout==2.4.0 pytest-xdist==3.8.0 execnet==2.1.2 hypothesis==6.170.17 xarray==2026.9.0 pandas==3.1.1 h5netcdf==1.8.2 \
              sphinx==8.2.3 myst-parser==4.0.1 moto[server]==5.2.5 boto3==1.43.117 botocore==1.43.117 \
              kerchunk==0.2.10 ujson==6.1.0 fastparquet==2026.9.0 cramjam==2.14.0 icechunk==1.1.21 virtualizarr==2.5.1 \
              obstore==0.12.1 obspec==0.1.0 obspec-utils==0.9.0 universal_pathlib==0.3.11 pathlib_abc==0.5.2 \

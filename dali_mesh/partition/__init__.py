@@ -30,6 +30,7 @@ from dali_mesh.partition.checks import LayoutError
 from dali_mesh.partition.layout import Layout
 from dali_mesh.partition.order import GroupOrder, SampleOrder, sample_order
 from dali_mesh.partition.region import Region, check_fill_value, take_window
+from dali_mesh.partition.curves import curve_order, renumber_graph
 from dali_mesh.partition.rows import Rows, graph_halo
 from dali_mesh.partition.rules import BOUNDARIES, SPLITS, boundary_index, shard_extent, split_sizes
 
@@ -44,7 +45,9 @@ __all__ = [
     "SampleOrder",
     "boundary_index",
     "check_fill_value",
+    "curve_order",
     "graph_halo",
+    "renumber_graph",
     "sample_order",
     "shard_extent",
     "split_sizes",
