@@ -14,6 +14,12 @@ that a rank's cold read is its window.
   ``ZarrSource`` and that name.
 - DST's format object (:mod:`dali_mesh.formats`) writes the copy (``create``) and reads it back
   (``open``, ``read_whole``); nothing here knows HDF5 or Zarr.
+- ``--renumber hilbert|morton --coords C.npy [--graph G.npz] [--node-axis A]``: for meshes numbered in
+  no spatial order, the nodes on axis A are written in the order of a space-filling curve of their
+  coordinates (:func:`dali_mesh.partition.curve_order`), with ``node_permutation`` (new id ``i`` is old
+  id ``node_permutation[i]``), ``node_coordinates`` and the graph (``graph_offsets``, ``graph_indices``)
+  beside the data, all renumbered and verified: a spatial partition's rows then form a few runs.
+  ``Rows(...).renumbered(node_permutation)`` reads rows given in the old numbering.
 - Samples are copied by a few threads (the readers release the GIL while reading; HDF5 calls are
   serialised, as h5py serialises them anyway), with a plain-text progress bar on stderr.
 - Nothing is written at DST until the copy is complete and verified: the copy goes to a hidden
@@ -46,7 +52,8 @@ from dali_mesh.formats import ArrayFormat, format_of, written_suffixes
 from dali_mesh.mesh import MeshInfo
 from dali_mesh.partition import Layout
 
-__all__ = ["ConvertResult", "SampleReader", "convert", "convert_array", "open_samples"]
+__all__ = ["ConvertResult", "RENUMBER_ARRAYS", "Renumbering", "SampleReader", "convert", "convert_array", "open_samples",
+           "renumbering"]
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +212,61 @@ def _run_parallel(fn: Callable[[int], None], n: int, workers: int, progress: _Pr
             progress.step()
 
 
+# ---- node renumbering ----------------------------------------------------------------------------------------------
+#: the arrays written beside the features by ``--renumber`` (new id ``i`` is old id ``node_permutation[i]``)
+RENUMBER_ARRAYS = ("node_permutation", "node_coordinates", "graph_offsets", "graph_indices")
+
+
+@dataclass(frozen=True)
+class Renumbering:
+    """Nodes on sample ``axis`` renumbered along a space-filling ``curve`` of their coordinates: new id
+    ``i`` is old id ``order[i]``. ``coords`` and ``graph`` (CSR/CSC ``(offsets, indices)``, or None) are
+    in the new numbering."""
+
+    axis: int
+    curve: str
+    order: np.ndarray
+    coords: np.ndarray
+    graph: tuple | None = None
+
+    def apply(self, sample: np.ndarray) -> np.ndarray:
+        return np.take(sample, self.order, axis=self.axis)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        out = {"node_permutation": self.order, "node_coordinates": self.coords}
+        if self.graph is not None:
+            out["graph_offsets"], out["graph_indices"] = self.graph
+        return out
+
+
+def renumbering(coords_path: str, curve: str, axis: int, graph_path: str | None = None) -> Renumbering:
+    """:class:`Renumbering` from a ``.npy`` file of ``(nodes, d)`` coordinates and, optionally, a ``.npz``
+    file holding the graph's ``offsets`` and ``indices``."""
+    from dali_mesh.partition import LayoutError, curve_order, renumber_graph  # noqa: PLC0415
+    from dali_mesh.partition.rows import _check_graph  # noqa: PLC0415
+
+    try:
+        coords = np.load(coords_path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--coords {shown(coords_path)!r}: {e}") from None
+    try:
+        order = curve_order(coords, curve)
+        graph = None
+        if graph_path is not None:
+            try:
+                with np.load(graph_path, allow_pickle=False) as z:
+                    if not {"offsets", "indices"} <= set(z.files):
+                        raise UsageError(f"--graph {shown(graph_path)!r} holds {sorted(z.files)}: it needs 'offsets' "
+                                         "and 'indices' (CSR/CSC)")
+                    offsets, indices = _check_graph((z["offsets"], z["indices"]), len(order))
+            except (OSError, ValueError) as e:
+                raise UsageError(f"--graph {shown(graph_path)!r}: {e}") from None
+            graph = renumber_graph(offsets, indices, order)
+    except LayoutError as e:
+        raise UsageError(str(e)) from None
+    return Renumbering(int(axis), curve, order, np.asarray(coords)[order], graph)
+
+
 # ---- the destination --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ConvertResult:
@@ -216,13 +278,17 @@ class ConvertResult:
     seconds: float
     bytes_written: int
     note: str | None = None  # why the chunks cannot follow the shard boundaries (cold reads above ~1.0x)
+    renumbered: str | None = None  # the curve the nodes were renumbered along (--renumber)
 
     def __str__(self) -> str:
         mib = self.bytes_written / 2**20
         return (f"wrote {self.dst} ({format_of(self.dst).label} "
                 f"{self.name!r}: {'x'.join(map(str, self.shape))} {self.dtype}, chunks {self.chunks}, uncompressed), "
                 f"{mib:.1f} MiB in {self.seconds:.1f} s; every sample verified against the source"
-                + (f"\nnote: these chunks do not follow every shard boundary: {self.note}" if self.note else ""))
+                + (f"\nnote: these chunks do not follow every shard boundary: {self.note}" if self.note else "")
+                + (f"\nnodes renumbered along a {self.renumbered} curve: new id i is old id node_permutation[i]; "
+                   f"beside {self.name!r}: {', '.join(RENUMBER_ARRAYS)} (the graph's when given)"
+                   if self.renumbered else ""))
 
 
 def _check_dst(dst: str, src_files: Sequence[str], overwrite: bool) -> ArrayFormat:
@@ -365,9 +431,12 @@ def convert_array(
     overwrite: bool = False,
     progress: bool = True,
     allow_external: bool = False,
+    renumber: Renumbering | None = None,
 ) -> ConvertResult:
     """Copy ``src`` to ``dst`` chunked for ``layout`` (see the module docstring); returns what was written.
-    ``dst`` is a local path or ``file://`` URL: another scheme is refused before anything is read."""
+    ``dst`` is a local path or ``file://`` URL: another scheme is refused before anything is read. With
+    ``renumber``, every sample's nodes are written in the new order, and the permutation, the new
+    coordinates and graph beside them (:data:`RENUMBER_ARRAYS`)."""
     dst = local_destination(dst, "DST")
     if not isinstance(workers, int) or workers < 1:
         raise UsageError(f"workers must be an integer >= 1, got {workers!r}")
@@ -386,6 +455,18 @@ def convert_array(
             if note:
                 log.info("convert %s: %s", shown(src), note)
         _check_name(name)
+        read = source.read
+        if renumber is not None:
+            if not -len(sample_shape) <= renumber.axis < len(sample_shape):
+                raise UsageError(f"--node-axis {renumber.axis} is out of range for samples of {sample_shape}")
+            if sample_shape[renumber.axis] != renumber.order.size:
+                raise UsageError(f"--coords give {renumber.order.size} nodes, but axis {renumber.axis} of the samples "
+                                 f"{sample_shape} has {sample_shape[renumber.axis]}")
+            if name in RENUMBER_ARRAYS:
+                raise UsageError(f"--name {name!r} is one of the arrays --renumber writes beside it: choose another")
+
+            def read(i):
+                return renumber.apply(source.read(i))
         n = source.num_samples
         shape = (n,) + tuple(sample_shape)
         tmp = _partial_path(dst, os.getpid())
@@ -396,9 +477,13 @@ def convert_array(
         try:
             with fmt.create(tmp, name, shape, dtype, chunk_shape) as out:  # a failed copy is discarded
                 def write(i):
-                    out.write(i, source.read(i))
+                    out.write(i, read(i))
                 _run_parallel(write, n, workers, _Progress("copy  ", n, sample_bytes, progress))
-            _verify(source, fmt, tmp, name, workers, progress, sample_bytes)
+                for extra, values in (renumber.arrays() if renumber is not None else {}).items():
+                    out.add_array(extra, values)
+            _verify(read, n, fmt, tmp, name, workers, progress, sample_bytes)
+            if renumber is not None:
+                _verify_arrays(fmt, tmp, renumber.arrays())
             seconds = time.perf_counter() - t0
             # DST again: it may have appeared (or changed) while the copy ran; never remove what
             # was not checked, never replace what --overwrite was not given for
@@ -411,23 +496,36 @@ def convert_array(
             raise
     finally:
         source.close()
-    return ConvertResult(dst, name, shape, dtype, chunk_shape, seconds, n * sample_bytes, note)
+    return ConvertResult(dst, name, shape, dtype, chunk_shape, seconds, n * sample_bytes, note,
+                         None if renumber is None else renumber.curve)
 
 
-def _verify(source: SampleReader, fmt: ArrayFormat, path: str, name: str, workers: int, progress: bool,
-            sample_bytes: int) -> None:
-    """Every sample of the copy, read back by its format's own library, equals the source's, bit for
-    bit (NaN payloads and -0.0 included)."""
+def _verify_arrays(fmt: ArrayFormat, path: str, arrays: dict) -> None:
+    """The arrays written beside the samples, read back whole, equal what was written."""
+    for name, values in arrays.items():
+        handle = fmt.open(path, name)
+        try:
+            got = np.asarray(fmt.read_whole(handle))
+        finally:
+            fmt.close(handle)
+        if not np.array_equal(got, values):
+            raise DataFileError(path, f"array {name!r} of the copy differs from what was written; the copy is removed")
+
+
+def _verify(read: Callable[[int], np.ndarray], num_samples: int, fmt: ArrayFormat, path: str, name: str, workers: int,
+            progress: bool, sample_bytes: int) -> None:
+    """Every sample of the copy, read back by its format's own library, equals ``read(i)``, bit for bit
+    (NaN payloads and -0.0 included)."""
     handle = fmt.open(path, name)
 
     def check(i):
-        want = np.ascontiguousarray(source.read(i))
+        want = np.ascontiguousarray(read(i))
         got = np.ascontiguousarray(fmt.read_whole(handle, i)).astype(want.dtype, copy=False)
         if got.shape != want.shape or not np.array_equal(got.view(np.uint8), want.view(np.uint8)):
             raise DataFileError(path, f"sample {i} of the copy differs from the source; the copy is removed "
                                 "(is the source being rewritten?)")
     try:
-        _run_parallel(check, source.num_samples, workers, _Progress("verify", source.num_samples, sample_bytes, progress))
+        _run_parallel(check, num_samples, workers, _Progress("verify", num_samples, sample_bytes, progress))
     finally:
         fmt.close(handle)
 
@@ -449,6 +547,13 @@ def convert(args: argparse.Namespace) -> ConvertResult:
     layout = make_layout(MeshInfo(mesh_shape, names), len(sample_shape), shard=args.shard, batch=args.batch,
                          halo=args.halo, boundary=args.boundary, split=args.split, crop=args.crop,
                          fill_value=args.fill_value)
+    renumber = None
+    if getattr(args, "renumber", None):
+        if not args.coords:
+            raise UsageError("--renumber needs --coords, a .npy file of the nodes' (n, d) coordinates")
+        renumber = renumbering(args.coords, args.renumber, args.node_axis, args.graph)
+    elif getattr(args, "coords", None) or getattr(args, "graph", None):
+        raise UsageError("--coords and --graph are for --renumber")
     return convert_array(args.src, args.dst, layout, dataset=args.dataset, name=args.name, chunks=args.chunks,
                          workers=args.workers, overwrite=args.overwrite, progress=not args.no_progress,
-                         allow_external=allow_external)
+                         allow_external=allow_external, renumber=renumber)

@@ -336,6 +336,15 @@ def make_parser() -> argparse.ArgumentParser:
     conv.add_argument("--workers", type=positive_int, default=4, help="parallel copy threads (default 4)")
     conv.add_argument("--overwrite", action="store_true", help="replace an existing DST")
     conv.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    conv.add_argument("--renumber", choices=("hilbert", "morton"),
+                      help="renumber the nodes of --node-axis along this space-filling curve of --coords, so that a "
+                           "spatial graph partition reads a few runs of rows (writes node_permutation, "
+                           "node_coordinates and the --graph's graph_offsets, graph_indices beside the data)")
+    conv.add_argument("--coords", help="with --renumber: a .npy file of the nodes' (n, d) coordinates")
+    conv.add_argument("--graph", help="with --renumber: a .npz file of the graph's CSR/CSC 'offsets' and 'indices', "
+                                      "written renumbered")
+    conv.add_argument("--node-axis", type=int, default=0,
+                      help="with --renumber: the sample axis of the nodes (default 0)")
 
     demo = sub.add_parser("demo", help="run one epoch on local ranks and verify every sample")
     _add_demo_args(demo)

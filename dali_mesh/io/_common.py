@@ -138,6 +138,11 @@ class ArrayWriter:
     def write(self, index, values) -> None:
         raise NotImplementedError
 
+    def add_array(self, name: str, values) -> None:
+        """Stores ``values`` whole as another array ``name`` beside the one being written (what
+        ``dali-mesh convert --renumber`` writes with the features: the permutation, the graph)."""
+        raise NotImplementedError(f"{type(self).__name__} writes one array only")
+
     def close(self) -> None:
         """Every write has reached storage (nothing is pending by default)."""
 

@@ -188,6 +188,22 @@ class Rows:
         far = graph_halo(own, graph, int(num_rows), halo) if halo else np.empty(0, np.int64)
         return cls(np.concatenate((own, far)), axis, owned=own.size, total=int(num_rows))
 
+    def renumbered(self, order) -> "Rows":
+        """These rows in a copy whose nodes were renumbered by ``order`` (new id ``i`` is old id
+        ``order[i]``: ``dali-mesh convert --renumber``'s ``node_permutation``): the same rows in the same
+        order, so a tensor read from the copy equals one read from the original, in the user's numbering."""
+        order = _ids(order, "order")
+        new_of_old = np.full(order.size, -1, np.int64)
+        new_of_old[order] = np.arange(order.size, dtype=np.int64)
+        if order.size and (new_of_old < 0).any():
+            raise LayoutError(f"order is no permutation: it names no node {int(np.argmax(new_of_old < 0))}")
+        if int(self.ids.max()) >= order.size:
+            raise LayoutError(f"rows name id {int(self.ids.max())}, but the permutation has {order.size} nodes")
+        out = object.__new__(Rows)
+        out.__dict__.update(self.__dict__, ids=new_of_old[self.ids], total=order.size)
+        out.ids.setflags(write=False)
+        return out
+
     # ---- value -----------------------------------------------------------------------------------------
     @property
     def halo(self) -> int:

@@ -31,6 +31,10 @@ class _HDF5Writer(ArrayWriter):
         with self._lock:
             self._dataset[index] = values
 
+    def add_array(self, name: str, values) -> None:
+        with self._lock:
+            self._file.create_dataset(name, data=values)
+
     def close(self) -> None:
         try:
             self._file.flush()  # a write that fails (a full disk) fails here, not in close()

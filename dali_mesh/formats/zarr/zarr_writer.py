@@ -34,13 +34,17 @@ class _ZarrWriter(ArrayWriter):
         import zarr
 
         self.location = path
-        group = zarr.open_group(path, mode="w", zarr_format=zarr_format)
+        group = self._group = zarr.open_group(path, mode="w", zarr_format=zarr_format)
         # every chunk is stored (also all-zero ones) so that each rank's read is the same size
         self._array = group.create_array(name, shape=shape, chunks=chunks, dtype=dtype, compressors=None,
                                          fill_value=0, config={"write_empty_chunks": True})
 
     def write(self, index, values) -> None:
         self._array[index] = values
+
+    def add_array(self, name: str, values) -> None:
+        values = np.asarray(values)
+        self._group.create_array(name, data=values, chunks=values.shape or None, compressors=None)
 
 
 def create_zarr_array(path: str | os.PathLike, name: str, shape: Sequence[int], dtype, chunks: Sequence[int], *,
