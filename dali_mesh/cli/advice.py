@@ -241,20 +241,9 @@ class EpochCounter:
                 raise TooManyWindows
             reader = self.target.source(layout, epoch=True, batch_size=self.batch_size, share=self.share).group_reader()
             plans = plan_source(reader)
-            headers = self._blosc_headers(plans)
+            headers = blosc_headers(plans, self.target.path, self._headers)
             hit = self._plans[window] = (reader, plans.fetches(EPOCH_TASK_BYTES, headers, _store_costs(plans)))
         return hit
-
-    def _blosc_headers(self, plans) -> dict[int, bytes]:
-        """Coder -> the first 16 bytes of one of its chunks (their Blosc header: the block size)."""
-        store, _ = store_of(self.target.path)
-        out = {}
-        for coder, file, offset in plans.blosc_probes():
-            where = (plans.files[file].key, offset)
-            if where not in self._headers:
-                self._headers[where] = store.read_range(where[0], offset, 16)
-            out[coder] = self._headers[where]
-        return out
 
     def total(self, layout_of, size: int) -> EpochFetches | None:
         """The epochs of all ``size`` ranks added up (``round_trips``: the most of one rank; ``batches``: all
@@ -262,6 +251,20 @@ class EpochCounter:
         if size > MAX_EPOCH_RANKS:
             return None
         return EpochFetches.added([self.rank(layout_of(r)) for r in range(size)])
+
+
+def blosc_headers(plans, location, cache: dict | None = None) -> dict[int, bytes]:
+    """Coder -> the first 16 bytes of one of its chunks (their Blosc header: the block size), read from the
+    store of ``location`` (``cache``: ``(key, offset) -> bytes`` already read)."""
+    store, _ = store_of(location)
+    cache = {} if cache is None else cache
+    out = {}
+    for coder, file, offset in plans.blosc_probes():
+        where = (plans.files[file].key, offset)
+        if where not in cache:
+            cache[where] = store.read_range(where[0], offset, 16)
+        out[coder] = cache[where]
+    return out
 
 
 def _store_costs(plans) -> list[tuple[float, float]]:

@@ -313,6 +313,9 @@ def make_parser() -> argparse.ArgumentParser:
                             "dtype from it and add, per rank, the bytes a cold read pulls and a chunk shape that fits",
                        channels="and each rank's row gives the bytes the native reader pulls",
                        share="with --data: also the bytes read per rank")
+    from dali_mesh.cli import graph_plan  # noqa: PLC0415
+
+    graph_plan.add_arguments(plan)
     plan.add_argument("--batch-size", type=positive_int, default=None, metavar="N",
                       help="with --data in object storage: samples per batch of the epoch counted (default 1; a "
                            "chunk several samples of a batch need is fetched once)")
@@ -477,6 +480,14 @@ def cmd_plan_dataset(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    if getattr(args, "rows_from", None):
+        if not args.data:
+            raise UsageError("--rows-from goes with --data STORE")
+        from dali_mesh.cli import graph_plan  # noqa: PLC0415
+
+        return graph_plan.plan_rows(args)
+    if getattr(args, "graph", None) or getattr(args, "hops", 0):
+        raise UsageError("--graph and --hops go with --rows-from")
     if getattr(args, "channels", None):
         if not args.data:
             raise UsageError("--channels goes with --data STORE")

@@ -110,3 +110,42 @@ def test_bad_renumbering_is_refused_naming_it(mesh_files, argv, message, capsys)
     err = capsys.readouterr().err.strip()
     assert message in err, err
     assert sorted(os.listdir(tmp)) == before  # nothing written
+
+
+def test_plan_rows_says_the_node_order_is_not_spatial_until_renumbered(tmp_path, capsys):
+    """``dali-mesh plan --rows-from``: per rank its rows, runs and the stored bytes the native reader
+    takes for one sample; on a Blosc whole-grid chunk in random node order every rank reads the whole
+    chunk and is told to renumber; renumbered along the Hilbert curve, each reads about its quarter."""
+    numcodecs = pytest.importorskip("numcodecs")
+    from tests.graph_mesh import bbox_separators
+
+    coords, offsets, indices = build_mesh(200, 200, seed=1)
+    owner = np.zeros(len(coords), np.int64)
+    for r, (lo, hi) in enumerate(zip(*bbox_separators(200, 200, 4))):
+        m = np.ones(len(coords), bool)
+        for d in range(2):
+            m &= (coords[:, d] >= lo[d] if lo[d] is not None else True) & (coords[:, d] < hi[d] if hi[d] is not None else True)
+        owner[m] = r
+    x = np.sin(coords[:, :1] / 9 + np.arange(4)).astype(np.float32)[None].repeat(2, 0)
+    order = curve_order(coords, "hilbert")
+    np.savez(tmp_path / "g.npz", offsets=offsets, indices=indices)
+    shares = {}
+    for name, feats, own in (("random", x, owner), ("hilbert", x[:, order], owner[order])):
+        store = str(tmp_path / f"{name}.zarr")
+        z = zarr.create_array(store, shape=feats.shape, chunks=(1, len(coords), 4), dtype="f4", zarr_format=2,
+                              compressors=numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE, blocksize=1 << 14))
+        z[:] = feats
+        np.save(tmp_path / f"{name}_owner.npy", own)
+        assert main(["plan", "--data", store, "--mesh", "graph=4", "--rows-from", str(tmp_path / f"{name}_owner.npy")]) == 0
+        out = capsys.readouterr().out
+        rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.splitlines() if line[:3] in ("| 0", "| 1", "| 2", "| 3")]
+        assert [r[1] for r in rows] == [f"{(own == k).sum()} + 0" for k in range(4)], out
+        shares[name] = [float(r[6].rstrip("x")) for r in rows]
+        assert ("the node order is not spatial" in out) == (name == "random"), out
+    assert min(shares["random"]) > 0.9 and max(shares["hilbert"]) < 0.45, shares
+    # with a halo of one hop from the graph
+    assert main(["plan", "--data", str(tmp_path / "random.zarr"), "--mesh", "graph=4", "--rows-from",
+                 str(tmp_path / "random_owner.npy"), "--graph", str(tmp_path / "g.npz"), "--hops", "1"]) == 0
+    assert "| 0 | 10000 + 2" in capsys.readouterr().out
+    assert main(["plan", "--data", str(tmp_path / "random.zarr"), "--mesh", "graph=4", "--hops", "1"]) == 2
+    assert "--graph and --hops go with --rows-from" in capsys.readouterr().err
