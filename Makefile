@@ -18,8 +18,10 @@ TEST_DEPS := pytest==9.2.0 hilbertcurve==2.0.5 networkx==3.6.1 pytest-timeout==2
 # installed with --no-deps: blosc2 for its C library only (c-blosc2: headers, libblosc2.so), which
 # the plugin links; PhysicsNeMo (for tests against the real package) and the light pure-Python
 # modules its domain_parallel and distributed modules import, pinned one by one: its own
-# requirements pull torchvision through timm, which does not import beside the CPU torch here
-NO_DEPS := blosc2==4.14.1 nvidia-physicsnemo==2.2.2 warp-lang==1.19.0 requests==2.34.2 urllib3==2.8.0 \
+# requirements pull torchvision through timm, which does not import beside the CPU torch here;
+# anemoi-datasets (the tests' oracle of its stores) pins zarr<=2.18.7 in its requirements but reads
+# zarr 3 stores with zarr 3, which its code supports: it and the two modules it imports, no deps
+NO_DEPS := blosc2==4.14.1 nvidia-physicsnemo==2.2.2 anemoi-datasets==0.5.47 anemoi-utils==0.5.14 aniso8601==10.0.1 warp-lang==1.19.0 requests==2.34.2 urllib3==2.8.0 \
            idna==3.20 certifi==2026.10.19.post1 charset-normalizer==3.5.3 s3fs==2026.9.0 fsspec==2026.9.0 \
            aiobotocore==3.10.0 botocore==1.43.117 jmespath==1.1.0 aiohttp==3.14.5 aiohappyeyeballs==2.7.1 \
            aiosignal==1.4.0 aioitertools==0.13.0 attrs==26.1.0 frozenlist==1.8.0 multidict==7.2.1 \

@@ -11,9 +11,14 @@ name                class                  variables read by
 ``zarr_group``      :class:`ZarrGroup`     :class:`~dali_mesh.ZarrSource` of the group
 ``netcdf_files``    :class:`NetCDFFiles`   :class:`~dali_mesh.HDF5Source` of every file
 ==================  =====================  ==========================================
+
+anemoi-datasets stores (every variable in one array ``data`` of (dates, variables, ensembles, cells)) are
+read by :class:`AnemoiDatasetSource`, one :class:`~dali_mesh.ZarrSource` of ``data`` with the variables
+chosen by name, by grid shard or by a graph partition's rows (:mod:`dali_mesh.datasets.anemoi`).
 """
 from __future__ import annotations
 
+from dali_mesh.datasets.anemoi import AnemoiDatasetSource
 from dali_mesh.datasets.cf_time import CALENDARS, decode_cf_time
 from dali_mesh.datasets.named_layout import NamedLayout
 from dali_mesh.datasets.netcdf_files import NetCDFFiles
@@ -22,5 +27,5 @@ from dali_mesh.datasets.variables import (DATASET_FORMATS, DatasetFormat, Variab
 from dali_mesh.datasets.variables_source import Channel, VariablesSource
 from dali_mesh.datasets.zarr_group import ZarrGroup
 
-__all__ = ["CALENDARS", "Channel", "DATASET_FORMATS", "DatasetFormat", "NamedLayout", "NetCDFFiles", "Variable",
+__all__ = ["AnemoiDatasetSource", "CALENDARS", "Channel", "DATASET_FORMATS", "DatasetFormat", "NamedLayout", "NetCDFFiles", "Variable",
            "VariablesSource", "ZarrGroup", "dataset_format_named", "decode_cf_time", "register_dataset_format"]

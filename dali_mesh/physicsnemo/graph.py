@@ -7,14 +7,15 @@ tensor on every rank.
     >>> local = ZarrSource(store, "features", layout, rows=partition_rows(graph, "local_src", axis=1,
     ...                                                                    indices=indices))
 
-``nodes`` (checked against PhysicsNeMo 2.2.2's own getters on gloo ranks, tests/torch/test_graph_partitions.py):
+``nodes`` (each checked against PhysicsNeMo 2.2.2's own getters on gloo ranks,
+tests/torch/test_graph_partitions.py), on rank r:
 
-| nodes | the rows of | equals, on rank r |
-|---|---|---|
-| ``"src"`` | ``map_partitioned_src_ids_to_global`` | ``get_src_node_features_in_partition(x)`` |
-| ``"dst"`` | ``map_partitioned_dst_ids_to_global`` | ``get_dst_node_features_in_partition(x)`` |
-| ``"edges"`` | ``map_partitioned_edge_ids_to_global`` | ``get_edge_features_in_partition(e)`` |
-| ``"local_src"`` | the source nodes of r's local graph (its own and its halo), as ``local_indices`` indexes them | ``get_src_node_features_in_local_graph(get_src_node_features_in_partition(x))``, with no all-to-all |
+- ``"src"``: ``map_partitioned_src_ids_to_global``, what ``get_src_node_features_in_partition(x)`` returns;
+- ``"dst"``: ``map_partitioned_dst_ids_to_global``, what ``get_dst_node_features_in_partition(x)`` returns;
+- ``"edges"``: ``map_partitioned_edge_ids_to_global``, what ``get_edge_features_in_partition(e)`` returns;
+- ``"local_src"``: the source nodes of r's local graph (its own and its halo), as ``local_indices`` indexes
+  them: what ``get_src_node_features_in_local_graph(get_src_node_features_in_partition(x))`` returns,
+  with no all-to-all.
 
 The local graph's source list is not "own, then halo": PhysicsNeMo groups it by owning rank. It is
 derived here from the partition's own fields, whatever their order: the source of local edge ``e`` is
