@@ -262,6 +262,11 @@ class MeshLoader:
         """A source registered on the pipeline by ``partitioned_source`` must read with this loader's
         layout and sample shape: otherwise the windows are wrapped as parts of another tensor."""
         what = f"{type(src).__name__} over {src.files[0]!r}" if getattr(src, "files", None) else type(src).__name__
+        if getattr(src, "rows", None) is not None and self.output != "local":
+            # a DTensor or ShardTensor would call the rows' axis replicated (or a box shard): each rank
+            # holds its own rows, in its partition's order, which neither describes
+            raise LayoutError(f"the pipeline's source ({what}) reads rows= (an index-set window): its tensors are "
+                              f"local, one per rank, not a {self.output}: use output='local'")
         src_layout = getattr(src, "layout", None)
         if src_layout is not None and src_layout is not self.layout and repr(src_layout) != repr(self.layout):
             raise LayoutError(f"the pipeline's source ({what}) reads with layout {src_layout!r}, the loader was given "

@@ -167,3 +167,13 @@ def test_bad_rows_are_refused_naming_the_id_or_the_size(stores, kind):
         make[kind](_layout(), Rows([1], axis=-1), channels=[0], channel_axis=1)
     with pytest.raises(TypeError, match="rows must be a dali_mesh.partition.Rows"):
         make[kind](_layout(), [1, 2])
+
+
+def test_rows_with_a_read_group_are_refused_not_mixed_up(stores):
+    """A read group reads one window for its members and cuts theirs out as boxes: members whose rows
+    differ would be handed the reader's rows as their own. Refused, naming both arguments."""
+    _, make = stores
+    lay = Layout(mesh_of((2, 2), (0, 1)), batch="data_parallel")
+    for kind in KINDS:
+        with pytest.raises(LayoutError, match=r"rows= and share= \(mesh dims \['m0'\]\) do not go together"):
+            make[kind](lay, Rows([5, 6], axis=0), share="group")

@@ -219,3 +219,28 @@ def test_one_path_instead_of_a_list_is_refused(tmp_path):
     f = _files(tmp_path, n=1)[0]
     with pytest.raises(TypeError, match="takes a list of files, got one path"):
         NumpySource(f, _layout())
+
+
+def test_rows_come_out_as_local_tensors_and_never_as_dtensors(process_group, tmp_path):
+    """A source with rows= (an index-set window) through MeshLoader: local tensors holding each sample's
+    rows in the partition's order (the Python reader of partitioned_source, as the native one); a
+    DTensor would call the rows' axis replicated, so output="dtensor" is refused before any batch."""
+    from dali_mesh import Rows
+
+    files = _files(tmp_path, n=4, shape=(10, 3))
+    layout = Layout(MeshInfo((1, 2), ("dp", "graph"), (0, 1)), batch="dp")
+    ids = np.array([9, 2, 3, 4, 0])
+    source = NumpySource(files, layout, batch_size=2, shuffle=False, rows=Rows(ids))
+    loader = MeshLoader(_make(source), layout)
+    seen = []
+    for batch in loader:
+        for k, sid in enumerate(batch["sample_id"].tolist()):
+            want = np.load(files[sid])[ids]
+            np.testing.assert_array_equal(batch["window"][k].numpy(), want)
+            seen.append(sid)
+    assert sorted(seen) == [0, 1, 2, 3]
+    with pytest.raises(LayoutError, match=r"reads rows= \(an index-set window\): its tensors are local"):
+        one = Layout(MeshInfo((1, 1), ("dp", "graph"), (0, 0)), batch="dp")
+        src = NumpySource(files, one, batch_size=2, shuffle=False, rows=Rows(ids))
+        iter(MeshLoader(_make(src), one, output="dtensor", device_mesh=_device_mesh([[0]], ("dp", "graph")),
+                        sample_shape=(5, 3)))
