@@ -190,6 +190,19 @@ def native_batches(src, n_batches, *, threads=2, **kw):
     return out
 
 
+def native_epoch(src, key=None, **kw) -> dict:
+    """``{key(sample id): window}`` of one epoch of :func:`native_pipeline` (``key``: the sample id by
+    default; ``src.step_of`` for a source of steps)."""
+    p = native_pipeline(src, **kw)
+    got = {}
+    for _ in range(len(src) // src.batch_size):
+        w, ids, _ = p.run()
+        for i in range(len(w)):
+            sid = int(np.array(ids[i]))
+            got[sid if key is None else key(sid)] = np.array(w[i])
+    return got
+
+
 def assert_windows(w, ids, samples, region):
     """Each window of a batch (a pipeline's outputs ``w`` and ``ids``) equals take_window of
     ``samples[its sample id]`` over ``region``."""

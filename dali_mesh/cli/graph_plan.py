@@ -55,17 +55,10 @@ def _read(src, location, headers: dict) -> tuple[int, int]:
     return epoch.bytes, epoch.requests
 
 
-def _fmt(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
 def plan_rows(args: argparse.Namespace) -> int:
     """Print the table of the module's docstring for every rank of ``--mesh`` (its ranks numbered as
     the mapping numbers them)."""
+    from dali_mesh.cli.main import _fmt_bytes as _fmt  # noqa: PLC0415 - main imports this module lazily
     try:
         node_rank = np.load(args.rows_from, allow_pickle=False)
     except (OSError, ValueError) as e:

@@ -10,7 +10,7 @@ import pytest
 from dali_mesh import Layout, Rows
 from dali_mesh.datasets import AnemoiDatasetSource
 from dali_mesh.io._common import DataFileError
-from tests.helpers import mesh_of, native_pipeline
+from tests.helpers import mesh_of, native_epoch
 
 zarr = pytest.importorskip("zarr")
 numcodecs = pytest.importorskip("numcodecs")
@@ -63,13 +63,8 @@ def _oracle(path, x, select=None, start=None, end=None):
 
 
 def _epoch(src):
-    p = native_pipeline(src)
-    got = {}
-    for _ in range(len(src) // src.batch_size):
-        w, ids, _ = p.run()
-        for i in range(len(w)):
-            got[src.step_of(int(np.array(ids[i]))) - int(src.time_start)] = np.array(w[i])
-    return got
+    """Windows by date index from ``start``."""
+    return native_epoch(src, key=lambda sid: src.step_of(sid) - int(src.time_start))
 
 
 @pytest.mark.parametrize("ranks,split", [(4, "even"), (3, "chunk")])

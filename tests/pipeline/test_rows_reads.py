@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from dali_mesh import HDF5Source, Layout, NumpySource, Rows, ZarrSource
 from dali_mesh.partition import LayoutError
-from tests.helpers import SEED, mesh_of, native_pipeline
+from tests.helpers import SEED, mesh_of, native_epoch, native_pipeline
 
 zarr = pytest.importorskip("zarr")
 h5py = pytest.importorskip("h5py")
@@ -61,14 +61,7 @@ def _layout():
     return Layout(mesh_of((2,), (1,)), batch=())  # the mesh dim shards nothing: a graph's ranks
 
 
-def _epoch(src):
-    p = native_pipeline(src)
-    got = {}
-    for _ in range(len(src) // src.batch_size):
-        w, ids, _ = p.run()
-        for i in range(len(w)):
-            got[int(np.array(ids[i]))] = np.array(w[i])
-    return got
+_epoch = native_epoch
 
 
 @st.composite
