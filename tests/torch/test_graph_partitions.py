@@ -1,7 +1,7 @@
 """Graph partitions from PhysicsNeMo's own functions (issue 55): on a mesh of 102,400 nodes numbered in
 no spatial order, partitioned by ``partition_graph_by_coordinate_bbox`` over 2, 4 and 8 ranks, every
-rank's ``src`` rows read natively from ``.npy``, HDF5 and Zarr (Blosc whole-grid, sharded Zstd), local
-and from S3 (moto), equal numpy's ``x[t][ids]``; on gloo ranks, ``local_src`` read from storage equals
+rank's ``src`` rows read natively from ``.npy``, HDF5 and Zarr (Blosc whole-grid, sharded Zstd), local,
+and Zarr Blosc from S3 (moto), equal numpy's ``x[t][ids]``; on gloo ranks, ``local_src`` read from storage equals
 ``get_src_node_features_in_local_graph(get_src_node_features_in_partition(x))`` of a real
 ``DistributedGraph``, and ``dst`` and ``edges`` its other getters."""
 from __future__ import annotations
@@ -70,11 +70,20 @@ def _read(src) -> dict[int, np.ndarray]:
     return {int(np.array(ids[i])): np.array(w[i]) for i in range(len(w))}
 
 
+@pytest.fixture(scope="module")
+def s3_blosc(stores, s3_endpoint):
+    """The Blosc whole-grid store uploaded to moto (on 127.0.0.1)."""
+    return upload(s3_endpoint, stores[1], "data", "graph/blosc.zarr"), options(s3_endpoint)
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("p", [2, 4, 8])
-def test_every_ranks_partition_rows_equal_numpy_on_every_format(mesh, stores, p):
+def test_every_ranks_partition_rows_equal_numpy_on_every_format(mesh, stores, s3_blosc, p):
     coords, offsets, indices = mesh
     x, _, make = stores
+    location, storage_options = s3_blosc
+    make = {**make, "s3_zarr_blosc": lambda lay, rows: ZarrSource([location], None, lay, rows=rows, batch_size=STEPS,
+                                                                  shuffle=False, storage_options=storage_options)}
     covered = np.zeros(len(coords), int)
     for r in range(p):
         part = bbox_partition(coords, offsets, indices, p, r, (NX, NY))
@@ -88,19 +97,6 @@ def test_every_ranks_partition_rows_equal_numpy_on_every_format(mesh, stores, p)
             for t, w in _read(mk(lay, rows)).items():
                 np.testing.assert_array_equal(w, x[t][ids], err_msg=f"{kind}, rank {r} of {p}, step {t}")
     assert (covered == 1).all()  # the partitions tile the nodes
-
-
-@pytest.mark.timeout(300)
-def test_partition_rows_from_s3(mesh, stores, s3_endpoint, tmp_path):
-    coords, offsets, indices = mesh
-    x, blosc, _ = stores
-    location = upload(s3_endpoint, blosc, "data", "graph/blosc.zarr")
-    part = bbox_partition(coords, offsets, indices, 4, 1, (NX, NY))
-    rows = partition_rows(part, "src", axis=0)
-    src = ZarrSource([location], None, Layout(mesh_of((4,), (1,)), batch=()), rows=rows, batch_size=STEPS,
-                     shuffle=False, storage_options=options(s3_endpoint))
-    for t, w in _read(src).items():
-        np.testing.assert_array_equal(w, x[t][rows.ids])
 
 
 def test_partition_rows_refuse_what_they_cannot_read(mesh):
