@@ -34,18 +34,21 @@ from dali_mesh.partition.rules import split_sizes
 __all__ = ["Rows", "graph_halo"]
 
 
-def _ids(values, what: str) -> np.ndarray:
+def _ids(values, what: str, kind: str = "row id") -> np.ndarray:
     """``values`` as a read-only 1-d int64 array: integers only (a float or bool array is refused: it
-    would silently become other ids), and none negative."""
+    would silently become other ids), none negative, none past int64."""
     a = np.asarray(values)
     if a.ndim != 1:
-        raise LayoutError(f"{what} must be a 1-d array of row ids, got an array of shape {a.shape}")
+        raise LayoutError(f"{what} must be a 1-d array of {kind}s, got an array of shape {a.shape}")
     if a.size and not np.issubdtype(a.dtype, np.integer):
         raise LayoutError(f"{what} must hold integers, got dtype {a.dtype}")
+    if a.size and a.dtype.kind == "u" and a.max() > np.iinfo(np.int64).max:
+        i = int(np.argmax(a > np.iinfo(np.int64).max))
+        raise LayoutError(f"{what}: {kind} {int(a[i])} at position {i} is out of range")
     a = np.array(a, dtype=np.int64)  # a copy: a caller's array changed later changes nothing here
     if a.size and a.min() < 0:
         i = int(np.argmax(a < 0))
-        raise LayoutError(f"{what}: row id {int(a[i])} at position {i} is negative")
+        raise LayoutError(f"{what}: {kind} {int(a[i])} at position {i} is negative")
     a.setflags(write=False)
     return a
 
@@ -57,7 +60,7 @@ def _check_graph(graph, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
         offsets, indices = graph
     except (TypeError, ValueError):
         raise LayoutError("graph must be (offsets, indices), CSR/CSC arrays") from None
-    offsets, indices = _ids(offsets, "graph offsets"), _ids(indices, "graph indices")
+    offsets, indices = _ids(offsets, "graph offsets", "offset"), _ids(indices, "graph indices", "index")
     if offsets.size != num_rows + 1:
         raise LayoutError(f"graph offsets have {offsets.size} entries, but the graph's {num_rows} rows need "
                           f"{num_rows + 1} (one per row, then the end)")
@@ -150,7 +153,7 @@ class Rows:
         """Rank ``rank``'s rows of a node -> rank mapping (any partitioner's answer: METIS, a
         space-filling curve, coordinate boxes): its own rows in id order, then the rows of a ``halo``
         of that many hops of ``graph`` (``(offsets, indices)``), in id order."""
-        node_rank = _ids(node_rank, "node_rank")
+        node_rank = _ids(node_rank, "node_rank", "rank")
         if not is_int(rank) or rank < 0:
             raise LayoutError(f"rank must be an integer >= 0, got {rank!r}")
         own = np.flatnonzero(node_rank == rank)

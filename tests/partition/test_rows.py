@@ -86,6 +86,8 @@ def test_shard_rows_with_a_graph_halo():
     (dict(ids=[1, 9], total=9), "id 9 at position 1 is out of range for 9 rows"),
     (dict(ids=[1], owned=2), "owned must be an integer in 0..1"),
     (dict(ids=[1], axis=1.0), "axis must be an integer"),
+    (dict(ids=np.array([3, 2**64 - 1], np.uint64)), "row id 18446744073709551615 at position 1 is out of range"),
+    (dict(ids=[2**63 - 1], total=10), "id 9223372036854775807 at position 0 is out of range for 10 rows"),
 ])
 def test_bad_rows_are_refused_naming_the_id(bad, match):
     with pytest.raises(LayoutError, match=match):
@@ -119,3 +121,8 @@ def test_a_halo_needs_a_graph_and_rows_compare_by_value():
     r = Rows(ids)
     ids[0] = 7  # the caller's array changed later changes nothing
     assert r.ids.tolist() == [5, 6] and not r.ids.flags.writeable
+
+
+def test_a_mapping_with_unassigned_nodes_is_refused_naming_the_node():
+    with pytest.raises(LayoutError, match="node_rank: rank -1 at position 2 is negative"):
+        Rows.from_assignment([0, 1, -1, 0], 0)
