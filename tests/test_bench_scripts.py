@@ -471,3 +471,33 @@ def test_s3_server_shared_link_carries_every_connections_bytes_in_turn():
     assert 0.9 * want <= shared <= 2.5 * want, (shared, want)
     assert per_connection < 0.75 * shared, (per_connection, shared)
     assert small >= 0.9 * 4 * (32 << 10) / 0.5e6, small
+
+
+def test_graph_bench_quick(tmp_path):
+    """The graph benchmark's CI-size run (issue 55): every rank's ``src`` and ``local_src`` rows of both
+    data orders (random, Hilbert-renumbered) and both formats (.npy, Zarr Blosc) read natively and by the
+    PhysicsNeMo path, each checked against numpy inside the script; the renumbered data's ``src`` rows
+    read fewer bytes from storage than the random order's."""
+    _needs_plugin()
+    pytest.importorskip("torch")
+    pytest.importorskip("zarr")
+    r = _run([str(BENCH / "graph_bench.py"), "--quick", "--dir", str(tmp_path / "data")], tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    head = next([c.strip() for c in line.split("|")[1:-1]] for line in lines
+                if line.startswith("| order | format | what | rank |"))
+    rows = [dict(zip(head, [c.strip() for c in line.split("|")[1:-1]])) for line in lines
+            if line.startswith(("| random |", "| hilbert |")) and line.count("|") == len(head) + 1]
+    assert {(row["order"], row["format"]) for row in rows} == {(o, f) for o in ("random", "hilbert")
+                                                              for f in ("npy", "zarr_blosc")}, r.stdout
+    assert {(row["what"], row["rank"]) for row in rows} == {(w, str(k)) for w in ("src", "local_src")
+                                                           for k in range(4)}, r.stdout
+    for fmt in ("npy", "zarr_blosc"):
+        got = {o: [float(row["native bytes / stored"].rstrip("x")) for row in rows
+                   if (row["order"], row["format"], row["what"]) == (o, fmt, "src")] for o in ("random", "hilbert")}
+        assert len(got["random"]) == len(got["hilbert"]) == 4, r.stdout
+        if fmt == "npy":  # page-sized reads: every rank reads less
+            assert all(h < rnd for h, rnd in zip(got["hilbert"], got["random"])), (fmt, got)
+        # a Zarr chunk of the CI size holds few 64 KiB Blosc blocks: over the ranks
+        assert sum(got["hilbert"]) < sum(got["random"]), (fmt, got)
+    assert "| native |" in r.stdout and "requests per chunk" in r.stdout, r.stdout  # the S3 table

@@ -202,12 +202,17 @@ def same_dtype(plans: PlanSet, dtype, location) -> None:
         raise NotNativeError(f"{location}: its dtype {np.dtype(dtype)} is not the series' {plans.dtype}")
 
 
-def too_many_parts(location, n_parts: int, max_parts: int) -> None:
+def too_many_parts(location, n_parts: int, max_parts: int, wplan=None) -> None:
     """:class:`NotNativeError` when ``n_parts`` file parts are more than the ``max_parts`` a planner
-    was given (what is left of :data:`MAX_NATIVE_PARTS`): a planner asks before it makes them."""
+    was given (what is left of :data:`MAX_NATIVE_PARTS`): a planner asks before it makes them. With the
+    window's plan ``wplan``, an index-set window of many runs (a chunk part per run) says so."""
     if n_parts > max_parts:
+        runs = max((len(a.reads) for a in wplan.axes), default=0) if wplan is not None else 0
+        hint = (f" (the window's rows form {runs:,} runs, a part per run and chunk: rows of a mesh numbered in "
+                "no spatial order; `dali-mesh convert --renumber` writes the nodes along a space-filling curve)"
+                if runs > 1000 else "")
         raise NotNativeError(f"{location}: the samples read more than dali_mesh.plan.chunks.MAX_NATIVE_PARTS = "
-                             f"{MAX_NATIVE_PARTS} file parts (chunks) in all; they are read by partitioned_source")
+                             f"{MAX_NATIVE_PARTS} file parts (chunks) in all{hint}; they are read by partitioned_source")
 
 
 def plan_time_series(series: SeriesFiles, *, dtype, sample_ndim: int, num_samples: int, time_start: int,

@@ -170,3 +170,23 @@ def test_rows_with_a_read_group_are_refused_not_mixed_up(stores):
     for kind in KINDS:
         with pytest.raises(LayoutError, match=r"rows= and share= \(mesh dims \['m0'\]\) do not go together"):
             make[kind](lay, Rows([5, 6], axis=0), share="group")
+
+
+def test_rows_of_too_many_runs_for_a_native_plan_say_why(tmp_path, monkeypatch):
+    """A chunked window gets a part per run of rows and chunk: past the native plan's limit (2M parts; a
+    2M-node mesh in random order) the error names the runs and the fix, for Zarr and HDF5."""
+    import dali_mesh.plan.chunks as chunks
+    from dali_mesh.pipeline import native
+    from dali_mesh.plan import NotNativeError
+
+    monkeypatch.setattr(chunks, "MAX_NATIVE_PARTS", 5000)
+    x = np.zeros((2, 20_000, 2), np.float32)
+    store = str(tmp_path / "z.zarr")
+    zarr.create_array(store, shape=x.shape, chunks=(1, 20_000, 2), dtype="f4", zarr_format=2)[:] = x
+    h5 = str(tmp_path / "f.h5")
+    with h5py.File(h5, "w") as f:
+        f.create_dataset("x", data=x, chunks=(1, 5000, 2))
+    ids = np.arange(0, 20_000, 2)  # 10,000 runs of one row
+    for src in (ZarrSource([store], None, _layout(), rows=Rows(ids)), HDF5Source([h5], "x", _layout(), rows=Rows(ids))):
+        with pytest.raises(NotNativeError, match=r"rows form 10,000 runs, .*dali-mesh convert --renumber"):
+            native.plan_windows(src)

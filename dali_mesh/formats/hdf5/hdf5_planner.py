@@ -269,7 +269,7 @@ def plan_hdf5_steps(path: str, name: str, steps: tuple[int, int], region: Region
         ct, chunk_bytes = chunks[0], math.prod(chunks) * ds.dtype.itemsize
         step_stride = math.prod(chunks[1:]) * ds.dtype.itemsize  # one step inside a chunk
         finish = plans.add_plan(ReadPlan.finishing(wplan, ds.dtype))
-        too_many_parts(path, locals_.size * count_chunk_pieces(wplan, chunks), max_parts)  # before they are made
+        too_many_parts(path, locals_.size * count_chunk_pieces(wplan, chunks), max_parts, wplan)  # before they are made
         pieces = chunk_pieces(wplan, chunks, ds.dtype, merge_gap)
         offsets = _chunk_offsets(ds) if pieces else {}
         if filters is not None:

@@ -279,7 +279,7 @@ def plan_zarr_steps(store: str, name: str | None, steps: tuple[int, int], region
     # a local file's version has no tag (its size and times are checked instead)
     meta_tag = (meta_version or bytes_store.stat(meta) or Version(-1)).tag.encode()
     meta_file = -1 if locates else plans.add_file(meta, store=bytes_store.spec, tag=meta_tag)
-    too_many_parts(store, locals_.size * (1 + count_chunk_pieces(wplan, chunks)), max_parts)  # before they are made
+    too_many_parts(store, locals_.size * (1 + count_chunk_pieces(wplan, chunks)), max_parts, wplan)  # before they are made
     bytes_store = listed
     first_chunk = l0 // ct
     if steps is not None:
