@@ -61,21 +61,20 @@ def normalise_maps(maps, shape, path):
     return normalise_index_maps(maps, len(shape), path)
 
 
-def with_rows(maps, rows, layout, shape, path, share_dims=()):
+def with_rows(maps, rows, layout, shape, path):
     """``maps`` (normalised, for a sample of ``shape``) with ``rows``' ids on their axis: an index-set
     window (:class:`~dali_mesh.partition.Rows`) is an index map that differs per rank. The rows' axis may
-    hold no channel subset, no shard of ``layout`` and no halo (the rows name their halo themselves)."""
+    hold no channel subset, no shard of ``layout`` and no halo (the rows name their halo themselves).
+    In a read group (``share=``) every member must read the same rows (share over dims along which
+    the rows do not change, e.g. a tensor-parallel dim): the group's window is then each member's, and
+    members with other rows raise at the first group step, naming the field (``GroupExchange.agree``
+    compares the sources' fingerprints, which hold the rows' digest), before any data moves."""
     if rows is None:
         return maps
     from dali_mesh.partition import LayoutError, Rows
 
     if not isinstance(rows, Rows):
         raise TypeError(f"rows must be a dali_mesh.partition.Rows, got {type(rows).__name__}")
-    if share_dims:
-        # a read group reads one window for its members and cuts theirs out of it as boxes: members with
-        # other rows would be handed the reader's rows as their own
-        raise LayoutError(f"rows= and share= (mesh dims {list(share_dims)}) do not go together yet: a read "
-                          "group cuts its members' windows as boxes, and each member's rows are its own")
     ndim = len(shape)
     rows = rows.normalized(ndim)
     a = rows.axis

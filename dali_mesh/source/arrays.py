@@ -77,7 +77,7 @@ class ArraySource(WindowSource):
             check_frame(frame, f)
             if dtype0 is None:
                 self.index_maps = normalise_maps(self.index_maps, frame, f)
-                self.index_maps = with_rows(self.index_maps, rows, layout, frame, f, self.share_dims)
+                self.index_maps = with_rows(self.index_maps, rows, layout, frame, f)
             frame = sample_shape(f, frame, index_maps=self.index_maps)
             if dtype0 is None:
                 dtype0, frame0 = dtype, frame

@@ -55,7 +55,7 @@ class FileSource(WindowSource):
         first = self._info(self.files[0])
         check_frame(first.shape, self.files[0])
         self.index_maps = normalise_maps(self.index_maps, first.shape, self.files[0])
-        self.index_maps = with_rows(self.index_maps, rows, layout, first.shape, self.files[0], self.share_dims)
+        self.index_maps = with_rows(self.index_maps, rows, layout, first.shape, self.files[0])
         self.rows = rows
         shape = sample_shape(self.files[0], first.shape, index_maps=self.index_maps)
         self.sample_ndim = len(shape)

@@ -162,16 +162,6 @@ def test_bad_rows_are_refused_naming_the_id_or_the_size(stores, kind):
         make[kind](_layout(), [1, 2])
 
 
-def test_rows_with_a_read_group_are_refused_not_mixed_up(stores):
-    """A read group reads one window for its members and cuts theirs out as boxes: members whose rows
-    differ would be handed the reader's rows as their own. Refused, naming both arguments."""
-    _, make = stores
-    lay = Layout(mesh_of((2, 2), (0, 1)), batch="data_parallel")
-    for kind in KINDS:
-        with pytest.raises(LayoutError, match=r"rows= and share= \(mesh dims \['m0'\]\) do not go together"):
-            make[kind](lay, Rows([5, 6], axis=0), share="group")
-
-
 def test_rows_of_too_many_runs_for_a_native_plan_say_why(tmp_path, monkeypatch):
     """A chunked window gets a part per run of rows and chunk: past the native plan's limit (2M parts; a
     2M-node mesh in random order) the error names the runs and the fix, for Zarr and HDF5."""

@@ -635,3 +635,53 @@ def test_a_member_copying_out_late_gets_its_epochs_windows_not_the_next_ones(tmp
     root = str(tmp_path)
     paths = _data(root)
     run_ranks(_slot_turns_rank, 2, tmp_path, root, paths, os.path.join(root, "written"), timeout_s=150)
+
+
+def _rows_rank(rank, world_size, root, paths):
+    """rows= in a read group on a (graph=2, tp=2) mesh whose rows depend on the graph coordinate only:
+    shared over tp (the members read the same rows) each rank's batches equal independent reading and
+    numpy's ``x[t][..., ids, :]``, with half the batches read per member; shared over both dims (members
+    with other rows) every rank raises before any data moves, naming the rows."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from dali_mesh import Layout, MeshInfo, Rows
+    from dali_mesh.torch import MeshLoader
+    from dali_mesh.torch.group_exchange import GroupReadError
+
+    data = np.load(os.path.join(root, "all.npy"))
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("graph", "tp"))
+    info = MeshInfo.from_device_mesh(mesh)
+    layout = Layout(info, batch=())
+    g = info.coordinate[0]
+    ids = np.array([12, 3, 4, 5, 0, 7]) if g == 0 else np.array([1, 2, 6, 8, 9, 10, 11])
+    rows = Rows(ids, axis=1)
+    for kind in ("whole", "npy"):
+        shared = _source(kind, paths, layout, share=["tp"], seed=3, rows=rows)
+        plain = _source(kind, paths, layout, seed=3, rows=rows)
+        lg = MeshLoader(_make(shared), layout, device_mesh=mesh)
+        li = MeshLoader(_make(plain), layout, device_mesh=mesh)
+        got, want = _epoch(lg, ("window",)), _epoch(li, ("window",))
+        _equal(got, want, f"{kind} rows shared over tp")
+        for b in got:
+            for j, sid in enumerate(b["sample_id"].tolist()):
+                np.testing.assert_array_equal(b["window"][j].numpy(), data[sid][:, ids])
+        stats = lg._group.exchange.stats  # a group of 2: each member read half the batches, then exchanged
+        assert stats["steps"] > 0 and stats["bytes_received"] > 0, stats
+        lg.close()
+        li.close()
+    bad = _source("whole", paths, layout, share="group", rows=rows)
+    loader = MeshLoader(_make(bad), layout, device_mesh=mesh)
+    try:
+        next(loader)
+    except GroupReadError as e:
+        assert "differs from rank" in str(e) and "rows" in str(e), str(e)
+    else:
+        raise AssertionError("members with other rows were read together")
+    finally:
+        loader.close()
+
+
+@pytest.mark.timeout(400)
+def test_rows_in_a_read_group_of_members_with_the_same_rows(tmp_path):
+    root, paths = str(tmp_path), _data(str(tmp_path))
+    run_ranks(_rows_rank, 4, tmp_path, root, paths, timeout_s=360)
