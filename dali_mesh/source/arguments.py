@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 import numpy as np
 
 from dali_mesh._checks import is_int as _is_int
 from dali_mesh.io._common import normalise_index_maps
 
-__all__ = ["channel_maps", "check_sample_shape", "file_list", "normalise_maps", "with_rows"]
+__all__ = ["channel_maps", "check_sample_shape", "file_list", "normalise_maps", "resolve_rows", "with_rows"]
 
 
 def channel_maps(channels, channel_axis):
@@ -61,14 +62,56 @@ def normalise_maps(maps, shape, path):
     return normalise_index_maps(maps, len(shape), path)
 
 
+def resolve_rows(rows, layout, share_dims=()):
+    """``(this rank's Rows, the rows of its read group's members or None)`` of a source's ``rows=``: a
+    :class:`~dali_mesh.partition.Rows` (this rank's), or a mapping of mesh coordinates to ``Rows`` (this
+    rank's and, with ``share=``, every member of its read group: the group reads the union of its
+    members' rows once and each member gets its own, in its order). Only the group's entries are kept
+    (a source goes to DALI's workers by pickle)."""
+    if rows is None:
+        return None, None
+    from dali_mesh.partition import LayoutError, Rows
+    from dali_mesh.partition.read_groups import group_coordinates
+
+    if isinstance(rows, Rows):
+        return rows, None
+    if not isinstance(rows, Mapping):
+        raise TypeError(f"rows must be a dali_mesh.partition.Rows or a mapping of mesh coordinates to Rows, "
+                        f"got {type(rows).__name__}")
+    table = {}
+    for c, r in rows.items():
+        key = (int(c),) if _is_int(c) else tuple(int(x) for x in c)
+        if not isinstance(r, Rows):
+            raise TypeError(f"rows[{c!r}] must be a dali_mesh.partition.Rows, got {type(r).__name__}")
+        table[key] = r
+    me = tuple(layout.mesh.coordinate)
+    if me not in table:
+        raise LayoutError(f"rows names no Rows for this rank's coordinate {me} (it names {sorted(table)[:4]}...)")
+    own = table[me]
+    members = group_coordinates(layout, share_dims) if share_dims else [me]
+    missing = [c for c in members if c not in table]
+    if missing:
+        raise LayoutError(f"rows names no Rows for read group member {missing[0]}: with share= give the rows of "
+                          f"every member of this rank's group ({members})")
+    if len({(table[c].axis, table[c].total) for c in members}) != 1:
+        raise LayoutError("the rows of a read group's members index different axes or were partitioned from "
+                          "arrays of different lengths")
+    return own, ({c: table[c] for c in members} if share_dims else None)
+
+
+def group_row_ids(group_rows) -> np.ndarray:
+    """The rows a read group reads for all of its members: the union of their ids, in id order."""
+    return np.unique(np.concatenate([r.ids for r in group_rows.values()]))
+
+
 def with_rows(maps, rows, layout, shape, path):
     """``maps`` (normalised, for a sample of ``shape``) with ``rows``' ids on their axis: an index-set
     window (:class:`~dali_mesh.partition.Rows`) is an index map that differs per rank. The rows' axis may
     hold no channel subset, no shard of ``layout`` and no halo (the rows name their halo themselves).
-    In a read group (``share=``) every member must read the same rows (share over dims along which
-    the rows do not change, e.g. a tensor-parallel dim): the group's window is then each member's, and
-    members with other rows raise at the first group step, naming the field (``GroupExchange.agree``
-    compares the sources' fingerprints, which hold the rows' digest), before any data moves."""
+    In a read group (``share=``) given only this rank's rows, every member must read the same rows (the
+    group's window is then each member's; members with other rows raise at the first group step, naming
+    the field: ``GroupExchange.agree`` compares the sources' fingerprints, which hold the rows' digest);
+    given every member's (:func:`resolve_rows`), the group reads their union."""
     if rows is None:
         return maps
     from dali_mesh.partition import LayoutError, Rows

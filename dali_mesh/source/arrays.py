@@ -12,7 +12,7 @@ from dali_mesh.plan.chunks import SeriesFiles, plan_time_series
 from dali_mesh.formats import FORMATS, HDF5, ZARR, ArrayFormat, format_named
 from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP
 from dali_mesh.partition import Layout, Region
-from dali_mesh.source.arguments import channel_maps, file_list, normalise_maps, with_rows
+from dali_mesh.source.arguments import channel_maps, file_list, normalise_maps, resolve_rows, with_rows
 from dali_mesh.source.base import WindowSource
 from dali_mesh.plan.forecast_spec import ForecastSpec
 
@@ -65,7 +65,7 @@ class ArraySource(WindowSource):
         self.name = name
         self.forecast = forecast
         self.index_maps = channel_maps(channels, channel_axis)
-        self.rows = rows
+        self.rows, self.group_rows = resolve_rows(rows, layout, self.share_dims)
         if forecast is not None and not isinstance(forecast, ForecastSpec):
             raise TypeError(f"forecast must be a ForecastSpec, got {type(forecast).__name__}")
         self.window_names = ("input", "target") if forecast is not None and forecast.lead else (
@@ -77,7 +77,9 @@ class ArraySource(WindowSource):
             check_frame(frame, f)
             if dtype0 is None:
                 self.index_maps = normalise_maps(self.index_maps, frame, f)
-                self.index_maps = with_rows(self.index_maps, rows, layout, frame, f)
+                for member in (self.group_rows or {}).values():  # every member's rows fit the array
+                    with_rows(self.index_maps, member, layout, frame, f)
+                self.index_maps = with_rows(self.index_maps, self.rows, layout, frame, f)
             frame = sample_shape(f, frame, index_maps=self.index_maps)
             if dtype0 is None:
                 dtype0, frame0 = dtype, frame

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 import os
 from typing import Any, Sequence
@@ -40,6 +41,7 @@ class WindowSource:
     files: Sequence[str] = ()
     index_maps = None
     rows = None  # an index-set window (dali_mesh.partition.Rows), kept in index_maps on its axis
+    group_rows = None  # with share=: {member coordinate: Rows} of this rank's read group (its reader reads the union)
     time_stride = 1
     forecast = None
     fingerprint_fields: tuple[str, ...] = ()
@@ -104,7 +106,25 @@ class WindowSource:
             return self
         source = copy.copy(self)  # copy goes through __getstate__, as pickling into DALI's workers does
         source.reads = reads
+        if self.group_rows is not None:
+            source._read_rows_of(reads)
         return source
+
+    def _read_rows_of(self, reads) -> None:
+        """A source with the rows of its read group's members (``group_rows``) reads, as a group reader,
+        the union of their rows (in id order: the group window's rows; ``GroupExchange`` cuts each
+        member's out by position), and as itself its own."""
+        from dali_mesh.source.arguments import group_row_ids  # noqa: PLC0415
+
+        own = self.__dict__.setdefault("_own_reading", (self.index_maps, self.sample_shape, self.rows))
+        maps, shape, rows = own
+        if isinstance(reads, GroupReads):
+            axis = rows.normalized(self.sample_ndim).axis
+            union = group_row_ids(self.group_rows)
+            maps = {**maps, axis: union}
+            shape = tuple(len(union) if a == axis else n for a, n in enumerate(shape))
+            rows = type(rows)(union, axis, total=rows.total)
+        self.index_maps, self.sample_shape, self.rows = maps, shape, rows
 
     # ---- pickling: caches and open handles stay behind ---------------------------------------------
     def __getstate__(self):
@@ -161,6 +181,11 @@ class WindowSource:
                if self.rows is None or a != self.rows.normalized(self.sample_ndim).axis} or None}
         if self.rows is not None:  # absent without rows: old checkpoints still resume
             fp["rows"] = self.rows.digest()
+        if self.group_rows is not None:  # the group's rows, the same on every member (what they agree on)
+            h = hashlib.sha256()
+            for c in sorted(self.group_rows):
+                h.update(repr(c).encode() + self.group_rows[c].digest().encode())
+            fp["rows_table"] = h.hexdigest()
         for attr in self.fingerprint_fields:
             value = getattr(self, attr)
             fp[attr] = str.__str__(value) if isinstance(value, str) else value

@@ -12,7 +12,7 @@ from dali_mesh.io._common import ShapeMismatchError, check_frame, sample_shape
 from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP
 from dali_mesh.plan import NotNativeError
 from dali_mesh.partition import Layout
-from dali_mesh.source.arguments import channel_maps, file_list, normalise_maps, with_rows
+from dali_mesh.source.arguments import channel_maps, file_list, normalise_maps, resolve_rows, with_rows
 from dali_mesh.source.base import WindowSource
 
 __all__ = ["FileSource", "NumpySource", "file_source"]
@@ -55,8 +55,10 @@ class FileSource(WindowSource):
         first = self._info(self.files[0])
         check_frame(first.shape, self.files[0])
         self.index_maps = normalise_maps(self.index_maps, first.shape, self.files[0])
-        self.index_maps = with_rows(self.index_maps, rows, layout, first.shape, self.files[0])
-        self.rows = rows
+        self.rows, self.group_rows = resolve_rows(rows, layout, self.share_dims)
+        for member in (self.group_rows or {}).values():  # every member's rows fit the array
+            with_rows(self.index_maps, member, layout, first.shape, self.files[0])
+        self.index_maps = with_rows(self.index_maps, self.rows, layout, first.shape, self.files[0])
         shape = sample_shape(self.files[0], first.shape, index_maps=self.index_maps)
         self.sample_ndim = len(shape)
         self.dtype = first.dtype
@@ -117,6 +119,8 @@ class NumpySource(FileSource):
         rows: an index-set window (:class:`~dali_mesh.partition.Rows`, a graph or mesh partition's rows
             for this rank): ``sample[..., rows.ids, ...]`` on ``rows.axis``, in that order, reading only
             those rows (runs of adjacent ids are merged into reads). The layout must not shard that axis.
+            With ``share=``, ``{mesh coordinate: Rows}`` of every member of this rank's read group: the
+            group reads their union once (:func:`~dali_mesh.source.arguments.resolve_rows`).
         per_sample_shapes: allow files of different shapes (the region is computed per file);
             otherwise every file must match the first (shape and dtype), or an error names it.
         merge_gap, direct, method: passed to :func:`dali_mesh.formats.npy.read_npy_window`.

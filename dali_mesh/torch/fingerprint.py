@@ -26,6 +26,9 @@ def loader_fingerprint(layout, batch_size: int, output_map: Sequence[str], sourc
         s = src.fingerprint() if hasattr(src, "fingerprint") else type(src).__name__
         if not coordinate and isinstance(s, dict) and getattr(src, "layout", None) is not None:
             s["layout"] = describe(src.layout)
+            if "rows_table" in s:  # a read group's members each read their own rows of the group's table
+                s.pop("rows", None)
+                s.pop("sample_shape", None)
         described.append(s)
     if described:
         fp["sources"] = described

@@ -108,9 +108,23 @@ class GroupExchange:
         self.size, self.index = source.group
         self.pg, self.ranks = _process_group(device_mesh, layout, self.dims, default_timeout(timeout))
         shape = source.sample_shape
-        self.group_region = group_region(layout, shape, self.dims)
-        self.cuts = [group_cut(self.group_region, layout.region(shape, c))
-                     for c in group_coordinates(layout, self.dims)]
+        group_shape, axis, positions = shape, None, None
+        if getattr(source, "group_rows", None) is not None:
+            # rows= with every member's rows: the group window holds their union (in id order), and a
+            # member's cut takes its rows by position, in its own order
+            from dali_mesh.source.arguments import group_row_ids  # noqa: PLC0415
+
+            axis = source.rows.normalized(len(shape)).axis
+            union = group_row_ids(source.group_rows)
+            group_shape = tuple(len(union) if a == axis else n for a, n in enumerate(shape))
+            positions = {c: torch.from_numpy(np.searchsorted(union, r.ids)) for c, r in source.group_rows.items()}
+        self.group_region = group_region(layout, group_shape, self.dims)
+        self.cuts = []
+        for c in group_coordinates(layout, self.dims):
+            cut = group_cut(self.group_region, layout.region(group_shape, c))
+            if positions is not None and cut is not None:
+                cut = cut[:axis] + (positions[c],) + cut[axis + 1:]
+            self.cuts.append(cut)
         self.window_shape = layout.region(shape).window_shape
         self.window_outputs = tuple(window_outputs)
         fc = getattr(source, "forecast", None)
@@ -251,7 +265,7 @@ class GroupExchange:
     def _piece_elems(self, t: int, name: str) -> int:
         cut = self.cuts[t]
         return 0 if cut is None else self.batch_size * math.prod(self.lead[name]) * math.prod(
-            c.stop - c.start for c in cut)
+            len(c) if isinstance(c, torch.Tensor) else c.stop - c.start for c in cut)
 
     def _all_to_all(self, n: int, batch: dict | None) -> list[dict]:
         """The windows moved by ``all_to_all_single`` (NCCL for CUDA tensors, gloo for CPU ones)."""

@@ -180,3 +180,34 @@ def test_rows_of_too_many_runs_for_a_native_plan_say_why(tmp_path, monkeypatch):
     for src in (ZarrSource([store], None, _layout(), rows=Rows(ids)), HDF5Source([h5], "x", _layout(), rows=Rows(ids))):
         with pytest.raises(NotNativeError, match=r"rows form 10,000 runs, .*dali-mesh convert --renumber"):
             native.plan_windows(src)
+
+
+def test_a_read_groups_rows_are_every_members_and_checked(stores):
+    """rows={coordinate: Rows} with share=: the group reader reads the union of its members' rows (in id
+    order) and the source itself its own; a table without this rank's or a member's rows, of other axes,
+    or of other than Rows is refused naming it; without share only this rank's rows are kept."""
+    from dali_mesh.partition.read_groups import OwnReads
+
+    _, make = stores
+    lay = Layout(mesh_of((2, 2), (0, 1)), batch="data_parallel")
+    table = {(0, 0): Rows([9, 4], axis=0), (0, 1): Rows([1, 2, 4], axis=0), (1, 0): Rows([7], axis=0)}
+    for kind in KINDS:
+        src = make[kind](lay, table, share="group")
+        assert src.rows == table[(0, 1)] and src.sample_shape == (3, F)
+        group = src.group_reader()
+        assert group.index_maps[0].tolist() == [1, 2, 4, 9] and group.sample_shape == (4, F)
+        back = group.with_reads(OwnReads())
+        assert back.index_maps[0].tolist() == [1, 2, 4] and back.sample_shape == (3, F)
+        assert src.fingerprint()["rows_table"] == make[kind](Layout(mesh_of((2, 2), (0, 0)), batch="data_parallel"),
+                                                             table, share="group").fingerprint()["rows_table"]
+        assert make[kind](lay, table).group_rows is None
+    with pytest.raises(LayoutError, match=r"no Rows for this rank's coordinate \(0, 1\)"):
+        make["npy"](lay, {(0, 0): Rows([1])}, share="group")
+    with pytest.raises(LayoutError, match=r"no Rows for read group member \(0, 0\)"):
+        make["npy"](lay, {(0, 1): Rows([1])}, share="group")
+    with pytest.raises(LayoutError, match="index different axes"):
+        make["npy"](lay, {(0, 0): Rows([1], axis=1), (0, 1): Rows([1])}, share="group")
+    with pytest.raises(TypeError, match=r"rows\[\(0, 1\)\] must be a dali_mesh.partition.Rows"):
+        make["npy"](lay, {(0, 0): Rows([1]), (0, 1): [1]}, share="group")
+    with pytest.raises(LayoutError, match=rf"row id {N} \(position 0 of rows\) is out of range"):
+        make["npy"](lay, {(0, 0): Rows([N]), (0, 1): Rows([1])}, share="group")

@@ -637,11 +637,15 @@ def test_a_member_copying_out_late_gets_its_epochs_windows_not_the_next_ones(tmp
     run_ranks(_slot_turns_rank, 2, tmp_path, root, paths, os.path.join(root, "written"), timeout_s=150)
 
 
-def _rows_rank(rank, world_size, root, paths):
-    """rows= in a read group on a (graph=2, tp=2) mesh whose rows depend on the graph coordinate only:
-    shared over tp (the members read the same rows) each rank's batches equal independent reading and
-    numpy's ``x[t][..., ids, :]``, with half the batches read per member; shared over both dims (members
-    with other rows) every rank raises before any data moves, naming the rows."""
+def _rows_rank(rank, world_size, root, paths, transport):
+    """rows= in read groups on a (graph=2, tp=2) mesh whose rows depend on the graph coordinate:
+    - shared over tp, given this rank's rows (the members read the same rows), or over both dims given
+      every member's rows (``rows={coordinate: Rows}``: the group reads the union once), each rank's
+      batches equal independent reading and numpy's ``x[t][:, ids]``, in its own rows' order, each
+      member reading its share of the batches;
+    - shared over both dims given only this rank's rows (members with other rows), every rank raises
+      before any data moves, naming the rows."""
+    os.environ["DALI_MESH_SHARE_SHM"] = "1" if transport == "shm" else "0"
     from torch.distributed.device_mesh import init_device_mesh
 
     from dali_mesh import Layout, MeshInfo, Rows
@@ -652,24 +656,29 @@ def _rows_rank(rank, world_size, root, paths):
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("graph", "tp"))
     info = MeshInfo.from_device_mesh(mesh)
     layout = Layout(info, batch=())
-    g = info.coordinate[0]
-    ids = np.array([12, 3, 4, 5, 0, 7]) if g == 0 else np.array([1, 2, 6, 8, 9, 10, 11])
-    rows = Rows(ids, axis=1)
-    for kind in ("whole", "npy"):
-        shared = _source(kind, paths, layout, share=["tp"], seed=3, rows=rows)
-        plain = _source(kind, paths, layout, seed=3, rows=rows)
+    by_graph = {0: np.array([12, 3, 4, 5, 0, 7]), 1: np.array([1, 2, 6, 8, 9, 10, 3])}  # 3: in both (a halo)
+    table = {(g, t): Rows(by_graph[g], axis=1) for g in range(2) for t in range(2)}
+    ids = by_graph[info.coordinate[0]]
+    own = table[tuple(info.coordinate)]
+    for kind, share, rows in (("whole", ["tp"], own), ("npy", ["tp"], own), ("whole", "group", table),
+                              ("npy", "group", table), ("h5", "group", table)):
+        shared = _source(kind, paths, layout, share=share, seed=3, rows=rows)
+        plain = _source(kind, paths, layout, seed=3, rows=own)
+        # the group reader reads the union of the members' rows (12 of 13: row 11 is nobody's), else its own
+        assert shared.group_reader().sample_shape[1] == (12 if rows is table else len(ids))
         lg = MeshLoader(_make(shared), layout, device_mesh=mesh)
         li = MeshLoader(_make(plain), layout, device_mesh=mesh)
-        got, want = _epoch(lg, ("window",)), _epoch(li, ("window",))
-        _equal(got, want, f"{kind} rows shared over tp")
-        for b in got:
-            for j, sid in enumerate(b["sample_id"].tolist()):
-                np.testing.assert_array_equal(b["window"][j].numpy(), data[sid][:, ids])
-        stats = lg._group.exchange.stats  # a group of 2: each member read half the batches, then exchanged
+        for epoch in range(2):
+            got, want = _epoch(lg, ("window",)), _epoch(li, ("window",))
+            _equal(got, want, f"{kind} rows shared over {share}, epoch {epoch}")
+            for b in got:
+                for j, sid in enumerate(b["sample_id"].tolist()):
+                    np.testing.assert_array_equal(b["window"][j].numpy(), data[sid][:, ids])
+        stats = lg._group.exchange.stats  # each member read its share of the batches, then exchanged
         assert stats["steps"] > 0 and stats["bytes_received"] > 0, stats
         lg.close()
         li.close()
-    bad = _source("whole", paths, layout, share="group", rows=rows)
+    bad = _source("whole", paths, layout, share="group", rows=own)
     loader = MeshLoader(_make(bad), layout, device_mesh=mesh)
     try:
         next(loader)
@@ -682,6 +691,7 @@ def _rows_rank(rank, world_size, root, paths):
 
 
 @pytest.mark.timeout(400)
-def test_rows_in_a_read_group_of_members_with_the_same_rows(tmp_path):
+@pytest.mark.parametrize("transport", ["shm", "collective"])
+def test_rows_in_read_groups(tmp_path, transport):
     root, paths = str(tmp_path), _data(str(tmp_path))
-    run_ranks(_rows_rank, 4, tmp_path, root, paths, timeout_s=360)
+    run_ranks(_rows_rank, 4, tmp_path, root, paths, transport, timeout_s=360)
