@@ -4,7 +4,7 @@ form, and the stored bytes and reads the native reader takes for one sample, aga
 (every rank's own read of the whole array). Where the ranks read most of every stored sample, the node
 order is not spatial, and the command says what ``dali-mesh convert --renumber`` would change.
 
-    | rank | rows (own + halo) | runs | window | read (one sample, stored) | read / window | read / stored | reads |
+    | rank | rows (own + halo) | runs | window | read (one sample, stored) | read / window | read / stored | reads | blocks |
 """
 from __future__ import annotations
 
@@ -43,16 +43,45 @@ def _source(fmt, files, dataset, layout, rows, allow_external):
                         shuffle=False, rows=rows, allow_external=allow_external)
 
 
-def _read(src, location, headers: dict) -> tuple[int, int]:
+def _read(src, location, headers: dict) -> tuple[int, int, int | None]:
     """The stored bytes and reads of sample 0 of ``src`` as the native reader's own fetch code counts them
     (:meth:`PlanSet.fetches <dali_mesh.plan.plan_set.PlanSet.fetches>`: a Blosc chunk read in its blocks,
-    placed from one chunk's header)."""
+    placed from one chunk's header), and the compressed blocks it decodes (:func:`_blocks`)."""
     from dali_mesh.cli.advice import blosc_headers  # noqa: PLC0415
     from dali_mesh.pipeline.native import plan_windows  # noqa: PLC0415
 
     plans = plan_windows(src)[0]
-    epoch = plans.fetches(headers=blosc_headers(plans, location, headers)).epoch([0])
-    return epoch.bytes, epoch.requests
+    heads = blosc_headers(plans, location, headers)
+    epoch = plans.fetches(headers=heads).epoch([0])
+    return epoch.bytes, epoch.requests, _blocks(plans, heads)
+
+
+def _blocks(plans, heads: dict[int, bytes]) -> int | None:
+    """The compressed blocks sample 0 decodes: of a Blosc chunk the blocks its decoded ranges touch (the
+    block size from bytes 8-11 of its coder's header), of any other coded chunk the chunk (one block);
+    ``None`` for raw reads (``.npy``, contiguous HDF5: no blocks)."""
+    item = plans.items[0]
+    chunks = plans.chunks
+    touched: set[tuple[int, int]] = set()
+    coded = False
+    for part in item.parts:
+        plan = plans.plans[part.plan]
+        if not plan.coded:
+            continue
+        coded = True
+        _, _, _, coder = chunks[part.file]
+        head = heads.get(coder)
+        size = int.from_bytes(head[8:12], "little") if head is not None and len(head) >= 12 else 0
+        if size <= 0:
+            touched.add((part.file, 0))
+            continue
+        j = [np.arange(int(c)) for c in plan.unit_count]
+        starts = np.concatenate([part.base + f + k * st for f, st, k in zip(plan.file_off, plan.file_step, j)]
+                                ) if j else np.empty(0, np.int64)
+        ends = starts + np.repeat(plan.unit_bytes, plan.unit_count)
+        for a, b in zip((starts // size).tolist(), ((ends - 1) // size).tolist()):
+            touched.update((part.file, k) for k in range(a, b + 1))
+    return len(touched) if coded else None
 
 
 def plan_rows(args: argparse.Namespace) -> int:
@@ -81,12 +110,13 @@ def plan_rows(args: argparse.Namespace) -> int:
         every = Rows(np.arange(np.asarray(node_rank).size), args.rows_axis)
         probe = _source(fmt, files, args.dataset, whole, every, allow_external)
         headers: dict = {}
-        stored, stored_reads = _read(probe, files[0], headers)
+        stored, stored_reads, stored_blocks = _read(probe, files[0], headers)
         print(f"{shown(args.data)}: samples of {probe.sample_shape} {np.dtype(probe.dtype)}, nodes on axis "
-              f"{args.rows_axis}; one sample stored: {_fmt(stored)} in {stored_reads} reads")
+              f"{args.rows_axis}; one sample stored: {_fmt(stored)} in {stored_reads} reads"
+              + (f", {stored_blocks} compressed blocks" if stored_blocks is not None else ""))
         print("| rank | rows (own + halo) | runs | window | read (one sample, stored) | read / window | read / stored "
-              "| reads |")
-        print("|---|---|---|---|---|---|---|---|")
+              "| reads | blocks |")
+        print("|---|---|---|---|---|---|---|---|---|")
         shares = []
         itemsize = np.dtype(probe.dtype).itemsize
         row_cells = math.prod(probe.sample_shape) // probe.sample_shape[args.rows_axis]
@@ -94,11 +124,11 @@ def plan_rows(args: argparse.Namespace) -> int:
             rows = Rows.from_assignment(node_rank, rank, graph=graph, halo=args.hops, axis=args.rows_axis)
             lay = Layout(MeshInfo(mesh_shape, names, MeshInfo(mesh_shape, names).coordinate_of(rank)), batch=())
             src = _source(fmt, files, args.dataset, lay, rows, allow_external)
-            read, reads = _read(src, files[0], headers)
+            read, reads, blocks = _read(src, files[0], headers)
             window = len(rows) * row_cells * itemsize
             shares.append(read / stored if stored else 0.0)
             print(f"| {rank} | {rows.owned} + {rows.halo} | {rows.runs()} | {_fmt(window)} | {_fmt(read)} | "
-                  f"{read / window:.2f}x | {shares[-1]:.2f}x | {reads} |")
+                  f"{read / window:.2f}x | {shares[-1]:.2f}x | {reads} | {'-' if blocks is None else blocks} |")
     except LayoutError as e:
         raise UsageError(str(e)) from None
     if shares and np.median(shares) > SPATIAL_SHARE and size > 1:

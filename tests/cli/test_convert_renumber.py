@@ -129,7 +129,7 @@ def test_plan_rows_says_the_node_order_is_not_spatial_until_renumbered(tmp_path,
     x = np.sin(coords[:, :1] / 9 + np.arange(4)).astype(np.float32)[None].repeat(2, 0)
     order = curve_order(coords, "hilbert")
     np.savez(tmp_path / "g.npz", offsets=offsets, indices=indices)
-    shares = {}
+    shares, blocks = {}, {}
     for name, feats, own in (("random", x, owner), ("hilbert", x[:, order], owner[order])):
         store = str(tmp_path / f"{name}.zarr")
         z = zarr.create_array(store, shape=feats.shape, chunks=(1, len(coords), 4), dtype="f4", zarr_format=2,
@@ -141,8 +141,14 @@ def test_plan_rows_says_the_node_order_is_not_spatial_until_renumbered(tmp_path,
         rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.splitlines() if line[:3] in ("| 0", "| 1", "| 2", "| 3")]
         assert [r[1] for r in rows] == [f"{(own == k).sum()} + 0" for k in range(4)], out
         shares[name] = [float(r[6].rstrip("x")) for r in rows]
+        blocks[name] = ([int(r[8]) for r in rows], int(out.split(" compressed blocks")[0].rsplit(" ", 1)[1]))
         assert ("the node order is not spatial" in out) == (name == "random"), out
     assert min(shares["random"]) > 0.9 and max(shares["hilbert"]) < 0.45, shares
+    # the compressed blocks decoded: every block of the chunk in random order, about a quarter renumbered
+    each, total = blocks["random"]
+    assert each == [total] * 4 and total > 8, blocks
+    each, total = blocks["hilbert"]
+    assert max(each) <= total // 2, blocks
     # with a halo of one hop from the graph
     assert main(["plan", "--data", str(tmp_path / "random.zarr"), "--mesh", "graph=4", "--rows-from",
                  str(tmp_path / "random_owner.npy"), "--graph", str(tmp_path / "g.npz"), "--hops", "1"]) == 0
