@@ -45,7 +45,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from dali_mesh.cli.options import UsageError, find_data, make_layout, parse_ints, parse_mesh
+from dali_mesh.cli.options import UsageError, find_data, load_graph, make_layout, parse_ints, parse_mesh
 from dali_mesh.cli.locations import scheme_of, shown
 from dali_mesh.io._common import DataFileError
 from dali_mesh.formats import ArrayFormat, format_of, written_suffixes
@@ -243,7 +243,6 @@ def renumbering(coords_path: str, curve: str, axis: int, graph_path: str | None 
     """:class:`Renumbering` from a ``.npy`` file of ``(nodes, d)`` coordinates and, optionally, a ``.npz``
     file holding the graph's ``offsets`` and ``indices``."""
     from dali_mesh.partition import LayoutError, curve_order, renumber_graph  # noqa: PLC0415
-    from dali_mesh.partition.rows import _check_graph  # noqa: PLC0415
 
     try:
         coords = np.load(coords_path, allow_pickle=False)
@@ -253,15 +252,7 @@ def renumbering(coords_path: str, curve: str, axis: int, graph_path: str | None 
         order = curve_order(coords, curve)
         graph = None
         if graph_path is not None:
-            try:
-                with np.load(graph_path, allow_pickle=False) as z:
-                    if not {"offsets", "indices"} <= set(z.files):
-                        raise UsageError(f"--graph {shown(graph_path)!r} holds {sorted(z.files)}: it needs 'offsets' "
-                                         "and 'indices' (CSR/CSC)")
-                    offsets, indices = _check_graph((z["offsets"], z["indices"]), len(order))
-            except (OSError, ValueError) as e:
-                raise UsageError(f"--graph {shown(graph_path)!r}: {e}") from None
-            graph = renumber_graph(offsets, indices, order)
+            graph = renumber_graph(*load_graph(graph_path), order)
     except LayoutError as e:
         raise UsageError(str(e)) from None
     return Renumbering(int(axis), curve, order, np.asarray(coords)[order], graph)

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from dali_mesh.cli.options import UsageError, find_data, parse_mesh
+from dali_mesh.cli.options import UsageError, find_data, load_graph, parse_mesh
 from dali_mesh.cli.locations import shown
 from dali_mesh.mesh import MeshInfo
 from dali_mesh.partition import Layout, LayoutError, Rows
@@ -92,14 +92,8 @@ def plan_rows(args: argparse.Namespace) -> int:
         node_rank = np.load(args.rows_from, allow_pickle=False)
     except (OSError, ValueError) as e:
         raise UsageError(f"--rows-from {shown(args.rows_from)!r}: {e}") from None
-    graph = None
-    if args.graph:
-        try:
-            with np.load(args.graph, allow_pickle=False) as z:
-                graph = (z["offsets"], z["indices"])
-        except (OSError, ValueError, KeyError) as e:
-            raise UsageError(f"--graph {shown(args.graph)!r}: {e} (it needs 'offsets' and 'indices')") from None
-    elif args.hops:
+    graph = load_graph(args.graph) if args.graph else None
+    if graph is None and args.hops:
         raise UsageError("--hops needs --graph")
     mesh_shape, names = parse_mesh(args.mesh, args.world_size)
     size = math.prod(mesh_shape)

@@ -284,6 +284,19 @@ def find_data(path: str, what: str = "--data") -> tuple[ArrayFormat, list[str]]:
     raise UsageError(f"{what} {said!r} holds no files of a known format ({names})")
 
 
+def load_graph(path: str, what: str = "--graph") -> tuple[np.ndarray, np.ndarray]:
+    """The CSR/CSC ``(offsets, indices)`` of a ``.npz`` file holding arrays ``offsets`` and ``indices``
+    (checked against the nodes by :func:`dali_mesh.partition.rows._check_graph` where they are used)."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if not {"offsets", "indices"} <= set(z.files):
+                raise UsageError(f"{what} {shown(path)!r} holds {sorted(z.files)}: it needs 'offsets' and 'indices' "
+                                 "(CSR/CSC)")
+            return z["offsets"], z["indices"]
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{what} {shown(path)!r}: {e}") from None
+
+
 def parse_channels(text: str) -> list:
     """``2m_temperature,geopotential@500,temperature@500/850`` as dataset channel picks (levels as
     numbers where they read as numbers)."""

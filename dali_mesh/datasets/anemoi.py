@@ -60,6 +60,24 @@ def anemoi_metadata(store) -> tuple[list[str], np.ndarray, tuple[int, ...]]:
     return list(names), dates, tuple(int(s) for s in data.shape)
 
 
+def _instant(value, what: str) -> np.datetime64:
+    """``start``/``end`` as an instant: a full date and time (``"2020-01-01T06:00:00"``, a
+    ``numpy.datetime64`` or ``datetime``). A date alone or a year means a whole period to ``open_dataset``
+    (its first or last date), which is refused here rather than read as midnight or as seconds."""
+    import datetime
+
+    if isinstance(value, (datetime.datetime, np.datetime64)):
+        t = np.datetime64(value, "s")
+    elif isinstance(value, str) and "T" in value or isinstance(value, str) and " " in value.strip():
+        t = np.datetime64(value.strip().replace(" ", "T"), "s")
+    else:
+        raise ValueError(f"{what}={value!r}: give a full date and time (e.g. '2020-01-01T06:00:00'); a date "
+                         "alone or a year means a whole period to open_dataset, which this source does not read")
+    if np.isnat(t):
+        raise ValueError(f"{what}={value!r} is not a date and time")
+    return t
+
+
 class AnemoiDatasetSource(ZarrSource):
     """This rank's window of every date of an anemoi-datasets store (see the module).
 
@@ -68,9 +86,11 @@ class AnemoiDatasetSource(ZarrSource):
         layout: the layout of a sample ``(variables, ensembles, cells)``: shard axis 2 for grid shards,
             or give ``rows``.
         variables: names to read, in this order (default: all, in the store's order).
-        start, end: the first and last date read (inclusive, as ``open_dataset`` takes them; a string
-            ``"2020-01-01T06:00:00"`` or a ``numpy.datetime64``).
-        rows: a :class:`~dali_mesh.partition.Rows` of cells (its axis must be 2, or -1).
+        start, end: the first and last date read, inclusive, as full dates and times (a string
+            ``"2020-01-01T06:00:00"``, a ``numpy.datetime64`` or ``datetime``; ``open_dataset`` also takes a
+            date alone or a year as a whole period, which is refused here).
+        rows: a :class:`~dali_mesh.partition.Rows` of cells (its axis must be 2, or -1), or with ``share=``
+            every read group member's (``{coordinate: Rows}``).
         batch_size, shuffle, seed, drop_last, forecast, time_stride, reuse_buffers, share,
             storage_options: as :class:`~dali_mesh.ZarrSource`.
     """
@@ -88,11 +108,12 @@ class AnemoiDatasetSource(ZarrSource):
         unknown = [v for v in variables if v not in names]
         if unknown:
             raise DataFileError(os.fspath(store), f"has no variable {unknown[0]!r} (it has {', '.join(names)})")
-        if rows is not None and getattr(rows, "axis", None) not in (2, -1):
-            raise ValueError(f"rows index the cells, axis 2 of a sample (variables, ensembles, cells), "
-                             f"not axis {getattr(rows, 'axis', None)!r}")
-        lo = 0 if start is None else int(np.searchsorted(dates, np.datetime64(start, "s"), side="left"))
-        hi = len(dates) if end is None else int(np.searchsorted(dates, np.datetime64(end, "s"), side="right"))
+        for r in (rows.values() if isinstance(rows, dict) else [rows] if rows is not None else []):
+            if getattr(r, "axis", None) not in (2, -1):
+                raise ValueError(f"rows index the cells, axis 2 of a sample (variables, ensembles, cells), "
+                                 f"not axis {getattr(r, 'axis', None)!r}")
+        lo = 0 if start is None else int(np.searchsorted(dates, _instant(start, "start"), side="left"))
+        hi = len(dates) if end is None else int(np.searchsorted(dates, _instant(end, "end"), side="right"))
         if hi <= lo:
             raise DataFileError(os.fspath(store), f"holds no date from {start} to {end} (its dates run from "
                                                   f"{dates[0]} to {dates[-1]})")

@@ -209,7 +209,9 @@ def sample_shape(
     for a, m in normalise_index_maps(index_maps, len(shape), path).items():
         m = np.asarray(m)
         if m.size and (m.min() < 0 or m.max() >= shape[a]):
-            raise DataFileError(path, f"indices {m.tolist()} of axis {a} are out of range for size {shape[a]}")
+            i = int(np.argmax((m < 0) | (m >= shape[a])))
+            raise DataFileError(path, f"index {int(m[i])} (position {i} of {m.size}) of axis {a} is out of range "
+                                      f"for size {shape[a]}")
         shape[a] = len(m)
     return tuple(shape)
 

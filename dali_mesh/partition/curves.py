@@ -41,10 +41,10 @@ def grid_coordinates(coords, bits: int) -> np.ndarray:
 
 
 def _check_bits(bits, d: int) -> int:
-    if bits is None:
-        return max(1, 63 // d) if d <= 63 else 0
-    if not is_int(bits) or not 1 <= bits or bits * d > 63:
-        raise LayoutError(f"bits must be an integer >= 1 with bits * ndim <= 63 ({d} axes), got {bits!r}")
+    if bits is None:  # at most 52 per axis: the grid's cells are computed in float64 (53 exact bits)
+        return max(1, min(52, 63 // d)) if d <= 63 else 0
+    if not is_int(bits) or not 1 <= bits <= 52 or bits * d > 63:
+        raise LayoutError(f"bits must be an integer in 1..52 with bits * ndim <= 63 ({d} axes), got {bits!r}")
     return int(bits)
 
 
@@ -98,12 +98,12 @@ def curve_order(coords, curve: str = "hilbert", bits: int | None = None) -> np.n
 def renumber_graph(offsets, indices, order) -> tuple[np.ndarray, np.ndarray]:
     """A CSR/CSC graph ``(offsets, indices)`` with its nodes renumbered by ``order`` (new id ``i`` is old
     id ``order[i]``): row ``i`` of the result is old row ``order[i]``, its indices the new ids."""
-    offsets, indices, order = (np.asarray(a, np.int64) for a in (offsets, indices, order))
+    from dali_mesh.partition.rows import _check_graph, inverse_permutation  # noqa: PLC0415
+
+    new_of_old = inverse_permutation(order)
+    order = np.asarray(order, np.int64)
     n = order.size
-    if offsets.size != n + 1:
-        raise LayoutError(f"graph offsets have {offsets.size} entries, but {n} nodes need {n + 1}")
-    new_of_old = np.empty(n, np.int64)
-    new_of_old[order] = np.arange(n, dtype=np.int64)
+    offsets, indices = _check_graph((offsets, indices), n)
     counts = np.diff(offsets)[order]
     new_offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
     starts = offsets[:-1][order]

@@ -31,7 +31,7 @@ from dali_mesh._checks import is_int
 from dali_mesh.partition.checks import LayoutError
 from dali_mesh.partition.rules import split_sizes
 
-__all__ = ["Rows", "graph_halo"]
+__all__ = ["Rows", "graph_halo", "inverse_permutation"]
 
 
 def _ids(values, what: str, kind: str = "row id") -> np.ndarray:
@@ -77,6 +77,23 @@ def _check_graph(graph, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
     return offsets, indices
 
 
+def inverse_permutation(order, what: str = "order") -> np.ndarray:
+    """``new_of_old`` of a permutation ``order`` (new id ``i`` is old id ``order[i]``), checked: every id in
+    ``0 .. len(order) - 1`` exactly once, else a :class:`LayoutError` naming the first id out of range or
+    left out."""
+    order = _ids(order, what, "node id")
+    n = order.size
+    if n and int(order.max()) >= n:
+        i = int(np.argmax(order >= n))
+        raise LayoutError(f"{what} is no permutation of {n} nodes: it names node {int(order[i])} at position {i}")
+    new_of_old = np.full(n, -1, np.int64)
+    new_of_old[order] = np.arange(n, dtype=np.int64)
+    if n and (new_of_old < 0).any():
+        raise LayoutError(f"{what} is no permutation: it names no node {int(np.argmax(new_of_old < 0))} "
+                          "(and another one twice)")
+    return new_of_old
+
+
 def graph_halo(own: np.ndarray, graph, num_rows: int, hops: int) -> np.ndarray:
     """The rows reached from ``own`` in 1..``hops`` steps of ``graph`` that are not in ``own``, in id
     order (``hops=0``: none)."""
@@ -85,9 +102,13 @@ def graph_halo(own: np.ndarray, graph, num_rows: int, hops: int) -> np.ndarray:
     if hops == 0:
         return np.empty(0, np.int64)
     offsets, indices = _check_graph(graph, num_rows)
+    own = _ids(own, "own rows")
+    if own.size and int(own.max()) >= num_rows:
+        i = int(np.argmax(own >= num_rows))
+        raise LayoutError(f"own rows: row id {int(own[i])} at position {i} is out of range for {num_rows} rows")
     seen = np.zeros(num_rows, bool)
     seen[own] = True
-    frontier = np.asarray(own, np.int64)
+    frontier = own
     for _ in range(hops):
         if frontier.size == 0:
             break
@@ -189,21 +210,22 @@ class Rows:
         if halo and graph is None:
             raise LayoutError("a halo of hops needs graph=(offsets, indices)")
         far = graph_halo(own, graph, int(num_rows), halo) if halo else np.empty(0, np.int64)
+        if graph is not None and not halo:
+            _check_graph(graph, int(num_rows))
         return cls(np.concatenate((own, far)), axis, owned=own.size, total=int(num_rows))
 
     def renumbered(self, order) -> "Rows":
         """These rows in a copy whose nodes were renumbered by ``order`` (new id ``i`` is old id
         ``order[i]``: ``dali-mesh convert --renumber``'s ``node_permutation``): the same rows in the same
         order, so a tensor read from the copy equals one read from the original, in the user's numbering."""
-        order = _ids(order, "order")
-        new_of_old = np.full(order.size, -1, np.int64)
-        new_of_old[order] = np.arange(order.size, dtype=np.int64)
-        if order.size and (new_of_old < 0).any():
-            raise LayoutError(f"order is no permutation: it names no node {int(np.argmax(new_of_old < 0))}")
-        if int(self.ids.max()) >= order.size:
-            raise LayoutError(f"rows name id {int(self.ids.max())}, but the permutation has {order.size} nodes")
+        new_of_old = inverse_permutation(order)
+        n = new_of_old.size
+        if self.total is not None and self.total != n:
+            raise LayoutError(f"the rows were partitioned from {self.total} rows, but the permutation has {n} nodes")
+        if int(self.ids.max()) >= n:
+            raise LayoutError(f"rows name id {int(self.ids.max())}, but the permutation has {n} nodes")
         out = object.__new__(Rows)
-        out.__dict__.update(self.__dict__, ids=new_of_old[self.ids], total=order.size)
+        out.__dict__.update(self.__dict__, ids=new_of_old[self.ids], total=n)
         out.ids.setflags(write=False)
         return out
 
@@ -217,9 +239,9 @@ class Rows:
         return int(self.ids.size)
 
     def digest(self) -> str:
-        """A sha256 of the axis, the owned count and the ids: what a fingerprint or a plan's key holds
-        instead of millions of ids."""
-        h = hashlib.sha256(np.array([self.axis, self.owned], np.int64).tobytes())
+        """A sha256 of the axis, the owned count, the total and the ids: what a fingerprint holds instead
+        of millions of ids (the axis as given: compare ``normalized(ndim)`` rows)."""
+        h = hashlib.sha256(np.array([self.axis, self.owned, -1 if self.total is None else self.total], np.int64).tobytes())
         h.update(self.ids.tobytes())
         return h.hexdigest()
 

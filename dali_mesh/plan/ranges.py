@@ -188,7 +188,8 @@ class _OneAxis(NamedTuple):
 
 def _one_axis(header: StoredArray, plan: WindowPlan, prefix: Sequence[int] = ()) -> _OneAxis | None:
     """:class:`_OneAxis` of ``plan`` when all of its boxes differ along one axis only and there are more
-    than :data:`_MANY_RUNS` of them (an index-set window: rows of a graph partition); None otherwise."""
+    than :data:`_MANY_RUNS` of them (an index-set window: rows of a graph partition), and either its runs
+    are of whole rows or most are one row long; None otherwise (the box planner's repeats do better)."""
     if plan.empty:
         return None
     many = [i for i, ap in enumerate(plan.axes) if len(ap.reads) != 1]
@@ -208,6 +209,10 @@ def _one_axis(header: StoredArray, plan: WindowPlan, prefix: Sequence[int] = ())
     k = len(file_shape) - 1
     while k > a and ln[k] == file_shape[k] == window[k]:
         k -= 1
+    if k > a and int(runs[:, 2].sum()) > 2 * len(runs):
+        # runs within rows (a crop or channels after the rows' axis), most of them long: the box planner
+        # repeats a run's rows as one unit, where this path would make one unit per row
+        return None
     return _OneAxis(file_shape, window, wst, fst, ln, a, k, runs)
 
 

@@ -9,7 +9,8 @@ import numpy as np
 from dali_mesh._checks import is_int as _is_int
 from dali_mesh.io._common import normalise_index_maps
 
-__all__ = ["channel_maps", "check_sample_shape", "file_list", "normalise_maps", "resolve_rows", "with_rows"]
+__all__ = ["channel_maps", "check_group_rows", "check_sample_shape", "file_list", "normalise_maps", "resolve_rows",
+           "with_rows"]
 
 
 def channel_maps(channels, channel_axis):
@@ -80,23 +81,46 @@ def resolve_rows(rows, layout, share_dims=()):
                         f"got {type(rows).__name__}")
     table = {}
     for c, r in rows.items():
-        key = (int(c),) if _is_int(c) else tuple(int(x) for x in c)
+        if _is_int(c):
+            key = (int(c),)
+        elif isinstance(c, tuple) and c and all(_is_int(x) for x in c):
+            key = tuple(int(x) for x in c)
+        else:
+            raise TypeError(f"rows' keys must be mesh coordinates (tuples of integers), got {c!r}")
+        if key in table:
+            raise LayoutError(f"rows names mesh coordinate {key} twice (as {c!r} and another key)")
         if not isinstance(r, Rows):
             raise TypeError(f"rows[{c!r}] must be a dali_mesh.partition.Rows, got {type(r).__name__}")
         table[key] = r
     me = tuple(layout.mesh.coordinate)
     if me not in table:
-        raise LayoutError(f"rows names no Rows for this rank's coordinate {me} (it names {sorted(table)[:4]}...)")
+        named = sorted(table)
+        raise LayoutError(f"rows names no Rows for this rank's coordinate {me} (it names {len(named)}: "
+                          f"{', '.join(map(str, named[:4]))}{', ...' if len(named) > 4 else ''})")
     own = table[me]
     members = group_coordinates(layout, share_dims) if share_dims else [me]
     missing = [c for c in members if c not in table]
     if missing:
         raise LayoutError(f"rows names no Rows for read group member {missing[0]}: with share= give the rows of "
                           f"every member of this rank's group ({members})")
-    if len({(table[c].axis, table[c].total) for c in members}) != 1:
-        raise LayoutError("the rows of a read group's members index different axes or were partitioned from "
-                          "arrays of different lengths")
+    if len({table[c].total for c in members}) != 1:
+        raise LayoutError("the rows of a read group's members were partitioned from arrays of different lengths")
     return own, ({c: table[c] for c in members} if share_dims else None)
+
+
+def check_group_rows(maps, rows, group_rows, layout, shape, path) -> None:
+    """Every member's rows of a read group (``group_rows``) fit the array and index the axis ``rows``
+    (this rank's) does, counted alike (``axis=-1`` and ``axis=1`` of a 2-d sample are one axis)."""
+    if not group_rows:
+        return
+    from dali_mesh.partition import LayoutError
+
+    axis = rows.normalized(len(shape)).axis
+    for c, member in group_rows.items():
+        if member.normalized(len(shape)).axis != axis:
+            raise LayoutError(f"the rows of read group member {c} index axis {member.axis}, this rank's axis "
+                              f"{rows.axis}: every member's rows must index one axis")
+        with_rows(maps, member, layout, shape, path)
 
 
 def group_row_ids(group_rows) -> np.ndarray:
@@ -126,6 +150,10 @@ def with_rows(maps, rows, layout, shape, path):
     if a in layout.shard_axes(ndim):
         raise LayoutError(f"the layout shards sample axis {a}, which rows= indexes: a rank's rows are its "
                           "share of that axis (shard it on no mesh dim)")
+    mapped = tuple(len(rows.ids) if i == a else len((maps or {}).get(i, range(n))) for i, n in enumerate(shape))
+    crop = layout.domain(mapped)  # the crop is of the sample as read (channels and rows picked)
+    if (crop[0][a], crop[1][a]) != (0, mapped[a]):
+        raise LayoutError(f"the layout crops sample axis {a}, which rows= indexes: choose the rows by their ids")
     if layout.halo_pairs(ndim)[a] != (0, 0):
         raise LayoutError(f"the layout gives sample axis {a} a halo of {layout.halo_pairs(ndim)[a]}, which rows= "
                           "indexes: a rank's halo rows are part of its rows (Rows.from_assignment(halo=))")

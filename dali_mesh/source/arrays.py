@@ -12,7 +12,7 @@ from dali_mesh.plan.chunks import SeriesFiles, plan_time_series
 from dali_mesh.formats import FORMATS, HDF5, ZARR, ArrayFormat, format_named
 from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP
 from dali_mesh.partition import Layout, Region
-from dali_mesh.source.arguments import channel_maps, file_list, normalise_maps, resolve_rows, with_rows
+from dali_mesh.source.arguments import channel_maps, file_list, check_group_rows, normalise_maps, resolve_rows, with_rows
 from dali_mesh.source.base import WindowSource
 from dali_mesh.plan.forecast_spec import ForecastSpec
 
@@ -77,8 +77,7 @@ class ArraySource(WindowSource):
             check_frame(frame, f)
             if dtype0 is None:
                 self.index_maps = normalise_maps(self.index_maps, frame, f)
-                for member in (self.group_rows or {}).values():  # every member's rows fit the array
-                    with_rows(self.index_maps, member, layout, frame, f)
+                check_group_rows(self.index_maps, self.rows, self.group_rows, layout, frame, f)
                 self.index_maps = with_rows(self.index_maps, self.rows, layout, frame, f)
             frame = sample_shape(f, frame, index_maps=self.index_maps)
             if dtype0 is None:

@@ -12,7 +12,7 @@ from dali_mesh.io._common import ShapeMismatchError, check_frame, sample_shape
 from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP
 from dali_mesh.plan import NotNativeError
 from dali_mesh.partition import Layout
-from dali_mesh.source.arguments import channel_maps, file_list, normalise_maps, resolve_rows, with_rows
+from dali_mesh.source.arguments import channel_maps, file_list, check_group_rows, normalise_maps, resolve_rows, with_rows
 from dali_mesh.source.base import WindowSource
 
 __all__ = ["FileSource", "NumpySource", "file_source"]
@@ -56,8 +56,7 @@ class FileSource(WindowSource):
         check_frame(first.shape, self.files[0])
         self.index_maps = normalise_maps(self.index_maps, first.shape, self.files[0])
         self.rows, self.group_rows = resolve_rows(rows, layout, self.share_dims)
-        for member in (self.group_rows or {}).values():  # every member's rows fit the array
-            with_rows(self.index_maps, member, layout, first.shape, self.files[0])
+        check_group_rows(self.index_maps, self.rows, self.group_rows, layout, first.shape, self.files[0])
         self.index_maps = with_rows(self.index_maps, self.rows, layout, first.shape, self.files[0])
         shape = sample_shape(self.files[0], first.shape, index_maps=self.index_maps)
         self.sample_ndim = len(shape)

@@ -110,13 +110,10 @@ class GroupExchange:
         shape = source.sample_shape
         group_shape, axis, positions = shape, None, None
         if getattr(source, "group_rows", None) is not None:
-            # rows= with every member's rows: the group window holds their union (in id order), and a
-            # member's cut takes its rows by position, in its own order
-            from dali_mesh.source.arguments import group_row_ids  # noqa: PLC0415
-
-            axis = source.rows.normalized(len(shape)).axis
-            union = group_row_ids(source.group_rows)
-            group_shape = tuple(len(union) if a == axis else n for a, n in enumerate(shape))
+            # rows= with every member's rows: the group window holds their union (the group reader's rows,
+            # in id order), and a member's cut takes its rows by position, in its own order
+            reader = source.group_reader()
+            axis, union, group_shape = reader.rows.axis, reader.rows.ids, reader.sample_shape
             positions = {c: torch.from_numpy(np.searchsorted(union, r.ids)) for c, r in source.group_rows.items()}
         self.group_region = group_region(layout, group_shape, self.dims)
         self.cuts = []

@@ -236,6 +236,14 @@ class MeshLoader:
         if shared and self._group is None:
             if len({tuple(src.share_dims) for src in sources_of(pipe)}) != 1:
                 raise ValueError("share=: every source of the pipeline must be built with the same share")
+            # the exchange cuts every output as the first source's windows are cut: sources with rows= must
+            # hold the same rows (or the same table of the members' rows)
+            rows = {(getattr(src, "rows", None) is not None and src.rows.digest(),
+                     src.fingerprint().get("rows_table") if getattr(src, "group_rows", None) else None)
+                    for src in shared}
+            if len(rows) != 1:
+                raise ValueError("share=: the pipeline's sources read different rows= (or tables of them): the "
+                                 "group's windows are cut one way for every output; give every source the same rows")
             if self.per_sample_shapes or self.drop_padded:
                 raise ValueError("share= yields whole batches of one shape: not with per_sample_shapes or drop_padded")
             from dali_mesh.torch.group_exchange import GroupExchange  # noqa: PLC0415

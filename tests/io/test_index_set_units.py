@@ -61,7 +61,6 @@ def test_one_axis_units_copy_what_numpy_indexes_and_read_what_boxes_read(w):
     data = b"\xab" * offset + data
     header = StoredArray(full, np.dtype(dtype), fortran, offset)
     prefix = (2,) if lead else ()
-    assert ranges._one_axis(header, wplan, prefix) is not None or len(wplan.axes[a].reads) <= ranges._MANY_RUNS
     fast = plan_npy_units(header, wplan, prefix)
     staging_shape = wplan.window_shape[::-1] if fortran else wplan.window_shape
     got = np.frombuffer(_copy(fast, data, int(np.prod(staging_shape)) * x.itemsize), dtype).reshape(staging_shape)
@@ -92,3 +91,21 @@ def test_half_a_million_rows_plan_in_a_second():
     units = plan_npy_units(StoredArray((2_000_000, 8), np.dtype("<f4")), wplan)
     assert units.file_off.size == 500_000 and (units.unit_bytes == 32).all()
     assert np.array_equal(np.sort(units.file_off), np.sort(ids) * 32)
+
+
+def test_the_fast_path_is_taken_where_it_plans_fewer_units():
+    """Runs of whole rows (the rows' axis the run axis), and runs of single rows within rows, are planned
+    at once; long runs within rows (a crop after the rows' axis) go to the box planner, whose repeats make
+    one unit per run instead of one per row."""
+    header = StoredArray((1000, 6), np.dtype("<f4"))
+    lay = Layout(mesh_of((1,), (0,)), batch=())
+    scattered = np.arange(0, 1000, 3)  # 334 runs of one row
+    long_runs = np.concatenate([np.arange(a, a + 20) for a in range(0, 1000, 40)])  # 25 runs of 20 rows
+    whole = plan_window(lay.region((scattered.size, 6)), {0: scattered})
+    cropped = plan_window(Layout(mesh_of((1,), (0,)), batch=(), crop=[None, (1, 4)]).region((scattered.size, 6)),
+                          {0: scattered})
+    cropped_long = plan_window(Layout(mesh_of((1,), (0,)), batch=(), crop=[None, (1, 4)]).region((long_runs.size, 6)),
+                               {0: long_runs})
+    assert ranges._one_axis(header, whole) is not None and ranges._one_axis(header, cropped) is not None
+    assert ranges._one_axis(header, cropped_long) is None
+    assert plan_npy_units(header, cropped_long).file_off.size == 25  # a unit per run, its rows repeated

@@ -82,6 +82,20 @@ def test_bad_coordinates_and_curves_are_refused():
         curve_index(np.zeros((2, 2)), "peano")
     with pytest.raises(LayoutError, match="bits \\* ndim <= 63"):
         curve_index(np.zeros((2, 3)), "hilbert", 22)
-    with pytest.raises(LayoutError, match="offsets have 3 entries, but 3 nodes need 4"):
+    with pytest.raises(LayoutError, match="offsets have 3 entries, but the graph's 3 rows need 4"):
         renumber_graph([0, 1, 2], [0, 1], [2, 0, 1])
+    with pytest.raises(LayoutError, match="no permutation: it names no node 1"):
+        renumber_graph([0, 1, 2], [1, 0], [0, 0])
+    with pytest.raises(LayoutError, match="no permutation of 2 nodes: it names node 5 at position 1"):
+        renumber_graph([0, 1, 2], [1, 0], [0, 5])
+    with pytest.raises(LayoutError, match="bits must be an integer in 1..52"):
+        curve_index(np.zeros((2, 1)), "hilbert", 53)
     assert curve_order(np.ones((5, 2))).tolist() == list(range(5))  # one point repeated: the old order
+
+
+def test_one_axis_coordinates_keep_their_order():
+    """A 1-d curve is the coordinate itself: the largest coordinates do not wrap to index 0 (the grid is at
+    most 52 bits per axis, exact in float64)."""
+    assert curve_order([[3.0], [1.0], [2.0]]).tolist() == [1, 2, 0]
+    x = np.random.default_rng(5).standard_normal((1000, 1))
+    assert curve_order(x, "morton").tolist() == np.argsort(x[:, 0], kind="stable").tolist()

@@ -126,3 +126,16 @@ def test_a_halo_needs_a_graph_and_rows_compare_by_value():
 def test_a_mapping_with_unassigned_nodes_is_refused_naming_the_node():
     with pytest.raises(LayoutError, match="node_rank: rank -1 at position 2 is negative"):
         Rows.from_assignment([0, 1, -1, 0], 0)
+
+
+def test_renumbered_rows_and_halos_refuse_foreign_ids():
+    with pytest.raises(LayoutError, match="no permutation of 2 nodes: it names node 5 at position 1"):
+        Rows([0]).renumbered([0, 5])
+    with pytest.raises(LayoutError, match="partitioned from 4 rows, but the permutation has 3 nodes"):
+        Rows.from_assignment([0, 0, 1, 1], 0).renumbered([2, 0, 1])
+    offsets, indices = np.array([0, 1, 2, 2]), np.array([1, 0])
+    with pytest.raises(LayoutError, match="own rows: row id 3 at position 1 is out of range for 3 rows"):
+        graph_halo(np.array([0, 3]), (offsets, indices), 3, 1)
+    with pytest.raises(LayoutError, match="graph offsets have 4 entries, but the graph's 4 rows need 5"):
+        Rows.from_shards(4, 2, 0, graph=(offsets, indices))
+    assert Rows([1, 2], total=5).digest() != Rows([1, 2], total=6).digest()

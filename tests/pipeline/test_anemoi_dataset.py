@@ -103,8 +103,13 @@ def test_bad_selections_are_refused_naming_them(store):
     lay = Layout(mesh_of((1,), (0,)), batch=())
     with pytest.raises(DataFileError, match="has no variable 'tp' \\(it has 2t, 10u, 10v, msl, z_500\\)"):
         AnemoiDatasetSource(path, lay, variables=["2t", "tp"])
-    with pytest.raises(DataFileError, match="holds no date from 2021-01-01 to None"):
-        AnemoiDatasetSource(path, lay, start="2021-01-01")
+    with pytest.raises(DataFileError, match="holds no date from 2021-01-01T00:00:00 to None"):
+        AnemoiDatasetSource(path, lay, start="2021-01-01T00:00:00")
+    for bad in ("2020-01-01", 2020, "2020"):  # a whole period to open_dataset: refused, not read as an instant
+        with pytest.raises(ValueError, match="give a full date and time"):
+            AnemoiDatasetSource(path, lay, end=bad)
+    src = AnemoiDatasetSource(path, lay, start=np.datetime64("2020-01-01T06:00:00"), end="2020-01-01 18:00:00")
+    assert len(src.dates) == 3
     with pytest.raises(ValueError, match="rows index the cells, axis 2"):
         AnemoiDatasetSource(path, lay, rows=Rows([1], axis=0))
     with pytest.raises(DataFileError, match="not an anemoi-datasets store"):

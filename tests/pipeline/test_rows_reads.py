@@ -205,9 +205,39 @@ def test_a_read_groups_rows_are_every_members_and_checked(stores):
         make["npy"](lay, {(0, 0): Rows([1])}, share="group")
     with pytest.raises(LayoutError, match=r"no Rows for read group member \(0, 0\)"):
         make["npy"](lay, {(0, 1): Rows([1])}, share="group")
-    with pytest.raises(LayoutError, match="index different axes"):
+    with pytest.raises(LayoutError, match=r"member \(0, 0\) index axis 1, this rank's axis 0"):
         make["npy"](lay, {(0, 0): Rows([1], axis=1), (0, 1): Rows([1])}, share="group")
+    # axis -2 and 0 of a 2-d sample are one axis
+    assert make["npy"](lay, {(0, 0): Rows([1], axis=-2), (0, 1): Rows([2])}, share="group").group_rows
+    with pytest.raises(LayoutError, match=r"names mesh coordinate \(1,\) twice"):
+        make["npy"](Layout(mesh_of((2,), (1,)), batch=()), {1: Rows([1]), (1,): Rows([2])})
+    with pytest.raises(TypeError, match="keys must be mesh coordinates"):
+        make["npy"](lay, {"01": Rows([1])})
+    with pytest.raises(TypeError, match="keys must be mesh coordinates"):
+        make["npy"](lay, {(0, 1.0): Rows([1])})
     with pytest.raises(TypeError, match=r"rows\[\(0, 1\)\] must be a dali_mesh.partition.Rows"):
         make["npy"](lay, {(0, 0): Rows([1]), (0, 1): [1]}, share="group")
     with pytest.raises(LayoutError, match=rf"row id {N} \(position 0 of rows\) is out of range"):
         make["npy"](lay, {(0, 0): Rows([N]), (0, 1): Rows([1])}, share="group")
+
+
+def test_a_crop_on_the_rows_axis_is_refused(stores):
+    """The rows choose the rows: a crop on their axis (which would cut positions of the rows, and of a read
+    group's union) is refused; a crop on another axis applies."""
+    _, make = stores
+    with pytest.raises(LayoutError, match="the layout crops sample axis 0, which rows= indexes"):
+        make["npy"](Layout(mesh_of((2,), (1,)), batch=(), crop=[(1, 3), None]), Rows([5, 6, 7, 8]))
+
+
+def test_rows_past_a_later_files_end_name_the_first_id(tmp_path):
+    """With per-sample shapes a later file may be shorter than the rows: the error names the first id out
+    of range and its position, never the whole list (millions of ids for a real partition)."""
+    from dali_mesh.io import DataFileError
+
+    files = [str(tmp_path / "a.npy"), str(tmp_path / "b.npy")]
+    np.save(files[0], np.zeros((100, 2), np.float32))
+    np.save(files[1], np.zeros((40, 2), np.float32))
+    src = NumpySource(files, _layout(), rows=Rows(np.arange(0, 100, 2)), per_sample_shapes=True, shuffle=False)
+    assert src.read_sample(0)[0].shape == (50, 2)
+    with pytest.raises(DataFileError, match=r"index 40 \(position 20 of 50\) of axis 0 is out of range for size 40"):
+        src.read_sample(1)

@@ -244,3 +244,32 @@ def test_rows_come_out_as_local_tensors_and_never_as_dtensors(process_group, tmp
         src = NumpySource(files, one, batch_size=2, shuffle=False, rows=Rows(ids))
         iter(MeshLoader(_make(src), one, output="dtensor", device_mesh=_device_mesh([[0]], ("dp", "graph")),
                         sample_shape=(5, 3)))
+
+
+def test_shared_sources_with_other_rows_are_refused(process_group, tmp_path):
+    """A read group's exchange cuts every output as the first shared source's windows: two shared
+    sources of one pipeline with other rows= would hand a member another member's rows in the second
+    output. Refused at the start, before any exchange."""
+    from nvidia.dali import pipeline_def
+
+    from dali_mesh import Rows
+    from dali_mesh.fn import read_windows
+
+    files = _files(tmp_path, n=4, shape=(10, 3))
+    layout = Layout(MeshInfo((2,), ("graph",), (0,)), batch=())
+    a = NumpySource(files, layout, batch_size=1, shuffle=False, share="group",
+                    rows={(0,): Rows([1, 2]), (1,): Rows([3, 4])})
+    b = NumpySource(files, layout, batch_size=1, shuffle=False, share="group",
+                    rows={(0,): Rows([7, 8]), (1,): Rows([5, 6])})
+
+    def make(checkpoint=None):
+        @pipeline_def(batch_size=1, num_threads=1, device_id=None, prefetch_queue_depth=1)
+        def pipe():
+            wa, ids, pads = read_windows(a, fallback=False)
+            wb, _, _ = read_windows(b, fallback=False)
+            return wa, wb, ids, pads
+        return pipe(checkpoint=checkpoint)
+
+    with pytest.raises(ValueError, match="the pipeline's sources read different rows="):
+        MeshLoader(make, layout, device_mesh=_device_mesh([0, 1], ("graph",)),
+                   output_map=("a", "b", "sample_id", "is_pad"))
