@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from dali_mesh.cli.options import UsageError, find_data, load_graph, parse_mesh
+from dali_mesh.cli.options import UsageError, find_data, fmt_bytes as _fmt, load_graph, parse_mesh
 from dali_mesh.cli.locations import shown
 from dali_mesh.mesh import MeshInfo
 from dali_mesh.partition import Layout, LayoutError, Rows
@@ -87,7 +87,6 @@ def _blocks(plans, heads: dict[int, bytes]) -> int | None:
 def plan_rows(args: argparse.Namespace) -> int:
     """Print the table of the module's docstring for every rank of ``--mesh`` (its ranks numbered as
     the mapping numbers them)."""
-    from dali_mesh.cli.main import _fmt_bytes as _fmt  # noqa: PLC0415 - main imports this module lazily
     try:
         node_rank = np.load(args.rows_from, allow_pickle=False)
     except (OSError, ValueError) as e:

@@ -21,6 +21,7 @@ from dali_mesh.cli.options import (
     UsageError,
     add_allow_external_argument,
     add_data_arguments,
+    fmt_bytes,
     is_zarr_group,
     make_layout,
     parse_boundary,
@@ -114,12 +115,7 @@ def _fmt_box(lo: Sequence[int], hi: Sequence[int]) -> str:
     return "[" + ", ".join(f"{a}:{b}" for a, b in zip(lo, hi)) + "]"
 
 
-def _fmt_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
+_fmt_bytes = fmt_bytes  # the name tests and advice callers use
 
 
 _HEADER = ["rank", "coordinate", "owned start:stop", "window", "window shape", "bytes", "fraction"]

@@ -284,6 +284,15 @@ def find_data(path: str, what: str = "--data") -> tuple[ArrayFormat, list[str]]:
     raise UsageError(f"{what} {said!r} holds no files of a known format ({names})")
 
 
+def fmt_bytes(n: float) -> str:
+    """``n`` bytes in B, KiB, MiB, GiB or TiB (one decimal), as the command line's tables print them."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
 def load_graph(path: str, what: str = "--graph") -> tuple[np.ndarray, np.ndarray]:
     """The CSR/CSC ``(offsets, indices)`` of a ``.npz`` file holding arrays ``offsets`` and ``indices``
     (checked against the nodes by :func:`dali_mesh.partition.rows._check_graph` where they are used)."""
