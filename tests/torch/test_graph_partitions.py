@@ -70,6 +70,40 @@ def _read(src) -> dict[int, np.ndarray]:
     return {int(np.array(ids[i])): np.array(w[i]) for i in range(len(w))}
 
 
+def _read_all(sources: dict) -> dict[str, dict[int, np.ndarray]]:
+    """``{name: {sample id: window}}`` of one batch of every source, read by one pipeline (a DALI
+    pipeline's build costs more than these reads: one per rank, not one per format)."""
+    from nvidia.dali import pipeline_def
+
+    from dali_mesh.pipeline import native
+
+    names = list(sources)
+
+    @pipeline_def(batch_size=STEPS, num_threads=2, device_id=None, prefetch_queue_depth=1)
+    def pipe():
+        outs = []
+        for n in names:
+            w, ids, _ = native.read_windows(sources[n], fallback=False)
+            outs += [w, ids]
+        return tuple(outs)
+
+    p = pipe()
+    p.build()
+    out = p.run()
+    return {n: {int(np.array(out[2 * k + 1][i])): np.array(out[2 * k][i]) for i in range(STEPS)}
+            for k, n in enumerate(names)}
+
+
+_PARTITIONS: dict = {}
+
+
+def _partition(mesh, p, r):
+    """PhysicsNeMo's bbox partition of rank ``r`` of ``p`` (each call takes ~5 s: made once per process)."""
+    if (p, r) not in _PARTITIONS:
+        _PARTITIONS[(p, r)] = bbox_partition(*mesh, p, r, (NX, NY))
+    return _PARTITIONS[(p, r)]
+
+
 @pytest.fixture(scope="module")
 def s3_blosc(stores, s3_endpoint):
     """The Blosc whole-grid store uploaded to moto (on 127.0.0.1)."""
@@ -86,22 +120,25 @@ def test_every_ranks_partition_rows_equal_numpy_on_every_format(mesh, stores, s3
                                                                   shuffle=False, storage_options=storage_options)}
     covered = np.zeros(len(coords), int)
     for r in range(p):
-        part = bbox_partition(coords, offsets, indices, p, r, (NX, NY))
+        part = _partition(mesh, p, r)
         rows = partition_rows(part, "src", axis=0)
         ids = part.map_partitioned_src_ids_to_global.numpy()
         assert rows.ids.tolist() == ids.tolist()
         assert rows.runs() > len(ids) // 4  # ids in no spatial order: mostly runs of one
         covered[ids] += 1
         lay = Layout(mesh_of((p,), (r,)), batch=())
-        for kind, mk in make.items():
-            for t, w in _read(mk(lay, rows)).items():
+        got = _read_all({kind: mk(lay, rows) for kind, mk in make.items()})
+        assert sorted(got) == sorted(make)
+        for kind, windows in got.items():
+            assert sorted(windows) == list(range(STEPS))
+            for t, w in windows.items():
                 np.testing.assert_array_equal(w, x[t][ids], err_msg=f"{kind}, rank {r} of {p}, step {t}")
     assert (covered == 1).all()  # the partitions tile the nodes
 
 
 def test_partition_rows_refuse_what_they_cannot_read(mesh):
     coords, offsets, indices = mesh
-    part = bbox_partition(coords, offsets, indices, 2, 0, (NX, NY))
+    part = _partition(mesh, 2, 0)
     with pytest.raises(LayoutError, match="nodes must be one of 'src', 'dst', 'edges', 'local_src'"):
         partition_rows(part, "halo")
     with pytest.raises(LayoutError, match="needs indices="):
@@ -185,7 +222,7 @@ def test_local_src_rows_come_grouped_by_owning_rank(mesh):
     coords, offsets, indices = mesh
     p = 4
     owner = np.empty(len(coords), np.int64)
-    parts = [bbox_partition(coords, offsets, indices, p, r, (NX, NY)) for r in range(p)]
+    parts = [_partition(mesh, p, r) for r in range(p)]
     for r, part in enumerate(parts):
         owner[part.map_partitioned_src_ids_to_global.numpy()] = r
     for r, part in enumerate(parts):
