@@ -202,7 +202,7 @@ def _one_axis(header: StoredArray, plan: WindowPlan, prefix: Sequence[int] = ())
     fst = [int(x) for x in prefix] + [ap.reads[0][1] for ap in plan.axes]
     ln = [1] * p + [ap.reads[0][2] for ap in plan.axes]
     a = p + many[0]
-    runs = np.asarray(plan.axes[many[0]].reads, np.int64).reshape(-1, 3)
+    runs = plan.axes[many[0]].read_array
     if header.fortran_order:
         file_shape, window, wst, fst, ln = file_shape[::-1], window[::-1], wst[::-1], fst[::-1], ln[::-1]
         a = len(file_shape) - 1 - a

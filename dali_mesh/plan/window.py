@@ -18,6 +18,7 @@ may carry not-yet-valid cells of later axes, which those axes' passes then overw
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -64,6 +65,12 @@ class AxisPlan:
     @property
     def read_cells(self) -> int:
         return sum(r[2] for r in self.reads)
+
+    @functools.cached_property
+    def read_array(self) -> np.ndarray:
+        """:attr:`reads` as an ``(n, 3)`` int64 array, made once (a window of many rows is asked for it by
+        the planner's count and by its plan)."""
+        return np.asarray(self.reads, np.int64).reshape(-1, 3)
 
 
 def _runs(dst: np.ndarray, src: np.ndarray) -> tuple[tuple[int, int, int], ...]:

@@ -12,7 +12,8 @@ from dali_mesh.plan.chunks import SeriesFiles, plan_time_series
 from dali_mesh.formats import FORMATS, HDF5, ZARR, ArrayFormat, format_named
 from dali_mesh.plan.ranges import DEFAULT_MERGE_GAP
 from dali_mesh.partition import Layout, Region
-from dali_mesh.source.arguments import channel_maps, file_list, check_group_rows, normalise_maps, resolve_rows, with_rows
+from dali_mesh.source.arguments import (channel_maps, check_group_rows, file_list, normalise_maps, resolve_rows,
+                                        with_rows)
 from dali_mesh.source.base import WindowSource
 from dali_mesh.plan.forecast_spec import ForecastSpec
 
