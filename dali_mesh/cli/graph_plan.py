@@ -17,6 +17,7 @@ from dali_mesh.cli.options import UsageError, find_data, fmt_bytes as _fmt, load
 from dali_mesh.cli.locations import shown
 from dali_mesh.mesh import MeshInfo
 from dali_mesh.partition import Layout, LayoutError, Rows
+from dali_mesh.plan.ranges import Units
 
 __all__ = ["add_arguments", "plan_rows"]
 
@@ -75,11 +76,11 @@ def _blocks(plans, heads: dict[int, bytes]) -> int | None:
         if size <= 0:
             touched.add((part.file, 0))
             continue
-        j = [np.arange(int(c)) for c in plan.unit_count]
-        starts = np.concatenate([part.base + f + k * st for f, st, k in zip(plan.file_off, plan.file_step, j)]
-                                ) if j else np.empty(0, np.int64)
-        ends = starts + np.repeat(plan.unit_bytes, plan.unit_count)
-        for a, b in zip((starts // size).tolist(), ((ends - 1) // size).tolist()):
+        # every run of the plan's units in the decoded chunk (Units.expanded: each unit's repeats)
+        offsets, _, lengths = Units(plan.file_off, plan.dst_off, plan.unit_bytes, plan.unit_count, plan.file_step,
+                                    plan.dst_step, []).expanded()
+        starts = part.base + offsets
+        for a, b in zip((starts // size).tolist(), ((starts + lengths - 1) // size).tolist()):
             touched.update((part.file, k) for k in range(a, b + 1))
     return len(touched) if coded else None
 
