@@ -24,10 +24,6 @@ from dali_mesh.storage import resolve_locations, store_of
 
 __all__ = ["AnemoiDatasetSource", "anemoi_metadata"]
 
-#: the axes of ``data``
-DIMS = ("dates", "variables", "ensembles", "cells")
-
-
 def anemoi_metadata(store) -> tuple[list[str], np.ndarray, tuple[int, ...]]:
     """``(variable names in data's order, dates, data's shape)`` of an anemoi-datasets store."""
     import zarr
@@ -68,7 +64,7 @@ def _instant(value, what: str) -> np.datetime64:
 
     if isinstance(value, (datetime.datetime, np.datetime64)):
         t = np.datetime64(value, "s")
-    elif isinstance(value, str) and "T" in value or isinstance(value, str) and " " in value.strip():
+    elif isinstance(value, str) and ("T" in value or " " in value.strip()):
         t = np.datetime64(value.strip().replace(" ", "T"), "s")
     else:
         raise ValueError(f"{what}={value!r}: give a full date and time (e.g. '2020-01-01T06:00:00'); a date "
