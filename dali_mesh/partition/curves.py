@@ -18,6 +18,7 @@ import numpy as np
 
 from dali_mesh._checks import is_int
 from dali_mesh.partition.checks import LayoutError
+from dali_mesh.partition.rows import _check_graph, inverse_permutation, positions_within
 
 __all__ = ["CURVES", "curve_index", "curve_order", "grid_coordinates", "renumber_graph"]
 
@@ -98,8 +99,6 @@ def curve_order(coords, curve: str = "hilbert", bits: int | None = None) -> np.n
 def renumber_graph(offsets, indices, order) -> tuple[np.ndarray, np.ndarray]:
     """A CSR/CSC graph ``(offsets, indices)`` with its nodes renumbered by ``order`` (new id ``i`` is old
     id ``order[i]``): row ``i`` of the result is old row ``order[i]``, its indices the new ids."""
-    from dali_mesh.partition.rows import _check_graph, inverse_permutation  # noqa: PLC0415
-
     new_of_old = inverse_permutation(order)
     order = np.asarray(order, np.int64)
     n = order.size
@@ -107,5 +106,5 @@ def renumber_graph(offsets, indices, order) -> tuple[np.ndarray, np.ndarray]:
     counts = np.diff(offsets)[order]
     new_offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
     starts = offsets[:-1][order]
-    pos = np.repeat(starts - new_offsets[:-1], counts) + np.arange(int(counts.sum()), dtype=np.int64)
+    pos = np.repeat(starts, counts) + positions_within(counts)
     return new_offsets, new_of_old[indices[pos]]

@@ -31,7 +31,15 @@ from dali_mesh._checks import is_int
 from dali_mesh.partition.checks import LayoutError
 from dali_mesh.partition.rules import split_sizes
 
-__all__ = ["Rows", "graph_halo", "inverse_permutation"]
+__all__ = ["Rows", "graph_halo", "inverse_permutation", "positions_within"]
+
+
+def positions_within(counts) -> np.ndarray:
+    """For groups of ``counts`` items laid end to end, each item's position within its group:
+    ``[0, 1, 2, 0, 1]`` for counts ``[3, 2]`` (``np.repeat(starts, counts) + positions_within(counts)``
+    lists every group's range of ``starts[i] .. starts[i] + counts[i] - 1``, concatenated)."""
+    counts = np.asarray(counts, np.int64)
+    return np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
 def _ids(values, what: str, kind: str = "row id") -> np.ndarray:
@@ -112,10 +120,10 @@ def graph_halo(own: np.ndarray, graph, num_rows: int, hops: int) -> np.ndarray:
     for _ in range(hops):
         if frontier.size == 0:
             break
-        starts, stops = offsets[frontier], offsets[frontier + 1]
-        lengths = stops - starts
+        starts = offsets[frontier]
+        lengths = offsets[frontier + 1] - starts
         # every neighbour of the frontier at once: positions starts[i] .. stops[i] - 1, concatenated
-        pos = np.repeat(stops - lengths.cumsum(), lengths) + np.arange(lengths.sum())
+        pos = np.repeat(starts, lengths) + positions_within(lengths)
         nxt = np.unique(indices[pos])
         nxt = nxt[~seen[nxt]]
         seen[nxt] = True
@@ -183,12 +191,7 @@ class Rows:
             raise LayoutError(f"rank {rank} owns no rows of the mapping ({node_rank.size} rows, {ranks.size} "
                               f"ranks named, from {int(ranks[0]) if ranks.size else '-'} to "
                               f"{int(ranks[-1]) if ranks.size else '-'})")
-        if halo and graph is None:
-            raise LayoutError("a halo of hops needs graph=(offsets, indices)")
-        far = graph_halo(own, graph, node_rank.size, halo) if halo else np.empty(0, np.int64)
-        if graph is not None and not halo:
-            _check_graph(graph, node_rank.size)
-        return cls(np.concatenate((own, far)), axis, owned=own.size, total=node_rank.size)
+        return cls._own_then_halo(own, node_rank.size, graph, halo, axis)
 
     @classmethod
     def from_shards(cls, num_rows: int, num_ranks: int, rank: int, *, split: str = "chunk", graph=None,
@@ -207,12 +210,18 @@ class Rows:
         if own.size == 0:
             raise LayoutError(f"rank {rank} of {num_ranks} gets no rows of {num_rows} under split {split!r} "
                               f"(sizes {list(sizes)})")
+        return cls._own_then_halo(own, int(num_rows), graph, halo, axis)
+
+    @classmethod
+    def _own_then_halo(cls, own: np.ndarray, num_rows: int, graph, halo: int, axis: int) -> "Rows":
+        """``own``, then the rows ``halo`` hops of ``graph`` away (a graph given without a halo is still
+        checked against ``num_rows``)."""
         if halo and graph is None:
             raise LayoutError("a halo of hops needs graph=(offsets, indices)")
-        far = graph_halo(own, graph, int(num_rows), halo) if halo else np.empty(0, np.int64)
+        far = graph_halo(own, graph, num_rows, halo) if halo else np.empty(0, np.int64)
         if graph is not None and not halo:
-            _check_graph(graph, int(num_rows))
-        return cls(np.concatenate((own, far)), axis, owned=own.size, total=int(num_rows))
+            _check_graph(graph, num_rows)
+        return cls(np.concatenate((own, far)), axis, owned=own.size, total=num_rows)
 
     def renumbered(self, order) -> "Rows":
         """These rows in a copy whose nodes were renumbered by ``order`` (new id ``i`` is old id

@@ -10,6 +10,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from dali_mesh.partition.rows import positions_within
 from dali_mesh.plan.window import WindowPlan
 
 __all__ = ["DEFAULT_MERGE_GAP", "StoredArray", "Units", "count_npy_units", "group_units", "plan_npy_reads",
@@ -74,7 +75,7 @@ class Units(NamedTuple):
         offset: a unit's runs follow each other and the spans are disjoint)."""
         if not self.count.size or (self.count == 1).all():
             return self.file_off, self.dst_off, self.unit_bytes
-        j = np.arange(int(self.count.sum()), dtype=np.int64) - np.repeat(np.cumsum(self.count) - self.count, self.count)
+        j = positions_within(self.count)
         return (np.repeat(self.file_off, self.count) + j * np.repeat(self.file_step, self.count),
                 np.repeat(self.dst_off, self.count) + j * np.repeat(self.dst_step, self.count),
                 np.repeat(self.unit_bytes, self.count))
@@ -239,7 +240,7 @@ def _one_axis_units(header: StoredArray, g: _OneAxis):
         fpost, dpost = zero, zero
     else:  # a run lies within a row: every row of every run, then the axes up to the run axis
         n = runs[:, 2]
-        j = np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+        j = positions_within(n)
         fa, da = (np.repeat(runs[:, 1], n) + j) * fstride[a], (np.repeat(runs[:, 0], n) + j) * dstride[a]
         cells = np.full(fa.shape, ln[k] * fstride[k], np.int64)
         fpost, dpost = grid(range(a + 1, k), np.array([fst[k] * fstride[k]], np.int64),
