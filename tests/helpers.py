@@ -203,6 +203,42 @@ def native_epoch(src, key=None, **kw) -> dict:
     return got
 
 
+def row_stores(folder, x, *, blocksize: int, inner: int, shard: tuple, h5_chunk: int):
+    """``x`` (steps, rows, features) written in every format the rows= tests read: a ``.npy`` file per step,
+    a Zarr v2 array of Blosc(lz4, shuffle, ``blocksize``) whole-grid chunks, a Zarr v3 array of Zstd chunks of
+    ``inner`` rows in shards of ``shard`` (steps, rows), and HDF5 datasets ``chunked`` (gzip + shuffle,
+    ``h5_chunk`` rows) and ``contiguous``. Returns ``(makers, blosc store)``: ``makers[kind](layout, rows,
+    **source kwargs)`` makes the source of each."""
+    import h5py
+    import numcodecs
+    import zarr
+
+    from dali_mesh import HDF5Source, NumpySource, ZarrSource
+
+    steps, n, f = x.shape
+    files = []
+    for t in range(steps):
+        files.append(os.path.join(folder, f"s{t}.npy"))
+        np.save(files[-1], x[t])
+    blosc = os.path.join(folder, "blosc.zarr")
+    zarr.create_array(blosc, shape=x.shape, chunks=(1, n, f), dtype="f4", zarr_format=2,
+                      compressors=numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE, blocksize=blocksize))[:] = x
+    sharded = os.path.join(folder, "zstd.zarr")
+    zarr.create_array(sharded, shape=x.shape, chunks=(1, inner, f), shards=shard + (f,), dtype="f4", zarr_format=3,
+                      compressors=zarr.codecs.ZstdCodec(level=3))[:] = x
+    h5 = os.path.join(folder, "f.h5")
+    with h5py.File(h5, "w") as fh:
+        fh.create_dataset("chunked", data=x, chunks=(1, h5_chunk, f), compression="gzip", shuffle=True)
+        fh.create_dataset("contiguous", data=x)
+    return {
+        "npy": lambda lay, rows, **kw: NumpySource(files, lay, rows=rows, **kw),
+        "zarr_blosc": lambda lay, rows, **kw: ZarrSource([blosc], None, lay, rows=rows, **kw),
+        "zarr_sharded_zstd": lambda lay, rows, **kw: ZarrSource([sharded], None, lay, rows=rows, **kw),
+        "hdf5_chunked": lambda lay, rows, **kw: HDF5Source([h5], "chunked", lay, rows=rows, **kw),
+        "hdf5_contiguous": lambda lay, rows, **kw: HDF5Source([h5], "contiguous", lay, rows=rows, **kw),
+    }, blosc
+
+
 def assert_windows(w, ids, samples, region):
     """Each window of a batch (a pipeline's outputs ``w`` and ``ids``) equals take_window of
     ``samples[its sample id]`` over ``region``."""

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from dali_mesh import HDF5Source, Layout, NumpySource, Rows, ZarrSource
 from dali_mesh.partition import LayoutError
-from tests.helpers import SEED, mesh_of, native_epoch, native_pipeline
+from tests.helpers import SEED, mesh_of, native_epoch, native_pipeline, row_stores
 
 zarr = pytest.importorskip("zarr")
 h5py = pytest.importorskip("h5py")
@@ -30,31 +30,10 @@ def _plugin():
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
     """The same (STEPS, N, F) float32 array in every format, and the sources' makers."""
-    d = tmp_path_factory.mktemp("rows")
     x = np.random.default_rng(SEED).standard_normal((STEPS, N, F), dtype=np.float32)
-    files = []
-    for t in range(STEPS):
-        files.append(str(d / f"s{t}.npy"))
-        np.save(files[-1], x[t])
-    blosc = str(d / "blosc.zarr")
-    z = zarr.create_array(blosc, shape=x.shape, chunks=(1, N, F), dtype="f4", zarr_format=2,
-                          compressors=numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE, blocksize=4096))
-    z[:] = x
-    sharded = str(d / "zstd.zarr")
-    z = zarr.create_array(sharded, shape=x.shape, chunks=(1, 500, F), shards=(2, 1500, F), dtype="f4",
-                          zarr_format=3, compressors=zarr.codecs.ZstdCodec(level=3))
-    z[:] = x
-    h5 = str(d / "f.h5")
-    with h5py.File(h5, "w") as f:
-        f.create_dataset("chunked", data=x, chunks=(1, 700, F), compression="gzip", shuffle=True)
-        f.create_dataset("contiguous", data=x)
-    return x, {
-        "npy": lambda lay, rows, **kw: NumpySource(files, lay, rows=rows, **kw),
-        "zarr_blosc": lambda lay, rows, **kw: ZarrSource([blosc], None, lay, rows=rows, **kw),
-        "zarr_sharded_zstd": lambda lay, rows, **kw: ZarrSource([sharded], None, lay, rows=rows, **kw),
-        "hdf5_chunked": lambda lay, rows, **kw: HDF5Source([h5], "chunked", lay, rows=rows, **kw),
-        "hdf5_contiguous": lambda lay, rows, **kw: HDF5Source([h5], "contiguous", lay, rows=rows, **kw),
-    }
+    makers, _ = row_stores(str(tmp_path_factory.mktemp("rows")), x, blocksize=4096, inner=500, shard=(2, 1500),
+                           h5_chunk=700)
+    return x, makers
 
 
 def _layout():

@@ -6,15 +6,17 @@ and Zarr Blosc from S3 (moto), equal numpy's ``x[t][ids]``; on gloo ranks, ``loc
 ``DistributedGraph``, and ``dst`` and ``edges`` its other getters."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
-from dali_mesh import HDF5Source, Layout, NumpySource, ZarrSource
+from dali_mesh import Layout, ZarrSource
 from dali_mesh.cli.launch import run_ranks
 from dali_mesh.physicsnemo.graph import partition_rows
 from dali_mesh.partition import LayoutError, Rows
 from tests.graph_mesh import bbox_partition, build_mesh, distributed_graph
-from tests.helpers import mesh_of, native_pipeline
+from tests.helpers import mesh_of, native_pipeline, row_stores
 from tests.storage.s3_server import options, s3_endpoint, upload  # noqa: F401 - s3_endpoint: a fixture
 
 torch = pytest.importorskip("torch")
@@ -38,31 +40,12 @@ def stores(mesh, tmp_path_factory):
     from dali_mesh.pipeline.plugin import load_plugin
 
     load_plugin()
-    d = tmp_path_factory.mktemp("graph")
     n = len(mesh[0])
     x = np.random.default_rng(1).standard_normal((STEPS, n, F), dtype=np.float32)
-    files = []
-    for t in range(STEPS):
-        files.append(str(d / f"s{t}.npy"))
-        np.save(files[-1], x[t])
-    blosc = str(d / "blosc.zarr")
-    z = zarr.create_array(blosc, shape=x.shape, chunks=(1, n, F), dtype="f4", zarr_format=2,
-                          compressors=numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE, blocksize=1 << 16))
-    z[:] = x
-    sharded = str(d / "zstd.zarr")
-    z = zarr.create_array(sharded, shape=x.shape, chunks=(1, 8192, F), shards=(1, 8192 * 4, F), dtype="f4",
-                          zarr_format=3, compressors=zarr.codecs.ZstdCodec(level=3))
-    z[:] = x
-    h5 = str(d / "f.h5")
-    with h5py.File(h5, "w") as f:
-        f.create_dataset("x", data=x, chunks=(1, 16384, F), compression="gzip", shuffle=True)
-    return x, blosc, {
-        "npy": lambda lay, rows: NumpySource(files, lay, rows=rows, batch_size=STEPS, shuffle=False),
-        "zarr_blosc": lambda lay, rows: ZarrSource([blosc], None, lay, rows=rows, batch_size=STEPS, shuffle=False),
-        "zarr_sharded_zstd": lambda lay, rows: ZarrSource([sharded], None, lay, rows=rows, batch_size=STEPS,
-                                                          shuffle=False),
-        "hdf5": lambda lay, rows: HDF5Source([h5], "x", lay, rows=rows, batch_size=STEPS, shuffle=False),
-    }
+    makers, blosc = row_stores(str(tmp_path_factory.mktemp("graph")), x, blocksize=1 << 16, inner=8192,
+                               shard=(1, 8192 * 4), h5_chunk=16384)
+    kinds = ("npy", "zarr_blosc", "zarr_sharded_zstd", "hdf5_chunked")
+    return x, blosc, {k: functools.partial(makers[k], batch_size=STEPS, shuffle=False) for k in kinds}
 
 
 def _read(src) -> dict[int, np.ndarray]:
