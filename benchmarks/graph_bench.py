@@ -139,14 +139,21 @@ def write_data(folder: str, side: int, steps: int, coords: np.ndarray, order: np
     paths = _paths(folder, steps)
     try:
         with open(meta_path) as f:
-            if json.load(f) == meta:
-                return paths
+            found = json.load(f)
     except (OSError, ValueError):
-        pass
+        found = None
+    if found == meta:
+        return paths
+    ours = [os.path.join(folder, name) for name in [f"{o}_npy" for o in ORDERS] + ["random_blosc.zarr", S3_DIR, "meta.json"]]
+    # only what an earlier run of this benchmark wrote (its meta.json says so) is removed, never through a link
+    stray = [p for p in ours if os.path.lexists(p) and (os.path.islink(p) or not isinstance(found, dict)
+                                                        or "version" not in found)]
+    if stray:
+        raise SystemExit(f"graph_bench: {stray[0]} is in --dir but was not written by this benchmark (or is a link): "
+                         "choose an empty folder")
     print(f"writing the data into {folder} ...", file=sys.stderr)
     t0 = time.perf_counter()
-    for name in [f"{o}_npy" for o in ORDERS] + ["random_blosc.zarr", S3_DIR, "meta.json"]:
-        p = os.path.join(folder, name)
+    for p in ours:
         if os.path.isdir(p):
             shutil.rmtree(p)
         elif os.path.exists(p):

@@ -501,3 +501,16 @@ def test_graph_bench_quick(tmp_path):
         # a Zarr chunk of the CI size holds few 64 KiB Blosc blocks: over the ranks
         assert sum(got["hilbert"]) < sum(got["random"]), (fmt, got)
     assert "| native |" in r.stdout and "requests per chunk" in r.stdout, r.stdout  # the S3 table
+
+
+def test_graph_bench_removes_only_what_it_wrote(tmp_path):
+    """graph_bench's --dir: a folder of the benchmark's names that it did not write (no meta.json of its
+    own), or a link, is refused and left as it is."""
+    (tmp_path / "data" / "hilbert_npy").mkdir(parents=True)
+    (tmp_path / "data" / "hilbert_npy" / "mine.txt").write_text("keep")
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", tmp_path / "data" / "random_npy")
+    r = _run([str(BENCH / "graph_bench.py"), "--quick", "--dir", str(tmp_path / "data")], tmp_path, timeout=300)
+    assert r.returncode != 0 and "was not written by this benchmark" in r.stderr, r.stdout + r.stderr
+    assert (tmp_path / "data" / "hilbert_npy" / "mine.txt").read_text() == "keep"
+    assert os.path.islink(tmp_path / "data" / "random_npy") and (tmp_path / "elsewhere").is_dir()
